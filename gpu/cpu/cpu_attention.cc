@@ -1,0 +1,85 @@
+// Causal multi-head self-attention, one (batch, head) pair per task.
+//
+// For each (b, h) the q, k, v heads are strided views into qkv[B,T,3C]
+// (leading dimension 3C), so no transposes are materialised:
+//   forward:  att = softmax_causal(q . k^T / sqrt(HS));  y = att . v
+//   backward: datt = dy . v^T;  dv = att^T . dy;
+//             dpre = att * (datt - rowsum(att * datt)) / sqrt(HS);
+//             dq = dpre . k;  dk = dpre^T . q
+// The (b, h) pairs run in parallel; each GEMM inside runs on one thread.
+#include <cmath>
+
+#include "gpu/cpu/cpu_kernels.h"
+#include "gpu/cpu/vec_math.h"
+
+namespace troupe::gpu::cpu {
+namespace {
+
+// Row i of the scores: softmax over columns 0..i, zeros after.
+TROUPE_CLONES void causal_softmax_row(float* row, i64 i, i64 T) {
+  float maxval = row[0];
+  for (i64 j = 1; j <= i; j++) maxval = row[j] > maxval ? row[j] : maxval;
+  float sum = 0.0f;
+  for (i64 j = 0; j <= i; j++) {
+    float e = exp_approx(row[j] - maxval);
+    row[j] = e;
+    sum += e;
+  }
+  const float inv = 1.0f / sum;
+  for (i64 j = 0; j <= i; j++) row[j] *= inv;
+  for (i64 j = i + 1; j < T; j++) row[j] = 0.0f;
+}
+
+// datt row i -> dpre row i (in place), scaled by 1/sqrt(HS).
+TROUPE_CLONES void softmax_backward_row(float* datt, const float* att, i64 i, i64 T,
+                                        float scale) {
+  float dot = 0.0f;
+  for (i64 j = 0; j <= i; j++) dot += att[j] * datt[j];
+  for (i64 j = 0; j <= i; j++) datt[j] = att[j] * (datt[j] - dot) * scale;
+  for (i64 j = i + 1; j < T; j++) datt[j] = 0.0f;
+}
+
+}  // namespace
+
+void attention_forward(float* out, float* att, const float* qkv, i64 B, i64 T, i64 C,
+                       i64 NH) {
+  const i64 HS = C / NH, C3 = 3 * C;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
+#pragma omp parallel for schedule(static)
+  for (i64 bh = 0; bh < B * NH; bh++) {
+    const i64 b = bh / NH, h = bh % NH;
+    const float* q = qkv + b * T * C3 + h * HS;
+    const float* k = q + C;
+    const float* v = q + 2 * C;
+    float* a = att + bh * T * T;
+    sgemm('N', 'T', T, T, HS, scale, q, C3, k, C3, 0.0f, a, T);
+    for (i64 i = 0; i < T; i++) causal_softmax_row(a + i * T, i, T);
+    sgemm('N', 'N', T, HS, T, 1.0f, a, T, v, C3, 0.0f, out + b * T * C + h * HS, C);
+  }
+}
+
+void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv,
+                        const float* att, i64 B, i64 T, i64 C, i64 NH) {
+  const i64 HS = C / NH, C3 = 3 * C;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
+#pragma omp parallel for schedule(static)
+  for (i64 bh = 0; bh < B * NH; bh++) {
+    const i64 b = bh / NH, h = bh % NH;
+    const float* q = qkv + b * T * C3 + h * HS;
+    const float* k = q + C;
+    const float* v = q + 2 * C;
+    float* dq = dqkv + b * T * C3 + h * HS;
+    float* dk = dq + C;
+    float* dv = dq + 2 * C;
+    const float* dy = dout + b * T * C + h * HS;
+    const float* a = att + bh * T * T;
+    float* da = datt + bh * T * T;
+    sgemm('N', 'T', T, T, HS, 1.0f, dy, C, v, C3, 0.0f, da, T);
+    sgemm('T', 'N', T, HS, T, 1.0f, a, T, dy, C, 0.0f, dv, C3);
+    for (i64 i = 0; i < T; i++) softmax_backward_row(da + i * T, a + i * T, i, T, scale);
+    sgemm('N', 'N', T, HS, T, 1.0f, da, T, k, C3, 0.0f, dq, C3);
+    sgemm('T', 'N', T, HS, T, 1.0f, da, T, q, C3, 0.0f, dk, C3);
+  }
+}
+
+}  // namespace troupe::gpu::cpu

@@ -1,0 +1,184 @@
+// CpuDevice, CpuStream and CpuEvent.
+#include "gpu/cpu/cpu_device.h"
+
+#include <omp.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <new>
+
+#include "absl/strings/str_cat.h"
+#include "gpu/kernels.h"
+
+namespace troupe::gpu {
+
+std::unique_ptr<Kernels> make_cpu_kernels();  // cpu_ops.cc
+
+// ---- CpuEvent ---------------------------------------------------------------
+
+bool CpuEvent::query() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return completed_ >= recorded_;
+}
+
+void CpuEvent::synchronize() {
+  std::unique_lock<std::mutex> lock(mu_);
+  const std::uint64_t target = recorded_;
+  cv_.wait(lock, [&] { return completed_ >= target; });
+}
+
+// ---- CpuStream --------------------------------------------------------------
+
+CpuStream::CpuStream(CpuDevice& device, StreamOptions options)
+    : device_(device),
+      threads_(options.threads > 0 ? options.threads : omp_get_num_procs()),
+      worker_([this] { run(); }) {}
+
+CpuStream::~CpuStream() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  worker_.join();
+}
+
+Device& CpuStream::device() { return device_; }
+
+void CpuStream::enqueue(Task task) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.push_back(std::move(task));
+  }
+  cv_.notify_all();
+}
+
+void CpuStream::enqueue_op(const char* name, std::function<void()> op) {
+  enqueue({name, std::move(op)});
+}
+
+void CpuStream::record(Event& event) {
+  auto& e = static_cast<CpuEvent&>(event);
+  std::uint64_t gen;
+  {
+    std::lock_guard<std::mutex> lock(e.mu_);
+    gen = ++e.recorded_;
+  }
+  enqueue({nullptr, [&e, gen] {
+             {
+               std::lock_guard<std::mutex> lock(e.mu_);
+               if (e.completed_ < gen) e.completed_ = gen;
+             }
+             e.cv_.notify_all();
+           }});
+}
+
+void CpuStream::wait(Event& event) {
+  auto& e = static_cast<CpuEvent&>(event);
+  std::uint64_t target;
+  {
+    std::lock_guard<std::mutex> lock(e.mu_);
+    target = e.recorded_;
+  }
+  enqueue({nullptr, [&e, target] {
+             std::unique_lock<std::mutex> lock(e.mu_);
+             e.cv_.wait(lock, [&] { return e.completed_ >= target; });
+           }});
+}
+
+void CpuStream::host_callback(std::function<void()> fn) { enqueue({nullptr, std::move(fn)}); }
+
+absl::Status CpuStream::synchronize() {
+  std::mutex done_mu;
+  std::condition_variable done_cv;
+  bool done = false;
+  enqueue({nullptr, [&] {
+             std::lock_guard<std::mutex> lock(done_mu);
+             done = true;
+             done_cv.notify_all();
+           }});
+  std::unique_lock<std::mutex> lock(done_mu);
+  done_cv.wait(lock, [&] { return done; });
+  return status();
+}
+
+absl::Status CpuStream::status() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return error_;
+}
+
+void CpuStream::fail(absl::Status error) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (error_.ok()) error_ = std::move(error);
+}
+
+void CpuStream::run() {
+  // The OpenMP team size is a per-thread setting: every parallel region this
+  // worker opens (our kernels, oneDNN's GEMMs) uses `threads_` threads.
+  omp_set_num_threads(threads_);
+  for (;;) {
+    Task task;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stopping, and all work done
+      task = std::move(queue_.front());
+      queue_.pop_front();
+      if (task.name != nullptr && !error_.ok()) continue;  // skip ops after an error
+    }
+    try {
+      task.fn();
+    } catch (const std::exception& ex) {
+      fail(absl::InternalError(
+          absl::StrCat(task.name ? task.name : "host callback", ": ", ex.what())));
+    }
+  }
+}
+
+// ---- CpuDevice --------------------------------------------------------------
+
+CpuDevice::CpuDevice() : kernels_(make_cpu_kernels()) {}
+CpuDevice::~CpuDevice() = default;
+
+std::shared_ptr<Storage> CpuDevice::allocate(std::size_t bytes) {
+  // 64-byte alignment: whole cache lines and AVX-512 vectors.
+  const std::size_t rounded = (bytes + 63) / 64 * 64;
+  void* p = rounded == 0 ? nullptr : std::aligned_alloc(64, rounded);
+  if (rounded != 0 && p == nullptr) throw std::bad_alloc();
+  auto s = std::make_shared<Storage>();
+  s->data = p;
+  s->bytes = bytes;
+  s->device = this;
+  s->owner = std::shared_ptr<void>(p, [](void* q) { std::free(q); });
+  return s;
+}
+
+std::unique_ptr<Stream> CpuDevice::make_stream(StreamOptions options) {
+  return std::make_unique<CpuStream>(*this, options);
+}
+
+std::unique_ptr<Event> CpuDevice::make_event() { return std::make_unique<CpuEvent>(); }
+
+absl::Status CpuDevice::copy_to_host(const Tensor& src, void* dst) {
+  if (src.device() != this) return absl::InvalidArgumentError("copy_to_host: not a CPU tensor");
+  std::memcpy(dst, src.raw(), src.nbytes());
+  return absl::OkStatus();
+}
+
+absl::Status CpuDevice::copy_from_host(const void* src, const Tensor& dst) {
+  if (dst.device() != this) {
+    return absl::InvalidArgumentError("copy_from_host: not a CPU tensor");
+  }
+  std::memcpy(dst.raw(), src, dst.nbytes());
+  return absl::OkStatus();
+}
+
+Kernels& CpuDevice::kernels() { return *kernels_; }
+
+Device& cpu_device() {
+  static CpuDevice* device = new CpuDevice();  // never destroyed: outlives every stream
+  return *device;
+}
+
+}  // namespace troupe::gpu

@@ -1,0 +1,90 @@
+// The CPU backend: host memory, and streams that are ordered executors each
+// on its own worker thread with a fixed OpenMP team size.
+//
+// Work enqueued on a CpuStream runs on its worker in FIFO order. Ops are
+// skipped once the stream has failed; host callbacks and event records always
+// run, so whoever waits on them is told (and then reads the error).
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <thread>
+
+#include "gpu/device.h"
+
+namespace troupe::gpu {
+
+class CpuDevice;
+
+class CpuEvent final : public Event {
+ public:
+  bool query() override;
+  void synchronize() override;
+
+ private:
+  friend class CpuStream;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::uint64_t recorded_ = 0;   // generations recorded by streams
+  std::uint64_t completed_ = 0;  // generations whose work is done
+};
+
+class CpuStream final : public Stream {
+ public:
+  CpuStream(CpuDevice& device, StreamOptions options);
+  ~CpuStream() override;
+  CpuStream(const CpuStream&) = delete;
+  CpuStream& operator=(const CpuStream&) = delete;
+
+  Device& device() override;
+  void record(Event& event) override;
+  void wait(Event& event) override;
+  void host_callback(std::function<void()> fn) override;
+  absl::Status synchronize() override;
+  absl::Status status() override;
+  void fail(absl::Status error) override;
+
+  // Enqueues an op; it is skipped if the stream has failed by the time it
+  // would run. An exception it throws fails the stream with Internal.
+  void enqueue_op(const char* name, std::function<void()> op);
+  int threads() const { return threads_; }
+
+ private:
+  struct Task {
+    const char* name;  // op name, or nullptr for control tasks
+    std::function<void()> fn;
+  };
+  void enqueue(Task task);
+  void run();
+
+  CpuDevice& device_;
+  const int threads_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Task> queue_;
+  bool stopping_ = false;
+  absl::Status error_;
+  std::thread worker_;
+};
+
+class CpuDevice final : public Device {
+ public:
+  CpuDevice();
+  ~CpuDevice() override;
+  DeviceKind kind() const override { return DeviceKind::kCpu; }
+  int index() const override { return 0; }
+  std::string name() const override { return "cpu"; }
+  std::shared_ptr<Storage> allocate(std::size_t bytes) override;
+  std::unique_ptr<Stream> make_stream(StreamOptions options) override;
+  std::unique_ptr<Event> make_event() override;
+  absl::Status copy_to_host(const Tensor& src, void* dst) override;
+  absl::Status copy_from_host(const void* src, const Tensor& dst) override;
+  Kernels& kernels() override;
+
+ private:
+  std::unique_ptr<Kernels> kernels_;
+};
+
+}  // namespace troupe::gpu

@@ -1,0 +1,94 @@
+// Devices, streams and events: the execution model every backend implements.
+//
+// A Device allocates storage and makes Streams and Events. A Stream runs the
+// ops enqueued on it in order, asynchronously to the host; an Event marks a
+// point in a stream that another stream can wait for or the host can query. A
+// host callback runs once all earlier work on its stream is done: that is how
+// an actor learns that its work has finished.
+//
+// Errors are sticky per stream, as in CUDA: an op whose preconditions fail
+// records the error on its stream, later ops on that stream are skipped, and
+// synchronize() returns the first error.
+//
+//   gpu::Device& dev = gpu::cpu_device();
+//   std::unique_ptr<gpu::Stream> s = dev.make_stream({.threads = 2});
+//   gpu::ops::gelu_forward(*s, out, inp);
+//   s->host_callback([&] { notify(); });
+//   absl::Status st = s->synchronize();
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "gpu/tensor.h"
+
+namespace troupe::gpu {
+
+class Kernels;
+
+enum class DeviceKind { kCpu, kCuda };
+
+struct StreamOptions {
+  // CPU: worker threads of this stream's op team (OpenMP); 0 = all cores.
+  // Fixed per stream so that runs are repeatable. Ignored by CUDA.
+  int threads = 0;
+};
+
+class Event {
+ public:
+  virtual ~Event() = default;
+  // True once the work recorded before this event has completed.
+  virtual bool query() = 0;
+  // Blocks the host until the event has completed.
+  virtual void synchronize() = 0;
+};
+
+class Stream {
+ public:
+  virtual ~Stream() = default;
+  virtual Device& device() = 0;
+
+  // Marks the current end of this stream in `event` (re-recording resets it).
+  virtual void record(Event& event) = 0;
+  // Work enqueued after this call starts only after `event` has completed.
+  virtual void wait(Event& event) = 0;
+  // Runs `fn` on a host thread after all earlier work on this stream. `fn`
+  // must not block on this stream.
+  virtual void host_callback(std::function<void()> fn) = 0;
+  // Blocks until all enqueued work is done; returns the stream's first error.
+  virtual absl::Status synchronize() = 0;
+
+  // The first error recorded on this stream (OK if none).
+  virtual absl::Status status() = 0;
+  // Records an error (the first one wins); later ops are skipped.
+  virtual void fail(absl::Status error) = 0;
+};
+
+class Device {
+ public:
+  virtual ~Device() = default;
+  virtual DeviceKind kind() const = 0;
+  virtual int index() const = 0;
+  virtual std::string name() const = 0;
+
+  // Storage of `bytes` bytes, freed when the last view of it goes away.
+  // Throws std::bad_alloc when the device is out of memory, as `new` does.
+  virtual std::shared_ptr<Storage> allocate(std::size_t bytes) = 0;
+  virtual std::unique_ptr<Stream> make_stream(StreamOptions options) = 0;
+  virtual std::unique_ptr<Event> make_event() = 0;
+
+  // Copies between this device's memory and host memory (synchronous on the
+  // device's default queue; CPU: memcpy).
+  virtual absl::Status copy_to_host(const Tensor& src, void* dst) = 0;
+  virtual absl::Status copy_from_host(const void* src, const Tensor& dst) = 0;
+
+  // The backend's op implementations (gpu/kernels.h).
+  virtual Kernels& kernels() = 0;
+};
+
+// The process-wide CPU device (the reference backend).
+Device& cpu_device();
+
+}  // namespace troupe::gpu

@@ -1,0 +1,74 @@
+// Default op implementations: each records Unimplemented on the stream.
+#include "gpu/kernels.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace troupe::gpu {
+
+void Kernels::unimplemented(Stream& s, absl::string_view op) {
+  s.fail(absl::UnimplementedError(
+      absl::StrCat(op, " is not implemented on ", s.device().name())));
+}
+
+void Kernels::embedding_forward(Stream& s, const Tensor&, const Tensor&, const Tensor&,
+                                const Tensor&) {
+  unimplemented(s, "embedding_forward");
+}
+void Kernels::embedding_backward(Stream& s, const Tensor&, const Tensor&, const Tensor&,
+                                 const Tensor&) {
+  unimplemented(s, "embedding_backward");
+}
+void Kernels::layernorm_forward(Stream& s, const Tensor&, const Tensor&, const Tensor&,
+                                const Tensor&, const Tensor&, const Tensor&) {
+  unimplemented(s, "layernorm_forward");
+}
+void Kernels::layernorm_backward(Stream& s, const Tensor&, const Tensor&, const Tensor&,
+                                 const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                                 const Tensor&) {
+  unimplemented(s, "layernorm_backward");
+}
+void Kernels::matmul_forward(Stream& s, const Tensor&, const Tensor&, const Tensor&,
+                             const Tensor&) {
+  unimplemented(s, "matmul_forward");
+}
+void Kernels::matmul_backward(Stream& s, const Tensor&, const Tensor&, const Tensor&,
+                              const Tensor&, const Tensor&, const Tensor&, Accumulate) {
+  unimplemented(s, "matmul_backward");
+}
+void Kernels::gelu_forward(Stream& s, const Tensor&, const Tensor&) {
+  unimplemented(s, "gelu_forward");
+}
+void Kernels::gelu_backward(Stream& s, const Tensor&, const Tensor&, const Tensor&) {
+  unimplemented(s, "gelu_backward");
+}
+void Kernels::attention_forward(Stream& s, const Tensor&, const Tensor&, const Tensor&) {
+  unimplemented(s, "attention_forward");
+}
+void Kernels::attention_backward(Stream& s, const Tensor&, const Tensor&, const Tensor&,
+                                 const Tensor&, const Tensor&) {
+  unimplemented(s, "attention_backward");
+}
+void Kernels::residual_forward(Stream& s, const Tensor&, const Tensor&, const Tensor&) {
+  unimplemented(s, "residual_forward");
+}
+void Kernels::crossentropy_forward(Stream& s, const Tensor&, const Tensor&, const Tensor&,
+                                   const Tensor&, int) {
+  unimplemented(s, "crossentropy_forward");
+}
+void Kernels::crossentropy_backward(Stream& s, const Tensor&, const Tensor&, const Tensor&,
+                                    const Tensor&, float, int) {
+  unimplemented(s, "crossentropy_backward");
+}
+void Kernels::squared_norm(Stream& s, const Tensor&, const Tensor&) {
+  unimplemented(s, "squared_norm");
+}
+void Kernels::adamw(Stream& s, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                    const AdamWArgs&) {
+  unimplemented(s, "adamw");
+}
+void Kernels::fill(Stream& s, const Tensor&, float) { unimplemented(s, "fill"); }
+void Kernels::axpy(Stream& s, const Tensor&, float, const Tensor&) {
+  unimplemented(s, "axpy");
+}
+
+}  // namespace troupe::gpu

@@ -1,0 +1,105 @@
+// The op table a backend implements. Callers use gpu/ops.h, which checks
+// shapes, dtypes and devices and then dispatches here; implementations may
+// assume their arguments are valid, contiguous, fp32 (tokens/targets i32) and
+// on their device. Every op is enqueued on `s` and runs asynchronously.
+//
+// Shapes use the model's names: N = rows (B*T), C channels, OC/IC output and
+// input channels of a linear layer, NH heads, HS = C/NH, Vp padded vocab of
+// which the first V columns are real.
+//
+// Defaults: a method a backend does not override records Unimplemented on
+// the stream ("<op> is not implemented on <device>").
+#pragma once
+
+#include "absl/strings/string_view.h"
+
+#include "gpu/device.h"
+#include "gpu/tensor.h"
+
+namespace troupe::gpu {
+
+// Whether an op overwrites its output or adds to it (gradient accumulation).
+enum class Accumulate { kNo, kYes };
+
+struct AdamWArgs {
+  float lr = 0;
+  float beta1 = 0.9f;
+  float beta2 = 0.95f;
+  float eps = 1e-8f;
+  float weight_decay = 0;
+  int step = 1;            // 1-based, for bias correction
+  float grad_scale = 1.0f;  // clip factor applied to the gradient first
+};
+
+class Kernels {
+ public:
+  virtual ~Kernels() = default;
+
+  // out[B,T,C] = wte[tokens[b,t]] + wpe[t]
+  virtual void embedding_forward(Stream& s, const Tensor& out, const Tensor& tokens,
+                                 const Tensor& wte, const Tensor& wpe);
+  // dwte[tokens[b,t]] += dout[b,t]; dwpe[t] += dout[b,t]  (fixed order)
+  virtual void embedding_backward(Stream& s, const Tensor& dwte, const Tensor& dwpe,
+                                  const Tensor& dout, const Tensor& tokens);
+
+  // out[N,C] = (inp - mean) * rstd * w + b; saves mean[N], rstd[N].
+  virtual void layernorm_forward(Stream& s, const Tensor& out, const Tensor& mean,
+                                 const Tensor& rstd, const Tensor& inp, const Tensor& w,
+                                 const Tensor& b);
+  // dinp += ..., dw += ..., db += ...
+  virtual void layernorm_backward(Stream& s, const Tensor& dinp, const Tensor& dw,
+                                  const Tensor& db, const Tensor& dout, const Tensor& inp,
+                                  const Tensor& w, const Tensor& mean, const Tensor& rstd);
+
+  // out[N,OC] = inp[N,IC] . w[OC,IC]^T + bias[OC]  (bias may be undefined)
+  virtual void matmul_forward(Stream& s, const Tensor& out, const Tensor& inp,
+                              const Tensor& w, const Tensor& bias);
+  // dinp (=|+=) dout . w;  dw += dout^T . inp;  dbias += colsum(dout)
+  virtual void matmul_backward(Stream& s, const Tensor& dinp, const Tensor& dw,
+                               const Tensor& dbias, const Tensor& dout, const Tensor& inp,
+                               const Tensor& w, Accumulate dinp_mode);
+
+  // GPT-2's tanh approximation of GELU.
+  virtual void gelu_forward(Stream& s, const Tensor& out, const Tensor& inp);
+  // dinp = gelu'(inp) * dout
+  virtual void gelu_backward(Stream& s, const Tensor& dinp, const Tensor& inp,
+                             const Tensor& dout);
+
+  // Causal self-attention. qkv[B,T,3C] holds q, k, v (each NH heads of HS);
+  // att[B,NH,T,T] keeps the softmax probabilities for the backward;
+  // out[B,T,C] the heads' outputs side by side.
+  virtual void attention_forward(Stream& s, const Tensor& out, const Tensor& att,
+                                 const Tensor& qkv);
+  // dqkv = ...  (overwrites); datt is scratch of att's shape.
+  virtual void attention_backward(Stream& s, const Tensor& dqkv, const Tensor& datt,
+                                  const Tensor& dout, const Tensor& qkv, const Tensor& att);
+
+  // out = a + b
+  virtual void residual_forward(Stream& s, const Tensor& out, const Tensor& a,
+                                const Tensor& b);
+
+  // losses[N] = logsumexp(logits[n, :V]) - logits[n, targets[n]]; lse[N] kept
+  // for the backward. Columns V..Vp-1 (vocabulary padding) are ignored.
+  virtual void crossentropy_forward(Stream& s, const Tensor& losses, const Tensor& lse,
+                                    const Tensor& logits, const Tensor& targets, int V);
+  // dlogits[n, j] = (softmax(logits[n, :V])_j - [j == targets[n]]) * dloss for
+  // j < V, 0 for the padding. dlogits may alias logits.
+  virtual void crossentropy_backward(Stream& s, const Tensor& dlogits, const Tensor& logits,
+                                     const Tensor& lse, const Tensor& targets, float dloss,
+                                     int V);
+
+  // out[0] (f64) = sum of x^2, summed in a fixed order.
+  virtual void squared_norm(Stream& s, const Tensor& out, const Tensor& x);
+  // AdamW with decoupled weight decay: p, m, v updated in place from g.
+  virtual void adamw(Stream& s, const Tensor& p, const Tensor& g, const Tensor& m,
+                     const Tensor& v, const AdamWArgs& args);
+  // x[:] = value
+  virtual void fill(Stream& s, const Tensor& x, float value);
+  // y += alpha * x
+  virtual void axpy(Stream& s, const Tensor& y, float alpha, const Tensor& x);
+
+ protected:
+  void unimplemented(Stream& s, absl::string_view op);
+};
+
+}  // namespace troupe::gpu

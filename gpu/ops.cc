@@ -1,0 +1,261 @@
+// Argument checks for every op, then dispatch to the stream's backend.
+#include "gpu/ops.h"
+
+#include <string>
+
+#include "absl/strings/str_cat.h"
+
+namespace troupe::gpu::ops {
+namespace {
+
+// Collects the first failed precondition of one op call.
+class Check {
+ public:
+  Check(Stream& s, absl::string_view op) : s_(s), op_(op) {}
+
+  // `t` must be defined, contiguous, of `dtype` and `want` shape, on s's device.
+  Check& tensor(absl::string_view name, const Tensor& t, DType dtype, const Shape& want) {
+    if (!error_.empty()) return *this;
+    std::string want_s = absl::StrCat(dtype_name(dtype), shape_string(want));
+    if (!t.defined()) {
+      error_ = absl::StrCat(name, " is undefined, want ", want_s);
+    } else if (t.dtype != dtype || t.shape != want) {
+      error_ = absl::StrCat(name, " is ", t.describe(), ", want ", want_s);
+    } else if (!t.is_contiguous()) {
+      error_ = absl::StrCat(name, " is not contiguous");
+    } else if (t.device() != &s_.device()) {
+      error_ = absl::StrCat(name, " is on ", t.device()->name(), ", the stream on ",
+                            s_.device().name());
+    }
+    return *this;
+  }
+  Check& f32(absl::string_view name, const Tensor& t, const Shape& want) {
+    return tensor(name, t, DType::kF32, want);
+  }
+  // As f32(), but an undefined tensor is allowed (an absent bias).
+  Check& optional_f32(absl::string_view name, const Tensor& t, const Shape& want) {
+    return t.defined() ? f32(name, t, want) : *this;
+  }
+  // `t` must have at least `rank` dimensions (for deriving sizes from it).
+  Check& rank(absl::string_view name, const Tensor& t, int rank) {
+    if (!error_.empty()) return *this;
+    if (!t.defined() || t.dim() < rank) {
+      error_ = absl::StrCat(name, " must have ", rank, " dimensions, is ",
+                            t.defined() ? t.describe() : std::string("undefined"));
+    }
+    return *this;
+  }
+  Check& that(bool condition, absl::string_view message) {
+    if (error_.empty() && !condition) error_ = std::string(message);
+    return *this;
+  }
+
+  // True when the op may be enqueued; otherwise the error is on the stream.
+  bool ok() {
+    if (!s_.status().ok()) return false;  // sticky: skip after an earlier error
+    if (error_.empty()) return true;
+    s_.fail(absl::InvalidArgumentError(absl::StrCat(op_, ": ", error_)));
+    return false;
+  }
+
+ private:
+  Stream& s_;
+  absl::string_view op_;
+  std::string error_;
+};
+
+// Rows of a [..., C] tensor, and their shape [...].
+std::int64_t rows(const Tensor& t) { return t.numel() / t.size(-1); }
+Shape row_shape(const Tensor& t) { return Shape(t.shape.begin(), t.shape.end() - 1); }
+
+}  // namespace
+
+void embedding_forward(Stream& s, const Tensor& out, const Tensor& tokens, const Tensor& wte,
+                       const Tensor& wpe) {
+  Check c(s, "embedding_forward");
+  if (!c.rank("out", out, 3).rank("wte", wte, 2).rank("wpe", wpe, 2).ok()) return;
+  const std::int64_t B = out.size(0), T = out.size(1), C = out.size(2);
+  c.tensor("tokens", tokens, DType::kI32, {B, T})
+      .f32("wte", wte, {wte.size(0), C})
+      .f32("wpe", wpe, {wpe.size(0), C})
+      .that(T <= wpe.size(0), "sequence is longer than wpe");
+  if (c.ok()) s.device().kernels().embedding_forward(s, out, tokens, wte, wpe);
+}
+
+void embedding_backward(Stream& s, const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
+                        const Tensor& tokens) {
+  Check c(s, "embedding_backward");
+  if (!c.rank("dout", dout, 3).rank("dwte", dwte, 2).rank("dwpe", dwpe, 2).ok()) return;
+  const std::int64_t B = dout.size(0), T = dout.size(1), C = dout.size(2);
+  c.tensor("tokens", tokens, DType::kI32, {B, T})
+      .f32("dwte", dwte, {dwte.size(0), C})
+      .f32("dwpe", dwpe, {dwpe.size(0), C})
+      .that(T <= dwpe.size(0), "sequence is longer than dwpe");
+  if (c.ok()) s.device().kernels().embedding_backward(s, dwte, dwpe, dout, tokens);
+}
+
+void layernorm_forward(Stream& s, const Tensor& out, const Tensor& mean, const Tensor& rstd,
+                       const Tensor& inp, const Tensor& w, const Tensor& b) {
+  Check c(s, "layernorm_forward");
+  if (!c.rank("inp", inp, 2).ok()) return;
+  const std::int64_t C = inp.size(-1);
+  c.f32("inp", inp, inp.shape)
+      .f32("out", out, inp.shape)
+      .f32("mean", mean, row_shape(inp))
+      .f32("rstd", rstd, row_shape(inp))
+      .f32("w", w, {C})
+      .f32("b", b, {C});
+  if (c.ok()) s.device().kernels().layernorm_forward(s, out, mean, rstd, inp, w, b);
+}
+
+void layernorm_backward(Stream& s, const Tensor& dinp, const Tensor& dw, const Tensor& db,
+                        const Tensor& dout, const Tensor& inp, const Tensor& w,
+                        const Tensor& mean, const Tensor& rstd) {
+  Check c(s, "layernorm_backward");
+  if (!c.rank("inp", inp, 2).ok()) return;
+  const std::int64_t C = inp.size(-1);
+  c.f32("inp", inp, inp.shape)
+      .f32("dinp", dinp, inp.shape)
+      .f32("dout", dout, inp.shape)
+      .f32("dw", dw, {C})
+      .f32("db", db, {C})
+      .f32("w", w, {C})
+      .f32("mean", mean, row_shape(inp))
+      .f32("rstd", rstd, row_shape(inp));
+  if (c.ok()) s.device().kernels().layernorm_backward(s, dinp, dw, db, dout, inp, w, mean, rstd);
+}
+
+void matmul_forward(Stream& s, const Tensor& out, const Tensor& inp, const Tensor& w,
+                    const Tensor& bias) {
+  Check c(s, "matmul_forward");
+  if (!c.rank("inp", inp, 2).rank("w", w, 2).ok()) return;
+  const std::int64_t IC = inp.size(-1), OC = w.size(0);
+  Shape out_shape = inp.shape;
+  out_shape.back() = OC;
+  c.f32("inp", inp, inp.shape)
+      .f32("w", w, {OC, IC})
+      .f32("out", out, out_shape)
+      .optional_f32("bias", bias, {OC});
+  if (c.ok()) s.device().kernels().matmul_forward(s, out, inp, w, bias);
+}
+
+void matmul_backward(Stream& s, const Tensor& dinp, const Tensor& dw, const Tensor& dbias,
+                     const Tensor& dout, const Tensor& inp, const Tensor& w,
+                     Accumulate dinp_mode) {
+  Check c(s, "matmul_backward");
+  if (!c.rank("inp", inp, 2).rank("w", w, 2).ok()) return;
+  const std::int64_t IC = inp.size(-1), OC = w.size(0);
+  Shape out_shape = inp.shape;
+  out_shape.back() = OC;
+  c.f32("inp", inp, inp.shape)
+      .f32("w", w, {OC, IC})
+      .f32("dout", dout, out_shape)
+      .f32("dinp", dinp, inp.shape)
+      .f32("dw", dw, {OC, IC})
+      .optional_f32("dbias", dbias, {OC});
+  if (c.ok()) s.device().kernels().matmul_backward(s, dinp, dw, dbias, dout, inp, w, dinp_mode);
+}
+
+void gelu_forward(Stream& s, const Tensor& out, const Tensor& inp) {
+  Check c(s, "gelu_forward");
+  c.f32("inp", inp, inp.shape).f32("out", out, inp.shape);
+  if (c.ok()) s.device().kernels().gelu_forward(s, out, inp);
+}
+
+void gelu_backward(Stream& s, const Tensor& dinp, const Tensor& inp, const Tensor& dout) {
+  Check c(s, "gelu_backward");
+  c.f32("inp", inp, inp.shape).f32("dinp", dinp, inp.shape).f32("dout", dout, inp.shape);
+  if (c.ok()) s.device().kernels().gelu_backward(s, dinp, inp, dout);
+}
+
+void attention_forward(Stream& s, const Tensor& out, const Tensor& att, const Tensor& qkv) {
+  Check c(s, "attention_forward");
+  if (!c.rank("qkv", qkv, 3).rank("att", att, 4).ok()) return;
+  const std::int64_t B = qkv.size(0), T = qkv.size(1), C3 = qkv.size(2), NH = att.size(1);
+  c.that(C3 % 3 == 0, "qkv's last dimension is not 3*C")
+      .that(NH > 0 && (C3 / 3) % NH == 0, "C is not a multiple of the head count");
+  if (!c.ok()) return;
+  c.f32("qkv", qkv, qkv.shape).f32("att", att, {B, NH, T, T}).f32("out", out, {B, T, C3 / 3});
+  if (c.ok()) s.device().kernels().attention_forward(s, out, att, qkv);
+}
+
+void attention_backward(Stream& s, const Tensor& dqkv, const Tensor& datt, const Tensor& dout,
+                        const Tensor& qkv, const Tensor& att) {
+  Check c(s, "attention_backward");
+  if (!c.rank("qkv", qkv, 3).rank("att", att, 4).ok()) return;
+  const std::int64_t B = qkv.size(0), T = qkv.size(1), C3 = qkv.size(2), NH = att.size(1);
+  c.that(C3 % 3 == 0, "qkv's last dimension is not 3*C")
+      .that(NH > 0 && (C3 / 3) % NH == 0, "C is not a multiple of the head count");
+  if (!c.ok()) return;
+  c.f32("qkv", qkv, qkv.shape)
+      .f32("dqkv", dqkv, qkv.shape)
+      .f32("att", att, {B, NH, T, T})
+      .f32("datt", datt, {B, NH, T, T})
+      .f32("dout", dout, {B, T, C3 / 3});
+  if (c.ok()) s.device().kernels().attention_backward(s, dqkv, datt, dout, qkv, att);
+}
+
+void residual_forward(Stream& s, const Tensor& out, const Tensor& a, const Tensor& b) {
+  Check c(s, "residual_forward");
+  c.f32("a", a, a.shape).f32("b", b, a.shape).f32("out", out, a.shape);
+  if (c.ok()) s.device().kernels().residual_forward(s, out, a, b);
+}
+
+void crossentropy_forward(Stream& s, const Tensor& losses, const Tensor& lse,
+                          const Tensor& logits, const Tensor& targets, int V) {
+  Check c(s, "crossentropy_forward");
+  if (!c.rank("logits", logits, 2).ok()) return;
+  const std::int64_t N = rows(logits), Vp = logits.size(-1);
+  c.f32("logits", logits, logits.shape)
+      .f32("losses", losses, {N})
+      .f32("lse", lse, {N})
+      .tensor("targets", targets, DType::kI32, {N})
+      .that(V > 0 && V <= Vp, "V must be in [1, Vp]");
+  if (c.ok()) s.device().kernels().crossentropy_forward(s, losses, lse, logits, targets, V);
+}
+
+void crossentropy_backward(Stream& s, const Tensor& dlogits, const Tensor& logits,
+                           const Tensor& lse, const Tensor& targets, float dloss, int V) {
+  Check c(s, "crossentropy_backward");
+  if (!c.rank("logits", logits, 2).ok()) return;
+  const std::int64_t N = rows(logits), Vp = logits.size(-1);
+  c.f32("logits", logits, logits.shape)
+      .f32("dlogits", dlogits, logits.shape)
+      .f32("lse", lse, {N})
+      .tensor("targets", targets, DType::kI32, {N})
+      .that(V > 0 && V <= Vp, "V must be in [1, Vp]");
+  if (c.ok()) {
+    s.device().kernels().crossentropy_backward(s, dlogits, logits, lse, targets, dloss, V);
+  }
+}
+
+void squared_norm(Stream& s, const Tensor& out, const Tensor& x) {
+  Check c(s, "squared_norm");
+  c.tensor("out", out, DType::kF64, {1}).f32("x", x, x.shape);
+  if (c.ok()) s.device().kernels().squared_norm(s, out, x);
+}
+
+void adamw(Stream& s, const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v,
+           const AdamWArgs& args) {
+  Check c(s, "adamw");
+  c.f32("p", p, p.shape)
+      .f32("g", g, p.shape)
+      .f32("m", m, p.shape)
+      .f32("v", v, p.shape)
+      .that(args.step >= 1, "step must be >= 1");
+  if (c.ok()) s.device().kernels().adamw(s, p, g, m, v, args);
+}
+
+void fill(Stream& s, const Tensor& x, float value) {
+  Check c(s, "fill");
+  c.f32("x", x, x.shape);
+  if (c.ok()) s.device().kernels().fill(s, x, value);
+}
+
+void axpy(Stream& s, const Tensor& y, float alpha, const Tensor& x) {
+  Check c(s, "axpy");
+  c.f32("y", y, y.shape).f32("x", x, y.shape);
+  if (c.ok()) s.device().kernels().axpy(s, y, alpha, x);
+}
+
+}  // namespace troupe::gpu::ops

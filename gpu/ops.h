@@ -1,0 +1,44 @@
+// The public op API: check arguments, then dispatch to the stream's backend.
+//
+// Each call validates shapes, dtypes and devices, names itself in the error
+// ("layernorm_forward: w is f32[63], want f32[64]"), and enqueues the op on
+// `s`. A failed check records the error on the stream (sticky, returned by
+// Stream::synchronize) and enqueues nothing. See gpu/kernels.h for what each
+// op computes.
+#pragma once
+
+#include "gpu/kernels.h"
+
+namespace troupe::gpu::ops {
+
+void embedding_forward(Stream& s, const Tensor& out, const Tensor& tokens, const Tensor& wte,
+                       const Tensor& wpe);
+void embedding_backward(Stream& s, const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
+                        const Tensor& tokens);
+void layernorm_forward(Stream& s, const Tensor& out, const Tensor& mean, const Tensor& rstd,
+                       const Tensor& inp, const Tensor& w, const Tensor& b);
+void layernorm_backward(Stream& s, const Tensor& dinp, const Tensor& dw, const Tensor& db,
+                        const Tensor& dout, const Tensor& inp, const Tensor& w,
+                        const Tensor& mean, const Tensor& rstd);
+void matmul_forward(Stream& s, const Tensor& out, const Tensor& inp, const Tensor& w,
+                    const Tensor& bias);
+void matmul_backward(Stream& s, const Tensor& dinp, const Tensor& dw, const Tensor& dbias,
+                     const Tensor& dout, const Tensor& inp, const Tensor& w,
+                     Accumulate dinp_mode);
+void gelu_forward(Stream& s, const Tensor& out, const Tensor& inp);
+void gelu_backward(Stream& s, const Tensor& dinp, const Tensor& inp, const Tensor& dout);
+void attention_forward(Stream& s, const Tensor& out, const Tensor& att, const Tensor& qkv);
+void attention_backward(Stream& s, const Tensor& dqkv, const Tensor& datt, const Tensor& dout,
+                        const Tensor& qkv, const Tensor& att);
+void residual_forward(Stream& s, const Tensor& out, const Tensor& a, const Tensor& b);
+void crossentropy_forward(Stream& s, const Tensor& losses, const Tensor& lse,
+                          const Tensor& logits, const Tensor& targets, int V);
+void crossentropy_backward(Stream& s, const Tensor& dlogits, const Tensor& logits,
+                           const Tensor& lse, const Tensor& targets, float dloss, int V);
+void squared_norm(Stream& s, const Tensor& out, const Tensor& x);
+void adamw(Stream& s, const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v,
+           const AdamWArgs& args);
+void fill(Stream& s, const Tensor& x, float value);
+void axpy(Stream& s, const Tensor& y, float alpha, const Tensor& x);
+
+}  // namespace troupe::gpu::ops

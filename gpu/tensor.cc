@@ -1,0 +1,96 @@
+// Tensor construction, views and descriptions.
+#include "gpu/tensor.h"
+
+#include <cassert>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "gpu/device.h"
+
+namespace troupe::gpu {
+
+std::size_t dtype_size(DType dtype) {
+  switch (dtype) {
+    case DType::kF32: return 4;
+    case DType::kF64: return 8;
+    case DType::kI32: return 4;
+    case DType::kU16: return 2;
+    case DType::kBF16: return 2;
+  }
+  return 0;
+}
+
+absl::string_view dtype_name(DType dtype) {
+  switch (dtype) {
+    case DType::kF32: return "f32";
+    case DType::kF64: return "f64";
+    case DType::kI32: return "i32";
+    case DType::kU16: return "u16";
+    case DType::kBF16: return "bf16";
+  }
+  return "?";
+}
+
+std::string shape_string(const Shape& shape) {
+  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+}
+
+std::int64_t shape_numel(const Shape& shape) {
+  std::int64_t n = 1;
+  for (std::int64_t d : shape) n *= d;
+  return n;
+}
+
+Shape contiguous_strides(const Shape& shape) {
+  Shape strides(shape.size());
+  std::int64_t s = 1;
+  for (int i = static_cast<int>(shape.size()) - 1; i >= 0; --i) {
+    strides[i] = s;
+    s *= shape[i];
+  }
+  return strides;
+}
+
+Tensor Tensor::empty(Device& device, DType dtype, const Shape& shape) {
+  Tensor t;
+  t.dtype = dtype;
+  t.shape = shape;
+  t.strides = contiguous_strides(shape);
+  t.storage = device.allocate(t.nbytes());
+  return t;
+}
+
+Tensor Tensor::wrap_host(void* data, DType dtype, const Shape& shape) {
+  Tensor t;
+  t.dtype = dtype;
+  t.shape = shape;
+  t.strides = contiguous_strides(shape);
+  t.storage = std::make_shared<Storage>();
+  t.storage->data = data;
+  t.storage->bytes = t.nbytes();
+  t.storage->device = &cpu_device();
+  return t;
+}
+
+bool Tensor::is_contiguous() const { return strides == contiguous_strides(shape); }
+
+Tensor Tensor::view(std::int64_t offset_elems, const Shape& new_shape) const {
+  assert(is_contiguous());
+  assert(offset_elems >= 0 && offset_elems + shape_numel(new_shape) <= numel());
+  Tensor t = *this;
+  t.shape = new_shape;
+  t.strides = contiguous_strides(new_shape);
+  t.offset = offset + offset_elems;
+  return t;
+}
+
+Tensor Tensor::reshape(const Shape& new_shape) const {
+  assert(shape_numel(new_shape) == numel());
+  return view(0, new_shape);
+}
+
+std::string Tensor::describe() const {
+  return absl::StrCat(dtype_name(dtype), shape_string(shape));
+}
+
+}  // namespace troupe::gpu

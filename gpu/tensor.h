@@ -1,0 +1,84 @@
+// Tensors as plain data: dtype, shape, strides, storage and device.
+//
+// A Tensor does not own a stream and does no work; ops in gpu/ops.h do. The
+// storage is shared (a view keeps its parent's bytes alive), so an op that is
+// enqueued on a stream can hold its arguments until it has run.
+//
+//   gpu::Device& cpu = gpu::cpu_device();
+//   gpu::Tensor x = gpu::Tensor::empty(cpu, gpu::DType::kF32, {B, T, C});
+//   gpu::Tensor row = x.view(/*offset=*/0, {T, C});   // x[0]
+//   float* p = x.data<float>();                        // host-visible on CPU
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+#include <memory>
+#include <string>
+#include "absl/strings/string_view.h"
+
+#include "absl/container/inlined_vector.h"
+
+namespace troupe::gpu {
+
+class Device;
+
+enum class DType : std::uint8_t { kF32, kF64, kI32, kU16, kBF16 };
+
+std::size_t dtype_size(DType dtype);
+absl::string_view dtype_name(DType dtype);
+
+using Shape = absl::InlinedVector<std::int64_t, 4>;
+
+std::string shape_string(const Shape& shape);
+std::int64_t shape_numel(const Shape& shape);
+
+// Bytes on one device. Freed through the device that allocated them when the
+// last tensor viewing them goes away.
+struct Storage {
+  void* data = nullptr;
+  std::size_t bytes = 0;
+  Device* device = nullptr;
+  std::shared_ptr<void> owner;  // releases `data`
+};
+
+struct Tensor {
+  DType dtype = DType::kF32;
+  Shape shape;
+  Shape strides;  // in elements
+  std::shared_ptr<Storage> storage;
+  std::int64_t offset = 0;  // in elements, from storage->data
+
+  // Allocates a contiguous, uninitialised tensor on `device`.
+  static Tensor empty(Device& device, DType dtype, const Shape& shape);
+  // Wraps caller-owned host memory (no copy; the caller keeps it alive).
+  static Tensor wrap_host(void* data, DType dtype, const Shape& shape);
+
+  bool defined() const { return storage != nullptr; }
+  int dim() const { return static_cast<int>(shape.size()); }
+  std::int64_t size(int d) const { return shape[d < 0 ? d + dim() : d]; }
+  std::int64_t numel() const { return shape_numel(shape); }
+  std::size_t nbytes() const { return static_cast<std::size_t>(numel()) * dtype_size(dtype); }
+  bool is_contiguous() const;
+  Device* device() const { return storage ? storage->device : nullptr; }
+
+  // A contiguous view of `shape` starting `offset` elements into this
+  // (contiguous) tensor's data; the view must fit inside the tensor.
+  Tensor view(std::int64_t offset_elems, const Shape& shape) const;
+  // The same elements with another contiguous shape of equal numel.
+  Tensor reshape(const Shape& shape) const;
+
+  template <typename T>
+  T* data() const {
+    return reinterpret_cast<T*>(static_cast<char*>(storage->data) +
+                                offset * static_cast<std::int64_t>(dtype_size(dtype)));
+  }
+  void* raw() const { return data<char>(); }
+
+  // "f32[4, 64, 512]"
+  std::string describe() const;
+};
+
+Shape contiguous_strides(const Shape& shape);
+
+}  // namespace troupe::gpu

@@ -1,0 +1,18 @@
+// The troupe command's subcommands. Each registers its flags on the CLI11
+// app and returns the function to run once the command line is parsed; that
+// function returns the process exit code (errors are printed by it, naming
+// the flag or file at fault).
+#pragma once
+
+#include <functional>
+
+#include <CLI/CLI.hpp>
+
+namespace troupe::launcher {
+
+using Command = std::function<int()>;
+
+Command add_train_command(CLI::App& app);
+Command add_data_command(CLI::App& app);
+
+}  // namespace troupe::launcher

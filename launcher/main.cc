@@ -1,0 +1,26 @@
+// troupe: train GPT models with 3D parallelism on an actor runtime.
+//
+//   troupe train --model tiny --steps 50
+//   troupe data synth --output-prefix data/phrases
+//   troupe <command> --help
+#include <cstdio>
+#include <map>
+#include <string>
+
+#include "launcher/commands.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"troupe: GPT training with tensor, pipeline and data parallelism on actors",
+               "troupe"};
+  app.require_subcommand(1);
+  std::map<std::string, troupe::launcher::Command> commands;
+  commands["train"] = troupe::launcher::add_train_command(app);
+  commands["data"] = troupe::launcher::add_data_command(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  for (CLI::App* sub : app.get_subcommands()) return commands[sub->get_name()]();
+  return 2;
+}

@@ -1,0 +1,92 @@
+// GPT presets and configuration checks.
+#include "model/config.h"
+
+#include <array>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace troupe::model {
+namespace {
+
+struct Preset {
+  const char* name;
+  int L, C, NH, T, V;
+};
+
+// GPT-2 sizes as released by OpenAI; GPT-3 sizes from Brown et al. (2020),
+// head size 128 for 1.3B as Megatron configures it; MT-NLG from Smith et al.
+// (2022).
+constexpr std::array<Preset, 7> kPresets{{
+    {"tiny", 4, 64, 4, 64, 512},
+    {"cpu-small", 4, 256, 4, 256, 50257},
+    {"gpt2-124m", 12, 768, 12, 1024, 50257},
+    {"gpt2-350m", 24, 1024, 16, 1024, 50257},
+    {"gpt3-1.3b", 24, 2048, 16, 2048, 50257},
+    {"gpt3-175b", 96, 12288, 96, 2048, 50257},
+    {"mt-nlg-530b", 105, 20480, 128, 2048, 50257},
+}};
+
+}  // namespace
+
+std::int64_t GptConfig::num_parameters() const {
+  const std::int64_t c = C;
+  const std::int64_t per_layer = 12 * c * c + 13 * c;  // qkv, proj, fc, fcproj, 2 LN
+  return static_cast<std::int64_t>(V) * c + static_cast<std::int64_t>(T) * c + L * per_layer +
+         2 * c;
+}
+
+double GptConfig::flops_per_token(int seq_len) const {
+  const double c = C;
+  const double matmul_params = L * 12.0 * c * c + static_cast<double>(V) * c;
+  // Attention: q.k^T and att.v, each 2*T*C multiply-adds per token forward.
+  const double attention = L * 2.0 * 2.0 * seq_len * c;
+  return 3.0 * (2.0 * matmul_params + attention);
+}
+
+absl::Status GptConfig::validate() const {
+  auto positive = [](const char* flag, int v) -> absl::Status {
+    if (v > 0) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat(flag, " must be positive, is ", v));
+  };
+  for (absl::Status s : {positive("--layers", L), positive("--channels", C),
+                         positive("--heads", NH), positive("--seq-len", T),
+                         positive("--vocab-size", V), positive("vocab multiple", vocab_multiple)}) {
+    if (!s.ok()) return s;
+  }
+  if (C % NH != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--channels ", C, " is not a multiple of --heads ", NH));
+  }
+  return absl::OkStatus();
+}
+
+std::string GptConfig::describe() const {
+  return absl::StrCat(name, ": L=", L, " C=", C, " NH=", NH, " T=", T, " V=", V, " (Vp=", Vp(),
+                      "), ", num_parameters(), " parameters");
+}
+
+absl::StatusOr<GptConfig> preset(absl::string_view name) {
+  for (const Preset& p : kPresets) {
+    if (name == p.name) {
+      GptConfig c;
+      c.name = p.name;
+      c.L = p.L;
+      c.C = p.C;
+      c.NH = p.NH;
+      c.T = p.T;
+      c.V = p.V;
+      return c;
+    }
+  }
+  return absl::NotFoundError(absl::StrCat("unknown model '", name,
+                                          "'; known: ", absl::StrJoin(preset_names(), ", ")));
+}
+
+std::vector<std::string> preset_names() {
+  std::vector<std::string> names;
+  for (const Preset& p : kPresets) names.emplace_back(p.name);
+  return names;
+}
+
+}  // namespace troupe::model

@@ -1,0 +1,231 @@
+// MMIDIDX reading (mmap) and writing.
+#include "model/data/indexed_dataset.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+
+namespace troupe::model::data {
+namespace {
+
+constexpr char kMagic[9] = {'M', 'M', 'I', 'D', 'I', 'D', 'X', '\0', '\0'};
+
+std::size_t token_size(TokenDType d) {
+  switch (d) {
+    case TokenDType::kU8: case TokenDType::kI8: return 1;
+    case TokenDType::kI16: case TokenDType::kU16: return 2;
+    case TokenDType::kI32: case TokenDType::kF32: return 4;
+    case TokenDType::kI64: case TokenDType::kF64: return 8;
+  }
+  return 0;
+}
+
+absl::StatusOr<std::pair<const char*, std::size_t>> map_file(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0) {
+    return absl::NotFoundError(absl::StrCat(path, ": cannot open (", std::strerror(errno), ")"));
+  }
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    ::close(fd);
+    return absl::InternalError(absl::StrCat(path, ": fstat failed"));
+  }
+  const std::size_t size = static_cast<std::size_t>(st.st_size);
+  const char* p = nullptr;
+  if (size > 0) {
+    void* m = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (m == MAP_FAILED) {
+      ::close(fd);
+      return absl::InternalError(absl::StrCat(path, ": mmap failed"));
+    }
+    p = static_cast<const char*>(m);
+  }
+  ::close(fd);
+  return std::make_pair(p, size);
+}
+
+template <typename T>
+T read_le(const char* p) {
+  T v;
+  std::memcpy(&v, p, sizeof v);  // x86-64 and aarch64 are little-endian, as the format
+  return v;
+}
+
+}  // namespace
+
+TokenDType token_dtype_for_vocab(std::int64_t vocab_size) {
+  return vocab_size < 65500 ? TokenDType::kU16 : TokenDType::kI32;
+}
+
+IndexedDataset::~IndexedDataset() {
+  if (bin_ != nullptr) ::munmap(const_cast<char*>(bin_), bin_size_);
+  if (idx_ != nullptr) ::munmap(const_cast<char*>(idx_), idx_size_);
+}
+
+absl::StatusOr<std::unique_ptr<IndexedDataset>> IndexedDataset::open(const std::string& prefix) {
+  std::unique_ptr<IndexedDataset> ds(new IndexedDataset());
+  ds->prefix_ = prefix;
+  const std::string idx_path = prefix + ".idx", bin_path = prefix + ".bin";
+  auto idx = map_file(idx_path);
+  if (!idx.ok()) return idx.status();
+  std::tie(ds->idx_, ds->idx_size_) = *idx;
+  auto bin = map_file(bin_path);
+  if (!bin.ok()) return bin.status();
+  std::tie(ds->bin_, ds->bin_size_) = *bin;
+
+  auto bad = [&](absl::string_view what) {
+    return absl::InvalidArgumentError(absl::StrCat(idx_path, ": ", what));
+  };
+  const char* p = ds->idx_;
+  constexpr std::size_t kHeader = 9 + 8 + 1 + 8 + 8;
+  if (ds->idx_size_ < kHeader) return bad("truncated header (not a Megatron MMIDIDX index?)");
+  if (std::memcmp(p, kMagic, 9) != 0) return bad("bad magic (not a Megatron MMIDIDX index)");
+  if (read_le<std::uint64_t>(p + 9) != 1) {
+    return bad(absl::StrCat("unsupported version ", read_le<std::uint64_t>(p + 9)));
+  }
+  const std::uint8_t code = static_cast<std::uint8_t>(p[17]);
+  if (code < 1 || code > 8 || code == 6 || code == 7) {
+    return bad(absl::StrCat("dtype code ", code, " is not an integer token type"));
+  }
+  ds->dtype_ = static_cast<TokenDType>(code);
+  const std::uint64_t S = read_le<std::uint64_t>(p + 18);
+  const std::uint64_t D = read_le<std::uint64_t>(p + 26);
+  const std::uint64_t need = kHeader + S * 4 + S * 8 + D * 8;
+  if (S > ds->idx_size_ || D > ds->idx_size_ || need != ds->idx_size_) {
+    return bad(absl::StrCat("size ", ds->idx_size_, " bytes does not match ", S, " sequences and ",
+                            D, " document indices (", need, " bytes)"));
+  }
+  if (D < 1) return bad("document index is empty (needs at least the leading 0)");
+  ds->sizes_ = {reinterpret_cast<const std::int32_t*>(p + kHeader), S};
+  ds->pointers_ = {reinterpret_cast<const std::int64_t*>(p + kHeader + S * 4), S};
+  ds->doc_idx_ = {reinterpret_cast<const std::int64_t*>(p + kHeader + S * 12), D};
+  if (ds->doc_idx_[0] != 0) return bad("document index does not start with 0");
+  const std::size_t esize = token_size(ds->dtype_);
+  ds->starts_.reserve(S + 1);
+  std::int64_t pos = 0;
+  for (std::uint64_t i = 0; i < S; i++) {
+    const std::int64_t n = ds->sizes_[i], ptr = ds->pointers_[i];
+    if (n < 0 || ptr < 0 || static_cast<std::uint64_t>(ptr) + n * esize > ds->bin_size_) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          bin_path, ": sequence ", i, " (", n, " tokens at byte ", ptr,
+          ") lies outside the file of ", ds->bin_size_, " bytes"));
+    }
+    ds->starts_.push_back(pos);
+    pos += n;
+  }
+  ds->starts_.push_back(pos);
+  ds->total_tokens_ = pos;
+  for (std::uint64_t k = 1; k < D; k++) {
+    if (ds->doc_idx_[k] < ds->doc_idx_[k - 1] || ds->doc_idx_[k] > static_cast<std::int64_t>(S)) {
+      return bad(absl::StrCat("document index ", k, " = ", ds->doc_idx_[k], " is out of order"));
+    }
+  }
+  return ds;
+}
+
+std::pair<std::int64_t, std::int64_t> IndexedDataset::locate(std::int64_t position) const {
+  auto it = std::upper_bound(starts_.begin(), starts_.end(), position);
+  const std::int64_t seq = (it - starts_.begin()) - 1;
+  return {seq, position - starts_[static_cast<std::size_t>(seq)]};
+}
+
+absl::Status IndexedDataset::read(std::int64_t position, std::span<std::int32_t> out) const {
+  const std::int64_t n = static_cast<std::int64_t>(out.size());
+  if (position < 0 || position + n > total_tokens_) {
+    return absl::OutOfRangeError(absl::StrCat(prefix_, ".bin: tokens [", position, ", ",
+                                              position + n, ") past the end (", total_tokens_,
+                                              " tokens)"));
+  }
+  std::size_t done = 0;
+  auto [seq, off] = locate(position);
+  const std::size_t esize = token_size(dtype_);
+  while (done < out.size()) {
+    const std::int64_t take = std::min<std::int64_t>(sizes_[seq] - off, n - static_cast<std::int64_t>(done));
+    const char* src = bin_ + pointers_[seq] + off * static_cast<std::int64_t>(esize);
+    for (std::int64_t i = 0; i < take; i++) {
+      const char* e = src + i * static_cast<std::int64_t>(esize);
+      std::int64_t v = 0;
+      switch (dtype_) {
+        case TokenDType::kU8: v = read_le<std::uint8_t>(e); break;
+        case TokenDType::kI8: v = read_le<std::int8_t>(e); break;
+        case TokenDType::kI16: v = read_le<std::int16_t>(e); break;
+        case TokenDType::kU16: v = read_le<std::uint16_t>(e); break;
+        case TokenDType::kI32: v = read_le<std::int32_t>(e); break;
+        case TokenDType::kI64: v = read_le<std::int64_t>(e); break;
+        default: break;
+      }
+      out[done + static_cast<std::size_t>(i)] = static_cast<std::int32_t>(v);
+    }
+    done += static_cast<std::size_t>(take);
+    seq++;
+    off = 0;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status write_indexed_dataset(const std::string& prefix,
+                                   const std::vector<std::vector<std::int32_t>>& documents,
+                                   TokenDType dtype) {
+  if (dtype != TokenDType::kU16 && dtype != TokenDType::kI32) {
+    return absl::InvalidArgumentError("write_indexed_dataset: tokens are written as u16 or i32");
+  }
+  const std::size_t esize = token_size(dtype);
+  const std::string bin_tmp = prefix + ".bin.tmp", idx_tmp = prefix + ".idx.tmp";
+  std::vector<std::int32_t> sizes;
+  std::vector<std::int64_t> pointers, doc_idx{0};
+  {
+    std::ofstream bin(bin_tmp, std::ios::binary | std::ios::trunc);
+    if (!bin) return absl::PermissionDeniedError(absl::StrCat(bin_tmp, ": cannot create"));
+    std::int64_t ptr = 0;
+    for (const auto& doc : documents) {
+      for (std::int32_t t : doc) {
+        if (dtype == TokenDType::kU16) {
+          if (t < 0 || t > 65535) {
+            return absl::InvalidArgumentError(absl::StrCat(prefix, ": token ", t, " does not fit u16"));
+          }
+          const std::uint16_t u = static_cast<std::uint16_t>(t);
+          bin.write(reinterpret_cast<const char*>(&u), 2);
+        } else {
+          bin.write(reinterpret_cast<const char*>(&t), 4);
+        }
+      }
+      sizes.push_back(static_cast<std::int32_t>(doc.size()));
+      pointers.push_back(ptr);
+      ptr += static_cast<std::int64_t>(doc.size() * esize);
+      doc_idx.push_back(static_cast<std::int64_t>(sizes.size()));
+    }
+    if (!bin.flush()) return absl::DataLossError(absl::StrCat(bin_tmp, ": write failed"));
+  }
+  {
+    std::ofstream idx(idx_tmp, std::ios::binary | std::ios::trunc);
+    if (!idx) return absl::PermissionDeniedError(absl::StrCat(idx_tmp, ": cannot create"));
+    auto put = [&](const void* p, std::size_t n) { idx.write(static_cast<const char*>(p), static_cast<std::streamsize>(n)); };
+    const std::uint64_t version = 1, S = sizes.size(), D = doc_idx.size();
+    const std::uint8_t code = static_cast<std::uint8_t>(dtype);
+    put(kMagic, 9);
+    put(&version, 8);
+    put(&code, 1);
+    put(&S, 8);
+    put(&D, 8);
+    put(sizes.data(), sizes.size() * 4);
+    put(pointers.data(), pointers.size() * 8);
+    put(doc_idx.data(), doc_idx.size() * 8);
+    if (!idx.flush()) return absl::DataLossError(absl::StrCat(idx_tmp, ": write failed"));
+  }
+  if (std::rename(bin_tmp.c_str(), (prefix + ".bin").c_str()) != 0 ||
+      std::rename(idx_tmp.c_str(), (prefix + ".idx").c_str()) != 0) {
+    return absl::PermissionDeniedError(absl::StrCat(prefix, ": cannot rename files into place"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace troupe::model::data

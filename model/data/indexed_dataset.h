@@ -1,0 +1,77 @@
+// Megatron-LM's indexed dataset (MMIDIDX): a `.bin` of raw token ids and an
+// `.idx` that says where each sequence lies.
+//
+//   .idx: 9-byte magic "MMIDIDX\0\0", u64 version (1), u8 dtype code
+//         (1 u8, 2 i8, 3 i16, 4 i32, 5 i64, 6 f64, 7 f32, 8 u16),
+//         u64 sequence count S, u64 document count D (documents + 1),
+//         i32 sizes[S], i64 byte pointers[S], i64 document indices[D]
+//         (starting with 0; document k is sequences [doc[k], doc[k+1])).
+//   .bin: the tokens of every sequence, back to back.
+//
+//   absl::StatusOr<std::unique_ptr<IndexedDataset>> ds = IndexedDataset::open("data/pile");
+//   std::vector<std::int32_t> t(n);
+//   RETURN_IF_ERROR((*ds)->read(/*position=*/0, t));   // tokens of the concatenated stream
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace troupe::model::data {
+
+enum class TokenDType : std::uint8_t {
+  kU8 = 1, kI8 = 2, kI16 = 3, kI32 = 4, kI64 = 5, kF64 = 6, kF32 = 7, kU16 = 8
+};
+
+// u16 when the vocabulary fits below 65,500 ids, else i32 (as Megatron).
+TokenDType token_dtype_for_vocab(std::int64_t vocab_size);
+
+class IndexedDataset {
+ public:
+  // Maps PREFIX.idx and PREFIX.bin; checks the header, the index's size and
+  // every pointer against the .bin (errors name the file and the problem).
+  static absl::StatusOr<std::unique_ptr<IndexedDataset>> open(const std::string& prefix);
+  ~IndexedDataset();
+
+  const std::string& prefix() const { return prefix_; }
+  TokenDType dtype() const { return dtype_; }
+  std::int64_t num_sequences() const { return static_cast<std::int64_t>(sizes_.size()); }
+  std::int64_t num_documents() const { return static_cast<std::int64_t>(doc_idx_.size()) - 1; }
+  std::int64_t num_tokens() const { return total_tokens_; }
+  std::span<const std::int32_t> sizes() const { return sizes_; }
+  std::span<const std::int64_t> pointers() const { return pointers_; }
+  std::span<const std::int64_t> doc_idx() const { return doc_idx_; }
+
+  // Tokens [position, position + out.size()) of all sequences concatenated in
+  // order. OutOfRange past the end.
+  absl::Status read(std::int64_t position, std::span<std::int32_t> out) const;
+  // The sequence and offset of a position in the concatenated stream.
+  std::pair<std::int64_t, std::int64_t> locate(std::int64_t position) const;
+
+ private:
+  IndexedDataset() = default;
+  std::string prefix_;
+  TokenDType dtype_ = TokenDType::kU16;
+  std::span<const std::int32_t> sizes_;
+  std::span<const std::int64_t> pointers_;
+  std::span<const std::int64_t> doc_idx_;
+  std::vector<std::int64_t> starts_;  // stream position of each sequence, + total
+  std::int64_t total_tokens_ = 0;
+  const char* bin_ = nullptr;
+  std::size_t bin_size_ = 0;
+  const char* idx_ = nullptr;
+  std::size_t idx_size_ = 0;
+};
+
+// Writes PREFIX.bin and PREFIX.idx, one sequence per document (as Megatron's
+// preprocess_data.py without sentence splitting). Files appear atomically.
+absl::Status write_indexed_dataset(const std::string& prefix,
+                                   const std::vector<std::vector<std::int32_t>>& documents,
+                                   TokenDType dtype);
+
+}  // namespace troupe::model::data

@@ -1,0 +1,199 @@
+// GPT-2 forward and backward, one named op per step, as in the paper.
+#include "model/gpt.h"
+
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gpu/ops.h"
+#include "model/init.h"
+
+namespace troupe::model {
+
+using gpu::Accumulate;
+using gpu::Tensor;
+namespace ops = gpu::ops;
+
+GptParams GptParams::carve(const ParamLayout& lay, const Tensor& flat, int L) {
+  GptParams p;
+  p.wte = lay.view(flat, "wte.weight");
+  p.wpe = lay.view(flat, "wpe.weight");
+  for (int l = 0; l < L; l++) {
+    const std::string h = absl::StrCat("h.", l, ".");
+    auto v = [&](const char* n) { return lay.view(flat, h + n); };
+    p.h.push_back({v("ln_1.weight"), v("ln_1.bias"), v("attn.c_attn.weight"),
+                   v("attn.c_attn.bias"), v("attn.c_proj.weight"), v("attn.c_proj.bias"),
+                   v("ln_2.weight"), v("ln_2.bias"), v("mlp.c_fc.weight"), v("mlp.c_fc.bias"),
+                   v("mlp.c_proj.weight"), v("mlp.c_proj.bias")});
+  }
+  p.lnfw = lay.view(flat, "ln_f.weight");
+  p.lnfb = lay.view(flat, "ln_f.bias");
+  return p;
+}
+
+namespace {
+
+// Carves activations out of one allocation.
+class Carver {
+ public:
+  explicit Carver(std::int64_t* total) : total_(total) {}
+  void bind(Tensor flat) { flat_ = std::move(flat); }
+  Tensor take(const gpu::Shape& shape) {
+    const std::int64_t n = (gpu::shape_numel(shape) + 15) / 16 * 16;
+    Tensor t;
+    if (flat_.defined()) t = flat_.view(*total_, shape);
+    *total_ += n;
+    return t;
+  }
+
+ private:
+  std::int64_t* total_;
+  Tensor flat_;
+};
+
+GptActivations carve_activations(const GptConfig& c, std::int64_t B, Carver& k) {
+  const std::int64_t L = c.L, T = c.T, C = c.C, NH = c.NH;
+  GptActivations a;
+  a.encoded = k.take({B, T, C});
+  a.ln1 = k.take({L, B, T, C});
+  a.ln1_mean = k.take({L, B, T});
+  a.ln1_rstd = k.take({L, B, T});
+  a.qkv = k.take({L, B, T, 3 * C});
+  a.att = k.take({L, B, NH, T, T});
+  a.atty = k.take({L, B, T, C});
+  a.residual2 = k.take({L, B, T, C});
+  a.ln2 = k.take({L, B, T, C});
+  a.ln2_mean = k.take({L, B, T});
+  a.ln2_rstd = k.take({L, B, T});
+  a.fch = k.take({L, B, T, 4 * C});
+  a.fch_gelu = k.take({L, B, T, 4 * C});
+  a.residual3 = k.take({L, B, T, C});
+  a.lnf = k.take({B, T, C});
+  a.lnf_mean = k.take({B, T});
+  a.lnf_rstd = k.take({B, T});
+  a.logits = k.take({B, T, c.Vp()});
+  a.lse = k.take({B, T});
+  a.losses = k.take({B, T});
+  a.scratch_btc = k.take({B, T, C});
+  a.dresidual = k.take({B, T, C});
+  a.dbtc = k.take({B, T, C});
+  a.dqkv = k.take({B, T, 3 * C});
+  a.datt = k.take({B, NH, T, T});
+  a.dfch = k.take({B, T, 4 * C});
+  return a;
+}
+
+// Layer l's slice of an (L, ...) activation.
+Tensor at(const Tensor& t, int l) {
+  gpu::Shape shape(t.shape.begin() + 1, t.shape.end());
+  return t.view(l * gpu::shape_numel(shape), shape);
+}
+
+}  // namespace
+
+Gpt::Gpt(const GptConfig& config, int B, gpu::Device& device)
+    : config_(config), B_(B), device_(device), layout_(ParamLayout::gpt(config)) {
+  params_flat_ = Tensor::empty(device, gpu::DType::kF32, {layout_.total()});
+  grads_flat_ = Tensor::empty(device, gpu::DType::kF32, {layout_.total()});
+  p_ = GptParams::carve(layout_, params_flat_, config.L);
+  g_ = GptParams::carve(layout_, grads_flat_, config.L);
+  std::int64_t total = 0;
+  Carver sizer(&total);
+  carve_activations(config, B, sizer);
+  Tensor flat = Tensor::empty(device, gpu::DType::kF32, {total});
+  total = 0;
+  Carver carver(&total);
+  carver.bind(flat);
+  acts_ = carve_activations(config, B, carver);
+}
+
+void Gpt::init(std::uint64_t seed) {
+  std::vector<float> host(static_cast<std::size_t>(layout_.total()), 0.0f);
+  for (const ParamSpec& spec : layout_.specs()) {
+    init_values(config_, spec, seed, 0,
+                std::span<float>(host.data() + spec.offset, static_cast<std::size_t>(spec.numel())));
+  }
+  absl::Status st = device_.copy_from_host(host.data(), params_flat_);
+  (void)st;  // same device by construction
+}
+
+void Gpt::zero_grad(gpu::Stream& s) { ops::fill(s, grads_flat_, 0.0f); }
+
+void Gpt::forward(gpu::Stream& s, const Tensor& tokens, const Tensor& targets) {
+  GptActivations& a = acts_;
+  ops::embedding_forward(s, a.encoded, tokens, p_.wte, p_.wpe);
+  for (int l = 0; l < config_.L; l++) {
+    layer_forward(s, l, l == 0 ? a.encoded : at(a.residual3, l - 1));
+  }
+  ops::layernorm_forward(s, a.lnf, a.lnf_mean, a.lnf_rstd, at(a.residual3, config_.L - 1),
+                         p_.lnfw, p_.lnfb);
+  ops::matmul_forward(s, a.logits, a.lnf, p_.wte, Tensor{});
+  if (targets.defined()) {
+    ops::crossentropy_forward(s, a.losses.reshape({B_ * config_.T}),
+                              a.lse.reshape({B_ * config_.T}),
+                              a.logits.reshape({B_ * config_.T, config_.Vp()}),
+                              targets.reshape({B_ * config_.T}), config_.V);
+  }
+}
+
+void Gpt::layer_forward(gpu::Stream& s, int l, const Tensor& residual) {
+  GptActivations& a = acts_;
+  const LayerParams& p = p_.h[l];
+  Tensor ln1 = at(a.ln1, l), qkv = at(a.qkv, l), atty = at(a.atty, l);
+  Tensor residual2 = at(a.residual2, l), ln2 = at(a.ln2, l);
+  Tensor fch = at(a.fch, l), fch_gelu = at(a.fch_gelu, l);
+  ops::layernorm_forward(s, ln1, at(a.ln1_mean, l), at(a.ln1_rstd, l), residual, p.ln1w, p.ln1b);
+  ops::matmul_forward(s, qkv, ln1, p.qkvw, p.qkvb);
+  ops::attention_forward(s, atty, at(a.att, l), qkv);
+  ops::matmul_forward(s, a.scratch_btc, atty, p.attprojw, p.attprojb);
+  ops::residual_forward(s, residual2, residual, a.scratch_btc);
+  ops::layernorm_forward(s, ln2, at(a.ln2_mean, l), at(a.ln2_rstd, l), residual2, p.ln2w, p.ln2b);
+  ops::matmul_forward(s, fch, ln2, p.fcw, p.fcb);
+  ops::gelu_forward(s, fch_gelu, fch);
+  ops::matmul_forward(s, a.scratch_btc, fch_gelu, p.fcprojw, p.fcprojb);
+  ops::residual_forward(s, at(a.residual3, l), residual2, a.scratch_btc);
+}
+
+void Gpt::backward(gpu::Stream& s, const Tensor& tokens, const Tensor& targets, float dloss) {
+  GptActivations& a = acts_;
+  const std::int64_t N = static_cast<std::int64_t>(B_) * config_.T;
+  Tensor logits = a.logits.reshape({N, config_.Vp()});
+  ops::crossentropy_backward(s, logits, logits, a.lse.reshape({N}), targets.reshape({N}), dloss,
+                             config_.V);
+  // The LM head shares wte with the token embedding: both add into g_.wte.
+  ops::matmul_backward(s, a.dbtc, g_.wte, Tensor{}, a.logits, a.lnf, p_.wte, Accumulate::kNo);
+  ops::fill(s, a.dresidual, 0.0f);
+  ops::layernorm_backward(s, a.dresidual, g_.lnfw, g_.lnfb, a.dbtc,
+                          at(a.residual3, config_.L - 1), p_.lnfw, a.lnf_mean, a.lnf_rstd);
+  for (int l = config_.L - 1; l >= 0; l--) {
+    layer_backward(s, l, l == 0 ? a.encoded : at(a.residual3, l - 1));
+  }
+  ops::embedding_backward(s, g_.wte, g_.wpe, a.dresidual, tokens);
+}
+
+// On entry a.dresidual holds d(residual3[l]); on exit d(residual), the
+// layer's input. The residual connections pass it through unchanged; each
+// branch's LayerNorm backward adds its part.
+void Gpt::layer_backward(gpu::Stream& s, int l, const Tensor& residual) {
+  GptActivations& a = acts_;
+  const LayerParams& p = p_.h[l];
+  const LayerParams& g = g_.h[l];
+  Tensor ln1 = at(a.ln1, l), qkv = at(a.qkv, l), atty = at(a.atty, l);
+  Tensor residual2 = at(a.residual2, l), ln2 = at(a.ln2, l);
+  Tensor fch = at(a.fch, l), fch_gelu = at(a.fch_gelu, l);
+  // MLP branch.
+  ops::matmul_backward(s, a.dfch, g.fcprojw, g.fcprojb, a.dresidual, fch_gelu, p.fcprojw,
+                       Accumulate::kNo);
+  ops::gelu_backward(s, a.dfch, fch, a.dfch);
+  ops::matmul_backward(s, a.dbtc, g.fcw, g.fcb, a.dfch, ln2, p.fcw, Accumulate::kNo);
+  ops::layernorm_backward(s, a.dresidual, g.ln2w, g.ln2b, a.dbtc, residual2, p.ln2w,
+                          at(a.ln2_mean, l), at(a.ln2_rstd, l));
+  // Attention branch.
+  ops::matmul_backward(s, a.dbtc, g.attprojw, g.attprojb, a.dresidual, atty, p.attprojw,
+                       Accumulate::kNo);
+  ops::attention_backward(s, a.dqkv, a.datt, a.dbtc, qkv, at(a.att, l));
+  ops::matmul_backward(s, a.dbtc, g.qkvw, g.qkvb, a.dqkv, ln1, p.qkvw, Accumulate::kNo);
+  ops::layernorm_backward(s, a.dresidual, g.ln1w, g.ln1b, a.dbtc, residual, p.ln1w,
+                          at(a.ln1_mean, l), at(a.ln1_rstd, l));
+}
+
+}  // namespace troupe::model

@@ -1,0 +1,102 @@
+// GPT-2 on gpu/ ops: parameters, gradients and activations each in one
+// allocation carved into named views, and a forward and backward that read
+// like the architecture (pre-LN blocks, fused qkv, 4C MLP, final LN, LM head
+// tied to the token embedding). No dropout: troupe trains as MT-NLG did,
+// without it.
+//
+//   model::Gpt gpt(config, /*B=*/8, gpu::cpu_device());
+//   gpt.init(seed);
+//   gpt.zero_grad(stream);
+//   gpt.forward(stream, tokens, targets);          // tokens, targets: i32[B,T]
+//   gpt.backward(stream, tokens, targets, 1.0f / (m * B * T));
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "gpu/device.h"
+#include "gpu/tensor.h"
+#include "model/config.h"
+#include "model/layout.h"
+
+namespace troupe::model {
+
+// One layer's parameters (or gradients): views into the flat buffer.
+struct LayerParams {
+  gpu::Tensor ln1w, ln1b;          // (C)
+  gpu::Tensor qkvw, qkvb;          // (3C, C), (3C)
+  gpu::Tensor attprojw, attprojb;  // (C, C), (C)
+  gpu::Tensor ln2w, ln2b;          // (C)
+  gpu::Tensor fcw, fcb;            // (4C, C), (4C)
+  gpu::Tensor fcprojw, fcprojb;    // (C, 4C), (C)
+};
+
+struct GptParams {
+  gpu::Tensor wte;  // (Vp, C), tied LM head; rows V..Vp-1 are zero
+  gpu::Tensor wpe;  // (T, C)
+  std::vector<LayerParams> h;
+  gpu::Tensor lnfw, lnfb;  // (C)
+  static GptParams carve(const ParamLayout& layout, const gpu::Tensor& flat, int L);
+};
+
+// What the forward keeps for the backward, per layer where it says (L, ...).
+struct GptActivations {
+  gpu::Tensor encoded;                    // (B, T, C)
+  gpu::Tensor ln1, ln1_mean, ln1_rstd;    // (L, B, T, C), (L, B, T) x2
+  gpu::Tensor qkv;                        // (L, B, T, 3C)
+  gpu::Tensor att;                        // (L, B, NH, T, T) softmax probabilities
+  gpu::Tensor atty;                       // (L, B, T, C)
+  gpu::Tensor residual2;                  // (L, B, T, C)
+  gpu::Tensor ln2, ln2_mean, ln2_rstd;    // (L, B, T, C), (L, B, T) x2
+  gpu::Tensor fch, fch_gelu;              // (L, B, T, 4C)
+  gpu::Tensor residual3;                  // (L, B, T, C)
+  gpu::Tensor lnf, lnf_mean, lnf_rstd;    // (B, T, C), (B, T) x2
+  gpu::Tensor logits;                     // (B, T, Vp); the backward turns it into dlogits
+  gpu::Tensor lse, losses;                // (B, T)
+  // Backward scratch.
+  gpu::Tensor scratch_btc;                // (B, T, C)
+  gpu::Tensor dresidual, dbtc;            // (B, T, C)
+  gpu::Tensor dqkv;                       // (B, T, 3C)
+  gpu::Tensor datt;                       // (B, NH, T, T)
+  gpu::Tensor dfch;                       // (B, T, 4C)
+};
+
+class Gpt {
+ public:
+  // Allocates parameters, gradients and activations for micro-batches of B
+  // sequences of config.T tokens on `device`. The config must be valid.
+  Gpt(const GptConfig& config, int B, gpu::Device& device);
+
+  const GptConfig& config() const { return config_; }
+  const ParamLayout& layout() const { return layout_; }
+  int B() const { return B_; }
+  const gpu::Tensor& params() const { return params_flat_; }
+  const gpu::Tensor& grads() const { return grads_flat_; }
+  const GptActivations& acts() const { return acts_; }
+
+  // Counter-based GPT-2 initialisation (model/init.h); synchronous.
+  void init(std::uint64_t seed);
+
+  void zero_grad(gpu::Stream& s);
+  // tokens, targets: i32 (B, T). Without targets only the logits are made.
+  void forward(gpu::Stream& s, const gpu::Tensor& tokens, const gpu::Tensor& targets);
+  // Adds this micro-batch's gradients, each token's loss weighted by `dloss`
+  // (1 / tokens in the global batch for a mean). Needs the forward before it.
+  // The logits are overwritten by their gradient.
+  void backward(gpu::Stream& s, const gpu::Tensor& tokens, const gpu::Tensor& targets,
+                float dloss);
+
+ private:
+  void layer_forward(gpu::Stream& s, int l, const gpu::Tensor& residual);
+  void layer_backward(gpu::Stream& s, int l, const gpu::Tensor& residual);
+
+  GptConfig config_;
+  int B_;
+  gpu::Device& device_;
+  ParamLayout layout_;
+  gpu::Tensor params_flat_, grads_flat_;
+  GptParams p_, g_;
+  GptActivations acts_;
+};
+
+}  // namespace troupe::model

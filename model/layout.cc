@@ -1,0 +1,67 @@
+// The GPT-2 parameter layout.
+#include "model/layout.h"
+
+#include <cassert>
+
+#include "absl/strings/str_cat.h"
+
+namespace troupe::model {
+
+void ParamLayout::add(std::string name, gpu::Shape shape, Decay decay, Init init, int layer,
+                      bool transposed_in_file, std::int64_t real_rows) {
+  ParamSpec s;
+  s.name = std::move(name);
+  s.shape = std::move(shape);
+  s.offset = total_;
+  s.decay = decay;
+  s.init = init;
+  s.transposed_in_file = transposed_in_file;
+  s.real_rows = real_rows >= 0 ? real_rows : s.shape[0];
+  s.layer = layer;
+  // Keep every tensor 16-float (64-byte) aligned in the flat buffer.
+  total_ += (s.numel() + 15) / 16 * 16;
+  index_[s.name] = specs_.size();
+  specs_.push_back(std::move(s));
+}
+
+ParamLayout ParamLayout::gpt(const GptConfig& c) {
+  ParamLayout lay;
+  const std::int64_t C = c.C;
+  lay.add("wte.weight", {c.Vp(), C}, Decay::kYes, Init::kNormal, -1, false, c.V);
+  lay.add("wpe.weight", {c.T, C}, Decay::kYes, Init::kNormal, -1);
+  for (int l = 0; l < c.L; l++) {
+    const std::string h = absl::StrCat("h.", l, ".");
+    lay.add(h + "ln_1.weight", {C}, Decay::kNo, Init::kOnes, l);
+    lay.add(h + "ln_1.bias", {C}, Decay::kNo, Init::kZeros, l);
+    lay.add(h + "attn.c_attn.weight", {3 * C, C}, Decay::kYes, Init::kNormal, l, true);
+    lay.add(h + "attn.c_attn.bias", {3 * C}, Decay::kNo, Init::kZeros, l);
+    lay.add(h + "attn.c_proj.weight", {C, C}, Decay::kYes, Init::kNormalScaled, l, true);
+    lay.add(h + "attn.c_proj.bias", {C}, Decay::kNo, Init::kZeros, l);
+    lay.add(h + "ln_2.weight", {C}, Decay::kNo, Init::kOnes, l);
+    lay.add(h + "ln_2.bias", {C}, Decay::kNo, Init::kZeros, l);
+    lay.add(h + "mlp.c_fc.weight", {4 * C, C}, Decay::kYes, Init::kNormal, l, true);
+    lay.add(h + "mlp.c_fc.bias", {4 * C}, Decay::kNo, Init::kZeros, l);
+    lay.add(h + "mlp.c_proj.weight", {C, 4 * C}, Decay::kYes, Init::kNormalScaled, l, true);
+    lay.add(h + "mlp.c_proj.bias", {C}, Decay::kNo, Init::kZeros, l);
+  }
+  lay.add("ln_f.weight", {C}, Decay::kNo, Init::kOnes, -1);
+  lay.add("ln_f.bias", {C}, Decay::kNo, Init::kZeros, -1);
+  return lay;
+}
+
+const ParamSpec* ParamLayout::find_or_null(const std::string& name) const {
+  auto it = index_.find(name);
+  return it == index_.end() ? nullptr : &specs_[it->second];
+}
+
+const ParamSpec& ParamLayout::find(const std::string& name) const {
+  const ParamSpec* s = find_or_null(name);
+  assert(s != nullptr);
+  return *s;
+}
+
+gpu::Tensor ParamLayout::view(const gpu::Tensor& flat, const ParamSpec& spec) const {
+  return flat.view(spec.offset, spec.shape);
+}
+
+}  // namespace troupe::model

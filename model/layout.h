@@ -1,0 +1,66 @@
+// The parameter layout of a GPT: every named tensor, its shape and its place
+// in one flat buffer (parameters, gradients and optimizer state are all carved
+// the same way).
+//
+// Order is layer-major so that a pipeline stage's parameters are one
+// contiguous range: [wte, wpe] [h.0.*] ... [h.{L-1}.*] [ln_f.*].
+// Names are Hugging Face GPT-2's. Matrices are stored as PyTorch's
+// nn.Linear, (out, in); the file layout of GPT-2's Conv1D is (in, out), which
+// `transposed_in_file` marks.
+//
+//   ParamLayout lay = ParamLayout::gpt(config);
+//   const ParamSpec& w = lay.find("h.0.attn.c_attn.weight");  // (3C, C)
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "gpu/tensor.h"
+#include "model/config.h"
+
+namespace troupe::model {
+
+enum class Decay { kNo, kYes };  // AdamW weight decay (not biases, LN, as Megatron)
+enum class Init { kNormal, kNormalScaled, kZeros, kOnes };
+
+struct ParamSpec {
+  std::string name;
+  gpu::Shape shape;           // as stored here
+  std::int64_t offset = 0;    // in elements, into the flat buffer
+  Decay decay = Decay::kNo;
+  Init init = Init::kZeros;
+  bool transposed_in_file = false;  // Conv1D weights: file holds shape reversed
+  // Rows that exist in the file and are initialised (wte: V of Vp rows).
+  std::int64_t real_rows = 0;
+  int layer = -1;  // -1: embedding or final LN
+
+  std::int64_t numel() const { return gpu::shape_numel(shape); }
+};
+
+class ParamLayout {
+ public:
+  static ParamLayout gpt(const GptConfig& config);
+
+  const std::vector<ParamSpec>& specs() const { return specs_; }
+  const ParamSpec& find(const std::string& name) const;  // name must exist
+  const ParamSpec* find_or_null(const std::string& name) const;
+  std::int64_t total() const { return total_; }
+
+  // Views of `flat` (contiguous f32 of total() elements) by parameter.
+  gpu::Tensor view(const gpu::Tensor& flat, const ParamSpec& spec) const;
+  gpu::Tensor view(const gpu::Tensor& flat, const std::string& name) const {
+    return view(flat, find(name));
+  }
+
+ private:
+  void add(std::string name, gpu::Shape shape, Decay decay, Init init, int layer,
+           bool transposed_in_file = false, std::int64_t real_rows = -1);
+
+  std::vector<ParamSpec> specs_;
+  absl::flat_hash_map<std::string, std::size_t> index_;
+  std::int64_t total_ = 0;
+};
+
+}  // namespace troupe::model

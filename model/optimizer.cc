@@ -1,0 +1,52 @@
+// AdamW, learning-rate schedule and clipping.
+#include "model/optimizer.h"
+
+#include <cmath>
+#include <numbers>
+
+#include "gpu/ops.h"
+
+namespace troupe::model {
+
+float lr_at(const LrSchedule& s, int step) {
+  if (s.warmup_iters > 0 && step <= s.warmup_iters) {
+    return s.lr * static_cast<float>(step) / static_cast<float>(s.warmup_iters);
+  }
+  if (s.decay_iters <= s.warmup_iters) return s.lr;  // no decay configured
+  if (step > s.decay_iters) return s.min_lr;
+  const double ratio = static_cast<double>(step - s.warmup_iters) /
+                       static_cast<double>(s.decay_iters - s.warmup_iters);
+  const double coeff = 0.5 * (std::cos(std::numbers::pi * ratio) + 1.0);
+  return static_cast<float>(s.min_lr + coeff * (s.lr - s.min_lr));
+}
+
+float clip_factor(double grad_norm, float max_norm) {
+  if (max_norm <= 0.0f) return 1.0f;
+  const double c = max_norm / (grad_norm + 1e-6);
+  return c < 1.0 ? static_cast<float>(c) : 1.0f;
+}
+
+AdamW::AdamW(const ParamLayout& layout, gpu::Device& device, gpu::Stream& s) : layout_(layout) {
+  m_ = gpu::Tensor::empty(device, gpu::DType::kF32, {layout.total()});
+  v_ = gpu::Tensor::empty(device, gpu::DType::kF32, {layout.total()});
+  gpu::ops::fill(s, m_, 0.0f);
+  gpu::ops::fill(s, v_, 0.0f);
+}
+
+void AdamW::step(gpu::Stream& s, const gpu::Tensor& params, const gpu::Tensor& grads,
+                 const AdamWConfig& c, float lr, int step, float grad_scale) {
+  for (const ParamSpec& spec : layout_.specs()) {
+    gpu::AdamWArgs args;
+    args.lr = lr;
+    args.beta1 = c.beta1;
+    args.beta2 = c.beta2;
+    args.eps = c.eps;
+    args.weight_decay = spec.decay == Decay::kYes ? c.weight_decay : 0.0f;
+    args.step = step;
+    args.grad_scale = grad_scale;
+    gpu::ops::adamw(s, layout_.view(params, spec), layout_.view(grads, spec),
+                    layout_.view(m_, spec), layout_.view(v_, spec), args);
+  }
+}
+
+}  // namespace troupe::model

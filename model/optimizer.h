@@ -1,0 +1,60 @@
+// AdamW over a flat parameter buffer (decoupled weight decay; none on biases
+// and LayerNorm parameters, as Megatron), the Megatron learning-rate schedule,
+// and global gradient-norm clipping.
+//
+//   model::AdamW adam(layout, device, stream);
+//   float lr = model::lr_at(schedule, step);
+//   adam.step(stream, params, grads, {.lr = lr, ...}, step, clip_factor);
+#pragma once
+
+#include <vector>
+
+#include "gpu/device.h"
+#include "gpu/kernels.h"
+#include "model/layout.h"
+
+namespace troupe::model {
+
+struct AdamWConfig {
+  float beta1 = 0.9f;
+  float beta2 = 0.95f;  // as MT-NLG
+  float eps = 1e-8f;
+  float weight_decay = 0.1f;
+};
+
+// Linear warm-up to `lr` over `warmup_iters`, then cosine decay to `min_lr`
+// at `decay_iters`, constant after (Megatron's --lr-warmup-iters,
+// --lr-decay-iters, --min-lr).
+struct LrSchedule {
+  float lr = 6e-4f;
+  float min_lr = 0.0f;
+  int warmup_iters = 0;
+  int decay_iters = 0;  // 0: no decay (constant after warm-up)
+};
+
+// Learning rate of optimizer step `step` (1-based).
+float lr_at(const LrSchedule& schedule, int step);
+
+// Megatron's and PyTorch's clip factor: min(1, max_norm / (norm + 1e-6)).
+// max_norm <= 0 disables clipping.
+float clip_factor(double grad_norm, float max_norm);
+
+class AdamW {
+ public:
+  // Moments for every parameter of `layout`, zeroed on `s`.
+  AdamW(const ParamLayout& layout, gpu::Device& device, gpu::Stream& s);
+
+  // One update of `params` from `grads` (flat buffers of layout.total()),
+  // the gradient first multiplied by `grad_scale`. `step` is 1-based.
+  void step(gpu::Stream& s, const gpu::Tensor& params, const gpu::Tensor& grads,
+            const AdamWConfig& config, float lr, int step, float grad_scale);
+
+  const gpu::Tensor& m() const { return m_; }
+  const gpu::Tensor& v() const { return v_; }
+
+ private:
+  const ParamLayout& layout_;
+  gpu::Tensor m_, v_;
+};
+
+}  // namespace troupe::model

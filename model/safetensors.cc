@@ -1,0 +1,149 @@
+// safetensors parsing and writing with nlohmann::json for the header.
+#include "model/safetensors.h"
+
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+
+namespace troupe::model {
+namespace {
+
+absl::Status bad(const std::string& path, absl::string_view what) {
+  return absl::InvalidArgumentError(absl::StrCat(path, ": ", what));
+}
+
+}  // namespace
+
+std::size_t safetensors_dtype_size(const std::string& dtype) {
+  if (dtype == "F64" || dtype == "I64" || dtype == "U64") return 8;
+  if (dtype == "F32" || dtype == "I32" || dtype == "U32") return 4;
+  if (dtype == "F16" || dtype == "BF16" || dtype == "I16" || dtype == "U16") return 2;
+  if (dtype == "I8" || dtype == "U8" || dtype == "BOOL") return 1;
+  return 0;
+}
+
+absl::StatusOr<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
+  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open file"));
+  const std::uint64_t file_size = static_cast<std::uint64_t>(in.tellg());
+  in.seekg(0);
+  if (file_size < 8) return bad(path, "truncated: shorter than the 8-byte header length");
+  unsigned char len_bytes[8];
+  in.read(reinterpret_cast<char*>(len_bytes), 8);
+  std::uint64_t header_len = 0;
+  for (int i = 7; i >= 0; i--) header_len = (header_len << 8) | len_bytes[i];
+  if (header_len > file_size - 8) {
+    return bad(path, absl::StrCat("truncated: header of ", header_len, " bytes but only ",
+                                  file_size - 8, " bytes follow"));
+  }
+  std::string header(header_len, '\0');
+  in.read(header.data(), static_cast<std::streamsize>(header_len));
+
+  nlohmann::json j = nlohmann::json::parse(header, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return bad(path, "header is not a JSON object");
+
+  SafetensorsFile f;
+  f.path_ = path;
+  const std::uint64_t data_size = file_size - 8 - header_len;
+  for (auto& [name, v] : j.items()) {
+    if (name == "__metadata__") {
+      if (!v.is_object()) return bad(path, "__metadata__ is not an object");
+      for (auto& [k, val] : v.items()) {
+        if (!val.is_string()) return bad(path, absl::StrCat("__metadata__.", k, " is not a string"));
+        f.metadata_[k] = val.get<std::string>();
+      }
+      continue;
+    }
+    auto where = [&](absl::string_view what) { return bad(path, absl::StrCat("tensor '", name, "': ", what)); };
+    if (!v.is_object() || !v.contains("dtype") || !v.contains("shape") ||
+        !v.contains("data_offsets")) {
+      return where("needs dtype, shape and data_offsets");
+    }
+    SafetensorsEntry e;
+    e.name = name;
+    if (!v["dtype"].is_string()) return where("dtype is not a string");
+    e.dtype = v["dtype"].get<std::string>();
+    const std::size_t esize = safetensors_dtype_size(e.dtype);
+    if (esize == 0) return where(absl::StrCat("unknown dtype ", e.dtype));
+    if (!v["shape"].is_array()) return where("shape is not an array");
+    std::uint64_t numel = 1;
+    for (auto& d : v["shape"]) {
+      if (!d.is_number_unsigned()) return where("shape has a non-integer dimension");
+      e.shape.push_back(d.get<std::int64_t>());
+      numel *= d.get<std::uint64_t>();
+    }
+    auto& off = v["data_offsets"];
+    if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() ||
+        !off[1].is_number_unsigned()) {
+      return where("data_offsets is not [begin, end]");
+    }
+    e.begin = off[0].get<std::uint64_t>();
+    e.end = off[1].get<std::uint64_t>();
+    if (e.begin > e.end || e.end > data_size) {
+      return where(absl::StrCat("data [", e.begin, ", ", e.end, ") lies outside the ", data_size,
+                                " data bytes (truncated file?)"));
+    }
+    if (e.end - e.begin != numel * esize) {
+      return where(absl::StrCat("holds ", e.end - e.begin, " bytes, its shape and dtype need ",
+                                numel * esize));
+    }
+    f.entries_.push_back(std::move(e));
+  }
+  f.data_.resize(data_size);
+  in.read(f.data_.data(), static_cast<std::streamsize>(data_size));
+  if (static_cast<std::uint64_t>(in.gcount()) != data_size) return bad(path, "short read");
+  return f;
+}
+
+const SafetensorsEntry* SafetensorsFile::find(const std::string& name) const {
+  for (const SafetensorsEntry& e : entries_) {
+    if (e.name == name) return &e;
+  }
+  return nullptr;
+}
+
+absl::Span<const char> SafetensorsFile::bytes(const SafetensorsEntry& e) const {
+  return absl::Span<const char>(data_.data() + e.begin, e.end - e.begin);
+}
+
+absl::Status write_safetensors(const std::string& path, const std::vector<TensorToWrite>& tensors,
+                               const std::map<std::string, std::string>& metadata) {
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  std::uint64_t offset = 0;
+  for (const TensorToWrite& t : tensors) {
+    header[t.name] = {{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {offset, offset + t.nbytes}}};
+    offset += t.nbytes;
+  }
+  std::string h = header.dump();
+  while ((h.size() + 8) % 8 != 0) h.push_back(' ');  // align the data section
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    if (!out) return absl::PermissionDeniedError(absl::StrCat(tmp, ": cannot create file"));
+    unsigned char len_bytes[8];
+    std::uint64_t n = h.size();
+    for (int i = 0; i < 8; i++) len_bytes[i] = static_cast<unsigned char>(n >> (8 * i));
+    out.write(reinterpret_cast<const char*>(len_bytes), 8);
+    out.write(h.data(), static_cast<std::streamsize>(h.size()));
+    for (const TensorToWrite& t : tensors) {
+      out.write(static_cast<const char*>(t.data), static_cast<std::streamsize>(t.nbytes));
+    }
+    out.flush();
+    if (!out) {
+      std::remove(tmp.c_str());
+      return absl::DataLossError(absl::StrCat(tmp, ": write failed (disk full?)"));
+    }
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    std::remove(tmp.c_str());
+    return absl::PermissionDeniedError(absl::StrCat(path, ": cannot rename ", tmp, " into place"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace troupe::model

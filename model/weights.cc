@@ -1,0 +1,173 @@
+// Saving and loading GPT weights as Hugging Face GPT-2 safetensors.
+#include "model/weights.h"
+
+#include <cstring>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "model/safetensors.h"
+
+namespace troupe::model {
+namespace {
+
+// The file's shape of a parameter (Conv1D weights transposed, wte unpadded).
+std::vector<std::int64_t> file_shape(const ParamSpec& spec) {
+  std::vector<std::int64_t> shape(spec.shape.begin(), spec.shape.end());
+  shape[0] = spec.real_rows;
+  if (spec.transposed_in_file) std::swap(shape[0], shape[1]);
+  return shape;
+}
+
+void transpose(const float* src, float* dst, std::int64_t rows, std::int64_t cols) {
+  for (std::int64_t r = 0; r < rows; r++) {
+    for (std::int64_t c = 0; c < cols; c++) dst[c * rows + r] = src[r * cols + c];
+  }
+}
+
+std::map<std::string, std::string> config_metadata(const GptConfig& c) {
+  return {{"format", "pt"},
+          {"n_layer", std::to_string(c.L)},
+          {"n_embd", std::to_string(c.C)},
+          {"n_head", std::to_string(c.NH)},
+          {"vocab_size", std::to_string(c.V)},
+          {"n_ctx", std::to_string(c.T)}};
+}
+
+absl::Status check_metadata(const SafetensorsFile& f, const GptConfig& c) {
+  const std::pair<const char*, int> want[] = {
+      {"n_layer", c.L}, {"n_embd", c.C}, {"n_head", c.NH}, {"vocab_size", c.V}, {"n_ctx", c.T}};
+  for (const auto& [key, value] : want) {
+    auto it = f.metadata().find(key);
+    if (it == f.metadata().end()) continue;  // files from elsewhere may carry only "format"
+    int got = 0;
+    if (!absl::SimpleAtoi(it->second, &got)) {
+      return absl::InvalidArgumentError(absl::StrCat(f.path(), ": metadata ", key, " = '",
+                                                     it->second, "' is not an integer"));
+    }
+    if (got != value) {
+      return absl::InvalidArgumentError(absl::StrCat(f.path(), ": metadata ", key, " = ", got,
+                                                     " but the model has ", value));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Whether a name in the file may be ignored.
+bool ignorable(absl::string_view name) {
+  return absl::EndsWith(name, ".attn.bias") || absl::EndsWith(name, ".attn.masked_bias");
+}
+
+std::string strip_prefix(const std::string& name) {
+  constexpr absl::string_view kPrefix = "transformer.";
+  return absl::StartsWith(name, kPrefix) ? name.substr(kPrefix.size()) : name;
+}
+
+absl::Status load_param(const SafetensorsFile& f, const SafetensorsEntry& e, const ParamSpec& spec,
+                        float* dst) {
+  auto fail = [&](absl::string_view what) {
+    return absl::InvalidArgumentError(absl::StrCat(f.path(), ": tensor '", e.name, "' ", what));
+  };
+  if (e.dtype != "F32") return fail(absl::StrCat("has dtype ", e.dtype, ", want F32"));
+  std::vector<std::int64_t> want = file_shape(spec);
+  std::vector<std::int64_t> padded(spec.shape.begin(), spec.shape.end());  // wte with Vp rows
+  const bool is_padded_wte = spec.real_rows != spec.shape[0] && e.shape == padded;
+  if (e.shape != want && !is_padded_wte) {
+    return fail(absl::StrCat("has shape [", absl::StrJoin(e.shape, ", "), "], want [",
+                             absl::StrJoin(want, ", "), "]"));
+  }
+  absl::Span<const char> bytes = f.bytes(e);
+  const auto* src = reinterpret_cast<const float*>(bytes.data());
+  if (spec.transposed_in_file) {
+    transpose(src, dst, spec.shape[1], spec.shape[0]);  // file (in, out) -> (out, in)
+  } else {
+    const std::int64_t row = spec.numel() / spec.shape[0];
+    std::memcpy(dst, src, static_cast<std::size_t>(spec.real_rows * row) * sizeof(float));
+    std::memset(dst + spec.real_rows * row, 0,
+                static_cast<std::size_t>((spec.shape[0] - spec.real_rows) * row) * sizeof(float));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status save_weights(const Gpt& gpt, const std::string& path) {
+  const ParamLayout& lay = gpt.layout();
+  std::vector<float> host(static_cast<std::size_t>(lay.total()));
+  absl::Status st = gpt.params().device()->copy_to_host(gpt.params(), host.data());
+  if (!st.ok()) return st;
+  std::vector<std::vector<float>> transposed;
+  transposed.reserve(lay.specs().size());
+  std::vector<TensorToWrite> tensors;
+  for (const ParamSpec& spec : lay.specs()) {
+    TensorToWrite t;
+    t.name = spec.name;
+    t.dtype = "F32";
+    t.shape = file_shape(spec);
+    const float* src = host.data() + spec.offset;
+    if (spec.transposed_in_file) {
+      transposed.emplace_back(static_cast<std::size_t>(spec.numel()));
+      transpose(src, transposed.back().data(), spec.shape[0], spec.shape[1]);
+      src = transposed.back().data();
+    }
+    t.data = src;
+    t.nbytes = static_cast<std::size_t>(spec.real_rows * (spec.numel() / spec.shape[0])) *
+               sizeof(float);
+    tensors.push_back(std::move(t));
+  }
+  return write_safetensors(path, tensors, config_metadata(gpt.config()));
+}
+
+absl::Status load_weights(const std::string& path, Gpt& gpt) {
+  absl::StatusOr<SafetensorsFile> f = SafetensorsFile::open(path);
+  if (!f.ok()) return f.status();
+  absl::Status st = check_metadata(*f, gpt.config());
+  if (!st.ok()) return st;
+  const ParamLayout& lay = gpt.layout();
+  std::vector<float> host(static_cast<std::size_t>(lay.total()), 0.0f);
+  std::vector<bool> seen(lay.specs().size(), false);
+  const SafetensorsEntry* lm_head = nullptr;
+  for (const SafetensorsEntry& e : f->entries()) {
+    const std::string name = strip_prefix(e.name);
+    if (name == "lm_head.weight") {
+      lm_head = &e;
+      continue;
+    }
+    if (ignorable(name)) continue;
+    const ParamSpec* spec = lay.find_or_null(name);
+    if (spec == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": unexpected tensor '", e.name, "' (not a parameter of ",
+                       gpt.config().describe(), ")"));
+    }
+    const std::size_t i = static_cast<std::size_t>(spec - lay.specs().data());
+    if (seen[i]) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": tensor '", name, "' appears twice"));
+    }
+    seen[i] = true;
+    st = load_param(*f, e, *spec, host.data() + spec->offset);
+    if (!st.ok()) return st;
+  }
+  for (std::size_t i = 0; i < seen.size(); i++) {
+    if (!seen[i]) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": missing tensor '", lay.specs()[i].name, "'"));
+    }
+  }
+  if (lm_head != nullptr) {
+    // The LM head is tied to the token embedding; accept it only if equal.
+    const ParamSpec& wte = lay.find("wte.weight");
+    std::vector<float> head(static_cast<std::size_t>(wte.numel()));
+    st = load_param(*f, *lm_head, wte, head.data());
+    if (!st.ok()) return st;
+    if (std::memcmp(head.data(), host.data() + wte.offset, head.size() * sizeof(float)) != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          path, ": tensor '", lm_head->name, "' differs from wte.weight; troupe ties them"));
+    }
+  }
+  return gpt.params().device()->copy_from_host(host.data(), gpt.params());
+}
+
+}  // namespace troupe::model
