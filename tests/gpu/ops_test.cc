@@ -1,0 +1,316 @@
+// The cross-backend op test: every backend present computes each op on the
+// same random inputs; forwards are compared with the double references of
+// reference_ops.h, backwards with central finite differences of them (in
+// double). A backend that lacks an op is reported as skipped, never passed.
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "gpu/ops.h"
+#include "tests/gpu/reference_ops.h"
+#include "tests/test_util.h"
+#ifdef TROUPE_HAVE_CUDA
+#include "gpu/cuda/cuda_device.h"
+#endif
+
+namespace troupe::testing {
+namespace {
+
+using gpu::Accumulate;
+using gpu::Tensor;
+namespace ops = gpu::ops;
+
+constexpr double kFwdTol = 1e-5;  // fp32 op vs double reference, norm-wise
+constexpr double kBwdTol = 1e-4;  // fp32 backward vs double finite differences
+
+gpu::Device* backend(const std::string& name) {
+  if (name == "cpu") return &gpu::cpu_device();
+#ifdef TROUPE_HAVE_CUDA
+  static std::unique_ptr<gpu::Device> cuda = [] {
+    auto d = gpu::make_cuda_device(0);
+    return d.ok() ? std::move(*d) : nullptr;
+  }();
+  return cuda.get();
+#else
+  return nullptr;
+#endif
+}
+
+class OpsTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    dev_ = backend(GetParam());
+    if (dev_ == nullptr) GTEST_SKIP() << GetParam() << ": no such device on this machine";
+    stream_ = dev_->make_stream({.threads = 2});
+  }
+  // A copy of host tensor `t` on the backend's device.
+  Tensor on(const Tensor& t) {
+    Tensor d = Tensor::empty(*dev_, t.dtype, t.shape);
+    EXPECT_TRUE(dev_->copy_from_host(t.raw(), d).ok());
+    return d;
+  }
+  Tensor zeros(const gpu::Shape& shape) { return on(filled(shape, 0.0f)); }
+  // Host doubles of a device tensor, after the stream has finished. Skips
+  // the test when the backend lacks an op that ran.
+  Vec host(const Tensor& t) {
+    absl::Status st = stream_->synchronize();
+    if (absl::IsUnimplemented(st)) {
+      skipped_ = std::string(st.message());
+      return Vec(static_cast<std::size_t>(t.numel()), 0.0);
+    }
+    EXPECT_TRUE(st.ok()) << st;
+    Tensor h = Tensor::empty(gpu::cpu_device(), t.dtype, t.shape);
+    EXPECT_TRUE(dev_->copy_to_host(t, h.raw()).ok());
+    return to_double(h);
+  }
+  bool unsupported() {
+    if (skipped_.empty()) return false;
+    std::cout << "[ UNSUPPORTED ] " << skipped_ << "\n";
+    return true;
+  }
+  gpu::Device* dev_ = nullptr;
+  std::unique_ptr<gpu::Stream> stream_;
+  std::mt19937 rng_{42};
+  std::string skipped_;
+};
+
+#define SKIP_IF_UNSUPPORTED() \
+  if (unsupported()) GTEST_SKIP() << skipped_
+
+TEST_P(OpsTest, Embedding) {
+  const int B = 2, T = 5, C = 8, Vp = 11;
+  std::vector<std::int32_t> tok = {0, 3, 3, 10, 7, 1, 2, 3, 9, 3};
+  Tensor wte = random_tensor(rng_, {Vp, C}), wpe = random_tensor(rng_, {T + 2, C});
+  Tensor r = random_tensor(rng_, {B, T, C});
+  Tensor out = zeros({B, T, C}), dwte = zeros({Vp, C}), dwpe = zeros({T + 2, C});
+  Tensor tokens = on(int_tensor(tok, {B, T}));
+  ops::embedding_forward(*stream_, out, tokens, on(wte), on(wpe));
+  ops::embedding_backward(*stream_, dwte, dwpe, on(r), tokens);
+  Vec y = host(out), gte = host(dwte), gpe = host(dwpe);
+  SKIP_IF_UNSUPPORTED();
+  Vec wte_d = to_double(wte), wpe_d = to_double(wpe), r_d = to_double(r);
+  EXPECT_LT(rel_error(y, embedding_ref(tok, wte_d, wpe_d, B, T, C)), kFwdTol);
+  auto f_te = [&](const Vec& x) { return embedding_ref(tok, x, wpe_d, B, T, C); };
+  auto f_pe = [&](const Vec& x) { return embedding_ref(tok, wte_d, x, B, T, C); };
+  EXPECT_LT(rel_error(gte, numeric_grad(f_te, wte_d, r_d)), kBwdTol);
+  EXPECT_LT(rel_error(gpe, numeric_grad(f_pe, wpe_d, r_d)), kBwdTol);
+}
+
+TEST_P(OpsTest, EmbeddingRejectsTokenOutOfRange) {
+  Tensor out = zeros({1, 2, 4});
+  ops::embedding_forward(*stream_, out, on(int_tensor({1, 6}, {1, 2})), zeros({6, 4}),
+                         zeros({2, 4}));
+  absl::Status st = stream_->synchronize();
+  if (absl::IsUnimplemented(st)) GTEST_SKIP() << st;
+  EXPECT_TRUE(absl::IsInvalidArgument(st)) << st;
+  EXPECT_NE(st.message().find("token id"), absl::string_view::npos) << st;
+}
+
+TEST_P(OpsTest, LayerNorm) {
+  const int N = 6, C = 40;
+  Tensor x = random_tensor(rng_, {N, C}, 2.0f), w = random_tensor(rng_, {C}),
+         b = random_tensor(rng_, {C}), r = random_tensor(rng_, {N, C});
+  Tensor out = zeros({N, C}), mean = zeros({N}), rstd = zeros({N});
+  Tensor dx0 = random_tensor(rng_, {N, C});  // the backward adds to what is there
+  Tensor dx = on(dx0), dw = zeros({C}), db = zeros({C});
+  ops::layernorm_forward(*stream_, out, mean, rstd, on(x), on(w), on(b));
+  ops::layernorm_backward(*stream_, dx, dw, db, on(r), on(x), on(w), mean, rstd);
+  Vec y = host(out), gx = host(dx), gw = host(dw), gb = host(db);
+  SKIP_IF_UNSUPPORTED();
+  Vec xd = to_double(x), wd = to_double(w), bd = to_double(b), rd = to_double(r);
+  EXPECT_LT(rel_error(y, layernorm_ref(xd, wd, bd, N, C)), kFwdTol);
+  Vec want_dx = numeric_grad([&](const Vec& v) { return layernorm_ref(v, wd, bd, N, C); }, xd, rd);
+  Vec dx0d = to_double(dx0);
+  for (std::size_t i = 0; i < want_dx.size(); i++) want_dx[i] += dx0d[i];
+  EXPECT_LT(rel_error(gx, want_dx), kBwdTol);
+  EXPECT_LT(rel_error(gw, numeric_grad([&](const Vec& v) { return layernorm_ref(xd, v, bd, N, C); }, wd, rd)), kBwdTol);
+  EXPECT_LT(rel_error(gb, numeric_grad([&](const Vec& v) { return layernorm_ref(xd, wd, v, N, C); }, bd, rd)), kBwdTol);
+}
+
+
+TEST_P(OpsTest, MatmulSmall) {
+  const int N = 7, IC = 12, OC = 10;
+  std::mt19937& rng = rng_;
+  Tensor x = random_tensor(rng, {N, IC}), w = random_tensor(rng, {OC, IC}),
+         bias = random_tensor(rng, {OC}), r = random_tensor(rng, {N, OC});
+  Tensor dx0 = random_tensor(rng, {N, IC}), dw0 = random_tensor(rng, {OC, IC}),
+         db0 = random_tensor(rng, {OC});
+  for (Accumulate mode : {Accumulate::kNo, Accumulate::kYes}) {
+    for (bool has_bias : {true, false}) {
+      Tensor out = zeros({N, OC}), dx = on(dx0), dw = on(dw0), db = on(db0);
+      Tensor bias_d = has_bias ? on(bias) : Tensor{};
+      ops::matmul_forward(*stream_, out, on(x), on(w), bias_d);
+      ops::matmul_backward(*stream_, dx, dw, has_bias ? db : Tensor{}, on(r), on(x), on(w), mode);
+      Vec y = host(out), gx = host(dx), gw = host(dw), gb = host(db);
+      SKIP_IF_UNSUPPORTED();
+      Vec xd = to_double(x), wd = to_double(w), bd = has_bias ? to_double(bias) : Vec{},
+          rd = to_double(r);
+      EXPECT_LT(rel_error(y, matmul_ref(xd, wd, bd, N, IC, OC)), kFwdTol);
+      Vec want_dx = numeric_grad([&](const Vec& v) { return matmul_ref(v, wd, bd, N, IC, OC); }, xd, rd);
+      Vec want_dw = numeric_grad([&](const Vec& v) { return matmul_ref(xd, v, bd, N, IC, OC); }, wd, rd);
+      Vec dx0d = to_double(dx0), dw0d = to_double(dw0), db0d = to_double(db0);
+      for (std::size_t i = 0; i < want_dx.size(); i++) {
+        if (mode == Accumulate::kYes) want_dx[i] += dx0d[i];
+      }
+      for (std::size_t i = 0; i < want_dw.size(); i++) want_dw[i] += dw0d[i];  // always adds
+      EXPECT_LT(rel_error(gx, want_dx), kBwdTol);
+      EXPECT_LT(rel_error(gw, want_dw), kBwdTol);
+      if (has_bias) {
+        Vec want_db = numeric_grad([&](const Vec& v) { return matmul_ref(xd, wd, v, N, IC, OC); }, bd, rd);
+        for (std::size_t i = 0; i < want_db.size(); i++) want_db[i] += db0d[i];
+        EXPECT_LT(rel_error(gb, want_db), kBwdTol);
+      }
+    }
+  }
+}
+
+TEST_P(OpsTest, MatmulLargerThanChunks) {
+  // Sizes past the kernels' row/column chunks, forward and dbias only.
+  const int N = 130, IC = 70, OC = 150;
+  Tensor x = random_tensor(rng_, {N, IC}), w = random_tensor(rng_, {OC, IC}),
+         bias = random_tensor(rng_, {OC}), r = random_tensor(rng_, {N, OC});
+  Tensor out = zeros({N, OC}), dx = zeros({N, IC}), dw = zeros({OC, IC}), db = zeros({OC});
+  ops::matmul_forward(*stream_, out, on(x), on(w), on(bias));
+  ops::matmul_backward(*stream_, dx, dw, db, on(r), on(x), on(w), Accumulate::kNo);
+  Vec y = host(out), gb = host(db);
+  SKIP_IF_UNSUPPORTED();
+  EXPECT_LT(rel_error(y, matmul_ref(to_double(x), to_double(w), to_double(bias), N, IC, OC)), kFwdTol);
+  Vec want(OC, 0.0), rd = to_double(r);
+  for (int n = 0; n < N; n++)
+    for (int o = 0; o < OC; o++) want[o] += rd[n * OC + o];
+  EXPECT_LT(rel_error(gb, want), kFwdTol);
+}
+
+TEST_P(OpsTest, Gelu) {
+  const int n = 1000;
+  Tensor x = random_tensor(rng_, {n}, 3.0f), r = random_tensor(rng_, {n});
+  Tensor out = zeros({n}), dx = zeros({n});
+  ops::gelu_forward(*stream_, out, on(x));
+  ops::gelu_backward(*stream_, dx, on(x), on(r));
+  Vec y = host(out), gx = host(dx);
+  SKIP_IF_UNSUPPORTED();
+  Vec xd = to_double(x);
+  EXPECT_LT(rel_error(y, gelu_ref(xd)), kFwdTol);
+  EXPECT_LT(rel_error(gx, numeric_grad(gelu_ref, xd, to_double(r))), kBwdTol);
+}
+
+TEST_P(OpsTest, Attention) {
+  const int B = 2, T = 6, C = 8, NH = 2;
+  Tensor qkv = random_tensor(rng_, {B, T, 3 * C}), r = random_tensor(rng_, {B, T, C});
+  Tensor out = zeros({B, T, C}), att = zeros({B, NH, T, T});
+  Tensor dqkv = zeros({B, T, 3 * C}), datt = zeros({B, NH, T, T});
+  Tensor qkv_d = on(qkv);
+  ops::attention_forward(*stream_, out, att, qkv_d);
+  ops::attention_backward(*stream_, dqkv, datt, on(r), qkv_d, att);
+  Vec y = host(out), a = host(att), g = host(dqkv);
+  SKIP_IF_UNSUPPORTED();
+  Vec qd = to_double(qkv), want_att;
+  EXPECT_LT(rel_error(y, attention_ref(qd, B, T, C, NH, &want_att)), kFwdTol);
+  EXPECT_LT(rel_error(a, want_att), kFwdTol);
+  auto f = [&](const Vec& v) { return attention_ref(v, B, T, C, NH); };
+  EXPECT_LT(rel_error(g, numeric_grad(f, qd, to_double(r))), kBwdTol);
+}
+
+TEST_P(OpsTest, Residual) {
+  Tensor a = random_tensor(rng_, {3, 50}), b = random_tensor(rng_, {3, 50}), out = zeros({3, 50});
+  ops::residual_forward(*stream_, out, on(a), on(b));
+  Vec y = host(out);
+  SKIP_IF_UNSUPPORTED();
+  Vec want = to_double(a), bd = to_double(b);
+  for (std::size_t i = 0; i < want.size(); i++) want[i] += bd[i];
+  EXPECT_LT(rel_error(y, want), 1e-7);
+}
+
+TEST_P(OpsTest, CrossEntropyIgnoresVocabularyPadding) {
+  const int N = 5, V = 13, Vp = 16;
+  Tensor logits = random_tensor(rng_, {N, Vp}, 2.0f);
+  for (int n = 0; n < N; n++)
+    for (int j = V; j < Vp; j++) logits.data<float>()[n * Vp + j] = 1e4f;  // must not matter
+  std::vector<std::int32_t> tg = {0, 12, 5, 5, 7};
+  Tensor targets = on(int_tensor(tg, {N}));
+  Tensor losses = zeros({N}), lse = zeros({N}), lg = on(logits);
+  const float dloss = 0.37f;
+  ops::crossentropy_forward(*stream_, losses, lse, lg, targets, V);
+  Vec l = host(losses);
+  ops::crossentropy_backward(*stream_, lg, lg, lse, targets, dloss, V);  // in place
+  Vec d = host(lg);
+  SKIP_IF_UNSUPPORTED();
+  Vec xd = to_double(logits);
+  EXPECT_LT(rel_error(l, crossentropy_ref(xd, tg, N, V, Vp)), kFwdTol);
+  Vec r(N, dloss);
+  Vec want = numeric_grad([&](const Vec& v) { return crossentropy_ref(v, tg, N, V, Vp); }, xd, r);
+  EXPECT_LT(rel_error(d, want), kBwdTol);
+  for (int n = 0; n < N; n++)
+    for (int j = V; j < Vp; j++) EXPECT_EQ(d[n * Vp + j], 0.0);
+}
+
+TEST_P(OpsTest, CrossEntropyRejectsTargetInPadding) {
+  Tensor losses = zeros({1}), lse = zeros({1});
+  ops::crossentropy_forward(*stream_, losses, lse, zeros({1, 16}), on(int_tensor({13}, {1})), 13);
+  absl::Status st = stream_->synchronize();
+  if (absl::IsUnimplemented(st)) GTEST_SKIP() << st;
+  EXPECT_TRUE(absl::IsInvalidArgument(st)) << st;
+}
+
+TEST_P(OpsTest, SquaredNorm) {
+  const int n = 3 * 16384 + 5;  // across the fixed chunks
+  Tensor x = random_tensor(rng_, {n});
+  Tensor out = Tensor::empty(*dev_, gpu::DType::kF64, {1});
+  ops::squared_norm(*stream_, out, on(x));
+  absl::Status st = stream_->synchronize();
+  if (absl::IsUnimplemented(st)) GTEST_SKIP() << st;
+  double got = 0;
+  ASSERT_TRUE(dev_->copy_to_host(out, &got).ok());
+  double want = 0;
+  for (double v : to_double(x)) want += v * v;
+  EXPECT_NEAR(got, want, 1e-9 * want);
+}
+
+TEST_P(OpsTest, AdamWMatchesTheFormula) {
+  const int n = 37;
+  Tensor p = random_tensor(rng_, {n}), g = random_tensor(rng_, {n});
+  Tensor pd = on(p), m = zeros({n}), v = zeros({n});
+  gpu::AdamWArgs a{.lr = 0.01f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
+                   .weight_decay = 0.1f, .step = 1, .grad_scale = 0.5f};
+  Vec want_p = to_double(p), gd = to_double(g), mm(n, 0.0), vv(n, 0.0);
+  for (int step = 1; step <= 3; step++) {
+    a.step = step;
+    ops::adamw(*stream_, pd, on(g), m, v, a);
+    for (int i = 0; i < n; i++) {
+      const double gi = gd[i] * a.grad_scale;
+      mm[i] = 0.9 * mm[i] + 0.1 * gi;
+      vv[i] = 0.95 * vv[i] + 0.05 * gi * gi;
+      const double mhat = mm[i] / (1 - std::pow(0.9, step));
+      const double vhat = vv[i] / (1 - std::pow(0.95, step));
+      want_p[i] = want_p[i] * (1 - 0.01 * 0.1) - 0.01 * mhat / (std::sqrt(vhat) + 1e-8);
+    }
+  }
+  Vec got = host(pd);
+  SKIP_IF_UNSUPPORTED();
+  EXPECT_LT(rel_error(got, want_p), 1e-6);
+}
+
+TEST_P(OpsTest, FillAndAxpy) {
+  Tensor y = zeros({100}), x = random_tensor(rng_, {100});
+  ops::fill(*stream_, y, 2.0f);
+  ops::axpy(*stream_, y, -3.0f, on(x));
+  Vec got = host(y);
+  SKIP_IF_UNSUPPORTED();
+  Vec want = to_double(x);
+  for (double& w : want) w = 2.0 - 3.0 * static_cast<float>(w);
+  EXPECT_LT(rel_error(got, want), 1e-7);
+}
+
+TEST_P(OpsTest, BadShapeIsAStickyErrorNamingTheOp) {
+  Tensor out = zeros({4, 8}), mean = zeros({4}), rstd = zeros({4});
+  ops::layernorm_forward(*stream_, out, mean, rstd, zeros({4, 8}), zeros({7}), zeros({8}));
+  ops::fill(*stream_, out, 1.0f);  // skipped: the stream has failed
+  absl::Status st = stream_->synchronize();
+  EXPECT_TRUE(absl::IsInvalidArgument(st)) << st;
+  EXPECT_EQ(st.message(), "layernorm_forward: w is f32[7], want f32[8]");
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, OpsTest, ::testing::Values("cpu", "cuda"));
+
+}  // namespace
+}  // namespace troupe::testing

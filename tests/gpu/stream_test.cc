@@ -1,0 +1,117 @@
+// CPU streams: order, host callbacks, events across streams, sticky errors,
+// and results that do not depend on a stream's thread count.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "gpu/cpu/cpu_device.h"
+#include "gpu/ops.h"
+#include "tests/test_util.h"
+
+namespace troupe::testing {
+namespace {
+
+using gpu::Tensor;
+namespace ops = gpu::ops;
+
+TEST(CpuStream, RunsWorkInOrderAndCallsBack) {
+  auto s = gpu::cpu_device().make_stream({.threads = 1});
+  std::vector<int> seen;
+  for (int i = 0; i < 100; i++) s->host_callback([&seen, i] { seen.push_back(i); });
+  ASSERT_TRUE(s->synchronize().ok());
+  ASSERT_EQ(seen.size(), 100u);
+  for (int i = 0; i < 100; i++) EXPECT_EQ(seen[i], i);
+}
+
+TEST(CpuStream, OpsRunAfterEarlierOpsOnTheSameStream) {
+  auto s = gpu::cpu_device().make_stream({.threads = 2});
+  Tensor x = filled({1000}, 0.0f);
+  ops::fill(*s, x, 1.0f);
+  ops::axpy(*s, x, 2.0f, x);  // x = 1 + 2*1
+  ASSERT_TRUE(s->synchronize().ok());
+  EXPECT_EQ(x.data<float>()[999], 3.0f);
+}
+
+TEST(CpuStream, WaitOnEventOrdersTwoStreams) {
+  auto& dev = gpu::cpu_device();
+  auto producer = dev.make_stream({.threads = 1});
+  auto consumer = dev.make_stream({.threads = 1});
+  auto ready = dev.make_event();
+  std::atomic<bool> produced{false};
+  bool saw_product = false;
+  producer->host_callback([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    produced = true;
+  });
+  producer->record(*ready);
+  consumer->wait(*ready);
+  consumer->host_callback([&] { saw_product = produced.load(); });
+  ASSERT_TRUE(consumer->synchronize().ok());
+  EXPECT_TRUE(saw_product);
+  EXPECT_TRUE(ready->query());
+}
+
+TEST(CpuStream, ErrorsAreStickyButCallbacksStillRun) {
+  auto s = gpu::cpu_device().make_stream({.threads = 1});
+  Tensor x = filled({10}, 5.0f);
+  s->fail(absl::InternalError("first"));
+  s->fail(absl::InternalError("second"));
+  ops::fill(*s, x, 0.0f);  // skipped
+  bool called = false;
+  s->host_callback([&] { called = true; });
+  absl::Status st = s->synchronize();
+  EXPECT_EQ(st.message(), "first");
+  EXPECT_TRUE(called);
+  EXPECT_EQ(x.data<float>()[0], 5.0f);
+}
+
+TEST(CpuStream, ExceptionInAnOpBecomesAnError) {
+  auto& dev = gpu::cpu_device();
+  auto s = dev.make_stream({.threads = 1});
+  static_cast<gpu::CpuStream&>(*s).enqueue_op("boom", [] { throw std::runtime_error("bad"); });
+  absl::Status st = s->synchronize();
+  EXPECT_TRUE(absl::IsInternal(st));
+  EXPECT_EQ(st.message(), "boom: bad");
+}
+
+// Our own reductions (LayerNorm and embedding parameter gradients, the norm)
+// are summed in a fixed order, so one thread and two give the same bits.
+TEST(CpuStream, OwnReductionsAreIndependentOfThreadCount) {
+  std::mt19937 rng(7);
+  const int N = 300, C = 96, Vp = 50, B = 3, T = 100;
+  Tensor x = random_tensor(rng, {N, C}), w = random_tensor(rng, {C}), b = random_tensor(rng, {C});
+  Tensor dout = random_tensor(rng, {N, C});
+  std::vector<std::int32_t> tok(B * T);
+  for (auto& t : tok) t = static_cast<std::int32_t>(rng() % Vp);
+  Tensor tokens = int_tensor(tok, {B, T});
+  auto run = [&](int threads) {
+    auto s = gpu::cpu_device().make_stream({.threads = threads});
+    Tensor out = filled({N, C}, 0), mean = filled({N}, 0), rstd = filled({N}, 0);
+    Tensor dx = filled({N, C}, 0), dw = filled({C}, 0), db = filled({C}, 0);
+    Tensor dwte = filled({Vp, C}, 0), dwpe = filled({T, C}, 0);
+    Tensor norm = Tensor::empty(gpu::cpu_device(), gpu::DType::kF64, {1});
+    ops::layernorm_forward(*s, out, mean, rstd, x, w, b);
+    ops::layernorm_backward(*s, dx, dw, db, dout, x, w, mean, rstd);
+    ops::embedding_backward(*s, dwte, dwpe, dout.reshape({B, T, C}), tokens);
+    ops::squared_norm(*s, norm, dx);
+    EXPECT_TRUE(s->synchronize().ok());
+    std::vector<float> all;
+    for (const Tensor& t : {out, dx, dw, db, dwte, dwpe}) {
+      all.insert(all.end(), t.data<float>(), t.data<float>() + t.numel());
+    }
+    double n = *norm.data<double>();
+    float parts[2];
+    std::memcpy(parts, &n, sizeof n);
+    all.insert(all.end(), parts, parts + 2);
+    return all;
+  };
+  std::vector<float> one = run(1), two = run(2);
+  ASSERT_EQ(one.size(), two.size());
+  EXPECT_EQ(std::memcmp(one.data(), two.data(), one.size() * sizeof(float)), 0);
+}
+
+}  // namespace
+}  // namespace troupe::testing
