@@ -17,15 +17,9 @@ namespace {
 
 // Row i of the scores: softmax over columns 0..i, zeros after.
 TROUPE_CLONES void causal_softmax_row(float* row, i64 i, i64 T) {
-  float maxval = row[0];
-  for (i64 j = 1; j <= i; j++) maxval = row[j] > maxval ? row[j] : maxval;
-  float sum = 0.0f;
-  for (i64 j = 0; j <= i; j++) {
-    float e = exp_approx(row[j] - maxval);
-    row[j] = e;
-    sum += e;
-  }
-  const float inv = 1.0f / sum;
+  const float maxval = row_max(row, i + 1);
+  for (i64 j = 0; j <= i; j++) row[j] = exp_approx(row[j] - maxval);
+  const float inv = 1.0f / row_sum(row, i + 1);
   for (i64 j = 0; j <= i; j++) row[j] *= inv;
   for (i64 j = i + 1; j < T; j++) row[j] = 0.0f;
 }
@@ -33,8 +27,7 @@ TROUPE_CLONES void causal_softmax_row(float* row, i64 i, i64 T) {
 // datt row i -> dpre row i (in place), scaled by 1/sqrt(HS).
 TROUPE_CLONES void softmax_backward_row(float* datt, const float* att, i64 i, i64 T,
                                         float scale) {
-  float dot = 0.0f;
-  for (i64 j = 0; j <= i; j++) dot += att[j] * datt[j];
+  const float dot = row_dot(att, datt, i + 1);
   for (i64 j = 0; j <= i; j++) datt[j] = att[j] * (datt[j] - dot) * scale;
   for (i64 j = i + 1; j < T; j++) datt[j] = 0.0f;
 }

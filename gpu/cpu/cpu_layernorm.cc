@@ -11,15 +11,8 @@ constexpr float kEps = 1e-5f;
 
 TROUPE_CLONES void layernorm_row(float* out, float* mean_out, float* rstd_out, const float* x,
                                  const float* w, const float* b, i64 C) {
-  float sum = 0.0f;
-  for (i64 i = 0; i < C; i++) sum += x[i];
-  const float m = sum / static_cast<float>(C);
-  float var = 0.0f;
-  for (i64 i = 0; i < C; i++) {
-    float d = x[i] - m;
-    var += d * d;
-  }
-  var /= static_cast<float>(C);
+  const float m = row_sum(x, C) / static_cast<float>(C);
+  const float var = row_sq_dev(x, m, C) / static_cast<float>(C);
   const float s = 1.0f / std::sqrt(var + kEps);
   for (i64 i = 0; i < C; i++) out[i] = (x[i] - m) * s * w[i] + b[i];
   *mean_out = m;
@@ -30,15 +23,22 @@ TROUPE_CLONES void layernorm_row(float* out, float* mean_out, float* rstd_out, c
 // with dnorm = w * dout.
 TROUPE_CLONES void layernorm_backward_row(float* dinp, const float* dout, const float* x,
                                           const float* w, float m, float s, i64 C) {
-  float dnorm_mean = 0.0f, dnorm_norm_mean = 0.0f;
-  for (i64 i = 0; i < C; i++) {
-    float norm = (x[i] - m) * s;
-    float dnorm = w[i] * dout[i];
-    dnorm_mean += dnorm;
-    dnorm_norm_mean += dnorm * norm;
+  float acc_d[kLanes] = {}, acc_dn[kLanes] = {};
+  i64 j = 0;
+  for (; j + kLanes <= C; j += kLanes) {
+    for (int k = 0; k < kLanes; k++) {
+      const float dnorm = w[j + k] * dout[j + k];
+      acc_d[k] += dnorm;
+      acc_dn[k] += dnorm * ((x[j + k] - m) * s);
+    }
   }
-  dnorm_mean /= static_cast<float>(C);
-  dnorm_norm_mean /= static_cast<float>(C);
+  for (; j < C; j++) {
+    const float dnorm = w[j] * dout[j];
+    acc_d[j % kLanes] += dnorm;
+    acc_dn[j % kLanes] += dnorm * ((x[j] - m) * s);
+  }
+  const float dnorm_mean = combine_lanes(acc_d) / static_cast<float>(C);
+  const float dnorm_norm_mean = combine_lanes(acc_dn) / static_cast<float>(C);
   for (i64 i = 0; i < C; i++) {
     float norm = (x[i] - m) * s;
     float dnorm = w[i] * dout[i];

@@ -19,11 +19,8 @@ TROUPE_CLONES void accumulate_range(float* dst, const float* src, i64 c0, i64 c1
 
 // log(sum_j exp(x[j])) over j < V, computed as max + log(sum exp(x - max)).
 TROUPE_CLONES float logsumexp_row(const float* x, i64 V) {
-  float m = x[0];
-  for (i64 j = 1; j < V; j++) m = x[j] > m ? x[j] : m;
-  float sum = 0.0f;
-  for (i64 j = 0; j < V; j++) sum += exp_approx(x[j] - m);
-  return m + std::log(sum);
+  const float m = row_max(x, V);
+  return m + std::log(row_sum_exp(x, m, V));
 }
 
 TROUPE_CLONES void crossentropy_grad_row(float* d, const float* x, float lse, float dloss,

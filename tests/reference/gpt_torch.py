@@ -75,7 +75,7 @@ class GPT(nn.Module):
         logits = self.ln_f(x) @ self.wte.weight.t()
         loss = None
         if targets is not None:
-            loss = F.cross_entropy(logits.view(-1, self.V), targets.view(-1))
+            loss = F.cross_entropy(logits.view(-1, self.V), targets.reshape(-1))
         return logits, loss
 
     # Hugging Face GPT-2 names; `conv1d` marks weights stored as (in, out).
