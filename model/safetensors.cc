@@ -37,7 +37,7 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
   std::uint64_t header_len = 0;
   for (int i = 7; i >= 0; i--) header_len = (header_len << 8) | len_bytes[i];
   if (header_len > file_size - 8) {
-    return bad(path, absl::StrCat("truncated: header of ", header_len, " bytes but only ",
+    return bad(path, absl::StrCat("not a safetensors file, or truncated: header of ", header_len, " bytes but only ",
                                   file_size - 8, " bytes follow"));
   }
   std::string header(header_len, '\0');
