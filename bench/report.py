@@ -1,0 +1,112 @@
+#!/usr/bin/python3
+"""Runs troupe's benchmarks and prints JSON lines plus a readable table.
+
+  report.py kernels BENCH_BINARY      Google Benchmark of the kernels
+  report.py train BENCH_BINARY [--rounds N] [--threads N]
+      troupe's training step (bench/train_step.cc) and PyTorch's
+      (bench/train_torch.py) alternately, N rounds each, on the same model,
+      batch and thread count; the ratio is of the medians.
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def openblas_coretype():
+    """The OpenBLAS kernel family of this CPU: Debian's OpenBLAS 0.3.21 takes
+    newer Xeons for Prescott (about 4x slower) unless told."""
+    flags = ""
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("flags"):
+                flags = line
+                break
+    if "avx512_bf16" in flags:
+        return "Cooperlake"
+    if "avx512f" in flags:
+        return "SkylakeX"
+    if "avx2" in flags:
+        return "Haswell"
+    return ""
+
+
+def kernels(binary):
+    out = subprocess.run([binary, "--benchmark_format=json", "--benchmark_min_time=0.3"],
+                         check=True, capture_output=True, text=True).stdout
+    rows = []
+    for b in json.loads(out)["benchmarks"]:
+        row = {"impl": "troupe", "op": b["name"].replace("/real_time", ""),
+               "time_us": b["real_time"] / 1e3 if b["time_unit"] == "ns" else b["real_time"]}
+        for k in ("GFLOP/s", "GB/s"):
+            if k in b:
+                row[k.replace("/", "_per_")] = b[k]
+        rows.append(row)
+        print(json.dumps(row))
+    print()
+    print(f"{'kernel':45s} {'time (us)':>12s} {'rate':>14s}")
+    for r in rows:
+        rate = (f"{r['GFLOP_per_s']:.1f} GFLOP/s" if "GFLOP_per_s" in r
+                else f"{r.get('GB_per_s', 0):.1f} GB/s")
+        print(f"{r['op']:45s} {r['time_us']:12.1f} {rate:>14s}")
+
+
+def train(binary, rounds, threads, steps):
+    env = dict(os.environ)
+    coretype = openblas_coretype()
+    torch_env = dict(env, OPENBLAS_CORETYPE=coretype) if coretype else env
+    troupe_runs, torch_runs, peaks = [], [], []
+    for r in range(rounds):
+        out = subprocess.run([binary, "--threads", str(threads), "--steps", str(steps)],
+                             check=True, capture_output=True, text=True, env=env).stdout
+        for line in out.splitlines():
+            row = json.loads(line)
+            print(json.dumps(dict(row, round=r)))
+            (peaks if row["impl"] == "gemm-peak" else troupe_runs).append(row)
+        out = subprocess.run(["/usr/bin/python3", os.path.join(HERE, "train_torch.py"),
+                              "--threads", str(threads), "--steps", str(steps)],
+                             check=True, capture_output=True, text=True, env=torch_env).stdout
+        row = json.loads(out)
+        print(json.dumps(dict(row, round=r)))
+        torch_runs.append(row)
+    t = statistics.median(x["step_s"] for x in troupe_runs)
+    p = statistics.median(x["step_s"] for x in torch_runs)
+    peak = statistics.median(x["gflops"] for x in peaks)
+    gflops = statistics.median(x["gflops"] for x in troupe_runs)
+    tokens = troupe_runs[0]["B"] * troupe_runs[0]["T"]
+    summary = {"impl": "ratio", "model": troupe_runs[0]["model"], "threads": threads,
+               "troupe_step_s": t, "pytorch_step_s": p, "speedup": p / t,
+               "troupe_gflops": gflops, "gemm_peak_gflops": peak, "of_peak": gflops / peak}
+    print(json.dumps(summary))
+    print()
+    print(f"one training step of {summary['model']}, B={troupe_runs[0]['B']}, "
+          f"T={troupe_runs[0]['T']}, {threads} threads, median of {rounds} rounds x {steps} steps")
+    print(f"{'':10s} {'step (s)':>10s} {'tokens/s':>10s}")
+    print(f"{'troupe':10s} {t:10.3f} {tokens / t:10.0f}")
+    print(f"{'pytorch':10s} {p:10.3f} {tokens / p:10.0f}   (torch {torch_runs[0]['torch']}, "
+          f"OPENBLAS_CORETYPE={coretype or 'unset'})")
+    print(f"speedup: {p / t:.2f}x   (target >= 1.5x)")
+    print(f"troupe step: {gflops:.0f} GFLOP/s = {100 * gflops / peak:.0f}% of the "
+          f"{peak:.0f} GFLOP/s sgemm peak measured in this run")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("name", choices=["kernels", "train"])
+    ap.add_argument("binary")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=4)
+    a = ap.parse_args()
+    if a.name == "kernels":
+        kernels(a.binary)
+    else:
+        train(a.binary, a.rounds, a.threads, a.steps)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
