@@ -1,5 +1,5 @@
-// `troupe data`: dataset utilities. `synth` writes the synthetic phrase corpus
-// as a Megatron indexed dataset (the quickstart's data until real text comes).
+// `troupe data`: dataset utilities. `info` describes and validates a Megatron
+// indexed dataset; `synth` writes the synthetic phrase corpus as one.
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -36,6 +36,34 @@ int run_synth(const SynthFlags& f) {
   return 0;
 }
 
+const char* dtype_name(model::data::TokenDType d) {
+  switch (d) {
+    case model::data::TokenDType::kU8: return "u8";
+    case model::data::TokenDType::kI8: return "i8";
+    case model::data::TokenDType::kI16: return "i16";
+    case model::data::TokenDType::kI32: return "i32";
+    case model::data::TokenDType::kI64: return "i64";
+    case model::data::TokenDType::kF64: return "f64";
+    case model::data::TokenDType::kF32: return "f32";
+    case model::data::TokenDType::kU16: return "u16";
+  }
+  return "?";
+}
+
+int run_info(const std::string& prefix) {
+  auto ds = model::data::IndexedDataset::open(prefix);
+  if (!ds.ok()) {
+    std::fprintf(stderr, "troupe data info: error: %s\n", std::string(ds.status().message()).c_str());
+    return 1;
+  }
+  std::printf("%s\n  documents: %lld\n  sequences: %lld\n  tokens:    %lld\n  dtype:     %s\n"
+              "  valid: header, index size, document index, and every pointer within the .bin\n",
+              prefix.c_str(), static_cast<long long>((*ds)->num_documents()),
+              static_cast<long long>((*ds)->num_sequences()),
+              static_cast<long long>((*ds)->num_tokens()), dtype_name((*ds)->dtype()));
+  return 0;
+}
+
 }  // namespace
 
 Command add_data_command(CLI::App& app) {
@@ -52,7 +80,13 @@ Command add_data_command(CLI::App& app) {
       ->capture_default_str();
   synth->add_option("--seed", flags->corpus.seed, "Seed of the phrases and their order")
       ->capture_default_str();
-  return [flags] { return run_synth(*flags); };
+  auto info_prefix = std::make_shared<std::string>();
+  CLI::App* info = data->add_subcommand("info", "Describe and validate a Megatron indexed dataset");
+  info->add_option("prefix", *info_prefix, "PREFIX of PREFIX.bin and PREFIX.idx")->required();
+  return [flags, info, synth, info_prefix]() {
+    if (info->parsed()) return run_info(*info_prefix);
+    return run_synth(*flags);
+  };
 }
 
 }  // namespace troupe::launcher

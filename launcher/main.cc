@@ -1,7 +1,8 @@
 // troupe: train GPT models with 3D parallelism on an actor runtime.
 //
 //   troupe train --model tiny --steps 50
-//   troupe data synth --output-prefix data/phrases
+//   troupe preprocess --input pile.jsonl.zst --output-prefix data/pile --vocab-file ... --merge-file ...
+//   troupe data info data/pile_text_document
 //   troupe <command> --help
 #include <cstdio>
 #include <map>
@@ -16,6 +17,7 @@ int main(int argc, char** argv) {
   std::map<std::string, troupe::launcher::Command> commands;
   commands["train"] = troupe::launcher::add_train_command(app);
   commands["data"] = troupe::launcher::add_data_command(app);
+  commands["preprocess"] = troupe::launcher::add_preprocess_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

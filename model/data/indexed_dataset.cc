@@ -124,6 +124,10 @@ absl::StatusOr<std::unique_ptr<IndexedDataset>> IndexedDataset::open(const std::
   }
   ds->starts_.push_back(pos);
   ds->total_tokens_ = pos;
+  if (ds->doc_idx_[D - 1] != static_cast<std::int64_t>(S)) {
+    return bad(absl::StrCat("document index ends at ", ds->doc_idx_[D - 1], ", not at the ", S,
+                            " sequences"));
+  }
   for (std::uint64_t k = 1; k < D; k++) {
     if (ds->doc_idx_[k] < ds->doc_idx_[k - 1] || ds->doc_idx_[k] > static_cast<std::int64_t>(S)) {
       return bad(absl::StrCat("document index ", k, " = ", ds->doc_idx_[k], " is out of order"));
@@ -172,60 +176,94 @@ absl::Status IndexedDataset::read(std::int64_t position, std::span<std::int32_t>
   return absl::OkStatus();
 }
 
+IndexedDatasetBuilder::~IndexedDatasetBuilder() {
+  if (bin_ != nullptr) {
+    std::fclose(bin_);
+    std::remove((prefix_ + ".bin.tmp").c_str());
+  }
+}
+
+absl::Status IndexedDatasetBuilder::open(const std::string& prefix, TokenDType dtype) {
+  if (dtype != TokenDType::kU16 && dtype != TokenDType::kI32) {
+    return absl::InvalidArgumentError("indexed dataset: tokens are written as u16 or i32");
+  }
+  prefix_ = prefix;
+  dtype_ = dtype;
+  const std::string tmp = prefix + ".bin.tmp";
+  bin_ = std::fopen(tmp.c_str(), "wb");
+  if (bin_ == nullptr) {
+    return absl::PermissionDeniedError(absl::StrCat(tmp, ": cannot create (", std::strerror(errno), ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status IndexedDatasetBuilder::add_document(std::span<const std::int32_t> tokens) {
+  const std::size_t esize = token_size(dtype_);
+  buffer_.resize(tokens.size() * esize);
+  for (std::size_t i = 0; i < tokens.size(); i++) {
+    const std::int32_t t = tokens[i];
+    if (dtype_ == TokenDType::kU16) {
+      if (t < 0 || t > 65535) {
+        return absl::InvalidArgumentError(absl::StrCat(prefix_, ": token ", t, " does not fit u16"));
+      }
+      const std::uint16_t u = static_cast<std::uint16_t>(t);
+      std::memcpy(buffer_.data() + 2 * i, &u, 2);
+    } else {
+      std::memcpy(buffer_.data() + 4 * i, &t, 4);
+    }
+  }
+  if (!buffer_.empty() && std::fwrite(buffer_.data(), 1, buffer_.size(), bin_) != buffer_.size()) {
+    return absl::DataLossError(absl::StrCat(prefix_, ".bin.tmp: write failed (disk full?)"));
+  }
+  sizes_.push_back(static_cast<std::int32_t>(tokens.size()));
+  pointers_.push_back(bytes_);
+  bytes_ += static_cast<std::int64_t>(buffer_.size());
+  tokens_ += static_cast<std::int64_t>(tokens.size());
+  return absl::OkStatus();
+}
+
+absl::Status IndexedDatasetBuilder::finish() {
+  const std::string bin_tmp = prefix_ + ".bin.tmp", idx_tmp = prefix_ + ".idx.tmp";
+  const bool bin_ok = std::fclose(bin_) == 0;
+  bin_ = nullptr;
+  if (!bin_ok) return absl::DataLossError(absl::StrCat(bin_tmp, ": write failed"));
+  std::ofstream idx(idx_tmp, std::ios::binary | std::ios::trunc);
+  if (!idx) return absl::PermissionDeniedError(absl::StrCat(idx_tmp, ": cannot create"));
+  auto put = [&](const void* p, std::size_t n) {
+    idx.write(static_cast<const char*>(p), static_cast<std::streamsize>(n));
+  };
+  std::vector<std::int64_t> doc_idx(sizes_.size() + 1);
+  for (std::size_t i = 0; i < doc_idx.size(); i++) doc_idx[i] = static_cast<std::int64_t>(i);
+  const std::uint64_t version = 1, S = sizes_.size(), D = doc_idx.size();
+  const std::uint8_t code = static_cast<std::uint8_t>(dtype_);
+  put(kMagic, 9);
+  put(&version, 8);
+  put(&code, 1);
+  put(&S, 8);
+  put(&D, 8);
+  put(sizes_.data(), sizes_.size() * 4);
+  put(pointers_.data(), pointers_.size() * 8);
+  put(doc_idx.data(), doc_idx.size() * 8);
+  if (!idx.flush()) return absl::DataLossError(absl::StrCat(idx_tmp, ": write failed"));
+  idx.close();
+  if (std::rename(bin_tmp.c_str(), (prefix_ + ".bin").c_str()) != 0 ||
+      std::rename(idx_tmp.c_str(), (prefix_ + ".idx").c_str()) != 0) {
+    return absl::PermissionDeniedError(absl::StrCat(prefix_, ": cannot rename files into place"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status write_indexed_dataset(const std::string& prefix,
                                    const std::vector<std::vector<std::int32_t>>& documents,
                                    TokenDType dtype) {
-  if (dtype != TokenDType::kU16 && dtype != TokenDType::kI32) {
-    return absl::InvalidArgumentError("write_indexed_dataset: tokens are written as u16 or i32");
+  IndexedDatasetBuilder b;
+  absl::Status st = b.open(prefix, dtype);
+  for (const auto& doc : documents) {
+    if (!st.ok()) return st;
+    st = b.add_document(doc);
   }
-  const std::size_t esize = token_size(dtype);
-  const std::string bin_tmp = prefix + ".bin.tmp", idx_tmp = prefix + ".idx.tmp";
-  std::vector<std::int32_t> sizes;
-  std::vector<std::int64_t> pointers, doc_idx{0};
-  {
-    std::ofstream bin(bin_tmp, std::ios::binary | std::ios::trunc);
-    if (!bin) return absl::PermissionDeniedError(absl::StrCat(bin_tmp, ": cannot create"));
-    std::int64_t ptr = 0;
-    for (const auto& doc : documents) {
-      for (std::int32_t t : doc) {
-        if (dtype == TokenDType::kU16) {
-          if (t < 0 || t > 65535) {
-            return absl::InvalidArgumentError(absl::StrCat(prefix, ": token ", t, " does not fit u16"));
-          }
-          const std::uint16_t u = static_cast<std::uint16_t>(t);
-          bin.write(reinterpret_cast<const char*>(&u), 2);
-        } else {
-          bin.write(reinterpret_cast<const char*>(&t), 4);
-        }
-      }
-      sizes.push_back(static_cast<std::int32_t>(doc.size()));
-      pointers.push_back(ptr);
-      ptr += static_cast<std::int64_t>(doc.size() * esize);
-      doc_idx.push_back(static_cast<std::int64_t>(sizes.size()));
-    }
-    if (!bin.flush()) return absl::DataLossError(absl::StrCat(bin_tmp, ": write failed"));
-  }
-  {
-    std::ofstream idx(idx_tmp, std::ios::binary | std::ios::trunc);
-    if (!idx) return absl::PermissionDeniedError(absl::StrCat(idx_tmp, ": cannot create"));
-    auto put = [&](const void* p, std::size_t n) { idx.write(static_cast<const char*>(p), static_cast<std::streamsize>(n)); };
-    const std::uint64_t version = 1, S = sizes.size(), D = doc_idx.size();
-    const std::uint8_t code = static_cast<std::uint8_t>(dtype);
-    put(kMagic, 9);
-    put(&version, 8);
-    put(&code, 1);
-    put(&S, 8);
-    put(&D, 8);
-    put(sizes.data(), sizes.size() * 4);
-    put(pointers.data(), pointers.size() * 8);
-    put(doc_idx.data(), doc_idx.size() * 8);
-    if (!idx.flush()) return absl::DataLossError(absl::StrCat(idx_tmp, ": write failed"));
-  }
-  if (std::rename(bin_tmp.c_str(), (prefix + ".bin").c_str()) != 0 ||
-      std::rename(idx_tmp.c_str(), (prefix + ".idx").c_str()) != 0) {
-    return absl::PermissionDeniedError(absl::StrCat(prefix, ": cannot rename files into place"));
-  }
-  return absl::OkStatus();
+  if (!st.ok()) return st;
+  return b.finish();
 }
 
 }  // namespace troupe::model::data

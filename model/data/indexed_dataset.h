@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdio>
 #include <memory>
 #include <span>
 #include <string>
@@ -68,8 +69,39 @@ class IndexedDataset {
   std::size_t idx_size_ = 0;
 };
 
-// Writes PREFIX.bin and PREFIX.idx, one sequence per document (as Megatron's
-// preprocess_data.py without sentence splitting). Files appear atomically.
+// Writes PREFIX.bin and PREFIX.idx document by document, one sequence per
+// document (as Megatron's preprocess_data.py without sentence splitting).
+// Both files are written under temporary names and renamed by finish(), so a
+// reader never sees a half-written dataset.
+//
+//   IndexedDatasetBuilder b;
+//   RETURN_IF_ERROR(b.open("out/pile_text_document", TokenDType::kU16));
+//   RETURN_IF_ERROR(b.add_document(ids));
+//   RETURN_IF_ERROR(b.finish());
+class IndexedDatasetBuilder {
+ public:
+  IndexedDatasetBuilder() = default;
+  ~IndexedDatasetBuilder();  // an unfinished dataset's temporary files are removed
+  IndexedDatasetBuilder(const IndexedDatasetBuilder&) = delete;
+  IndexedDatasetBuilder& operator=(const IndexedDatasetBuilder&) = delete;
+
+  absl::Status open(const std::string& prefix, TokenDType dtype);  // u16 or i32
+  absl::Status add_document(std::span<const std::int32_t> tokens);
+  absl::Status finish();
+  std::int64_t documents() const { return static_cast<std::int64_t>(sizes_.size()); }
+  std::int64_t tokens() const { return tokens_; }
+
+ private:
+  std::string prefix_;
+  TokenDType dtype_ = TokenDType::kU16;
+  std::FILE* bin_ = nullptr;
+  std::vector<std::int32_t> sizes_;
+  std::vector<std::int64_t> pointers_;
+  std::int64_t bytes_ = 0, tokens_ = 0;
+  std::vector<char> buffer_;
+};
+
+// All documents at once through IndexedDatasetBuilder.
 absl::Status write_indexed_dataset(const std::string& prefix,
                                    const std::vector<std::vector<std::int32_t>>& documents,
                                    TokenDType dtype);
