@@ -63,6 +63,7 @@ absl::StatusOr<model::TrainOptions> resolve(const TrainFlags& f) {
   o.model = *config;
   if (o.global_batch == 0) o.global_batch = o.micro_batch;
   if (o.lr.decay_iters == 0) o.lr.decay_iters = o.steps;
+  if (o.eval_interval > 0 && o.eval_iters == 0) o.eval_iters = 10;  // Megatron's default is 100
   absl::Status st = o.validate();
   if (!st.ok()) return st;
   return o;
@@ -92,9 +93,10 @@ int run_train(const TrainFlags& flags) {
   if (!trainer.ok()) return fail(trainer.status());
   const model::TrainOptions& o = *options;
   std::printf("troupe train: %s\n", o.model.describe().c_str());
-  std::printf("  data: %s (%" PRId64 " samples of %d tokens%s)\n",
-              (*trainer)->loader().source().name().c_str(), (*trainer)->loader().num_samples(),
-              o.model.T, o.shuffle ? ", shuffled" : ", file order");
+  std::printf("  train data: %s\n", (*trainer)->train_data().describe().c_str());
+  if ((*trainer)->valid_data() != nullptr) {
+    std::printf("  valid data: %s\n", (*trainer)->valid_data()->describe().c_str());
+  }
   std::printf("  micro-batch %d x %d accumulation = global batch %d; %d steps; 1 rank\n",
               o.micro_batch, o.grad_accum(), o.global_batch, o.steps);
   std::fflush(stdout);
@@ -105,15 +107,18 @@ int run_train(const TrainFlags& flags) {
     if (absl::Status st = (*trainer)->step(&m); !st.ok()) return fail(st);
     elapsed += m.step_s;
     const double eta = elapsed / m.step * (o.steps - m.step);
-    std::printf("step %*d/%d | loss %.4f | lr %.3e | grad norm %.4f | %.0f tok/s | elapsed %s | ETA %s\n",
+    const std::string val = m.val_loss ? absl::StrFormat(" | val loss %.4f", *m.val_loss) : "";
+    std::printf("step %*d/%d | loss %.4f | lr %.3e | grad norm %.4f | %.0f tok/s | elapsed %s | ETA %s%s\n",
                 static_cast<int>(std::to_string(o.steps).size()), m.step, o.steps, m.loss, m.lr,
-                m.grad_norm, m.tokens_per_s, duration(elapsed).c_str(), duration(eta).c_str());
+                m.grad_norm, m.tokens_per_s, duration(elapsed).c_str(), duration(eta).c_str(),
+                val.c_str());
     std::fflush(stdout);
     if (metrics.is_open()) {
       metrics << absl::StrFormat(
           "{\"step\": %d, \"loss\": %.9g, \"grad_norm\": %.9g, \"lr\": %.9g, "
-          "\"tokens_per_s\": %.9g, \"step_s\": %.9g, \"elapsed_s\": %.9g}\n",
-          m.step, m.loss, m.grad_norm, m.lr, m.tokens_per_s, m.step_s, elapsed);
+          "\"tokens_per_s\": %.9g, \"step_s\": %.9g, \"elapsed_s\": %.9g%s}\n",
+          m.step, m.loss, m.grad_norm, m.lr, m.tokens_per_s, m.step_s, elapsed,
+          m.val_loss ? absl::StrFormat(", \"val_loss\": %.9g", *m.val_loss) : "");
       metrics.flush();
     }
   }
@@ -164,8 +169,15 @@ Command add_train_command(CLI::App& app) {
   cmd->add_option("--seed", o.seed, "Seed of the initialisation and the data order")
       ->capture_default_str();
   cmd->add_option("--data-path", o.data_path,
-                  "Megatron indexed dataset prefix (PREFIX.bin/.idx); default: a synthetic "
-                  "phrase corpus");
+                  "Megatron indexed dataset PREFIX, or a blend WEIGHT PREFIX WEIGHT PREFIX ...; "
+                  "default: a synthetic phrase corpus")
+      ->expected(1, -1);
+  cmd->add_option("--split", o.split, "Train,valid,test shares of the documents")
+      ->capture_default_str();
+  cmd->add_option("--data-cache-path", o.data_cache_path,
+                  "Where sample indices are cached (default: DATA_DIR/cache)");
+  cmd->add_option("--eval-interval", o.eval_interval, "Validation loss every N steps");
+  cmd->add_option("--eval-iters", o.eval_iters, "Global batches per validation");
   cmd->add_flag("--no-shuffle", [&o](std::int64_t) { o.shuffle = false; },
                 "Samples in file order: sample i is tokens [i*T, i*T+T+1)");
   cmd->add_option("--init-weights", o.init_weights, "Start from these safetensors weights");

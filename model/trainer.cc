@@ -6,7 +6,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "gpu/ops.h"
-#include "model/data/synthetic.h"
 #include "model/weights.h"
 
 namespace troupe::model {
@@ -38,6 +37,9 @@ absl::Status TrainOptions::validate() const {
     return absl::InvalidArgumentError("--weight-decay must not be negative");
   }
   if (threads < 0) return absl::InvalidArgumentError("--threads must not be negative");
+  if (eval_interval < 0 || eval_iters < 0) {
+    return absl::InvalidArgumentError("--eval-interval and --eval-iters must not be negative");
+  }
   return absl::OkStatus();
 }
 
@@ -48,25 +50,21 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::create(const TrainOptions& opt
   t->options_ = options;
   const GptConfig& c = options.model;
 
-  std::unique_ptr<data::TokenSource> source;
-  if (options.data_path.empty()) {
-    data::PhraseCorpusOptions corpus;
-    corpus.vocab_size = c.V;
-    corpus.seed = options.seed;
-    std::vector<std::int32_t> tokens;
-    for (const auto& doc : data::phrase_corpus(corpus)) {
-      tokens.insert(tokens.end(), doc.begin(), doc.end());
-    }
-    source = data::memory_source("synthetic phrase corpus", std::move(tokens));
-  } else {
-    auto opened = data::open_indexed_source(options.data_path);
-    if (!opened.ok()) return opened.status();
-    source = std::move(*opened);
+  // Samples the run will read: steps * GBS for training; for validation,
+  // eval_iters global batches at every evaluation.
+  const std::int64_t gbs = options.global_batch;
+  const std::int64_t train_samples = std::max<std::int64_t>(options.steps, 1) * gbs;
+  std::int64_t valid_samples = 0;
+  if (options.eval_interval > 0 && options.eval_iters > 0) {
+    valid_samples = static_cast<std::int64_t>(options.steps / options.eval_interval) *
+                    options.eval_iters * gbs;
   }
-  auto loader = data::GptLoader::create(
-      std::move(source), {.T = c.T, .V = c.V, .seed = options.seed, .shuffle = options.shuffle});
-  if (!loader.ok()) return loader.status();
-  t->loader_ = std::move(*loader);
+  data::DataOptions d{.data_path = options.data_path, .split = options.split,
+                      .cache_path = options.data_cache_path, .shuffle = options.shuffle,
+                      .seed = options.seed, .T = c.T, .V = c.V};
+  auto datasets = data::build_datasets(d, train_samples, valid_samples);
+  if (!datasets.ok()) return datasets.status();
+  t->data_ = std::move(*datasets);
 
   gpu::Device& dev = gpu::cpu_device();
   t->stream_ = dev.make_stream({.threads = options.threads});
@@ -88,30 +86,24 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::create(const TrainOptions& opt
   return t;
 }
 
-absl::Status Trainer::step(StepMetrics* metrics) {
-  using Clock = std::chrono::steady_clock;
-  const auto t0 = Clock::now();
+absl::StatusOr<std::vector<double>> Trainer::run_batch(const data::SampleSource& source,
+                                                       std::int64_t first, Pass pass) {
   const int B = options_.micro_batch, T = options_.model.T, m = options_.grad_accum();
-  const std::int64_t gbs = options_.global_batch;
-  const std::int64_t tokens_per_step = gbs * T;
   gpu::Stream& s = *stream_;
   gpu::Device& dev = s.device();
-
-  // Micro-batch j of this step is samples [step*GBS + j*B, +B) of the run.
+  // Micro-batch j is samples [first + j*B, +B) (one replica: d = 0, dp = 1).
   std::vector<std::int32_t> tok(static_cast<std::size_t>(B) * T), tgt(tok.size());
   for (int j = 0; j < m; j++) {
-    absl::Status st = loader_->batch(steps_done_ * gbs + static_cast<std::int64_t>(j) * B, B,
-                                     tok.data(), tgt.data());
+    absl::Status st = data::load_batch(source, data::micro_batch_first_sample(first, 0, 1, j, B), B,
+                                       T, tok.data(), tgt.data());
     if (!st.ok()) return st;
     (void)dev.copy_from_host(tok.data(), tokens_[static_cast<std::size_t>(j)]);
     (void)dev.copy_from_host(tgt.data(), targets_[static_cast<std::size_t>(j)]);
   }
-
-  // Per-micro-batch loss sums, each in token order, added in micro-batch order.
+  // Per-micro-batch loss sums, each in token order.
   std::vector<double> loss_sums(static_cast<std::size_t>(m), 0.0);
   std::vector<float> losses_host(tok.size());
-  gpt_->zero_grad(s);
-  const float dloss = 1.0f / static_cast<float>(tokens_per_step);
+  const float dloss = 1.0f / static_cast<float>(static_cast<std::int64_t>(options_.global_batch) * T);
   for (int j = 0; j < m; j++) {
     const gpu::Tensor& tk = tokens_[static_cast<std::size_t>(j)];
     const gpu::Tensor& tg = targets_[static_cast<std::size_t>(j)];
@@ -122,13 +114,28 @@ absl::Status Trainer::step(StepMetrics* metrics) {
       for (float l : losses_host) sum += l;
       loss_sums[static_cast<std::size_t>(j)] = sum;
     });
-    gpt_->backward(s, tk, tg, dloss);
+    if (pass == Pass::kForwardBackward) gpt_->backward(s, tk, tg, dloss);
   }
+  absl::Status st = s.synchronize();
+  if (!st.ok()) return st;
+  return loss_sums;
+}
+
+absl::Status Trainer::step(StepMetrics* metrics) {
+  using Clock = std::chrono::steady_clock;
+  const auto t0 = Clock::now();
+  const std::int64_t tokens_per_step = static_cast<std::int64_t>(options_.global_batch) * options_.model.T;
+  gpu::Stream& s = *stream_;
+
+  gpt_->zero_grad(s);
+  auto loss_sums = run_batch(*data_.train, steps_done_ * static_cast<std::int64_t>(options_.global_batch),
+                             Pass::kForwardBackward);
+  if (!loss_sums.ok()) return loss_sums.status();
   gpu::ops::squared_norm(s, norm_, gpt_->grads());
   absl::Status st = s.synchronize();
   if (!st.ok()) return st;
   double sq = 0.0;
-  (void)dev.copy_to_host(norm_, &sq);
+  (void)s.device().copy_to_host(norm_, &sq);
 
   const int step = steps_done_ + 1;
   const double grad_norm = std::sqrt(sq);
@@ -140,36 +147,37 @@ absl::Status Trainer::step(StepMetrics* metrics) {
   steps_done_ = step;
 
   double loss = 0.0;
-  for (double l : loss_sums) loss += l;
+  for (double l : *loss_sums) loss += l;  // in global micro-batch order
   const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
   *metrics = {.step = step,
               .loss = loss / static_cast<double>(tokens_per_step),
               .grad_norm = grad_norm,
               .lr = lr,
               .step_s = secs,
-              .tokens_per_s = static_cast<double>(tokens_per_step) / secs};
+              .tokens_per_s = static_cast<double>(tokens_per_step) / secs,
+              .val_loss = std::nullopt};
+  if (data_.valid != nullptr && step % options_.eval_interval == 0) {
+    auto v = validation_loss();
+    if (!v.ok()) return v.status();
+    metrics->val_loss = *v;
+  }
   return absl::OkStatus();
 }
 
-absl::StatusOr<double> Trainer::evaluate(const std::vector<std::int32_t>& tokens,
-                                         const std::vector<std::int32_t>& targets) {
-  gpu::Stream& s = *stream_;
-  gpu::Device& dev = s.device();
-  const gpu::Tensor& tk = tokens_[0];
-  const gpu::Tensor& tg = targets_[0];
-  if (tokens.size() != static_cast<std::size_t>(tk.numel()) || targets.size() != tokens.size()) {
-    return absl::InvalidArgumentError("evaluate: tokens and targets must be (B, T)");
+absl::StatusOr<double> Trainer::validation_loss() {
+  if (data_.valid == nullptr) {
+    return absl::FailedPreconditionError("no validation data (--eval-interval and --eval-iters)");
   }
-  (void)dev.copy_from_host(tokens.data(), tk);
-  (void)dev.copy_from_host(targets.data(), tg);
-  gpt_->forward(s, tk, tg);
-  absl::Status st = s.synchronize();
-  if (!st.ok()) return st;
-  std::vector<float> losses(tokens.size());
-  (void)dev.copy_to_host(gpt_->acts().losses, losses.data());
-  double sum = 0.0;
-  for (float l : losses) sum += l;
-  return sum / static_cast<double>(losses.size());
+  const std::int64_t gbs = options_.global_batch;
+  double total = 0.0;
+  for (int k = 0; k < options_.eval_iters; k++) {
+    const std::int64_t first = (static_cast<std::int64_t>(evaluations_done_) * options_.eval_iters + k) * gbs;
+    auto sums = run_batch(*data_.valid, first, Pass::kForwardOnly);
+    if (!sums.ok()) return sums.status();
+    for (double l : *sums) total += l;
+  }
+  evaluations_done_++;
+  return total / (static_cast<double>(options_.eval_iters) * static_cast<double>(gbs) * options_.model.T);
 }
 
 }  // namespace troupe::model

@@ -11,13 +11,14 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "gpu/device.h"
 #include "model/config.h"
-#include "model/data/loader.h"
+#include "model/data/datasets.h"
 #include "model/gpt.h"
 #include "model/optimizer.h"
 
@@ -32,8 +33,14 @@ struct TrainOptions {
   AdamWConfig adam;
   float clip_grad = 1.0f;  // <= 0: no clipping
   std::uint64_t seed = 1234;
-  std::string data_path;   // Megatron prefix; empty: the synthetic phrase corpus
+  // --data-path (PREFIX, or WEIGHT PREFIX pairs; empty: the synthetic
+  // phrase corpus), --split, --data-cache-path, --no-shuffle.
+  std::vector<std::string> data_path;
+  std::string split = "969,30,1";
+  std::string data_cache_path;
   bool shuffle = true;
+  int eval_interval = 0;  // --eval-interval: validation loss every N steps (0: never)
+  int eval_iters = 0;     // --eval-iters: global batches per evaluation
   std::string init_weights;  // safetensors to start from; empty: initialise from seed
   int threads = 0;           // compute stream's threads; 0 = all cores
 
@@ -49,6 +56,7 @@ struct StepMetrics {
   float lr = 0;
   double step_s = 0;        // wall time of this step
   double tokens_per_s = 0;  // GBS*T / step_s
+  std::optional<double> val_loss;  // on steps that are a multiple of --eval-interval
 };
 
 class Trainer {
@@ -58,14 +66,15 @@ class Trainer {
   // One optimizer step: m micro-batches forward and backward, gradient norm,
   // clipping, AdamW. Fails on bad data or a stream error.
   absl::Status step(StepMetrics* metrics);
-  // Forward only: mean loss of the micro-batch (tokens, targets: (B, T)).
-  absl::StatusOr<double> evaluate(const std::vector<std::int32_t>& tokens,
-                                  const std::vector<std::int32_t>& targets);
+  // Mean loss over --eval-iters global batches of the validation split;
+  // evaluation e reads validation samples [e*K*GBS, (e+1)*K*GBS).
+  absl::StatusOr<double> validation_loss();
 
   Gpt& gpt() { return *gpt_; }
   const TrainOptions& options() const { return options_; }
   gpu::Stream& stream() { return *stream_; }
-  const data::GptLoader& loader() const { return *loader_; }
+  const data::SampleSource& train_data() const { return *data_.train; }
+  const data::SampleSource* valid_data() const { return data_.valid.get(); }
   int steps_done() const { return steps_done_; }
 
  private:
@@ -75,10 +84,17 @@ class Trainer {
   std::unique_ptr<gpu::Stream> stream_;
   std::unique_ptr<Gpt> gpt_;
   std::unique_ptr<AdamW> adam_;
-  std::unique_ptr<data::GptLoader> loader_;
+  data::Datasets data_;
   std::vector<gpu::Tensor> tokens_, targets_;  // one (B, T) pair per micro-batch
   gpu::Tensor norm_;                           // f64[1]
   int steps_done_ = 0;
+  int evaluations_done_ = 0;
+
+  // Forward (and backward unless kForwardOnly) of the m micro-batches of one
+  // global batch starting at sample `first`; returns the loss sum per
+  // micro-batch, in micro-batch order.
+  enum class Pass { kForwardOnly, kForwardBackward };
+  absl::StatusOr<std::vector<double>> run_batch(const data::SampleSource& source, std::int64_t first, Pass pass);
 };
 
 }  // namespace troupe::model

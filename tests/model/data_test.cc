@@ -1,12 +1,14 @@
 // Megatron indexed datasets and the sample loader.
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <fstream>
 #include <numeric>
 #include <set>
 
 #include "model/data/indexed_dataset.h"
-#include "model/data/loader.h"
+#include "model/data/datasets.h"
+#include "model/data/gpt_dataset.h"
 #include "model/data/synthetic.h"
 
 namespace troupe::model::data {
@@ -67,47 +69,160 @@ TEST(IndexedDataset, RejectsBadFiles) {
   EXPECT_TRUE(absl::IsNotFound(IndexedDataset::open(prefix + "_missing").status()));
 }
 
-TEST(Loader, NoShuffleSamplesAreConsecutiveWindows) {
-  std::vector<std::int32_t> stream(100);
-  std::iota(stream.begin(), stream.end(), 0);
-  auto loader = GptLoader::create(memory_source("mem", stream), {.T = 8, .V = 100, .shuffle = false});
-  ASSERT_TRUE(loader.ok());
-  EXPECT_EQ((*loader)->num_samples(), 12);  // (100 - 1) / 8
-  std::vector<std::int32_t> tok(8), tgt(8);
-  ASSERT_TRUE((*loader)->sample(3, tok, tgt).ok());
-  for (int i = 0; i < 8; i++) {
-    EXPECT_EQ(tok[i], 24 + i);
-    EXPECT_EQ(tgt[i], 25 + i);
-  }
-  ASSERT_TRUE((*loader)->sample(12, tok, tgt).ok());  // next epoch starts over
-  EXPECT_EQ(tok[0], 0);
+using Range = std::pair<std::int64_t, std::int64_t>;
+
+SampleSpec spec(int T, int V, bool shuffle, std::string cache = "") {
+  return {.T = T, .V = V, .seed = 7, .shuffle = shuffle, .cache_dir = std::move(cache)};
 }
 
-TEST(Loader, TokenOutsideVocabularyNamesFileAndPosition) {
+std::vector<std::int32_t> sample_of(const SampleSource& s, std::int64_t i, int T) {
+  std::vector<std::int32_t> out(static_cast<std::size_t>(T) + 1);
+  absl::Status st = s.sample(i, out);
+  EXPECT_TRUE(st.ok()) << st;
+  return out;
+}
+
+TEST(Split, RangesAsMegatron) {
+  auto r = parse_split("969,30,1");
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->range(Split::kTrain, 1000), (Range{0, 969}));
+  EXPECT_EQ(r->range(Split::kValid, 1000), (Range{969, 999}));
+  EXPECT_EQ(r->range(Split::kTest, 1000), (Range{999, 1000}));
+  r = parse_split("1/1/1");  // 7 documents: 2.33 each rounds to 2; the last absorbs the rest
+  EXPECT_EQ(r->range(Split::kTrain, 7), (Range{0, 3}));
+  EXPECT_EQ(r->range(Split::kValid, 7), (Range{3, 5}));
+  EXPECT_EQ(r->range(Split::kTest, 7), (Range{5, 7}));
+  EXPECT_TRUE(absl::IsInvalidArgument(parse_split("a,b").status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(parse_split("0,0,0").status()));
+}
+
+TEST(GptDataset, NoShuffleSamplesAreConsecutiveWindowsAcrossDocuments) {
+  std::vector<std::vector<std::int32_t>> docs;
+  for (int d = 0; d < 10; d++) {
+    docs.emplace_back();
+    for (int k = 0; k < 10; k++) docs.back().push_back(d * 10 + k);
+  }
+  auto ds = GptDataset::build(memory_documents("mem", docs), {0, 10}, spec(8, 100, false), 12, "train");
+  ASSERT_TRUE(ds.ok()) << ds.status();
+  EXPECT_EQ((*ds)->epochs(), 1);
+  for (int i : {0, 3, 11}) {
+    auto s = sample_of(**ds, i, 8);
+    for (int k = 0; k <= 8; k++) EXPECT_EQ(s[k], i * 8 + k);
+  }
+  // More samples than one epoch holds: documents repeat.
+  ds = GptDataset::build(memory_documents("mem", docs), {0, 10}, spec(8, 100, false), 30, "train");
+  ASSERT_TRUE(ds.ok());
+  EXPECT_EQ((*ds)->epochs(), 3);
+  auto s = sample_of(**ds, 13, 8);  // tokens 104..112 of the repeated stream
+  EXPECT_EQ(s[0], 4);
+}
+
+TEST(GptDataset, ShuffledSamplesArePermutedWindowsOfShuffledDocuments) {
+  std::vector<std::vector<std::int32_t>> docs(20, std::vector<std::int32_t>(16));
+  for (int d = 0; d < 20; d++)
+    for (int k = 0; k < 16; k++) docs[d][k] = d;  // a document is its id, 16 times
+  auto a = GptDataset::build(memory_documents("mem", docs), {0, 20}, spec(16, 20, true), 19, "train");
+  auto b = GptDataset::build(memory_documents("mem", docs), {0, 20}, spec(16, 20, true), 19, "train");
+  ASSERT_TRUE(a.ok() && b.ok());
+  std::set<std::int32_t> firsts;
+  for (int i = 0; i < 19; i++) {
+    EXPECT_EQ(sample_of(**a, i, 16), sample_of(**b, i, 16));  // deterministic
+    firsts.insert(sample_of(**a, i, 16)[0]);
+  }
+  EXPECT_EQ(firsts.size(), 19u);  // each sample one whole (shuffled) document
+  EXPECT_NE(sample_of(**a, 0, 16)[0], 0);
+}
+
+TEST(GptDataset, TokenOutsideVocabularyNamesFileAndPosition) {
   const std::string prefix = ::testing::TempDir() + "/troupe_big_token";
   ASSERT_TRUE(write_indexed_dataset(prefix, {{1, 2, 3}, {4, 700, 5, 6}}, TokenDType::kU16).ok());
-  auto src = open_indexed_source(prefix);
+  auto src = open_indexed_documents(prefix);
   ASSERT_TRUE(src.ok());
-  auto loader = GptLoader::create(std::move(*src), {.T = 4, .V = 512, .shuffle = false});
-  ASSERT_TRUE(loader.ok());
-  std::vector<std::int32_t> tok(4), tgt(4);
-  absl::Status st = (*loader)->sample(0, tok, tgt);
+  auto ds = GptDataset::build(*src, {0, 2}, spec(4, 512, false), 1, "train");
+  ASSERT_TRUE(ds.ok());
+  std::vector<std::int32_t> out(5);
+  absl::Status st = (*ds)->sample(0, out);
   EXPECT_TRUE(absl::IsInvalidArgument(st));
   EXPECT_EQ(st.message(), prefix + ".bin: token id 700 at position 4 is outside the vocabulary [0, 512)");
 }
 
-TEST(Loader, TooFewTokensIsAnError) {
-  auto loader = GptLoader::create(memory_source("tiny.bin", {1, 2, 3}), {.T = 8, .V = 10});
-  EXPECT_TRUE(absl::IsInvalidArgument(loader.status()));
-  EXPECT_NE(loader.status().message().find("tiny.bin"), absl::string_view::npos);
+TEST(GptDataset, IndicesAreCachedAndRebuiltWhenTheDataChanges) {
+  const std::string dir = ::testing::TempDir() + "/troupe_cache_test";
+  std::filesystem::remove_all(dir);
+  const std::string prefix = ::testing::TempDir() + "/troupe_cached";
+  std::vector<std::vector<std::int32_t>> docs;
+  for (int d = 0; d < 50; d++) docs.push_back(std::vector<std::int32_t>(37, d));
+  ASSERT_TRUE(write_indexed_dataset(prefix, docs, TokenDType::kU16).ok());
+  auto build = [&] {
+    auto src = open_indexed_documents(prefix);
+    EXPECT_TRUE(src.ok());
+    auto ds = GptDataset::build(*src, {0, 50}, spec(16, 100, true, dir), 100, "train");
+    EXPECT_TRUE(ds.ok()) << ds.status();
+    return std::move(*ds);
+  };
+  auto first = build();
+  EXPECT_FALSE(first->from_cache());
+  EXPECT_TRUE(std::filesystem::exists(first->cache_file()));
+  auto second = build();
+  EXPECT_TRUE(second->from_cache());
+  for (int i = 0; i < 100; i += 7) EXPECT_EQ(sample_of(*first, i, 16), sample_of(*second, i, 16));
+  // New contents (so a new fingerprint): the indices are built again.
+  docs.push_back(std::vector<std::int32_t>(5, 99));
+  ASSERT_TRUE(write_indexed_dataset(prefix, docs, TokenDType::kU16).ok());
+  auto third = build();
+  EXPECT_FALSE(third->from_cache());
+  // A corrupt cache file is rebuilt, not trusted.
+  std::ofstream(third->cache_file(), std::ios::binary | std::ios::trunc) << "junk";
+  EXPECT_FALSE(build()->from_cache());
 }
 
-TEST(Loader, ShuffleIsAPermutationFixedBySeedAndEpoch) {
-  auto p = shuffled_indices(1000, 7, 0);
-  EXPECT_EQ(std::set<std::int64_t>(p.begin(), p.end()).size(), 1000u);
-  EXPECT_EQ(p, shuffled_indices(1000, 7, 0));
-  EXPECT_NE(p, shuffled_indices(1000, 7, 1));
-  EXPECT_NE(p, shuffled_indices(1000, 8, 0));
+TEST(Blend, EachSampleFromTheDatasetFurthestBelowItsWeight) {
+  const auto counts = BlendedDataset::samples_needed({0.3, 0.7}, 1000);
+  EXPECT_EQ(counts, (std::vector<std::int64_t>{300, 700}));
+  std::vector<std::unique_ptr<SampleSource>> parts;
+  for (int k = 0; k < 2; k++) {
+    std::vector<std::vector<std::int32_t>> docs(1, std::vector<std::int32_t>(1000 * 4 + 1, k));
+    auto ds = GptDataset::build(memory_documents("m", docs), {0, 1}, spec(4, 10, false), counts[k] + 1, "train");
+    ASSERT_TRUE(ds.ok());
+    parts.push_back(std::move(*ds));
+  }
+  auto blend = BlendedDataset::build({0.3, 0.7}, std::move(parts), 1000);
+  ASSERT_TRUE(blend.ok()) << blend.status();
+  int seen[2] = {0, 0};
+  for (int i = 0; i < 1000; i++) {
+    const int k = (*blend)->dataset_of(i);
+    EXPECT_EQ(sample_of(**blend, i, 4)[0], k);
+    seen[k]++;
+    EXPECT_LE(std::abs(seen[1] - 0.7 * (i + 1)), 1.0) << i;  // never more than one behind
+  }
+  EXPECT_EQ((*blend)->dataset_of(0), 1);  // the heavier dataset first
+}
+
+TEST(DataPath, WeightsAndPrefixes) {
+  auto one = parse_data_path({"data/a"});
+  ASSERT_TRUE(one.ok());
+  EXPECT_EQ((*one)[0].second, "data/a");
+  auto two = parse_data_path({"1", "a", "3", "b"});
+  ASSERT_TRUE(two.ok());
+  EXPECT_DOUBLE_EQ((*two)[1].first, 0.75);
+  EXPECT_TRUE(absl::IsInvalidArgument(parse_data_path({"a", "b"}).status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(parse_data_path({"0.5", "a", "0.5"}).status()));
+}
+
+// The global batch does not depend on the data-parallel size: replica d's
+// micro-batch j is the global batch's micro-batch j*dp + d.
+TEST(Batches, GlobalBatchIndependentOfDataParallelSize) {
+  const int B = 2, gbs = 16;
+  for (int dp : {1, 2, 4}) {
+    const int m = gbs / (B * dp);
+    std::set<std::int64_t> firsts;
+    for (int d = 0; d < dp; d++)
+      for (int j = 0; j < m; j++) firsts.insert(micro_batch_first_sample(3 * gbs, d, dp, j, B));
+    std::set<std::int64_t> want;
+    for (int k = 0; k < gbs / B; k++) want.insert(3 * gbs + k * B);
+    EXPECT_EQ(firsts, want) << dp;
+  }
+  EXPECT_EQ(micro_batch_first_sample(0, 1, 2, 1, 4), (1 * 2 + 1) * 4);
 }
 
 TEST(Synthetic, PhraseCorpusIsDeterministicAndInRange) {

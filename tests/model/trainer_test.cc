@@ -87,7 +87,7 @@ TEST(Trainer, BadOptionsNameTheFlag) {
   EXPECT_EQ(Trainer::create(o).status().message(),
             "--global-batch-size 6 must be a positive multiple of --micro-batch-size 4");
   o = tiny(1);
-  o.data_path = "/nonexistent/corpus";
+  o.data_path = {"/nonexistent/corpus"};
   EXPECT_TRUE(absl::IsNotFound(Trainer::create(o).status()));
 }
 
