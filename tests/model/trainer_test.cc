@@ -6,6 +6,8 @@
 #include <cstring>
 
 #include "model/optimizer.h"
+#include "model/data/indexed_dataset.h"
+#include "model/data/synthetic.h"
 #include "model/trainer.h"
 
 namespace troupe::model {
@@ -89,6 +91,35 @@ TEST(Trainer, BadOptionsNameTheFlag) {
   o = tiny(1);
   o.data_path = {"/nonexistent/corpus"};
   EXPECT_TRUE(absl::IsNotFound(Trainer::create(o).status()));
+}
+
+// Training on a blend of two Megatron datasets, with validation loss on the
+// steps that are multiples of --eval-interval and only there.
+TEST(Trainer, BlendWithValidation) {
+  const std::string dir = ::testing::TempDir();
+  for (int k = 0; k < 2; k++) {
+    data::PhraseCorpusOptions c{.vocab_size = 512, .num_tokens = 20000, .seed = 10u + k};
+    ASSERT_TRUE(data::write_indexed_dataset(dir + "/blend_" + std::to_string(k), data::phrase_corpus(c),
+                                            data::TokenDType::kU16).ok());
+  }
+  TrainOptions o = tiny(4);
+  o.data_path = {"0.25", dir + "/blend_0", "0.75", dir + "/blend_1"};
+  o.split = "90,10,0";
+  o.data_cache_path = dir + "/blend_cache";
+  o.eval_interval = 2;
+  o.eval_iters = 3;
+  auto m = run(o);
+  ASSERT_EQ(m.size(), 4u);
+  EXPECT_FALSE(m[0].val_loss.has_value());
+  ASSERT_TRUE(m[1].val_loss.has_value());
+  EXPECT_FALSE(m[2].val_loss.has_value());
+  ASSERT_TRUE(m[3].val_loss.has_value());
+  EXPECT_TRUE(std::isfinite(*m[3].val_loss));
+  EXPECT_NEAR(*m[1].val_loss, std::log(512.0), 0.5);
+  // Same options, same numbers (indices now from the cache).
+  auto again = run(o);
+  EXPECT_EQ(again[3].loss, m[3].loss);
+  EXPECT_EQ(*again[3].val_loss, *m[3].val_loss);
 }
 
 TEST(LrSchedule, WarmupThenCosineToMinimum) {
