@@ -1,0 +1,342 @@
+// Ring, direct and chain collectives on transport messages.
+#include "comm/communicator.h"
+
+#include <algorithm>
+#include <cstring>
+#include <future>
+
+#include "absl/strings/str_cat.h"
+
+namespace troupe::comm {
+
+std::pair<std::size_t, std::size_t> chunk_range(std::size_t n, int p, int i) {
+  const std::size_t P = static_cast<std::size_t>(p), I = static_cast<std::size_t>(i);
+  const std::size_t base = n / P, extra = n % P;
+  const std::size_t begin = I * base + std::min(I, extra);
+  return {begin, begin + base + (I < extra ? 1 : 0)};
+}
+
+namespace {
+
+// Completion flags of a fixed set of transport operations, waited on one by
+// one or all together. Shared with the callbacks, which may outlive a failed
+// collective's stack frame by a little.
+class Completions {
+ public:
+  explicit Completions(std::size_t n) : done_(n, false), status_(n) {}
+  Callback callback(std::size_t i) {
+    return [self = this, i](absl::Status st) { self->complete(i, std::move(st)); };
+  }
+  absl::Status wait(std::size_t i) {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return done_[i]; });
+    return status_[i];
+  }
+  // Waits for every operation; the first error, if any. `on_error` runs at
+  // the first error (the communicator aborts, cancelling the others).
+  absl::Status wait_all(const std::function<void(const absl::Status&)>& on_error = nullptr) {
+    absl::Status first;
+    for (std::size_t i = 0; i < done_.size(); i++) {
+      absl::Status st = wait(i);
+      if (first.ok() && !st.ok()) {
+        first = st;
+        if (on_error) on_error(st);
+      }
+    }
+    return first;
+  }
+
+ private:
+  void complete(std::size_t i, absl::Status st) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      done_[i] = true;
+      status_[i] = std::move(st);
+    }
+    cv_.notify_all();
+  }
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<bool> done_;
+  std::vector<absl::Status> status_;
+};
+
+}  // namespace
+
+Communicator::Communicator(Transport& transport, std::vector<int> ranks, GroupKind kind,
+                           CommunicatorOptions options)
+    : transport_(transport), ranks_(std::move(ranks)), kind_(kind), options_(options) {
+  for (std::size_t i = 0; i < ranks_.size(); i++) {
+    if (ranks_[i] == transport_.rank()) me_ = static_cast<int>(i);
+  }
+  if (me_ < 0) aborted_ = absl::InvalidArgumentError("communicator: this rank is not a member");
+  thread_ = std::thread([this] { worker(); });
+}
+
+Communicator::~Communicator() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+bool Communicator::contains(int global_rank) const {
+  return std::find(ranks_.begin(), ranks_.end(), global_rank) != ranks_.end();
+}
+
+void Communicator::abort(absl::Status why) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!aborted_.ok()) return;
+    aborted_ = why;
+  }
+  transport_.cancel(token_, std::move(why));
+}
+
+void Communicator::enqueue(std::function<absl::Status()> run, Callback done) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    tasks_.push_back({std::move(run), std::move(done)});
+  }
+  cv_.notify_all();
+}
+
+void Communicator::worker() {
+  for (;;) {
+    Task task;
+    absl::Status aborted;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return stop_ || !tasks_.empty(); });
+      if (tasks_.empty()) return;
+      task = std::move(tasks_.front());
+      tasks_.pop_front();
+      aborted = aborted_;
+    }
+    absl::Status st = aborted.ok() ? task.run() : aborted;
+    if (!st.ok()) abort(st);  // a failed collective leaves peers mid-algorithm
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!aborted_.ok()) st = aborted_;  // report the root cause, not "cancelled"
+    }
+    next_op_++;
+    task.done(st);
+  }
+}
+
+absl::Status Communicator::run_sync(const std::function<void(Callback)>& issue) {
+  auto promise = std::make_shared<std::promise<absl::Status>>();
+  auto result = promise->get_future();
+  issue([promise](absl::Status st) { promise->set_value(std::move(st)); });
+  return result.get();
+}
+
+absl::Status Communicator::exchange(int to, const float* send, std::size_t n, int from,
+                                    float* recv, std::size_t m, std::uint32_t op,
+                                    std::uint32_t step,
+                                    const std::function<void(std::size_t, std::size_t)>& on_slice) {
+  // At most 4096 slices per message (the tag's slice field).
+  const std::size_t slice = std::max<std::size_t>(options_.slice_bytes / sizeof(float),
+                                                  (std::max(n, m) + 4095) / 4096);
+  const std::size_t n_recv = (m + slice - 1) / slice, n_send = (n + slice - 1) / slice;
+  Completions recvs(n_recv), sends(n_send);
+  const int me_global = ranks_[static_cast<std::size_t>(me_)];
+  const int from_global = ranks_[static_cast<std::size_t>(from)];
+  const int to_global = ranks_[static_cast<std::size_t>(to)];
+  for (std::size_t s = 0; s < n_recv; s++) {
+    const std::size_t off = s * slice, cnt = std::min(slice, m - off);
+    transport_.recv(from_global,
+                    collective_tag(static_cast<std::uint32_t>(from_global), kind_, op, step,
+                                   static_cast<std::uint32_t>(s)),
+                    recv + off, cnt * sizeof(float), recvs.callback(s), token_);
+  }
+  for (std::size_t s = 0; s < n_send; s++) {
+    const std::size_t off = s * slice, cnt = std::min(slice, n - off);
+    transport_.send(to_global,
+                    collective_tag(static_cast<std::uint32_t>(me_global), kind_, op, step,
+                                   static_cast<std::uint32_t>(s)),
+                    send + off, cnt * sizeof(float), sends.callback(s), token_);
+  }
+  absl::Status first;
+  for (std::size_t s = 0; s < n_recv; s++) {
+    absl::Status st = recvs.wait(s);
+    if (!st.ok()) {
+      if (first.ok()) first = st;
+      abort(st);  // cancels the rest, so the waits below return
+      continue;
+    }
+    if (first.ok() && on_slice) on_slice(s * slice, std::min(slice, m - s * slice));
+  }
+  absl::Status st = sends.wait_all();
+  return first.ok() ? st : first;
+}
+
+// After p-1 steps member i holds the full sum of chunk i. At step k it sends
+// chunk (i-k-1) to member i+1 and adds chunk (i-k-2), received from member
+// i-1, into its own: chunk c is summed x[c+1] + x[c+2] + ... + x[c], always
+// in that order.
+absl::Status Communicator::ring_reduce_scatter(float* data, std::size_t n, std::uint32_t op) {
+  const int p = size();
+  const std::size_t biggest = chunk_range(n, p, 0).second;
+  if (scratch_.size() < biggest) scratch_.resize(biggest);
+  for (int k = 0; k < p - 1; k++) {
+    const int send_c = ((me_ - k - 1) % p + p) % p, recv_c = ((me_ - k - 2) % p + p) % p;
+    auto [sb, se] = chunk_range(n, p, send_c);
+    auto [rb, re] = chunk_range(n, p, recv_c);
+    float* acc = data + rb;
+    const float* in = scratch_.data();
+    absl::Status st = exchange((me_ + 1) % p, data + sb, se - sb, (me_ - 1 + p) % p, scratch_.data(),
+                               re - rb, op, static_cast<std::uint32_t>(k),
+                               [acc, in](std::size_t off, std::size_t cnt) {
+                                 for (std::size_t e = off; e < off + cnt; e++) acc[e] = in[e] + acc[e];
+                               });
+    if (!st.ok()) return st;
+  }
+  return absl::OkStatus();
+}
+
+// At step k member i sends chunk (i-k) to i+1 and receives chunk (i-k-1).
+absl::Status Communicator::ring_all_gather(float* data, std::size_t n, std::uint32_t op,
+                                           std::uint32_t step0) {
+  const int p = size();
+  for (int k = 0; k < p - 1; k++) {
+    const int send_c = ((me_ - k) % p + p) % p, recv_c = ((me_ - k - 1) % p + p) % p;
+    auto [sb, se] = chunk_range(n, p, send_c);
+    auto [rb, re] = chunk_range(n, p, recv_c);
+    absl::Status st = exchange((me_ + 1) % p, data + sb, se - sb, (me_ - 1 + p) % p, data + rb,
+                               re - rb, op, step0 + static_cast<std::uint32_t>(k), nullptr);
+    if (!st.ok()) return st;
+  }
+  return absl::OkStatus();
+}
+
+// Every member sends its buffer to every other and sums all p buffers in
+// member order.
+absl::Status Communicator::direct_all_reduce(float* data, std::size_t n, std::uint32_t op) {
+  const int p = size();
+  if (scratch_.size() < n * static_cast<std::size_t>(p)) scratch_.resize(n * static_cast<std::size_t>(p));
+  std::copy_n(data, n, scratch_.data() + n * static_cast<std::size_t>(me_));
+  Completions done(2 * static_cast<std::size_t>(p - 1));
+  const auto me_global = static_cast<std::uint32_t>(ranks_[static_cast<std::size_t>(me_)]);
+  std::size_t k = 0;
+  for (int j = 0; j < p; j++) {
+    if (j == me_) continue;
+    const int g = ranks_[static_cast<std::size_t>(j)];
+    transport_.recv(g, collective_tag(static_cast<std::uint32_t>(g), kind_, op, 0, 0),
+                    scratch_.data() + n * static_cast<std::size_t>(j), n * sizeof(float), done.callback(k++), token_);
+  }
+  for (int j = 0; j < p; j++) {
+    if (j == me_) continue;
+    transport_.send(ranks_[static_cast<std::size_t>(j)], collective_tag(me_global, kind_, op, 0, 0), data,
+                    n * sizeof(float), done.callback(k++), token_);
+  }
+  absl::Status st = done.wait_all([this](const absl::Status& e) { abort(e); });
+  if (!st.ok()) return st;
+  for (std::size_t e = 0; e < n; e++) {
+    float s = scratch_[e];
+    for (int j = 1; j < p; j++) s += scratch_[n * static_cast<std::size_t>(j) + e];
+    data[e] = s;
+  }
+  return absl::OkStatus();
+}
+
+// root -> root+1 -> ... -> root+p-1, slice by slice: each member forwards a
+// slice as soon as it has it.
+absl::Status Communicator::chain_broadcast(float* data, std::size_t n, int root, std::uint32_t op) {
+  const int p = size();
+  const int pos = (me_ - root + p) % p;  // place in the chain
+  const int prev = (me_ - 1 + p) % p, next = (me_ + 1) % p;
+  const bool last = pos == p - 1;
+  if (pos == 0) return exchange(next, data, n, me_, nullptr, 0, op, 0, nullptr);
+  if (last) return exchange(me_, nullptr, 0, prev, data, n, op, 0, nullptr);
+  // Middle of the chain: receive every slice, forward each as it lands.
+  const std::size_t slice = std::max<std::size_t>(options_.slice_bytes / sizeof(float), (n + 4095) / 4096);
+  const std::size_t slices = (n + slice - 1) / slice;
+  Completions recvs(slices), sends(slices);
+  const int prev_g = ranks_[static_cast<std::size_t>(prev)], next_g = ranks_[static_cast<std::size_t>(next)];
+  const auto me_g = static_cast<std::uint32_t>(ranks_[static_cast<std::size_t>(me_)]);
+  for (std::size_t s = 0; s < slices; s++) {
+    const std::size_t off = s * slice, cnt = std::min(slice, n - off);
+    transport_.recv(prev_g, collective_tag(static_cast<std::uint32_t>(prev_g), kind_, op, 0, static_cast<std::uint32_t>(s)),
+                    data + off, cnt * sizeof(float), recvs.callback(s), token_);
+  }
+  absl::Status first;
+  for (std::size_t s = 0; s < slices; s++) {
+    const std::size_t off = s * slice, cnt = std::min(slice, n - off);
+    absl::Status st = recvs.wait(s);
+    if (!st.ok()) {
+      if (first.ok()) first = st;
+      abort(st);
+      st = absl::CancelledError("broadcast aborted");
+    }
+    if (st.ok()) {
+      transport_.send(next_g, collective_tag(me_g, kind_, op, 0, static_cast<std::uint32_t>(s)), data + off,
+                      cnt * sizeof(float), sends.callback(s), token_);
+    } else {
+      sends.callback(s)(st);
+    }
+  }
+  absl::Status st = sends.wait_all();
+  return first.ok() ? st : first;
+}
+
+void Communicator::all_reduce(float* data, std::size_t n, Callback done) {
+  enqueue([this, data, n]() -> absl::Status {
+    const std::uint32_t op = next_op_;
+    if (size() == 1 || n == 0) return absl::OkStatus();
+    if (n * sizeof(float) <= options_.direct_max_bytes) return direct_all_reduce(data, n, op);
+    absl::Status st = ring_reduce_scatter(data, n, op);
+    if (!st.ok()) return st;
+    return ring_all_gather(data, n, op, static_cast<std::uint32_t>(size() - 1));
+  }, std::move(done));
+}
+
+void Communicator::reduce_scatter(const float* in, float* out, std::size_t n, Callback done) {
+  enqueue([this, in, out, n]() -> absl::Status {
+    auto [b, e] = chunk_range(n, size(), me_);
+    if (size() == 1) {
+      std::copy(in + b, in + e, out);
+      return absl::OkStatus();
+    }
+    std::vector<float> work(in, in + n);
+    absl::Status st = ring_reduce_scatter(work.data(), n, next_op_);
+    if (st.ok()) std::copy(work.begin() + static_cast<std::ptrdiff_t>(b), work.begin() + static_cast<std::ptrdiff_t>(e), out);
+    return st;
+  }, std::move(done));
+}
+
+void Communicator::all_gather(const float* in, float* out, std::size_t n, Callback done) {
+  enqueue([this, in, out, n]() -> absl::Status {
+    auto [b, e] = chunk_range(n, size(), me_);
+    std::copy(in, in + (e - b), out + b);
+    if (size() == 1) return absl::OkStatus();
+    return ring_all_gather(out, n, next_op_, 0);
+  }, std::move(done));
+}
+
+void Communicator::broadcast(float* data, std::size_t n, int root, Callback done) {
+  enqueue([this, data, n, root]() -> absl::Status {
+    if (root < 0 || root >= size()) {
+      return absl::InvalidArgumentError(absl::StrCat("broadcast: root ", root, " of ", size(), " members"));
+    }
+    if (size() == 1 || n == 0) return absl::OkStatus();
+    return chain_broadcast(data, n, root, next_op_);
+  }, std::move(done));
+}
+
+absl::Status Communicator::all_reduce_sync(float* data, std::size_t n) {
+  return run_sync([&](Callback cb) { all_reduce(data, n, std::move(cb)); });
+}
+absl::Status Communicator::reduce_scatter_sync(const float* in, float* out, std::size_t n) {
+  return run_sync([&](Callback cb) { reduce_scatter(in, out, n, std::move(cb)); });
+}
+absl::Status Communicator::all_gather_sync(const float* in, float* out, std::size_t n) {
+  return run_sync([&](Callback cb) { all_gather(in, out, n, std::move(cb)); });
+}
+absl::Status Communicator::broadcast_sync(float* data, std::size_t n, int root) {
+  return run_sync([&](Callback cb) { broadcast(data, n, root, std::move(cb)); });
+}
+
+}  // namespace troupe::comm

@@ -1,0 +1,114 @@
+// Collectives over a group of ranks, built from transport messages.
+//
+// A Communicator runs its collectives one at a time, in the order they were
+// issued, on a thread of its own, and reports each through a callback, so a
+// caller (an actor) never blocks. Every member must issue the same
+// collectives in the same order (TP peers walk the same schedule).
+//
+// Algorithms (fp32 sum): rings for large buffers (reduce-scatter then
+// all-gather, each chunk sliced so that sends, receives and adds overlap),
+// direct exchange for small ones (every rank sums all contributions in rank
+// order), a sliced chain for broadcast. The order of every sum is fixed, and
+// each element's sum is computed once and copied to the others, so results
+// are bitwise identical on every rank and on every run.
+//
+// Uneven sizes: element range of member i is chunk_range(n, p, i) (the first
+// n % p members get one more). An aborted communicator (a member died)
+// completes its pending and later collectives with the abort's error.
+//
+//   comm::Communicator tp(transport, tp_ranks, comm::GroupKind::kTensor);
+//   tp.all_reduce(x, n, [self](absl::Status st) { ... });
+//   absl::Status st = tp.all_reduce_sync(x, n);   // tests and simple callers
+#pragma once
+
+#include <condition_variable>
+#include <cstddef>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "comm/transport.h"
+
+namespace troupe::comm {
+
+// [begin, end) of member i's part of n elements split over p members.
+std::pair<std::size_t, std::size_t> chunk_range(std::size_t n, int p, int i);
+
+struct CommunicatorOptions {
+  std::size_t slice_bytes = 512 << 10;     // pipelining granularity of rings and chains
+  std::size_t direct_max_bytes = 32 << 10;  // all-reduce by direct exchange up to this size
+};
+
+class Communicator {
+ public:
+  // `ranks`: the group's global ranks in member order; must contain
+  // transport.rank().
+  Communicator(Transport& transport, std::vector<int> ranks, GroupKind kind,
+               CommunicatorOptions options = {});
+  ~Communicator();
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  int rank() const { return me_; }  // index in the group
+  int size() const { return static_cast<int>(ranks_.size()); }
+  const std::vector<int>& ranks() const { return ranks_; }
+
+  // data[n] = sum over members of their data[n].
+  void all_reduce(float* data, std::size_t n, Callback done);
+  // out[chunk_range(n, p, me)] = sum over members of in[that range].
+  void reduce_scatter(const float* in, float* out, std::size_t n, Callback done);
+  // out[n]: member i's in (of chunk_range(n, p, i) size) at its range.
+  void all_gather(const float* in, float* out, std::size_t n, Callback done);
+  // data[n] of member `root` to every member.
+  void broadcast(float* data, std::size_t n, int root, Callback done);
+
+  absl::Status all_reduce_sync(float* data, std::size_t n);
+  absl::Status reduce_scatter_sync(const float* in, float* out, std::size_t n);
+  absl::Status all_gather_sync(const float* in, float* out, std::size_t n);
+  absl::Status broadcast_sync(float* data, std::size_t n, int root);
+
+  // Fails the current and every later collective with `why` (a member died;
+  // called by the liveness check for every group containing that member).
+  void abort(absl::Status why);
+  bool contains(int global_rank) const;
+
+ private:
+  struct Task {
+    std::function<absl::Status()> run;
+    Callback done;
+  };
+  void enqueue(std::function<absl::Status()> run, Callback done);
+  absl::Status run_sync(const std::function<void(Callback)>& issue);
+  void worker();
+
+  absl::Status ring_reduce_scatter(float* data, std::size_t n, std::uint32_t op);
+  absl::Status ring_all_gather(float* data, std::size_t n, std::uint32_t op, std::uint32_t step0);
+  absl::Status direct_all_reduce(float* data, std::size_t n, std::uint32_t op);
+  absl::Status chain_broadcast(float* data, std::size_t n, int root, std::uint32_t op);
+  // Sends `n` floats to member `to` and receives `m` from member `from`,
+  // both sliced; `on_slice(offset, count)` runs as each received slice lands.
+  absl::Status exchange(int to, const float* send, std::size_t n, int from, float* recv,
+                        std::size_t m, std::uint32_t op, std::uint32_t step,
+                        const std::function<void(std::size_t, std::size_t)>& on_slice);
+
+  Transport& transport_;
+  std::vector<int> ranks_;
+  GroupKind kind_;
+  CommunicatorOptions options_;
+  int me_ = -1;
+  std::uint32_t next_op_ = 0;  // worker thread only
+  std::shared_ptr<CancelToken> token_ = std::make_shared<CancelToken>();
+  std::vector<float> scratch_;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Task> tasks_;
+  absl::Status aborted_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+}  // namespace troupe::comm

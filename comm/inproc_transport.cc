@@ -1,0 +1,151 @@
+// In-process transport: matching tables per destination, one copy per message.
+#include "comm/inproc_transport.h"
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace troupe::comm {
+
+class InProcTransport final : public Transport {
+ public:
+  InProcTransport(std::shared_ptr<InProcFabric> fabric, int rank)
+      : fabric_(std::move(fabric)), rank_(rank) {}
+  int rank() const override { return rank_; }
+  int size() const override { return fabric_->size(); }
+  void send(int peer, Tag tag, const void* data, std::size_t bytes, Callback done,
+            std::shared_ptr<CancelToken> token) override {
+    fabric_->send(rank_, peer, tag, data, bytes, std::move(done), std::move(token));
+  }
+  void recv(int peer, Tag tag, void* data, std::size_t bytes, Callback done,
+            std::shared_ptr<CancelToken> token) override {
+    fabric_->recv(rank_, peer, tag, data, bytes, std::move(done), std::move(token));
+  }
+  void fail_peer(int peer, absl::Status why) override { fabric_->fail_peer(rank_, peer, std::move(why)); }
+  void cancel(const std::shared_ptr<CancelToken>& token, absl::Status why) override {
+    fabric_->cancel(rank_, token, std::move(why));
+  }
+
+ private:
+  std::shared_ptr<InProcFabric> fabric_;
+  int rank_;
+};
+
+InProcFabric::InProcFabric(int size)
+    : size_(size),
+      sends_(static_cast<std::size_t>(size)),
+      recvs_(static_cast<std::size_t>(size)),
+      failed_(static_cast<std::size_t>(size), std::vector<absl::Status>(static_cast<std::size_t>(size))) {}
+
+std::unique_ptr<Transport> InProcFabric::endpoint(int rank) {
+  return std::make_unique<InProcTransport>(shared_from_this(), rank);
+}
+
+void InProcFabric::deliver(Op send, Op recv) {
+  if (send.bytes != recv.bytes) {
+    absl::Status st = absl::InvalidArgumentError(
+        absl::StrCat("message of ", send.bytes, " bytes from rank ", send.owner, " to rank ",
+                     recv.owner, " for a receive of ", recv.bytes, " bytes (tag ", send.tag, ")"));
+    callbacks_.post([s = std::move(send.done), st] { s(st); });
+    callbacks_.post([r = std::move(recv.done), st] { r(st); });
+    return;
+  }
+  if (send.bytes > 0) std::memcpy(recv.data, send.data, send.bytes);
+  callbacks_.post([s = std::move(send.done)] { s(absl::OkStatus()); });
+  callbacks_.post([r = std::move(recv.done)] { r(absl::OkStatus()); });
+}
+
+void InProcFabric::send(int src, int dst, Tag tag, const void* data, std::size_t bytes,
+                        Callback done, std::shared_ptr<CancelToken> token) {
+  Op op{src, dst, tag, const_cast<void*>(data), bytes, std::move(done), std::move(token)};
+  std::unique_lock<std::mutex> lock(mu_);
+  if (dst < 0 || dst >= size_) {
+    lock.unlock();
+    callbacks_.post([d = std::move(op.done), dst] { d(absl::InvalidArgumentError(absl::StrCat("no rank ", dst))); });
+    return;
+  }
+  if (!failed_[static_cast<std::size_t>(src)][static_cast<std::size_t>(dst)].ok() ||
+      (op.token && op.token->cancelled)) {
+    absl::Status st = failed_[static_cast<std::size_t>(src)][static_cast<std::size_t>(dst)];
+    if (st.ok()) st = absl::CancelledError("operation posted after its communicator was aborted");
+    lock.unlock();
+    callbacks_.post([d = std::move(op.done), st] { d(st); });
+    return;
+  }
+  auto& waiting = recvs_[static_cast<std::size_t>(dst)][{src, tag}];
+  if (!waiting.empty()) {
+    Op r = std::move(waiting.front());
+    waiting.erase(waiting.begin());
+    lock.unlock();
+    deliver(std::move(op), std::move(r));
+    return;
+  }
+  sends_[static_cast<std::size_t>(dst)][{src, tag}].push_back(std::move(op));
+}
+
+void InProcFabric::recv(int dst, int src, Tag tag, void* data, std::size_t bytes, Callback done,
+                        std::shared_ptr<CancelToken> token) {
+  Op op{dst, src, tag, data, bytes, std::move(done), std::move(token)};
+  std::unique_lock<std::mutex> lock(mu_);
+  if (src < 0 || src >= size_) {
+    lock.unlock();
+    callbacks_.post([d = std::move(op.done), src] { d(absl::InvalidArgumentError(absl::StrCat("no rank ", src))); });
+    return;
+  }
+  if (!failed_[static_cast<std::size_t>(dst)][static_cast<std::size_t>(src)].ok() ||
+      (op.token && op.token->cancelled)) {
+    absl::Status st = failed_[static_cast<std::size_t>(dst)][static_cast<std::size_t>(src)];
+    if (st.ok()) st = absl::CancelledError("operation posted after its communicator was aborted");
+    lock.unlock();
+    callbacks_.post([d = std::move(op.done), st] { d(st); });
+    return;
+  }
+  auto& waiting = sends_[static_cast<std::size_t>(dst)][{src, tag}];
+  if (!waiting.empty()) {
+    Op s = std::move(waiting.front());
+    waiting.erase(waiting.begin());
+    lock.unlock();
+    deliver(std::move(s), std::move(op));
+    return;
+  }
+  recvs_[static_cast<std::size_t>(dst)][{src, tag}].push_back(std::move(op));
+}
+
+template <typename Pred>
+void InProcFabric::fail_where(int rank, Pred pred, const absl::Status& why) {
+  std::vector<Callback> failed;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto sweep = [&](std::map<Key, std::vector<Op>>& table) {
+      for (auto& [key, ops] : table) {
+        for (auto it = ops.begin(); it != ops.end();) {
+          if (it->owner == rank && pred(*it)) {
+            failed.push_back(std::move(it->done));
+            it = ops.erase(it);
+          } else {
+            ++it;
+          }
+        }
+      }
+    };
+    for (auto& table : recvs_) sweep(table);
+    for (auto& table : sends_) sweep(table);
+  }
+  for (auto& cb : failed) callbacks_.post([cb = std::move(cb), why] { cb(why); });
+}
+
+void InProcFabric::fail_peer(int rank, int peer, absl::Status why) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    failed_[static_cast<std::size_t>(rank)][static_cast<std::size_t>(peer)] = why;
+  }
+  fail_where(rank, [peer](const Op& op) { return op.peer == peer; }, why);
+}
+
+void InProcFabric::cancel(int rank, const std::shared_ptr<CancelToken>& token, absl::Status why) {
+  if (!token) return;
+  token->cancelled = true;
+  fail_where(rank, [&token](const Op& op) { return op.token == token; }, why);
+}
+
+}  // namespace troupe::comm

@@ -1,0 +1,59 @@
+// The in-process transport: ranks are threads of one process. A message is
+// copied once, straight from the sender's buffer into the receiver's (a send
+// posted before its receive waits, without copying, until the receive comes).
+//
+//   auto fabric = std::make_shared<comm::InProcFabric>(4);
+//   std::unique_ptr<comm::Transport> t0 = fabric->endpoint(0);   // rank 0's view
+#pragma once
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "comm/callback_queue.h"
+#include "comm/transport.h"
+
+namespace troupe::comm {
+
+class InProcFabric : public std::enable_shared_from_this<InProcFabric> {
+ public:
+  explicit InProcFabric(int size);
+  int size() const { return size_; }
+  // Rank `rank`'s transport; keeps the fabric alive.
+  std::unique_ptr<Transport> endpoint(int rank);
+
+ private:
+  friend class InProcTransport;
+  struct Op {
+    int owner;  // the rank that posted it
+    int peer;
+    Tag tag;
+    void* data;  // const for sends
+    std::size_t bytes;
+    Callback done;
+    std::shared_ptr<CancelToken> token;
+  };
+  using Key = std::pair<int, Tag>;  // (source rank, tag), per destination
+
+  void send(int src, int dst, Tag tag, const void* data, std::size_t bytes, Callback done,
+            std::shared_ptr<CancelToken> token);
+  void recv(int dst, int src, Tag tag, void* data, std::size_t bytes, Callback done,
+            std::shared_ptr<CancelToken> token);
+  void fail_peer(int rank, int peer, absl::Status why);
+  void cancel(int rank, const std::shared_ptr<CancelToken>& token, absl::Status why);
+  // Copies a matched pair and completes both (outside the lock).
+  void deliver(Op send, Op recv);
+  // Removes `rank`'s pending ops that `pred` selects and fails them.
+  template <typename Pred>
+  void fail_where(int rank, Pred pred, const absl::Status& why);
+
+  const int size_;
+  std::mutex mu_;
+  std::vector<std::map<Key, std::vector<Op>>> sends_;  // by destination: unmatched sends
+  std::vector<std::map<Key, std::vector<Op>>> recvs_;  // by destination: posted receives
+  std::vector<std::vector<absl::Status>> failed_;      // [rank][peer]: rank knows peer failed
+  CallbackQueue callbacks_;
+};
+
+}  // namespace troupe::comm

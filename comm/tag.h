@@ -1,0 +1,77 @@
+// The 64-bit tag every transport message carries, in one place.
+//
+// UCX's tag matching knows no sender, so the tag names it; a receive matches
+// the full 64 bits. Layout, most significant bit first:
+//
+//   63      48 47   44 43   40 39        24 23      16 15   12 11         0
+//   | source  | group | kind  |   step     | micro-b. | chunk |   layer    |
+//     16 bits   4 bits  4 bits   16 bits      8 bits    4 bits   12 bits
+//
+//   source  global rank of the sender (up to 65,536 ranks)
+//   group   GroupKind of the communicator (a rank is in one group per kind)
+//   kind    MessageKind: what the payload is
+//   step    training step (mod 2^16); for collectives, the communicator's
+//           operation sequence number (mod 2^16), so back-to-back
+//           collectives never match each other's messages
+//   micro   micro-batch (pipeline messages)
+//   chunk   model chunk / virtual stage (interleaved schedule)
+//   layer   layer (gradient buckets)
+// Collectives reuse the low 24 bits (micro, chunk, layer) as one field: the
+// algorithm's step (12 bits) and the slice within it (12 bits).
+#pragma once
+
+#include <cstdint>
+
+namespace troupe::comm {
+
+using Tag = std::uint64_t;
+
+enum class GroupKind : std::uint8_t { kWorld = 0, kTensor = 1, kPipeline = 2, kData = 3, kEmbedding = 4, kTest = 15 };
+enum class MessageKind : std::uint8_t {
+  kActivation = 0,  // forward, stage s -> s+1
+  kGradient = 1,    // backward, stage s+1 -> s
+  kGradSlice = 2,   // shard -> optimizer partition
+  kParamSlice = 3,  // optimizer partition -> shard
+  kCollective = 4,  // a step of a collective algorithm
+  kControl = 5,
+};
+
+struct TagFields {
+  std::uint32_t source = 0;  // 16 bits
+  GroupKind group = GroupKind::kWorld;
+  MessageKind kind = MessageKind::kControl;
+  std::uint32_t step = 0;    // 16 bits
+  std::uint32_t micro = 0;   // 8 bits
+  std::uint32_t chunk = 0;   // 4 bits
+  std::uint32_t layer = 0;   // 12 bits
+};
+
+constexpr Tag make_tag(const TagFields& f) {
+  return (static_cast<Tag>(f.source & 0xFFFF) << 48) |
+         (static_cast<Tag>(static_cast<std::uint8_t>(f.group) & 0xF) << 44) |
+         (static_cast<Tag>(static_cast<std::uint8_t>(f.kind) & 0xF) << 40) |
+         (static_cast<Tag>(f.step & 0xFFFF) << 24) | (static_cast<Tag>(f.micro & 0xFF) << 16) |
+         (static_cast<Tag>(f.chunk & 0xF) << 12) | static_cast<Tag>(f.layer & 0xFFF);
+}
+
+constexpr TagFields parse_tag(Tag t) {
+  return {static_cast<std::uint32_t>(t >> 48),
+          static_cast<GroupKind>((t >> 44) & 0xF),
+          static_cast<MessageKind>((t >> 40) & 0xF),
+          static_cast<std::uint32_t>((t >> 24) & 0xFFFF),
+          static_cast<std::uint32_t>((t >> 16) & 0xFF),
+          static_cast<std::uint32_t>((t >> 12) & 0xF),
+          static_cast<std::uint32_t>(t & 0xFFF)};
+}
+
+// A collective's message: sequence number `op`, algorithm step, slice.
+constexpr Tag collective_tag(std::uint32_t source, GroupKind group, std::uint32_t op,
+                             std::uint32_t algo_step, std::uint32_t slice) {
+  return (static_cast<Tag>(source & 0xFFFF) << 48) |
+         (static_cast<Tag>(static_cast<std::uint8_t>(group) & 0xF) << 44) |
+         (static_cast<Tag>(static_cast<std::uint8_t>(MessageKind::kCollective)) << 40) |
+         (static_cast<Tag>(op & 0xFFFF) << 24) | (static_cast<Tag>(algo_step & 0xFFF) << 12) |
+         static_cast<Tag>(slice & 0xFFF);
+}
+
+}  // namespace troupe::comm

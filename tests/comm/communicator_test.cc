@@ -1,0 +1,229 @@
+// Collectives over the in-process transport: every collective for 1, 2, 3, 4
+// and 8 members, sizes that do not divide (0 and 1 element included), exact
+// results, bitwise agreement across members and runs, and a member dying
+// mid-operation turning into an error on every other member.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstring>
+#include <functional>
+#include <future>
+#include <random>
+#include <thread>
+
+#include "comm/communicator.h"
+#include "comm/groups.h"
+#include "comm/inproc_transport.h"
+
+namespace troupe::comm {
+namespace {
+
+// Runs fn(rank, communicator) on p threads over a fresh fabric.
+void on_ranks(int p, const std::function<void(int, Communicator&)>& fn,
+              CommunicatorOptions options = {}) {
+  auto fabric = std::make_shared<InProcFabric>(p);
+  std::vector<std::unique_ptr<Transport>> ts;
+  for (int r = 0; r < p; r++) ts.push_back(fabric->endpoint(r));
+  std::vector<int> ranks(static_cast<std::size_t>(p));
+  for (int r = 0; r < p; r++) ranks[static_cast<std::size_t>(r)] = r;
+  std::vector<std::thread> threads;
+  for (int r = 0; r < p; r++) {
+    threads.emplace_back([&, r] {
+      Communicator c(*ts[static_cast<std::size_t>(r)], ranks, GroupKind::kTest, options);
+      fn(r, c);
+    });
+  }
+  for (auto& t : threads) t.join();
+}
+
+// Small integers: every sum is exact in fp32, whatever the order.
+float value(int rank, std::size_t i) { return static_cast<float>((rank * 7 + static_cast<int>(i % 13)) % 11 - 5); }
+
+// Small slices so that even a few thousand elements exercise the pipelining.
+CommunicatorOptions small_slices() { return {.slice_bytes = 256, .direct_max_bytes = 64}; }
+
+class Collectives : public ::testing::TestWithParam<int> {};
+
+TEST_P(Collectives, AllReduce) {
+  const int p = GetParam();
+  for (std::size_t n : {0u, 1u, 7u, 33u, 1000u, 4099u}) {
+    on_ranks(p, [&](int r, Communicator& c) {
+      std::vector<float> x(n);
+      for (std::size_t i = 0; i < n; i++) x[i] = value(r, i);
+      ASSERT_TRUE(c.all_reduce_sync(x.data(), n).ok());
+      for (std::size_t i = 0; i < n; i++) {
+        float want = 0;
+        for (int j = 0; j < p; j++) want += value(j, i);
+        ASSERT_EQ(x[i], want) << "n=" << n << " i=" << i << " rank " << r;
+      }
+    }, small_slices());
+  }
+}
+
+TEST_P(Collectives, ReduceScatter) {
+  const int p = GetParam();
+  for (std::size_t n : {0u, 1u, 7u, 1000u, 4099u}) {
+    on_ranks(p, [&](int r, Communicator& c) {
+      std::vector<float> x(n);
+      for (std::size_t i = 0; i < n; i++) x[i] = value(r, i);
+      auto [b, e] = chunk_range(n, p, r);
+      std::vector<float> out(e - b, -999.0f);
+      ASSERT_TRUE(c.reduce_scatter_sync(x.data(), out.data(), n).ok());
+      for (std::size_t i = b; i < e; i++) {
+        float want = 0;
+        for (int j = 0; j < p; j++) want += value(j, i);
+        ASSERT_EQ(out[i - b], want) << "n=" << n << " i=" << i;
+      }
+    }, small_slices());
+  }
+}
+
+TEST_P(Collectives, AllGather) {
+  const int p = GetParam();
+  for (std::size_t n : {0u, 1u, 7u, 1000u, 4099u}) {
+    on_ranks(p, [&](int r, Communicator& c) {
+      auto [b, e] = chunk_range(n, p, r);
+      std::vector<float> in(e - b), out(n, -999.0f);
+      for (std::size_t i = b; i < e; i++) in[i - b] = static_cast<float>(i) + 0.5f;
+      ASSERT_TRUE(c.all_gather_sync(in.data(), out.data(), n).ok());
+      for (std::size_t i = 0; i < n; i++) ASSERT_EQ(out[i], static_cast<float>(i) + 0.5f) << i;
+    }, small_slices());
+  }
+}
+
+TEST_P(Collectives, Broadcast) {
+  const int p = GetParam();
+  for (std::size_t n : {0u, 1u, 1000u, 4099u}) {
+    for (int root : {0, p - 1}) {
+      on_ranks(p, [&](int r, Communicator& c) {
+        std::vector<float> x(n, r == root ? 0.0f : -1.0f);
+        if (r == root)
+          for (std::size_t i = 0; i < n; i++) x[i] = static_cast<float>(i) * 0.25f;
+        ASSERT_TRUE(c.broadcast_sync(x.data(), n, root).ok());
+        for (std::size_t i = 0; i < n; i++) ASSERT_EQ(x[i], static_cast<float>(i) * 0.25f);
+      }, small_slices());
+    }
+  }
+}
+
+// Random floats: the sum order matters, and is fixed: every member gets the
+// same bits, and so does a second run.
+TEST_P(Collectives, AllReduceIsBitwiseIdenticalAcrossMembersAndRuns) {
+  const int p = GetParam();
+  const std::size_t n = 5003;
+  auto run = [&](CommunicatorOptions o) {
+    std::vector<std::vector<float>> out(static_cast<std::size_t>(p));
+    on_ranks(p, [&](int r, Communicator& c) {
+      std::mt19937 rng(static_cast<unsigned>(r));
+      std::normal_distribution<float> d;
+      std::vector<float> x(n);
+      for (auto& v : x) v = d(rng);
+      ASSERT_TRUE(c.all_reduce_sync(x.data(), n).ok());
+      out[static_cast<std::size_t>(r)] = x;
+    }, o);
+    return out;
+  };
+  for (CommunicatorOptions o : {small_slices(), CommunicatorOptions{}}) {
+    auto a = run(o), b = run(o);
+    for (int r = 0; r < p; r++) {
+      EXPECT_EQ(std::memcmp(a[static_cast<std::size_t>(r)].data(), a[0].data(), n * 4), 0) << r;
+      EXPECT_EQ(std::memcmp(a[static_cast<std::size_t>(r)].data(), b[static_cast<std::size_t>(r)].data(), n * 4), 0);
+    }
+  }
+}
+
+TEST_P(Collectives, ManyInARowKeepTheirOrder) {
+  const int p = GetParam();
+  on_ranks(p, [&](int r, Communicator& c) {
+    std::vector<std::vector<float>> bufs(20, std::vector<float>(300));
+    std::atomic<int> done{0};
+    for (int k = 0; k < 20; k++) {
+      for (auto& v : bufs[static_cast<std::size_t>(k)]) v = static_cast<float>(k + r);
+      c.all_reduce(bufs[static_cast<std::size_t>(k)].data(), 300, [&](absl::Status st) {
+        EXPECT_TRUE(st.ok()) << st;
+        done++;
+      });
+    }
+    while (done < 20) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    for (int k = 0; k < 20; k++) EXPECT_EQ(bufs[static_cast<std::size_t>(k)][0], static_cast<float>(p * k + p * (p - 1) / 2));
+  }, small_slices());
+}
+
+INSTANTIATE_TEST_SUITE_P(Members, Collectives, ::testing::Values(1, 2, 3, 4, 8));
+
+// Rank 2 of a 4-member ring dies mid all-reduce. The liveness check tells
+// every survivor, which fails the transport's operations with rank 2 and
+// aborts every communicator containing it: all three survivors' collectives
+// complete with the error, including those of ranks 0 and 1, which wait on
+// live neighbours only.
+TEST(CollectivesFailure, DeadMemberIsAnErrorOnEveryOtherMember) {
+  const int p = 4, dead = 2;
+  auto fabric = std::make_shared<InProcFabric>(p);
+  std::vector<std::unique_ptr<Transport>> ts;
+  for (int r = 0; r < p; r++) ts.push_back(fabric->endpoint(r));
+  std::vector<std::unique_ptr<Communicator>> comms;
+  for (int r = 0; r < p; r++) {
+    comms.push_back(std::make_unique<Communicator>(*ts[static_cast<std::size_t>(r)], std::vector<int>{0, 1, 2, 3},
+                                                   GroupKind::kTest, small_slices()));
+  }
+  const std::size_t n = 1 << 16;
+  std::vector<std::vector<float>> bufs(p, std::vector<float>(n, 1.0f));
+  std::vector<std::promise<absl::Status>> results(p);
+  for (int r = 0; r < p; r++) {
+    if (r == dead) continue;  // never takes part: as if killed before its first send
+    comms[static_cast<std::size_t>(r)]->all_reduce(bufs[static_cast<std::size_t>(r)].data(), n,
+                                                   [&, r](absl::Status st) { results[static_cast<std::size_t>(r)].set_value(st); });
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  const auto t0 = std::chrono::steady_clock::now();
+  const absl::Status why = absl::UnavailableError("rank 2 on host test died");
+  for (int r = 0; r < p; r++) {  // the liveness check's message, on each survivor
+    if (r == dead) continue;
+    ts[static_cast<std::size_t>(r)]->fail_peer(dead, why);
+    if (comms[static_cast<std::size_t>(r)]->contains(dead)) comms[static_cast<std::size_t>(r)]->abort(why);
+  }
+  for (int r = 0; r < p; r++) {
+    if (r == dead) continue;
+    auto f = results[static_cast<std::size_t>(r)].get_future();
+    ASSERT_EQ(f.wait_for(std::chrono::seconds(30)), std::future_status::ready) << "rank " << r << " hangs";
+    absl::Status st = f.get();
+    EXPECT_TRUE(absl::IsUnavailable(st)) << r << ": " << st;
+    EXPECT_EQ(st.message(), "rank 2 on host test died");
+  }
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(secs, 5.0);
+  // Later collectives fail at once with the same error.
+  EXPECT_TRUE(absl::IsUnavailable(comms[0]->all_reduce_sync(bufs[0].data(), 4)));
+}
+
+TEST(Groups, MegatronRankOrder) {
+  Layout l{.tp = 2, .pp = 2, .dp = 2};
+  ASSERT_TRUE(l.validate().ok());
+  EXPECT_EQ(l.world(), 8);
+  EXPECT_EQ(l.coord(5), (Coord{.d = 0, .s = 1, .t = 1}));
+  for (int r = 0; r < 8; r++) EXPECT_EQ(l.rank(l.coord(r)), r);
+  EXPECT_EQ(l.tensor_group(5), (std::vector<int>{4, 5}));
+  EXPECT_EQ(l.data_group(5), (std::vector<int>{5, 7}));
+  EXPECT_EQ(l.pipeline_group(5), (std::vector<int>{1, 5}));
+  EXPECT_EQ(l.embedding_group(3), (std::vector<int>{3, 7}));
+  Layout one{.tp = 4};
+  EXPECT_EQ(one.embedding_group(2), (std::vector<int>{2}));
+  EXPECT_FALSE((Layout{.tp = 0}).validate().ok());
+}
+
+TEST(Tag, FieldsRoundTrip) {
+  TagFields f{.source = 4479, .group = GroupKind::kPipeline, .kind = MessageKind::kGradient,
+              .step = 65535, .micro = 200, .chunk = 3, .layer = 104};
+  TagFields g = parse_tag(make_tag(f));
+  EXPECT_EQ(g.source, 4479u);
+  EXPECT_EQ(g.group, GroupKind::kPipeline);
+  EXPECT_EQ(g.kind, MessageKind::kGradient);
+  EXPECT_EQ(g.step, 65535u);
+  EXPECT_EQ(g.micro, 200u);
+  EXPECT_EQ(g.chunk, 3u);
+  EXPECT_EQ(g.layer, 104u);
+  EXPECT_NE(collective_tag(1, GroupKind::kData, 7, 0, 0), collective_tag(1, GroupKind::kData, 8, 0, 0));
+}
+
+}  // namespace
+}  // namespace troupe::comm
