@@ -1,0 +1,58 @@
+// A minimal bootstrap and liveness check over TCP, for tests and benchmarks
+// until the launcher carries both over CAF.
+//
+// Rank 0 listens; every other rank connects (retrying until the timeout).
+// all_gather() exchanges one blob per rank (UCX worker addresses). The
+// connections then stay open as a liveness check: when a rank's process
+// dies, the kernel closes its socket, rank 0 sees it and tells the others;
+// if rank 0 dies, the others see their socket close. Each rank's on_dead
+// callback runs once per dead rank, typically calling fail_peer() and
+// aborting the communicators that contain it. A rank that is done calls
+// finish(), a barrier after which closing is not a death.
+//
+//   auto b = comm::Bootstrap::start(rank, size, "127.0.0.1", 29500, absl::Seconds(30));
+//   auto addresses = (*b)->all_gather(transport->address());
+//   (*b)->watch([&](int dead, absl::Status why) { ... });
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace troupe::comm {
+
+class Bootstrap {
+ public:
+  static absl::StatusOr<std::unique_ptr<Bootstrap>> start(int rank, int size, const std::string& host,
+                                                          int port, absl::Duration timeout);
+  ~Bootstrap();
+
+  absl::StatusOr<std::vector<std::string>> all_gather(const std::string& mine);
+  // Starts the liveness check; `on_dead(rank, why)` runs on its thread.
+  void watch(std::function<void(int, absl::Status)> on_dead);
+  // Barrier of every rank's finish(); after it, closing is not a failure.
+  absl::Status finish();
+
+ private:
+  Bootstrap() = default;
+  void watch_loop();
+
+  int rank_ = 0, size_ = 0;
+  int listen_fd_ = -1;
+  std::vector<int> fds_;  // rank 0: one per other rank; others: fds_[0] to rank 0
+  std::function<void(int, absl::Status)> on_dead_;
+  std::vector<bool> dead_;
+  std::mutex mu_;
+  std::atomic<bool> finishing_{false};
+  int wake_[2] = {-1, -1};
+  std::thread watcher_;
+};
+
+}  // namespace troupe::comm

@@ -1,0 +1,322 @@
+// UCX transport on the UCP tag API.
+#include "comm/ucx_transport.h"
+
+#include <ucp/api/ucp.h>
+
+#include <chrono>
+#include <cstdlib>
+
+#include "absl/strings/str_cat.h"
+
+namespace troupe::comm {
+
+
+namespace {
+
+absl::Status ucs_error(ucs_status_t st, absl::string_view what) {
+  return absl::UnavailableError(absl::StrCat(what, ": ", ucs_status_string(st)));
+}
+
+}  // namespace
+
+// UCX completion callbacks (progress thread, inside ucp_worker_progress).
+void ucx_send_done(void* request, int status, void* user) {
+  auto* op = static_cast<UcxTransport::Op*>(user);
+  ucp_request_free(request);
+  op->transport->finish(op, status == UCS_OK ? absl::OkStatus()
+                                              : ucs_error(static_cast<ucs_status_t>(status),
+                                                          absl::StrCat("send to rank ", op->peer)));
+}
+
+void ucx_recv_done(void* request, int status, const void* info_ptr, void* user) {
+  auto* op = static_cast<UcxTransport::Op*>(user);
+  const auto* info = static_cast<const ucp_tag_recv_info_t*>(info_ptr);
+  ucp_request_free(request);
+  absl::Status st;
+  if (status != UCS_OK) {
+    st = status == UCS_ERR_MESSAGE_TRUNCATED
+             ? absl::InvalidArgumentError(absl::StrCat("message from rank ", op->peer,
+                                                       " is longer than the receive of ", op->bytes, " bytes"))
+             : ucs_error(static_cast<ucs_status_t>(status), absl::StrCat("receive from rank ", op->peer));
+  } else if (info->length != op->bytes) {
+    st = absl::InvalidArgumentError(absl::StrCat("message of ", info->length, " bytes from rank ", op->peer,
+                                                 " for a receive of ", op->bytes, " bytes"));
+  }
+  op->transport->finish(op, std::move(st));
+}
+
+namespace {
+void send_cb(void* request, ucs_status_t status, void* user) { ucx_send_done(request, status, user); }
+void recv_cb(void* request, ucs_status_t status, const ucp_tag_recv_info_t* info, void* user) {
+  ucx_recv_done(request, status, info, user);
+}
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<UcxTransport>> UcxTransport::create(int rank, int size) {
+  std::unique_ptr<UcxTransport> t(new UcxTransport(rank, size));
+  ucp_config_t* config = nullptr;
+  ucs_status_t st = ucp_config_read(nullptr, nullptr, &config);
+  if (st != UCS_OK) return ucs_error(st, "ucp_config_read");
+  // Without UCX's peer-failure mode (which would turn shared memory off), a
+  // CMA copy from a process that has just died is a fatal error inside UCX
+  // (seen in tests/comm/ucx_test.cc: process_vm_readv fails, UCX aborts the
+  // survivor). Shared-memory FIFOs and TCP fail softly, so CMA stays off
+  // unless UCX_TLS says otherwise.
+  if (std::getenv("UCX_TLS") == nullptr) ucp_config_modify(config, "TLS", "^cma");
+  ucp_params_t params{};
+  params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
+  params.features = UCP_FEATURE_TAG;
+  params.mt_workers_shared = 1;
+  ucp_context_h context = nullptr;
+  st = ucp_init(&params, config, &context);
+  ucp_config_release(config);
+  if (st != UCS_OK) return ucs_error(st, "ucp_init");
+  t->context_ = context;
+  ucp_worker_params_t wparams{};
+  wparams.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+  wparams.thread_mode = UCS_THREAD_MODE_MULTI;  // posts from callers, progress on our thread
+  ucp_worker_h worker = nullptr;
+  st = ucp_worker_create(context, &wparams, &worker);
+  if (st != UCS_OK) return ucs_error(st, "ucp_worker_create");
+  t->worker_ = worker;
+  ucp_address_t* addr = nullptr;
+  std::size_t len = 0;
+  st = ucp_worker_get_address(worker, &addr, &len);
+  if (st != UCS_OK) return ucs_error(st, "ucp_worker_get_address");
+  t->address_.assign(reinterpret_cast<const char*>(addr), len);
+  ucp_worker_release_address(worker, addr);
+  t->failed_.resize(static_cast<std::size_t>(size));
+  t->progress_ = std::thread([p = t.get()] { p->progress_loop(); });
+  return t;
+}
+
+UcxTransport::~UcxTransport() {
+  stop_ = true;
+  cv_.notify_all();
+  if (progress_.joinable()) progress_.join();
+  auto* worker = static_cast<ucp_worker_h>(worker_);
+  for (void* ep : eps_) {
+    if (ep == nullptr) continue;
+    ucp_request_param_t p{};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    p.flags = UCP_EP_CLOSE_FLAG_FORCE;
+    void* req = ucp_ep_close_nbx(static_cast<ucp_ep_h>(ep), &p);
+    if (UCS_PTR_IS_PTR(req)) {
+      for (int i = 0; i < 100000 && ucp_request_check_status(req) == UCS_INPROGRESS; i++) {
+        ucp_worker_progress(worker);
+      }
+      ucp_request_free(req);
+    }
+  }
+  if (worker != nullptr) ucp_worker_destroy(worker);
+  if (context_ != nullptr) ucp_cleanup(static_cast<ucp_context_h>(context_));
+}
+
+absl::Status UcxTransport::connect(const std::vector<std::string>& addresses) {
+  if (static_cast<int>(addresses.size()) != size_) {
+    return absl::InvalidArgumentError(absl::StrCat("connect: ", addresses.size(), " addresses for ", size_, " ranks"));
+  }
+  eps_.assign(static_cast<std::size_t>(size_), nullptr);
+  for (int r = 0; r < size_; r++) {
+    ucp_ep_params_t p{};
+    p.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
+    p.address = reinterpret_cast<const ucp_address_t*>(addresses[static_cast<std::size_t>(r)].data());
+    p.err_mode = UCP_ERR_HANDLING_MODE_NONE;  // keeps shared memory; liveness is out of band
+    ucp_ep_h ep = nullptr;
+    ucs_status_t st = ucp_ep_create(static_cast<ucp_worker_h>(worker_), &p, &ep);
+    if (st != UCS_OK) return ucs_error(st, absl::StrCat("ucp_ep_create to rank ", r));
+    eps_[static_cast<std::size_t>(r)] = ep;
+  }
+  return absl::OkStatus();
+}
+
+void UcxTransport::send(int peer, Tag tag, const void* data, std::size_t bytes, Callback done,
+                        std::shared_ptr<CancelToken> token) {
+  auto owned = std::make_unique<Op>(Op{this, peer, true, bytes, std::move(done), std::move(token)});
+  Op* op = owned.get();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ops_[op] = std::move(owned);
+    absl::Status refuse;
+    if (peer < 0 || peer >= size_ || eps_.empty()) {
+      refuse = absl::InvalidArgumentError(absl::StrCat("send to rank ", peer, ": no endpoint"));
+    } else if (!failed_[static_cast<std::size_t>(peer)].ok()) {
+      refuse = failed_[static_cast<std::size_t>(peer)];
+    } else if (op->token && op->token->cancelled) {
+      refuse = absl::CancelledError("operation posted after its communicator was aborted");
+    }
+    if (!refuse.ok()) {
+      op->finished = true;
+      op->done = [d = std::move(op->done), refuse](absl::Status) { d(refuse); };
+      to_fail_.push_back(op);
+      cv_.notify_all();
+      return;
+    }
+  }
+  ucp_request_param_t p{};
+  p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                   UCP_OP_ATTR_FIELD_DATATYPE | UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
+  p.datatype = ucp_dt_make_contig(1);
+  p.user_data = op;
+  p.cb.send = send_cb;
+  void* req = ucp_tag_send_nbx(static_cast<ucp_ep_h>(eps_[static_cast<std::size_t>(peer)]), data, bytes, tag, &p);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (UCS_PTR_IS_ERR(req)) {
+    op->finished = true;
+    absl::Status err = ucs_error(UCS_PTR_STATUS(req), "ucp_tag_send_nbx");
+    op->done = [d = std::move(op->done), err](absl::Status) { d(err); };
+    to_fail_.push_back(op);
+  } else if (ops_.count(op) != 0) {
+    op->request = req;
+  }
+  posted_++;
+  cv_.notify_all();
+}
+
+void UcxTransport::recv(int peer, Tag tag, void* data, std::size_t bytes, Callback done,
+                        std::shared_ptr<CancelToken> token) {
+  auto owned = std::make_unique<Op>(Op{this, peer, false, bytes, std::move(done), std::move(token)});
+  Op* op = owned.get();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ops_[op] = std::move(owned);
+    absl::Status refuse;
+    if (peer < 0 || peer >= size_) {
+      refuse = absl::InvalidArgumentError(absl::StrCat("recv from rank ", peer, ": no such rank"));
+    } else if (!failed_[static_cast<std::size_t>(peer)].ok()) {
+      refuse = failed_[static_cast<std::size_t>(peer)];
+    } else if (op->token && op->token->cancelled) {
+      refuse = absl::CancelledError("operation posted after its communicator was aborted");
+    }
+    if (!refuse.ok()) {
+      op->finished = true;
+      op->done = [d = std::move(op->done), refuse](absl::Status) { d(refuse); };
+      to_fail_.push_back(op);
+      cv_.notify_all();
+      return;
+    }
+  }
+  ucp_request_param_t p{};
+  p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                   UCP_OP_ATTR_FIELD_DATATYPE | UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
+  p.datatype = ucp_dt_make_contig(1);
+  p.user_data = op;
+  p.cb.recv = recv_cb;
+  void* req = ucp_tag_recv_nbx(static_cast<ucp_worker_h>(worker_), data, bytes, tag, ~ucp_tag_t{0}, &p);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (UCS_PTR_IS_ERR(req)) {
+    op->finished = true;
+    absl::Status err = ucs_error(UCS_PTR_STATUS(req), "ucp_tag_recv_nbx");
+    op->done = [d = std::move(op->done), err](absl::Status) { d(err); };
+    to_fail_.push_back(op);
+  } else if (ops_.count(op) != 0) {
+    op->request = req;
+  }
+  posted_++;
+  cv_.notify_all();
+}
+
+// Called on the progress thread by UCX's completion callbacks.
+void UcxTransport::finish(Op* op, absl::Status st) {
+  std::unique_ptr<Op> owned;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = ops_.find(op);
+    if (it == ops_.end()) return;
+    if (op->finished) {
+      // Failed earlier by fail_peer/cancel: its callback runs (or ran) from
+      // to_fail_; UCX is done with the request now.
+      if (op->callback_taken) {
+        ops_.erase(it);
+      } else {
+        op->request = nullptr;
+      }
+      return;
+    }
+    owned = std::move(it->second);
+    ops_.erase(it);
+  }
+  owned->done(std::move(st));
+}
+
+template <typename Pred>
+void UcxTransport::fail_where(Pred pred, const absl::Status& why) {
+  std::vector<void*> cancel;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& [op, owned] : ops_) {
+      if (op->finished || !pred(*op)) continue;
+      op->finished = true;
+      op->done = [d = std::move(op->done), why](absl::Status) { d(why); };
+      to_fail_.push_back(op);
+      if (op->request != nullptr) cancel.push_back(op->request);
+    }
+  }
+  for (void* req : cancel) ucp_request_cancel(static_cast<ucp_worker_h>(worker_), req);
+  cv_.notify_all();
+}
+
+void UcxTransport::fail_peer(int peer, absl::Status why) {
+  if (peer < 0 || peer >= size_) return;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    failed_[static_cast<std::size_t>(peer)] = why;
+  }
+  fail_where([peer](const Op& op) { return op.peer == peer; }, why);
+}
+
+void UcxTransport::cancel(const std::shared_ptr<CancelToken>& token, absl::Status why) {
+  if (!token) return;
+  token->cancelled = true;
+  fail_where([&token](const Op& op) { return op.token == token; }, why);
+}
+
+void UcxTransport::progress_loop() {
+  auto* worker = static_cast<ucp_worker_h>(worker_);
+  int idle = 0;
+  std::uint64_t seen_posts = 0;
+  for (;;) {
+    // Run the callbacks of operations failed outside UCX.
+    std::vector<std::unique_ptr<Op>> failed;
+    bool pending;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      for (Op* op : to_fail_) {
+        auto it = ops_.find(op);
+        if (it == ops_.end()) continue;
+        if (op->request != nullptr) {
+          // UCX still owns the request (cancel in flight); keep the record
+          // so its late completion finds it, but run the user's callback now.
+          op->callback_taken = true;
+          failed.push_back(std::make_unique<Op>(Op{this, op->peer, op->is_send, op->bytes, std::move(op->done), nullptr}));
+        } else {
+          failed.push_back(std::move(it->second));
+          ops_.erase(it);
+        }
+      }
+      to_fail_.clear();
+      pending = !ops_.empty();
+      if (!pending && failed.empty()) {
+        if (stop_) return;
+        cv_.wait_for(lock, std::chrono::milliseconds(100));  // idle: no core burnt
+        continue;
+      }
+    }
+    for (auto& op : failed) op->done(absl::OkStatus());  // wrapped: reports the failure
+    if (stop_) return;
+    const std::uint64_t posts = posted_.load();
+    if (ucp_worker_progress(worker) != 0 || !failed.empty() || posts != seen_posts) {
+      seen_posts = posts;
+      idle = 0;
+      continue;
+    }
+    // In flight but nothing happened: spin a little, then back off.
+    if (++idle > 2000) {
+      const int us = std::min(1000, 20 * (idle - 2000) / 100 + 20);
+      std::this_thread::sleep_for(std::chrono::microseconds(us));
+    }
+    if (stop_) return;
+  }
+}
+
+}  // namespace troupe::comm

@@ -1,0 +1,91 @@
+// The UCX transport: ranks are processes, on one host or many. Messages go
+// through UCP's tag API (shared memory within a host, TCP across hosts);
+// the tag layout of comm/tag.h carries the sender.
+//
+// Peer failure: UCX's peer-failure mode would disable shared memory, so
+// endpoints run without it and dead peers are detected out of band: the
+// liveness check of the control plane (comm/bootstrap.h for now) calls
+// fail_peer(), which fails every pending operation with that peer.
+//
+// Progress runs on a thread of the transport: it polls UCX while operations
+// are in flight (spinning briefly, then backing off to sleeps of up to 1 ms)
+// and sleeps on a condition variable when nothing is pending, so an idle
+// transport burns no core.
+//
+//   auto t = comm::UcxTransport::create(rank, size);
+//   auto addresses = bootstrap->all_gather((*t)->address());
+//   RETURN_IF_ERROR((*t)->connect(*addresses));
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "comm/transport.h"
+
+namespace troupe::comm {
+
+class UcxTransport final : public Transport {
+ public:
+  static absl::StatusOr<std::unique_ptr<UcxTransport>> create(int rank, int size);
+  ~UcxTransport() override;
+
+  // This worker's address, to be exchanged with every peer.
+  const std::string& address() const { return address_; }
+  // Endpoints to every rank (address[r] of rank r, this one included).
+  absl::Status connect(const std::vector<std::string>& addresses);
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  void send(int peer, Tag tag, const void* data, std::size_t bytes, Callback done,
+            std::shared_ptr<CancelToken> token) override;
+  void recv(int peer, Tag tag, void* data, std::size_t bytes, Callback done,
+            std::shared_ptr<CancelToken> token) override;
+  void fail_peer(int peer, absl::Status why) override;
+  void cancel(const std::shared_ptr<CancelToken>& token, absl::Status why) override;
+
+  // One pending operation.
+  struct Op {
+    UcxTransport* transport;
+    int peer;
+    bool is_send;
+    std::size_t bytes;
+    Callback done;
+    std::shared_ptr<CancelToken> token;
+    void* request = nullptr;      // UCX's, until it completes
+    bool finished = false;        // failed outside UCX: the user's callback is queued
+    bool callback_taken = false;  // that callback has been taken to run
+  };
+
+ private:
+  UcxTransport(int rank, int size) : rank_(rank), size_(size) {}
+  void progress_loop();
+  void finish(Op* op, absl::Status st);  // progress thread only
+  template <typename Pred>
+  void fail_where(Pred pred, const absl::Status& why);
+  friend void ucx_send_done(void*, int, void*);
+  friend void ucx_recv_done(void*, int, const void*, void*);
+
+  const int rank_, size_;
+  void* context_ = nullptr;  // ucp_context_h
+  void* worker_ = nullptr;   // ucp_worker_h
+  std::vector<void*> eps_;   // ucp_ep_h per rank
+  std::string address_;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::unordered_map<Op*, std::unique_ptr<Op>> ops_;
+  std::vector<Op*> to_fail_;          // failed by fail_peer/cancel, callbacks not yet run
+  std::vector<absl::Status> failed_;  // per peer
+  std::atomic<bool> stop_{false};
+  std::atomic<std::uint64_t> posted_{0};
+  std::thread progress_;
+};
+
+}  // namespace troupe::comm

@@ -1,0 +1,142 @@
+// One rank of a multi-process UCX test (run by tests/comm/ucx_test.cc):
+// bootstrap over TCP, UCX transport, a world communicator, then a scenario.
+//   collectives   every collective at sizes 0, 1, 7, 1000 and 100003, exact
+//                 integer-valued sums; point-to-point of 4 MiB; prints "ok"
+//   kill          all-reduces of 16 MiB in a loop; rank --victim kills itself
+//                 mid-operation; every other rank must get an error naming it
+//                 (prints the wall-clock times the driver turns into a
+//                 detection time)
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "comm/bootstrap.h"
+#include "comm/communicator.h"
+#include "comm/ucx_transport.h"
+
+namespace {
+
+using troupe::comm::chunk_range;
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+float value(int rank, std::size_t i) { return static_cast<float>((rank * 7 + static_cast<int>(i % 13)) % 11 - 5); }
+
+int fail(int rank, const std::string& what) {
+  std::printf("rank %d: FAILED %s\n", rank, what.c_str());
+  std::fflush(stdout);
+  return 1;
+}
+
+int collectives(int rank, int size, troupe::comm::Transport& t) {
+  troupe::comm::Communicator c(t, [&] {
+    std::vector<int> r(static_cast<std::size_t>(size));
+    for (int i = 0; i < size; i++) r[static_cast<std::size_t>(i)] = i;
+    return r;
+  }(), troupe::comm::GroupKind::kWorld, {.slice_bytes = 64 << 10, .direct_max_bytes = 4 << 10});
+  for (std::size_t n : {0ul, 1ul, 7ul, 1000ul, 100003ul}) {
+    std::vector<float> x(n);
+    for (std::size_t i = 0; i < n; i++) x[i] = value(rank, i);
+    absl::Status st = c.all_reduce_sync(x.data(), n);
+    if (!st.ok()) return fail(rank, "all_reduce: " + std::string(st.message()));
+    for (std::size_t i = 0; i < n; i++) {
+      float want = 0;
+      for (int j = 0; j < size; j++) want += value(j, i);
+      if (x[i] != want) return fail(rank, "all_reduce value at " + std::to_string(i));
+    }
+    for (std::size_t i = 0; i < n; i++) x[i] = value(rank, i);
+    auto [b, e] = chunk_range(n, size, rank);
+    std::vector<float> part(e - b);
+    st = c.reduce_scatter_sync(x.data(), part.data(), n);
+    if (!st.ok()) return fail(rank, "reduce_scatter: " + std::string(st.message()));
+    for (std::size_t i = b; i < e; i++) {
+      float want = 0;
+      for (int j = 0; j < size; j++) want += value(j, i);
+      if (part[i - b] != want) return fail(rank, "reduce_scatter value");
+    }
+    for (std::size_t i = b; i < e; i++) part[i - b] = static_cast<float>(i);
+    std::vector<float> all(n, -1.0f);
+    st = c.all_gather_sync(part.data(), all.data(), n);
+    if (!st.ok()) return fail(rank, "all_gather: " + std::string(st.message()));
+    for (std::size_t i = 0; i < n; i++)
+      if (all[i] != static_cast<float>(i)) return fail(rank, "all_gather value");
+    const int root = static_cast<int>(n % static_cast<std::size_t>(size));
+    std::vector<float> y(n, rank == root ? 3.5f : 0.0f);
+    st = c.broadcast_sync(y.data(), n, root);
+    if (!st.ok()) return fail(rank, "broadcast: " + std::string(st.message()));
+    for (float v : y)
+      if (v != 3.5f) return fail(rank, "broadcast value");
+  }
+  std::printf("rank %d: ok\n", rank);
+  return 0;
+}
+
+int kill_scenario(int rank, int size, int victim, troupe::comm::Transport& t, troupe::comm::Bootstrap& b) {
+  std::vector<int> ranks(static_cast<std::size_t>(size));
+  for (int i = 0; i < size; i++) ranks[static_cast<std::size_t>(i)] = i;
+  troupe::comm::Communicator c(t, ranks, troupe::comm::GroupKind::kWorld);
+  b.watch([&](int dead, absl::Status why) {
+    std::printf("rank %d: told at %.6f: %s\n", rank, now_s(), std::string(why.message()).c_str());
+    std::fflush(stdout);
+    t.fail_peer(dead, why);
+    if (c.contains(dead)) c.abort(why);
+  });
+  std::vector<float> x(4u << 20, 1.0f);
+  if (rank == victim) {
+    std::thread([rank] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      std::printf("rank %d: killing myself at %.6f\n", rank, now_s());
+      std::fflush(stdout);
+      ::raise(SIGKILL);
+    }).detach();
+  }
+  for (int iter = 0; iter < 100000; iter++) {
+    absl::Status st = c.all_reduce_sync(x.data(), x.size());
+    if (!st.ok()) {
+      std::printf("rank %d: error at %.6f: %s\n", rank, now_s(), std::string(st.message()).c_str());
+      std::fflush(stdout);
+      return st.message().find("rank " + std::to_string(victim)) != std::string_view::npos ? 0 : 1;
+    }
+  }
+  return fail(rank, "no error although a rank died");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int rank = -1, size = 0, port = 0, victim = -1;
+  std::string scenario = "collectives";
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string k = argv[i], v = argv[i + 1];
+    if (k == "--rank") rank = std::atoi(v.c_str());
+    else if (k == "--size") size = std::atoi(v.c_str());
+    else if (k == "--port") port = std::atoi(v.c_str());
+    else if (k == "--scenario") scenario = v;
+    else if (k == "--victim") victim = std::atoi(v.c_str());
+  }
+  setvbuf(stdout, nullptr, _IOLBF, 0);
+  auto b = troupe::comm::Bootstrap::start(rank, size, "127.0.0.1", port, absl::Seconds(60));
+  if (!b.ok()) return fail(rank, std::string(b.status().message()));
+  auto t = troupe::comm::UcxTransport::create(rank, size);
+  if (!t.ok()) return fail(rank, std::string(t.status().message()));
+  auto addresses = (*b)->all_gather((*t)->address());
+  if (!addresses.ok()) return fail(rank, std::string(addresses.status().message()));
+  absl::Status st = (*t)->connect(*addresses);
+  if (!st.ok()) return fail(rank, std::string(st.message()));
+  int rc = scenario == "kill" ? kill_scenario(rank, size, victim, **t, **b) : collectives(rank, size, **t);
+  if (scenario == "kill") {
+    std::fflush(stdout);
+    std::_Exit(rc);  // a rank died: skip the orderly teardown of UCX
+  }
+  st = (*b)->finish();
+  if (!st.ok() && rc == 0) return fail(rank, std::string(st.message()));
+  return rc;
+}

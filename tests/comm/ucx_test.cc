@@ -1,0 +1,122 @@
+// Collectives across processes over UCX, and a process killed mid-operation.
+// Each case starts N processes of ucx_rank (tests/comm/ucx_rank_main.cc).
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <fstream>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+extern char** environ;
+
+namespace {
+
+struct Result {
+  int exit_code = -1;
+  std::string output;
+};
+
+// Runs `n` ranks, waiting at most `timeout`; kills the stragglers.
+std::vector<Result> run_ranks(int n, const std::string& scenario, int victim, std::chrono::seconds timeout) {
+  static int round = 0;
+  const int port = 20000 + static_cast<int>((::getpid() * 31 + 997 * ++round) % 30000);
+  std::vector<pid_t> pids;
+  std::vector<std::string> logs;
+  for (int r = 0; r < n; r++) {
+    logs.push_back(::testing::TempDir() + "/ucx_rank_" + std::to_string(::getpid()) + "_" + std::to_string(r) + ".log");
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 1, logs.back().c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_adddup2(&fa, 1, 2);
+    std::vector<std::string> args = {UCX_RANK_BIN, "--rank", std::to_string(r), "--size", std::to_string(n),
+                                     "--port", std::to_string(port), "--scenario", scenario,
+                                     "--victim", std::to_string(victim)};
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    pid_t pid = 0;
+    EXPECT_EQ(posix_spawn(&pid, UCX_RANK_BIN, &fa, nullptr, argv.data(), environ), 0);
+    posix_spawn_file_actions_destroy(&fa);
+    pids.push_back(pid);
+  }
+  std::vector<Result> results(static_cast<std::size_t>(n));
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  int left = n;
+  while (left > 0) {
+    for (int r = 0; r < n; r++) {
+      if (pids[static_cast<std::size_t>(r)] == 0) continue;
+      int status = 0;
+      if (::waitpid(pids[static_cast<std::size_t>(r)], &status, WNOHANG) == pids[static_cast<std::size_t>(r)]) {
+        results[static_cast<std::size_t>(r)].exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        pids[static_cast<std::size_t>(r)] = 0;
+        left--;
+      }
+    }
+    if (std::chrono::steady_clock::now() > deadline) {
+      for (pid_t p : pids)
+        if (p != 0) ::kill(p, SIGKILL);
+      for (pid_t p : pids)
+        if (p != 0) ::waitpid(p, nullptr, 0);
+      ADD_FAILURE() << "ranks still running after " << timeout.count() << " s: a hang";
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  for (int r = 0; r < n; r++) {
+    std::ifstream in(logs[static_cast<std::size_t>(r)]);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    results[static_cast<std::size_t>(r)].output = ss.str();
+  }
+  return results;
+}
+
+class UcxCollectives : public ::testing::TestWithParam<int> {};
+
+TEST_P(UcxCollectives, AcrossProcesses) {
+  const int n = GetParam();
+  auto results = run_ranks(n, "collectives", -1, std::chrono::seconds(240));
+  for (int r = 0; r < n; r++) {
+    EXPECT_EQ(results[static_cast<std::size_t>(r)].exit_code, 0) << "rank " << r << ":\n" << results[static_cast<std::size_t>(r)].output;
+    EXPECT_NE(results[static_cast<std::size_t>(r)].output.find("ok"), std::string::npos);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Processes, UcxCollectives, ::testing::Values(1, 2, 3, 4, 8));
+
+// A 4-process ring all-reduce; rank 2 kills itself mid-operation. Every
+// other rank gets an error naming rank 2, ranks 0 and 1 included (they only
+// wait on live neighbours), within the timeout; the detection time is printed.
+TEST(UcxFailure, KilledRankIsAnErrorOnEveryOtherRank) {
+  const int n = 4, victim = 2;
+  auto results = run_ranks(n, "kill", victim, std::chrono::seconds(60));
+  double killed_at = 0, last_error_at = 0;
+  const std::regex killed("killing myself at ([0-9.]+)"), error("error at ([0-9.]+): (.*)");
+  std::smatch m;
+  for (int r = 0; r < n; r++) {
+    const std::string& out = results[static_cast<std::size_t>(r)].output;
+    if (r == victim) {
+      ASSERT_TRUE(std::regex_search(out, m, killed)) << out;
+      killed_at = std::stod(m[1]);
+      continue;
+    }
+    EXPECT_EQ(results[static_cast<std::size_t>(r)].exit_code, 0) << "rank " << r << ":\n" << out;
+    ASSERT_TRUE(std::regex_search(out, m, error)) << "rank " << r << ":\n" << out;
+    last_error_at = std::max(last_error_at, std::stod(m[1]));
+    EXPECT_NE(m[2].str().find("rank 2"), std::string::npos) << m[2];
+  }
+  const double detection = last_error_at - killed_at;
+  std::printf("[ detection ] every survivor had its error %.3f s after the kill\n", detection);
+  RecordProperty("detection_s", std::to_string(detection));
+  EXPECT_LT(detection, 5.0);
+}
+
+}  // namespace
