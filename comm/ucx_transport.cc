@@ -152,6 +152,7 @@ void UcxTransport::send(int peer, Tag tag, const void* data, std::size_t bytes, 
       cv_.notify_all();
       return;
     }
+    op->in_ucx = true;  // from here UCX may call back with `op` at any time
   }
   ucp_request_param_t p{};
   p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
@@ -162,12 +163,13 @@ void UcxTransport::send(int peer, Tag tag, const void* data, std::size_t bytes, 
   void* req = ucp_tag_send_nbx(static_cast<ucp_ep_h>(eps_[static_cast<std::size_t>(peer)]), data, bytes, tag, &p);
   std::lock_guard<std::mutex> lock(mu_);
   if (UCS_PTR_IS_ERR(req)) {
+    op->in_ucx = false;
     op->finished = true;
     absl::Status err = ucs_error(UCS_PTR_STATUS(req), "ucp_tag_send_nbx");
     op->done = [d = std::move(op->done), err](absl::Status) { d(err); };
     to_fail_.push_back(op);
-  } else if (ops_.count(op) != 0) {
-    op->request = req;
+  } else if (ops_.count(op) != 0 && op->in_ucx) {
+    op->request = req;  // for ucp_request_cancel
   }
   posted_++;
   cv_.notify_all();
@@ -195,6 +197,7 @@ void UcxTransport::recv(int peer, Tag tag, void* data, std::size_t bytes, Callba
       cv_.notify_all();
       return;
     }
+    op->in_ucx = true;  // from here UCX may call back with `op` at any time
   }
   ucp_request_param_t p{};
   p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
@@ -205,12 +208,13 @@ void UcxTransport::recv(int peer, Tag tag, void* data, std::size_t bytes, Callba
   void* req = ucp_tag_recv_nbx(static_cast<ucp_worker_h>(worker_), data, bytes, tag, ~ucp_tag_t{0}, &p);
   std::lock_guard<std::mutex> lock(mu_);
   if (UCS_PTR_IS_ERR(req)) {
+    op->in_ucx = false;
     op->finished = true;
     absl::Status err = ucs_error(UCS_PTR_STATUS(req), "ucp_tag_recv_nbx");
     op->done = [d = std::move(op->done), err](absl::Status) { d(err); };
     to_fail_.push_back(op);
-  } else if (ops_.count(op) != 0) {
-    op->request = req;
+  } else if (ops_.count(op) != 0 && op->in_ucx) {
+    op->request = req;  // for ucp_request_cancel
   }
   posted_++;
   cv_.notify_all();
@@ -223,14 +227,12 @@ void UcxTransport::finish(Op* op, absl::Status st) {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = ops_.find(op);
     if (it == ops_.end()) return;
+    op->in_ucx = false;
+    op->request = nullptr;
     if (op->finished) {
       // Failed earlier by fail_peer/cancel: its callback runs (or ran) from
-      // to_fail_; UCX is done with the request now.
-      if (op->callback_taken) {
-        ops_.erase(it);
-      } else {
-        op->request = nullptr;
-      }
+      // to_fail_; UCX is done with the op now.
+      if (op->callback_taken) ops_.erase(it);
       return;
     }
     owned = std::move(it->second);
@@ -239,9 +241,11 @@ void UcxTransport::finish(Op* op, absl::Status st) {
   owned->done(std::move(st));
 }
 
+// Marks the selected operations failed; the progress thread runs their
+// callbacks and cancels their UCX requests (there, so that no completion can
+// free a request while it is being cancelled).
 template <typename Pred>
 void UcxTransport::fail_where(Pred pred, const absl::Status& why) {
-  std::vector<void*> cancel;
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (auto& [op, owned] : ops_) {
@@ -249,10 +253,8 @@ void UcxTransport::fail_where(Pred pred, const absl::Status& why) {
       op->finished = true;
       op->done = [d = std::move(op->done), why](absl::Status) { d(why); };
       to_fail_.push_back(op);
-      if (op->request != nullptr) cancel.push_back(op->request);
     }
   }
-  for (void* req : cancel) ucp_request_cancel(static_cast<ucp_worker_h>(worker_), req);
   cv_.notify_all();
 }
 
@@ -278,16 +280,18 @@ void UcxTransport::progress_loop() {
   for (;;) {
     // Run the callbacks of operations failed outside UCX.
     std::vector<std::unique_ptr<Op>> failed;
+    std::vector<void*> cancel;
     bool pending;
     {
       std::unique_lock<std::mutex> lock(mu_);
       for (Op* op : to_fail_) {
         auto it = ops_.find(op);
         if (it == ops_.end()) continue;
-        if (op->request != nullptr) {
-          // UCX still owns the request (cancel in flight); keep the record
-          // so its late completion finds it, but run the user's callback now.
+        if (op->in_ucx) {
+          // UCX may still call back with this op (a cancel in flight): keep
+          // the record for that, but run the user's callback now.
           op->callback_taken = true;
+          if (op->request != nullptr) cancel.push_back(op->request);
           failed.push_back(std::make_unique<Op>(Op{this, op->peer, op->is_send, op->bytes, std::move(op->done), nullptr}));
         } else {
           failed.push_back(std::move(it->second));
@@ -302,6 +306,9 @@ void UcxTransport::progress_loop() {
         continue;
       }
     }
+    // Requests still in UCX are cancelled here: completions only run inside
+    // ucp_worker_progress on this thread, so none can free them meanwhile.
+    for (void* req : cancel) ucp_request_cancel(worker, req);
     for (auto& op : failed) op->done(absl::OkStatus());  // wrapped: reports the failure
     if (stop_) return;
     const std::uint64_t posts = posted_.load();

@@ -58,7 +58,8 @@ class UcxTransport final : public Transport {
     std::size_t bytes;
     Callback done;
     std::shared_ptr<CancelToken> token;
-    void* request = nullptr;      // UCX's, until it completes
+    void* request = nullptr;      // UCX's request, once the post call has returned
+    bool in_ucx = false;          // posted to UCX and its completion not yet seen
     bool finished = false;        // failed outside UCX: the user's callback is queued
     bool callback_taken = false;  // that callback has been taken to run
   };

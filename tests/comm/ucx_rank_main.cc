@@ -103,6 +103,9 @@ int kill_scenario(int rank, int size, int victim, troupe::comm::Transport& t, tr
     if (!st.ok()) {
       std::printf("rank %d: error at %.6f: %s\n", rank, now_s(), std::string(st.message()).c_str());
       std::fflush(stdout);
+      // Stay a moment: leaving now would look like a second death to ranks
+      // that have not yet had their error.
+      std::this_thread::sleep_for(std::chrono::seconds(2));
       return st.message().find("rank " + std::to_string(victim)) != std::string_view::npos ? 0 : 1;
     }
   }
