@@ -30,6 +30,7 @@
 #include <thread>
 #include <vector>
 
+#include "comm/collectives.h"
 #include "comm/transport.h"
 
 namespace troupe::comm {
@@ -42,7 +43,7 @@ struct CommunicatorOptions {
   std::size_t direct_max_bytes = 32 << 10;  // all-reduce by direct exchange up to this size
 };
 
-class Communicator {
+class Communicator final : public Collectives {
  public:
   // `ranks`: the group's global ranks in member order; must contain
   // transport.rank().
@@ -52,18 +53,18 @@ class Communicator {
   Communicator(const Communicator&) = delete;
   Communicator& operator=(const Communicator&) = delete;
 
-  int rank() const { return me_; }  // index in the group
-  int size() const { return static_cast<int>(ranks_.size()); }
+  int rank() const override { return me_; }  // index in the group
+  int size() const override { return static_cast<int>(ranks_.size()); }
   const std::vector<int>& ranks() const { return ranks_; }
 
   // data[n] = sum over members of their data[n].
-  void all_reduce(float* data, std::size_t n, Callback done);
+  void all_reduce(float* data, std::size_t n, Callback done) override;
   // out[chunk_range(n, p, me)] = sum over members of in[that range].
-  void reduce_scatter(const float* in, float* out, std::size_t n, Callback done);
+  void reduce_scatter(const float* in, float* out, std::size_t n, Callback done) override;
   // out[n]: member i's in (of chunk_range(n, p, i) size) at its range.
-  void all_gather(const float* in, float* out, std::size_t n, Callback done);
+  void all_gather(const float* in, float* out, std::size_t n, Callback done) override;
   // data[n] of member `root` to every member.
-  void broadcast(float* data, std::size_t n, int root, Callback done);
+  void broadcast(float* data, std::size_t n, int root, Callback done) override;
 
   absl::Status all_reduce_sync(float* data, std::size_t n);
   absl::Status reduce_scatter_sync(const float* in, float* out, std::size_t n);
@@ -72,7 +73,7 @@ class Communicator {
 
   // Fails the current and every later collective with `why` (a member died;
   // called by the liveness check for every group containing that member).
-  void abort(absl::Status why);
+  void abort(absl::Status why) override;
   bool contains(int global_rank) const;
 
  private:
