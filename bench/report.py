@@ -151,9 +151,117 @@ def preprocess(binary, workers):
     print("(whole command: process start, vocabulary load, tokenizing, writing)")
 
 
+def free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_ranks(argv_of_rank, n, env=None):
+    """Starts n processes, returns rank 0's stdout (JSON lines)."""
+    procs = [subprocess.Popen(argv_of_rank(r), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+             for r in range(n)]
+    outs = [p.communicate(timeout=1200) for p in procs]
+    for p, (o, e) in zip(procs, outs):
+        if p.returncode != 0:
+            raise RuntimeError(f"rank failed ({p.returncode}): {e[-2000:]}")
+    return outs[0][0]
+
+
+def perftest(test, size, tls=None):
+    """ucx_perftest server and client on loopback; (latency_us, bandwidth GB/s)."""
+    env = dict(os.environ)
+    if tls:
+        env["UCX_TLS"] = tls
+    port = str(free_port())
+    iters = str(max(10, min(2000, (256 << 20) // max(size, 1))))
+    server = subprocess.Popen(["ucx_perftest", "-t", test, "-s", str(size), "-n", iters, "-p", port],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    import time
+    time.sleep(0.5)
+    client = subprocess.run(["ucx_perftest", "127.0.0.1", "-t", test, "-s", str(size), "-n", iters, "-p", port],
+                            capture_output=True, text=True, env=env, timeout=300)
+    server.communicate(timeout=60)
+    for line in client.stdout.splitlines():
+        if line.startswith("Final:"):
+            f = line.split()
+            # Final: iterations, latency 50%, avg, overall (usec), bandwidth avg, overall (MB/s = MiB/s), ...
+            return float(f[4]), float(f[6]) * 1048576 / 1e9
+    raise RuntimeError("ucx_perftest printed no result: " + client.stdout[-500:] + client.stderr[-500:])
+
+
+def comm(build, sizes_p2p, sizes_ar, ns):
+    rows = []
+    def emit(row):
+        rows.append(row)
+        print(json.dumps(row))
+        sys.stdout.flush()
+    bench = os.path.join(build, "bench")
+    # Point to point: troupe's UCX transport vs ucx_perftest (UCX's own
+    # transport choice, CMA included, and the shared-memory transports troupe
+    # uses: UCX_TLS=^cma).
+    port = free_port()
+    out = run_ranks(lambda r: [f"{bench}/comm_bench", "--rank", str(r), "--size", "2", "--port", str(port),
+                               "--mode", "p2p", "--min-bytes", str(sizes_p2p[0]), "--max-bytes", str(sizes_p2p[-1])], 2)
+    for line in out.splitlines():
+        emit(json.loads(line))
+    lat, _ = perftest("tag_lat", 8)
+    emit({"impl": "ucx_perftest", "op": "p2p_lat", "n": 2, "bytes": 8, "time_us": lat})
+    for size in sizes_p2p:
+        for tls, name in ((None, "ucx_perftest"), ("^cma", "ucx_perftest-nocma")):
+            _, bw = perftest("tag_bw", size, tls)
+            emit({"impl": name, "op": "p2p_bw", "n": 2, "bytes": size, "bw_GBps": bw})
+    # All-reduce: troupe vs OpenMPI vs Gloo.
+    lo, hi = str(sizes_ar[0]), str(sizes_ar[-1])
+    for n in ns:
+        port = free_port()
+        out = run_ranks(lambda r: [f"{bench}/comm_bench", "--rank", str(r), "--size", str(n), "--port", str(port),
+                                   "--mode", "allreduce", "--min-bytes", lo, "--max-bytes", hi], n)
+        for line in out.splitlines():
+            emit(json.loads(line))
+        if os.path.exists(f"{bench}/comm_mpi"):
+            out = subprocess.run(["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(n),
+                                  f"{bench}/comm_mpi", lo, hi], capture_output=True, text=True, timeout=1200).stdout
+            for line in out.splitlines():
+                if line.startswith("{"):
+                    emit(json.loads(line))
+        if os.path.exists(f"{bench}/comm_gloo"):
+            import tempfile
+            store = tempfile.mkdtemp(prefix="gloo_store_")
+            out = run_ranks(lambda r: [f"{bench}/comm_gloo", str(r), str(n), store, lo, hi], n)
+            for line in out.splitlines():
+                emit(json.loads(line))
+    # Tables.
+    print()
+    print("point to point, 2 processes on this host (GB/s)")
+    print(f"{'bytes':>10s} {'troupe':>8s} {'perftest':>9s} {'ratio':>6s} {'perftest^cma':>13s} {'ratio':>6s}")
+    for size in sizes_p2p:
+        t = next(r["bw_GBps"] for r in rows if r["impl"] == "troupe-ucx" and r["op"] == "p2p_bw" and r["bytes"] == size)
+        u = next(r["bw_GBps"] for r in rows if r["impl"] == "ucx_perftest" and r["bytes"] == size)
+        v = next(r["bw_GBps"] for r in rows if r["impl"] == "ucx_perftest-nocma" and r["bytes"] == size)
+        print(f"{size:10d} {t:8.2f} {u:9.2f} {t / u:6.2f} {v:13.2f} {t / v:6.2f}")
+    tl = next(r["time_us"] for r in rows if r["impl"] == "troupe-ucx" and r["op"] == "p2p_lat")
+    ul = next(r["time_us"] for r in rows if r["impl"] == "ucx_perftest" and r["op"] == "p2p_lat")
+    print(f"latency (8 B): troupe {tl:.1f} us, ucx_perftest {ul:.1f} us")
+    print("target: >= 0.90 of ucx_perftest from 4 MiB")
+    for n in ns:
+        print()
+        print(f"all-reduce busbw, {n} processes (GB/s)")
+        print(f"{'bytes':>10s} {'troupe':>8s} {'openmpi':>8s} {'gloo':>8s} {'ratio':>6s}")
+        for size in sizes_ar:
+            def get(impls):
+                v = [r["busbw_GBps"] for r in rows if r["impl"] in impls and r["op"] == "allreduce" and r["n"] == n and r["bytes"] == size]
+                return max(v) if v else float("nan")
+            t, m, g = get({"troupe-ucx"}), get({"openmpi"}), get({"gloo-ring", "gloo-ring-chunked"})
+            best = max(x for x in (m, g) if x == x) if (m == m or g == g) else float("nan")
+            print(f"{size:10d} {t:8.2f} {m:8.2f} {g:8.2f} {t / best:6.2f}")
+        print("target: ratio (troupe / better of OpenMPI and Gloo) >= 1.0 from 1 MiB")
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("name", choices=["kernels", "train", "tokenizer", "preprocess"])
+    ap.add_argument("name", choices=["kernels", "train", "tokenizer", "preprocess", "comm"])
     ap.add_argument("binary")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
@@ -165,6 +273,10 @@ def main():
         tokenizer(a.binary, a.rounds)
     elif a.name == "preprocess":
         preprocess(a.binary, [1, 2])
+    elif a.name == "comm":
+        kib = 1024
+        comm(a.binary, [64 * kib, 1024 * kib, 4096 * kib, 16384 * kib, 65536 * kib],
+             [4 * kib * 4 ** i for i in range(9)], [2, 4])
     else:
         train(a.binary, a.rounds, a.threads, a.steps)
 

@@ -1,0 +1,140 @@
+// troupe's comm/ over UCX, one process per rank (started by bench/report.py):
+//   --mode p2p        rank 0 -> rank 1: bandwidth (a window of 16 sends in
+//                     flight) and ping-pong latency, per size
+//   --mode allreduce  all-reduce of fp32 buffers; busbw as nccl-tests:
+//                     bytes / time * 2(n-1)/n
+// Rank 0 prints one JSON object per measurement.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <future>
+#include <string>
+#include <vector>
+
+#include "comm/bootstrap.h"
+#include "comm/communicator.h"
+#include "comm/ucx_transport.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using troupe::comm::Callback;
+
+double secs(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// Posts `ops` and waits for all of them.
+absl::Status wait_all(int count, const std::function<void(int, Callback)>& post) {
+  std::vector<std::promise<absl::Status>> ps(static_cast<std::size_t>(count));
+  for (int i = 0; i < count; i++) post(i, [&ps, i](absl::Status st) { ps[static_cast<std::size_t>(i)].set_value(st); });
+  absl::Status first;
+  for (auto& p : ps) {
+    absl::Status st = p.get_future().get();
+    if (first.ok() && !st.ok()) first = st;
+  }
+  return first;
+}
+
+int p2p(int rank, troupe::comm::Transport& t, std::size_t min_bytes, std::size_t max_bytes) {
+  const int peer = 1 - rank;
+  // Latency: 8-byte ping-pong.
+  {
+    char buf[8] = {};
+    const int iters = 2000;
+    auto t0 = Clock::now();
+    for (int i = 0; i < iters; i++) {
+      if (rank == 0) {
+        (void)wait_all(1, [&](int, Callback cb) { t.send(peer, 1, buf, 8, cb); });
+        (void)wait_all(1, [&](int, Callback cb) { t.recv(peer, 2, buf, 8, cb); });
+      } else {
+        (void)wait_all(1, [&](int, Callback cb) { t.recv(peer, 1, buf, 8, cb); });
+        (void)wait_all(1, [&](int, Callback cb) { t.send(peer, 2, buf, 8, cb); });
+      }
+    }
+    if (rank == 0) {
+      std::printf("{\"impl\": \"troupe-ucx\", \"op\": \"p2p_lat\", \"n\": 2, \"bytes\": 8, \"time_us\": %.3f}\n",
+                  secs(t0) / (2.0 * iters) * 1e6);
+    }
+  }
+  std::vector<char> buf(max_bytes, 1);
+  for (std::size_t bytes = min_bytes; bytes <= max_bytes; bytes *= 4) {
+    const int window = 16;
+    const int iters = static_cast<int>(std::clamp<std::size_t>((256u << 20) / (bytes * window), 2, 200));
+    char ack = 0;
+    auto round = [&](int tag) {
+      if (rank == 0) {
+        (void)wait_all(window, [&](int i, Callback cb) { t.send(peer, static_cast<troupe::comm::Tag>(tag * 64 + i), buf.data(), bytes, cb); });
+        (void)wait_all(1, [&](int, Callback cb) { t.recv(peer, 7, &ack, 1, cb); });
+      } else {
+        (void)wait_all(window, [&](int i, Callback cb) { t.recv(peer, static_cast<troupe::comm::Tag>(tag * 64 + i), buf.data(), bytes, cb); });
+        (void)wait_all(1, [&](int, Callback cb) { t.send(peer, 7, &ack, 1, cb); });
+      }
+    };
+    round(1);  // warm-up
+    auto t0 = Clock::now();
+    for (int i = 0; i < iters; i++) round(2 + i % 2);
+    const double s = secs(t0);
+    if (rank == 0) {
+      const double per_msg = s / (static_cast<double>(iters) * window);
+      std::printf("{\"impl\": \"troupe-ucx\", \"op\": \"p2p_bw\", \"n\": 2, \"bytes\": %zu, \"time_us\": %.3f, "
+                  "\"bw_GBps\": %.4f}\n", bytes, per_msg * 1e6, static_cast<double>(bytes) / per_msg / 1e9);
+      std::fflush(stdout);
+    }
+  }
+  return 0;
+}
+
+int allreduce(int rank, int size, troupe::comm::Transport& t, std::size_t min_bytes, std::size_t max_bytes) {
+  std::vector<int> ranks(static_cast<std::size_t>(size));
+  for (int i = 0; i < size; i++) ranks[static_cast<std::size_t>(i)] = i;
+  troupe::comm::Communicator c(t, ranks, troupe::comm::GroupKind::kWorld);
+  std::vector<float> x(max_bytes / 4, 1.0f);
+  for (std::size_t bytes = min_bytes; bytes <= max_bytes; bytes *= 4) {
+    const std::size_t n = bytes / 4;
+    const int iters = static_cast<int>(std::clamp<std::size_t>((512u << 20) / bytes, 3, 200));
+    if (!c.all_reduce_sync(x.data(), n).ok()) return 1;  // warm-up
+    float one = 0;
+    (void)c.all_reduce_sync(&one, 1);  // line up the ranks
+    auto t0 = Clock::now();
+    for (int i = 0; i < iters; i++) {
+      absl::Status st = c.all_reduce_sync(x.data(), n);
+      if (!st.ok()) {
+        std::fprintf(stderr, "%s\n", std::string(st.message()).c_str());
+        return 1;
+      }
+    }
+    const double per = secs(t0) / iters;
+    if (rank == 0) {
+      const double busbw = static_cast<double>(bytes) / per * 2.0 * (size - 1) / size / 1e9;
+      std::printf("{\"impl\": \"troupe-ucx\", \"op\": \"allreduce\", \"n\": %d, \"bytes\": %zu, \"time_us\": %.3f, "
+                  "\"busbw_GBps\": %.4f}\n", size, bytes, per * 1e6, busbw);
+      std::fflush(stdout);
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int rank = 0, size = 2, port = 29511;
+  std::string mode = "allreduce";
+  std::size_t min_bytes = 4096, max_bytes = 256u << 20;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string k = argv[i], v = argv[i + 1];
+    if (k == "--rank") rank = std::atoi(v.c_str());
+    else if (k == "--size") size = std::atoi(v.c_str());
+    else if (k == "--port") port = std::atoi(v.c_str());
+    else if (k == "--mode") mode = v;
+    else if (k == "--min-bytes") min_bytes = std::strtoull(v.c_str(), nullptr, 10);
+    else if (k == "--max-bytes") max_bytes = std::strtoull(v.c_str(), nullptr, 10);
+  }
+  auto b = troupe::comm::Bootstrap::start(rank, size, "127.0.0.1", port, absl::Seconds(60));
+  auto t = troupe::comm::UcxTransport::create(rank, size);
+  if (!b.ok() || !t.ok()) return 1;
+  auto addresses = (*b)->all_gather((*t)->address());
+  if (!addresses.ok() || !(*t)->connect(*addresses).ok()) return 1;
+  const int rc = mode == "p2p" ? p2p(rank, **t, min_bytes, max_bytes) : allreduce(rank, size, **t, min_bytes, max_bytes);
+  (void)(*b)->finish();
+  return rc;
+}

@@ -1,0 +1,53 @@
+// The anchor: Gloo's ring all-reduces (Debian's libgloo, TCP on loopback: Gloo
+// has no shared-memory transport), AllreduceRing and AllreduceRingChunked,
+// same sizes, iteration counts and busbw as bench/comm_bench.cc.
+//   comm_gloo RANK SIZE STORE_DIR [min_bytes max_bytes]
+#include <gloo/allreduce_ring.h>
+#include <gloo/allreduce_ring_chunked.h>
+#include <gloo/barrier_all_to_one.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/file_store.h>
+#include <gloo/transport/tcp/device.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+template <typename Algo>
+void run(const char* name, const std::shared_ptr<gloo::Context>& ctx, std::vector<float>& x, std::size_t min_bytes,
+         std::size_t max_bytes) {
+  for (std::size_t bytes = min_bytes; bytes <= max_bytes; bytes *= 4) {
+    const int n = static_cast<int>(bytes / 4);
+    const int iters = static_cast<int>(std::clamp<std::size_t>((512u << 20) / bytes, 3, 200));
+    Algo algo(ctx, std::vector<float*>{x.data()}, n);
+    algo.run();  // warm-up
+    gloo::BarrierAllToOne(ctx).run();
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < iters; i++) algo.run();
+    const double per = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / iters;
+    if (ctx->rank == 0) {
+      const double busbw = static_cast<double>(bytes) / per * 2.0 * (ctx->size - 1) / ctx->size / 1e9;
+      std::printf("{\"impl\": \"%s\", \"op\": \"allreduce\", \"n\": %d, \"bytes\": %zu, \"time_us\": %.3f, "
+                  "\"busbw_GBps\": %.4f}\n", name, ctx->size, bytes, per * 1e6, busbw);
+      std::fflush(stdout);
+    }
+  }
+}
+
+int main(int argc, char** argv) {
+  if (argc < 4) return 2;
+  const int rank = std::atoi(argv[1]), size = std::atoi(argv[2]);
+  const std::size_t min_bytes = argc > 4 ? std::strtoull(argv[4], nullptr, 10) : 4096;
+  const std::size_t max_bytes = argc > 5 ? std::strtoull(argv[5], nullptr, 10) : (256u << 20);
+  gloo::transport::tcp::attr attr("127.0.0.1");
+  auto dev = gloo::transport::tcp::CreateDevice(attr);
+  gloo::rendezvous::FileStore store(argv[3]);
+  auto ctx = std::make_shared<gloo::rendezvous::Context>(rank, size);
+  ctx->connectFullMesh(store, dev);
+  std::vector<float> x(max_bytes / 4, 1.0f);
+  run<gloo::AllreduceRing<float>>("gloo-ring", ctx, x, min_bytes, max_bytes);
+  run<gloo::AllreduceRingChunked<float>>("gloo-ring-chunked", ctx, x, min_bytes, max_bytes);
+  return 0;
+}
