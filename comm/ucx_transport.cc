@@ -74,7 +74,7 @@ absl::StatusOr<std::unique_ptr<UcxTransport>> UcxTransport::create(int rank, int
   t->context_ = context;
   ucp_worker_params_t wparams{};
   wparams.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
-  wparams.thread_mode = UCS_THREAD_MODE_MULTI;  // posts from callers, progress on our thread
+  wparams.thread_mode = UCS_THREAD_MODE_SINGLE;  // only the progress thread touches it
   ucp_worker_h worker = nullptr;
   st = ucp_worker_create(context, &wparams, &worker);
   if (st != UCS_OK) return ucs_error(st, "ucp_worker_create");
@@ -132,92 +132,75 @@ absl::Status UcxTransport::connect(const std::vector<std::string>& addresses) {
 
 void UcxTransport::send(int peer, Tag tag, const void* data, std::size_t bytes, Callback done,
                         std::shared_ptr<CancelToken> token) {
-  auto owned = std::make_unique<Op>(Op{this, peer, true, bytes, std::move(done), std::move(token)});
-  Op* op = owned.get();
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    ops_[op] = std::move(owned);
-    absl::Status refuse;
-    if (peer < 0 || peer >= size_ || eps_.empty()) {
-      refuse = absl::InvalidArgumentError(absl::StrCat("send to rank ", peer, ": no endpoint"));
-    } else if (!failed_[static_cast<std::size_t>(peer)].ok()) {
-      refuse = failed_[static_cast<std::size_t>(peer)];
-    } else if (op->token && op->token->cancelled) {
-      refuse = absl::CancelledError("operation posted after its communicator was aborted");
-    }
-    if (!refuse.ok()) {
-      op->finished = true;
-      op->done = [d = std::move(op->done), refuse](absl::Status) { d(refuse); };
-      to_fail_.push_back(op);
-      cv_.notify_all();
-      return;
-    }
-    op->in_ucx = true;  // from here UCX may call back with `op` at any time
-  }
-  ucp_request_param_t p{};
-  p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
-                   UCP_OP_ATTR_FIELD_DATATYPE | UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
-  p.datatype = ucp_dt_make_contig(1);
-  p.user_data = op;
-  p.cb.send = send_cb;
-  void* req = ucp_tag_send_nbx(static_cast<ucp_ep_h>(eps_[static_cast<std::size_t>(peer)]), data, bytes, tag, &p);
-  std::lock_guard<std::mutex> lock(mu_);
-  if (UCS_PTR_IS_ERR(req)) {
-    op->in_ucx = false;
-    op->finished = true;
-    absl::Status err = ucs_error(UCS_PTR_STATUS(req), "ucp_tag_send_nbx");
-    op->done = [d = std::move(op->done), err](absl::Status) { d(err); };
-    to_fail_.push_back(op);
-  } else if (ops_.count(op) != 0 && op->in_ucx) {
-    op->request = req;  // for ucp_request_cancel
-  }
-  posted_++;
-  cv_.notify_all();
+  submit(std::make_unique<Op>(Op{this, peer, true, bytes, std::move(done), std::move(token), tag,
+                                 const_cast<void*>(data)}));
 }
 
 void UcxTransport::recv(int peer, Tag tag, void* data, std::size_t bytes, Callback done,
                         std::shared_ptr<CancelToken> token) {
-  auto owned = std::make_unique<Op>(Op{this, peer, false, bytes, std::move(done), std::move(token)});
+  submit(std::make_unique<Op>(Op{this, peer, false, bytes, std::move(done), std::move(token), tag, data}));
+}
+
+// Callers only queue operations; the progress thread posts them to UCX, so
+// the worker is used by one thread (UCS_THREAD_MODE_SINGLE): no lock inside
+// UCX, and no completion can race a cancel.
+void UcxTransport::submit(std::unique_ptr<Op> owned) {
   Op* op = owned.get();
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    ops_[op] = std::move(owned);
-    absl::Status refuse;
-    if (peer < 0 || peer >= size_) {
-      refuse = absl::InvalidArgumentError(absl::StrCat("recv from rank ", peer, ": no such rank"));
-    } else if (!failed_[static_cast<std::size_t>(peer)].ok()) {
-      refuse = failed_[static_cast<std::size_t>(peer)];
-    } else if (op->token && op->token->cancelled) {
-      refuse = absl::CancelledError("operation posted after its communicator was aborted");
-    }
-    if (!refuse.ok()) {
-      op->finished = true;
-      op->done = [d = std::move(op->done), refuse](absl::Status) { d(refuse); };
-      to_fail_.push_back(op);
-      cv_.notify_all();
-      return;
-    }
-    op->in_ucx = true;  // from here UCX may call back with `op` at any time
-  }
-  ucp_request_param_t p{};
-  p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
-                   UCP_OP_ATTR_FIELD_DATATYPE | UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
-  p.datatype = ucp_dt_make_contig(1);
-  p.user_data = op;
-  p.cb.recv = recv_cb;
-  void* req = ucp_tag_recv_nbx(static_cast<ucp_worker_h>(worker_), data, bytes, tag, ~ucp_tag_t{0}, &p);
   std::lock_guard<std::mutex> lock(mu_);
-  if (UCS_PTR_IS_ERR(req)) {
-    op->in_ucx = false;
-    op->finished = true;
-    absl::Status err = ucs_error(UCS_PTR_STATUS(req), "ucp_tag_recv_nbx");
-    op->done = [d = std::move(op->done), err](absl::Status) { d(err); };
-    to_fail_.push_back(op);
-  } else if (ops_.count(op) != 0 && op->in_ucx) {
-    op->request = req;  // for ucp_request_cancel
+  ops_[op] = std::move(owned);
+  absl::Status refuse;
+  if (op->peer < 0 || op->peer >= size_ || eps_.empty()) {
+    refuse = absl::InvalidArgumentError(absl::StrCat(op->is_send ? "send to" : "receive from", " rank ", op->peer,
+                                                     ": no such rank"));
+  } else if (!failed_[static_cast<std::size_t>(op->peer)].ok()) {
+    refuse = failed_[static_cast<std::size_t>(op->peer)];
+  } else if (op->token && op->token->cancelled) {
+    refuse = absl::CancelledError("operation posted after its communicator was aborted");
   }
-  posted_++;
+  if (!refuse.ok()) {
+    op->finished = true;
+    op->done = [d = std::move(op->done), refuse](absl::Status) { d(refuse); };
+    to_fail_.push_back(op);
+  } else {
+    to_post_.push_back(op);
+  }
   cv_.notify_all();
+}
+
+// Progress thread: hands queued operations to UCX.
+void UcxTransport::post_queued(std::vector<Op*>& queued) {
+  auto* worker = static_cast<ucp_worker_h>(worker_);
+  for (Op* op : queued) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (ops_.count(op) == 0 || op->finished) continue;  // failed while queued: runs from to_fail_
+      op->in_ucx = true;
+    }
+    ucp_request_param_t p{};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                     UCP_OP_ATTR_FIELD_DATATYPE | UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
+    p.datatype = ucp_dt_make_contig(1);
+    p.user_data = op;
+    void* req;
+    if (op->is_send) {
+      p.cb.send = send_cb;
+      req = ucp_tag_send_nbx(static_cast<ucp_ep_h>(eps_[static_cast<std::size_t>(op->peer)]), op->data, op->bytes,
+                             op->tag, &p);
+    } else {
+      p.cb.recv = recv_cb;
+      req = ucp_tag_recv_nbx(worker, op->data, op->bytes, op->tag, ~ucp_tag_t{0}, &p);
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    if (UCS_PTR_IS_ERR(req)) {
+      op->in_ucx = false;
+      op->finished = true;
+      absl::Status err = ucs_error(UCS_PTR_STATUS(req), op->is_send ? "ucp_tag_send_nbx" : "ucp_tag_recv_nbx");
+      op->done = [d = std::move(op->done), err](absl::Status) { d(err); };
+      to_fail_.push_back(op);
+    } else if (op->in_ucx) {
+      op->request = req;  // for ucp_request_cancel
+    }
+  }
 }
 
 // Called on the progress thread by UCX's completion callbacks.
@@ -276,20 +259,21 @@ void UcxTransport::cancel(const std::shared_ptr<CancelToken>& token, absl::Statu
 void UcxTransport::progress_loop() {
   auto* worker = static_cast<ucp_worker_h>(worker_);
   int idle = 0;
-  std::uint64_t seen_posts = 0;
   for (;;) {
-    // Run the callbacks of operations failed outside UCX.
+    std::vector<Op*> queued;
     std::vector<std::unique_ptr<Op>> failed;
     std::vector<void*> cancel;
     bool pending;
     {
       std::unique_lock<std::mutex> lock(mu_);
+      queued.swap(to_post_);
+      // Operations failed outside UCX (fail_peer, cancel, refused posts).
       for (Op* op : to_fail_) {
         auto it = ops_.find(op);
         if (it == ops_.end()) continue;
         if (op->in_ucx) {
-          // UCX may still call back with this op (a cancel in flight): keep
-          // the record for that, but run the user's callback now.
+          // UCX still holds it: cancel, keep the record for its completion,
+          // run the user's callback now.
           op->callback_taken = true;
           if (op->request != nullptr) cancel.push_back(op->request);
           failed.push_back(std::make_unique<Op>(Op{this, op->peer, op->is_send, op->bytes, std::move(op->done), nullptr}));
@@ -300,29 +284,29 @@ void UcxTransport::progress_loop() {
       }
       to_fail_.clear();
       pending = !ops_.empty();
-      if (!pending && failed.empty()) {
+      if (!pending && queued.empty() && failed.empty()) {
         if (stop_) return;
         cv_.wait_for(lock, std::chrono::milliseconds(100));  // idle: no core burnt
         continue;
       }
     }
-    // Requests still in UCX are cancelled here: completions only run inside
-    // ucp_worker_progress on this thread, so none can free them meanwhile.
+    post_queued(queued);
     for (void* req : cancel) ucp_request_cancel(worker, req);
     for (auto& op : failed) op->done(absl::OkStatus());  // wrapped: reports the failure
     if (stop_) return;
-    const std::uint64_t posts = posted_.load();
-    if (ucp_worker_progress(worker) != 0 || !failed.empty() || posts != seen_posts) {
-      seen_posts = posts;
+    if (ucp_worker_progress(worker) != 0 || !queued.empty() || !failed.empty()) {
       idle = 0;
       continue;
     }
-    // In flight but nothing happened: spin a little, then back off.
-    if (++idle > 2000) {
-      const int us = std::min(1000, 20 * (idle - 2000) / 100 + 20);
-      std::this_thread::sleep_for(std::chrono::microseconds(us));
+    // In flight but quiet: poll on, yielding the core to whoever wants it;
+    // after ~10 ms without an event (a long wait) poll every 50 us, woken
+    // at once by new operations.
+    if (++idle < 20000) {
+      std::this_thread::yield();
+    } else {
+      std::unique_lock<std::mutex> lock(mu_);
+      if (to_post_.empty() && to_fail_.empty()) cv_.wait_for(lock, std::chrono::microseconds(50));
     }
-    if (stop_) return;
   }
 }
 

@@ -7,10 +7,10 @@
 // liveness check of the control plane (comm/bootstrap.h for now) calls
 // fail_peer(), which fails every pending operation with that peer.
 //
-// Progress runs on a thread of the transport: it polls UCX while operations
-// are in flight (spinning briefly, then backing off to sleeps of up to 1 ms)
-// and sleeps on a condition variable when nothing is pending, so an idle
-// transport burns no core.
+// One progress thread owns the UCX worker: callers queue operations, it
+// posts them, polls UCX while any are in flight (yielding the core between
+// polls, then backing off after ~10 ms of quiet) and sleeps on a condition
+// variable when nothing is pending, so an idle transport burns no core.
 //
 //   auto t = comm::UcxTransport::create(rank, size);
 //   auto addresses = bootstrap->all_gather((*t)->address());
@@ -58,6 +58,8 @@ class UcxTransport final : public Transport {
     std::size_t bytes;
     Callback done;
     std::shared_ptr<CancelToken> token;
+    Tag tag = 0;
+    void* data = nullptr;
     void* request = nullptr;      // UCX's request, once the post call has returned
     bool in_ucx = false;          // posted to UCX and its completion not yet seen
     bool finished = false;        // failed outside UCX: the user's callback is queued
@@ -67,6 +69,8 @@ class UcxTransport final : public Transport {
  private:
   UcxTransport(int rank, int size) : rank_(rank), size_(size) {}
   void progress_loop();
+  void submit(std::unique_ptr<Op> op);
+  void post_queued(std::vector<Op*>& queued);
   void finish(Op* op, absl::Status st);  // progress thread only
   template <typename Pred>
   void fail_where(Pred pred, const absl::Status& why);
@@ -82,10 +86,10 @@ class UcxTransport final : public Transport {
   std::mutex mu_;
   std::condition_variable cv_;
   std::unordered_map<Op*, std::unique_ptr<Op>> ops_;
+  std::vector<Op*> to_post_;          // queued for the progress thread to post
   std::vector<Op*> to_fail_;          // failed by fail_peer/cancel, callbacks not yet run
   std::vector<absl::Status> failed_;  // per peer
   std::atomic<bool> stop_{false};
-  std::atomic<std::uint64_t> posted_{0};
   std::thread progress_;
 };
 
