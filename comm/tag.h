@@ -3,11 +3,13 @@
 // UCX's tag matching knows no sender, so the tag names it; a receive matches
 // the full 64 bits. Layout, most significant bit first:
 //
-//   63      48 47   44 43   40 39        24 23      16 15   12 11         0
-//   | source  | group | kind  |   step     | micro-b. | chunk |   layer    |
-//     16 bits   4 bits  4 bits   16 bits      8 bits    4 bits   12 bits
+//   63  62      48 47   44 43   40 39        24 23      16 15   12 11         0
+//   |ack| source  | group | kind  |   step     | micro-b. | chunk |   layer    |
+//    1    15 bits   4 bits  4 bits   16 bits      8 bits    4 bits   12 bits
 //
-//   source  global rank of the sender (up to 65,536 ranks)
+//   ack     reserved for the transport (acknowledgements of its own
+//           single-copy protocol); always 0 in tags made here
+//   source  global rank of the sender (up to 32,768 ranks)
 //   group   GroupKind of the communicator (a rank is in one group per kind)
 //   kind    MessageKind: what the payload is
 //   step    training step (mod 2^16); for collectives, the communicator's
@@ -37,7 +39,7 @@ enum class MessageKind : std::uint8_t {
 };
 
 struct TagFields {
-  std::uint32_t source = 0;  // 16 bits
+  std::uint32_t source = 0;  // 15 bits
   GroupKind group = GroupKind::kWorld;
   MessageKind kind = MessageKind::kControl;
   std::uint32_t step = 0;    // 16 bits
@@ -47,7 +49,7 @@ struct TagFields {
 };
 
 constexpr Tag make_tag(const TagFields& f) {
-  return (static_cast<Tag>(f.source & 0xFFFF) << 48) |
+  return (static_cast<Tag>(f.source & 0x7FFF) << 48) |
          (static_cast<Tag>(static_cast<std::uint8_t>(f.group) & 0xF) << 44) |
          (static_cast<Tag>(static_cast<std::uint8_t>(f.kind) & 0xF) << 40) |
          (static_cast<Tag>(f.step & 0xFFFF) << 24) | (static_cast<Tag>(f.micro & 0xFF) << 16) |
@@ -55,7 +57,7 @@ constexpr Tag make_tag(const TagFields& f) {
 }
 
 constexpr TagFields parse_tag(Tag t) {
-  return {static_cast<std::uint32_t>(t >> 48),
+  return {static_cast<std::uint32_t>((t >> 48) & 0x7FFF),
           static_cast<GroupKind>((t >> 44) & 0xF),
           static_cast<MessageKind>((t >> 40) & 0xF),
           static_cast<std::uint32_t>((t >> 24) & 0xFFFF),
@@ -67,11 +69,14 @@ constexpr TagFields parse_tag(Tag t) {
 // A collective's message: sequence number `op`, algorithm step, slice.
 constexpr Tag collective_tag(std::uint32_t source, GroupKind group, std::uint32_t op,
                              std::uint32_t algo_step, std::uint32_t slice) {
-  return (static_cast<Tag>(source & 0xFFFF) << 48) |
+  return (static_cast<Tag>(source & 0x7FFF) << 48) |
          (static_cast<Tag>(static_cast<std::uint8_t>(group) & 0xF) << 44) |
          (static_cast<Tag>(static_cast<std::uint8_t>(MessageKind::kCollective)) << 40) |
          (static_cast<Tag>(op & 0xFFFF) << 24) | (static_cast<Tag>(algo_step & 0xFFF) << 12) |
          static_cast<Tag>(slice & 0xFFF);
 }
+
+// Bit 63: a transport's own acknowledgement of the message with the other 63 bits.
+constexpr Tag kAckBit = Tag{1} << 63;
 
 }  // namespace troupe::comm

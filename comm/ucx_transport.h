@@ -7,6 +7,13 @@
 // liveness check of the control plane (comm/bootstrap.h for now) calls
 // fail_peer(), which fails every pending operation with that peer.
 //
+// Large messages between processes of one host take a single copy of our
+// own: the sender posts a small descriptor (pid, address, length), the
+// receiver copies with process_vm_readv (CMA) and acknowledges under the
+// same tag with kAckBit. UCX's own CMA transport stays off because a copy
+// from a peer that has just died is fatal inside UCX; ours fails that one
+// receive with an error instead.
+//
 // One progress thread owns the UCX worker: callers queue operations, it
 // posts them, polls UCX while any are in flight (yielding the core between
 // polls, then backing off after ~10 ms of quiet) and sleeps on a condition
@@ -36,8 +43,12 @@ class UcxTransport final : public Transport {
   static absl::StatusOr<std::unique_ptr<UcxTransport>> create(int rank, int size);
   ~UcxTransport() override;
 
-  // This worker's address, to be exchanged with every peer.
+  // This rank's address (pid, host and UCX worker address), to be
+  // exchanged with every peer.
   const std::string& address() const { return address_; }
+  // Messages of at least this many bytes to a process on this host go by
+  // the single-copy protocol.
+  static constexpr std::size_t kSingleCopyMin = 64 << 10;
   // Endpoints to every rank (address[r] of rank r, this one included).
   absl::Status connect(const std::vector<std::string>& addresses);
 
@@ -70,6 +81,15 @@ class UcxTransport final : public Transport {
   UcxTransport(int rank, int size) : rank_(rank), size_(size) {}
   void progress_loop();
   void submit(std::unique_ptr<Op> op);
+  // Straight through UCX (queued for the progress thread).
+  void send_ucx(int peer, Tag tag, const void* data, std::size_t bytes, Callback done,
+                std::shared_ptr<CancelToken> token);
+  void recv_ucx(int peer, Tag tag, void* data, std::size_t bytes, Callback done,
+                std::shared_ptr<CancelToken> token);
+  bool single_copy(int peer, std::size_t bytes) const {
+    return bytes >= kSingleCopyMin && peer != rank_ && peer >= 0 && peer < size_ &&
+           static_cast<std::size_t>(peer) < same_host_.size() && same_host_[static_cast<std::size_t>(peer)];
+  }
   void post_queued(std::vector<Op*>& queued);
   void finish(Op* op, absl::Status st);  // progress thread only
   template <typename Pred>
@@ -82,6 +102,8 @@ class UcxTransport final : public Transport {
   void* worker_ = nullptr;   // ucp_worker_h
   std::vector<void*> eps_;   // ucp_ep_h per rank
   std::string address_;
+  bool cma_allowed_ = false;     // peers may read our memory (Yama scope <= 1)
+  std::vector<bool> same_host_;  // per rank: the single-copy protocol applies
 
   std::mutex mu_;
   std::condition_variable cv_;
