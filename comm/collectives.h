@@ -21,7 +21,7 @@ class Collectives {
   virtual void all_gather(const float* in, float* out, std::size_t n, Callback done) = 0;
   virtual void broadcast(float* data, std::size_t n, int root, Callback done) = 0;
   // Fails the pending and later calls with `why` (a member died).
-  virtual void abort(absl::Status why) = 0;
+  virtual void fail(absl::Status why) = 0;
 };
 
 }  // namespace troupe::comm

@@ -86,7 +86,7 @@ bool Communicator::contains(int global_rank) const {
   return std::find(ranks_.begin(), ranks_.end(), global_rank) != ranks_.end();
 }
 
-void Communicator::abort(absl::Status why) {
+void Communicator::fail(absl::Status why) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!aborted_.ok()) return;
@@ -116,7 +116,7 @@ void Communicator::worker() {
       aborted = aborted_;
     }
     absl::Status st = aborted.ok() ? task.run() : aborted;
-    if (!st.ok()) abort(st);  // a failed collective leaves peers mid-algorithm
+    if (!st.ok()) fail(st);  // a failed collective leaves peers mid-algorithm
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (!aborted_.ok()) st = aborted_;  // report the root cause, not "cancelled"
@@ -164,7 +164,7 @@ absl::Status Communicator::exchange(int to, const float* send, std::size_t n, in
     absl::Status st = recvs.wait(s);
     if (!st.ok()) {
       if (first.ok()) first = st;
-      abort(st);  // cancels the rest, so the waits below return
+      fail(st);  // cancels the rest, so the waits below return
       continue;
     }
     if (first.ok() && on_slice) on_slice(s * slice, std::min(slice, m - s * slice));
@@ -232,7 +232,7 @@ absl::Status Communicator::direct_all_reduce(float* data, std::size_t n, std::ui
     transport_.send(ranks_[static_cast<std::size_t>(j)], collective_tag(me_global, kind_, op, 0, 0), data,
                     n * sizeof(float), done.callback(k++), token_);
   }
-  absl::Status st = done.wait_all([this](const absl::Status& e) { abort(e); });
+  absl::Status st = done.wait_all([this](const absl::Status& e) { fail(e); });
   if (!st.ok()) return st;
   for (std::size_t e = 0; e < n; e++) {
     float s = scratch_[e];
@@ -268,7 +268,7 @@ absl::Status Communicator::chain_broadcast(float* data, std::size_t n, int root,
     absl::Status st = recvs.wait(s);
     if (!st.ok()) {
       if (first.ok()) first = st;
-      abort(st);
+      fail(st);
       st = absl::CancelledError("broadcast aborted");
     }
     if (st.ok()) {

@@ -73,7 +73,7 @@ class Communicator final : public Collectives {
 
   // Fails the current and every later collective with `why` (a member died;
   // called by the liveness check for every group containing that member).
-  void abort(absl::Status why) override;
+  void fail(absl::Status why) override;
   bool contains(int global_rank) const;
 
  private:

@@ -83,7 +83,7 @@ class NcclComm final : public NcclCommunicator {
     enqueue([=, this] { return nccl_status(ncclBroadcast(data, data, n, ncclFloat, root, comm_, stream_), "ncclBroadcast"); },
             std::move(done));
   }
-  void abort(absl::Status why) override {
+  void fail(absl::Status why) override {
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (!aborted_.ok()) return;

@@ -180,7 +180,7 @@ TEST(CollectivesFailure, DeadMemberIsAnErrorOnEveryOtherMember) {
   for (int r = 0; r < p; r++) {  // the liveness check's message, on each survivor
     if (r == dead) continue;
     ts[static_cast<std::size_t>(r)]->fail_peer(dead, why);
-    if (comms[static_cast<std::size_t>(r)]->contains(dead)) comms[static_cast<std::size_t>(r)]->abort(why);
+    if (comms[static_cast<std::size_t>(r)]->contains(dead)) comms[static_cast<std::size_t>(r)]->fail(why);
   }
   for (int r = 0; r < p; r++) {
     if (r == dead) continue;

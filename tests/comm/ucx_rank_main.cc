@@ -87,7 +87,7 @@ int kill_scenario(int rank, int size, int victim, troupe::comm::Transport& t, tr
     std::printf("rank %d: told at %.6f: %s\n", rank, now_s(), std::string(why.message()).c_str());
     std::fflush(stdout);
     t.fail_peer(dead, why);
-    if (c.contains(dead)) c.abort(why);
+    if (c.contains(dead)) c.fail(why);
   });
   std::vector<float> x(4u << 20, 1.0f);
   if (rank == victim) {
