@@ -42,6 +42,8 @@ class Check {
     if (!t.defined() || t.dim() < rank) {
       error_ = absl::StrCat(name, " must have ", rank, " dimensions, is ",
                             t.defined() ? t.describe() : std::string("undefined"));
+    } else if (t.size(-1) == 0) {
+      error_ = absl::StrCat(name, " has an empty last dimension: ", t.describe());
     }
     return *this;
   }

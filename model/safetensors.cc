@@ -74,7 +74,7 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
     for (auto& d : v["shape"]) {
       if (!d.is_number_unsigned()) return where("shape has a non-integer dimension");
       e.shape.push_back(d.get<std::int64_t>());
-      numel *= d.get<std::uint64_t>();
+      if (__builtin_mul_overflow(numel, d.get<std::uint64_t>(), &numel)) return where("shape overflows 64 bits");
     }
     auto& off = v["data_offsets"];
     if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() ||
@@ -87,9 +87,10 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
       return where(absl::StrCat("data [", e.begin, ", ", e.end, ") lies outside the ", data_size,
                                 " data bytes (truncated file?)"));
     }
-    if (e.end - e.begin != numel * esize) {
-      return where(absl::StrCat("holds ", e.end - e.begin, " bytes, its shape and dtype need ",
-                                numel * esize));
+    std::uint64_t nbytes = 0;
+    if (__builtin_mul_overflow(numel, esize, &nbytes)) return where("shape overflows 64 bits");
+    if (e.end - e.begin != nbytes) {
+      return where(absl::StrCat("holds ", e.end - e.begin, " bytes, its shape and dtype need ", nbytes));
     }
     f.entries_.push_back(std::move(e));
   }

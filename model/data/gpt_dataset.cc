@@ -27,9 +27,9 @@ class IndexedDocuments final : public DocumentSource {
       : ds_(std::move(ds)), fingerprint_(std::move(fingerprint)) {
     starts_.reserve(static_cast<std::size_t>(ds_->num_sequences()) + 1);
     std::int64_t pos = 0;
-    for (std::int32_t n : ds_->sizes()) {
+    for (std::int64_t i = 0; i < ds_->num_sequences(); i++) {
       starts_.push_back(pos);
-      pos += n;
+      pos += ds_->sequence_size(i);
     }
     starts_.push_back(pos);
   }
@@ -37,7 +37,7 @@ class IndexedDocuments final : public DocumentSource {
   std::string fingerprint() const override { return fingerprint_; }
   std::int64_t num_documents() const override { return ds_->num_sequences(); }
   std::int64_t document_size(std::int64_t doc) const override {
-    return ds_->sizes()[static_cast<std::size_t>(doc)];
+    return starts_[static_cast<std::size_t>(doc) + 1] - starts_[static_cast<std::size_t>(doc)];
   }
   absl::Status read(std::int64_t doc, std::int64_t offset, std::span<std::int32_t> out) const override {
     return ds_->read(starts_[static_cast<std::size_t>(doc)] + offset, out);
@@ -159,7 +159,9 @@ absl::StatusOr<SplitRatio> parse_split(const std::string& text) {
 std::pair<std::int64_t, std::int64_t> SplitRatio::range(Split split, std::int64_t n) const {
   std::array<std::int64_t, 4> index{0, 0, 0, 0};
   for (int i = 0; i < 3; i++) {
-    index[i + 1] = index[i] + static_cast<std::int64_t>(std::llround(share[i] * static_cast<double>(n)));
+    // Python's round(), as Megatron: halves to even (nearbyint in the default
+    // rounding mode), not away from zero.
+    index[i + 1] = index[i] + static_cast<std::int64_t>(std::nearbyint(share[i] * static_cast<double>(n)));
   }
   const std::int64_t diff = index[3] - n;
   for (int i = 1; i < 4; i++) index[i] -= diff;
@@ -197,7 +199,7 @@ absl::StatusOr<std::unique_ptr<GptDataset>> GptDataset::build(
     std::string base = d->source_->name();
     base = base.substr(base.find_last_of('/') + 1);
     d->cache_file_ = absl::StrFormat("%s/%s_%s_%016x.samples", spec.cache_dir, base, d->label_, fnv1a(key));
-    if (d->load_cache().ok()) {
+    if (d->load_cache(docs).ok()) {
       d->from_cache_ = true;
       return d;
     }
@@ -288,7 +290,9 @@ std::string GptDataset::describe() const {
                       from_cache_ ? ", indices from cache" : "");
 }
 
-absl::Status GptDataset::load_cache() {
+// Loads the indices of a previous build; anything short, stale or out of
+// range is DataLoss (and the caller rebuilds), never trusted.
+absl::Status GptDataset::load_cache(std::pair<std::int64_t, std::int64_t> docs) {
   std::ifstream in(cache_file_, std::ios::binary);
   if (!in) return absl::NotFoundError(cache_file_);
   char magic[8];
@@ -296,19 +300,39 @@ absl::Status GptDataset::load_cache() {
   in.read(magic, 8);
   in.read(reinterpret_cast<char*>(&n_doc), 8);
   in.read(reinterpret_cast<char*>(&n_samples), 8);
-  if (!in || std::memcmp(magic, kCacheMagic, 8) != 0 ||
-      n_samples != static_cast<std::uint64_t>(num_samples_) || n_doc > (1ull << 31)) {
-    return absl::DataLossError(cache_file_);
+  const auto expected_docs = static_cast<std::uint64_t>(epochs_) * static_cast<std::uint64_t>(docs.second - docs.first);
+  auto corrupt = [&] { return absl::DataLossError(absl::StrCat(cache_file_, ": stale or corrupt")); };
+  if (!in || std::memcmp(magic, kCacheMagic, 8) != 0 || n_doc != expected_docs ||
+      n_samples != static_cast<std::uint64_t>(num_samples_)) {
+    return corrupt();
   }
-  doc_idx_.resize(n_doc);
-  sample_doc_.resize(n_samples + 1);
-  sample_offset_.resize(n_samples + 1);
-  shuffle_idx_.resize(n_samples);
-  in.read(reinterpret_cast<char*>(doc_idx_.data()), static_cast<std::streamsize>(n_doc * 4));
-  in.read(reinterpret_cast<char*>(sample_doc_.data()), static_cast<std::streamsize>((n_samples + 1) * 8));
-  in.read(reinterpret_cast<char*>(sample_offset_.data()), static_cast<std::streamsize>((n_samples + 1) * 8));
-  in.read(reinterpret_cast<char*>(shuffle_idx_.data()), static_cast<std::streamsize>(n_samples * 8));
-  if (!in || in.peek() != EOF) return absl::DataLossError(cache_file_);  // truncated or stale
+  std::vector<std::int32_t> doc_idx(n_doc);
+  std::vector<std::int64_t> sample_doc(n_samples + 1), sample_offset(n_samples + 1), shuffle(n_samples);
+  in.read(reinterpret_cast<char*>(doc_idx.data()), static_cast<std::streamsize>(n_doc * 4));
+  in.read(reinterpret_cast<char*>(sample_doc.data()), static_cast<std::streamsize>((n_samples + 1) * 8));
+  in.read(reinterpret_cast<char*>(sample_offset.data()), static_cast<std::streamsize>((n_samples + 1) * 8));
+  in.read(reinterpret_cast<char*>(shuffle.data()), static_cast<std::streamsize>(n_samples * 8));
+  if (!in || in.peek() != EOF) return corrupt();
+  for (std::int32_t d : doc_idx) {
+    if (d < docs.first || d >= docs.second) return corrupt();
+  }
+  for (std::size_t i = 0; i < sample_doc.size(); i++) {
+    const std::int64_t pos = sample_doc[i], off = sample_offset[i];
+    if (pos < 0 || pos > static_cast<std::int64_t>(n_doc) || off < 0 || (i > 0 && pos < sample_doc[i - 1])) {
+      return corrupt();
+    }
+    if (pos < static_cast<std::int64_t>(n_doc) &&
+        off >= std::max<std::int64_t>(source_->document_size(doc_idx[static_cast<std::size_t>(pos)]), 1)) {
+      return corrupt();
+    }
+  }
+  for (std::int64_t j : shuffle) {
+    if (j < 0 || j >= num_samples_) return corrupt();
+  }
+  doc_idx_ = std::move(doc_idx);
+  sample_doc_ = std::move(sample_doc);
+  sample_offset_ = std::move(sample_offset);
+  shuffle_idx_ = std::move(shuffle);
   return absl::OkStatus();
 }
 

@@ -95,7 +95,7 @@ class GptDataset final : public SampleSource {
  private:
   GptDataset() = default;
   void build_indices(std::pair<std::int64_t, std::int64_t> docs, std::int64_t tokens_per_epoch);
-  absl::Status load_cache();
+  absl::Status load_cache(std::pair<std::int64_t, std::int64_t> docs);
   absl::Status save_cache() const;
 
   std::shared_ptr<DocumentSource> source_;

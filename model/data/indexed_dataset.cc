@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <climits>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -105,15 +106,18 @@ absl::StatusOr<std::unique_ptr<IndexedDataset>> IndexedDataset::open(const std::
                             D, " document indices (", need, " bytes)"));
   }
   if (D < 1) return bad("document index is empty (needs at least the leading 0)");
-  ds->sizes_ = {reinterpret_cast<const std::int32_t*>(p + kHeader), S};
-  ds->pointers_ = {reinterpret_cast<const std::int64_t*>(p + kHeader + S * 4), S};
-  ds->doc_idx_ = {reinterpret_cast<const std::int64_t*>(p + kHeader + S * 12), D};
-  if (ds->doc_idx_[0] != 0) return bad("document index does not start with 0");
+  ds->sizes_ = p + kHeader;
+  ds->pointers_ = p + kHeader + S * 4;
+  ds->doc_idx_ = p + kHeader + S * 12;
+  ds->num_sequences_ = static_cast<std::int64_t>(S);
+  ds->num_doc_idx_ = static_cast<std::int64_t>(D);
+  if (ds->document_index(0) != 0) return bad("document index does not start with 0");
   const std::size_t esize = token_size(ds->dtype_);
   ds->starts_.reserve(S + 1);
   std::int64_t pos = 0;
   for (std::uint64_t i = 0; i < S; i++) {
-    const std::int64_t n = ds->sizes_[i], ptr = ds->pointers_[i];
+    const std::int64_t n = ds->sequence_size(static_cast<std::int64_t>(i));
+    const std::int64_t ptr = ds->sequence_pointer(static_cast<std::int64_t>(i));
     if (n < 0 || ptr < 0 || static_cast<std::uint64_t>(ptr) + n * esize > ds->bin_size_) {
       return absl::InvalidArgumentError(absl::StrCat(
           bin_path, ": sequence ", i, " (", n, " tokens at byte ", ptr,
@@ -124,16 +128,27 @@ absl::StatusOr<std::unique_ptr<IndexedDataset>> IndexedDataset::open(const std::
   }
   ds->starts_.push_back(pos);
   ds->total_tokens_ = pos;
-  if (ds->doc_idx_[D - 1] != static_cast<std::int64_t>(S)) {
-    return bad(absl::StrCat("document index ends at ", ds->doc_idx_[D - 1], ", not at the ", S,
+  if (ds->document_index(static_cast<std::int64_t>(D) - 1) != static_cast<std::int64_t>(S)) {
+    return bad(absl::StrCat("document index ends at ", ds->document_index(static_cast<std::int64_t>(D) - 1), ", not at the ", S,
                             " sequences"));
   }
   for (std::uint64_t k = 1; k < D; k++) {
-    if (ds->doc_idx_[k] < ds->doc_idx_[k - 1] || ds->doc_idx_[k] > static_cast<std::int64_t>(S)) {
-      return bad(absl::StrCat("document index ", k, " = ", ds->doc_idx_[k], " is out of order"));
+    const auto kk = static_cast<std::int64_t>(k);
+    if (ds->document_index(kk) < ds->document_index(kk - 1) || ds->document_index(kk) > static_cast<std::int64_t>(S)) {
+      return bad(absl::StrCat("document index ", k, " = ", ds->document_index(kk), " is out of order"));
     }
   }
   return ds;
+}
+
+std::int32_t IndexedDataset::sequence_size(std::int64_t i) const {
+  return read_le<std::int32_t>(sizes_ + 4 * i);
+}
+std::int64_t IndexedDataset::sequence_pointer(std::int64_t i) const {
+  return read_le<std::int64_t>(pointers_ + 8 * i);
+}
+std::int64_t IndexedDataset::document_index(std::int64_t k) const {
+  return read_le<std::int64_t>(doc_idx_ + 8 * k);
 }
 
 std::pair<std::int64_t, std::int64_t> IndexedDataset::locate(std::int64_t position) const {
@@ -153,8 +168,8 @@ absl::Status IndexedDataset::read(std::int64_t position, std::span<std::int32_t>
   auto [seq, off] = locate(position);
   const std::size_t esize = token_size(dtype_);
   while (done < out.size()) {
-    const std::int64_t take = std::min<std::int64_t>(sizes_[seq] - off, n - static_cast<std::int64_t>(done));
-    const char* src = bin_ + pointers_[seq] + off * static_cast<std::int64_t>(esize);
+    const std::int64_t take = std::min<std::int64_t>(sequence_size(seq) - off, n - static_cast<std::int64_t>(done));
+    const char* src = bin_ + sequence_pointer(seq) + off * static_cast<std::int64_t>(esize);
     for (std::int64_t i = 0; i < take; i++) {
       const char* e = src + i * static_cast<std::int64_t>(esize);
       std::int64_t v = 0;
@@ -166,6 +181,11 @@ absl::Status IndexedDataset::read(std::int64_t position, std::span<std::int32_t>
         case TokenDType::kI32: v = read_le<std::int32_t>(e); break;
         case TokenDType::kI64: v = read_le<std::int64_t>(e); break;
         default: break;
+      }
+      if (v < INT32_MIN || v > INT32_MAX) {
+        return absl::InvalidArgumentError(absl::StrCat(prefix_, ".bin: token id ", v, " at position ",
+                                                       position + static_cast<std::int64_t>(done) + i,
+                                                       " does not fit 32 bits"));
       }
       out[done + static_cast<std::size_t>(i)] = static_cast<std::int32_t>(v);
     }

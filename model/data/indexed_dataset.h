@@ -41,12 +41,14 @@ class IndexedDataset {
 
   const std::string& prefix() const { return prefix_; }
   TokenDType dtype() const { return dtype_; }
-  std::int64_t num_sequences() const { return static_cast<std::int64_t>(sizes_.size()); }
-  std::int64_t num_documents() const { return static_cast<std::int64_t>(doc_idx_.size()) - 1; }
+  std::int64_t num_sequences() const { return num_sequences_; }
+  std::int64_t num_documents() const { return num_doc_idx_ - 1; }
   std::int64_t num_tokens() const { return total_tokens_; }
-  std::span<const std::int32_t> sizes() const { return sizes_; }
-  std::span<const std::int64_t> pointers() const { return pointers_; }
-  std::span<const std::int64_t> doc_idx() const { return doc_idx_; }
+  // Fields of the index. The .idx lays them out unaligned (its header is 34
+  // bytes), so they are read with memcpy, never through typed pointers.
+  std::int32_t sequence_size(std::int64_t i) const;
+  std::int64_t sequence_pointer(std::int64_t i) const;
+  std::int64_t document_index(std::int64_t k) const;
 
   // Tokens [position, position + out.size()) of all sequences concatenated in
   // order. OutOfRange past the end.
@@ -58,9 +60,10 @@ class IndexedDataset {
   IndexedDataset() = default;
   std::string prefix_;
   TokenDType dtype_ = TokenDType::kU16;
-  std::span<const std::int32_t> sizes_;
-  std::span<const std::int64_t> pointers_;
-  std::span<const std::int64_t> doc_idx_;
+  const char* sizes_ = nullptr;     // i32[S], in the mapped .idx
+  const char* pointers_ = nullptr;  // i64[S]
+  const char* doc_idx_ = nullptr;   // i64[D]
+  std::int64_t num_sequences_ = 0, num_doc_idx_ = 0;
   std::vector<std::int64_t> starts_;  // stream position of each sequence, + total
   std::int64_t total_tokens_ = 0;
   const char* bin_ = nullptr;

@@ -301,6 +301,15 @@ TEST_P(OpsTest, FillAndAxpy) {
   EXPECT_LT(rel_error(got, want), 1e-7);
 }
 
+// A zero-width last dimension is an error, not a division by zero (regression).
+TEST_P(OpsTest, EmptyLastDimensionIsAnError) {
+  Tensor x = zeros({4, 1}).view(0, {4, 0});
+  ops::layernorm_forward(*stream_, x, zeros({4}), zeros({4}), x, zeros({1}).view(0, {0}), zeros({1}).view(0, {0}));
+  absl::Status st = stream_->synchronize();
+  EXPECT_TRUE(absl::IsInvalidArgument(st)) << st;
+  EXPECT_NE(st.message().find("empty last dimension"), absl::string_view::npos) << st;
+}
+
 TEST_P(OpsTest, BadShapeIsAStickyErrorNamingTheOp) {
   Tensor out = zeros({4, 8}), mean = zeros({4}), rstd = zeros({4});
   ops::layernorm_forward(*stream_, out, mean, rstd, zeros({4, 8}), zeros({7}), zeros({8}));

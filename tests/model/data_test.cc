@@ -174,6 +174,61 @@ TEST(GptDataset, IndicesAreCachedAndRebuiltWhenTheDataChanges) {
   // A corrupt cache file is rebuilt, not trusted.
   std::ofstream(third->cache_file(), std::ios::binary | std::ios::trunc) << "junk";
   EXPECT_FALSE(build()->from_cache());
+  // Truncated: rebuilt from scratch (a regression: the partly read indices
+  // once stayed in front of the rebuilt ones and leaked other documents in).
+  const std::string file = third->cache_file();
+  const auto full = std::filesystem::file_size(file);
+  std::filesystem::resize_file(file, 40);
+  auto rebuilt = build();
+  EXPECT_FALSE(rebuilt->from_cache());
+  for (int i = 0; i < 100; i += 3) EXPECT_EQ(sample_of(*rebuilt, i, 16), sample_of(*third, i, 16)) << i;
+  EXPECT_EQ(std::filesystem::file_size(file), full);
+  // In range checks: a shuffle entry pointing far outside is rebuilt, not followed.
+  {
+    std::fstream f(file, std::ios::binary | std::ios::in | std::ios::out);
+    f.seekp(static_cast<std::streamoff>(full - 8));
+    const std::int64_t huge = std::int64_t{1} << 40;
+    f.write(reinterpret_cast<const char*>(&huge), 8);
+  }
+  auto checked = build();
+  EXPECT_FALSE(checked->from_cache());
+  EXPECT_EQ(sample_of(*checked, 99, 16), sample_of(*third, 99, 16));
+}
+
+TEST(Split, HalvesRoundToEvenAsPython) {
+  auto r = parse_split("969,30,1");
+  EXPECT_EQ(r->range(Split::kTrain, 500), (Range{0, 485}));
+  EXPECT_EQ(r->range(Split::kValid, 500), (Range{485, 500}));
+  EXPECT_EQ(r->range(Split::kTest, 500), (Range{500, 500}));
+  r = parse_split("1,1");
+  EXPECT_EQ(r->range(Split::kTrain, 5), (Range{0, 3}));
+  EXPECT_EQ(r->range(Split::kValid, 5), (Range{3, 5}));
+  r = parse_split("1,0,1");
+  EXPECT_EQ(r->range(Split::kTrain, 1), (Range{0, 1}));
+}
+
+TEST(IndexedDataset, TokensThatDoNotFit32BitsAreAnError) {
+  const std::string prefix = ::testing::TempDir() + "/troupe_i64";
+  std::string idx("MMIDIDX\0\0", 9);
+  put<std::uint64_t>(idx, 1);
+  put<std::uint8_t>(idx, 5);  // i64
+  put<std::uint64_t>(idx, 1);
+  put<std::uint64_t>(idx, 2);
+  put<std::int32_t>(idx, 2);
+  put<std::int64_t>(idx, 0);
+  put<std::int64_t>(idx, 0);
+  put<std::int64_t>(idx, 1);
+  std::string bin;
+  put<std::int64_t>(bin, (std::int64_t{1} << 32) + 7);  // would wrap to 7
+  put<std::int64_t>(bin, 3);
+  std::ofstream(prefix + ".idx", std::ios::binary) << idx;
+  std::ofstream(prefix + ".bin", std::ios::binary) << bin;
+  auto ds = IndexedDataset::open(prefix);
+  ASSERT_TRUE(ds.ok()) << ds.status();
+  std::vector<std::int32_t> out(2);
+  absl::Status st = (*ds)->read(0, out);
+  EXPECT_TRUE(absl::IsInvalidArgument(st));
+  EXPECT_NE(st.message().find("does not fit 32 bits"), absl::string_view::npos) << st;
 }
 
 TEST(Blend, EachSampleFromTheDatasetFurthestBelowItsWeight) {

@@ -147,6 +147,20 @@ TEST_F(WeightsTest, TruncatedFileIsAnError) {
   EXPECT_NE(load(p).message().find("truncated"), absl::string_view::npos);
 }
 
+TEST_F(WeightsTest, ShapesThatOverflowAreAnError) {
+  // 2^62 floats would wrap to 0 bytes in 64 bits (a regression test).
+  const std::string header = R"({"wte.weight":{"dtype":"F32","shape":[4611686018427387904],"data_offsets":[0,0]}})";
+  std::string file(8, '\0');
+  const std::uint64_t n = header.size();
+  std::memcpy(file.data(), &n, 8);
+  file += header;
+  const std::string p = ::testing::TempDir() + "/troupe_overflow.safetensors";
+  std::ofstream(p, std::ios::binary) << file;
+  auto f = SafetensorsFile::open(p);
+  EXPECT_TRUE(absl::IsInvalidArgument(f.status()));
+  EXPECT_NE(f.status().message().find("overflows"), absl::string_view::npos) << f.status();
+}
+
 TEST_F(WeightsTest, NotASafetensorsFileIsAnError) {
   const std::string p = ::testing::TempDir() + "/troupe_not_weights.safetensors";
   std::ofstream(p) << "{\"this is\": \"json, not safetensors\"}\n";
