@@ -69,6 +69,7 @@ absl::StatusOr<std::unique_ptr<Bootstrap>> Bootstrap::start(int rank, int size, 
   b->rank_ = rank;
   b->size_ = size;
   b->dead_.assign(static_cast<std::size_t>(size), false);
+  b->fin_.assign(static_cast<std::size_t>(size), false);
   if (::pipe(b->wake_) != 0) return absl::InternalError("bootstrap: pipe failed");
   const auto deadline = std::chrono::steady_clock::now() + absl::ToChronoNanoseconds(timeout);
   sockaddr_in addr{};
@@ -202,7 +203,7 @@ void Bootstrap::watch_loop() {
     std::vector<pollfd> fds{{wake_[0], POLLIN, 0}};
     std::vector<int> who{-1};
     for (std::size_t i = 0; i < fds_.size(); i++) {
-      if (fds_[i] < 0 || (rank_ == 0 && dead_[i])) continue;
+      if (fds_[i] < 0 || (rank_ == 0 && (dead_[i] || fin_[i]))) continue;
       fds.push_back({fds_[i], POLLIN, 0});
       who.push_back(rank_ == 0 ? static_cast<int>(i) : 0);
     }
@@ -221,6 +222,13 @@ void Bootstrap::watch_loop() {
         continue;
       }
       if (h.type == kDead) declare(h.rank, absl::StrCat("rank ", h.rank, " died (reported by rank 0)"));
+      if (h.type == kFin && rank_ == 0) {
+        // Rank `peer` is done and waits for the barrier in finish(); its
+        // socket closing from now on is not a death (a regression: this
+        // message was once dropped here and finish() waited for it forever).
+        std::lock_guard<std::mutex> lock(mu_);
+        fin_[static_cast<std::size_t>(peer)] = true;
+      }
     }
   }
 }
@@ -235,7 +243,7 @@ absl::Status Bootstrap::finish() {
   if (rank_ == 0) {
     for (int r = 1; r < size_; r++) {
       const int fd = fds_[static_cast<std::size_t>(r)];
-      if (dead_[static_cast<std::size_t>(r)] || fd < 0) continue;
+      if (dead_[static_cast<std::size_t>(r)] || fin_[static_cast<std::size_t>(r)] || fd < 0) continue;
       Header h{};
       std::string payload;
       while (recv_msg(fd, &h, &payload) && h.type != kFin) {

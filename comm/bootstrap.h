@@ -49,6 +49,7 @@ class Bootstrap {
   std::vector<int> fds_;  // rank 0: one per other rank; others: fds_[0] to rank 0
   std::function<void(int, absl::Status)> on_dead_;
   std::vector<bool> dead_;
+  std::vector<bool> fin_;  // rank 0: ranks whose finish() has begun
   std::mutex mu_;
   std::atomic<bool> finishing_{false};
   int wake_[2] = {-1, -1};

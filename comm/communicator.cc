@@ -19,24 +19,32 @@ std::pair<std::size_t, std::size_t> chunk_range(std::size_t n, int p, int i) {
 namespace {
 
 // Completion flags of a fixed set of transport operations, waited on one by
-// one or all together. Shared with the callbacks, which may outlive a failed
-// collective's stack frame by a little.
+// one or all together. The state is shared with the callbacks, so a
+// callback still inside notify_all() when the waiter returns touches live
+// memory (a regression found by ThreadSanitizer).
 class Completions {
  public:
-  explicit Completions(std::size_t n) : done_(n, false), status_(n) {}
+  explicit Completions(std::size_t n) : state_(std::make_shared<State>(n)) {}
   Callback callback(std::size_t i) {
-    return [self = this, i](absl::Status st) { self->complete(i, std::move(st)); };
+    return [state = state_, i](absl::Status st) {
+      {
+        std::lock_guard<std::mutex> lock(state->mu);
+        state->done[i] = true;
+        state->status[i] = std::move(st);
+      }
+      state->cv.notify_all();
+    };
   }
   absl::Status wait(std::size_t i) {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return done_[i]; });
-    return status_[i];
+    std::unique_lock<std::mutex> lock(state_->mu);
+    state_->cv.wait(lock, [&] { return state_->done[i]; });
+    return state_->status[i];
   }
   // Waits for every operation; the first error, if any. `on_error` runs at
-  // the first error (the communicator aborts, cancelling the others).
+  // the first error (the communicator fails, cancelling the others).
   absl::Status wait_all(const std::function<void(const absl::Status&)>& on_error = nullptr) {
     absl::Status first;
-    for (std::size_t i = 0; i < done_.size(); i++) {
+    for (std::size_t i = 0; i < state_->done.size(); i++) {
       absl::Status st = wait(i);
       if (first.ok() && !st.ok()) {
         first = st;
@@ -47,19 +55,23 @@ class Completions {
   }
 
  private:
-  void complete(std::size_t i, absl::Status st) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      done_[i] = true;
-      status_[i] = std::move(st);
-    }
-    cv_.notify_all();
-  }
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::vector<bool> done_;
-  std::vector<absl::Status> status_;
+  struct State {
+    explicit State(std::size_t n) : done(n, false), status(n) {}
+    std::mutex mu;
+    std::condition_variable cv;
+    std::vector<bool> done;
+    std::vector<absl::Status> status;
+  };
+  std::shared_ptr<State> state_;
 };
+
+// Slice length (floats) of one message of `count` floats: at most 4096
+// slices (the tag's slice field). Sender and receiver both derive it from
+// that message's length alone, so they always agree (a regression: it was
+// once computed from max(send, receive) of one side).
+std::size_t slice_for(std::size_t count, std::size_t slice_bytes) {
+  return std::max<std::size_t>({slice_bytes / sizeof(float), (count + 4095) / 4096, 1});
+}
 
 }  // namespace
 
@@ -137,23 +149,21 @@ absl::Status Communicator::exchange(int to, const float* send, std::size_t n, in
                                     float* recv, std::size_t m, std::uint32_t op,
                                     std::uint32_t step,
                                     const std::function<void(std::size_t, std::size_t)>& on_slice) {
-  // At most 4096 slices per message (the tag's slice field).
-  const std::size_t slice = std::max<std::size_t>(options_.slice_bytes / sizeof(float),
-                                                  (std::max(n, m) + 4095) / 4096);
-  const std::size_t n_recv = (m + slice - 1) / slice, n_send = (n + slice - 1) / slice;
+  const std::size_t rslice = slice_for(m, options_.slice_bytes), sslice = slice_for(n, options_.slice_bytes);
+  const std::size_t n_recv = (m + rslice - 1) / rslice, n_send = (n + sslice - 1) / sslice;
   Completions recvs(n_recv), sends(n_send);
   const int me_global = ranks_[static_cast<std::size_t>(me_)];
   const int from_global = ranks_[static_cast<std::size_t>(from)];
   const int to_global = ranks_[static_cast<std::size_t>(to)];
   for (std::size_t s = 0; s < n_recv; s++) {
-    const std::size_t off = s * slice, cnt = std::min(slice, m - off);
+    const std::size_t off = s * rslice, cnt = std::min(rslice, m - off);
     transport_.recv(from_global,
                     collective_tag(static_cast<std::uint32_t>(from_global), kind_, op, step,
                                    static_cast<std::uint32_t>(s)),
                     recv + off, cnt * sizeof(float), recvs.callback(s), token_);
   }
   for (std::size_t s = 0; s < n_send; s++) {
-    const std::size_t off = s * slice, cnt = std::min(slice, n - off);
+    const std::size_t off = s * sslice, cnt = std::min(sslice, n - off);
     transport_.send(to_global,
                     collective_tag(static_cast<std::uint32_t>(me_global), kind_, op, step,
                                    static_cast<std::uint32_t>(s)),
@@ -167,7 +177,7 @@ absl::Status Communicator::exchange(int to, const float* send, std::size_t n, in
       fail(st);  // cancels the rest, so the waits below return
       continue;
     }
-    if (first.ok() && on_slice) on_slice(s * slice, std::min(slice, m - s * slice));
+    if (first.ok() && on_slice) on_slice(s * rslice, std::min(rslice, m - s * rslice));
   }
   absl::Status st = sends.wait_all();
   return first.ok() ? st : first;
@@ -252,7 +262,7 @@ absl::Status Communicator::chain_broadcast(float* data, std::size_t n, int root,
   if (pos == 0) return exchange(next, data, n, me_, nullptr, 0, op, 0, nullptr);
   if (last) return exchange(me_, nullptr, 0, prev, data, n, op, 0, nullptr);
   // Middle of the chain: receive every slice, forward each as it lands.
-  const std::size_t slice = std::max<std::size_t>(options_.slice_bytes / sizeof(float), (n + 4095) / 4096);
+  const std::size_t slice = slice_for(n, options_.slice_bytes);
   const std::size_t slices = (n + slice - 1) / slice;
   Completions recvs(slices), sends(slices);
   const int prev_g = ranks_[static_cast<std::size_t>(prev)], next_g = ranks_[static_cast<std::size_t>(next)];

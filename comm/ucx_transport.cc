@@ -118,11 +118,13 @@ UcxTransport::~UcxTransport() {
   cv_.notify_all();
   if (progress_.joinable()) progress_.join();
   auto* worker = static_cast<ucp_worker_h>(worker_);
-  for (void* ep : eps_) {
+  for (std::size_t r = 0; r < eps_.size(); r++) {
+    void* ep = eps_[r];
     if (ep == nullptr) continue;
+    // Flush-close live peers; force-close (no handshake) only dead ones.
     ucp_request_param_t p{};
     p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-    p.flags = UCP_EP_CLOSE_FLAG_FORCE;
+    p.flags = failed_[r].ok() ? 0 : UCP_EP_CLOSE_FLAG_FORCE;
     void* req = ucp_ep_close_nbx(static_cast<ucp_ep_h>(ep), &p);
     if (UCS_PTR_IS_PTR(req)) {
       for (int i = 0; i < 100000 && ucp_request_check_status(req) == UCS_INPROGRESS; i++) {
@@ -175,6 +177,13 @@ void UcxTransport::recv_ucx(int peer, Tag tag, void* data, std::size_t bytes, Ca
 
 namespace {
 
+// The acknowledgement of `tag` by rank `acker`: the ack bit, and the source
+// field naming the acknowledging rank, so acks from different peers of one
+// tag (a direct all-reduce sends one tag to all) never stand in for each other.
+Tag ack_tag(Tag tag, int acker) {
+  return (tag & ~(Tag{0x7FFF} << 48)) | (static_cast<Tag>(acker & 0x7FFF) << 48) | kAckBit;
+}
+
 // What the sender of a single-copy message tells the receiver.
 struct CopyDescriptor {
   std::uint64_t address;
@@ -196,7 +205,7 @@ void UcxTransport::send(int peer, Tag tag, const void* data, std::size_t bytes, 
   };
   auto state = std::make_shared<State>();
   state->desc = {reinterpret_cast<std::uint64_t>(data), bytes, static_cast<std::int32_t>(::getpid()), 0};
-  recv_ucx(peer, tag | kAckBit, &state->ack, sizeof state->ack,
+  recv_ucx(peer, ack_tag(tag, peer), &state->ack, sizeof state->ack,
            [state, done = std::move(done), peer](absl::Status st) {
              if (st.ok() && state->ack != 0) {
                st = absl::UnavailableError(absl::StrCat("rank ", peer, " could not copy the message: ",
@@ -241,7 +250,7 @@ void UcxTransport::recv(int peer, Tag tag, void* data, std::size_t bytes, Callba
                    got += static_cast<std::size_t>(n);
                  }
                }
-               send_ucx(peer, tag | kAckBit, &state->ack, sizeof state->ack, [state](absl::Status) {}, token);
+               send_ucx(peer, ack_tag(tag, rank_), &state->ack, sizeof state->ack, [state](absl::Status) {}, token);
                done(result);
              }
            },
@@ -282,6 +291,7 @@ void UcxTransport::post_queued(std::vector<Op*>& queued) {
       std::lock_guard<std::mutex> lock(mu_);
       if (ops_.count(op) == 0 || op->finished) continue;  // failed while queued: runs from to_fail_
       op->in_ucx = true;
+      op->posting = true;
     }
     ucp_request_param_t p{};
     p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
@@ -297,16 +307,32 @@ void UcxTransport::post_queued(std::vector<Op*>& queued) {
       p.cb.recv = recv_cb;
       req = ucp_tag_recv_nbx(worker, op->data, op->bytes, op->tag, ~ucp_tag_t{0}, &p);
     }
-    std::lock_guard<std::mutex> lock(mu_);
-    if (UCS_PTR_IS_ERR(req)) {
-      op->in_ucx = false;
-      op->finished = true;
-      absl::Status err = ucs_error(UCS_PTR_STATUS(req), op->is_send ? "ucp_tag_send_nbx" : "ucp_tag_recv_nbx");
-      op->done = [d = std::move(op->done), err](absl::Status) { d(err); };
-      to_fail_.push_back(op);
-    } else if (op->in_ucx) {
-      op->request = req;  // for ucp_request_cancel
+    std::unique_ptr<Op> completed;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      op->posting = false;
+      if (op->completed_in_post) {
+        // UCX completed it inside the post call (it may, even with
+        // NO_IMM_CMPL): finish() left it to us (a regression: it once
+        // deleted the op under our feet).
+        if (!op->finished) {
+          auto it = ops_.find(op);
+          completed = std::move(it->second);
+          ops_.erase(it);
+        }  // else: failed meanwhile; to_fail_ reports it
+      } else if (UCS_PTR_IS_ERR(req)) {
+        op->in_ucx = false;
+        if (!op->finished) {
+          op->finished = true;
+          absl::Status err = ucs_error(UCS_PTR_STATUS(req), op->is_send ? "ucp_tag_send_nbx" : "ucp_tag_recv_nbx");
+          op->done = [d = std::move(op->done), err](absl::Status) { d(err); };
+          to_fail_.push_back(op);
+        }
+      } else if (op->in_ucx) {
+        op->request = req;  // for ucp_request_cancel
+      }
     }
+    if (completed) completed->done(std::move(completed->post_status));
   }
 }
 
@@ -319,28 +345,37 @@ void UcxTransport::finish(Op* op, absl::Status st) {
     if (it == ops_.end()) return;
     op->in_ucx = false;
     op->request = nullptr;
-    if (op->finished) {
-      // Failed earlier by fail_peer/cancel: its callback runs (or ran) from
-      // to_fail_; UCX is done with the op now.
-      if (op->callback_taken) ops_.erase(it);
+    if (op->posting) {  // inside post_queued's ucp_tag_*_nbx: it finishes the job
+      op->completed_in_post = true;
+      op->post_status = std::move(st);
       return;
+    }
+    if (op->finished) {
+      // Failed earlier by fail_peer/cancel. If its callback was deferred
+      // until UCX let go of the buffer, that is now: report the failure.
+      if (op->callback_taken) {
+        ops_.erase(it);
+        return;
+      }
+      if (!op->wait_for_ucx || !op->cancel_sent) return;  // still in to_fail_: reported from there
     }
     owned = std::move(it->second);
     ops_.erase(it);
   }
-  owned->done(std::move(st));
+  owned->done(std::move(st));  // a failed op's callback ignores `st` and reports the failure
 }
 
 // Marks the selected operations failed; the progress thread runs their
 // callbacks and cancels their UCX requests (there, so that no completion can
 // free a request while it is being cancelled).
 template <typename Pred>
-void UcxTransport::fail_where(Pred pred, const absl::Status& why) {
+void UcxTransport::fail_where(Pred pred, const absl::Status& why, bool wait_for_ucx) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (auto& [op, owned] : ops_) {
       if (op->finished || !pred(*op)) continue;
       op->finished = true;
+      op->wait_for_ucx = wait_for_ucx;
       op->done = [d = std::move(op->done), why](absl::Status) { d(why); };
       to_fail_.push_back(op);
     }
@@ -354,13 +389,16 @@ void UcxTransport::fail_peer(int peer, absl::Status why) {
     std::lock_guard<std::mutex> lock(mu_);
     failed_[static_cast<std::size_t>(peer)] = why;
   }
-  fail_where([peer](const Op& op) { return op.peer == peer; }, why);
+  // A dead peer moves no more data: report at once.
+  fail_where([peer](const Op& op) { return op.peer == peer; }, why, /*wait_for_ucx=*/false);
 }
 
 void UcxTransport::cancel(const std::shared_ptr<CancelToken>& token, absl::Status why) {
   if (!token) return;
   token->cancelled = true;
-  fail_where([&token](const Op& op) { return op.token == token; }, why);
+  // Live peers may still be moving data in or out of these buffers: report
+  // when UCX has let go of them (the cancel completes them), or after 1 s.
+  fail_where([&token](const Op& op) { return op.token == token; }, why, /*wait_for_ucx=*/true);
 }
 
 void UcxTransport::progress_loop() {
@@ -379,10 +417,16 @@ void UcxTransport::progress_loop() {
         auto it = ops_.find(op);
         if (it == ops_.end()) continue;
         if (op->in_ucx) {
-          // UCX still holds it: cancel, keep the record for its completion,
-          // run the user's callback now.
+          // UCX still holds it: cancel; report now (dead peer) or when UCX
+          // lets go of the buffer (deferred, bounded by give_up_at).
+          if (op->request != nullptr && !op->cancel_sent) cancel.push_back(op->request);
+          op->cancel_sent = true;
+          if (op->wait_for_ucx) {
+            op->give_up_at = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+            deferred_.push_back(op);
+            continue;
+          }
           op->callback_taken = true;
-          if (op->request != nullptr) cancel.push_back(op->request);
           failed.push_back(std::make_unique<Op>(Op{this, op->peer, op->is_send, op->bytes, std::move(op->done), nullptr}));
         } else {
           failed.push_back(std::move(it->second));
@@ -390,6 +434,15 @@ void UcxTransport::progress_loop() {
         }
       }
       to_fail_.clear();
+      // Deferred cancellations that UCX has not finished within the bound.
+      const auto now = std::chrono::steady_clock::now();
+      std::erase_if(deferred_, [&](Op* op) {
+        if (ops_.count(op) == 0) return true;  // completed by UCX and reported
+        if (op->callback_taken || now < op->give_up_at) return false;
+        op->callback_taken = true;
+        failed.push_back(std::make_unique<Op>(Op{this, op->peer, op->is_send, op->bytes, std::move(op->done), nullptr}));
+        return true;
+      });
       pending = !ops_.empty();
       if (!pending && queued.empty() && failed.empty()) {
         if (stop_) return;

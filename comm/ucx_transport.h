@@ -25,6 +25,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <memory>
 #include <mutex>
@@ -75,6 +76,12 @@ class UcxTransport final : public Transport {
     bool in_ucx = false;          // posted to UCX and its completion not yet seen
     bool finished = false;        // failed outside UCX: the user's callback is queued
     bool callback_taken = false;  // that callback has been taken to run
+    bool posting = false;         // inside ucp_tag_*_nbx (which may complete it at once)
+    bool completed_in_post = false;
+    absl::Status post_status = absl::OkStatus();
+    bool wait_for_ucx = false;    // cancelled: report when UCX lets go of the buffer
+    bool cancel_sent = false;
+    std::chrono::steady_clock::time_point give_up_at = {};
   };
 
  private:
@@ -93,7 +100,7 @@ class UcxTransport final : public Transport {
   void post_queued(std::vector<Op*>& queued);
   void finish(Op* op, absl::Status st);  // progress thread only
   template <typename Pred>
-  void fail_where(Pred pred, const absl::Status& why);
+  void fail_where(Pred pred, const absl::Status& why, bool wait_for_ucx);
   friend void ucx_send_done(void*, int, void*);
   friend void ucx_recv_done(void*, int, const void*, void*);
 
@@ -110,6 +117,7 @@ class UcxTransport final : public Transport {
   std::unordered_map<Op*, std::unique_ptr<Op>> ops_;
   std::vector<Op*> to_post_;          // queued for the progress thread to post
   std::vector<Op*> to_fail_;          // failed by fail_peer/cancel, callbacks not yet run
+  std::vector<Op*> deferred_;         // cancelled, waiting for UCX to let go (bounded)
   std::vector<absl::Status> failed_;  // per peer
   std::atomic<bool> stop_{false};
   std::thread progress_;

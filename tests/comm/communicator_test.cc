@@ -151,6 +151,20 @@ TEST_P(Collectives, ManyInARowKeepTheirOrder) {
 
 INSTANTIATE_TEST_SUITE_P(Members, Collectives, ::testing::Values(1, 2, 3, 4, 8));
 
+// Chunks of 262145 and 262144 floats with 64-float slices need more than the
+// tag's 4096 slices, so the slice grows with the message; sender and
+// receiver must grow it alike (a regression: they once disagreed).
+TEST(CollectivesSlicing, UnevenChunksPastTheSliceLimitAgree) {
+  const std::size_t n = 786433;
+  on_ranks(3, [&](int r, Communicator& c) {
+    std::vector<float> x(n);
+    for (std::size_t i = 0; i < n; i++) x[i] = value(r, i);
+    absl::Status st = c.all_reduce_sync(x.data(), n);
+    ASSERT_TRUE(st.ok()) << st;
+    for (std::size_t i = 0; i < n; i += 997) ASSERT_EQ(x[i], value(0, i) + value(1, i) + value(2, i));
+  }, {.slice_bytes = 256, .direct_max_bytes = 64});
+}
+
 // Rank 2 of a 4-member ring dies mid all-reduce. The liveness check tells
 // every survivor, which fails the transport's operations with rank 2 and
 // aborts every communicator containing it: all three survivors' collectives
