@@ -55,60 +55,52 @@ void InProcFabric::deliver(Op send, Op recv) {
   callbacks_.post([r = std::move(recv.done)] { r(absl::OkStatus()); });
 }
 
-void InProcFabric::send(int src, int dst, Tag tag, const void* data, std::size_t bytes,
-                        Callback done, std::shared_ptr<CancelToken> token) {
-  Op op{src, dst, tag, const_cast<void*>(data), bytes, std::move(done), std::move(token)};
-  std::unique_lock<std::mutex> lock(mu_);
-  if (dst < 0 || dst >= size_) {
-    lock.unlock();
-    callbacks_.post([d = std::move(op.done), dst] { d(absl::InvalidArgumentError(absl::StrCat("no rank ", dst))); });
-    return;
+// Why `op` cannot be posted (caller holds mu_): no such peer, the peer has
+// failed, or its communicator was cancelled. OK if it can.
+absl::Status InProcFabric::refusal(const Op& op) const {
+  if (op.peer < 0 || op.peer >= size_) return absl::InvalidArgumentError(absl::StrCat("no rank ", op.peer));
+  const absl::Status& failed = failed_[static_cast<std::size_t>(op.owner)][static_cast<std::size_t>(op.peer)];
+  if (!failed.ok()) return failed;
+  if (op.token && op.token->cancelled) {
+    return absl::CancelledError("operation posted after its communicator was cancelled");
   }
-  if (!failed_[static_cast<std::size_t>(src)][static_cast<std::size_t>(dst)].ok() ||
-      (op.token && op.token->cancelled)) {
-    absl::Status st = failed_[static_cast<std::size_t>(src)][static_cast<std::size_t>(dst)];
-    if (st.ok()) st = absl::CancelledError("operation posted after its communicator was aborted");
+  return absl::OkStatus();
+}
+
+// Posts `op` into `mine` (by destination) unless `theirs` already holds its
+// match; `is_send` says which side `op` is.
+void InProcFabric::post(Op op, bool is_send) {
+  const int dst = is_send ? op.peer : op.owner, src = is_send ? op.owner : op.peer;
+  std::unique_lock<std::mutex> lock(mu_);
+  if (absl::Status st = refusal(op); !st.ok()) {
     lock.unlock();
     callbacks_.post([d = std::move(op.done), st] { d(st); });
     return;
   }
-  auto& waiting = recvs_[static_cast<std::size_t>(dst)][{src, tag}];
+  auto& tables = is_send ? recvs_ : sends_;  // where the match would wait
+  auto& waiting = tables[static_cast<std::size_t>(dst)][{src, op.tag}];
   if (!waiting.empty()) {
-    Op r = std::move(waiting.front());
+    Op match = std::move(waiting.front());
     waiting.erase(waiting.begin());
     lock.unlock();
-    deliver(std::move(op), std::move(r));
+    if (is_send) {
+      deliver(std::move(op), std::move(match));
+    } else {
+      deliver(std::move(match), std::move(op));
+    }
     return;
   }
-  sends_[static_cast<std::size_t>(dst)][{src, tag}].push_back(std::move(op));
+  (is_send ? sends_ : recvs_)[static_cast<std::size_t>(dst)][{src, op.tag}].push_back(std::move(op));
+}
+
+void InProcFabric::send(int src, int dst, Tag tag, const void* data, std::size_t bytes,
+                        Callback done, std::shared_ptr<CancelToken> token) {
+  post({src, dst, tag, const_cast<void*>(data), bytes, std::move(done), std::move(token)}, true);
 }
 
 void InProcFabric::recv(int dst, int src, Tag tag, void* data, std::size_t bytes, Callback done,
                         std::shared_ptr<CancelToken> token) {
-  Op op{dst, src, tag, data, bytes, std::move(done), std::move(token)};
-  std::unique_lock<std::mutex> lock(mu_);
-  if (src < 0 || src >= size_) {
-    lock.unlock();
-    callbacks_.post([d = std::move(op.done), src] { d(absl::InvalidArgumentError(absl::StrCat("no rank ", src))); });
-    return;
-  }
-  if (!failed_[static_cast<std::size_t>(dst)][static_cast<std::size_t>(src)].ok() ||
-      (op.token && op.token->cancelled)) {
-    absl::Status st = failed_[static_cast<std::size_t>(dst)][static_cast<std::size_t>(src)];
-    if (st.ok()) st = absl::CancelledError("operation posted after its communicator was aborted");
-    lock.unlock();
-    callbacks_.post([d = std::move(op.done), st] { d(st); });
-    return;
-  }
-  auto& waiting = sends_[static_cast<std::size_t>(dst)][{src, tag}];
-  if (!waiting.empty()) {
-    Op s = std::move(waiting.front());
-    waiting.erase(waiting.begin());
-    lock.unlock();
-    deliver(std::move(s), std::move(op));
-    return;
-  }
-  recvs_[static_cast<std::size_t>(dst)][{src, tag}].push_back(std::move(op));
+  post({dst, src, tag, data, bytes, std::move(done), std::move(token)}, false);
 }
 
 template <typename Pred>

@@ -40,6 +40,8 @@ class InProcFabric : public std::enable_shared_from_this<InProcFabric> {
             std::shared_ptr<CancelToken> token);
   void recv(int dst, int src, Tag tag, void* data, std::size_t bytes, Callback done,
             std::shared_ptr<CancelToken> token);
+  void post(Op op, bool is_send);
+  absl::Status refusal(const Op& op) const;
   void fail_peer(int rank, int peer, absl::Status why);
   void cancel(int rank, const std::shared_ptr<CancelToken>& token, absl::Status why);
   // Copies a matched pair and completes both (outside the lock).

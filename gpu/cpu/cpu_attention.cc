@@ -32,6 +32,18 @@ TROUPE_CLONES void softmax_backward_row(float* datt, const float* att, i64 i, i6
   for (i64 j = i + 1; j < T; j++) datt[j] = 0.0f;
 }
 
+// Head h of batch b: q, k, v as strided views into qkv[B,T,3C] (leading
+// dimension 3C).
+struct Head {
+  const float* q;
+  const float* k;
+  const float* v;
+};
+Head head_of(const float* qkv, i64 b, i64 h, i64 T, i64 C, i64 HS) {
+  const float* q = qkv + b * T * 3 * C + h * HS;
+  return {q, q + C, q + 2 * C};
+}
+
 }  // namespace
 
 void attention_forward(float* out, float* att, const float* qkv, i64 B, i64 T, i64 C,
@@ -41,9 +53,7 @@ void attention_forward(float* out, float* att, const float* qkv, i64 B, i64 T, i
 #pragma omp parallel for schedule(static)
   for (i64 bh = 0; bh < B * NH; bh++) {
     const i64 b = bh / NH, h = bh % NH;
-    const float* q = qkv + b * T * C3 + h * HS;
-    const float* k = q + C;
-    const float* v = q + 2 * C;
+    const auto [q, k, v] = head_of(qkv, b, h, T, C, HS);
     float* a = att + bh * T * T;
     sgemm('N', 'T', T, T, HS, scale, q, C3, k, C3, 0.0f, a, T);
     for (i64 i = 0; i < T; i++) causal_softmax_row(a + i * T, i, T);
@@ -58,9 +68,7 @@ void attention_backward(float* dqkv, float* datt, const float* dout, const float
 #pragma omp parallel for schedule(static)
   for (i64 bh = 0; bh < B * NH; bh++) {
     const i64 b = bh / NH, h = bh % NH;
-    const float* q = qkv + b * T * C3 + h * HS;
-    const float* k = q + C;
-    const float* v = q + 2 * C;
+    const auto [q, k, v] = head_of(qkv, b, h, T, C, HS);
     float* dq = dqkv + b * T * C3 + h * HS;
     float* dk = dq + C;
     float* dv = dq + 2 * C;
