@@ -121,10 +121,14 @@ UcxTransport::~UcxTransport() {
   for (std::size_t r = 0; r < eps_.size(); r++) {
     void* ep = eps_[r];
     if (ep == nullptr) continue;
-    // Flush-close live peers; force-close (no handshake) only dead ones.
+    // Force-close (no flush handshake): at teardown the peers are closing
+    // too, and a flush to one that is already gone ends in UCX's "Endpoint
+    // timeout" errors after a wait. (UCX documents forced close for its
+    // peer-failure mode; without it, the peer may see an error on this
+    // endpoint, which at teardown nobody reads.)
     ucp_request_param_t p{};
     p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-    p.flags = failed_[r].ok() ? 0 : UCP_EP_CLOSE_FLAG_FORCE;
+    p.flags = UCP_EP_CLOSE_FLAG_FORCE;
     void* req = ucp_ep_close_nbx(static_cast<ucp_ep_h>(ep), &p);
     if (UCS_PTR_IS_PTR(req)) {
       for (int i = 0; i < 100000 && ucp_request_check_status(req) == UCS_INPROGRESS; i++) {
