@@ -13,11 +13,11 @@ using gpu::Accumulate;
 using gpu::Tensor;
 namespace ops = gpu::ops;
 
-GptParams GptParams::carve(const ParamLayout& lay, const Tensor& flat, int L) {
+GptParams GptParams::carve(const ParamLayout& lay, const Tensor& flat, const StageSpec& stage) {
   GptParams p;
-  p.wte = lay.view(flat, "wte.weight");
-  p.wpe = lay.view(flat, "wpe.weight");
-  for (int l = 0; l < L; l++) {
+  if (stage.embedding || stage.head) p.wte = lay.view(flat, "wte.weight");
+  if (stage.embedding) p.wpe = lay.view(flat, "wpe.weight");
+  for (int l = stage.first_layer; l < stage.last_layer; l++) {
     const std::string h = absl::StrCat("h.", l, ".");
     auto v = [&](const char* n) { return lay.view(flat, h + n); };
     p.h.push_back({v("ln_1.weight"), v("ln_1.bias"), v("attn.c_attn.weight"),
@@ -25,8 +25,10 @@ GptParams GptParams::carve(const ParamLayout& lay, const Tensor& flat, int L) {
                    v("ln_2.weight"), v("ln_2.bias"), v("mlp.c_fc.weight"), v("mlp.c_fc.bias"),
                    v("mlp.c_proj.weight"), v("mlp.c_proj.bias")});
   }
-  p.lnfw = lay.view(flat, "ln_f.weight");
-  p.lnfb = lay.view(flat, "ln_f.bias");
+  if (stage.head) {
+    p.lnfw = lay.view(flat, "ln_f.weight");
+    p.lnfb = lay.view(flat, "ln_f.bias");
+  }
   return p;
 }
 
@@ -50,10 +52,11 @@ class Carver {
   Tensor flat_;
 };
 
-GptActivations carve_activations(const GptConfig& c, std::int64_t B, Carver& k) {
-  const std::int64_t L = c.L, T = c.T, C = c.C, NH = c.NH;
+GptActivations carve_activations(const GptConfig& c, const StageSpec& stage, std::int64_t B, Carver& k) {
+  const std::int64_t L = stage.layers(), T = c.T, C = c.C, NH = c.NH;
+  const std::int64_t H = stage.head ? 1 : 0;  // the head's tensors are empty without it
   GptActivations a;
-  a.encoded = k.take({B, T, C});
+  a.encoded = k.take({stage.embedding ? B : 0, T, C});
   a.ln1 = k.take({L, B, T, C});
   a.ln1_mean = k.take({L, B, T});
   a.ln1_rstd = k.take({L, B, T});
@@ -67,12 +70,12 @@ GptActivations carve_activations(const GptConfig& c, std::int64_t B, Carver& k) 
   a.fch = k.take({L, B, T, 4 * C});
   a.fch_gelu = k.take({L, B, T, 4 * C});
   a.residual3 = k.take({L, B, T, C});
-  a.lnf = k.take({B, T, C});
-  a.lnf_mean = k.take({B, T});
-  a.lnf_rstd = k.take({B, T});
-  a.logits = k.take({B, T, c.Vp()});
-  a.lse = k.take({B, T});
-  a.losses = k.take({B, T});
+  a.lnf = k.take({H * B, T, C});
+  a.lnf_mean = k.take({H * B, T});
+  a.lnf_rstd = k.take({H * B, T});
+  a.logits = k.take({H * B, T, c.Vp()});
+  a.lse = k.take({H * B, T});
+  a.losses = k.take({H * B, T});
   a.scratch_btc = k.take({B, T, C});
   a.dresidual = k.take({B, T, C});
   a.dbtc = k.take({B, T, C});
@@ -91,20 +94,25 @@ Tensor at(const Tensor& t, int l) {
 }  // namespace
 
 Gpt::Gpt(const GptConfig& config, int B, gpu::Device& device)
-    : config_(config), B_(B), device_(device), layout_(ParamLayout::gpt(config)) {
+    : Gpt(config, B, device, StageSpec::whole(config)) {}
+
+Gpt::Gpt(const GptConfig& config, int B, gpu::Device& device, const StageSpec& stage)
+    : config_(config), stage_(stage), B_(B), device_(device), layout_(ParamLayout::gpt(config, stage)) {
   params_flat_ = Tensor::empty(device, gpu::DType::kF32, {layout_.total()});
   grads_flat_ = Tensor::empty(device, gpu::DType::kF32, {layout_.total()});
-  p_ = GptParams::carve(layout_, params_flat_, config.L);
-  g_ = GptParams::carve(layout_, grads_flat_, config.L);
+  p_ = GptParams::carve(layout_, params_flat_, stage);
+  g_ = GptParams::carve(layout_, grads_flat_, stage);
   std::int64_t total = 0;
   Carver sizer(&total);
-  carve_activations(config, B, sizer);
+  carve_activations(config, stage, B, sizer);
   Tensor flat = Tensor::empty(device, gpu::DType::kF32, {total});
   total = 0;
   Carver carver(&total);
   carver.bind(flat);
-  acts_ = carve_activations(config, B, carver);
+  acts_ = carve_activations(config, stage, B, carver);
 }
+
+Tensor Gpt::output() const { return at(acts_.residual3, stage_.layers() - 1); }
 
 void Gpt::init(std::uint64_t seed) {
   std::vector<float> host(static_cast<std::size_t>(layout_.total()), 0.0f);
@@ -118,14 +126,18 @@ void Gpt::init(std::uint64_t seed) {
 
 void Gpt::zero_grad(gpu::Stream& s) { ops::fill(s, grads_flat_, 0.0f); }
 
-void Gpt::forward(gpu::Stream& s, const Tensor& tokens, const Tensor& targets) {
+void Gpt::forward(gpu::Stream& s, const Tensor& tokens, const Tensor& targets, const Tensor& input) {
   GptActivations& a = acts_;
-  ops::embedding_forward(s, a.encoded, tokens, p_.wte, p_.wpe);
-  for (int l = 0; l < config_.L; l++) {
-    layer_forward(s, l, l == 0 ? a.encoded : at(a.residual3, l - 1));
+  const int L = stage_.layers();
+  if (stage_.embedding) {
+    ops::embedding_forward(s, a.encoded, tokens, p_.wte, p_.wpe);
+    input_ = a.encoded;
+  } else {
+    input_ = input;
   }
-  ops::layernorm_forward(s, a.lnf, a.lnf_mean, a.lnf_rstd, at(a.residual3, config_.L - 1),
-                         p_.lnfw, p_.lnfb);
+  for (int l = 0; l < L; l++) layer_forward(s, l, l == 0 ? input_ : at(a.residual3, l - 1));
+  if (!stage_.head) return;
+  ops::layernorm_forward(s, a.lnf, a.lnf_mean, a.lnf_rstd, at(a.residual3, L - 1), p_.lnfw, p_.lnfb);
   ops::matmul_forward(s, a.logits, a.lnf, p_.wte, Tensor{});
   if (targets.defined()) {
     ops::crossentropy_forward(s, a.losses.reshape({B_ * config_.T}),
@@ -153,21 +165,25 @@ void Gpt::layer_forward(gpu::Stream& s, int l, const Tensor& residual) {
   ops::residual_forward(s, at(a.residual3, l), residual2, a.scratch_btc);
 }
 
-void Gpt::backward(gpu::Stream& s, const Tensor& tokens, const Tensor& targets, float dloss) {
+void Gpt::backward(gpu::Stream& s, const Tensor& tokens, const Tensor& targets, float dloss,
+                   const Tensor& dout) {
   GptActivations& a = acts_;
-  const std::int64_t N = static_cast<std::int64_t>(B_) * config_.T;
-  Tensor logits = a.logits.reshape({N, config_.Vp()});
-  ops::crossentropy_backward(s, logits, logits, a.lse.reshape({N}), targets.reshape({N}), dloss,
-                             config_.V);
-  // The LM head shares wte with the token embedding: both add into g_.wte.
-  ops::matmul_backward(s, a.dbtc, g_.wte, Tensor{}, a.logits, a.lnf, p_.wte, Accumulate::kNo);
+  const int L = stage_.layers();
   ops::fill(s, a.dresidual, 0.0f);
-  ops::layernorm_backward(s, a.dresidual, g_.lnfw, g_.lnfb, a.dbtc,
-                          at(a.residual3, config_.L - 1), p_.lnfw, a.lnf_mean, a.lnf_rstd);
-  for (int l = config_.L - 1; l >= 0; l--) {
-    layer_backward(s, l, l == 0 ? a.encoded : at(a.residual3, l - 1));
+  if (stage_.head) {
+    const std::int64_t N = static_cast<std::int64_t>(B_) * config_.T;
+    Tensor logits = a.logits.reshape({N, config_.Vp()});
+    ops::crossentropy_backward(s, logits, logits, a.lse.reshape({N}), targets.reshape({N}), dloss,
+                               config_.V);
+    // The LM head shares wte with the token embedding: both add into g_.wte.
+    ops::matmul_backward(s, a.dbtc, g_.wte, Tensor{}, a.logits, a.lnf, p_.wte, Accumulate::kNo);
+    ops::layernorm_backward(s, a.dresidual, g_.lnfw, g_.lnfb, a.dbtc, at(a.residual3, L - 1), p_.lnfw,
+                            a.lnf_mean, a.lnf_rstd);
+  } else {
+    ops::axpy(s, a.dresidual, 1.0f, dout);  // the next stage's gradient of our output
   }
-  ops::embedding_backward(s, g_.wte, g_.wpe, a.dresidual, tokens);
+  for (int l = L - 1; l >= 0; l--) layer_backward(s, l, l == 0 ? input_ : at(a.residual3, l - 1));
+  if (stage_.embedding) ops::embedding_backward(s, g_.wte, g_.wpe, a.dresidual, tokens);
 }
 
 // On entry a.dresidual holds d(residual3[l]); on exit d(residual), the

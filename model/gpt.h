@@ -36,10 +36,12 @@ struct GptParams {
   gpu::Tensor wpe;  // (T, C)
   std::vector<LayerParams> h;
   gpu::Tensor lnfw, lnfb;  // (C)
-  static GptParams carve(const ParamLayout& layout, const gpu::Tensor& flat, int L);
+  // Views of the parameters a stage holds (absent ones stay undefined).
+  static GptParams carve(const ParamLayout& layout, const gpu::Tensor& flat, const StageSpec& stage);
 };
 
-// What the forward keeps for the backward, per layer where it says (L, ...).
+// What the forward keeps for the backward, per layer of the stage where it
+// says (L, ...); the head's tensors are empty on stages without the head.
 struct GptActivations {
   gpu::Tensor encoded;                    // (B, T, C)
   gpu::Tensor ln1, ln1_mean, ln1_rstd;    // (L, B, T, C), (L, B, T) x2
@@ -63,9 +65,11 @@ struct GptActivations {
 
 class Gpt {
  public:
-  // Allocates parameters, gradients and activations for micro-batches of B
-  // sequences of config.T tokens on `device`. The config must be valid.
+  // Allocates parameters, gradients and activations of `stage` (default: the
+  // whole model) for micro-batches of B sequences of config.T tokens on
+  // `device`. The config must be valid.
   Gpt(const GptConfig& config, int B, gpu::Device& device);
+  Gpt(const GptConfig& config, int B, gpu::Device& device, const StageSpec& stage);
 
   const GptConfig& config() const { return config_; }
   const ParamLayout& layout() const { return layout_; }
@@ -79,24 +83,37 @@ class Gpt {
 
   void zero_grad(gpu::Stream& s);
   // tokens, targets: i32 (B, T). Without targets only the logits are made.
-  void forward(gpu::Stream& s, const gpu::Tensor& tokens, const gpu::Tensor& targets);
+  // A stage without the embedding reads `input` (B, T, C), the previous
+  // stage's output(), instead of tokens; it must stay unchanged until the
+  // backward.
+  void forward(gpu::Stream& s, const gpu::Tensor& tokens, const gpu::Tensor& targets,
+               const gpu::Tensor& input = gpu::Tensor{});
   // Adds this micro-batch's gradients, each token's loss weighted by `dloss`
   // (1 / tokens in the global batch for a mean). Needs the forward before it.
-  // The logits are overwritten by their gradient.
+  // The logits are overwritten by their gradient. A stage without the head
+  // starts from `dout` (B, T, C), the next stage's input_grad().
   void backward(gpu::Stream& s, const gpu::Tensor& tokens, const gpu::Tensor& targets,
-                float dloss);
+                float dloss, const gpu::Tensor& dout = gpu::Tensor{});
+
+  const StageSpec& stage() const { return stage_; }
+  // (B, T, C): what a stage without the head hands to the next stage, and
+  // (after the backward) the gradient a stage without the embedding hands back.
+  gpu::Tensor output() const;
+  const gpu::Tensor& input_grad() const { return acts_.dresidual; }
 
  private:
   void layer_forward(gpu::Stream& s, int l, const gpu::Tensor& residual);
   void layer_backward(gpu::Stream& s, int l, const gpu::Tensor& residual);
 
   GptConfig config_;
+  StageSpec stage_;
   int B_;
   gpu::Device& device_;
   ParamLayout layout_;
   gpu::Tensor params_flat_, grads_flat_;
   GptParams p_, g_;
   GptActivations acts_;
+  gpu::Tensor input_;  // the stage's input: acts_.encoded, or the previous stage's output
 };
 
 }  // namespace troupe::model

@@ -24,12 +24,14 @@ void ParamLayout::add(std::string name, gpu::Shape shape, Decay decay, Init init
   specs_.push_back(std::move(s));
 }
 
-ParamLayout ParamLayout::gpt(const GptConfig& c) {
+ParamLayout ParamLayout::gpt(const GptConfig& c, StageSpec stage) {
   ParamLayout lay;
   const std::int64_t C = c.C;
-  lay.add("wte.weight", {c.Vp(), C}, Decay::kYes, Init::kNormal, -1, false, c.V);
-  lay.add("wpe.weight", {c.T, C}, Decay::kYes, Init::kNormal, -1);
-  for (int l = 0; l < c.L; l++) {
+  if (stage.embedding || stage.head) {
+    lay.add("wte.weight", {c.Vp(), C}, Decay::kYes, Init::kNormal, -1, false, c.V);
+  }
+  if (stage.embedding) lay.add("wpe.weight", {c.T, C}, Decay::kYes, Init::kNormal, -1);
+  for (int l = stage.first_layer; l < stage.last_layer; l++) {
     const std::string h = absl::StrCat("h.", l, ".");
     lay.add(h + "ln_1.weight", {C}, Decay::kNo, Init::kOnes, l);
     lay.add(h + "ln_1.bias", {C}, Decay::kNo, Init::kZeros, l);
@@ -44,8 +46,10 @@ ParamLayout ParamLayout::gpt(const GptConfig& c) {
     lay.add(h + "mlp.c_proj.weight", {C, 4 * C}, Decay::kYes, Init::kNormalScaled, l, true);
     lay.add(h + "mlp.c_proj.bias", {C}, Decay::kNo, Init::kZeros, l);
   }
-  lay.add("ln_f.weight", {C}, Decay::kNo, Init::kOnes, -1);
-  lay.add("ln_f.bias", {C}, Decay::kNo, Init::kZeros, -1);
+  if (stage.head) {
+    lay.add("ln_f.weight", {C}, Decay::kNo, Init::kOnes, -1);
+    lay.add("ln_f.bias", {C}, Decay::kNo, Init::kZeros, -1);
+  }
   return lay;
 }
 

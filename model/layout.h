@@ -22,6 +22,24 @@
 
 namespace troupe::model {
 
+// The part of the model one pipeline stage holds: layers [first, last), the
+// embeddings on the first stage, the final LayerNorm and LM head on the last.
+// The LM head is tied to the token embedding, so wte is on both ends.
+struct StageSpec {
+  int first_layer = 0;
+  int last_layer = 0;  // exclusive
+  bool embedding = true;
+  bool head = true;
+  int layers() const { return last_layer - first_layer; }
+  // All of the model (one stage).
+  static StageSpec whole(const GptConfig& config) { return {0, config.L, true, true}; }
+  // Stage s of pp equal stages; L must be a multiple of pp.
+  static StageSpec pipeline(const GptConfig& config, int pp, int s) {
+    const int per = config.L / pp;
+    return {s * per, (s + 1) * per, s == 0, s == pp - 1};
+  }
+};
+
 enum class Decay { kNo, kYes };  // AdamW weight decay (not biases, LN, as Megatron)
 enum class Init { kNormal, kNormalScaled, kZeros, kOnes };
 
@@ -41,7 +59,8 @@ struct ParamSpec {
 
 class ParamLayout {
  public:
-  static ParamLayout gpt(const GptConfig& config);
+  static ParamLayout gpt(const GptConfig& config, StageSpec stage);
+  static ParamLayout gpt(const GptConfig& config) { return gpt(config, StageSpec::whole(config)); }
 
   const std::vector<ParamSpec>& specs() const { return specs_; }
   const ParamSpec& find(const std::string& name) const;  // name must exist
