@@ -82,17 +82,9 @@ Communicator::Communicator(Transport& transport, std::vector<int> ranks, GroupKi
     if (ranks_[i] == transport_.rank()) me_ = static_cast<int>(i);
   }
   if (me_ < 0) aborted_ = absl::InvalidArgumentError("communicator: this rank is not a member");
-  thread_ = std::thread([this] { worker(); });
 }
 
-Communicator::~Communicator() {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    stop_ = true;
-  }
-  cv_.notify_all();
-  thread_.join();
-}
+Communicator::~Communicator() = default;  // worker_ (declared last) drains and joins first
 
 bool Communicator::contains(int global_rank) const {
   return std::find(ranks_.begin(), ranks_.end(), global_rank) != ranks_.end();
@@ -107,35 +99,23 @@ void Communicator::fail(absl::Status why) {
   transport_.cancel(token_, std::move(why));
 }
 
+// Collectives run one at a time on the worker, in issue order. A failed one
+// fails the communicator (its peers are left mid-algorithm); every later one
+// reports that root cause rather than a "cancelled".
 void Communicator::enqueue(std::function<absl::Status()> run, Callback done) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    tasks_.push_back({std::move(run), std::move(done)});
-  }
-  cv_.notify_all();
+  worker_.post([this, run = std::move(run), done = std::move(done)] {
+    absl::Status st = failure();
+    if (st.ok()) st = run();
+    if (!st.ok()) fail(st);
+    if (absl::Status root = failure(); !root.ok()) st = root;
+    next_op_++;
+    done(st);
+  });
 }
 
-void Communicator::worker() {
-  for (;;) {
-    Task task;
-    absl::Status aborted;
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return stop_ || !tasks_.empty(); });
-      if (tasks_.empty()) return;
-      task = std::move(tasks_.front());
-      tasks_.pop_front();
-      aborted = aborted_;
-    }
-    absl::Status st = aborted.ok() ? task.run() : aborted;
-    if (!st.ok()) fail(st);  // a failed collective leaves peers mid-algorithm
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (!aborted_.ok()) st = aborted_;  // report the root cause, not "cancelled"
-    }
-    next_op_++;
-    task.done(st);
-  }
+absl::Status Communicator::failure() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return aborted_;
 }
 
 absl::Status Communicator::run_sync(const std::function<void(Callback)>& issue) {

@@ -30,6 +30,7 @@
 #include <thread>
 #include <vector>
 
+#include "comm/callback_queue.h"
 #include "comm/collectives.h"
 #include "comm/transport.h"
 
@@ -77,13 +78,9 @@ class Communicator final : public Collectives {
   bool contains(int global_rank) const;
 
  private:
-  struct Task {
-    std::function<absl::Status()> run;
-    Callback done;
-  };
   void enqueue(std::function<absl::Status()> run, Callback done);
+  absl::Status failure();  // OK, or why the communicator failed
   absl::Status run_sync(const std::function<void(Callback)>& issue);
-  void worker();
 
   absl::Status ring_reduce_scatter(float* data, std::size_t n, std::uint32_t op);
   absl::Status ring_all_gather(float* data, std::size_t n, std::uint32_t op, std::uint32_t step0);
@@ -105,11 +102,8 @@ class Communicator final : public Collectives {
   std::vector<float> scratch_;
 
   std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Task> tasks_;
   absl::Status aborted_;
-  bool stop_ = false;
-  std::thread thread_;
+  CallbackQueue worker_;  // last: its thread runs collectives that use the members above
 };
 
 }  // namespace troupe::comm

@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "comm/callback_queue.h"
 #include "comm/communicator.h"
 
 namespace troupe::comm {
@@ -30,15 +31,11 @@ absl::Status cuda_status(cudaError_t e, absl::string_view what) {
 class NcclComm final : public NcclCommunicator {
  public:
   NcclComm(ncclComm_t comm, cudaStream_t stream, int rank, int size, int device)
-      : comm_(comm), stream_(stream), rank_(rank), size_(size), device_(device),
-        thread_([this] { issue_loop(); }) {}
+      : comm_(comm), stream_(stream), rank_(rank), size_(size), device_(device) {
+    issuer_->post([this] { cudaSetDevice(device_); });
+  }
   ~NcclComm() override {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    thread_.join();
+    issuer_.reset();  // drains the queue and joins its thread
     cudaSetDevice(device_);
     cudaStreamSynchronize(stream_);
     if (aborted_.ok()) ncclCommDestroy(comm_);
@@ -93,37 +90,18 @@ class NcclComm final : public NcclCommunicator {
   }
 
  private:
-  struct Task {
-    std::function<absl::Status()> issue;
-    Callback done;
-  };
+  // NCCL calls go on the stream in issue order, from one thread; each
+  // callback runs when the stream gets there.
   void enqueue(std::function<absl::Status()> issue, Callback done) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      tasks_.push_back({std::move(issue), std::move(done)});
-    }
-    cv_.notify_all();
-  }
-  void issue_loop() {
-    cudaSetDevice(device_);
-    for (;;) {
-      Task t;
-      absl::Status aborted;
+    issuer_->post([this, issue = std::move(issue), done = std::move(done)]() mutable {
+      absl::Status st;
       {
-        std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [&] { return stop_ || !tasks_.empty(); });
-        if (tasks_.empty()) return;
-        t = std::move(tasks_.front());
-        tasks_.pop_front();
-        aborted = aborted_;
+        std::lock_guard<std::mutex> lock(mu_);
+        st = aborted_;
       }
-      absl::Status st = aborted.ok() ? t.issue() : aborted;
-      if (!st.ok()) {
-        t.done(st);
-        continue;
-      }
-      // The callback runs when the stream reaches this point.
-      auto* cb = new Callback(std::move(t.done));
+      if (st.ok()) st = issue();
+      if (!st.ok()) return done(st);
+      auto* cb = new Callback(std::move(done));
       cudaError_t e = cudaLaunchHostFunc(stream_, [](void* p) {
         auto* c = static_cast<Callback*>(p);
         (*c)(absl::OkStatus());
@@ -133,18 +111,15 @@ class NcclComm final : public NcclCommunicator {
         (*cb)(cuda_status(e, "cudaLaunchHostFunc"));
         delete cb;
       }
-    }
+    });
   }
 
   ncclComm_t comm_;
   cudaStream_t stream_;
   const int rank_, size_, device_;
   std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Task> tasks_;
   absl::Status aborted_;
-  bool stop_ = false;
-  std::thread thread_;
+  std::unique_ptr<CallbackQueue> issuer_ = std::make_unique<CallbackQueue>();
 };
 
 }  // namespace
