@@ -69,6 +69,13 @@ absl::StatusOr<std::unique_ptr<UcxTransport>> UcxTransport::create(int rank, int
   // survivor). Shared-memory FIFOs and TCP fail softly, so CMA stays off
   // unless UCX_TLS says otherwise.
   if (std::getenv("UCX_TLS") == nullptr) ucp_config_modify(config, "TLS", "^cma");
+  // With CMA off, UCX 1.13 runs the rendezvous of large messages between
+  // processes of one host over TCP (ucx_perftest here: 4.2 GB/s, against
+  // 10.9 GB/s eager over shared memory). Large messages on one host take our
+  // single-copy protocol anyway; everything else goes eager. (Protocols v2,
+  // UCX_PROTO_ENABLE=y, would also fix the speed but abort inside UCX when
+  // a peer dies: seen in tests/comm/ucx_test.cc.)
+  if (std::getenv("UCX_RNDV_THRESH") == nullptr) ucp_config_modify(config, "RNDV_THRESH", "inf");
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
   params.features = UCP_FEATURE_TAG;
