@@ -17,25 +17,31 @@ absl::StatusOr<ScheduleKind> parse_schedule(const std::string& name) {
 
 std::string schedule_name(ScheduleKind kind) {
   switch (kind) {
-    case ScheduleKind::kGPipe: return "gpipe";
-    case ScheduleKind::k1F1B: return "1f1b";
-    case ScheduleKind::kInterleaved1F1B: return "interleaved";
+    case ScheduleKind::kGPipe:
+      return "gpipe";
+    case ScheduleKind::k1F1B:
+      return "1f1b";
+    case ScheduleKind::kInterleaved1F1B:
+      return "interleaved";
   }
   return "?";
 }
 
 absl::Status check_layer_split(int L, int pp, int v) {
   if (pp < 1 || v < 1 || L % (pp * v) != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("--layers ", L, " does not split into --pp ", pp, " x --virtual-stages ",
-                                                   v, " = ", pp * v, " equal model chunks"));
+    return absl::InvalidArgumentError(absl::StrCat("--layers ", L, " does not split into --pp ", pp,
+                                                   " x --virtual-stages ", v, " = ", pp * v,
+                                                   " equal model chunks"));
   }
   return absl::OkStatus();
 }
 
 int warmup_forwards(ScheduleKind kind, int pp, int s, int m, int v) {
   switch (kind) {
-    case ScheduleKind::kGPipe: return m;
-    case ScheduleKind::k1F1B: return std::min(pp - s - 1, m);
+    case ScheduleKind::kGPipe:
+      return m;
+    case ScheduleKind::k1F1B:
+      return std::min(pp - s - 1, m);
     case ScheduleKind::kInterleaved1F1B:
       // Megatron: all forwards first when m == pp; else enough to fill the
       // pipeline across the v chunks.
@@ -60,16 +66,20 @@ ScheduleOp virtual_op(OpKind kind, int k, int pp, int v) {
 
 }  // namespace
 
-absl::StatusOr<std::vector<ScheduleOp>> make_schedule(ScheduleKind kind, int pp, int s, int m, int v) {
+absl::StatusOr<std::vector<ScheduleOp>> make_schedule(ScheduleKind kind, int pp, int s, int m,
+                                                      int v) {
   if (pp < 1 || s < 0 || s >= pp || m < 1 || v < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("schedule: pp=", pp, " s=", s, " m=", m, " v=", v, " out of range"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("schedule: pp=", pp, " s=", s, " m=", m, " v=", v, " out of range"));
   }
   if (kind != ScheduleKind::kInterleaved1F1B && v != 1) {
-    return absl::InvalidArgumentError(absl::StrCat("--virtual-stages ", v, " needs --schedule interleaved"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--virtual-stages ", v, " needs --schedule interleaved"));
   }
   if (kind == ScheduleKind::kInterleaved1F1B && m % pp != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("interleaved schedule: the ", m,
-                                                   " micro-batches per step must be a multiple of --pp ", pp));
+    return absl::InvalidArgumentError(
+        absl::StrCat("interleaved schedule: the ", m,
+                     " micro-batches per step must be a multiple of --pp ", pp));
   }
   const int total = m * v;
   const int warmup = warmup_forwards(kind, pp, s, m, v);
@@ -83,12 +93,12 @@ absl::StatusOr<std::vector<ScheduleOp>> make_schedule(ScheduleKind kind, int pp,
   };
   std::vector<ScheduleOp> ops;
   ops.reserve(static_cast<std::size_t>(2 * total));
-  for (int k = 0; k < warmup; k++) ops.push_back(fwd(k));               // warm-up
-  for (int k = 0; k < total - warmup; k++) {                            // steady: 1F1B
+  for (int k = 0; k < warmup; k++) ops.push_back(fwd(k));  // warm-up
+  for (int k = 0; k < total - warmup; k++) {               // steady: 1F1B
     ops.push_back(fwd(warmup + k));
     ops.push_back(bwd(k));
   }
-  for (int k = total - warmup; k < total; k++) ops.push_back(bwd(k));   // cool-down
+  for (int k = total - warmup; k < total; k++) ops.push_back(bwd(k));  // cool-down
   for (std::size_t i = 0; i < ops.size(); i++) ops[i].id = static_cast<int>(i);
   return ops;
 }

@@ -8,8 +8,8 @@
 //   Interleaved1F1B  v model chunks per stage (stage s holds chunks
 //                    s, s+pp, s+2pp, ...); m must be a multiple of pp
 //
-//   auto ops = actors::make_schedule(actors::ScheduleKind::k1F1B, /*pp=*/4, /*s=*/1, /*m=*/8, /*v=*/1);
-//   for (const actors::ScheduleOp& op : *ops) { ... op.kind, op.micro, op.chunk ... }
+//   auto ops = actors::make_schedule(actors::ScheduleKind::k1F1B, /*pp=*/4, /*s=*/1, /*m=*/8,
+//   /*v=*/1); for (const actors::ScheduleOp& op : *ops) { ... op.kind, op.micro, op.chunk ... }
 #pragma once
 
 #include <string>
@@ -36,7 +36,8 @@ std::string schedule_name(ScheduleKind kind);
 
 // Stage s's ops for m micro-batches (v model chunks per stage; v = 1 unless
 // interleaved). InvalidArgument for sizes out of range.
-absl::StatusOr<std::vector<ScheduleOp>> make_schedule(ScheduleKind kind, int pp, int s, int m, int v);
+absl::StatusOr<std::vector<ScheduleOp>> make_schedule(ScheduleKind kind, int pp, int s, int m,
+                                                      int v);
 
 // L layers must split into pp*v equal model chunks.
 absl::Status check_layer_split(int L, int pp, int v);

@@ -21,12 +21,15 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using troupe::comm::Callback;
 
-double secs(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+double secs(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
 
 // Posts `ops` and waits for all of them.
 absl::Status wait_all(int count, const std::function<void(int, Callback)>& post) {
   std::vector<std::promise<absl::Status>> ps(static_cast<std::size_t>(count));
-  for (int i = 0; i < count; i++) post(i, [&ps, i](absl::Status st) { ps[static_cast<std::size_t>(i)].set_value(st); });
+  for (int i = 0; i < count; i++)
+    post(i, [&ps, i](absl::Status st) { ps[static_cast<std::size_t>(i)].set_value(st); });
   absl::Status first;
   for (auto& p : ps) {
     absl::Status st = p.get_future().get();
@@ -52,21 +55,28 @@ int p2p(int rank, troupe::comm::Transport& t, std::size_t min_bytes, std::size_t
       }
     }
     if (rank == 0) {
-      std::printf("{\"impl\": \"troupe-ucx\", \"op\": \"p2p_lat\", \"n\": 2, \"bytes\": 8, \"time_us\": %.3f}\n",
-                  secs(t0) / (2.0 * iters) * 1e6);
+      std::printf(
+          "{\"impl\": \"troupe-ucx\", \"op\": \"p2p_lat\", \"n\": 2, \"bytes\": 8, \"time_us\": "
+          "%.3f}\n",
+          secs(t0) / (2.0 * iters) * 1e6);
     }
   }
   std::vector<char> buf(max_bytes, 1);
   for (std::size_t bytes = min_bytes; bytes <= max_bytes; bytes *= 4) {
     const int window = 16;
-    const int iters = static_cast<int>(std::clamp<std::size_t>((256u << 20) / (bytes * window), 2, 200));
+    const int iters =
+        static_cast<int>(std::clamp<std::size_t>((256u << 20) / (bytes * window), 2, 200));
     char ack = 0;
     auto round = [&](int tag) {
       if (rank == 0) {
-        (void)wait_all(window, [&](int i, Callback cb) { t.send(peer, static_cast<troupe::comm::Tag>(tag * 64 + i), buf.data(), bytes, cb); });
+        (void)wait_all(window, [&](int i, Callback cb) {
+          t.send(peer, static_cast<troupe::comm::Tag>(tag * 64 + i), buf.data(), bytes, cb);
+        });
         (void)wait_all(1, [&](int, Callback cb) { t.recv(peer, 7, &ack, 1, cb); });
       } else {
-        (void)wait_all(window, [&](int i, Callback cb) { t.recv(peer, static_cast<troupe::comm::Tag>(tag * 64 + i), buf.data(), bytes, cb); });
+        (void)wait_all(window, [&](int i, Callback cb) {
+          t.recv(peer, static_cast<troupe::comm::Tag>(tag * 64 + i), buf.data(), bytes, cb);
+        });
         (void)wait_all(1, [&](int, Callback cb) { t.send(peer, 7, &ack, 1, cb); });
       }
     };
@@ -76,15 +86,19 @@ int p2p(int rank, troupe::comm::Transport& t, std::size_t min_bytes, std::size_t
     const double s = secs(t0);
     if (rank == 0) {
       const double per_msg = s / (static_cast<double>(iters) * window);
-      std::printf("{\"impl\": \"troupe-ucx\", \"op\": \"p2p_bw\", \"n\": 2, \"bytes\": %zu, \"time_us\": %.3f, "
-                  "\"bw_GBps\": %.4f}\n", bytes, per_msg * 1e6, static_cast<double>(bytes) / per_msg / 1e9);
+      std::printf(
+          "{\"impl\": \"troupe-ucx\", \"op\": \"p2p_bw\", \"n\": 2, \"bytes\": %zu, \"time_us\": "
+          "%.3f, "
+          "\"bw_GBps\": %.4f}\n",
+          bytes, per_msg * 1e6, static_cast<double>(bytes) / per_msg / 1e9);
       std::fflush(stdout);
     }
   }
   return 0;
 }
 
-int allreduce(int rank, int size, troupe::comm::Transport& t, std::size_t min_bytes, std::size_t max_bytes) {
+int allreduce(int rank, int size, troupe::comm::Transport& t, std::size_t min_bytes,
+              std::size_t max_bytes) {
   std::vector<int> ranks(static_cast<std::size_t>(size));
   for (int i = 0; i < size; i++) ranks[static_cast<std::size_t>(i)] = i;
   troupe::comm::Communicator c(t, ranks, troupe::comm::GroupKind::kWorld);
@@ -106,8 +120,11 @@ int allreduce(int rank, int size, troupe::comm::Transport& t, std::size_t min_by
     const double per = secs(t0) / iters;
     if (rank == 0) {
       const double busbw = static_cast<double>(bytes) / per * 2.0 * (size - 1) / size / 1e9;
-      std::printf("{\"impl\": \"troupe-ucx\", \"op\": \"allreduce\", \"n\": %d, \"bytes\": %zu, \"time_us\": %.3f, "
-                  "\"busbw_GBps\": %.4f}\n", size, bytes, per * 1e6, busbw);
+      std::printf(
+          "{\"impl\": \"troupe-ucx\", \"op\": \"allreduce\", \"n\": %d, \"bytes\": %zu, "
+          "\"time_us\": %.3f, "
+          "\"busbw_GBps\": %.4f}\n",
+          size, bytes, per * 1e6, busbw);
       std::fflush(stdout);
     }
   }
@@ -122,19 +139,26 @@ int main(int argc, char** argv) {
   std::size_t min_bytes = 4096, max_bytes = 256u << 20;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
-    if (k == "--rank") rank = std::atoi(v.c_str());
-    else if (k == "--size") size = std::atoi(v.c_str());
-    else if (k == "--port") port = std::atoi(v.c_str());
-    else if (k == "--mode") mode = v;
-    else if (k == "--min-bytes") min_bytes = std::strtoull(v.c_str(), nullptr, 10);
-    else if (k == "--max-bytes") max_bytes = std::strtoull(v.c_str(), nullptr, 10);
+    if (k == "--rank")
+      rank = std::atoi(v.c_str());
+    else if (k == "--size")
+      size = std::atoi(v.c_str());
+    else if (k == "--port")
+      port = std::atoi(v.c_str());
+    else if (k == "--mode")
+      mode = v;
+    else if (k == "--min-bytes")
+      min_bytes = std::strtoull(v.c_str(), nullptr, 10);
+    else if (k == "--max-bytes")
+      max_bytes = std::strtoull(v.c_str(), nullptr, 10);
   }
   auto b = troupe::comm::Bootstrap::start(rank, size, "127.0.0.1", port, absl::Seconds(60));
   auto t = troupe::comm::UcxTransport::create(rank, size);
   if (!b.ok() || !t.ok()) return 1;
   auto addresses = (*b)->all_gather((*t)->address());
   if (!addresses.ok() || !(*t)->connect(*addresses).ok()) return 1;
-  const int rc = mode == "p2p" ? p2p(rank, **t, min_bytes, max_bytes) : allreduce(rank, size, **t, min_bytes, max_bytes);
+  const int rc = mode == "p2p" ? p2p(rank, **t, min_bytes, max_bytes)
+                               : allreduce(rank, size, **t, min_bytes, max_bytes);
   (void)(*b)->finish();
   return rc;
 }

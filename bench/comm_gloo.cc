@@ -16,8 +16,8 @@
 #include <vector>
 
 template <typename Algo>
-void run(const char* name, const std::shared_ptr<gloo::Context>& ctx, std::vector<float>& x, std::size_t min_bytes,
-         std::size_t max_bytes) {
+void run(const char* name, const std::shared_ptr<gloo::Context>& ctx, std::vector<float>& x,
+         std::size_t min_bytes, std::size_t max_bytes) {
   for (std::size_t bytes = min_bytes; bytes <= max_bytes; bytes *= 4) {
     const int n = static_cast<int>(bytes / 4);
     const int iters = static_cast<int>(std::clamp<std::size_t>((512u << 20) / bytes, 3, 200));
@@ -26,11 +26,15 @@ void run(const char* name, const std::shared_ptr<gloo::Context>& ctx, std::vecto
     gloo::BarrierAllToOne(ctx).run();
     const auto t0 = std::chrono::steady_clock::now();
     for (int i = 0; i < iters; i++) algo.run();
-    const double per = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / iters;
+    const double per =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / iters;
     if (ctx->rank == 0) {
-      const double busbw = static_cast<double>(bytes) / per * 2.0 * (ctx->size - 1) / ctx->size / 1e9;
-      std::printf("{\"impl\": \"%s\", \"op\": \"allreduce\", \"n\": %d, \"bytes\": %zu, \"time_us\": %.3f, "
-                  "\"busbw_GBps\": %.4f}\n", name, ctx->size, bytes, per * 1e6, busbw);
+      const double busbw =
+          static_cast<double>(bytes) / per * 2.0 * (ctx->size - 1) / ctx->size / 1e9;
+      std::printf(
+          "{\"impl\": \"%s\", \"op\": \"allreduce\", \"n\": %d, \"bytes\": %zu, \"time_us\": %.3f, "
+          "\"busbw_GBps\": %.4f}\n",
+          name, ctx->size, bytes, per * 1e6, busbw);
       std::fflush(stdout);
     }
   }

@@ -22,12 +22,16 @@ int main(int argc, char** argv) {
     MPI_Allreduce(MPI_IN_PLACE, x.data(), n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
     MPI_Barrier(MPI_COMM_WORLD);
     const double t0 = MPI_Wtime();
-    for (int i = 0; i < iters; i++) MPI_Allreduce(MPI_IN_PLACE, x.data(), n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+    for (int i = 0; i < iters; i++)
+      MPI_Allreduce(MPI_IN_PLACE, x.data(), n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
     const double per = (MPI_Wtime() - t0) / iters;
     if (rank == 0) {
       const double busbw = static_cast<double>(bytes) / per * 2.0 * (size - 1) / size / 1e9;
-      std::printf("{\"impl\": \"openmpi\", \"op\": \"allreduce\", \"n\": %d, \"bytes\": %zu, \"time_us\": %.3f, "
-                  "\"busbw_GBps\": %.4f}\n", size, bytes, per * 1e6, busbw);
+      std::printf(
+          "{\"impl\": \"openmpi\", \"op\": \"allreduce\", \"n\": %d, \"bytes\": %zu, \"time_us\": "
+          "%.3f, "
+          "\"busbw_GBps\": %.4f}\n",
+          size, bytes, per * 1e6, busbw);
       std::fflush(stdout);
     }
   }

@@ -14,13 +14,17 @@ namespace cpu = troupe::gpu::cpu;
 using i64 = std::int64_t;
 constexpr i64 B = 8, T = 256, C = 256, NH = 4, V = 50257, Vp = 50304, N = B * T;
 
-std::vector<float> buf(i64 n, float v = 0.01f) { return std::vector<float>(static_cast<std::size_t>(n), v); }
+std::vector<float> buf(i64 n, float v = 0.01f) {
+  return std::vector<float>(static_cast<std::size_t>(n), v);
+}
 
 void flops(benchmark::State& s, double per_iter) {
-  s.counters["GFLOP/s"] = benchmark::Counter(per_iter * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  s.counters["GFLOP/s"] =
+      benchmark::Counter(per_iter * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
 }
 void bytes(benchmark::State& s, double per_iter) {
-  s.counters["GB/s"] = benchmark::Counter(per_iter * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  s.counters["GB/s"] =
+      benchmark::Counter(per_iter * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
 }
 
 // (M, N, K): the step's linear layers and the LM head.
@@ -40,8 +44,11 @@ BENCHMARK(BM_Sgemm)
 
 void BM_MatmulBackward(benchmark::State& s) {
   const i64 ic = s.range(0), oc = s.range(1);
-  auto inp = buf(N * ic), w = buf(oc * ic), dout = buf(N * oc), dinp = buf(N * ic), dw = buf(oc * ic), db = buf(oc);
-  for (auto _ : s) cpu::matmul_backward(dinp.data(), dw.data(), db.data(), dout.data(), inp.data(), w.data(), N, ic, oc, false);
+  auto inp = buf(N * ic), w = buf(oc * ic), dout = buf(N * oc), dinp = buf(N * ic),
+       dw = buf(oc * ic), db = buf(oc);
+  for (auto _ : s)
+    cpu::matmul_backward(dinp.data(), dw.data(), db.data(), dout.data(), inp.data(), w.data(), N,
+                         ic, oc, false);
   flops(s, 4.0 * N * ic * oc);
 }
 BENCHMARK(BM_MatmulBackward)->Args({C, 4 * C})->Args({C, Vp})->UseRealTime();
@@ -54,22 +61,30 @@ void BM_AttentionForward(benchmark::State& s) {
 BENCHMARK(BM_AttentionForward)->UseRealTime();
 
 void BM_AttentionBackward(benchmark::State& s) {
-  auto qkv = buf(N * 3 * C), att = buf(B * NH * T * T), datt = buf(B * NH * T * T), dout = buf(N * C), dqkv = buf(N * 3 * C);
-  for (auto _ : s) cpu::attention_backward(dqkv.data(), datt.data(), dout.data(), qkv.data(), att.data(), B, T, C, NH);
+  auto qkv = buf(N * 3 * C), att = buf(B * NH * T * T), datt = buf(B * NH * T * T),
+       dout = buf(N * C), dqkv = buf(N * 3 * C);
+  for (auto _ : s)
+    cpu::attention_backward(dqkv.data(), datt.data(), dout.data(), qkv.data(), att.data(), B, T, C,
+                            NH);
   flops(s, 4.0 * 2.0 * B * T * T * C);
 }
 BENCHMARK(BM_AttentionBackward)->UseRealTime();
 
 void BM_LayerNormForward(benchmark::State& s) {
   auto x = buf(N * C), out = buf(N * C), w = buf(C, 1.0f), b = buf(C), mean = buf(N), rstd = buf(N);
-  for (auto _ : s) cpu::layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C);
+  for (auto _ : s)
+    cpu::layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N,
+                           C);
   bytes(s, 2.0 * 4 * N * C);
 }
 BENCHMARK(BM_LayerNormForward)->UseRealTime();
 
 void BM_LayerNormBackward(benchmark::State& s) {
-  auto x = buf(N * C), dout = buf(N * C), dx = buf(N * C), w = buf(C, 1.0f), dw = buf(C), db = buf(C), mean = buf(N), rstd = buf(N, 1.0f);
-  for (auto _ : s) cpu::layernorm_backward(dx.data(), dw.data(), db.data(), dout.data(), x.data(), w.data(), mean.data(), rstd.data(), N, C);
+  auto x = buf(N * C), dout = buf(N * C), dx = buf(N * C), w = buf(C, 1.0f), dw = buf(C),
+       db = buf(C), mean = buf(N), rstd = buf(N, 1.0f);
+  for (auto _ : s)
+    cpu::layernorm_backward(dx.data(), dw.data(), db.data(), dout.data(), x.data(), w.data(),
+                            mean.data(), rstd.data(), N, C);
   bytes(s, 3.0 * 4 * N * C);
 }
 BENCHMARK(BM_LayerNormBackward)->UseRealTime();
@@ -86,7 +101,8 @@ void BM_CrossEntropyForwardBackward(benchmark::State& s) {
   std::vector<std::int32_t> targets(N, 7);
   for (auto _ : s) {
     cpu::crossentropy_forward(losses.data(), lse.data(), logits.data(), targets.data(), N, V, Vp);
-    cpu::crossentropy_backward(logits.data(), logits.data(), lse.data(), targets.data(), 1e-4f, N, V, Vp);
+    cpu::crossentropy_backward(logits.data(), logits.data(), lse.data(), targets.data(), 1e-4f, N,
+                               V, Vp);
   }
   bytes(s, 3.0 * 4 * N * Vp);
 }

@@ -2,13 +2,12 @@
 //   {"impl": "troupe", "cache": "cold"|"warm", "MB_per_s": ..., "tokens": ...}
 // cold: a new encoder (empty merge cache) for every pass; warm: one encoder.
 // scripts/bench tokenizer runs it beside js-tiktoken (bench/tokenizer_js.cjs).
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
-
-#include <CLI/CLI.hpp>
 
 #include "model/data/bpe.h"
 
@@ -45,9 +44,10 @@ int main(int argc, char** argv) {
       best = std::min(best, std::chrono::duration<double>(Clock::now() - t0).count());
       n = ids.size();
     }
-    std::printf("{\"impl\": \"troupe\", \"cache\": \"%s\", \"bytes\": %zu, \"tokens\": %zu, "
-                "\"seconds\": %.4f, \"MB_per_s\": %.2f}\n",
-                mode, text.size(), n, best, static_cast<double>(text.size()) / best / 1e6);
+    std::printf(
+        "{\"impl\": \"troupe\", \"cache\": \"%s\", \"bytes\": %zu, \"tokens\": %zu, "
+        "\"seconds\": %.4f, \"MB_per_s\": %.2f}\n",
+        mode, text.size(), n, best, static_cast<double>(text.size()) / best / 1e6);
   }
   return 0;
 }

@@ -5,13 +5,12 @@
 // scripts/bench train runs it side by side with bench/train_torch.py.
 #include <omp.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <string>
 #include <vector>
-
-#include <CLI/CLI.hpp>
 
 #include "gpu/cpu/cpu_kernels.h"
 #include "model/trainer.h"
@@ -54,8 +53,9 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   const double peak = gemm_peak(threads, 2048, 5);
-  std::printf("{\"impl\": \"gemm-peak\", \"threads\": %d, \"shape\": \"2048^3\", \"gflops\": %.1f}\n",
-              threads, peak);
+  std::printf(
+      "{\"impl\": \"gemm-peak\", \"threads\": %d, \"shape\": \"2048^3\", \"gflops\": %.1f}\n",
+      threads, peak);
 
   troupe::model::TrainOptions o;
   auto config = troupe::model::preset(model);
@@ -86,8 +86,9 @@ int main(int argc, char** argv) {
   const double step_s = median(times);
   const double tokens = static_cast<double>(B) * o.model.T;
   const double gflops = o.model.flops_per_token(o.model.T) * tokens / step_s / 1e9;
-  std::printf("{\"impl\": \"troupe\", \"model\": \"%s\", \"B\": %d, \"T\": %d, \"threads\": %d, "
-              "\"step_s\": %.4f, \"tokens_per_s\": %.1f, \"gflops\": %.1f, \"of_peak\": %.3f}\n",
-              model.c_str(), B, o.model.T, threads, step_s, tokens / step_s, gflops, gflops / peak);
+  std::printf(
+      "{\"impl\": \"troupe\", \"model\": \"%s\", \"B\": %d, \"T\": %d, \"threads\": %d, "
+      "\"step_s\": %.4f, \"tokens_per_s\": %.1f, \"gflops\": %.1f, \"of_peak\": %.3f}\n",
+      model.c_str(), B, o.model.T, threads, step_s, tokens / step_s, gflops, gflops / peak);
   return 0;
 }

@@ -63,8 +63,9 @@ bool recv_msg(int fd, Header* h, std::string* payload) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Bootstrap>> Bootstrap::start(int rank, int size, const std::string& host,
-                                                            int port, absl::Duration timeout) {
+absl::StatusOr<std::unique_ptr<Bootstrap>> Bootstrap::start(int rank, int size,
+                                                            const std::string& host, int port,
+                                                            absl::Duration timeout) {
   std::unique_ptr<Bootstrap> b(new Bootstrap());
   b->rank_ = rank;
   b->size_ = size;
@@ -77,7 +78,8 @@ absl::StatusOr<std::unique_ptr<Bootstrap>> Bootstrap::start(int rank, int size, 
   addr.sin_port = htons(static_cast<std::uint16_t>(port));
   if (::inet_pton(AF_INET, host.c_str(), &addr.sin_addr) != 1) {
     hostent* he = ::gethostbyname(host.c_str());
-    if (he == nullptr) return absl::InvalidArgumentError(absl::StrCat("bootstrap: unknown host ", host));
+    if (he == nullptr)
+      return absl::InvalidArgumentError(absl::StrCat("bootstrap: unknown host ", host));
     std::memcpy(&addr.sin_addr, he->h_addr_list[0], sizeof addr.sin_addr);
   }
   if (rank == 0) {
@@ -86,22 +88,23 @@ absl::StatusOr<std::unique_ptr<Bootstrap>> Bootstrap::start(int rank, int size, 
     ::setsockopt(b->listen_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
     if (::bind(b->listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
         ::listen(b->listen_fd_, size) != 0) {
-      return absl::UnavailableError(absl::StrCat("bootstrap: cannot listen on ", host, ":", port, ": ",
-                                                 std::strerror(errno)));
+      return absl::UnavailableError(absl::StrCat("bootstrap: cannot listen on ", host, ":", port,
+                                                 ": ", std::strerror(errno)));
     }
     b->fds_.assign(static_cast<std::size_t>(size), -1);
     for (int k = 1; k < size; k++) {
       pollfd p{b->listen_fd_, POLLIN, 0};
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          deadline - std::chrono::steady_clock::now());
       if (left.count() <= 0 || ::poll(&p, 1, static_cast<int>(left.count())) <= 0) {
-        return absl::DeadlineExceededError(absl::StrCat("bootstrap: only ", k, " of ", size,
-                                                        " ranks arrived within the timeout"));
+        return absl::DeadlineExceededError(
+            absl::StrCat("bootstrap: only ", k, " of ", size, " ranks arrived within the timeout"));
       }
       const int fd = ::accept(b->listen_fd_, nullptr, nullptr);
       Header h{};
       std::string payload;
-      if (fd < 0 || !recv_msg(fd, &h, &payload) || h.type != kHello || h.rank <= 0 || h.rank >= size ||
-          b->fds_[static_cast<std::size_t>(h.rank)] != -1) {
+      if (fd < 0 || !recv_msg(fd, &h, &payload) || h.type != kHello || h.rank <= 0 ||
+          h.rank >= size || b->fds_[static_cast<std::size_t>(h.rank)] != -1) {
         return absl::UnavailableError("bootstrap: a bad hello from a connecting rank");
       }
       ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
@@ -114,8 +117,8 @@ absl::StatusOr<std::unique_ptr<Bootstrap>> Bootstrap::start(int rank, int size, 
       if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) break;
       ::close(fd);
       if (std::chrono::steady_clock::now() > deadline) {
-        return absl::DeadlineExceededError(absl::StrCat("bootstrap: rank ", rank, " cannot reach rank 0 at ",
-                                                        host, ":", port));
+        return absl::DeadlineExceededError(
+            absl::StrCat("bootstrap: rank ", rank, " cannot reach rank 0 at ", host, ":", port));
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
@@ -134,9 +137,11 @@ Bootstrap::~Bootstrap() {
     (void)!::write(wake_[1], &c, 1);
     watcher_.join();
   }
-  for (int fd : fds_) if (fd >= 0) ::close(fd);
+  for (int fd : fds_)
+    if (fd >= 0) ::close(fd);
   if (listen_fd_ >= 0) ::close(listen_fd_);
-  for (int fd : wake_) if (fd >= 0) ::close(fd);
+  for (int fd : wake_)
+    if (fd >= 0) ::close(fd);
 }
 
 absl::StatusOr<std::vector<std::string>> Bootstrap::all_gather(const std::string& mine) {
@@ -145,8 +150,10 @@ absl::StatusOr<std::vector<std::string>> Bootstrap::all_gather(const std::string
     all[0] = mine;
     for (int r = 1; r < size_; r++) {
       Header h{};
-      if (!recv_msg(fds_[static_cast<std::size_t>(r)], &h, &all[static_cast<std::size_t>(r)]) || h.type != kHello) {
-        return absl::UnavailableError(absl::StrCat("bootstrap: rank ", r, " left during the exchange"));
+      if (!recv_msg(fds_[static_cast<std::size_t>(r)], &h, &all[static_cast<std::size_t>(r)]) ||
+          h.type != kHello) {
+        return absl::UnavailableError(
+            absl::StrCat("bootstrap: rank ", r, " left during the exchange"));
       }
     }
     std::string table;
@@ -157,14 +164,16 @@ absl::StatusOr<std::vector<std::string>> Bootstrap::all_gather(const std::string
     }
     for (int r = 1; r < size_; r++) {
       if (!send_msg(fds_[static_cast<std::size_t>(r)], kTable, 0, table)) {
-        return absl::UnavailableError(absl::StrCat("bootstrap: rank ", r, " left during the exchange"));
+        return absl::UnavailableError(
+            absl::StrCat("bootstrap: rank ", r, " left during the exchange"));
       }
     }
     return all;
   }
   Header h{};
   std::string table;
-  if (!send_msg(fds_[0], kHello, rank_, mine) || !recv_msg(fds_[0], &h, &table) || h.type != kTable) {
+  if (!send_msg(fds_[0], kHello, rank_, mine) || !recv_msg(fds_[0], &h, &table) ||
+      h.type != kTable) {
     return absl::UnavailableError("bootstrap: rank 0 left during the exchange");
   }
   std::size_t pos = 0;
@@ -216,12 +225,14 @@ void Bootstrap::watch_loop() {
       const int peer = who[i];
       if (!recv_msg(fds[i].fd, &h, &payload)) {
         if (finishing_) return;
-        declare(peer, rank_ == 0 ? absl::StrCat("rank ", peer, " died (its bootstrap connection closed)")
-                                 : "rank 0 died (the bootstrap connection closed)");
+        declare(peer, rank_ == 0
+                          ? absl::StrCat("rank ", peer, " died (its bootstrap connection closed)")
+                          : "rank 0 died (the bootstrap connection closed)");
         if (rank_ != 0) return;
         continue;
       }
-      if (h.type == kDead) declare(h.rank, absl::StrCat("rank ", h.rank, " died (reported by rank 0)"));
+      if (h.type == kDead)
+        declare(h.rank, absl::StrCat("rank ", h.rank, " died (reported by rank 0)"));
       if (h.type == kFin && rank_ == 0) {
         // Rank `peer` is done and waits for the barrier in finish(); its
         // socket closing from now on is not a death (a regression: this
@@ -243,7 +254,8 @@ absl::Status Bootstrap::finish() {
   if (rank_ == 0) {
     for (int r = 1; r < size_; r++) {
       const int fd = fds_[static_cast<std::size_t>(r)];
-      if (dead_[static_cast<std::size_t>(r)] || fin_[static_cast<std::size_t>(r)] || fd < 0) continue;
+      if (dead_[static_cast<std::size_t>(r)] || fin_[static_cast<std::size_t>(r)] || fd < 0)
+        continue;
       Header h{};
       std::string payload;
       while (recv_msg(fd, &h, &payload) && h.type != kFin) {

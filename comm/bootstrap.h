@@ -30,8 +30,9 @@ namespace troupe::comm {
 
 class Bootstrap {
  public:
-  static absl::StatusOr<std::unique_ptr<Bootstrap>> start(int rank, int size, const std::string& host,
-                                                          int port, absl::Duration timeout);
+  static absl::StatusOr<std::unique_ptr<Bootstrap>> start(int rank, int size,
+                                                          const std::string& host, int port,
+                                                          absl::Duration timeout);
   ~Bootstrap();
 
   absl::StatusOr<std::vector<std::string>> all_gather(const std::string& mine);

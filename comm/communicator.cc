@@ -125,11 +125,11 @@ absl::Status Communicator::run_sync(const std::function<void(Callback)>& issue) 
   return result.get();
 }
 
-absl::Status Communicator::exchange(int to, const float* send, std::size_t n, int from,
-                                    float* recv, std::size_t m, std::uint32_t op,
-                                    std::uint32_t step,
+absl::Status Communicator::exchange(int to, const float* send, std::size_t n, int from, float* recv,
+                                    std::size_t m, std::uint32_t op, std::uint32_t step,
                                     const std::function<void(std::size_t, std::size_t)>& on_slice) {
-  const std::size_t rslice = slice_for(m, options_.slice_bytes), sslice = slice_for(n, options_.slice_bytes);
+  const std::size_t rslice = slice_for(m, options_.slice_bytes),
+                    sslice = slice_for(n, options_.slice_bytes);
   const std::size_t n_recv = (m + rslice - 1) / rslice, n_send = (n + sslice - 1) / sslice;
   Completions recvs(n_recv), sends(n_send);
   const int me_global = ranks_[static_cast<std::size_t>(me_)];
@@ -177,11 +177,11 @@ absl::Status Communicator::ring_reduce_scatter(float* data, std::size_t n, std::
     auto [rb, re] = chunk_range(n, p, recv_c);
     float* acc = data + rb;
     const float* in = scratch_.data();
-    absl::Status st = exchange((me_ + 1) % p, data + sb, se - sb, (me_ - 1 + p) % p, scratch_.data(),
-                               re - rb, op, static_cast<std::uint32_t>(k),
-                               [acc, in](std::size_t off, std::size_t cnt) {
-                                 for (std::size_t e = off; e < off + cnt; e++) acc[e] = in[e] + acc[e];
-                               });
+    absl::Status st =
+        exchange((me_ + 1) % p, data + sb, se - sb, (me_ - 1 + p) % p, scratch_.data(), re - rb, op,
+                 static_cast<std::uint32_t>(k), [acc, in](std::size_t off, std::size_t cnt) {
+                   for (std::size_t e = off; e < off + cnt; e++) acc[e] = in[e] + acc[e];
+                 });
     if (!st.ok()) return st;
   }
   return absl::OkStatus();
@@ -206,7 +206,8 @@ absl::Status Communicator::ring_all_gather(float* data, std::size_t n, std::uint
 // member order.
 absl::Status Communicator::direct_all_reduce(float* data, std::size_t n, std::uint32_t op) {
   const int p = size();
-  if (scratch_.size() < n * static_cast<std::size_t>(p)) scratch_.resize(n * static_cast<std::size_t>(p));
+  if (scratch_.size() < n * static_cast<std::size_t>(p))
+    scratch_.resize(n * static_cast<std::size_t>(p));
   std::copy_n(data, n, scratch_.data() + n * static_cast<std::size_t>(me_));
   Completions done(2 * static_cast<std::size_t>(p - 1));
   const auto me_global = static_cast<std::uint32_t>(ranks_[static_cast<std::size_t>(me_)]);
@@ -215,12 +216,13 @@ absl::Status Communicator::direct_all_reduce(float* data, std::size_t n, std::ui
     if (j == me_) continue;
     const int g = ranks_[static_cast<std::size_t>(j)];
     transport_.recv(g, collective_tag(static_cast<std::uint32_t>(g), kind_, op, 0, 0),
-                    scratch_.data() + n * static_cast<std::size_t>(j), n * sizeof(float), done.callback(k++), token_);
+                    scratch_.data() + n * static_cast<std::size_t>(j), n * sizeof(float),
+                    done.callback(k++), token_);
   }
   for (int j = 0; j < p; j++) {
     if (j == me_) continue;
-    transport_.send(ranks_[static_cast<std::size_t>(j)], collective_tag(me_global, kind_, op, 0, 0), data,
-                    n * sizeof(float), done.callback(k++), token_);
+    transport_.send(ranks_[static_cast<std::size_t>(j)], collective_tag(me_global, kind_, op, 0, 0),
+                    data, n * sizeof(float), done.callback(k++), token_);
   }
   absl::Status st = done.wait_all([this](const absl::Status& e) { fail(e); });
   if (!st.ok()) return st;
@@ -245,11 +247,14 @@ absl::Status Communicator::chain_broadcast(float* data, std::size_t n, int root,
   const std::size_t slice = slice_for(n, options_.slice_bytes);
   const std::size_t slices = (n + slice - 1) / slice;
   Completions recvs(slices), sends(slices);
-  const int prev_g = ranks_[static_cast<std::size_t>(prev)], next_g = ranks_[static_cast<std::size_t>(next)];
+  const int prev_g = ranks_[static_cast<std::size_t>(prev)],
+            next_g = ranks_[static_cast<std::size_t>(next)];
   const auto me_g = static_cast<std::uint32_t>(ranks_[static_cast<std::size_t>(me_)]);
   for (std::size_t s = 0; s < slices; s++) {
     const std::size_t off = s * slice, cnt = std::min(slice, n - off);
-    transport_.recv(prev_g, collective_tag(static_cast<std::uint32_t>(prev_g), kind_, op, 0, static_cast<std::uint32_t>(s)),
+    transport_.recv(prev_g,
+                    collective_tag(static_cast<std::uint32_t>(prev_g), kind_, op, 0,
+                                   static_cast<std::uint32_t>(s)),
                     data + off, cnt * sizeof(float), recvs.callback(s), token_);
   }
   absl::Status first;
@@ -262,8 +267,8 @@ absl::Status Communicator::chain_broadcast(float* data, std::size_t n, int root,
       st = absl::CancelledError("broadcast aborted");
     }
     if (st.ok()) {
-      transport_.send(next_g, collective_tag(me_g, kind_, op, 0, static_cast<std::uint32_t>(s)), data + off,
-                      cnt * sizeof(float), sends.callback(s), token_);
+      transport_.send(next_g, collective_tag(me_g, kind_, op, 0, static_cast<std::uint32_t>(s)),
+                      data + off, cnt * sizeof(float), sends.callback(s), token_);
     } else {
       sends.callback(s)(st);
     }
@@ -273,47 +278,58 @@ absl::Status Communicator::chain_broadcast(float* data, std::size_t n, int root,
 }
 
 void Communicator::all_reduce(float* data, std::size_t n, Callback done) {
-  enqueue([this, data, n]() -> absl::Status {
-    const std::uint32_t op = next_op_;
-    if (size() == 1 || n == 0) return absl::OkStatus();
-    if (n * sizeof(float) <= options_.direct_max_bytes) return direct_all_reduce(data, n, op);
-    absl::Status st = ring_reduce_scatter(data, n, op);
-    if (!st.ok()) return st;
-    return ring_all_gather(data, n, op, static_cast<std::uint32_t>(size() - 1));
-  }, std::move(done));
+  enqueue(
+      [this, data, n]() -> absl::Status {
+        const std::uint32_t op = next_op_;
+        if (size() == 1 || n == 0) return absl::OkStatus();
+        if (n * sizeof(float) <= options_.direct_max_bytes) return direct_all_reduce(data, n, op);
+        absl::Status st = ring_reduce_scatter(data, n, op);
+        if (!st.ok()) return st;
+        return ring_all_gather(data, n, op, static_cast<std::uint32_t>(size() - 1));
+      },
+      std::move(done));
 }
 
 void Communicator::reduce_scatter(const float* in, float* out, std::size_t n, Callback done) {
-  enqueue([this, in, out, n]() -> absl::Status {
-    auto [b, e] = chunk_range(n, size(), me_);
-    if (size() == 1) {
-      std::copy(in + b, in + e, out);
-      return absl::OkStatus();
-    }
-    std::vector<float> work(in, in + n);
-    absl::Status st = ring_reduce_scatter(work.data(), n, next_op_);
-    if (st.ok()) std::copy(work.begin() + static_cast<std::ptrdiff_t>(b), work.begin() + static_cast<std::ptrdiff_t>(e), out);
-    return st;
-  }, std::move(done));
+  enqueue(
+      [this, in, out, n]() -> absl::Status {
+        auto [b, e] = chunk_range(n, size(), me_);
+        if (size() == 1) {
+          std::copy(in + b, in + e, out);
+          return absl::OkStatus();
+        }
+        std::vector<float> work(in, in + n);
+        absl::Status st = ring_reduce_scatter(work.data(), n, next_op_);
+        if (st.ok())
+          std::copy(work.begin() + static_cast<std::ptrdiff_t>(b),
+                    work.begin() + static_cast<std::ptrdiff_t>(e), out);
+        return st;
+      },
+      std::move(done));
 }
 
 void Communicator::all_gather(const float* in, float* out, std::size_t n, Callback done) {
-  enqueue([this, in, out, n]() -> absl::Status {
-    auto [b, e] = chunk_range(n, size(), me_);
-    std::copy(in, in + (e - b), out + b);
-    if (size() == 1) return absl::OkStatus();
-    return ring_all_gather(out, n, next_op_, 0);
-  }, std::move(done));
+  enqueue(
+      [this, in, out, n]() -> absl::Status {
+        auto [b, e] = chunk_range(n, size(), me_);
+        std::copy(in, in + (e - b), out + b);
+        if (size() == 1) return absl::OkStatus();
+        return ring_all_gather(out, n, next_op_, 0);
+      },
+      std::move(done));
 }
 
 void Communicator::broadcast(float* data, std::size_t n, int root, Callback done) {
-  enqueue([this, data, n, root]() -> absl::Status {
-    if (root < 0 || root >= size()) {
-      return absl::InvalidArgumentError(absl::StrCat("broadcast: root ", root, " of ", size(), " members"));
-    }
-    if (size() == 1 || n == 0) return absl::OkStatus();
-    return chain_broadcast(data, n, root, next_op_);
-  }, std::move(done));
+  enqueue(
+      [this, data, n, root]() -> absl::Status {
+        if (root < 0 || root >= size()) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("broadcast: root ", root, " of ", size(), " members"));
+        }
+        if (size() == 1 || n == 0) return absl::OkStatus();
+        return chain_broadcast(data, n, root, next_op_);
+      },
+      std::move(done));
 }
 
 absl::Status Communicator::all_reduce_sync(float* data, std::size_t n) {

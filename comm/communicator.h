@@ -40,7 +40,7 @@ namespace troupe::comm {
 std::pair<std::size_t, std::size_t> chunk_range(std::size_t n, int p, int i);
 
 struct CommunicatorOptions {
-  std::size_t slice_bytes = 512 << 10;     // pipelining granularity of rings and chains
+  std::size_t slice_bytes = 512 << 10;      // pipelining granularity of rings and chains
   std::size_t direct_max_bytes = 32 << 10;  // all-reduce by direct exchange up to this size
 };
 

@@ -38,7 +38,8 @@ std::vector<int> Layout::embedding_group(int r) const {
 
 absl::Status Layout::validate() const {
   if (tp < 1 || pp < 1 || dp < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("--tp, --pp and --dp must be positive (", describe(), ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--tp, --pp and --dp must be positive (", describe(), ")"));
   }
   return absl::OkStatus();
 }

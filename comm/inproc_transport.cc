@@ -21,7 +21,9 @@ class InProcTransport final : public Transport {
             std::shared_ptr<CancelToken> token) override {
     fabric_->recv(rank_, peer, tag, data, bytes, std::move(done), std::move(token));
   }
-  void fail_peer(int peer, absl::Status why) override { fabric_->fail_peer(rank_, peer, std::move(why)); }
+  void fail_peer(int peer, absl::Status why) override {
+    fabric_->fail_peer(rank_, peer, std::move(why));
+  }
   void cancel(const std::shared_ptr<CancelToken>& token, absl::Status why) override {
     fabric_->cancel(rank_, token, std::move(why));
   }
@@ -35,7 +37,8 @@ InProcFabric::InProcFabric(int size)
     : size_(size),
       sends_(static_cast<std::size_t>(size)),
       recvs_(static_cast<std::size_t>(size)),
-      failed_(static_cast<std::size_t>(size), std::vector<absl::Status>(static_cast<std::size_t>(size))) {}
+      failed_(static_cast<std::size_t>(size),
+              std::vector<absl::Status>(static_cast<std::size_t>(size))) {}
 
 std::unique_ptr<Transport> InProcFabric::endpoint(int rank) {
   return std::make_unique<InProcTransport>(shared_from_this(), rank);
@@ -58,8 +61,10 @@ void InProcFabric::deliver(Op send, Op recv) {
 // Why `op` cannot be posted (caller holds mu_): no such peer, the peer has
 // failed, or its communicator was cancelled. OK if it can.
 absl::Status InProcFabric::refusal(const Op& op) const {
-  if (op.peer < 0 || op.peer >= size_) return absl::InvalidArgumentError(absl::StrCat("no rank ", op.peer));
-  const absl::Status& failed = failed_[static_cast<std::size_t>(op.owner)][static_cast<std::size_t>(op.peer)];
+  if (op.peer < 0 || op.peer >= size_)
+    return absl::InvalidArgumentError(absl::StrCat("no rank ", op.peer));
+  const absl::Status& failed =
+      failed_[static_cast<std::size_t>(op.owner)][static_cast<std::size_t>(op.peer)];
   if (!failed.ok()) return failed;
   if (op.token && op.token->cancelled) {
     return absl::CancelledError("operation posted after its communicator was cancelled");
@@ -90,7 +95,8 @@ void InProcFabric::post(Op op, bool is_send) {
     }
     return;
   }
-  (is_send ? sends_ : recvs_)[static_cast<std::size_t>(dst)][{src, op.tag}].push_back(std::move(op));
+  (is_send ? sends_ : recvs_)[static_cast<std::size_t>(dst)][{src, op.tag}].push_back(
+      std::move(op));
 }
 
 void InProcFabric::send(int src, int dst, Tag tag, const void* data, std::size_t bytes,
@@ -131,13 +137,15 @@ void InProcFabric::fail_peer(int rank, int peer, absl::Status why) {
     std::lock_guard<std::mutex> lock(mu_);
     failed_[static_cast<std::size_t>(rank)][static_cast<std::size_t>(peer)] = why;
   }
-  fail_where(rank, [peer](const Op& op) { return op.peer == peer; }, why);
+  fail_where(
+      rank, [peer](const Op& op) { return op.peer == peer; }, why);
 }
 
 void InProcFabric::cancel(int rank, const std::shared_ptr<CancelToken>& token, absl::Status why) {
   if (!token) return;
   token->cancelled = true;
-  fail_where(rank, [&token](const Op& op) { return op.token == token; }, why);
+  fail_where(
+      rank, [&token](const Op& op) { return op.token == token; }, why);
 }
 
 }  // namespace troupe::comm

@@ -45,40 +45,54 @@ class NcclComm final : public NcclCommunicator {
   int size() const override { return size_; }
 
   void all_reduce(float* data, std::size_t n, Callback done) override {
-    enqueue([=, this] { return nccl_status(ncclAllReduce(data, data, n, ncclFloat, ncclSum, comm_, stream_), "ncclAllReduce"); },
-            std::move(done));
+    enqueue(
+        [=, this] {
+          return nccl_status(ncclAllReduce(data, data, n, ncclFloat, ncclSum, comm_, stream_),
+                             "ncclAllReduce");
+        },
+        std::move(done));
   }
   void reduce_scatter(const float* in, float* out, std::size_t n, Callback done) override {
-    enqueue([=, this] {
-      if (n % static_cast<std::size_t>(size_) == 0) {
-        return nccl_status(ncclReduceScatter(in, out, n / static_cast<std::size_t>(size_), ncclFloat, ncclSum, comm_, stream_),
-                           "ncclReduceScatter");
-      }
-      ncclGroupStart();
-      for (int i = 0; i < size_; i++) {
-        auto [b, e] = chunk_range(n, size_, i);
-        ncclReduce(in + b, out, e - b, ncclFloat, ncclSum, i, comm_, stream_);
-      }
-      return nccl_status(ncclGroupEnd(), "ncclReduce (uneven reduce-scatter)");
-    }, std::move(done));
+    enqueue(
+        [=, this] {
+          if (n % static_cast<std::size_t>(size_) == 0) {
+            return nccl_status(ncclReduceScatter(in, out, n / static_cast<std::size_t>(size_),
+                                                 ncclFloat, ncclSum, comm_, stream_),
+                               "ncclReduceScatter");
+          }
+          ncclGroupStart();
+          for (int i = 0; i < size_; i++) {
+            auto [b, e] = chunk_range(n, size_, i);
+            ncclReduce(in + b, out, e - b, ncclFloat, ncclSum, i, comm_, stream_);
+          }
+          return nccl_status(ncclGroupEnd(), "ncclReduce (uneven reduce-scatter)");
+        },
+        std::move(done));
   }
   void all_gather(const float* in, float* out, std::size_t n, Callback done) override {
-    enqueue([=, this] {
-      if (n % static_cast<std::size_t>(size_) == 0) {
-        return nccl_status(ncclAllGather(in, out, n / static_cast<std::size_t>(size_), ncclFloat, comm_, stream_),
-                           "ncclAllGather");
-      }
-      ncclGroupStart();
-      for (int i = 0; i < size_; i++) {
-        auto [b, e] = chunk_range(n, size_, i);
-        ncclBroadcast(i == rank_ ? in : out + b, out + b, e - b, ncclFloat, i, comm_, stream_);
-      }
-      return nccl_status(ncclGroupEnd(), "ncclBroadcast (uneven all-gather)");
-    }, std::move(done));
+    enqueue(
+        [=, this] {
+          if (n % static_cast<std::size_t>(size_) == 0) {
+            return nccl_status(ncclAllGather(in, out, n / static_cast<std::size_t>(size_),
+                                             ncclFloat, comm_, stream_),
+                               "ncclAllGather");
+          }
+          ncclGroupStart();
+          for (int i = 0; i < size_; i++) {
+            auto [b, e] = chunk_range(n, size_, i);
+            ncclBroadcast(i == rank_ ? in : out + b, out + b, e - b, ncclFloat, i, comm_, stream_);
+          }
+          return nccl_status(ncclGroupEnd(), "ncclBroadcast (uneven all-gather)");
+        },
+        std::move(done));
   }
   void broadcast(float* data, std::size_t n, int root, Callback done) override {
-    enqueue([=, this] { return nccl_status(ncclBroadcast(data, data, n, ncclFloat, root, comm_, stream_), "ncclBroadcast"); },
-            std::move(done));
+    enqueue(
+        [=, this] {
+          return nccl_status(ncclBroadcast(data, data, n, ncclFloat, root, comm_, stream_),
+                             "ncclBroadcast");
+        },
+        std::move(done));
   }
   void fail(absl::Status why) override {
     {
@@ -102,11 +116,14 @@ class NcclComm final : public NcclCommunicator {
       if (st.ok()) st = issue();
       if (!st.ok()) return done(st);
       auto* cb = new Callback(std::move(done));
-      cudaError_t e = cudaLaunchHostFunc(stream_, [](void* p) {
-        auto* c = static_cast<Callback*>(p);
-        (*c)(absl::OkStatus());
-        delete c;
-      }, cb);
+      cudaError_t e = cudaLaunchHostFunc(
+          stream_,
+          [](void* p) {
+            auto* c = static_cast<Callback*>(p);
+            (*c)(absl::OkStatus());
+            delete c;
+          },
+          cb);
       if (e != cudaSuccess) {
         (*cb)(cuda_status(e, "cudaLaunchHostFunc"));
         delete cb;
@@ -131,8 +148,8 @@ absl::StatusOr<std::string> nccl_unique_id() {
   return std::string(reinterpret_cast<const char*>(&id), sizeof id);
 }
 
-absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::create(const std::string& unique_id,
-                                                                           int rank, int size, int device) {
+absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::create(
+    const std::string& unique_id, int rank, int size, int device) {
   if (unique_id.size() != sizeof(ncclUniqueId)) {
     return absl::InvalidArgumentError("NCCL unique id has the wrong size");
   }
@@ -153,7 +170,8 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::create(const
     cudaStreamDestroy(stream);
     return st;
   }
-  return std::unique_ptr<NcclCommunicator>(std::make_unique<NcclComm>(comm, stream, rank, size, device));
+  return std::unique_ptr<NcclCommunicator>(
+      std::make_unique<NcclComm>(comm, stream, rank, size, device));
 }
 
 }  // namespace troupe::comm

@@ -23,8 +23,8 @@ absl::StatusOr<std::string> nccl_unique_id();
 
 class NcclCommunicator : public Collectives {
  public:
-  static absl::StatusOr<std::unique_ptr<NcclCommunicator>> create(const std::string& unique_id, int rank,
-                                                                  int size, int device);
+  static absl::StatusOr<std::unique_ptr<NcclCommunicator>> create(const std::string& unique_id,
+                                                                  int rank, int size, int device);
 };
 
 }  // namespace troupe::comm

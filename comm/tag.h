@@ -28,7 +28,14 @@ namespace troupe::comm {
 
 using Tag = std::uint64_t;
 
-enum class GroupKind : std::uint8_t { kWorld = 0, kTensor = 1, kPipeline = 2, kData = 3, kEmbedding = 4, kTest = 15 };
+enum class GroupKind : std::uint8_t {
+  kWorld = 0,
+  kTensor = 1,
+  kPipeline = 2,
+  kData = 3,
+  kEmbedding = 4,
+  kTest = 15
+};
 enum class MessageKind : std::uint8_t {
   kActivation = 0,  // forward, stage s -> s+1
   kGradient = 1,    // backward, stage s+1 -> s
@@ -42,10 +49,10 @@ struct TagFields {
   std::uint32_t source = 0;  // 15 bits
   GroupKind group = GroupKind::kWorld;
   MessageKind kind = MessageKind::kControl;
-  std::uint32_t step = 0;    // 16 bits
-  std::uint32_t micro = 0;   // 8 bits
-  std::uint32_t chunk = 0;   // 4 bits
-  std::uint32_t layer = 0;   // 12 bits
+  std::uint32_t step = 0;   // 16 bits
+  std::uint32_t micro = 0;  // 8 bits
+  std::uint32_t chunk = 0;  // 4 bits
+  std::uint32_t layer = 0;  // 12 bits
 };
 
 constexpr Tag make_tag(const TagFields& f) {

@@ -8,14 +8,13 @@
 
 #include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
-#include <cstdlib>
 
 #include "absl/strings/str_cat.h"
 
 namespace troupe::comm {
-
 
 namespace {
 
@@ -30,8 +29,8 @@ void ucx_send_done(void* request, int status, void* user) {
   auto* op = static_cast<UcxTransport::Op*>(user);
   ucp_request_free(request);
   op->transport->finish(op, status == UCS_OK ? absl::OkStatus()
-                                              : ucs_error(static_cast<ucs_status_t>(status),
-                                                          absl::StrCat("send to rank ", op->peer)));
+                                             : ucs_error(static_cast<ucs_status_t>(status),
+                                                         absl::StrCat("send to rank ", op->peer)));
 }
 
 void ucx_recv_done(void* request, int status, const void* info_ptr, void* user) {
@@ -42,17 +41,22 @@ void ucx_recv_done(void* request, int status, const void* info_ptr, void* user) 
   if (status != UCS_OK) {
     st = status == UCS_ERR_MESSAGE_TRUNCATED
              ? absl::InvalidArgumentError(absl::StrCat("message from rank ", op->peer,
-                                                       " is longer than the receive of ", op->bytes, " bytes"))
-             : ucs_error(static_cast<ucs_status_t>(status), absl::StrCat("receive from rank ", op->peer));
+                                                       " is longer than the receive of ", op->bytes,
+                                                       " bytes"))
+             : ucs_error(static_cast<ucs_status_t>(status),
+                         absl::StrCat("receive from rank ", op->peer));
   } else if (info->length != op->bytes) {
-    st = absl::InvalidArgumentError(absl::StrCat("message of ", info->length, " bytes from rank ", op->peer,
-                                                 " for a receive of ", op->bytes, " bytes"));
+    st = absl::InvalidArgumentError(absl::StrCat("message of ", info->length, " bytes from rank ",
+                                                 op->peer, " for a receive of ", op->bytes,
+                                                 " bytes"));
   }
   op->transport->finish(op, std::move(st));
 }
 
 namespace {
-void send_cb(void* request, ucs_status_t status, void* user) { ucx_send_done(request, status, user); }
+void send_cb(void* request, ucs_status_t status, void* user) {
+  ucx_send_done(request, status, user);
+}
 void recv_cb(void* request, ucs_status_t status, const ucp_tag_recv_info_t* info, void* user) {
   ucx_recv_done(request, status, info, user);
 }
@@ -150,7 +154,8 @@ UcxTransport::~UcxTransport() {
 
 absl::Status UcxTransport::connect(const std::vector<std::string>& addresses) {
   if (static_cast<int>(addresses.size()) != size_) {
-    return absl::InvalidArgumentError(absl::StrCat("connect: ", addresses.size(), " addresses for ", size_, " ranks"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("connect: ", addresses.size(), " addresses for ", size_, " ranks"));
   }
   eps_.assign(static_cast<std::size_t>(size_), nullptr);
   same_host_.assign(static_cast<std::size_t>(size_), false);
@@ -161,7 +166,8 @@ absl::Status UcxTransport::connect(const std::vector<std::string>& addresses) {
     const std::string& a = addresses[static_cast<std::size_t>(r)];
     std::uint16_t hlen = 0;
     if (a.size() >= 6) std::memcpy(&hlen, a.data() + 4, 2);
-    if (a.size() < 6u + hlen) return absl::InvalidArgumentError(absl::StrCat("connect: bad address of rank ", r));
+    if (a.size() < 6u + hlen)
+      return absl::InvalidArgumentError(absl::StrCat("connect: bad address of rank ", r));
     same_host_[static_cast<std::size_t>(r)] = cma_allowed_ && a.substr(6, hlen) == my_host;
     ucp_ep_params_t p{};
     p.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
@@ -183,7 +189,8 @@ void UcxTransport::send_ucx(int peer, Tag tag, const void* data, std::size_t byt
 
 void UcxTransport::recv_ucx(int peer, Tag tag, void* data, std::size_t bytes, Callback done,
                             std::shared_ptr<CancelToken> token) {
-  submit(std::make_unique<Op>(Op{this, peer, false, bytes, std::move(done), std::move(token), tag, data}));
+  submit(std::make_unique<Op>(
+      Op{this, peer, false, bytes, std::move(done), std::move(token), tag, data}));
 }
 
 namespace {
@@ -209,23 +216,27 @@ struct CopyDescriptor {
 // when the receiver acknowledges its copy (0) or reports an error (errno).
 void UcxTransport::send(int peer, Tag tag, const void* data, std::size_t bytes, Callback done,
                         std::shared_ptr<CancelToken> token) {
-  if (!single_copy(peer, bytes)) return send_ucx(peer, tag, data, bytes, std::move(done), std::move(token));
+  if (!single_copy(peer, bytes))
+    return send_ucx(peer, tag, data, bytes, std::move(done), std::move(token));
   struct State {
     CopyDescriptor desc;
     std::int64_t ack = -1;
   };
   auto state = std::make_shared<State>();
-  state->desc = {reinterpret_cast<std::uint64_t>(data), bytes, static_cast<std::int32_t>(::getpid()), 0};
-  recv_ucx(peer, ack_tag(tag, peer), &state->ack, sizeof state->ack,
-           [state, done = std::move(done), peer](absl::Status st) {
-             if (st.ok() && state->ack != 0) {
-               st = absl::UnavailableError(absl::StrCat("rank ", peer, " could not copy the message: ",
-                                                        std::strerror(static_cast<int>(state->ack))));
-             }
-             done(st);
-           },
-           token);
-  send_ucx(peer, tag, &state->desc, sizeof state->desc, [state](absl::Status) {}, token);
+  state->desc = {reinterpret_cast<std::uint64_t>(data), bytes,
+                 static_cast<std::int32_t>(::getpid()), 0};
+  recv_ucx(
+      peer, ack_tag(tag, peer), &state->ack, sizeof state->ack,
+      [state, done = std::move(done), peer](absl::Status st) {
+        if (st.ok() && state->ack != 0) {
+          st = absl::UnavailableError(absl::StrCat("rank ", peer, " could not copy the message: ",
+                                                   std::strerror(static_cast<int>(state->ack))));
+        }
+        done(st);
+      },
+      token);
+  send_ucx(
+      peer, tag, &state->desc, sizeof state->desc, [state](absl::Status) {}, token);
 }
 
 // Single copy, receiver side: when the descriptor arrives, the progress
@@ -233,39 +244,46 @@ void UcxTransport::send(int peer, Tag tag, const void* data, std::size_t bytes, 
 // A sender that died makes this one receive fail (ESRCH), softly.
 void UcxTransport::recv(int peer, Tag tag, void* data, std::size_t bytes, Callback done,
                         std::shared_ptr<CancelToken> token) {
-  if (!single_copy(peer, bytes)) return recv_ucx(peer, tag, data, bytes, std::move(done), std::move(token));
+  if (!single_copy(peer, bytes))
+    return recv_ucx(peer, tag, data, bytes, std::move(done), std::move(token));
   struct State {
     CopyDescriptor desc{};
     std::int64_t ack = 0;
   };
   auto state = std::make_shared<State>();
-  recv_ucx(peer, tag, &state->desc, sizeof state->desc,
-           [this, state, peer, tag, data, bytes, done = std::move(done), token](absl::Status st) mutable {
-             if (!st.ok()) return done(st);
-             {
-               absl::Status result;
-               if (state->desc.bytes != bytes) {
-                 state->ack = EMSGSIZE;
-                 result = absl::InvalidArgumentError(absl::StrCat("message of ", state->desc.bytes, " bytes from rank ",
-                                                                  peer, " for a receive of ", bytes, " bytes"));
-               }
-               for (std::size_t got = 0; result.ok() && got < bytes;) {
-                 iovec local{static_cast<char*>(data) + got, bytes - got};
-                 iovec remote{reinterpret_cast<void*>(state->desc.address + got), bytes - got};
-                 const ssize_t n = ::process_vm_readv(state->desc.pid, &local, 1, &remote, 1, 0);
-                 if (n <= 0) {
-                   state->ack = errno != 0 ? errno : EIO;
-                   result = absl::UnavailableError(absl::StrCat("copy from rank ", peer, " failed: ",
-                                                                std::strerror(static_cast<int>(state->ack))));
-                 } else {
-                   got += static_cast<std::size_t>(n);
-                 }
-               }
-               send_ucx(peer, ack_tag(tag, rank_), &state->ack, sizeof state->ack, [state](absl::Status) {}, token);
-               done(result);
-             }
-           },
-           token);
+  recv_ucx(
+      peer, tag, &state->desc, sizeof state->desc,
+      [this, state, peer, tag, data, bytes, done = std::move(done),
+       token](absl::Status st) mutable {
+        if (!st.ok()) return done(st);
+        {
+          absl::Status result;
+          if (state->desc.bytes != bytes) {
+            state->ack = EMSGSIZE;
+            result = absl::InvalidArgumentError(
+                absl::StrCat("message of ", state->desc.bytes, " bytes from rank ", peer,
+                             " for a receive of ", bytes, " bytes"));
+          }
+          for (std::size_t got = 0; result.ok() && got < bytes;) {
+            iovec local{static_cast<char*>(data) + got, bytes - got};
+            iovec remote{reinterpret_cast<void*>(state->desc.address + got), bytes - got};
+            const ssize_t n = ::process_vm_readv(state->desc.pid, &local, 1, &remote, 1, 0);
+            if (n <= 0) {
+              state->ack = errno != 0 ? errno : EIO;
+              result = absl::UnavailableError(
+                  absl::StrCat("copy from rank ", peer,
+                               " failed: ", std::strerror(static_cast<int>(state->ack))));
+            } else {
+              got += static_cast<std::size_t>(n);
+            }
+          }
+          send_ucx(
+              peer, ack_tag(tag, rank_), &state->ack, sizeof state->ack, [state](absl::Status) {},
+              token);
+          done(result);
+        }
+      },
+      token);
 }
 
 // Callers only queue operations; the progress thread posts them to UCX, so
@@ -277,8 +295,8 @@ void UcxTransport::submit(std::unique_ptr<Op> owned) {
   ops_[op] = std::move(owned);
   absl::Status refuse;
   if (op->peer < 0 || op->peer >= size_ || eps_.empty()) {
-    refuse = absl::InvalidArgumentError(absl::StrCat(op->is_send ? "send to" : "receive from", " rank ", op->peer,
-                                                     ": no such rank"));
+    refuse = absl::InvalidArgumentError(absl::StrCat(op->is_send ? "send to" : "receive from",
+                                                     " rank ", op->peer, ": no such rank"));
   } else if (!failed_[static_cast<std::size_t>(op->peer)].ok()) {
     refuse = failed_[static_cast<std::size_t>(op->peer)];
   } else if (op->token && op->token->cancelled) {
@@ -312,8 +330,8 @@ void UcxTransport::post_queued(std::vector<Op*>& queued) {
     void* req;
     if (op->is_send) {
       p.cb.send = send_cb;
-      req = ucp_tag_send_nbx(static_cast<ucp_ep_h>(eps_[static_cast<std::size_t>(op->peer)]), op->data, op->bytes,
-                             op->tag, &p);
+      req = ucp_tag_send_nbx(static_cast<ucp_ep_h>(eps_[static_cast<std::size_t>(op->peer)]),
+                             op->data, op->bytes, op->tag, &p);
     } else {
       p.cb.recv = recv_cb;
       req = ucp_tag_recv_nbx(worker, op->data, op->bytes, op->tag, ~ucp_tag_t{0}, &p);
@@ -335,7 +353,8 @@ void UcxTransport::post_queued(std::vector<Op*>& queued) {
         op->in_ucx = false;
         if (!op->finished) {
           op->finished = true;
-          absl::Status err = ucs_error(UCS_PTR_STATUS(req), op->is_send ? "ucp_tag_send_nbx" : "ucp_tag_recv_nbx");
+          absl::Status err =
+              ucs_error(UCS_PTR_STATUS(req), op->is_send ? "ucp_tag_send_nbx" : "ucp_tag_recv_nbx");
           op->done = [d = std::move(op->done), err](absl::Status) { d(err); };
           to_fail_.push_back(op);
         }
@@ -438,7 +457,8 @@ void UcxTransport::progress_loop() {
             continue;
           }
           op->callback_taken = true;
-          failed.push_back(std::make_unique<Op>(Op{this, op->peer, op->is_send, op->bytes, std::move(op->done), nullptr}));
+          failed.push_back(std::make_unique<Op>(
+              Op{this, op->peer, op->is_send, op->bytes, std::move(op->done), nullptr}));
         } else {
           failed.push_back(std::move(it->second));
           ops_.erase(it);
@@ -451,7 +471,8 @@ void UcxTransport::progress_loop() {
         if (ops_.count(op) == 0) return true;  // completed by UCX and reported
         if (op->callback_taken || now < op->give_up_at) return false;
         op->callback_taken = true;
-        failed.push_back(std::make_unique<Op>(Op{this, op->peer, op->is_send, op->bytes, std::move(op->done), nullptr}));
+        failed.push_back(std::make_unique<Op>(
+            Op{this, op->peer, op->is_send, op->bytes, std::move(op->done), nullptr}));
         return true;
       });
       pending = !ops_.empty();

@@ -79,7 +79,7 @@ class UcxTransport final : public Transport {
     bool posting = false;         // inside ucp_tag_*_nbx (which may complete it at once)
     bool completed_in_post = false;
     absl::Status post_status = absl::OkStatus();
-    bool wait_for_ucx = false;    // cancelled: report when UCX lets go of the buffer
+    bool wait_for_ucx = false;  // cancelled: report when UCX lets go of the buffer
     bool cancel_sent = false;
     std::chrono::steady_clock::time_point give_up_at = {};
   };
@@ -95,7 +95,8 @@ class UcxTransport final : public Transport {
                 std::shared_ptr<CancelToken> token);
   bool single_copy(int peer, std::size_t bytes) const {
     return bytes >= kSingleCopyMin && peer != rank_ && peer >= 0 && peer < size_ &&
-           static_cast<std::size_t>(peer) < same_host_.size() && same_host_[static_cast<std::size_t>(peer)];
+           static_cast<std::size_t>(peer) < same_host_.size() &&
+           same_host_[static_cast<std::size_t>(peer)];
   }
   void post_queued(std::vector<Op*>& queued);
   void finish(Op* op, absl::Status st);  // progress thread only

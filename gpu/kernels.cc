@@ -6,8 +6,7 @@
 namespace troupe::gpu {
 
 void Kernels::unimplemented(Stream& s, absl::string_view op) {
-  s.fail(absl::UnimplementedError(
-      absl::StrCat(op, " is not implemented on ", s.device().name())));
+  s.fail(absl::UnimplementedError(absl::StrCat(op, " is not implemented on ", s.device().name())));
 }
 
 void Kernels::embedding_forward(Stream& s, const Tensor&, const Tensor&, const Tensor&,
@@ -31,8 +30,8 @@ void Kernels::matmul_forward(Stream& s, const Tensor&, const Tensor&, const Tens
                              const Tensor&) {
   unimplemented(s, "matmul_forward");
 }
-void Kernels::matmul_backward(Stream& s, const Tensor&, const Tensor&, const Tensor&,
-                              const Tensor&, const Tensor&, const Tensor&, Accumulate) {
+void Kernels::matmul_backward(Stream& s, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                              const Tensor&, const Tensor&, Accumulate) {
   unimplemented(s, "matmul_backward");
 }
 void Kernels::gelu_forward(Stream& s, const Tensor&, const Tensor&) {
@@ -67,8 +66,6 @@ void Kernels::adamw(Stream& s, const Tensor&, const Tensor&, const Tensor&, cons
   unimplemented(s, "adamw");
 }
 void Kernels::fill(Stream& s, const Tensor&, float) { unimplemented(s, "fill"); }
-void Kernels::axpy(Stream& s, const Tensor&, float, const Tensor&) {
-  unimplemented(s, "axpy");
-}
+void Kernels::axpy(Stream& s, const Tensor&, float, const Tensor&) { unimplemented(s, "axpy"); }
 
 }  // namespace troupe::gpu

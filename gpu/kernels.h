@@ -12,7 +12,6 @@
 #pragma once
 
 #include "absl/strings/string_view.h"
-
 #include "gpu/device.h"
 #include "gpu/tensor.h"
 
@@ -27,7 +26,7 @@ struct AdamWArgs {
   float beta2 = 0.95f;
   float eps = 1e-8f;
   float weight_decay = 0;
-  int step = 1;            // 1-based, for bias correction
+  int step = 1;             // 1-based, for bias correction
   float grad_scale = 1.0f;  // clip factor applied to the gradient first
 };
 
@@ -47,23 +46,22 @@ class Kernels {
                                  const Tensor& rstd, const Tensor& inp, const Tensor& w,
                                  const Tensor& b);
   // dinp += ..., dw += ..., db += ...
-  virtual void layernorm_backward(Stream& s, const Tensor& dinp, const Tensor& dw,
-                                  const Tensor& db, const Tensor& dout, const Tensor& inp,
-                                  const Tensor& w, const Tensor& mean, const Tensor& rstd);
+  virtual void layernorm_backward(Stream& s, const Tensor& dinp, const Tensor& dw, const Tensor& db,
+                                  const Tensor& dout, const Tensor& inp, const Tensor& w,
+                                  const Tensor& mean, const Tensor& rstd);
 
   // out[N,OC] = inp[N,IC] . w[OC,IC]^T + bias[OC]  (bias may be undefined)
-  virtual void matmul_forward(Stream& s, const Tensor& out, const Tensor& inp,
-                              const Tensor& w, const Tensor& bias);
+  virtual void matmul_forward(Stream& s, const Tensor& out, const Tensor& inp, const Tensor& w,
+                              const Tensor& bias);
   // dinp (=|+=) dout . w;  dw += dout^T . inp;  dbias += colsum(dout)
-  virtual void matmul_backward(Stream& s, const Tensor& dinp, const Tensor& dw,
-                               const Tensor& dbias, const Tensor& dout, const Tensor& inp,
-                               const Tensor& w, Accumulate dinp_mode);
+  virtual void matmul_backward(Stream& s, const Tensor& dinp, const Tensor& dw, const Tensor& dbias,
+                               const Tensor& dout, const Tensor& inp, const Tensor& w,
+                               Accumulate dinp_mode);
 
   // GPT-2's tanh approximation of GELU.
   virtual void gelu_forward(Stream& s, const Tensor& out, const Tensor& inp);
   // dinp = gelu'(inp) * dout
-  virtual void gelu_backward(Stream& s, const Tensor& dinp, const Tensor& inp,
-                             const Tensor& dout);
+  virtual void gelu_backward(Stream& s, const Tensor& dinp, const Tensor& inp, const Tensor& dout);
 
   // Causal self-attention. qkv[B,T,3C] holds q, k, v (each NH heads of HS);
   // att[B,NH,T,T] keeps the softmax probabilities for the backward;
@@ -75,8 +73,7 @@ class Kernels {
                                   const Tensor& dout, const Tensor& qkv, const Tensor& att);
 
   // out = a + b
-  virtual void residual_forward(Stream& s, const Tensor& out, const Tensor& a,
-                                const Tensor& b);
+  virtual void residual_forward(Stream& s, const Tensor& out, const Tensor& a, const Tensor& b);
 
   // losses[N] = logsumexp(logits[n, :V]) - logits[n, targets[n]]; lse[N] kept
   // for the backward. Columns V..Vp-1 (vocabulary padding) are ignored.
@@ -85,14 +82,13 @@ class Kernels {
   // dlogits[n, j] = (softmax(logits[n, :V])_j - [j == targets[n]]) * dloss for
   // j < V, 0 for the padding. dlogits may alias logits.
   virtual void crossentropy_backward(Stream& s, const Tensor& dlogits, const Tensor& logits,
-                                     const Tensor& lse, const Tensor& targets, float dloss,
-                                     int V);
+                                     const Tensor& lse, const Tensor& targets, float dloss, int V);
 
   // out[0] (f64) = sum of x^2, summed in a fixed order.
   virtual void squared_norm(Stream& s, const Tensor& out, const Tensor& x);
   // AdamW with decoupled weight decay: p, m, v updated in place from g.
-  virtual void adamw(Stream& s, const Tensor& p, const Tensor& g, const Tensor& m,
-                     const Tensor& v, const AdamWArgs& args);
+  virtual void adamw(Stream& s, const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v,
+                     const AdamWArgs& args);
   // x[:] = value
   virtual void fill(Stream& s, const Tensor& x, float value);
   // y += alpha * x

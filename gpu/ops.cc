@@ -24,8 +24,8 @@ class Check {
     } else if (!t.is_contiguous()) {
       error_ = absl::StrCat(name, " is not contiguous");
     } else if (t.device() != &s_.device()) {
-      error_ = absl::StrCat(name, " is on ", t.device()->name(), ", the stream on ",
-                            s_.device().name());
+      error_ =
+          absl::StrCat(name, " is on ", t.device()->name(), ", the stream on ", s_.device().name());
     }
     return *this;
   }
@@ -111,8 +111,8 @@ void layernorm_forward(Stream& s, const Tensor& out, const Tensor& mean, const T
 }
 
 void layernorm_backward(Stream& s, const Tensor& dinp, const Tensor& dw, const Tensor& db,
-                        const Tensor& dout, const Tensor& inp, const Tensor& w,
-                        const Tensor& mean, const Tensor& rstd) {
+                        const Tensor& dout, const Tensor& inp, const Tensor& w, const Tensor& mean,
+                        const Tensor& rstd) {
   Check c(s, "layernorm_backward");
   if (!c.rank("inp", inp, 2).ok()) return;
   const std::int64_t C = inp.size(-1);
@@ -142,8 +142,7 @@ void matmul_forward(Stream& s, const Tensor& out, const Tensor& inp, const Tenso
 }
 
 void matmul_backward(Stream& s, const Tensor& dinp, const Tensor& dw, const Tensor& dbias,
-                     const Tensor& dout, const Tensor& inp, const Tensor& w,
-                     Accumulate dinp_mode) {
+                     const Tensor& dout, const Tensor& inp, const Tensor& w, Accumulate dinp_mode) {
   Check c(s, "matmul_backward");
   if (!c.rank("inp", inp, 2).rank("w", w, 2).ok()) return;
   const std::int64_t IC = inp.size(-1), OC = w.size(0);
@@ -203,8 +202,8 @@ void residual_forward(Stream& s, const Tensor& out, const Tensor& a, const Tenso
   if (c.ok()) s.device().kernels().residual_forward(s, out, a, b);
 }
 
-void crossentropy_forward(Stream& s, const Tensor& losses, const Tensor& lse,
-                          const Tensor& logits, const Tensor& targets, int V) {
+void crossentropy_forward(Stream& s, const Tensor& losses, const Tensor& lse, const Tensor& logits,
+                          const Tensor& targets, int V) {
   Check c(s, "crossentropy_forward");
   if (!c.rank("logits", logits, 2).ok()) return;
   const std::int64_t N = rows(logits), Vp = logits.size(-1);

@@ -18,21 +18,20 @@ void embedding_backward(Stream& s, const Tensor& dwte, const Tensor& dwpe, const
 void layernorm_forward(Stream& s, const Tensor& out, const Tensor& mean, const Tensor& rstd,
                        const Tensor& inp, const Tensor& w, const Tensor& b);
 void layernorm_backward(Stream& s, const Tensor& dinp, const Tensor& dw, const Tensor& db,
-                        const Tensor& dout, const Tensor& inp, const Tensor& w,
-                        const Tensor& mean, const Tensor& rstd);
+                        const Tensor& dout, const Tensor& inp, const Tensor& w, const Tensor& mean,
+                        const Tensor& rstd);
 void matmul_forward(Stream& s, const Tensor& out, const Tensor& inp, const Tensor& w,
                     const Tensor& bias);
 void matmul_backward(Stream& s, const Tensor& dinp, const Tensor& dw, const Tensor& dbias,
-                     const Tensor& dout, const Tensor& inp, const Tensor& w,
-                     Accumulate dinp_mode);
+                     const Tensor& dout, const Tensor& inp, const Tensor& w, Accumulate dinp_mode);
 void gelu_forward(Stream& s, const Tensor& out, const Tensor& inp);
 void gelu_backward(Stream& s, const Tensor& dinp, const Tensor& inp, const Tensor& dout);
 void attention_forward(Stream& s, const Tensor& out, const Tensor& att, const Tensor& qkv);
 void attention_backward(Stream& s, const Tensor& dqkv, const Tensor& datt, const Tensor& dout,
                         const Tensor& qkv, const Tensor& att);
 void residual_forward(Stream& s, const Tensor& out, const Tensor& a, const Tensor& b);
-void crossentropy_forward(Stream& s, const Tensor& losses, const Tensor& lse,
-                          const Tensor& logits, const Tensor& targets, int V);
+void crossentropy_forward(Stream& s, const Tensor& losses, const Tensor& lse, const Tensor& logits,
+                          const Tensor& targets, int V);
 void crossentropy_backward(Stream& s, const Tensor& dlogits, const Tensor& logits,
                            const Tensor& lse, const Tensor& targets, float dloss, int V);
 void squared_norm(Stream& s, const Tensor& out, const Tensor& x);

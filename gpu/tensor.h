@@ -15,9 +15,9 @@
 #include <initializer_list>
 #include <memory>
 #include <string>
-#include "absl/strings/string_view.h"
 
 #include "absl/container/inlined_vector.h"
+#include "absl/strings/string_view.h"
 
 namespace troupe::gpu {
 

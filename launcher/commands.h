@@ -4,9 +4,8 @@
 // the flag or file at fault).
 #pragma once
 
-#include <functional>
-
 #include <CLI/CLI.hpp>
+#include <functional>
 
 namespace troupe::launcher {
 

@@ -38,14 +38,22 @@ int run_synth(const SynthFlags& f) {
 
 const char* dtype_name(model::data::TokenDType d) {
   switch (d) {
-    case model::data::TokenDType::kU8: return "u8";
-    case model::data::TokenDType::kI8: return "i8";
-    case model::data::TokenDType::kI16: return "i16";
-    case model::data::TokenDType::kI32: return "i32";
-    case model::data::TokenDType::kI64: return "i64";
-    case model::data::TokenDType::kF64: return "f64";
-    case model::data::TokenDType::kF32: return "f32";
-    case model::data::TokenDType::kU16: return "u16";
+    case model::data::TokenDType::kU8:
+      return "u8";
+    case model::data::TokenDType::kI8:
+      return "i8";
+    case model::data::TokenDType::kI16:
+      return "i16";
+    case model::data::TokenDType::kI32:
+      return "i32";
+    case model::data::TokenDType::kI64:
+      return "i64";
+    case model::data::TokenDType::kF64:
+      return "f64";
+    case model::data::TokenDType::kF32:
+      return "f32";
+    case model::data::TokenDType::kU16:
+      return "u16";
   }
   return "?";
 }
@@ -53,14 +61,16 @@ const char* dtype_name(model::data::TokenDType d) {
 int run_info(const std::string& prefix) {
   auto ds = model::data::IndexedDataset::open(prefix);
   if (!ds.ok()) {
-    std::fprintf(stderr, "troupe data info: error: %s\n", std::string(ds.status().message()).c_str());
+    std::fprintf(stderr, "troupe data info: error: %s\n",
+                 std::string(ds.status().message()).c_str());
     return 1;
   }
-  std::printf("%s\n  documents: %lld\n  sequences: %lld\n  tokens:    %lld\n  dtype:     %s\n"
-              "  valid: header, index size, document index, and every pointer within the .bin\n",
-              prefix.c_str(), static_cast<long long>((*ds)->num_documents()),
-              static_cast<long long>((*ds)->num_sequences()),
-              static_cast<long long>((*ds)->num_tokens()), dtype_name((*ds)->dtype()));
+  std::printf(
+      "%s\n  documents: %lld\n  sequences: %lld\n  tokens:    %lld\n  dtype:     %s\n"
+      "  valid: header, index size, document index, and every pointer within the .bin\n",
+      prefix.c_str(), static_cast<long long>((*ds)->num_documents()),
+      static_cast<long long>((*ds)->num_sequences()), static_cast<long long>((*ds)->num_tokens()),
+      dtype_name((*ds)->dtype()));
   return 0;
 }
 

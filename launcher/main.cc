@@ -1,9 +1,8 @@
 // troupe: train GPT models with 3D parallelism on an actor runtime.
 //
 //   troupe train --model tiny --steps 50
-//   troupe preprocess --input pile.jsonl.zst --output-prefix data/pile --vocab-file ... --merge-file ...
-//   troupe data info data/pile_text_document
-//   troupe <command> --help
+//   troupe preprocess --input pile.jsonl.zst --output-prefix data/pile --vocab-file ...
+//   --merge-file ... troupe data info data/pile_text_document troupe <command> --help
 #include <cstdio>
 #include <map>
 #include <string>

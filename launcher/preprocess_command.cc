@@ -22,12 +22,14 @@ std::string with_commas(std::int64_t n) {
 
 void print_progress(const model::data::PreprocessProgress& p) {
   const double mb = static_cast<double>(p.input_bytes) / 1e6;
-  const double pct = p.input_size ? 100.0 * static_cast<double>(p.input_bytes) / static_cast<double>(p.input_size) : 100.0;
-  std::fprintf(stderr, "\r%5.1f%% | %s documents | %.0f docs/s | %.1f MB/s | %s bad lines | %.1fs%s",
-               pct, with_commas(p.documents).c_str(),
-               p.elapsed_s > 0 ? static_cast<double>(p.documents) / p.elapsed_s : 0.0,
-               p.elapsed_s > 0 ? mb / p.elapsed_s : 0.0, with_commas(p.bad_lines).c_str(),
-               p.elapsed_s, "");
+  const double pct =
+      p.input_size ? 100.0 * static_cast<double>(p.input_bytes) / static_cast<double>(p.input_size)
+                   : 100.0;
+  std::fprintf(
+      stderr, "\r%5.1f%% | %s documents | %.0f docs/s | %.1f MB/s | %s bad lines | %.1fs%s", pct,
+      with_commas(p.documents).c_str(),
+      p.elapsed_s > 0 ? static_cast<double>(p.documents) / p.elapsed_s : 0.0,
+      p.elapsed_s > 0 ? mb / p.elapsed_s : 0.0, with_commas(p.bad_lines).c_str(), p.elapsed_s, "");
   std::fflush(stderr);
 }
 
@@ -68,8 +70,8 @@ Command add_preprocess_command(CLI::App& app) {
   cmd->add_option("--input", o->input, "JSON lines, plain or .zst")->required();
   cmd->add_option("--json-keys", o->json_keys, "Keys to tokenize; one dataset each")
       ->capture_default_str();
-  cmd->add_option("--output-prefix", o->output_prefix,
-                  "Writes PREFIX_<key>_document.bin/.idx")->required();
+  cmd->add_option("--output-prefix", o->output_prefix, "Writes PREFIX_<key>_document.bin/.idx")
+      ->required();
   cmd->add_option("--vocab-file", o->vocab_file, "encoder.json or vocab.json")->required();
   cmd->add_option("--merge-file", o->merge_file, "vocab.bpe or merges.txt")->required();
   cmd->add_flag("--append-eod", o->append_eod, "End every document with <|endoftext|>");
@@ -77,7 +79,8 @@ Command add_preprocess_command(CLI::App& app) {
   cmd->add_option("--split-by-meta", o->split_by_meta,
                   "One dataset per value of meta.KEY (e.g. pile_set_name)");
   cmd->add_option("--max-bad-lines", o->max_bad_lines,
-                  "Fail when more lines than this are malformed")->capture_default_str();
+                  "Fail when more lines than this are malformed")
+      ->capture_default_str();
   return [o] { return run(*o); };
 }
 

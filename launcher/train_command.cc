@@ -40,8 +40,8 @@ absl::Status check_writable(const std::string& path, const char* flag) {
   {
     std::ofstream out(probe, std::ios::binary | std::ios::app);
     if (!out) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(flag, " ", path, ": cannot write there (missing directory or no permission)"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          flag, " ", path, ": cannot write there (missing directory or no permission)"));
     }
   }
   std::remove(probe.c_str());
@@ -108,10 +108,10 @@ int run_train(const TrainFlags& flags) {
     elapsed += m.step_s;
     const double eta = elapsed / m.step * (o.steps - m.step);
     const std::string val = m.val_loss ? absl::StrFormat(" | val loss %.4f", *m.val_loss) : "";
-    std::printf("step %*d/%d | loss %.4f | lr %.3e | grad norm %.4f | %.0f tok/s | elapsed %s | ETA %s%s\n",
-                static_cast<int>(std::to_string(o.steps).size()), m.step, o.steps, m.loss, m.lr,
-                m.grad_norm, m.tokens_per_s, duration(elapsed).c_str(), duration(eta).c_str(),
-                val.c_str());
+    std::printf(
+        "step %*d/%d | loss %.4f | lr %.3e | grad norm %.4f | %.0f tok/s | elapsed %s | ETA %s%s\n",
+        static_cast<int>(std::to_string(o.steps).size()), m.step, o.steps, m.loss, m.lr,
+        m.grad_norm, m.tokens_per_s, duration(elapsed).c_str(), duration(eta).c_str(), val.c_str());
     std::fflush(stdout);
     if (metrics.is_open()) {
       metrics << absl::StrFormat(
@@ -137,8 +137,9 @@ Command add_train_command(CLI::App& app) {
   auto flags = std::make_shared<TrainFlags>();
   model::TrainOptions& o = flags->options;
   CLI::App* cmd = app.add_subcommand("train", "Train a GPT (all ranks in this process)");
-  cmd->add_option("--model", flags->model, "Model preset: tiny, cpu-small, gpt2-124m, gpt2-350m, "
-                                           "gpt3-1.3b, gpt3-175b, mt-nlg-530b")
+  cmd->add_option("--model", flags->model,
+                  "Model preset: tiny, cpu-small, gpt2-124m, gpt2-350m, "
+                  "gpt3-1.3b, gpt3-175b, mt-nlg-530b")
       ->capture_default_str();
   cmd->add_option("--layers,--num-layers", flags->layers, "Override L (layers)");
   cmd->add_option("--channels,--hidden-size", flags->channels, "Override C (channels)");
@@ -178,10 +179,12 @@ Command add_train_command(CLI::App& app) {
                   "Where sample indices are cached (default: DATA_DIR/cache)");
   cmd->add_option("--eval-interval", o.eval_interval, "Validation loss every N steps");
   cmd->add_option("--eval-iters", o.eval_iters, "Global batches per validation");
-  cmd->add_flag("--no-shuffle", [&o](std::int64_t) { o.shuffle = false; },
-                "Samples in file order: sample i is tokens [i*T, i*T+T+1)");
+  cmd->add_flag(
+      "--no-shuffle", [&o](std::int64_t) { o.shuffle = false; },
+      "Samples in file order: sample i is tokens [i*T, i*T+T+1)");
   cmd->add_option("--init-weights", o.init_weights, "Start from these safetensors weights");
-  cmd->add_option("--save-weights", flags->save_weights, "Write the final weights here (safetensors)");
+  cmd->add_option("--save-weights", flags->save_weights,
+                  "Write the final weights here (safetensors)");
   cmd->add_option("--metrics-jsonl", flags->metrics_jsonl, "Write one JSON object per step here");
   cmd->add_option("--threads", o.threads, "Compute threads (default: all cores)");
   return [flags] { return run_train(*flags); };

@@ -79,8 +79,8 @@ absl::StatusOr<GptConfig> preset(absl::string_view name) {
       return c;
     }
   }
-  return absl::NotFoundError(absl::StrCat("unknown model '", name,
-                                          "'; known: ", absl::StrJoin(preset_names(), ", ")));
+  return absl::NotFoundError(
+      absl::StrCat("unknown model '", name, "'; known: ", absl::StrJoin(preset_names(), ", ")));
 }
 
 std::vector<std::string> preset_names() {

@@ -20,10 +20,10 @@ GptParams GptParams::carve(const ParamLayout& lay, const Tensor& flat, const Sta
   for (int l = stage.first_layer; l < stage.last_layer; l++) {
     const std::string h = absl::StrCat("h.", l, ".");
     auto v = [&](const char* n) { return lay.view(flat, h + n); };
-    p.h.push_back({v("ln_1.weight"), v("ln_1.bias"), v("attn.c_attn.weight"),
-                   v("attn.c_attn.bias"), v("attn.c_proj.weight"), v("attn.c_proj.bias"),
-                   v("ln_2.weight"), v("ln_2.bias"), v("mlp.c_fc.weight"), v("mlp.c_fc.bias"),
-                   v("mlp.c_proj.weight"), v("mlp.c_proj.bias")});
+    p.h.push_back({v("ln_1.weight"), v("ln_1.bias"), v("attn.c_attn.weight"), v("attn.c_attn.bias"),
+                   v("attn.c_proj.weight"), v("attn.c_proj.bias"), v("ln_2.weight"), v("ln_2.bias"),
+                   v("mlp.c_fc.weight"), v("mlp.c_fc.bias"), v("mlp.c_proj.weight"),
+                   v("mlp.c_proj.bias")});
   }
   if (stage.head) {
     p.lnfw = lay.view(flat, "ln_f.weight");
@@ -52,7 +52,8 @@ class Carver {
   Tensor flat_;
 };
 
-GptActivations carve_activations(const GptConfig& c, const StageSpec& stage, std::int64_t B, Carver& k) {
+GptActivations carve_activations(const GptConfig& c, const StageSpec& stage, std::int64_t B,
+                                 Carver& k) {
   const std::int64_t L = stage.layers(), T = c.T, C = c.C, NH = c.NH;
   const std::int64_t H = stage.head ? 1 : 0;  // the head's tensors are empty without it
   GptActivations a;
@@ -97,7 +98,11 @@ Gpt::Gpt(const GptConfig& config, int B, gpu::Device& device)
     : Gpt(config, B, device, StageSpec::whole(config)) {}
 
 Gpt::Gpt(const GptConfig& config, int B, gpu::Device& device, const StageSpec& stage)
-    : config_(config), stage_(stage), B_(B), device_(device), layout_(ParamLayout::gpt(config, stage)) {
+    : config_(config),
+      stage_(stage),
+      B_(B),
+      device_(device),
+      layout_(ParamLayout::gpt(config, stage)) {
   params_flat_ = Tensor::empty(device, gpu::DType::kF32, {layout_.total()});
   grads_flat_ = Tensor::empty(device, gpu::DType::kF32, {layout_.total()});
   p_ = GptParams::carve(layout_, params_flat_, stage);
@@ -117,8 +122,9 @@ Tensor Gpt::output() const { return at(acts_.residual3, stage_.layers() - 1); }
 void Gpt::init(std::uint64_t seed) {
   std::vector<float> host(static_cast<std::size_t>(layout_.total()), 0.0f);
   for (const ParamSpec& spec : layout_.specs()) {
-    init_values(config_, spec, seed, 0,
-                std::span<float>(host.data() + spec.offset, static_cast<std::size_t>(spec.numel())));
+    init_values(
+        config_, spec, seed, 0,
+        std::span<float>(host.data() + spec.offset, static_cast<std::size_t>(spec.numel())));
   }
   absl::Status st = device_.copy_from_host(host.data(), params_flat_);
   (void)st;  // same device by construction
@@ -126,7 +132,8 @@ void Gpt::init(std::uint64_t seed) {
 
 void Gpt::zero_grad(gpu::Stream& s) { ops::fill(s, grads_flat_, 0.0f); }
 
-void Gpt::forward(gpu::Stream& s, const Tensor& tokens, const Tensor& targets, const Tensor& input) {
+void Gpt::forward(gpu::Stream& s, const Tensor& tokens, const Tensor& targets,
+                  const Tensor& input) {
   GptActivations& a = acts_;
   const int L = stage_.layers();
   if (stage_.embedding) {
@@ -137,7 +144,8 @@ void Gpt::forward(gpu::Stream& s, const Tensor& tokens, const Tensor& targets, c
   }
   for (int l = 0; l < L; l++) layer_forward(s, l, l == 0 ? input_ : at(a.residual3, l - 1));
   if (!stage_.head) return;
-  ops::layernorm_forward(s, a.lnf, a.lnf_mean, a.lnf_rstd, at(a.residual3, L - 1), p_.lnfw, p_.lnfb);
+  ops::layernorm_forward(s, a.lnf, a.lnf_mean, a.lnf_rstd, at(a.residual3, L - 1), p_.lnfw,
+                         p_.lnfb);
   ops::matmul_forward(s, a.logits, a.lnf, p_.wte, Tensor{});
   if (targets.defined()) {
     ops::crossentropy_forward(s, a.losses.reshape({B_ * config_.T}),
@@ -177,8 +185,8 @@ void Gpt::backward(gpu::Stream& s, const Tensor& tokens, const Tensor& targets, 
                                config_.V);
     // The LM head shares wte with the token embedding: both add into g_.wte.
     ops::matmul_backward(s, a.dbtc, g_.wte, Tensor{}, a.logits, a.lnf, p_.wte, Accumulate::kNo);
-    ops::layernorm_backward(s, a.dresidual, g_.lnfw, g_.lnfb, a.dbtc, at(a.residual3, L - 1), p_.lnfw,
-                            a.lnf_mean, a.lnf_rstd);
+    ops::layernorm_backward(s, a.dresidual, g_.lnfw, g_.lnfb, a.dbtc, at(a.residual3, L - 1),
+                            p_.lnfw, a.lnf_mean, a.lnf_rstd);
   } else {
     ops::axpy(s, a.dresidual, 1.0f, dout);  // the next stage's gradient of our output
   }

@@ -37,30 +37,31 @@ struct GptParams {
   std::vector<LayerParams> h;
   gpu::Tensor lnfw, lnfb;  // (C)
   // Views of the parameters a stage holds (absent ones stay undefined).
-  static GptParams carve(const ParamLayout& layout, const gpu::Tensor& flat, const StageSpec& stage);
+  static GptParams carve(const ParamLayout& layout, const gpu::Tensor& flat,
+                         const StageSpec& stage);
 };
 
 // What the forward keeps for the backward, per layer of the stage where it
 // says (L, ...); the head's tensors are empty on stages without the head.
 struct GptActivations {
-  gpu::Tensor encoded;                    // (B, T, C)
-  gpu::Tensor ln1, ln1_mean, ln1_rstd;    // (L, B, T, C), (L, B, T) x2
-  gpu::Tensor qkv;                        // (L, B, T, 3C)
-  gpu::Tensor att;                        // (L, B, NH, T, T) softmax probabilities
-  gpu::Tensor atty;                       // (L, B, T, C)
-  gpu::Tensor residual2;                  // (L, B, T, C)
-  gpu::Tensor ln2, ln2_mean, ln2_rstd;    // (L, B, T, C), (L, B, T) x2
-  gpu::Tensor fch, fch_gelu;              // (L, B, T, 4C)
-  gpu::Tensor residual3;                  // (L, B, T, C)
-  gpu::Tensor lnf, lnf_mean, lnf_rstd;    // (B, T, C), (B, T) x2
-  gpu::Tensor logits;                     // (B, T, Vp); the backward turns it into dlogits
-  gpu::Tensor lse, losses;                // (B, T)
+  gpu::Tensor encoded;                  // (B, T, C)
+  gpu::Tensor ln1, ln1_mean, ln1_rstd;  // (L, B, T, C), (L, B, T) x2
+  gpu::Tensor qkv;                      // (L, B, T, 3C)
+  gpu::Tensor att;                      // (L, B, NH, T, T) softmax probabilities
+  gpu::Tensor atty;                     // (L, B, T, C)
+  gpu::Tensor residual2;                // (L, B, T, C)
+  gpu::Tensor ln2, ln2_mean, ln2_rstd;  // (L, B, T, C), (L, B, T) x2
+  gpu::Tensor fch, fch_gelu;            // (L, B, T, 4C)
+  gpu::Tensor residual3;                // (L, B, T, C)
+  gpu::Tensor lnf, lnf_mean, lnf_rstd;  // (B, T, C), (B, T) x2
+  gpu::Tensor logits;                   // (B, T, Vp); the backward turns it into dlogits
+  gpu::Tensor lse, losses;              // (B, T)
   // Backward scratch.
-  gpu::Tensor scratch_btc;                // (B, T, C)
-  gpu::Tensor dresidual, dbtc;            // (B, T, C)
-  gpu::Tensor dqkv;                       // (B, T, 3C)
-  gpu::Tensor datt;                       // (B, NH, T, T)
-  gpu::Tensor dfch;                       // (B, T, 4C)
+  gpu::Tensor scratch_btc;      // (B, T, C)
+  gpu::Tensor dresidual, dbtc;  // (B, T, C)
+  gpu::Tensor dqkv;             // (B, T, 3C)
+  gpu::Tensor datt;             // (B, NH, T, T)
+  gpu::Tensor dfch;             // (B, T, 4C)
 };
 
 class Gpt {
@@ -92,8 +93,8 @@ class Gpt {
   // (1 / tokens in the global batch for a mean). Needs the forward before it.
   // The logits are overwritten by their gradient. A stage without the head
   // starts from `dout` (B, T, C), the next stage's input_grad().
-  void backward(gpu::Stream& s, const gpu::Tensor& tokens, const gpu::Tensor& targets,
-                float dloss, const gpu::Tensor& dout = gpu::Tensor{});
+  void backward(gpu::Stream& s, const gpu::Tensor& tokens, const gpu::Tensor& targets, float dloss,
+                const gpu::Tensor& dout = gpu::Tensor{});
 
   const StageSpec& stage() const { return stage_; }
   // (B, T, C): what a stage without the head hands to the next stage, and

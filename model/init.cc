@@ -31,14 +31,13 @@ std::uint64_t param_key(std::uint64_t seed, absl::string_view name) {
 }
 
 float counter_normal(std::uint64_t key, std::uint64_t index) {
-  auto r = philox4x32({static_cast<std::uint32_t>(index), static_cast<std::uint32_t>(index >> 32),
-                       0u, 0u},
-                      {static_cast<std::uint32_t>(key), static_cast<std::uint32_t>(key >> 32)});
+  auto r = philox4x32(
+      {static_cast<std::uint32_t>(index), static_cast<std::uint32_t>(index >> 32), 0u, 0u},
+      {static_cast<std::uint32_t>(key), static_cast<std::uint32_t>(key >> 32)});
   // Uniforms in (0, 1] and [0, 1) with 32 bits each.
   const double u1 = (static_cast<double>(r[0]) + 1.0) / 4294967296.0;
   const double u2 = static_cast<double>(r[1]) / 4294967296.0;
-  return static_cast<float>(std::sqrt(-2.0 * std::log(u1)) *
-                            std::cos(2.0 * std::numbers::pi * u2));
+  return static_cast<float>(std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2));
 }
 
 void init_values(const GptConfig& config, const ParamSpec& spec, std::uint64_t seed,
@@ -53,8 +52,12 @@ void init_values(const GptConfig& config, const ParamSpec& spec, std::uint64_t s
   for (std::size_t i = 0; i < out.size(); i++) {
     const std::int64_t e = first + static_cast<std::int64_t>(i);
     switch (spec.init) {
-      case Init::kZeros: out[i] = 0.0f; break;
-      case Init::kOnes: out[i] = 1.0f; break;
+      case Init::kZeros:
+        out[i] = 0.0f;
+        break;
+      case Init::kOnes:
+        out[i] = 1.0f;
+        break;
       case Init::kNormal:
       case Init::kNormalScaled:
         out[i] = e < real ? std_dev * counter_normal(key, static_cast<std::uint64_t>(e)) : 0.0f;

@@ -14,8 +14,8 @@
 #include <array>
 #include <cstdint>
 #include <span>
-#include "absl/strings/string_view.h"
 
+#include "absl/strings/string_view.h"
 #include "model/config.h"
 #include "model/layout.h"
 

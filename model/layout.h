@@ -45,8 +45,8 @@ enum class Init { kNormal, kNormalScaled, kZeros, kOnes };
 
 struct ParamSpec {
   std::string name;
-  gpu::Shape shape;           // as stored here
-  std::int64_t offset = 0;    // in elements, into the flat buffer
+  gpu::Shape shape;         // as stored here
+  std::int64_t offset = 0;  // in elements, into the flat buffer
   Decay decay = Decay::kNo;
   Init init = Init::kZeros;
   bool transposed_in_file = false;  // Conv1D weights: file holds shape reversed

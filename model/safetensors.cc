@@ -4,7 +4,6 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
-
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
@@ -37,8 +36,8 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
   std::uint64_t header_len = 0;
   for (int i = 7; i >= 0; i--) header_len = (header_len << 8) | len_bytes[i];
   if (header_len > file_size - 8) {
-    return bad(path, absl::StrCat("not a safetensors file, or truncated: header of ", header_len, " bytes but only ",
-                                  file_size - 8, " bytes follow"));
+    return bad(path, absl::StrCat("not a safetensors file, or truncated: header of ", header_len,
+                                  " bytes but only ", file_size - 8, " bytes follow"));
   }
   std::string header(header_len, '\0');
   in.read(header.data(), static_cast<std::streamsize>(header_len));
@@ -53,12 +52,15 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
     if (name == "__metadata__") {
       if (!v.is_object()) return bad(path, "__metadata__ is not an object");
       for (auto& [k, val] : v.items()) {
-        if (!val.is_string()) return bad(path, absl::StrCat("__metadata__.", k, " is not a string"));
+        if (!val.is_string())
+          return bad(path, absl::StrCat("__metadata__.", k, " is not a string"));
         f.metadata_[k] = val.get<std::string>();
       }
       continue;
     }
-    auto where = [&](absl::string_view what) { return bad(path, absl::StrCat("tensor '", name, "': ", what)); };
+    auto where = [&](absl::string_view what) {
+      return bad(path, absl::StrCat("tensor '", name, "': ", what));
+    };
     if (!v.is_object() || !v.contains("dtype") || !v.contains("shape") ||
         !v.contains("data_offsets")) {
       return where("needs dtype, shape and data_offsets");
@@ -74,7 +76,8 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
     for (auto& d : v["shape"]) {
       if (!d.is_number_unsigned()) return where("shape has a non-integer dimension");
       e.shape.push_back(d.get<std::int64_t>());
-      if (__builtin_mul_overflow(numel, d.get<std::uint64_t>(), &numel)) return where("shape overflows 64 bits");
+      if (__builtin_mul_overflow(numel, d.get<std::uint64_t>(), &numel))
+        return where("shape overflows 64 bits");
     }
     auto& off = v["data_offsets"];
     if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() ||
@@ -90,7 +93,8 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
     std::uint64_t nbytes = 0;
     if (__builtin_mul_overflow(numel, esize, &nbytes)) return where("shape overflows 64 bits");
     if (e.end - e.begin != nbytes) {
-      return where(absl::StrCat("holds ", e.end - e.begin, " bytes, its shape and dtype need ", nbytes));
+      return where(
+          absl::StrCat("holds ", e.end - e.begin, " bytes, its shape and dtype need ", nbytes));
     }
     f.entries_.push_back(std::move(e));
   }
@@ -117,7 +121,8 @@ absl::Status write_safetensors(const std::string& path, const std::vector<Tensor
   if (!metadata.empty()) header["__metadata__"] = metadata;
   std::uint64_t offset = 0;
   for (const TensorToWrite& t : tensors) {
-    header[t.name] = {{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {offset, offset + t.nbytes}}};
+    header[t.name] = {
+        {"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {offset, offset + t.nbytes}}};
     offset += t.nbytes;
   }
   std::string h = header.dump();

@@ -27,7 +27,8 @@ absl::Status TrainOptions::validate() const {
     return absl::InvalidArgumentError("--lr and --min-lr must satisfy 0 <= min-lr <= lr");
   }
   if (lr.warmup_iters < 0 || lr.decay_iters < 0) {
-    return absl::InvalidArgumentError("--lr-warmup-iters and --lr-decay-iters must not be negative");
+    return absl::InvalidArgumentError(
+        "--lr-warmup-iters and --lr-decay-iters must not be negative");
   }
   if (!(adam.beta1 >= 0.0f && adam.beta1 < 1.0f) || !(adam.beta2 >= 0.0f && adam.beta2 < 1.0f)) {
     return absl::InvalidArgumentError("--adam-beta1 and --adam-beta2 must be in [0, 1)");
@@ -56,12 +57,16 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::create(const TrainOptions& opt
   const std::int64_t train_samples = std::max<std::int64_t>(options.steps, 1) * gbs;
   std::int64_t valid_samples = 0;
   if (options.eval_interval > 0 && options.eval_iters > 0) {
-    valid_samples = static_cast<std::int64_t>(options.steps / options.eval_interval) *
-                    options.eval_iters * gbs;
+    valid_samples =
+        static_cast<std::int64_t>(options.steps / options.eval_interval) * options.eval_iters * gbs;
   }
-  data::DataOptions d{.data_path = options.data_path, .split = options.split,
-                      .cache_path = options.data_cache_path, .shuffle = options.shuffle,
-                      .seed = options.seed, .T = c.T, .V = c.V};
+  data::DataOptions d{.data_path = options.data_path,
+                      .split = options.split,
+                      .cache_path = options.data_cache_path,
+                      .shuffle = options.shuffle,
+                      .seed = options.seed,
+                      .T = c.T,
+                      .V = c.V};
   auto datasets = data::build_datasets(d, train_samples, valid_samples);
   if (!datasets.ok()) return datasets.status();
   t->data_ = std::move(*datasets);
@@ -103,7 +108,8 @@ absl::StatusOr<std::vector<double>> Trainer::run_batch(const data::SampleSource&
   // Per-micro-batch loss sums, each in token order.
   std::vector<double> loss_sums(static_cast<std::size_t>(m), 0.0);
   std::vector<float> losses_host(tok.size());
-  const float dloss = 1.0f / static_cast<float>(static_cast<std::int64_t>(options_.global_batch) * T);
+  const float dloss =
+      1.0f / static_cast<float>(static_cast<std::int64_t>(options_.global_batch) * T);
   for (int j = 0; j < m; j++) {
     const gpu::Tensor& tk = tokens_[static_cast<std::size_t>(j)];
     const gpu::Tensor& tg = targets_[static_cast<std::size_t>(j)];
@@ -124,12 +130,14 @@ absl::StatusOr<std::vector<double>> Trainer::run_batch(const data::SampleSource&
 absl::Status Trainer::step(StepMetrics* metrics) {
   using Clock = std::chrono::steady_clock;
   const auto t0 = Clock::now();
-  const std::int64_t tokens_per_step = static_cast<std::int64_t>(options_.global_batch) * options_.model.T;
+  const std::int64_t tokens_per_step =
+      static_cast<std::int64_t>(options_.global_batch) * options_.model.T;
   gpu::Stream& s = *stream_;
 
   gpt_->zero_grad(s);
-  auto loss_sums = run_batch(*data_.train, steps_done_ * static_cast<std::int64_t>(options_.global_batch),
-                             Pass::kForwardBackward);
+  auto loss_sums =
+      run_batch(*data_.train, steps_done_ * static_cast<std::int64_t>(options_.global_batch),
+                Pass::kForwardBackward);
   if (!loss_sums.ok()) return loss_sums.status();
   gpu::ops::squared_norm(s, norm_, gpt_->grads());
   absl::Status st = s.synchronize();
@@ -171,13 +179,15 @@ absl::StatusOr<double> Trainer::validation_loss() {
   const std::int64_t gbs = options_.global_batch;
   double total = 0.0;
   for (int k = 0; k < options_.eval_iters; k++) {
-    const std::int64_t first = (static_cast<std::int64_t>(evaluations_done_) * options_.eval_iters + k) * gbs;
+    const std::int64_t first =
+        (static_cast<std::int64_t>(evaluations_done_) * options_.eval_iters + k) * gbs;
     auto sums = run_batch(*data_.valid, first, Pass::kForwardOnly);
     if (!sums.ok()) return sums.status();
     for (double l : *sums) total += l;
   }
   evaluations_done_++;
-  return total / (static_cast<double>(options_.eval_iters) * static_cast<double>(gbs) * options_.model.T);
+  return total /
+         (static_cast<double>(options_.eval_iters) * static_cast<double>(gbs) * options_.model.T);
 }
 
 }  // namespace troupe::model

@@ -26,8 +26,8 @@ namespace troupe::model {
 
 struct TrainOptions {
   GptConfig model;
-  int micro_batch = 4;    // --micro-batch-size (B)
-  int global_batch = 0;   // --global-batch-size; 0 = micro_batch
+  int micro_batch = 4;   // --micro-batch-size (B)
+  int global_batch = 0;  // --global-batch-size; 0 = micro_batch
   int steps = 10;
   LrSchedule lr;
   AdamWConfig adam;
@@ -39,8 +39,8 @@ struct TrainOptions {
   std::string split = "969,30,1";
   std::string data_cache_path;
   bool shuffle = true;
-  int eval_interval = 0;  // --eval-interval: validation loss every N steps (0: never)
-  int eval_iters = 0;     // --eval-iters: global batches per evaluation
+  int eval_interval = 0;     // --eval-interval: validation loss every N steps (0: never)
+  int eval_iters = 0;        // --eval-iters: global batches per evaluation
   std::string init_weights;  // safetensors to start from; empty: initialise from seed
   int threads = 0;           // compute stream's threads; 0 = all cores
 
@@ -50,12 +50,12 @@ struct TrainOptions {
 };
 
 struct StepMetrics {
-  int step = 0;             // 1-based optimizer step
-  double loss = 0;          // mean cross-entropy over all GBS*T tokens, before the update
-  double grad_norm = 0;     // L2 norm of that loss's gradient, before clipping
+  int step = 0;          // 1-based optimizer step
+  double loss = 0;       // mean cross-entropy over all GBS*T tokens, before the update
+  double grad_norm = 0;  // L2 norm of that loss's gradient, before clipping
   float lr = 0;
-  double step_s = 0;        // wall time of this step
-  double tokens_per_s = 0;  // GBS*T / step_s
+  double step_s = 0;               // wall time of this step
+  double tokens_per_s = 0;         // GBS*T / step_s
   std::optional<double> val_loss;  // on steps that are a multiple of --eval-interval
 };
 
@@ -94,7 +94,8 @@ class Trainer {
   // global batch starting at sample `first`; returns the loss sum per
   // micro-batch, in micro-batch order.
   enum class Pass { kForwardOnly, kForwardBackward };
-  absl::StatusOr<std::vector<double>> run_batch(const data::SampleSource& source, std::int64_t first, Pass pass);
+  absl::StatusOr<std::vector<double>> run_batch(const data::SampleSource& source,
+                                                std::int64_t first, Pass pass);
 };
 
 }  // namespace troupe::model

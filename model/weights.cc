@@ -44,12 +44,12 @@ absl::Status check_metadata(const SafetensorsFile& f, const GptConfig& c) {
     if (it == f.metadata().end()) continue;  // files from elsewhere may carry only "format"
     int got = 0;
     if (!absl::SimpleAtoi(it->second, &got)) {
-      return absl::InvalidArgumentError(absl::StrCat(f.path(), ": metadata ", key, " = '",
-                                                     it->second, "' is not an integer"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(f.path(), ": metadata ", key, " = '", it->second, "' is not an integer"));
     }
     if (got != value) {
-      return absl::InvalidArgumentError(absl::StrCat(f.path(), ": metadata ", key, " = ", got,
-                                                     " but the model has ", value));
+      return absl::InvalidArgumentError(
+          absl::StrCat(f.path(), ": metadata ", key, " = ", got, " but the model has ", value));
     }
   }
   return absl::OkStatus();
@@ -113,8 +113,8 @@ absl::Status save_weights(const Gpt& gpt, const std::string& path) {
       src = transposed.back().data();
     }
     t.data = src;
-    t.nbytes = static_cast<std::size_t>(spec.real_rows * (spec.numel() / spec.shape[0])) *
-               sizeof(float);
+    t.nbytes =
+        static_cast<std::size_t>(spec.real_rows * (spec.numel() / spec.shape[0])) * sizeof(float);
     tensors.push_back(std::move(t));
   }
   return write_safetensors(path, tensors, config_metadata(gpt.config()));
@@ -138,9 +138,9 @@ absl::Status load_weights(const std::string& path, Gpt& gpt) {
     if (ignorable(name)) continue;
     const ParamSpec* spec = lay.find_or_null(name);
     if (spec == nullptr) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(path, ": unexpected tensor '", e.name, "' (not a parameter of ",
-                       gpt.config().describe(), ")"));
+      return absl::InvalidArgumentError(absl::StrCat(path, ": unexpected tensor '", e.name,
+                                                     "' (not a parameter of ",
+                                                     gpt.config().describe(), ")"));
     }
     const std::size_t i = static_cast<std::size_t>(spec - lay.specs().data());
     if (seen[i]) {

@@ -25,8 +25,7 @@ TROUPE_CLONES void causal_softmax_row(float* row, i64 i, i64 T) {
 }
 
 // datt row i -> dpre row i (in place), scaled by 1/sqrt(HS).
-TROUPE_CLONES void softmax_backward_row(float* datt, const float* att, i64 i, i64 T,
-                                        float scale) {
+TROUPE_CLONES void softmax_backward_row(float* datt, const float* att, i64 i, i64 T, float scale) {
   const float dot = row_dot(att, datt, i + 1);
   for (i64 j = 0; j <= i; j++) datt[j] = att[j] * (datt[j] - dot) * scale;
   for (i64 j = i + 1; j < T; j++) datt[j] = 0.0f;
@@ -46,8 +45,7 @@ Head head_of(const float* qkv, i64 b, i64 h, i64 T, i64 C, i64 HS) {
 
 }  // namespace
 
-void attention_forward(float* out, float* att, const float* qkv, i64 B, i64 T, i64 C,
-                       i64 NH) {
+void attention_forward(float* out, float* att, const float* qkv, i64 B, i64 T, i64 C, i64 NH) {
   const i64 HS = C / NH, C3 = 3 * C;
   const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
 #pragma omp parallel for schedule(static)

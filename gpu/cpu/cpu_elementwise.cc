@@ -59,8 +59,8 @@ struct AdamConsts {
 };
 
 // PyTorch's AdamW order: p *= 1 - lr*wd, then p -= lr/bc1 * m / (sqrt(v/bc2) + eps).
-TROUPE_CLONES void adamw_range(float* p, const float* g, float* m, float* v, AdamConsts k,
-                               i64 i0, i64 i1) {
+TROUPE_CLONES void adamw_range(float* p, const float* g, float* m, float* v, AdamConsts k, i64 i0,
+                               i64 i1) {
   for (i64 i = i0; i < i1; i++) {
     float grad = g[i] * k.grad_scale;
     float mi = k.beta1 * m[i] + (1.0f - k.beta1) * grad;
@@ -107,8 +107,8 @@ double squared_norm(const float* x, i64 n) {
   return total;
 }
 
-void adamw(float* p, const float* g, float* m, float* v, i64 n, float lr, float beta1,
-           float beta2, float eps, float weight_decay, int step, float grad_scale) {
+void adamw(float* p, const float* g, float* m, float* v, i64 n, float lr, float beta1, float beta2,
+           float eps, float weight_decay, int step, float grad_scale) {
   AdamConsts k{lr,
                beta1,
                beta2,

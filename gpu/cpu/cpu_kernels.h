@@ -14,22 +14,20 @@ namespace troupe::gpu::cpu {
 
 using i64 = std::int64_t;
 
-bool embedding_forward(float* out, const std::int32_t* tokens, const float* wte,
-                       const float* wpe, i64 B, i64 T, i64 C, i64 Vp);
-bool embedding_backward(float* dwte, float* dwpe, const float* dout,
-                        const std::int32_t* tokens, i64 B, i64 T, i64 C, i64 Vp);
+bool embedding_forward(float* out, const std::int32_t* tokens, const float* wte, const float* wpe,
+                       i64 B, i64 T, i64 C, i64 Vp);
+bool embedding_backward(float* dwte, float* dwpe, const float* dout, const std::int32_t* tokens,
+                        i64 B, i64 T, i64 C, i64 Vp);
 
-void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
-                       const float* w, const float* b, i64 N, i64 C);
-void layernorm_backward(float* dinp, float* dw, float* db, const float* dout,
-                        const float* inp, const float* w, const float* mean,
-                        const float* rstd, i64 N, i64 C);
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w,
+                       const float* b, i64 N, i64 C);
+void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
+                        const float* w, const float* mean, const float* rstd, i64 N, i64 C);
 
-void matmul_forward(float* out, const float* inp, const float* w, const float* bias, i64 N,
-                    i64 IC, i64 OC);
-void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout,
-                     const float* inp, const float* w, i64 N, i64 IC, i64 OC,
-                     bool accumulate_dinp);
+void matmul_forward(float* out, const float* inp, const float* w, const float* bias, i64 N, i64 IC,
+                    i64 OC);
+void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp,
+                     const float* w, i64 N, i64 IC, i64 OC, bool accumulate_dinp);
 
 void gelu_forward(float* out, const float* inp, i64 n);
 void gelu_backward(float* dinp, const float* inp, const float* dout, i64 n);
@@ -46,13 +44,13 @@ bool crossentropy_backward(float* dlogits, const float* logits, const float* lse
                            const std::int32_t* targets, float dloss, i64 N, i64 V, i64 Vp);
 
 double squared_norm(const float* x, i64 n);
-void adamw(float* p, const float* g, float* m, float* v, i64 n, float lr, float beta1,
-           float beta2, float eps, float weight_decay, int step, float grad_scale);
+void adamw(float* p, const float* g, float* m, float* v, i64 n, float lr, float beta1, float beta2,
+           float eps, float weight_decay, int step, float grad_scale);
 void fill(float* x, float value, i64 n);
 void axpy(float* y, float alpha, const float* x, i64 n);
 
 // C[M,N] = alpha * op(A) . op(B) + beta * C through oneDNN (row-major).
-void sgemm(char transa, char transb, i64 M, i64 N, i64 K, float alpha, const float* A,
-           i64 lda, const float* B, i64 ldb, float beta, float* C, i64 ldc);
+void sgemm(char transa, char transb, i64 M, i64 N, i64 K, float alpha, const float* A, i64 lda,
+           const float* B, i64 ldb, float beta, float* C, i64 ldc);
 
 }  // namespace troupe::gpu::cpu

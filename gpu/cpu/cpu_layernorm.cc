@@ -47,9 +47,9 @@ TROUPE_CLONES void layernorm_backward_row(float* dinp, const float* dout, const 
 }
 
 // dw, db for columns [c0, c1), rows in order (independent of the team size).
-TROUPE_CLONES void layernorm_param_grads(float* dw, float* db, const float* dout,
-                                         const float* inp, const float* mean, const float* rstd,
-                                         i64 N, i64 C, i64 c0, i64 c1) {
+TROUPE_CLONES void layernorm_param_grads(float* dw, float* db, const float* dout, const float* inp,
+                                         const float* mean, const float* rstd, i64 N, i64 C, i64 c0,
+                                         i64 c1) {
   for (i64 n = 0; n < N; n++) {
     const float* x = inp + n * C;
     const float* d = dout + n * C;
@@ -63,17 +63,16 @@ TROUPE_CLONES void layernorm_param_grads(float* dw, float* db, const float* dout
 
 }  // namespace
 
-void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
-                       const float* w, const float* b, i64 N, i64 C) {
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w,
+                       const float* b, i64 N, i64 C) {
 #pragma omp parallel for schedule(static)
   for (i64 n = 0; n < N; n++) {
     layernorm_row(out + n * C, mean + n, rstd + n, inp + n * C, w, b, C);
   }
 }
 
-void layernorm_backward(float* dinp, float* dw, float* db, const float* dout,
-                        const float* inp, const float* w, const float* mean,
-                        const float* rstd, i64 N, i64 C) {
+void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
+                        const float* w, const float* mean, const float* rstd, i64 N, i64 C) {
 #pragma omp parallel for schedule(static)
   for (i64 n = 0; n < N; n++) {
     layernorm_backward_row(dinp + n * C, dout + n * C, inp + n * C, w, mean[n], rstd[n], C);
@@ -81,8 +80,7 @@ void layernorm_backward(float* dinp, float* dw, float* db, const float* dout,
   constexpr i64 kCols = 32;
 #pragma omp parallel for schedule(static)
   for (i64 c0 = 0; c0 < C; c0 += kCols) {
-    layernorm_param_grads(dw, db, dout, inp, mean, rstd, N, C, c0,
-                          c0 + kCols < C ? c0 + kCols : C);
+    layernorm_param_grads(dw, db, dout, inp, mean, rstd, N, C, c0, c0 + kCols < C ? c0 + kCols : C);
   }
 }
 

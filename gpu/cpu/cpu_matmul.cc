@@ -13,8 +13,7 @@ namespace {
 
 // dbias[o] += sum_n dout[n, o] for o in [o0, o1): rows in order, so the sum
 // does not depend on the thread count.
-TROUPE_CLONES void colsum_range(float* dbias, const float* dout, i64 N, i64 OC, i64 o0,
-                                i64 o1) {
+TROUPE_CLONES void colsum_range(float* dbias, const float* dout, i64 N, i64 OC, i64 o0, i64 o1) {
   for (i64 n = 0; n < N; n++) {
     const float* row = dout + n * OC;
     for (i64 o = o0; o < o1; o++) dbias[o] += row[o];
@@ -29,8 +28,8 @@ TROUPE_CLONES void broadcast_rows(float* out, const float* bias, i64 rows, i64 O
 
 }  // namespace
 
-void sgemm(char transa, char transb, i64 M, i64 N, i64 K, float alpha, const float* A,
-           i64 lda, const float* B, i64 ldb, float beta, float* C, i64 ldc) {
+void sgemm(char transa, char transb, i64 M, i64 N, i64 K, float alpha, const float* A, i64 lda,
+           const float* B, i64 ldb, float beta, float* C, i64 ldc) {
   if (M == 0 || N == 0) return;
   dnnl_status_t st = dnnl_sgemm(transa, transb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
   if (st != dnnl_success) {
@@ -38,14 +37,14 @@ void sgemm(char transa, char transb, i64 M, i64 N, i64 K, float alpha, const flo
     // exception into an Internal error.
     char msg[160];
     std::snprintf(msg, sizeof msg, "dnnl_sgemm(%c,%c,M=%ld,N=%ld,K=%ld) failed with status %d",
-                  transa, transb, static_cast<long>(M), static_cast<long>(N),
-                  static_cast<long>(K), static_cast<int>(st));
+                  transa, transb, static_cast<long>(M), static_cast<long>(N), static_cast<long>(K),
+                  static_cast<int>(st));
     throw std::runtime_error(msg);
   }
 }
 
-void matmul_forward(float* out, const float* inp, const float* w, const float* bias, i64 N,
-                    i64 IC, i64 OC) {
+void matmul_forward(float* out, const float* inp, const float* w, const float* bias, i64 N, i64 IC,
+                    i64 OC) {
   float beta = 0.0f;
   if (bias != nullptr) {
     // out = bias, then out += inp . w^T in the GEMM (beta = 1): one pass fewer
@@ -60,9 +59,8 @@ void matmul_forward(float* out, const float* inp, const float* w, const float* b
   sgemm('N', 'T', N, OC, IC, 1.0f, inp, IC, w, IC, beta, out, OC);
 }
 
-void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout,
-                     const float* inp, const float* w, i64 N, i64 IC, i64 OC,
-                     bool accumulate_dinp) {
+void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp,
+                     const float* w, i64 N, i64 IC, i64 OC, bool accumulate_dinp) {
   // dinp[N,IC] = dout[N,OC] . w[OC,IC]
   sgemm('N', 'N', N, IC, OC, 1.0f, dout, OC, w, IC, accumulate_dinp ? 1.0f : 0.0f, dinp, IC);
   // dw[OC,IC] += dout^T . inp

@@ -18,8 +18,8 @@ class CpuKernels final : public Kernels {
   void embedding_forward(Stream& s, const Tensor& out, const Tensor& tokens, const Tensor& wte,
                          const Tensor& wpe) override {
     on(s).enqueue_op("embedding_forward", [&s, out, tokens, wte, wpe] {
-      if (!cpu::embedding_forward(f(out), i32(tokens), f(wte), f(wpe), out.size(0),
-                                  out.size(1), out.size(2), wte.size(0))) {
+      if (!cpu::embedding_forward(f(out), i32(tokens), f(wte), f(wpe), out.size(0), out.size(1),
+                                  out.size(2), wte.size(0))) {
         s.fail(absl::InvalidArgumentError(
             absl::StrCat("embedding_forward: a token id is outside [0, ", wte.size(0), ")")));
       }
@@ -40,8 +40,7 @@ class CpuKernels final : public Kernels {
   void layernorm_forward(Stream& s, const Tensor& out, const Tensor& mean, const Tensor& rstd,
                          const Tensor& inp, const Tensor& w, const Tensor& b) override {
     on(s).enqueue_op("layernorm_forward", [=] {
-      cpu::layernorm_forward(f(out), f(mean), f(rstd), f(inp), f(w), f(b), rows(inp),
-                             inp.size(-1));
+      cpu::layernorm_forward(f(out), f(mean), f(rstd), f(inp), f(w), f(b), rows(inp), inp.size(-1));
     });
   }
 
@@ -65,8 +64,8 @@ class CpuKernels final : public Kernels {
                        const Tensor& dout, const Tensor& inp, const Tensor& w,
                        Accumulate dinp_mode) override {
     on(s).enqueue_op("matmul_backward", [=] {
-      cpu::matmul_backward(f(dinp), f(dw), f(dbias), f(dout), f(inp), f(w), rows(inp),
-                           inp.size(-1), w.size(0), dinp_mode == Accumulate::kYes);
+      cpu::matmul_backward(f(dinp), f(dw), f(dbias), f(dout), f(inp), f(w), rows(inp), inp.size(-1),
+                           w.size(0), dinp_mode == Accumulate::kYes);
     });
   }
 
@@ -83,21 +82,20 @@ class CpuKernels final : public Kernels {
   void attention_forward(Stream& s, const Tensor& out, const Tensor& att,
                          const Tensor& qkv) override {
     on(s).enqueue_op("attention_forward", [=] {
-      cpu::attention_forward(f(out), f(att), f(qkv), qkv.size(0), qkv.size(1),
-                             qkv.size(2) / 3, att.size(1));
+      cpu::attention_forward(f(out), f(att), f(qkv), qkv.size(0), qkv.size(1), qkv.size(2) / 3,
+                             att.size(1));
     });
   }
 
   void attention_backward(Stream& s, const Tensor& dqkv, const Tensor& datt, const Tensor& dout,
                           const Tensor& qkv, const Tensor& att) override {
     on(s).enqueue_op("attention_backward", [=] {
-      cpu::attention_backward(f(dqkv), f(datt), f(dout), f(qkv), f(att), qkv.size(0),
-                              qkv.size(1), qkv.size(2) / 3, att.size(1));
+      cpu::attention_backward(f(dqkv), f(datt), f(dout), f(qkv), f(att), qkv.size(0), qkv.size(1),
+                              qkv.size(2) / 3, att.size(1));
     });
   }
 
-  void residual_forward(Stream& s, const Tensor& out, const Tensor& a,
-                        const Tensor& b) override {
+  void residual_forward(Stream& s, const Tensor& out, const Tensor& a, const Tensor& b) override {
     on(s).enqueue_op("residual_forward",
                      [=] { cpu::residual_forward(f(out), f(a), f(b), a.numel()); });
   }
@@ -105,8 +103,8 @@ class CpuKernels final : public Kernels {
   void crossentropy_forward(Stream& s, const Tensor& losses, const Tensor& lse,
                             const Tensor& logits, const Tensor& targets, int V) override {
     on(s).enqueue_op("crossentropy_forward", [&s, losses, lse, logits, targets, V] {
-      if (!cpu::crossentropy_forward(f(losses), f(lse), f(logits), i32(targets), rows(logits),
-                                     V, logits.size(-1))) {
+      if (!cpu::crossentropy_forward(f(losses), f(lse), f(logits), i32(targets), rows(logits), V,
+                                     logits.size(-1))) {
         s.fail(absl::InvalidArgumentError(
             absl::StrCat("crossentropy_forward: a target is outside [0, ", V, ")")));
       }
@@ -133,8 +131,8 @@ class CpuKernels final : public Kernels {
   void adamw(Stream& s, const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v,
              const AdamWArgs& a) override {
     on(s).enqueue_op("adamw", [=] {
-      cpu::adamw(f(p), f(g), f(m), f(v), p.numel(), a.lr, a.beta1, a.beta2, a.eps,
-                 a.weight_decay, a.step, a.grad_scale);
+      cpu::adamw(f(p), f(g), f(m), f(v), p.numel(), a.lr, a.beta1, a.beta2, a.eps, a.weight_decay,
+                 a.step, a.grad_scale);
     });
   }
 

@@ -23,8 +23,8 @@ TROUPE_CLONES float logsumexp_row(const float* x, i64 V) {
   return m + std::log(row_sum_exp(x, m, V));
 }
 
-TROUPE_CLONES void crossentropy_grad_row(float* d, const float* x, float lse, float dloss,
-                                         i64 V, i64 Vp) {
+TROUPE_CLONES void crossentropy_grad_row(float* d, const float* x, float lse, float dloss, i64 V,
+                                         i64 Vp) {
   for (i64 j = 0; j < V; j++) d[j] = exp_approx(x[j] - lse) * dloss;
   for (i64 j = V; j < Vp; j++) d[j] = 0.0f;
 }
@@ -38,8 +38,8 @@ bool tokens_in_range(const std::int32_t* tokens, i64 n, i64 limit) {
 
 }  // namespace
 
-bool embedding_forward(float* out, const std::int32_t* tokens, const float* wte,
-                       const float* wpe, i64 B, i64 T, i64 C, i64 Vp) {
+bool embedding_forward(float* out, const std::int32_t* tokens, const float* wte, const float* wpe,
+                       i64 B, i64 T, i64 C, i64 Vp) {
   if (!tokens_in_range(tokens, B * T, Vp)) return false;
 #pragma omp parallel for schedule(static)
   for (i64 bt = 0; bt < B * T; bt++) {
@@ -48,8 +48,8 @@ bool embedding_forward(float* out, const std::int32_t* tokens, const float* wte,
   return true;
 }
 
-bool embedding_backward(float* dwte, float* dwpe, const float* dout,
-                        const std::int32_t* tokens, i64 B, i64 T, i64 C, i64 Vp) {
+bool embedding_backward(float* dwte, float* dwpe, const float* dout, const std::int32_t* tokens,
+                        i64 B, i64 T, i64 C, i64 Vp) {
   if (!tokens_in_range(tokens, B * T, Vp)) return false;
   // Each thread owns a range of columns and walks the tokens in order, so a
   // row hit by several tokens sums them in the same order on any team size.

@@ -6,9 +6,8 @@
 
 #include <fstream>
 #include <limits>
-#include <sstream>
-
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "absl/strings/str_cat.h"
 
@@ -108,7 +107,8 @@ absl::StatusOr<std::unique_ptr<Gpt2Vocab>> Gpt2Vocab::load(const std::string& vo
   }
   const auto b2u = byte_to_unicode();
   absl::flat_hash_map<std::string, std::uint8_t> u2b;
-  for (int b = 0; b < 256; b++) u2b[b2u[static_cast<std::size_t>(b)]] = static_cast<std::uint8_t>(b);
+  for (int b = 0; b < 256; b++)
+    u2b[b2u[static_cast<std::size_t>(b)]] = static_cast<std::uint8_t>(b);
   absl::flat_hash_map<std::string, std::int32_t> ids;  // vocabulary string -> id
   v->bytes_.resize(j.size());
   std::vector<bool> seen(j.size(), false);
@@ -120,7 +120,8 @@ absl::StatusOr<std::unique_ptr<Gpt2Vocab>> Gpt2Vocab::load(const std::string& vo
     }
     const auto id = id_json.get<std::int32_t>();
     if (seen[static_cast<std::size_t>(id)]) {
-      return absl::InvalidArgumentError(absl::StrCat("vocabulary ", vocab_path, ": id ", id, " appears twice"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("vocabulary ", vocab_path, ": id ", id, " appears twice"));
     }
     seen[static_cast<std::size_t>(id)] = true;
     ids[token] = id;
@@ -128,8 +129,8 @@ absl::StatusOr<std::unique_ptr<Gpt2Vocab>> Gpt2Vocab::load(const std::string& vo
       v->eod_ = id;
       v->bytes_[static_cast<std::size_t>(id)] = token;
     } else if (!unicode_to_bytes(u2b, token, &v->bytes_[static_cast<std::size_t>(id)])) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "vocabulary ", vocab_path, ": token '", token, "' is not in GPT-2's byte-level alphabet"));
+      return absl::InvalidArgumentError(absl::StrCat("vocabulary ", vocab_path, ": token '", token,
+                                                     "' is not in GPT-2's byte-level alphabet"));
     }
   }
   for (int b = 0; b < 256; b++) {
@@ -141,7 +142,8 @@ absl::StatusOr<std::unique_ptr<Gpt2Vocab>> Gpt2Vocab::load(const std::string& vo
     v->byte_token_[b] = it->second;
   }
   if (v->eod_ < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("vocabulary ", vocab_path, ": no <|endoftext|> token"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("vocabulary ", vocab_path, ": no <|endoftext|> token"));
   }
 
   auto merges_text = read_file(merges_path, "merges");
@@ -154,7 +156,8 @@ absl::StatusOr<std::unique_ptr<Gpt2Vocab>> Gpt2Vocab::load(const std::string& vo
     if (line.empty() || line.rfind("#version", 0) == 0) continue;
     const std::size_t sp = line.find(' ');
     auto bad = [&](absl::string_view why) {
-      return absl::InvalidArgumentError(absl::StrCat("merges ", merges_path, ":", lineno, ": ", why));
+      return absl::InvalidArgumentError(
+          absl::StrCat("merges ", merges_path, ":", lineno, ": ", why));
     };
     if (sp == std::string::npos || line.find(' ', sp + 1) != std::string::npos) {
       return bad("want two tokens separated by one space");
@@ -166,7 +169,8 @@ absl::StatusOr<std::unique_ptr<Gpt2Vocab>> Gpt2Vocab::load(const std::string& vo
     }
     v->merges_.try_emplace(pair_key(ia->second, ib->second), rank++, iab->second);
   }
-  if (rank == 0) return absl::InvalidArgumentError(absl::StrCat("merges ", merges_path, ": no merges"));
+  if (rank == 0)
+    return absl::InvalidArgumentError(absl::StrCat("merges ", merges_path, ": no merges"));
   return v;
 }
 
@@ -201,8 +205,8 @@ static absl::Status for_each_piece(pcre2_code* code, pcre2_match_data* md, absl:
     if (rc == PCRE2_ERROR_NOMATCH) break;  // cannot happen: \p{White_Space}+|... cover all
     if (rc < 0) {
       if (rc <= PCRE2_ERROR_UTF8_ERR1 && rc >= PCRE2_ERROR_UTF8_ERR21) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "text is not valid UTF-8 at byte ", pcre2_get_startchar(md)));
+        return absl::InvalidArgumentError(
+            absl::StrCat("text is not valid UTF-8 at byte ", pcre2_get_startchar(md)));
       }
       PCRE2_UCHAR msg[256];
       pcre2_get_error_message(rc, msg, sizeof msg);
@@ -223,9 +227,9 @@ absl::Status BpeEncoder::encode(absl::string_view text, std::vector<std::int32_t
 
 absl::StatusOr<std::vector<std::string>> BpeEncoder::pieces(absl::string_view text) {
   std::vector<std::string> out;
-  absl::Status st = for_each_piece(vocab_.pretokenizer_->code(),
-                                   static_cast<pcre2_match_data*>(match_data_), text,
-                                   [&](absl::string_view p) { out.emplace_back(p); });
+  absl::Status st =
+      for_each_piece(vocab_.pretokenizer_->code(), static_cast<pcre2_match_data*>(match_data_),
+                     text, [&](absl::string_view p) { out.emplace_back(p); });
   if (!st.ok()) return st;
   return out;
 }

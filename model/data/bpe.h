@@ -42,13 +42,15 @@ class Gpt2Vocab {
   std::int32_t eod() const { return eod_; }
   // Bytes of the ids, concatenated; InvalidArgument for an id out of range.
   absl::StatusOr<std::string> decode(std::span<const std::int32_t> ids) const;
-  const std::string& token_bytes(std::int32_t id) const { return bytes_[static_cast<std::size_t>(id)]; }
+  const std::string& token_bytes(std::int32_t id) const {
+    return bytes_[static_cast<std::size_t>(id)];
+  }
 
  private:
   friend class BpeEncoder;
   Gpt2Vocab();
-  std::vector<std::string> bytes_;                  // id -> bytes
-  std::int32_t byte_token_[256] = {};               // byte -> id of its one-byte token
+  std::vector<std::string> bytes_;     // id -> bytes
+  std::int32_t byte_token_[256] = {};  // byte -> id of its one-byte token
   // (left id, right id) -> (merge rank, merged id)
   absl::flat_hash_map<std::uint64_t, std::pair<std::int32_t, std::int32_t>> merges_;
   std::int32_t eod_ = -1;

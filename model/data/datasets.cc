@@ -22,8 +22,8 @@ absl::StatusOr<std::vector<std::pair<double, std::string>>> parse_data_path(
   for (std::size_t i = 0; i < args.size(); i += 2) {
     double w = 0;
     if (!absl::SimpleAtod(args[i], &w) || !(w > 0)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--data-path: '", args[i], "' is not a positive weight (before ", args[i + 1], ")"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--data-path: '", args[i], "' is not a positive weight (before ", args[i + 1], ")"));
     }
     out.emplace_back(w, args[i + 1]);
     total += w;
@@ -45,7 +45,8 @@ absl::StatusOr<std::unique_ptr<SampleSource>> build_split(
   const char* label = split == Split::kTrain ? "train" : split == Split::kValid ? "valid" : "test";
   if (sources.size() == 1) {
     const auto& src = sources[0].second;
-    auto ds = GptDataset::build(src, ratio.range(split, src->num_documents()), spec, num_samples, label);
+    auto ds =
+        GptDataset::build(src, ratio.range(split, src->num_documents()), spec, num_samples, label);
     if (!ds.ok()) return ds.status();
     return std::unique_ptr<SampleSource>(std::move(*ds));
   }
@@ -72,7 +73,8 @@ absl::StatusOr<Datasets> build_datasets(const DataOptions& o, std::int64_t train
   auto ratio = parse_split(o.split);
   if (!ratio.ok()) return ratio.status();
   std::vector<std::pair<double, std::shared_ptr<DocumentSource>>> sources;
-  SampleSpec spec{.T = o.T, .V = o.V, .seed = o.seed, .shuffle = o.shuffle, .cache_dir = o.cache_path};
+  SampleSpec spec{
+      .T = o.T, .V = o.V, .seed = o.seed, .shuffle = o.shuffle, .cache_dir = o.cache_path};
   if (o.data_path.empty()) {
     PhraseCorpusOptions corpus{.vocab_size = o.V, .seed = o.seed};
     sources.emplace_back(1.0, memory_documents("synthetic phrase corpus", phrase_corpus(corpus)));
@@ -93,8 +95,9 @@ absl::StatusOr<Datasets> build_datasets(const DataOptions& o, std::int64_t train
   d.train = std::move(*train);
   if (valid_samples > 0) {
     if (ratio->share[1] <= 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--split ", o.split, " leaves no validation documents, but --eval-iters asks for validation"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("--split ", o.split,
+                       " leaves no validation documents, but --eval-iters asks for validation"));
     }
     auto valid = build_split(sources, *ratio, Split::kValid, spec, valid_samples);
     if (!valid.ok()) return valid.status();

@@ -39,7 +39,8 @@ class IndexedDocuments final : public DocumentSource {
   std::int64_t document_size(std::int64_t doc) const override {
     return starts_[static_cast<std::size_t>(doc) + 1] - starts_[static_cast<std::size_t>(doc)];
   }
-  absl::Status read(std::int64_t doc, std::int64_t offset, std::span<std::int32_t> out) const override {
+  absl::Status read(std::int64_t doc, std::int64_t offset,
+                    std::span<std::int32_t> out) const override {
     return ds_->read(starts_[static_cast<std::size_t>(doc)] + offset, out);
   }
   std::int64_t position(std::int64_t doc, std::int64_t offset) const override {
@@ -68,9 +69,11 @@ class MemoryDocuments final : public DocumentSource {
   std::int64_t document_size(std::int64_t doc) const override {
     return static_cast<std::int64_t>(docs_[static_cast<std::size_t>(doc)].size());
   }
-  absl::Status read(std::int64_t doc, std::int64_t offset, std::span<std::int32_t> out) const override {
+  absl::Status read(std::int64_t doc, std::int64_t offset,
+                    std::span<std::int32_t> out) const override {
     const auto& d = docs_[static_cast<std::size_t>(doc)];
-    if (offset < 0 || offset + static_cast<std::int64_t>(out.size()) > static_cast<std::int64_t>(d.size())) {
+    if (offset < 0 ||
+        offset + static_cast<std::int64_t>(out.size()) > static_cast<std::int64_t>(d.size())) {
       return absl::OutOfRangeError(absl::StrCat(name_, ": read past document ", doc));
     }
     std::copy_n(d.begin() + offset, out.size(), out.begin());
@@ -111,7 +114,8 @@ absl::StatusOr<std::shared_ptr<DocumentSource>> open_indexed_documents(const std
   char* real = ::realpath((prefix + ".idx").c_str(), nullptr);
   std::string where = real ? real : prefix;
   std::free(real);
-  std::string fp = absl::StrCat(where, "|", file_stamp(prefix + ".idx"), "|", file_stamp(prefix + ".bin"));
+  std::string fp =
+      absl::StrCat(where, "|", file_stamp(prefix + ".idx"), "|", file_stamp(prefix + ".bin"));
   return std::shared_ptr<DocumentSource>(std::make_shared<IndexedDocuments>(std::move(*ds), fp));
 }
 
@@ -120,15 +124,17 @@ std::shared_ptr<DocumentSource> memory_documents(std::string name,
   return std::make_shared<MemoryDocuments>(std::move(name), std::move(docs));
 }
 
-std::vector<std::int64_t> shuffled_indices(std::int64_t n, std::uint64_t seed, std::uint64_t stream) {
+std::vector<std::int64_t> shuffled_indices(std::int64_t n, std::uint64_t seed,
+                                           std::uint64_t stream) {
   std::vector<std::int64_t> p(static_cast<std::size_t>(n));
   std::iota(p.begin(), p.end(), 0);
   const std::array<std::uint32_t, 2> key = {static_cast<std::uint32_t>(seed),
                                             static_cast<std::uint32_t>(seed >> 32)};
   for (std::int64_t i = n - 1; i > 0; i--) {
-    auto r = philox4x32({static_cast<std::uint32_t>(i), static_cast<std::uint32_t>(i >> 32),
-                         static_cast<std::uint32_t>(stream), static_cast<std::uint32_t>(stream >> 32)},
-                        key);
+    auto r =
+        philox4x32({static_cast<std::uint32_t>(i), static_cast<std::uint32_t>(i >> 32),
+                    static_cast<std::uint32_t>(stream), static_cast<std::uint32_t>(stream >> 32)},
+                   key);
     const std::uint64_t bits = (static_cast<std::uint64_t>(r[0]) << 32) | r[1];
     const auto j = static_cast<std::int64_t>(bits % static_cast<std::uint64_t>(i + 1));
     std::swap(p[static_cast<std::size_t>(i)], p[static_cast<std::size_t>(j)]);
@@ -139,19 +145,22 @@ std::vector<std::int64_t> shuffled_indices(std::int64_t n, std::uint64_t seed, s
 absl::StatusOr<SplitRatio> parse_split(const std::string& text) {
   std::vector<std::string> parts = absl::StrSplit(text, absl::ByAnyChar(",/"));
   if (parts.empty() || parts.size() > 3) {
-    return absl::InvalidArgumentError(absl::StrCat("--split '", text, "': want up to three numbers, as 969,30,1"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--split '", text, "': want up to three numbers, as 969,30,1"));
   }
   SplitRatio r{{0.0, 0.0, 0.0}};
   double total = 0;
   for (std::size_t i = 0; i < parts.size(); i++) {
     double v = 0;
     if (!absl::SimpleAtod(absl::StripAsciiWhitespace(parts[i]), &v) || !(v >= 0)) {
-      return absl::InvalidArgumentError(absl::StrCat("--split '", text, "': '", parts[i], "' is not a non-negative number"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("--split '", text, "': '", parts[i], "' is not a non-negative number"));
     }
     r.share[i] = v;
     total += v;
   }
-  if (!(total > 0)) return absl::InvalidArgumentError(absl::StrCat("--split '", text, "': shares sum to 0"));
+  if (!(total > 0))
+    return absl::InvalidArgumentError(absl::StrCat("--split '", text, "': shares sum to 0"));
   for (double& s : r.share) s /= total;
   return r;
 }
@@ -161,7 +170,8 @@ std::pair<std::int64_t, std::int64_t> SplitRatio::range(Split split, std::int64_
   for (int i = 0; i < 3; i++) {
     // Python's round(), as Megatron: halves to even (nearbyint in the default
     // rounding mode), not away from zero.
-    index[i + 1] = index[i] + static_cast<std::int64_t>(std::nearbyint(share[i] * static_cast<double>(n)));
+    index[i + 1] =
+        index[i] + static_cast<std::int64_t>(std::nearbyint(share[i] * static_cast<double>(n)));
   }
   const std::int64_t diff = index[3] - n;
   for (int i = 1; i < 4; i++) index[i] -= diff;
@@ -180,25 +190,28 @@ absl::StatusOr<std::unique_ptr<GptDataset>> GptDataset::build(
   std::int64_t tokens = 0;
   for (std::int64_t k = docs.first; k < docs.second; k++) tokens += d->source_->document_size(k);
   if (tokens < 1 || num_samples < 1) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        d->source_->name(), ": the ", d->label_, " split (documents ", docs.first, "..", docs.second,
-        ") holds ", tokens, " tokens; it needs some to make ", num_samples, " samples (check --split)"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(d->source_->name(), ": the ", d->label_, " split (documents ", docs.first,
+                     "..", docs.second, ") holds ", tokens, " tokens; it needs some to make ",
+                     num_samples, " samples (check --split)"));
   }
   // Epochs: enough that (epochs * tokens - 1) / T >= num_samples.
   const std::int64_t needed = num_samples * spec.T + 1;
   const std::int64_t epochs = (needed + tokens - 1) / tokens;
   if (epochs * (docs.second - docs.first) > (std::int64_t{1} << 31)) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        d->source_->name(), ": the ", d->label_, " split is too small for ", num_samples,
-        " samples (", epochs, " epochs)"));
+    return absl::FailedPreconditionError(absl::StrCat(d->source_->name(), ": the ", d->label_,
+                                                      " split is too small for ", num_samples,
+                                                      " samples (", epochs, " epochs)"));
   }
   d->epochs_ = static_cast<int>(epochs);
   if (!spec.cache_dir.empty()) {
-    const std::string key = absl::StrCat(d->source_->fingerprint(), "|", docs.first, "|", docs.second, "|",
-                                         spec.T, "|", spec.seed, "|", spec.shuffle, "|", num_samples);
+    const std::string key =
+        absl::StrCat(d->source_->fingerprint(), "|", docs.first, "|", docs.second, "|", spec.T, "|",
+                     spec.seed, "|", spec.shuffle, "|", num_samples);
     std::string base = d->source_->name();
     base = base.substr(base.find_last_of('/') + 1);
-    d->cache_file_ = absl::StrFormat("%s/%s_%s_%016x.samples", spec.cache_dir, base, d->label_, fnv1a(key));
+    d->cache_file_ =
+        absl::StrFormat("%s/%s_%s_%016x.samples", spec.cache_dir, base, d->label_, fnv1a(key));
     if (d->load_cache(docs).ok()) {
       d->from_cache_ = true;
       return d;
@@ -218,7 +231,8 @@ void GptDataset::build_indices(std::pair<std::int64_t, std::int64_t> docs, std::
         doc_idx_.push_back(static_cast<std::int32_t>(docs.first + k));
       }
     } else {
-      for (std::int64_t k = 0; k < n; k++) doc_idx_.push_back(static_cast<std::int32_t>(docs.first + k));
+      for (std::int64_t k = 0; k < n; k++)
+        doc_idx_.push_back(static_cast<std::int32_t>(docs.first + k));
     }
   }
   // Sample i starts T tokens after sample i-1 (its last token is the next
@@ -230,7 +244,8 @@ void GptDataset::build_indices(std::pair<std::int64_t, std::int64_t> docs, std::
     if (i > 0) {
       std::int64_t need = spec_.T;
       while (need > 0) {
-        const std::int64_t avail = source_->document_size(doc_idx_[static_cast<std::size_t>(pos)]) - offset;
+        const std::int64_t avail =
+            source_->document_size(doc_idx_[static_cast<std::size_t>(pos)]) - offset;
         if (avail > need) {
           offset += need;
           need = 0;
@@ -300,17 +315,23 @@ absl::Status GptDataset::load_cache(std::pair<std::int64_t, std::int64_t> docs) 
   in.read(magic, 8);
   in.read(reinterpret_cast<char*>(&n_doc), 8);
   in.read(reinterpret_cast<char*>(&n_samples), 8);
-  const auto expected_docs = static_cast<std::uint64_t>(epochs_) * static_cast<std::uint64_t>(docs.second - docs.first);
-  auto corrupt = [&] { return absl::DataLossError(absl::StrCat(cache_file_, ": stale or corrupt")); };
+  const auto expected_docs =
+      static_cast<std::uint64_t>(epochs_) * static_cast<std::uint64_t>(docs.second - docs.first);
+  auto corrupt = [&] {
+    return absl::DataLossError(absl::StrCat(cache_file_, ": stale or corrupt"));
+  };
   if (!in || std::memcmp(magic, kCacheMagic, 8) != 0 || n_doc != expected_docs ||
       n_samples != static_cast<std::uint64_t>(num_samples_)) {
     return corrupt();
   }
   std::vector<std::int32_t> doc_idx(n_doc);
-  std::vector<std::int64_t> sample_doc(n_samples + 1), sample_offset(n_samples + 1), shuffle(n_samples);
+  std::vector<std::int64_t> sample_doc(n_samples + 1), sample_offset(n_samples + 1),
+      shuffle(n_samples);
   in.read(reinterpret_cast<char*>(doc_idx.data()), static_cast<std::streamsize>(n_doc * 4));
-  in.read(reinterpret_cast<char*>(sample_doc.data()), static_cast<std::streamsize>((n_samples + 1) * 8));
-  in.read(reinterpret_cast<char*>(sample_offset.data()), static_cast<std::streamsize>((n_samples + 1) * 8));
+  in.read(reinterpret_cast<char*>(sample_doc.data()),
+          static_cast<std::streamsize>((n_samples + 1) * 8));
+  in.read(reinterpret_cast<char*>(sample_offset.data()),
+          static_cast<std::streamsize>((n_samples + 1) * 8));
   in.read(reinterpret_cast<char*>(shuffle.data()), static_cast<std::streamsize>(n_samples * 8));
   if (!in || in.peek() != EOF) return corrupt();
   for (std::int32_t d : doc_idx) {
@@ -318,11 +339,13 @@ absl::Status GptDataset::load_cache(std::pair<std::int64_t, std::int64_t> docs) 
   }
   for (std::size_t i = 0; i < sample_doc.size(); i++) {
     const std::int64_t pos = sample_doc[i], off = sample_offset[i];
-    if (pos < 0 || pos > static_cast<std::int64_t>(n_doc) || off < 0 || (i > 0 && pos < sample_doc[i - 1])) {
+    if (pos < 0 || pos > static_cast<std::int64_t>(n_doc) || off < 0 ||
+        (i > 0 && pos < sample_doc[i - 1])) {
       return corrupt();
     }
     if (pos < static_cast<std::int64_t>(n_doc) &&
-        off >= std::max<std::int64_t>(source_->document_size(doc_idx[static_cast<std::size_t>(pos)]), 1)) {
+        off >= std::max<std::int64_t>(
+                   source_->document_size(doc_idx[static_cast<std::size_t>(pos)]), 1)) {
       return corrupt();
     }
   }
@@ -339,18 +362,24 @@ absl::Status GptDataset::load_cache(std::pair<std::int64_t, std::int64_t> docs) 
 absl::Status GptDataset::save_cache() const {
   const std::string dir = spec_.cache_dir;
   ::mkdir(dir.c_str(), 0755);
-  const std::string tmp = absl::StrCat(cache_file_, ".tmp.", ::getpid(), ".", reinterpret_cast<std::uintptr_t>(this));
+  const std::string tmp =
+      absl::StrCat(cache_file_, ".tmp.", ::getpid(), ".", reinterpret_cast<std::uintptr_t>(this));
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
     if (!out) return absl::PermissionDeniedError(tmp);
-    const std::uint64_t n_doc = doc_idx_.size(), n_samples = static_cast<std::uint64_t>(num_samples_);
+    const std::uint64_t n_doc = doc_idx_.size(),
+                        n_samples = static_cast<std::uint64_t>(num_samples_);
     out.write(kCacheMagic, 8);
     out.write(reinterpret_cast<const char*>(&n_doc), 8);
     out.write(reinterpret_cast<const char*>(&n_samples), 8);
-    out.write(reinterpret_cast<const char*>(doc_idx_.data()), static_cast<std::streamsize>(n_doc * 4));
-    out.write(reinterpret_cast<const char*>(sample_doc_.data()), static_cast<std::streamsize>(sample_doc_.size() * 8));
-    out.write(reinterpret_cast<const char*>(sample_offset_.data()), static_cast<std::streamsize>(sample_offset_.size() * 8));
-    out.write(reinterpret_cast<const char*>(shuffle_idx_.data()), static_cast<std::streamsize>(shuffle_idx_.size() * 8));
+    out.write(reinterpret_cast<const char*>(doc_idx_.data()),
+              static_cast<std::streamsize>(n_doc * 4));
+    out.write(reinterpret_cast<const char*>(sample_doc_.data()),
+              static_cast<std::streamsize>(sample_doc_.size() * 8));
+    out.write(reinterpret_cast<const char*>(sample_offset_.data()),
+              static_cast<std::streamsize>(sample_offset_.size() * 8));
+    out.write(reinterpret_cast<const char*>(shuffle_idx_.data()),
+              static_cast<std::streamsize>(shuffle_idx_.size() * 8));
     if (!out.flush()) {
       std::remove(tmp.c_str());
       return absl::DataLossError(tmp);
@@ -414,7 +443,8 @@ absl::StatusOr<std::unique_ptr<BlendedDataset>> BlendedDataset::build(
   for (std::size_t i = 0; i < counts.size(); i++) {
     if (counts[i] > b->datasets_[i]->size()) {
       return absl::FailedPreconditionError(absl::StrCat("blend: ", b->datasets_[i]->describe(),
-                                                        " has fewer than the ", counts[i], " samples it must give"));
+                                                        " has fewer than the ", counts[i],
+                                                        " samples it must give"));
     }
   }
   return b;
@@ -429,7 +459,8 @@ absl::Status BlendedDataset::sample(std::int64_t i, std::span<std::int32_t> out)
 std::string BlendedDataset::describe() const {
   std::string s = absl::StrCat("blend of ", datasets_.size(), ", ", size(), " samples:");
   for (std::size_t i = 0; i < datasets_.size(); i++) {
-    absl::StrAppend(&s, "\n    ", absl::StrFormat("%.3f", weights_[i]), "  ", datasets_[i]->describe());
+    absl::StrAppend(&s, "\n    ", absl::StrFormat("%.3f", weights_[i]), "  ",
+                    datasets_[i]->describe());
   }
   return s;
 }

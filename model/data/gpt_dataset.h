@@ -123,7 +123,9 @@ class BlendedDataset final : public SampleSource {
   std::int64_t size() const override { return static_cast<std::int64_t>(dataset_index_.size()); }
   absl::Status sample(std::int64_t i, std::span<std::int32_t> out) const override;
   std::string describe() const override;
-  std::int16_t dataset_of(std::int64_t i) const { return dataset_index_[static_cast<std::size_t>(i)]; }
+  std::int16_t dataset_of(std::int64_t i) const {
+    return dataset_index_[static_cast<std::size_t>(i)];
+  }
 
  private:
   std::vector<double> weights_;
@@ -134,7 +136,8 @@ class BlendedDataset final : public SampleSource {
 
 // Fisher-Yates permutation of [0, n) from Philox keyed by (seed, stream):
 // the same on every platform.
-std::vector<std::int64_t> shuffled_indices(std::int64_t n, std::uint64_t seed, std::uint64_t stream);
+std::vector<std::int64_t> shuffled_indices(std::int64_t n, std::uint64_t seed,
+                                           std::uint64_t stream);
 
 // Megatron's order: replica d's micro-batch j of a step is the global
 // batch's micro-batch j*dp + d; samples are counted from the run's start.

@@ -22,10 +22,18 @@ constexpr char kMagic[9] = {'M', 'M', 'I', 'D', 'I', 'D', 'X', '\0', '\0'};
 
 std::size_t token_size(TokenDType d) {
   switch (d) {
-    case TokenDType::kU8: case TokenDType::kI8: return 1;
-    case TokenDType::kI16: case TokenDType::kU16: return 2;
-    case TokenDType::kI32: case TokenDType::kF32: return 4;
-    case TokenDType::kI64: case TokenDType::kF64: return 8;
+    case TokenDType::kU8:
+    case TokenDType::kI8:
+      return 1;
+    case TokenDType::kI16:
+    case TokenDType::kU16:
+      return 2;
+    case TokenDType::kI32:
+    case TokenDType::kF32:
+      return 4;
+    case TokenDType::kI64:
+    case TokenDType::kF64:
+      return 8;
   }
   return 0;
 }
@@ -119,9 +127,9 @@ absl::StatusOr<std::unique_ptr<IndexedDataset>> IndexedDataset::open(const std::
     const std::int64_t n = ds->sequence_size(static_cast<std::int64_t>(i));
     const std::int64_t ptr = ds->sequence_pointer(static_cast<std::int64_t>(i));
     if (n < 0 || ptr < 0 || static_cast<std::uint64_t>(ptr) + n * esize > ds->bin_size_) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          bin_path, ": sequence ", i, " (", n, " tokens at byte ", ptr,
-          ") lies outside the file of ", ds->bin_size_, " bytes"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(bin_path, ": sequence ", i, " (", n, " tokens at byte ", ptr,
+                       ") lies outside the file of ", ds->bin_size_, " bytes"));
     }
     ds->starts_.push_back(pos);
     pos += n;
@@ -129,13 +137,16 @@ absl::StatusOr<std::unique_ptr<IndexedDataset>> IndexedDataset::open(const std::
   ds->starts_.push_back(pos);
   ds->total_tokens_ = pos;
   if (ds->document_index(static_cast<std::int64_t>(D) - 1) != static_cast<std::int64_t>(S)) {
-    return bad(absl::StrCat("document index ends at ", ds->document_index(static_cast<std::int64_t>(D) - 1), ", not at the ", S,
-                            " sequences"));
+    return bad(absl::StrCat("document index ends at ",
+                            ds->document_index(static_cast<std::int64_t>(D) - 1), ", not at the ",
+                            S, " sequences"));
   }
   for (std::uint64_t k = 1; k < D; k++) {
     const auto kk = static_cast<std::int64_t>(k);
-    if (ds->document_index(kk) < ds->document_index(kk - 1) || ds->document_index(kk) > static_cast<std::int64_t>(S)) {
-      return bad(absl::StrCat("document index ", k, " = ", ds->document_index(kk), " is out of order"));
+    if (ds->document_index(kk) < ds->document_index(kk - 1) ||
+        ds->document_index(kk) > static_cast<std::int64_t>(S)) {
+      return bad(
+          absl::StrCat("document index ", k, " = ", ds->document_index(kk), " is out of order"));
     }
   }
   return ds;
@@ -168,24 +179,38 @@ absl::Status IndexedDataset::read(std::int64_t position, std::span<std::int32_t>
   auto [seq, off] = locate(position);
   const std::size_t esize = token_size(dtype_);
   while (done < out.size()) {
-    const std::int64_t take = std::min<std::int64_t>(sequence_size(seq) - off, n - static_cast<std::int64_t>(done));
+    const std::int64_t take =
+        std::min<std::int64_t>(sequence_size(seq) - off, n - static_cast<std::int64_t>(done));
     const char* src = bin_ + sequence_pointer(seq) + off * static_cast<std::int64_t>(esize);
     for (std::int64_t i = 0; i < take; i++) {
       const char* e = src + i * static_cast<std::int64_t>(esize);
       std::int64_t v = 0;
       switch (dtype_) {
-        case TokenDType::kU8: v = read_le<std::uint8_t>(e); break;
-        case TokenDType::kI8: v = read_le<std::int8_t>(e); break;
-        case TokenDType::kI16: v = read_le<std::int16_t>(e); break;
-        case TokenDType::kU16: v = read_le<std::uint16_t>(e); break;
-        case TokenDType::kI32: v = read_le<std::int32_t>(e); break;
-        case TokenDType::kI64: v = read_le<std::int64_t>(e); break;
-        default: break;
+        case TokenDType::kU8:
+          v = read_le<std::uint8_t>(e);
+          break;
+        case TokenDType::kI8:
+          v = read_le<std::int8_t>(e);
+          break;
+        case TokenDType::kI16:
+          v = read_le<std::int16_t>(e);
+          break;
+        case TokenDType::kU16:
+          v = read_le<std::uint16_t>(e);
+          break;
+        case TokenDType::kI32:
+          v = read_le<std::int32_t>(e);
+          break;
+        case TokenDType::kI64:
+          v = read_le<std::int64_t>(e);
+          break;
+        default:
+          break;
       }
       if (v < INT32_MIN || v > INT32_MAX) {
-        return absl::InvalidArgumentError(absl::StrCat(prefix_, ".bin: token id ", v, " at position ",
-                                                       position + static_cast<std::int64_t>(done) + i,
-                                                       " does not fit 32 bits"));
+        return absl::InvalidArgumentError(
+            absl::StrCat(prefix_, ".bin: token id ", v, " at position ",
+                         position + static_cast<std::int64_t>(done) + i, " does not fit 32 bits"));
       }
       out[done + static_cast<std::size_t>(i)] = static_cast<std::int32_t>(v);
     }
@@ -212,7 +237,8 @@ absl::Status IndexedDatasetBuilder::open(const std::string& prefix, TokenDType d
   const std::string tmp = prefix + ".bin.tmp";
   bin_ = std::fopen(tmp.c_str(), "wb");
   if (bin_ == nullptr) {
-    return absl::PermissionDeniedError(absl::StrCat(tmp, ": cannot create (", std::strerror(errno), ")"));
+    return absl::PermissionDeniedError(
+        absl::StrCat(tmp, ": cannot create (", std::strerror(errno), ")"));
   }
   return absl::OkStatus();
 }
@@ -224,7 +250,8 @@ absl::Status IndexedDatasetBuilder::add_document(std::span<const std::int32_t> t
     const std::int32_t t = tokens[i];
     if (dtype_ == TokenDType::kU16) {
       if (t < 0 || t > 65535) {
-        return absl::InvalidArgumentError(absl::StrCat(prefix_, ": token ", t, " does not fit u16"));
+        return absl::InvalidArgumentError(
+            absl::StrCat(prefix_, ": token ", t, " does not fit u16"));
       }
       const std::uint16_t u = static_cast<std::uint16_t>(t);
       std::memcpy(buffer_.data() + 2 * i, &u, 2);

@@ -26,7 +26,14 @@
 namespace troupe::model::data {
 
 enum class TokenDType : std::uint8_t {
-  kU8 = 1, kI8 = 2, kI16 = 3, kI32 = 4, kI64 = 5, kF64 = 6, kF32 = 7, kU16 = 8
+  kU8 = 1,
+  kI8 = 2,
+  kI16 = 3,
+  kI32 = 4,
+  kI64 = 5,
+  kF64 = 6,
+  kF32 = 7,
+  kU16 = 8
 };
 
 // u16 when the vocabulary fits below 65,500 ids, else i32 (as Megatron).

@@ -8,9 +8,8 @@
 #include <deque>
 #include <future>
 #include <mutex>
-#include <thread>
-
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "model/data/bpe.h"
@@ -27,8 +26,8 @@ struct Line {
 
 struct Document {
   std::int64_t line = 0;
-  std::string error;                          // non-empty: a bad line
-  std::string meta;                           // split_by_meta value
+  std::string error;                           // non-empty: a bad line
+  std::string meta;                            // split_by_meta value
   std::vector<std::vector<std::int32_t>> ids;  // per json key
 };
 
@@ -86,7 +85,8 @@ std::string short_reason(const std::string& what) {
   if (what.find("UTF-8") != std::string::npos) return "invalid UTF-8";
   // nlohmann: "[json.exception.parse_error.101] parse error at line 1, column 5: ..."
   const std::size_t colon = what.find("column");
-  return absl::StrCat("invalid JSON (", colon == std::string::npos ? what : what.substr(colon), ")");
+  return absl::StrCat("invalid JSON (", colon == std::string::npos ? what : what.substr(colon),
+                      ")");
 }
 
 Document tokenize_line(const Line& line, const PreprocessOptions& o, const Gpt2Vocab& vocab,
@@ -158,8 +158,8 @@ absl::StatusOr<PreprocessReport> preprocess(
 
   PreprocessReport report;
   std::map<std::string, std::unique_ptr<IndexedDatasetBuilder>> builders;
-  auto builder_for = [&](const std::string& meta, const std::string& key)
-      -> absl::StatusOr<IndexedDatasetBuilder*> {
+  auto builder_for = [&](const std::string& meta,
+                         const std::string& key) -> absl::StatusOr<IndexedDatasetBuilder*> {
     std::string prefix = o.output_prefix + "_";
     if (!o.split_by_meta.empty()) prefix += file_safe(meta) + "_";
     prefix += key + "_document";
@@ -194,9 +194,9 @@ absl::StatusOr<PreprocessReport> preprocess(
         report.bad.push_back({d.line, d.error});
         if (on_bad_line) on_bad_line(report.bad.back());
         if (report.totals.bad_lines > o.max_bad_lines) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              o.input, ": more than --max-bad-lines ", o.max_bad_lines, " bad lines (line ", d.line,
-              ": ", d.error, ")"));
+          return absl::InvalidArgumentError(absl::StrCat(o.input, ": more than --max-bad-lines ",
+                                                         o.max_bad_lines, " bad lines (line ",
+                                                         d.line, ": ", d.error, ")"));
         }
         continue;
       }

@@ -8,8 +8,9 @@ namespace {
 
 // Uniform integer in [0, n) from counter `i` of stream `stream`.
 std::uint32_t draw(std::uint64_t seed, std::uint32_t stream, std::uint64_t i, std::uint32_t n) {
-  auto r = philox4x32({static_cast<std::uint32_t>(i), static_cast<std::uint32_t>(i >> 32), stream, 0},
-                      {static_cast<std::uint32_t>(seed), static_cast<std::uint32_t>(seed >> 32)});
+  auto r =
+      philox4x32({static_cast<std::uint32_t>(i), static_cast<std::uint32_t>(i >> 32), stream, 0},
+                 {static_cast<std::uint32_t>(seed), static_cast<std::uint32_t>(seed >> 32)});
   return static_cast<std::uint32_t>((static_cast<std::uint64_t>(r[0]) * n) >> 32);
 }
 
@@ -22,8 +23,8 @@ std::vector<std::vector<std::int32_t>> phrase_corpus(const PhraseCorpusOptions& 
   for (auto& p : phrases) {
     const int len = o.min_phrase + static_cast<int>(draw(o.seed, 1, counter++, span));
     for (int i = 0; i < len; i++) {
-      p.push_back(1 + static_cast<std::int32_t>(
-                          draw(o.seed, 2, counter++, static_cast<std::uint32_t>(o.vocab_size - 1))));
+      p.push_back(1 + static_cast<std::int32_t>(draw(
+                          o.seed, 2, counter++, static_cast<std::uint32_t>(o.vocab_size - 1))));
     }
   }
   std::vector<std::vector<std::int32_t>> docs;

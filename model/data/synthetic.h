@@ -10,7 +10,7 @@
 namespace troupe::model::data {
 
 struct PhraseCorpusOptions {
-  int vocab_size = 512;         // ids in [1, vocab_size); 0 ends a document
+  int vocab_size = 512;  // ids in [1, vocab_size); 0 ends a document
   std::int64_t num_tokens = 1 << 20;
   int num_phrases = 64;
   int min_phrase = 4, max_phrase = 16;

@@ -1,11 +1,11 @@
 // Pipeline schedules: order, deadlock freedom under a global simulation,
 // in-flight activations, and the bubble (idle fraction) with unit-time ops.
+#include "actors/schedule.h"
+
 #include <gtest/gtest.h>
 
 #include <map>
 #include <tuple>
-
-#include "actors/schedule.h"
 
 namespace troupe::actors {
 namespace {
@@ -65,9 +65,10 @@ TEST(Schedule, OneFOneBInMegatronOrder) {
   auto ops = *make_schedule(ScheduleKind::k1F1B, 4, 1, 6, 1);
   // pp - s - 1 = 2 warm-up forwards, then F2 B0 F3 B1 F4 B2 F5 B3, then B4 B5.
   std::vector<std::pair<OpKind, int>> want = {
-      {OpKind::kForward, 0}, {OpKind::kForward, 1}, {OpKind::kForward, 2}, {OpKind::kBackward, 0},
-      {OpKind::kForward, 3}, {OpKind::kBackward, 1}, {OpKind::kForward, 4}, {OpKind::kBackward, 2},
-      {OpKind::kForward, 5}, {OpKind::kBackward, 3}, {OpKind::kBackward, 4}, {OpKind::kBackward, 5}};
+      {OpKind::kForward, 0},  {OpKind::kForward, 1},  {OpKind::kForward, 2},
+      {OpKind::kBackward, 0}, {OpKind::kForward, 3},  {OpKind::kBackward, 1},
+      {OpKind::kForward, 4},  {OpKind::kBackward, 2}, {OpKind::kForward, 5},
+      {OpKind::kBackward, 3}, {OpKind::kBackward, 4}, {OpKind::kBackward, 5}};
   ASSERT_EQ(ops.size(), want.size());
   for (std::size_t i = 0; i < ops.size(); i++) {
     EXPECT_EQ(ops[i].kind, want[i].first) << i;
@@ -112,13 +113,15 @@ TEST(Schedule, EveryForwardPrecedesItsBackwardAndEachRunsOnce) {
 TEST(Schedule, NeverDeadlocksAndTheBubbleIsMegatrons) {
   for (const Case& c : cases()) {
     Sim sim = simulate(c.kind, c.pp, c.m, c.v);
-    ASSERT_FALSE(sim.deadlock) << schedule_name(c.kind) << " pp=" << c.pp << " m=" << c.m << " v=" << c.v;
+    ASSERT_FALSE(sim.deadlock) << schedule_name(c.kind) << " pp=" << c.pp << " m=" << c.m
+                               << " v=" << c.v;
     // Ideal time per stage is 2*m*v op times; the idle fraction is
     // (pp-1)/(m+pp-1) for GPipe and 1F1B, (pp-1)/(v*m+pp-1) interleaved.
     const int ideal = 2 * c.m * c.v;
     const double idle = static_cast<double>(sim.makespan - ideal) / sim.makespan;
     const double want = static_cast<double>(c.pp - 1) / (c.v * c.m + c.pp - 1);
-    EXPECT_NEAR(idle, want, 1e-12) << schedule_name(c.kind) << " pp=" << c.pp << " m=" << c.m << " v=" << c.v;
+    EXPECT_NEAR(idle, want, 1e-12)
+        << schedule_name(c.kind) << " pp=" << c.pp << " m=" << c.m << " v=" << c.v;
   }
 }
 
@@ -133,13 +136,18 @@ TEST(Schedule, InFlightActivationsPeakAsExpected) {
       }
       int want = 0;
       switch (c.kind) {
-        case ScheduleKind::kGPipe: want = c.m; break;
-        case ScheduleKind::k1F1B: want = std::min(c.pp - s, c.m); break;
+        case ScheduleKind::kGPipe:
+          want = c.m;
+          break;
+        case ScheduleKind::k1F1B:
+          want = std::min(c.pp - s, c.m);
+          break;
         case ScheduleKind::kInterleaved1F1B:
           want = std::min(warmup_forwards(c.kind, c.pp, s, c.m, c.v) + 1, c.m * c.v);
           break;
       }
-      EXPECT_EQ(peak, want) << schedule_name(c.kind) << " pp=" << c.pp << " s=" << s << " m=" << c.m;
+      EXPECT_EQ(peak, want) << schedule_name(c.kind) << " pp=" << c.pp << " s=" << s
+                            << " m=" << c.m;
     }
   }
 }
@@ -151,7 +159,8 @@ TEST(Schedule, BadSizesAreClearErrors) {
   EXPECT_EQ(check_layer_split(10, 4, 1).message(),
             "--layers 10 does not split into --pp 4 x --virtual-stages 1 = 4 equal model chunks");
   EXPECT_TRUE(check_layer_split(8, 2, 2).ok());
-  EXPECT_EQ(parse_schedule("zb").status().message(), "--schedule 'zb': choose gpipe, 1f1b or interleaved");
+  EXPECT_EQ(parse_schedule("zb").status().message(),
+            "--schedule 'zb': choose gpipe, 1f1b or interleaved");
 }
 
 }  // namespace

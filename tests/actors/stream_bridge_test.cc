@@ -1,10 +1,11 @@
 // An actor enqueues work on a stream and is told, by message, when it is done.
+#include "actors/stream_bridge.h"
+
 #include <gtest/gtest.h>
 
 #include <caf/all.hpp>
 #include <future>
 
-#include "actors/stream_bridge.h"
 #include "gpu/ops.h"
 #include "tests/test_util.h"
 

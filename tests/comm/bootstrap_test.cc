@@ -1,12 +1,12 @@
 // The TCP bootstrap: address exchange, and the finish() barrier whatever the
 // order in which ranks arrive at it while the liveness check is watching.
+#include "comm/bootstrap.h"
+
 #include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <future>
 #include <thread>
-
-#include "comm/bootstrap.h"
 
 namespace troupe::comm {
 namespace {
@@ -32,7 +32,8 @@ TEST(Bootstrap, FinishInAnyOrderWhileWatching) {
       }));
     }
     for (auto& f : done) {
-      ASSERT_EQ(f.wait_for(std::chrono::seconds(20)), std::future_status::ready) << "first=" << first << " hangs";
+      ASSERT_EQ(f.wait_for(std::chrono::seconds(20)), std::future_status::ready)
+          << "first=" << first << " hangs";
       EXPECT_TRUE(f.get().ok());
     }
   }

@@ -2,6 +2,8 @@
 // and 8 members, sizes that do not divide (0 and 1 element included), exact
 // results, bitwise agreement across members and runs, and a member dying
 // mid-operation turning into an error on every other member.
+#include "comm/communicator.h"
+
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -11,7 +13,6 @@
 #include <random>
 #include <thread>
 
-#include "comm/communicator.h"
 #include "comm/groups.h"
 #include "comm/inproc_transport.h"
 
@@ -37,7 +38,9 @@ void on_ranks(int p, const std::function<void(int, Communicator&)>& fn,
 }
 
 // Small integers: every sum is exact in fp32, whatever the order.
-float value(int rank, std::size_t i) { return static_cast<float>((rank * 7 + static_cast<int>(i % 13)) % 11 - 5); }
+float value(int rank, std::size_t i) {
+  return static_cast<float>((rank * 7 + static_cast<int>(i % 13)) % 11 - 5);
+}
 
 // Small slices so that even a few thousand elements exercise the pipelining.
 CommunicatorOptions small_slices() { return {.slice_bytes = 256, .direct_max_bytes = 64}; }
@@ -47,47 +50,56 @@ class Collectives : public ::testing::TestWithParam<int> {};
 TEST_P(Collectives, AllReduce) {
   const int p = GetParam();
   for (std::size_t n : {0u, 1u, 7u, 33u, 1000u, 4099u}) {
-    on_ranks(p, [&](int r, Communicator& c) {
-      std::vector<float> x(n);
-      for (std::size_t i = 0; i < n; i++) x[i] = value(r, i);
-      ASSERT_TRUE(c.all_reduce_sync(x.data(), n).ok());
-      for (std::size_t i = 0; i < n; i++) {
-        float want = 0;
-        for (int j = 0; j < p; j++) want += value(j, i);
-        ASSERT_EQ(x[i], want) << "n=" << n << " i=" << i << " rank " << r;
-      }
-    }, small_slices());
+    on_ranks(
+        p,
+        [&](int r, Communicator& c) {
+          std::vector<float> x(n);
+          for (std::size_t i = 0; i < n; i++) x[i] = value(r, i);
+          ASSERT_TRUE(c.all_reduce_sync(x.data(), n).ok());
+          for (std::size_t i = 0; i < n; i++) {
+            float want = 0;
+            for (int j = 0; j < p; j++) want += value(j, i);
+            ASSERT_EQ(x[i], want) << "n=" << n << " i=" << i << " rank " << r;
+          }
+        },
+        small_slices());
   }
 }
 
 TEST_P(Collectives, ReduceScatter) {
   const int p = GetParam();
   for (std::size_t n : {0u, 1u, 7u, 1000u, 4099u}) {
-    on_ranks(p, [&](int r, Communicator& c) {
-      std::vector<float> x(n);
-      for (std::size_t i = 0; i < n; i++) x[i] = value(r, i);
-      auto [b, e] = chunk_range(n, p, r);
-      std::vector<float> out(e - b, -999.0f);
-      ASSERT_TRUE(c.reduce_scatter_sync(x.data(), out.data(), n).ok());
-      for (std::size_t i = b; i < e; i++) {
-        float want = 0;
-        for (int j = 0; j < p; j++) want += value(j, i);
-        ASSERT_EQ(out[i - b], want) << "n=" << n << " i=" << i;
-      }
-    }, small_slices());
+    on_ranks(
+        p,
+        [&](int r, Communicator& c) {
+          std::vector<float> x(n);
+          for (std::size_t i = 0; i < n; i++) x[i] = value(r, i);
+          auto [b, e] = chunk_range(n, p, r);
+          std::vector<float> out(e - b, -999.0f);
+          ASSERT_TRUE(c.reduce_scatter_sync(x.data(), out.data(), n).ok());
+          for (std::size_t i = b; i < e; i++) {
+            float want = 0;
+            for (int j = 0; j < p; j++) want += value(j, i);
+            ASSERT_EQ(out[i - b], want) << "n=" << n << " i=" << i;
+          }
+        },
+        small_slices());
   }
 }
 
 TEST_P(Collectives, AllGather) {
   const int p = GetParam();
   for (std::size_t n : {0u, 1u, 7u, 1000u, 4099u}) {
-    on_ranks(p, [&](int r, Communicator& c) {
-      auto [b, e] = chunk_range(n, p, r);
-      std::vector<float> in(e - b), out(n, -999.0f);
-      for (std::size_t i = b; i < e; i++) in[i - b] = static_cast<float>(i) + 0.5f;
-      ASSERT_TRUE(c.all_gather_sync(in.data(), out.data(), n).ok());
-      for (std::size_t i = 0; i < n; i++) ASSERT_EQ(out[i], static_cast<float>(i) + 0.5f) << i;
-    }, small_slices());
+    on_ranks(
+        p,
+        [&](int r, Communicator& c) {
+          auto [b, e] = chunk_range(n, p, r);
+          std::vector<float> in(e - b), out(n, -999.0f);
+          for (std::size_t i = b; i < e; i++) in[i - b] = static_cast<float>(i) + 0.5f;
+          ASSERT_TRUE(c.all_gather_sync(in.data(), out.data(), n).ok());
+          for (std::size_t i = 0; i < n; i++) ASSERT_EQ(out[i], static_cast<float>(i) + 0.5f) << i;
+        },
+        small_slices());
   }
 }
 
@@ -95,13 +107,16 @@ TEST_P(Collectives, Broadcast) {
   const int p = GetParam();
   for (std::size_t n : {0u, 1u, 1000u, 4099u}) {
     for (int root : {0, p - 1}) {
-      on_ranks(p, [&](int r, Communicator& c) {
-        std::vector<float> x(n, r == root ? 0.0f : -1.0f);
-        if (r == root)
-          for (std::size_t i = 0; i < n; i++) x[i] = static_cast<float>(i) * 0.25f;
-        ASSERT_TRUE(c.broadcast_sync(x.data(), n, root).ok());
-        for (std::size_t i = 0; i < n; i++) ASSERT_EQ(x[i], static_cast<float>(i) * 0.25f);
-      }, small_slices());
+      on_ranks(
+          p,
+          [&](int r, Communicator& c) {
+            std::vector<float> x(n, r == root ? 0.0f : -1.0f);
+            if (r == root)
+              for (std::size_t i = 0; i < n; i++) x[i] = static_cast<float>(i) * 0.25f;
+            ASSERT_TRUE(c.broadcast_sync(x.data(), n, root).ok());
+            for (std::size_t i = 0; i < n; i++) ASSERT_EQ(x[i], static_cast<float>(i) * 0.25f);
+          },
+          small_slices());
     }
   }
 }
@@ -113,40 +128,50 @@ TEST_P(Collectives, AllReduceIsBitwiseIdenticalAcrossMembersAndRuns) {
   const std::size_t n = 5003;
   auto run = [&](CommunicatorOptions o) {
     std::vector<std::vector<float>> out(static_cast<std::size_t>(p));
-    on_ranks(p, [&](int r, Communicator& c) {
-      std::mt19937 rng(static_cast<unsigned>(r));
-      std::normal_distribution<float> d;
-      std::vector<float> x(n);
-      for (auto& v : x) v = d(rng);
-      ASSERT_TRUE(c.all_reduce_sync(x.data(), n).ok());
-      out[static_cast<std::size_t>(r)] = x;
-    }, o);
+    on_ranks(
+        p,
+        [&](int r, Communicator& c) {
+          std::mt19937 rng(static_cast<unsigned>(r));
+          std::normal_distribution<float> d;
+          std::vector<float> x(n);
+          for (auto& v : x) v = d(rng);
+          ASSERT_TRUE(c.all_reduce_sync(x.data(), n).ok());
+          out[static_cast<std::size_t>(r)] = x;
+        },
+        o);
     return out;
   };
   for (CommunicatorOptions o : {small_slices(), CommunicatorOptions{}}) {
     auto a = run(o), b = run(o);
     for (int r = 0; r < p; r++) {
       EXPECT_EQ(std::memcmp(a[static_cast<std::size_t>(r)].data(), a[0].data(), n * 4), 0) << r;
-      EXPECT_EQ(std::memcmp(a[static_cast<std::size_t>(r)].data(), b[static_cast<std::size_t>(r)].data(), n * 4), 0);
+      EXPECT_EQ(std::memcmp(a[static_cast<std::size_t>(r)].data(),
+                            b[static_cast<std::size_t>(r)].data(), n * 4),
+                0);
     }
   }
 }
 
 TEST_P(Collectives, ManyInARowKeepTheirOrder) {
   const int p = GetParam();
-  on_ranks(p, [&](int r, Communicator& c) {
-    std::vector<std::vector<float>> bufs(20, std::vector<float>(300));
-    std::atomic<int> done{0};
-    for (int k = 0; k < 20; k++) {
-      for (auto& v : bufs[static_cast<std::size_t>(k)]) v = static_cast<float>(k + r);
-      c.all_reduce(bufs[static_cast<std::size_t>(k)].data(), 300, [&](absl::Status st) {
-        EXPECT_TRUE(st.ok()) << st;
-        done++;
-      });
-    }
-    while (done < 20) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    for (int k = 0; k < 20; k++) EXPECT_EQ(bufs[static_cast<std::size_t>(k)][0], static_cast<float>(p * k + p * (p - 1) / 2));
-  }, small_slices());
+  on_ranks(
+      p,
+      [&](int r, Communicator& c) {
+        std::vector<std::vector<float>> bufs(20, std::vector<float>(300));
+        std::atomic<int> done{0};
+        for (int k = 0; k < 20; k++) {
+          for (auto& v : bufs[static_cast<std::size_t>(k)]) v = static_cast<float>(k + r);
+          c.all_reduce(bufs[static_cast<std::size_t>(k)].data(), 300, [&](absl::Status st) {
+            EXPECT_TRUE(st.ok()) << st;
+            done++;
+          });
+        }
+        while (done < 20) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        for (int k = 0; k < 20; k++)
+          EXPECT_EQ(bufs[static_cast<std::size_t>(k)][0],
+                    static_cast<float>(p * k + p * (p - 1) / 2));
+      },
+      small_slices());
 }
 
 INSTANTIATE_TEST_SUITE_P(Members, Collectives, ::testing::Values(1, 2, 3, 4, 8));
@@ -156,13 +181,16 @@ INSTANTIATE_TEST_SUITE_P(Members, Collectives, ::testing::Values(1, 2, 3, 4, 8))
 // receiver must grow it alike (a regression: they once disagreed).
 TEST(CollectivesSlicing, UnevenChunksPastTheSliceLimitAgree) {
   const std::size_t n = 786433;
-  on_ranks(3, [&](int r, Communicator& c) {
-    std::vector<float> x(n);
-    for (std::size_t i = 0; i < n; i++) x[i] = value(r, i);
-    absl::Status st = c.all_reduce_sync(x.data(), n);
-    ASSERT_TRUE(st.ok()) << st;
-    for (std::size_t i = 0; i < n; i += 997) ASSERT_EQ(x[i], value(0, i) + value(1, i) + value(2, i));
-  }, {.slice_bytes = 256, .direct_max_bytes = 64});
+  on_ranks(3,
+           [&](int r, Communicator& c) {
+             std::vector<float> x(n);
+             for (std::size_t i = 0; i < n; i++) x[i] = value(r, i);
+             absl::Status st = c.all_reduce_sync(x.data(), n);
+             ASSERT_TRUE(st.ok()) << st;
+             for (std::size_t i = 0; i < n; i += 997)
+               ASSERT_EQ(x[i], value(0, i) + value(1, i) + value(2, i));
+           },
+           {.slice_bytes = 256, .direct_max_bytes = 64});
 }
 
 // Rank 2 of a 4-member ring dies mid all-reduce. The liveness check tells
@@ -177,16 +205,18 @@ TEST(CollectivesFailure, DeadMemberIsAnErrorOnEveryOtherMember) {
   for (int r = 0; r < p; r++) ts.push_back(fabric->endpoint(r));
   std::vector<std::unique_ptr<Communicator>> comms;
   for (int r = 0; r < p; r++) {
-    comms.push_back(std::make_unique<Communicator>(*ts[static_cast<std::size_t>(r)], std::vector<int>{0, 1, 2, 3},
-                                                   GroupKind::kTest, small_slices()));
+    comms.push_back(std::make_unique<Communicator>(*ts[static_cast<std::size_t>(r)],
+                                                   std::vector<int>{0, 1, 2, 3}, GroupKind::kTest,
+                                                   small_slices()));
   }
   const std::size_t n = 1 << 16;
   std::vector<std::vector<float>> bufs(p, std::vector<float>(n, 1.0f));
   std::vector<std::promise<absl::Status>> results(p);
   for (int r = 0; r < p; r++) {
     if (r == dead) continue;  // never takes part: as if killed before its first send
-    comms[static_cast<std::size_t>(r)]->all_reduce(bufs[static_cast<std::size_t>(r)].data(), n,
-                                                   [&, r](absl::Status st) { results[static_cast<std::size_t>(r)].set_value(st); });
+    comms[static_cast<std::size_t>(r)]->all_reduce(
+        bufs[static_cast<std::size_t>(r)].data(), n,
+        [&, r](absl::Status st) { results[static_cast<std::size_t>(r)].set_value(st); });
   }
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
   const auto t0 = std::chrono::steady_clock::now();
@@ -194,12 +224,14 @@ TEST(CollectivesFailure, DeadMemberIsAnErrorOnEveryOtherMember) {
   for (int r = 0; r < p; r++) {  // the liveness check's message, on each survivor
     if (r == dead) continue;
     ts[static_cast<std::size_t>(r)]->fail_peer(dead, why);
-    if (comms[static_cast<std::size_t>(r)]->contains(dead)) comms[static_cast<std::size_t>(r)]->fail(why);
+    if (comms[static_cast<std::size_t>(r)]->contains(dead))
+      comms[static_cast<std::size_t>(r)]->fail(why);
   }
   for (int r = 0; r < p; r++) {
     if (r == dead) continue;
     auto f = results[static_cast<std::size_t>(r)].get_future();
-    ASSERT_EQ(f.wait_for(std::chrono::seconds(30)), std::future_status::ready) << "rank " << r << " hangs";
+    ASSERT_EQ(f.wait_for(std::chrono::seconds(30)), std::future_status::ready)
+        << "rank " << r << " hangs";
     absl::Status st = f.get();
     EXPECT_TRUE(absl::IsUnavailable(st)) << r << ": " << st;
     EXPECT_EQ(st.message(), "rank 2 on host test died");
@@ -226,8 +258,13 @@ TEST(Groups, MegatronRankOrder) {
 }
 
 TEST(Tag, FieldsRoundTrip) {
-  TagFields f{.source = 4479, .group = GroupKind::kPipeline, .kind = MessageKind::kGradient,
-              .step = 65535, .micro = 200, .chunk = 3, .layer = 104};
+  TagFields f{.source = 4479,
+              .group = GroupKind::kPipeline,
+              .kind = MessageKind::kGradient,
+              .step = 65535,
+              .micro = 200,
+              .chunk = 3,
+              .layer = 104};
   TagFields g = parse_tag(make_tag(f));
   EXPECT_EQ(g.source, 4479u);
   EXPECT_EQ(g.group, GroupKind::kPipeline);
@@ -236,7 +273,8 @@ TEST(Tag, FieldsRoundTrip) {
   EXPECT_EQ(g.micro, 200u);
   EXPECT_EQ(g.chunk, 3u);
   EXPECT_EQ(g.layer, 104u);
-  EXPECT_NE(collective_tag(1, GroupKind::kData, 7, 0, 0), collective_tag(1, GroupKind::kData, 8, 0, 0));
+  EXPECT_NE(collective_tag(1, GroupKind::kData, 7, 0, 0),
+            collective_tag(1, GroupKind::kData, 8, 0, 0));
 }
 
 }  // namespace

@@ -26,7 +26,8 @@ absl::Status wait(const std::function<void(Callback)>& issue) {
 }
 
 TEST(Nccl, SingleRankCollectivesOnDeviceBuffers) {
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device on this machine: NCCL tests run on a GPU machine";
+  if (!have_gpu())
+    GTEST_SKIP() << "no CUDA device on this machine: NCCL tests run on a GPU machine";
   auto id = nccl_unique_id();
   ASSERT_TRUE(id.ok()) << id.status();
   auto c = NcclCommunicator::create(*id, 0, 1, 0);

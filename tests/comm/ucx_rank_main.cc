@@ -28,7 +28,9 @@ double now_s() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
-float value(int rank, std::size_t i) { return static_cast<float>((rank * 7 + static_cast<int>(i % 13)) % 11 - 5); }
+float value(int rank, std::size_t i) {
+  return static_cast<float>((rank * 7 + static_cast<int>(i % 13)) % 11 - 5);
+}
 
 int fail(int rank, const std::string& what) {
   std::printf("rank %d: FAILED %s\n", rank, what.c_str());
@@ -37,11 +39,14 @@ int fail(int rank, const std::string& what) {
 }
 
 int collectives(int rank, int size, troupe::comm::Transport& t) {
-  troupe::comm::Communicator c(t, [&] {
-    std::vector<int> r(static_cast<std::size_t>(size));
-    for (int i = 0; i < size; i++) r[static_cast<std::size_t>(i)] = i;
-    return r;
-  }(), troupe::comm::GroupKind::kWorld, {.slice_bytes = 64 << 10, .direct_max_bytes = 4 << 10});
+  troupe::comm::Communicator c(t,
+                               [&] {
+                                 std::vector<int> r(static_cast<std::size_t>(size));
+                                 for (int i = 0; i < size; i++) r[static_cast<std::size_t>(i)] = i;
+                                 return r;
+                               }(),
+                               troupe::comm::GroupKind::kWorld,
+                               {.slice_bytes = 64 << 10, .direct_max_bytes = 4 << 10});
   for (std::size_t n : {0ul, 1ul, 7ul, 1000ul, 100003ul}) {
     std::vector<float> x(n);
     for (std::size_t i = 0; i < n; i++) x[i] = value(rank, i);
@@ -79,7 +84,8 @@ int collectives(int rank, int size, troupe::comm::Transport& t) {
   return 0;
 }
 
-int kill_scenario(int rank, int size, int victim, troupe::comm::Transport& t, troupe::comm::Bootstrap& b) {
+int kill_scenario(int rank, int size, int victim, troupe::comm::Transport& t,
+                  troupe::comm::Bootstrap& b) {
   std::vector<int> ranks(static_cast<std::size_t>(size));
   for (int i = 0; i < size; i++) ranks[static_cast<std::size_t>(i)] = i;
   troupe::comm::Communicator c(t, ranks, troupe::comm::GroupKind::kWorld);
@@ -119,11 +125,16 @@ int main(int argc, char** argv) {
   std::string scenario = "collectives";
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
-    if (k == "--rank") rank = std::atoi(v.c_str());
-    else if (k == "--size") size = std::atoi(v.c_str());
-    else if (k == "--port") port = std::atoi(v.c_str());
-    else if (k == "--scenario") scenario = v;
-    else if (k == "--victim") victim = std::atoi(v.c_str());
+    if (k == "--rank")
+      rank = std::atoi(v.c_str());
+    else if (k == "--size")
+      size = std::atoi(v.c_str());
+    else if (k == "--port")
+      port = std::atoi(v.c_str());
+    else if (k == "--scenario")
+      scenario = v;
+    else if (k == "--victim")
+      victim = std::atoi(v.c_str());
   }
   setvbuf(stdout, nullptr, _IOLBF, 0);
   auto b = troupe::comm::Bootstrap::start(rank, size, "127.0.0.1", port, absl::Seconds(60));
@@ -134,7 +145,8 @@ int main(int argc, char** argv) {
   if (!addresses.ok()) return fail(rank, std::string(addresses.status().message()));
   absl::Status st = (*t)->connect(*addresses);
   if (!st.ok()) return fail(rank, std::string(st.message()));
-  int rc = scenario == "kill" ? kill_scenario(rank, size, victim, **t, **b) : collectives(rank, size, **t);
+  int rc = scenario == "kill" ? kill_scenario(rank, size, victim, **t, **b)
+                              : collectives(rank, size, **t);
   if (scenario == "kill") {
     std::fflush(stdout);
     std::_Exit(rc);  // a rank died: skip the orderly teardown of UCX

@@ -1,10 +1,10 @@
 // Collectives across processes over UCX, and a process killed mid-operation.
 // Each case starts N processes of ucx_rank (tests/comm/ucx_rank_main.cc).
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
-#include <fcntl.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -25,20 +25,24 @@ struct Result {
 };
 
 // Runs `n` ranks, waiting at most `timeout`; kills the stragglers.
-std::vector<Result> run_ranks(int n, const std::string& scenario, int victim, std::chrono::seconds timeout) {
+std::vector<Result> run_ranks(int n, const std::string& scenario, int victim,
+                              std::chrono::seconds timeout) {
   static int round = 0;
   const int port = 20000 + static_cast<int>((::getpid() * 31 + 997 * ++round) % 30000);
   std::vector<pid_t> pids;
   std::vector<std::string> logs;
   for (int r = 0; r < n; r++) {
-    logs.push_back(::testing::TempDir() + "/ucx_rank_" + std::to_string(::getpid()) + "_" + std::to_string(r) + ".log");
+    logs.push_back(::testing::TempDir() + "/ucx_rank_" + std::to_string(::getpid()) + "_" +
+                   std::to_string(r) + ".log");
     posix_spawn_file_actions_t fa;
     posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 1, logs.back().c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_addopen(&fa, 1, logs.back().c_str(), O_WRONLY | O_CREAT | O_TRUNC,
+                                     0644);
     posix_spawn_file_actions_adddup2(&fa, 1, 2);
-    std::vector<std::string> args = {UCX_RANK_BIN, "--rank", std::to_string(r), "--size", std::to_string(n),
-                                     "--port", std::to_string(port), "--scenario", scenario,
-                                     "--victim", std::to_string(victim)};
+    std::vector<std::string> args = {
+        UCX_RANK_BIN,      "--rank",   std::to_string(r),     "--size",
+        std::to_string(n), "--port",   std::to_string(port),  "--scenario",
+        scenario,          "--victim", std::to_string(victim)};
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
@@ -54,8 +58,10 @@ std::vector<Result> run_ranks(int n, const std::string& scenario, int victim, st
     for (int r = 0; r < n; r++) {
       if (pids[static_cast<std::size_t>(r)] == 0) continue;
       int status = 0;
-      if (::waitpid(pids[static_cast<std::size_t>(r)], &status, WNOHANG) == pids[static_cast<std::size_t>(r)]) {
-        results[static_cast<std::size_t>(r)].exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      if (::waitpid(pids[static_cast<std::size_t>(r)], &status, WNOHANG) ==
+          pids[static_cast<std::size_t>(r)]) {
+        results[static_cast<std::size_t>(r)].exit_code =
+            WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
         pids[static_cast<std::size_t>(r)] = 0;
         left--;
       }
@@ -85,7 +91,9 @@ TEST_P(UcxCollectives, AcrossProcesses) {
   const int n = GetParam();
   auto results = run_ranks(n, "collectives", -1, std::chrono::seconds(240));
   for (int r = 0; r < n; r++) {
-    EXPECT_EQ(results[static_cast<std::size_t>(r)].exit_code, 0) << "rank " << r << ":\n" << results[static_cast<std::size_t>(r)].output;
+    EXPECT_EQ(results[static_cast<std::size_t>(r)].exit_code, 0)
+        << "rank " << r << ":\n"
+        << results[static_cast<std::size_t>(r)].output;
     EXPECT_NE(results[static_cast<std::size_t>(r)].output.find("ok"), std::string::npos);
   }
 }

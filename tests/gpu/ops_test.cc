@@ -2,11 +2,12 @@
 // same random inputs; forwards are compared with the double references of
 // reference_ops.h, backwards with central finite differences of them (in
 // double). A backend that lacks an op is reported as skipped, never passed.
+#include "gpu/ops.h"
+
 #include <gtest/gtest.h>
 
 #include <random>
 
-#include "gpu/ops.h"
 #include "tests/gpu/reference_ops.h"
 #include "tests/test_util.h"
 #ifdef TROUPE_HAVE_CUDA
@@ -123,10 +124,13 @@ TEST_P(OpsTest, LayerNorm) {
   Vec dx0d = to_double(dx0);
   for (std::size_t i = 0; i < want_dx.size(); i++) want_dx[i] += dx0d[i];
   EXPECT_LT(rel_error(gx, want_dx), kBwdTol);
-  EXPECT_LT(rel_error(gw, numeric_grad([&](const Vec& v) { return layernorm_ref(xd, v, bd, N, C); }, wd, rd)), kBwdTol);
-  EXPECT_LT(rel_error(gb, numeric_grad([&](const Vec& v) { return layernorm_ref(xd, wd, v, N, C); }, bd, rd)), kBwdTol);
+  EXPECT_LT(rel_error(gw, numeric_grad([&](const Vec& v) { return layernorm_ref(xd, v, bd, N, C); },
+                                       wd, rd)),
+            kBwdTol);
+  EXPECT_LT(rel_error(gb, numeric_grad([&](const Vec& v) { return layernorm_ref(xd, wd, v, N, C); },
+                                       bd, rd)),
+            kBwdTol);
 }
-
 
 TEST_P(OpsTest, MatmulSmall) {
   const int N = 7, IC = 12, OC = 10;
@@ -146,8 +150,10 @@ TEST_P(OpsTest, MatmulSmall) {
       Vec xd = to_double(x), wd = to_double(w), bd = has_bias ? to_double(bias) : Vec{},
           rd = to_double(r);
       EXPECT_LT(rel_error(y, matmul_ref(xd, wd, bd, N, IC, OC)), kFwdTol);
-      Vec want_dx = numeric_grad([&](const Vec& v) { return matmul_ref(v, wd, bd, N, IC, OC); }, xd, rd);
-      Vec want_dw = numeric_grad([&](const Vec& v) { return matmul_ref(xd, v, bd, N, IC, OC); }, wd, rd);
+      Vec want_dx =
+          numeric_grad([&](const Vec& v) { return matmul_ref(v, wd, bd, N, IC, OC); }, xd, rd);
+      Vec want_dw =
+          numeric_grad([&](const Vec& v) { return matmul_ref(xd, v, bd, N, IC, OC); }, wd, rd);
       Vec dx0d = to_double(dx0), dw0d = to_double(dw0), db0d = to_double(db0);
       for (std::size_t i = 0; i < want_dx.size(); i++) {
         if (mode == Accumulate::kYes) want_dx[i] += dx0d[i];
@@ -156,7 +162,8 @@ TEST_P(OpsTest, MatmulSmall) {
       EXPECT_LT(rel_error(gx, want_dx), kBwdTol);
       EXPECT_LT(rel_error(gw, want_dw), kBwdTol);
       if (has_bias) {
-        Vec want_db = numeric_grad([&](const Vec& v) { return matmul_ref(xd, wd, v, N, IC, OC); }, bd, rd);
+        Vec want_db =
+            numeric_grad([&](const Vec& v) { return matmul_ref(xd, wd, v, N, IC, OC); }, bd, rd);
         for (std::size_t i = 0; i < want_db.size(); i++) want_db[i] += db0d[i];
         EXPECT_LT(rel_error(gb, want_db), kBwdTol);
       }
@@ -174,7 +181,8 @@ TEST_P(OpsTest, MatmulLargerThanChunks) {
   ops::matmul_backward(*stream_, dx, dw, db, on(r), on(x), on(w), Accumulate::kNo);
   Vec y = host(out), gb = host(db);
   SKIP_IF_UNSUPPORTED();
-  EXPECT_LT(rel_error(y, matmul_ref(to_double(x), to_double(w), to_double(bias), N, IC, OC)), kFwdTol);
+  EXPECT_LT(rel_error(y, matmul_ref(to_double(x), to_double(w), to_double(bias), N, IC, OC)),
+            kFwdTol);
   Vec want(OC, 0.0), rd = to_double(r);
   for (int n = 0; n < N; n++)
     for (int o = 0; o < OC; o++) want[o] += rd[n * OC + o];
@@ -270,8 +278,13 @@ TEST_P(OpsTest, AdamWMatchesTheFormula) {
   const int n = 37;
   Tensor p = random_tensor(rng_, {n}), g = random_tensor(rng_, {n});
   Tensor pd = on(p), m = zeros({n}), v = zeros({n});
-  gpu::AdamWArgs a{.lr = 0.01f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
-                   .weight_decay = 0.1f, .step = 1, .grad_scale = 0.5f};
+  gpu::AdamWArgs a{.lr = 0.01f,
+                   .beta1 = 0.9f,
+                   .beta2 = 0.95f,
+                   .eps = 1e-8f,
+                   .weight_decay = 0.1f,
+                   .step = 1,
+                   .grad_scale = 0.5f};
   Vec want_p = to_double(p), gd = to_double(g), mm(n, 0.0), vv(n, 0.0);
   for (int step = 1; step <= 3; step++) {
     a.step = step;
@@ -304,7 +317,8 @@ TEST_P(OpsTest, FillAndAxpy) {
 // A zero-width last dimension is an error, not a division by zero (regression).
 TEST_P(OpsTest, EmptyLastDimensionIsAnError) {
   Tensor x = zeros({4, 1}).view(0, {4, 0});
-  ops::layernorm_forward(*stream_, x, zeros({4}), zeros({4}), x, zeros({1}).view(0, {0}), zeros({1}).view(0, {0}));
+  ops::layernorm_forward(*stream_, x, zeros({4}), zeros({4}), x, zeros({1}).view(0, {0}),
+                         zeros({1}).view(0, {0}));
   absl::Status st = stream_->synchronize();
   EXPECT_TRUE(absl::IsInvalidArgument(st)) << st;
   EXPECT_NE(st.message().find("empty last dimension"), absl::string_view::npos) << st;

@@ -2,12 +2,12 @@
 // text (fixture from js-tiktoken, tests/reference/make_bpe_fixture.py),
 // round trips, the U+0085/U+FEFF cases where Python/Rust tiktoken is the
 // reference, and clear errors for bad vocabulary files.
+#include "model/data/bpe.h"
+
 #include <gtest/gtest.h>
 
 #include <fstream>
 #include <sstream>
-
-#include "model/data/bpe.h"
 
 namespace troupe::model::data {
 namespace {
@@ -63,7 +63,8 @@ TEST_F(BpeTest, MatchesTiktokenOnAVariedMegabyte) {
   ASSERT_GE(text.size(), 1u << 20);
   std::vector<std::int32_t> want(raw.size() / 2);
   for (std::size_t i = 0; i < want.size(); i++) {
-    want[i] = static_cast<unsigned char>(raw[2 * i]) | (static_cast<unsigned char>(raw[2 * i + 1]) << 8);
+    want[i] =
+        static_cast<unsigned char>(raw[2 * i]) | (static_cast<unsigned char>(raw[2 * i + 1]) << 8);
   }
   std::vector<std::int32_t> got = encode(text);
   ASSERT_EQ(got.size(), want.size());
@@ -90,7 +91,8 @@ TEST_F(BpeTest, WhiteSpaceIsUnicodes) {
 
 TEST_F(BpeTest, RoundTripsAndCaches) {
   BpeEncoder enc(*vocab_);
-  for (const char* s : {"naïve café — ünïcödé", "日本語のテキスト", "👩🏽‍💻🇯🇵", "  \t\r\n", "x"}) {
+  for (const char* s :
+       {"naïve café — ünïcödé", "日本語のテキスト", "👩🏽‍💻🇯🇵", "  \t\r\n", "x"}) {
     std::vector<std::int32_t> a, b;
     ASSERT_TRUE(enc.encode(s, &a).ok());
     ASSERT_TRUE(enc.encode(s, &b).ok());  // from the cache
@@ -105,7 +107,8 @@ TEST_F(BpeTest, InvalidUtf8IsAnError) {
   absl::Status st = enc.encode("ok \xff\xfe bad", &ids);
   EXPECT_TRUE(absl::IsInvalidArgument(st));
   EXPECT_NE(st.message().find("not valid UTF-8"), absl::string_view::npos) << st;
-  EXPECT_TRUE(absl::IsInvalidArgument(vocab_->decode(std::vector<std::int32_t>{1, 50257}).status()));
+  EXPECT_TRUE(
+      absl::IsInvalidArgument(vocab_->decode(std::vector<std::int32_t>{1, 50257}).status()));
 }
 
 TEST(BpeFiles, MissingOrBadFilesAreNamed) {

@@ -91,7 +91,8 @@ TEST(Init, IndependentOfVocabularyPadding) {
   const ParamLayout la = ParamLayout::gpt(a), lb = ParamLayout::gpt(b);
   const ParamSpec& wa = la.find("wte.weight");
   const ParamSpec& wb = lb.find("wte.weight");
-  std::vector<float> va(static_cast<std::size_t>(wa.numel())), vb(static_cast<std::size_t>(wb.numel()));
+  std::vector<float> va(static_cast<std::size_t>(wa.numel())),
+      vb(static_cast<std::size_t>(wb.numel()));
   init_values(a, wa, 5, 0, va);
   init_values(b, wb, 5, 0, vb);
   for (std::size_t i = 0; i < va.size(); i++) ASSERT_EQ(va[i], vb[i]);

@@ -6,9 +6,9 @@
 #include <numeric>
 #include <set>
 
-#include "model/data/indexed_dataset.h"
 #include "model/data/datasets.h"
 #include "model/data/gpt_dataset.h"
+#include "model/data/indexed_dataset.h"
 #include "model/data/synthetic.h"
 
 namespace troupe::model::data {
@@ -57,7 +57,8 @@ TEST(IndexedDataset, RejectsBadFiles) {
   const std::string prefix = ::testing::TempDir() + "/troupe_bad_ds";
   ASSERT_TRUE(write_indexed_dataset(prefix, {{1, 2, 3}}, TokenDType::kI32).ok());
   std::string idx = read_file(prefix + ".idx");
-  std::ofstream(prefix + ".idx", std::ios::binary).write(idx.data(), static_cast<std::streamsize>(idx.size() - 4));
+  std::ofstream(prefix + ".idx", std::ios::binary)
+      .write(idx.data(), static_cast<std::streamsize>(idx.size() - 4));
   auto ds = IndexedDataset::open(prefix);
   EXPECT_TRUE(absl::IsInvalidArgument(ds.status()));
   EXPECT_NE(ds.status().message().find(prefix + ".idx"), absl::string_view::npos);
@@ -102,7 +103,8 @@ TEST(GptDataset, NoShuffleSamplesAreConsecutiveWindowsAcrossDocuments) {
     docs.emplace_back();
     for (int k = 0; k < 10; k++) docs.back().push_back(d * 10 + k);
   }
-  auto ds = GptDataset::build(memory_documents("mem", docs), {0, 10}, spec(8, 100, false), 12, "train");
+  auto ds =
+      GptDataset::build(memory_documents("mem", docs), {0, 10}, spec(8, 100, false), 12, "train");
   ASSERT_TRUE(ds.ok()) << ds.status();
   EXPECT_EQ((*ds)->epochs(), 1);
   for (int i : {0, 3, 11}) {
@@ -121,8 +123,10 @@ TEST(GptDataset, ShuffledSamplesArePermutedWindowsOfShuffledDocuments) {
   std::vector<std::vector<std::int32_t>> docs(20, std::vector<std::int32_t>(16));
   for (int d = 0; d < 20; d++)
     for (int k = 0; k < 16; k++) docs[d][k] = d;  // a document is its id, 16 times
-  auto a = GptDataset::build(memory_documents("mem", docs), {0, 20}, spec(16, 20, true), 19, "train");
-  auto b = GptDataset::build(memory_documents("mem", docs), {0, 20}, spec(16, 20, true), 19, "train");
+  auto a =
+      GptDataset::build(memory_documents("mem", docs), {0, 20}, spec(16, 20, true), 19, "train");
+  auto b =
+      GptDataset::build(memory_documents("mem", docs), {0, 20}, spec(16, 20, true), 19, "train");
   ASSERT_TRUE(a.ok() && b.ok());
   std::set<std::int32_t> firsts;
   for (int i = 0; i < 19; i++) {
@@ -143,7 +147,8 @@ TEST(GptDataset, TokenOutsideVocabularyNamesFileAndPosition) {
   std::vector<std::int32_t> out(5);
   absl::Status st = (*ds)->sample(0, out);
   EXPECT_TRUE(absl::IsInvalidArgument(st));
-  EXPECT_EQ(st.message(), prefix + ".bin: token id 700 at position 4 is outside the vocabulary [0, 512)");
+  EXPECT_EQ(st.message(),
+            prefix + ".bin: token id 700 at position 4 is outside the vocabulary [0, 512)");
 }
 
 TEST(GptDataset, IndicesAreCachedAndRebuiltWhenTheDataChanges) {
@@ -181,7 +186,8 @@ TEST(GptDataset, IndicesAreCachedAndRebuiltWhenTheDataChanges) {
   std::filesystem::resize_file(file, 40);
   auto rebuilt = build();
   EXPECT_FALSE(rebuilt->from_cache());
-  for (int i = 0; i < 100; i += 3) EXPECT_EQ(sample_of(*rebuilt, i, 16), sample_of(*third, i, 16)) << i;
+  for (int i = 0; i < 100; i += 3)
+    EXPECT_EQ(sample_of(*rebuilt, i, 16), sample_of(*third, i, 16)) << i;
   EXPECT_EQ(std::filesystem::file_size(file), full);
   // In range checks: a shuffle entry pointing far outside is rebuilt, not followed.
   {
@@ -237,7 +243,8 @@ TEST(Blend, EachSampleFromTheDatasetFurthestBelowItsWeight) {
   std::vector<std::unique_ptr<SampleSource>> parts;
   for (int k = 0; k < 2; k++) {
     std::vector<std::vector<std::int32_t>> docs(1, std::vector<std::int32_t>(1000 * 4 + 1, k));
-    auto ds = GptDataset::build(memory_documents("m", docs), {0, 1}, spec(4, 10, false), counts[k] + 1, "train");
+    auto ds = GptDataset::build(memory_documents("m", docs), {0, 1}, spec(4, 10, false),
+                                counts[k] + 1, "train");
     ASSERT_TRUE(ds.ok());
     parts.push_back(std::move(*ds));
   }

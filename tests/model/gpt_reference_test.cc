@@ -93,9 +93,9 @@ TEST_F(GptReferenceTest, LogitsLossAndEveryGradient) {
   int checked = 0;
   for (const model::ParamSpec& spec : gpt_->layout().specs()) {
     SCOPED_TRACE(spec.name);
-    EXPECT_LT(rel_error(tensor_values(*got, spec.name),
-                        tensor_values(*fixture_, "grad." + spec.name)),
-              1e-4);
+    EXPECT_LT(
+        rel_error(tensor_values(*got, spec.name), tensor_values(*fixture_, "grad." + spec.name)),
+        1e-4);
     checked++;
   }
   EXPECT_EQ(checked, 2 + 12 * config_.L + 2);

@@ -1,5 +1,7 @@
 // troupe preprocess as a library: output independent of the worker count,
 // plain and zstd input, bad lines reported and skipped, Pile meta splits.
+#include "model/data/preprocess.h"
+
 #include <gtest/gtest.h>
 #include <zstd.h>
 
@@ -9,7 +11,6 @@
 
 #include "model/data/bpe.h"
 #include "model/data/indexed_dataset.h"
-#include "model/data/preprocess.h"
 
 namespace troupe::model::data {
 namespace {
@@ -25,13 +26,16 @@ std::string slurp(const std::string& path) {
 
 std::string jsonl() {
   return "{\"text\": \"Hello world\", \"meta\": {\"pile_set_name\": \"Pile-CC\"}}\n"
-         "{\"text\": \"It's 2026: caf\\u00e9 \\ud83d\\ude00\", \"meta\": {\"pile_set_name\": \"Github\"}}\n"
+         "{\"text\": \"It's 2026: caf\\u00e9 \\ud83d\\ude00\", \"meta\": {\"pile_set_name\": "
+         "\"Github\"}}\n"
          "not json at all\n"
          "{\"text\": \"bad \xff byte\", \"meta\": {\"pile_set_name\": \"Github\"}}\n"
          "\n"
          "{\"title\": \"no text key\", \"meta\": {\"pile_set_name\": \"Github\"}}\n"
          "{\"text\": \"\", \"meta\": {\"pile_set_name\": \"Github\"}}\n"
-         "{\"text\": \"Enron says hi\", \"meta\": {\"pile_set_name\": \"Enron Emails\"}}";  // no final \n
+         "{\"text\": \"Enron says hi\", \"meta\": {\"pile_set_name\": \"Enron Emails\"}}";  // no
+                                                                                            // final
+                                                                                            // \n
 }
 
 PreprocessOptions options(const std::string& input, const std::string& out, int workers) {
@@ -48,7 +52,8 @@ PreprocessOptions options(const std::string& input, const std::string& out, int 
 class PreprocessTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = ::testing::TempDir() + "/troupe_pp_" + ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    dir_ = ::testing::TempDir() + "/troupe_pp_" +
+           ::testing::UnitTest::GetInstance()->current_test_info()->name();
     std::filesystem::create_directories(dir_);
     input_ = dir_ + "/in.jsonl";
     std::ofstream(input_, std::ios::binary) << jsonl();
@@ -87,7 +92,8 @@ TEST_F(PreprocessTest, WritesTheTokensOfEveryGoodDocumentAndReportsBadLines) {
 
 TEST_F(PreprocessTest, OutputDoesNotDependOnWorkersOrCompression) {
   std::string big;
-  for (int i = 0; i < 2000; i++) big += "{\"text\": \"document " + std::to_string(i * 7919) + " of many words\"}\n";
+  for (int i = 0; i < 2000; i++)
+    big += "{\"text\": \"document " + std::to_string(i * 7919) + " of many words\"}\n";
   std::ofstream(input_, std::ios::binary) << big;
   const std::string zst = dir_ + "/in.jsonl.zst";
   std::string packed(ZSTD_compressBound(big.size()), '\0');
@@ -125,13 +131,15 @@ TEST_F(PreprocessTest, TooManyBadLinesFails) {
   auto r = preprocess(o);
   EXPECT_TRUE(absl::IsInvalidArgument(r.status()));
   EXPECT_NE(r.status().message().find("more than --max-bad-lines 2"), absl::string_view::npos);
-  EXPECT_FALSE(std::filesystem::exists(dir_ + "/strict_text_document.idx"));  // nothing half-written
+  EXPECT_FALSE(
+      std::filesystem::exists(dir_ + "/strict_text_document.idx"));  // nothing half-written
 }
 
 TEST_F(PreprocessTest, MissingFilesAreNamed) {
   PreprocessOptions o = options(input_, dir_ + "/x", 1);
   o.vocab_file = "/nonexistent/encoder.json";
-  EXPECT_EQ(preprocess(o).status().message(), "vocabulary /nonexistent/encoder.json: cannot open file");
+  EXPECT_EQ(preprocess(o).status().message(),
+            "vocabulary /nonexistent/encoder.json: cannot open file");
   o = options(dir_ + "/missing.jsonl", dir_ + "/x", 1);
   EXPECT_TRUE(absl::IsNotFound(preprocess(o).status()));
 }

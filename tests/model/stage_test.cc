@@ -26,7 +26,8 @@ TEST_P(StageTest, StagesInSequenceEqualTheWholeModel) {
   std::vector<std::int32_t> tok(static_cast<std::size_t>(B * c.T)), tgt(tok.size());
   for (auto& t : tok) t = static_cast<std::int32_t>(rng() % 500);
   for (auto& t : tgt) t = static_cast<std::int32_t>(rng() % 500);
-  gpu::Tensor tokens = testing::int_tensor(tok, {B, c.T}), targets = testing::int_tensor(tgt, {B, c.T});
+  gpu::Tensor tokens = testing::int_tensor(tok, {B, c.T}),
+              targets = testing::int_tensor(tgt, {B, c.T});
   const float dloss = 1.0f / static_cast<float>(B * c.T);
 
   Gpt whole(c, B, gpu::cpu_device());
@@ -42,12 +43,14 @@ TEST_P(StageTest, StagesInSequenceEqualTheWholeModel) {
     stages.back()->zero_grad(*s);
   }
   for (int k = 0; k < pp; k++) {
-    stages[static_cast<std::size_t>(k)]->forward(*s, tokens, targets,
-                                                 k == 0 ? gpu::Tensor{} : stages[static_cast<std::size_t>(k - 1)]->output());
+    stages[static_cast<std::size_t>(k)]->forward(
+        *s, tokens, targets,
+        k == 0 ? gpu::Tensor{} : stages[static_cast<std::size_t>(k - 1)]->output());
   }
   for (int k = pp - 1; k >= 0; k--) {
-    stages[static_cast<std::size_t>(k)]->backward(*s, tokens, targets, dloss,
-                                                  k == pp - 1 ? gpu::Tensor{} : stages[static_cast<std::size_t>(k + 1)]->input_grad());
+    stages[static_cast<std::size_t>(k)]->backward(
+        *s, tokens, targets, dloss,
+        k == pp - 1 ? gpu::Tensor{} : stages[static_cast<std::size_t>(k + 1)]->input_grad());
   }
   ASSERT_TRUE(s->synchronize().ok());
 

@@ -1,14 +1,15 @@
 // The single-rank training loop: learning, determinism, gradient
 // accumulation, vocabulary padding, LR schedule and clipping.
+#include "model/trainer.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
 
-#include "model/optimizer.h"
 #include "model/data/indexed_dataset.h"
 #include "model/data/synthetic.h"
-#include "model/trainer.h"
+#include "model/optimizer.h"
 
 namespace troupe::model {
 namespace {
@@ -99,8 +100,9 @@ TEST(Trainer, BlendWithValidation) {
   const std::string dir = ::testing::TempDir();
   for (int k = 0; k < 2; k++) {
     data::PhraseCorpusOptions c{.vocab_size = 512, .num_tokens = 20000, .seed = 10u + k};
-    ASSERT_TRUE(data::write_indexed_dataset(dir + "/blend_" + std::to_string(k), data::phrase_corpus(c),
-                                            data::TokenDType::kU16).ok());
+    ASSERT_TRUE(data::write_indexed_dataset(dir + "/blend_" + std::to_string(k),
+                                            data::phrase_corpus(c), data::TokenDType::kU16)
+                    .ok());
   }
   TrainOptions o = tiny(4);
   o.data_path = {"0.25", dir + "/blend_0", "0.75", dir + "/blend_1"};

@@ -1,5 +1,7 @@
 // safetensors weights: round trip, the Hugging Face variants troupe accepts,
 // and a clear error for every kind of bad file.
+#include "model/weights.h"
+
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -7,7 +9,6 @@
 
 #include "model/gpt.h"
 #include "model/safetensors.h"
-#include "model/weights.h"
 
 namespace troupe::model {
 namespace {
@@ -38,7 +39,8 @@ class WeightsTest : public ::testing::Test {
     }
     auto meta = keep_->metadata();
     edit(ts, meta);
-    const std::string out = ::testing::TempDir() + "/troupe_weights_edited_" + name_ + ".safetensors";
+    const std::string out =
+        ::testing::TempDir() + "/troupe_weights_edited_" + name_ + ".safetensors";
     EXPECT_TRUE(write_safetensors(out, ts, meta).ok());
     return out;
   }
@@ -118,13 +120,16 @@ TEST_F(WeightsTest, WrongDtypeIsNamed) {
       }
   });
   absl::Status st = load(p);
-  EXPECT_NE(st.message().find("tensor 'ln_f.weight' has dtype F16, want F32"), absl::string_view::npos) << st;
+  EXPECT_NE(st.message().find("tensor 'ln_f.weight' has dtype F16, want F32"),
+            absl::string_view::npos)
+      << st;
 }
 
 TEST_F(WeightsTest, MetadataThatDisagreesIsAnError) {
   std::string p = rewrite([](auto&, auto& meta) { meta["n_head"] = "8"; });
   absl::Status st = load(p);
-  EXPECT_NE(st.message().find("metadata n_head = 8 but the model has 4"), absl::string_view::npos) << st;
+  EXPECT_NE(st.message().find("metadata n_head = 8 but the model has 4"), absl::string_view::npos)
+      << st;
 }
 
 TEST_F(WeightsTest, UnexpectedTensorIsAnError) {
@@ -139,7 +144,8 @@ TEST_F(WeightsTest, TruncatedFileIsAnError) {
   std::ifstream in(path_, std::ios::binary);
   std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   const std::string p = ::testing::TempDir() + "/troupe_truncated.safetensors";
-  std::ofstream(p, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size() - 1000));
+  std::ofstream(p, std::ios::binary)
+      .write(bytes.data(), static_cast<std::streamsize>(bytes.size() - 1000));
   absl::Status st = load(p);
   EXPECT_TRUE(absl::IsInvalidArgument(st));
   EXPECT_NE(st.message().find("truncated file"), absl::string_view::npos) << st;
@@ -149,7 +155,8 @@ TEST_F(WeightsTest, TruncatedFileIsAnError) {
 
 TEST_F(WeightsTest, ShapesThatOverflowAreAnError) {
   // 2^62 floats would wrap to 0 bytes in 64 bits (a regression test).
-  const std::string header = R"({"wte.weight":{"dtype":"F32","shape":[4611686018427387904],"data_offsets":[0,0]}})";
+  const std::string header =
+      R"({"wte.weight":{"dtype":"F32","shape":[4611686018427387904],"data_offsets":[0,0]}})";
   std::string file(8, '\0');
   const std::uint64_t n = header.size();
   std::memcpy(file.data(), &n, 8);
