@@ -97,7 +97,7 @@ Tensor at(const Tensor& t, int l) {
 Gpt::Gpt(const GptConfig& config, int B, gpu::Device& device)
     : Gpt(config, B, device, StageSpec::whole(config)) {}
 
-Gpt::Gpt(const GptConfig& config, int B, gpu::Device& device, const StageSpec& stage)
+Gpt::Gpt(const GptConfig& config, int B, gpu::Device& device, const StageSpec& stage, int slots)
     : config_(config),
       stage_(stage),
       B_(B),
@@ -107,17 +107,20 @@ Gpt::Gpt(const GptConfig& config, int B, gpu::Device& device, const StageSpec& s
   grads_flat_ = Tensor::empty(device, gpu::DType::kF32, {layout_.total()});
   p_ = GptParams::carve(layout_, params_flat_, stage);
   g_ = GptParams::carve(layout_, grads_flat_, stage);
-  std::int64_t total = 0;
-  Carver sizer(&total);
+  std::int64_t per_slot = 0;
+  Carver sizer(&per_slot);
   carve_activations(config, stage, B, sizer);
-  Tensor flat = Tensor::empty(device, gpu::DType::kF32, {total});
-  total = 0;
-  Carver carver(&total);
-  carver.bind(flat);
-  acts_ = carve_activations(config, stage, B, carver);
+  Tensor flat = Tensor::empty(device, gpu::DType::kF32, {per_slot * slots});
+  for (int k = 0; k < slots; k++) {
+    std::int64_t used = per_slot * k;
+    Carver carver(&used);
+    carver.bind(flat);
+    slots_.push_back(carve_activations(config, stage, B, carver));
+  }
+  inputs_.resize(static_cast<std::size_t>(slots));
 }
 
-Tensor Gpt::output() const { return at(acts_.residual3, stage_.layers() - 1); }
+Tensor Gpt::output(int slot) const { return at(acts(slot).residual3, stage_.layers() - 1); }
 
 void Gpt::init(std::uint64_t seed) {
   std::vector<float> host(static_cast<std::size_t>(layout_.total()), 0.0f);
@@ -132,17 +135,18 @@ void Gpt::init(std::uint64_t seed) {
 
 void Gpt::zero_grad(gpu::Stream& s) { ops::fill(s, grads_flat_, 0.0f); }
 
-void Gpt::forward(gpu::Stream& s, const Tensor& tokens, const Tensor& targets,
-                  const Tensor& input) {
-  GptActivations& a = acts_;
+void Gpt::forward(gpu::Stream& s, const Tensor& tokens, const Tensor& targets, const Tensor& input,
+                  int slot) {
+  GptActivations& a = slots_[static_cast<std::size_t>(slot)];
+  Tensor& in = inputs_[static_cast<std::size_t>(slot)];
   const int L = stage_.layers();
   if (stage_.embedding) {
     ops::embedding_forward(s, a.encoded, tokens, p_.wte, p_.wpe);
-    input_ = a.encoded;
+    in = a.encoded;
   } else {
-    input_ = input;
+    in = input;
   }
-  for (int l = 0; l < L; l++) layer_forward(s, l, l == 0 ? input_ : at(a.residual3, l - 1));
+  for (int l = 0; l < L; l++) layer_forward(s, a, l, l == 0 ? in : at(a.residual3, l - 1));
   if (!stage_.head) return;
   ops::layernorm_forward(s, a.lnf, a.lnf_mean, a.lnf_rstd, at(a.residual3, L - 1), p_.lnfw,
                          p_.lnfb);
@@ -155,8 +159,7 @@ void Gpt::forward(gpu::Stream& s, const Tensor& tokens, const Tensor& targets,
   }
 }
 
-void Gpt::layer_forward(gpu::Stream& s, int l, const Tensor& residual) {
-  GptActivations& a = acts_;
+void Gpt::layer_forward(gpu::Stream& s, GptActivations& a, int l, const Tensor& residual) {
   const LayerParams& p = p_.h[l];
   Tensor ln1 = at(a.ln1, l), qkv = at(a.qkv, l), atty = at(a.atty, l);
   Tensor residual2 = at(a.residual2, l), ln2 = at(a.ln2, l);
@@ -174,8 +177,9 @@ void Gpt::layer_forward(gpu::Stream& s, int l, const Tensor& residual) {
 }
 
 void Gpt::backward(gpu::Stream& s, const Tensor& tokens, const Tensor& targets, float dloss,
-                   const Tensor& dout) {
-  GptActivations& a = acts_;
+                   const Tensor& dout, int slot) {
+  GptActivations& a = slots_[static_cast<std::size_t>(slot)];
+  const Tensor& in = inputs_[static_cast<std::size_t>(slot)];
   const int L = stage_.layers();
   ops::fill(s, a.dresidual, 0.0f);
   if (stage_.head) {
@@ -190,15 +194,14 @@ void Gpt::backward(gpu::Stream& s, const Tensor& tokens, const Tensor& targets, 
   } else {
     ops::axpy(s, a.dresidual, 1.0f, dout);  // the next stage's gradient of our output
   }
-  for (int l = L - 1; l >= 0; l--) layer_backward(s, l, l == 0 ? input_ : at(a.residual3, l - 1));
+  for (int l = L - 1; l >= 0; l--) layer_backward(s, a, l, l == 0 ? in : at(a.residual3, l - 1));
   if (stage_.embedding) ops::embedding_backward(s, g_.wte, g_.wpe, a.dresidual, tokens);
 }
 
 // On entry a.dresidual holds d(residual3[l]); on exit d(residual), the
 // layer's input. The residual connections pass it through unchanged; each
 // branch's LayerNorm backward adds its part.
-void Gpt::layer_backward(gpu::Stream& s, int l, const Tensor& residual) {
-  GptActivations& a = acts_;
+void Gpt::layer_backward(gpu::Stream& s, GptActivations& a, int l, const Tensor& residual) {
   const LayerParams& p = p_.h[l];
   const LayerParams& g = g_.h[l];
   Tensor ln1 = at(a.ln1, l), qkv = at(a.qkv, l), atty = at(a.atty, l);

@@ -69,15 +69,19 @@ class Gpt {
   // Allocates parameters, gradients and activations of `stage` (default: the
   // whole model) for micro-batches of B sequences of config.T tokens on
   // `device`. The config must be valid.
+  // `slots` sets of activations let that many micro-batches be between
+  // their forward and their backward at once (a 1F1B stage keeps up to
+  // pp - s); each call names the slot of its micro-batch.
   Gpt(const GptConfig& config, int B, gpu::Device& device);
-  Gpt(const GptConfig& config, int B, gpu::Device& device, const StageSpec& stage);
+  Gpt(const GptConfig& config, int B, gpu::Device& device, const StageSpec& stage, int slots = 1);
 
   const GptConfig& config() const { return config_; }
   const ParamLayout& layout() const { return layout_; }
   int B() const { return B_; }
   const gpu::Tensor& params() const { return params_flat_; }
   const gpu::Tensor& grads() const { return grads_flat_; }
-  const GptActivations& acts() const { return acts_; }
+  const GptActivations& acts(int slot = 0) const { return slots_[static_cast<std::size_t>(slot)]; }
+  int slots() const { return static_cast<int>(slots_.size()); }
 
   // Counter-based GPT-2 initialisation (model/init.h); synchronous.
   void init(std::uint64_t seed);
@@ -88,23 +92,23 @@ class Gpt {
   // stage's output(), instead of tokens; it must stay unchanged until the
   // backward.
   void forward(gpu::Stream& s, const gpu::Tensor& tokens, const gpu::Tensor& targets,
-               const gpu::Tensor& input = gpu::Tensor{});
+               const gpu::Tensor& input = gpu::Tensor{}, int slot = 0);
   // Adds this micro-batch's gradients, each token's loss weighted by `dloss`
   // (1 / tokens in the global batch for a mean). Needs the forward before it.
   // The logits are overwritten by their gradient. A stage without the head
   // starts from `dout` (B, T, C), the next stage's input_grad().
   void backward(gpu::Stream& s, const gpu::Tensor& tokens, const gpu::Tensor& targets, float dloss,
-                const gpu::Tensor& dout = gpu::Tensor{});
+                const gpu::Tensor& dout = gpu::Tensor{}, int slot = 0);
 
   const StageSpec& stage() const { return stage_; }
   // (B, T, C): what a stage without the head hands to the next stage, and
   // (after the backward) the gradient a stage without the embedding hands back.
-  gpu::Tensor output() const;
-  const gpu::Tensor& input_grad() const { return acts_.dresidual; }
+  gpu::Tensor output(int slot = 0) const;
+  const gpu::Tensor& input_grad(int slot = 0) const { return acts(slot).dresidual; }
 
  private:
-  void layer_forward(gpu::Stream& s, int l, const gpu::Tensor& residual);
-  void layer_backward(gpu::Stream& s, int l, const gpu::Tensor& residual);
+  void layer_forward(gpu::Stream& s, GptActivations& a, int l, const gpu::Tensor& residual);
+  void layer_backward(gpu::Stream& s, GptActivations& a, int l, const gpu::Tensor& residual);
 
   GptConfig config_;
   StageSpec stage_;
@@ -113,8 +117,8 @@ class Gpt {
   ParamLayout layout_;
   gpu::Tensor params_flat_, grads_flat_;
   GptParams p_, g_;
-  GptActivations acts_;
-  gpu::Tensor input_;  // the stage's input: acts_.encoded, or the previous stage's output
+  std::vector<GptActivations> slots_;
+  std::vector<gpu::Tensor> inputs_;  // per slot: its encoded, or the previous stage's output
 };
 
 }  // namespace troupe::model

@@ -89,3 +89,44 @@ INSTANTIATE_TEST_SUITE_P(Stages, StageTest, ::testing::Values(1, 2, 4));
 
 }  // namespace
 }  // namespace troupe::model
+
+namespace troupe::model {
+namespace {
+
+// With two activation slots a stage can run F(0) F(1) B(0) B(1), as 1F1B's
+// warm-up does; the gradients are bitwise those of F(0) B(0) F(1) B(1).
+TEST(StageSlots, TwoMicroBatchesInFlightEqualOneAtATime) {
+  const int B = 2;
+  GptConfig c = *preset("tiny");
+  auto s = gpu::cpu_device().make_stream({.threads = 2});
+  std::mt19937 rng(9);
+  std::vector<gpu::Tensor> tokens, targets;
+  for (int mb = 0; mb < 2; mb++) {
+    std::vector<std::int32_t> tk(static_cast<std::size_t>(B * c.T)), tg(tk.size());
+    for (auto& t : tk) t = static_cast<std::int32_t>(rng() % 512);
+    for (auto& t : tg) t = static_cast<std::int32_t>(rng() % 512);
+    tokens.push_back(testing::int_tensor(tk, {B, c.T}));
+    targets.push_back(testing::int_tensor(tg, {B, c.T}));
+  }
+  const float dloss = 1.0f / static_cast<float>(2 * B * c.T);
+  Gpt serial(c, B, gpu::cpu_device(), StageSpec::whole(c), 1);
+  Gpt inflight(c, B, gpu::cpu_device(), StageSpec::whole(c), 2);
+  serial.init(3);
+  inflight.init(3);
+  serial.zero_grad(*s);
+  inflight.zero_grad(*s);
+  for (int mb = 0; mb < 2; mb++) {
+    serial.forward(*s, tokens[mb], targets[mb]);
+    serial.backward(*s, tokens[mb], targets[mb], dloss);
+  }
+  inflight.forward(*s, tokens[0], targets[0], gpu::Tensor{}, 0);
+  inflight.forward(*s, tokens[1], targets[1], gpu::Tensor{}, 1);
+  inflight.backward(*s, tokens[0], targets[0], dloss, gpu::Tensor{}, 0);
+  inflight.backward(*s, tokens[1], targets[1], dloss, gpu::Tensor{}, 1);
+  ASSERT_TRUE(s->synchronize().ok());
+  EXPECT_EQ(inflight.slots(), 2);
+  EXPECT_EQ(std::memcmp(serial.grads().raw(), inflight.grads().raw(), serial.grads().nbytes()), 0);
+}
+
+}  // namespace
+}  // namespace troupe::model
