@@ -4,6 +4,7 @@
 //   --mode allreduce  all-reduce of fp32 buffers; busbw as nccl-tests:
 //                     bytes / time * 2(n-1)/n
 // Rank 0 prints one JSON object per measurement.
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -134,31 +135,25 @@ int allreduce(int rank, int size, troupe::comm::Transport& t, std::size_t min_by
 }  // namespace
 
 int main(int argc, char** argv) {
+  CLI::App app{"troupe comm/ benchmark: one rank"};
   int rank = 0, size = 2, port = 29511;
   std::string mode = "allreduce";
   std::size_t min_bytes = 4096, max_bytes = 256u << 20;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string k = argv[i], v = argv[i + 1];
-    if (k == "--rank")
-      rank = std::atoi(v.c_str());
-    else if (k == "--size")
-      size = std::atoi(v.c_str());
-    else if (k == "--port")
-      port = std::atoi(v.c_str());
-    else if (k == "--mode")
-      mode = v;
-    else if (k == "--min-bytes")
-      min_bytes = std::strtoull(v.c_str(), nullptr, 10);
-    else if (k == "--max-bytes")
-      max_bytes = std::strtoull(v.c_str(), nullptr, 10);
+  app.add_option("--rank", rank);
+  app.add_option("--size", size);
+  app.add_option("--port", port);
+  app.add_option("--mode", mode)->check(CLI::IsMember({"p2p", "allreduce"}));
+  app.add_option("--min-bytes", min_bytes);
+  app.add_option("--max-bytes", max_bytes);
+  CLI11_PARSE(app, argc, argv);
+  auto w = troupe::comm::connect_ucx(rank, size, "127.0.0.1", port, absl::Seconds(60));
+  if (!w.ok()) {
+    std::fprintf(stderr, "rank %d: %s\n", rank, std::string(w.status().message()).c_str());
+    return 1;
   }
-  auto b = troupe::comm::Bootstrap::start(rank, size, "127.0.0.1", port, absl::Seconds(60));
-  auto t = troupe::comm::UcxTransport::create(rank, size);
-  if (!b.ok() || !t.ok()) return 1;
-  auto addresses = (*b)->all_gather((*t)->address());
-  if (!addresses.ok() || !(*t)->connect(*addresses).ok()) return 1;
-  const int rc = mode == "p2p" ? p2p(rank, **t, min_bytes, max_bytes)
-                               : allreduce(rank, size, **t, min_bytes, max_bytes);
-  (void)(*b)->finish();
+  troupe::comm::Transport& t = *w->transport;
+  const int rc = mode == "p2p" ? p2p(rank, t, min_bytes, max_bytes)
+                               : allreduce(rank, size, t, min_bytes, max_bytes);
+  (void)w->bootstrap->finish();
   return rc;
 }

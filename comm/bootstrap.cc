@@ -14,6 +14,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "comm/ucx_transport.h"
 
 namespace troupe::comm {
 namespace {
@@ -274,6 +275,22 @@ absl::Status Bootstrap::finish() {
     if (h.type == kFinAck) return absl::OkStatus();
   }
   return absl::UnavailableError("bootstrap: rank 0 is gone");
+}
+
+absl::StatusOr<UcxWorld> connect_ucx(int rank, int size, const std::string& host, int port,
+                                     absl::Duration timeout) {
+  UcxWorld w;
+  auto b = Bootstrap::start(rank, size, host, port, timeout);
+  if (!b.ok()) return b.status();
+  w.bootstrap = std::move(*b);
+  auto t = UcxTransport::create(rank, size);
+  if (!t.ok()) return t.status();
+  w.transport = std::move(*t);
+  auto addresses = w.bootstrap->all_gather(w.transport->address());
+  if (!addresses.ok()) return addresses.status();
+  absl::Status st = w.transport->connect(*addresses);
+  if (!st.ok()) return st;
+  return w;
 }
 
 }  // namespace troupe::comm

@@ -57,4 +57,16 @@ class Bootstrap {
   std::thread watcher_;
 };
 
+class UcxTransport;
+
+// A rank's UCX transport connected to every other rank through a bootstrap
+// at host:port (rank 0 listens there). The bootstrap stays for liveness
+// (watch) and the final barrier (finish).
+struct UcxWorld {
+  std::unique_ptr<Bootstrap> bootstrap;
+  std::unique_ptr<UcxTransport> transport;
+};
+absl::StatusOr<UcxWorld> connect_ucx(int rank, int size, const std::string& host, int port,
+                                     absl::Duration timeout);
+
 }  // namespace troupe::comm

@@ -9,6 +9,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -121,37 +122,26 @@ int kill_scenario(int rank, int size, int victim, troupe::comm::Transport& t,
 }  // namespace
 
 int main(int argc, char** argv) {
+  CLI::App app{"one rank of a multi-process UCX test"};
   int rank = -1, size = 0, port = 0, victim = -1;
   std::string scenario = "collectives";
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string k = argv[i], v = argv[i + 1];
-    if (k == "--rank")
-      rank = std::atoi(v.c_str());
-    else if (k == "--size")
-      size = std::atoi(v.c_str());
-    else if (k == "--port")
-      port = std::atoi(v.c_str());
-    else if (k == "--scenario")
-      scenario = v;
-    else if (k == "--victim")
-      victim = std::atoi(v.c_str());
-  }
+  app.add_option("--rank", rank)->required();
+  app.add_option("--size", size)->required();
+  app.add_option("--port", port)->required();
+  app.add_option("--scenario", scenario)->check(CLI::IsMember({"collectives", "kill"}));
+  app.add_option("--victim", victim);
+  CLI11_PARSE(app, argc, argv);
   setvbuf(stdout, nullptr, _IOLBF, 0);
-  auto b = troupe::comm::Bootstrap::start(rank, size, "127.0.0.1", port, absl::Seconds(60));
-  if (!b.ok()) return fail(rank, std::string(b.status().message()));
-  auto t = troupe::comm::UcxTransport::create(rank, size);
-  if (!t.ok()) return fail(rank, std::string(t.status().message()));
-  auto addresses = (*b)->all_gather((*t)->address());
-  if (!addresses.ok()) return fail(rank, std::string(addresses.status().message()));
-  absl::Status st = (*t)->connect(*addresses);
-  if (!st.ok()) return fail(rank, std::string(st.message()));
-  int rc = scenario == "kill" ? kill_scenario(rank, size, victim, **t, **b)
-                              : collectives(rank, size, **t);
+  auto w = troupe::comm::connect_ucx(rank, size, "127.0.0.1", port, absl::Seconds(60));
+  if (!w.ok()) return fail(rank, std::string(w.status().message()));
+  troupe::comm::Transport& t = *w->transport;
+  int rc = scenario == "kill" ? kill_scenario(rank, size, victim, t, *w->bootstrap)
+                              : collectives(rank, size, t);
   if (scenario == "kill") {
     std::fflush(stdout);
     std::_Exit(rc);  // a rank died: skip the orderly teardown of UCX
   }
-  st = (*b)->finish();
+  absl::Status st = w->bootstrap->finish();
   if (!st.ok() && rc == 0) return fail(rank, std::string(st.message()));
   return rc;
 }
