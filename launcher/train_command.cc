@@ -1,6 +1,7 @@
-// `troupe train`: GPT training, for now on one rank (the actors issue adds
-// --tp/--pp/--dp). Megatron-style flags; one progress line per step and, with
-// --metrics-jsonl, one JSON object per step.
+// `troupe train`: GPT training in this process: one rank runs the reference
+// loop (model/trainer.h); --pp/--dp run every rank as actors over the
+// in-process transport (actors/runtime.h). Megatron-style flags; one progress
+// line per step and, with --metrics-jsonl, one JSON object per step.
 #include <cinttypes>
 #include <cmath>
 #include <cstdio>
@@ -11,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "actors/runtime.h"
 #include "launcher/commands.h"
 #include "model/trainer.h"
 #include "model/weights.h"
@@ -24,6 +26,9 @@ struct TrainFlags {
   model::TrainOptions options;
   std::string save_weights;
   std::string metrics_jsonl;
+  actors::ParallelOptions parallel;
+  std::string schedule = "1f1b";
+  std::string fail_at;  // --debug-fail-stage S:K
 };
 
 std::string duration(double s) {
@@ -47,6 +52,35 @@ absl::Status check_writable(const std::string& path, const char* flag) {
   std::remove(probe.c_str());
   return absl::OkStatus();
 }
+
+// The progress line and the metrics JSONL, one of each per step.
+class Progress {
+ public:
+  Progress(int steps, std::ofstream* metrics) : steps_(steps), metrics_(metrics) {}
+  void report(const model::StepMetrics& m) {
+    elapsed_ += m.step_s;
+    const double eta = elapsed_ / m.step * (steps_ - m.step);
+    const std::string val = m.val_loss ? absl::StrFormat(" | val loss %.4f", *m.val_loss) : "";
+    std::printf(
+        "step %*d/%d | loss %.4f | lr %.3e | grad norm %.4f | %.0f tok/s | elapsed %s | ETA %s%s\n",
+        static_cast<int>(std::to_string(steps_).size()), m.step, steps_, m.loss, m.lr,
+        m.grad_norm, m.tokens_per_s, duration(elapsed_).c_str(), duration(eta).c_str(),
+        val.c_str());
+    std::fflush(stdout);
+    if (metrics_ == nullptr) return;
+    *metrics_ << absl::StrFormat(
+        "{\"step\": %d, \"loss\": %.9g, \"grad_norm\": %.9g, \"lr\": %.9g, "
+        "\"tokens_per_s\": %.9g, \"step_s\": %.9g, \"elapsed_s\": %.9g%s}\n",
+        m.step, m.loss, m.grad_norm, m.lr, m.tokens_per_s, m.step_s, elapsed_,
+        m.val_loss ? absl::StrFormat(", \"val_loss\": %.9g", *m.val_loss) : "");
+    metrics_->flush();
+  }
+
+ private:
+  int steps_;
+  std::ofstream* metrics_;
+  double elapsed_ = 0.0;
+};
 
 absl::StatusOr<model::TrainOptions> resolve(const TrainFlags& f) {
   absl::StatusOr<model::GptConfig> config = model::preset(f.model);
@@ -76,6 +110,7 @@ int run_train(const TrainFlags& flags) {
   };
   absl::StatusOr<model::TrainOptions> options = resolve(flags);
   if (!options.ok()) return fail(options.status());
+  if (absl::Status st = flags.parallel.validate(*options); !st.ok()) return fail(st);
   if (!flags.save_weights.empty()) {
     if (absl::Status st = check_writable(flags.save_weights, "--save-weights"); !st.ok()) {
       return fail(st);
@@ -89,43 +124,71 @@ int run_train(const TrainFlags& flags) {
           absl::StrCat("--metrics-jsonl ", flags.metrics_jsonl, ": cannot open for writing")));
     }
   }
-  absl::StatusOr<std::unique_ptr<model::Trainer>> trainer = model::Trainer::create(*options);
-  if (!trainer.ok()) return fail(trainer.status());
   const model::TrainOptions& o = *options;
-  std::printf("troupe train: %s\n", o.model.describe().c_str());
-  std::printf("  train data: %s\n", (*trainer)->train_data().describe().c_str());
-  if ((*trainer)->valid_data() != nullptr) {
-    std::printf("  valid data: %s\n", (*trainer)->valid_data()->describe().c_str());
+  const actors::ParallelOptions& par = flags.parallel;
+  const bool one_rank = par.pp * par.dp == 1 && par.virtual_stages == 1;
+  Progress progress(o.steps, metrics.is_open() ? &metrics : nullptr);
+  std::unique_ptr<model::Trainer> single;
+  std::unique_ptr<actors::InProcessTrainer> multi;
+  const model::data::SampleSource* train_data = nullptr;
+  if (one_rank) {
+    // One rank: the reference loop itself, no actors needed.
+    absl::StatusOr<std::unique_ptr<model::Trainer>> t = model::Trainer::create(o);
+    if (!t.ok()) return fail(t.status());
+    single = std::move(*t);
+    train_data = &single->train_data();
+  } else {
+    absl::StatusOr<std::unique_ptr<actors::InProcessTrainer>> t =
+        actors::InProcessTrainer::create(o, par);
+    if (!t.ok()) return fail(t.status());
+    multi = std::move(*t);
+    train_data = &multi->train_data();
   }
-  std::printf("  micro-batch %d x %d accumulation = global batch %d; %d steps; 1 rank\n",
-              o.micro_batch, o.grad_accum(), o.global_batch, o.steps);
+  std::printf("troupe train: %s\n", o.model.describe().c_str());
+  std::printf("  train data: %s\n", train_data->describe().c_str());
+  if (single && single->valid_data() != nullptr) {
+    std::printf("  valid data: %s\n", single->valid_data()->describe().c_str());
+  }
+  if (one_rank) {
+    std::printf("  micro-batch %d x %d accumulation = global batch %d; %d steps; 1 rank\n",
+                o.micro_batch, o.grad_accum(), o.global_batch, o.steps);
+  } else {
+    const int m = par.m(o);
+    std::printf(
+        "  %s: %d ranks as actors in this process; schedule %s%s, %d micro-batches of %d per "
+        "replica and step = global batch %d; %d steps\n",
+        multi->layout().describe().c_str(), multi->layout().world(),
+        actors::schedule_name(par.schedule).c_str(),
+        par.virtual_stages > 1 ? absl::StrCat(" (", par.virtual_stages, " chunks per stage)").c_str()
+                               : "",
+        m, o.micro_batch, o.global_batch, o.steps);
+    std::printf("  optimizer state per rank (ZeRO-1): %.2f MiB of %.2f MiB for the whole model\n",
+                static_cast<double>(multi->optimizer_state_bytes(0)) / (1 << 20),
+                static_cast<double>(multi->unpartitioned_state_bytes()) / (1 << 20));
+  }
   std::fflush(stdout);
 
-  double elapsed = 0.0;
-  for (int i = 0; i < o.steps; i++) {
-    model::StepMetrics m;
-    if (absl::Status st = (*trainer)->step(&m); !st.ok()) return fail(st);
-    elapsed += m.step_s;
-    const double eta = elapsed / m.step * (o.steps - m.step);
-    const std::string val = m.val_loss ? absl::StrFormat(" | val loss %.4f", *m.val_loss) : "";
-    std::printf(
-        "step %*d/%d | loss %.4f | lr %.3e | grad norm %.4f | %.0f tok/s | elapsed %s | ETA %s%s\n",
-        static_cast<int>(std::to_string(o.steps).size()), m.step, o.steps, m.loss, m.lr,
-        m.grad_norm, m.tokens_per_s, duration(elapsed).c_str(), duration(eta).c_str(), val.c_str());
-    std::fflush(stdout);
-    if (metrics.is_open()) {
-      metrics << absl::StrFormat(
-          "{\"step\": %d, \"loss\": %.9g, \"grad_norm\": %.9g, \"lr\": %.9g, "
-          "\"tokens_per_s\": %.9g, \"step_s\": %.9g, \"elapsed_s\": %.9g%s}\n",
-          m.step, m.loss, m.grad_norm, m.lr, m.tokens_per_s, m.step_s, elapsed,
-          m.val_loss ? absl::StrFormat(", \"val_loss\": %.9g", *m.val_loss) : "");
-      metrics.flush();
+  if (single) {
+    for (int i = 0; i < o.steps; i++) {
+      model::StepMetrics m;
+      if (absl::Status st = single->step(&m); !st.ok()) return fail(st);
+      progress.report(m);
     }
+  } else {
+    absl::Status st = multi->run([&](const model::StepMetrics& m) { progress.report(m); });
+    if (!st.ok()) return fail(st);
   }
   if (!flags.save_weights.empty()) {
-    if (absl::Status st = model::save_weights((*trainer)->gpt(), flags.save_weights); !st.ok()) {
-      return fail(st);
+    absl::Status st;
+    if (single) {
+      st = model::save_weights(single->gpt(), flags.save_weights);
+    } else {
+      // Gathered from every stage into the file one rank writes.
+      model::Gpt whole(o.model, 1, gpu::cpu_device());
+      st = multi->gather_params(whole);
+      if (st.ok()) st = model::save_weights(whole, flags.save_weights);
     }
+    if (!st.ok()) return fail(st);
     std::printf("saved weights to %s\n", flags.save_weights.c_str());
   }
   return 0;
@@ -187,7 +250,34 @@ Command add_train_command(CLI::App& app) {
                   "Write the final weights here (safetensors)");
   cmd->add_option("--metrics-jsonl", flags->metrics_jsonl, "Write one JSON object per step here");
   cmd->add_option("--threads", o.threads, "Compute threads (default: all cores)");
-  return [flags] { return run_train(*flags); };
+  actors::ParallelOptions& par = flags->parallel;
+  cmd->add_option("--pp,--pipeline-model-parallel-size", par.pp, "Pipeline stages")
+      ->capture_default_str();
+  cmd->add_option("--dp,--data-parallel-size", par.dp, "Data-parallel replicas (ZeRO-1)")
+      ->capture_default_str();
+  cmd->add_option("--schedule", flags->schedule, "Pipeline schedule: gpipe, 1f1b, interleaved")
+      ->capture_default_str();
+  cmd->add_option("--virtual-stages", par.virtual_stages,
+                  "Model chunks per stage (interleaved schedule)")
+      ->capture_default_str();
+  cmd->add_option("--debug-fail-stage", flags->fail_at,
+                  "Testing: the shard of stage S throws at step K (S:K)")
+      ->group("");
+  return [flags] {
+    auto fail = [](const std::string& msg) {
+      std::fprintf(stderr, "troupe train: error: %s\n", msg.c_str());
+      return 1;
+    };
+    absl::StatusOr<actors::ScheduleKind> kind = actors::parse_schedule(flags->schedule);
+    if (!kind.ok()) return fail(std::string(kind.status().message()));
+    flags->parallel.schedule = *kind;
+    if (!flags->fail_at.empty() &&
+        std::sscanf(flags->fail_at.c_str(), "%d:%d", &flags->parallel.fail.stage,
+                    &flags->parallel.fail.step) != 2) {
+      return fail("--debug-fail-stage " + flags->fail_at + ": expected STAGE:STEP");
+    }
+    return run_train(*flags);
+  };
 }
 
 }  // namespace troupe::launcher

@@ -177,7 +177,10 @@ void Gpt::layer_forward(gpu::Stream& s, GptActivations& a, int l, const Tensor& 
 }
 
 void Gpt::backward(gpu::Stream& s, const Tensor& tokens, const Tensor& targets, float dloss,
-                   const Tensor& dout, int slot) {
+                   const Tensor& dout, int slot, const GradProgress& progress) {
+  auto reached = [&](GradPoint::Part part, int layer) {
+    if (progress) progress({part, layer});
+  };
   GptActivations& a = slots_[static_cast<std::size_t>(slot)];
   const Tensor& in = inputs_[static_cast<std::size_t>(slot)];
   const int L = stage_.layers();
@@ -191,11 +194,18 @@ void Gpt::backward(gpu::Stream& s, const Tensor& tokens, const Tensor& targets, 
     ops::matmul_backward(s, a.dbtc, g_.wte, Tensor{}, a.logits, a.lnf, p_.wte, Accumulate::kNo);
     ops::layernorm_backward(s, a.dresidual, g_.lnfw, g_.lnfb, a.dbtc, at(a.residual3, L - 1),
                             p_.lnfw, a.lnf_mean, a.lnf_rstd);
+    reached(GradPoint::Part::kHead, -1);
   } else {
     ops::axpy(s, a.dresidual, 1.0f, dout);  // the next stage's gradient of our output
   }
-  for (int l = L - 1; l >= 0; l--) layer_backward(s, a, l, l == 0 ? in : at(a.residual3, l - 1));
-  if (stage_.embedding) ops::embedding_backward(s, g_.wte, g_.wpe, a.dresidual, tokens);
+  for (int l = L - 1; l >= 0; l--) {
+    layer_backward(s, a, l, l == 0 ? in : at(a.residual3, l - 1));
+    reached(GradPoint::Part::kLayer, stage_.first_layer + l);
+  }
+  if (stage_.embedding) {
+    ops::embedding_backward(s, g_.wte, g_.wpe, a.dresidual, tokens);
+    reached(GradPoint::Part::kEmbedding, -1);
+  }
 }
 
 // On entry a.dresidual holds d(residual3[l]); on exit d(residual), the

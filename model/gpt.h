@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "gpu/device.h"
@@ -64,6 +65,19 @@ struct GptActivations {
   gpu::Tensor dfch;             // (B, T, 4C)
 };
 
+// Points of the backward after which a group of gradients is final for this
+// micro-batch: the head (ln_f and, tied, the LM head's share of wte), each
+// layer (global index, last layer first), then the embedding (wte, wpe).
+struct GradPoint {
+  enum class Part { kHead, kLayer, kEmbedding };
+  Part part = Part::kHead;
+  int layer = -1;  // kLayer: the global layer index
+  bool operator==(const GradPoint&) const = default;
+};
+// Called by backward() right after enqueuing the ops that finish a point,
+// so a caller can enqueue a notification behind them (gradient buckets).
+using GradProgress = std::function<void(GradPoint)>;
+
 class Gpt {
  public:
   // Allocates parameters, gradients and activations of `stage` (default: the
@@ -98,7 +112,8 @@ class Gpt {
   // The logits are overwritten by their gradient. A stage without the head
   // starts from `dout` (B, T, C), the next stage's input_grad().
   void backward(gpu::Stream& s, const gpu::Tensor& tokens, const gpu::Tensor& targets, float dloss,
-                const gpu::Tensor& dout = gpu::Tensor{}, int slot = 0);
+                const gpu::Tensor& dout = gpu::Tensor{}, int slot = 0,
+                const GradProgress& progress = {});
 
   const StageSpec& stage() const { return stage_; }
   // (B, T, C): what a stage without the head hands to the next stage, and

@@ -1,0 +1,112 @@
+// Coordinator: begin_step, losses, global norm, update, ready.
+#include "actors/coordinator.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "actors/messages.h"
+#include "model/optimizer.h"
+
+namespace troupe::actors {
+
+Coordinator::Coordinator(caf::actor_config& cfg, std::shared_ptr<CoordinatorSetup> setup)
+    : caf::event_based_actor(cfg), setup_(std::move(setup)) {
+  set_down_handler([this](caf::down_msg& dm) {
+    for (std::size_t r = 0; r < setup_->shards.size(); r++) {
+      if (dm.source == setup_->shards[r] || dm.source == setup_->optimizers[r]) {
+        return finish(absl::InternalError(absl::StrCat(
+            who(static_cast<int>(r)), " stopped: ", home_system().render(dm.reason))));
+      }
+    }
+  });
+}
+
+caf::behavior Coordinator::make_behavior() {
+  return {
+      [this](start_atom) {
+        for (const caf::actor& a : setup_->shards) monitor(a);
+        for (const caf::actor& a : setup_->optimizers) monitor(a);
+        begin(1);
+      },
+      [this](loss_atom, int step, int d, int j, double sum) { on_loss(step, d, j, sum); },
+      [this](norm_atom, int step, int rank, double sq) { on_norm(step, rank, sq); },
+      [this](ready_atom, int step, int rank) { on_ready(step, rank); },
+      [this](failed_atom, int rank, const std::string& what) {
+        finish(absl::InternalError(absl::StrCat(who(rank), ": ", what)));
+      },
+  };
+}
+
+std::string Coordinator::who(int rank) const {
+  const comm::Coord c = setup_->layout.coord(rank);
+  return absl::StrCat("rank ", rank, " (d=", c.d, " s=", c.s, ")");
+}
+
+void Coordinator::begin(int step) {
+  if (finished_) return;
+  const model::TrainOptions& o = setup_->options;
+  if (step > o.steps) return finish(absl::OkStatus());
+  step_ = step;
+  lr_ = model::lr_at(o.lr, step);
+  const int world = setup_->layout.world();
+  loss_.assign(static_cast<std::size_t>(setup_->m * setup_->shape.dp), 0.0);
+  norms_.assign(static_cast<std::size_t>(world), 0.0);
+  losses_in_ = norms_in_ = ready_in_ = 0;
+  t0_ = std::chrono::steady_clock::now();
+  const std::int64_t first = static_cast<std::int64_t>(step - 1) * o.global_batch;
+  // Partitions first, so their gradient receives are posted early.
+  for (const caf::actor& a : setup_->optimizers) send(a, begin_step_atom::value, step, first);
+  for (const caf::actor& a : setup_->shards) send(a, begin_step_atom::value, step, first);
+}
+
+void Coordinator::on_loss(int step, int d, int j, double sum) {
+  if (step != step_) return;
+  loss_[static_cast<std::size_t>(j * setup_->shape.dp + d)] = sum;  // global micro-batch order
+  losses_in_++;
+}
+
+void Coordinator::on_norm(int step, int rank, double sq) {
+  if (step != step_ || finished_) return;
+  norms_[static_cast<std::size_t>(rank)] = sq;
+  if (++norms_in_ < setup_->layout.world()) return;
+  double total = 0.0;
+  for (double x : norms_) total += x;  // in rank order
+  grad_norm_ = std::sqrt(total);
+  const float scale = model::clip_factor(grad_norm_, setup_->options.clip_grad);
+  for (const caf::actor& a : setup_->optimizers) send(a, update_atom::value, step, lr_, scale);
+}
+
+void Coordinator::on_ready(int step, int rank) {
+  (void)rank;
+  if (step != step_ || finished_) return;
+  if (++ready_in_ < setup_->layout.world()) return;
+  if (losses_in_ != static_cast<int>(loss_.size())) {
+    return finish(absl::InternalError(absl::StrCat("step ", step, ": ", losses_in_, " of ",
+                                                   loss_.size(), " micro-batch losses arrived")));
+  }
+  const model::TrainOptions& o = setup_->options;
+  const double tokens = static_cast<double>(o.global_batch) * o.model.T;
+  double loss = 0.0;
+  for (double l : loss_) loss += l;
+  const double secs =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+  if (setup_->on_step) {
+    setup_->on_step({.step = step,
+                     .loss = loss / tokens,
+                     .grad_norm = grad_norm_,
+                     .lr = lr_,
+                     .step_s = secs,
+                     .tokens_per_s = tokens / secs,
+                     .val_loss = std::nullopt});
+  }
+  begin(step + 1);
+}
+
+void Coordinator::finish(absl::Status st) {
+  if (finished_) return;
+  finished_ = true;
+  if (setup_->on_finish) setup_->on_finish(std::move(st));
+  quit();
+}
+
+}  // namespace troupe::actors

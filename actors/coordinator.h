@@ -1,0 +1,65 @@
+// Coordinator: the step loop of a run, as messages.
+//
+// Per step: begin_step to every optimizer partition and shard; collect the
+// loss sum of every micro-batch (from the head chunks) and the squared
+// gradient norm of every rank's partitions; answer the partitions with the
+// learning rate and the clip scale; when every shard has its new parameters,
+// report the step's metrics and begin the next. Metrics are the single-rank
+// loop's: loss the token-weighted mean over the global batch, summed in
+// global micro-batch order; grad_norm over every parameter once.
+//
+// A worker that reports a failure or stops ends the run with an error naming
+// it; the run ends after the last step otherwise.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include <caf/all.hpp>
+
+#include "absl/status/status.h"
+#include "actors/partition.h"
+#include "comm/groups.h"
+#include "model/trainer.h"
+
+namespace troupe::actors {
+
+struct CoordinatorSetup {
+  model::TrainOptions options;
+  comm::Layout layout;
+  PipelineShape shape;
+  int m = 1;                          // micro-batches per replica and step
+  std::vector<caf::actor> shards;     // by rank
+  std::vector<caf::actor> optimizers; // by rank
+  std::function<void(const model::StepMetrics&)> on_step;
+  std::function<void(absl::Status)> on_finish;  // once, when the run ends
+};
+
+class Coordinator : public caf::event_based_actor {
+ public:
+  // The workers are filled in before start_atom arrives.
+  Coordinator(caf::actor_config& cfg, std::shared_ptr<CoordinatorSetup> setup);
+  caf::behavior make_behavior() override;
+
+ private:
+  void begin(int step);
+  void on_loss(int step, int d, int j, double sum);
+  void on_norm(int step, int rank, double sq);
+  void on_ready(int step, int rank);
+  void finish(absl::Status st);
+  std::string who(int rank) const;
+
+  std::shared_ptr<CoordinatorSetup> setup_;
+  int step_ = 0;
+  float lr_ = 0;
+  std::vector<double> loss_;    // by global micro-batch
+  std::vector<double> norms_;   // by rank
+  int losses_in_ = 0, norms_in_ = 0, ready_in_ = 0;
+  double grad_norm_ = 0;
+  bool finished_ = false;
+  std::chrono::steady_clock::time_point t0_;
+};
+
+}  // namespace troupe::actors

@@ -1,0 +1,77 @@
+// The messages between troupe's actors, in one place (CAF 0.17 atoms), and
+// add_message_types(), which registers the library's message types with an
+// actor system's config before the system starts, so another program can
+// host these actors in its own actor system:
+//
+//   caf::actor_system_config cfg;
+//   troupe::actors::add_message_types(cfg);
+//   caf::actor_system sys{cfg};
+//
+// Signatures, by receiver (rank = global rank, d/j = replica/micro-batch):
+//   ShardActor      (begin_step_atom, int step, int64 first_sample)   from the coordinator
+//                   (waiting_atom) -> WaitReport
+//   OptimizerActor  (begin_step_atom, int step, int64 first_sample)   post gradient receives
+//                   (update_atom, int step, float lr, float grad_scale)
+//                   (waiting_atom) -> WaitReport
+//   Coordinator     (loss_atom, int step, int d, int j, double loss_sum)   head chunk, per micro-batch
+//                   (norm_atom, int step, int rank, double squared_norm)   partitions of a rank
+//                   (ready_atom, int step, int rank)      a shard has its new parameters
+//                   (failed_atom, int rank, std::string what)
+// Internal (an actor to itself, from stream and transport callbacks):
+//   (op_done_atom, int op_id), (bucket_atom, int step, int chunk, int bucket),
+//   (recv_atom, int what, int id, std::string error), (sent_atom, int what, int id, std::string error),
+//   (reduced_atom, int step), (stepped_atom, int step)
+#pragma once
+
+#include <string>
+
+#include <caf/all.hpp>
+
+#include "absl/status/status.h"
+
+namespace troupe::actors {
+
+using begin_step_atom = caf::atom_constant<caf::atom("beginstep")>;
+using update_atom = caf::atom_constant<caf::atom("update")>;
+using loss_atom = caf::atom_constant<caf::atom("loss")>;
+using norm_atom = caf::atom_constant<caf::atom("norm")>;
+using ready_atom = caf::atom_constant<caf::atom("ready")>;
+using failed_atom = caf::atom_constant<caf::atom("failed")>;
+using waiting_atom = caf::atom_constant<caf::atom("waiting")>;
+using start_atom = caf::atom_constant<caf::atom("start")>;
+using op_done_atom = caf::atom_constant<caf::atom("opdone")>;
+using bucket_atom = caf::atom_constant<caf::atom("bucket")>;
+using recv_atom = caf::atom_constant<caf::atom("recvd")>;
+using sent_atom = caf::atom_constant<caf::atom("sent")>;
+using reduced_atom = caf::atom_constant<caf::atom("reduced")>;
+using stepped_atom = caf::atom_constant<caf::atom("stepped")>;
+
+// What an actor is waiting for (the launcher's hang diagnosis asks every
+// actor): the schedule op it is at and the message it needs.
+struct WaitReport {
+  int rank = -1;
+  std::string actor;    // "shard d=0 s=1", "optimizer d=1 s=0"
+  int step = 0;         // 0: idle between runs
+  int op_id = -1;       // schedule op id (-1: none)
+  std::string op;       // "backward of micro-batch 3 (chunk 0)"
+  std::string waiting;  // "gradient from rank 3", "" when not waiting
+  int peer = -1;        // the rank that should send it (-1: none or local)
+  double since_s = 0;   // how long it has waited
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, WaitReport& x) {
+  return f(caf::meta::type_name("troupe::WaitReport"), x.rank, x.actor, x.step, x.op_id, x.op,
+           x.waiting, x.peer, x.since_s);
+}
+
+std::string to_string(const WaitReport& r);
+
+void add_message_types(caf::actor_system_config& cfg);
+
+// Status to the text messages carry ("" for OK) and back.
+inline std::string status_text(const absl::Status& st) {
+  return st.ok() ? std::string() : st.ToString();
+}
+
+}  // namespace troupe::actors

@@ -1,0 +1,215 @@
+// OptimizerActor: reduce, clip, step and all-gather one rank's partitions.
+#include "actors/optimizer_actor.h"
+
+#include "absl/strings/str_cat.h"
+#include "actors/messages.h"
+#include "actors/stream_bridge.h"
+#include "gpu/ops.h"
+
+namespace troupe::actors {
+
+using comm::MessageKind;
+
+Partition::Partition(const StageCompute& chunk, int dp, int d, gpu::Stream& stream)
+    : chunk_(chunk), dp_(dp) {
+  range_ = partition_range(chunk.layout(), chunk.spec(), dp, d);
+  if (chunk.spec().embedding && !chunk.spec().head) {
+    // The head is another chunk's: its wte gradient comes here too.
+    tied_ = range_.intersect(wte_range(chunk.layout())).size();
+  }
+  gpu::Device& dev = stream.device();
+  const std::int64_t n = std::max<std::int64_t>(range_.size(), 1);
+  master_ = gpu::Tensor::empty(dev, gpu::DType::kF32, {n});
+  m_ = gpu::Tensor::empty(dev, gpu::DType::kF32, {n});
+  v_ = gpu::Tensor::empty(dev, gpu::DType::kF32, {n});
+  sum_ = gpu::Tensor::empty(dev, gpu::DType::kF32, {n});
+  norm_ = gpu::Tensor::empty(dev, gpu::DType::kF64, {1});
+  staging_ = gpu::Tensor::empty(dev, gpu::DType::kF32, {dp * (n + tied_)});
+  if (range_.empty()) return;
+  const gpu::Tensor master = view(master_, 0, range_.size());
+  gpu::ops::fill(stream, master, 0.0f);
+  gpu::ops::axpy(stream, master, 1.0f, view(chunk.params(), range_.begin, range_.size()));
+  gpu::ops::fill(stream, view(m_, 0, range_.size()), 0.0f);
+  gpu::ops::fill(stream, view(v_, 0, range_.size()), 0.0f);
+}
+
+gpu::Tensor Partition::view(const gpu::Tensor& t, std::int64_t begin, std::int64_t n) const {
+  return t.view(begin, {n});
+}
+
+float* Partition::grad_buffer(int r, bool tied_wte) const {
+  const std::int64_t n = std::max<std::int64_t>(range_.size(), 1);
+  float* base = staging_.data<float>();
+  return tied_wte ? base + dp_ * n + r * tied_ : base + r * n;
+}
+
+void Partition::reduce(gpu::Stream& s) const {
+  if (range_.empty()) return;
+  const std::int64_t n = range_.size();
+  const gpu::Tensor sum = view(sum_, 0, n);
+  gpu::ops::fill(s, sum, 0.0f);
+  const std::int64_t stride = std::max<std::int64_t>(n, 1);
+  for (int r = 0; r < dp_; r++) gpu::ops::axpy(s, sum, 1.0f, view(staging_, r * stride, n));
+  for (int r = 0; r < dp_ && tied_ > 0; r++) {
+    gpu::ops::axpy(s, view(sum_, 0, tied_), 1.0f, view(staging_, dp_ * stride + r * tied_, tied_));
+  }
+  gpu::ops::squared_norm(s, norm_, sum);
+}
+
+double Partition::squared_norm() const {
+  return range_.empty() ? 0.0 : norm_.data<double>()[0];
+}
+
+void Partition::step(gpu::Stream& s, const model::AdamWConfig& c, float lr, int step,
+                     float grad_scale) const {
+  for (const model::ParamSpec& spec : chunk_.layout().specs()) {
+    const Range r = range_.intersect({spec.offset, spec.offset + spec.numel()});
+    if (r.empty()) continue;
+    gpu::AdamWArgs args;
+    args.lr = lr;
+    args.beta1 = c.beta1;
+    args.beta2 = c.beta2;
+    args.eps = c.eps;
+    args.weight_decay = spec.decay == model::Decay::kYes ? c.weight_decay : 0.0f;
+    args.step = step;
+    args.grad_scale = grad_scale;
+    const std::int64_t at = r.begin - range_.begin;
+    gpu::ops::adamw(s, view(master_, at, r.size()), view(sum_, at, r.size()),
+                    view(m_, at, r.size()), view(v_, at, r.size()), args);
+  }
+}
+
+OptimizerActor::OptimizerActor(caf::actor_config& cfg, OptimizerSetup setup)
+    : caf::event_based_actor(cfg), setup_(std::move(setup)) {}
+
+caf::behavior OptimizerActor::make_behavior() {
+  return {
+      [this](begin_step_atom, int step, std::int64_t) { begin_step(step); },
+      [this](recv_atom, int, int, const std::string& error) { on_recv(error); },
+      [this](reduced_atom, int step) {
+        if (step == step_) on_reduced();
+      },
+      [this](update_atom, int step, float lr, float grad_scale) {
+        if (step == step_) update(lr, grad_scale);
+      },
+      [this](stepped_atom, int step) {
+        if (step == step_) on_stepped();
+      },
+      [this](sent_atom, int, int, const std::string& error) { on_sent(error); },
+      [this](waiting_atom) {
+        WaitReport r;
+        r.rank = setup_.rank;
+        r.actor = absl::StrCat("optimizer d=", setup_.coord.d, " s=", setup_.coord.s);
+        r.step = step_;
+        r.waiting = phase_ == "idle" ? "" : phase_;
+        r.since_s =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - since_).count();
+        return r;
+      },
+  };
+}
+
+void OptimizerActor::begin_step(int step) {
+  step_ = step;
+  expected_ = arrived_ = 0;
+  auto self = caf::actor_cast<caf::actor>(this);
+  for (const GradPiece& p : setup_.grad_pieces) {
+    if (p.dst_stage != setup_.coord.s || p.dst_d != setup_.coord.d) continue;
+    const Partition& part = *setup_.partitions[static_cast<std::size_t>(p.dst_chunk)];
+    for (int r = 0; r < setup_.shape.dp; r++) {
+      const int src = rank_of(r, p.src_stage);
+      expected_++;
+      setup_.transport->recv(src, tag(MessageKind::kGradSlice, src, p.src_chunk, p.bucket),
+                             part.grad_buffer(r, p.tied_wte) + (p.range.begin - part.range().begin),
+                             static_cast<std::size_t>(p.range.size()) * sizeof(float),
+                             [self](absl::Status st) {
+                               caf::anon_send(self, recv_atom::value, 0, 0, status_text(st));
+                             });
+    }
+  }
+  phase_ = absl::StrCat("the gradients of step ", step, " (", expected_, " pieces)");
+  since_ = std::chrono::steady_clock::now();
+  if (expected_ == 0) on_recv("");
+}
+
+void OptimizerActor::on_recv(const std::string& error) {
+  if (failed_) return;
+  if (!error.empty()) return fail(absl::StrCat("receiving gradients: ", error));
+  if (expected_ > 0 && ++arrived_ < expected_) return;
+  for (const Partition* p : setup_.partitions) p->reduce(*setup_.stream);
+  send_when_done(*setup_.stream, caf::actor_cast<caf::actor>(this),
+                 caf::make_message(reduced_atom::value, step_));
+}
+
+void OptimizerActor::on_reduced() {
+  if (failed_) return;
+  if (absl::Status st = setup_.stream->status(); !st.ok()) {
+    return fail(absl::StrCat("reducing gradients: ", st.message()));
+  }
+  double sq = 0.0;  // chunks in order; the coordinator sums ranks in order
+  for (const Partition* p : setup_.partitions) sq += p->squared_norm();
+  send(setup_.coordinator, norm_atom::value, step_, setup_.rank, sq);
+  phase_ = "the clip factor from the coordinator";
+  since_ = std::chrono::steady_clock::now();
+}
+
+void OptimizerActor::update(float lr, float grad_scale) {
+  if (failed_) return;
+  for (const Partition* p : setup_.partitions) {
+    p->step(*setup_.stream, setup_.adam, lr, step_, grad_scale);
+  }
+  send_when_done(*setup_.stream, caf::actor_cast<caf::actor>(this),
+                 caf::make_message(stepped_atom::value, step_));
+}
+
+void OptimizerActor::on_stepped() {
+  if (failed_) return;
+  if (absl::Status st = setup_.stream->status(); !st.ok()) {
+    return fail(absl::StrCat("AdamW: ", st.message()));
+  }
+  // All-gather as messages: every replica's shard gets the new range.
+  auto self = caf::actor_cast<caf::actor>(this);
+  for (const ParamPiece& p : setup_.param_pieces) {
+    if (p.stage != setup_.coord.s || p.src_d != setup_.coord.d) continue;
+    const Partition& part = *setup_.partitions[static_cast<std::size_t>(p.src_chunk)];
+    const float* data = part.master() + (p.range.begin - part.range().begin);
+    for (int r = 0; r < setup_.shape.dp; r++) {
+      sends_pending_++;
+      setup_.transport->send(rank_of(r, p.dst_stage),
+                             tag(MessageKind::kParamSlice, setup_.rank, p.src_chunk,
+                                 p.tied_wte ? 1 : 0),
+                             data, static_cast<std::size_t>(p.range.size()) * sizeof(float),
+                             [self](absl::Status st) {
+                               caf::anon_send(self, sent_atom::value, 0, 0, status_text(st));
+                             });
+    }
+  }
+  phase_ = sends_pending_ > 0 ? "the shards to take the new parameters" : "idle";
+  since_ = std::chrono::steady_clock::now();
+}
+
+void OptimizerActor::on_sent(const std::string& error) {
+  if (failed_) return;
+  if (!error.empty()) return fail(absl::StrCat("sending parameters: ", error));
+  if (--sends_pending_ == 0) phase_ = "idle";
+}
+
+void OptimizerActor::fail(const std::string& what) {
+  if (failed_) return;
+  failed_ = true;
+  send(setup_.coordinator, failed_atom::value, setup_.rank,
+       absl::StrCat("optimizer of stage ", setup_.coord.s, " (replica ", setup_.coord.d,
+                    "): ", what));
+}
+
+comm::Tag OptimizerActor::tag(MessageKind kind, int source, int chunk, int layer) const {
+  return comm::make_tag({.source = static_cast<std::uint32_t>(source),
+                         .group = comm::GroupKind::kData,
+                         .kind = kind,
+                         .step = static_cast<std::uint32_t>(step_),
+                         .micro = 0,
+                         .chunk = static_cast<std::uint32_t>(chunk),
+                         .layer = static_cast<std::uint32_t>(layer)});
+}
+
+}  // namespace troupe::actors

@@ -1,0 +1,161 @@
+// ZeRO-1 partition ranges, gradient buckets and the pieces between shards
+// and optimizer partitions.
+#include "actors/partition.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "comm/communicator.h"
+
+namespace troupe::actors {
+
+using model::GradPoint;
+
+Range Range::intersect(Range o) const {
+  Range r{std::max(begin, o.begin), std::min(end, o.end)};
+  if (r.end < r.begin) r.end = r.begin;
+  return r;
+}
+
+model::StageSpec chunk_spec(const model::GptConfig& config, const PipelineShape& p, int vs) {
+  const int per = config.L / p.chunks();
+  return {vs * per, (vs + 1) * per, vs == 0, vs == p.chunks() - 1};
+}
+
+Range wte_range(const model::ParamLayout& layout) {
+  const model::ParamSpec& w = layout.find("wte.weight");
+  return {w.offset, w.offset + w.numel()};
+}
+
+Range owned_region(const model::ParamLayout& layout, const model::StageSpec& spec) {
+  Range all{0, layout.total()};
+  if (wte_elsewhere(spec)) all.begin = wte_range(layout).end;
+  return all;
+}
+
+Range partition_range(const model::ParamLayout& layout, const model::StageSpec& spec, int dp,
+                      int d) {
+  const Range own = owned_region(layout, spec);
+  auto [b, e] = comm::chunk_range(static_cast<std::size_t>(own.size()), dp, d);
+  return {own.begin + static_cast<std::int64_t>(b), own.begin + static_cast<std::int64_t>(e)};
+}
+
+namespace {
+
+GradPoint ready_point(const model::ParamSpec& p, const model::StageSpec& spec) {
+  if (p.layer >= 0) return {GradPoint::Part::kLayer, p.layer};
+  if (p.name == "wpe.weight") return {GradPoint::Part::kEmbedding, -1};
+  if (p.name == "wte.weight") {
+    // The embedding's backward is the last to add to wte.
+    return {spec.embedding ? GradPoint::Part::kEmbedding : GradPoint::Part::kHead, -1};
+  }
+  return {GradPoint::Part::kHead, -1};  // ln_f
+}
+
+}  // namespace
+
+std::vector<GradBucket> grad_buckets(const model::ParamLayout& layout,
+                                     const model::StageSpec& spec) {
+  std::vector<GradBucket> out;
+  bool last_was_wte = false;
+  for (const model::ParamSpec& p : layout.specs()) {
+    const GradPoint ready = ready_point(p, spec);
+    const bool is_wte = p.name == "wte.weight";  // its own bucket: it may go elsewhere
+    if (!out.empty() && out.back().ready == ready && !is_wte && !last_was_wte &&
+        out.back().range.end == p.offset) {
+      out.back().range.end = p.offset + p.numel();
+    } else {
+      out.push_back({{p.offset, p.offset + p.numel()}, ready});
+    }
+    last_was_wte = is_wte;
+  }
+  return out;
+}
+
+std::vector<GradPiece> grad_pieces(const model::GptConfig& config, const PipelineShape& p) {
+  std::vector<GradPiece> out;
+  const model::StageSpec emb_spec = chunk_spec(config, p, 0);
+  const model::ParamLayout emb_layout = model::ParamLayout::gpt(config, emb_spec);
+  for (int vs = 0; vs < p.chunks(); vs++) {
+    const model::StageSpec spec = chunk_spec(config, p, vs);
+    const model::ParamLayout layout = model::ParamLayout::gpt(config, spec);
+    const std::vector<GradBucket> buckets = grad_buckets(layout, spec);
+    const Range wte = wte_elsewhere(spec) ? wte_range(layout) : Range{};
+    for (int b = 0; b < static_cast<int>(buckets.size()); b++) {
+      const Range r = buckets[static_cast<std::size_t>(b)].range;
+      const bool tied = !r.intersect(wte).empty();
+      for (int d = 0; d < p.dp; d++) {
+        const Range part = tied ? partition_range(emb_layout, emb_spec, p.dp, d)
+                                : partition_range(layout, spec, p.dp, d);
+        const Range piece = r.intersect(part);
+        if (piece.empty()) continue;
+        out.push_back({.src_stage = stage_of(p, vs),
+                       .src_chunk = chunk_of(p, vs),
+                       .bucket = b,
+                       .dst_stage = tied ? 0 : stage_of(p, vs),
+                       .dst_chunk = tied ? 0 : chunk_of(p, vs),
+                       .dst_d = d,
+                       .range = piece,
+                       .tied_wte = tied});
+      }
+    }
+  }
+  return out;
+}
+
+std::vector<ParamPiece> param_pieces(const model::GptConfig& config, const PipelineShape& p) {
+  std::vector<ParamPiece> out;
+  const int head_vs = p.chunks() - 1;
+  for (int vs = 0; vs < p.chunks(); vs++) {
+    const model::StageSpec spec = chunk_spec(config, p, vs);
+    const model::ParamLayout layout = model::ParamLayout::gpt(config, spec);
+    const int s = stage_of(p, vs), c = chunk_of(p, vs);
+    for (int d = 0; d < p.dp; d++) {
+      const Range part = partition_range(layout, spec, p.dp, d);
+      if (!part.empty()) {
+        out.push_back({.stage = s,
+                       .src_chunk = c,
+                       .src_d = d,
+                       .dst_stage = s,
+                       .dst_chunk = c,
+                       .range = part,
+                       .tied_wte = false});
+      }
+      if (spec.embedding && head_vs != vs) {
+        const Range tied = part.intersect(wte_range(layout));
+        if (tied.empty()) continue;
+        out.push_back({.stage = s,
+                       .src_chunk = c,
+                       .src_d = d,
+                       .dst_stage = stage_of(p, head_vs),
+                       .dst_chunk = chunk_of(p, head_vs),
+                       .range = tied,
+                       .tied_wte = true});
+      }
+    }
+  }
+  return out;
+}
+
+absl::Status check_pipeline_shape(const model::GptConfig& config, const PipelineShape& p, int m) {
+  if (p.pp < 1 || p.dp < 1 || p.v < 1) {
+    return absl::InvalidArgumentError("--pp, --dp and --virtual-stages must be positive");
+  }
+  if (p.v > 16) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--virtual-stages ", p.v, ": at most 16 model chunks per stage"));
+  }
+  if (p.pp * p.dp > 32768) {
+    return absl::InvalidArgumentError("--pp x --dp: at most 32768 ranks");
+  }
+  if (m > 256) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        m, " micro-batches per replica and step: at most 256 (raise --micro-batch-size)"));
+  }
+  if (config.L % p.chunks() == 0 && config.L / p.chunks() + 3 > 4096) {
+    return absl::InvalidArgumentError("more than 4093 layers in one model chunk");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace troupe::actors

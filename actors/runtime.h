@@ -1,0 +1,102 @@
+// Training with every rank as actors in one process: the in-process
+// transport carries activations, gradients and parameters between them;
+// one CAF actor system hosts a ShardActor and an OptimizerActor per rank
+// and the Coordinator. This is what `troupe train --pp P --dp D` runs.
+//
+// The buffers, streams and transports of each rank belong to this object
+// and outlive the actors, so a run ends in a fixed order: the coordinator
+// finishes, the transports fail what is pending, the actors exit, the
+// streams drain.
+//
+//   auto t = actors::InProcessTrainer::create(options, {.pp = 2, .dp = 2});
+//   RETURN_IF_ERROR((*t)->run([](const model::StepMetrics& m) { ... }));
+//   RETURN_IF_ERROR((*t)->gather_params(whole_gpt));     // e.g. to save it
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <caf/all.hpp>
+
+#include "absl/status/statusor.h"
+#include "actors/optimizer_actor.h"
+#include "actors/partition.h"
+#include "actors/schedule.h"
+#include "actors/shard_actor.h"
+#include "actors/stage_compute.h"
+#include "comm/groups.h"
+#include "comm/inproc_transport.h"
+#include "model/data/datasets.h"
+#include "model/trainer.h"
+
+namespace troupe::actors {
+
+struct ParallelOptions {
+  int pp = 1;              // --pp: pipeline stages
+  int dp = 1;              // --dp: data-parallel replicas
+  int virtual_stages = 1;  // --virtual-stages: model chunks per stage (interleaved)
+  ScheduleKind schedule = ScheduleKind::k1F1B;
+  FailPoint fail;  // testing (--debug-fail-stage)
+
+  // Micro-batches per replica and step.
+  int m(const model::TrainOptions& o) const { return o.global_batch / (o.micro_batch * dp); }
+  // InvalidArgument naming the flag when the layout does not fit the model
+  // or the batch.
+  absl::Status validate(const model::TrainOptions& o) const;
+};
+
+class InProcessTrainer {
+ public:
+  static absl::StatusOr<std::unique_ptr<InProcessTrainer>> create(
+      const model::TrainOptions& options, const ParallelOptions& parallel);
+  ~InProcessTrainer();
+
+  using StepCallback = std::function<void(const model::StepMetrics&)>;
+  // Runs options.steps steps (once per object) in its own actor system, or
+  // in `system` (whose config must have had add_message_types()).
+  absl::Status run(const StepCallback& on_step);
+  absl::Status run(caf::actor_system& system, const StepCallback& on_step);
+
+  // Replica 0's parameters of every stage, copied by name into `whole`
+  // (a model::Gpt of the whole model), e.g. to save them.
+  absl::Status gather_params(model::Gpt& whole) const;
+
+  const model::TrainOptions& options() const { return options_; }
+  const ParallelOptions& parallel() const { return parallel_; }
+  const comm::Layout& layout() const { return layout_; }
+  const model::data::SampleSource& train_data() const { return *data_.train; }
+  // Bytes of optimizer state (master copy, Adam moments) rank r holds, and
+  // what one rank would hold for the whole model.
+  std::int64_t optimizer_state_bytes(int rank) const;
+  std::int64_t unpartitioned_state_bytes() const;
+  int slots(int rank, int chunk) const;
+
+ private:
+  InProcessTrainer() = default;
+  struct Rank {
+    int rank = 0;
+    comm::Coord coord;
+    std::vector<std::unique_ptr<GptStage>> chunks;       // by chunk
+    std::vector<std::unique_ptr<Partition>> partitions;  // by chunk
+    std::unique_ptr<comm::Transport> transport;
+    // Last, so that they drain before the buffers above go away.
+    std::unique_ptr<gpu::Stream> stream, optimizer_stream;
+  };
+  absl::Status init_params(Rank& r);
+  void shut_down(caf::actor_system& system, const std::vector<caf::actor>& actors);
+
+  model::TrainOptions options_;
+  ParallelOptions parallel_;
+  comm::Layout layout_;
+  PipelineShape shape_;
+  model::data::Datasets data_;
+  std::shared_ptr<comm::InProcFabric> fabric_;
+  std::vector<Rank> ranks_;
+  std::vector<GradPiece> grad_pieces_;
+  std::vector<ParamPiece> param_pieces_;
+  bool ran_ = false;
+};
+
+}  // namespace troupe::actors

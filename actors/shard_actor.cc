@@ -1,0 +1,360 @@
+// ShardActor: a stage's schedule, driven by the arrival of its inputs.
+#include "actors/shard_actor.h"
+
+#include <stdexcept>
+
+#include "absl/strings/str_cat.h"
+#include "actors/messages.h"
+#include "actors/stream_bridge.h"
+
+namespace troupe::actors {
+
+using comm::MessageKind;
+
+ShardActor::ShardActor(caf::actor_config& cfg, ShardSetup setup)
+    : caf::event_based_actor(cfg), setup_(std::move(setup)) {
+  const int s = setup_.coord.s;
+  ops_ = *make_schedule(setup_.schedule, setup_.shape.pp, s, setup_.m, setup_.shape.v);
+  bool needs_data = false;
+  for (StageCompute* sc : setup_.chunks) {
+    ChunkState cs;
+    for (int k = sc->slots() - 1; k >= 0; k--) cs.free.push_back(k);
+    cs.holds.assign(static_cast<std::size_t>(sc->slots()), 0);
+    cs.buckets = grad_buckets(sc->layout(), sc->spec());
+    chunk_.push_back(std::move(cs));
+    needs_data = needs_data || sc->spec().embedding || sc->spec().head;
+  }
+  if (needs_data) {
+    gpu::Device& dev = setup_.stream->device();
+    for (int j = 0; j < setup_.m; j++) {
+      tokens_.push_back(gpu::Tensor::empty(dev, gpu::DType::kI32, {setup_.B, setup_.T}));
+      targets_.push_back(gpu::Tensor::empty(dev, gpu::DType::kI32, {setup_.B, setup_.T}));
+    }
+    host_tokens_.resize(static_cast<std::size_t>(setup_.B) * setup_.T);
+    host_targets_.resize(host_tokens_.size());
+    host_losses_.resize(host_tokens_.size());
+  }
+  set_exception_handler([this](caf::scheduled_actor*, std::exception_ptr& e) -> caf::error {
+    std::string what = "unknown exception";
+    try {
+      std::rethrow_exception(e);
+    } catch (const std::exception& x) {
+      what = x.what();
+    } catch (...) {
+    }
+    fail(absl::StrCat("threw: ", what));
+    return caf::make_error(caf::sec::runtime_error, what);
+  });
+}
+
+caf::behavior ShardActor::make_behavior() {
+  return {
+      [this](begin_step_atom, int step, std::int64_t first_sample) {
+        begin_step(step, first_sample);
+      },
+      [this](op_done_atom, int op_id) { on_op_done(op_id); },
+      [this](bucket_atom, int step, int chunk, int bucket) {
+        if (step == step_) on_bucket(chunk, bucket);
+      },
+      [this](recv_atom, int what, int id, const std::string& error) {
+        on_recv(static_cast<Msg>(what), id, error);
+      },
+      [this](sent_atom, int chunk, int slot, const std::string& error) {
+        on_sent(chunk, slot, error);
+      },
+      [this](waiting_atom) { return report(); },
+  };
+}
+
+void ShardActor::begin_step(int step, std::int64_t first_sample) {
+  if (setup_.fail.stage == setup_.coord.s && setup_.fail.step == step) {
+    throw std::runtime_error(absl::StrCat("injected failure at step ", step));
+  }
+  step_ = step;
+  first_sample_ = first_sample;
+  cursor_ = 0;
+  ops_done_ = 0;
+  input_.assign(ops_.size(), Arrival::kNone);
+  params_posted_ = false;
+  params_expected_ = params_arrived_ = 0;
+  for (ChunkState& cs : chunk_) {
+    cs.backwards_fired = 0;
+    cs.slot_of.assign(static_cast<std::size_t>(setup_.m), -1);
+  }
+  // The micro-batches of this replica, as the single-rank loop reads them:
+  // replica d's micro-batch j is global micro-batch j*dp + d.
+  gpu::Device& dev = setup_.stream->device();
+  for (int j = 0; j < static_cast<int>(tokens_.size()); j++) {
+    const std::int64_t first = model::data::micro_batch_first_sample(
+        first_sample, setup_.coord.d, setup_.shape.dp, j, setup_.B);
+    absl::Status st = model::data::load_batch(*setup_.data, first, setup_.B, setup_.T,
+                                              host_tokens_.data(), host_targets_.data());
+    if (st.ok()) st = dev.copy_from_host(host_tokens_.data(), tokens_[static_cast<std::size_t>(j)]);
+    if (st.ok()) {
+      st = dev.copy_from_host(host_targets_.data(), targets_[static_cast<std::size_t>(j)]);
+    }
+    if (!st.ok()) return fail(std::string(st.message()));
+  }
+  for (StageCompute* sc : setup_.chunks) sc->zero_grad(*setup_.stream);
+  advance();
+}
+
+// Fires ops in schedule order for as long as their inputs are there.
+void ShardActor::advance() {
+  while (!failed_ && cursor_ < ops_.size()) {
+    if (!try_fire(ops_[cursor_])) return;
+    cursor_++;
+  }
+  if (failed_) return;
+  if (!params_posted_) post_param_receives();
+  maybe_ready();
+}
+
+bool ShardActor::try_fire(const ScheduleOp& op) {
+  ChunkState& cs = chunk_[static_cast<std::size_t>(op.chunk)];
+  StageCompute& sc = *setup_.chunks[static_cast<std::size_t>(op.chunk)];
+  const int vs = virtual_stage(setup_.shape, setup_.coord.s, op.chunk);
+  int& slot = cs.slot_of[static_cast<std::size_t>(op.micro)];
+  Arrival& in = input_[static_cast<std::size_t>(op.id)];
+  if (op.kind == OpKind::kForward) {
+    if (slot < 0) {
+      if (cs.free.empty()) {
+        wait_for(&op, absl::StrCat("a free activation slot (all ", sc.slots(), " in use)"), -1);
+        return false;
+      }
+      slot = cs.free.back();
+      cs.free.pop_back();
+      cs.holds[static_cast<std::size_t>(slot)] = 1;  // until its backward is done
+    }
+    if (!sc.spec().embedding) {
+      const int src = rank_of(setup_.coord.d, stage_of(setup_.shape, vs - 1));
+      if (in == Arrival::kNone) {
+        in = Arrival::kPosted;
+        const gpu::Tensor& buf = sc.input(slot);
+        setup_.transport->recv(src, tag(MessageKind::kActivation, src, op.micro, op.chunk, 0),
+                               buf.data<float>(), buf.nbytes(), reply(Msg::kActivation, op.id));
+      }
+      if (in != Arrival::kArrived) {
+        wait_for(&op, absl::StrCat("the activation from rank ", src), src);
+        return false;
+      }
+    }
+    fire_forward(op, slot);
+  } else {
+    if (!sc.spec().head) {
+      const int src = rank_of(setup_.coord.d, stage_of(setup_.shape, vs + 1));
+      if (in == Arrival::kNone) {
+        in = Arrival::kPosted;
+        const gpu::Tensor& buf = sc.output_grad(slot);
+        setup_.transport->recv(src, tag(MessageKind::kGradient, src, op.micro, op.chunk, 0),
+                               buf.data<float>(), buf.nbytes(), reply(Msg::kGradient, op.id));
+      }
+      if (in != Arrival::kArrived) {
+        wait_for(&op, absl::StrCat("the gradient from rank ", src), src);
+        return false;
+      }
+    }
+    fire_backward(op, slot);
+  }
+  return true;
+}
+
+void ShardActor::fire_forward(const ScheduleOp& op, int slot) {
+  StageCompute& sc = *setup_.chunks[static_cast<std::size_t>(op.chunk)];
+  const auto j = static_cast<std::size_t>(op.micro);
+  sc.forward(*setup_.stream, slot, tokens_.empty() ? gpu::Tensor{} : tokens_[j],
+             targets_.empty() ? gpu::Tensor{} : targets_[j]);
+  send_when_done(*setup_.stream, caf::actor_cast<caf::actor>(this),
+                 caf::make_message(op_done_atom::value, op.id));
+}
+
+void ShardActor::fire_backward(const ScheduleOp& op, int slot) {
+  ChunkState& cs = chunk_[static_cast<std::size_t>(op.chunk)];
+  StageCompute& sc = *setup_.chunks[static_cast<std::size_t>(op.chunk)];
+  const auto j = static_cast<std::size_t>(op.micro);
+  // The step's last backward of this chunk finishes its gradients, bucket by
+  // bucket; each bucket leaves as soon as the stream is past it.
+  model::GradProgress progress;
+  if (++cs.backwards_fired == setup_.m) {
+    progress = [this, c = op.chunk](model::GradPoint point) {
+      const auto& buckets = chunk_[static_cast<std::size_t>(c)].buckets;
+      for (int b = 0; b < static_cast<int>(buckets.size()); b++) {
+        if (buckets[static_cast<std::size_t>(b)].ready != point) continue;
+        send_when_done(*setup_.stream, caf::actor_cast<caf::actor>(this),
+                       caf::make_message(bucket_atom::value, step_, c, b));
+      }
+    };
+  }
+  const float dloss = 1.0f / static_cast<float>(static_cast<std::int64_t>(setup_.global_batch) *
+                                                setup_.T);
+  sc.backward(*setup_.stream, slot, tokens_.empty() ? gpu::Tensor{} : tokens_[j],
+              targets_.empty() ? gpu::Tensor{} : targets_[j], dloss, progress);
+  send_when_done(*setup_.stream, caf::actor_cast<caf::actor>(this),
+                 caf::make_message(op_done_atom::value, op.id));
+}
+
+void ShardActor::on_op_done(int op_id) {
+  if (failed_) return;
+  const ScheduleOp& op = ops_[static_cast<std::size_t>(op_id)];
+  if (absl::Status st = setup_.stream->status(); !st.ok()) {
+    return fail(absl::StrCat(describe(op), ": ", st.message()));
+  }
+  ChunkState& cs = chunk_[static_cast<std::size_t>(op.chunk)];
+  StageCompute& sc = *setup_.chunks[static_cast<std::size_t>(op.chunk)];
+  const int vs = virtual_stage(setup_.shape, setup_.coord.s, op.chunk);
+  const int slot = cs.slot_of[static_cast<std::size_t>(op.micro)];
+  auto self = caf::actor_cast<caf::actor>(this);
+  auto send_boundary = [&](MessageKind kind, int dst_vs, const gpu::Tensor& t) {
+    const int dst = rank_of(setup_.coord.d, stage_of(setup_.shape, dst_vs));
+    cs.holds[static_cast<std::size_t>(slot)]++;  // until the bytes have left
+    sends_pending_++;
+    setup_.transport->send(
+        dst, tag(kind, setup_.rank, op.micro, chunk_of(setup_.shape, dst_vs), 0), t.data<float>(),
+        t.nbytes(), [self, c = op.chunk, slot](absl::Status st) {
+          caf::anon_send(self, sent_atom::value, c, slot, status_text(st));
+        });
+  };
+  if (op.kind == OpKind::kForward) {
+    if (!sc.spec().head) {
+      send_boundary(MessageKind::kActivation, vs + 1, sc.output(slot));
+    } else {
+      // The micro-batch's loss sum, in token order (as the single-rank loop).
+      (void)setup_.stream->device().copy_to_host(sc.losses(slot), host_losses_.data());
+      double sum = 0.0;
+      for (float l : host_losses_) sum += l;
+      send(setup_.coordinator, loss_atom::value, step_, setup_.coord.d, op.micro, sum);
+    }
+  } else {
+    if (!sc.spec().embedding) send_boundary(MessageKind::kGradient, vs - 1, sc.input_grad(slot));
+    release(op.chunk, slot);  // the forward's hold: activations are free once sent
+  }
+  ops_done_++;
+  advance();
+}
+
+void ShardActor::on_bucket(int chunk, int bucket) {
+  if (failed_) return;
+  if (absl::Status st = setup_.stream->status(); !st.ok()) {
+    return fail(absl::StrCat("backward of chunk ", chunk, ": ", st.message()));
+  }
+  const gpu::Tensor& grads = setup_.chunks[static_cast<std::size_t>(chunk)]->grads();
+  auto self = caf::actor_cast<caf::actor>(this);
+  for (const GradPiece& p : setup_.grad_pieces) {
+    if (p.src_stage != setup_.coord.s || p.src_chunk != chunk || p.bucket != bucket) continue;
+    const int dst = rank_of(p.dst_d, p.dst_stage);
+    sends_pending_++;
+    setup_.transport->send(dst, tag(MessageKind::kGradSlice, setup_.rank, 0, chunk, bucket),
+                           grads.data<float>() + p.range.begin,
+                           static_cast<std::size_t>(p.range.size()) * sizeof(float),
+                           [self](absl::Status st) {
+                             caf::anon_send(self, sent_atom::value, -1, -1, status_text(st));
+                           });
+  }
+}
+
+void ShardActor::post_param_receives() {
+  params_posted_ = true;
+  int id = 0;
+  for (const ParamPiece& p : setup_.param_pieces) {
+    if (p.dst_stage != setup_.coord.s) continue;
+    const int src = rank_of(p.src_d, p.stage);
+    const gpu::Tensor& params = setup_.chunks[static_cast<std::size_t>(p.dst_chunk)]->params();
+    params_expected_++;
+    setup_.transport->recv(
+        src, tag(MessageKind::kParamSlice, src, 0, p.src_chunk, p.tied_wte ? 1 : 0),
+        params.data<float>() + p.range.begin,
+        static_cast<std::size_t>(p.range.size()) * sizeof(float), reply(Msg::kParams, id++));
+  }
+  wait_for(nullptr, "the new parameters from the optimizer partitions", -1);
+}
+
+void ShardActor::on_recv(Msg what, int id, const std::string& error) {
+  if (failed_) return;
+  if (!error.empty()) {
+    const char* names[] = {"activation", "gradient", "parameters"};
+    return fail(absl::StrCat("receiving ", names[static_cast<int>(what)], ": ", error));
+  }
+  if (what == Msg::kParams) {
+    params_arrived_++;
+    return maybe_ready();
+  }
+  input_[static_cast<std::size_t>(id)] = Arrival::kArrived;
+  if (cursor_ < ops_.size() && ops_[cursor_].id == id) advance();
+}
+
+void ShardActor::on_sent(int chunk, int slot, const std::string& error) {
+  if (failed_) return;
+  if (!error.empty()) return fail(absl::StrCat("sending: ", error));
+  sends_pending_--;
+  if (slot >= 0) release(chunk, slot);
+  advance();
+}
+
+void ShardActor::release(int chunk, int slot) {
+  ChunkState& cs = chunk_[static_cast<std::size_t>(chunk)];
+  if (--cs.holds[static_cast<std::size_t>(slot)] == 0) cs.free.push_back(slot);
+}
+
+void ShardActor::maybe_ready() {
+  if (step_ == 0 || cursor_ < ops_.size() || ops_done_ < static_cast<int>(ops_.size()) ||
+      sends_pending_ > 0 || !params_posted_ || params_arrived_ < params_expected_) {
+    return;
+  }
+  send(setup_.coordinator, ready_atom::value, step_, setup_.rank);
+  step_ = 0;
+  wait_for(nullptr, "", -1);
+}
+
+void ShardActor::fail(const std::string& what) {
+  if (failed_) return;
+  failed_ = true;
+  send(setup_.coordinator, failed_atom::value, setup_.rank,
+       absl::StrCat("stage ", setup_.coord.s, " (replica ", setup_.coord.d, "): ", what));
+}
+
+void ShardActor::wait_for(const ScheduleOp* op, std::string what, int peer) {
+  const int op_id = op != nullptr ? op->id : -1;
+  if (op_id == wait_op_ && what == wait_what_) return;  // still the same wait
+  wait_op_ = op_id;
+  wait_what_ = std::move(what);
+  wait_peer_ = peer;
+  wait_since_ = std::chrono::steady_clock::now();
+}
+
+WaitReport ShardActor::report() const {
+  WaitReport r;
+  r.rank = setup_.rank;
+  r.actor = absl::StrCat("shard d=", setup_.coord.d, " s=", setup_.coord.s);
+  r.step = step_;
+  r.op_id = wait_op_;
+  if (wait_op_ >= 0) r.op = describe(ops_[static_cast<std::size_t>(wait_op_)]);
+  r.waiting = step_ > 0 ? wait_what_ : "";
+  r.peer = wait_peer_;
+  r.since_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - wait_since_).count();
+  return r;
+}
+
+comm::Callback ShardActor::reply(Msg what, int id) {
+  return [self = caf::actor_cast<caf::actor>(this), what, id](absl::Status st) {
+    caf::anon_send(self, recv_atom::value, static_cast<int>(what), id, status_text(st));
+  };
+}
+
+comm::Tag ShardActor::tag(MessageKind kind, int source, int micro, int chunk, int layer) const {
+  const bool pipeline = kind == MessageKind::kActivation || kind == MessageKind::kGradient;
+  return comm::make_tag({.source = static_cast<std::uint32_t>(source),
+                         .group = pipeline ? comm::GroupKind::kPipeline : comm::GroupKind::kData,
+                         .kind = kind,
+                         .step = static_cast<std::uint32_t>(step_),
+                         .micro = static_cast<std::uint32_t>(micro),
+                         .chunk = static_cast<std::uint32_t>(chunk),
+                         .layer = static_cast<std::uint32_t>(layer)});
+}
+
+std::string ShardActor::describe(const ScheduleOp& op) const {
+  return absl::StrCat(op.kind == OpKind::kForward ? "forward" : "backward", " of micro-batch ",
+                      op.micro, " (chunk ", op.chunk, ")");
+}
+
+}  // namespace troupe::actors

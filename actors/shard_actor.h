@@ -1,0 +1,127 @@
+// ShardActor: one pipeline stage of one data-parallel replica (rank (d, s)),
+// with its model chunks (v of them when interleaved) and its compute stream.
+//
+// It walks its stage's schedule (actors/schedule.h). An op fires when the
+// message carrying its input has arrived: the micro-batch (read from the
+// dataset on the chunks with the embedding or the head), the activation
+// from the previous virtual stage, the gradient from the next one. Firing
+// enqueues the op on the stream and moves on; the stream's completion comes
+// back as a message, and outputs leave through comm/ without waiting. A
+// micro-batch holds an activation slot from its forward until its backward
+// and its outgoing messages are done. After a chunk's last backward of the
+// step, each gradient bucket goes to the optimizer partitions as soon as the
+// stream has finished it (overlapping the rest of the backward). When every
+// parameter piece of the new step has come back, the shard reports ready.
+//
+// Buffers, stream and transport belong to the caller (actors/runtime.h) and
+// outlive the actor; nothing here blocks a scheduler thread.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include <caf/all.hpp>
+
+#include "actors/messages.h"
+#include "actors/partition.h"
+#include "actors/schedule.h"
+#include "actors/stage_compute.h"
+#include "comm/groups.h"
+#include "comm/transport.h"
+#include "gpu/device.h"
+#include "model/data/gpt_dataset.h"
+
+namespace troupe::actors {
+
+// Testing: the shard of stage `stage` throws at the begin of step `step`.
+struct FailPoint {
+  int stage = -1;
+  int step = -1;
+};
+
+struct ShardSetup {
+  int rank = 0;
+  comm::Coord coord;
+  comm::Layout layout;
+  PipelineShape shape;
+  ScheduleKind schedule = ScheduleKind::k1F1B;
+  int m = 1;             // micro-batches per replica and step
+  int B = 1, T = 1;      // micro-batch size, sequence length
+  int global_batch = 1;  // sequences per step over all replicas
+  const model::data::SampleSource* data = nullptr;  // training samples
+  std::vector<StageCompute*> chunks;                // chunk c: virtual stage c*pp + s
+  gpu::Stream* stream = nullptr;
+  comm::Transport* transport = nullptr;
+  std::vector<GradPiece> grad_pieces;    // of the whole model (this actor sends its own)
+  std::vector<ParamPiece> param_pieces;  // of the whole model (this actor receives its own)
+  caf::actor coordinator;
+  FailPoint fail;
+};
+
+class ShardActor : public caf::event_based_actor {
+ public:
+  ShardActor(caf::actor_config& cfg, ShardSetup setup);
+  caf::behavior make_behavior() override;
+
+ private:
+  enum class Arrival { kNone, kPosted, kArrived };
+  enum class Msg { kActivation, kGradient, kParams };  // what a transport completion is for
+
+  void begin_step(int step, std::int64_t first_sample);
+  void advance();
+  bool try_fire(const ScheduleOp& op);
+  void fire_forward(const ScheduleOp& op, int slot);
+  void fire_backward(const ScheduleOp& op, int slot);
+  void on_op_done(int op_id);
+  void on_bucket(int chunk, int bucket);
+  void on_recv(Msg what, int id, const std::string& error);
+  void on_sent(int chunk, int slot, const std::string& error);
+  void post_param_receives();
+  void release(int chunk, int slot);
+  void maybe_ready();
+  void fail(const std::string& what);
+  void wait_for(const ScheduleOp* op, std::string what, int peer);
+  WaitReport report() const;
+
+  comm::Callback reply(Msg what, int id);
+  comm::Tag tag(comm::MessageKind kind, int source, int micro, int chunk, int layer) const;
+  int rank_of(int d, int s) const { return setup_.layout.rank({d, s, 0}); }
+  std::string describe(const ScheduleOp& op) const;
+
+  ShardSetup setup_;
+  std::vector<ScheduleOp> ops_;
+  std::vector<gpu::Tensor> tokens_, targets_;  // per micro-batch, i32 (B, T)
+  std::vector<std::int32_t> host_tokens_, host_targets_;
+  std::vector<float> host_losses_;
+
+  // Per chunk: free slots, the slot of each micro-batch (-1: none), how
+  // many reasons each slot is held for, backwards fired this step.
+  struct ChunkState {
+    std::vector<int> free;
+    std::vector<int> slot_of;
+    std::vector<int> holds;
+    int backwards_fired = 0;
+    std::vector<GradBucket> buckets;
+  };
+  std::vector<ChunkState> chunk_;
+
+  int step_ = 0;  // 0: between steps
+  std::int64_t first_sample_ = 0;
+  std::size_t cursor_ = 0;
+  std::vector<Arrival> input_;  // per op
+  int ops_done_ = 0;
+  int sends_pending_ = 0;
+  bool params_posted_ = false;
+  int params_expected_ = 0, params_arrived_ = 0;
+  bool failed_ = false;
+
+  // What the actor waits for (hang diagnosis).
+  int wait_op_ = -1;
+  std::string wait_what_;
+  int wait_peer_ = -1;
+  std::chrono::steady_clock::time_point wait_since_;
+};
+
+}  // namespace troupe::actors
