@@ -1,0 +1,112 @@
+// ZeRO-1 partitions, gradient buckets and the pieces between shards and
+// partitions: every element goes to exactly one owner, and comes back to
+// every copy of it exactly once.
+#include "actors/partition.h"
+
+#include <gtest/gtest.h>
+
+#include <map>
+
+#include "comm/communicator.h"
+
+namespace troupe::actors {
+namespace {
+
+model::GptConfig tiny8() {
+  model::GptConfig c = *model::preset("tiny");
+  c.L = 8;
+  return c;
+}
+
+TEST(Partition, BucketsTileTheLayoutAndWteIsAlone) {
+  const model::GptConfig c = tiny8();
+  for (int vs = 0; vs < 4; vs++) {
+    const model::StageSpec spec = chunk_spec(c, {.pp = 2, .v = 2, .dp = 1}, vs);
+    const model::ParamLayout lay = model::ParamLayout::gpt(c, spec);
+    std::int64_t at = 0;
+    for (const GradBucket& b : grad_buckets(lay, spec)) {
+      EXPECT_EQ(b.range.begin, at);
+      at = b.range.end;
+    }
+    EXPECT_EQ(at, lay.total());
+    if (spec.embedding || spec.head) {
+      EXPECT_EQ(grad_buckets(lay, spec).front().range, wte_range(lay));
+    }
+  }
+}
+
+TEST(Partition, PartitionsSplitTheOwnedRegionEvenly) {
+  const model::GptConfig c = tiny8();
+  const PipelineShape p{.pp = 2, .v = 1, .dp = 3};
+  const model::StageSpec head = chunk_spec(c, p, 1);
+  const model::ParamLayout lay = model::ParamLayout::gpt(c, head);
+  EXPECT_EQ(owned_region(lay, head).begin, wte_range(lay).end);  // the tied copy is not owned
+  std::int64_t at = owned_region(lay, head).begin;
+  for (int d = 0; d < 3; d++) {
+    const Range r = partition_range(lay, head, 3, d);
+    EXPECT_EQ(r.begin, at);
+    EXPECT_LE(r.size() - owned_region(lay, head).size() / 3, 1);
+    at = r.end;
+  }
+  EXPECT_EQ(at, lay.total());
+}
+
+// For each (layout), count where every gradient element goes and where
+// every parameter element comes from.
+class PiecesTest : public ::testing::TestWithParam<PipelineShape> {};
+
+TEST_P(PiecesTest, EveryGradientOnceToItsOwnerEveryParameterOnceBack) {
+  const model::GptConfig c = tiny8();
+  const PipelineShape p = GetParam();
+  // Gradients: per source chunk, each element sent to one partition (any
+  // replica sends the same pieces).
+  std::map<int, std::vector<int>> sent;  // vs -> count per element
+  for (int vs = 0; vs < p.chunks(); vs++) {
+    sent[vs].assign(static_cast<std::size_t>(
+                        model::ParamLayout::gpt(c, chunk_spec(c, p, vs)).total()),
+                    0);
+  }
+  for (const GradPiece& g : grad_pieces(c, p)) {
+    const int vs = virtual_stage(p, g.src_stage, g.src_chunk);
+    for (std::int64_t i = g.range.begin; i < g.range.end; i++) sent[vs][static_cast<std::size_t>(i)]++;
+    // The receiving partition owns it.
+    const int dvs = virtual_stage(p, g.dst_stage, g.dst_chunk);
+    const model::StageSpec dspec = chunk_spec(c, p, dvs);
+    const Range own =
+        partition_range(model::ParamLayout::gpt(c, dspec), dspec, p.dp, g.dst_d);
+    EXPECT_EQ(g.range.intersect(own), g.range);
+    EXPECT_EQ(g.tied_wte, dvs != vs);
+  }
+  for (auto& [vs, counts] : sent) {
+    for (int n : counts) ASSERT_EQ(n, 1) << "chunk " << vs;
+  }
+  // Parameters: every element of every chunk's buffer (the head's wte copy
+  // included) is written exactly once.
+  std::map<int, std::vector<int>> got;
+  for (auto& [vs, counts] : sent) got[vs].assign(counts.size(), 0);
+  for (const ParamPiece& q : param_pieces(c, p)) {
+    const int vs = virtual_stage(p, q.dst_stage, q.dst_chunk);
+    for (std::int64_t i = q.range.begin; i < q.range.end; i++) got[vs][static_cast<std::size_t>(i)]++;
+  }
+  for (auto& [vs, counts] : got) {
+    for (int n : counts) ASSERT_EQ(n, 1) << "chunk " << vs;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, PiecesTest,
+                         ::testing::Values(PipelineShape{1, 1, 1}, PipelineShape{1, 1, 4},
+                                           PipelineShape{2, 1, 3}, PipelineShape{4, 1, 2},
+                                           PipelineShape{2, 2, 2}, PipelineShape{1, 2, 4},
+                                           PipelineShape{4, 2, 1}, PipelineShape{2, 1, 7}));
+
+TEST(Partition, ShapesBeyondTheTagFieldsAreClearErrors) {
+  const model::GptConfig c = tiny8();
+  EXPECT_TRUE(check_pipeline_shape(c, {.pp = 2, .v = 1, .dp = 2}, 256).ok());
+  absl::Status st = check_pipeline_shape(c, {.pp = 2, .v = 1, .dp = 2}, 257);
+  EXPECT_NE(st.message().find("at most 256"), absl::string_view::npos) << st;
+  st = check_pipeline_shape(c, {.pp = 1, .v = 17, .dp = 1}, 4);
+  EXPECT_NE(st.message().find("--virtual-stages 17"), absl::string_view::npos) << st;
+}
+
+}  // namespace
+}  // namespace troupe::actors

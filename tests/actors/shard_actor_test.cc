@@ -1,0 +1,91 @@
+// A shard actor alone: it says what it waits for when asked, and a failed
+// peer becomes an error to the coordinator naming the stage (no hang).
+#include "actors/shard_actor.h"
+
+#include <gtest/gtest.h>
+
+#include "actors/messages.h"
+#include "comm/inproc_transport.h"
+#include "model/data/datasets.h"
+
+namespace troupe::actors {
+namespace {
+
+TEST(ShardActor, ReportsWhatItWaitsForAndFailsWhenItsPeerDies) {
+  caf::actor_system_config cfg;
+  add_message_types(cfg);
+  cfg.set("scheduler.max-threads", 2);
+  caf::actor_system sys{cfg};
+  caf::scoped_actor coordinator{sys};
+
+  model::GptConfig config = *model::preset("tiny");
+  const PipelineShape shape{.pp = 2, .v = 1, .dp = 1};
+  model::data::DataOptions options;  // the synthetic phrase corpus
+  options.T = config.T;
+  options.V = config.V;
+  auto data = model::data::build_datasets(options, 8, 0);
+  ASSERT_TRUE(data.ok()) << data.status();
+  gpu::Device& dev = gpu::cpu_device();
+  auto stream = dev.make_stream({.threads = 1});
+  auto fabric = std::make_shared<comm::InProcFabric>(2);
+  std::unique_ptr<comm::Transport> transport = fabric->endpoint(1);
+  GptStage stage(config, 2, chunk_spec(config, shape, 1), 2, dev);
+  stage.gpt().init(1);
+
+  ShardSetup ss;
+  ss.rank = 1;
+  ss.coord = {.d = 0, .s = 1, .t = 0};
+  ss.layout = {.tp = 1, .pp = 2, .dp = 1};
+  ss.shape = shape;
+  ss.m = 2;
+  ss.B = 2;
+  ss.T = config.T;
+  ss.global_batch = 4;
+  ss.data = data->train.get();
+  ss.chunks = {&stage};
+  ss.stream = stream.get();
+  ss.transport = transport.get();
+  ss.grad_pieces = grad_pieces(config, shape);
+  ss.param_pieces = param_pieces(config, shape);
+  ss.coordinator = coordinator;
+  caf::actor shard = sys.spawn<ShardActor>(ss);
+  coordinator->monitor(shard);
+
+  coordinator->send(shard, begin_step_atom::value, 1, std::int64_t{0});
+  coordinator->request(shard, caf::infinite, waiting_atom::value)
+      .receive(
+          [&](const WaitReport& r) {
+            EXPECT_EQ(r.rank, 1);
+            EXPECT_EQ(r.step, 1);
+            EXPECT_EQ(r.op_id, 0);
+            EXPECT_EQ(r.op, "forward of micro-batch 0 (chunk 0)");
+            EXPECT_EQ(r.waiting, "the activation from rank 0");
+            EXPECT_EQ(r.peer, 0);
+            EXPECT_NE(to_string(r).find("waiting for the activation from rank 0"),
+                      std::string::npos)
+                << to_string(r);
+          },
+          [&](const caf::error& e) { FAIL() << sys.render(e); });
+
+  // Stage 0 dies: the pending receive completes with an error, and the
+  // coordinator hears which stage could not go on.
+  transport->fail_peer(0, absl::UnavailableError("rank 0 is gone"));
+  bool told = false;
+  coordinator->receive(
+      [&](failed_atom, int rank, const std::string& what) {
+        told = true;
+        EXPECT_EQ(rank, 1);
+        EXPECT_NE(what.find("stage 1 (replica 0): receiving activation"), std::string::npos)
+            << what;
+        EXPECT_NE(what.find("rank 0 is gone"), std::string::npos) << what;
+      },
+      caf::after(std::chrono::seconds(60)) >> [&] { FAIL() << "no failure reported"; });
+  EXPECT_TRUE(told);
+
+  coordinator->send_exit(shard, caf::exit_reason::user_shutdown);
+  coordinator->receive([](const caf::down_msg&) {});
+  ASSERT_TRUE(stream->synchronize().ok());
+}
+
+}  // namespace
+}  // namespace troupe::actors
