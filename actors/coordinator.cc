@@ -48,15 +48,18 @@ void Coordinator::begin(int step) {
   if (step > o.steps) return finish(absl::OkStatus());
   step_ = step;
   lr_ = model::lr_at(o.lr, step);
-  const int world = setup_->layout.world();
-  loss_.assign(static_cast<std::size_t>(setup_->m * setup_->shape.dp), 0.0);
-  norms_.assign(static_cast<std::size_t>(world), 0.0);
-  losses_in_ = norms_in_ = ready_in_ = 0;
+  reset_tallies();
   t0_ = std::chrono::steady_clock::now();
   const std::int64_t first = static_cast<std::int64_t>(step - 1) * o.global_batch;
   // Partitions first, so their gradient receives are posted early.
   for (const caf::actor& a : setup_->optimizers) send(a, begin_step_atom::value, step, first);
   for (const caf::actor& a : setup_->shards) send(a, begin_step_atom::value, step, first);
+}
+
+void Coordinator::reset_tallies() {
+  loss_.assign(static_cast<std::size_t>(setup_->m * setup_->shape.dp), 0.0);
+  norms_.assign(static_cast<std::size_t>(setup_->layout.world()), 0.0);
+  losses_in_ = norms_in_ = ready_in_ = 0;
 }
 
 void Coordinator::on_loss(int step, int d, int j, double sum) {
@@ -86,20 +89,46 @@ void Coordinator::on_ready(int step, int rank) {
   }
   const model::TrainOptions& o = setup_->options;
   const double tokens = static_cast<double>(o.global_batch) * o.model.T;
+  if (evaluating_) {
+    for (double l : loss_) val_total_ += l;  // as the single-rank loop: batches, then micro-batches
+    if (++eval_batch_ < o.eval_iters) return begin_eval_batch();
+    evaluating_ = false;
+    evaluations_done_++;
+    metrics_.val_loss = val_total_ / (static_cast<double>(o.eval_iters) * tokens);
+    return step_done();
+  }
   double loss = 0.0;
   for (double l : loss_) loss += l;
   const double secs =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
-  if (setup_->on_step) {
-    setup_->on_step({.step = step,
-                     .loss = loss / tokens,
-                     .grad_norm = grad_norm_,
-                     .lr = lr_,
-                     .step_s = secs,
-                     .tokens_per_s = tokens / secs,
-                     .val_loss = std::nullopt});
+  metrics_ = {.step = step,
+              .loss = loss / tokens,
+              .grad_norm = grad_norm_,
+              .lr = lr_,
+              .step_s = secs,
+              .tokens_per_s = tokens / secs,
+              .val_loss = std::nullopt};
+  if (setup_->has_valid && o.eval_interval > 0 && step % o.eval_interval == 0) {
+    evaluating_ = true;
+    eval_batch_ = 0;
+    val_total_ = 0.0;
+    return begin_eval_batch();
   }
-  begin(step + 1);
+  step_done();
+}
+
+// Evaluation e reads validation samples [e*K*GBS, (e+1)*K*GBS), K = --eval-iters.
+void Coordinator::begin_eval_batch() {
+  reset_tallies();
+  const model::TrainOptions& o = setup_->options;
+  const std::int64_t first =
+      (static_cast<std::int64_t>(evaluations_done_) * o.eval_iters + eval_batch_) * o.global_batch;
+  for (const caf::actor& a : setup_->shards) send(a, eval_atom::value, step_, first);
+}
+
+void Coordinator::step_done() {
+  if (setup_->on_step) setup_->on_step(metrics_);
+  begin(step_ + 1);
 }
 
 void Coordinator::finish(absl::Status st) {

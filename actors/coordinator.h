@@ -31,6 +31,7 @@ struct CoordinatorSetup {
   comm::Layout layout;
   PipelineShape shape;
   int m = 1;                          // micro-batches per replica and step
+  bool has_valid = false;             // validation data for --eval-interval
   std::vector<caf::actor> shards;     // by rank
   std::vector<caf::actor> optimizers; // by rank
   std::function<void(const model::StepMetrics&)> on_step;
@@ -48,6 +49,9 @@ class Coordinator : public caf::event_based_actor {
   void on_loss(int step, int d, int j, double sum);
   void on_norm(int step, int rank, double sq);
   void on_ready(int step, int rank);
+  void begin_eval_batch();
+  void step_done();
+  void reset_tallies();
   void finish(absl::Status st);
   std::string who(int rank) const;
 
@@ -58,6 +62,11 @@ class Coordinator : public caf::event_based_actor {
   std::vector<double> norms_;   // by rank
   int losses_in_ = 0, norms_in_ = 0, ready_in_ = 0;
   double grad_norm_ = 0;
+  // Evaluation after a step (--eval-interval): batch k of --eval-iters.
+  bool evaluating_ = false;
+  int eval_batch_ = 0, evaluations_done_ = 0;
+  double val_total_ = 0;
+  model::StepMetrics metrics_;
   bool finished_ = false;
   std::chrono::steady_clock::time_point t0_;
 };

@@ -9,6 +9,7 @@
 //
 // Signatures, by receiver (rank = global rank, d/j = replica/micro-batch):
 //   ShardActor      (begin_step_atom, int step, int64 first_sample)   from the coordinator
+//                   (eval_atom, int step, int64 first_sample)   forwards only, validation data
 //                   (waiting_atom) -> WaitReport
 //   OptimizerActor  (begin_step_atom, int step, int64 first_sample)   post gradient receives
 //                   (update_atom, int step, float lr, float grad_scale)
@@ -32,6 +33,7 @@
 namespace troupe::actors {
 
 using begin_step_atom = caf::atom_constant<caf::atom("beginstep")>;
+using eval_atom = caf::atom_constant<caf::atom("eval")>;
 using update_atom = caf::atom_constant<caf::atom("update")>;
 using loss_atom = caf::atom_constant<caf::atom("loss")>;
 using norm_atom = caf::atom_constant<caf::atom("norm")>;

@@ -28,10 +28,6 @@ absl::Status ParallelOptions::validate(const model::TrainOptions& o) const {
         "--global-batch-size ", o.global_batch, " must be a multiple of --micro-batch-size ",
         o.micro_batch, " x --dp ", dp, " = ", o.micro_batch * dp));
   }
-  if (o.eval_interval > 0) {
-    return absl::InvalidArgumentError(
-        "--eval-interval: validation runs on one rank only for now (drop --pp/--dp)");
-  }
   const PipelineShape shape{pp, virtual_stages, dp};
   if (absl::Status st = check_pipeline_shape(o.model, shape, m(o)); !st.ok()) return st;
   for (int s = 0; s < pp; s++) {
@@ -57,7 +53,8 @@ int peak_in_flight(const std::vector<ScheduleOp>& ops, int chunk) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<InProcessTrainer>> InProcessTrainer::create(
-    const model::TrainOptions& options, const ParallelOptions& parallel) {
+    const model::TrainOptions& options, const ParallelOptions& parallel,
+    const StageFactory& factory) {
   if (absl::Status st = parallel.validate(options); !st.ok()) return st;
   std::unique_ptr<InProcessTrainer> t(new InProcessTrainer());
   t->options_ = options;
@@ -75,7 +72,12 @@ absl::StatusOr<std::unique_ptr<InProcessTrainer>> InProcessTrainer::create(
                              .seed = options.seed,
                              .T = c.T,
                              .V = c.V};
-  auto datasets = model::data::build_datasets(d, train_samples, 0);
+  std::int64_t valid_samples = 0;  // eval_iters global batches at every evaluation
+  if (options.eval_interval > 0 && options.eval_iters > 0) {
+    valid_samples = static_cast<std::int64_t>(options.steps / options.eval_interval) *
+                    options.eval_iters * options.global_batch;
+  }
+  auto datasets = model::data::build_datasets(d, train_samples, valid_samples);
   if (!datasets.ok()) return datasets.status();
   t->data_ = std::move(*datasets);
 
@@ -106,7 +108,8 @@ absl::StatusOr<std::unique_ptr<InProcessTrainer>> InProcessTrainer::create(
       // a micro-batch whose gradient is still leaving does not hold up the
       // next forward.
       const int slots = peak_in_flight(ops, ch) + (t->shape_.chunks() > 1 ? 1 : 0);
-      rk.chunks.push_back(std::make_unique<GptStage>(c, options.micro_batch, spec, slots, dev));
+      rk.chunks.push_back(factory ? factory(c, options.micro_batch, spec, slots)
+                              : std::make_unique<GptStage>(c, options.micro_batch, spec, slots, dev));
     }
     if (absl::Status st = t->init_params(rk); !st.ok()) return st;
     for (const auto& chunk : rk.chunks) {
@@ -151,6 +154,11 @@ absl::Status InProcessTrainer::run(const StepCallback& on_step) {
   add_message_types(cfg);
   // Actors only react to messages; compute runs on the ranks' streams.
   cfg.set("scheduler.max-threads", 2);
+  // An idle worker goes straight from its short busy poll to a condition
+  // variable that a new message wakes, instead of polling every 50 us for
+  // 25 ms: a pipeline hop crosses two actors, and each such nap was on the
+  // critical path (scripts/bench pipeline).
+  cfg.set("work-stealing.moderate-poll-attempts", 0);
   caf::actor_system system{cfg};
   return run(system, on_step);
 }
@@ -165,6 +173,7 @@ absl::Status InProcessTrainer::run(caf::actor_system& system, const StepCallback
   setup->layout = layout_;
   setup->shape = shape_;
   setup->m = parallel_.m(options_);
+  setup->has_valid = data_.valid != nullptr;
   setup->on_step = on_step;
   setup->on_finish = [done](absl::Status st) { done->set_value(std::move(st)); };
   caf::actor coordinator = system.spawn<Coordinator>(setup);
@@ -182,6 +191,7 @@ absl::Status InProcessTrainer::run(caf::actor_system& system, const StepCallback
     ss.T = options_.model.T;
     ss.global_batch = options_.global_batch;
     ss.data = data_.train.get();
+    ss.valid = data_.valid.get();
     for (auto& c : r.chunks) ss.chunks.push_back(c.get());
     ss.stream = r.stream.get();
     ss.transport = r.transport.get();

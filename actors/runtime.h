@@ -49,8 +49,14 @@ struct ParallelOptions {
 
 class InProcessTrainer {
  public:
+  // Makes a model chunk; the default makes a GptStage. (The pipeline
+  // benchmark swaps in chunks whose ops take a fixed time.)
+  using StageFactory = std::function<std::unique_ptr<GptStage>(
+      const model::GptConfig& config, int B, const model::StageSpec& spec, int slots)>;
+
   static absl::StatusOr<std::unique_ptr<InProcessTrainer>> create(
-      const model::TrainOptions& options, const ParallelOptions& parallel);
+      const model::TrainOptions& options, const ParallelOptions& parallel,
+      const StageFactory& factory = nullptr);
   ~InProcessTrainer();
 
   using StepCallback = std::function<void(const model::StepMetrics&)>;
@@ -67,6 +73,7 @@ class InProcessTrainer {
   const ParallelOptions& parallel() const { return parallel_; }
   const comm::Layout& layout() const { return layout_; }
   const model::data::SampleSource& train_data() const { return *data_.train; }
+  const model::data::SampleSource* valid_data() const { return data_.valid.get(); }
   // Bytes of optimizer state (master copy, Adam moments) rank r holds, and
   // what one rank would hold for the whole model.
   std::int64_t optimizer_state_bytes(int rank) const;

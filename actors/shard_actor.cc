@@ -14,7 +14,12 @@ using comm::MessageKind;
 ShardActor::ShardActor(caf::actor_config& cfg, ShardSetup setup)
     : caf::event_based_actor(cfg), setup_(std::move(setup)) {
   const int s = setup_.coord.s;
-  ops_ = *make_schedule(setup_.schedule, setup_.shape.pp, s, setup_.m, setup_.shape.v);
+  train_ops_ = *make_schedule(setup_.schedule, setup_.shape.pp, s, setup_.m, setup_.shape.v);
+  for (const ScheduleOp& op : train_ops_) {
+    if (op.kind != OpKind::kForward) continue;
+    eval_ops_.push_back(op);
+    eval_ops_.back().id = static_cast<int>(eval_ops_.size()) - 1;
+  }
   bool needs_data = false;
   for (StageCompute* sc : setup_.chunks) {
     ChunkState cs;
@@ -50,7 +55,10 @@ ShardActor::ShardActor(caf::actor_config& cfg, ShardSetup setup)
 caf::behavior ShardActor::make_behavior() {
   return {
       [this](begin_step_atom, int step, std::int64_t first_sample) {
-        begin_step(step, first_sample);
+        begin(Pass::kTrain, step, first_sample);
+      },
+      [this](eval_atom, int step, std::int64_t first_sample) {
+        begin(Pass::kEval, step, first_sample);
       },
       [this](op_done_atom, int op_id) { on_op_done(op_id); },
       [this](bucket_atom, int step, int chunk, int bucket) {
@@ -66,15 +74,19 @@ caf::behavior ShardActor::make_behavior() {
   };
 }
 
-void ShardActor::begin_step(int step, std::int64_t first_sample) {
-  if (setup_.fail.stage == setup_.coord.s && setup_.fail.step == step) {
+void ShardActor::begin(Pass pass, int step, std::int64_t first_sample) {
+  if (pass == Pass::kTrain && setup_.fail.stage == setup_.coord.s && setup_.fail.step == step) {
     throw std::runtime_error(absl::StrCat("injected failure at step ", step));
   }
+  pass_ = pass;
+  ops_ = pass == Pass::kTrain ? &train_ops_ : &eval_ops_;
+  const model::data::SampleSource* source = pass == Pass::kTrain ? setup_.data : setup_.valid;
+  if (source == nullptr) return fail("evaluation asked for, but there is no validation data");
   step_ = step;
   first_sample_ = first_sample;
   cursor_ = 0;
   ops_done_ = 0;
-  input_.assign(ops_.size(), Arrival::kNone);
+  input_.assign(ops_->size(), Arrival::kNone);
   params_posted_ = false;
   params_expected_ = params_arrived_ = 0;
   for (ChunkState& cs : chunk_) {
@@ -87,7 +99,7 @@ void ShardActor::begin_step(int step, std::int64_t first_sample) {
   for (int j = 0; j < static_cast<int>(tokens_.size()); j++) {
     const std::int64_t first = model::data::micro_batch_first_sample(
         first_sample, setup_.coord.d, setup_.shape.dp, j, setup_.B);
-    absl::Status st = model::data::load_batch(*setup_.data, first, setup_.B, setup_.T,
+    absl::Status st = model::data::load_batch(*source, first, setup_.B, setup_.T,
                                               host_tokens_.data(), host_targets_.data());
     if (st.ok()) st = dev.copy_from_host(host_tokens_.data(), tokens_[static_cast<std::size_t>(j)]);
     if (st.ok()) {
@@ -95,14 +107,18 @@ void ShardActor::begin_step(int step, std::int64_t first_sample) {
     }
     if (!st.ok()) return fail(std::string(st.message()));
   }
-  for (StageCompute* sc : setup_.chunks) sc->zero_grad(*setup_.stream);
+  if (pass == Pass::kTrain) {
+    for (StageCompute* sc : setup_.chunks) sc->zero_grad(*setup_.stream);
+  } else {
+    params_posted_ = true;  // nothing to receive: the parameters do not change
+  }
   advance();
 }
 
 // Fires ops in schedule order for as long as their inputs are there.
 void ShardActor::advance() {
-  while (!failed_ && cursor_ < ops_.size()) {
-    if (!try_fire(ops_[cursor_])) return;
+  while (!failed_ && cursor_ < ops_->size()) {
+    if (!try_fire((*ops_)[cursor_])) return;
     cursor_++;
   }
   if (failed_) return;
@@ -195,7 +211,7 @@ void ShardActor::fire_backward(const ScheduleOp& op, int slot) {
 
 void ShardActor::on_op_done(int op_id) {
   if (failed_) return;
-  const ScheduleOp& op = ops_[static_cast<std::size_t>(op_id)];
+  const ScheduleOp& op = (*ops_)[static_cast<std::size_t>(op_id)];
   if (absl::Status st = setup_.stream->status(); !st.ok()) {
     return fail(absl::StrCat(describe(op), ": ", st.message()));
   }
@@ -224,6 +240,7 @@ void ShardActor::on_op_done(int op_id) {
       for (float l : host_losses_) sum += l;
       send(setup_.coordinator, loss_atom::value, step_, setup_.coord.d, op.micro, sum);
     }
+    if (pass_ == Pass::kEval) release(op.chunk, slot);  // no backward will need it
   } else {
     if (!sc.spec().embedding) send_boundary(MessageKind::kGradient, vs - 1, sc.input_grad(slot));
     release(op.chunk, slot);  // the forward's hold: activations are free once sent
@@ -279,7 +296,7 @@ void ShardActor::on_recv(Msg what, int id, const std::string& error) {
     return maybe_ready();
   }
   input_[static_cast<std::size_t>(id)] = Arrival::kArrived;
-  if (cursor_ < ops_.size() && ops_[cursor_].id == id) advance();
+  if (cursor_ < ops_->size() && (*ops_)[cursor_].id == id) advance();
 }
 
 void ShardActor::on_sent(int chunk, int slot, const std::string& error) {
@@ -296,7 +313,7 @@ void ShardActor::release(int chunk, int slot) {
 }
 
 void ShardActor::maybe_ready() {
-  if (step_ == 0 || cursor_ < ops_.size() || ops_done_ < static_cast<int>(ops_.size()) ||
+  if (step_ == 0 || cursor_ < ops_->size() || ops_done_ < static_cast<int>(ops_->size()) ||
       sends_pending_ > 0 || !params_posted_ || params_arrived_ < params_expected_) {
     return;
   }
@@ -327,7 +344,7 @@ WaitReport ShardActor::report() const {
   r.actor = absl::StrCat("shard d=", setup_.coord.d, " s=", setup_.coord.s);
   r.step = step_;
   r.op_id = wait_op_;
-  if (wait_op_ >= 0) r.op = describe(ops_[static_cast<std::size_t>(wait_op_)]);
+  if (wait_op_ >= 0) r.op = describe((*ops_)[static_cast<std::size_t>(wait_op_)]);
   r.waiting = step_ > 0 ? wait_what_ : "";
   r.peer = wait_peer_;
   r.since_s =

@@ -50,7 +50,8 @@ struct ShardSetup {
   int m = 1;             // micro-batches per replica and step
   int B = 1, T = 1;      // micro-batch size, sequence length
   int global_batch = 1;  // sequences per step over all replicas
-  const model::data::SampleSource* data = nullptr;  // training samples
+  const model::data::SampleSource* data = nullptr;   // training samples
+  const model::data::SampleSource* valid = nullptr;  // validation samples (may be null)
   std::vector<StageCompute*> chunks;                // chunk c: virtual stage c*pp + s
   gpu::Stream* stream = nullptr;
   comm::Transport* transport = nullptr;
@@ -67,9 +68,10 @@ class ShardActor : public caf::event_based_actor {
 
  private:
   enum class Arrival { kNone, kPosted, kArrived };
+  enum class Pass { kTrain, kEval };  // eval: the schedule's forwards only, no gradients
   enum class Msg { kActivation, kGradient, kParams };  // what a transport completion is for
 
-  void begin_step(int step, std::int64_t first_sample);
+  void begin(Pass pass, int step, std::int64_t first_sample);
   void advance();
   bool try_fire(const ScheduleOp& op);
   void fire_forward(const ScheduleOp& op, int slot);
@@ -91,7 +93,9 @@ class ShardActor : public caf::event_based_actor {
   std::string describe(const ScheduleOp& op) const;
 
   ShardSetup setup_;
-  std::vector<ScheduleOp> ops_;
+  std::vector<ScheduleOp> train_ops_, eval_ops_;
+  const std::vector<ScheduleOp>* ops_ = &train_ops_;  // what this step walks
+  Pass pass_ = Pass::kTrain;
   std::vector<gpu::Tensor> tokens_, targets_;  // per micro-batch, i32 (B, T)
   std::vector<std::int32_t> host_tokens_, host_targets_;
   std::vector<float> host_losses_;

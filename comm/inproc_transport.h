@@ -44,8 +44,10 @@ class InProcFabric : public std::enable_shared_from_this<InProcFabric> {
   absl::Status refusal(const Op& op) const;
   void fail_peer(int rank, int peer, absl::Status why);
   void cancel(int rank, const std::shared_ptr<CancelToken>& token, absl::Status why);
-  // Copies a matched pair and completes both (outside the lock).
-  void deliver(Op send, Op recv);
+  // Copies a matched pair and completes both (outside the lock): the one
+  // posted last through the callback queue, the one that waited (a peer's)
+  // in the calling thread.
+  void deliver(Op send, Op recv, bool send_posted_last);
   // Removes `rank`'s pending ops that `pred` selects and fails them.
   template <typename Pred>
   void fail_where(int rank, Pred pred, const absl::Status& why);

@@ -1,7 +1,9 @@
 // Transports move bytes between ranks, asynchronously, by tag.
 //
-// A send or receive completes through its callback, exactly once, on the
-// transport's progress thread (never inside the call that posted it): OK
+// A send or receive completes through its callback, exactly once, on a
+// thread of the transport: its progress thread, or (in-process) the thread
+// of the peer's call that matched it, but never inside the call that posted
+// it. Callbacks may run concurrently; each must be safe for that. OK
 // when the bytes have left the buffer (send) or arrived (receive), an error
 // when the peer has failed or the operation was cancelled. A callback must not
 // block; an actor turns it into a message to itself.

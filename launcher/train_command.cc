@@ -146,9 +146,9 @@ int run_train(const TrainFlags& flags) {
   }
   std::printf("troupe train: %s\n", o.model.describe().c_str());
   std::printf("  train data: %s\n", train_data->describe().c_str());
-  if (single && single->valid_data() != nullptr) {
-    std::printf("  valid data: %s\n", single->valid_data()->describe().c_str());
-  }
+  const model::data::SampleSource* valid_data =
+      single ? single->valid_data() : multi->valid_data();
+  if (valid_data != nullptr) std::printf("  valid data: %s\n", valid_data->describe().c_str());
   if (one_rank) {
     std::printf("  micro-batch %d x %d accumulation = global batch %d; %d steps; 1 rank\n",
                 o.micro_batch, o.grad_accum(), o.global_batch, o.steps);
