@@ -166,6 +166,27 @@ TEST(Runtime, ValidationLossMatchesSingleRank) {
   }
 }
 
+TEST(Runtime, RunsInTheHostProgramsOwnActorSystem) {
+  caf::actor_system_config cfg;
+  add_message_types(cfg);  // before the system starts (CAF 0.17)
+  cfg.set("scheduler.max-threads", 2);
+  caf::actor_system system{cfg};
+  model::TrainOptions o = tiny8();
+  o.steps = 2;
+  auto t = InProcessTrainer::create(o, {.pp = 2, .dp = 2});
+  ASSERT_TRUE(t.ok()) << t.status();
+  int steps = 0;
+  absl::Status st = (*t)->run(system, [&](const model::StepMetrics&) { steps++; });
+  EXPECT_TRUE(st.ok()) << st;
+  EXPECT_EQ(steps, 2);
+  // The host's system lives on, usable after the run.
+  auto echo = system.spawn([]() -> caf::behavior { return {[](int x) { return x + 1; }}; });
+  caf::scoped_actor self{system};
+  self->request(echo, caf::infinite, 41).receive([](int y) { EXPECT_EQ(y, 42); },
+                                                 [](caf::error&) { FAIL(); });
+  self->send_exit(echo, caf::exit_reason::user_shutdown);
+}
+
 TEST(Runtime, OptimizerStatePerRankFallsAsOneOverDp) {
   const model::TrainOptions o = tiny8();
   const std::int64_t whole = 3 * model::ParamLayout::gpt(o.model).total() * 4;
