@@ -10,11 +10,11 @@ void Kernels::unimplemented(Stream& s, absl::string_view op) {
 }
 
 void Kernels::embedding_forward(Stream& s, const Tensor&, const Tensor&, const Tensor&,
-                                const Tensor&) {
+                                const Tensor&, VocabSlice) {
   unimplemented(s, "embedding_forward");
 }
 void Kernels::embedding_backward(Stream& s, const Tensor&, const Tensor&, const Tensor&,
-                                 const Tensor&) {
+                                 const Tensor&, VocabSlice) {
   unimplemented(s, "embedding_backward");
 }
 void Kernels::layernorm_forward(Stream& s, const Tensor&, const Tensor&, const Tensor&,
@@ -55,8 +55,15 @@ void Kernels::crossentropy_forward(Stream& s, const Tensor&, const Tensor&, cons
   unimplemented(s, "crossentropy_forward");
 }
 void Kernels::crossentropy_backward(Stream& s, const Tensor&, const Tensor&, const Tensor&,
-                                    const Tensor&, float, int) {
+                                    const Tensor&, float, int, VocabSlice) {
   unimplemented(s, "crossentropy_backward");
+}
+void Kernels::crossentropy_partial(Stream& s, const Tensor&, const Tensor&, const Tensor&, int,
+                                   VocabSlice) {
+  unimplemented(s, "crossentropy_partial");
+}
+void Kernels::crossentropy_combine(Stream& s, const Tensor&, const Tensor&, const Tensor&) {
+  unimplemented(s, "crossentropy_combine");
 }
 void Kernels::squared_norm(Stream& s, const Tensor&, const Tensor&) {
   unimplemented(s, "squared_norm");

@@ -30,16 +30,28 @@ struct AdamWArgs {
   float grad_scale = 1.0f;  // clip factor applied to the gradient first
 };
 
+// The rows [begin, begin + rows) of a vocabulary of `total` ids that one
+// tensor-parallel rank holds (Megatron's vocab-parallel embedding and
+// cross-entropy); ids outside the slice are another rank's. The default is
+// the whole vocabulary (total = the tensor's rows).
+struct VocabSlice {
+  std::int64_t begin = 0;
+  std::int64_t total = -1;  // ids must be in [0, total); -1: the tensor's rows
+  bool whole() const { return begin == 0 && total < 0; }
+};
+
 class Kernels {
  public:
   virtual ~Kernels() = default;
 
-  // out[B,T,C] = wte[tokens[b,t]] + wpe[t]
+  // out[B,T,C] = wte[tokens[b,t]] + wpe[t]; with a slice, a token outside it
+  // contributes 0 (wte[token - begin] inside).
   virtual void embedding_forward(Stream& s, const Tensor& out, const Tensor& tokens,
-                                 const Tensor& wte, const Tensor& wpe);
-  // dwte[tokens[b,t]] += dout[b,t]; dwpe[t] += dout[b,t]  (fixed order)
+                                 const Tensor& wte, const Tensor& wpe, VocabSlice slice);
+  // dwte[tokens[b,t]] += dout[b,t] (tokens in the slice); dwpe[t] += dout[b,t]
+  // (fixed order)
   virtual void embedding_backward(Stream& s, const Tensor& dwte, const Tensor& dwpe,
-                                  const Tensor& dout, const Tensor& tokens);
+                                  const Tensor& dout, const Tensor& tokens, VocabSlice slice);
 
   // out[N,C] = (inp - mean) * rstd * w + b; saves mean[N], rstd[N].
   virtual void layernorm_forward(Stream& s, const Tensor& out, const Tensor& mean,
@@ -80,9 +92,20 @@ class Kernels {
   virtual void crossentropy_forward(Stream& s, const Tensor& losses, const Tensor& lse,
                                     const Tensor& logits, const Tensor& targets, int V);
   // dlogits[n, j] = (softmax(logits[n, :V])_j - [j == targets[n]]) * dloss for
-  // j < V, 0 for the padding. dlogits may alias logits.
+  // j < V, 0 for the padding. dlogits may alias logits. With a slice, column j
+  // is vocabulary id begin + j and lse is over the whole vocabulary.
   virtual void crossentropy_backward(Stream& s, const Tensor& dlogits, const Tensor& logits,
-                                     const Tensor& lse, const Tensor& targets, float dloss, int V);
+                                     const Tensor& lse, const Tensor& targets, float dloss, int V,
+                                     VocabSlice slice);
+  // Vocab-parallel cross-entropy, step 1 on each rank's slice of the logits:
+  // stats[N, 3] = (max, sum of exp(x - max), the target's logit or 0) over
+  // the slice's ids below V.
+  virtual void crossentropy_partial(Stream& s, const Tensor& stats, const Tensor& logits,
+                                    const Tensor& targets, int V, VocabSlice slice);
+  // Step 2, once every rank's stats are gathered as stats[P, N, 3]:
+  // lse[n] = logsumexp over all slices, losses[n] = lse[n] - target logit.
+  virtual void crossentropy_combine(Stream& s, const Tensor& losses, const Tensor& lse,
+                                    const Tensor& stats);
 
   // out[0] (f64) = sum of x^2, summed in a fixed order.
   virtual void squared_norm(Stream& s, const Tensor& out, const Tensor& x);

@@ -72,28 +72,35 @@ Shape row_shape(const Tensor& t) { return Shape(t.shape.begin(), t.shape.end() -
 
 }  // namespace
 
+// The slice must lie in its vocabulary.
+bool slice_ok(const VocabSlice& v, std::int64_t rows) {
+  return v.whole() || (v.begin >= 0 && v.total > 0 && v.begin < v.total && rows > 0);
+}
+
 void embedding_forward(Stream& s, const Tensor& out, const Tensor& tokens, const Tensor& wte,
-                       const Tensor& wpe) {
+                       const Tensor& wpe, VocabSlice slice) {
   Check c(s, "embedding_forward");
   if (!c.rank("out", out, 3).rank("wte", wte, 2).rank("wpe", wpe, 2).ok()) return;
   const std::int64_t B = out.size(0), T = out.size(1), C = out.size(2);
   c.tensor("tokens", tokens, DType::kI32, {B, T})
       .f32("wte", wte, {wte.size(0), C})
       .f32("wpe", wpe, {wpe.size(0), C})
-      .that(T <= wpe.size(0), "sequence is longer than wpe");
-  if (c.ok()) s.device().kernels().embedding_forward(s, out, tokens, wte, wpe);
+      .that(T <= wpe.size(0), "sequence is longer than wpe")
+      .that(slice_ok(slice, wte.size(0)), "vocabulary slice outside its vocabulary");
+  if (c.ok()) s.device().kernels().embedding_forward(s, out, tokens, wte, wpe, slice);
 }
 
 void embedding_backward(Stream& s, const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
-                        const Tensor& tokens) {
+                        const Tensor& tokens, VocabSlice slice) {
   Check c(s, "embedding_backward");
   if (!c.rank("dout", dout, 3).rank("dwte", dwte, 2).rank("dwpe", dwpe, 2).ok()) return;
   const std::int64_t B = dout.size(0), T = dout.size(1), C = dout.size(2);
   c.tensor("tokens", tokens, DType::kI32, {B, T})
       .f32("dwte", dwte, {dwte.size(0), C})
       .f32("dwpe", dwpe, {dwpe.size(0), C})
-      .that(T <= dwpe.size(0), "sequence is longer than dwpe");
-  if (c.ok()) s.device().kernels().embedding_backward(s, dwte, dwpe, dout, tokens);
+      .that(T <= dwpe.size(0), "sequence is longer than dwpe")
+      .that(slice_ok(slice, dwte.size(0)), "vocabulary slice outside its vocabulary");
+  if (c.ok()) s.device().kernels().embedding_backward(s, dwte, dwpe, dout, tokens, slice);
 }
 
 void layernorm_forward(Stream& s, const Tensor& out, const Tensor& mean, const Tensor& rstd,
@@ -216,7 +223,8 @@ void crossentropy_forward(Stream& s, const Tensor& losses, const Tensor& lse, co
 }
 
 void crossentropy_backward(Stream& s, const Tensor& dlogits, const Tensor& logits,
-                           const Tensor& lse, const Tensor& targets, float dloss, int V) {
+                           const Tensor& lse, const Tensor& targets, float dloss, int V,
+                           VocabSlice slice) {
   Check c(s, "crossentropy_backward");
   if (!c.rank("logits", logits, 2).ok()) return;
   const std::int64_t N = rows(logits), Vp = logits.size(-1);
@@ -224,10 +232,32 @@ void crossentropy_backward(Stream& s, const Tensor& dlogits, const Tensor& logit
       .f32("dlogits", dlogits, logits.shape)
       .f32("lse", lse, {N})
       .tensor("targets", targets, DType::kI32, {N})
-      .that(V > 0 && V <= Vp, "V must be in [1, Vp]");
+      .that(slice_ok(slice, Vp), "vocabulary slice outside its vocabulary")
+      .that(V > 0 && (slice.whole() ? V <= Vp : V <= slice.total), "V must be in [1, Vp]");
   if (c.ok()) {
-    s.device().kernels().crossentropy_backward(s, dlogits, logits, lse, targets, dloss, V);
+    s.device().kernels().crossentropy_backward(s, dlogits, logits, lse, targets, dloss, V, slice);
   }
+}
+
+void crossentropy_partial(Stream& s, const Tensor& stats, const Tensor& logits,
+                          const Tensor& targets, int V, VocabSlice slice) {
+  Check c(s, "crossentropy_partial");
+  if (!c.rank("logits", logits, 2).ok()) return;
+  const std::int64_t N = rows(logits), Vl = logits.size(-1);
+  c.f32("logits", logits, logits.shape)
+      .f32("stats", stats, {N, 3})
+      .tensor("targets", targets, DType::kI32, {N})
+      .that(slice_ok(slice, Vl), "vocabulary slice outside its vocabulary")
+      .that(V > 0 && (slice.whole() ? V <= Vl : V <= slice.total), "V must be in [1, Vp]");
+  if (c.ok()) s.device().kernels().crossentropy_partial(s, stats, logits, targets, V, slice);
+}
+
+void crossentropy_combine(Stream& s, const Tensor& losses, const Tensor& lse, const Tensor& stats) {
+  Check c(s, "crossentropy_combine");
+  if (!c.rank("stats", stats, 3).ok()) return;
+  const std::int64_t N = stats.size(1);
+  c.f32("stats", stats, {stats.size(0), N, 3}).f32("losses", losses, {N}).f32("lse", lse, {N});
+  if (c.ok()) s.device().kernels().crossentropy_combine(s, losses, lse, stats);
 }
 
 void squared_norm(Stream& s, const Tensor& out, const Tensor& x) {

@@ -12,9 +12,9 @@
 namespace troupe::gpu::ops {
 
 void embedding_forward(Stream& s, const Tensor& out, const Tensor& tokens, const Tensor& wte,
-                       const Tensor& wpe);
+                       const Tensor& wpe, VocabSlice slice = {});
 void embedding_backward(Stream& s, const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
-                        const Tensor& tokens);
+                        const Tensor& tokens, VocabSlice slice = {});
 void layernorm_forward(Stream& s, const Tensor& out, const Tensor& mean, const Tensor& rstd,
                        const Tensor& inp, const Tensor& w, const Tensor& b);
 void layernorm_backward(Stream& s, const Tensor& dinp, const Tensor& dw, const Tensor& db,
@@ -33,7 +33,11 @@ void residual_forward(Stream& s, const Tensor& out, const Tensor& a, const Tenso
 void crossentropy_forward(Stream& s, const Tensor& losses, const Tensor& lse, const Tensor& logits,
                           const Tensor& targets, int V);
 void crossentropy_backward(Stream& s, const Tensor& dlogits, const Tensor& logits,
-                           const Tensor& lse, const Tensor& targets, float dloss, int V);
+                           const Tensor& lse, const Tensor& targets, float dloss, int V,
+                           VocabSlice slice = {});
+void crossentropy_partial(Stream& s, const Tensor& stats, const Tensor& logits,
+                          const Tensor& targets, int V, VocabSlice slice);
+void crossentropy_combine(Stream& s, const Tensor& losses, const Tensor& lse, const Tensor& stats);
 void squared_norm(Stream& s, const Tensor& out, const Tensor& x);
 void adamw(Stream& s, const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v,
            const AdamWArgs& args);

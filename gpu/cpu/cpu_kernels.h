@@ -14,10 +14,12 @@ namespace troupe::gpu::cpu {
 
 using i64 = std::int64_t;
 
+// Vocabulary slices (gpu/kernels.h VocabSlice): the rows hold ids
+// [begin, begin + rows) of ids valid in [0, total). False: an id out of range.
 bool embedding_forward(float* out, const std::int32_t* tokens, const float* wte, const float* wpe,
-                       i64 B, i64 T, i64 C, i64 Vp);
+                       i64 B, i64 T, i64 C, i64 rows, i64 begin, i64 total);
 bool embedding_backward(float* dwte, float* dwpe, const float* dout, const std::int32_t* tokens,
-                        i64 B, i64 T, i64 C, i64 Vp);
+                        i64 B, i64 T, i64 C, i64 rows, i64 begin, i64 total);
 
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w,
                        const float* b, i64 N, i64 C);
@@ -40,8 +42,13 @@ void residual_forward(float* out, const float* a, const float* b, i64 n);
 
 bool crossentropy_forward(float* losses, float* lse, const float* logits,
                           const std::int32_t* targets, i64 N, i64 V, i64 Vp);
+// Column j of the Vp logits is id begin + j; ids below V take part.
 bool crossentropy_backward(float* dlogits, const float* logits, const float* lse,
-                           const std::int32_t* targets, float dloss, i64 N, i64 V, i64 Vp);
+                           const std::int32_t* targets, float dloss, i64 N, i64 V, i64 Vp,
+                           i64 begin);
+bool crossentropy_partial(float* stats, const float* logits, const std::int32_t* targets, i64 N,
+                          i64 V, i64 Vp, i64 begin);
+void crossentropy_combine(float* losses, float* lse, const float* stats, i64 P, i64 N);
 
 double squared_norm(const float* x, i64 n);
 void adamw(float* p, const float* g, float* m, float* v, i64 n, float lr, float beta1, float beta2,

@@ -16,23 +16,25 @@ std::int64_t rows(const Tensor& t) { return t.numel() / t.size(-1); }
 class CpuKernels final : public Kernels {
  public:
   void embedding_forward(Stream& s, const Tensor& out, const Tensor& tokens, const Tensor& wte,
-                         const Tensor& wpe) override {
-    on(s).enqueue_op("embedding_forward", [&s, out, tokens, wte, wpe] {
+                         const Tensor& wpe, VocabSlice v) override {
+    const std::int64_t total = v.whole() ? wte.size(0) : v.total;
+    on(s).enqueue_op("embedding_forward", [&s, out, tokens, wte, wpe, v, total] {
       if (!cpu::embedding_forward(f(out), i32(tokens), f(wte), f(wpe), out.size(0), out.size(1),
-                                  out.size(2), wte.size(0))) {
+                                  out.size(2), wte.size(0), v.begin, total)) {
         s.fail(absl::InvalidArgumentError(
-            absl::StrCat("embedding_forward: a token id is outside [0, ", wte.size(0), ")")));
+            absl::StrCat("embedding_forward: a token id is outside [0, ", total, ")")));
       }
     });
   }
 
   void embedding_backward(Stream& s, const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
-                          const Tensor& tokens) override {
-    on(s).enqueue_op("embedding_backward", [&s, dwte, dwpe, dout, tokens] {
+                          const Tensor& tokens, VocabSlice v) override {
+    const std::int64_t total = v.whole() ? dwte.size(0) : v.total;
+    on(s).enqueue_op("embedding_backward", [&s, dwte, dwpe, dout, tokens, v, total] {
       if (!cpu::embedding_backward(f(dwte), f(dwpe), f(dout), i32(tokens), dout.size(0),
-                                   dout.size(1), dout.size(2), dwte.size(0))) {
+                                   dout.size(1), dout.size(2), dwte.size(0), v.begin, total)) {
         s.fail(absl::InvalidArgumentError(
-            absl::StrCat("embedding_backward: a token id is outside [0, ", dwte.size(0), ")")));
+            absl::StrCat("embedding_backward: a token id is outside [0, ", total, ")")));
       }
     });
   }
@@ -112,14 +114,32 @@ class CpuKernels final : public Kernels {
   }
 
   void crossentropy_backward(Stream& s, const Tensor& dlogits, const Tensor& logits,
-                             const Tensor& lse, const Tensor& targets, float dloss,
-                             int V) override {
-    on(s).enqueue_op("crossentropy_backward", [&s, dlogits, logits, lse, targets, dloss, V] {
+                             const Tensor& lse, const Tensor& targets, float dloss, int V,
+                             VocabSlice v) override {
+    on(s).enqueue_op("crossentropy_backward", [&s, dlogits, logits, lse, targets, dloss, V, v] {
       if (!cpu::crossentropy_backward(f(dlogits), f(logits), f(lse), i32(targets), dloss,
-                                      rows(logits), V, logits.size(-1))) {
+                                      rows(logits), V, logits.size(-1), v.begin)) {
         s.fail(absl::InvalidArgumentError(
             absl::StrCat("crossentropy_backward: a target is outside [0, ", V, ")")));
       }
+    });
+  }
+
+  void crossentropy_partial(Stream& s, const Tensor& stats, const Tensor& logits,
+                            const Tensor& targets, int V, VocabSlice v) override {
+    on(s).enqueue_op("crossentropy_partial", [&s, stats, logits, targets, V, v] {
+      if (!cpu::crossentropy_partial(f(stats), f(logits), i32(targets), rows(logits), V,
+                                     logits.size(-1), v.begin)) {
+        s.fail(absl::InvalidArgumentError(
+            absl::StrCat("crossentropy_partial: a target is outside [0, ", V, ")")));
+      }
+    });
+  }
+
+  void crossentropy_combine(Stream& s, const Tensor& losses, const Tensor& lse,
+                            const Tensor& stats) override {
+    on(s).enqueue_op("crossentropy_combine", [=] {
+      cpu::crossentropy_combine(f(losses), f(lse), f(stats), stats.size(0), stats.size(1));
     });
   }
 

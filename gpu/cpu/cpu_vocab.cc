@@ -29,6 +29,16 @@ TROUPE_CLONES void crossentropy_grad_row(float* d, const float* x, float lse, fl
   for (i64 j = V; j < Vp; j++) d[j] = 0.0f;
 }
 
+TROUPE_CLONES void copy_row(float* out, const float* a, i64 C) {
+  for (i64 i = 0; i < C; i++) out[i] = a[i];
+}
+
+// Columns of a slice starting at id `begin` whose ids are below V.
+i64 local_columns(i64 V, i64 Vp, i64 begin) {
+  const i64 n = V - begin;
+  return n < 0 ? 0 : (n > Vp ? Vp : n);
+}
+
 bool tokens_in_range(const std::int32_t* tokens, i64 n, i64 limit) {
   for (i64 i = 0; i < n; i++) {
     if (tokens[i] < 0 || tokens[i] >= limit) return false;
@@ -39,18 +49,24 @@ bool tokens_in_range(const std::int32_t* tokens, i64 n, i64 limit) {
 }  // namespace
 
 bool embedding_forward(float* out, const std::int32_t* tokens, const float* wte, const float* wpe,
-                       i64 B, i64 T, i64 C, i64 Vp) {
-  if (!tokens_in_range(tokens, B * T, Vp)) return false;
+                       i64 B, i64 T, i64 C, i64 rows, i64 begin, i64 total) {
+  if (!tokens_in_range(tokens, B * T, total)) return false;
 #pragma omp parallel for schedule(static)
   for (i64 bt = 0; bt < B * T; bt++) {
-    add_rows(out + bt * C, wte + static_cast<i64>(tokens[bt]) * C, wpe + (bt % T) * C, C);
+    const i64 row = static_cast<i64>(tokens[bt]) - begin;
+    const float* p = wpe + (bt % T) * C;
+    if (row >= 0 && row < rows) {
+      add_rows(out + bt * C, wte + row * C, p, C);
+    } else {
+      copy_row(out + bt * C, p, C);  // another rank's token: its row adds in the all-reduce
+    }
   }
   return true;
 }
 
 bool embedding_backward(float* dwte, float* dwpe, const float* dout, const std::int32_t* tokens,
-                        i64 B, i64 T, i64 C, i64 Vp) {
-  if (!tokens_in_range(tokens, B * T, Vp)) return false;
+                        i64 B, i64 T, i64 C, i64 rows, i64 begin, i64 total) {
+  if (!tokens_in_range(tokens, B * T, total)) return false;
   // Each thread owns a range of columns and walks the tokens in order, so a
   // row hit by several tokens sums them in the same order on any team size.
   constexpr i64 kCols = 16;
@@ -59,7 +75,8 @@ bool embedding_backward(float* dwte, float* dwpe, const float* dout, const std::
     const i64 c1 = c0 + kCols < C ? c0 + kCols : C;
     for (i64 bt = 0; bt < B * T; bt++) {
       const float* d = dout + bt * C;
-      accumulate_range(dwte + static_cast<i64>(tokens[bt]) * C, d, c0, c1);
+      const i64 row = static_cast<i64>(tokens[bt]) - begin;
+      if (row >= 0 && row < rows) accumulate_range(dwte + row * C, d, c0, c1);
       accumulate_range(dwpe + (bt % T) * C, d, c0, c1);
     }
   }
@@ -80,15 +97,54 @@ bool crossentropy_forward(float* losses, float* lse, const float* logits,
 }
 
 bool crossentropy_backward(float* dlogits, const float* logits, const float* lse,
-                           const std::int32_t* targets, float dloss, i64 N, i64 V, i64 Vp) {
+                           const std::int32_t* targets, float dloss, i64 N, i64 V, i64 Vp,
+                           i64 begin) {
   if (!tokens_in_range(targets, N, V)) return false;
+  const i64 valid = local_columns(V, Vp, begin);
 #pragma omp parallel for schedule(static)
   for (i64 n = 0; n < N; n++) {
     float* d = dlogits + n * Vp;
-    crossentropy_grad_row(d, logits + n * Vp, lse[n], dloss, V, Vp);
-    d[targets[n]] -= dloss;
+    crossentropy_grad_row(d, logits + n * Vp, lse[n], dloss, valid, Vp);
+    const i64 t = static_cast<i64>(targets[n]) - begin;
+    if (t >= 0 && t < Vp) d[t] -= dloss;
   }
   return true;
+}
+
+bool crossentropy_partial(float* stats, const float* logits, const std::int32_t* targets, i64 N,
+                          i64 V, i64 Vp, i64 begin) {
+  if (!tokens_in_range(targets, N, V)) return false;
+  const i64 valid = local_columns(V, Vp, begin);
+#pragma omp parallel for schedule(static)
+  for (i64 n = 0; n < N; n++) {
+    const float* x = logits + n * Vp;
+    float* st = stats + n * 3;
+    const float m = valid > 0 ? row_max(x, valid) : -INFINITY;
+    st[0] = m;
+    st[1] = valid > 0 ? row_sum_exp(x, m, valid) : 0.0f;
+    const i64 t = static_cast<i64>(targets[n]) - begin;
+    st[2] = t >= 0 && t < valid ? x[t] : 0.0f;
+  }
+  return true;
+}
+
+void crossentropy_combine(float* losses, float* lse, const float* stats, i64 P, i64 N) {
+#pragma omp parallel for schedule(static)
+  for (i64 n = 0; n < N; n++) {
+    float m = -INFINITY;
+    for (i64 p = 0; p < P; p++) {
+      const float* st = stats + (p * N + n) * 3;
+      if (st[1] > 0.0f && st[0] > m) m = st[0];
+    }
+    float sum = 0.0f, target = 0.0f;
+    for (i64 p = 0; p < P; p++) {  // slices in rank order
+      const float* st = stats + (p * N + n) * 3;
+      if (st[1] > 0.0f) sum += st[1] * std::exp(st[0] - m);
+      target += st[2];
+    }
+    lse[n] = m + std::log(sum);
+    losses[n] = lse[n] - target;
+  }
 }
 
 }  // namespace troupe::gpu::cpu
