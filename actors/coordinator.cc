@@ -39,7 +39,8 @@ caf::behavior Coordinator::make_behavior() {
 
 std::string Coordinator::who(int rank) const {
   const comm::Coord c = setup_->layout.coord(rank);
-  return absl::StrCat("rank ", rank, " (d=", c.d, " s=", c.s, ")");
+  return absl::StrCat("rank ", rank, " (d=", c.d, " s=", c.s,
+                      setup_->layout.tp > 1 ? absl::StrCat(" t=", c.t) : "", ")");
 }
 
 void Coordinator::begin(int step) {

@@ -10,9 +10,27 @@ namespace troupe::actors {
 
 using comm::MessageKind;
 
-Partition::Partition(const StageCompute& chunk, int dp, int d, gpu::Stream& stream)
+Partition::Partition(const StageCompute& chunk, int dp, int d, bool count_replicated,
+                     gpu::Stream& stream)
     : chunk_(chunk), dp_(dp) {
   range_ = partition_range(chunk.layout(), chunk.spec(), dp, d);
+  const std::vector<model::ParamSpec>& specs = chunk.layout().specs();
+  bool previous_counted = false;
+  for (std::size_t i = 0; i < specs.size(); i++) {
+    const model::ParamSpec& spec = specs[i];
+    const bool counted = !(spec.replicated() && spec.slice.tp > 1 && !count_replicated);
+    // A spec with its alignment padding (zeros), so counted neighbours merge.
+    const std::int64_t end = i + 1 < specs.size() ? specs[i + 1].offset : chunk.layout().total();
+    const Range r = range_.intersect({spec.offset, end});
+    if (counted && !r.empty()) {
+      if (previous_counted && !counted_.empty() && counted_.back().end == r.begin) {
+        counted_.back().end = r.end;
+      } else {
+        counted_.push_back(r);
+      }
+    }
+    previous_counted = counted;
+  }
   if (chunk.spec().embedding && !chunk.spec().head) {
     // The head is another chunk's: its wte gradient comes here too.
     tied_ = range_.intersect(wte_range(chunk.layout())).size();
@@ -23,7 +41,8 @@ Partition::Partition(const StageCompute& chunk, int dp, int d, gpu::Stream& stre
   m_ = gpu::Tensor::empty(dev, gpu::DType::kF32, {n});
   v_ = gpu::Tensor::empty(dev, gpu::DType::kF32, {n});
   sum_ = gpu::Tensor::empty(dev, gpu::DType::kF32, {n});
-  norm_ = gpu::Tensor::empty(dev, gpu::DType::kF64, {1});
+  norm_ = gpu::Tensor::empty(dev, gpu::DType::kF64,
+                             {std::max<std::int64_t>(1, static_cast<std::int64_t>(counted_.size()))});
   staging_ = gpu::Tensor::empty(dev, gpu::DType::kF32, {dp * (n + tied_)});
   if (range_.empty()) return;
   const gpu::Tensor master = view(master_, 0, range_.size());
@@ -53,11 +72,16 @@ void Partition::reduce(gpu::Stream& s) const {
   for (int r = 0; r < dp_ && tied_ > 0; r++) {
     gpu::ops::axpy(s, view(sum_, 0, tied_), 1.0f, view(staging_, dp_ * stride + r * tied_, tied_));
   }
-  gpu::ops::squared_norm(s, norm_, sum);
+  for (std::size_t k = 0; k < counted_.size(); k++) {
+    gpu::ops::squared_norm(s, norm_.view(static_cast<std::int64_t>(k), {1}),
+                           view(sum_, counted_[k].begin - range_.begin, counted_[k].size()));
+  }
 }
 
 double Partition::squared_norm() const {
-  return range_.empty() ? 0.0 : norm_.data<double>()[0];
+  double sq = 0.0;  // ranges in layout order
+  for (std::size_t k = 0; k < counted_.size(); k++) sq += norm_.data<double>()[k];
+  return sq;
 }
 
 void Partition::step(gpu::Stream& s, const model::AdamWConfig& c, float lr, int step,

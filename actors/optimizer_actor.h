@@ -30,7 +30,9 @@ namespace troupe::actors {
 class Partition {
  public:
   // Master copy initialised from `chunk`'s parameters (synchronously).
-  Partition(const StageCompute& chunk, int dp, int d, gpu::Stream& stream);
+  // Replicated parameters (the same on every TP rank) count towards the
+  // gradient norm on TP rank 0 only (count_replicated).
+  Partition(const StageCompute& chunk, int dp, int d, bool count_replicated, gpu::Stream& stream);
 
   const StageCompute& chunk() const { return chunk_; }
   Range range() const { return range_; }
@@ -56,7 +58,8 @@ class Partition {
   Range range_;
   std::int64_t tied_ = 0;
   int dp_ = 1;
-  gpu::Tensor master_, m_, v_, sum_, norm_;
+  gpu::Tensor master_, m_, v_, sum_, norm_;  // norm_: one f64 per counted range
+  std::vector<Range> counted_;                // parts of range_ in the gradient norm
   gpu::Tensor staging_;  // (dp, range) then (dp, tied)
 };
 
@@ -88,7 +91,7 @@ class OptimizerActor : public caf::event_based_actor {
   void on_sent(const std::string& error);
   void fail(const std::string& what);
   comm::Tag tag(comm::MessageKind kind, int source, int chunk, int layer) const;
-  int rank_of(int d, int s) const { return setup_.layout.rank({d, s, 0}); }
+  int rank_of(int d, int s) const { return setup_.layout.rank({d, s, setup_.coord.t}); }
 
   OptimizerSetup setup_;
   int step_ = 0;

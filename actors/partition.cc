@@ -58,14 +58,18 @@ std::vector<GradBucket> grad_buckets(const model::ParamLayout& layout,
                                      const model::StageSpec& spec) {
   std::vector<GradBucket> out;
   bool last_was_wte = false;
-  for (const model::ParamSpec& p : layout.specs()) {
+  const std::vector<model::ParamSpec>& specs = layout.specs();
+  for (std::size_t i = 0; i < specs.size(); i++) {
+    const model::ParamSpec& p = specs[i];
+    // With the alignment padding after it, so that buckets tile the buffer
+    // (the padding's zeros travel too; no receive buffer is left unwritten).
+    const std::int64_t end = i + 1 < specs.size() ? specs[i + 1].offset : layout.total();
     const GradPoint ready = ready_point(p, spec);
     const bool is_wte = p.name == "wte.weight";  // its own bucket: it may go elsewhere
-    if (!out.empty() && out.back().ready == ready && !is_wte && !last_was_wte &&
-        out.back().range.end == p.offset) {
-      out.back().range.end = p.offset + p.numel();
+    if (!out.empty() && out.back().ready == ready && !is_wte && !last_was_wte) {
+      out.back().range.end = end;
     } else {
-      out.push_back({{p.offset, p.offset + p.numel()}, ready});
+      out.push_back({{p.offset, end}, ready});
     }
     last_was_wte = is_wte;
   }
@@ -75,10 +79,10 @@ std::vector<GradBucket> grad_buckets(const model::ParamLayout& layout,
 std::vector<GradPiece> grad_pieces(const model::GptConfig& config, const PipelineShape& p) {
   std::vector<GradPiece> out;
   const model::StageSpec emb_spec = chunk_spec(config, p, 0);
-  const model::ParamLayout emb_layout = model::ParamLayout::gpt(config, emb_spec);
+  const model::ParamLayout emb_layout = model::ParamLayout::gpt(config, emb_spec, {p.tp, 0});
   for (int vs = 0; vs < p.chunks(); vs++) {
     const model::StageSpec spec = chunk_spec(config, p, vs);
-    const model::ParamLayout layout = model::ParamLayout::gpt(config, spec);
+    const model::ParamLayout layout = model::ParamLayout::gpt(config, spec, {p.tp, 0});
     const std::vector<GradBucket> buckets = grad_buckets(layout, spec);
     const Range wte = wte_elsewhere(spec) ? wte_range(layout) : Range{};
     for (int b = 0; b < static_cast<int>(buckets.size()); b++) {
@@ -108,7 +112,7 @@ std::vector<ParamPiece> param_pieces(const model::GptConfig& config, const Pipel
   const int head_vs = p.chunks() - 1;
   for (int vs = 0; vs < p.chunks(); vs++) {
     const model::StageSpec spec = chunk_spec(config, p, vs);
-    const model::ParamLayout layout = model::ParamLayout::gpt(config, spec);
+    const model::ParamLayout layout = model::ParamLayout::gpt(config, spec, {p.tp, 0});
     const int s = stage_of(p, vs), c = chunk_of(p, vs);
     for (int d = 0; d < p.dp; d++) {
       const Range part = partition_range(layout, spec, p.dp, d);
@@ -138,15 +142,20 @@ std::vector<ParamPiece> param_pieces(const model::GptConfig& config, const Pipel
 }
 
 absl::Status check_pipeline_shape(const model::GptConfig& config, const PipelineShape& p, int m) {
-  if (p.pp < 1 || p.dp < 1 || p.v < 1) {
-    return absl::InvalidArgumentError("--pp, --dp and --virtual-stages must be positive");
+  if (p.pp < 1 || p.dp < 1 || p.v < 1 || p.tp < 1) {
+    return absl::InvalidArgumentError("--tp, --pp, --dp and --virtual-stages must be positive");
+  }
+  if (config.NH % p.tp != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--heads ", config.NH,
+                                                   " does not divide among --tp ", p.tp,
+                                                   " tensor-parallel ranks"));
   }
   if (p.v > 16) {
     return absl::InvalidArgumentError(
         absl::StrCat("--virtual-stages ", p.v, ": at most 16 model chunks per stage"));
   }
-  if (p.pp * p.dp > 32768) {
-    return absl::InvalidArgumentError("--pp x --dp: at most 32768 ranks");
+  if (p.tp * p.pp * p.dp > 32768) {
+    return absl::InvalidArgumentError("--tp x --pp x --dp: at most 32768 ranks");
   }
   if (m > 256) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -40,6 +40,7 @@ struct PipelineShape {
   int pp = 1;
   int v = 1;  // model chunks per stage
   int dp = 1;
+  int tp = 1;  // every TP rank's slice has the same layout sizes
   int chunks() const { return pp * v; }
 };
 

@@ -13,10 +13,16 @@
 
 namespace troupe::actors {
 
+model::GptConfig ParallelOptions::sliced_config(const model::GptConfig& c) const {
+  model::GptConfig out = c;
+  out.vocab_multiple = c.vocab_multiple * std::max(tp, 1);
+  return out;
+}
+
 absl::Status ParallelOptions::validate(const model::TrainOptions& o) const {
   if (absl::Status st = o.validate(); !st.ok()) return st;
-  if (pp < 1 || dp < 1 || virtual_stages < 1) {
-    return absl::InvalidArgumentError("--pp, --dp and --virtual-stages must be positive");
+  if (tp < 1 || pp < 1 || dp < 1 || virtual_stages < 1) {
+    return absl::InvalidArgumentError("--tp, --pp, --dp and --virtual-stages must be positive");
   }
   if (virtual_stages > 1 && schedule != ScheduleKind::kInterleaved1F1B) {
     return absl::InvalidArgumentError(
@@ -28,7 +34,7 @@ absl::Status ParallelOptions::validate(const model::TrainOptions& o) const {
         "--global-batch-size ", o.global_batch, " must be a multiple of --micro-batch-size ",
         o.micro_batch, " x --dp ", dp, " = ", o.micro_batch * dp));
   }
-  const PipelineShape shape{pp, virtual_stages, dp};
+  const PipelineShape shape{pp, virtual_stages, dp, tp};
   if (absl::Status st = check_pipeline_shape(o.model, shape, m(o)); !st.ok()) return st;
   for (int s = 0; s < pp; s++) {
     auto ops = make_schedule(schedule, pp, s, m(o), virtual_stages);
@@ -58,10 +64,11 @@ absl::StatusOr<std::unique_ptr<InProcessTrainer>> InProcessTrainer::create(
   if (absl::Status st = parallel.validate(options); !st.ok()) return st;
   std::unique_ptr<InProcessTrainer> t(new InProcessTrainer());
   t->options_ = options;
+  t->options_.model = parallel.sliced_config(options.model);
   t->parallel_ = parallel;
-  t->layout_ = {.tp = 1, .pp = parallel.pp, .dp = parallel.dp};
-  t->shape_ = {parallel.pp, parallel.virtual_stages, parallel.dp};
-  const model::GptConfig& c = options.model;
+  t->layout_ = {.tp = parallel.tp, .pp = parallel.pp, .dp = parallel.dp};
+  t->shape_ = {parallel.pp, parallel.virtual_stages, parallel.dp, parallel.tp};
+  const model::GptConfig& c = t->options_.model;
 
   const std::int64_t train_samples =
       std::max<std::int64_t>(options.steps, 1) * options.global_batch;
@@ -98,6 +105,27 @@ absl::StatusOr<std::unique_ptr<InProcessTrainer>> InProcessTrainer::create(
     rk.rank = r;
     rk.coord = t->layout_.coord(r);
     rk.transport = t->fabric_->endpoint(r);
+    model::TensorParallel tensor;
+    tensor.slice = {parallel.tp, rk.coord.t};
+    if (parallel.tp > 1) {
+      rk.tensor = std::make_unique<comm::Communicator>(
+          *rk.transport, t->layout_.tensor_group(r), comm::GroupKind::kTensor);
+      tensor.all_reduce = [comm = rk.tensor.get()](gpu::Stream& s, const gpu::Tensor& x) {
+        // In stream order: the stream waits while the peers add their parts.
+        s.host_callback([&s, comm, x] {
+          absl::Status st = comm->all_reduce_sync(x.data<float>(), static_cast<std::size_t>(x.numel()));
+          if (!st.ok()) s.fail(absl::UnavailableError(absl::StrCat("TP all-reduce: ", st.message())));
+        });
+      };
+      tensor.all_gather = [comm = rk.tensor.get()](gpu::Stream& s, const gpu::Tensor& in,
+                                                    const gpu::Tensor& out) {
+        s.host_callback([&s, comm, in, out] {
+          absl::Status st = comm->all_gather_sync(in.data<float>(), out.data<float>(),
+                                                  static_cast<std::size_t>(out.numel()));
+          if (!st.ok()) s.fail(absl::UnavailableError(absl::StrCat("TP all-gather: ", st.message())));
+        });
+      };
+    }
     rk.stream = dev.make_stream({.threads = threads});
     rk.optimizer_stream = dev.make_stream({.threads = 1});
     const std::vector<ScheduleOp> ops = *make_schedule(parallel.schedule, parallel.pp, rk.coord.s,
@@ -109,12 +137,13 @@ absl::StatusOr<std::unique_ptr<InProcessTrainer>> InProcessTrainer::create(
       // next forward.
       const int slots = peak_in_flight(ops, ch) + (t->shape_.chunks() > 1 ? 1 : 0);
       rk.chunks.push_back(factory ? factory(c, options.micro_batch, spec, slots)
-                              : std::make_unique<GptStage>(c, options.micro_batch, spec, slots, dev));
+                                  : std::make_unique<GptStage>(c, options.micro_batch, spec, slots,
+                                                               dev, tensor));
     }
     if (absl::Status st = t->init_params(rk); !st.ok()) return st;
     for (const auto& chunk : rk.chunks) {
-      rk.partitions.push_back(
-          std::make_unique<Partition>(*chunk, parallel.dp, rk.coord.d, *rk.optimizer_stream));
+      rk.partitions.push_back(std::make_unique<Partition>(*chunk, parallel.dp, rk.coord.d,
+                                                          rk.coord.t == 0, *rk.optimizer_stream));
     }
     if (absl::Status st = rk.optimizer_stream->synchronize(); !st.ok()) return st;
   }
@@ -131,12 +160,11 @@ absl::Status InProcessTrainer::init_params(Rank& r) {
   model::Gpt whole(options_.model, 1, gpu::cpu_device());
   if (absl::Status st = model::load_weights(options_.init_weights, whole); !st.ok()) return st;
   for (auto& chunk : r.chunks) {
-    const model::ParamLayout& lay = chunk->layout();
-    for (const model::ParamSpec& spec : lay.specs()) {
+    for (const model::ParamSpec& spec : chunk->layout().specs()) {
       const model::ParamSpec& from = whole.layout().find(spec.name);
-      std::memcpy(chunk->params().data<float>() + spec.offset,
-                  whole.params().data<float>() + from.offset,
-                  static_cast<std::size_t>(spec.numel()) * sizeof(float));
+      float* to = chunk->params().data<float>() + spec.offset;
+      const float* src = whole.params().data<float>() + from.offset;
+      for (std::int64_t i = 0; i < spec.numel(); i++) to[i] = src[spec.global_index(i)];
     }
   }
   return absl::OkStatus();
@@ -230,6 +258,7 @@ void InProcessTrainer::shut_down(caf::actor_system& system, const std::vector<ca
   const absl::Status over = absl::CancelledError("the run has ended");
   for (Rank& r : ranks_) {
     for (int peer = 0; peer < layout_.world(); peer++) r.transport->fail_peer(peer, over);
+    if (r.tensor) r.tensor->fail(over);  // a stream waiting in a TP collective goes on
   }
   caf::scoped_actor self{system};
   for (const caf::actor& a : actors) {
@@ -250,14 +279,15 @@ absl::Status InProcessTrainer::gather_params(model::Gpt& whole) const {
     if (r.coord.d != 0) continue;
     for (const auto& chunk : r.chunks) {
       for (const model::ParamSpec& spec : chunk->layout().specs()) {
+        // Each TP rank's slice to its place in the unsliced tensor.
         const model::ParamSpec* to = whole.layout().find_or_null(spec.name);
-        if (to == nullptr || to->numel() != spec.numel()) {
+        if (to == nullptr || to->shape != spec.full_shape) {
           return absl::InvalidArgumentError(
               absl::StrCat("gather_params: the model has no tensor ", spec.name, " of this size"));
         }
-        std::memcpy(whole.params().data<float>() + to->offset,
-                    chunk->params().data<float>() + spec.offset,
-                    static_cast<std::size_t>(spec.numel()) * sizeof(float));
+        float* dst = whole.params().data<float>() + to->offset;
+        const float* src = chunk->params().data<float>() + spec.offset;
+        for (std::int64_t i = 0; i < spec.numel(); i++) dst[spec.global_index(i)] = src[i];
       }
     }
   }

@@ -27,6 +27,7 @@
 #include "actors/shard_actor.h"
 #include "actors/stage_compute.h"
 #include "comm/groups.h"
+#include "comm/communicator.h"
 #include "comm/inproc_transport.h"
 #include "model/data/datasets.h"
 #include "model/trainer.h"
@@ -34,6 +35,7 @@
 namespace troupe::actors {
 
 struct ParallelOptions {
+  int tp = 1;              // --tp: tensor-parallel ranks per stage (Megatron slicing)
   int pp = 1;              // --pp: pipeline stages
   int dp = 1;              // --dp: data-parallel replicas
   int virtual_stages = 1;  // --virtual-stages: model chunks per stage (interleaved)
@@ -42,6 +44,10 @@ struct ParallelOptions {
 
   // Micro-batches per replica and step.
   int m(const model::TrainOptions& o) const { return o.global_batch / (o.micro_batch * dp); }
+  int world() const { return tp * pp * dp; }
+  // The model as the ranks hold it: the vocabulary padded to a multiple of
+  // --make-vocab-size-divisible-by x tp (as Megatron), so it slices evenly.
+  model::GptConfig sliced_config(const model::GptConfig& c) const;
   // InvalidArgument naming the flag when the layout does not fit the model
   // or the batch.
   absl::Status validate(const model::TrainOptions& o) const;
@@ -88,6 +94,7 @@ class InProcessTrainer {
     std::vector<std::unique_ptr<GptStage>> chunks;       // by chunk
     std::vector<std::unique_ptr<Partition>> partitions;  // by chunk
     std::unique_ptr<comm::Transport> transport;
+    std::unique_ptr<comm::Communicator> tensor;  // the TP group's collectives (tp > 1)
     // Last, so that they drain before the buffers above go away.
     std::unique_ptr<gpu::Stream> stream, optimizer_stream;
   };

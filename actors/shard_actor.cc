@@ -238,7 +238,10 @@ void ShardActor::on_op_done(int op_id) {
       (void)setup_.stream->device().copy_to_host(sc.losses(slot), host_losses_.data());
       double sum = 0.0;
       for (float l : host_losses_) sum += l;
-      send(setup_.coordinator, loss_atom::value, step_, setup_.coord.d, op.micro, sum);
+      // Every TP rank has the same losses; rank t = 0 reports them.
+      if (setup_.coord.t == 0) {
+        send(setup_.coordinator, loss_atom::value, step_, setup_.coord.d, op.micro, sum);
+      }
     }
     if (pass_ == Pass::kEval) release(op.chunk, slot);  // no backward will need it
   } else {
@@ -326,7 +329,9 @@ void ShardActor::fail(const std::string& what) {
   if (failed_) return;
   failed_ = true;
   send(setup_.coordinator, failed_atom::value, setup_.rank,
-       absl::StrCat("stage ", setup_.coord.s, " (replica ", setup_.coord.d, "): ", what));
+       absl::StrCat("stage ", setup_.coord.s, " (replica ", setup_.coord.d,
+                    setup_.layout.tp > 1 ? absl::StrCat(", tensor rank ", setup_.coord.t) : "",
+                    "): ", what));
 }
 
 void ShardActor::wait_for(const ScheduleOp* op, std::string what, int peer) {

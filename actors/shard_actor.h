@@ -89,7 +89,7 @@ class ShardActor : public caf::event_based_actor {
 
   comm::Callback reply(Msg what, int id);
   comm::Tag tag(comm::MessageKind kind, int source, int micro, int chunk, int layer) const;
-  int rank_of(int d, int s) const { return setup_.layout.rank({d, s, 0}); }
+  int rank_of(int d, int s) const { return setup_.layout.rank({d, s, setup_.coord.t}); }
   std::string describe(const ScheduleOp& op) const;
 
   ShardSetup setup_;

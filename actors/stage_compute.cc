@@ -4,8 +4,8 @@
 namespace troupe::actors {
 
 GptStage::GptStage(const model::GptConfig& config, int B, const model::StageSpec& spec, int slots,
-                   gpu::Device& device)
-    : gpt_(config, B, device, spec, slots) {
+                   gpu::Device& device, model::TensorParallel tp)
+    : gpt_(config, B, device, spec, slots, std::move(tp)) {
   const gpu::Shape btc{B, config.T, config.C};
   const std::int64_t n = gpu::shape_numel(btc);
   // Chunks that receive nothing (first, last) need no boundary buffers.

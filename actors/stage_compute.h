@@ -57,7 +57,7 @@ class StageCompute {
 class GptStage : public StageCompute {
  public:
   GptStage(const model::GptConfig& config, int B, const model::StageSpec& spec, int slots,
-           gpu::Device& device);
+           gpu::Device& device, model::TensorParallel tp = {});
 
   model::Gpt& gpt() { return gpt_; }
   const model::StageSpec& spec() const override { return gpt_.stage(); }

@@ -126,7 +126,7 @@ int run_train(const TrainFlags& flags) {
   }
   const model::TrainOptions& o = *options;
   const actors::ParallelOptions& par = flags.parallel;
-  const bool one_rank = par.pp * par.dp == 1 && par.virtual_stages == 1;
+  const bool one_rank = par.world() == 1 && par.virtual_stages == 1;
   Progress progress(o.steps, metrics.is_open() ? &metrics : nullptr);
   std::unique_ptr<model::Trainer> single;
   std::unique_ptr<actors::InProcessTrainer> multi;
@@ -144,7 +144,9 @@ int run_train(const TrainFlags& flags) {
     multi = std::move(*t);
     train_data = &multi->train_data();
   }
-  std::printf("troupe train: %s\n", o.model.describe().c_str());
+  // (With --tp the vocabulary is padded to a multiple of 128 x tp.)
+  std::printf("troupe train: %s\n",
+              (multi ? multi->options().model : o.model).describe().c_str());
   std::printf("  train data: %s\n", train_data->describe().c_str());
   const model::data::SampleSource* valid_data =
       single ? single->valid_data() : multi->valid_data();
@@ -184,7 +186,7 @@ int run_train(const TrainFlags& flags) {
       st = model::save_weights(single->gpt(), flags.save_weights);
     } else {
       // Gathered from every stage into the file one rank writes.
-      model::Gpt whole(o.model, 1, gpu::cpu_device());
+      model::Gpt whole(multi->options().model, 1, gpu::cpu_device());
       st = multi->gather_params(whole);
       if (st.ok()) st = model::save_weights(whole, flags.save_weights);
     }
@@ -251,6 +253,9 @@ Command add_train_command(CLI::App& app) {
   cmd->add_option("--metrics-jsonl", flags->metrics_jsonl, "Write one JSON object per step here");
   cmd->add_option("--threads", o.threads, "Compute threads (default: all cores)");
   actors::ParallelOptions& par = flags->parallel;
+  cmd->add_option("--tp,--tensor-model-parallel-size", par.tp,
+                  "Tensor-parallel ranks per stage (Megatron slicing)")
+      ->capture_default_str();
   cmd->add_option("--pp,--pipeline-model-parallel-size", par.pp, "Pipeline stages")
       ->capture_default_str();
   cmd->add_option("--dp,--data-parallel-size", par.dp, "Data-parallel replicas (ZeRO-1)")

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "gpu/device.h"
+#include "gpu/kernels.h"
 #include "gpu/tensor.h"
 #include "model/config.h"
 #include "model/layout.h"
@@ -44,25 +45,30 @@ struct GptParams {
 
 // What the forward keeps for the backward, per layer of the stage where it
 // says (L, ...); the head's tensors are empty on stages without the head.
+// With tensor parallelism, the dimensions marked `l` are this rank's part:
+// 3Cl = 3C/tp (its heads' q, k, v), Cl = C/tp, NHl = NH/tp, 4Cl = 4C/tp,
+// Vl = Vp/tp.
 struct GptActivations {
   gpu::Tensor encoded;                  // (B, T, C)
   gpu::Tensor ln1, ln1_mean, ln1_rstd;  // (L, B, T, C), (L, B, T) x2
-  gpu::Tensor qkv;                      // (L, B, T, 3C)
-  gpu::Tensor att;                      // (L, B, NH, T, T) softmax probabilities
-  gpu::Tensor atty;                     // (L, B, T, C)
+  gpu::Tensor qkv;                      // (L, B, T, 3Cl)
+  gpu::Tensor att;                      // (L, B, NHl, T, T) softmax probabilities
+  gpu::Tensor atty;                     // (L, B, T, Cl)
   gpu::Tensor residual2;                // (L, B, T, C)
   gpu::Tensor ln2, ln2_mean, ln2_rstd;  // (L, B, T, C), (L, B, T) x2
-  gpu::Tensor fch, fch_gelu;            // (L, B, T, 4C)
+  gpu::Tensor fch, fch_gelu;            // (L, B, T, 4Cl)
   gpu::Tensor residual3;                // (L, B, T, C)
   gpu::Tensor lnf, lnf_mean, lnf_rstd;  // (B, T, C), (B, T) x2
-  gpu::Tensor logits;                   // (B, T, Vp); the backward turns it into dlogits
+  gpu::Tensor logits;                   // (B, T, Vl); the backward turns it into dlogits
   gpu::Tensor lse, losses;              // (B, T)
+  gpu::Tensor ce_stats, ce_gathered;    // (B*T, 3), (tp, B*T, 3): vocab-parallel softmax
   // Backward scratch.
   gpu::Tensor scratch_btc;      // (B, T, C)
   gpu::Tensor dresidual, dbtc;  // (B, T, C)
-  gpu::Tensor dqkv;             // (B, T, 3C)
-  gpu::Tensor datt;             // (B, NH, T, T)
-  gpu::Tensor dfch;             // (B, T, 4C)
+  gpu::Tensor datty;            // (B, T, Cl)
+  gpu::Tensor dqkv;             // (B, T, 3Cl)
+  gpu::Tensor datt;             // (B, NHl, T, T)
+  gpu::Tensor dfch;             // (B, T, 4Cl)
 };
 
 // Points of the backward after which a group of gradients is final for this
@@ -78,6 +84,17 @@ struct GradPoint {
 // so a caller can enqueue a notification behind them (gradient buckets).
 using GradProgress = std::function<void(GradPoint)>;
 
+// A tensor-parallel shard's link to its peers (Megatron's tensor slicing):
+// each call is enqueued on the stream and takes effect in stream order;
+// every peer makes the same calls in the same order. Unused when tp = 1.
+struct TensorParallel {
+  TpSlice slice;
+  // x = the sum of x over the peers (bitwise the same on every peer).
+  std::function<void(gpu::Stream&, const gpu::Tensor& x)> all_reduce;
+  // out (tp, ...) = every peer's `in`, in peer order.
+  std::function<void(gpu::Stream&, const gpu::Tensor& in, const gpu::Tensor& out)> all_gather;
+};
+
 class Gpt {
  public:
   // Allocates parameters, gradients and activations of `stage` (default: the
@@ -87,7 +104,8 @@ class Gpt {
   // their forward and their backward at once (a 1F1B stage keeps up to
   // pp - s); each call names the slot of its micro-batch.
   Gpt(const GptConfig& config, int B, gpu::Device& device);
-  Gpt(const GptConfig& config, int B, gpu::Device& device, const StageSpec& stage, int slots = 1);
+  Gpt(const GptConfig& config, int B, gpu::Device& device, const StageSpec& stage, int slots = 1,
+      TensorParallel tp = {});
 
   const GptConfig& config() const { return config_; }
   const ParamLayout& layout() const { return layout_; }
@@ -116,6 +134,7 @@ class Gpt {
                 const GradProgress& progress = {});
 
   const StageSpec& stage() const { return stage_; }
+  const TpSlice& tp() const { return tp_.slice; }
   // (B, T, C): what a stage without the head hands to the next stage, and
   // (after the backward) the gradient a stage without the embedding hands back.
   gpu::Tensor output(int slot = 0) const;
@@ -125,8 +144,13 @@ class Gpt {
   void layer_forward(gpu::Stream& s, GptActivations& a, int l, const gpu::Tensor& residual);
   void layer_backward(gpu::Stream& s, GptActivations& a, int l, const gpu::Tensor& residual);
 
+  // Sums a partial result over the TP peers (nothing when tp = 1).
+  void all_reduce(gpu::Stream& s, const gpu::Tensor& x);
+  gpu::VocabSlice vocab_slice() const;
+
   GptConfig config_;
   StageSpec stage_;
+  TensorParallel tp_;
   int B_;
   gpu::Device& device_;
   ParamLayout layout_;
@@ -134,6 +158,7 @@ class Gpt {
   GptParams p_, g_;
   std::vector<GptActivations> slots_;
   std::vector<gpu::Tensor> inputs_;  // per slot: its encoded, or the previous stage's output
+  gpu::Tensor zero_wpe_;             // (T, C) zeros: TP ranks t > 0 add wpe through rank 0
 };
 
 }  // namespace troupe::model

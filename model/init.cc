@@ -42,7 +42,8 @@ float counter_normal(std::uint64_t key, std::uint64_t index) {
 
 void init_values(const GptConfig& config, const ParamSpec& spec, std::uint64_t seed,
                  std::int64_t first, std::span<float> out) {
-  const std::int64_t row_len = spec.numel() / spec.shape[0];
+  // In the unsliced tensor: a TP slice's element i is element global_index(i).
+  const std::int64_t row_len = gpu::shape_numel(spec.full_shape) / spec.full_shape[0];
   const std::int64_t real = spec.real_rows * row_len;  // elements that exist unpadded
   float std_dev = 0.02f;
   if (spec.init == Init::kNormalScaled) {
@@ -50,7 +51,7 @@ void init_values(const GptConfig& config, const ParamSpec& spec, std::uint64_t s
   }
   const std::uint64_t key = param_key(seed, spec.name);
   for (std::size_t i = 0; i < out.size(); i++) {
-    const std::int64_t e = first + static_cast<std::int64_t>(i);
+    const std::int64_t e = spec.global_index(first + static_cast<std::int64_t>(i));
     switch (spec.init) {
       case Init::kZeros:
         out[i] = 0.0f;

@@ -7,16 +7,41 @@
 
 namespace troupe::model {
 
+std::int64_t ParamSpec::global_index(std::int64_t i) const {
+  if (replicated()) return i;
+  const std::int64_t cols = shape.size() > 1 ? shape[1] : 1;  // of the slice
+  const std::int64_t r = i / cols, c = i % cols;
+  switch (split) {
+    case Split::kRows:
+      return (slice.t * shape[0] + r) * cols + c;
+    case Split::kCols:
+      return r * full_shape[1] + slice.t * cols + c;
+    case Split::kQkvRows: {
+      const std::int64_t part = shape[0] / 3;  // this rank's rows of each of q, k, v
+      const std::int64_t full_part = full_shape[0] / 3;
+      return ((r / part) * full_part + slice.t * part + r % part) * cols + c;
+    }
+    case Split::kNone:
+      break;
+  }
+  return i;
+}
+
 void ParamLayout::add(std::string name, gpu::Shape shape, Decay decay, Init init, int layer,
-                      bool transposed_in_file, std::int64_t real_rows) {
+                      bool transposed_in_file, std::int64_t real_rows, Split split) {
   ParamSpec s;
   s.name = std::move(name);
+  s.full_shape = shape;
+  s.split = slice_.tp > 1 ? split : Split::kNone;
+  s.slice = slice_;
+  if (s.split == Split::kRows || s.split == Split::kQkvRows) shape[0] /= slice_.tp;
+  if (s.split == Split::kCols) shape[1] /= slice_.tp;
   s.shape = std::move(shape);
   s.offset = total_;
   s.decay = decay;
   s.init = init;
   s.transposed_in_file = transposed_in_file;
-  s.real_rows = real_rows >= 0 ? real_rows : s.shape[0];
+  s.real_rows = real_rows >= 0 ? real_rows : s.full_shape[0];
   s.layer = layer;
   // Keep every tensor 16-float (64-byte) aligned in the flat buffer.
   total_ += (s.numel() + 15) / 16 * 16;
@@ -24,26 +49,32 @@ void ParamLayout::add(std::string name, gpu::Shape shape, Decay decay, Init init
   specs_.push_back(std::move(s));
 }
 
-ParamLayout ParamLayout::gpt(const GptConfig& c, StageSpec stage) {
+ParamLayout ParamLayout::gpt(const GptConfig& c, StageSpec stage, TpSlice slice) {
   ParamLayout lay;
+  lay.slice_ = slice;
   const std::int64_t C = c.C;
   if (stage.embedding || stage.head) {
-    lay.add("wte.weight", {c.Vp(), C}, Decay::kYes, Init::kNormal, -1, false, c.V);
+    lay.add("wte.weight", {c.Vp(), C}, Decay::kYes, Init::kNormal, -1, false, c.V, Split::kRows);
   }
   if (stage.embedding) lay.add("wpe.weight", {c.T, C}, Decay::kYes, Init::kNormal, -1);
   for (int l = stage.first_layer; l < stage.last_layer; l++) {
     const std::string h = absl::StrCat("h.", l, ".");
     lay.add(h + "ln_1.weight", {C}, Decay::kNo, Init::kOnes, l);
     lay.add(h + "ln_1.bias", {C}, Decay::kNo, Init::kZeros, l);
-    lay.add(h + "attn.c_attn.weight", {3 * C, C}, Decay::kYes, Init::kNormal, l, true);
-    lay.add(h + "attn.c_attn.bias", {3 * C}, Decay::kNo, Init::kZeros, l);
-    lay.add(h + "attn.c_proj.weight", {C, C}, Decay::kYes, Init::kNormalScaled, l, true);
+    lay.add(h + "attn.c_attn.weight", {3 * C, C}, Decay::kYes, Init::kNormal, l, true, -1,
+            Split::kQkvRows);
+    lay.add(h + "attn.c_attn.bias", {3 * C}, Decay::kNo, Init::kZeros, l, false, -1,
+            Split::kQkvRows);
+    lay.add(h + "attn.c_proj.weight", {C, C}, Decay::kYes, Init::kNormalScaled, l, true, -1,
+            Split::kCols);
     lay.add(h + "attn.c_proj.bias", {C}, Decay::kNo, Init::kZeros, l);
     lay.add(h + "ln_2.weight", {C}, Decay::kNo, Init::kOnes, l);
     lay.add(h + "ln_2.bias", {C}, Decay::kNo, Init::kZeros, l);
-    lay.add(h + "mlp.c_fc.weight", {4 * C, C}, Decay::kYes, Init::kNormal, l, true);
-    lay.add(h + "mlp.c_fc.bias", {4 * C}, Decay::kNo, Init::kZeros, l);
-    lay.add(h + "mlp.c_proj.weight", {C, 4 * C}, Decay::kYes, Init::kNormalScaled, l, true);
+    lay.add(h + "mlp.c_fc.weight", {4 * C, C}, Decay::kYes, Init::kNormal, l, true, -1,
+            Split::kRows);
+    lay.add(h + "mlp.c_fc.bias", {4 * C}, Decay::kNo, Init::kZeros, l, false, -1, Split::kRows);
+    lay.add(h + "mlp.c_proj.weight", {C, 4 * C}, Decay::kYes, Init::kNormalScaled, l, true, -1,
+            Split::kCols);
     lay.add(h + "mlp.c_proj.bias", {C}, Decay::kNo, Init::kZeros, l);
   }
   if (stage.head) {

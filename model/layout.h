@@ -40,26 +40,46 @@ struct StageSpec {
   }
 };
 
+// One tensor-parallel rank's slice: t of tp (Megatron's tensor slicing).
+struct TpSlice {
+  int tp = 1;
+  int t = 0;
+};
+
+// How tensor parallelism slices a parameter: not at all (replicated on
+// every TP rank: LayerNorms, position embedding, row-parallel biases), by
+// rows (vocab-parallel wte, column-parallel c_fc), by columns (row-parallel
+// c_proj), or the fused qkv's rows, each of q, k and v by heads.
+enum class Split { kNone, kRows, kCols, kQkvRows };
+
 enum class Decay { kNo, kYes };  // AdamW weight decay (not biases, LN, as Megatron)
 enum class Init { kNormal, kNormalScaled, kZeros, kOnes };
 
 struct ParamSpec {
   std::string name;
-  gpu::Shape shape;         // as stored here
+  gpu::Shape shape;         // as stored here (this rank's slice)
+  gpu::Shape full_shape;    // unsliced
   std::int64_t offset = 0;  // in elements, into the flat buffer
   Decay decay = Decay::kNo;
   Init init = Init::kZeros;
   bool transposed_in_file = false;  // Conv1D weights: file holds shape reversed
-  // Rows that exist in the file and are initialised (wte: V of Vp rows).
+  // Rows of the unsliced tensor that exist in the file and are initialised
+  // (wte: V of Vp rows).
   std::int64_t real_rows = 0;
   int layer = -1;  // -1: embedding or final LN
+  Split split = Split::kNone;
+  TpSlice slice;
 
   std::int64_t numel() const { return gpu::shape_numel(shape); }
+  bool replicated() const { return split == Split::kNone || slice.tp == 1; }
+  // Index in the unsliced tensor (row-major) of this slice's element i.
+  std::int64_t global_index(std::int64_t i) const;
 };
 
 class ParamLayout {
  public:
-  static ParamLayout gpt(const GptConfig& config, StageSpec stage);
+  // Rank t of tp's slice of `stage` (Vp and NH must divide by tp).
+  static ParamLayout gpt(const GptConfig& config, StageSpec stage, TpSlice slice = {});
   static ParamLayout gpt(const GptConfig& config) { return gpt(config, StageSpec::whole(config)); }
 
   const std::vector<ParamSpec>& specs() const { return specs_; }
@@ -75,7 +95,10 @@ class ParamLayout {
 
  private:
   void add(std::string name, gpu::Shape shape, Decay decay, Init init, int layer,
-           bool transposed_in_file = false, std::int64_t real_rows = -1);
+           bool transposed_in_file = false, std::int64_t real_rows = -1,
+           Split split = Split::kNone);
+
+  TpSlice slice_;
 
   std::vector<ParamSpec> specs_;
   absl::flat_hash_map<std::string, std::size_t> index_;

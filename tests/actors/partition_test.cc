@@ -35,6 +35,20 @@ TEST(Partition, BucketsTileTheLayoutAndWteIsAlone) {
   }
 }
 
+TEST(Partition, BucketsCoverTheAlignmentPadding) {
+  model::GptConfig c = tiny8();
+  c.C = 8;  // LayerNorm tensors of 8 floats: 8 floats of padding after each
+  c.NH = 1;
+  const model::StageSpec spec = chunk_spec(c, {.pp = 2, .v = 1, .dp = 1}, 1);
+  const model::ParamLayout lay = model::ParamLayout::gpt(c, spec);
+  std::int64_t at = 0;
+  for (const GradBucket& b : grad_buckets(lay, spec)) {
+    EXPECT_EQ(b.range.begin, at);
+    at = b.range.end;
+  }
+  EXPECT_EQ(at, lay.total());
+}
+
 TEST(Partition, PartitionsSplitTheOwnedRegionEvenly) {
   const model::GptConfig c = tiny8();
   const PipelineShape p{.pp = 2, .v = 1, .dp = 3};
