@@ -110,7 +110,9 @@ absl::StatusOr<std::unique_ptr<InProcessTrainer>> InProcessTrainer::create(
     if (parallel.tp > 1) {
       rk.tensor = std::make_unique<comm::Communicator>(
           *rk.transport, t->layout_.tensor_group(r), comm::GroupKind::kTensor);
-      tensor.all_reduce = [comm = rk.tensor.get()](gpu::Stream& s, const gpu::Tensor& x) {
+      tensor.all_reduce = [comm = rk.tensor.get(), count = rk.tp_floats](gpu::Stream& s,
+                                                                         const gpu::Tensor& x) {
+        *count += x.numel();
         // In stream order: the stream waits while the peers add their parts.
         s.host_callback([&s, comm, x] {
           absl::Status st = comm->all_reduce_sync(x.data<float>(), static_cast<std::size_t>(x.numel()));
@@ -302,6 +304,10 @@ std::int64_t InProcessTrainer::optimizer_state_bytes(int rank) const {
 
 std::int64_t InProcessTrainer::unpartitioned_state_bytes() const {
   return 3 * model::ParamLayout::gpt(options_.model).total() * 4;
+}
+
+std::int64_t InProcessTrainer::tp_all_reduced_floats(int rank) const {
+  return ranks_[static_cast<std::size_t>(rank)].tp_floats->load();
 }
 
 int InProcessTrainer::slots(int rank, int chunk) const {

@@ -13,6 +13,7 @@
 //   RETURN_IF_ERROR((*t)->gather_params(whole_gpt));     // e.g. to save it
 #pragma once
 
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <string>
@@ -85,6 +86,8 @@ class InProcessTrainer {
   std::int64_t optimizer_state_bytes(int rank) const;
   std::int64_t unpartitioned_state_bytes() const;
   int slots(int rank, int chunk) const;
+  // Floats rank r has summed in TP all-reduces so far (comm volume).
+  std::int64_t tp_all_reduced_floats(int rank) const;
 
  private:
   InProcessTrainer() = default;
@@ -95,6 +98,8 @@ class InProcessTrainer {
     std::vector<std::unique_ptr<Partition>> partitions;  // by chunk
     std::unique_ptr<comm::Transport> transport;
     std::unique_ptr<comm::Communicator> tensor;  // the TP group's collectives (tp > 1)
+    std::shared_ptr<std::atomic<std::int64_t>> tp_floats =
+        std::make_shared<std::atomic<std::int64_t>>(0);
     // Last, so that they drain before the buffers above go away.
     std::unique_ptr<gpu::Stream> stream, optimizer_stream;
   };
