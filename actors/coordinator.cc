@@ -1,9 +1,12 @@
 // Coordinator: begin_step, losses, global norm, update, ready.
 #include "actors/coordinator.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_format.h"
 #include "actors/messages.h"
 #include "model/optimizer.h"
 
@@ -26,11 +29,26 @@ caf::behavior Coordinator::make_behavior() {
       [this](start_atom) {
         for (const caf::actor& a : setup_->shards) monitor(a);
         for (const caf::actor& a : setup_->optimizers) monitor(a);
+        if (setup_->stall_timeout_s > 0) watch(progress_);
         begin(1);
       },
-      [this](loss_atom, int step, int d, int j, double sum) { on_loss(step, d, j, sum); },
-      [this](norm_atom, int step, int rank, double sq) { on_norm(step, rank, sq); },
-      [this](ready_atom, int step, int rank) { on_ready(step, rank); },
+      [this](loss_atom, int step, int d, int j, double sum) {
+        progress();
+        on_loss(step, d, j, sum);
+      },
+      [this](norm_atom, int step, int rank, double sq) {
+        progress();
+        on_norm(step, rank, sq);
+      },
+      [this](ready_atom, int step, int rank) {
+        progress();
+        on_ready(step, rank);
+      },
+      [this](tick_atom, std::uint64_t seen) {
+        if (finished_ || reports_due_ > 0) return;
+        if (progress_ == seen) return diagnose_stall();
+        watch(progress_);
+      },
       [this](failed_atom, int rank, const std::string& what) {
         finish(absl::InternalError(absl::StrCat(who(rank), ": ", what)));
       },
@@ -130,6 +148,46 @@ void Coordinator::begin_eval_batch() {
 void Coordinator::step_done() {
   if (setup_->on_step) setup_->on_step(metrics_);
   begin(step_ + 1);
+}
+
+void Coordinator::watch(std::uint64_t seen) {
+  delayed_send(this,
+               std::chrono::duration_cast<caf::timespan>(
+                   std::chrono::duration<double>(setup_->stall_timeout_s)),
+               tick_atom::value, seen);
+}
+
+// Hang diagnosis: every worker says what it waits for (op, micro-batch,
+// from whom, since when); the run ends with the answers.
+void Coordinator::diagnose_stall() {
+  std::vector<caf::actor> workers = setup_->shards;
+  workers.insert(workers.end(), setup_->optimizers.begin(), setup_->optimizers.end());
+  reports_.clear();
+  reports_due_ = static_cast<int>(workers.size());
+  auto answered = [this] {
+    if (--reports_due_ > 0) return;
+    std::sort(reports_.begin(), reports_.end(),
+              [](const WaitReport& a, const WaitReport& b) { return a.rank < b.rank; });
+    std::string waits;
+    for (const WaitReport& r : reports_) {
+      if (!r.waiting.empty()) {
+        absl::StrAppend(&waits, "\n  ", to_string(r));
+      } else if (r.step != step_ && absl::StartsWith(r.actor, "shard")) {
+        absl::StrAppend(&waits, "\n  rank ", r.rank, " ", r.actor, ": has not begun step ", step_);
+      }
+    }
+    finish(absl::DeadlineExceededError(
+        absl::StrFormat("no progress for %.1f s in step %d; waiting:%s", setup_->stall_timeout_s,
+                        step_, waits.empty() ? " (nothing reported)" : waits)));
+  };
+  for (const caf::actor& w : workers) {
+    request(w, std::chrono::seconds(10), waiting_atom::value)
+        .then([this, answered](const WaitReport& r) {
+                reports_.push_back(r);
+                answered();
+              },
+              [answered](caf::error&) { answered(); });
+  }
 }
 
 void Coordinator::finish(absl::Status st) {

@@ -20,6 +20,7 @@
 #include <caf/all.hpp>
 
 #include "absl/status/status.h"
+#include "actors/messages.h"
 #include "actors/partition.h"
 #include "comm/groups.h"
 #include "model/trainer.h"
@@ -36,6 +37,10 @@ struct CoordinatorSetup {
   std::vector<caf::actor> optimizers; // by rank
   std::function<void(const model::StepMetrics&)> on_step;
   std::function<void(absl::Status)> on_finish;  // once, when the run ends
+  // No worker message for this long: the run is hung. The coordinator asks
+  // every worker what it waits for and ends the run with their answers.
+  // 0: never.
+  double stall_timeout_s = 0;
 };
 
 class Coordinator : public caf::event_based_actor {
@@ -53,6 +58,9 @@ class Coordinator : public caf::event_based_actor {
   void step_done();
   void reset_tallies();
   void finish(absl::Status st);
+  void progress() { progress_++; }
+  void watch(std::uint64_t seen);
+  void diagnose_stall();
   std::string who(int rank) const;
 
   std::shared_ptr<CoordinatorSetup> setup_;
@@ -68,6 +76,9 @@ class Coordinator : public caf::event_based_actor {
   double val_total_ = 0;
   model::StepMetrics metrics_;
   bool finished_ = false;
+  std::uint64_t progress_ = 0;  // worker messages so far (the stall watchdog)
+  std::vector<WaitReport> reports_;
+  int reports_due_ = 0;
   std::chrono::steady_clock::time_point t0_;
 };
 

@@ -45,6 +45,7 @@ using op_done_atom = caf::atom_constant<caf::atom("opdone")>;
 using bucket_atom = caf::atom_constant<caf::atom("bucket")>;
 using recv_atom = caf::atom_constant<caf::atom("recvd")>;
 using sent_atom = caf::atom_constant<caf::atom("sent")>;
+using tick_atom = caf::atom_constant<caf::atom("tick")>;
 using reduced_atom = caf::atom_constant<caf::atom("reduced")>;
 using stepped_atom = caf::atom_constant<caf::atom("stepped")>;
 

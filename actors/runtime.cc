@@ -204,6 +204,7 @@ absl::Status InProcessTrainer::run(caf::actor_system& system, const StepCallback
   setup->shape = shape_;
   setup->m = parallel_.m(options_);
   setup->has_valid = data_.valid != nullptr;
+  setup->stall_timeout_s = parallel_.stall_timeout_s;
   setup->on_step = on_step;
   setup->on_finish = [done](absl::Status st) { done->set_value(std::move(st)); };
   caf::actor coordinator = system.spawn<Coordinator>(setup);

@@ -41,7 +41,8 @@ struct ParallelOptions {
   int dp = 1;              // --dp: data-parallel replicas
   int virtual_stages = 1;  // --virtual-stages: model chunks per stage (interleaved)
   ScheduleKind schedule = ScheduleKind::k1F1B;
-  FailPoint fail = {};  // testing (--debug-fail-stage)
+  FailPoint fail = {};  // testing (--debug-fail-stage, --debug-stall-stage)
+  double stall_timeout_s = 600;  // --stall-timeout: a run with no progress this long fails
 
   // Micro-batches per replica and step.
   int m(const model::TrainOptions& o) const { return o.global_batch / (o.micro_batch * dp); }

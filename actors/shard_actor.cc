@@ -76,6 +76,7 @@ caf::behavior ShardActor::make_behavior() {
 
 void ShardActor::begin(Pass pass, int step, std::int64_t first_sample) {
   if (pass == Pass::kTrain && setup_.fail.stage == setup_.coord.s && setup_.fail.step == step) {
+    if (setup_.fail.kind == FailPoint::Kind::kStall) return;  // never starts the step
     throw std::runtime_error(absl::StrCat("injected failure at step ", step));
   }
   pass_ = pass;

@@ -35,10 +35,13 @@
 
 namespace troupe::actors {
 
-// Testing: the shard of stage `stage` throws at the begin of step `step`.
+// Testing: the shard(s) of stage `stage` throw at the begin of step `step`,
+// or (kStall) ignore that step, as a hung rank would.
 struct FailPoint {
+  enum class Kind { kThrow, kStall };
   int stage = -1;
   int step = -1;
+  Kind kind = Kind::kThrow;
 };
 
 struct ShardSetup {

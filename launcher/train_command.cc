@@ -28,7 +28,8 @@ struct TrainFlags {
   std::string metrics_jsonl;
   actors::ParallelOptions parallel;
   std::string schedule = "1f1b";
-  std::string fail_at;  // --debug-fail-stage S:K
+  std::string fail_at;   // --debug-fail-stage S:K
+  std::string stall_at;  // --debug-stall-stage S:K
 };
 
 std::string duration(double s) {
@@ -265,8 +266,15 @@ Command add_train_command(CLI::App& app) {
   cmd->add_option("--virtual-stages", par.virtual_stages,
                   "Model chunks per stage (interleaved schedule)")
       ->capture_default_str();
+  cmd->add_option("--stall-timeout", par.stall_timeout_s,
+                  "Seconds without progress after which the run is hung: it stops and says what "
+                  "every rank waits for (0: never)")
+      ->capture_default_str();
   cmd->add_option("--debug-fail-stage", flags->fail_at,
                   "Testing: the shard of stage S throws at step K (S:K)")
+      ->group("");
+  cmd->add_option("--debug-stall-stage", flags->stall_at,
+                  "Testing: the shard of stage S never starts step K (S:K)")
       ->group("");
   return [flags] {
     auto fail = [](const std::string& msg) {
@@ -280,6 +288,13 @@ Command add_train_command(CLI::App& app) {
         std::sscanf(flags->fail_at.c_str(), "%d:%d", &flags->parallel.fail.stage,
                     &flags->parallel.fail.step) != 2) {
       return fail("--debug-fail-stage " + flags->fail_at + ": expected STAGE:STEP");
+    }
+    if (!flags->stall_at.empty()) {
+      flags->parallel.fail.kind = actors::FailPoint::Kind::kStall;
+      if (std::sscanf(flags->stall_at.c_str(), "%d:%d", &flags->parallel.fail.stage,
+                      &flags->parallel.fail.step) != 2) {
+        return fail("--debug-stall-stage " + flags->stall_at + ": expected STAGE:STEP");
+      }
     }
     return run_train(*flags);
   };
