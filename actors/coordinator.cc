@@ -14,6 +14,17 @@ namespace troupe::actors {
 
 Coordinator::Coordinator(caf::actor_config& cfg, std::shared_ptr<CoordinatorSetup> setup)
     : caf::event_based_actor(cfg), setup_(std::move(setup)) {
+  set_exception_handler([this](caf::scheduled_actor*, std::exception_ptr& e) -> caf::error {
+    std::string what = "unknown exception";
+    try {
+      std::rethrow_exception(e);
+    } catch (const std::exception& x) {
+      what = x.what();
+    } catch (...) {
+    }
+    finish(absl::InternalError(absl::StrCat("the coordinator threw: ", what)));
+    return caf::make_error(caf::sec::runtime_error, what);
+  });
   set_down_handler([this](caf::down_msg& dm) {
     for (std::size_t r = 0; r < setup_->shards.size(); r++) {
       if (dm.source == setup_->shards[r] || dm.source == setup_->optimizers[r]) {
@@ -188,6 +199,16 @@ void Coordinator::diagnose_stall() {
               },
               [answered](caf::error&) { answered(); });
   }
+}
+
+void Coordinator::on_exit() {
+  if (!finished_) {
+    finished_ = true;
+    if (setup_->on_finish) setup_->on_finish(absl::InternalError("the coordinator stopped"));
+  }
+  setup_->shards.clear();
+  setup_->optimizers.clear();
+  setup_->on_step = nullptr;
 }
 
 void Coordinator::finish(absl::Status st) {

@@ -48,6 +48,9 @@ class Coordinator : public caf::event_based_actor {
   // The workers are filled in before start_atom arrives.
   Coordinator(caf::actor_config& cfg, std::shared_ptr<CoordinatorSetup> setup);
   caf::behavior make_behavior() override;
+  // However the coordinator ends, the run is told (and the handles to the
+  // workers, which hold the coordinator's, are let go).
+  void on_exit() override;
 
  private:
   void begin(int step);

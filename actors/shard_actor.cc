@@ -214,7 +214,8 @@ void ShardActor::on_op_done(int op_id) {
   if (failed_) return;
   const ScheduleOp& op = (*ops_)[static_cast<std::size_t>(op_id)];
   if (absl::Status st = setup_.stream->status(); !st.ok()) {
-    return fail(absl::StrCat(describe(op), ": ", st.message()));
+    // The stream's error is sticky: it happened at or before this op.
+    return fail(absl::StrCat("at or before the ", describe(op), ": ", st.message()));
   }
   ChunkState& cs = chunk_[static_cast<std::size_t>(op.chunk)];
   StageCompute& sc = *setup_.chunks[static_cast<std::size_t>(op.chunk)];
@@ -236,7 +237,12 @@ void ShardActor::on_op_done(int op_id) {
       send_boundary(MessageKind::kActivation, vs + 1, sc.output(slot));
     } else {
       // The micro-batch's loss sum, in token order (as the single-rank loop).
-      (void)setup_.stream->device().copy_to_host(sc.losses(slot), host_losses_.data());
+      if (absl::Status st = setup_.stream->device().copy_to_host(sc.losses(slot),
+                                                                 host_losses_.data());
+          !st.ok()) {
+        return fail(absl::StrCat("reading the losses of micro-batch ", op.micro, ": ",
+                                 st.message()));
+      }
       double sum = 0.0;
       for (float l : host_losses_) sum += l;
       // Every TP rank has the same losses; rank t = 0 reports them.

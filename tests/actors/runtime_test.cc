@@ -216,6 +216,18 @@ TEST(Runtime, RunsInTheHostProgramsOwnActorSystem) {
   self->send_exit(echo, caf::exit_reason::user_shutdown);
 }
 
+TEST(Runtime, AStepCallbackThatThrowsEndsTheRunWithAnError) {
+  model::TrainOptions o = tiny8();
+  o.steps = 3;
+  auto t = InProcessTrainer::create(o, {.pp = 2, .dp = 1});
+  ASSERT_TRUE(t.ok()) << t.status();
+  absl::Status st = (*t)->run([](const model::StepMetrics&) {
+    throw std::runtime_error("the host program's callback failed");
+  });
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("the host program's callback failed"), std::string::npos) << st;
+}
+
 TEST(Runtime, OptimizerStatePerRankFallsAsOneOverDp) {
   const model::TrainOptions o = tiny8();
   const std::int64_t whole = 3 * model::ParamLayout::gpt(o.model).total() * 4;
