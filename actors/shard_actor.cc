@@ -181,6 +181,10 @@ void ShardActor::fire_forward(const ScheduleOp& op, int slot) {
   const auto j = static_cast<std::size_t>(op.micro);
   sc.forward(*setup_.stream, slot, tokens_.empty() ? gpu::Tensor{} : tokens_[j],
              targets_.empty() ? gpu::Tensor{} : targets_[j]);
+  if (!sc.spec().head) {
+    const int vs = virtual_stage(setup_.shape, setup_.coord.s, op.chunk);
+    stream_send(MessageKind::kActivation, vs + 1, sc.output(slot), op, slot);
+  }
   send_when_done(*setup_.stream, caf::actor_cast<caf::actor>(this),
                  caf::make_message(op_done_atom::value, op.id));
 }
@@ -206,8 +210,36 @@ void ShardActor::fire_backward(const ScheduleOp& op, int slot) {
                                                 setup_.T);
   sc.backward(*setup_.stream, slot, tokens_.empty() ? gpu::Tensor{} : tokens_[j],
               targets_.empty() ? gpu::Tensor{} : targets_[j], dloss, progress);
+  if (!sc.spec().embedding) {
+    const int vs = virtual_stage(setup_.shape, setup_.coord.s, op.chunk);
+    stream_send(MessageKind::kGradient, vs - 1, sc.input_grad(slot), op, slot);
+  }
   send_when_done(*setup_.stream, caf::actor_cast<caf::actor>(this),
                  caf::make_message(op_done_atom::value, op.id));
+}
+
+// The op's output leaves from the stream itself, right behind the op (as a
+// GPU stream would issue ncclSend), not after a round trip through this
+// actor's mailbox; the slot stays held until the bytes have left.
+void ShardActor::stream_send(MessageKind kind, int dst_vs, const gpu::Tensor& t,
+                             const ScheduleOp& op, int slot) {
+  const int dst = rank_of(setup_.coord.d, stage_of(setup_.shape, dst_vs));
+  chunk_[static_cast<std::size_t>(op.chunk)].holds[static_cast<std::size_t>(slot)]++;
+  sends_pending_++;
+  comm::Callback done = [self = caf::actor_cast<caf::actor>(this), c = op.chunk,
+                         slot](absl::Status st) {
+    caf::anon_send(self, sent_atom::value, c, slot, status_text(st));
+  };
+  setup_.stream->host_callback([stream = setup_.stream, transport = setup_.transport, dst,
+                                tag = tag(kind, setup_.rank, op.micro,
+                                          chunk_of(setup_.shape, dst_vs), 0),
+                                data = t.data<float>(), bytes = t.nbytes(),
+                                done = std::move(done)]() mutable {
+    if (absl::Status st = stream->status(); !st.ok()) {
+      return done(absl::AbortedError("not sent: the stream failed"));
+    }
+    transport->send(dst, tag, data, bytes, std::move(done));
+  });
 }
 
 void ShardActor::on_op_done(int op_id) {
@@ -219,23 +251,9 @@ void ShardActor::on_op_done(int op_id) {
   }
   ChunkState& cs = chunk_[static_cast<std::size_t>(op.chunk)];
   StageCompute& sc = *setup_.chunks[static_cast<std::size_t>(op.chunk)];
-  const int vs = virtual_stage(setup_.shape, setup_.coord.s, op.chunk);
   const int slot = cs.slot_of[static_cast<std::size_t>(op.micro)];
-  auto self = caf::actor_cast<caf::actor>(this);
-  auto send_boundary = [&](MessageKind kind, int dst_vs, const gpu::Tensor& t) {
-    const int dst = rank_of(setup_.coord.d, stage_of(setup_.shape, dst_vs));
-    cs.holds[static_cast<std::size_t>(slot)]++;  // until the bytes have left
-    sends_pending_++;
-    setup_.transport->send(
-        dst, tag(kind, setup_.rank, op.micro, chunk_of(setup_.shape, dst_vs), 0), t.data<float>(),
-        t.nbytes(), [self, c = op.chunk, slot](absl::Status st) {
-          caf::anon_send(self, sent_atom::value, c, slot, status_text(st));
-        });
-  };
   if (op.kind == OpKind::kForward) {
-    if (!sc.spec().head) {
-      send_boundary(MessageKind::kActivation, vs + 1, sc.output(slot));
-    } else {
+    if (sc.spec().head) {
       // The micro-batch's loss sum, in token order (as the single-rank loop).
       if (absl::Status st = setup_.stream->device().copy_to_host(sc.losses(slot),
                                                                  host_losses_.data());
@@ -252,7 +270,6 @@ void ShardActor::on_op_done(int op_id) {
     }
     if (pass_ == Pass::kEval) release(op.chunk, slot);  // no backward will need it
   } else {
-    if (!sc.spec().embedding) send_boundary(MessageKind::kGradient, vs - 1, sc.input_grad(slot));
     release(op.chunk, slot);  // the forward's hold: activations are free once sent
   }
   ops_done_++;

@@ -79,6 +79,8 @@ class ShardActor : public caf::event_based_actor {
   bool try_fire(const ScheduleOp& op);
   void fire_forward(const ScheduleOp& op, int slot);
   void fire_backward(const ScheduleOp& op, int slot);
+  void stream_send(comm::MessageKind kind, int dst_vs, const gpu::Tensor& t, const ScheduleOp& op,
+                   int slot);
   void on_op_done(int op_id);
   void on_bucket(int chunk, int bucket);
   void on_recv(Msg what, int id, const std::string& error);
