@@ -10,6 +10,12 @@
 #include "comm/communicator.h"
 
 namespace troupe::actors {
+
+// gtest prints a layout by this (found by argument-dependent lookup).
+void PrintTo(const PipelineShape& p, std::ostream* os) {
+  *os << "pp=" << p.pp << " v=" << p.v << " dp=" << p.dp << " tp=" << p.tp;
+}
+
 namespace {
 
 model::GptConfig tiny8() {

@@ -97,6 +97,12 @@ struct Case {
   }
 };
 
+// ctest shows the parameter by this name (not as bytes).
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << "tp=" << c.tp << " pp=" << c.pp << " dp=" << c.dp << " " << schedule_name(c.kind)
+      << " v=" << c.v << " V=" << c.V;
+}
+
 std::string case_name(const ::testing::TestParamInfo<Case>& info) {
   const Case& c = info.param;
   return absl::StrCat(c.tp > 1 ? absl::StrCat("tp", c.tp, "_") : "", "pp", c.pp, "_dp", c.dp,
