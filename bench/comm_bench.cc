@@ -5,6 +5,7 @@
 //                     bytes / time * 2(n-1)/n
 // Rank 0 prints one JSON object per measurement.
 #include <CLI/CLI.hpp>
+#include <sched.h>
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -145,7 +146,19 @@ int main(int argc, char** argv) {
   app.add_option("--mode", mode)->check(CLI::IsMember({"p2p", "allreduce"}));
   app.add_option("--min-bytes", min_bytes);
   app.add_option("--max-bytes", max_bytes);
+  int bind_core = -1;
+  app.add_option("--bind-core", bind_core,
+                 "Pin this process (all its threads) to one core, as mpirun binds its ranks");
   CLI11_PARSE(app, argc, argv);
+  if (bind_core >= 0) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(bind_core, &set);
+    if (sched_setaffinity(0, sizeof(set), &set) != 0) {
+      std::perror("comm_bench: --bind-core");
+      return 1;
+    }
+  }
   auto w = troupe::comm::connect_ucx(rank, size, "127.0.0.1", port, absl::Seconds(60));
   if (!w.ok()) {
     std::fprintf(stderr, "rank %d: %s\n", rank, std::string(w.status().message()).c_str());

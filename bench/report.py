@@ -216,8 +216,11 @@ def comm(build, sizes_p2p, sizes_ar, ns):
     lo, hi = str(sizes_ar[0]), str(sizes_ar[-1])
     for n in ns:
         port = free_port()
+        # mpirun binds each rank to a core when there are at most 2 (OpenMPI's
+        # default); troupe's ranks get the same, so both run under one policy.
+        bind = (lambda r: ["--bind-core", str(r % os.cpu_count())]) if n <= 2 else (lambda r: [])
         out = run_ranks(lambda r: [f"{bench}/comm_bench", "--rank", str(r), "--size", str(n), "--port", str(port),
-                                   "--mode", "allreduce", "--min-bytes", lo, "--max-bytes", hi], n)
+                                   "--mode", "allreduce", "--min-bytes", lo, "--max-bytes", hi] + bind(r), n)
         for line in out.splitlines():
             emit(json.loads(line))
         if os.path.exists(f"{bench}/comm_mpi"):
