@@ -100,10 +100,10 @@ int p2p(int rank, troupe::comm::Transport& t, std::size_t min_bytes, std::size_t
 }
 
 int allreduce(int rank, int size, troupe::comm::Transport& t, std::size_t min_bytes,
-              std::size_t max_bytes) {
+              std::size_t max_bytes, const troupe::comm::CommunicatorOptions& options) {
   std::vector<int> ranks(static_cast<std::size_t>(size));
   for (int i = 0; i < size; i++) ranks[static_cast<std::size_t>(i)] = i;
-  troupe::comm::Communicator c(t, ranks, troupe::comm::GroupKind::kWorld);
+  troupe::comm::Communicator c(t, ranks, troupe::comm::GroupKind::kWorld, options);
   std::vector<float> x(max_bytes / 4, 1.0f);
   for (std::size_t bytes = min_bytes; bytes <= max_bytes; bytes *= 4) {
     const std::size_t n = bytes / 4;
@@ -147,6 +147,9 @@ int main(int argc, char** argv) {
   app.add_option("--min-bytes", min_bytes);
   app.add_option("--max-bytes", max_bytes);
   int bind_core = -1;
+  troupe::comm::CommunicatorOptions options;
+  app.add_option("--slice-bytes", options.slice_bytes, "Ring/chain pipelining granularity")
+      ->capture_default_str();
   app.add_option("--bind-core", bind_core,
                  "Pin this process (all its threads) to one core, as mpirun binds its ranks");
   CLI11_PARSE(app, argc, argv);
@@ -166,7 +169,7 @@ int main(int argc, char** argv) {
   }
   troupe::comm::Transport& t = *w->transport;
   const int rc = mode == "p2p" ? p2p(rank, t, min_bytes, max_bytes)
-                               : allreduce(rank, size, t, min_bytes, max_bytes);
+                               : allreduce(rank, size, t, min_bytes, max_bytes, options);
   (void)w->bootstrap->finish();
   return rc;
 }
