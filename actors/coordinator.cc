@@ -15,13 +15,7 @@ namespace troupe::actors {
 Coordinator::Coordinator(caf::actor_config& cfg, std::shared_ptr<CoordinatorSetup> setup)
     : caf::event_based_actor(cfg), setup_(std::move(setup)) {
   set_exception_handler([this](caf::scheduled_actor*, std::exception_ptr& e) -> caf::error {
-    std::string what = "unknown exception";
-    try {
-      std::rethrow_exception(e);
-    } catch (const std::exception& x) {
-      what = x.what();
-    } catch (...) {
-    }
+    const std::string what = exception_text(e);
     finish(absl::InternalError(absl::StrCat("the coordinator threw: ", what)));
     return caf::make_error(caf::sec::runtime_error, what);
   });

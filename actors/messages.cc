@@ -14,6 +14,16 @@ std::string to_string(const WaitReport& r) {
                          r.op.empty() ? "" : r.op + ", ", r.waiting, r.since_s);
 }
 
+std::string exception_text(const std::exception_ptr& e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& x) {
+    return x.what();
+  } catch (...) {
+  }
+  return "unknown exception";
+}
+
 void add_message_types(caf::actor_system_config& cfg) {
   cfg.add_message_type<WaitReport>("troupe::WaitReport");
 }

@@ -24,6 +24,7 @@
 //   (reduced_atom, int step), (stepped_atom, int step)
 #pragma once
 
+#include <exception>
 #include <string>
 
 #include <caf/all.hpp>
@@ -71,6 +72,10 @@ typename Inspector::result_type inspect(Inspector& f, WaitReport& x) {
 std::string to_string(const WaitReport& r);
 
 void add_message_types(caf::actor_system_config& cfg);
+
+// What an exception an actor's handler threw says ("unknown exception" if
+// it is not a std::exception).
+std::string exception_text(const std::exception_ptr& e);
 
 // Status to the text messages carry ("" for OK) and back.
 inline std::string status_text(const absl::Status& st) {

@@ -70,21 +70,7 @@ absl::StatusOr<std::unique_ptr<InProcessTrainer>> InProcessTrainer::create(
   t->shape_ = {parallel.pp, parallel.virtual_stages, parallel.dp, parallel.tp};
   const model::GptConfig& c = t->options_.model;
 
-  const std::int64_t train_samples =
-      std::max<std::int64_t>(options.steps, 1) * options.global_batch;
-  model::data::DataOptions d{.data_path = options.data_path,
-                             .split = options.split,
-                             .cache_path = options.data_cache_path,
-                             .shuffle = options.shuffle,
-                             .seed = options.seed,
-                             .T = c.T,
-                             .V = c.V};
-  std::int64_t valid_samples = 0;  // eval_iters global batches at every evaluation
-  if (options.eval_interval > 0 && options.eval_iters > 0) {
-    valid_samples = static_cast<std::int64_t>(options.steps / options.eval_interval) *
-                    options.eval_iters * options.global_batch;
-  }
-  auto datasets = model::data::build_datasets(d, train_samples, valid_samples);
+  auto datasets = model::build_run_datasets(t->options_);
   if (!datasets.ok()) return datasets.status();
   t->data_ = std::move(*datasets);
 

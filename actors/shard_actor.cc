@@ -40,13 +40,7 @@ ShardActor::ShardActor(caf::actor_config& cfg, ShardSetup setup)
     host_losses_.resize(host_tokens_.size());
   }
   set_exception_handler([this](caf::scheduled_actor*, std::exception_ptr& e) -> caf::error {
-    std::string what = "unknown exception";
-    try {
-      std::rethrow_exception(e);
-    } catch (const std::exception& x) {
-      what = x.what();
-    } catch (...) {
-    }
+    const std::string what = exception_text(e);
     fail(absl::StrCat("threw: ", what));
     return caf::make_error(caf::sec::runtime_error, what);
   });

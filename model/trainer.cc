@@ -44,15 +44,7 @@ absl::Status TrainOptions::validate() const {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::unique_ptr<Trainer>> Trainer::create(const TrainOptions& options) {
-  absl::Status st = options.validate();
-  if (!st.ok()) return st;
-  std::unique_ptr<Trainer> t(new Trainer());
-  t->options_ = options;
-  const GptConfig& c = options.model;
-
-  // Samples the run will read: steps * GBS for training; for validation,
-  // eval_iters global batches at every evaluation.
+absl::StatusOr<data::Datasets> build_run_datasets(const TrainOptions& options) {
   const std::int64_t gbs = options.global_batch;
   const std::int64_t train_samples = std::max<std::int64_t>(options.steps, 1) * gbs;
   std::int64_t valid_samples = 0;
@@ -65,9 +57,18 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::create(const TrainOptions& opt
                       .cache_path = options.data_cache_path,
                       .shuffle = options.shuffle,
                       .seed = options.seed,
-                      .T = c.T,
-                      .V = c.V};
-  auto datasets = data::build_datasets(d, train_samples, valid_samples);
+                      .T = options.model.T,
+                      .V = options.model.V};
+  return data::build_datasets(d, train_samples, valid_samples);
+}
+
+absl::StatusOr<std::unique_ptr<Trainer>> Trainer::create(const TrainOptions& options) {
+  absl::Status st = options.validate();
+  if (!st.ok()) return st;
+  std::unique_ptr<Trainer> t(new Trainer());
+  t->options_ = options;
+  const GptConfig& c = options.model;
+  auto datasets = build_run_datasets(options);
   if (!datasets.ok()) return datasets.status();
   t->data_ = std::move(*datasets);
 

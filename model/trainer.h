@@ -59,6 +59,11 @@ struct StepMetrics {
   std::optional<double> val_loss;  // on steps that are a multiple of --eval-interval
 };
 
+// The train and validation samples a run of `options` reads: steps * GBS
+// for training, and --eval-iters global batches at every evaluation. Used
+// by this loop and by the actors' runtime alike.
+absl::StatusOr<data::Datasets> build_run_datasets(const TrainOptions& options);
+
 class Trainer {
  public:
   static absl::StatusOr<std::unique_ptr<Trainer>> create(const TrainOptions& options);

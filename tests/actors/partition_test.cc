@@ -24,17 +24,22 @@ model::GptConfig tiny8() {
   return c;
 }
 
+// The buckets follow one another from 0 to the end of the flat buffer.
+void expect_buckets_tile(const model::ParamLayout& lay, const model::StageSpec& spec) {
+  std::int64_t at = 0;
+  for (const GradBucket& b : grad_buckets(lay, spec)) {
+    EXPECT_EQ(b.range.begin, at);
+    at = b.range.end;
+  }
+  EXPECT_EQ(at, lay.total());
+}
+
 TEST(Partition, BucketsTileTheLayoutAndWteIsAlone) {
   const model::GptConfig c = tiny8();
   for (int vs = 0; vs < 4; vs++) {
     const model::StageSpec spec = chunk_spec(c, {.pp = 2, .v = 2, .dp = 1}, vs);
     const model::ParamLayout lay = model::ParamLayout::gpt(c, spec);
-    std::int64_t at = 0;
-    for (const GradBucket& b : grad_buckets(lay, spec)) {
-      EXPECT_EQ(b.range.begin, at);
-      at = b.range.end;
-    }
-    EXPECT_EQ(at, lay.total());
+    expect_buckets_tile(lay, spec);
     if (spec.embedding || spec.head) {
       EXPECT_EQ(grad_buckets(lay, spec).front().range, wte_range(lay));
     }
@@ -46,13 +51,7 @@ TEST(Partition, BucketsCoverTheAlignmentPadding) {
   c.C = 8;  // LayerNorm tensors of 8 floats: 8 floats of padding after each
   c.NH = 1;
   const model::StageSpec spec = chunk_spec(c, {.pp = 2, .v = 1, .dp = 1}, 1);
-  const model::ParamLayout lay = model::ParamLayout::gpt(c, spec);
-  std::int64_t at = 0;
-  for (const GradBucket& b : grad_buckets(lay, spec)) {
-    EXPECT_EQ(b.range.begin, at);
-    at = b.range.end;
-  }
-  EXPECT_EQ(at, lay.total());
+  expect_buckets_tile(model::ParamLayout::gpt(c, spec), spec);
 }
 
 TEST(Partition, PartitionsSplitTheOwnedRegionEvenly) {
