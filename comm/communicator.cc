@@ -65,6 +65,43 @@ class Completions {
   std::shared_ptr<State> state_;
 };
 
+// Messages pulled by recv_pull, each waited for by the collective's thread.
+class Arrivals {
+ public:
+  explicit Arrivals(std::size_t n) : state_(std::make_shared<State>(n)) {}
+  ArrivalCallback callback(std::size_t i) {
+    return [state = state_, i](Arrival a) {
+      {
+        std::lock_guard<std::mutex> lock(state->mu);
+        state->got[i] = std::move(a);
+        state->done[i] = true;
+      }
+      state->cv.notify_all();
+    };
+  }
+  Arrival wait(std::size_t i) {
+    std::unique_lock<std::mutex> lock(state_->mu);
+    state_->cv.wait(lock, [&] { return state_->done[i]; });
+    return std::move(state_->got[i]);
+  }
+
+ private:
+  struct State {
+    explicit State(std::size_t n) : got(n), done(n, false) {}
+    std::mutex mu;
+    std::condition_variable cv;
+    std::vector<Arrival> got;
+    std::vector<bool> done;
+  };
+  std::shared_ptr<State> state_;
+};
+
+// acc[i] = in[i] + acc[i]: the received partial sum first, always (the
+// fixed order that makes every rank's result the same bits).
+void add_into(float* __restrict acc, const float* __restrict in, std::size_t n) {
+  for (std::size_t i = 0; i < n; i++) acc[i] = in[i] + acc[i];
+}
+
 // Slice length (floats) of one message of `count` floats: at most 4096
 // slices (the tag's slice field). Sender and receiver both derive it from
 // that message's length alone, so they always agree (a regression: it was
@@ -74,6 +111,11 @@ std::size_t slice_for(std::size_t count, std::size_t slice_bytes) {
 }
 
 }  // namespace
+
+struct Communicator::StepSends {
+  std::uint32_t step;
+  Completions done;
+};
 
 Communicator::Communicator(Transport& transport, std::vector<int> ranks, GroupKind kind,
                            CommunicatorOptions options)
@@ -106,6 +148,8 @@ void Communicator::enqueue(std::function<absl::Status()> run, Callback done) {
   worker_.post([this, run = std::move(run), done = std::move(done)] {
     absl::Status st = failure();
     if (st.ok()) st = run();
+    if (!st.ok()) fail(st);  // cancels the sends still in flight
+    if (absl::Status sent = wait_sends(); st.ok()) st = sent;  // their buffers are the caller's
     if (!st.ok()) fail(st);
     if (absl::Status root = failure(); !root.ok()) st = root;
     next_op_++;
@@ -125,69 +169,111 @@ absl::Status Communicator::run_sync(const std::function<void(Callback)>& issue) 
   return result.get();
 }
 
-absl::Status Communicator::exchange(int to, const float* send, std::size_t n, int from, float* recv,
-                                    std::size_t m, std::uint32_t op, std::uint32_t step,
-                                    const std::function<void(std::size_t, std::size_t)>& on_slice) {
+// Sends are posted first (the bytes stay put until the peer reads them, where
+// it can), then each received slice is pulled and combined as it comes: read
+// in pieces of options_.read_piece_bytes and added while in cache, read
+// straight into place, or used in place (in-process). The sends are not
+// waited for here: their buffer is not written again before
+// wait_sends(step) (see the rings), and every collective waits for all of
+// them before it completes.
+absl::Status Communicator::exchange(int to, const float* send, std::size_t n, int from,
+                                    float* dest, std::size_t m, Combine how, std::uint32_t op,
+                                    std::uint32_t step) {
   const std::size_t rslice = slice_for(m, options_.slice_bytes),
                     sslice = slice_for(n, options_.slice_bytes);
   const std::size_t n_recv = (m + rslice - 1) / rslice, n_send = (n + sslice - 1) / sslice;
-  Completions recvs(n_recv), sends(n_send);
   const int me_global = ranks_[static_cast<std::size_t>(me_)];
   const int from_global = ranks_[static_cast<std::size_t>(from)];
   const int to_global = ranks_[static_cast<std::size_t>(to)];
+  if (how == Combine::kAdd && scratch_.size() < m) scratch_.resize(m);
+  Arrivals recvs(n_recv);
   for (std::size_t s = 0; s < n_recv; s++) {
     const std::size_t off = s * rslice, cnt = std::min(rslice, m - off);
-    transport_.recv(from_global,
-                    collective_tag(static_cast<std::uint32_t>(from_global), kind_, op, step,
-                                   static_cast<std::uint32_t>(s)),
-                    recv + off, cnt * sizeof(float), recvs.callback(s), token_);
+    float* landing = (how == Combine::kAdd ? scratch_.data() : dest) + off;
+    transport_.recv_pull(from_global,
+                         collective_tag(static_cast<std::uint32_t>(from_global), kind_, op, step,
+                                        static_cast<std::uint32_t>(s)),
+                         cnt * sizeof(float), landing, recvs.callback(s), token_);
   }
-  for (std::size_t s = 0; s < n_send; s++) {
-    const std::size_t off = s * sslice, cnt = std::min(sslice, n - off);
-    transport_.send(to_global,
-                    collective_tag(static_cast<std::uint32_t>(me_global), kind_, op, step,
-                                   static_cast<std::uint32_t>(s)),
-                    send + off, cnt * sizeof(float), sends.callback(s), token_);
+  if (n_send > 0) {
+    sends_.push_back(std::make_unique<StepSends>(StepSends{step, Completions(n_send)}));
+    Completions& sends = sends_.back()->done;
+    for (std::size_t s = 0; s < n_send; s++) {
+      const std::size_t off = s * sslice, cnt = std::min(sslice, n - off);
+      transport_.send(to_global,
+                      collective_tag(static_cast<std::uint32_t>(me_global), kind_, op, step,
+                                     static_cast<std::uint32_t>(s)),
+                      send + off, cnt * sizeof(float), sends.callback(s), token_);
+    }
   }
+  const std::size_t piece =
+      std::max<std::size_t>(options_.read_piece_bytes / sizeof(float), 1);
+  if (how == Combine::kAdd && piece_.size() < std::min(piece, m)) piece_.resize(std::min(piece, m));
   absl::Status first;
   for (std::size_t s = 0; s < n_recv; s++) {
-    absl::Status st = recvs.wait(s);
-    if (!st.ok()) {
-      if (first.ok()) first = st;
-      fail(st);  // cancels the rest, so the waits below return
-      continue;
+    const std::size_t off = s * rslice, cnt = std::min(rslice, m - off);
+    Arrival message = recvs.wait(s);
+    absl::Status st = message.status();
+    if (st.ok() && first.ok()) {
+      float* out = dest + off;
+      if (const auto* in = static_cast<const float*>(message.data())) {
+        if (how == Combine::kAdd) {
+          add_into(out, in, cnt);
+        } else if (in != out) {
+          std::memcpy(out, in, cnt * sizeof(float));
+        }
+      } else if (how == Combine::kAdd) {
+        for (std::size_t p = 0; st.ok() && p < cnt; p += piece) {
+          const std::size_t k = std::min(piece, cnt - p);
+          st = message.read(p * sizeof(float), piece_.data(), k * sizeof(float));
+          if (st.ok()) add_into(out + p, piece_.data(), k);
+        }
+      } else {
+        st = message.read(0, out, cnt * sizeof(float));
+      }
     }
-    if (first.ok() && on_slice) on_slice(s * rslice, std::min(rslice, m - s * rslice));
+    if (!st.ok() && first.ok()) {
+      first = st;
+      fail(st);  // cancels the rest, so the waits below return
+    }
+    message.release(first.ok() ? absl::OkStatus() : absl::CancelledError("collective aborted"));
   }
-  absl::Status st = sends.wait_all();
-  return first.ok() ? st : first;
+  return first;
+}
+
+// Waits for the sends of steps <= `step` (all of them by default).
+absl::Status Communicator::wait_sends(std::uint32_t step) {
+  absl::Status first;
+  while (!sends_.empty() && sends_.front()->step <= step) {
+    absl::Status st = sends_.front()->done.wait_all([this](const absl::Status& e) { fail(e); });
+    if (first.ok()) first = st;
+    sends_.pop_front();
+  }
+  return first;
 }
 
 // After p-1 steps member i holds the full sum of chunk i. At step k it sends
 // chunk (i-k-1) to member i+1 and adds chunk (i-k-2), received from member
 // i-1, into its own: chunk c is summed x[c+1] + x[c+2] + ... + x[c], always
-// in that order.
+// in that order. The chunk sent at step k is not written again in this
+// reduce-scatter (it is written at step k-1 and then only at all-gather step
+// k), so the sends need not be waited for between steps.
 absl::Status Communicator::ring_reduce_scatter(float* data, std::size_t n, std::uint32_t op) {
   const int p = size();
-  const std::size_t biggest = chunk_range(n, p, 0).second;
-  if (scratch_.size() < biggest) scratch_.resize(biggest);
   for (int k = 0; k < p - 1; k++) {
     const int send_c = ((me_ - k - 1) % p + p) % p, recv_c = ((me_ - k - 2) % p + p) % p;
     auto [sb, se] = chunk_range(n, p, send_c);
     auto [rb, re] = chunk_range(n, p, recv_c);
-    float* acc = data + rb;
-    const float* in = scratch_.data();
-    absl::Status st =
-        exchange((me_ + 1) % p, data + sb, se - sb, (me_ - 1 + p) % p, scratch_.data(), re - rb, op,
-                 static_cast<std::uint32_t>(k), [acc, in](std::size_t off, std::size_t cnt) {
-                   for (std::size_t e = off; e < off + cnt; e++) acc[e] = in[e] + acc[e];
-                 });
+    absl::Status st = exchange((me_ + 1) % p, data + sb, se - sb, (me_ - 1 + p) % p, data + rb,
+                               re - rb, Combine::kAdd, op, static_cast<std::uint32_t>(k));
     if (!st.ok()) return st;
   }
   return absl::OkStatus();
 }
 
-// At step k member i sends chunk (i-k) to i+1 and receives chunk (i-k-1).
+// At step k member i sends chunk (i-k) to i+1 and receives chunk (i-k-1),
+// the chunk a reduce-scatter sent at its step k: that send must be done
+// first (steps of an all-reduce's all-gather are numbered from p-1).
 absl::Status Communicator::ring_all_gather(float* data, std::size_t n, std::uint32_t op,
                                            std::uint32_t step0) {
   const int p = size();
@@ -195,8 +281,11 @@ absl::Status Communicator::ring_all_gather(float* data, std::size_t n, std::uint
     const int send_c = ((me_ - k) % p + p) % p, recv_c = ((me_ - k - 1) % p + p) % p;
     auto [sb, se] = chunk_range(n, p, send_c);
     auto [rb, re] = chunk_range(n, p, recv_c);
+    if (step0 > 0) {
+      if (absl::Status st = wait_sends(static_cast<std::uint32_t>(k)); !st.ok()) return st;
+    }
     absl::Status st = exchange((me_ + 1) % p, data + sb, se - sb, (me_ - 1 + p) % p, data + rb,
-                               re - rb, op, step0 + static_cast<std::uint32_t>(k), nullptr);
+                               re - rb, Combine::kCopy, op, step0 + static_cast<std::uint32_t>(k));
     if (!st.ok()) return st;
   }
   return absl::OkStatus();
@@ -241,8 +330,12 @@ absl::Status Communicator::chain_broadcast(float* data, std::size_t n, int root,
   const int pos = (me_ - root + p) % p;  // place in the chain
   const int prev = (me_ - 1 + p) % p, next = (me_ + 1) % p;
   const bool last = pos == p - 1;
-  if (pos == 0) return exchange(next, data, n, me_, nullptr, 0, op, 0, nullptr);
-  if (last) return exchange(me_, nullptr, 0, prev, data, n, op, 0, nullptr);
+  if (pos == 0 || last) {
+    absl::Status st = pos == 0 ? exchange(next, data, n, me_, nullptr, 0, Combine::kCopy, op, 0)
+                               : exchange(me_, nullptr, 0, prev, data, n, Combine::kCopy, op, 0);
+    absl::Status sent = wait_sends();
+    return st.ok() ? sent : st;
+  }
   // Middle of the chain: receive every slice, forward each as it lands.
   const std::size_t slice = slice_for(n, options_.slice_bytes);
   const std::size_t slices = (n + slice - 1) / slice;
@@ -300,6 +393,8 @@ void Communicator::reduce_scatter(const float* in, float* out, std::size_t n, Ca
         }
         std::vector<float> work(in, in + n);
         absl::Status st = ring_reduce_scatter(work.data(), n, next_op_);
+        if (!st.ok()) fail(st);  // cancels the sends still in flight
+        if (absl::Status sent = wait_sends(); st.ok()) st = sent;  // they read `work`
         if (st.ok())
           std::copy(work.begin() + static_cast<std::ptrdiff_t>(b),
                     work.begin() + static_cast<std::ptrdiff_t>(e), out);

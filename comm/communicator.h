@@ -42,6 +42,7 @@ std::pair<std::size_t, std::size_t> chunk_range(std::size_t n, int p, int i);
 struct CommunicatorOptions {
   std::size_t slice_bytes = 512 << 10;      // pipelining granularity of rings and chains
   std::size_t direct_max_bytes = 32 << 10;  // all-reduce by direct exchange up to this size
+  std::size_t read_piece_bytes = 128 << 10;  // a received slice is read and added in these
 };
 
 class Communicator final : public Collectives {
@@ -86,11 +87,13 @@ class Communicator final : public Collectives {
   absl::Status ring_all_gather(float* data, std::size_t n, std::uint32_t op, std::uint32_t step0);
   absl::Status direct_all_reduce(float* data, std::size_t n, std::uint32_t op);
   absl::Status chain_broadcast(float* data, std::size_t n, int root, std::uint32_t op);
-  // Sends `n` floats to member `to` and receives `m` from member `from`,
-  // both sliced; `on_slice(offset, count)` runs as each received slice lands.
-  absl::Status exchange(int to, const float* send, std::size_t n, int from, float* recv,
-                        std::size_t m, std::uint32_t op, std::uint32_t step,
-                        const std::function<void(std::size_t, std::size_t)>& on_slice);
+  // Sends `n` floats to member `to` and receives `m` from member `from` into
+  // `dest` (added to it or copied), both sliced. The sends stay in flight,
+  // tagged with `step`, until wait_sends.
+  enum class Combine { kAdd, kCopy };
+  absl::Status exchange(int to, const float* send, std::size_t n, int from, float* dest,
+                        std::size_t m, Combine how, std::uint32_t op, std::uint32_t step);
+  absl::Status wait_sends(std::uint32_t step = ~0u);
 
   Transport& transport_;
   std::vector<int> ranks_;
@@ -99,7 +102,10 @@ class Communicator final : public Collectives {
   int me_ = -1;
   std::uint32_t next_op_ = 0;  // worker thread only
   std::shared_ptr<CancelToken> token_ = std::make_shared<CancelToken>();
-  std::vector<float> scratch_;
+  std::vector<float> scratch_;  // received slices that land before they are added
+  std::vector<float> piece_;    // one piece read from a peer's memory, added in cache
+  struct StepSends;  // one step's sends
+  std::deque<std::unique_ptr<StepSends>> sends_;  // in flight, oldest first (worker only)
 
   std::mutex mu_;
   absl::Status aborted_;

@@ -21,6 +21,10 @@ class InProcTransport final : public Transport {
             std::shared_ptr<CancelToken> token) override {
     fabric_->recv(rank_, peer, tag, data, bytes, std::move(done), std::move(token));
   }
+  void recv_pull(int peer, Tag tag, std::size_t bytes, void* /*landing*/, ArrivalCallback done,
+                 std::shared_ptr<CancelToken> token) override {
+    fabric_->recv_pull(rank_, peer, tag, bytes, std::move(done), std::move(token));
+  }
   void fail_peer(int peer, absl::Status why) override {
     fabric_->fail_peer(rank_, peer, std::move(why));
   }
@@ -51,6 +55,27 @@ void InProcFabric::deliver(Op send, Op recv, bool send_posted_last) {
                      recv.owner, " for a receive of ", recv.bytes, " bytes (tag ", send.tag, ")"));
     callbacks_.post([s = std::move(send.done), st] { s(st); });
     callbacks_.post([r = std::move(recv.done), st] { r(st); });
+    return;
+  }
+  if (recv.pulled) {
+    // Nothing is copied: the receiver reads the sender's buffer, and the
+    // send completes when it lets go (through the queue: a receiver that
+    // lets go at once must not complete the send inside its sender's call).
+    auto arrival = std::make_shared<Arrival>(
+        absl::OkStatus(), send.bytes,
+        std::make_unique<InPlaceSource>(
+            send.data, [this, d = std::move(send.done)](absl::Status st) {
+              callbacks_.post([d, st = std::move(st)] {
+                d(st.ok() ? st
+                          : absl::Status(st.code(), absl::StrCat("receiver: ", st.message())));
+              });
+            }));
+    auto run = [pulled = std::move(recv.pulled), arrival] { (*pulled)(std::move(*arrival)); };
+    if (send_posted_last && send.owner != recv.owner) {
+      run();  // the receiver has been waiting: its callback runs here
+    } else {
+      callbacks_.post(std::move(run));
+    }
     return;
   }
   if (send.bytes > 0) std::memcpy(recv.data, send.data, send.bytes);
@@ -116,6 +141,14 @@ void InProcFabric::send(int src, int dst, Tag tag, const void* data, std::size_t
 void InProcFabric::recv(int dst, int src, Tag tag, void* data, std::size_t bytes, Callback done,
                         std::shared_ptr<CancelToken> token) {
   post({dst, src, tag, data, bytes, std::move(done), std::move(token)}, false);
+}
+
+void InProcFabric::recv_pull(int dst, int src, Tag tag, std::size_t bytes, ArrivalCallback done,
+                             std::shared_ptr<CancelToken> token) {
+  auto pulled = std::make_shared<ArrivalCallback>(std::move(done));
+  Callback failed = [pulled, bytes](absl::Status st) { (*pulled)(Arrival(st, bytes, nullptr)); };
+  post({dst, src, tag, nullptr, bytes, std::move(failed), std::move(token), std::move(pulled)},
+       false);
 }
 
 template <typename Pred>

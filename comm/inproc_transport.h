@@ -1,6 +1,8 @@
 // The in-process transport: ranks are threads of one process. A message is
 // copied once, straight from the sender's buffer into the receiver's (a send
 // posted before its receive waits, without copying, until the receive comes).
+// A pulled receive (recv_pull) copies nothing: the receiver reads the
+// sender's buffer in place, and the send completes when it lets go.
 //
 //   auto fabric = std::make_shared<comm::InProcFabric>(4);
 //   std::unique_ptr<comm::Transport> t0 = fabric->endpoint(0);   // rank 0's view
@@ -31,8 +33,9 @@ class InProcFabric : public std::enable_shared_from_this<InProcFabric> {
     Tag tag;
     void* data;  // const for sends
     std::size_t bytes;
-    Callback done;
+    Callback done;  // for a pulled receive: reports failures only
     std::shared_ptr<CancelToken> token;
+    std::shared_ptr<ArrivalCallback> pulled = nullptr;  // a pulled receive's callback
   };
   using Key = std::pair<int, Tag>;  // (source rank, tag), per destination
 
@@ -40,6 +43,8 @@ class InProcFabric : public std::enable_shared_from_this<InProcFabric> {
             std::shared_ptr<CancelToken> token);
   void recv(int dst, int src, Tag tag, void* data, std::size_t bytes, Callback done,
             std::shared_ptr<CancelToken> token);
+  void recv_pull(int dst, int src, Tag tag, std::size_t bytes, ArrivalCallback done,
+                 std::shared_ptr<CancelToken> token);
   void post(Op op, bool is_send);
   absl::Status refusal(const Op& op) const;
   void fail_peer(int rank, int peer, absl::Status why);

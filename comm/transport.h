@@ -16,10 +16,23 @@
 // cancel(token) completes every pending operation posted with that token
 // (a communicator aborts its collectives this way, including operations with
 // live peers of a ring that one dead member has stalled).
+//
+// A receive can also leave the bytes where they are until the receiver
+// wants them (recv_pull): where the sender's memory is reachable (in-process,
+// or a process of this host), the receiver reads it piece by piece on its
+// own thread, each piece used while it is in cache (a ring adds it), and no
+// thread of the transport copies anything. Elsewhere the bytes land in the
+// receiver's `landing` buffer as a plain receive would put them.
+//
+//   transport.recv_pull(peer, tag, n, landing, [&](Arrival a) { ... }, token);
+//   // later, on the receiver's thread:
+//   if (a.data()) use(a.data()); else a.read(offset, piece, bytes); ...
+//   a.release();  // the sender's send completes
 #pragma once
 
 #include <atomic>
 #include <cstddef>
+#include <cstring>
 #include <functional>
 #include <memory>
 
@@ -29,6 +42,66 @@
 namespace troupe::comm {
 
 using Callback = std::function<void(absl::Status)>;
+
+// A message that has arrived but may still be in the sender's memory; see
+// recv_pull. Movable, not copyable; releasing it (explicitly or by
+// destruction) completes the sender's send: OK, or the receiver's error.
+class Arrival {
+ public:
+  // How the bytes are reached: a pointer this process can read (in-process
+  // zero copy, or the landing buffer), or `read` on the sender's memory.
+  struct Source {
+    virtual ~Source() = default;
+    virtual const void* data() const = 0;  // nullptr: use read()
+    virtual absl::Status read(std::size_t offset, void* to, std::size_t bytes) = 0;
+    virtual void release(absl::Status receiver_status) = 0;
+  };
+  Arrival() = default;
+  Arrival(absl::Status status, std::size_t bytes, std::unique_ptr<Source> source)
+      : status_(std::move(status)), bytes_(bytes), source_(std::move(source)) {}
+  Arrival(Arrival&&) = default;
+  Arrival& operator=(Arrival&& other) {
+    if (this != &other) {
+      release();
+      status_ = std::move(other.status_);
+      bytes_ = other.bytes_;
+      source_ = std::move(other.source_);
+    }
+    return *this;
+  }
+  ~Arrival() { release(); }
+
+  // OK when the message is there to be read; otherwise why not (the peer
+  // failed, the operation was cancelled, a length mismatch).
+  const absl::Status& status() const { return status_; }
+  std::size_t bytes() const { return bytes_; }
+  // The whole message, readable in place, or nullptr (use read()).
+  const void* data() const { return source_ ? source_->data() : nullptr; }
+  // Copies [offset, offset + n) of the message into `to`.
+  absl::Status read(std::size_t offset, void* to, std::size_t n) {
+    if (!status_.ok()) return status_;
+    if (offset + n > bytes_) return absl::OutOfRangeError("read past the end of a message");
+    if (const void* d = data()) {
+      if (n > 0) std::memcpy(to, static_cast<const char*>(d) + offset, n);
+      return absl::OkStatus();
+    }
+    return source_->read(offset, to, n);
+  }
+  // Done with the bytes; `receiver_status` tells the sender how it went.
+  void release(absl::Status receiver_status = absl::OkStatus()) {
+    if (source_) {
+      auto source = std::move(source_);
+      source->release(std::move(receiver_status));
+    }
+  }
+
+ private:
+  absl::Status status_;
+  std::size_t bytes_ = 0;
+  std::unique_ptr<Source> source_;
+};
+
+using ArrivalCallback = std::function<void(Arrival)>;
 
 // Operations posted with the same token can be cancelled together.
 struct CancelToken {
@@ -48,10 +121,45 @@ class Transport {
   virtual void recv(int peer, Tag tag, void* data, std::size_t bytes, Callback done,
                     std::shared_ptr<CancelToken> token = nullptr) = 0;
 
+  // Receives `bytes` from `peer` without copying them yet (see above):
+  // `done` runs on a transport thread, under the same rules as a receive's
+  // callback, with the message or the reason there is none. `landing`
+  // (`bytes` long, valid until the Arrival is released) receives the bytes
+  // where they cannot be read in place. This default is a plain receive into
+  // `landing`.
+  virtual void recv_pull(int peer, Tag tag, std::size_t bytes, void* landing, ArrivalCallback done,
+                         std::shared_ptr<CancelToken> token = nullptr);
+
   // Marks `peer` failed (fed by a liveness check of the control plane).
   virtual void fail_peer(int peer, absl::Status why) = 0;
   // Completes every pending operation posted with `token` with `why`.
   virtual void cancel(const std::shared_ptr<CancelToken>& token, absl::Status why) = 0;
 };
+
+// An Arrival whose bytes are in a buffer of this process.
+class InPlaceSource final : public Arrival::Source {
+ public:
+  explicit InPlaceSource(const void* data, Callback on_release = nullptr)
+      : data_(data), on_release_(std::move(on_release)) {}
+  const void* data() const override { return data_; }
+  absl::Status read(std::size_t, void*, std::size_t) override { return absl::OkStatus(); }
+  void release(absl::Status st) override {
+    if (on_release_) on_release_(std::move(st));
+  }
+
+ private:
+  const void* data_;
+  Callback on_release_;
+};
+
+inline void Transport::recv_pull(int peer, Tag tag, std::size_t bytes, void* landing,
+                                 ArrivalCallback done, std::shared_ptr<CancelToken> token) {
+  recv(
+      peer, tag, landing, bytes,
+      [landing, bytes, done = std::move(done)](absl::Status st) {
+        done(Arrival(st, bytes, st.ok() ? std::make_unique<InPlaceSource>(landing) : nullptr));
+      },
+      std::move(token));
+}
 
 }  // namespace troupe::comm

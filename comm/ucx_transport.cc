@@ -22,6 +22,28 @@ absl::Status ucs_error(ucs_status_t st, absl::string_view what) {
   return absl::UnavailableError(absl::StrCat(what, ": ", ucs_status_string(st)));
 }
 
+// Whether peers of this host may read this process's memory with
+// process_vm_readv. The kernel allows it to a process of the same user,
+// unless Yama says otherwise: scope 1 needs our consent (PR_SET_PTRACER),
+// 2 and 3 forbid it. Without Yama (no /proc/sys/kernel/yama) there is
+// nothing to consent to: PR_SET_PTRACER then fails with EINVAL, which once
+// turned the single-copy protocol off on hosts that allow it. A seccomp
+// filter (some containers) may refuse the call itself: a read of our own
+// memory tells. TROUPE_SINGLE_COPY=0 turns the protocol off.
+bool single_copy_possible() {
+  const char* env = std::getenv("TROUPE_SINGLE_COPY");
+  if (env != nullptr && std::string(env) == "0") return false;
+  std::ifstream yama("/proc/sys/kernel/yama/ptrace_scope");
+  int scope = 0;
+  if (yama >> scope) {
+    if (scope >= 2) return false;
+    if (scope == 1 && ::prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0) != 0) return false;
+  }
+  char from = 1, to = 0;
+  iovec local{&to, 1}, remote{&from, 1};
+  return ::process_vm_readv(::getpid(), &local, 1, &remote, 1, 0) == 1 && to == 1;
+}
+
 }  // namespace
 
 // UCX completion callbacks (progress thread, inside ucp_worker_progress).
@@ -110,14 +132,7 @@ absl::StatusOr<std::unique_ptr<UcxTransport>> UcxTransport::create(int rank, int
   t->address_.append(host, hlen);
   t->address_.append(reinterpret_cast<const char*>(addr), len);
   ucp_worker_release_address(worker, addr);
-  // Let peers read our buffers (Yama ptrace scope 1 would forbid it); the
-  // single-copy protocol is off where the kernel will not allow it, or with
-  // TROUPE_SINGLE_COPY=0.
-  int scope = 0;
-  std::ifstream("/proc/sys/kernel/yama/ptrace_scope") >> scope;
-  const char* env = std::getenv("TROUPE_SINGLE_COPY");
-  t->cma_allowed_ = scope <= 1 && (env == nullptr || std::string(env) != "0") &&
-                    ::prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0) == 0;
+  t->cma_allowed_ = single_copy_possible();
 
   t->failed_.resize(static_cast<std::size_t>(size));
   t->progress_ = std::thread([p = t.get()] { p->progress_loop(); });
@@ -239,51 +254,93 @@ void UcxTransport::send(int peer, Tag tag, const void* data, std::size_t bytes, 
       peer, tag, &state->desc, sizeof state->desc, [state](absl::Status) {}, token);
 }
 
-// Single copy, receiver side: when the descriptor arrives, the progress
-// thread reads the sender's buffer with process_vm_readv, then acknowledges.
-// A sender that died makes this one receive fail (ESRCH), softly.
+// Single copy, receiver side: the sender's bytes, read with
+// process_vm_readv by whichever thread reads them. A sender that died makes
+// the read fail (ESRCH), softly. Releasing acknowledges: 0, or the errno of
+// the failed read (or ECANCELED: the receiver gave up), which fails the send.
+class SingleCopySource final : public Arrival::Source {
+ public:
+  SingleCopySource(UcxTransport* transport, int peer, Tag tag, CopyDescriptor desc,
+                   std::shared_ptr<CancelToken> token)
+      : transport_(transport), peer_(peer), tag_(tag), desc_(desc), token_(std::move(token)) {}
+  const void* data() const override { return nullptr; }
+  absl::Status read(std::size_t offset, void* to, std::size_t bytes) override {
+    for (std::size_t got = 0; got < bytes;) {
+      iovec local{static_cast<char*>(to) + got, bytes - got};
+      iovec remote{reinterpret_cast<void*>(desc_.address + offset + got), bytes - got};
+      const ssize_t n = ::process_vm_readv(desc_.pid, &local, 1, &remote, 1, 0);
+      if (n <= 0) {
+        error_ = errno != 0 ? errno : EIO;
+        return absl::UnavailableError(absl::StrCat("copy from rank ", peer_,
+                                                   " failed: ", std::strerror(error_)));
+      }
+      got += static_cast<std::size_t>(n);
+    }
+    transport_->single_copy_bytes_.fetch_add(bytes, std::memory_order_relaxed);
+    return absl::OkStatus();
+  }
+  void refuse(int error) { error_ = error; }
+  void release(absl::Status receiver_status) override {
+    auto ack = std::make_shared<std::int64_t>(error_ != 0 ? error_
+                                              : receiver_status.ok() ? 0
+                                                                     : ECANCELED);
+    transport_->send_ucx(
+        peer_, ack_tag(tag_, transport_->rank_), ack.get(), sizeof *ack, [ack](absl::Status) {},
+        token_);
+  }
+
+ private:
+  UcxTransport* transport_;
+  int peer_;
+  Tag tag_;
+  CopyDescriptor desc_;
+  std::shared_ptr<CancelToken> token_;
+  int error_ = 0;
+};
+
+void UcxTransport::pull_single_copy(int peer, Tag tag, std::size_t bytes, ArrivalCallback done,
+                                    std::shared_ptr<CancelToken> token) {
+  auto desc = std::make_shared<CopyDescriptor>();
+  recv_ucx(
+      peer, tag, desc.get(), sizeof *desc,
+      [this, desc, peer, tag, bytes, done = std::move(done), token](absl::Status st) {
+        if (!st.ok()) return done(Arrival(st, bytes, nullptr));
+        auto source = std::make_unique<SingleCopySource>(this, peer, tag, *desc, token);
+        if (desc->bytes != bytes) {
+          source->refuse(EMSGSIZE);  // the sender hears EMSGSIZE; the receiver, the lengths
+          source->release(absl::OkStatus());
+          return done(Arrival(absl::InvalidArgumentError(
+                                  absl::StrCat("message of ", desc->bytes, " bytes from rank ",
+                                               peer, " for a receive of ", bytes, " bytes")),
+                              bytes, nullptr));
+        }
+        done(Arrival(absl::OkStatus(), bytes, std::move(source)));
+      },
+      token);
+}
+
+void UcxTransport::recv_pull(int peer, Tag tag, std::size_t bytes, void* landing,
+                             ArrivalCallback done, std::shared_ptr<CancelToken> token) {
+  if (!single_copy(peer, bytes))
+    return Transport::recv_pull(peer, tag, bytes, landing, std::move(done), std::move(token));
+  pull_single_copy(peer, tag, bytes, std::move(done), std::move(token));
+}
+
+// A plain receive by single copy: the progress thread reads the whole
+// message as soon as the descriptor arrives.
 void UcxTransport::recv(int peer, Tag tag, void* data, std::size_t bytes, Callback done,
                         std::shared_ptr<CancelToken> token) {
   if (!single_copy(peer, bytes))
     return recv_ucx(peer, tag, data, bytes, std::move(done), std::move(token));
-  struct State {
-    CopyDescriptor desc{};
-    std::int64_t ack = 0;
-  };
-  auto state = std::make_shared<State>();
-  recv_ucx(
-      peer, tag, &state->desc, sizeof state->desc,
-      [this, state, peer, tag, data, bytes, done = std::move(done),
-       token](absl::Status st) mutable {
-        if (!st.ok()) return done(st);
-        {
-          absl::Status result;
-          if (state->desc.bytes != bytes) {
-            state->ack = EMSGSIZE;
-            result = absl::InvalidArgumentError(
-                absl::StrCat("message of ", state->desc.bytes, " bytes from rank ", peer,
-                             " for a receive of ", bytes, " bytes"));
-          }
-          for (std::size_t got = 0; result.ok() && got < bytes;) {
-            iovec local{static_cast<char*>(data) + got, bytes - got};
-            iovec remote{reinterpret_cast<void*>(state->desc.address + got), bytes - got};
-            const ssize_t n = ::process_vm_readv(state->desc.pid, &local, 1, &remote, 1, 0);
-            if (n <= 0) {
-              state->ack = errno != 0 ? errno : EIO;
-              result = absl::UnavailableError(
-                  absl::StrCat("copy from rank ", peer,
-                               " failed: ", std::strerror(static_cast<int>(state->ack))));
-            } else {
-              got += static_cast<std::size_t>(n);
-            }
-          }
-          send_ucx(
-              peer, ack_tag(tag, rank_), &state->ack, sizeof state->ack, [state](absl::Status) {},
-              token);
-          done(result);
-        }
+  pull_single_copy(
+      peer, tag, bytes,
+      [data, bytes, done = std::move(done)](Arrival message) {
+        absl::Status st = message.status();
+        if (st.ok()) st = message.read(0, data, bytes);
+        message.release(st);
+        done(st);
       },
-      token);
+      std::move(token));
 }
 
 // Callers only queue operations; the progress thread posts them to UCX, so

@@ -50,6 +50,11 @@ class UcxTransport final : public Transport {
   // Messages of at least this many bytes to a process on this host go by
   // the single-copy protocol.
   static constexpr std::size_t kSingleCopyMin = 64 << 10;
+  // Bytes received so far by the single-copy protocol (0 where the host
+  // does not allow it: see single_copy_possible() in ucx_transport.cc).
+  std::uint64_t single_copy_bytes() const {
+    return single_copy_bytes_.load(std::memory_order_relaxed);
+  }
   // Endpoints to every rank (address[r] of rank r, this one included).
   absl::Status connect(const std::vector<std::string>& addresses);
 
@@ -59,6 +64,8 @@ class UcxTransport final : public Transport {
             std::shared_ptr<CancelToken> token) override;
   void recv(int peer, Tag tag, void* data, std::size_t bytes, Callback done,
             std::shared_ptr<CancelToken> token) override;
+  void recv_pull(int peer, Tag tag, std::size_t bytes, void* landing, ArrivalCallback done,
+                 std::shared_ptr<CancelToken> token) override;
   void fail_peer(int peer, absl::Status why) override;
   void cancel(const std::shared_ptr<CancelToken>& token, absl::Status why) override;
 
@@ -98,6 +105,11 @@ class UcxTransport final : public Transport {
            static_cast<std::size_t>(peer) < same_host_.size() &&
            same_host_[static_cast<std::size_t>(peer)];
   }
+  // Single copy, receiver side: the descriptor arrives; the bytes stay with
+  // the sender until read.
+  void pull_single_copy(int peer, Tag tag, std::size_t bytes, ArrivalCallback done,
+                        std::shared_ptr<CancelToken> token);
+  friend class SingleCopySource;
   void post_queued(std::vector<Op*>& queued);
   void finish(Op* op, absl::Status st);  // progress thread only
   template <typename Pred>
@@ -121,6 +133,7 @@ class UcxTransport final : public Transport {
   std::vector<Op*> deferred_;         // cancelled, waiting for UCX to let go (bounded)
   std::vector<absl::Status> failed_;  // per peer
   std::atomic<bool> stop_{false};
+  std::atomic<std::uint64_t> single_copy_bytes_{0};
   std::thread progress_;
 };
 

@@ -1,7 +1,9 @@
 // One rank of a multi-process UCX test (run by tests/comm/ucx_test.cc):
 // bootstrap over TCP, UCX transport, a world communicator, then a scenario.
-//   collectives   every collective at sizes 0, 1, 7, 1000 and 100003, exact
-//                 integer-valued sums; point-to-point of 4 MiB; prints "ok"
+//   collectives   every collective at sizes 0, 1, 7, 1000, 100003, 600001, exact
+//                 integer-valued sums (slices of 64 KiB: large enough for the
+//                 single-copy protocol); prints the bytes it received by
+//                 single copy, then "ok"
 //   kill          all-reduces of 16 MiB in a loop; rank --victim kills itself
 //                 mid-operation; every other rank must get an error naming it
 //                 (prints the wall-clock times the driver turns into a
@@ -39,7 +41,7 @@ int fail(int rank, const std::string& what) {
   return 1;
 }
 
-int collectives(int rank, int size, troupe::comm::Transport& t) {
+int collectives(int rank, int size, troupe::comm::UcxTransport& t) {
   troupe::comm::Communicator c(t,
                                [&] {
                                  std::vector<int> r(static_cast<std::size_t>(size));
@@ -48,7 +50,7 @@ int collectives(int rank, int size, troupe::comm::Transport& t) {
                                }(),
                                troupe::comm::GroupKind::kWorld,
                                {.slice_bytes = 64 << 10, .direct_max_bytes = 4 << 10});
-  for (std::size_t n : {0ul, 1ul, 7ul, 1000ul, 100003ul}) {
+  for (std::size_t n : {0ul, 1ul, 7ul, 1000ul, 100003ul, 600001ul}) {
     std::vector<float> x(n);
     for (std::size_t i = 0; i < n; i++) x[i] = value(rank, i);
     absl::Status st = c.all_reduce_sync(x.data(), n);
@@ -81,6 +83,8 @@ int collectives(int rank, int size, troupe::comm::Transport& t) {
     for (float v : y)
       if (v != 3.5f) return fail(rank, "broadcast value");
   }
+  std::printf("rank %d: single-copy bytes %llu\n", rank,
+              static_cast<unsigned long long>(t.single_copy_bytes()));
   std::printf("rank %d: ok\n", rank);
   return 0;
 }
@@ -134,7 +138,7 @@ int main(int argc, char** argv) {
   setvbuf(stdout, nullptr, _IOLBF, 0);
   auto w = troupe::comm::connect_ucx(rank, size, "127.0.0.1", port, absl::Seconds(60));
   if (!w.ok()) return fail(rank, std::string(w.status().message()));
-  troupe::comm::Transport& t = *w->transport;
+  troupe::comm::UcxTransport& t = *w->transport;
   int rc = scenario == "kill" ? kill_scenario(rank, size, victim, t, *w->bootstrap)
                               : collectives(rank, size, t);
   if (scenario == "kill") {
