@@ -150,6 +150,9 @@ int main(int argc, char** argv) {
   troupe::comm::CommunicatorOptions options;
   app.add_option("--slice-bytes", options.slice_bytes, "Ring/chain pipelining granularity")
       ->capture_default_str();
+  app.add_option("--read-piece-bytes", options.read_piece_bytes,
+                 "Pieces in which a received slice is read and added")
+      ->capture_default_str();
   app.add_option("--bind-core", bind_core,
                  "Pin this process (all its threads) to one core, as mpirun binds its ranks");
   CLI11_PARSE(app, argc, argv);

@@ -2,8 +2,10 @@
 #include "comm/communicator.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <future>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 
@@ -18,13 +20,32 @@ std::pair<std::size_t, std::size_t> chunk_range(std::size_t n, int p, int i) {
 
 namespace {
 
+// Waits until `ready()` (checked under `lock`): asleep on `cv`, or, with a
+// `driver`, polling it on this thread (yielding the core between polls; after
+// ~10 ms of quiet, polling every 50 us), as the UCX progress thread would.
+template <typename Ready>
+void await(std::unique_lock<std::mutex>& lock, std::condition_variable& cv, Transport* driver,
+           Ready ready) {
+  if (driver == nullptr) return cv.wait(lock, ready);
+  int quiet = 0;
+  while (!ready()) {
+    lock.unlock();
+    const bool moved = driver->poll();
+    quiet = moved ? 0 : quiet + 1;
+    if (!moved && quiet < 20000) std::this_thread::yield();
+    lock.lock();
+    if (quiet >= 20000 && !ready()) cv.wait_for(lock, std::chrono::microseconds(50));
+  }
+}
+
 // Completion flags of a fixed set of transport operations, waited on one by
 // one or all together. The state is shared with the callbacks, so a
 // callback still inside notify_all() when the waiter returns touches live
 // memory (a regression found by ThreadSanitizer).
 class Completions {
  public:
-  explicit Completions(std::size_t n) : state_(std::make_shared<State>(n)) {}
+  Completions(std::size_t n, Transport* driver)
+      : state_(std::make_shared<State>(n)), driver_(driver) {}
   Callback callback(std::size_t i) {
     return [state = state_, i](absl::Status st) {
       {
@@ -37,7 +58,7 @@ class Completions {
   }
   absl::Status wait(std::size_t i) {
     std::unique_lock<std::mutex> lock(state_->mu);
-    state_->cv.wait(lock, [&] { return state_->done[i]; });
+    await(lock, state_->cv, driver_, [&] { return state_->done[i]; });
     return state_->status[i];
   }
   // Waits for every operation; the first error, if any. `on_error` runs at
@@ -63,12 +84,14 @@ class Completions {
     std::vector<absl::Status> status;
   };
   std::shared_ptr<State> state_;
+  Transport* driver_;
 };
 
 // Messages pulled by recv_pull, each waited for by the collective's thread.
 class Arrivals {
  public:
-  explicit Arrivals(std::size_t n) : state_(std::make_shared<State>(n)) {}
+  Arrivals(std::size_t n, Transport* driver)
+      : state_(std::make_shared<State>(n)), driver_(driver) {}
   ArrivalCallback callback(std::size_t i) {
     return [state = state_, i](Arrival a) {
       {
@@ -81,7 +104,7 @@ class Arrivals {
   }
   Arrival wait(std::size_t i) {
     std::unique_lock<std::mutex> lock(state_->mu);
-    state_->cv.wait(lock, [&] { return state_->done[i]; });
+    await(lock, state_->cv, driver_, [&] { return state_->done[i]; });
     return std::move(state_->got[i]);
   }
 
@@ -94,6 +117,7 @@ class Arrivals {
     std::vector<bool> done;
   };
   std::shared_ptr<State> state_;
+  Transport* driver_;
 };
 
 // acc[i] = in[i] + acc[i]: the received partial sum first, always (the
@@ -146,12 +170,18 @@ void Communicator::fail(absl::Status why) {
 // reports that root cause rather than a "cancelled".
 void Communicator::enqueue(std::function<absl::Status()> run, Callback done) {
   worker_.post([this, run = std::move(run), done = std::move(done)] {
+    // Where the transport lets this thread drive its progress, it does, for
+    // the whole collective: no handoff between UCX's thread and this one.
+    driver_ = transport_.can_poll() ? &transport_ : nullptr;
+    if (driver_ != nullptr) driver_->drive_begin();
     absl::Status st = failure();
     if (st.ok()) st = run();
     if (!st.ok()) fail(st);  // cancels the sends still in flight
     if (absl::Status sent = wait_sends(); st.ok()) st = sent;  // their buffers are the caller's
     if (!st.ok()) fail(st);
     if (absl::Status root = failure(); !root.ok()) st = root;
+    if (driver_ != nullptr) driver_->drive_end();
+    driver_ = nullptr;
     next_op_++;
     done(st);
   });
@@ -173,12 +203,12 @@ absl::Status Communicator::run_sync(const std::function<void(Callback)>& issue) 
 // it can), then each received slice is pulled and combined as it comes: read
 // in pieces of options_.read_piece_bytes and added while in cache, read
 // straight into place, or used in place (in-process). The sends are not
-// waited for here: their buffer is not written again before
-// wait_sends(step) (see the rings), and every collective waits for all of
-// them before it completes.
+// waited for here: the rings write their buffers again only after the
+// sends of step `written_after` (of an earlier exchange) are done, and
+// every collective waits for all of them before it completes.
 absl::Status Communicator::exchange(int to, const float* send, std::size_t n, int from,
                                     float* dest, std::size_t m, Combine how, std::uint32_t op,
-                                    std::uint32_t step) {
+                                    std::uint32_t step, int written_after) {
   const std::size_t rslice = slice_for(m, options_.slice_bytes),
                     sslice = slice_for(n, options_.slice_bytes);
   const std::size_t n_recv = (m + rslice - 1) / rslice, n_send = (n + sslice - 1) / sslice;
@@ -186,17 +216,8 @@ absl::Status Communicator::exchange(int to, const float* send, std::size_t n, in
   const int from_global = ranks_[static_cast<std::size_t>(from)];
   const int to_global = ranks_[static_cast<std::size_t>(to)];
   if (how == Combine::kAdd && scratch_.size() < m) scratch_.resize(m);
-  Arrivals recvs(n_recv);
-  for (std::size_t s = 0; s < n_recv; s++) {
-    const std::size_t off = s * rslice, cnt = std::min(rslice, m - off);
-    float* landing = (how == Combine::kAdd ? scratch_.data() : dest) + off;
-    transport_.recv_pull(from_global,
-                         collective_tag(static_cast<std::uint32_t>(from_global), kind_, op, step,
-                                        static_cast<std::uint32_t>(s)),
-                         cnt * sizeof(float), landing, recvs.callback(s), token_);
-  }
   if (n_send > 0) {
-    sends_.push_back(std::make_unique<StepSends>(StepSends{step, Completions(n_send)}));
+    sends_.push_back(std::make_unique<StepSends>(StepSends{step, Completions(n_send, driver_)}));
     Completions& sends = sends_.back()->done;
     for (std::size_t s = 0; s < n_send; s++) {
       const std::size_t off = s * sslice, cnt = std::min(sslice, n - off);
@@ -205,6 +226,20 @@ absl::Status Communicator::exchange(int to, const float* send, std::size_t n, in
                                      static_cast<std::uint32_t>(s)),
                       send + off, cnt * sizeof(float), sends.callback(s), token_);
     }
+  }
+  // The receives may write `dest` (where bytes land rather than wait to be
+  // read): first, the sends that read it must be done.
+  if (written_after >= 0) {
+    if (absl::Status st = wait_sends(static_cast<std::uint32_t>(written_after)); !st.ok()) return st;
+  }
+  Arrivals recvs(n_recv, driver_);
+  for (std::size_t s = 0; s < n_recv; s++) {
+    const std::size_t off = s * rslice, cnt = std::min(rslice, m - off);
+    float* landing = (how == Combine::kAdd ? scratch_.data() : dest) + off;
+    transport_.recv_pull(from_global,
+                         collective_tag(static_cast<std::uint32_t>(from_global), kind_, op, step,
+                                        static_cast<std::uint32_t>(s)),
+                         cnt * sizeof(float), landing, recvs.callback(s), token_);
   }
   const std::size_t piece =
       std::max<std::size_t>(options_.read_piece_bytes / sizeof(float), 1);
@@ -216,20 +251,25 @@ absl::Status Communicator::exchange(int to, const float* send, std::size_t n, in
     absl::Status st = message.status();
     if (st.ok() && first.ok()) {
       float* out = dest + off;
-      if (const auto* in = static_cast<const float*>(message.data())) {
-        if (how == Combine::kAdd) {
-          add_into(out, in, cnt);
-        } else if (in != out) {
-          std::memcpy(out, in, cnt * sizeof(float));
-        }
-      } else if (how == Combine::kAdd) {
-        for (std::size_t p = 0; st.ok() && p < cnt; p += piece) {
-          const std::size_t k = std::min(piece, cnt - p);
+      const auto* in = static_cast<const float*>(message.data());
+      // Piece by piece, polling the transport between pieces when this
+      // thread drives it (the peer's descriptors and acknowledgements keep
+      // moving while we copy).
+      for (std::size_t p = 0; st.ok() && p < cnt; p += piece) {
+        const std::size_t k = std::min(piece, cnt - p);
+        if (in != nullptr) {  // readable in place
+          if (how == Combine::kAdd) {
+            add_into(out + p, in + p, k);
+          } else if (in != out) {
+            std::memcpy(out + p, in + p, k * sizeof(float));
+          }
+        } else if (how == Combine::kAdd) {
           st = message.read(p * sizeof(float), piece_.data(), k * sizeof(float));
           if (st.ok()) add_into(out + p, piece_.data(), k);
+        } else {
+          st = message.read(p * sizeof(float), out + p, k * sizeof(float));
         }
-      } else {
-        st = message.read(0, out, cnt * sizeof(float));
+        if (driver_ != nullptr) driver_->poll();
       }
     }
     if (!st.ok() && first.ok()) {
@@ -265,7 +305,7 @@ absl::Status Communicator::ring_reduce_scatter(float* data, std::size_t n, std::
     auto [sb, se] = chunk_range(n, p, send_c);
     auto [rb, re] = chunk_range(n, p, recv_c);
     absl::Status st = exchange((me_ + 1) % p, data + sb, se - sb, (me_ - 1 + p) % p, data + rb,
-                               re - rb, Combine::kAdd, op, static_cast<std::uint32_t>(k));
+                               re - rb, Combine::kAdd, op, static_cast<std::uint32_t>(k), -1);
     if (!st.ok()) return st;
   }
   return absl::OkStatus();
@@ -281,11 +321,9 @@ absl::Status Communicator::ring_all_gather(float* data, std::size_t n, std::uint
     const int send_c = ((me_ - k) % p + p) % p, recv_c = ((me_ - k - 1) % p + p) % p;
     auto [sb, se] = chunk_range(n, p, send_c);
     auto [rb, re] = chunk_range(n, p, recv_c);
-    if (step0 > 0) {
-      if (absl::Status st = wait_sends(static_cast<std::uint32_t>(k)); !st.ok()) return st;
-    }
-    absl::Status st = exchange((me_ + 1) % p, data + sb, se - sb, (me_ - 1 + p) % p, data + rb,
-                               re - rb, Combine::kCopy, op, step0 + static_cast<std::uint32_t>(k));
+    absl::Status st =
+        exchange((me_ + 1) % p, data + sb, se - sb, (me_ - 1 + p) % p, data + rb, re - rb,
+                 Combine::kCopy, op, step0 + static_cast<std::uint32_t>(k), step0 > 0 ? k : -1);
     if (!st.ok()) return st;
   }
   return absl::OkStatus();
@@ -298,7 +336,7 @@ absl::Status Communicator::direct_all_reduce(float* data, std::size_t n, std::ui
   if (scratch_.size() < n * static_cast<std::size_t>(p))
     scratch_.resize(n * static_cast<std::size_t>(p));
   std::copy_n(data, n, scratch_.data() + n * static_cast<std::size_t>(me_));
-  Completions done(2 * static_cast<std::size_t>(p - 1));
+  Completions done(2 * static_cast<std::size_t>(p - 1), driver_);
   const auto me_global = static_cast<std::uint32_t>(ranks_[static_cast<std::size_t>(me_)]);
   std::size_t k = 0;
   for (int j = 0; j < p; j++) {
@@ -331,15 +369,15 @@ absl::Status Communicator::chain_broadcast(float* data, std::size_t n, int root,
   const int prev = (me_ - 1 + p) % p, next = (me_ + 1) % p;
   const bool last = pos == p - 1;
   if (pos == 0 || last) {
-    absl::Status st = pos == 0 ? exchange(next, data, n, me_, nullptr, 0, Combine::kCopy, op, 0)
-                               : exchange(me_, nullptr, 0, prev, data, n, Combine::kCopy, op, 0);
+    absl::Status st = pos == 0 ? exchange(next, data, n, me_, nullptr, 0, Combine::kCopy, op, 0, -1)
+                               : exchange(me_, nullptr, 0, prev, data, n, Combine::kCopy, op, 0, -1);
     absl::Status sent = wait_sends();
     return st.ok() ? sent : st;
   }
   // Middle of the chain: receive every slice, forward each as it lands.
   const std::size_t slice = slice_for(n, options_.slice_bytes);
   const std::size_t slices = (n + slice - 1) / slice;
-  Completions recvs(slices), sends(slices);
+  Completions recvs(slices, driver_), sends(slices, driver_);
   const int prev_g = ranks_[static_cast<std::size_t>(prev)],
             next_g = ranks_[static_cast<std::size_t>(next)];
   const auto me_g = static_cast<std::uint32_t>(ranks_[static_cast<std::size_t>(me_)]);

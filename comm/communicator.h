@@ -89,10 +89,12 @@ class Communicator final : public Collectives {
   absl::Status chain_broadcast(float* data, std::size_t n, int root, std::uint32_t op);
   // Sends `n` floats to member `to` and receives `m` from member `from` into
   // `dest` (added to it or copied), both sliced. The sends stay in flight,
-  // tagged with `step`, until wait_sends.
+  // tagged with `step`, until wait_sends. Before anything is written into
+  // `dest`, the sends of steps <= `written_after` are waited for (-1: none).
   enum class Combine { kAdd, kCopy };
   absl::Status exchange(int to, const float* send, std::size_t n, int from, float* dest,
-                        std::size_t m, Combine how, std::uint32_t op, std::uint32_t step);
+                        std::size_t m, Combine how, std::uint32_t op, std::uint32_t step,
+                        int written_after);
   absl::Status wait_sends(std::uint32_t step = ~0u);
 
   Transport& transport_;
@@ -104,6 +106,7 @@ class Communicator final : public Collectives {
   std::shared_ptr<CancelToken> token_ = std::make_shared<CancelToken>();
   std::vector<float> scratch_;  // received slices that land before they are added
   std::vector<float> piece_;    // one piece read from a peer's memory, added in cache
+  Transport* driver_ = nullptr;  // the transport, while this thread drives it (worker only)
   struct StepSends;  // one step's sends
   std::deque<std::unique_ptr<StepSends>> sends_;  // in flight, oldest first (worker only)
 

@@ -130,6 +130,18 @@ class Transport {
   virtual void recv_pull(int peer, Tag tag, std::size_t bytes, void* landing, ArrivalCallback done,
                          std::shared_ptr<CancelToken> token = nullptr);
 
+  // Caller-driven progress, where a transport offers it (can_poll()):
+  // between drive_begin() and drive_end() the calling thread makes the
+  // transport progress by calling poll() while it waits or between pieces of
+  // its own work (completions then run on that thread, inside poll); the
+  // transport's own thread stands down, so there is no handoff. poll()
+  // returns whether anything happened. Elsewhere these do nothing and the
+  // transport's threads complete operations.
+  virtual bool can_poll() const { return false; }
+  virtual bool poll() { return false; }
+  virtual void drive_begin() {}
+  virtual void drive_end() {}
+
   // Marks `peer` failed (fed by a liveness check of the control plane).
   virtual void fail_peer(int peer, absl::Status why) = 0;
   // Completes every pending operation posted with `token` with `why`.

@@ -14,10 +14,15 @@
 // from a peer that has just died is fatal inside UCX; ours fails that one
 // receive with an error instead.
 //
-// One progress thread owns the UCX worker: callers queue operations, it
-// posts them, polls UCX while any are in flight (yielding the core between
-// polls, then backing off after ~10 ms of quiet) and sleeps on a condition
-// variable when nothing is pending, so an idle transport burns no core.
+// Callers queue operations; a progress thread posts them, polls UCX while
+// any are in flight (yielding the core between polls, then backing off after
+// ~10 ms of quiet) and sleeps on a condition variable when nothing is
+// pending, so an idle transport burns no core. A collective's thread may
+// drive progress itself instead (drive_begin, poll, drive_end: see
+// comm/transport.h); the progress thread stands down meanwhile, and one
+// thread does the reading, adding and polling with no handoff, as MPI's
+// caller-driven progress does. UCX's worker is used by one thread at a time
+// (worker_mu_).
 //
 //   auto t = comm::UcxTransport::create(rank, size);
 //   auto addresses = bootstrap->all_gather((*t)->address());
@@ -67,6 +72,10 @@ class UcxTransport final : public Transport {
   void recv_pull(int peer, Tag tag, std::size_t bytes, void* landing, ArrivalCallback done,
                  std::shared_ptr<CancelToken> token) override;
   void fail_peer(int peer, absl::Status why) override;
+  bool can_poll() const override { return true; }
+  bool poll() override;
+  void drive_begin() override;
+  void drive_end() override;
   void cancel(const std::shared_ptr<CancelToken>& token, absl::Status why) override;
 
   // One pending operation.
@@ -94,6 +103,7 @@ class UcxTransport final : public Transport {
  private:
   UcxTransport(int rank, int size) : rank_(rank), size_(size) {}
   void progress_loop();
+  bool progress_once(bool* idle);  // holds worker_mu_
   void submit(std::unique_ptr<Op> op);
   // Straight through UCX (queued for the progress thread).
   void send_ucx(int peer, Tag tag, const void* data, std::size_t bytes, Callback done,
@@ -125,8 +135,10 @@ class UcxTransport final : public Transport {
   bool cma_allowed_ = false;     // peers may read our memory (Yama scope <= 1)
   std::vector<bool> same_host_;  // per rank: the single-copy protocol applies
 
+  std::mutex worker_mu_;  // whoever holds it may use the UCX worker
   std::mutex mu_;
   std::condition_variable cv_;
+  int drivers_ = 0;  // threads driving progress themselves (guarded by mu_)
   std::unordered_map<Op*, std::unique_ptr<Op>> ops_;
   std::vector<Op*> to_post_;          // queued for the progress thread to post
   std::vector<Op*> to_fail_;          // failed by fail_peer/cancel, callbacks not yet run
