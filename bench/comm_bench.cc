@@ -4,8 +4,9 @@
 //   --mode allreduce  all-reduce of fp32 buffers; busbw as nccl-tests:
 //                     bytes / time * 2(n-1)/n
 // Rank 0 prints one JSON object per measurement.
-#include <CLI/CLI.hpp>
 #include <sched.h>
+
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -152,6 +153,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--read-piece-bytes", options.read_piece_bytes,
                  "Pieces in which a received slice is read and added")
+      ->capture_default_str();
+  app.add_option("--halving-max-bytes", options.halving_max_bytes,
+                 "All-reduce by recursive halving/doubling up to this size (p a power of two)")
       ->capture_default_str();
   app.add_option("--bind-core", bind_core,
                  "Pin this process (all its threads) to one core, as mpirun binds its ranks");

@@ -2,6 +2,7 @@
 #include "comm/communicator.h"
 
 #include <algorithm>
+#include <bit>
 #include <chrono>
 #include <cstring>
 #include <future>
@@ -165,38 +166,65 @@ void Communicator::fail(absl::Status why) {
   transport_.cancel(token_, std::move(why));
 }
 
-// Collectives run one at a time on the worker, in issue order. A failed one
-// fails the communicator (its peers are left mid-algorithm); every later one
+// Collectives run one at a time (run_mu_), in issue order: on the worker,
+// or, for a synchronous call with nothing queued ahead of it, right on the
+// caller's thread (no handoff to the worker and back). A failed one fails
+// the communicator (its peers are left mid-algorithm); every later one
 // reports that root cause rather than a "cancelled".
-void Communicator::enqueue(std::function<absl::Status()> run, Callback done) {
+absl::Status Communicator::execute(const Body& run) {
+  std::lock_guard<std::mutex> running(run_mu_);
+  // Where the transport lets this thread drive its progress, it does, for
+  // the whole collective: no handoff between UCX's thread and this one.
+  driver_ = transport_.can_poll() ? &transport_ : nullptr;
+  if (driver_ != nullptr) driver_->drive_begin();
+  absl::Status st = failure();
+  if (st.ok()) st = run();
+  if (!st.ok()) fail(st);                                    // cancels the sends still in flight
+  if (absl::Status sent = wait_sends(); st.ok()) st = sent;  // their buffers are the caller's
+  if (!st.ok()) fail(st);
+  if (absl::Status root = failure(); !root.ok()) st = root;
+  if (driver_ != nullptr) driver_->drive_end();
+  driver_ = nullptr;
+  next_op_++;
+  return st;
+}
+
+void Communicator::enqueue(Body run, Callback done) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    queued_++;
+  }
   worker_.post([this, run = std::move(run), done = std::move(done)] {
-    // Where the transport lets this thread drive its progress, it does, for
-    // the whole collective: no handoff between UCX's thread and this one.
-    driver_ = transport_.can_poll() ? &transport_ : nullptr;
-    if (driver_ != nullptr) driver_->drive_begin();
-    absl::Status st = failure();
-    if (st.ok()) st = run();
-    if (!st.ok()) fail(st);  // cancels the sends still in flight
-    if (absl::Status sent = wait_sends(); st.ok()) st = sent;  // their buffers are the caller's
-    if (!st.ok()) fail(st);
-    if (absl::Status root = failure(); !root.ok()) st = root;
-    if (driver_ != nullptr) driver_->drive_end();
-    driver_ = nullptr;
-    next_op_++;
+    absl::Status st = execute(run);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      queued_--;
+    }
     done(st);
   });
+}
+
+absl::Status Communicator::run_now(Body run) {
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (queued_ == 0) {
+      queued_++;  // later calls queue behind this one
+      lock.unlock();
+      absl::Status st = execute(run);
+      lock.lock();
+      queued_--;
+      return st;
+    }
+  }
+  auto promise = std::make_shared<std::promise<absl::Status>>();
+  auto result = promise->get_future();
+  enqueue(std::move(run), [promise](absl::Status st) { promise->set_value(std::move(st)); });
+  return result.get();
 }
 
 absl::Status Communicator::failure() {
   std::lock_guard<std::mutex> lock(mu_);
   return aborted_;
-}
-
-absl::Status Communicator::run_sync(const std::function<void(Callback)>& issue) {
-  auto promise = std::make_shared<std::promise<absl::Status>>();
-  auto result = promise->get_future();
-  issue([promise](absl::Status st) { promise->set_value(std::move(st)); });
-  return result.get();
 }
 
 // Sends are posted first (the bytes stay put until the peer reads them, where
@@ -206,8 +234,8 @@ absl::Status Communicator::run_sync(const std::function<void(Callback)>& issue) 
 // waited for here: the rings write their buffers again only after the
 // sends of step `written_after` (of an earlier exchange) are done, and
 // every collective waits for all of them before it completes.
-absl::Status Communicator::exchange(int to, const float* send, std::size_t n, int from,
-                                    float* dest, std::size_t m, Combine how, std::uint32_t op,
+absl::Status Communicator::exchange(int to, const float* send, std::size_t n, int from, float* dest,
+                                    std::size_t m, Combine how, std::uint32_t op,
                                     std::uint32_t step, int written_after) {
   const std::size_t rslice = slice_for(m, options_.slice_bytes),
                     sslice = slice_for(n, options_.slice_bytes);
@@ -230,7 +258,8 @@ absl::Status Communicator::exchange(int to, const float* send, std::size_t n, in
   // The receives may write `dest` (where bytes land rather than wait to be
   // read): first, the sends that read it must be done.
   if (written_after >= 0) {
-    if (absl::Status st = wait_sends(static_cast<std::uint32_t>(written_after)); !st.ok()) return st;
+    if (absl::Status st = wait_sends(static_cast<std::uint32_t>(written_after)); !st.ok())
+      return st;
   }
   Arrivals recvs(n_recv, driver_);
   for (std::size_t s = 0; s < n_recv; s++) {
@@ -241,8 +270,7 @@ absl::Status Communicator::exchange(int to, const float* send, std::size_t n, in
                                         static_cast<std::uint32_t>(s)),
                          cnt * sizeof(float), landing, recvs.callback(s), token_);
   }
-  const std::size_t piece =
-      std::max<std::size_t>(options_.read_piece_bytes / sizeof(float), 1);
+  const std::size_t piece = std::max<std::size_t>(options_.read_piece_bytes / sizeof(float), 1);
   if (how == Combine::kAdd && piece_.size() < std::min(piece, m)) piece_.resize(std::min(piece, m));
   absl::Status first;
   for (std::size_t s = 0; s < n_recv; s++) {
@@ -329,6 +357,57 @@ absl::Status Communicator::ring_all_gather(float* data, std::size_t n, std::uint
   return absl::OkStatus();
 }
 
+// Elements of chunks [a, b).
+std::pair<std::size_t, std::size_t> Communicator::chunks(std::size_t n, int a, int b) const {
+  return {chunk_range(n, size(), a).first, chunk_range(n, size(), b - 1).second};
+}
+
+// Recursive halving, for p a power of two: at step j member i pairs with
+// i ^ d (d = p/2, p/4, ..., 1), keeps the half of its current chunks that
+// holds chunk i and sends the other half, then adds the partner's partial
+// sums of the kept half into its own. After log2(p) steps (the ring takes
+// p-1) member i holds the full sum of chunk i, each element summed once, in
+// a fixed tree order. A half that is sent is never written again in the
+// reduce-scatter.
+absl::Status Communicator::halving_reduce_scatter(float* data, std::size_t n, std::uint32_t op) {
+  int lo = 0, hi = size();
+  std::uint32_t step = 0;
+  for (int d = size() / 2; d >= 1; d /= 2, step++) {
+    const int mid = lo + (hi - lo) / 2;
+    const bool low = (me_ & d) == 0;
+    auto [kb, ke] = low ? chunks(n, lo, mid) : chunks(n, mid, hi);
+    auto [gb, ge] = low ? chunks(n, mid, hi) : chunks(n, lo, mid);
+    absl::Status st = exchange(me_ ^ d, data + gb, ge - gb, me_ ^ d, data + kb, ke - kb,
+                               Combine::kAdd, op, step, -1);
+    if (!st.ok()) return st;
+    (low ? hi : lo) = mid;
+  }
+  return absl::OkStatus();
+}
+
+// Recursive doubling, the halving's mirror: at step j member i pairs with
+// i ^ d (d = 1, 2, ..., p/2), sends the chunks it has and receives the
+// partner's, which it sent away at the halving's step with the same d:
+// those sends are waited for first.
+absl::Status Communicator::doubling_all_gather(float* data, std::size_t n, std::uint32_t op,
+                                               std::uint32_t step0) {
+  int lo = me_, hi = me_ + 1;
+  const int levels = std::countr_zero(static_cast<unsigned>(size()));
+  std::uint32_t step = step0;
+  for (int d = 1, j = 0; d < size(); d *= 2, j++, step++) {
+    const bool low = (me_ & d) == 0;
+    const int plo = low ? hi : lo - d, phi = low ? hi + d : lo;  // the partner's chunks
+    auto [sb, se] = chunks(n, lo, hi);
+    auto [rb, re] = chunks(n, plo, phi);
+    absl::Status st = exchange(me_ ^ d, data + sb, se - sb, me_ ^ d, data + rb, re - rb,
+                               Combine::kCopy, op, step, levels - 1 - j);
+    if (!st.ok()) return st;
+    lo = std::min(lo, plo);
+    hi = std::max(hi, phi);
+  }
+  return absl::OkStatus();
+}
+
 // Every member sends its buffer to every other and sums all p buffers in
 // member order.
 absl::Status Communicator::direct_all_reduce(float* data, std::size_t n, std::uint32_t op) {
@@ -369,8 +448,9 @@ absl::Status Communicator::chain_broadcast(float* data, std::size_t n, int root,
   const int prev = (me_ - 1 + p) % p, next = (me_ + 1) % p;
   const bool last = pos == p - 1;
   if (pos == 0 || last) {
-    absl::Status st = pos == 0 ? exchange(next, data, n, me_, nullptr, 0, Combine::kCopy, op, 0, -1)
-                               : exchange(me_, nullptr, 0, prev, data, n, Combine::kCopy, op, 0, -1);
+    absl::Status st = pos == 0
+                          ? exchange(next, data, n, me_, nullptr, 0, Combine::kCopy, op, 0, -1)
+                          : exchange(me_, nullptr, 0, prev, data, n, Combine::kCopy, op, 0, -1);
     absl::Status sent = wait_sends();
     return st.ok() ? sent : st;
   }
@@ -408,74 +488,86 @@ absl::Status Communicator::chain_broadcast(float* data, std::size_t n, int root,
   return first.ok() ? st : first;
 }
 
+Communicator::Body Communicator::all_reduce_body(float* data, std::size_t n) {
+  return [this, data, n]() -> absl::Status {
+    const std::uint32_t op = next_op_;
+    if (size() == 1 || n == 0) return absl::OkStatus();
+    if (n * sizeof(float) <= options_.direct_max_bytes) return direct_all_reduce(data, n, op);
+    if (std::has_single_bit(static_cast<unsigned>(size())) &&
+        n * sizeof(float) <= options_.halving_max_bytes) {
+      absl::Status st = halving_reduce_scatter(data, n, op);
+      if (!st.ok()) return st;
+      return doubling_all_gather(
+          data, n, op, static_cast<std::uint32_t>(std::countr_zero(static_cast<unsigned>(size()))));
+    }
+    absl::Status st = ring_reduce_scatter(data, n, op);
+    if (!st.ok()) return st;
+    return ring_all_gather(data, n, op, static_cast<std::uint32_t>(size() - 1));
+  };
+}
+
+Communicator::Body Communicator::reduce_scatter_body(const float* in, float* out, std::size_t n) {
+  return [this, in, out, n]() -> absl::Status {
+    auto [b, e] = chunk_range(n, size(), me_);
+    if (size() == 1) {
+      std::copy(in + b, in + e, out);
+      return absl::OkStatus();
+    }
+    std::vector<float> work(in, in + n);
+    absl::Status st = ring_reduce_scatter(work.data(), n, next_op_);
+    if (!st.ok()) fail(st);                                    // cancels the sends still in flight
+    if (absl::Status sent = wait_sends(); st.ok()) st = sent;  // they read `work`
+    if (st.ok())
+      std::copy(work.begin() + static_cast<std::ptrdiff_t>(b),
+                work.begin() + static_cast<std::ptrdiff_t>(e), out);
+    return st;
+  };
+}
+
+Communicator::Body Communicator::all_gather_body(const float* in, float* out, std::size_t n) {
+  return [this, in, out, n]() -> absl::Status {
+    auto [b, e] = chunk_range(n, size(), me_);
+    std::copy(in, in + (e - b), out + b);
+    if (size() == 1) return absl::OkStatus();
+    return ring_all_gather(out, n, next_op_, 0);
+  };
+}
+
+Communicator::Body Communicator::broadcast_body(float* data, std::size_t n, int root) {
+  return [this, data, n, root]() -> absl::Status {
+    if (root < 0 || root >= size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("broadcast: root ", root, " of ", size(), " members"));
+    }
+    if (size() == 1 || n == 0) return absl::OkStatus();
+    return chain_broadcast(data, n, root, next_op_);
+  };
+}
+
 void Communicator::all_reduce(float* data, std::size_t n, Callback done) {
-  enqueue(
-      [this, data, n]() -> absl::Status {
-        const std::uint32_t op = next_op_;
-        if (size() == 1 || n == 0) return absl::OkStatus();
-        if (n * sizeof(float) <= options_.direct_max_bytes) return direct_all_reduce(data, n, op);
-        absl::Status st = ring_reduce_scatter(data, n, op);
-        if (!st.ok()) return st;
-        return ring_all_gather(data, n, op, static_cast<std::uint32_t>(size() - 1));
-      },
-      std::move(done));
+  enqueue(all_reduce_body(data, n), std::move(done));
 }
-
 void Communicator::reduce_scatter(const float* in, float* out, std::size_t n, Callback done) {
-  enqueue(
-      [this, in, out, n]() -> absl::Status {
-        auto [b, e] = chunk_range(n, size(), me_);
-        if (size() == 1) {
-          std::copy(in + b, in + e, out);
-          return absl::OkStatus();
-        }
-        std::vector<float> work(in, in + n);
-        absl::Status st = ring_reduce_scatter(work.data(), n, next_op_);
-        if (!st.ok()) fail(st);  // cancels the sends still in flight
-        if (absl::Status sent = wait_sends(); st.ok()) st = sent;  // they read `work`
-        if (st.ok())
-          std::copy(work.begin() + static_cast<std::ptrdiff_t>(b),
-                    work.begin() + static_cast<std::ptrdiff_t>(e), out);
-        return st;
-      },
-      std::move(done));
+  enqueue(reduce_scatter_body(in, out, n), std::move(done));
 }
-
 void Communicator::all_gather(const float* in, float* out, std::size_t n, Callback done) {
-  enqueue(
-      [this, in, out, n]() -> absl::Status {
-        auto [b, e] = chunk_range(n, size(), me_);
-        std::copy(in, in + (e - b), out + b);
-        if (size() == 1) return absl::OkStatus();
-        return ring_all_gather(out, n, next_op_, 0);
-      },
-      std::move(done));
+  enqueue(all_gather_body(in, out, n), std::move(done));
 }
-
 void Communicator::broadcast(float* data, std::size_t n, int root, Callback done) {
-  enqueue(
-      [this, data, n, root]() -> absl::Status {
-        if (root < 0 || root >= size()) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("broadcast: root ", root, " of ", size(), " members"));
-        }
-        if (size() == 1 || n == 0) return absl::OkStatus();
-        return chain_broadcast(data, n, root, next_op_);
-      },
-      std::move(done));
+  enqueue(broadcast_body(data, n, root), std::move(done));
 }
 
 absl::Status Communicator::all_reduce_sync(float* data, std::size_t n) {
-  return run_sync([&](Callback cb) { all_reduce(data, n, std::move(cb)); });
+  return run_now(all_reduce_body(data, n));
 }
 absl::Status Communicator::reduce_scatter_sync(const float* in, float* out, std::size_t n) {
-  return run_sync([&](Callback cb) { reduce_scatter(in, out, n, std::move(cb)); });
+  return run_now(reduce_scatter_body(in, out, n));
 }
 absl::Status Communicator::all_gather_sync(const float* in, float* out, std::size_t n) {
-  return run_sync([&](Callback cb) { all_gather(in, out, n, std::move(cb)); });
+  return run_now(all_gather_body(in, out, n));
 }
 absl::Status Communicator::broadcast_sync(float* data, std::size_t n, int root) {
-  return run_sync([&](Callback cb) { broadcast(data, n, root, std::move(cb)); });
+  return run_now(broadcast_body(data, n, root));
 }
 
 }  // namespace troupe::comm

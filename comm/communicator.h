@@ -2,7 +2,8 @@
 //
 // A Communicator runs its collectives one at a time, in the order they were
 // issued, on a thread of its own, and reports each through a callback, so a
-// caller (an actor) never blocks. Every member must issue the same
+// caller (an actor) never blocks. A synchronous call (*_sync) with nothing
+// queued ahead of it runs on the caller's thread instead. Every member must issue the same
 // collectives in the same order (TP peers walk the same schedule).
 //
 // Algorithms (fp32 sum): rings for large buffers (reduce-scatter then
@@ -40,9 +41,12 @@ namespace troupe::comm {
 std::pair<std::size_t, std::size_t> chunk_range(std::size_t n, int p, int i);
 
 struct CommunicatorOptions {
-  std::size_t slice_bytes = 512 << 10;      // pipelining granularity of rings and chains
-  std::size_t direct_max_bytes = 32 << 10;  // all-reduce by direct exchange up to this size
+  std::size_t slice_bytes = 512 << 10;       // pipelining granularity of rings and chains
+  std::size_t direct_max_bytes = 32 << 10;   // all-reduce by direct exchange up to this size
   std::size_t read_piece_bytes = 128 << 10;  // a received slice is read and added in these
+  // All-reduce by recursive halving and doubling (log2 p steps each way, p a
+  // power of two) up to this size, by ring above it.
+  std::size_t halving_max_bytes = std::size_t{1} << 40;
 };
 
 class Communicator final : public Collectives {
@@ -79,10 +83,20 @@ class Communicator final : public Collectives {
   bool contains(int global_rank) const;
 
  private:
-  void enqueue(std::function<absl::Status()> run, Callback done);
-  absl::Status failure();  // OK, or why the communicator failed
-  absl::Status run_sync(const std::function<void(Callback)>& issue);
+  using Body = std::function<absl::Status()>;  // one collective, run by execute()
+  absl::Status execute(const Body& run);       // holds run_mu_
+  void enqueue(Body run, Callback done);       // on the worker, in issue order
+  absl::Status run_now(Body run);              // inline if nothing is queued, else queued
+  absl::Status failure();                      // OK, or why the communicator failed
+  Body all_reduce_body(float* data, std::size_t n);
+  Body reduce_scatter_body(const float* in, float* out, std::size_t n);
+  Body all_gather_body(const float* in, float* out, std::size_t n);
+  Body broadcast_body(float* data, std::size_t n, int root);
 
+  std::pair<std::size_t, std::size_t> chunks(std::size_t n, int a, int b) const;
+  absl::Status halving_reduce_scatter(float* data, std::size_t n, std::uint32_t op);
+  absl::Status doubling_all_gather(float* data, std::size_t n, std::uint32_t op,
+                                   std::uint32_t step0);
   absl::Status ring_reduce_scatter(float* data, std::size_t n, std::uint32_t op);
   absl::Status ring_all_gather(float* data, std::size_t n, std::uint32_t op, std::uint32_t step0);
   absl::Status direct_all_reduce(float* data, std::size_t n, std::uint32_t op);
@@ -102,16 +116,18 @@ class Communicator final : public Collectives {
   GroupKind kind_;
   CommunicatorOptions options_;
   int me_ = -1;
-  std::uint32_t next_op_ = 0;  // worker thread only
+  std::uint32_t next_op_ = 0;  // this and the state below: under run_mu_
   std::shared_ptr<CancelToken> token_ = std::make_shared<CancelToken>();
-  std::vector<float> scratch_;  // received slices that land before they are added
-  std::vector<float> piece_;    // one piece read from a peer's memory, added in cache
-  Transport* driver_ = nullptr;  // the transport, while this thread drives it (worker only)
-  struct StepSends;  // one step's sends
-  std::deque<std::unique_ptr<StepSends>> sends_;  // in flight, oldest first (worker only)
+  std::vector<float> scratch_;   // received slices that land before they are added
+  std::vector<float> piece_;     // one piece read from a peer's memory, added in cache
+  Transport* driver_ = nullptr;  // the transport, while a collective drives it
+  struct StepSends;              // one step's sends
+  std::deque<std::unique_ptr<StepSends>> sends_;  // in flight, oldest first
 
+  std::mutex run_mu_;  // held while a collective runs; guards next_op_ to sends_
   std::mutex mu_;
   absl::Status aborted_;
+  int queued_ = 0;        // collectives issued and not finished (guarded by mu_)
   CallbackQueue worker_;  // last: its thread runs collectives that use the members above
 };
 

@@ -66,8 +66,7 @@ void InProcFabric::deliver(Op send, Op recv, bool send_posted_last) {
         std::make_unique<InPlaceSource>(
             send.data, [this, d = std::move(send.done)](absl::Status st) {
               callbacks_.post([d, st = std::move(st)] {
-                d(st.ok() ? st
-                          : absl::Status(st.code(), absl::StrCat("receiver: ", st.message())));
+                d(st.ok() ? st : absl::Status(st.code(), absl::StrCat("receiver: ", st.message())));
               });
             }));
     auto run = [pulled = std::move(recv.pulled), arrival] { (*pulled)(std::move(*arrival)); };

@@ -275,8 +275,8 @@ class SingleCopySource final : public Arrival::Source {
       const ssize_t n = ::process_vm_readv(desc_.pid, &local, 1, &remote, 1, 0);
       if (n <= 0) {
         error_ = errno != 0 ? errno : EIO;
-        return absl::UnavailableError(absl::StrCat("copy from rank ", peer_,
-                                                   " failed: ", std::strerror(error_)));
+        return absl::UnavailableError(
+            absl::StrCat("copy from rank ", peer_, " failed: ", std::strerror(error_)));
       }
       got += static_cast<std::size_t>(n);
     }
@@ -285,7 +285,7 @@ class SingleCopySource final : public Arrival::Source {
   }
   void refuse(int error) { error_ = error; }
   void release(absl::Status receiver_status) override {
-    auto ack = std::make_shared<std::int64_t>(error_ != 0 ? error_
+    auto ack = std::make_shared<std::int64_t>(error_ != 0            ? error_
                                               : receiver_status.ok() ? 0
                                                                      : ECANCELED);
     transport_->send_ucx(

@@ -11,7 +11,9 @@
 #include <functional>
 #include <future>
 #include <random>
+#include <string>
 #include <thread>
+#include <tuple>
 
 #include "comm/groups.h"
 #include "comm/inproc_transport.h"
@@ -45,10 +47,22 @@ float value(int rank, std::size_t i) {
 // Small slices so that even a few thousand elements exercise the pipelining.
 CommunicatorOptions small_slices() { return {.slice_bytes = 256, .direct_max_bytes = 64}; }
 
-class Collectives : public ::testing::TestWithParam<int> {};
+// Each case runs for p members with the all-reduce by ring and, where p is a
+// power of two, by recursive halving and doubling.
+enum class Algo { kRing, kHalving };
+class Collectives : public ::testing::TestWithParam<std::tuple<int, Algo>> {
+ protected:
+  void SetUp() override { p_ = std::get<0>(GetParam()); }
+  CommunicatorOptions with_algo(CommunicatorOptions o) const {
+    o.halving_max_bytes = std::get<1>(GetParam()) == Algo::kHalving ? ~std::size_t{0} : 0;
+    return o;
+  }
+  CommunicatorOptions small_slices() const { return with_algo(comm::small_slices()); }
+  int p_ = 0;
+};
 
 TEST_P(Collectives, AllReduce) {
-  const int p = GetParam();
+  const int p = p_;
   for (std::size_t n : {0u, 1u, 7u, 33u, 1000u, 4099u}) {
     on_ranks(
         p,
@@ -67,7 +81,7 @@ TEST_P(Collectives, AllReduce) {
 }
 
 TEST_P(Collectives, ReduceScatter) {
-  const int p = GetParam();
+  const int p = p_;
   for (std::size_t n : {0u, 1u, 7u, 1000u, 4099u}) {
     on_ranks(
         p,
@@ -88,7 +102,7 @@ TEST_P(Collectives, ReduceScatter) {
 }
 
 TEST_P(Collectives, AllGather) {
-  const int p = GetParam();
+  const int p = p_;
   for (std::size_t n : {0u, 1u, 7u, 1000u, 4099u}) {
     on_ranks(
         p,
@@ -104,7 +118,7 @@ TEST_P(Collectives, AllGather) {
 }
 
 TEST_P(Collectives, Broadcast) {
-  const int p = GetParam();
+  const int p = p_;
   for (std::size_t n : {0u, 1u, 1000u, 4099u}) {
     for (int root : {0, p - 1}) {
       on_ranks(
@@ -124,7 +138,7 @@ TEST_P(Collectives, Broadcast) {
 // Random floats: the sum order matters, and is fixed: every member gets the
 // same bits, and so does a second run.
 TEST_P(Collectives, AllReduceIsBitwiseIdenticalAcrossMembersAndRuns) {
-  const int p = GetParam();
+  const int p = p_;
   const std::size_t n = 5003;
   auto run = [&](CommunicatorOptions o) {
     std::vector<std::vector<float>> out(static_cast<std::size_t>(p));
@@ -141,7 +155,7 @@ TEST_P(Collectives, AllReduceIsBitwiseIdenticalAcrossMembersAndRuns) {
         o);
     return out;
   };
-  for (CommunicatorOptions o : {small_slices(), CommunicatorOptions{}}) {
+  for (CommunicatorOptions o : {small_slices(), with_algo(CommunicatorOptions{})}) {
     auto a = run(o), b = run(o);
     for (int r = 0; r < p; r++) {
       EXPECT_EQ(std::memcmp(a[static_cast<std::size_t>(r)].data(), a[0].data(), n * 4), 0) << r;
@@ -153,7 +167,7 @@ TEST_P(Collectives, AllReduceIsBitwiseIdenticalAcrossMembersAndRuns) {
 }
 
 TEST_P(Collectives, ManyInARowKeepTheirOrder) {
-  const int p = GetParam();
+  const int p = p_;
   on_ranks(
       p,
       [&](int r, Communicator& c) {
@@ -174,7 +188,89 @@ TEST_P(Collectives, ManyInARowKeepTheirOrder) {
       small_slices());
 }
 
-INSTANTIATE_TEST_SUITE_P(Members, Collectives, ::testing::Values(1, 2, 3, 4, 8));
+// Synchronous calls run on the caller's thread when nothing is queued, and
+// queue behind asynchronous ones otherwise: the order of issue holds (sizes
+// differ, so a reordering would be a length mismatch or a wrong sum).
+TEST_P(Collectives, SyncCallsKeepTheirPlaceAmongAsyncOnes) {
+  const int p = p_;
+  on_ranks(
+      p,
+      [&](int r, Communicator& c) {
+        std::vector<std::vector<float>> bufs;
+        for (int k = 0; k < 6; k++) bufs.emplace_back(100 + 37 * k, static_cast<float>(k + r));
+        std::atomic<int> done{0};
+        for (int k = 0; k < 3; k++) {
+          auto& b = bufs[static_cast<std::size_t>(k)];
+          c.all_reduce(b.data(), b.size(), [&](absl::Status st) {
+            EXPECT_TRUE(st.ok()) << st;
+            done++;
+          });
+        }
+        for (int k = 3; k < 6; k++) {
+          auto& b = bufs[static_cast<std::size_t>(k)];
+          ASSERT_TRUE(c.all_reduce_sync(b.data(), b.size()).ok());
+        }
+        while (done < 3) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        for (int k = 0; k < 6; k++)
+          for (float v : bufs[static_cast<std::size_t>(k)])
+            ASSERT_EQ(v, static_cast<float>(p * k + p * (p - 1) / 2)) << k;
+      },
+      small_slices());
+}
+
+INSTANTIATE_TEST_SUITE_P(Members, Collectives,
+                         ::testing::Values(std::tuple(1, Algo::kRing), std::tuple(2, Algo::kRing),
+                                           std::tuple(2, Algo::kHalving),
+                                           std::tuple(3, Algo::kRing), std::tuple(4, Algo::kRing),
+                                           std::tuple(4, Algo::kHalving),
+                                           std::tuple(8, Algo::kRing),
+                                           std::tuple(8, Algo::kHalving)),
+                         [](const auto& info) {
+                           return std::to_string(std::get<0>(info.param)) +
+                                  (std::get<1>(info.param) == Algo::kRing ? "_ring" : "_halving");
+                         });
+
+// A pulled receive in-process copies nothing: the receiver reads the
+// sender's buffer in place, and the send completes only when it lets go.
+TEST(InProcPull, ReadsTheSendersBufferInPlaceAndReleasesTheSend) {
+  auto fabric = std::make_shared<InProcFabric>(2);
+  auto t0 = fabric->endpoint(0), t1 = fabric->endpoint(1);
+  std::vector<float> src(1000, 2.5f);
+  std::promise<absl::Status> sent;
+  std::promise<Arrival> arrived;
+  t1->recv_pull(0, 7, src.size() * 4, nullptr, [&](Arrival a) { arrived.set_value(std::move(a)); });
+  t0->send(1, 7, src.data(), src.size() * 4, [&](absl::Status st) { sent.set_value(st); });
+  Arrival a = arrived.get_future().get();
+  ASSERT_TRUE(a.status().ok()) << a.status();
+  EXPECT_EQ(a.data(), src.data());  // no copy
+  auto sent_f = sent.get_future();
+  EXPECT_EQ(sent_f.wait_for(std::chrono::milliseconds(50)), std::future_status::timeout)
+      << "the send completed while its bytes were still being read";
+  float piece[10];
+  ASSERT_TRUE(a.read(40, piece, sizeof piece).ok());
+  EXPECT_EQ(piece[0], 2.5f);
+  EXPECT_FALSE(a.read(3990, piece, sizeof piece).ok());  // past the end
+  a.release();
+  EXPECT_TRUE(sent_f.get().ok());
+}
+
+// A receiver that gives up tells the sender; a length mismatch fails both.
+TEST(InProcPull, ReleaseWithAnErrorFailsTheSendAndLengthsMustMatch) {
+  auto fabric = std::make_shared<InProcFabric>(2);
+  auto t0 = fabric->endpoint(0), t1 = fabric->endpoint(1);
+  std::vector<float> src(16, 1.0f);
+  std::promise<absl::Status> sent, sent2;
+  std::promise<Arrival> arrived, arrived2;
+  t0->send(1, 1, src.data(), 64, [&](absl::Status st) { sent.set_value(st); });
+  t1->recv_pull(0, 1, 64, nullptr, [&](Arrival a) { arrived.set_value(std::move(a)); });
+  arrived.get_future().get().release(absl::CancelledError("collective aborted"));
+  absl::Status st = sent.get_future().get();
+  EXPECT_TRUE(absl::IsCancelled(st)) << st;
+  t0->send(1, 2, src.data(), 64, [&](absl::Status st) { sent2.set_value(st); });
+  t1->recv_pull(0, 2, 32, nullptr, [&](Arrival a) { arrived2.set_value(std::move(a)); });
+  EXPECT_TRUE(absl::IsInvalidArgument(arrived2.get_future().get().status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(sent2.get_future().get()));
+}
 
 // Chunks of 262145 and 262144 floats with 64-float slices need more than the
 // tag's 4096 slices, so the slice grows with the message; sender and

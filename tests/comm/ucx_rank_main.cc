@@ -42,46 +42,50 @@ int fail(int rank, const std::string& what) {
 }
 
 int collectives(int rank, int size, troupe::comm::UcxTransport& t) {
-  troupe::comm::Communicator c(t,
-                               [&] {
-                                 std::vector<int> r(static_cast<std::size_t>(size));
-                                 for (int i = 0; i < size; i++) r[static_cast<std::size_t>(i)] = i;
-                                 return r;
-                               }(),
-                               troupe::comm::GroupKind::kWorld,
-                               {.slice_bytes = 64 << 10, .direct_max_bytes = 4 << 10});
-  for (std::size_t n : {0ul, 1ul, 7ul, 1000ul, 100003ul, 600001ul}) {
-    std::vector<float> x(n);
-    for (std::size_t i = 0; i < n; i++) x[i] = value(rank, i);
-    absl::Status st = c.all_reduce_sync(x.data(), n);
-    if (!st.ok()) return fail(rank, "all_reduce: " + std::string(st.message()));
-    for (std::size_t i = 0; i < n; i++) {
-      float want = 0;
-      for (int j = 0; j < size; j++) want += value(j, i);
-      if (x[i] != want) return fail(rank, "all_reduce value at " + std::to_string(i));
+  // Twice: all-reduce by ring, then (p a power of two) by halving/doubling.
+  for (std::size_t halving_max : {std::size_t{0}, ~std::size_t{0}}) {
+    troupe::comm::Communicator c(
+        t,
+        [&] {
+          std::vector<int> r(static_cast<std::size_t>(size));
+          for (int i = 0; i < size; i++) r[static_cast<std::size_t>(i)] = i;
+          return r;
+        }(),
+        troupe::comm::GroupKind::kWorld,
+        {.slice_bytes = 64 << 10, .direct_max_bytes = 4 << 10, .halving_max_bytes = halving_max});
+    for (std::size_t n : {0ul, 1ul, 7ul, 1000ul, 100003ul, 600001ul}) {
+      std::vector<float> x(n);
+      for (std::size_t i = 0; i < n; i++) x[i] = value(rank, i);
+      absl::Status st = c.all_reduce_sync(x.data(), n);
+      if (!st.ok()) return fail(rank, "all_reduce: " + std::string(st.message()));
+      for (std::size_t i = 0; i < n; i++) {
+        float want = 0;
+        for (int j = 0; j < size; j++) want += value(j, i);
+        if (x[i] != want) return fail(rank, "all_reduce value at " + std::to_string(i));
+      }
+      for (std::size_t i = 0; i < n; i++) x[i] = value(rank, i);
+      auto [b, e] = chunk_range(n, size, rank);
+      std::vector<float> part(e - b);
+      st = c.reduce_scatter_sync(x.data(), part.data(), n);
+      if (!st.ok()) return fail(rank, "reduce_scatter: " + std::string(st.message()));
+      for (std::size_t i = b; i < e; i++) {
+        float want = 0;
+        for (int j = 0; j < size; j++) want += value(j, i);
+        if (part[i - b] != want) return fail(rank, "reduce_scatter value");
+      }
+      for (std::size_t i = b; i < e; i++) part[i - b] = static_cast<float>(i);
+      std::vector<float> all(n, -1.0f);
+      st = c.all_gather_sync(part.data(), all.data(), n);
+      if (!st.ok()) return fail(rank, "all_gather: " + std::string(st.message()));
+      for (std::size_t i = 0; i < n; i++)
+        if (all[i] != static_cast<float>(i)) return fail(rank, "all_gather value");
+      const int root = static_cast<int>(n % static_cast<std::size_t>(size));
+      std::vector<float> y(n, rank == root ? 3.5f : 0.0f);
+      st = c.broadcast_sync(y.data(), n, root);
+      if (!st.ok()) return fail(rank, "broadcast: " + std::string(st.message()));
+      for (float v : y)
+        if (v != 3.5f) return fail(rank, "broadcast value");
     }
-    for (std::size_t i = 0; i < n; i++) x[i] = value(rank, i);
-    auto [b, e] = chunk_range(n, size, rank);
-    std::vector<float> part(e - b);
-    st = c.reduce_scatter_sync(x.data(), part.data(), n);
-    if (!st.ok()) return fail(rank, "reduce_scatter: " + std::string(st.message()));
-    for (std::size_t i = b; i < e; i++) {
-      float want = 0;
-      for (int j = 0; j < size; j++) want += value(j, i);
-      if (part[i - b] != want) return fail(rank, "reduce_scatter value");
-    }
-    for (std::size_t i = b; i < e; i++) part[i - b] = static_cast<float>(i);
-    std::vector<float> all(n, -1.0f);
-    st = c.all_gather_sync(part.data(), all.data(), n);
-    if (!st.ok()) return fail(rank, "all_gather: " + std::string(st.message()));
-    for (std::size_t i = 0; i < n; i++)
-      if (all[i] != static_cast<float>(i)) return fail(rank, "all_gather value");
-    const int root = static_cast<int>(n % static_cast<std::size_t>(size));
-    std::vector<float> y(n, rank == root ? 3.5f : 0.0f);
-    st = c.broadcast_sync(y.data(), n, root);
-    if (!st.ok()) return fail(rank, "broadcast: " + std::string(st.message()));
-    for (float v : y)
-      if (v != 3.5f) return fail(rank, "broadcast value");
   }
   std::printf("rank %d: single-copy bytes %llu\n", rank,
               static_cast<unsigned long long>(t.single_copy_bytes()));

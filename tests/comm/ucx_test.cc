@@ -121,8 +121,9 @@ TEST_P(UcxCollectives, AcrossProcesses) {
   // Yama once turned it off).
   if (n < 2) return;
   if (!cross_process_reads_allowed() || std::getenv("TROUPE_SINGLE_COPY") != nullptr) {
-    std::printf("[ note ] single copy not checked: off here (TROUPE_SINGLE_COPY, or the host "
-                "does not let processes read each other's memory)\n");
+    std::printf(
+        "[ note ] single copy not checked: off here (TROUPE_SINGLE_COPY, or the host "
+        "does not let processes read each other's memory)\n");
     return;
   }
   const std::regex copied("single-copy bytes ([0-9]+)");
