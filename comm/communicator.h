@@ -43,7 +43,7 @@ std::pair<std::size_t, std::size_t> chunk_range(std::size_t n, int p, int i);
 struct CommunicatorOptions {
   std::size_t slice_bytes = 512 << 10;       // pipelining granularity of rings and chains
   std::size_t direct_max_bytes = 32 << 10;   // all-reduce by direct exchange up to this size
-  std::size_t read_piece_bytes = 128 << 10;  // a received slice is read and added in these
+  std::size_t read_piece_bytes = 512 << 10;  // a received slice is read and added in these
   // All-reduce by recursive halving and doubling (log2 p steps each way, p a
   // power of two) up to this size, by ring above it.
   std::size_t halving_max_bytes = std::size_t{1} << 40;
