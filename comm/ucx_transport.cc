@@ -347,9 +347,9 @@ void UcxTransport::recv(int peer, Tag tag, void* data, std::size_t bytes, Callba
       std::move(token));
 }
 
-// Callers only queue operations; the progress thread posts them to UCX, so
-// the worker is used by one thread (UCS_THREAD_MODE_SINGLE): no lock inside
-// UCX, and no completion can race a cancel.
+// Callers only queue operations; whoever holds worker_mu_ (the progress
+// thread, or a caller driving progress) posts them to UCX, so the worker is
+// used by one thread at a time and no completion can race a cancel.
 void UcxTransport::submit(std::unique_ptr<Op> owned) {
   Op* op = owned.get();
   std::lock_guard<std::mutex> lock(mu_);
