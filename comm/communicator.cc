@@ -22,20 +22,31 @@ std::pair<std::size_t, std::size_t> chunk_range(std::size_t n, int p, int i) {
 namespace {
 
 // Waits until `ready()` (checked under `lock`): asleep on `cv`, or, with a
-// `driver`, polling it on this thread (yielding the core between polls; after
-// ~10 ms of quiet, polling every 50 us), as the UCX progress thread would.
+// `driver`, making it progress on this thread: polling (yielding the core
+// between polls) for the first kSpin, then sleeping until the transport has
+// an event (a message came) between polls, or, where it has no event
+// descriptor, polling every 50 us.
 template <typename Ready>
 void await(std::unique_lock<std::mutex>& lock, std::condition_variable& cv, Transport* driver,
            Ready ready) {
   if (driver == nullptr) return cv.wait(lock, ready);
-  int quiet = 0;
+  constexpr auto kSpin = std::chrono::microseconds(50);
+  auto quiet_since = std::chrono::steady_clock::now();
   while (!ready()) {
     lock.unlock();
     const bool moved = driver->poll();
-    quiet = moved ? 0 : quiet + 1;
-    if (!moved && quiet < 20000) std::this_thread::yield();
+    const auto now = std::chrono::steady_clock::now();
+    if (moved) quiet_since = now;
+    bool slept = false;
+    if (!moved && now - quiet_since >= kSpin) {
+      slept = driver->wait_for_event(std::chrono::milliseconds(1));
+    } else if (!moved) {
+      std::this_thread::yield();
+    }
     lock.lock();
-    if (quiet >= 20000 && !ready()) cv.wait_for(lock, std::chrono::microseconds(50));
+    if (!moved && !slept && now - quiet_since >= kSpin && !ready()) {
+      cv.wait_for(lock, std::chrono::microseconds(50));
+    }
   }
 }
 

@@ -31,6 +31,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstring>
 #include <functional>
@@ -139,6 +140,9 @@ class Transport {
   // transport's threads complete operations.
   virtual bool can_poll() const { return false; }
   virtual bool poll() { return false; }
+  // A driver with nothing to do may sleep until the transport has an event
+  // to progress or `max` has passed; false where it cannot (then it polls).
+  virtual bool wait_for_event(std::chrono::microseconds /*max*/) { return false; }
   virtual void drive_begin() {}
   virtual void drive_end() {}
 

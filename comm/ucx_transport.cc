@@ -1,6 +1,7 @@
 // UCX transport on the UCP tag API.
 #include "comm/ucx_transport.h"
 
+#include <poll.h>
 #include <sys/prctl.h>
 #include <sys/uio.h>
 #include <ucp/api/ucp.h>
@@ -104,7 +105,9 @@ absl::StatusOr<std::unique_ptr<UcxTransport>> UcxTransport::create(int rank, int
   if (std::getenv("UCX_RNDV_THRESH") == nullptr) ucp_config_modify(config, "RNDV_THRESH", "inf");
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
-  params.features = UCP_FEATURE_TAG;
+  // WAKEUP: a thread with nothing to do can sleep until a message arrives
+  // (wait_for_event) instead of polling.
+  params.features = UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP;
   params.mt_workers_shared = 1;
   ucp_context_h context = nullptr;
   st = ucp_init(&params, config, &context);
@@ -119,6 +122,7 @@ absl::StatusOr<std::unique_ptr<UcxTransport>> UcxTransport::create(int rank, int
   st = ucp_worker_create(context, &wparams, &worker);
   if (st != UCS_OK) return ucs_error(st, "ucp_worker_create");
   t->worker_ = worker;
+  if (ucp_worker_get_efd(worker, &t->event_fd_) != UCS_OK) t->event_fd_ = -1;  // poll only
   ucp_address_t* addr = nullptr;
   std::size_t len = 0;
   st = ucp_worker_get_address(worker, &addr, &len);
@@ -554,6 +558,30 @@ bool UcxTransport::poll() {
   if (!lock.owns_lock()) return false;  // another thread is at it (or we are, in a callback)
   bool idle = false;
   return progress_once(&idle);
+}
+
+// Arms the worker's event descriptor and sleeps on it: woken by the next
+// message (UCX's shared-memory and TCP transports signal an armed worker),
+// or after `max`. Where ranks outnumber cores this lets a rank that waits
+// give its core to one that works, and be woken the moment its message comes,
+// where polling would wait for the scheduler to come round.
+bool UcxTransport::wait_for_event(std::chrono::microseconds max) {
+  if (event_fd_ < 0) return false;
+  {
+    std::unique_lock<std::mutex> lock(worker_mu_, std::try_to_lock);
+    if (!lock.owns_lock()) return true;  // another thread is progressing: poll again
+    const ucs_status_t st = ucp_worker_arm(static_cast<ucp_worker_h>(worker_));
+    if (st == UCS_ERR_BUSY) return true;  // events to progress first
+    if (st != UCS_OK) return false;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!to_post_.empty() || !to_fail_.empty()) return true;  // work of our own
+  }
+  pollfd fd{event_fd_, POLLIN, 0};
+  const timespec timeout{0, static_cast<long>(max.count()) * 1000};
+  ::ppoll(&fd, 1, &timeout, nullptr);
+  return true;
 }
 
 void UcxTransport::drive_begin() {

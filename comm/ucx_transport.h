@@ -74,6 +74,7 @@ class UcxTransport final : public Transport {
   void fail_peer(int peer, absl::Status why) override;
   bool can_poll() const override { return true; }
   bool poll() override;
+  bool wait_for_event(std::chrono::microseconds max) override;
   void drive_begin() override;
   void drive_end() override;
   void cancel(const std::shared_ptr<CancelToken>& token, absl::Status why) override;
@@ -130,6 +131,7 @@ class UcxTransport final : public Transport {
   const int rank_, size_;
   void* context_ = nullptr;  // ucp_context_h
   void* worker_ = nullptr;   // ucp_worker_h
+  int event_fd_ = -1;        // the worker's event descriptor (UCP_FEATURE_WAKEUP)
   std::vector<void*> eps_;   // ucp_ep_h per rank
   std::string address_;
   bool cma_allowed_ = false;     // peers may read our memory (Yama scope <= 1)
