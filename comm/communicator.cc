@@ -136,8 +136,9 @@ class Arrivals {
 // fixed order that makes every rank's result the same bits). One binary adds
 // with AVX-512 or AVX2 where the CPU has them (4 MiB all-reduce at n=2:
 // 6.4-7.7 GB/s busbw against 6.1-6.4 with SSE2 only); the sum of two floats
-// is the same bits whatever the vector width.
-#if defined(__x86_64__) && !defined(__clang__)
+// is the same bits whatever the vector width. (Not under ThreadSanitizer:
+// the clones' resolver runs before it is set up and crashes.)
+#if defined(__x86_64__) && !defined(__clang__) && !defined(__SANITIZE_THREAD__)
 __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #endif
 void add_into(float* __restrict acc, const float* __restrict in, std::size_t n) {
