@@ -318,11 +318,15 @@ absl::Status Communicator::exchange(int to, const float* send, std::size_t n, in
         if (driver_ != nullptr) driver_->poll();
       }
     }
-    if (!st.ok() && first.ok()) {
+    // Let go of the sender's bytes first, then fail (which cancels the rest,
+    // so the waits below return).
+    const bool failing = !st.ok() && first.ok();
+    message.release(first.ok() && st.ok() ? absl::OkStatus()
+                                          : absl::CancelledError("collective aborted"));
+    if (failing) {
       first = st;
-      fail(st);  // cancels the rest, so the waits below return
+      fail(st);
     }
-    message.release(first.ok() ? absl::OkStatus() : absl::CancelledError("collective aborted"));
   }
   return first;
 }

@@ -82,6 +82,7 @@ class Arrival {
   absl::Status read(std::size_t offset, void* to, std::size_t n) {
     if (!status_.ok()) return status_;
     if (offset + n > bytes_) return absl::OutOfRangeError("read past the end of a message");
+    if (!source_) return absl::FailedPreconditionError("read of a released message");
     if (const void* d = data()) {
       if (n > 0) std::memcpy(to, static_cast<const char*>(d) + offset, n);
       return absl::OkStatus();

@@ -2,7 +2,9 @@
 #include "comm/ucx_transport.h"
 
 #include <poll.h>
+#include <sys/eventfd.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/uio.h>
 #include <ucp/api/ucp.h>
 #include <unistd.h>
@@ -123,21 +125,30 @@ absl::StatusOr<std::unique_ptr<UcxTransport>> UcxTransport::create(int rank, int
   if (st != UCS_OK) return ucs_error(st, "ucp_worker_create");
   t->worker_ = worker;
   if (ucp_worker_get_efd(worker, &t->event_fd_) != UCS_OK) t->event_fd_ = -1;  // poll only
+  t->wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   ucp_address_t* addr = nullptr;
   std::size_t len = 0;
   st = ucp_worker_get_address(worker, &addr, &len);
   if (st != UCS_OK) return ucs_error(st, "ucp_worker_get_address");
-  // Address: pid (u32), host name length (u16), host name, UCX address.
+  // Address: pid (u32), length (u16) of the place, the place, UCX address.
+  // The place names the host and the pid namespace, and says whether this
+  // process lets peers read its memory: two ranks use the single-copy
+  // protocol between them only where their places are equal (pids mean the
+  // same process, and both allow it).
+  t->cma_allowed_ = single_copy_possible();
   char host[256] = {};
   ::gethostname(host, sizeof host - 1);
+  struct stat ns {};
+  const bool have_ns = ::stat("/proc/self/ns/pid", &ns) == 0;
+  const std::string place =
+      absl::StrCat(host, " pidns=", have_ns ? ns.st_ino : 0, t->cma_allowed_ ? " cma" : " nocma");
   const auto pid = static_cast<std::uint32_t>(::getpid());
-  const auto hlen = static_cast<std::uint16_t>(std::strlen(host));
+  const auto plen = static_cast<std::uint16_t>(place.size());
   t->address_.append(reinterpret_cast<const char*>(&pid), 4);
-  t->address_.append(reinterpret_cast<const char*>(&hlen), 2);
-  t->address_.append(host, hlen);
+  t->address_.append(reinterpret_cast<const char*>(&plen), 2);
+  t->address_.append(place);
   t->address_.append(reinterpret_cast<const char*>(addr), len);
   ucp_worker_release_address(worker, addr);
-  t->cma_allowed_ = single_copy_possible();
 
   t->failed_.resize(static_cast<std::size_t>(size));
   t->progress_ = std::thread([p = t.get()] { p->progress_loop(); });
@@ -172,6 +183,7 @@ UcxTransport::~UcxTransport() {
     }
   }
   if (worker != nullptr) ucp_worker_destroy(worker);
+  if (wake_fd_ >= 0) ::close(wake_fd_);
   if (context_ != nullptr) ucp_cleanup(static_cast<ucp_context_h>(context_));
 }
 
@@ -191,7 +203,8 @@ absl::Status UcxTransport::connect(const std::vector<std::string>& addresses) {
     if (a.size() >= 6) std::memcpy(&hlen, a.data() + 4, 2);
     if (a.size() < 6u + hlen)
       return absl::InvalidArgumentError(absl::StrCat("connect: bad address of rank ", r));
-    same_host_[static_cast<std::size_t>(r)] = cma_allowed_ && a.substr(6, hlen) == my_host;
+    same_host_[static_cast<std::size_t>(r)] =
+        cma_allowed_ && a.substr(6, hlen) == my_host;  // see create()
     ucp_ep_params_t p{};
     p.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
     p.address = reinterpret_cast<const ucp_address_t*>(a.data() + 6 + hlen);
@@ -211,9 +224,11 @@ void UcxTransport::send_ucx(int peer, Tag tag, const void* data, std::size_t byt
 }
 
 void UcxTransport::recv_ucx(int peer, Tag tag, void* data, std::size_t bytes, Callback done,
-                            std::shared_ptr<CancelToken> token) {
-  submit(std::make_unique<Op>(
-      Op{this, peer, false, bytes, std::move(done), std::move(token), tag, data}));
+                            std::shared_ptr<CancelToken> token, bool hold_on_cancel) {
+  auto op = std::make_unique<Op>(
+      Op{this, peer, false, bytes, std::move(done), std::move(token), tag, data});
+  op->hold_on_cancel = hold_on_cancel;
+  submit(std::move(op));
 }
 
 namespace {
@@ -248,6 +263,9 @@ void UcxTransport::send(int peer, Tag tag, const void* data, std::size_t bytes, 
   auto state = std::make_shared<State>();
   state->desc = {reinterpret_cast<std::uint64_t>(data), bytes,
                  static_cast<std::int32_t>(::getpid()), 0};
+  // Cancelled (our communicator failed), the send still waits for the
+  // acknowledgement, up to the cancel bound: a live receiver may be reading
+  // the buffer, which the caller may reuse once the send completes.
   recv_ucx(
       peer, ack_tag(tag, peer), &state->ack, sizeof state->ack,
       [state, done = std::move(done), peer](absl::Status st) {
@@ -257,7 +275,7 @@ void UcxTransport::send(int peer, Tag tag, const void* data, std::size_t bytes, 
         }
         done(st);
       },
-      token);
+      token, /*hold_on_cancel=*/true);
   send_ucx(
       peer, tag, &state->desc, sizeof state->desc, [state](absl::Status) {}, token);
 }
@@ -268,9 +286,8 @@ void UcxTransport::send(int peer, Tag tag, const void* data, std::size_t bytes, 
 // the failed read (or ECANCELED: the receiver gave up), which fails the send.
 class SingleCopySource final : public Arrival::Source {
  public:
-  SingleCopySource(UcxTransport* transport, int peer, Tag tag, CopyDescriptor desc,
-                   std::shared_ptr<CancelToken> token)
-      : transport_(transport), peer_(peer), tag_(tag), desc_(desc), token_(std::move(token)) {}
+  SingleCopySource(UcxTransport* transport, int peer, Tag tag, CopyDescriptor desc)
+      : transport_(transport), peer_(peer), tag_(tag), desc_(desc) {}
   const void* data() const override { return nullptr; }
   absl::Status read(std::size_t offset, void* to, std::size_t bytes) override {
     for (std::size_t got = 0; got < bytes;) {
@@ -292,9 +309,13 @@ class SingleCopySource final : public Arrival::Source {
     auto ack = std::make_shared<std::int64_t>(error_ != 0            ? error_
                                               : receiver_status.ok() ? 0
                                                                      : ECANCELED);
+    // No cancel token: a receiver whose collective has failed must still tell
+    // the sender it is done with the buffer (a regression: the cancel that
+    // followed a failed read swallowed the acknowledgement and the live
+    // sender waited for ever). A dead sender fails it through fail_peer.
     transport_->send_ucx(
         peer_, ack_tag(tag_, transport_->rank_), ack.get(), sizeof *ack, [ack](absl::Status) {},
-        token_);
+        nullptr);
   }
 
  private:
@@ -302,7 +323,6 @@ class SingleCopySource final : public Arrival::Source {
   int peer_;
   Tag tag_;
   CopyDescriptor desc_;
-  std::shared_ptr<CancelToken> token_;
   int error_ = 0;
 };
 
@@ -313,7 +333,7 @@ void UcxTransport::pull_single_copy(int peer, Tag tag, std::size_t bytes, Arriva
       peer, tag, desc.get(), sizeof *desc,
       [this, desc, peer, tag, bytes, done = std::move(done), token](absl::Status st) {
         if (!st.ok()) return done(Arrival(st, bytes, nullptr));
-        auto source = std::make_unique<SingleCopySource>(this, peer, tag, *desc, token);
+        auto source = std::make_unique<SingleCopySource>(this, peer, tag, *desc);
         if (desc->bytes != bytes) {
           source->refuse(EMSGSIZE);  // the sender hears EMSGSIZE; the receiver, the lengths
           source->release(absl::OkStatus());
@@ -376,8 +396,8 @@ void UcxTransport::submit(std::unique_ptr<Op> owned) {
   }
   // The progress thread needs waking only when no caller drives progress (a
   // wake-up per operation of a driven collective cost ~5 us each in context
-  // switches on the driver's core).
-  if (drivers_ == 0) cv_.notify_all();
+  // switches on the driver's core); a driver only if it sleeps.
+  wake_locked();
 }
 
 // Progress thread: hands queued operations to UCX.
@@ -451,6 +471,10 @@ void UcxTransport::finish(Op* op, absl::Status st) {
     if (op->finished) {
       // Failed earlier by fail_peer/cancel. If its callback was deferred
       // until UCX let go of the buffer, that is now: report the failure.
+      // It may wait in deferred_: out of there too before the Op is freed (a
+      // regression: a new Op at the same address was taken for it and given
+      // up on, its callback moved out and later called empty).
+      std::erase(deferred_, op);
       if (op->callback_taken) {
         ops_.erase(it);
         return;
@@ -471,12 +495,15 @@ void UcxTransport::fail_where(Pred pred, const absl::Status& why, bool wait_for_
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (auto& [op, owned] : ops_) {
-      if (op->finished || !pred(*op)) continue;
+      if (!pred(*op)) continue;
+      if (!wait_for_ucx) op->peer_dead = true;  // a held operation gives up at once
+      if (op->finished) continue;
       op->finished = true;
       op->wait_for_ucx = wait_for_ucx;
       op->done = [d = std::move(op->done), why](absl::Status) { d(why); };
       to_fail_.push_back(op);
     }
+    wake_locked();
   }
   cv_.notify_all();
 }
@@ -517,8 +544,14 @@ bool UcxTransport::progress_once(bool* idle) {
       if (it == ops_.end()) continue;
       if (op->in_ucx) {
         // UCX still holds it: cancel; report now (dead peer) or when UCX
-        // lets go of the buffer (deferred, bounded by give_up_at).
-        if (op->request != nullptr && !op->cancel_sent) cancel.push_back(op->request);
+        // lets go of the buffer (deferred, bounded by give_up_at). An
+        // operation held on cancel stays posted until it completes or the
+        // bound passes.
+        const bool hold = op->wait_for_ucx && op->hold_on_cancel && !op->peer_dead;
+        if (!hold && op->request != nullptr && !op->ucx_cancelled) {
+          cancel.push_back(op->request);
+          op->ucx_cancelled = true;  // once: a second cancel could touch a freed request
+        }
         op->cancel_sent = true;
         if (op->wait_for_ucx) {
           op->give_up_at = std::chrono::steady_clock::now() + std::chrono::seconds(1);
@@ -538,7 +571,11 @@ bool UcxTransport::progress_once(bool* idle) {
     const auto now = std::chrono::steady_clock::now();
     std::erase_if(deferred_, [&](Op* op) {
       if (ops_.count(op) == 0) return true;  // completed by UCX and reported
-      if (op->callback_taken || now < op->give_up_at) return false;
+      if (op->callback_taken || (now < op->give_up_at && !op->peer_dead)) return false;
+      if (op->request != nullptr && !op->ucx_cancelled) {
+        cancel.push_back(op->request);
+        op->ucx_cancelled = true;
+      }
       op->callback_taken = true;
       failed.push_back(std::make_unique<Op>(
           Op{this, op->peer, op->is_send, op->bytes, std::move(op->done), nullptr}));
@@ -553,9 +590,21 @@ bool UcxTransport::progress_once(bool* idle) {
   return ucp_worker_progress(worker) != 0 || !queued.empty() || !failed.empty();
 }
 
+namespace {
+// Set while this thread is inside progress_once (running callbacks): a
+// callback that polls must not try worker_mu_ again.
+thread_local bool in_progress = false;
+struct InProgress {
+  InProgress() { in_progress = true; }
+  ~InProgress() { in_progress = false; }
+};
+}  // namespace
+
 bool UcxTransport::poll() {
+  if (in_progress) return false;
   std::unique_lock<std::mutex> lock(worker_mu_, std::try_to_lock);
-  if (!lock.owns_lock()) return false;  // another thread is at it (or we are, in a callback)
+  if (!lock.owns_lock()) return false;  // another thread is progressing
+  InProgress mark;
   bool idle = false;
   return progress_once(&idle);
 }
@@ -566,10 +615,12 @@ bool UcxTransport::poll() {
 // give its core to one that works, and be woken the moment its message comes,
 // where polling would wait for the scheduler to come round.
 bool UcxTransport::wait_for_event(std::chrono::microseconds max) {
-  if (event_fd_ < 0) return false;
+  if (event_fd_ < 0 || wake_fd_ < 0 || in_progress) return false;
   {
+    // Another thread progressing will complete what we wait for and tell us
+    // (false: the caller sleeps on its own condition variable).
     std::unique_lock<std::mutex> lock(worker_mu_, std::try_to_lock);
-    if (!lock.owns_lock()) return true;  // another thread is progressing: poll again
+    if (!lock.owns_lock()) return false;
     const ucs_status_t st = ucp_worker_arm(static_cast<ucp_worker_h>(worker_));
     if (st == UCS_ERR_BUSY) return true;  // events to progress first
     if (st != UCS_OK) return false;
@@ -577,11 +628,30 @@ bool UcxTransport::wait_for_event(std::chrono::microseconds max) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!to_post_.empty() || !to_fail_.empty()) return true;  // work of our own
+    sleepers_++;  // from here on submit() and fail_where() wake us through wake_fd_
   }
-  pollfd fd{event_fd_, POLLIN, 0};
-  const timespec timeout{0, static_cast<long>(max.count()) * 1000};
-  ::ppoll(&fd, 1, &timeout, nullptr);
+  pollfd fds[2] = {{event_fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
+  const auto us = std::min<std::int64_t>(max.count(), 999999);
+  const timespec timeout{0, static_cast<long>(us) * 1000};
+  ::ppoll(fds, 2, &timeout, nullptr);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    sleepers_--;
+    std::uint64_t drained = 0;
+    if (fds[1].revents & POLLIN) (void)!::read(wake_fd_, &drained, sizeof drained);
+  }
   return true;
+}
+
+// Caller holds mu_: wakes whoever needs to see new work (the progress
+// thread, or a driver asleep in wait_for_event).
+void UcxTransport::wake_locked() {
+  if (drivers_ == 0) {
+    cv_.notify_all();
+  } else if (sleepers_ > 0) {
+    const std::uint64_t one = 1;
+    (void)!::write(wake_fd_, &one, sizeof one);
+  }
 }
 
 void UcxTransport::drive_begin() {
@@ -610,11 +680,15 @@ void UcxTransport::progress_loop() {
     {
       // Stand down while callers drive progress themselves.
       std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return stop_ || drivers_ == 0; });
+      if (drivers_ != 0) {
+        cv_.wait(lock, [&] { return stop_ || drivers_ == 0; });
+        quiet = 0;
+      }
     }
     bool idle = false, moved = false;
     {
       std::lock_guard<std::mutex> lock(worker_mu_);
+      InProgress mark;
       moved = progress_once(&idle);
     }
     if (stop_) return;

@@ -96,7 +96,10 @@ class UcxTransport final : public Transport {
     bool posting = false;         // inside ucp_tag_*_nbx (which may complete it at once)
     bool completed_in_post = false;
     absl::Status post_status = absl::OkStatus();
-    bool wait_for_ucx = false;  // cancelled: report when UCX lets go of the buffer
+    bool wait_for_ucx = false;    // cancelled: report when UCX lets go of the buffer
+    bool hold_on_cancel = false;  // cancelled: stay posted until done or the bound (acks)
+    bool peer_dead = false;       // its peer failed: nothing is held for it
+    bool ucx_cancelled = false;   // ucp_request_cancel called on its request
     bool cancel_sent = false;
     std::chrono::steady_clock::time_point give_up_at = {};
   };
@@ -110,7 +113,8 @@ class UcxTransport final : public Transport {
   void send_ucx(int peer, Tag tag, const void* data, std::size_t bytes, Callback done,
                 std::shared_ptr<CancelToken> token);
   void recv_ucx(int peer, Tag tag, void* data, std::size_t bytes, Callback done,
-                std::shared_ptr<CancelToken> token);
+                std::shared_ptr<CancelToken> token, bool hold_on_cancel = false);
+  void wake_locked();  // holds mu_
   bool single_copy(int peer, std::size_t bytes) const {
     return bytes >= kSingleCopyMin && peer != rank_ && peer >= 0 && peer < size_ &&
            static_cast<std::size_t>(peer) < same_host_.size() &&
@@ -140,7 +144,9 @@ class UcxTransport final : public Transport {
   std::mutex worker_mu_;  // whoever holds it may use the UCX worker
   std::mutex mu_;
   std::condition_variable cv_;
-  int drivers_ = 0;  // threads driving progress themselves (guarded by mu_)
+  int drivers_ = 0;   // threads driving progress themselves (guarded by mu_)
+  int sleepers_ = 0;  // drivers asleep in wait_for_event (guarded by mu_)
+  int wake_fd_ = -1;  // eventfd that wakes them
   std::unordered_map<Op*, std::unique_ptr<Op>> ops_;
   std::vector<Op*> to_post_;          // queued for the progress thread to post
   std::vector<Op*> to_fail_;          // failed by fail_peer/cancel, callbacks not yet run
