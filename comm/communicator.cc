@@ -7,6 +7,7 @@
 #include <cstring>
 #include <future>
 #include <thread>
+#include <type_traits>
 
 #include "absl/strings/str_cat.h"
 
@@ -50,87 +51,64 @@ void await(std::unique_lock<std::mutex>& lock, std::condition_variable& cv, Tran
   }
 }
 
-// Completion flags of a fixed set of transport operations, waited on one by
-// one or all together. The state is shared with the callbacks, so a
-// callback still inside notify_all() when the waiter returns touches live
-// memory (a regression found by ThreadSanitizer).
-class Completions {
+// The results of a fixed set of transport operations (a Status each, or an
+// Arrival for pulled receives), each waited for by the collective's thread.
+// The state is shared with the callbacks, so a callback still inside
+// notify_all() when the waiter returns touches live memory (a regression
+// found by ThreadSanitizer).
+template <typename T>
+class Results {
  public:
-  Completions(std::size_t n, Transport* driver)
-      : state_(std::make_shared<State>(n)), driver_(driver) {}
-  Callback callback(std::size_t i) {
-    return [state = state_, i](absl::Status st) {
+  Results(std::size_t n, Transport* driver) : state_(std::make_shared<State>(n)), driver_(driver) {}
+  std::size_t size() const { return state_->done.size(); }
+  std::function<void(T)> callback(std::size_t i) {
+    return [state = state_, i](T result) {
       {
         std::lock_guard<std::mutex> lock(state->mu);
+        state->result[i] = std::move(result);
         state->done[i] = true;
-        state->status[i] = std::move(st);
       }
       state->cv.notify_all();
     };
   }
-  absl::Status wait(std::size_t i) {
+  T wait(std::size_t i) {
     std::unique_lock<std::mutex> lock(state_->mu);
     await(lock, state_->cv, driver_, [&] { return state_->done[i]; });
-    return state_->status[i];
-  }
-  // Waits for every operation; the first error, if any. `on_error` runs at
-  // the first error (the communicator fails, cancelling the others).
-  absl::Status wait_all(const std::function<void(const absl::Status&)>& on_error = nullptr) {
-    absl::Status first;
-    for (std::size_t i = 0; i < state_->done.size(); i++) {
-      absl::Status st = wait(i);
-      if (first.ok() && !st.ok()) {
-        first = st;
-        if (on_error) on_error(st);
-      }
+    if constexpr (std::is_copy_constructible_v<T>) {
+      return state_->result[i];
+    } else {
+      return std::move(state_->result[i]);  // an Arrival is taken once
     }
-    return first;
   }
 
  private:
   struct State {
-    explicit State(std::size_t n) : done(n, false), status(n) {}
+    explicit State(std::size_t n) : result(n), done(n, false) {}
     std::mutex mu;
     std::condition_variable cv;
-    std::vector<bool> done;
-    std::vector<absl::Status> status;
-  };
-  std::shared_ptr<State> state_;
-  Transport* driver_;
-};
-
-// Messages pulled by recv_pull, each waited for by the collective's thread.
-class Arrivals {
- public:
-  Arrivals(std::size_t n, Transport* driver)
-      : state_(std::make_shared<State>(n)), driver_(driver) {}
-  ArrivalCallback callback(std::size_t i) {
-    return [state = state_, i](Arrival a) {
-      {
-        std::lock_guard<std::mutex> lock(state->mu);
-        state->got[i] = std::move(a);
-        state->done[i] = true;
-      }
-      state->cv.notify_all();
-    };
-  }
-  Arrival wait(std::size_t i) {
-    std::unique_lock<std::mutex> lock(state_->mu);
-    await(lock, state_->cv, driver_, [&] { return state_->done[i]; });
-    return std::move(state_->got[i]);
-  }
-
- private:
-  struct State {
-    explicit State(std::size_t n) : got(n), done(n, false) {}
-    std::mutex mu;
-    std::condition_variable cv;
-    std::vector<Arrival> got;
+    std::vector<T> result;
     std::vector<bool> done;
   };
   std::shared_ptr<State> state_;
   Transport* driver_;
 };
+using Completions = Results<absl::Status>;
+using Arrivals = Results<Arrival>;
+
+// Waits for every operation; the first error, if any. `on_error` runs at
+// the first error (the communicator fails, cancelling the others).
+absl::Status wait_all(Completions& ops,
+                      const std::function<void(const absl::Status&)>& on_error = nullptr) {
+  absl::Status first;
+  for (std::size_t i = 0; i < ops.size(); i++) {
+    absl::Status st = ops.wait(i);
+    if (first.ok() && !st.ok()) {
+      first = st;
+      if (on_error) on_error(st);
+    }
+  }
+  return first;
+}
 
 // acc[i] = in[i] + acc[i]: the received partial sum first, always (the
 // fixed order that makes every rank's result the same bits). One binary adds
@@ -335,7 +313,7 @@ absl::Status Communicator::exchange(int to, const float* send, std::size_t n, in
 absl::Status Communicator::wait_sends(std::uint32_t step) {
   absl::Status first;
   while (!sends_.empty() && sends_.front()->step <= step) {
-    absl::Status st = sends_.front()->done.wait_all([this](const absl::Status& e) { fail(e); });
+    absl::Status st = wait_all(sends_.front()->done, [this](const absl::Status& e) { fail(e); });
     if (first.ok()) first = st;
     sends_.pop_front();
   }
@@ -452,7 +430,7 @@ absl::Status Communicator::direct_all_reduce(float* data, std::size_t n, std::ui
     transport_.send(ranks_[static_cast<std::size_t>(j)], collective_tag(me_global, kind_, op, 0, 0),
                     data, n * sizeof(float), done.callback(k++), token_);
   }
-  absl::Status st = done.wait_all([this](const absl::Status& e) { fail(e); });
+  absl::Status st = wait_all(done, [this](const absl::Status& e) { fail(e); });
   if (!st.ok()) return st;
   for (std::size_t e = 0; e < n; e++) {
     float s = scratch_[e];
@@ -506,7 +484,7 @@ absl::Status Communicator::chain_broadcast(float* data, std::size_t n, int root,
       sends.callback(s)(st);
     }
   }
-  absl::Status st = sends.wait_all();
+  absl::Status st = wait_all(sends);
   return first.ok() ? st : first;
 }
 

@@ -505,7 +505,6 @@ void UcxTransport::fail_where(Pred pred, const absl::Status& why, bool wait_for_
     }
     wake_locked();
   }
-  cv_.notify_all();
 }
 
 void UcxTransport::fail_peer(int peer, absl::Status why) {
