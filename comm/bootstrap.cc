@@ -1,4 +1,5 @@
 // TCP bootstrap: rendezvous at rank 0, blob all-gather, liveness by socket.
+// Every read and write has a deadline; see comm/bootstrap.h.
 #include "comm/bootstrap.h"
 
 #include <arpa/inet.h>
@@ -10,70 +11,131 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <chrono>
+#include <cstdio>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "comm/ucx_transport.h"
 
 namespace troupe::comm {
 namespace {
 
+using Clock = std::chrono::steady_clock;
+
 enum MsgType : std::uint32_t { kHello = 1, kTable = 2, kDead = 3, kFin = 4, kFinAck = 5 };
+constexpr std::uint32_t kMagic = 0x42505254;  // "TRPB"
+// Payloads are worker addresses and their table: far below this.
+constexpr std::uint64_t kMaxPayload = 64u << 20;
+// How long a new connection has to say its hello.
+constexpr auto kHelloBound = std::chrono::seconds(2);
 
 struct Header {
+  std::uint32_t magic;
   std::uint32_t type;
   std::int32_t rank;
+  std::uint32_t pad;
   std::uint64_t len;
 };
 
-bool write_full(int fd, const void* p, std::size_t n) {
+// Milliseconds left until `deadline` (0 once it has passed).
+int ms_left(Clock::time_point deadline) {
+  const auto left =
+      std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now()).count();
+  return left <= 0 ? 0 : static_cast<int>(std::min<long long>(left, 1 << 30));
+}
+
+// Waits until `fd` is ready for `events`: OK, DeadlineExceeded, or
+// Unavailable (the connection is broken).
+absl::Status wait_fd(int fd, short events, Clock::time_point deadline) {
+  for (;;) {
+    pollfd p{fd, events, 0};
+    const int n = ::poll(&p, 1, ms_left(deadline));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return absl::UnavailableError(std::strerror(errno));
+    if (n == 0) return absl::DeadlineExceededError("timed out");
+    return absl::OkStatus();
+  }
+}
+
+absl::Status write_full(int fd, const void* p, std::size_t n, Clock::time_point deadline) {
   const char* c = static_cast<const char*>(p);
   while (n > 0) {
-    const ssize_t w = ::send(fd, c, n, MSG_NOSIGNAL);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) return false;
+    if (absl::Status st = wait_fd(fd, POLLOUT, deadline); !st.ok()) return st;
+    const ssize_t w = ::send(fd, c, n, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (w < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+    if (w <= 0) return absl::UnavailableError("the connection closed");
     c += w;
     n -= static_cast<std::size_t>(w);
   }
-  return true;
+  return absl::OkStatus();
 }
 
-bool read_full(int fd, void* p, std::size_t n) {
+absl::Status read_full(int fd, void* p, std::size_t n, Clock::time_point deadline) {
   char* c = static_cast<char*>(p);
   while (n > 0) {
-    const ssize_t r = ::recv(fd, c, n, 0);
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) return false;
+    if (absl::Status st = wait_fd(fd, POLLIN, deadline); !st.ok()) return st;
+    const ssize_t r = ::recv(fd, c, n, MSG_DONTWAIT);
+    if (r < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+    if (r <= 0) return absl::UnavailableError("the connection closed");
     c += r;
     n -= static_cast<std::size_t>(r);
   }
-  return true;
+  return absl::OkStatus();
 }
 
-bool send_msg(int fd, MsgType type, int rank, const std::string& payload = "") {
-  Header h{type, rank, payload.size()};
-  return write_full(fd, &h, sizeof h) && write_full(fd, payload.data(), payload.size());
+absl::Status send_msg(int fd, MsgType type, int rank, Clock::time_point deadline,
+                      const std::string& payload = "") {
+  Header h{kMagic, type, rank, 0, payload.size()};
+  absl::Status st = write_full(fd, &h, sizeof h, deadline);
+  return st.ok() ? write_full(fd, payload.data(), payload.size(), deadline) : st;
 }
 
-bool recv_msg(int fd, Header* h, std::string* payload) {
-  if (!read_full(fd, h, sizeof *h) || h->len > (1u << 30)) return false;
+absl::Status recv_msg(int fd, Header* h, std::string* payload, Clock::time_point deadline) {
+  if (absl::Status st = read_full(fd, h, sizeof *h, deadline); !st.ok()) return st;
+  if (h->magic != kMagic) return absl::DataLossError("not a troupe bootstrap message");
+  if (h->len > kMaxPayload)
+    return absl::DataLossError(absl::StrCat("a message of ", h->len, " bytes (at most ",
+                                            kMaxPayload, ")"));
   payload->resize(h->len);
-  return read_full(fd, payload->data(), h->len);
+  return read_full(fd, payload->data(), h->len, deadline);
+}
+
+std::string peer_name(int fd) {
+  sockaddr_in a{};
+  socklen_t len = sizeof a;
+  char ip[INET_ADDRSTRLEN] = "?";
+  if (::getpeername(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0)
+    ::inet_ntop(AF_INET, &a.sin_addr, ip, sizeof ip);
+  return absl::StrCat(ip, ":", ntohs(a.sin_port));
+}
+
+void set_nodelay(int fd) {
+  int one = 1;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+}
+
+std::string rank_list(const std::vector<int>& ranks) {
+  return absl::StrCat(ranks.size() == 1 ? "rank " : "ranks ", absl::StrJoin(ranks, ", "));
 }
 
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Bootstrap>> Bootstrap::start(int rank, int size,
                                                             const std::string& host, int port,
-                                                            absl::Duration timeout) {
+                                                            absl::Duration timeout, Log log) {
+  if (size < 1 || rank < 0 || rank >= size)
+    return absl::InvalidArgumentError(absl::StrCat("bootstrap: rank ", rank, " of ", size));
   std::unique_ptr<Bootstrap> b(new Bootstrap());
   b->rank_ = rank;
   b->size_ = size;
+  b->timeout_ = timeout;
+  b->log_ = log ? std::move(log)
+                : [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); };
   b->dead_.assign(static_cast<std::size_t>(size), false);
   b->fin_.assign(static_cast<std::size_t>(size), false);
   if (::pipe(b->wake_) != 0) return absl::InternalError("bootstrap: pipe failed");
-  const auto deadline = std::chrono::steady_clock::now() + absl::ToChronoNanoseconds(timeout);
+  const auto deadline = Clock::now() + absl::ToChronoNanoseconds(timeout);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_port = htons(static_cast<std::uint16_t>(port));
@@ -84,51 +146,105 @@ absl::StatusOr<std::unique_ptr<Bootstrap>> Bootstrap::start(int rank, int size,
     std::memcpy(&addr.sin_addr, he->h_addr_list[0], sizeof addr.sin_addr);
   }
   if (rank == 0) {
-    b->listen_fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    b->listen_fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     int one = 1;
     ::setsockopt(b->listen_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
     if (::bind(b->listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
-        ::listen(b->listen_fd_, size) != 0) {
+        ::listen(b->listen_fd_, std::max(size, 16)) != 0) {
       return absl::UnavailableError(absl::StrCat("bootstrap: cannot listen on ", host, ":", port,
                                                  ": ", std::strerror(errno)));
     }
-    b->fds_.assign(static_cast<std::size_t>(size), -1);
-    for (int k = 1; k < size; k++) {
-      pollfd p{b->listen_fd_, POLLIN, 0};
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-          deadline - std::chrono::steady_clock::now());
-      if (left.count() <= 0 || ::poll(&p, 1, static_cast<int>(left.count())) <= 0) {
-        return absl::DeadlineExceededError(
-            absl::StrCat("bootstrap: only ", k, " of ", size, " ranks arrived within the timeout"));
+    if (absl::Status st = b->accept_ranks(deadline); !st.ok()) return st;
+    return b;
+  }
+  int fd = -1;
+  for (;;) {
+    fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) break;
+    ::close(fd);
+    if (Clock::now() > deadline) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("bootstrap: rank ", rank, " cannot reach rank 0 at ", host, ":", port));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  set_nodelay(fd);
+  b->fds_ = {fd};
+  if (absl::Status st = send_msg(fd, kHello, rank, deadline); !st.ok())
+    return absl::UnavailableError(absl::StrCat("bootstrap: hello to rank 0: ", st.message()));
+  return b;
+}
+
+// Rank 0: accepts until every other rank has said a valid hello. New
+// connections wait in `pending` (each with kHelloBound to speak) so that one
+// that stays silent holds nobody up; a bad one is closed and logged.
+absl::Status Bootstrap::accept_ranks(Clock::time_point deadline) {
+  fds_.assign(static_cast<std::size_t>(size_), -1);
+  struct Pending {
+    int fd;
+    Clock::time_point until;
+  };
+  std::vector<Pending> pending;
+  auto refuse = [&](int fd, const std::string& why) {
+    log_(absl::StrCat("troupe bootstrap: refused a connection from ", peer_name(fd), ": ", why));
+    ::close(fd);
+    refused_++;
+  };
+  int arrived = 1;
+  while (arrived < size_) {
+    if (Clock::now() >= deadline) {
+      for (const Pending& p : pending) ::close(p.fd);
+      std::vector<int> missing;
+      for (int r = 1; r < size_; r++)
+        if (fds_[static_cast<std::size_t>(r)] < 0) missing.push_back(r);
+      return absl::DeadlineExceededError(
+          absl::StrCat("bootstrap: only ", arrived, " of ", size_, " ranks arrived within ",
+                       absl::FormatDuration(timeout_), "; missing ", rank_list(missing)));
+    }
+    std::vector<pollfd> fds{{listen_fd_, POLLIN, 0}};
+    Clock::time_point wake = deadline;
+    for (const Pending& p : pending) {
+      fds.push_back({p.fd, POLLIN, 0});
+      wake = std::min(wake, p.until);
+    }
+    if (::poll(fds.data(), fds.size(), std::max(ms_left(wake), 1)) < 0 && errno != EINTR)
+      return absl::InternalError(absl::StrCat("bootstrap: poll: ", std::strerror(errno)));
+    std::vector<Pending> still;
+    for (std::size_t i = 1; i < fds.size(); i++) {
+      const Pending& p = pending[i - 1];
+      if (fds[i].revents == 0) {
+        if (Clock::now() >= p.until) {
+          refuse(p.fd, "no hello within 2 s");
+        } else {
+          still.push_back(p);
+        }
+        continue;
       }
-      const int fd = ::accept(b->listen_fd_, nullptr, nullptr);
       Header h{};
       std::string payload;
-      if (fd < 0 || !recv_msg(fd, &h, &payload) || h.type != kHello || h.rank <= 0 ||
-          h.rank >= size || b->fds_[static_cast<std::size_t>(h.rank)] != -1) {
-        return absl::UnavailableError("bootstrap: a bad hello from a connecting rank");
+      absl::Status st = recv_msg(p.fd, &h, &payload, std::min(p.until, deadline));
+      if (st.ok() && (h.type != kHello || h.rank <= 0 || h.rank >= size_ || !payload.empty())) {
+        st = absl::InvalidArgumentError(
+            absl::StrCat("a message of type ", h.type, " for rank ", h.rank, " of ", size_));
+      } else if (st.ok() && fds_[static_cast<std::size_t>(h.rank)] != -1) {
+        st = absl::AlreadyExistsError(absl::StrCat("rank ", h.rank, " has already arrived"));
       }
-      ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-      b->fds_[static_cast<std::size_t>(h.rank)] = fd;
-    }
-  } else {
-    int fd = -1;
-    for (;;) {
-      fd = ::socket(AF_INET, SOCK_STREAM, 0);
-      if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) break;
-      ::close(fd);
-      if (std::chrono::steady_clock::now() > deadline) {
-        return absl::DeadlineExceededError(
-            absl::StrCat("bootstrap: rank ", rank, " cannot reach rank 0 at ", host, ":", port));
+      if (!st.ok()) {
+        refuse(p.fd, absl::StrCat("bad hello: ", st.message()));
+        continue;
       }
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      set_nodelay(p.fd);
+      fds_[static_cast<std::size_t>(h.rank)] = p.fd;
+      arrived++;
     }
-    int one = 1;
-    ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    if (!send_msg(fd, kHello, rank)) return absl::UnavailableError("bootstrap: hello failed");
-    b->fds_ = {fd};
+    pending = std::move(still);
+    if (fds[0].revents & POLLIN) {
+      const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+      if (fd >= 0) pending.push_back({fd, std::min(Clock::now() + kHelloBound, deadline)});
+    }
   }
-  return b;
+  for (const Pending& p : pending) refuse(p.fd, "every rank had arrived");
+  return absl::OkStatus();
 }
 
 Bootstrap::~Bootstrap() {
@@ -145,18 +261,54 @@ Bootstrap::~Bootstrap() {
     if (fd >= 0) ::close(fd);
 }
 
+// Rank 0 reads from every rank at once, so that the error names each rank
+// still silent at the deadline (alive but stuck) or gone.
+absl::Status Bootstrap::gather(std::vector<int> from, std::uint32_t type,
+                               std::vector<std::string>* got, absl::string_view what) {
+  const auto deadline = Clock::now() + absl::ToChronoNanoseconds(timeout_);
+  while (!from.empty()) {
+    std::vector<pollfd> fds;
+    for (int r : from) fds.push_back({fds_[static_cast<std::size_t>(r)], POLLIN, 0});
+    const int n = ::poll(fds.data(), fds.size(), ms_left(deadline));
+    if (n < 0 && errno != EINTR)
+      return absl::InternalError(absl::StrCat("bootstrap: poll: ", std::strerror(errno)));
+    if (n == 0) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "bootstrap: ", rank_list(from), " sent no ", what, " within ",
+          absl::FormatDuration(timeout_), " (alive but not taking part?)"));
+    }
+    std::vector<int> left;
+    for (std::size_t i = 0; i < fds.size(); i++) {
+      const int r = from[i];
+      if (fds[i].revents == 0) {
+        left.push_back(r);
+        continue;
+      }
+      Header h{};
+      std::string payload;
+      absl::Status st = recv_msg(fds[i].fd, &h, &payload, deadline);
+      if (!st.ok())
+        return absl::UnavailableError(
+            absl::StrCat("bootstrap: rank ", r, " during the ", what, ": ", st.message()));
+      if (h.type != type) {  // not what we wait for: keep waiting
+        left.push_back(r);
+        continue;
+      }
+      if (got != nullptr) (*got)[static_cast<std::size_t>(r)] = std::move(payload);
+    }
+    from = std::move(left);
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::vector<std::string>> Bootstrap::all_gather(const std::string& mine) {
   std::vector<std::string> all(static_cast<std::size_t>(size_));
+  const auto deadline = Clock::now() + absl::ToChronoNanoseconds(timeout_);
   if (rank_ == 0) {
     all[0] = mine;
-    for (int r = 1; r < size_; r++) {
-      Header h{};
-      if (!recv_msg(fds_[static_cast<std::size_t>(r)], &h, &all[static_cast<std::size_t>(r)]) ||
-          h.type != kHello) {
-        return absl::UnavailableError(
-            absl::StrCat("bootstrap: rank ", r, " left during the exchange"));
-      }
-    }
+    std::vector<int> from;
+    for (int r = 1; r < size_; r++) from.push_back(r);
+    if (absl::Status st = gather(from, kHello, &all, "address"); !st.ok()) return st;
     std::string table;
     for (const auto& s : all) {
       const std::uint64_t n = s.size();
@@ -164,18 +316,22 @@ absl::StatusOr<std::vector<std::string>> Bootstrap::all_gather(const std::string
       table += s;
     }
     for (int r = 1; r < size_; r++) {
-      if (!send_msg(fds_[static_cast<std::size_t>(r)], kTable, 0, table)) {
+      absl::Status st = send_msg(fds_[static_cast<std::size_t>(r)], kTable, 0, deadline, table);
+      if (!st.ok())
         return absl::UnavailableError(
-            absl::StrCat("bootstrap: rank ", r, " left during the exchange"));
-      }
+            absl::StrCat("bootstrap: rank ", r, " during the exchange: ", st.message()));
     }
     return all;
   }
   Header h{};
   std::string table;
-  if (!send_msg(fds_[0], kHello, rank_, mine) || !recv_msg(fds_[0], &h, &table) ||
-      h.type != kTable) {
-    return absl::UnavailableError("bootstrap: rank 0 left during the exchange");
+  absl::Status st = send_msg(fds_[0], kHello, rank_, deadline, mine);
+  if (st.ok()) st = recv_msg(fds_[0], &h, &table, deadline);
+  if (st.ok() && h.type != kTable) st = absl::DataLossError("an unexpected message");
+  if (!st.ok()) {
+    return absl::Status(st.code(),
+                        absl::StrCat("bootstrap: rank ", rank_, " waiting for rank 0's address "
+                                     "table: ", st.message()));
   }
   std::size_t pos = 0;
   for (auto& s : all) {
@@ -183,6 +339,7 @@ absl::StatusOr<std::vector<std::string>> Bootstrap::all_gather(const std::string
     if (pos + 8 > table.size()) return absl::DataLossError("bootstrap: short table");
     std::memcpy(&n, table.data() + pos, 8);
     pos += 8;
+    if (n > table.size() - pos) return absl::DataLossError("bootstrap: short table");
     s = table.substr(pos, n);
     pos += n;
   }
@@ -202,9 +359,10 @@ void Bootstrap::watch_loop() {
       dead_[static_cast<std::size_t>(r)] = true;
     }
     if (rank_ == 0) {
+      const auto deadline = Clock::now() + std::chrono::seconds(1);
       for (int k = 1; k < size_; k++) {
         const int fd = fds_[static_cast<std::size_t>(k)];
-        if (k != r && fd >= 0) send_msg(fd, kDead, r);
+        if (k != r && fd >= 0) (void)send_msg(fd, kDead, r, deadline);
       }
     }
     if (on_dead_) on_dead_(r, absl::UnavailableError(why));
@@ -224,11 +382,16 @@ void Bootstrap::watch_loop() {
       Header h{};
       std::string payload;
       const int peer = who[i];
-      if (!recv_msg(fds[i].fd, &h, &payload)) {
+      // A message has begun: the rest of it is due at once (a rank that
+      // stalls mid-message is as good as dead to the others).
+      absl::Status st =
+          recv_msg(fds[i].fd, &h, &payload, Clock::now() + absl::ToChronoNanoseconds(timeout_));
+      if (!st.ok()) {
         if (finishing_) return;
-        declare(peer, rank_ == 0
-                          ? absl::StrCat("rank ", peer, " died (its bootstrap connection closed)")
-                          : "rank 0 died (the bootstrap connection closed)");
+        declare(peer, rank_ == 0 ? absl::StrCat("rank ", peer, " died (its bootstrap connection: ",
+                                                st.message(), ")")
+                                 : absl::StrCat("rank 0 died (the bootstrap connection: ",
+                                                st.message(), ")"));
         if (rank_ != 0) return;
         continue;
       }
@@ -252,29 +415,32 @@ absl::Status Bootstrap::finish() {
     (void)!::write(wake_[1], &c, 1);
     watcher_.join();
   }
+  const auto deadline = Clock::now() + absl::ToChronoNanoseconds(timeout_);
   if (rank_ == 0) {
+    std::vector<int> from;
+    for (int r = 1; r < size_; r++) {
+      const auto i = static_cast<std::size_t>(r);
+      if (!dead_[i] && !fin_[i] && fds_[i] >= 0) from.push_back(r);
+    }
+    absl::Status st = gather(from, kFin, nullptr, "finish");
     for (int r = 1; r < size_; r++) {
       const int fd = fds_[static_cast<std::size_t>(r)];
-      if (dead_[static_cast<std::size_t>(r)] || fin_[static_cast<std::size_t>(r)] || fd < 0)
-        continue;
-      Header h{};
-      std::string payload;
-      while (recv_msg(fd, &h, &payload) && h.type != kFin) {
-      }
+      if (fd >= 0 && !dead_[static_cast<std::size_t>(r)]) (void)send_msg(fd, kFinAck, 0, deadline);
     }
-    for (int r = 1; r < size_; r++) {
-      const int fd = fds_[static_cast<std::size_t>(r)];
-      if (fd >= 0 && !dead_[static_cast<std::size_t>(r)]) send_msg(fd, kFinAck, 0);
-    }
-    return absl::OkStatus();
+    return st;
   }
-  if (!send_msg(fds_[0], kFin, rank_)) return absl::UnavailableError("bootstrap: rank 0 is gone");
-  Header h{};
-  std::string payload;
-  while (recv_msg(fds_[0], &h, &payload)) {
+  if (absl::Status st = send_msg(fds_[0], kFin, rank_, deadline); !st.ok())
+    return absl::UnavailableError(absl::StrCat("bootstrap: rank 0 is gone: ", st.message()));
+  for (;;) {
+    Header h{};
+    std::string payload;
+    absl::Status st = recv_msg(fds_[0], &h, &payload, deadline);
+    if (!st.ok()) {
+      return absl::Status(st.code(), absl::StrCat("bootstrap: rank ", rank_,
+                                                  " waiting for rank 0's finish: ", st.message()));
+    }
     if (h.type == kFinAck) return absl::OkStatus();
   }
-  return absl::UnavailableError("bootstrap: rank 0 is gone");
 }
 
 absl::StatusOr<UcxWorld> connect_ucx(int rank, int size, const std::string& host, int port,

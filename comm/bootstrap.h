@@ -10,12 +10,20 @@
 // aborting the communicators that contain it. A rank that is done calls
 // finish(), a barrier after which closing is not a death.
 //
+// Every blocking call is bounded by the timeout given to start() and fails
+// with an error naming the ranks it waited for (DeadlineExceeded for a rank
+// that is alive but silent, Unavailable for one that left). A connection to
+// rank 0 that does not say a valid hello in time (a stray client, another
+// job's rank, a port scanner) is closed and logged, and the rendezvous goes
+// on without it.
+//
 //   auto b = comm::Bootstrap::start(rank, size, "127.0.0.1", 29500, absl::Seconds(30));
 //   auto addresses = (*b)->all_gather(transport->address());
 //   (*b)->watch([&](int dead, absl::Status why) { ... });
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -24,16 +32,22 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 
 namespace troupe::comm {
 
 class Bootstrap {
  public:
+  // `log` hears of refused connections (default: standard error).
+  using Log = std::function<void(const std::string&)>;
   static absl::StatusOr<std::unique_ptr<Bootstrap>> start(int rank, int size,
                                                           const std::string& host, int port,
-                                                          absl::Duration timeout);
+                                                          absl::Duration timeout,
+                                                          Log log = nullptr);
   ~Bootstrap();
+  // Connections rank 0 refused (a bad or missing hello) during start().
+  int refused_connections() const { return refused_; }
 
   absl::StatusOr<std::vector<std::string>> all_gather(const std::string& mine);
   // Starts the liveness check; `on_dead(rank, why)` runs on its thread.
@@ -44,8 +58,15 @@ class Bootstrap {
  private:
   Bootstrap() = default;
   void watch_loop();
+  absl::Status accept_ranks(std::chrono::steady_clock::time_point deadline);
+  // Rank 0: one message of `type` from each rank in `from`, by the deadline.
+  absl::Status gather(std::vector<int> from, std::uint32_t type, std::vector<std::string>* got,
+                      absl::string_view what);
 
   int rank_ = 0, size_ = 0;
+  absl::Duration timeout_;
+  Log log_;
+  int refused_ = 0;
   int listen_fd_ = -1;
   std::vector<int> fds_;  // rank 0: one per other rank; others: fds_[0] to rank 0
   std::function<void(int, absl::Status)> on_dead_;

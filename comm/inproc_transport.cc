@@ -115,11 +115,11 @@ void InProcFabric::post(Op op, bool is_send) {
     callbacks_.post([d = std::move(op.done), st] { d(st); });
     return;
   }
-  auto& tables = is_send ? recvs_ : sends_;  // where the match would wait
-  auto& waiting = tables[static_cast<std::size_t>(dst)][{src, op.tag}];
-  if (!waiting.empty()) {
-    Op match = std::move(waiting.front());
-    waiting.erase(waiting.begin());
+  auto& table = (is_send ? recvs_ : sends_)[static_cast<std::size_t>(dst)];  // where a match waits
+  if (auto it = table.find({src, op.tag}); it != table.end()) {
+    Op match = std::move(it->second.front());
+    it->second.erase(it->second.begin());
+    if (it->second.empty()) table.erase(it);  // tags are not reused: keep the tables bounded
     lock.unlock();
     if (is_send) {
       deliver(std::move(op), std::move(match), true);
@@ -150,21 +150,27 @@ void InProcFabric::recv_pull(int dst, int src, Tag tag, std::size_t bytes, Arriv
        false);
 }
 
+std::size_t InProcFabric::pending_entries() {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::size_t n = 0;
+  for (const auto& table : sends_) n += table.size();
+  for (const auto& table : recvs_) n += table.size();
+  return n;
+}
+
 template <typename Pred>
 void InProcFabric::fail_where(int rank, Pred pred, const absl::Status& why) {
   std::vector<Callback> failed;
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto sweep = [&](std::map<Key, std::vector<Op>>& table) {
-      for (auto& [key, ops] : table) {
-        for (auto it = ops.begin(); it != ops.end();) {
-          if (it->owner == rank && pred(*it)) {
-            failed.push_back(std::move(it->done));
-            it = ops.erase(it);
-          } else {
-            ++it;
-          }
-        }
+      for (auto entry = table.begin(); entry != table.end();) {
+        std::erase_if(entry->second, [&](Op& op) {
+          if (op.owner != rank || !pred(op)) return false;
+          failed.push_back(std::move(op.done));
+          return true;
+        });
+        entry = entry->second.empty() ? table.erase(entry) : std::next(entry);
       }
     };
     for (auto& table : recvs_) sweep(table);

@@ -24,6 +24,11 @@ class InProcFabric : public std::enable_shared_from_this<InProcFabric> {
   int size() const { return size_; }
   // Rank `rank`'s transport; keeps the fabric alive.
   std::unique_ptr<Transport> endpoint(int rank);
+  // (peer, tag) entries of the matching tables, all ranks together: how many
+  // distinct (source, tag) pairs have an unmatched send or receive waiting.
+  // Tags carry step and sequence numbers, so a table that kept emptied
+  // entries would grow with every step (a regression).
+  std::size_t pending_entries();
 
  private:
   friend class InProcTransport;

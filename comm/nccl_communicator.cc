@@ -4,16 +4,18 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <chrono>
 #include <condition_variable>
+#include <cstdio>
 #include <cstring>
 #include <deque>
 #include <functional>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "comm/callback_queue.h"
-#include "comm/communicator.h"
+#include "comm/nccl_plan.h"
 
 namespace troupe::comm {
 namespace {
@@ -28,115 +30,262 @@ absl::Status cuda_status(cudaError_t e, absl::string_view what) {
   return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorString(e)));
 }
 
+// How often the issuing thread asks NCCL for asynchronous errors while
+// operations are on the stream (a dead peer leaves NCCL's kernels waiting:
+// only ncclCommGetAsyncError tells, and only ncclCommAbort frees them).
+constexpr auto kErrorPoll = std::chrono::milliseconds(10);
+
 class NcclComm final : public NcclCommunicator {
  public:
   NcclComm(ncclComm_t comm, cudaStream_t stream, int rank, int size, int device)
       : comm_(comm), stream_(stream), rank_(rank), size_(size), device_(device) {
-    issuer_->post([this] { cudaSetDevice(device_); });
+    issuer_ = std::thread([this] { issue_loop(); });
   }
   ~NcclComm() override {
-    issuer_.reset();  // drains the queue and joins its thread
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    issuer_.join();  // runs what was queued, then waits for the stream (bounded; see below)
     cudaSetDevice(device_);
     cudaStreamSynchronize(stream_);
-    if (aborted_.ok()) ncclCommDestroy(comm_);
+    if (!abort_done_) ncclCommDestroy(comm_);  // an aborted communicator is already freed
     cudaStreamDestroy(stream_);
   }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
 
   void all_reduce(float* data, std::size_t n, Callback done) override {
-    enqueue(
-        [=, this] {
-          return nccl_status(ncclAllReduce(data, data, n, ncclFloat, ncclSum, comm_, stream_),
-                             "ncclAllReduce");
-        },
-        std::move(done));
+    enqueue({{NcclCall::Op::kAllReduce, {NcclCall::Buffer::kIn, 0}, {NcclCall::Buffer::kIn, 0}, n}},
+            data, data, std::move(done));
   }
   void reduce_scatter(const float* in, float* out, std::size_t n, Callback done) override {
-    enqueue(
-        [=, this] {
-          if (n % static_cast<std::size_t>(size_) == 0) {
-            return nccl_status(ncclReduceScatter(in, out, n / static_cast<std::size_t>(size_),
-                                                 ncclFloat, ncclSum, comm_, stream_),
-                               "ncclReduceScatter");
-          }
-          ncclGroupStart();
-          for (int i = 0; i < size_; i++) {
-            auto [b, e] = chunk_range(n, size_, i);
-            ncclReduce(in + b, out, e - b, ncclFloat, ncclSum, i, comm_, stream_);
-          }
-          return nccl_status(ncclGroupEnd(), "ncclReduce (uneven reduce-scatter)");
-        },
-        std::move(done));
+    enqueue(plan_reduce_scatter(n, size_, rank_), in, out, std::move(done));
   }
   void all_gather(const float* in, float* out, std::size_t n, Callback done) override {
-    enqueue(
-        [=, this] {
-          if (n % static_cast<std::size_t>(size_) == 0) {
-            return nccl_status(ncclAllGather(in, out, n / static_cast<std::size_t>(size_),
-                                             ncclFloat, comm_, stream_),
-                               "ncclAllGather");
-          }
-          ncclGroupStart();
-          for (int i = 0; i < size_; i++) {
-            auto [b, e] = chunk_range(n, size_, i);
-            ncclBroadcast(i == rank_ ? in : out + b, out + b, e - b, ncclFloat, i, comm_, stream_);
-          }
-          return nccl_status(ncclGroupEnd(), "ncclBroadcast (uneven all-gather)");
-        },
-        std::move(done));
+    enqueue(plan_all_gather(n, size_, rank_), in, out, std::move(done));
   }
   void broadcast(float* data, std::size_t n, int root, Callback done) override {
-    enqueue(
-        [=, this] {
-          return nccl_status(ncclBroadcast(data, data, n, ncclFloat, root, comm_, stream_),
-                             "ncclBroadcast");
-        },
-        std::move(done));
+    enqueue({{NcclCall::Op::kBroadcast, {NcclCall::Buffer::kIn, 0}, {NcclCall::Buffer::kIn, 0}, n,
+              root}},
+            data, data, std::move(done));
   }
+  // Any thread. The abort itself runs on the issuing thread, between two of
+  // its NCCL calls (a regression: an abort from here could land between the
+  // issuing thread's check and its call, on a communicator being freed).
   void fail(absl::Status why) override {
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (!aborted_.ok()) return;
       aborted_ = why;
     }
-    ncclCommAbort(comm_);  // unblocks kernels waiting on the dead member
+    cv_.notify_all();
   }
 
  private:
-  // NCCL calls go on the stream in issue order, from one thread; each
-  // callback runs when the stream gets there.
-  void enqueue(std::function<absl::Status()> issue, Callback done) {
-    issuer_->post([this, issue = std::move(issue), done = std::move(done)]() mutable {
-      absl::Status st;
+  struct Task {
+    std::vector<NcclCall> calls;
+    const float* in;
+    float* out;
+    Callback done;
+  };
+  // A call on a stream whose operations have completed: what it says then.
+  struct Pending {
+    NcclComm* comm;
+    Callback done;
+  };
+
+  void enqueue(std::vector<NcclCall> calls, const float* in, float* out, Callback done) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      tasks_.push_back({std::move(calls), in, out, std::move(done)});
+    }
+    cv_.notify_all();
+  }
+
+  // The issuing thread: tasks in order; while operations are on the stream,
+  // NCCL's asynchronous errors every kErrorPoll; the abort when asked.
+  void issue_loop() {
+    cudaSetDevice(device_);
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      auto ready = [&] { return stop_ || !tasks_.empty() || (!aborted_.ok() && !abort_done_); };
+      if (in_flight_ > 0) {
+        cv_.wait_for(lock, kErrorPoll, ready);
+      } else {
+        cv_.wait(lock, ready);
+      }
+      if (!aborted_.ok() && !abort_done_) abort_locked(lock);
+      if (in_flight_ > 0 && !abort_done_) {
+        lock.unlock();
+        absl::Status err = async_error();
+        lock.lock();
+        if (!err.ok() && aborted_.ok()) {
+          aborted_ = err;
+          abort_locked(lock);
+        }
+      }
+      if (!tasks_.empty()) {
+        Task t = std::move(tasks_.front());
+        tasks_.pop_front();
+        absl::Status st = aborted_;
+        lock.unlock();
+        if (st.ok()) st = issue(t);
+        if (st.ok()) st = on_stream_done(std::move(t.done));
+        if (!st.ok() && t.done) run_callback(t.done, st);
+        lock.lock();
+        continue;
+      }
+      if (stop_ && drain_before_stop(lock)) return;
+    }
+  }
+
+  // Stopping: the stream's operations finish first; one still there after
+  // a minute is taken for a hang and aborted (the destructor must not wait
+  // for ever on cudaStreamSynchronize).
+  bool drain_before_stop(std::unique_lock<std::mutex>& lock) {
+    if (in_flight_ == 0 || abort_done_) return true;
+    if (stop_since_ == std::chrono::steady_clock::time_point{})
+      stop_since_ = std::chrono::steady_clock::now();
+    if (std::chrono::steady_clock::now() - stop_since_ > std::chrono::seconds(60)) {
+      if (aborted_.ok()) aborted_ = absl::DeadlineExceededError("NCCL operations still running "
+                                                                "60 s after the communicator was "
+                                                                "destroyed");
+      abort_locked(lock);
+      return true;
+    }
+    cv_.wait_for(lock, kErrorPoll);
+    return false;
+  }
+
+  // Holds mu_ (released around the call): frees kernels waiting on a dead
+  // member; the stream then runs on, and each pending callback reports the
+  // abort's reason.
+  void abort_locked(std::unique_lock<std::mutex>& lock) {
+    abort_done_ = true;
+    lock.unlock();
+    ncclCommAbort(comm_);
+    lock.lock();
+  }
+
+  absl::Status async_error() {
+    ncclResult_t state = ncclSuccess;
+    ncclResult_t r = ncclCommGetAsyncError(comm_, &state);
+    if (r != ncclSuccess) return nccl_status(r, "ncclCommGetAsyncError");
+    if (state == ncclInProgress) return absl::OkStatus();
+    return nccl_status(state, absl::StrCat("NCCL (rank ", rank_, " of ", size_, ")"));
+  }
+
+  // A non-blocking communicator returns ncclInProgress until the call has
+  // been enqueued; the next call may be made only once it has.
+  absl::Status settle(ncclResult_t r, absl::string_view what) {
+    while (r == ncclInProgress) {
       {
         std::lock_guard<std::mutex> lock(mu_);
-        st = aborted_;
+        if (!aborted_.ok()) return aborted_;
       }
-      if (st.ok()) st = issue();
-      if (!st.ok()) return done(st);
-      auto* cb = new Callback(std::move(done));
-      cudaError_t e = cudaLaunchHostFunc(
-          stream_,
-          [](void* p) {
-            auto* c = static_cast<Callback*>(p);
-            (*c)(absl::OkStatus());
-            delete c;
-          },
-          cb);
-      if (e != cudaSuccess) {
-        (*cb)(cuda_status(e, "cudaLaunchHostFunc"));
-        delete cb;
+      std::this_thread::yield();
+      ncclCommGetAsyncError(comm_, &r);
+    }
+    return nccl_status(r, what);
+  }
+
+  absl::Status issue(const Task& t) {
+    auto ptr = [&](const NcclCall::Ref& ref) -> float* {
+      float* base = ref.buffer == NcclCall::Buffer::kIn ? const_cast<float*>(t.in) : t.out;
+      return base + ref.offset;
+    };
+    const bool group = t.calls.size() > 1;
+    if (group) ncclGroupStart();
+    ncclResult_t r = ncclSuccess;
+    for (const NcclCall& c : t.calls) {
+      switch (c.op) {
+        case NcclCall::Op::kAllReduce:
+          r = ncclAllReduce(ptr(c.send), ptr(c.recv), c.count, ncclFloat, ncclSum, comm_, stream_);
+          break;
+        case NcclCall::Op::kReduceScatter:
+          r = ncclReduceScatter(ptr(c.send), ptr(c.recv), c.count, ncclFloat, ncclSum, comm_,
+                                stream_);
+          break;
+        case NcclCall::Op::kAllGather:
+          r = ncclAllGather(ptr(c.send), ptr(c.recv), c.count, ncclFloat, comm_, stream_);
+          break;
+        case NcclCall::Op::kReduce:
+          r = ncclReduce(ptr(c.send), ptr(c.recv), c.count, ncclFloat, ncclSum, c.root, comm_,
+                         stream_);
+          break;
+        case NcclCall::Op::kBroadcast:
+          r = ncclBroadcast(ptr(c.send), ptr(c.recv), c.count, ncclFloat, c.root, comm_, stream_);
+          break;
       }
-    });
+      if (r != ncclSuccess && r != ncclInProgress) break;
+    }
+    if (group) {
+      const ncclResult_t end = ncclGroupEnd();
+      if (r == ncclSuccess || r == ncclInProgress) r = end;
+    }
+    return settle(r, group ? "NCCL group" : "NCCL collective");
+  }
+
+  // The callback runs when the stream gets there, with the abort's reason
+  // if the communicator was aborted meanwhile (aborted kernels end early).
+  absl::Status on_stream_done(Callback done) {
+    auto* p = new Pending{this, std::move(done)};
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      in_flight_++;
+    }
+    cudaError_t e = cudaLaunchHostFunc(
+        stream_,
+        [](void* raw) {
+          std::unique_ptr<Pending> p(static_cast<Pending*>(raw));
+          absl::Status st;
+          {
+            std::lock_guard<std::mutex> lock(p->comm->mu_);
+            st = p->comm->aborted_;
+            p->comm->in_flight_--;
+          }
+          p->comm->cv_.notify_all();
+          run_callback(p->done, std::move(st));  // no CUDA or NCCL calls in here
+        },
+        p);
+    if (e != cudaSuccess) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        in_flight_--;
+      }
+      Callback d = std::move(p->done);
+      delete p;
+      run_callback(d, cuda_status(e, "cudaLaunchHostFunc"));
+    }
+    return absl::OkStatus();
+  }
+
+  // A callback that throws must not end the process from a CUDA or NCCL
+  // thread: it is a bug of the caller, reported on standard error.
+  static void run_callback(Callback& done, absl::Status st) {
+    try {
+      done(std::move(st));
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "troupe: an NCCL completion callback threw: %s\n", e.what());
+    } catch (...) {
+      std::fprintf(stderr, "troupe: an NCCL completion callback threw\n");
+    }
   }
 
   ncclComm_t comm_;
   cudaStream_t stream_;
   const int rank_, size_, device_;
   std::mutex mu_;
-  absl::Status aborted_;
-  std::unique_ptr<CallbackQueue> issuer_ = std::make_unique<CallbackQueue>();
+  std::condition_variable cv_;
+  std::deque<Task> tasks_;      // guarded by mu_
+  absl::Status aborted_;        // guarded by mu_: why, once failed
+  bool abort_done_ = false;     // guarded by mu_: ncclCommAbort has been called
+  int in_flight_ = 0;           // guarded by mu_: operations on the stream
+  bool stop_ = false;           // guarded by mu_
+  std::chrono::steady_clock::time_point stop_since_{};
+  std::thread issuer_;
 };
 
 }  // namespace
@@ -165,8 +314,26 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::create(
   ncclUniqueId id;
   std::memcpy(&id, unique_id.data(), sizeof id);
   ncclComm_t comm = nullptr;
-  st = nccl_status(ncclCommInitRank(&comm, size, id, rank), "ncclCommInitRank");
+  // Non-blocking: no NCCL call blocks the issuing thread, so an abort (or
+  // an asynchronous error) is seen between calls; init is waited for here.
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  ncclResult_t r = ncclCommInitRankConfig(&comm, size, id, rank, &config);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(5);
+  while (r == ncclInProgress && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    ncclCommGetAsyncError(comm, &r);
+  }
+  if (r == ncclInProgress) {
+    ncclCommAbort(comm);
+    cudaStreamDestroy(stream);
+    return absl::DeadlineExceededError(
+        absl::StrCat("ncclCommInitRankConfig: rank ", rank, " of ", size,
+                     " not initialised after 5 minutes (a member missing?)"));
+  }
+  st = nccl_status(r, "ncclCommInitRankConfig");
   if (!st.ok()) {
+    if (comm != nullptr) ncclCommAbort(comm);
     cudaStreamDestroy(stream);
     return st;
   }

@@ -155,7 +155,24 @@ absl::StatusOr<std::unique_ptr<UcxTransport>> UcxTransport::create(int rank, int
   return t;
 }
 
+namespace {
+// Set while this thread is inside progress_once (running callbacks): a
+// callback that polls must not try worker_mu_ again.
+thread_local bool in_progress = false;
+struct InProgress {
+  InProgress() { in_progress = true; }
+  ~InProgress() { in_progress = false; }
+};
+}  // namespace
+
+// Every operation still pending completes (Aborted) before UCX goes (a
+// regression: they were once dropped, their callbacks never run, and their
+// owners waited for ever): the copy thread finishes its reads first (their
+// acknowledgements are posted), then this thread fails what is left,
+// cancels UCX's requests and progresses until UCX has let go of their
+// buffers (bounded).
 UcxTransport::~UcxTransport() {
+  copier_.reset();
   {
     std::lock_guard<std::mutex> lock(mu_);  // no lost wake-up of a standing-down thread
     stop_ = true;
@@ -163,6 +180,21 @@ UcxTransport::~UcxTransport() {
   cv_.notify_all();
   if (progress_.joinable()) progress_.join();
   auto* worker = static_cast<ucp_worker_h>(worker_);
+  if (worker != nullptr) {
+    const absl::Status why = absl::AbortedError(
+        absl::StrCat("rank ", rank_, "'s UCX transport was shut down with the operation pending"));
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      closing_ = true;
+    }
+    fail_where([](const Op&) { return true; }, why, /*wait_for_ucx=*/false);
+    std::lock_guard<std::mutex> lock(worker_mu_);
+    InProgress mark;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+    for (bool idle = false; !idle && std::chrono::steady_clock::now() < deadline;) {
+      progress_once(&idle);
+    }
+  }
   for (std::size_t r = 0; r < eps_.size(); r++) {
     void* ep = eps_[r];
     if (ep == nullptr) continue;
@@ -217,169 +249,85 @@ absl::Status UcxTransport::connect(const std::vector<std::string>& addresses) {
   return absl::OkStatus();
 }
 
-void UcxTransport::send_ucx(int peer, Tag tag, const void* data, std::size_t bytes, Callback done,
-                            std::shared_ptr<CancelToken> token) {
-  submit(std::make_unique<Op>(Op{this, peer, true, bytes, std::move(done), std::move(token), tag,
-                                 const_cast<void*>(data)}));
+std::uint64_t UcxTransport::send_ucx(int peer, Tag tag, const void* data, std::size_t bytes,
+                                     Callback done, std::shared_ptr<CancelToken> token, Kind kind,
+                                     std::shared_ptr<void> keep) {
+  auto op = std::make_unique<Op>(Op{this, peer, true, bytes, std::move(done), std::move(token),
+                                    tag, const_cast<void*>(data)});
+  op->kind = kind;
+  op->keep = std::move(keep);
+  return submit(std::move(op));
 }
 
-void UcxTransport::recv_ucx(int peer, Tag tag, void* data, std::size_t bytes, Callback done,
-                            std::shared_ptr<CancelToken> token, bool hold_on_cancel) {
+std::uint64_t UcxTransport::recv_ucx(int peer, Tag tag, void* data, std::size_t bytes,
+                                     Callback done, std::shared_ptr<CancelToken> token,
+                                     bool hold_on_cancel, std::shared_ptr<void> keep) {
   auto op = std::make_unique<Op>(
       Op{this, peer, false, bytes, std::move(done), std::move(token), tag, data});
   op->hold_on_cancel = hold_on_cancel;
-  submit(std::move(op));
+  op->keep = std::move(keep);
+  return submit(std::move(op));
 }
 
-namespace {
-
-// The acknowledgement of `tag` by rank `acker`: the ack bit, and the source
-// field naming the acknowledging rank, so acks from different peers of one
-// tag (a direct all-reduce sends one tag to all) never stand in for each other.
-Tag ack_tag(Tag tag, int acker) {
-  return (tag & ~(Tag{0x7FFF} << 48)) | (static_cast<Tag>(acker & 0x7FFF) << 48) | kAckBit;
+void UcxTransport::abandon(std::uint64_t id, const absl::Status& why) {
+  fail_where([id](const Op& op) { return op.id == id; }, why, /*wait_for_ucx=*/false);
 }
 
-// What the sender of a single-copy message tells the receiver.
-struct CopyDescriptor {
-  std::uint64_t address;
-  std::uint64_t bytes;
-  std::int32_t pid;
-  std::int32_t pad;
-};
-
-}  // namespace
-
-// Single copy, sender side: the descriptor goes out; the send completes
-// when the receiver acknowledges its copy (0) or reports an error (errno).
-void UcxTransport::send(int peer, Tag tag, const void* data, std::size_t bytes, Callback done,
-                        std::shared_ptr<CancelToken> token) {
-  if (!single_copy(peer, bytes))
-    return send_ucx(peer, tag, data, bytes, std::move(done), std::move(token));
-  struct State {
-    CopyDescriptor desc;
-    std::int64_t ack = -1;
-  };
-  auto state = std::make_shared<State>();
-  state->desc = {reinterpret_cast<std::uint64_t>(data), bytes,
-                 static_cast<std::int32_t>(::getpid()), 0};
-  // Cancelled (our communicator failed), the send still waits for the
-  // acknowledgement, up to the cancel bound: a live receiver may be reading
-  // the buffer, which the caller may reuse once the send completes.
-  recv_ucx(
-      peer, ack_tag(tag, peer), &state->ack, sizeof state->ack,
-      [state, done = std::move(done), peer](absl::Status st) {
-        if (st.ok() && state->ack != 0) {
-          st = absl::UnavailableError(absl::StrCat("rank ", peer, " could not copy the message: ",
-                                                   std::strerror(static_cast<int>(state->ack))));
-        }
-        done(st);
-      },
-      token, /*hold_on_cancel=*/true);
-  send_ucx(
-      peer, tag, &state->desc, sizeof state->desc, [state](absl::Status) {}, token);
-}
-
-// Single copy, receiver side: the sender's bytes, read with
-// process_vm_readv by whichever thread reads them. A sender that died makes
-// the read fail (ESRCH), softly. Releasing acknowledges: 0, or the errno of
-// the failed read (or ECANCELED: the receiver gave up), which fails the send.
-class SingleCopySource final : public Arrival::Source {
- public:
-  SingleCopySource(UcxTransport* transport, int peer, Tag tag, CopyDescriptor desc)
-      : transport_(transport), peer_(peer), tag_(tag), desc_(desc) {}
-  const void* data() const override { return nullptr; }
-  absl::Status read(std::size_t offset, void* to, std::size_t bytes) override {
-    for (std::size_t got = 0; got < bytes;) {
-      iovec local{static_cast<char*>(to) + got, bytes - got};
-      iovec remote{reinterpret_cast<void*>(desc_.address + offset + got), bytes - got};
-      const ssize_t n = ::process_vm_readv(desc_.pid, &local, 1, &remote, 1, 0);
-      if (n <= 0) {
-        error_ = errno != 0 ? errno : EIO;
-        return absl::UnavailableError(
-            absl::StrCat("copy from rank ", peer_, " failed: ", std::strerror(error_)));
-      }
-      got += static_cast<std::size_t>(n);
-    }
-    transport_->single_copy_bytes_.fetch_add(bytes, std::memory_order_relaxed);
-    return absl::OkStatus();
+// An exception escaping a completion callback would end the process on this
+// thread; it becomes an error of every operation instead, so that whoever
+// waits hears of it.
+void UcxTransport::complete(Callback& done, absl::Status st) {
+  std::string what;
+  try {
+    done(std::move(st));
+    return;
+  } catch (const std::exception& e) {
+    what = e.what();
+  } catch (...) {
+    what = "an exception that is not a std::exception";
   }
-  void refuse(int error) { error_ = error; }
-  void release(absl::Status receiver_status) override {
-    auto ack = std::make_shared<std::int64_t>(error_ != 0            ? error_
-                                              : receiver_status.ok() ? 0
-                                                                     : ECANCELED);
-    // No cancel token: a receiver whose collective has failed must still tell
-    // the sender it is done with the buffer (a regression: the cancel that
-    // followed a failed read swallowed the acknowledgement and the live
-    // sender waited for ever). A dead sender fails it through fail_peer.
-    transport_->send_ucx(
-        peer_, ack_tag(tag_, transport_->rank_), ack.get(), sizeof *ack, [ack](absl::Status) {},
-        nullptr);
+  const absl::Status why = absl::InternalError(
+      absl::StrCat("rank ", rank_, ": a completion callback threw: ", what));
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& f : failed_)
+      if (f.ok()) f = why;
   }
-
- private:
-  UcxTransport* transport_;
-  int peer_;
-  Tag tag_;
-  CopyDescriptor desc_;
-  int error_ = 0;
-};
-
-void UcxTransport::pull_single_copy(int peer, Tag tag, std::size_t bytes, ArrivalCallback done,
-                                    std::shared_ptr<CancelToken> token) {
-  auto desc = std::make_shared<CopyDescriptor>();
-  recv_ucx(
-      peer, tag, desc.get(), sizeof *desc,
-      [this, desc, peer, tag, bytes, done = std::move(done), token](absl::Status st) {
-        if (!st.ok()) return done(Arrival(st, bytes, nullptr));
-        auto source = std::make_unique<SingleCopySource>(this, peer, tag, *desc);
-        if (desc->bytes != bytes) {
-          source->refuse(EMSGSIZE);  // the sender hears EMSGSIZE; the receiver, the lengths
-          source->release(absl::OkStatus());
-          return done(Arrival(absl::InvalidArgumentError(
-                                  absl::StrCat("message of ", desc->bytes, " bytes from rank ",
-                                               peer, " for a receive of ", bytes, " bytes")),
-                              bytes, nullptr));
-        }
-        done(Arrival(absl::OkStatus(), bytes, std::move(source)));
-      },
-      token);
+  fail_where([](const Op&) { return true; }, why, /*wait_for_ucx=*/false);
 }
 
-void UcxTransport::recv_pull(int peer, Tag tag, std::size_t bytes, void* landing,
-                             ArrivalCallback done, std::shared_ptr<CancelToken> token) {
-  if (!single_copy(peer, bytes))
-    return Transport::recv_pull(peer, tag, bytes, landing, std::move(done), std::move(token));
-  pull_single_copy(peer, tag, bytes, std::move(done), std::move(token));
+bool UcxTransport::consume_fault(Kind kind) {
+  std::atomic<int>* left = kind == Kind::kCopyDescriptor ? &fault_desc_
+                           : kind == Kind::kCopyAck      ? &fault_ack_
+                                                         : nullptr;
+  if (left == nullptr) return false;
+  int n = left->load();
+  while (n > 0 && !left->compare_exchange_weak(n, n - 1)) {
+  }
+  return n > 0;
 }
 
-// A plain receive by single copy: the progress thread reads the whole
-// message as soon as the descriptor arrives.
-void UcxTransport::recv(int peer, Tag tag, void* data, std::size_t bytes, Callback done,
-                        std::shared_ptr<CancelToken> token) {
-  if (!single_copy(peer, bytes))
-    return recv_ucx(peer, tag, data, bytes, std::move(done), std::move(token));
-  pull_single_copy(
-      peer, tag, bytes,
-      [data, bytes, done = std::move(done)](Arrival message) {
-        absl::Status st = message.status();
-        if (st.ok()) st = message.read(0, data, bytes);
-        message.release(st);
-        done(st);
-      },
-      std::move(token));
+void UcxTransport::inject_fault_for_test(Fault where, int count) {
+  (where == Fault::kCopyDescriptorSend ? fault_desc_ : fault_ack_).store(count);
+}
+
+std::size_t UcxTransport::pending_operations() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return ops_.size();
 }
 
 // Callers only queue operations; whoever holds worker_mu_ (the progress
 // thread, or a caller driving progress) posts them to UCX, so the worker is
 // used by one thread at a time and no completion can race a cancel.
-void UcxTransport::submit(std::unique_ptr<Op> owned) {
+std::uint64_t UcxTransport::submit(std::unique_ptr<Op> owned) {
   Op* op = owned.get();
   std::lock_guard<std::mutex> lock(mu_);
+  op->id = next_id_++;
   ops_[op] = std::move(owned);
   absl::Status refuse;
-  if (op->peer < 0 || op->peer >= size_ || eps_.empty()) {
+  if (closing_) {
+    refuse = absl::AbortedError(absl::StrCat("rank ", rank_, "'s UCX transport is shutting down"));
+  } else if (op->peer < 0 || op->peer >= size_ || eps_.empty()) {
     refuse = absl::InvalidArgumentError(absl::StrCat(op->is_send ? "send to" : "receive from",
                                                      " rank ", op->peer, ": no such rank"));
   } else if (!failed_[static_cast<std::size_t>(op->peer)].ok()) {
@@ -398,6 +346,7 @@ void UcxTransport::submit(std::unique_ptr<Op> owned) {
   // wake-up per operation of a driven collective cost ~5 us each in context
   // switches on the driver's core); a driver only if it sleeps.
   wake_locked();
+  return op->id;
 }
 
 // Progress thread: hands queued operations to UCX.
@@ -416,7 +365,9 @@ void UcxTransport::post_queued(std::vector<Op*>& queued) {
     p.datatype = ucp_dt_make_contig(1);
     p.user_data = op;
     void* req;
-    if (op->is_send) {
+    if (consume_fault(op->kind)) {
+      req = UCS_STATUS_PTR(UCS_ERR_IO_ERROR);  // as if UCX had refused it (tests)
+    } else if (op->is_send) {
       p.cb.send = send_cb;
       req = ucp_tag_send_nbx(static_cast<ucp_ep_h>(eps_[static_cast<std::size_t>(op->peer)]),
                              op->data, op->bytes, op->tag, &p);
@@ -450,7 +401,7 @@ void UcxTransport::post_queued(std::vector<Op*>& queued) {
         op->request = req;  // for ucp_request_cancel
       }
     }
-    if (completed) completed->done(std::move(completed->post_status));
+    if (completed) complete(completed->done, std::move(completed->post_status));
   }
 }
 
@@ -484,7 +435,7 @@ void UcxTransport::finish(Op* op, absl::Status st) {
     owned = std::move(it->second);
     ops_.erase(it);
   }
-  owned->done(std::move(st));  // a failed op's callback ignores `st` and reports the failure
+  complete(owned->done, std::move(st));  // a failed op's callback ignores `st`, reports the failure
 }
 
 // Marks the selected operations failed; the progress thread runs their
@@ -585,19 +536,10 @@ bool UcxTransport::progress_once(bool* idle) {
   }
   post_queued(queued);
   for (void* req : cancel) ucp_request_cancel(worker, req);
-  for (auto& op : failed) op->done(absl::OkStatus());  // wrapped: reports the failure
+  for (auto& op : failed) complete(op->done, absl::OkStatus());  // wrapped: reports the failure
   return ucp_worker_progress(worker) != 0 || !queued.empty() || !failed.empty();
 }
 
-namespace {
-// Set while this thread is inside progress_once (running callbacks): a
-// callback that polls must not try worker_mu_ again.
-thread_local bool in_progress = false;
-struct InProgress {
-  InProgress() { in_progress = true; }
-  ~InProgress() { in_progress = false; }
-};
-}  // namespace
 
 bool UcxTransport::poll() {
   if (in_progress) return false;

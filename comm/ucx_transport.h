@@ -14,6 +14,18 @@
 // from a peer that has just died is fatal inside UCX; ours fails that one
 // receive with an error instead.
 //
+// Every failure reaches the side that waits: a failed descriptor send fails
+// the send (and gives up its acknowledgement's receive); a failed
+// acknowledgement marks the sender failed on the receiver (its operations
+// with that rank fail, and the owner's supervision stops the job, which
+// tells the sender). A plain receive by single copy is read on a copy thread
+// of its own, never on the thread that progresses UCX.
+//
+// Destroying the transport completes every pending operation (Aborted). A
+// completion callback that throws fails every operation of the transport,
+// pending and later (Internal, naming the exception), instead of ending the
+// process.
+//
 // Callers queue operations; a progress thread posts them, polls UCX while
 // any are in flight (yielding the core between polls, then backing off after
 // ~10 ms of quiet) and sleeps on a condition variable when nothing is
@@ -40,6 +52,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "comm/callback_queue.h"
 #include "comm/transport.h"
 
 namespace troupe::comm {
@@ -79,6 +92,16 @@ class UcxTransport final : public Transport {
   void drive_end() override;
   void cancel(const std::shared_ptr<CancelToken>& token, absl::Status why) override;
 
+  // Operations posted and not yet reported (tests: nothing is left behind).
+  std::size_t pending_operations();
+  // Tests: the next `count` posts of this kind fail as if UCX had refused
+  // them (a dead link), so that the failure paths of the single-copy
+  // protocol run for real.
+  enum class Fault { kCopyDescriptorSend, kCopyAckSend };
+  void inject_fault_for_test(Fault where, int count = 1);
+
+  // What a message is, for the protocol (and fault injection).
+  enum class Kind : std::uint8_t { kData, kCopyDescriptor, kCopyAck };
   // One pending operation.
   struct Op {
     UcxTransport* transport;
@@ -102,18 +125,28 @@ class UcxTransport final : public Transport {
     bool ucx_cancelled = false;   // ucp_request_cancel called on its request
     bool cancel_sent = false;
     std::chrono::steady_clock::time_point give_up_at = {};
+    Kind kind = Kind::kData;
+    std::uint64_t id = 0;        // unique per transport (addresses are reused)
+    std::shared_ptr<void> keep = nullptr;  // owner of `data`, kept until UCX lets go of it
   };
 
  private:
   UcxTransport(int rank, int size) : rank_(rank), size_(size) {}
   void progress_loop();
   bool progress_once(bool* idle);  // holds worker_mu_
-  void submit(std::unique_ptr<Op> op);
-  // Straight through UCX (queued for the progress thread).
-  void send_ucx(int peer, Tag tag, const void* data, std::size_t bytes, Callback done,
-                std::shared_ptr<CancelToken> token);
-  void recv_ucx(int peer, Tag tag, void* data, std::size_t bytes, Callback done,
-                std::shared_ptr<CancelToken> token, bool hold_on_cancel = false);
+  std::uint64_t submit(std::unique_ptr<Op> op);  // returns the op's id
+  // Straight through UCX (queued for the progress thread); the op's id.
+  std::uint64_t send_ucx(int peer, Tag tag, const void* data, std::size_t bytes, Callback done,
+                         std::shared_ptr<CancelToken> token, Kind kind = Kind::kData,
+                         std::shared_ptr<void> keep = nullptr);
+  std::uint64_t recv_ucx(int peer, Tag tag, void* data, std::size_t bytes, Callback done,
+                         std::shared_ptr<CancelToken> token, bool hold_on_cancel = false,
+                         std::shared_ptr<void> keep = nullptr);
+  // Fails operation `id` if it is still pending (its peer is not waited for).
+  void abandon(std::uint64_t id, const absl::Status& why);
+  // Runs a completion callback; one that throws fails the whole transport.
+  void complete(Callback& done, absl::Status st);
+  bool consume_fault(Kind kind);
   void wake_locked();  // holds mu_
   bool single_copy(int peer, std::size_t bytes) const {
     return bytes >= kSingleCopyMin && peer != rank_ && peer >= 0 && peer < size_ &&
@@ -152,9 +185,16 @@ class UcxTransport final : public Transport {
   std::vector<Op*> to_fail_;          // failed by fail_peer/cancel, callbacks not yet run
   std::vector<Op*> deferred_;         // cancelled, waiting for UCX to let go (bounded)
   std::vector<absl::Status> failed_;  // per peer
+  std::uint64_t next_id_ = 1;          // guarded by mu_
+  bool closing_ = false;               // destructor running: posts are refused (mu_)
+  std::atomic<int> fault_desc_{0}, fault_ack_{0};
   std::atomic<bool> stop_{false};
   std::atomic<std::uint64_t> single_copy_bytes_{0};
   std::thread progress_;
+  // Reads of plain single-copy receives (process_vm_readv of a whole
+  // message): off the progress thread, which would stall every other
+  // operation meanwhile. Declared last: destroyed (drained) first.
+  std::unique_ptr<CallbackQueue> copier_ = std::make_unique<CallbackQueue>();
 };
 
 }  // namespace troupe::comm

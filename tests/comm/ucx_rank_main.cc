@@ -8,6 +8,8 @@
 //                 mid-operation; every other rank must get an error naming it
 //                 (prints the wall-clock times the driver turns into a
 //                 detection time)
+//   kill_reader   rank 1 takes a single-copy descriptor from rank 0 and is
+//                 killed before acknowledging; rank 0's send must fail
 #include <signal.h>
 #include <unistd.h>
 
@@ -15,6 +17,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <future>
 #include <string>
 #include <thread>
 #include <vector>
@@ -127,6 +130,34 @@ int kill_scenario(int rank, int size, int victim, troupe::comm::Transport& t,
   return fail(rank, "no error although a rank died");
 }
 
+// Rank 0 sends one single-copy message to rank 1 as the runtime does (a
+// plain send, no cancel token); rank 1 takes the descriptor and is killed
+// before it acknowledges. Rank 0's send must end with an error naming rank
+// 1 (the liveness check fails the peer), not wait for ever.
+int kill_reader_scenario(int rank, troupe::comm::Transport& t, troupe::comm::Bootstrap& b) {
+  b.watch([&](int dead, absl::Status why) { t.fail_peer(dead, why); });
+  std::vector<float> x(1u << 18, 2.0f);  // 1 MiB
+  if (rank == 1) {
+    std::promise<void> got;
+    t.recv_pull(0, 77, x.size() * 4, x.data(), [&](troupe::comm::Arrival a) {
+      std::printf("rank 1: descriptor %s; killing myself at %.6f\n",
+                  a.status().ok() ? "arrived" : "failed", now_s());
+      std::fflush(stdout);
+      ::raise(SIGKILL);
+    });
+    std::this_thread::sleep_for(std::chrono::seconds(30));
+    return fail(rank, "still alive");
+  }
+  std::promise<absl::Status> sent;
+  auto f = sent.get_future();
+  t.send(1, 77, x.data(), x.size() * 4, [&](absl::Status st) { sent.set_value(st); });
+  if (f.wait_for(std::chrono::seconds(20)) != std::future_status::ready)
+    return fail(rank, "the send never completed");
+  absl::Status st = f.get();
+  std::printf("rank 0: error at %.6f: %s\n", now_s(), std::string(st.message()).c_str());
+  return !st.ok() && st.message().find("rank 1") != std::string_view::npos ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -136,16 +167,17 @@ int main(int argc, char** argv) {
   app.add_option("--rank", rank)->required();
   app.add_option("--size", size)->required();
   app.add_option("--port", port)->required();
-  app.add_option("--scenario", scenario)->check(CLI::IsMember({"collectives", "kill"}));
+  app.add_option("--scenario", scenario)->check(CLI::IsMember({"collectives", "kill", "kill_reader"}));
   app.add_option("--victim", victim);
   CLI11_PARSE(app, argc, argv);
   setvbuf(stdout, nullptr, _IOLBF, 0);
   auto w = troupe::comm::connect_ucx(rank, size, "127.0.0.1", port, absl::Seconds(60));
   if (!w.ok()) return fail(rank, std::string(w.status().message()));
   troupe::comm::UcxTransport& t = *w->transport;
-  int rc = scenario == "kill" ? kill_scenario(rank, size, victim, t, *w->bootstrap)
-                              : collectives(rank, size, t);
-  if (scenario == "kill") {
+  int rc = scenario == "kill"          ? kill_scenario(rank, size, victim, t, *w->bootstrap)
+           : scenario == "kill_reader" ? kill_reader_scenario(rank, t, *w->bootstrap)
+                                       : collectives(rank, size, t);
+  if (scenario != "collectives") {
     std::fflush(stdout);
     std::_Exit(rc);  // a rank died: skip the orderly teardown of UCX
   }

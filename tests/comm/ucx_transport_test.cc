@@ -1,0 +1,161 @@
+// The UCX transport within one process: two transports (ranks 0 and 1)
+// connected to each other. Same host and pid, so large messages take the
+// single-copy protocol (process_vm_readv of this process's own memory).
+// Each case is a failure path that once lost a completion.
+#include "comm/ucx_transport.h"
+
+#include <gtest/gtest.h>
+
+#include <future>
+#include <stdexcept>
+#include <thread>
+#include <vector>
+
+namespace troupe::comm {
+namespace {
+
+struct Pair {
+  std::unique_ptr<UcxTransport> t[2];
+};
+
+Pair connected_pair() {
+  Pair p;
+  for (int r = 0; r < 2; r++) {
+    auto t = UcxTransport::create(r, 2);
+    EXPECT_TRUE(t.ok()) << t.status();
+    p.t[r] = std::move(*t);
+  }
+  const std::vector<std::string> addresses = {p.t[0]->address(), p.t[1]->address()};
+  for (auto& t : p.t) EXPECT_TRUE(t->connect(addresses).ok());
+  return p;
+}
+
+// Through the interface, as the runtime calls it (default arguments).
+Transport& at(Pair& p, int r) { return *p.t[r]; }
+
+// A status that arrives within `within`, or DeadlineExceeded ("never").
+absl::Status await(std::future<absl::Status>& f, std::chrono::seconds within) {
+  if (f.wait_for(within) != std::future_status::ready)
+    return absl::DeadlineExceededError("the callback never ran");
+  return f.get();
+}
+
+// Large enough for the single-copy protocol.
+constexpr std::size_t kBig = 4 * UcxTransport::kSingleCopyMin;
+
+bool single_copy_here() {
+  auto p = connected_pair();
+  std::vector<char> a(kBig, 'x'), b(kBig, 0);
+  std::promise<absl::Status> s, r;
+  at(p, 1).recv(0, 5, b.data(), kBig, [&](absl::Status st) { r.set_value(st); });
+  at(p, 0).send(1, 5, a.data(), kBig, [&](absl::Status st) { s.set_value(st); });
+  r.get_future().wait();
+  s.get_future().wait();
+  return p.t[1]->single_copy_bytes() > 0;
+}
+
+class UcxSingleCopy : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!single_copy_here())
+      GTEST_SKIP() << "this host does not let a process read memory by process_vm_readv "
+                      "(or TROUPE_SINGLE_COPY=0): the single-copy protocol is off";
+  }
+};
+
+// The descriptor cannot be sent: the send fails (it once waited for ever for
+// an acknowledgement that could not come), and its acknowledgement's
+// receive is given up (nothing stays pending).
+TEST_F(UcxSingleCopy, DescriptorSendFailureFailsTheSend) {
+  auto p = connected_pair();
+  std::vector<char> a(kBig, 'x');
+  p.t[0]->inject_fault_for_test(UcxTransport::Fault::kCopyDescriptorSend);
+  std::promise<absl::Status> sent;
+  auto f = sent.get_future();
+  at(p, 0).send(1, 9, a.data(), kBig, [&](absl::Status st) { sent.set_value(st); });
+  absl::Status st = await(f, std::chrono::seconds(10));
+  EXPECT_TRUE(absl::IsUnavailable(st)) << st;
+  EXPECT_NE(st.message().find("descriptor was not sent"), std::string::npos) << st;
+  for (int i = 0; i < 1000 && p.t[0]->pending_operations() > 0; i++)
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  EXPECT_EQ(p.t[0]->pending_operations(), 0u) << "the acknowledgement's receive was left posted";
+}
+
+// The acknowledgement cannot be sent: the receiver's data is there, and the
+// receiver marks the sender failed, so its operations with that rank fail
+// (its owner's supervision then stops the job, which frees the sender).
+TEST_F(UcxSingleCopy, AckSendFailureFailsThePeerOnTheReceiver) {
+  auto p = connected_pair();
+  std::vector<char> a(kBig), b(kBig, 0);
+  for (std::size_t i = 0; i < kBig; i++) a[i] = static_cast<char>(i * 7);
+  p.t[1]->inject_fault_for_test(UcxTransport::Fault::kCopyAckSend);
+  std::promise<absl::Status> received, later;
+  auto rf = received.get_future(), lf = later.get_future();
+  at(p, 1).recv(0, 3, b.data(), kBig, [&](absl::Status st) { received.set_value(st); });
+  at(p, 0).send(1, 3, a.data(), kBig, [](absl::Status) {});
+  ASSERT_TRUE(await(rf, std::chrono::seconds(10)).ok());
+  EXPECT_EQ(a, b);
+  char small = 0;
+  at(p, 1).recv(0, 4, &small, 1, [&](absl::Status st) { later.set_value(st); });
+  absl::Status st = await(lf, std::chrono::seconds(10));
+  EXPECT_TRUE(absl::IsUnavailable(st)) << st;
+  EXPECT_NE(st.message().find("acknowledgement failed"), std::string::npos) << st;
+  // What the job's supervision would do on the sender's side.
+  p.t[0]->fail_peer(1, absl::UnavailableError("rank 1 stopped"));
+}
+
+// A plain receive by single copy is read off the progress thread (it once
+// read the whole message inside UCX's completion there, stalling every
+// other operation): its callback runs on another thread than that of a
+// small message completed by the progress thread.
+TEST_F(UcxSingleCopy, PlainReceiveIsNotReadOnTheProgressThread) {
+  auto p = connected_pair();
+  std::vector<char> a(kBig, 'y'), b(kBig, 0);
+  char sa = 1, sb = 0;
+  std::promise<std::thread::id> small_on, big_on;
+  at(p, 1).recv(0, 1, &sb, 1, [&](absl::Status) { small_on.set_value(std::this_thread::get_id()); });
+  at(p, 0).send(1, 1, &sa, 1, [](absl::Status) {});
+  const std::thread::id progress = small_on.get_future().get();
+  at(p, 1).recv(0, 2, b.data(), kBig,
+               [&](absl::Status) { big_on.set_value(std::this_thread::get_id()); });
+  at(p, 0).send(1, 2, a.data(), kBig, [](absl::Status) {});
+  EXPECT_NE(big_on.get_future().get(), progress);
+  EXPECT_EQ(a, b);
+}
+
+// Destroying a transport completes every pending operation (they were once
+// dropped, their callbacks never run).
+TEST(UcxTransportLifetime, DestructionCompletesPendingOperations) {
+  auto p = connected_pair();
+  std::vector<char> a(kBig, 'z'), b(16);
+  std::promise<absl::Status> r, s, r2;
+  auto rf = r.get_future(), sf = s.get_future(), r2f = r2.get_future();
+  at(p, 0).recv(1, 11, b.data(), b.size(), [&](absl::Status st) { r.set_value(st); });
+  at(p, 0).recv_pull(1, 12, kBig, nullptr, [&](Arrival m) { r2.set_value(m.status()); });
+  at(p, 0).send(1, 13, a.data(), kBig, [&](absl::Status st) { s.set_value(st); });  // never received
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  p.t[0].reset();
+  for (auto* f : {&rf, &sf, &r2f}) {
+    absl::Status st = await(*f, std::chrono::seconds(1));
+    EXPECT_TRUE(absl::IsAborted(st)) << st;
+  }
+}
+
+// A completion callback that throws: the process goes on, and the error
+// reaches the transport's other operations instead of std::terminate.
+TEST(UcxTransportLifetime, CallbackThatThrowsFailsTheTransportNotTheProcess) {
+  auto p = connected_pair();
+  char x = 1, y = 0, z = 0;
+  at(p, 1).recv(0, 21, &y, 1, [](absl::Status) { throw std::runtime_error("bug in a callback"); });
+  at(p, 0).send(1, 21, &x, 1, [](absl::Status) {});
+  std::promise<absl::Status> next;
+  auto nf = next.get_future();
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  at(p, 1).recv(0, 22, &z, 1, [&](absl::Status st) { next.set_value(st); });
+  absl::Status st = await(nf, std::chrono::seconds(10));
+  EXPECT_TRUE(absl::IsInternal(st)) << st;
+  EXPECT_NE(st.message().find("bug in a callback"), std::string::npos) << st;
+}
+
+}  // namespace
+}  // namespace troupe::comm
