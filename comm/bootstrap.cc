@@ -16,6 +16,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "comm/auth.h"
+#include "comm/socket_io.h"
 #include "comm/ucx_transport.h"
 
 namespace troupe::comm {
@@ -38,52 +40,6 @@ struct Header {
   std::uint64_t len;
 };
 
-// Milliseconds left until `deadline` (0 once it has passed).
-int ms_left(Clock::time_point deadline) {
-  const auto left =
-      std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now()).count();
-  return left <= 0 ? 0 : static_cast<int>(std::min<long long>(left, 1 << 30));
-}
-
-// Waits until `fd` is ready for `events`: OK, DeadlineExceeded, or
-// Unavailable (the connection is broken).
-absl::Status wait_fd(int fd, short events, Clock::time_point deadline) {
-  for (;;) {
-    pollfd p{fd, events, 0};
-    const int n = ::poll(&p, 1, ms_left(deadline));
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return absl::UnavailableError(std::strerror(errno));
-    if (n == 0) return absl::DeadlineExceededError("timed out");
-    return absl::OkStatus();
-  }
-}
-
-absl::Status write_full(int fd, const void* p, std::size_t n, Clock::time_point deadline) {
-  const char* c = static_cast<const char*>(p);
-  while (n > 0) {
-    if (absl::Status st = wait_fd(fd, POLLOUT, deadline); !st.ok()) return st;
-    const ssize_t w = ::send(fd, c, n, MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (w < 0 && (errno == EINTR || errno == EAGAIN)) continue;
-    if (w <= 0) return absl::UnavailableError("the connection closed");
-    c += w;
-    n -= static_cast<std::size_t>(w);
-  }
-  return absl::OkStatus();
-}
-
-absl::Status read_full(int fd, void* p, std::size_t n, Clock::time_point deadline) {
-  char* c = static_cast<char*>(p);
-  while (n > 0) {
-    if (absl::Status st = wait_fd(fd, POLLIN, deadline); !st.ok()) return st;
-    const ssize_t r = ::recv(fd, c, n, MSG_DONTWAIT);
-    if (r < 0 && (errno == EINTR || errno == EAGAIN)) continue;
-    if (r <= 0) return absl::UnavailableError("the connection closed");
-    c += r;
-    n -= static_cast<std::size_t>(r);
-  }
-  return absl::OkStatus();
-}
-
 absl::Status send_msg(int fd, MsgType type, int rank, Clock::time_point deadline,
                       const std::string& payload = "") {
   Header h{kMagic, type, rank, 0, payload.size()};
@@ -101,15 +57,6 @@ absl::Status recv_msg(int fd, Header* h, std::string* payload, Clock::time_point
   return read_full(fd, payload->data(), h->len, deadline);
 }
 
-std::string peer_name(int fd) {
-  sockaddr_in a{};
-  socklen_t len = sizeof a;
-  char ip[INET_ADDRSTRLEN] = "?";
-  if (::getpeername(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0)
-    ::inet_ntop(AF_INET, &a.sin_addr, ip, sizeof ip);
-  return absl::StrCat(ip, ":", ntohs(a.sin_port));
-}
-
 void set_nodelay(int fd) {
   int one = 1;
   ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
@@ -123,15 +70,18 @@ std::string rank_list(const std::vector<int>& ranks) {
 
 absl::StatusOr<std::unique_ptr<Bootstrap>> Bootstrap::start(int rank, int size,
                                                             const std::string& host, int port,
-                                                            absl::Duration timeout, Log log) {
+                                                            absl::Duration timeout,
+                                                            Options options) {
   if (size < 1 || rank < 0 || rank >= size)
     return absl::InvalidArgumentError(absl::StrCat("bootstrap: rank ", rank, " of ", size));
   std::unique_ptr<Bootstrap> b(new Bootstrap());
   b->rank_ = rank;
   b->size_ = size;
   b->timeout_ = timeout;
-  b->log_ = log ? std::move(log)
-                : [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); };
+  b->token_ = std::move(options.token);
+  b->log_ = options.log ? std::move(options.log) : [](const std::string& line) {
+    std::fprintf(stderr, "%s\n", line.c_str());
+  };
   b->dead_.assign(static_cast<std::size_t>(size), false);
   b->fin_.assign(static_cast<std::size_t>(size), false);
   if (::pipe(b->wake_) != 0) return absl::InternalError("bootstrap: pipe failed");
@@ -170,25 +120,74 @@ absl::StatusOr<std::unique_ptr<Bootstrap>> Bootstrap::start(int rank, int size,
   }
   set_nodelay(fd);
   b->fds_ = {fd};
+  if (!b->token_.empty()) {
+    if (absl::Status st = prove_token(fd, b->token_, deadline); !st.ok()) {
+      return absl::Status(st.code(), absl::StrCat("bootstrap: rank ", rank, " at rank 0 (", host,
+                                                  ":", port, "): ", st.message()));
+    }
+  }
   if (absl::Status st = send_msg(fd, kHello, rank, deadline); !st.ok())
     return absl::UnavailableError(absl::StrCat("bootstrap: hello to rank 0: ", st.message()));
   return b;
 }
 
 // Rank 0: accepts until every other rank has said a valid hello. New
-// connections wait in `pending` (each with kHelloBound to speak) so that one
-// that stays silent holds nobody up; a bad one is closed and logged.
+// connections wait in `pending`, each with kHelloBound to prove the job
+// token (if any) and say its hello; their bytes are taken as they come, so
+// one that is silent or slow holds nobody up. A bad one is closed and logged.
+namespace {
+struct Pending {
+  int fd;
+  Clock::time_point until;
+  std::string nonce;  // the job-token challenge sent at accept ("" without a token)
+  std::string got;    // bytes received so far
+  bool proved;
+};
+}  // namespace
+
 absl::Status Bootstrap::accept_ranks(Clock::time_point deadline) {
   fds_.assign(static_cast<std::size_t>(size_), -1);
-  struct Pending {
-    int fd;
-    Clock::time_point until;
-  };
   std::vector<Pending> pending;
   auto refuse = [&](int fd, const std::string& why) {
     log_(absl::StrCat("troupe bootstrap: refused a connection from ", peer_name(fd), ": ", why));
     ::close(fd);
     refused_++;
+  };
+  // What `p` has sent so far: OK and *rank set when its hello is complete,
+  // OK with *rank -1 while more is due, an error to refuse it.
+  auto advance = [&](Pending& p, int* rank) -> absl::Status {
+    *rank = -1;
+    // Never more than the handshake and the hello: what a rank sends next
+    // (its address, for all_gather) stays in the socket.
+    char buf[kAnswerBytes + sizeof(Header)];
+    const std::size_t want = (p.proved ? sizeof(Header) : kAnswerBytes) - p.got.size();
+    const ssize_t n = ::recv(p.fd, buf, want, MSG_DONTWAIT);
+    if (n == 0) return absl::UnavailableError("closed before its hello");
+    if (n < 0) {
+      if (errno == EAGAIN || errno == EINTR) return absl::OkStatus();
+      return absl::UnavailableError(std::strerror(errno));
+    }
+    p.got.append(buf, static_cast<std::size_t>(n));
+    if (!p.proved && p.got.size() >= kAnswerBytes) {
+      auto proof = answer_proof(token_, p.nonce, absl::string_view(p.got).substr(0, kAnswerBytes));
+      if (!proof.ok()) return absl::PermissionDeniedError(absl::StrCat(
+                           "no proof of the job token: ", proof.status().message()));
+      if (absl::Status st = write_full(p.fd, proof->data(), proof->size(), p.until); !st.ok())
+        return st;
+      p.got.erase(0, kAnswerBytes);
+      p.proved = true;
+    }
+    if (!p.proved || p.got.size() < sizeof(Header)) return absl::OkStatus();
+    Header h{};
+    std::memcpy(&h, p.got.data(), sizeof h);
+    if (h.magic != kMagic || h.type != kHello || h.len != 0 || h.rank <= 0 || h.rank >= size_) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("bad hello (type ", h.type, ", rank ", h.rank, " of ", size_, ")"));
+    }
+    if (fds_[static_cast<std::size_t>(h.rank)] != -1)
+      return absl::AlreadyExistsError(absl::StrCat("rank ", h.rank, " has already arrived"));
+    *rank = h.rank;
+    return absl::OkStatus();
   };
   int arrived = 1;
   while (arrived < size_) {
@@ -211,36 +210,36 @@ absl::Status Bootstrap::accept_ranks(Clock::time_point deadline) {
       return absl::InternalError(absl::StrCat("bootstrap: poll: ", std::strerror(errno)));
     std::vector<Pending> still;
     for (std::size_t i = 1; i < fds.size(); i++) {
-      const Pending& p = pending[i - 1];
-      if (fds[i].revents == 0) {
-        if (Clock::now() >= p.until) {
-          refuse(p.fd, "no hello within 2 s");
-        } else {
-          still.push_back(p);
-        }
-        continue;
-      }
-      Header h{};
-      std::string payload;
-      absl::Status st = recv_msg(p.fd, &h, &payload, std::min(p.until, deadline));
-      if (st.ok() && (h.type != kHello || h.rank <= 0 || h.rank >= size_ || !payload.empty())) {
-        st = absl::InvalidArgumentError(
-            absl::StrCat("a message of type ", h.type, " for rank ", h.rank, " of ", size_));
-      } else if (st.ok() && fds_[static_cast<std::size_t>(h.rank)] != -1) {
-        st = absl::AlreadyExistsError(absl::StrCat("rank ", h.rank, " has already arrived"));
-      }
+      Pending& p = pending[i - 1];
+      int rank = -1;
+      absl::Status st = fds[i].revents != 0 ? advance(p, &rank) : absl::OkStatus();
+      if (st.ok() && rank < 0 && Clock::now() >= p.until)
+        st = absl::DeadlineExceededError("no complete hello within 2 s");
       if (!st.ok()) {
-        refuse(p.fd, absl::StrCat("bad hello: ", st.message()));
-        continue;
+        refuse(p.fd, std::string(st.message()));
+      } else if (rank < 0) {
+        still.push_back(std::move(p));
+      } else {
+        set_nodelay(p.fd);
+        fds_[static_cast<std::size_t>(rank)] = p.fd;
+        arrived++;
       }
-      set_nodelay(p.fd);
-      fds_[static_cast<std::size_t>(h.rank)] = p.fd;
-      arrived++;
     }
     pending = std::move(still);
     if (fds[0].revents & POLLIN) {
       const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-      if (fd >= 0) pending.push_back({fd, std::min(Clock::now() + kHelloBound, deadline)});
+      if (fd < 0) continue;
+      const auto until = std::min(Clock::now() + kHelloBound, deadline);
+      Pending p{fd, until, "", "", token_.empty()};
+      if (!token_.empty()) {
+        auto nonce = send_challenge(fd, until);
+        if (!nonce.ok()) {
+          refuse(fd, absl::StrCat("no proof of the job token: ", nonce.status().message()));
+          continue;
+        }
+        p.nonce = *nonce;
+      }
+      pending.push_back(std::move(p));
     }
   }
   for (const Pending& p : pending) refuse(p.fd, "every rank had arrived");
@@ -444,9 +443,9 @@ absl::Status Bootstrap::finish() {
 }
 
 absl::StatusOr<UcxWorld> connect_ucx(int rank, int size, const std::string& host, int port,
-                                     absl::Duration timeout) {
+                                     absl::Duration timeout, Bootstrap::Options options) {
   UcxWorld w;
-  auto b = Bootstrap::start(rank, size, host, port, timeout);
+  auto b = Bootstrap::start(rank, size, host, port, timeout, std::move(options));
   if (!b.ok()) return b.status();
   w.bootstrap = std::move(*b);
   auto t = UcxTransport::create(rank, size);

@@ -15,7 +15,8 @@
 // that is alive but silent, Unavailable for one that left). A connection to
 // rank 0 that does not say a valid hello in time (a stray client, another
 // job's rank, a port scanner) is closed and logged, and the rendezvous goes
-// on without it.
+// on without it. With a job token, a connection that cannot prove it is
+// refused the same way.
 //
 //   auto b = comm::Bootstrap::start(rank, size, "127.0.0.1", 29500, absl::Seconds(30));
 //   auto addresses = (*b)->all_gather(transport->address());
@@ -39,12 +40,22 @@ namespace troupe::comm {
 
 class Bootstrap {
  public:
-  // `log` hears of refused connections (default: standard error).
   using Log = std::function<void(const std::string&)>;
+  struct Options {
+    // The job token (comm/auth.h): when set, every connection to rank 0
+    // proves it before its hello is read, and rank 0 proves it back.
+    std::string token = {};
+    Log log = nullptr;  // hears of refused connections (default: standard error)
+  };
   static absl::StatusOr<std::unique_ptr<Bootstrap>> start(int rank, int size,
                                                           const std::string& host, int port,
                                                           absl::Duration timeout,
-                                                          Log log = nullptr);
+                                                          Options options);
+  static absl::StatusOr<std::unique_ptr<Bootstrap>> start(int rank, int size,
+                                                          const std::string& host, int port,
+                                                          absl::Duration timeout) {
+    return start(rank, size, host, port, timeout, Options{});
+  }
   ~Bootstrap();
   // Connections rank 0 refused (a bad or missing hello) during start().
   int refused_connections() const { return refused_; }
@@ -65,6 +76,7 @@ class Bootstrap {
 
   int rank_ = 0, size_ = 0;
   absl::Duration timeout_;
+  std::string token_;
   Log log_;
   int refused_ = 0;
   int listen_fd_ = -1;
@@ -88,6 +100,6 @@ struct UcxWorld {
   std::unique_ptr<UcxTransport> transport;
 };
 absl::StatusOr<UcxWorld> connect_ucx(int rank, int size, const std::string& host, int port,
-                                     absl::Duration timeout);
+                                     absl::Duration timeout, Bootstrap::Options options = {});
 
 }  // namespace troupe::comm

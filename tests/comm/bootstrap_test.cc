@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <cstring>
 
 #include <future>
@@ -71,8 +72,12 @@ int stray_client(int port, const std::string& bytes) {
 bool closed_by_peer(int fd) {
   timeval tv{5, 0};
   ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  char c;
-  return ::recv(fd, &c, 1, 0) == 0;
+  char buf[256];
+  for (;;) {  // what the listener said before closing (a challenge) is read past
+    const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    // A close with our bytes unread is a reset.
+    if (n <= 0) return n == 0 || errno == ECONNRESET;
+  }
 }
 
 // Connections that are not ranks -- garbage, a silent one, half a header,
@@ -84,9 +89,9 @@ TEST(Bootstrap, StrayConnectionsAreRefusedAndTheRendezvousGoesOn) {
   std::atomic<int> logged{0};
   auto zero = std::async(std::launch::async, [&] {
     return Bootstrap::start(0, size, "127.0.0.1", port, absl::Seconds(20),
-                            [&](const std::string& line) {
+                            {.log = [&](const std::string& line) {
                               if (line.find("refused a connection") != std::string::npos) logged++;
-                            });
+                            }});
   });
   std::string half(8, '\x01'), bad_rank(24, '\0');
   const std::uint32_t magic = 0x42505254, hello = 1;
@@ -169,6 +174,38 @@ TEST(Bootstrap, StuckRankIsAnErrorNamingItNotAHang) {
   EXPECT_NE(st.message().find("rank 1 sent no finish"), std::string::npos) << st;
   release2.set_value();
   one.get();
+}
+
+// With a job token: a rank with another token is refused (and told so),
+// stray bytes are refused, and the ranks holding it meet.
+TEST(Bootstrap, JobTokenIsProvedBeforeAnythingIsRead) {
+  const int size = 2, port = port_for(10);
+  const std::string token = "0123456789abcdef0123456789abcdef";
+  std::atomic<int> logged{0};
+  auto zero = std::async(std::launch::async, [&] {
+    return Bootstrap::start(0, size, "127.0.0.1", port, absl::Seconds(20),
+                            {.token = token, .log = [&](const std::string& line) {
+                               if (line.find("job token") != std::string::npos) logged++;
+                             }});
+  });
+  const int junk = stray_client(port, std::string(100, 'x'));
+  auto impostor = Bootstrap::start(1, size, "127.0.0.1", port, absl::Seconds(5),
+                                   {.token = "another job's token, long enough"});
+  ASSERT_FALSE(impostor.ok());
+  EXPECT_TRUE(absl::IsPermissionDenied(impostor.status())) << impostor.status();
+  auto one = Bootstrap::start(1, size, "127.0.0.1", port, absl::Seconds(20), {.token = token});
+  ASSERT_TRUE(one.ok()) << one.status();
+  auto b = zero.get();
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ((*b)->refused_connections(), 2);
+  EXPECT_EQ(logged.load(), 2);
+  EXPECT_TRUE(closed_by_peer(junk));
+  ::close(junk);
+  auto all = std::async(std::launch::async, [&] { return (*one)->all_gather("one"); });
+  auto mine = (*b)->all_gather("zero");
+  ASSERT_TRUE(mine.ok()) << mine.status();
+  EXPECT_EQ((*mine)[1], "one");
+  EXPECT_TRUE(all.get().ok());
 }
 
 }  // namespace

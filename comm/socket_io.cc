@@ -1,0 +1,70 @@
+// Deadline-bounded socket I/O; see comm/socket_io.h.
+#include "comm/socket_io.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace troupe::comm {
+
+int ms_left(SteadyTime deadline) {
+  const auto left = std::chrono::ceil<std::chrono::milliseconds>(
+                        deadline - std::chrono::steady_clock::now())
+                        .count();
+  return left <= 0 ? 0 : static_cast<int>(std::min<long long>(left, 1 << 30));
+}
+
+absl::Status wait_fd(int fd, short events, SteadyTime deadline) {
+  for (;;) {
+    pollfd p{fd, events, 0};
+    const int n = ::poll(&p, 1, ms_left(deadline));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return absl::UnavailableError(std::strerror(errno));
+    if (n == 0) return absl::DeadlineExceededError("timed out");
+    return absl::OkStatus();
+  }
+}
+
+absl::Status write_full(int fd, const void* p, std::size_t n, SteadyTime deadline) {
+  const char* c = static_cast<const char*>(p);
+  while (n > 0) {
+    if (absl::Status st = wait_fd(fd, POLLOUT, deadline); !st.ok()) return st;
+    const ssize_t w = ::send(fd, c, n, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (w < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+    if (w <= 0) return absl::UnavailableError("the connection closed");
+    c += w;
+    n -= static_cast<std::size_t>(w);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status read_full(int fd, void* p, std::size_t n, SteadyTime deadline) {
+  char* c = static_cast<char*>(p);
+  while (n > 0) {
+    if (absl::Status st = wait_fd(fd, POLLIN, deadline); !st.ok()) return st;
+    const ssize_t r = ::recv(fd, c, n, MSG_DONTWAIT);
+    if (r < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+    if (r <= 0) return absl::UnavailableError("the connection closed");
+    c += r;
+    n -= static_cast<std::size_t>(r);
+  }
+  return absl::OkStatus();
+}
+
+std::string peer_name(int fd) {
+  sockaddr_in a{};
+  socklen_t len = sizeof a;
+  char ip[INET_ADDRSTRLEN] = "?";
+  if (::getpeername(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0)
+    ::inet_ntop(AF_INET, &a.sin_addr, ip, sizeof ip);
+  return absl::StrCat(ip, ":", ntohs(a.sin_port));
+}
+
+}  // namespace troupe::comm

@@ -1,0 +1,30 @@
+// Reads and writes of whole buffers on a TCP socket, each bounded by a
+// deadline: what the bootstrap, the job-token handshake and the control
+// channel are built on, so that no peer can stall a reader for ever.
+//
+//   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+//   RETURN_IF_ERROR(comm::write_full(fd, &header, sizeof header, deadline));
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <string>
+
+#include "absl/status/status.h"
+
+namespace troupe::comm {
+
+using SteadyTime = std::chrono::steady_clock::time_point;
+
+// Milliseconds left until `deadline` (0 once it has passed).
+int ms_left(SteadyTime deadline);
+// Waits until `fd` is ready for `events` (POLLIN, POLLOUT): OK,
+// DeadlineExceeded, or Unavailable.
+absl::Status wait_fd(int fd, short events, SteadyTime deadline);
+// All `n` bytes, or DeadlineExceeded / Unavailable ("the connection closed").
+absl::Status write_full(int fd, const void* p, std::size_t n, SteadyTime deadline);
+absl::Status read_full(int fd, void* p, std::size_t n, SteadyTime deadline);
+// "ip:port" of the other end, for messages.
+std::string peer_name(int fd);
+
+}  // namespace troupe::comm
