@@ -317,6 +317,17 @@ TEST(Runtime, StashesOnlyWhatTheScheduleKeepsInFlight) {
   auto g = InProcessTrainer::create(o, {.pp = 4, .dp = 1, .schedule = ScheduleKind::kGPipe});
   ASSERT_TRUE(g.ok()) << g.status();
   EXPECT_EQ((*g)->slots(0, 0), 16 + 1);
+  // Interleaved, pp = 2, v = 2, m = 4: per chunk, the peaks counted by hand
+  // in Megatron's order (schedule_test.cc, InterleavedInMegatronOrder):
+  // stage 0 keeps 4 of chunk 0 and 2 of chunk 1, stage 1 keeps 3 and 1.
+  o.global_batch = 8;
+  auto v = InProcessTrainer::create(
+      o, {.pp = 2, .dp = 1, .virtual_stages = 2, .schedule = ScheduleKind::kInterleaved1F1B});
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ((*v)->slots(0, 0), 4 + 1);
+  EXPECT_EQ((*v)->slots(0, 1), 2 + 1);
+  EXPECT_EQ((*v)->slots(1, 0), 3 + 1);
+  EXPECT_EQ((*v)->slots(1, 1), 1 + 1);
 }
 
 TEST(Runtime, LayoutsThatDoNotFitAreClearErrors) {
