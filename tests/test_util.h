@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -44,8 +45,10 @@ inline gpu::Tensor from_double(const std::vector<double>& v, const gpu::Shape& s
   return t;
 }
 
-// ||a - b|| / ||b|| (0 when both are 0).
+// ||a - b|| / ||b|| (0 when both are 0). Infinite when the sizes differ or
+// both are empty, so that comparing nothing never passes a tolerance.
 inline double rel_error(const std::vector<double>& a, const std::vector<double>& b) {
+  if (a.size() != b.size() || a.empty()) return std::numeric_limits<double>::infinity();
   double num = 0, den = 0;
   for (std::size_t i = 0; i < a.size(); i++) {
     num += (a[i] - b[i]) * (a[i] - b[i]);

@@ -64,7 +64,11 @@ TEST(Partition, PartitionsSplitTheOwnedRegionEvenly) {
   for (int d = 0; d < 3; d++) {
     const Range r = partition_range(lay, head, 3, d);
     EXPECT_EQ(r.begin, at);
-    EXPECT_LE(r.size() - owned_region(lay, head).size() / 3, 1);
+    // Sizes floor(n/3) or floor(n/3) + 1 (one-sided before: a partition
+    // smaller than a third passed).
+    const std::int64_t third = owned_region(lay, head).size() / 3;
+    EXPECT_GE(r.size(), third) << "partition " << d;
+    EXPECT_LE(r.size(), third + 1) << "partition " << d;
     at = r.end;
   }
   EXPECT_EQ(at, lay.total());

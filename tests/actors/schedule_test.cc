@@ -1,10 +1,14 @@
 // Pipeline schedules: order, deadlock freedom under a global simulation,
 // in-flight activations, and the bubble (idle fraction) with unit-time ops.
+// Expected orders and peaks are hand-computed from Megatron-LM's
+// megatron/schedules.py (forward_backward_pipelining_without_interleaving
+// and _with_interleaving, as of 0504208), never from schedule.cc.
 #include "actors/schedule.h"
 
 #include <gtest/gtest.h>
 
 #include <map>
+#include <string>
 #include <tuple>
 
 namespace troupe::actors {
@@ -77,6 +81,42 @@ TEST(Schedule, OneFOneBInMegatronOrder) {
   }
 }
 
+// A stage's list written as text: "F0.1" is the forward of micro-batch 1 of
+// model chunk 0, "B1.0" the backward of micro-batch 0 of chunk 1.
+std::string as_text(const std::vector<ScheduleOp>& ops) {
+  std::string out;
+  for (const ScheduleOp& op : ops) {
+    if (!out.empty()) out += ' ';
+    out += op.kind == OpKind::kForward ? 'F' : 'B';
+    out += std::to_string(op.chunk) + "." + std::to_string(op.micro);
+  }
+  return out;
+}
+
+// Megatron's interleaved 1F1B by hand, pp = 2, v = 2, m = 4 (8 ops each
+// way per stage). Warm-up forwards: (pp - s - 1) * 2 + (v - 1) * pp, so 4 on
+// stage 0 and 2 on stage 1. The k-th forward runs chunk (k mod pp*v) / pp
+// (chunks 0 0 1 1 0 0 1 1), the k-th backward chunk v - 1 - that (1 1 0 0 1
+// 1 0 0); each chunk takes its micro-batches in order, first in first out.
+TEST(Schedule, InterleavedInMegatronOrder) {
+  EXPECT_EQ(as_text(*make_schedule(ScheduleKind::kInterleaved1F1B, 2, 0, 4, 2)),
+            // warm-up: F0..F3; steady: F4 B0 F5 B1 F6 B2 F7 B3; cool-down: B4..B7
+            "F0.0 F0.1 F1.0 F1.1 "
+            "F0.2 B1.0 F0.3 B1.1 F1.2 B0.0 F1.3 B0.1 "
+            "B1.2 B1.3 B0.2 B0.3");
+  EXPECT_EQ(as_text(*make_schedule(ScheduleKind::kInterleaved1F1B, 2, 1, 4, 2)),
+            // warm-up: F0 F1; steady: F2 B0 ... F7 B5; cool-down: B6 B7
+            "F0.0 F0.1 "
+            "F1.0 B1.0 F1.1 B1.1 F0.2 B0.0 F0.3 B0.1 F1.2 B1.2 F1.3 B1.3 "
+            "B0.2 B0.3");
+  // m == pp: Megatron runs every forward first, then every backward.
+  for (int s = 0; s < 2; s++) {
+    EXPECT_EQ(as_text(*make_schedule(ScheduleKind::kInterleaved1F1B, 2, s, 2, 2)),
+              "F0.0 F0.1 F1.0 F1.1 B1.0 B1.1 B0.0 B0.1")
+        << "stage " << s;
+  }
+}
+
 struct Case {
   ScheduleKind kind;
   int pp, m, v;
@@ -102,6 +142,8 @@ TEST(Schedule, EveryForwardPrecedesItsBackwardAndEachRunsOnce) {
       ASSERT_EQ(ops.size(), static_cast<std::size_t>(2 * c.m * c.v));
       std::map<std::pair<int, int>, int> fwd_at, bwd_at;
       for (const ScheduleOp& op : ops) {
+        ASSERT_TRUE(op.micro >= 0 && op.micro < c.m && op.chunk >= 0 && op.chunk < c.v)
+            << "micro-batch " << op.micro << " chunk " << op.chunk;
         auto& table = op.kind == OpKind::kForward ? fwd_at : bwd_at;
         ASSERT_TRUE(table.emplace(std::make_pair(op.micro, op.chunk), op.id).second) << "twice";
       }
@@ -125,31 +167,75 @@ TEST(Schedule, NeverDeadlocksAndTheBubbleIsMegatrons) {
   }
 }
 
-TEST(Schedule, InFlightActivationsPeakAsExpected) {
+// Micro-batch chunks whose forward has run and backward has not, at most,
+// on one stage (all chunks together, or only `chunk`).
+int peak_in_flight(const std::vector<ScheduleOp>& ops, int chunk = -1) {
+  int live = 0, peak = 0;
+  for (const ScheduleOp& op : ops) {
+    if (chunk >= 0 && op.chunk != chunk) continue;
+    live += op.kind == OpKind::kForward ? 1 : -1;
+    peak = std::max(peak, live);
+  }
+  return peak;
+}
+
+// GPipe keeps all m; 1F1B (PipeDream-flush) keeps pp - s on stage s.
+TEST(Schedule, InFlightActivationsPeakAsTheoryForGPipeAnd1F1B) {
   for (const Case& c : cases()) {
+    if (c.kind == ScheduleKind::kInterleaved1F1B) continue;
     for (int s = 0; s < c.pp; s++) {
-      int live = 0, peak = 0;
-      const std::vector<ScheduleOp> ops = *make_schedule(c.kind, c.pp, s, c.m, c.v);
-      for (const ScheduleOp& op : ops) {
-        live += op.kind == OpKind::kForward ? 1 : -1;
-        peak = std::max(peak, live);
-      }
-      int want = 0;
-      switch (c.kind) {
-        case ScheduleKind::kGPipe:
-          want = c.m;
-          break;
-        case ScheduleKind::k1F1B:
-          want = std::min(c.pp - s, c.m);
-          break;
-        case ScheduleKind::kInterleaved1F1B:
-          want = std::min(warmup_forwards(c.kind, c.pp, s, c.m, c.v) + 1, c.m * c.v);
-          break;
-      }
-      EXPECT_EQ(peak, want) << schedule_name(c.kind) << " pp=" << c.pp << " s=" << s
-                            << " m=" << c.m;
+      const int want = c.kind == ScheduleKind::kGPipe ? c.m : std::min(c.pp - s, c.m);
+      EXPECT_EQ(peak_in_flight(*make_schedule(c.kind, c.pp, s, c.m, c.v)), want)
+          << schedule_name(c.kind) << " pp=" << c.pp << " s=" << s << " m=" << c.m;
     }
   }
+}
+
+// Interleaved, by hand from Megatron's warm-up count w = (pp - s - 1) * 2 +
+// (v - 1) * pp (all m * v when m == pp): w forwards, then one more before
+// the first backward, so w + 1 in flight at most.
+TEST(Schedule, InterleavedInFlightPeaksAsMegatron) {
+  struct Want {
+    int pp, m, v;
+    std::vector<int> peak;  // per stage
+  };
+  const std::vector<Want> table = {
+      {2, 4, 1, {3, 1}},                       // w = 2, 0 (not 1F1B's 1, 0)
+      {2, 4, 2, {5, 3}},                       // w = 4, 2
+      {2, 2, 2, {4, 4}},                       // m == pp: all 4 first
+      {3, 6, 2, {8, 6, 4}},                    // w = 7, 5, 3
+      {4, 4, 3, {12, 12, 12, 12}},             // m == pp
+      {4, 8, 2, {11, 9, 7, 5}},                // w = 10, 8, 6, 4
+      {4, 8, 3, {15, 13, 11, 9}},              // w = 14, 12, 10, 8
+      {4, 12, 4, {19, 17, 15, 13}},            // w = 18, 16, 14, 12
+      {8, 16, 2, {23, 21, 19, 17, 15, 13, 11, 9}},  // w = 22, 20, ..., 8
+  };
+  for (const Want& w : table) {
+    for (int s = 0; s < w.pp; s++) {
+      EXPECT_EQ(peak_in_flight(*make_schedule(ScheduleKind::kInterleaved1F1B, w.pp, s, w.m, w.v)),
+                w.peak[static_cast<std::size_t>(s)])
+          << "pp=" << w.pp << " m=" << w.m << " v=" << w.v << " s=" << s;
+    }
+  }
+  // Per chunk (what the runtime sizes its activation slots by), from the
+  // hand-written lists of InterleavedInMegatronOrder.
+  const auto s0 = *make_schedule(ScheduleKind::kInterleaved1F1B, 2, 0, 4, 2);
+  const auto s1 = *make_schedule(ScheduleKind::kInterleaved1F1B, 2, 1, 4, 2);
+  EXPECT_EQ(peak_in_flight(s0, 0), 4);
+  EXPECT_EQ(peak_in_flight(s0, 1), 2);
+  EXPECT_EQ(peak_in_flight(s1, 0), 3);
+  EXPECT_EQ(peak_in_flight(s1, 1), 1);
+}
+
+// Megatron's warm-up counts, by hand (see above).
+TEST(Schedule, WarmupForwardsAsMegatron) {
+  EXPECT_EQ(warmup_forwards(ScheduleKind::kGPipe, 4, 1, 6, 1), 6);
+  EXPECT_EQ(warmup_forwards(ScheduleKind::k1F1B, 4, 0, 6, 1), 3);
+  EXPECT_EQ(warmup_forwards(ScheduleKind::k1F1B, 4, 3, 6, 1), 0);
+  EXPECT_EQ(warmup_forwards(ScheduleKind::k1F1B, 8, 0, 3, 1), 3);  // capped at m
+  EXPECT_EQ(warmup_forwards(ScheduleKind::kInterleaved1F1B, 4, 0, 8, 2), 10);
+  EXPECT_EQ(warmup_forwards(ScheduleKind::kInterleaved1F1B, 4, 3, 8, 2), 4);
+  EXPECT_EQ(warmup_forwards(ScheduleKind::kInterleaved1F1B, 4, 1, 4, 2), 8);  // m == pp
 }
 
 TEST(Schedule, BadSizesAreClearErrors) {

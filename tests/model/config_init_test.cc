@@ -108,17 +108,23 @@ TEST(Init, DifferentNamesAndSeedsDiffer) {
 TEST(Layout, IsLayerMajorAndAligned) {
   GptConfig c = *preset("tiny");
   ParamLayout lay = ParamLayout::gpt(c);
-  std::int64_t prev = -1;
+  std::int64_t prev_end = 0, numel = 0;
   int prev_layer = -1;
   for (const ParamSpec& s : lay.specs()) {
     EXPECT_EQ(s.offset % 16, 0) << s.name;
-    EXPECT_GT(s.offset, prev);
+    EXPECT_GE(s.offset, prev_end) << s.name << " overlaps the parameter before it";
     if (s.layer >= 0) {
       EXPECT_GE(s.layer, prev_layer);
       prev_layer = s.layer;
     }
-    prev = s.offset;
+    prev_end = s.offset + s.numel();
+    numel += s.numel();
   }
+  EXPECT_LE(prev_end, lay.total());
+  // By hand: wte 512*64 + wpe 64*64 + 4 layers of (2 LayerNorms 2*128,
+  // c_attn 64*192+192, attn c_proj 64*64+64, c_fc 64*256+256, mlp c_proj
+  // 256*64+64) + ln_f 128.
+  EXPECT_EQ(numel, 32768 + 4096 + 4 * (256 + 12480 + 4160 + 16640 + 16448) + 128);
   EXPECT_EQ(lay.specs().front().name, "wte.weight");
   EXPECT_EQ(lay.specs().back().name, "ln_f.bias");
 }

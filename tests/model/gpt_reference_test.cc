@@ -125,5 +125,17 @@ TEST_F(GptReferenceTest, TenAdamWStepsFollowPyTorch) {
   ASSERT_TRUE(stream_->synchronize().ok());
 }
 
+// The norm-wise error the tests compare with tolerances: comparing nothing,
+// or vectors of different sizes, must not pass (it returned 0 for an empty
+// result, and read past the reference's end for a longer one).
+TEST(RelError, ComparingNothingOrUnequalSizesNeverPasses) {
+  EXPECT_EQ(rel_error({1.0, 2.0}, {1.0, 2.0}), 0.0);
+  EXPECT_DOUBLE_EQ(rel_error({3.0, 4.0}, {0.0, 8.0}), 5.0 / 8.0);  // ||(3, -4)|| / ||(0, 8)||
+  EXPECT_FALSE(rel_error({}, {1.0, 2.0}) < 1e-4);
+  EXPECT_FALSE(rel_error({1.0}, {1.0, 2.0}) < 1e-4);
+  EXPECT_FALSE(rel_error({1.0, 2.0, 3.0}, {1.0, 2.0}) < 1e-4);
+  EXPECT_FALSE(rel_error({}, {}) < 1e-4);
+}
+
 }  // namespace
 }  // namespace troupe::testing
