@@ -1,0 +1,219 @@
+// The control channel: frames both ways after the token handshake; a wrong
+// token, junk, an absurd length or silence is refused or cut off while the
+// hub goes on; heartbeats tell a hung peer from a live one.
+#include "comm/control_channel.h"
+
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <condition_variable>
+#include <future>
+#include <cstring>
+#include <map>
+#include <mutex>
+
+#include "comm/auth.h"
+
+namespace troupe::comm {
+namespace {
+
+const std::string kToken = "a job token for the control channel tests";
+
+// What the hub heard, for the test to wait on.
+struct Heard {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::map<int, std::string> hellos;
+  std::map<int, std::vector<std::string>> frames;
+  std::map<int, absl::Status> lost;
+
+  ControlHub::Handlers handlers() {
+    return {[this](int r, const std::string& h) {
+              std::lock_guard<std::mutex> l(mu);
+              hellos[r] = h;
+              cv.notify_all();
+              return true;
+            },
+            [this](int r, std::string f) {
+              std::lock_guard<std::mutex> l(mu);
+              frames[r].push_back(std::move(f));
+              cv.notify_all();
+            },
+            [this](int r, absl::Status why) {
+              std::lock_guard<std::mutex> l(mu);
+              lost[r] = why;
+              cv.notify_all();
+            }};
+  }
+  template <typename Pred>
+  bool wait(Pred pred, std::chrono::milliseconds within = std::chrono::seconds(10)) {
+    std::unique_lock<std::mutex> l(mu);
+    return cv.wait_for(l, within, pred);
+  }
+};
+
+std::unique_ptr<ControlHub> hub(Heard& heard, ControlOptions o = {}) {
+  if (o.token.empty()) o.token = kToken;
+  o.log = [](const std::string&) {};
+  auto h = ControlHub::listen("127.0.0.1", 0, o, heard.handlers());
+  EXPECT_TRUE(h.ok()) << h.status();
+  return h.ok() ? std::move(*h) : nullptr;
+}
+
+std::unique_ptr<ControlLink> link(int port, int rank, ControlLink::OnFrame on_frame = nullptr,
+                                  ControlLink::OnLost on_lost = nullptr,
+                                  std::string token = kToken, ControlOptions o = {}) {
+  o.token = std::move(token);
+  auto l = ControlLink::connect("127.0.0.1", port, rank, "hello from " + std::to_string(rank), o,
+                                on_frame ? on_frame : [](std::string) {},
+                                on_lost ? on_lost : [](absl::Status) {});
+  return l.ok() ? std::move(*l) : nullptr;
+}
+
+int raw_connect(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<std::uint16_t>(port));
+  ::inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+  EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  return fd;
+}
+
+// A frame as the wire has it: "TRPC", kind, length, body.
+std::string frame(std::uint32_t kind, std::uint64_t len, const std::string& body) {
+  std::string f(16, '\0');
+  const std::uint32_t magic = 0x43505254;
+  std::memcpy(f.data(), &magic, 4);
+  std::memcpy(f.data() + 4, &kind, 4);
+  std::memcpy(f.data() + 8, &len, 8);
+  return f + body;
+}
+std::string hello_frame(std::int32_t rank) {
+  std::string body(4, '\0');
+  std::memcpy(body.data(), &rank, 4);
+  return frame(3, 4, body);
+}
+
+TEST(ControlChannel, FramesBothWaysAndAGoodbye) {
+  Heard heard;
+  auto h = hub(heard);
+  std::mutex mu;
+  std::map<int, std::string> got;
+  std::vector<std::unique_ptr<ControlLink>> links;
+  for (int r = 0; r < 3; r++) {
+    links.push_back(link(h->port(), r, [&, r](std::string f) {
+      std::lock_guard<std::mutex> l(mu);
+      got[r] = f;
+    }));
+    ASSERT_NE(links.back(), nullptr);
+  }
+  ASSERT_TRUE(heard.wait([&] { return heard.hellos.size() == 3; }));
+  EXPECT_EQ(heard.hellos[2], "hello from 2");
+  const std::string big(1 << 20, 'b');  // larger than one socket read
+  for (int r = 0; r < 3; r++) {
+    ASSERT_TRUE(links[static_cast<std::size_t>(r)]->send("one").ok());
+    ASSERT_TRUE(links[static_cast<std::size_t>(r)]->send(big).ok());
+    ASSERT_TRUE(h->send(r, "to " + std::to_string(r)).ok());
+  }
+  ASSERT_TRUE(heard.wait([&] {
+    for (int r = 0; r < 3; r++)
+      if (heard.frames[r].size() < 2) return false;
+    return true;
+  }));
+  EXPECT_EQ(heard.frames[1][0], "one");
+  EXPECT_EQ(heard.frames[1][1], big);
+  for (int i = 0; i < 500; i++) {
+    std::lock_guard<std::mutex> l(mu);
+    if (got.size() == 3) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(got[2], "to 2");
+  links[1].reset();  // says goodbye
+  ASSERT_TRUE(heard.wait([&] { return heard.lost.count(1); }));
+  EXPECT_TRUE(heard.lost[1].ok()) << heard.lost[1];
+  EXPECT_TRUE(absl::IsUnavailable(h->send(1, "x")));
+}
+
+TEST(ControlChannel, WrongTokenJunkAndAbsurdLengthsAreRefusedWhileTheHubGoesOn) {
+  Heard heard;
+  auto h = hub(heard);
+  ASSERT_EQ(link(h->port(), 5, nullptr, nullptr, "not this job's token at all"), nullptr);
+  // Junk before the handshake.
+  const int junk = raw_connect(h->port());
+  std::string noise(4096, '\0');
+  for (std::size_t i = 0; i < noise.size(); i++) noise[i] = static_cast<char>(i * 131 + 7);
+  (void)!::send(junk, noise.data(), noise.size(), MSG_NOSIGNAL);
+  // The token proved, then a hello claiming 2^40 bytes.
+  const int huge_hello = raw_connect(h->port());
+  ASSERT_TRUE(prove_token(huge_hello, kToken, std::chrono::steady_clock::now() +
+                                                   std::chrono::seconds(5))
+                  .ok());
+  const std::string absurd = frame(3, std::uint64_t{1} << 40, "");
+  (void)!::send(huge_hello, absurd.data(), absurd.size(), MSG_NOSIGNAL);
+  // A joined rank that then sends an absurd length is cut off.
+  const int rogue = raw_connect(h->port());
+  ASSERT_TRUE(
+      prove_token(rogue, kToken, std::chrono::steady_clock::now() + std::chrono::seconds(5)).ok());
+  const std::string hello = hello_frame(7);
+  (void)!::send(rogue, hello.data(), hello.size(), MSG_NOSIGNAL);
+  ASSERT_TRUE(heard.wait([&] { return heard.hellos.count(7); }));
+  const std::string bad = frame(1, std::uint64_t{1} << 62, "");
+  (void)!::send(rogue, bad.data(), bad.size(), MSG_NOSIGNAL);
+  ASSERT_TRUE(heard.wait([&] { return heard.lost.count(7); }));
+  EXPECT_TRUE(absl::IsDataLoss(heard.lost[7])) << heard.lost[7];
+  // The hub goes on: a rank with the token joins and talks.
+  auto good = link(h->port(), 1);
+  ASSERT_NE(good, nullptr);
+  ASSERT_TRUE(good->send("still here").ok());
+  ASSERT_TRUE(heard.wait([&] { return heard.frames[1].size() == 1; }));
+  for (int i = 0; i < 300 && h->refused_connections() < 3; i++)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_EQ(h->refused_connections(), 3);  // wrong token, junk, huge hello
+  for (int fd : {junk, huge_hello, rogue}) ::close(fd);
+}
+
+TEST(ControlChannel, HeartbeatsTellAHungPeerFromALiveOne) {
+  Heard heard;
+  auto h = hub(heard, {.heartbeat = absl::Milliseconds(100), .dead_after = absl::Milliseconds(700)});
+  auto live = link(h->port(), 0, nullptr, nullptr, kToken,
+                   {.heartbeat = absl::Milliseconds(100), .dead_after = absl::Milliseconds(700)});
+  ASSERT_NE(live, nullptr);
+  // A rank that joins and then says nothing more (a hung process).
+  const int hung = raw_connect(h->port());
+  ASSERT_TRUE(
+      prove_token(hung, kToken, std::chrono::steady_clock::now() + std::chrono::seconds(5)).ok());
+  const std::string hello = hello_frame(1);
+  (void)!::send(hung, hello.data(), hello.size(), MSG_NOSIGNAL);
+  ASSERT_TRUE(heard.wait([&] { return heard.hellos.count(1); }));
+  const auto t0 = std::chrono::steady_clock::now();
+  ASSERT_TRUE(heard.wait([&] { return heard.lost.count(1); }));
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_TRUE(absl::IsDeadlineExceeded(heard.lost[1])) << heard.lost[1];
+  EXPECT_LT(secs, 3.0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1000));  // beyond dead_after
+  std::lock_guard<std::mutex> l(heard.mu);
+  EXPECT_EQ(heard.lost.count(0), 0u) << "a live link was taken for a hung one";
+  ::close(hung);
+}
+
+TEST(ControlChannel, LinkHearsWhenTheHubGoes) {
+  Heard heard;
+  auto h = hub(heard);
+  std::promise<absl::Status> lost;
+  auto f = lost.get_future();
+  auto l = link(h->port(), 0, nullptr, [&](absl::Status why) { lost.set_value(why); });
+  ASSERT_NE(l, nullptr);
+  ASSERT_TRUE(heard.wait([&] { return heard.hellos.count(0); }));
+  h.reset();
+  ASSERT_EQ(f.wait_for(std::chrono::seconds(5)), std::future_status::ready);
+  EXPECT_TRUE(f.get().ok());  // the hub said goodbye
+  EXPECT_TRUE(absl::IsInvalidArgument(
+      ControlLink::connect("127.0.0.1", 1, 0, "", {}, nullptr, nullptr).status()));  // no token
+}
+
+}  // namespace
+}  // namespace troupe::comm
