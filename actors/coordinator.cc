@@ -71,7 +71,7 @@ void Coordinator::begin(int step) {
   const model::TrainOptions& o = setup_->options;
   if (step > o.steps) return finish(absl::OkStatus());
   step_ = step;
-  lr_ = model::lr_at(o.lr, step);
+  lr_ = model::lr_at(o.lr, step - 1);  // steps completed before this one
   reset_tallies();
   t0_ = std::chrono::steady_clock::now();
   const std::int64_t first = static_cast<std::int64_t>(step - 1) * o.global_batch;

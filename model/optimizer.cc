@@ -8,7 +8,8 @@
 
 namespace troupe::model {
 
-float lr_at(const LrSchedule& s, int step) {
+float lr_at(const LrSchedule& s, int completed) {
+  const int step = completed;  // Megatron's num_steps
   if (s.warmup_iters > 0 && step <= s.warmup_iters) {
     return s.lr * static_cast<float>(step) / static_cast<float>(s.warmup_iters);
   }

@@ -3,7 +3,7 @@
 // and global gradient-norm clipping.
 //
 //   model::AdamW adam(layout, device, stream);
-//   float lr = model::lr_at(schedule, step);
+//   float lr = model::lr_at(schedule, steps_done);
 //   adam.step(stream, params, grads, {.lr = lr, ...}, step, clip_factor);
 #pragma once
 
@@ -32,8 +32,13 @@ struct LrSchedule {
   int decay_iters = 0;  // 0: no decay (constant after warm-up)
 };
 
-// Learning rate of optimizer step `step` (1-based).
-float lr_at(const LrSchedule& schedule, int step);
+// Learning rate of the update made after `completed` optimizer steps, as
+// Megatron's OptimizerParamScheduler computes it from its num_steps: the
+// first update of a run uses completed = 0 (so with warm-up it is init_lr,
+// 0), and the last of a run decaying over all its steps is not yet at
+// min_lr (a regression: step k once used num_steps = k, so the last update
+// of such a run had lr = min_lr, by default 0, and did nothing).
+float lr_at(const LrSchedule& schedule, int completed);
 
 // Megatron's and PyTorch's clip factor: min(1, max_norm / (norm + 1e-6)).
 // max_norm <= 0 disables clipping.

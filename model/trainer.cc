@@ -148,7 +148,7 @@ absl::Status Trainer::step(StepMetrics* metrics) {
 
   const int step = steps_done_ + 1;
   const double grad_norm = std::sqrt(sq);
-  const float lr = lr_at(options_.lr, step);
+  const float lr = lr_at(options_.lr, steps_done_);
   adam_->step(s, gpt_->params(), gpt_->grads(), options_.adam, lr, step,
               clip_factor(grad_norm, options_.clip_grad));
   st = s.synchronize();

@@ -182,6 +182,24 @@ TEST(LrSchedule, WarmupThenCosineToMinimum) {
   EXPECT_FLOAT_EQ(lr_at(constant, 1000), 0.5f);
 }
 
+// The rate each step uses, from Megatron's OptimizerParamScheduler by hand:
+// its num_steps counts the updates already made (step(0) at construction,
+// step(1) after each update), so update k uses num_steps = k - 1. Warm-up 2,
+// decay over 4 steps to 0.1 of lr 1: num_steps 0, 1, 2 warm up (0, 0.5, 1),
+// then cosine with ratio (3 - 2) / (4 - 2) = 0.5: 0.1 + 0.9 * 0.5 = 0.55.
+TEST(LrSchedule, EachStepUsesMegatronsRateForTheUpdatesBeforeIt) {
+  TrainOptions o = tiny(4);
+  o.lr = {.lr = 1.0f, .min_lr = 0.1f, .warmup_iters = 2, .decay_iters = 4};
+  auto m = run(o);
+  const float want[] = {0.0f, 0.5f, 1.0f, 0.55f};
+  for (int k = 0; k < 4; k++) EXPECT_FLOAT_EQ(m[static_cast<std::size_t>(k)].lr, want[k]) << k;
+  // A one-step run that decays over its one step trains at the full rate
+  // (it once used min_lr, 0, and did nothing).
+  TrainOptions one = tiny(1);
+  one.lr.min_lr = 0.0f;
+  EXPECT_FLOAT_EQ(run(one)[0].lr, one.lr.lr);
+}
+
 TEST(Clip, FactorAsMegatronAndPyTorch) {
   EXPECT_FLOAT_EQ(clip_factor(0.5, 1.0f), 1.0f);
   EXPECT_NEAR(clip_factor(4.0, 1.0f), 0.25f, 1e-6);
