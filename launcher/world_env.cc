@@ -1,0 +1,162 @@
+// Job positions from the environment of srun, mpirun and torchrun; see
+// launcher/world_env.h.
+#include "launcher/world_env.h"
+
+#include <tuple>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+
+namespace troupe::launcher {
+namespace {
+
+// An integer variable: nullopt if unset, an error naming it if not a number.
+absl::StatusOr<std::optional<int>> int_var(const GetEnv& getenv, const char* name) {
+  const char* v = getenv(name);
+  if (v == nullptr) return std::optional<int>();
+  int n = 0;
+  if (!absl::SimpleAtoi(v, &n) || n < 0)
+    return absl::InvalidArgumentError(absl::StrCat(name, "=", v, ": not a non-negative integer"));
+  return std::optional<int>(n);
+}
+
+// The (rank, world, local rank) variables of one engine, if its rank and
+// world are set; the local rank defaults to 0.
+absl::StatusOr<std::optional<WorldPosition>> from(const GetEnv& getenv, const char* rank,
+                                                  const char* world, const char* local,
+                                                  const char* engine) {
+  auto r = int_var(getenv, rank);
+  if (!r.ok()) return r.status();
+  auto w = int_var(getenv, world);
+  if (!w.ok()) return w.status();
+  if (!*r && !*w) return std::optional<WorldPosition>();
+  if (!*r || !*w) {
+    return absl::InvalidArgumentError(absl::StrCat(engine, ": ", *r ? world : rank,
+                                                   " is not set but ", *r ? rank : world, " is"));
+  }
+  auto l = int_var(getenv, local);
+  if (!l.ok()) return l.status();
+  if (**w < 1 || **r >= **w) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(engine, ": ", rank, "=", **r, " is not a rank of ", world, "=", **w));
+  }
+  WorldPosition p;
+  p.rank = **r;
+  p.world = **w;
+  p.local_rank = l->value_or(0);
+  p.engine = engine;
+  return std::optional<WorldPosition>(p);
+}
+
+// Expands one host expression (no top-level commas): each [..] group
+// multiplies the hosts so far by its members.
+absl::Status expand_one(absl::string_view expr, std::size_t max, std::vector<std::string>* out) {
+  std::vector<std::string> hosts = {""};
+  while (!expr.empty()) {
+    const std::size_t open = expr.find('[');
+    const absl::string_view literal = expr.substr(0, open);
+    if (literal.find(']') != absl::string_view::npos)
+      return absl::InvalidArgumentError("a ']' without its '['");
+    for (auto& h : hosts) h.append(literal.data(), literal.size());
+    if (open == absl::string_view::npos) break;
+    const std::size_t close = expr.find(']', open);
+    if (close == absl::string_view::npos) return absl::InvalidArgumentError("a '[' without its ']'");
+    std::vector<std::string> members;
+    for (absl::string_view range : absl::StrSplit(expr.substr(open + 1, close - open - 1), ',')) {
+      std::vector<absl::string_view> ends = absl::StrSplit(range, absl::MaxSplits('-', 1));
+      std::uint64_t lo = 0, hi = 0;
+      if (ends[0].empty() || !absl::SimpleAtoi(ends[0], &lo) ||
+          (ends.size() == 2 && (ends[1].empty() || !absl::SimpleAtoi(ends[1], &hi))))
+        return absl::InvalidArgumentError(absl::StrCat("bad range '", range, "'"));
+      if (ends.size() == 1) hi = lo;
+      if (hi < lo) return absl::InvalidArgumentError(absl::StrCat("bad range '", range, "'"));
+      if (hi - lo >= max) return absl::InvalidArgumentError("too many hosts");
+      const std::size_t width = ends[0].size();  // "01-10": two digits
+      for (std::uint64_t i = lo; i <= hi; i++) {
+        std::string n = absl::StrCat(i);
+        if (n.size() < width) n.insert(0, width - n.size(), '0');
+        members.push_back(std::move(n));
+        if (members.size() > max) return absl::InvalidArgumentError("too many hosts");
+      }
+    }
+    if (hosts.size() * members.size() > max) return absl::InvalidArgumentError("too many hosts");
+    std::vector<std::string> next;
+    for (const auto& h : hosts)
+      for (const auto& m : members) next.push_back(h + m);
+    hosts = std::move(next);
+    expr = expr.substr(close + 1);
+  }
+  if (out->size() + hosts.size() > max) return absl::InvalidArgumentError("too many hosts");
+  for (auto& h : hosts) {
+    if (h.empty()) return absl::InvalidArgumentError("an empty host name");
+    out->push_back(std::move(h));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<std::string>> expand_slurm_hostlist(absl::string_view list,
+                                                              std::size_t max_hosts) {
+  std::vector<std::string> hosts;
+  std::size_t start = 0;
+  int depth = 0;
+  for (std::size_t i = 0; i <= list.size(); i++) {
+    const char c = i < list.size() ? list[i] : ',';
+    if (c == '[') depth++;
+    if (c == ']') depth--;
+    if (depth < 0 || depth > 1)
+      return absl::InvalidArgumentError(absl::StrCat("host list '", list, "': unbalanced brackets"));
+    if (c != ',' || depth != 0) continue;
+    absl::Status st = expand_one(list.substr(start, i - start), max_hosts, &hosts);
+    if (!st.ok())
+      return absl::InvalidArgumentError(absl::StrCat("host list '", list, "': ", st.message()));
+    start = i + 1;
+  }
+  if (depth != 0)
+    return absl::InvalidArgumentError(absl::StrCat("host list '", list, "': unbalanced brackets"));
+  return hosts;
+}
+
+absl::StatusOr<std::optional<WorldPosition>> world_from_env(const GetEnv& getenv,
+                                                            const MasterFlags& flags) {
+  std::optional<WorldPosition> p;
+  for (auto [rank, world, local, engine] :
+       {std::tuple{"RANK", "WORLD_SIZE", "LOCAL_RANK", "torchrun"},
+        std::tuple{"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+                   "OpenMPI"},
+        std::tuple{"SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM"}}) {
+    auto found = from(getenv, rank, world, local, engine);
+    if (!found.ok()) return found.status();
+    if (*found) {
+      p = std::move(*found);
+      break;
+    }
+  }
+  if (!p) return p;
+  // The master: the engine's (torchrun), the flag, or SLURM's first host.
+  if (const char* a = getenv("MASTER_ADDR"); a != nullptr && *a != '\0') {
+    p->master_addr = a;
+  } else if (!flags.master_addr.empty()) {
+    p->master_addr = flags.master_addr;
+  } else if (const char* nodes = getenv("SLURM_JOB_NODELIST"); nodes != nullptr) {
+    auto hosts = expand_slurm_hostlist(nodes);
+    if (!hosts.ok()) return absl::InvalidArgumentError(absl::StrCat("SLURM_JOB_NODELIST: ",
+                                                                    hosts.status().message()));
+    if (!hosts->empty()) p->master_addr = hosts->front();
+  }
+  if (p->master_addr.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        p->engine, " started this worker without a master address: pass --master-addr (the host "
+                   "of rank 0) or set MASTER_ADDR"));
+  }
+  auto port = int_var(getenv, "MASTER_PORT");
+  if (!port.ok()) return port.status();
+  p->master_port = port->value_or(flags.master_port > 0 ? flags.master_port : kDefaultMasterPort);
+  if (p->master_port < 1 || p->master_port > 65535)
+    return absl::InvalidArgumentError(absl::StrCat("master port ", p->master_port, " out of range"));
+  return p;
+}
+
+}  // namespace troupe::launcher

@@ -1,0 +1,50 @@
+// Where a `troupe worker` stands in its job when an engine the cluster
+// already runs started it, not our launcher: srun (SLURM_PROCID,
+// SLURM_NTASKS, SLURM_LOCALID, SLURM_JOB_NODELIST), mpirun
+// (OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK), or torchrun and the
+// Kubernetes training operators (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
+// MASTER_PORT). The most specific wins: torchrun's variables, then
+// OpenMPI's, then SLURM's (a torchrun or mpirun inside a SLURM allocation
+// also sees SLURM's, which then describe the outer task).
+//
+//   auto where = launcher::world_from_env(::getenv, {.master_addr = flag_addr});
+//   if (where.ok() && *where) run_rank((*where)->rank, (*where)->world, ...);
+#pragma once
+
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace troupe::launcher {
+
+struct WorldPosition {
+  int rank = 0, world = 1, local_rank = 0;
+  std::string master_addr;  // where rank 0 (the coordinator's process) listens
+  int master_port = 0;
+  std::string engine;  // "torchrun", "OpenMPI" or "SLURM": for messages
+};
+
+struct MasterFlags {
+  std::string master_addr;  // --master-addr ("" if not given)
+  int master_port = 0;      // --master-port (0 if not given)
+};
+constexpr int kDefaultMasterPort = 29500;  // torchrun's
+
+using GetEnv = std::function<const char*(const char*)>;
+// nullopt when no engine's variables are set; an error naming the variable
+// when they are set but wrong (not a number, rank outside the world, no
+// master address anywhere).
+absl::StatusOr<std::optional<WorldPosition>> world_from_env(const GetEnv& getenv,
+                                                            const MasterFlags& flags);
+
+// SLURM's host list syntax ("node[01-03,7],gpu-a[1-2]-x"): the hosts in
+// order, zero padding kept. An error for unbalanced brackets, a bad range
+// or a list of more than `max_hosts`.
+absl::StatusOr<std::vector<std::string>> expand_slurm_hostlist(absl::string_view list,
+                                                              std::size_t max_hosts = 1 << 20);
+
+}  // namespace troupe::launcher

@@ -1,0 +1,119 @@
+// Positions from the environments srun, mpirun and torchrun set (the
+// variables as their documentation names them), and SLURM host lists as
+// `scontrol show hostnames` expands them.
+#include "launcher/world_env.h"
+
+#include <gtest/gtest.h>
+
+#include <map>
+
+namespace troupe::launcher {
+namespace {
+
+GetEnv env(std::map<std::string, std::string> vars) {
+  auto owned = std::make_shared<std::map<std::string, std::string>>(std::move(vars));
+  return [owned](const char* name) -> const char* {
+    auto it = owned->find(name);
+    return it == owned->end() ? nullptr : it->second.c_str();
+  };
+}
+
+TEST(WorldEnv, NoEngineMeansNoPosition) {
+  auto p = world_from_env(env({{"HOME", "/root"}}), {});
+  ASSERT_TRUE(p.ok());
+  EXPECT_FALSE(p->has_value());
+}
+
+TEST(WorldEnv, Torchrun) {
+  auto p = world_from_env(env({{"RANK", "5"},
+                               {"WORLD_SIZE", "8"},
+                               {"LOCAL_RANK", "1"},
+                               {"MASTER_ADDR", "10.0.0.1"},
+                               {"MASTER_PORT", "29400"},
+                               {"SLURM_PROCID", "0"},  // the outer task's: ignored
+                               {"SLURM_NTASKS", "2"}}),
+                          {.master_addr = "ignored", .master_port = 1});
+  ASSERT_TRUE(p.ok()) << p.status();
+  ASSERT_TRUE(p->has_value());
+  EXPECT_EQ((*p)->rank, 5);
+  EXPECT_EQ((*p)->world, 8);
+  EXPECT_EQ((*p)->local_rank, 1);
+  EXPECT_EQ((*p)->master_addr, "10.0.0.1");
+  EXPECT_EQ((*p)->master_port, 29400);
+  EXPECT_EQ((*p)->engine, "torchrun");
+}
+
+TEST(WorldEnv, MpirunNeedsAMasterFromTheFlag) {
+  auto vars = std::map<std::string, std::string>{{"OMPI_COMM_WORLD_RANK", "3"},
+                                                 {"OMPI_COMM_WORLD_SIZE", "4"},
+                                                 {"OMPI_COMM_WORLD_LOCAL_RANK", "3"}};
+  auto none = world_from_env(env(vars), {});
+  ASSERT_FALSE(none.ok());
+  EXPECT_NE(none.status().message().find("OpenMPI started this worker without a master address"),
+            std::string::npos);
+  auto p = world_from_env(env(vars), {.master_addr = "head", .master_port = 0});
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ((*p)->rank, 3);
+  EXPECT_EQ((*p)->local_rank, 3);
+  EXPECT_EQ((*p)->master_addr, "head");
+  EXPECT_EQ((*p)->master_port, kDefaultMasterPort);
+}
+
+TEST(WorldEnv, SrunTakesTheFirstHostOfTheJob) {
+  auto p = world_from_env(env({{"SLURM_PROCID", "7"},
+                               {"SLURM_NTASKS", "16"},
+                               {"SLURM_LOCALID", "3"},
+                               {"SLURM_JOB_NODELIST", "gpu[012-015],login1"}}),
+                          {.master_addr = "", .master_port = 6000});
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ((*p)->engine, "SLURM");
+  EXPECT_EQ((*p)->rank, 7);
+  EXPECT_EQ((*p)->local_rank, 3);
+  EXPECT_EQ((*p)->master_addr, "gpu012");
+  EXPECT_EQ((*p)->master_port, 6000);
+}
+
+TEST(WorldEnv, BadValuesNameTheVariable) {
+  struct Case {
+    std::map<std::string, std::string> vars;
+    const char* error;
+  } cases[] = {
+      {{{"RANK", "x"}, {"WORLD_SIZE", "2"}}, "RANK=x: not a non-negative integer"},
+      {{{"RANK", "2"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "a"}}, "RANK=2 is not a rank of WORLD_SIZE=2"},
+      {{{"RANK", "0"}, {"MASTER_ADDR", "a"}}, "WORLD_SIZE is not set but RANK is"},
+      {{{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "1"}, {"SLURM_JOB_NODELIST", "n[1-"}},
+       "SLURM_JOB_NODELIST: host list 'n[1-': unbalanced brackets"},
+      {{{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"MASTER_ADDR", "a"}, {"MASTER_PORT", "70000"}},
+       "master port 70000 out of range"},
+  };
+  for (const Case& c : cases) {
+    auto p = world_from_env(env(c.vars), {});
+    ASSERT_FALSE(p.ok()) << c.error;
+    EXPECT_NE(p.status().message().find(c.error), std::string::npos) << p.status();
+  }
+}
+
+TEST(SlurmHostlist, ExpandsAsScontrol) {
+  using V = std::vector<std::string>;
+  struct Case {
+    const char* list;
+    V hosts;
+  } cases[] = {
+      {"node1", V{"node1"}},
+      {"node[1-3]", V{"node1", "node2", "node3"}},
+      {"node[08-11]", V{"node08", "node09", "node10", "node11"}},
+      {"a[1,3-4],b", V{"a1", "a3", "a4", "b"}},
+      {"r[1-2]-n[0-1]", V{"r1-n0", "r1-n1", "r2-n0", "r2-n1"}},
+      {"x[7]", V{"x7"}},
+  };
+  for (const Case& c : cases) {
+    auto h = expand_slurm_hostlist(c.list);
+    ASSERT_TRUE(h.ok()) << c.list << ": " << h.status();
+    EXPECT_EQ(*h, c.hosts) << c.list;
+  }
+  for (const char* bad : {"n[1-", "n]1", "n[3-1]", "n[a-b]", "n[[1]]", "a,,b", "n[1-1000000000]"})
+    EXPECT_FALSE(expand_slurm_hostlist(bad, 1000).ok()) << bad;
+}
+
+}  // namespace
+}  // namespace troupe::launcher
