@@ -95,22 +95,33 @@ struct Conn {
   // The next whole frame from `got`: true with kind and body, false when
   // more bytes are due; an error for a bad header or a frame too long.
   absl::StatusOr<bool> next(std::uint32_t* kind, std::string* body, std::size_t max) {
-    if (got.size() < sizeof(Header)) return false;
-    Header h{};
-    std::memcpy(&h, got.data(), sizeof h);
-    if (h.magic != kMagic || h.kind < kData || h.kind > kBye)
-      return absl::DataLossError("not a troupe control frame");
-    if (h.len > max)
-      return absl::DataLossError(absl::StrCat("a frame of ", h.len, " bytes (at most ", max, ")"));
-    if (got.size() < sizeof h + h.len) return false;
-    *kind = h.kind;
-    body->assign(got, sizeof h, h.len);
-    got.erase(0, sizeof h + h.len);
+    auto f = take_control_frame(&got, max);
+    if (!f.ok()) return f.status();
+    if (!*f) return false;
+    *kind = (*f)->kind;
+    *body = std::move((*f)->body);
     return true;
   }
 };
 
 }  // namespace control_internal
+
+absl::StatusOr<std::optional<ControlFrame>> take_control_frame(std::string* buffer,
+                                                               std::size_t max) {
+  using control_internal::Header;
+  if (buffer->size() < sizeof(Header)) return std::optional<ControlFrame>();
+  Header h{};
+  std::memcpy(&h, buffer->data(), sizeof h);
+  if (h.magic != control_internal::kMagic || h.kind < control_internal::kData ||
+      h.kind > control_internal::kBye)
+    return absl::DataLossError("not a troupe control frame");
+  if (h.len > max)
+    return absl::DataLossError(absl::StrCat("a frame of ", h.len, " bytes (at most ", max, ")"));
+  if (buffer->size() - sizeof h < h.len) return std::optional<ControlFrame>();
+  ControlFrame f{h.kind, buffer->substr(sizeof h, h.len)};
+  buffer->erase(0, sizeof h + h.len);
+  return std::optional<ControlFrame>(std::move(f));
+}
 
 namespace {
 

@@ -27,6 +27,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -50,6 +51,16 @@ struct ControlOptions {
 namespace control_internal {
 struct Conn;
 }
+
+// One frame taken off the front of `buffer` (what a connection has
+// received): nullopt while more bytes are due; DataLoss for a header that is
+// not ours or a frame longer than `max`. Exposed for tests and fuzzing.
+struct ControlFrame {
+  std::uint32_t kind;  // 1 data, 2 heartbeat, 3 hello, 4 goodbye
+  std::string body;
+};
+absl::StatusOr<std::optional<ControlFrame>> take_control_frame(std::string* buffer,
+                                                               std::size_t max);
 
 class ControlHub {
  public:
