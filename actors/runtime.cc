@@ -149,7 +149,12 @@ absl::Status InProcessTrainer::init_params(Rank& r) {
   if (absl::Status st = model::load_weights(options_.init_weights, whole); !st.ok()) return st;
   for (auto& chunk : r.chunks) {
     for (const model::ParamSpec& spec : chunk->layout().specs()) {
-      const model::ParamSpec& from = whole.layout().find(spec.name);
+      absl::StatusOr<const model::ParamSpec*> found = whole.layout().lookup(spec.name);
+      if (!found.ok()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(options_.init_weights, ": ", found.status().message()));
+      }
+      const model::ParamSpec& from = **found;
       float* to = chunk->params().data<float>() + spec.offset;
       const float* src = whole.params().data<float>() + from.offset;
       for (std::int64_t i = 0; i < spec.numel(); i++) to[i] = src[spec.global_index(i)];
