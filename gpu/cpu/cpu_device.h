@@ -9,6 +9,7 @@
 #include <condition_variable>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <thread>
 
@@ -18,6 +19,8 @@ namespace troupe::gpu {
 
 class CpuDevice;
 
+// The event's counters live in a shared State that the streams' record and
+// wait tasks hold too, so an event may be destroyed while they are queued.
 class CpuEvent final : public Event {
  public:
   bool query() override;
@@ -25,10 +28,13 @@ class CpuEvent final : public Event {
 
  private:
   friend class CpuStream;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::uint64_t recorded_ = 0;   // generations recorded by streams
-  std::uint64_t completed_ = 0;  // generations whose work is done
+  struct State {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::uint64_t recorded = 0;   // generations recorded by streams
+    std::uint64_t completed = 0;  // generations whose work is done
+  };
+  std::shared_ptr<State> state_ = std::make_shared<State>();
 };
 
 class CpuStream final : public Stream {
@@ -47,7 +53,8 @@ class CpuStream final : public Stream {
   void fail(absl::Status error) override;
 
   // Enqueues an op; it is skipped if the stream has failed by the time it
-  // would run. An exception it throws fails the stream with Internal.
+  // would run. An exception it (or a host callback) throws, of any type,
+  // fails the stream with Internal naming the op; the worker goes on.
   void enqueue_op(const char* name, std::function<void()> op);
   int threads() const { return threads_; }
 

@@ -3,6 +3,9 @@
 
 #include <cuda_runtime.h>
 
+#include <exception>
+#include <functional>
+#include <memory>
 #include <mutex>
 
 #include "absl/strings/str_cat.h"
@@ -58,14 +61,27 @@ class CudaStream final : public Stream {
     check(cudaStreamWaitEvent(stream_, static_cast<CudaEvent&>(event).get(), 0),
           "cudaStreamWaitEvent");
   }
+  // An exception out of `fn` would end the process on CUDA's callback
+  // thread: it fails this stream with Internal instead (the stream outlives
+  // its callbacks: its destructor synchronizes).
   void host_callback(std::function<void()> fn) override {
-    auto* heap = new std::function<void()>(std::move(fn));
+    struct HostFn {
+      CudaStream* stream;
+      std::function<void()> fn;
+    };
+    auto* heap = new HostFn{this, std::move(fn)};
     cudaError_t err = cudaLaunchHostFunc(
         stream_,
         [](void* p) {
-          auto* f = static_cast<std::function<void()>*>(p);
-          (*f)();
-          delete f;
+          std::unique_ptr<HostFn> f(static_cast<HostFn*>(p));
+          try {
+            f->fn();
+          } catch (const std::exception& ex) {
+            f->stream->fail(absl::InternalError(absl::StrCat("host callback: ", ex.what())));
+          } catch (...) {
+            f->stream->fail(absl::InternalError(
+                "host callback: an exception that is not a std::exception"));
+          }
         },
         heap);
     if (err != cudaSuccess) {
