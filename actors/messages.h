@@ -24,6 +24,7 @@
 //   (reduced_atom, int step), (stepped_atom, int step)
 #pragma once
 
+#include <cstdint>
 #include <exception>
 #include <string>
 
@@ -61,12 +62,15 @@ struct WaitReport {
   std::string waiting;  // "gradient from rank 3", "" when not waiting
   int peer = -1;        // the rank that should send it (-1: none or local)
   double since_s = 0;   // how long it has waited
+  // Work the actor has completed over the run (ops, arrivals, reductions):
+  // the stall watchdog's progress between two of its questions.
+  std::uint64_t progress = 0;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, WaitReport& x) {
   return f(caf::meta::type_name("troupe::WaitReport"), x.rank, x.actor, x.step, x.op_id, x.op,
-           x.waiting, x.peer, x.since_s);
+           x.waiting, x.peer, x.since_s, x.progress);
 }
 
 std::string to_string(const WaitReport& r);

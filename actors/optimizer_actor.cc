@@ -111,12 +111,14 @@ caf::behavior OptimizerActor::make_behavior() {
       [this](begin_step_atom, int step, std::int64_t) { begin_step(step); },
       [this](recv_atom, int, int, const std::string& error) { on_recv(error); },
       [this](reduced_atom, int step) {
+        progress_++;
         if (step == step_) on_reduced();
       },
       [this](update_atom, int step, float lr, float grad_scale) {
         if (step == step_) update(lr, grad_scale);
       },
       [this](stepped_atom, int step) {
+        progress_++;
         if (step == step_) on_stepped();
       },
       [this](sent_atom, int, int, const std::string& error) { on_sent(error); },
@@ -128,6 +130,7 @@ caf::behavior OptimizerActor::make_behavior() {
         r.waiting = phase_ == "idle" ? "" : phase_;
         r.since_s =
             std::chrono::duration<double>(std::chrono::steady_clock::now() - since_).count();
+        r.progress = progress_;
         return r;
       },
   };
@@ -159,6 +162,7 @@ void OptimizerActor::begin_step(int step) {
 void OptimizerActor::on_recv(const std::string& error) {
   if (failed_) return;
   if (!error.empty()) return fail(absl::StrCat("receiving gradients: ", error));
+  progress_++;
   if (expected_ > 0 && ++arrived_ < expected_) return;
   for (const Partition* p : setup_.partitions) p->reduce(*setup_.stream);
   send_when_done(*setup_.stream, caf::actor_cast<caf::actor>(this),

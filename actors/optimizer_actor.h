@@ -97,6 +97,7 @@ class OptimizerActor : public caf::event_based_actor {
   int step_ = 0;
   int expected_ = 0, arrived_ = 0, sends_pending_ = 0;
   bool failed_ = false;
+  std::uint64_t progress_ = 0;  // pieces arrived, reductions and steps done, over the run
   std::string phase_ = "idle";
   std::chrono::steady_clock::time_point since_;
 };

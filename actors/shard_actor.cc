@@ -276,6 +276,7 @@ void ShardActor::on_op_done(int op_id) {
     release(op.chunk, slot);  // the forward's hold: activations are free once sent
   }
   ops_done_++;
+  progress_++;
   advance();
 }
 
@@ -321,6 +322,7 @@ void ShardActor::on_recv(Msg what, int id, const std::string& error) {
     const char* names[] = {"activation", "gradient", "parameters"};
     return fail(absl::StrCat("receiving ", names[static_cast<int>(what)], ": ", error));
   }
+  progress_++;
   if (what == Msg::kParams) {
     params_arrived_++;
     return maybe_ready();
@@ -381,6 +383,7 @@ WaitReport ShardActor::report() const {
   r.peer = wait_peer_;
   r.since_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - wait_since_).count();
+  r.progress = progress_;
   return r;
 }
 
