@@ -21,7 +21,8 @@
 // Internal (an actor to itself, from stream and transport callbacks):
 //   (op_done_atom, int op_id), (bucket_atom, int step, int chunk, int bucket),
 //   (recv_atom, int what, int id, std::string error), (sent_atom, int what, int id, std::string error),
-//   (reduced_atom, int step), (stepped_atom, int step)
+//   (reduced_atom, int step), (stepped_atom, int step),
+//   (added_atom, int step, int partition, int contribution)
 #pragma once
 
 #include <cstdint>
@@ -50,6 +51,7 @@ using sent_atom = caf::atom_constant<caf::atom("sent")>;
 using tick_atom = caf::atom_constant<caf::atom("tick")>;
 using reduced_atom = caf::atom_constant<caf::atom("reduced")>;
 using stepped_atom = caf::atom_constant<caf::atom("stepped")>;
+using added_atom = caf::atom_constant<caf::atom("added")>;
 
 // What an actor is waiting for (the launcher's hang diagnosis asks every
 // actor): the schedule op it is at and the message it needs.

@@ -155,7 +155,12 @@ std::shared_ptr<Storage> CpuDevice::allocate(std::size_t bytes) {
   s->data = p;
   s->bytes = bytes;
   s->device = this;
-  s->owner = std::shared_ptr<void>(p, [](void* q) { std::free(q); });
+  const auto n = static_cast<std::int64_t>(bytes);
+  *live_bytes_ += n;
+  s->owner = std::shared_ptr<void>(p, [live = live_bytes_, n](void* q) {
+    std::free(q);
+    *live -= n;
+  });
   return s;
 }
 

@@ -6,6 +6,7 @@
 // run, so whoever waits on them is told (and then reads the error).
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -84,6 +85,7 @@ class CpuDevice final : public Device {
   int index() const override { return 0; }
   std::string name() const override { return "cpu"; }
   std::shared_ptr<Storage> allocate(std::size_t bytes) override;
+  std::int64_t allocated_bytes() const override { return live_bytes_->load(); }
   std::unique_ptr<Stream> make_stream(StreamOptions options) override;
   std::unique_ptr<Event> make_event() override;
   absl::Status copy_to_host(const Tensor& src, void* dst) override;
@@ -92,6 +94,9 @@ class CpuDevice final : public Device {
 
  private:
   std::unique_ptr<Kernels> kernels_;
+  // Shared with every storage's deleter, which may outlive the device.
+  std::shared_ptr<std::atomic<std::int64_t>> live_bytes_ =
+      std::make_shared<std::atomic<std::int64_t>>(0);
 };
 
 }  // namespace troupe::gpu

@@ -3,6 +3,7 @@
 
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <exception>
 #include <functional>
 #include <memory>
@@ -137,11 +138,15 @@ class CudaDevice final : public Device {
     s->data = p;
     s->bytes = bytes;
     s->device = this;
-    s->owner = std::shared_ptr<void>(p, [](void* q) {
+    const auto n = static_cast<std::int64_t>(bytes);
+    *live_bytes_ += n;
+    s->owner = std::shared_ptr<void>(p, [live = live_bytes_, n](void* q) {
       if (q != nullptr) cudaFree(q);
+      *live -= n;
     });
     return s;
   }
+  std::int64_t allocated_bytes() const override { return live_bytes_->load(); }
   std::unique_ptr<Stream> make_stream(StreamOptions) override {
     return std::make_unique<CudaStream>(*this, index_);
   }
@@ -161,6 +166,8 @@ class CudaDevice final : public Device {
  private:
   int index_;
   CudaKernels kernels_;
+  std::shared_ptr<std::atomic<std::int64_t>> live_bytes_ =
+      std::make_shared<std::atomic<std::int64_t>>(0);
 };
 
 }  // namespace
