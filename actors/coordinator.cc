@@ -51,8 +51,7 @@ caf::behavior Coordinator::make_behavior() {
       },
       [this](tick_atom, std::uint64_t seen) {
         if (finished_ || reports_due_ > 0) return;
-        if (progress_ == seen) return diagnose_stall();
-        watch(progress_);
+        poll_workers(seen);
       },
       [this](failed_atom, int rank, const std::string& what) {
         finish(absl::InternalError(absl::StrCat(who(rank), ": ", what)));
@@ -162,28 +161,17 @@ void Coordinator::watch(std::uint64_t seen) {
                tick_atom::value, seen);
 }
 
-// Hang diagnosis: every worker says what it waits for (op, micro-batch,
-// from whom, since when); the run ends with the answers.
-void Coordinator::diagnose_stall() {
+// Every tick: every worker says what it waits for (op, micro-batch, from
+// whom, since when) and how much work it has completed. A compute phase
+// can send the coordinator nothing for longer than the timeout (a long
+// backward, an evaluation); its completed ops are progress too.
+void Coordinator::poll_workers(std::uint64_t seen) {
   std::vector<caf::actor> workers = setup_->shards;
   workers.insert(workers.end(), setup_->optimizers.begin(), setup_->optimizers.end());
   reports_.clear();
   reports_due_ = static_cast<int>(workers.size());
-  auto answered = [this] {
-    if (--reports_due_ > 0) return;
-    std::sort(reports_.begin(), reports_.end(),
-              [](const WaitReport& a, const WaitReport& b) { return a.rank < b.rank; });
-    std::string waits;
-    for (const WaitReport& r : reports_) {
-      if (!r.waiting.empty()) {
-        absl::StrAppend(&waits, "\n  ", to_string(r));
-      } else if (r.step != step_ && absl::StartsWith(r.actor, "shard")) {
-        absl::StrAppend(&waits, "\n  rank ", r.rank, " ", r.actor, ": has not begun step ", step_);
-      }
-    }
-    finish(absl::DeadlineExceededError(
-        absl::StrFormat("no progress for %.1f s in step %d; waiting:%s", setup_->stall_timeout_s,
-                        step_, waits.empty() ? " (nothing reported)" : waits)));
+  auto answered = [this, seen] {
+    if (--reports_due_ == 0) judge_progress(seen);
   };
   for (const caf::actor& w : workers) {
     request(w, std::chrono::seconds(10), waiting_atom::value)
@@ -193,6 +181,34 @@ void Coordinator::diagnose_stall() {
               },
               [answered](caf::error&) { answered(); });
   }
+}
+
+void Coordinator::judge_progress(std::uint64_t seen) {
+  if (finished_) return;
+  std::uint64_t work = 0;
+  for (const WaitReport& r : reports_) work += r.progress;
+  const bool moved = progress_ != seen || work != worker_progress_;
+  worker_progress_ = work;
+  if (moved) return watch(progress_);
+  finish(absl::DeadlineExceededError(absl::StrFormat("no progress for %.1f s in step %d; waiting:%s",
+                                                     setup_->stall_timeout_s, step_,
+                                                     stall_report())));
+}
+
+// Who waits for what from whom, and which shard never began the step.
+std::string Coordinator::stall_report() const {
+  std::vector<WaitReport> reports = reports_;
+  std::sort(reports.begin(), reports.end(),
+            [](const WaitReport& a, const WaitReport& b) { return a.rank < b.rank; });
+  std::string waits;
+  for (const WaitReport& r : reports) {
+    if (!r.waiting.empty()) {
+      absl::StrAppend(&waits, "\n  ", to_string(r));
+    } else if (r.step != step_ && absl::StartsWith(r.actor, "shard")) {
+      absl::StrAppend(&waits, "\n  rank ", r.rank, " ", r.actor, ": has not begun step ", step_);
+    }
+  }
+  return waits.empty() ? " (nothing reported)" : waits;
 }
 
 void Coordinator::on_exit() {

@@ -37,9 +37,9 @@ struct CoordinatorSetup {
   std::vector<caf::actor> optimizers; // by rank
   std::function<void(const model::StepMetrics&)> on_step;
   std::function<void(absl::Status)> on_finish;  // once, when the run ends
-  // No worker message for this long: the run is hung. The coordinator asks
-  // every worker what it waits for and ends the run with their answers.
-  // 0: never.
+  // Every this long the coordinator asks every worker what it waits for and
+  // how much work it has done; with no worker message and no work done in
+  // that time the run is hung, and it ends with their answers. 0: never.
   double stall_timeout_s = 0;
 };
 
@@ -63,7 +63,9 @@ class Coordinator : public caf::event_based_actor {
   void finish(absl::Status st);
   void progress() { progress_++; }
   void watch(std::uint64_t seen);
-  void diagnose_stall();
+  void poll_workers(std::uint64_t seen);
+  void judge_progress(std::uint64_t seen);
+  std::string stall_report() const;
   std::string who(int rank) const;
 
   std::shared_ptr<CoordinatorSetup> setup_;
@@ -79,7 +81,10 @@ class Coordinator : public caf::event_based_actor {
   double val_total_ = 0;
   model::StepMetrics metrics_;
   bool finished_ = false;
-  std::uint64_t progress_ = 0;  // worker messages so far (the stall watchdog)
+  // The stall watchdog: worker messages so far, and the sum of the workers'
+  // own progress counters (WaitReport::progress) at its last question.
+  std::uint64_t progress_ = 0;
+  std::uint64_t worker_progress_ = 0;
   std::vector<WaitReport> reports_;
   int reports_due_ = 0;
   std::chrono::steady_clock::time_point t0_;

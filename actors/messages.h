@@ -21,9 +21,11 @@
 // Internal (an actor to itself, from stream and transport callbacks):
 //   (op_done_atom, int op_id), (bucket_atom, int step, int chunk, int bucket),
 //   (recv_atom, int what, int id, std::string error), (sent_atom, int what, int id, std::string error),
-//   (reduced_atom, int step), (stepped_atom, int step)
+//   (reduced_atom, int step), (stepped_atom, int step),
+//   (added_atom, int step, int partition, int contribution)
 #pragma once
 
+#include <cstdint>
 #include <exception>
 #include <string>
 
@@ -49,6 +51,7 @@ using sent_atom = caf::atom_constant<caf::atom("sent")>;
 using tick_atom = caf::atom_constant<caf::atom("tick")>;
 using reduced_atom = caf::atom_constant<caf::atom("reduced")>;
 using stepped_atom = caf::atom_constant<caf::atom("stepped")>;
+using added_atom = caf::atom_constant<caf::atom("added")>;
 
 // What an actor is waiting for (the launcher's hang diagnosis asks every
 // actor): the schedule op it is at and the message it needs.
@@ -61,12 +64,15 @@ struct WaitReport {
   std::string waiting;  // "gradient from rank 3", "" when not waiting
   int peer = -1;        // the rank that should send it (-1: none or local)
   double since_s = 0;   // how long it has waited
+  // Work the actor has completed over the run (ops, arrivals, reductions):
+  // the stall watchdog's progress between two of its questions.
+  std::uint64_t progress = 0;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, WaitReport& x) {
   return f(caf::meta::type_name("troupe::WaitReport"), x.rank, x.actor, x.step, x.op_id, x.op,
-           x.waiting, x.peer, x.since_s);
+           x.waiting, x.peer, x.since_s, x.progress);
 }
 
 std::string to_string(const WaitReport& r);

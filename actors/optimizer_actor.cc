@@ -43,7 +43,8 @@ Partition::Partition(const StageCompute& chunk, int dp, int d, bool count_replic
   sum_ = gpu::Tensor::empty(dev, gpu::DType::kF32, {n});
   norm_ = gpu::Tensor::empty(dev, gpu::DType::kF64,
                              {std::max<std::int64_t>(1, static_cast<std::int64_t>(counted_.size()))});
-  staging_ = gpu::Tensor::empty(dev, gpu::DType::kF32, {dp * (n + tied_)});
+  window_ = dp > 1 ? 2 : 1;  // receive the next replica while adding this one
+  staging_ = gpu::Tensor::empty(dev, gpu::DType::kF32, {window_ * n});
   if (range_.empty()) return;
   const gpu::Tensor master = view(master_, 0, range_.size());
   gpu::ops::fill(stream, master, 0.0f);
@@ -56,22 +57,24 @@ gpu::Tensor Partition::view(const gpu::Tensor& t, std::int64_t begin, std::int64
   return t.view(begin, {n});
 }
 
-float* Partition::grad_buffer(int r, bool tied_wte) const {
+float* Partition::slot(int k) const {
   const std::int64_t n = std::max<std::int64_t>(range_.size(), 1);
-  float* base = staging_.data<float>();
-  return tied_wte ? base + dp_ * n + r * tied_ : base + r * n;
+  return staging_.data<float>() + (k % window_) * n;
 }
 
-void Partition::reduce(gpu::Stream& s) const {
+void Partition::begin_sum(gpu::Stream& s) const {
+  if (!range_.empty()) gpu::ops::fill(s, view(sum_, 0, range_.size()), 0.0f);
+}
+
+void Partition::add(gpu::Stream& s, int k) const {
+  const std::int64_t n = k < dp_ ? range_.size() : tied_;  // a wte share: its first tied_
+  if (n == 0) return;  // (a partition that begins in wte's padding gets only zeros)
+  const std::int64_t at = (k % window_) * std::max<std::int64_t>(range_.size(), 1);
+  gpu::ops::axpy(s, view(sum_, 0, n), 1.0f, view(staging_, at, n));
+}
+
+void Partition::end_sum(gpu::Stream& s) const {
   if (range_.empty()) return;
-  const std::int64_t n = range_.size();
-  const gpu::Tensor sum = view(sum_, 0, n);
-  gpu::ops::fill(s, sum, 0.0f);
-  const std::int64_t stride = std::max<std::int64_t>(n, 1);
-  for (int r = 0; r < dp_; r++) gpu::ops::axpy(s, sum, 1.0f, view(staging_, r * stride, n));
-  for (int r = 0; r < dp_ && tied_ > 0; r++) {
-    gpu::ops::axpy(s, view(sum_, 0, tied_), 1.0f, view(staging_, dp_ * stride + r * tied_, tied_));
-  }
   for (std::size_t k = 0; k < counted_.size(); k++) {
     gpu::ops::squared_norm(s, norm_.view(static_cast<std::int64_t>(k), {1}),
                            view(sum_, counted_[k].begin - range_.begin, counted_[k].size()));
@@ -104,19 +107,36 @@ void Partition::step(gpu::Stream& s, const model::AdamWConfig& c, float lr, int 
 }
 
 OptimizerActor::OptimizerActor(caf::actor_config& cfg, OptimizerSetup setup)
-    : caf::event_based_actor(cfg), setup_(std::move(setup)) {}
+    : caf::event_based_actor(cfg), setup_(std::move(setup)) {
+  sums_.resize(setup_.partitions.size());
+  for (const GradPiece& p : setup_.grad_pieces) {
+    if (p.dst_stage != setup_.coord.s || p.dst_d != setup_.coord.d) continue;
+    Sum& sum = sums_[static_cast<std::size_t>(p.dst_chunk)];
+    (p.tied_wte ? sum.tied : sum.main).push_back(&p);
+  }
+  for (Sum& sum : sums_) {
+    const int dp = setup_.shape.dp;
+    sum.contributions = sum.main.empty() ? 0 : dp + (sum.tied.empty() ? 0 : dp);
+  }
+}
 
 caf::behavior OptimizerActor::make_behavior() {
   return {
       [this](begin_step_atom, int step, std::int64_t) { begin_step(step); },
-      [this](recv_atom, int, int, const std::string& error) { on_recv(error); },
+      [this](recv_atom, int part, int k, const std::string& error) { on_recv(part, k, error); },
+      [this](added_atom, int step, int part, int k) {
+        progress_++;
+        if (step == step_) on_added(part, k);
+      },
       [this](reduced_atom, int step) {
+        progress_++;
         if (step == step_) on_reduced();
       },
       [this](update_atom, int step, float lr, float grad_scale) {
         if (step == step_) update(lr, grad_scale);
       },
       [this](stepped_atom, int step) {
+        progress_++;
         if (step == step_) on_stepped();
       },
       [this](sent_atom, int, int, const std::string& error) { on_sent(error); },
@@ -128,6 +148,7 @@ caf::behavior OptimizerActor::make_behavior() {
         r.waiting = phase_ == "idle" ? "" : phase_;
         r.since_s =
             std::chrono::duration<double>(std::chrono::steady_clock::now() - since_).count();
+        r.progress = progress_;
         return r;
       },
   };
@@ -135,32 +156,76 @@ caf::behavior OptimizerActor::make_behavior() {
 
 void OptimizerActor::begin_step(int step) {
   step_ = step;
-  expected_ = arrived_ = 0;
-  auto self = caf::actor_cast<caf::actor>(this);
-  for (const GradPiece& p : setup_.grad_pieces) {
-    if (p.dst_stage != setup_.coord.s || p.dst_d != setup_.coord.d) continue;
-    const Partition& part = *setup_.partitions[static_cast<std::size_t>(p.dst_chunk)];
-    for (int r = 0; r < setup_.shape.dp; r++) {
-      const int src = rank_of(r, p.src_stage);
-      expected_++;
-      setup_.transport->recv(src, tag(MessageKind::kGradSlice, src, p.src_chunk, p.bucket),
-                             part.grad_buffer(r, p.tied_wte) + (p.range.begin - part.range().begin),
-                             static_cast<std::size_t>(p.range.size()) * sizeof(float),
-                             [self](absl::Status st) {
-                               caf::anon_send(self, recv_atom::value, 0, 0, status_text(st));
-                             });
-    }
+  sums_done_ = 0;
+  int pieces = 0;
+  for (std::size_t i = 0; i < sums_.size(); i++) {
+    Sum& sum = sums_[i];
+    const Partition& part = *setup_.partitions[i];
+    sum.arrived.assign(static_cast<std::size_t>(sum.contributions), 0);
+    sum.posted = sum.enqueued = sum.added = 0;
+    part.begin_sum(*setup_.stream);
+    for (int k = 0; k < std::min(part.window(), sum.contributions); k++) post(static_cast<int>(i), k);
+    pieces += static_cast<int>(sum.main.size() + sum.tied.size()) * setup_.shape.dp;
+    if (sum.contributions == 0) sums_done_++;
   }
-  phase_ = absl::StrCat("the gradients of step ", step, " (", expected_, " pieces)");
+  phase_ = absl::StrCat("the gradients of step ", step, " (", pieces, " pieces)");
   since_ = std::chrono::steady_clock::now();
-  if (expected_ == 0) on_recv("");
+  if (sums_done_ == static_cast<int>(sums_.size())) on_recv(-1, 0, "");
 }
 
-void OptimizerActor::on_recv(const std::string& error) {
+// The receives of contribution k of partition `part`, into its slot.
+void OptimizerActor::post(int part, int k) {
+  Sum& sum = sums_[static_cast<std::size_t>(part)];
+  const Partition& p = *setup_.partitions[static_cast<std::size_t>(part)];
+  const int dp = setup_.shape.dp;
+  const int r = k % dp;  // the replica
+  auto self = caf::actor_cast<caf::actor>(this);
+  sum.posted++;
+  for (const GradPiece* g : k < dp ? sum.main : sum.tied) {
+    const int src = rank_of(r, g->src_stage);
+    setup_.transport->recv(src, tag(MessageKind::kGradSlice, src, g->src_chunk, g->bucket),
+                           p.slot(k) + (g->range.begin - p.range().begin),
+                           static_cast<std::size_t>(g->range.size()) * sizeof(float),
+                           [self, part, k](absl::Status st) {
+                             caf::anon_send(self, recv_atom::value, part, k, status_text(st));
+                           });
+  }
+}
+
+// A piece arrived: add every complete contribution that is next in order.
+void OptimizerActor::on_recv(int part, int k, const std::string& error) {
   if (failed_) return;
   if (!error.empty()) return fail(absl::StrCat("receiving gradients: ", error));
-  if (expected_ > 0 && ++arrived_ < expected_) return;
-  for (const Partition* p : setup_.partitions) p->reduce(*setup_.stream);
+  if (part < 0) return on_added(-1, 0);  // nothing to receive at all
+  progress_++;
+  Sum& sum = sums_[static_cast<std::size_t>(part)];
+  const int dp = setup_.shape.dp;
+  sum.arrived[static_cast<std::size_t>(k)]++;
+  const Partition& p = *setup_.partitions[static_cast<std::size_t>(part)];
+  while (sum.enqueued < sum.posted) {
+    const int next = sum.enqueued;
+    const std::size_t want = (next < dp ? sum.main : sum.tied).size();
+    if (static_cast<std::size_t>(sum.arrived[static_cast<std::size_t>(next)]) < want) break;
+    p.add(*setup_.stream, next);
+    // Its slot is free once the stream has added it.
+    send_when_done(*setup_.stream, caf::actor_cast<caf::actor>(this),
+                   caf::make_message(added_atom::value, step_, part, next));
+    sum.enqueued++;
+  }
+}
+
+void OptimizerActor::on_added(int part, int k) {
+  if (failed_) return;
+  if (part >= 0) {
+    Sum& sum = sums_[static_cast<std::size_t>(part)];
+    const Partition& p = *setup_.partitions[static_cast<std::size_t>(part)];
+    sum.added++;
+    if (k + p.window() < sum.contributions) post(part, k + p.window());
+    if (sum.added < sum.contributions) return;
+    p.end_sum(*setup_.stream);
+    sums_done_++;
+  }
+  if (sums_done_ < static_cast<int>(sums_.size())) return;
   send_when_done(*setup_.stream, caf::actor_cast<caf::actor>(this),
                  caf::make_message(reduced_atom::value, step_));
 }

@@ -3,10 +3,14 @@
 // Partition d of each of the rank's model chunks owns the fp32 master copy
 // and the Adam moments of 1/dp of the chunk's flat parameter buffer
 // (actors/partition.h), so optimizer memory per rank falls as 1/dp. Per step:
-//   1. begin_step: post the receives of every replica's gradient pieces
-//      (and, on the embedding chunk, the head chunk's share of the tied wte);
-//   2. all arrived: sum the replicas in replica order (fixed, so every run
-//      is bitwise the same), report the squared norm to the coordinator;
+//   1. begin_step: post the receives of the first contributions (replica
+//      0's gradient pieces, replica 1's, ...; on the embedding chunk, then
+//      the head chunk's shares of the tied wte), as many as the staging
+//      window holds;
+//   2. as each contribution is complete and the one before it added, add it
+//      to the sum (replica order: fixed, so every run is bitwise the same)
+//      and post the receives of the next one into its slot; when every
+//      contribution is in, report the squared norm to the coordinator;
 //   3. update (lr, clip scale): AdamW on the owned range, then send the new
 //      parameters to every replica's shard (all-gather as messages).
 #pragma once
@@ -27,6 +31,17 @@
 namespace troupe::actors {
 
 // One chunk's partition: its range and its buffers (owned by the runtime).
+//
+// The replicas' gradients are summed in a fixed order of contributions:
+// k < dp is replica k's gradient of range(); k >= dp (an embedding chunk
+// whose tied head is another chunk's) is replica k - dp's share of the
+// head's wte gradient, added to the first tied() elements. That is
+//   sum = 0 + g_0 + g_1 + ... + g_{dp-1} (+ w_0 + ... + w_{dp-1} on the wte)
+// element by element, one axpy per contribution, so every run (and any
+// window) gives the same bits. Contributions are received into window()
+// slots of range() elements, contribution k into slot k % window(): the
+// receive of k + window() is posted once k has been added, so staging is
+// O(range) and the optimizer side of a rank falls as 1/dp.
 class Partition {
  public:
   // Master copy initialised from `chunk`'s parameters (synchronously).
@@ -40,16 +55,20 @@ class Partition {
   // fp32 master, Adam m and v (what ZeRO-1 divides by dp).
   std::int64_t state_bytes() const { return 3 * range_.size() * 4; }
 
-  // Receive buffers of replica r: its gradient of range(), and (embedding
-  // chunk) the head chunk's wte gradient of the first tied() elements.
-  float* grad_buffer(int r, bool tied_wte) const;
-  const float* master() const { return master_.data<float>(); }
-
-  // Sums the replicas' gradients and enqueues their squared norm.
-  void reduce(gpu::Stream& s) const;
-  double squared_norm() const;  // after reduce() has run
+  // Slots of the staging window (2 when there are several contributions to
+  // overlap, 1 for dp = 1) and where contribution k is received: a buffer
+  // of range() elements, piece p at p.range.begin - range().begin.
+  int window() const { return window_; }
+  float* slot(int k) const;
+  // In stream order: sum = 0; sum += contribution k (k = 0, 1, ... in
+  // order); the squared norm of the sum.
+  void begin_sum(gpu::Stream& s) const;
+  void add(gpu::Stream& s, int k) const;
+  void end_sum(gpu::Stream& s) const;
+  double squared_norm() const;  // after end_sum() has run
   void step(gpu::Stream& s, const model::AdamWConfig& adam, float lr, int step,
             float grad_scale) const;
+  const float* master() const { return master_.data<float>(); }
 
  private:
   gpu::Tensor view(const gpu::Tensor& t, std::int64_t begin, std::int64_t n) const;
@@ -58,9 +77,10 @@ class Partition {
   Range range_;
   std::int64_t tied_ = 0;
   int dp_ = 1;
+  int window_ = 1;
   gpu::Tensor master_, m_, v_, sum_, norm_;  // norm_: one f64 per counted range
   std::vector<Range> counted_;                // parts of range_ in the gradient norm
-  gpu::Tensor staging_;  // (dp, range) then (dp, tied)
+  gpu::Tensor staging_;  // (window, max(range, 1)): contribution k in slot k % window
 };
 
 struct OptimizerSetup {
@@ -83,8 +103,18 @@ class OptimizerActor : public caf::event_based_actor {
   caf::behavior make_behavior() override;
 
  private:
+  // One partition's sum in a step: the pieces of each contribution (the
+  // same for every replica; fixed for the run), and how far it has got.
+  struct Sum {
+    std::vector<const GradPiece*> main, tied;  // pieces of a k < dp, of a k >= dp
+    int contributions = 0;                     // dp, or 2 dp with tied pieces
+    std::vector<int> arrived;                  // pieces arrived, by contribution
+    int posted = 0, enqueued = 0, added = 0;   // contributions so far
+  };
   void begin_step(int step);
-  void on_recv(const std::string& error);
+  void post(int part, int k);
+  void on_recv(int part, int k, const std::string& error);
+  void on_added(int part, int k);
   void on_reduced();
   void update(float lr, float grad_scale);
   void on_stepped();
@@ -94,9 +124,11 @@ class OptimizerActor : public caf::event_based_actor {
   int rank_of(int d, int s) const { return setup_.layout.rank({d, s, setup_.coord.t}); }
 
   OptimizerSetup setup_;
+  std::vector<Sum> sums_;  // by partition (chunk)
   int step_ = 0;
-  int expected_ = 0, arrived_ = 0, sends_pending_ = 0;
+  int sums_done_ = 0, sends_pending_ = 0;
   bool failed_ = false;
+  std::uint64_t progress_ = 0;  // pieces arrived, reductions and steps done, over the run
   std::string phase_ = "idle";
   std::chrono::steady_clock::time_point since_;
 };

@@ -129,10 +129,12 @@ absl::StatusOr<std::unique_ptr<InProcessTrainer>> InProcessTrainer::create(
                                                                dev, tensor));
     }
     if (absl::Status st = t->init_params(rk); !st.ok()) return st;
+    const std::int64_t before = dev.allocated_bytes();
     for (const auto& chunk : rk.chunks) {
       rk.partitions.push_back(std::make_unique<Partition>(*chunk, parallel.dp, rk.coord.d,
                                                           rk.coord.t == 0, *rk.optimizer_stream));
     }
+    rk.optimizer_bytes = dev.allocated_bytes() - before;
     if (absl::Status st = rk.optimizer_stream->synchronize(); !st.ok()) return st;
   }
   return t;
@@ -149,7 +151,12 @@ absl::Status InProcessTrainer::init_params(Rank& r) {
   if (absl::Status st = model::load_weights(options_.init_weights, whole); !st.ok()) return st;
   for (auto& chunk : r.chunks) {
     for (const model::ParamSpec& spec : chunk->layout().specs()) {
-      const model::ParamSpec& from = whole.layout().find(spec.name);
+      absl::StatusOr<const model::ParamSpec*> found = whole.layout().lookup(spec.name);
+      if (!found.ok()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(options_.init_weights, ": ", found.status().message()));
+      }
+      const model::ParamSpec& from = **found;
       float* to = chunk->params().data<float>() + spec.offset;
       const float* src = whole.params().data<float>() + from.offset;
       for (std::int64_t i = 0; i < spec.numel(); i++) to[i] = src[spec.global_index(i)];
@@ -287,6 +294,10 @@ std::int64_t InProcessTrainer::optimizer_state_bytes(int rank) const {
   std::int64_t n = 0;
   for (const auto& p : ranks_[static_cast<std::size_t>(rank)].partitions) n += p->state_bytes();
   return n;
+}
+
+std::int64_t InProcessTrainer::optimizer_bytes(int rank) const {
+  return ranks_[static_cast<std::size_t>(rank)].optimizer_bytes;
 }
 
 std::int64_t InProcessTrainer::unpartitioned_state_bytes() const {

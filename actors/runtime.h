@@ -86,6 +86,9 @@ class InProcessTrainer {
   // what one rank would hold for the whole model.
   std::int64_t optimizer_state_bytes(int rank) const;
   std::int64_t unpartitioned_state_bytes() const;
+  // Every byte the optimizer side of rank r allocated (state, the sum of the
+  // replicas, the staging window, norms), as the device counted it.
+  std::int64_t optimizer_bytes(int rank) const;
   int slots(int rank, int chunk) const;
   // Floats rank r has summed in TP all-reduces so far (comm volume).
   std::int64_t tp_all_reduced_floats(int rank) const;
@@ -97,6 +100,7 @@ class InProcessTrainer {
     comm::Coord coord;
     std::vector<std::unique_ptr<GptStage>> chunks;       // by chunk
     std::vector<std::unique_ptr<Partition>> partitions;  // by chunk
+    std::int64_t optimizer_bytes = 0;                    // what making them allocated
     std::unique_ptr<comm::Transport> transport;
     std::unique_ptr<comm::Communicator> tensor;  // the TP group's collectives (tp > 1)
     std::shared_ptr<std::atomic<std::int64_t>> tp_floats =

@@ -14,7 +14,14 @@ using comm::MessageKind;
 ShardActor::ShardActor(caf::actor_config& cfg, ShardSetup setup)
     : caf::event_based_actor(cfg), setup_(std::move(setup)) {
   const int s = setup_.coord.s;
-  train_ops_ = *make_schedule(setup_.schedule, setup_.shape.pp, s, setup_.m, setup_.shape.v);
+  absl::StatusOr<std::vector<ScheduleOp>> ops =
+      make_schedule(setup_.schedule, setup_.shape.pp, s, setup_.m, setup_.shape.v);
+  if (ops.ok()) {
+    train_ops_ = *std::move(ops);
+  } else {
+    // A constructor cannot fail: the first message the actor handles says so.
+    setup_error_ = absl::StrCat("no schedule: ", ops.status().message());
+  }
   for (const ScheduleOp& op : train_ops_) {
     if (op.kind != OpKind::kForward) continue;
     eval_ops_.push_back(op);
@@ -47,6 +54,7 @@ ShardActor::ShardActor(caf::actor_config& cfg, ShardSetup setup)
 }
 
 caf::behavior ShardActor::make_behavior() {
+  if (!setup_error_.empty()) fail(setup_error_);  // every step handler then does nothing
   return {
       [this](begin_step_atom, int step, std::int64_t first_sample) {
         begin(Pass::kTrain, step, first_sample);
@@ -69,6 +77,7 @@ caf::behavior ShardActor::make_behavior() {
 }
 
 void ShardActor::begin(Pass pass, int step, std::int64_t first_sample) {
+  if (failed_) return;
   if (pass == Pass::kTrain && setup_.fail.stage == setup_.coord.s && setup_.fail.step == step) {
     if (setup_.fail.kind == FailPoint::Kind::kStall) return;  // never starts the step
     throw std::runtime_error(absl::StrCat("injected failure at step ", step));
@@ -267,6 +276,7 @@ void ShardActor::on_op_done(int op_id) {
     release(op.chunk, slot);  // the forward's hold: activations are free once sent
   }
   ops_done_++;
+  progress_++;
   advance();
 }
 
@@ -312,6 +322,7 @@ void ShardActor::on_recv(Msg what, int id, const std::string& error) {
     const char* names[] = {"activation", "gradient", "parameters"};
     return fail(absl::StrCat("receiving ", names[static_cast<int>(what)], ": ", error));
   }
+  progress_++;
   if (what == Msg::kParams) {
     params_arrived_++;
     return maybe_ready();
@@ -372,6 +383,7 @@ WaitReport ShardActor::report() const {
   r.peer = wait_peer_;
   r.since_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - wait_since_).count();
+  r.progress = progress_;
   return r;
 }
 

@@ -125,6 +125,8 @@ class ShardActor : public caf::event_based_actor {
   bool params_posted_ = false;
   int params_expected_ = 0, params_arrived_ = 0;
   bool failed_ = false;
+  std::uint64_t progress_ = 0;  // ops completed and inputs arrived, over the run
+  std::string setup_error_;  // what makes the setup unusable ("" if nothing)
 
   // What the actor waits for (hang diagnosis).
   int wait_op_ = -1;

@@ -1,18 +1,34 @@
 // A FIFO of callbacks run on one thread of its own: how transports complete
 // operations outside the call that posted them.
+//
+// A callback that throws does not end the process (an exception leaving a
+// thread calls std::terminate): the queue keeps the first such error
+// (Internal, with what() where it is a std::exception), says it once on
+// stderr, and runs the callbacks after it. status() returns that error; an
+// owner that can fail what the callback was for (a communicator, a
+// transport) passes `on_error` (which must not throw), called on the
+// queue's thread with each such error.
 #pragma once
 
 #include <condition_variable>
+#include <cstdio>
 #include <deque>
+#include <exception>
 #include <functional>
 #include <mutex>
+#include <string>
 #include <thread>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 
 namespace troupe::comm {
 
 class CallbackQueue {
  public:
-  CallbackQueue() : thread_([this] { run(); }) {}
+  using ErrorHandler = std::function<void(const absl::Status&)>;
+  explicit CallbackQueue(ErrorHandler on_error = nullptr)
+      : on_error_(std::move(on_error)), thread_([this] { run(); }) {}
   ~CallbackQueue() {
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -23,6 +39,12 @@ class CallbackQueue {
   }
   CallbackQueue(const CallbackQueue&) = delete;
   CallbackQueue& operator=(const CallbackQueue&) = delete;
+
+  // The first exception a callback threw, as Internal (OK if none).
+  absl::Status status() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return error_;
+  }
 
   void post(std::function<void()> fn) {
     {
@@ -43,15 +65,35 @@ class CallbackQueue {
         fn = std::move(queue_.front());
         queue_.pop_front();
       }
-      fn();
+      try {
+        fn();
+      } catch (const std::exception& ex) {
+        record(ex.what());
+      } catch (...) {
+        record("an exception that is not a std::exception");
+      }
     }
+  }
+
+  void record(const std::string& what) {
+    const absl::Status st = absl::InternalError(absl::StrCat("a completion callback threw: ", what));
+    bool first = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      first = error_.ok();
+      if (first) error_ = st;
+    }
+    if (first) std::fprintf(stderr, "troupe: %s\n", std::string(st.message()).c_str());
+    if (on_error_) on_error_(st);  // on this thread, outside the lock
   }
 
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::function<void()>> queue_;
   bool stop_ = false;
-  std::thread thread_;
+  absl::Status error_;
+  ErrorHandler on_error_;
+  std::thread thread_;  // last: it runs as soon as it is made
 };
 
 }  // namespace troupe::comm

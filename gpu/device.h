@@ -17,6 +17,7 @@
 //   absl::Status st = s->synchronize();
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -76,6 +77,10 @@ class Device {
   // Storage of `bytes` bytes, freed when the last view of it goes away.
   // Throws std::bad_alloc when the device is out of memory, as `new` does.
   virtual std::shared_ptr<Storage> allocate(std::size_t bytes) = 0;
+  // Bytes of the storage allocate() has handed out that is still alive (as
+  // asked for, before any rounding): memory accounting, e.g. what building
+  // one component allocated.
+  virtual std::int64_t allocated_bytes() const = 0;
   virtual std::unique_ptr<Stream> make_stream(StreamOptions options) = 0;
   virtual std::unique_ptr<Event> make_event() = 0;
 

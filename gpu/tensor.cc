@@ -1,7 +1,8 @@
 // Tensor construction, views and descriptions.
 #include "gpu/tensor.h"
 
-#include <cassert>
+#include <cstdio>
+#include <cstdlib>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -84,9 +85,31 @@ Tensor Tensor::wrap_host(void* data, DType dtype, const Shape& shape) {
 
 bool Tensor::is_contiguous() const { return strides == contiguous_strides(shape); }
 
-Tensor Tensor::view(std::int64_t offset_elems, const Shape& new_shape) const {
-  assert(is_contiguous());
-  assert(offset_elems >= 0 && offset_elems + shape_numel(new_shape) <= numel());
+void check_invariant(const absl::Status& st, const char* where) {
+  if (st.ok()) return;
+  std::fprintf(stderr, "troupe: internal error in %s: %s\n", where,
+               std::string(st.message()).c_str());
+  std::abort();
+}
+
+absl::StatusOr<Tensor> Tensor::try_view(std::int64_t offset_elems, const Shape& new_shape) const {
+  if (!is_contiguous()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("view of ", describe(), ": the tensor is not contiguous"));
+  }
+  std::int64_t n = 1;
+  for (std::int64_t d : new_shape) {
+    if (d < 0 || (d > 0 && n > numel() / d)) {  // also keeps n from overflowing
+      return absl::InvalidArgumentError(absl::StrCat("view ", shape_string(new_shape), " of ",
+                                                     describe(), ": does not fit"));
+    }
+    n *= d;
+  }
+  if (offset_elems < 0 || offset_elems > numel() - n) {
+    return absl::InvalidArgumentError(absl::StrCat("view ", shape_string(new_shape), " at offset ",
+                                                   offset_elems, " of ", describe(),
+                                                   ": does not fit"));
+  }
   Tensor t = *this;
   t.shape = new_shape;
   t.strides = contiguous_strides(new_shape);
@@ -94,9 +117,25 @@ Tensor Tensor::view(std::int64_t offset_elems, const Shape& new_shape) const {
   return t;
 }
 
+Tensor Tensor::view(std::int64_t offset_elems, const Shape& new_shape) const {
+  absl::StatusOr<Tensor> t = try_view(offset_elems, new_shape);
+  check_invariant(t.status(), "Tensor::view");
+  return *std::move(t);
+}
+
+absl::StatusOr<Tensor> Tensor::try_reshape(const Shape& new_shape) const {
+  if (shape_numel(new_shape) != numel()) {
+    return absl::InvalidArgumentError(absl::StrCat("reshape of ", describe(), " to ",
+                                                   shape_string(new_shape),
+                                                   ": the element counts differ"));
+  }
+  return try_view(0, new_shape);
+}
+
 Tensor Tensor::reshape(const Shape& new_shape) const {
-  assert(shape_numel(new_shape) == numel());
-  return view(0, new_shape);
+  absl::StatusOr<Tensor> t = try_reshape(new_shape);
+  check_invariant(t.status(), "Tensor::reshape");
+  return *std::move(t);
 }
 
 std::string Tensor::describe() const {

@@ -17,6 +17,7 @@
 #include <string>
 
 #include "absl/container/inlined_vector.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 
 namespace troupe::gpu {
@@ -63,9 +64,17 @@ struct Tensor {
   Device* device() const { return storage ? storage->device : nullptr; }
 
   // A contiguous view of `shape` starting `offset` elements into this
-  // (contiguous) tensor's data; the view must fit inside the tensor.
+  // (contiguous) tensor's data. InvalidArgument, naming both shapes, when
+  // this tensor is not contiguous or the view does not fit inside it: the
+  // check for views computed from input (files, flags, messages).
+  absl::StatusOr<Tensor> try_view(std::int64_t offset_elems, const Shape& shape) const;
+  // try_view for views the caller's own invariants make fit. One that does
+  // not fit ends the process with try_view's message, in every build type
+  // (never a view past the storage, which would be undefined behaviour).
   Tensor view(std::int64_t offset_elems, const Shape& shape) const;
-  // The same elements with another contiguous shape of equal numel.
+  // The same elements with another contiguous shape of equal numel (checked
+  // as view is).
+  absl::StatusOr<Tensor> try_reshape(const Shape& shape) const;
   Tensor reshape(const Shape& shape) const;
 
   template <typename T>
@@ -80,5 +89,10 @@ struct Tensor {
 };
 
 Shape contiguous_strides(const Shape& shape);
+
+// For a broken invariant of the caller's own (not bad input, which is a
+// Status): when `st` is not OK, writes "troupe: internal error in <where>:
+// <message>" to stderr and aborts, in every build type.
+void check_invariant(const absl::Status& st, const char* where);
 
 }  // namespace troupe::gpu

@@ -14,6 +14,7 @@
 #include "absl/strings/str_format.h"
 #include "actors/runtime.h"
 #include "launcher/commands.h"
+#include "model/atomic_file.h"
 #include "model/trainer.h"
 #include "model/weights.h"
 
@@ -40,17 +41,14 @@ std::string duration(double s) {
   return absl::StrFormat("%.1fs", s);
 }
 
-// Fails early (before any training) if `path` cannot be written.
+// Fails early (before any training) if `path` cannot be written: makes the
+// temporary the save will make, and removes it.
 absl::Status check_writable(const std::string& path, const char* flag) {
-  const std::string probe = path + ".tmp";
-  {
-    std::ofstream out(probe, std::ios::binary | std::ios::app);
-    if (!out) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          flag, " ", path, ": cannot write there (missing directory or no permission)"));
-    }
+  absl::StatusOr<model::AtomicFile> probe = model::AtomicFile::create(path);
+  if (!probe.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(flag, " ", path, ": cannot write there (", probe.status().message(), ")"));
   }
-  std::remove(probe.c_str());
   return absl::OkStatus();
 }
 

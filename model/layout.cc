@@ -1,8 +1,6 @@
 // The GPT-2 parameter layout.
 #include "model/layout.h"
 
-#include <cassert>
-
 #include "absl/strings/str_cat.h"
 
 namespace troupe::model {
@@ -89,13 +87,48 @@ const ParamSpec* ParamLayout::find_or_null(const std::string& name) const {
   return it == index_.end() ? nullptr : &specs_[it->second];
 }
 
-const ParamSpec& ParamLayout::find(const std::string& name) const {
+absl::StatusOr<const ParamSpec*> ParamLayout::lookup(const std::string& name) const {
   const ParamSpec* s = find_or_null(name);
-  assert(s != nullptr);
-  return *s;
+  if (s == nullptr) {
+    return absl::NotFoundError(
+        absl::StrCat("no parameter '", name, "' in this layout (", specs_.size(), " parameters",
+                     specs_.empty() ? "" : absl::StrCat(", '", specs_.front().name, "' to '",
+                                                        specs_.back().name, "'"),
+                     ")"));
+  }
+  return s;
+}
+
+namespace {
+
+absl::Status check_flat(const gpu::Tensor& flat, std::int64_t total) {
+  if (!flat.defined() || flat.dtype != gpu::DType::kF32 || flat.numel() != total ||
+      !flat.is_contiguous()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("parameter view of ", flat.defined() ? flat.describe() : "an undefined tensor",
+                     ": want the layout's flat buffer, f32[", total, "]"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+const ParamSpec& ParamLayout::find(const std::string& name) const {
+  absl::StatusOr<const ParamSpec*> s = lookup(name);
+  gpu::check_invariant(s.status(), "ParamLayout::find");
+  return **s;
+}
+
+absl::StatusOr<gpu::Tensor> ParamLayout::try_view(const gpu::Tensor& flat,
+                                                  const std::string& name) const {
+  absl::StatusOr<const ParamSpec*> spec = lookup(name);
+  if (!spec.ok()) return spec.status();
+  if (absl::Status st = check_flat(flat, total_); !st.ok()) return st;
+  return flat.try_view((*spec)->offset, (*spec)->shape);
 }
 
 gpu::Tensor ParamLayout::view(const gpu::Tensor& flat, const ParamSpec& spec) const {
+  gpu::check_invariant(check_flat(flat, total_), "ParamLayout::view");
   return flat.view(spec.offset, spec.shape);
 }
 

@@ -83,11 +83,19 @@ class ParamLayout {
   static ParamLayout gpt(const GptConfig& config) { return gpt(config, StageSpec::whole(config)); }
 
   const std::vector<ParamSpec>& specs() const { return specs_; }
-  const ParamSpec& find(const std::string& name) const;  // name must exist
+  // The parameter called `name`: NotFound naming it when this layout has
+  // none (the check for names from input: files, flags, other layouts).
+  absl::StatusOr<const ParamSpec*> lookup(const std::string& name) const;
   const ParamSpec* find_or_null(const std::string& name) const;
+  // lookup() for names the caller knows are here; a missing one ends the
+  // process with lookup's message in every build type.
+  const ParamSpec& find(const std::string& name) const;
   std::int64_t total() const { return total_; }
 
   // Views of `flat` (contiguous f32 of total() elements) by parameter.
+  // try_view: InvalidArgument when `flat` is not such a buffer, NotFound
+  // for an unknown name; view: the same checks, fatal (as Tensor::view).
+  absl::StatusOr<gpu::Tensor> try_view(const gpu::Tensor& flat, const std::string& name) const;
   gpu::Tensor view(const gpu::Tensor& flat, const ParamSpec& spec) const;
   gpu::Tensor view(const gpu::Tensor& flat, const std::string& name) const {
     return view(flat, find(name));

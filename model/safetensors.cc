@@ -1,12 +1,12 @@
 // safetensors parsing and writing with nlohmann::json for the header.
 #include "model/safetensors.h"
 
-#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "model/atomic_file.h"
 
 namespace troupe::model {
 namespace {
@@ -127,29 +127,17 @@ absl::Status write_safetensors(const std::string& path, const std::vector<Tensor
   }
   std::string h = header.dump();
   while ((h.size() + 8) % 8 != 0) h.push_back(' ');  // align the data section
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) return absl::PermissionDeniedError(absl::StrCat(tmp, ": cannot create file"));
-    unsigned char len_bytes[8];
-    std::uint64_t n = h.size();
-    for (int i = 0; i < 8; i++) len_bytes[i] = static_cast<unsigned char>(n >> (8 * i));
-    out.write(reinterpret_cast<const char*>(len_bytes), 8);
-    out.write(h.data(), static_cast<std::streamsize>(h.size()));
-    for (const TensorToWrite& t : tensors) {
-      out.write(static_cast<const char*>(t.data), static_cast<std::streamsize>(t.nbytes));
-    }
-    out.flush();
-    if (!out) {
-      std::remove(tmp.c_str());
-      return absl::DataLossError(absl::StrCat(tmp, ": write failed (disk full?)"));
-    }
+  absl::StatusOr<AtomicFile> out = AtomicFile::create(path);
+  if (!out.ok()) return out.status();
+  unsigned char len_bytes[8];
+  const std::uint64_t n = h.size();
+  for (int i = 0; i < 8; i++) len_bytes[i] = static_cast<unsigned char>(n >> (8 * i));
+  absl::Status st = out->write(len_bytes, 8);
+  if (st.ok()) st = out->write(h);
+  for (const TensorToWrite& t : tensors) {
+    if (st.ok()) st = out->write(t.data, t.nbytes);
   }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    return absl::PermissionDeniedError(absl::StrCat(path, ": cannot rename ", tmp, " into place"));
-  }
-  return absl::OkStatus();
+  return st.ok() ? out->commit() : st;
 }
 
 }  // namespace troupe::model

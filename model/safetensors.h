@@ -55,7 +55,9 @@ struct TensorToWrite {
   std::size_t nbytes = 0;
 };
 
-// Writes atomically: to "<path>.tmp", then renamed over `path`.
+// Writes atomically (model/atomic_file.h): a uniquely named temporary in
+// the same directory, fsynced and renamed over `path`, the directory
+// fsynced; `path` holds the old file or the whole new one, never a part.
 absl::Status write_safetensors(const std::string& path, const std::vector<TensorToWrite>& tensors,
                                const std::map<std::string, std::string>& metadata);
 

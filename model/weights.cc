@@ -158,7 +158,12 @@ absl::Status load_weights(const std::string& path, Gpt& gpt) {
   }
   if (lm_head != nullptr) {
     // The LM head is tied to the token embedding; accept it only if equal.
-    const ParamSpec& wte = lay.find("wte.weight");
+    absl::StatusOr<const ParamSpec*> wte_spec = lay.lookup("wte.weight");
+    if (!wte_spec.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": tensor '", lm_head->name,
+                                                     "' but the model has no wte.weight to tie it to"));
+    }
+    const ParamSpec& wte = **wte_spec;
     std::vector<float> head(static_cast<std::size_t>(wte.numel()));
     st = load_param(*f, *lm_head, wte, head.data());
     if (!st.ok()) return st;

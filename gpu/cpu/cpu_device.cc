@@ -18,14 +18,15 @@ std::unique_ptr<Kernels> make_cpu_kernels();  // cpu_ops.cc
 // ---- CpuEvent ---------------------------------------------------------------
 
 bool CpuEvent::query() {
-  std::lock_guard<std::mutex> lock(mu_);
-  return completed_ >= recorded_;
+  std::lock_guard<std::mutex> lock(state_->mu);
+  return state_->completed >= state_->recorded;
 }
 
 void CpuEvent::synchronize() {
-  std::unique_lock<std::mutex> lock(mu_);
-  const std::uint64_t target = recorded_;
-  cv_.wait(lock, [&] { return completed_ >= target; });
+  State& e = *state_;
+  std::unique_lock<std::mutex> lock(e.mu);
+  const std::uint64_t target = e.recorded;
+  e.cv.wait(lock, [&] { return e.completed >= target; });
 }
 
 // ---- CpuStream --------------------------------------------------------------
@@ -58,32 +59,33 @@ void CpuStream::enqueue_op(const char* name, std::function<void()> op) {
   enqueue({name, std::move(op)});
 }
 
+// The tasks hold the event's State, not the event: it may be gone by then.
 void CpuStream::record(Event& event) {
-  auto& e = static_cast<CpuEvent&>(event);
+  std::shared_ptr<CpuEvent::State> e = static_cast<CpuEvent&>(event).state_;
   std::uint64_t gen;
   {
-    std::lock_guard<std::mutex> lock(e.mu_);
-    gen = ++e.recorded_;
+    std::lock_guard<std::mutex> lock(e->mu);
+    gen = ++e->recorded;
   }
-  enqueue({nullptr, [&e, gen] {
+  enqueue({nullptr, [e, gen] {
              {
-               std::lock_guard<std::mutex> lock(e.mu_);
-               if (e.completed_ < gen) e.completed_ = gen;
+               std::lock_guard<std::mutex> lock(e->mu);
+               if (e->completed < gen) e->completed = gen;
              }
-             e.cv_.notify_all();
+             e->cv.notify_all();
            }});
 }
 
 void CpuStream::wait(Event& event) {
-  auto& e = static_cast<CpuEvent&>(event);
+  std::shared_ptr<CpuEvent::State> e = static_cast<CpuEvent&>(event).state_;
   std::uint64_t target;
   {
-    std::lock_guard<std::mutex> lock(e.mu_);
-    target = e.recorded_;
+    std::lock_guard<std::mutex> lock(e->mu);
+    target = e->recorded;
   }
-  enqueue({nullptr, [&e, target] {
-             std::unique_lock<std::mutex> lock(e.mu_);
-             e.cv_.wait(lock, [&] { return e.completed_ >= target; });
+  enqueue({nullptr, [e, target] {
+             std::unique_lock<std::mutex> lock(e->mu);
+             e->cv.wait(lock, [&] { return e->completed >= target; });
            }});
 }
 
@@ -132,6 +134,9 @@ void CpuStream::run() {
     } catch (const std::exception& ex) {
       fail(absl::InternalError(
           absl::StrCat(task.name ? task.name : "host callback", ": ", ex.what())));
+    } catch (...) {  // an exception leaving this thread would end the process
+      fail(absl::InternalError(absl::StrCat(task.name ? task.name : "host callback",
+                                            ": an exception that is not a std::exception")));
     }
   }
 }
@@ -150,7 +155,12 @@ std::shared_ptr<Storage> CpuDevice::allocate(std::size_t bytes) {
   s->data = p;
   s->bytes = bytes;
   s->device = this;
-  s->owner = std::shared_ptr<void>(p, [](void* q) { std::free(q); });
+  const auto n = static_cast<std::int64_t>(bytes);
+  *live_bytes_ += n;
+  s->owner = std::shared_ptr<void>(p, [live = live_bytes_, n](void* q) {
+    std::free(q);
+    *live -= n;
+  });
   return s;
 }
 

@@ -6,9 +6,11 @@
 // run, so whoever waits on them is told (and then reads the error).
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <thread>
 
@@ -18,6 +20,8 @@ namespace troupe::gpu {
 
 class CpuDevice;
 
+// The event's counters live in a shared State that the streams' record and
+// wait tasks hold too, so an event may be destroyed while they are queued.
 class CpuEvent final : public Event {
  public:
   bool query() override;
@@ -25,10 +29,13 @@ class CpuEvent final : public Event {
 
  private:
   friend class CpuStream;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::uint64_t recorded_ = 0;   // generations recorded by streams
-  std::uint64_t completed_ = 0;  // generations whose work is done
+  struct State {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::uint64_t recorded = 0;   // generations recorded by streams
+    std::uint64_t completed = 0;  // generations whose work is done
+  };
+  std::shared_ptr<State> state_ = std::make_shared<State>();
 };
 
 class CpuStream final : public Stream {
@@ -47,7 +54,8 @@ class CpuStream final : public Stream {
   void fail(absl::Status error) override;
 
   // Enqueues an op; it is skipped if the stream has failed by the time it
-  // would run. An exception it throws fails the stream with Internal.
+  // would run. An exception it (or a host callback) throws, of any type,
+  // fails the stream with Internal naming the op; the worker goes on.
   void enqueue_op(const char* name, std::function<void()> op);
   int threads() const { return threads_; }
 
@@ -77,6 +85,7 @@ class CpuDevice final : public Device {
   int index() const override { return 0; }
   std::string name() const override { return "cpu"; }
   std::shared_ptr<Storage> allocate(std::size_t bytes) override;
+  std::int64_t allocated_bytes() const override { return live_bytes_->load(); }
   std::unique_ptr<Stream> make_stream(StreamOptions options) override;
   std::unique_ptr<Event> make_event() override;
   absl::Status copy_to_host(const Tensor& src, void* dst) override;
@@ -85,6 +94,9 @@ class CpuDevice final : public Device {
 
  private:
   std::unique_ptr<Kernels> kernels_;
+  // Shared with every storage's deleter, which may outlive the device.
+  std::shared_ptr<std::atomic<std::int64_t>> live_bytes_ =
+      std::make_shared<std::atomic<std::int64_t>>(0);
 };
 
 }  // namespace troupe::gpu

@@ -3,6 +3,10 @@
 
 #include <cuda_runtime.h>
 
+#include <atomic>
+#include <exception>
+#include <functional>
+#include <memory>
 #include <mutex>
 
 #include "absl/strings/str_cat.h"
@@ -58,14 +62,27 @@ class CudaStream final : public Stream {
     check(cudaStreamWaitEvent(stream_, static_cast<CudaEvent&>(event).get(), 0),
           "cudaStreamWaitEvent");
   }
+  // An exception out of `fn` would end the process on CUDA's callback
+  // thread: it fails this stream with Internal instead (the stream outlives
+  // its callbacks: its destructor synchronizes).
   void host_callback(std::function<void()> fn) override {
-    auto* heap = new std::function<void()>(std::move(fn));
+    struct HostFn {
+      CudaStream* stream;
+      std::function<void()> fn;
+    };
+    auto* heap = new HostFn{this, std::move(fn)};
     cudaError_t err = cudaLaunchHostFunc(
         stream_,
         [](void* p) {
-          auto* f = static_cast<std::function<void()>*>(p);
-          (*f)();
-          delete f;
+          std::unique_ptr<HostFn> f(static_cast<HostFn*>(p));
+          try {
+            f->fn();
+          } catch (const std::exception& ex) {
+            f->stream->fail(absl::InternalError(absl::StrCat("host callback: ", ex.what())));
+          } catch (...) {
+            f->stream->fail(absl::InternalError(
+                "host callback: an exception that is not a std::exception"));
+          }
         },
         heap);
     if (err != cudaSuccess) {
@@ -121,11 +138,15 @@ class CudaDevice final : public Device {
     s->data = p;
     s->bytes = bytes;
     s->device = this;
-    s->owner = std::shared_ptr<void>(p, [](void* q) {
+    const auto n = static_cast<std::int64_t>(bytes);
+    *live_bytes_ += n;
+    s->owner = std::shared_ptr<void>(p, [live = live_bytes_, n](void* q) {
       if (q != nullptr) cudaFree(q);
+      *live -= n;
     });
     return s;
   }
+  std::int64_t allocated_bytes() const override { return live_bytes_->load(); }
   std::unique_ptr<Stream> make_stream(StreamOptions) override {
     return std::make_unique<CudaStream>(*this, index_);
   }
@@ -145,6 +166,8 @@ class CudaDevice final : public Device {
  private:
   int index_;
   CudaKernels kernels_;
+  std::shared_ptr<std::atomic<std::int64_t>> live_bytes_ =
+      std::make_shared<std::atomic<std::int64_t>>(0);
 };
 
 }  // namespace

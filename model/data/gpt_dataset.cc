@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "model/atomic_file.h"
 #include "model/data/indexed_dataset.h"
 #include "model/init.h"
 
@@ -362,34 +363,17 @@ absl::Status GptDataset::load_cache(std::pair<std::int64_t, std::int64_t> docs) 
 absl::Status GptDataset::save_cache() const {
   const std::string dir = spec_.cache_dir;
   ::mkdir(dir.c_str(), 0755);
-  const std::string tmp =
-      absl::StrCat(cache_file_, ".tmp.", ::getpid(), ".", reinterpret_cast<std::uintptr_t>(this));
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) return absl::PermissionDeniedError(tmp);
-    const std::uint64_t n_doc = doc_idx_.size(),
-                        n_samples = static_cast<std::uint64_t>(num_samples_);
-    out.write(kCacheMagic, 8);
-    out.write(reinterpret_cast<const char*>(&n_doc), 8);
-    out.write(reinterpret_cast<const char*>(&n_samples), 8);
-    out.write(reinterpret_cast<const char*>(doc_idx_.data()),
-              static_cast<std::streamsize>(n_doc * 4));
-    out.write(reinterpret_cast<const char*>(sample_doc_.data()),
-              static_cast<std::streamsize>(sample_doc_.size() * 8));
-    out.write(reinterpret_cast<const char*>(sample_offset_.data()),
-              static_cast<std::streamsize>(sample_offset_.size() * 8));
-    out.write(reinterpret_cast<const char*>(shuffle_idx_.data()),
-              static_cast<std::streamsize>(shuffle_idx_.size() * 8));
-    if (!out.flush()) {
-      std::remove(tmp.c_str());
-      return absl::DataLossError(tmp);
-    }
-  }
-  if (std::rename(tmp.c_str(), cache_file_.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    return absl::PermissionDeniedError(cache_file_);
-  }
-  return absl::OkStatus();
+  absl::StatusOr<AtomicFile> out = AtomicFile::create(cache_file_);
+  if (!out.ok()) return out.status();
+  const std::uint64_t n_doc = doc_idx_.size(), n_samples = static_cast<std::uint64_t>(num_samples_);
+  absl::Status st = out->write(kCacheMagic, 8);
+  if (st.ok()) st = out->write(&n_doc, 8);
+  if (st.ok()) st = out->write(&n_samples, 8);
+  if (st.ok()) st = out->write(doc_idx_.data(), n_doc * 4);
+  if (st.ok()) st = out->write(sample_doc_.data(), sample_doc_.size() * 8);
+  if (st.ok()) st = out->write(sample_offset_.data(), sample_offset_.size() * 8);
+  if (st.ok()) st = out->write(shuffle_idx_.data(), shuffle_idx_.size() * 8);
+  return st.ok() ? out->commit() : st;
 }
 
 // ---- blending ---------------------------------------------------------------

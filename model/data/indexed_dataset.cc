@@ -221,12 +221,7 @@ absl::Status IndexedDataset::read(std::int64_t position, std::span<std::int32_t>
   return absl::OkStatus();
 }
 
-IndexedDatasetBuilder::~IndexedDatasetBuilder() {
-  if (bin_ != nullptr) {
-    std::fclose(bin_);
-    std::remove((prefix_ + ".bin.tmp").c_str());
-  }
-}
+IndexedDatasetBuilder::~IndexedDatasetBuilder() = default;  // an unfinished .bin is removed
 
 absl::Status IndexedDatasetBuilder::open(const std::string& prefix, TokenDType dtype) {
   if (dtype != TokenDType::kU16 && dtype != TokenDType::kI32) {
@@ -234,12 +229,9 @@ absl::Status IndexedDatasetBuilder::open(const std::string& prefix, TokenDType d
   }
   prefix_ = prefix;
   dtype_ = dtype;
-  const std::string tmp = prefix + ".bin.tmp";
-  bin_ = std::fopen(tmp.c_str(), "wb");
-  if (bin_ == nullptr) {
-    return absl::PermissionDeniedError(
-        absl::StrCat(tmp, ": cannot create (", std::strerror(errno), ")"));
-  }
+  absl::StatusOr<AtomicFile> bin = AtomicFile::create(prefix + ".bin");
+  if (!bin.ok()) return bin.status();
+  bin_ = std::make_unique<AtomicFile>(*std::move(bin));
   return absl::OkStatus();
 }
 
@@ -259,9 +251,8 @@ absl::Status IndexedDatasetBuilder::add_document(std::span<const std::int32_t> t
       std::memcpy(buffer_.data() + 4 * i, &t, 4);
     }
   }
-  if (!buffer_.empty() && std::fwrite(buffer_.data(), 1, buffer_.size(), bin_) != buffer_.size()) {
-    return absl::DataLossError(absl::StrCat(prefix_, ".bin.tmp: write failed (disk full?)"));
-  }
+  if (bin_ == nullptr) return absl::FailedPreconditionError(absl::StrCat(prefix_, ": not open"));
+  if (absl::Status st = bin_->write(buffer_.data(), buffer_.size()); !st.ok()) return st;
   sizes_.push_back(static_cast<std::int32_t>(tokens.size()));
   pointers_.push_back(bytes_);
   bytes_ += static_cast<std::int64_t>(buffer_.size());
@@ -270,14 +261,12 @@ absl::Status IndexedDatasetBuilder::add_document(std::span<const std::int32_t> t
 }
 
 absl::Status IndexedDatasetBuilder::finish() {
-  const std::string bin_tmp = prefix_ + ".bin.tmp", idx_tmp = prefix_ + ".idx.tmp";
-  const bool bin_ok = std::fclose(bin_) == 0;
-  bin_ = nullptr;
-  if (!bin_ok) return absl::DataLossError(absl::StrCat(bin_tmp, ": write failed"));
-  std::ofstream idx(idx_tmp, std::ios::binary | std::ios::trunc);
-  if (!idx) return absl::PermissionDeniedError(absl::StrCat(idx_tmp, ": cannot create"));
+  if (bin_ == nullptr) return absl::FailedPreconditionError(absl::StrCat(prefix_, ": not open"));
+  absl::StatusOr<AtomicFile> idx = AtomicFile::create(prefix_ + ".idx");
+  if (!idx.ok()) return idx.status();
+  absl::Status written;
   auto put = [&](const void* p, std::size_t n) {
-    idx.write(static_cast<const char*>(p), static_cast<std::streamsize>(n));
+    if (written.ok()) written = idx->write(p, n);
   };
   std::vector<std::int64_t> doc_idx(sizes_.size() + 1);
   for (std::size_t i = 0; i < doc_idx.size(); i++) doc_idx[i] = static_cast<std::int64_t>(i);
@@ -291,13 +280,11 @@ absl::Status IndexedDatasetBuilder::finish() {
   put(sizes_.data(), sizes_.size() * 4);
   put(pointers_.data(), pointers_.size() * 8);
   put(doc_idx.data(), doc_idx.size() * 8);
-  if (!idx.flush()) return absl::DataLossError(absl::StrCat(idx_tmp, ": write failed"));
-  idx.close();
-  if (std::rename(bin_tmp.c_str(), (prefix_ + ".bin").c_str()) != 0 ||
-      std::rename(idx_tmp.c_str(), (prefix_ + ".idx").c_str()) != 0) {
-    return absl::PermissionDeniedError(absl::StrCat(prefix_, ": cannot rename files into place"));
-  }
-  return absl::OkStatus();
+  if (!written.ok()) return written;
+  // The .bin first: a reader opens the .idx, which then finds its .bin.
+  if (absl::Status st = bin_->commit(); !st.ok()) return st;
+  bin_.reset();
+  return idx->commit();
 }
 
 absl::Status write_indexed_dataset(const std::string& prefix,

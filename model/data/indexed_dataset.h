@@ -22,6 +22,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "model/atomic_file.h"
 
 namespace troupe::model::data {
 
@@ -104,7 +105,7 @@ class IndexedDatasetBuilder {
  private:
   std::string prefix_;
   TokenDType dtype_ = TokenDType::kU16;
-  std::FILE* bin_ = nullptr;
+  std::unique_ptr<AtomicFile> bin_;  // the .bin being written
   std::vector<std::int32_t> sizes_;
   std::vector<std::int64_t> pointers_;
   std::int64_t bytes_ = 0, tokens_ = 0;

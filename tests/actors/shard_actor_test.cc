@@ -87,5 +87,62 @@ TEST(ShardActor, ReportsWhatItWaitsForAndFailsWhenItsPeerDies) {
   ASSERT_TRUE(stream->synchronize().ok());
 }
 
+// A setup whose schedule cannot be made (interleaved with m not a multiple
+// of pp) is an error to the coordinator naming the stage and the problem,
+// not a dereference of the failed StatusOr in the constructor.
+TEST(ShardActor, AScheduleThatCannotBeMadeIsAnErrorToTheCoordinator) {
+  caf::actor_system_config cfg;
+  add_message_types(cfg);
+  cfg.set("scheduler.max-threads", 2);
+  caf::actor_system sys{cfg};
+  caf::scoped_actor coordinator{sys};
+
+  model::GptConfig config = *model::preset("tiny");
+  const PipelineShape shape{.pp = 2, .v = 2, .dp = 1};
+  gpu::Device& dev = gpu::cpu_device();
+  auto stream = dev.make_stream({.threads = 1});
+  auto fabric = std::make_shared<comm::InProcFabric>(2);
+  std::unique_ptr<comm::Transport> transport = fabric->endpoint(0);
+  GptStage c0(config, 1, chunk_spec(config, shape, 0), 1, dev);
+  GptStage c1(config, 1, chunk_spec(config, shape, 2), 1, dev);
+
+  ShardSetup ss;
+  ss.rank = 0;
+  ss.coord = {.d = 0, .s = 0, .t = 0};
+  ss.layout = {.tp = 1, .pp = 2, .dp = 1};
+  ss.shape = shape;
+  ss.schedule = ScheduleKind::kInterleaved1F1B;
+  ss.m = 3;  // not a multiple of pp = 2
+  ss.B = 1;
+  ss.T = config.T;
+  ss.global_batch = 3;
+  ss.chunks = {&c0, &c1};
+  ss.stream = stream.get();
+  ss.transport = transport.get();
+  ss.coordinator = coordinator;
+  caf::actor shard = sys.spawn<ShardActor>(ss);
+  bool told = false;
+  coordinator->receive(
+      [&](failed_atom, int rank, const std::string& what) {
+        told = true;
+        EXPECT_EQ(rank, 0);
+        EXPECT_NE(what.find("stage 0 (replica 0): no schedule: interleaved schedule: the 3 "
+                            "micro-batches per step must be a multiple of --pp 2"),
+                  std::string::npos)
+            << what;
+      },
+      caf::after(std::chrono::seconds(60)) >> [&] { FAIL() << "no failure reported"; });
+  EXPECT_TRUE(told);
+  // It goes on answering, and a step it is asked to begin does nothing.
+  coordinator->send(shard, begin_step_atom::value, 1, std::int64_t{0});
+  coordinator->request(shard, caf::infinite, waiting_atom::value)
+      .receive([&](const WaitReport& r) { EXPECT_EQ(r.step, 0); },
+               [&](const caf::error& e) { FAIL() << sys.render(e); });
+  coordinator->monitor(shard);
+  coordinator->send_exit(shard, caf::exit_reason::user_shutdown);
+  coordinator->receive([](const caf::down_msg&) {});
+  ASSERT_TRUE(stream->synchronize().ok());
+}
+
 }  // namespace
 }  // namespace troupe::actors

@@ -5,7 +5,9 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <filesystem>
 #include <fstream>
+#include <thread>
 
 #include "model/gpt.h"
 #include "model/safetensors.h"
@@ -174,6 +176,44 @@ TEST_F(WeightsTest, NotASafetensorsFileIsAnError) {
   absl::Status st = load(p);
   EXPECT_TRUE(absl::IsInvalidArgument(st)) << st;
   EXPECT_TRUE(absl::IsNotFound(load("/nonexistent/w.safetensors")));
+}
+
+// Writers of one path used to share "<path>.tmp": one renamed the other's
+// half-written file into place, or found it gone. Each now has its own
+// temporary; every save succeeds, the file is one writer's whole file, and
+// no temporary is left in the directory.
+TEST_F(WeightsTest, ConcurrentSavesToOnePathDoNotCollide) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::path(::testing::TempDir()) / ("troupe_weights_dir_" + name_);
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const std::string path = dir / "w.safetensors";
+  std::vector<std::unique_ptr<Gpt>> models;
+  for (int i = 0; i < 4; i++) {
+    models.push_back(std::make_unique<Gpt>(config_, 1, gpu::cpu_device()));
+    models.back()->init(10 + i);
+  }
+  for (int round = 0; round < 5; round++) {
+    std::vector<absl::Status> results(models.size());
+    std::vector<std::thread> writers;
+    for (std::size_t i = 0; i < models.size(); i++) {
+      writers.emplace_back([&, i] { results[i] = save_weights(*models[i], path); });
+    }
+    for (std::thread& t : writers) t.join();
+    for (const absl::Status& st : results) ASSERT_TRUE(st.ok()) << st;
+    Gpt back(config_, 1, gpu::cpu_device());
+    ASSERT_TRUE(load_weights(path, back).ok());
+    const std::size_t bytes = back.params().nbytes();
+    int equal_to = 0;
+    for (const auto& m : models) {
+      equal_to += std::memcmp(m->params().raw(), back.params().raw(), bytes) == 0;
+    }
+    EXPECT_EQ(equal_to, 1) << "round " << round << ": not one writer's whole file";
+    int files = 0;
+    for (const auto& e : fs::directory_iterator(dir)) files += e.is_regular_file();
+    EXPECT_EQ(files, 1) << "round " << round << ": a temporary was left behind";
+  }
+  fs::remove_all(dir);
 }
 
 }  // namespace

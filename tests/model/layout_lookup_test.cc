@@ -1,0 +1,52 @@
+// ParamLayout lookups: an unknown name is NotFound naming it (lookup,
+// try_view), and find/view stop the process in every build type instead of
+// dereferencing null.
+#include <gtest/gtest.h>
+
+#include "gpu/device.h"
+#include "model/config.h"
+#include "model/layout.h"
+
+namespace troupe::model {
+namespace {
+
+TEST(ParamLayoutLookup, UnknownNameIsNotFoundNamingIt) {
+  const ParamLayout lay = ParamLayout::gpt(*preset("tiny"));
+  absl::StatusOr<const ParamSpec*> w = lay.lookup("h.0.attn.c_attn.weight");
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_EQ((*w)->name, "h.0.attn.c_attn.weight");
+  absl::StatusOr<const ParamSpec*> missing = lay.lookup("h.99.mlp.c_fc.weight");
+  ASSERT_FALSE(missing.ok());
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(missing.status().message().find("no parameter 'h.99.mlp.c_fc.weight'"),
+            std::string::npos)
+      << missing.status();
+}
+
+TEST(ParamLayoutLookup, TryViewChecksTheNameAndTheBuffer) {
+  const ParamLayout lay = ParamLayout::gpt(*preset("tiny"));
+  gpu::Tensor flat = gpu::Tensor::empty(gpu::cpu_device(), gpu::DType::kF32, {lay.total()});
+  absl::StatusOr<gpu::Tensor> w = lay.try_view(flat, "ln_f.weight");
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_EQ(w->data<float>(), flat.data<float>() + lay.find("ln_f.weight").offset);
+  EXPECT_EQ(lay.try_view(flat, "nope").status().code(), absl::StatusCode::kNotFound);
+  gpu::Tensor small = flat.view(0, {lay.total() - 1});
+  absl::StatusOr<gpu::Tensor> bad = lay.try_view(small, "ln_f.weight");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("want the layout's flat buffer"), std::string::npos)
+      << bad.status();
+}
+
+// Release builds compile assert() out: find used to return *nullptr.
+TEST(ParamLayoutLookup, FindOfAMissingNameStopsTheProcessInEveryBuild) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  const ParamLayout lay = ParamLayout::gpt(*preset("tiny"));
+  EXPECT_DEATH((void)lay.find("h.99.ln_1.weight"),
+               "internal error in ParamLayout::find: no parameter 'h.99.ln_1.weight'");
+  gpu::Tensor small = gpu::Tensor::empty(gpu::cpu_device(), gpu::DType::kF32, {16});
+  EXPECT_DEATH((void)lay.view(small, "ln_f.bias"), "internal error in ParamLayout::view");
+}
+
+}  // namespace
+}  // namespace troupe::model
