@@ -2,6 +2,8 @@
 #include "comm/inproc_transport.h"
 
 #include <cstring>
+#include <exception>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 
@@ -71,7 +73,7 @@ void InProcFabric::deliver(Op send, Op recv, bool send_posted_last) {
             }));
     auto run = [pulled = std::move(recv.pulled), arrival] { (*pulled)(std::move(*arrival)); };
     if (send_posted_last && send.owner != recv.owner) {
-      run();  // the receiver has been waiting: its callback runs here
+      run_inline(run);  // the receiver has been waiting: its callback runs here
     } else {
       callbacks_.post(std::move(run));
     }
@@ -85,7 +87,7 @@ void InProcFabric::deliver(Op send, Op recv, bool send_posted_last) {
   Op& waiter = send_posted_last ? recv : send;
   callbacks_.post([d = std::move(poster.done)] { d(absl::OkStatus()); });
   if (waiter.owner != poster.owner) {
-    waiter.done(absl::OkStatus());
+    run_inline([&] { waiter.done(absl::OkStatus()); });
   } else {
     callbacks_.post([d = std::move(waiter.done)] { d(absl::OkStatus()); });
   }
@@ -177,6 +179,29 @@ void InProcFabric::fail_where(int rank, Pred pred, const absl::Status& why) {
     for (auto& table : sends_) sweep(table);
   }
   for (auto& cb : failed) callbacks_.post([cb = std::move(cb), why] { cb(why); });
+}
+
+void InProcFabric::run_inline(const std::function<void()>& fn) {
+  std::string what;
+  try {
+    fn();
+    return;
+  } catch (const std::exception& e) {
+    what = e.what();
+  } catch (...) {
+    what = "an exception that is not a std::exception";
+  }
+  fail_everything(absl::InternalError(absl::StrCat("a completion callback threw: ", what)));
+}
+
+void InProcFabric::fail_everything(const absl::Status& why) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& row : failed_)
+      for (auto& f : row)
+        if (f.ok()) f = why;
+  }
+  for (int r = 0; r < size_; r++) fail_where(r, [](const Op&) { return true; }, why);
 }
 
 void InProcFabric::fail_peer(int rank, int peer, absl::Status why) {

@@ -67,7 +67,12 @@ class InProcFabric : public std::enable_shared_from_this<InProcFabric> {
   std::vector<std::map<Key, std::vector<Op>>> sends_;  // by destination: unmatched sends
   std::vector<std::map<Key, std::vector<Op>>> recvs_;  // by destination: posted receives
   std::vector<std::vector<absl::Status>> failed_;      // [rank][peer]: rank knows peer failed
-  CallbackQueue callbacks_;
+  // A completion callback that threw (a bug of its owner): every pending
+  // and later operation fails with it, so that whoever waits hears of it.
+  void fail_everything(const absl::Status& why);
+  // Runs a waiting peer's completion on this thread (see deliver).
+  void run_inline(const std::function<void()>& fn);
+  CallbackQueue callbacks_{[this](const absl::Status& why) { fail_everything(why); }};
 };
 
 }  // namespace troupe::comm

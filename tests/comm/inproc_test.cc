@@ -4,6 +4,8 @@
 // the lock).
 #include <gtest/gtest.h>
 
+#include <future>
+#include <stdexcept>
 #include <thread>
 #include <vector>
 
@@ -58,6 +60,33 @@ TEST(InProcTables, SendsPostedFirstAndFailedOnesLeaveNoEntry) {
   t1->fail_peer(0, absl::UnavailableError("rank 0 died"));
   while (failed.load() < 50) std::this_thread::yield();
   EXPECT_EQ(fabric->pending_entries(), 0u);
+}
+
+// A completion callback that throws -- run by the fabric's queue, or inline
+// on the thread of the peer's matching call -- does not end the process:
+// every later operation fails with the error.
+TEST(InProcCallbacks, OneThatThrowsFailsTheFabricNotTheProcess) {
+  for (bool inline_completion : {false, true}) {
+    auto fabric = std::make_shared<InProcFabric>(2);
+    auto t0 = fabric->endpoint(0), t1 = fabric->endpoint(1);
+    float a = 1, b = 0;
+    auto bad = [](absl::Status) { throw std::runtime_error("bug in a callback"); };
+    if (inline_completion) {  // the receive waits; the send's call completes it
+      t1->recv(0, 1, &b, 4, bad);
+      t0->send(1, 1, &a, 4, [](absl::Status) {});
+    } else {  // the send waits; the receive is the poster, completed by the queue
+      t0->send(1, 1, &a, 4, [](absl::Status) {});
+      t1->recv(0, 1, &b, 4, bad);
+    }
+    std::promise<absl::Status> later;
+    auto f = later.get_future();
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    t1->recv(0, 2, &b, 4, [&](absl::Status st) { later.set_value(st); });
+    ASSERT_EQ(f.wait_for(std::chrono::seconds(5)), std::future_status::ready);
+    absl::Status st = f.get();
+    EXPECT_TRUE(absl::IsInternal(st)) << inline_completion << ": " << st;
+    EXPECT_NE(st.message().find("bug in a callback"), std::string::npos) << st;
+  }
 }
 
 }  // namespace
