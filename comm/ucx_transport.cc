@@ -167,33 +167,47 @@ struct InProgress {
 
 // Every operation still pending completes (Aborted) before UCX goes (a
 // regression: they were once dropped, their callbacks never run, and their
-// owners waited for ever): the copy thread finishes its reads first (their
-// acknowledgements are posted), then this thread fails what is left,
+// owners waited for ever). The progress thread stops first, so that from
+// then on this thread alone progresses UCX; the copy thread then finishes
+// its reads (a descriptor arriving after that is refused, not read: see
+// recv), this thread posts their acknowledgements, fails what is left,
 // cancels UCX's requests and progresses until UCX has let go of their
 // buffers (bounded).
 UcxTransport::~UcxTransport() {
-  copier_.reset();
   {
     std::lock_guard<std::mutex> lock(mu_);  // no lost wake-up of a standing-down thread
     stop_ = true;
   }
   cv_.notify_all();
   if (progress_.joinable()) progress_.join();
+  std::unique_ptr<CallbackQueue> copier;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    copier = std::move(copier_);
+  }
+  copier.reset();  // its reads finish; their acknowledgements are queued
   auto* worker = static_cast<ucp_worker_h>(worker_);
   if (worker != nullptr) {
+    std::lock_guard<std::mutex> lock(worker_mu_);
+    InProgress mark;
+    auto drive = [&](std::chrono::milliseconds bound, auto done) {
+      const auto deadline = std::chrono::steady_clock::now() + bound;
+      for (bool idle = false; !idle && !done() && std::chrono::steady_clock::now() < deadline;) {
+        progress_once(&idle);
+      }
+    };
+    drive(std::chrono::milliseconds(200), [&] {  // the acknowledgements go out
+      std::lock_guard<std::mutex> l(mu_);
+      return to_post_.empty();
+    });
     const absl::Status why = absl::AbortedError(
         absl::StrCat("rank ", rank_, "'s UCX transport was shut down with the operation pending"));
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      std::lock_guard<std::mutex> l(mu_);
       closing_ = true;
     }
     fail_where([](const Op&) { return true; }, why, /*wait_for_ucx=*/false);
-    std::lock_guard<std::mutex> lock(worker_mu_);
-    InProgress mark;
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(1);
-    for (bool idle = false; !idle && std::chrono::steady_clock::now() < deadline;) {
-      progress_once(&idle);
-    }
+    drive(std::chrono::seconds(1), [] { return false; });
   }
   for (std::size_t r = 0; r < eps_.size(); r++) {
     void* ep = eps_[r];
@@ -293,7 +307,9 @@ void UcxTransport::complete(Callback& done, absl::Status st) {
     for (auto& f : failed_)
       if (f.ok()) f = why;
   }
-  fail_where([](const Op&) { return true; }, why, /*wait_for_ucx=*/false);
+  // Peers are alive: each operation reports once UCX has let go of its
+  // buffer (or after the cancel bound), as a cancel does.
+  fail_where([](const Op&) { return true; }, why, /*wait_for_ucx=*/true);
 }
 
 bool UcxTransport::consume_fault(Kind kind) {
@@ -534,8 +550,10 @@ bool UcxTransport::progress_once(bool* idle) {
     *idle = ops_.empty() && queued.empty() && failed.empty();
     if (*idle) return false;
   }
-  post_queued(queued);
+  // Cancels first: a post may progress UCX, which could complete (and
+  // free) a request collected above.
   for (void* req : cancel) ucp_request_cancel(worker, req);
+  post_queued(queued);
   for (auto& op : failed) complete(op->done, absl::OkStatus());  // wrapped: reports the failure
   return ucp_worker_progress(worker) != 0 || !queued.empty() || !failed.empty();
 }

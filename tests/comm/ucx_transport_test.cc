@@ -49,8 +49,9 @@ bool single_copy_here() {
   std::promise<absl::Status> s, r;
   at(p, 1).recv(0, 5, b.data(), kBig, [&](absl::Status st) { r.set_value(st); });
   at(p, 0).send(1, 5, a.data(), kBig, [&](absl::Status st) { s.set_value(st); });
-  r.get_future().wait();
-  s.get_future().wait();
+  auto rf = r.get_future(), sf = s.get_future();
+  EXPECT_TRUE(await(rf, std::chrono::seconds(10)).ok());
+  EXPECT_TRUE(await(sf, std::chrono::seconds(10)).ok());
   return p.t[1]->single_copy_bytes() > 0;
 }
 
@@ -123,6 +124,47 @@ TEST_F(UcxSingleCopy, PlainReceiveIsNotReadOnTheProgressThread) {
   EXPECT_EQ(a, b);
 }
 
+// A receive too small for a message sent by single copy fails, and so does
+// the send (it once waited for ever for an acknowledgement: the receiver
+// took the descriptor as a too-long message and never answered).
+TEST_F(UcxSingleCopy, SizeMismatchFailsBothSides) {
+  auto p = connected_pair();
+  std::vector<char> a(kBig, 'x'), b(100);
+  std::promise<absl::Status> r, s;
+  auto rf = r.get_future(), sf = s.get_future();
+  at(p, 1).recv(0, 31, b.data(), b.size(), [&](absl::Status st) { r.set_value(st); });
+  at(p, 0).send(1, 31, a.data(), kBig, [&](absl::Status st) { s.set_value(st); });
+  EXPECT_TRUE(absl::IsInvalidArgument(await(rf, std::chrono::seconds(10))));
+  absl::Status st = await(sf, std::chrono::seconds(10));
+  EXPECT_TRUE(absl::IsUnavailable(st)) << st;
+  EXPECT_NE(st.message().find("could not copy"), std::string::npos) << st;
+}
+
+// A cancelled single-copy send whose descriptor has been delivered waits
+// for the receiver's acknowledgement (the receiver may be reading its
+// buffer); it once gave up at once when the cancel failed the descriptor's
+// send, and the caller could reuse a buffer still being read.
+TEST_F(UcxSingleCopy, CancelledSendWaitsForTheReceiversAcknowledgement) {
+  auto p = connected_pair();
+  std::vector<char> a(kBig, 'c');
+  auto token = std::make_shared<CancelToken>();
+  std::promise<absl::Status> s;
+  std::promise<Arrival> got;
+  auto sf = s.get_future();
+  at(p, 1).recv_pull(0, 41, kBig, nullptr, [&](Arrival m) { got.set_value(std::move(m)); });
+  at(p, 0).send(1, 41, a.data(), kBig, [&](absl::Status st) { s.set_value(st); }, token);
+  Arrival m = got.get_future().get();  // the receiver holds the descriptor, not yet read
+  ASSERT_TRUE(m.status().ok()) << m.status();
+  p.t[0]->cancel(token, absl::CancelledError("the collective was aborted"));
+  EXPECT_EQ(sf.wait_for(std::chrono::milliseconds(300)), std::future_status::timeout)
+      << "the send completed while the receiver could still read its buffer";
+  std::vector<char> b(kBig);
+  ASSERT_TRUE(m.read(0, b.data(), kBig).ok());
+  m.release();
+  EXPECT_EQ(await(sf, std::chrono::seconds(5)).code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(a, b);
+}
+
 // Destroying a transport completes every pending operation (they were once
 // dropped, their callbacks never run).
 TEST(UcxTransportLifetime, DestructionCompletesPendingOperations) {
@@ -138,6 +180,31 @@ TEST(UcxTransportLifetime, DestructionCompletesPendingOperations) {
   for (auto* f : {&rf, &sf, &r2f}) {
     absl::Status st = await(*f, std::chrono::seconds(1));
     EXPECT_TRUE(absl::IsAborted(st)) << st;
+  }
+}
+
+// Destroyed while a plain single-copy receive is being read or its
+// descriptor is arriving: the receive completes once (read, or Aborted), and
+// nothing touches the copy thread after it is gone (the progress thread once
+// could, during the destructor).
+TEST(UcxTransportLifetime, DestructionWithASingleCopyReceiveInFlight) {
+  for (int delay_us : {0, 50, 200, 1000}) {
+    auto p = connected_pair();
+    std::vector<char> a(kBig, 'q'), b(kBig);
+    std::atomic<int> calls{0};
+    std::promise<absl::Status> s;
+    auto sf = s.get_future();
+    at(p, 0).recv(1, 51, b.data(), kBig, [&](absl::Status st) {
+      calls++;
+      EXPECT_TRUE(st.ok() || absl::IsAborted(st)) << st;
+    });
+    at(p, 1).send(0, 51, a.data(), kBig, [&](absl::Status st) { s.set_value(st); });
+    std::this_thread::sleep_for(std::chrono::microseconds(delay_us));
+    p.t[0].reset();
+    EXPECT_LE(calls.load(), 1);
+    p.t[1]->fail_peer(0, absl::UnavailableError("rank 0 left"));  // what liveness would say
+    EXPECT_NE(await(sf, std::chrono::seconds(5)).code(), absl::StatusCode::kDeadlineExceeded);
+    EXPECT_EQ(calls.load(), 1) << "the receive never completed (delay " << delay_us << " us)";
   }
 }
 
