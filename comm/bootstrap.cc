@@ -3,6 +3,7 @@
 #include "comm/bootstrap.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -84,7 +85,7 @@ absl::StatusOr<std::unique_ptr<Bootstrap>> Bootstrap::start(int rank, int size,
   };
   b->dead_.assign(static_cast<std::size_t>(size), false);
   b->fin_.assign(static_cast<std::size_t>(size), false);
-  if (::pipe(b->wake_) != 0) return absl::InternalError("bootstrap: pipe failed");
+  if (::pipe2(b->wake_, O_CLOEXEC) != 0) return absl::InternalError("bootstrap: pipe failed");
   const auto deadline = Clock::now() + absl::ToChronoNanoseconds(timeout);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
@@ -107,17 +108,13 @@ absl::StatusOr<std::unique_ptr<Bootstrap>> Bootstrap::start(int rank, int size,
     if (absl::Status st = b->accept_ranks(deadline); !st.ok()) return st;
     return b;
   }
-  int fd = -1;
-  for (;;) {
-    fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) break;
-    ::close(fd);
-    if (Clock::now() > deadline) {
-      return absl::DeadlineExceededError(
-          absl::StrCat("bootstrap: rank ", rank, " cannot reach rank 0 at ", host, ":", port));
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  auto connected = connect_within(&addr, deadline);
+  if (!connected.ok()) {
+    return absl::DeadlineExceededError(absl::StrCat("bootstrap: rank ", rank,
+                                                    " cannot reach rank 0 at ", host, ":", port,
+                                                    ": ", connected.status().message()));
   }
+  const int fd = *connected;
   set_nodelay(fd);
   b->fds_ = {fd};
   if (!b->token_.empty()) {
@@ -206,8 +203,10 @@ absl::Status Bootstrap::accept_ranks(Clock::time_point deadline) {
       fds.push_back({p.fd, POLLIN, 0});
       wake = std::min(wake, p.until);
     }
-    if (::poll(fds.data(), fds.size(), std::max(ms_left(wake), 1)) < 0 && errno != EINTR)
+    if (::poll(fds.data(), fds.size(), std::max(ms_left(wake), 1)) < 0 && errno != EINTR) {
+      for (const Pending& p : pending) ::close(p.fd);
       return absl::InternalError(absl::StrCat("bootstrap: poll: ", std::strerror(errno)));
+    }
     std::vector<Pending> still;
     for (std::size_t i = 1; i < fds.size(); i++) {
       Pending& p = pending[i - 1];

@@ -32,6 +32,8 @@ using Clock = std::chrono::steady_clock;
 enum Kind : std::uint32_t { kData = 1, kHeartbeat = 2, kHello = 3, kBye = 4 };
 constexpr std::uint32_t kMagic = 0x43505254;  // "TRPC"
 constexpr std::size_t kMaxHello = 64u << 10;
+// Connections still proving the token at once; more are closed at accept.
+constexpr std::size_t kMaxPending = 256;
 
 struct Header {
   std::uint32_t magic;
@@ -72,18 +74,37 @@ struct Conn {
     if (st.ok()) sent = Clock::now().time_since_epoch().count();
     return st;
   }
+  // A heartbeat if the socket takes it at once (never blocks the loop's
+  // thread on a peer that does not read): false only when the stream is
+  // broken (a partial write).
+  bool heartbeat() {
+    std::unique_lock<std::mutex> lock(write_mu, std::try_to_lock);
+    if (!lock.owns_lock() || closed) return true;  // a frame is being written: as good
+    const Header h{kMagic, kHeartbeat, 0};
+    const ssize_t n = ::send(fd, &h, sizeof h, MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (n == static_cast<ssize_t>(sizeof h)) sent = Clock::now().time_since_epoch().count();
+    return n < 0 ? errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR
+                 : n == static_cast<ssize_t>(sizeof h);
+  }
+  // Unblocks a writer stuck on this connection, then closes it.
+  void cut() {
+    if (fd >= 0) ::shutdown(fd, SHUT_RDWR);
+    close();
+  }
   Clock::duration since_sent(Clock::time_point now) const {
     return now - Clock::time_point(Clock::duration(sent.load()));
   }
-  // Takes what the socket has. Unavailable when the peer closed it.
-  absl::Status receive() {
+  // Takes what the socket has, at most `limit` bytes in all (a connection
+  // that has not proved the token gets no more than its handshake).
+  // Unavailable when the peer closed it.
+  absl::Status receive(std::size_t limit = kMaxFrame + 2 * sizeof(Header)) {
     char buf[64 << 10];
     for (;;) {
-      const ssize_t n = ::recv(fd, buf, sizeof buf, MSG_DONTWAIT);
+      if (got.size() >= limit) return absl::OkStatus();
+      const ssize_t n = ::recv(fd, buf, std::min(sizeof buf, limit - got.size()), MSG_DONTWAIT);
       if (n > 0) {
         got.append(buf, static_cast<std::size_t>(n));
         heard = Clock::now();
-        if (got.size() > kMaxFrame + 2 * sizeof(Header)) return absl::OkStatus();  // parse first
         continue;
       }
       if (n == 0) return absl::UnavailableError("the connection closed");
@@ -246,7 +267,7 @@ void ControlHub::lose(int rank, absl::Status why) {
     c = std::move(it->second);
     ranks_.erase(it);
   }
-  c->close();
+  c->cut();
   if (handlers_.on_lost) handlers_.on_lost(rank, std::move(why));
 }
 
@@ -259,7 +280,17 @@ bool ControlHub::advance_pending(Conn& c) {
     refused_++;
     return false;
   };
-  if (absl::Status st = c.receive(); !st.ok()) return refuse(std::string(st.message()));
+  // Only what is due: the answer, then a hello's header, then its body.
+  std::size_t due = kAnswerBytes;
+  if (c.state == Conn::State::kHello) {
+    due = sizeof(control_internal::Header);
+    if (c.got.size() >= due) {
+      control_internal::Header h{};
+      std::memcpy(&h, c.got.data(), sizeof h);
+      due += std::min<std::uint64_t>(h.len, control_internal::kMaxHello + 1);
+    }
+  }
+  if (absl::Status st = c.receive(due); !st.ok()) return refuse(std::string(st.message()));
   if (c.state == Conn::State::kAnswer) {
     if (c.got.size() < kAnswerBytes) return true;
     auto proof = answer_proof(options_.token, c.nonce, absl::string_view(c.got).substr(0, kAnswerBytes));
@@ -278,15 +309,19 @@ bool ControlHub::advance_pending(Conn& c) {
   std::int32_t rank = -1;
   std::memcpy(&rank, body.data(), 4);
   if (rank < 0) return refuse(absl::StrCat("a hello from rank ", rank));
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (ranks_.count(rank)) return refuse(absl::StrCat("rank ", rank, " is already connected"));
-  }
-  if (handlers_.on_join && !handlers_.on_join(rank, body.substr(4)))
-    return refuse(absl::StrCat("rank ", rank, " was not accepted"));
   c.rank = rank;
   c.state = Conn::State::kOpen;
   c.heard = Clock::now();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (ranks_.count(rank)) return refuse(absl::StrCat("rank ", rank, " is already connected"));
+    ranks_[rank] = pending_[c.fd];  // before on_join, which may send() to it
+  }
+  if (handlers_.on_join && !handlers_.on_join(rank, body.substr(4))) {
+    std::lock_guard<std::mutex> lock(mu_);
+    ranks_.erase(rank);
+    return refuse(absl::StrCat("rank ", rank, " was not accepted"));
+  }
   return true;
 }
 
@@ -317,6 +352,11 @@ void ControlHub::loop() {
     for (int i = 0; i < 64 && (fds[1].revents & POLLIN); i++) {
       const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
       if (fd < 0) break;
+      if (pending_.size() >= control_internal::kMaxPending) {  // a flood of connections: refuse the excess
+        ::close(fd);
+        refused_++;
+        continue;
+      }
       int one = 1;
       ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
       auto c = std::make_shared<Conn>();
@@ -346,21 +386,13 @@ void ControlHub::loop() {
         refused_++;
         keep = false;
       }
-      if (keep && c.state == Conn::State::kOpen) {
-        std::lock_guard<std::mutex> lock(mu_);
-        ranks_[c.rank] = it->second;
-      }
-      if (!keep || c.state == Conn::State::kOpen) leaving.push_back(it->first);
+      if (!keep || c.state == Conn::State::kOpen) leaving.push_back(it->first);  // joined: in ranks_
     }
     for (int fd : leaving) pending_.erase(fd);
     // Frames of joined ranks.
     const auto now = Clock::now();
     for (std::size_t i = 0; i < open.size(); i++) {
       Conn& c = *open[i];
-      if (c.dropping) {
-        lose(c.rank, c.drop_why);
-        continue;
-      }
       absl::Status st = fds[k + i].revents ? c.receive() : absl::OkStatus();
       for (;;) {  // frames already here are delivered even when the peer has closed
         std::uint32_t kind = 0;
@@ -387,8 +419,9 @@ void ControlHub::loop() {
         lose(c.rank, absl::DeadlineExceededError(absl::StrCat(
                          "rank ", c.rank, " sent nothing for ",
                          absl::FormatDuration(options_.dead_after), " (hung, or its link is cut)")));
-      } else if (c.since_sent(now) >= heartbeat) {
-        (void)c.send(Kind::kHeartbeat, "", after(absl::Seconds(1)));
+      } else if (c.since_sent(now) >= heartbeat && !c.heartbeat()) {
+        lose(c.rank, absl::UnavailableError(
+                         absl::StrCat("rank ", c.rank, "'s control channel broke mid-frame")));
       }
     }
   }
@@ -407,21 +440,13 @@ absl::StatusOr<std::unique_ptr<ControlLink>> ControlLink::connect(
   if (!addr.ok()) return addr.status();
   default_log(options);
   const auto deadline = after(options.handshake);
-  int fd = -1;
-  for (;;) {
-    fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (::connect(fd, reinterpret_cast<sockaddr*>(&*addr), sizeof *addr) == 0) break;
-    const int err = errno;
-    ::close(fd);
-    if (Clock::now() > deadline) {
-      return absl::DeadlineExceededError(absl::StrCat("control channel: rank ", rank,
-                                                      " cannot reach ", host, ":", port, ": ",
-                                                      std::strerror(err)));
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  auto connected = connect_within(&*addr, deadline);
+  if (!connected.ok()) {
+    return absl::DeadlineExceededError(absl::StrCat("control channel: rank ", rank,
+                                                    " cannot reach ", host, ":", port, ": ",
+                                                    connected.status().message()));
   }
-  int one = 1;
-  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  const int fd = *connected;
   std::unique_ptr<ControlLink> link(new ControlLink());
   link->conn_ = std::make_shared<Conn>();
   link->conn_->fd = fd;
@@ -468,12 +493,13 @@ void ControlLink::loop() {
   const auto dead_after = absl::ToChronoNanoseconds(options_.dead_after);
   Conn& c = *conn_;
   auto lost = [&](absl::Status why) {
-    c.close();
+    c.cut();
     if (on_lost_) on_lost_(std::move(why));
   };
   while (!stop_) {
     pollfd fds[2] = {{wake_[0], POLLIN, 0}, {c.fd, POLLIN, 0}};
-    if (::poll(fds, 2, 100) < 0 && errno != EINTR) return;
+    if (::poll(fds, 2, 100) < 0 && errno != EINTR)
+      return lost(absl::InternalError(absl::StrCat("the control channel: poll: ", std::strerror(errno))));
     if (fds[0].revents) drain(wake_[0]);
     if (stop_) return;
     absl::Status st = fds[1].revents ? c.receive() : absl::OkStatus();
@@ -497,7 +523,8 @@ void ControlLink::loop() {
           absl::StrCat("the coordinator sent nothing for ", absl::FormatDuration(options_.dead_after),
                        " (hung, or the link is cut)")));
     }
-    if (c.since_sent(now) >= heartbeat) (void)c.send(Kind::kHeartbeat, "", after(absl::Seconds(1)));
+    if (c.since_sent(now) >= heartbeat && !c.heartbeat())
+      return lost(absl::UnavailableError("the control channel broke mid-frame"));
   }
 }
 

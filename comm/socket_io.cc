@@ -2,6 +2,9 @@
 #include "comm/socket_io.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/tcp.h>
+#include <unistd.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
@@ -9,6 +12,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 
@@ -56,6 +60,35 @@ absl::Status read_full(int fd, void* p, std::size_t n, SteadyTime deadline) {
     n -= static_cast<std::size_t>(r);
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<int> connect_within(const void* addr, SteadyTime deadline) {
+  int last = ETIMEDOUT;
+  for (;;) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0) return absl::ResourceExhaustedError(absl::StrCat("socket: ", std::strerror(errno)));
+    int err = 0;
+    if (::connect(fd, static_cast<const sockaddr*>(addr), sizeof(sockaddr_in)) != 0) {
+      err = errno;
+      if (err == EINPROGRESS && wait_fd(fd, POLLOUT, deadline).ok()) {
+        socklen_t len = sizeof err;
+        ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
+      } else if (err == EINPROGRESS) {
+        err = ETIMEDOUT;
+      }
+    }
+    if (err == 0) {
+      ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+      int one = 1;
+      ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+      return fd;
+    }
+    ::close(fd);
+    last = err;
+    if (std::chrono::steady_clock::now() >= deadline)
+      return absl::DeadlineExceededError(std::strerror(last));
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
 }
 
 std::string peer_name(int fd) {

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 
 namespace troupe::comm {
 
@@ -24,6 +25,11 @@ absl::Status wait_fd(int fd, short events, SteadyTime deadline);
 // All `n` bytes, or DeadlineExceeded / Unavailable ("the connection closed").
 absl::Status write_full(int fd, const void* p, std::size_t n, SteadyTime deadline);
 absl::Status read_full(int fd, void* p, std::size_t n, SteadyTime deadline);
+// A TCP connection to `addr` (a sockaddr_in), made within `deadline`,
+// retrying while nobody listens yet: the fd (blocking, CLOEXEC,
+// TCP_NODELAY), or DeadlineExceeded with the last error. A blackholed host
+// costs the deadline, not the kernel's two minutes of SYN retries.
+absl::StatusOr<int> connect_within(const void* addr, SteadyTime deadline);
 // "ip:port" of the other end, for messages.
 std::string peer_name(int fd);
 

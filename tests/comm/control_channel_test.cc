@@ -12,7 +12,9 @@
 #include <condition_variable>
 #include <future>
 #include <cstring>
+#include <atomic>
 #include <map>
+#include <thread>
 #include <mutex>
 
 #include "comm/auth.h"
@@ -198,6 +200,43 @@ TEST(ControlChannel, HeartbeatsTellAHungPeerFromALiveOne) {
   std::lock_guard<std::mutex> l(heard.mu);
   EXPECT_EQ(heard.lost.count(0), 0u) << "a live link was taken for a hung one";
   ::close(hung);
+}
+
+// A rank that joins and stops reading, while the coordinator keeps sending
+// to it until its window is full: the hub's thread never blocks on it (it
+// once did, in heartbeats and in closing, and live links then timed out).
+TEST(ControlChannel, APeerThatStopsReadingDoesNotStallTheHub) {
+  Heard heard;
+  const ControlOptions fast{.heartbeat = absl::Milliseconds(100),
+                            .dead_after = absl::Milliseconds(800)};
+  auto h = hub(heard, fast);
+  std::atomic<bool> live_lost{false};
+  auto live = link(h->port(), 0, nullptr, [&](absl::Status) { live_lost = true; }, kToken, fast);
+  ASSERT_NE(live, nullptr);
+  const int stuck = raw_connect(h->port());
+  ASSERT_TRUE(
+      prove_token(stuck, kToken, std::chrono::steady_clock::now() + std::chrono::seconds(5)).ok());
+  const std::string hello = hello_frame(1);
+  (void)!::send(stuck, hello.data(), hello.size(), MSG_NOSIGNAL);
+  ASSERT_TRUE(heard.wait([&] { return heard.hellos.count(1); }));
+  std::atomic<bool> stop{false};
+  std::thread flood([&] {  // the coordinator's thread, blocking in send()
+    const std::string big(1 << 20, 'f');
+    while (!stop && h->send(1, big).ok()) {
+    }
+  });
+  const auto t0 = std::chrono::steady_clock::now();
+  while (std::chrono::steady_clock::now() - t0 < std::chrono::seconds(3)) {
+    ASSERT_TRUE(live->send("ping").ok());
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  stop = true;
+  flood.join();
+  EXPECT_FALSE(live_lost.load()) << "a live link was dropped while another peer stalled";
+  std::lock_guard<std::mutex> l(heard.mu);
+  EXPECT_EQ(heard.lost.count(0), 0u);
+  EXPECT_EQ(heard.lost.count(1), 1u) << "the stalled peer was never dropped";
+  ::close(stuck);
 }
 
 TEST(ControlChannel, LinkHearsWhenTheHubGoes) {
