@@ -9,6 +9,8 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <stdexcept>
+#include <algorithm>
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
@@ -71,10 +73,40 @@ int run_agent(const AgentOptions& options) {
     send({{"type", "exited"}, {"rank", rank}, {"code", st.code}, {"signal", st.signal},
           {"status", st.describe()}});
   };
+  // TERM to every worker at once, one grace for all, then KILL the rest.
   auto stop_all = [&](absl::Duration grace) {
-    for (auto& [rank, w] : workers) w->signal_group(SIGTERM);  // all at once, then wait
-    for (auto& [rank, w] : workers) report_exit(rank, w->stop(grace));
+    for (auto& [rank, w] : workers) w->signal_group(SIGTERM);
+    const absl::Time until = absl::Now() + grace;
+    for (auto& [rank, w] : workers) {
+      if (!w->wait_for(std::max(until - absl::Now(), absl::ZeroDuration())))
+        w->signal_group(SIGKILL);
+    }
+    for (auto& [rank, w] : workers) report_exit(rank, w->stop(absl::ZeroDuration()));
     workers.clear();
+  };
+  // One "start" entry: a worker, or an error saying why not.
+  auto start_one = [&](const json& w) {
+    if (!w.is_object()) return;
+    const int rank = w.contains("rank") && w["rank"].is_number_integer() ? w["rank"].get<int>() : -1;
+    ProcessSpec spec;
+    try {
+      if (rank < 0) throw std::invalid_argument("a worker without a rank");
+      if (workers.count(rank)) throw std::invalid_argument("that rank is already running here");
+      spec.argv = w.at("argv").get<std::vector<std::string>>();
+      if (w.contains("env")) spec.env = w["env"].get<std::vector<std::string>>();
+      if (w.contains("log")) spec.log_path = w["log"].get<std::string>();
+    } catch (const std::exception& e) {
+      send({{"type", "error"}, {"rank", rank}, {"message", e.what()}});
+      return;
+    }
+    spec.stdin_data = options.token + "\n";
+    auto child = Child::spawn(spec);
+    if (!child.ok()) {
+      send({{"type", "error"}, {"rank", rank}, {"message", child.status().message()}});
+      return;
+    }
+    send({{"type", "started"}, {"rank", rank}, {"pid", (*child)->pid()}});
+    workers[rank] = std::move(*child);
   };
   for (;;) {
     std::deque<json> commands;
@@ -89,36 +121,21 @@ int run_agent(const AgentOptions& options) {
       why = inbox->why;
     }
     for (const json& c : commands) {
-      const std::string type = c.value("type", "");
+      const std::string type =
+          c.contains("type") && c["type"].is_string() ? c["type"].get<std::string>() : "";
       if (type == "stop") {
-        stop_all(absl::Milliseconds(c.value("grace_ms", 3000)));
+        const int grace_ms = c.contains("grace_ms") && c["grace_ms"].is_number_integer()
+                                 ? c["grace_ms"].get<int>()
+                                 : 3000;
+        stop_all(absl::Milliseconds(std::clamp(grace_ms, 0, 600000)));
         return 0;
       }
-      if (type != "start" || !c.contains("workers") || !c["workers"].is_array()) continue;
-      for (const json& w : c["workers"]) {
-        const int rank = w.value("rank", -1);
-        ProcessSpec spec;
-        try {
-          spec.argv = w.at("argv").get<std::vector<std::string>>();
-          spec.env = w.value("env", std::vector<std::string>{});
-          spec.log_path = w.value("log", std::string());
-        } catch (const json::exception& e) {
-          send({{"type", "error"}, {"rank", rank}, {"message", e.what()}});
-          continue;
-        }
-        spec.stdin_data = options.token + "\n";
-        auto child = Child::spawn(spec);
-        if (!child.ok()) {
-          send({{"type", "error"}, {"rank", rank}, {"message", child.status().message()}});
-          continue;
-        }
-        send({{"type", "started"}, {"rank", rank}, {"pid", (*child)->pid()}});
-        workers[rank] = std::move(*child);
+      if (type == "start" && c.contains("workers") && c["workers"].is_array()) {
+        for (const json& w : c["workers"]) start_one(w);
       }
     }
     for (auto it = workers.begin(); it != workers.end();) {
-      if (auto st = it->second->poll()) {
-        it->second->signal_group(SIGKILL);  // whatever it left running
+      if (auto st = it->second->poll()) {  // (what it left running is killed by poll)
         report_exit(it->first, *st);
         it = workers.erase(it);
       } else {

@@ -3,6 +3,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <pthread.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -10,6 +11,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <initializer_list>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -39,10 +41,61 @@ ExitStatus from_wait(int status) {
 }
 }  // namespace
 
+namespace {
+
+// argv[0] as exec should find it: a path as it is, else the first match in
+// the PATH of the child's environment (execvpe would search ours).
+std::string resolve_program(const std::string& name, const std::vector<std::string>& env) {
+  if (name.find('/') != std::string::npos) return name;
+  std::string path = "/usr/local/bin:/usr/bin:/bin";
+  for (const auto& e : env)
+    if (e.rfind("PATH=", 0) == 0) path = e.substr(5);
+  for (std::size_t b = 0; b <= path.size();) {
+    std::size_t e = path.find(':', b);
+    if (e == std::string::npos) e = path.size();
+    const std::string dir = e > b ? path.substr(b, e - b) : ".";
+    const std::string candidate = dir + "/" + name;
+    if (::access(candidate.c_str(), X_OK) == 0) return candidate;
+    b = e + 1;
+  }
+  return name;  // exec fails and says so
+}
+
+void close_all(std::initializer_list<int> fds) {
+  for (int fd : fds)
+    if (fd >= 0) ::close(fd);
+}
+
+// Writes `data` to a pipe whose reader may already have exited: EPIPE, not
+// SIGPIPE (which would end this process, and with it every other child).
+void write_ignoring_sigpipe(int fd, const std::string& data) {
+  sigset_t pipe_set, old;
+  sigemptyset(&pipe_set);
+  sigaddset(&pipe_set, SIGPIPE);
+  ::pthread_sigmask(SIG_BLOCK, &pipe_set, &old);
+  const bool was_pending = [&] {
+    sigset_t pending;
+    ::sigpending(&pending);
+    return sigismember(&pending, SIGPIPE) == 1;
+  }();
+  const ssize_t n = ::write(fd, data.data(), data.size());
+  if (n < 0 && errno == EPIPE && !was_pending) {
+    const timespec zero{0, 0};
+    while (::sigtimedwait(&pipe_set, nullptr, &zero) < 0 && errno == EINTR) {
+    }
+  }
+  ::pthread_sigmask(SIG_SETMASK, &old, nullptr);
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<Child>> Child::spawn(const ProcessSpec& spec) {
   if (spec.argv.empty()) return absl::InvalidArgumentError("spawn: no program");
+  if (spec.stdin_data.size() > 4096)  // a pipe takes it whole, so no write can block
+    return absl::InvalidArgumentError("spawn: more than 4 KiB for standard input");
   // Everything the child needs is prepared before fork: after it, only
   // async-signal-safe calls (this process has other threads).
+  const std::string program = resolve_program(spec.argv[0], spec.env);
   std::vector<char*> argv, envp;
   for (const auto& a : spec.argv) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
@@ -56,58 +109,63 @@ absl::StatusOr<std::unique_ptr<Child>> Child::spawn(const ProcessSpec& spec) {
           absl::StrCat(spec.log_path, ": cannot write the log: ", std::strerror(errno)));
     }
   }
-  int in[2] = {-1, -1};
-  if (::pipe2(in, O_CLOEXEC) != 0) return absl::InternalError("spawn: pipe failed");
-  int report[2] = {-1, -1};  // the child writes errno here if exec fails
-  if (::pipe2(report, O_CLOEXEC) != 0) return absl::InternalError("spawn: pipe failed");
+  int in[2] = {-1, -1}, report[2] = {-1, -1};  // report: the child's errno if exec fails
+  if (::pipe2(in, O_CLOEXEC) != 0 || ::pipe2(report, O_CLOEXEC) != 0) {
+    close_all({log_fd, in[0], in[1], report[0], report[1]});
+    return absl::InternalError(absl::StrCat("spawn: pipe: ", std::strerror(errno)));
+  }
   const pid_t parent = ::getpid();
   const pid_t pid = ::fork();
-  if (pid < 0) return absl::ResourceExhaustedError(absl::StrCat("fork: ", std::strerror(errno)));
+  if (pid < 0) {
+    const int err = errno;
+    close_all({log_fd, in[0], in[1], report[0], report[1]});
+    return absl::ResourceExhaustedError(absl::StrCat("fork: ", std::strerror(err)));
+  }
   if (pid == 0) {
     ::setpgid(0, 0);
     if (spec.die_with_parent) {
       ::prctl(PR_SET_PDEATHSIG, SIGKILL);
       if (::getppid() != parent) ::_exit(127);  // the parent died before the prctl
     }
-    ::dup2(in[0], 0);
+    auto onto = [](int from, int to) {
+      if (from == to) {
+        ::fcntl(to, F_SETFD, 0);  // already there: only drop close-on-exec
+      } else {
+        ::dup2(from, to);
+      }
+    };
+    onto(in[0], 0);
     if (log_fd >= 0) {
-      ::dup2(log_fd, 1);
-      ::dup2(log_fd, 2);
+      onto(log_fd, 1);
+      onto(log_fd, 2);
     }
     // Signals the launcher's threads block must not stay blocked here.
     sigset_t none;
     sigemptyset(&none);
     ::sigprocmask(SIG_SETMASK, &none, nullptr);
-    const char* file = argv[0];
-    if (std::strchr(file, '/') != nullptr) {
-      ::execve(file, argv.data(), envp.data());
-    } else {
-      ::execvpe(file, argv.data(), envp.data());
-    }
+    ::execve(program.c_str(), argv.data(), envp.data());
     const int err = errno;
     (void)!::write(report[1], &err, sizeof err);
     ::_exit(127);
   }
   ::setpgid(pid, pid);  // also here: no race with a signal to the group
-  ::close(in[0]);
-  ::close(report[1]);
-  if (log_fd >= 0) ::close(log_fd);
+  close_all({in[0], report[1], log_fd});
   std::unique_ptr<Child> child(new Child());
   child->pid_ = pid;
   int err = 0;
-  if (::read(report[0], &err, sizeof err) == static_cast<ssize_t>(sizeof err)) {
-    ::close(report[0]);
+  ssize_t got = 0;
+  while ((got = ::read(report[0], &err, sizeof err)) < 0 && errno == EINTR) {
+  }
+  ::close(report[0]);
+  if (got == static_cast<ssize_t>(sizeof err)) {
     ::close(in[1]);
-    child->poll();
+    int status = 0;
+    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {  // it is exiting: no zombie
+    }
     child->exit_ = ExitStatus{127, 0};
     return absl::NotFoundError(absl::StrCat(spec.argv[0], ": cannot run it: ", std::strerror(err)));
   }
-  ::close(report[0]);
-  if (!spec.stdin_data.empty()) {
-    // Small (a token): fits the pipe; a child that never reads cannot block us.
-    ::fcntl(in[1], F_SETFL, O_NONBLOCK);
-    (void)!::write(in[1], spec.stdin_data.data(), spec.stdin_data.size());
-  }
+  if (!spec.stdin_data.empty()) write_ignoring_sigpipe(in[1], spec.stdin_data);
   ::close(in[1]);
   return child;
 }
@@ -116,11 +174,21 @@ Child::~Child() {
   if (pid_ > 0 && !exit_) stop(absl::Seconds(2));
 }
 
+// The leader's exit is seen without reaping it (WNOWAIT): while it is a
+// zombie its pid is still the group's id, so what it left running is
+// killed by that id with no risk of hitting a process that reused it; only
+// then is it reaped.
 std::optional<ExitStatus> Child::poll() {
   if (exit_ || pid_ <= 0) return exit_;
+  siginfo_t info{};
+  if (::waitid(P_PID, static_cast<id_t>(pid_), &info, WEXITED | WNOHANG | WNOWAIT) != 0 ||
+      info.si_pid != pid_)
+    return exit_;
+  ::kill(-pid_, SIGKILL);
   int status = 0;
-  const pid_t r = ::waitpid(pid_, &status, WNOHANG);
-  if (r == pid_) exit_ = from_wait(status);
+  while (::waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
+  }
+  exit_ = from_wait(status);
   return exit_;
 }
 
@@ -132,23 +200,17 @@ std::optional<ExitStatus> Child::wait_for(absl::Duration timeout) {
 }
 
 void Child::signal_group(int sig) {
-  if (pid_ > 0) ::kill(-pid_, sig);
+  if (pid_ > 0 && !exit_) ::kill(-pid_, sig);  // never after reaping: the id may be reused
 }
 
 ExitStatus Child::stop(absl::Duration grace) {
-  if (auto e = poll()) {
-    signal_group(SIGKILL);  // what it started may still run
-    return *e;
-  }
+  if (auto e = poll()) return *e;  // its group's leftovers went with it (poll)
   signal_group(SIGTERM);
-  wait_for(grace);
-  signal_group(SIGKILL);  // the group: grandchildren too, even if it exited
-  if (!exit_) {
-    int status = 0;
-    while (::waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
-    }
-    exit_ = from_wait(status);
-  }
+  if (auto e = wait_for(grace)) return *e;
+  signal_group(SIGKILL);
+  if (auto e = wait_for(absl::Seconds(10))) return *e;
+  // Unkillable for now (uninterruptible sleep): said, and not waited for.
+  exit_ = ExitStatus{128 + SIGKILL, SIGKILL};
   return *exit_;
 }
 

@@ -49,13 +49,16 @@ class Child {
   Child& operator=(const Child&) = delete;
 
   pid_t pid() const { return pid_; }
-  // Its exit, if it has exited (does not block).
+  // Its exit, if it has exited (does not block). When it has, what is left
+  // of its process group is killed (before it is reaped, so the group id
+  // cannot have been reused).
   std::optional<ExitStatus> poll();
   // Its exit, waiting for it at most `timeout`.
   std::optional<ExitStatus> wait_for(absl::Duration timeout);
-  // SIGTERM to its group, SIGKILL to the group after `grace`; reaps it.
+  // SIGTERM to its group, SIGKILL to the group after `grace`; reaps it (a
+  // process still there 10 s after SIGKILL is reported killed, not waited for).
   ExitStatus stop(absl::Duration grace);
-  void signal_group(int sig);
+  void signal_group(int sig);  // nothing once it has been reaped
 
  private:
   Child() = default;
