@@ -47,10 +47,15 @@ class NcclComm final : public NcclCommunicator {
       stop_ = true;
     }
     cv_.notify_all();
-    issuer_.join();  // runs what was queued, then waits for the stream (bounded; see below)
+    issuer_.join();  // runs what was queued, waits for the stream, finalizes (all bounded)
     cudaSetDevice(device_);
-    cudaStreamSynchronize(stream_);
-    if (!abort_done_) ncclCommDestroy(comm_);  // an aborted communicator is already freed
+    // Nothing of ours is left on the stream (every host function ran, or the
+    // communicator was aborted): bounded all the same.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (cudaStreamQuery(stream_) == cudaErrorNotReady &&
+           std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    if (!abort_done_) ncclCommDestroy(comm_);  // finalized; an aborted one is already freed
     cudaStreamDestroy(stream_);
   }
   int rank() const override { return rank_; }
@@ -131,7 +136,17 @@ class NcclComm final : public NcclCommunicator {
         tasks_.pop_front();
         absl::Status st = aborted_;
         lock.unlock();
-        if (st.ok()) st = issue(t);
+        if (st.ok()) {
+          st = issue(t);
+          // NCCL says an error while enqueueing leaves the communicator to
+          // be aborted; later calls fail with the same reason.
+          if (!st.ok()) {
+            lock.lock();
+            if (aborted_.ok()) aborted_ = st;
+            if (!abort_done_) abort_locked(lock);
+            lock.unlock();
+          }
+        }
         if (st.ok()) st = on_stream_done(std::move(t.done));
         if (!st.ok() && t.done) run_callback(t.done, st);
         lock.lock();
@@ -145,7 +160,11 @@ class NcclComm final : public NcclCommunicator {
   // a minute is taken for a hang and aborted (the destructor must not wait
   // for ever on cudaStreamSynchronize).
   bool drain_before_stop(std::unique_lock<std::mutex>& lock) {
-    if (in_flight_ == 0 || abort_done_) return true;
+    if (abort_done_) return true;
+    if (in_flight_ == 0) {
+      finalize_locked(lock);
+      return true;
+    }
     if (stop_since_ == std::chrono::steady_clock::time_point{})
       stop_since_ = std::chrono::steady_clock::now();
     if (std::chrono::steady_clock::now() - stop_since_ > std::chrono::seconds(60)) {
@@ -157,6 +176,26 @@ class NcclComm final : public NcclCommunicator {
     }
     cv_.wait_for(lock, kErrorPoll);
     return false;
+  }
+
+  // Holds mu_ (released around the calls): ncclCommFinalize, which needs
+  // every member, bounded (a member that is gone would hold it for ever):
+  // after 30 s, or on an error, the communicator is aborted instead. Then
+  // the destructor's ncclCommDestroy only frees local resources.
+  void finalize_locked(std::unique_lock<std::mutex>& lock) {
+    lock.unlock();
+    ncclResult_t r = ncclCommFinalize(comm_);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (r == ncclInProgress && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      ncclCommGetAsyncError(comm_, &r);
+    }
+    lock.lock();
+    if (r != ncclSuccess) {
+      if (aborted_.ok()) aborted_ = nccl_status(r == ncclInProgress ? ncclSystemError : r,
+                                                "ncclCommFinalize");
+      abort_locked(lock);
+    }
   }
 
   // Holds mu_ (released around the call): frees kernels waiting on a dead
@@ -197,7 +236,9 @@ class NcclComm final : public NcclCommunicator {
       return base + ref.offset;
     };
     const bool group = t.calls.size() > 1;
-    if (group) ncclGroupStart();
+    if (group) {
+      if (absl::Status st = nccl_status(ncclGroupStart(), "ncclGroupStart"); !st.ok()) return st;
+    }
     ncclResult_t r = ncclSuccess;
     for (const NcclCall& c : t.calls) {
       switch (c.op) {
