@@ -3,6 +3,7 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
@@ -30,9 +31,14 @@ void CpuEvent::synchronize() {
 
 // ---- CpuStream --------------------------------------------------------------
 
+// At most OMP_THREAD_LIMIT threads: with a larger omp_set_num_threads()
+// the team is cut to the limit, but oneDNN 2.6's sgemm partitions the product
+// among omp_get_max_threads() threads and the missing ones' blocks are never
+// computed (a silently wrong GEMM).
 CpuStream::CpuStream(CpuDevice& device, StreamOptions options)
     : device_(device),
-      threads_(options.threads > 0 ? options.threads : omp_get_num_procs()),
+      threads_(std::min(options.threads > 0 ? options.threads : omp_get_num_procs(),
+                        omp_get_thread_limit())),
       worker_([this] { run(); }) {}
 
 CpuStream::~CpuStream() {
@@ -65,11 +71,13 @@ void CpuStream::record(Event& event) {
     std::lock_guard<std::mutex> lock(e.mu_);
     gen = ++e.recorded_;
   }
+  // Notified under the lock: a waiter may destroy the event as soon as it
+  // sees completed_, so nothing may touch e after the mutex is released
+  // (notifying after unlock was a use of a destroyed condition variable,
+  // found by ThreadSanitizer).
   enqueue({nullptr, [&e, gen] {
-             {
-               std::lock_guard<std::mutex> lock(e.mu_);
-               if (e.completed_ < gen) e.completed_ = gen;
-             }
+             std::lock_guard<std::mutex> lock(e.mu_);
+             if (e.completed_ < gen) e.completed_ = gen;
              e.cv_.notify_all();
            }});
 }
