@@ -5,6 +5,11 @@
 #           never run under sanitizers, whose slowdown breaks the deadlines
 #   root    needs root; scripts/test skips it otherwise
 #   bench   a measurement, not a check; run by scripts/bench only
+#   tsan    what `scripts/test --sanitize thread` runs: the suites that do
+#           not run actors. Debian's CAF 0.17 library is not instrumented,
+#           and its scheduler, mailboxes and reference counts synchronise
+#           inside it, so TSan reports every hand-off between actors
+#           (docs/CI.md)
 # `tests.labels` (a test itself) fails naming any test without exactly one
 # speed label.
 #
@@ -12,9 +17,9 @@
 #
 # registers the GoogleTest cases of a target: those matching the SLOW filter
 # (gtest syntax, ':'-separated patterns) are `slow`, those matching TIMING
-# are `fast;timing` (`slow;timing` with TIMING_SLOW), the rest `fast`. Every
-# case gets TROUPE_TEST_ENV plus ENVIRONMENT, and TIMEOUT 300 unless
-# PROPERTIES says otherwise.
+# are `fast;timing` (`slow;timing` with TIMING_SLOW), the rest `fast`; with
+# TSAN all also `tsan`. Every case gets TROUPE_TEST_ENV plus ENVIRONMENT, and
+# TIMEOUT 300 unless PROPERTIES says otherwise.
 #
 # Why not gtest_discover_tests(... PROPERTIES LABELS ...): CMake 3.25 splits
 # list values there (LABELS "fast;timing" becomes a property named
@@ -51,27 +56,31 @@ function(_troupe_discover target filter labels env)
 endfunction()
 
 function(troupe_discover_tests target)
-  cmake_parse_arguments(PARSE_ARGV 1 arg "TIMING_SLOW" "SLOW;TIMING" "ENVIRONMENT;PROPERTIES")
+  cmake_parse_arguments(PARSE_ARGV 1 arg "TIMING_SLOW;TSAN" "SLOW;TIMING" "ENVIRONMENT;PROPERTIES")
   set(env ${TROUPE_TEST_ENV} ${arg_ENVIRONMENT})
+  set(tsan "")
+  if(arg_TSAN)
+    set(tsan ";tsan")
+  endif()
   set(others "")
   foreach(f IN ITEMS ${arg_SLOW} ${arg_TIMING})
     string(APPEND others ":${f}")
   endforeach()
   string(REGEX REPLACE "^:" "-" others "${others}")
-  _troupe_discover(${target} "*${others}" "fast" "${env}" ${arg_PROPERTIES})
+  _troupe_discover(${target} "*${others}" "fast${tsan}" "${env}" ${arg_PROPERTIES})
   if(arg_SLOW)
     set(not_timing "")
     if(arg_TIMING)
       set(not_timing "-${arg_TIMING}")
     endif()
-    _troupe_discover(${target} "${arg_SLOW}${not_timing}" "slow" "${env}" ${arg_PROPERTIES})
+    _troupe_discover(${target} "${arg_SLOW}${not_timing}" "slow${tsan}" "${env}" ${arg_PROPERTIES})
   endif()
   if(arg_TIMING)
     set(speed fast)
     if(arg_TIMING_SLOW)
       set(speed slow)
     endif()
-    _troupe_discover(${target} "${arg_TIMING}" "${speed};timing" "${env}" ${arg_PROPERTIES}
+    _troupe_discover(${target} "${arg_TIMING}" "${speed};timing${tsan}" "${env}" ${arg_PROPERTIES}
       RUN_SERIAL TRUE)
   endif()
 endfunction()
