@@ -3,6 +3,7 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
@@ -31,9 +32,14 @@ void CpuEvent::synchronize() {
 
 // ---- CpuStream --------------------------------------------------------------
 
+// At most OMP_THREAD_LIMIT threads: with a larger omp_set_num_threads()
+// the team is cut to the limit, but oneDNN 2.6's sgemm partitions the product
+// among omp_get_max_threads() threads and the missing ones' blocks are never
+// computed (a silently wrong GEMM).
 CpuStream::CpuStream(CpuDevice& device, StreamOptions options)
     : device_(device),
-      threads_(options.threads > 0 ? options.threads : omp_get_num_procs()),
+      threads_(std::min(options.threads > 0 ? options.threads : omp_get_num_procs(),
+                        omp_get_thread_limit())),
       worker_([this] { run(); }) {}
 
 CpuStream::~CpuStream() {
@@ -67,11 +73,13 @@ void CpuStream::record(Event& event) {
     std::lock_guard<std::mutex> lock(e->mu);
     gen = ++e->recorded;
   }
+  // Notified under the lock: a waiter may destroy the event as soon as it
+  // sees `completed` (notifying after unlock was a use of a destroyed
+  // condition variable, found by ThreadSanitizer); the task holds the
+  // event's State, so the event itself may be gone by then.
   enqueue({nullptr, [e, gen] {
-             {
-               std::lock_guard<std::mutex> lock(e->mu);
-               if (e->completed < gen) e->completed = gen;
-             }
+             std::lock_guard<std::mutex> lock(e->mu);
+             if (e->completed < gen) e->completed = gen;
              e->cv.notify_all();
            }});
 }

@@ -54,6 +54,22 @@ TEST(CpuStream, WaitOnEventOrdersTwoStreams) {
   EXPECT_TRUE(ready->query());
 }
 
+// A waiter may destroy the event the moment it sees it complete: the
+// recording stream must be done with it by then (it once notified the
+// event's condition variable after unlocking, racing with the destruction;
+// ThreadSanitizer and AddressSanitizer builds catch that here).
+TEST(CpuStream, EventCanBeDestroyedAsSoonAsItsWaitReturns) {
+  auto& dev = gpu::cpu_device();
+  auto s = dev.make_stream({.threads = 1});
+  for (int i = 0; i < 2000; i++) {
+    auto done = dev.make_event();
+    s->record(*done);
+    done->synchronize();
+    done.reset();
+  }
+  ASSERT_TRUE(s->synchronize().ok());
+}
+
 TEST(CpuStream, ErrorsAreStickyButCallbacksStillRun) {
   auto s = gpu::cpu_device().make_stream({.threads = 1});
   Tensor x = filled({10}, 5.0f);
