@@ -236,24 +236,28 @@ void GptDataset::build_indices(std::pair<std::int64_t, std::int64_t> docs, std::
     }
   }
   // Sample i starts T tokens after sample i-1 (its last token is the next
-  // sample's first: inputs and targets overlap by one).
+  // sample's first: inputs and targets overlap by one), as Megatron's
+  // build_sample_idx walks it: a start is always inside a document that has
+  // tokens (so a sample ending at a document's end is followed by the next
+  // document with tokens, past any empty ones), except sample 0 at (0, 0).
+  // The epochs hold at least num_samples * T + 1 tokens, so the walk never
+  // runs past doc_idx_.
   sample_doc_.resize(static_cast<std::size_t>(num_samples_) + 1);
   sample_offset_.resize(sample_doc_.size());
   std::int64_t pos = 0, offset = 0;
   for (std::size_t i = 0; i < sample_doc_.size(); i++) {
     if (i > 0) {
-      std::int64_t need = spec_.T;
-      while (need > 0) {
+      std::int64_t remaining = std::int64_t{spec_.T} + 1;  // this sample's tokens still to find
+      for (;;) {
         const std::int64_t avail =
             source_->document_size(doc_idx_[static_cast<std::size_t>(pos)]) - offset;
-        if (avail > need) {
-          offset += need;
-          need = 0;
-        } else {
-          need -= avail;
-          pos++;
-          offset = 0;
+        if (avail >= remaining) {
+          offset += remaining - 1;  // the next sample starts at this one's last token
+          break;
         }
+        remaining -= avail;
+        pos++;
+        offset = 0;
       }
     }
     sample_doc_[i] = pos;

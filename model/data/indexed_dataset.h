@@ -41,8 +41,11 @@ TokenDType token_dtype_for_vocab(std::int64_t vocab_size);
 
 class IndexedDataset {
  public:
-  // Maps PREFIX.idx and PREFIX.bin; checks the header, the index's size and
-  // every pointer against the .bin (errors name the file and the problem).
+  // Maps PREFIX.idx and PREFIX.bin; checks the header, the index's size, that
+  // the pointers advance by size x the dtype's width from byte 0 to the .bin's
+  // end (a dtype code that disagrees with the .bin is named), and the document
+  // index (repeated entries, documents without sequences, are allowed).
+  // Zero-length sequences are allowed. Errors name the file and the problem.
   static absl::StatusOr<std::unique_ptr<IndexedDataset>> open(const std::string& prefix);
   ~IndexedDataset();
 
@@ -65,6 +68,10 @@ class IndexedDataset {
 
  private:
   IndexedDataset() = default;
+  absl::Status parse_header();
+  absl::Status check_sequences();
+  absl::Status check_documents() const;
+  std::string width_hint(std::int64_t i, std::int64_t next_ptr) const;
   std::string prefix_;
   TokenDType dtype_ = TokenDType::kU16;
   const char* sizes_ = nullptr;     // i32[S], in the mapped .idx
@@ -80,7 +87,9 @@ class IndexedDataset {
 };
 
 // Writes PREFIX.bin and PREFIX.idx document by document, one sequence per
-// document (as Megatron's preprocess_data.py without sentence splitting).
+// document (as Megatron's preprocess_data.py without sentence splitting). A
+// document without tokens has no sequence: its entry repeats in the document
+// index, as Megatron's IndexedDatasetBuilder.add_document(ids=[], lengths=[]).
 // Both files are written under temporary names and renamed by finish(), so a
 // reader never sees a half-written dataset.
 //
@@ -98,7 +107,7 @@ class IndexedDatasetBuilder {
   absl::Status open(const std::string& prefix, TokenDType dtype);  // u16 or i32
   absl::Status add_document(std::span<const std::int32_t> tokens);
   absl::Status finish();
-  std::int64_t documents() const { return static_cast<std::int64_t>(sizes_.size()); }
+  std::int64_t documents() const { return static_cast<std::int64_t>(doc_idx_.size()) - 1; }
   std::int64_t tokens() const { return tokens_; }
 
  private:
@@ -107,6 +116,7 @@ class IndexedDatasetBuilder {
   std::FILE* bin_ = nullptr;
   std::vector<std::int32_t> sizes_;
   std::vector<std::int64_t> pointers_;
+  std::vector<std::int64_t> doc_idx_{0};  // documents + 1: where each one's sequences start
   std::int64_t bytes_ = 0, tokens_ = 0;
   std::vector<char> buffer_;
 };
