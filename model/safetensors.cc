@@ -58,8 +58,9 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
       }
       continue;
     }
+    const std::string& tensor = name;  // clang 14 (the fuzz build) cannot capture a binding
     auto where = [&](absl::string_view what) {
-      return bad(path, absl::StrCat("tensor '", name, "': ", what));
+      return bad(path, absl::StrCat("tensor '", tensor, "': ", what));
     };
     if (!v.is_object() || !v.contains("dtype") || !v.contains("shape") ||
         !v.contains("data_offsets")) {

@@ -104,6 +104,11 @@ class GptDataset final : public SampleSource {
   void build_indices(std::pair<std::int64_t, std::int64_t> docs, std::int64_t tokens_per_epoch);
   absl::Status load_cache(std::pair<std::int64_t, std::int64_t> docs);
   absl::Status save_cache() const;
+  bool indices_consistent(std::pair<std::int64_t, std::int64_t> docs,
+                          const std::vector<std::int32_t>& doc_idx,
+                          const std::vector<std::int64_t>& sample_doc,
+                          const std::vector<std::int64_t>& sample_offset,
+                          const std::vector<std::int64_t>& shuffle) const;
 
   std::shared_ptr<DocumentSource> source_;
   SampleSpec spec_;

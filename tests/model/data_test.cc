@@ -1,6 +1,7 @@
 // Megatron indexed datasets and the sample loader.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <numeric>
@@ -336,6 +337,61 @@ TEST(GptDataset, IndicesAreCachedAndRebuiltWhenTheDataChanges) {
   auto checked = build();
   EXPECT_FALSE(checked->from_cache());
   EXPECT_EQ(sample_of(*checked, 99, 16), sample_of(*third, 99, 16));
+}
+
+// Found by fuzz/sample_cache_fuzz.cc: a cache file whose indices were all in
+// range but not the ones built (a shuffle entry changed: another sample
+// repeated in place of one) was trusted. Now a checksum guards the body, and
+// indices that disagree with each other are rejected even with a checksum
+// that matches (computed here, FNV-1a 64 over the body).
+TEST(GptDataset, CacheWithOtherIndicesIsRebuiltNotTrusted) {
+  const std::string dir = ::testing::TempDir() + "/troupe_cache_forged";
+  std::filesystem::remove_all(dir);
+  std::vector<std::vector<std::int32_t>> docs = {{1, 2, 3, 4, 5}, {}, {6, 7, 8}, {9, 10, 11, 12}};
+  auto build = [&] {
+    auto ds = GptDataset::build(memory_documents("forged", docs), {0, 4}, spec(3, 20, true, dir), 4,
+                                "train");
+    EXPECT_TRUE(ds.ok()) << ds.status();
+    return std::move(*ds);
+  };
+  auto fresh = build();
+  const std::string file = fresh->cache_file();
+  const std::string good = read_file(file);
+  std::uint64_t n_doc = 0;  // 2 epochs of 4 documents: 12 tokens, 4 samples need 13
+  std::memcpy(&n_doc, good.data() + 8, 8);
+  ASSERT_EQ(n_doc, 8u);
+  ASSERT_EQ(good.size(), 32u + 4 * n_doc + 5 * 16 + 4 * 8);  // header, doc_idx, starts, shuffle
+  auto write_with = [&](std::size_t at, std::int64_t v, bool fix_checksum) {
+    std::string f = good;
+    std::memcpy(f.data() + at, &v, 8);
+    if (fix_checksum) {
+      std::uint64_t h = 0xcbf29ce484222325ull;
+      for (std::size_t i = 32; i < f.size(); i++) {
+        h ^= static_cast<unsigned char>(f[i]);
+        h *= 0x100000001b3ull;
+      }
+      std::memcpy(f.data() + 24, &h, 8);
+    }
+    std::ofstream(file, std::ios::binary | std::ios::trunc) << f;
+  };
+  std::int64_t first = 0;
+  std::memcpy(&first, good.data() + good.size() - 32, 8);
+  // The last shuffle entry repeats the first: in range, not a permutation.
+  for (bool fix : {false, true}) {
+    write_with(good.size() - 8, first, fix);
+    auto ds = build();
+    EXPECT_FALSE(ds->from_cache()) << fix;
+    for (int i = 0; i < 4; i++) EXPECT_EQ(sample_of(*ds, i, 3), sample_of(*fresh, i, 3));
+  }
+  // Sample 1's offset changed (any start that is not 3 tokens after sample
+  // 0's), with a checksum that matches.
+  std::int64_t offset1 = 0;
+  const std::size_t at = 32 + 4 * n_doc + 5 * 8 + 8;
+  std::memcpy(&offset1, good.data() + at, 8);
+  write_with(at, offset1 == 0 ? 1 : 0, true);
+  EXPECT_FALSE(build()->from_cache());
+  std::ofstream(file, std::ios::binary | std::ios::trunc) << good;
+  EXPECT_TRUE(build()->from_cache());
 }
 
 TEST(Split, HalvesRoundToEvenAsPython) {
