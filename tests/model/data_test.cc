@@ -12,6 +12,7 @@
 #include "model/data/gpt_dataset.h"
 #include "model/data/indexed_dataset.h"
 #include "model/data/synthetic.h"
+#include "model/safetensors.h"
 
 namespace troupe::model::data {
 namespace {
@@ -491,6 +492,25 @@ TEST(Synthetic, PhraseCorpusIsDeterministicAndInRange) {
     n += static_cast<std::int64_t>(d.size());
   }
   EXPECT_GE(n, 5000);
+}
+
+// Untrusted-input parsers outside the dataset code, as fuzz/ checks them.
+// safetensors: a dimension of 2^63 or more (read back negative) next to a 0
+// (so the byte count agreed) was accepted; fuzz/safetensors_fuzz.cc asserts
+// dimensions are non-negative (input in fuzz/corpus/safetensors).
+TEST(Safetensors, DimensionBeyond63BitsIsAnError) {
+  const std::string path = ::testing::TempDir() + "/troupe_huge_dim.safetensors";
+  const std::string header =
+      R"({"t":{"dtype":"F32","shape":[9223372036854775808,0],"data_offsets":[0,0]}})";
+  std::string file;
+  put<std::uint64_t>(file, header.size());
+  file += header;
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << file;
+  auto f = SafetensorsFile::open(path);
+  EXPECT_TRUE(absl::IsInvalidArgument(f.status())) << f.status();
+  EXPECT_NE(f.status().message().find("tensor 't': dimension 9223372036854775808 does not fit"),
+            absl::string_view::npos)
+      << f.status();
 }
 
 }  // namespace
