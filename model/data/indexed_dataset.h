@@ -4,9 +4,11 @@
 //   .idx: 9-byte magic "MMIDIDX\0\0", u64 version (1), u8 dtype code
 //         (1 u8, 2 i8, 3 i16, 4 i32, 5 i64, 6 f64, 7 f32, 8 u16),
 //         u64 sequence count S, u64 document count D (documents + 1),
-//         i32 sizes[S], i64 byte pointers[S], i64 document indices[D]
-//         (starting with 0; document k is sequences [doc[k], doc[k+1])).
-//   .bin: the tokens of every sequence, back to back.
+//         i32 sizes[S], i64 byte pointers[S] (the running sum of size x
+//         the dtype's width, from 0), i64 document indices[D] (starting with
+//         0; document k is sequences [doc[k], doc[k+1]): an empty document
+//         repeats the entry).
+//   .bin: the tokens of every sequence, back to back, nothing after.
 //
 //   absl::StatusOr<std::unique_ptr<IndexedDataset>> ds = IndexedDataset::open("data/pile");
 //   std::vector<std::int32_t> t(n);
