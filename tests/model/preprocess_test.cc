@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "model/data/bpe.h"
+#include "model/data/gpt_dataset.h"
 #include "model/data/indexed_dataset.h"
 
 namespace troupe::model::data {
@@ -144,6 +145,12 @@ TEST_F(PreprocessTest, MatchesMegatronByteForByteWithEmptyDocuments) {
   auto ds = IndexedDataset::open(dir_ + "/meg_text_document");
   ASSERT_TRUE(ds.ok()) << ds.status();
   EXPECT_EQ((*ds)->num_documents(), 9);  // as Megatron's `data info`
+  // GPT samples are drawn from sequences, as Megatron's GPTDataset
+  // (numel_low_level_dataset: sequence_lengths.shape[0]): empty texts take
+  // no part in the split or the sample index.
+  auto src = open_indexed_documents(dir_ + "/meg_text_document");
+  ASSERT_TRUE(src.ok()) << src.status();
+  EXPECT_EQ((*src)->num_documents(), 4);
 }
 
 TEST_F(PreprocessTest, TooManyBadLinesFails) {
