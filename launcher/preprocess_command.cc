@@ -51,10 +51,10 @@ int run(const model::data::PreprocessOptions& o) {
     return 1;
   }
   std::fputc('\n', stderr);  // after the last progress line
-  std::printf("%s documents (%s empty, not written), %s tokens, %s bad lines skipped\n",
-              with_commas(report->totals.documents).c_str(),
-              with_commas(report->empty_documents).c_str(), with_commas(report->tokens).c_str(),
-              with_commas(report->totals.bad_lines).c_str());
+  std::printf(
+      "%s documents (%s empty: no sequences, as Megatron), %s tokens, %s bad lines skipped\n",
+      with_commas(report->totals.documents).c_str(), with_commas(report->empty_documents).c_str(),
+      with_commas(report->tokens).c_str(), with_commas(report->totals.bad_lines).c_str());
   for (const auto& [prefix, docs] : report->documents_by_output) {
     std::printf("  %s.bin/.idx: %s documents\n", prefix.c_str(), with_commas(docs).c_str());
   }

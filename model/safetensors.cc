@@ -1,6 +1,8 @@
 // safetensors parsing and writing with nlohmann::json for the header.
 #include "model/safetensors.h"
 
+#include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -58,8 +60,9 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
       }
       continue;
     }
+    const std::string& tensor = name;  // clang 14 (the fuzz build) cannot capture a binding
     auto where = [&](absl::string_view what) {
-      return bad(path, absl::StrCat("tensor '", name, "': ", what));
+      return bad(path, absl::StrCat("tensor '", tensor, "': ", what));
     };
     if (!v.is_object() || !v.contains("dtype") || !v.contains("shape") ||
         !v.contains("data_offsets")) {
@@ -75,6 +78,12 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
     std::uint64_t numel = 1;
     for (auto& d : v["shape"]) {
       if (!d.is_number_unsigned()) return where("shape has a non-integer dimension");
+      // Dimensions are i64 (as in safetensors' Rust crate, usize): one of 2^63
+      // or more read back negative, and a 0 elsewhere in the shape made the
+      // byte count agree.
+      if (d.get<std::uint64_t>() > static_cast<std::uint64_t>(INT64_MAX)) {
+        return where(absl::StrCat("dimension ", d.get<std::uint64_t>(), " does not fit 63 bits"));
+      }
       e.shape.push_back(d.get<std::int64_t>());
       if (__builtin_mul_overflow(numel, d.get<std::uint64_t>(), &numel))
         return where("shape overflows 64 bits");

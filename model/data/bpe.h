@@ -14,6 +14,7 @@
 //   absl::StatusOr<std::string> text = (*vocab)->decode(ids);
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -77,7 +78,9 @@ class BpeEncoder {
   const Gpt2Vocab& vocab_;
   void* match_data_;  // pcre2_match_data_8
   absl::flat_hash_map<std::string, std::vector<std::int32_t>> cache_;
-  std::vector<std::int32_t> work_;
+  // encode_piece's scratch, kept between pieces: tokens, links, the heap.
+  std::vector<std::int32_t> work_, next_, prev_;
+  std::vector<std::array<std::int32_t, 5>> heap_;
 };
 
 }  // namespace troupe::model::data

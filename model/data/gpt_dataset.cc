@@ -3,6 +3,7 @@
 
 #include <sys/stat.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include <algorithm>
 #include <cmath>
@@ -105,7 +106,7 @@ std::uint64_t fnv1a(const std::string& s) {
   return h;
 }
 
-constexpr char kCacheMagic[8] = {'T', 'R', 'P', 'S', 'M', 'P', '1', '\0'};
+constexpr char kCacheMagic[8] = {'T', 'R', 'P', 'S', 'M', 'P', '2', '\0'};
 
 }  // namespace
 
@@ -237,24 +238,28 @@ void GptDataset::build_indices(std::pair<std::int64_t, std::int64_t> docs, std::
     }
   }
   // Sample i starts T tokens after sample i-1 (its last token is the next
-  // sample's first: inputs and targets overlap by one).
+  // sample's first: inputs and targets overlap by one), as Megatron's
+  // build_sample_idx walks it: a start is always inside a document that has
+  // tokens (so a sample ending at a document's end is followed by the next
+  // document with tokens, past any empty ones), except sample 0 at (0, 0).
+  // The epochs hold at least num_samples * T + 1 tokens, so the walk never
+  // runs past doc_idx_.
   sample_doc_.resize(static_cast<std::size_t>(num_samples_) + 1);
   sample_offset_.resize(sample_doc_.size());
   std::int64_t pos = 0, offset = 0;
   for (std::size_t i = 0; i < sample_doc_.size(); i++) {
     if (i > 0) {
-      std::int64_t need = spec_.T;
-      while (need > 0) {
+      std::int64_t remaining = std::int64_t{spec_.T} + 1;  // this sample's tokens still to find
+      for (;;) {
         const std::int64_t avail =
             source_->document_size(doc_idx_[static_cast<std::size_t>(pos)]) - offset;
-        if (avail > need) {
-          offset += need;
-          need = 0;
-        } else {
-          need -= avail;
-          pos++;
-          offset = 0;
+        if (avail >= remaining) {
+          offset += remaining - 1;  // the next sample starts at this one's last token
+          break;
         }
+        remaining -= avail;
+        pos++;
+        offset = 0;
       }
     }
     sample_doc_[i] = pos;
@@ -306,16 +311,43 @@ std::string GptDataset::describe() const {
                       from_cache_ ? ", indices from cache" : "");
 }
 
-// Loads the indices of a previous build; anything short, stale or out of
-// range is DataLoss (and the caller rebuilds), never trusted.
+// The cache file: magic, u64 n_doc, u64 n_samples, u64 CRC-32 of the body,
+// then the body: i32 doc_idx[n_doc], i64 sample_doc[n_samples + 1],
+// i64 sample_offset[n_samples + 1], i64 shuffle[n_samples].
+namespace {
+
+// zlib's CRC-32 (a library's, not ours), in chunks of at most 1 GiB (its
+// length argument is 32 bits).
+std::uint64_t body_checksum(const char* p, std::size_t n) {
+  uLong crc = ::crc32(0L, Z_NULL, 0);
+  for (std::size_t done = 0; done < n;) {
+    const std::size_t piece = std::min<std::size_t>(n - done, 1u << 30);
+    crc = ::crc32(crc, reinterpret_cast<const Bytef*>(p + done), static_cast<uInt>(piece));
+    done += piece;
+  }
+  return crc;
+}
+
+template <typename T>
+void take(const char*& p, std::vector<T>& v) {
+  std::memcpy(v.data(), p, v.size() * sizeof(T));
+  p += v.size() * sizeof(T);
+}
+
+}  // namespace
+
+// Loads the indices of a previous build; anything short, stale, corrupt (the
+// checksum) or inconsistent is DataLoss (and the caller rebuilds), never
+// trusted.
 absl::Status GptDataset::load_cache(std::pair<std::int64_t, std::int64_t> docs) {
   std::ifstream in(cache_file_, std::ios::binary);
   if (!in) return absl::NotFoundError(cache_file_);
   char magic[8];
-  std::uint64_t n_doc = 0, n_samples = 0;
+  std::uint64_t n_doc = 0, n_samples = 0, checksum = 0;
   in.read(magic, 8);
   in.read(reinterpret_cast<char*>(&n_doc), 8);
   in.read(reinterpret_cast<char*>(&n_samples), 8);
+  in.read(reinterpret_cast<char*>(&checksum), 8);
   const auto expected_docs =
       static_cast<std::uint64_t>(epochs_) * static_cast<std::uint64_t>(docs.second - docs.first);
   auto corrupt = [&] {
@@ -325,34 +357,20 @@ absl::Status GptDataset::load_cache(std::pair<std::int64_t, std::int64_t> docs) 
       n_samples != static_cast<std::uint64_t>(num_samples_)) {
     return corrupt();
   }
+  std::string body(n_doc * 4 + (n_samples + 1) * 16 + n_samples * 8, '\0');
+  in.read(body.data(), static_cast<std::streamsize>(body.size()));
+  if (!in || in.peek() != EOF || body_checksum(body.data(), body.size()) != checksum) {
+    return corrupt();
+  }
   std::vector<std::int32_t> doc_idx(n_doc);
   std::vector<std::int64_t> sample_doc(n_samples + 1), sample_offset(n_samples + 1),
       shuffle(n_samples);
-  in.read(reinterpret_cast<char*>(doc_idx.data()), static_cast<std::streamsize>(n_doc * 4));
-  in.read(reinterpret_cast<char*>(sample_doc.data()),
-          static_cast<std::streamsize>((n_samples + 1) * 8));
-  in.read(reinterpret_cast<char*>(sample_offset.data()),
-          static_cast<std::streamsize>((n_samples + 1) * 8));
-  in.read(reinterpret_cast<char*>(shuffle.data()), static_cast<std::streamsize>(n_samples * 8));
-  if (!in || in.peek() != EOF) return corrupt();
-  for (std::int32_t d : doc_idx) {
-    if (d < docs.first || d >= docs.second) return corrupt();
-  }
-  for (std::size_t i = 0; i < sample_doc.size(); i++) {
-    const std::int64_t pos = sample_doc[i], off = sample_offset[i];
-    if (pos < 0 || pos > static_cast<std::int64_t>(n_doc) || off < 0 ||
-        (i > 0 && pos < sample_doc[i - 1])) {
-      return corrupt();
-    }
-    if (pos < static_cast<std::int64_t>(n_doc) &&
-        off >= std::max<std::int64_t>(
-                   source_->document_size(doc_idx[static_cast<std::size_t>(pos)]), 1)) {
-      return corrupt();
-    }
-  }
-  for (std::int64_t j : shuffle) {
-    if (j < 0 || j >= num_samples_) return corrupt();
-  }
+  const char* p = body.data();
+  take(p, doc_idx);
+  take(p, sample_doc);
+  take(p, sample_offset);
+  take(p, shuffle);
+  if (!indices_consistent(docs, doc_idx, sample_doc, sample_offset, shuffle)) return corrupt();
   doc_idx_ = std::move(doc_idx);
   sample_doc_ = std::move(sample_doc);
   sample_offset_ = std::move(sample_offset);
@@ -360,19 +378,59 @@ absl::Status GptDataset::load_cache(std::pair<std::int64_t, std::int64_t> docs) 
   return absl::OkStatus();
 }
 
+// What the checksum cannot promise: documents of the range, each sample start
+// inside doc_idx and exactly T tokens after the previous one, the last
+// sample's T+1 tokens inside the epochs, and a shuffle that is a permutation.
+// Then every sample reads without error.
+bool GptDataset::indices_consistent(std::pair<std::int64_t, std::int64_t> docs,
+                                    const std::vector<std::int32_t>& doc_idx,
+                                    const std::vector<std::int64_t>& sample_doc,
+                                    const std::vector<std::int64_t>& sample_offset,
+                                    const std::vector<std::int64_t>& shuffle) const {
+  std::vector<std::int64_t> start(doc_idx.size() + 1, 0);  // stream position of doc_idx[k]
+  for (std::size_t k = 0; k < doc_idx.size(); k++) {
+    if (doc_idx[k] < docs.first || doc_idx[k] >= docs.second) return false;
+    start[k + 1] = start[k] + source_->document_size(doc_idx[k]);
+  }
+  for (std::size_t i = 0; i < sample_doc.size(); i++) {
+    const std::int64_t pos = sample_doc[i], off = sample_offset[i];
+    if (pos < 0 || pos >= static_cast<std::int64_t>(doc_idx.size()) || off < 0 ||
+        off >= std::max<std::int64_t>(
+                   source_->document_size(doc_idx[static_cast<std::size_t>(pos)]), 1)) {
+      return false;
+    }
+    const std::int64_t at = start[static_cast<std::size_t>(pos)] + off;
+    if (at != static_cast<std::int64_t>(i) * spec_.T) return false;
+  }
+  if (num_samples_ * spec_.T + 1 > start.back()) return false;
+  std::vector<bool> seen(shuffle.size(), false);
+  for (std::int64_t j : shuffle) {
+    if (j < 0 || j >= num_samples_ || seen[static_cast<std::size_t>(j)]) return false;
+    seen[static_cast<std::size_t>(j)] = true;
+  }
+  return true;
+}
+
 absl::Status GptDataset::save_cache() const {
   const std::string dir = spec_.cache_dir;
   ::mkdir(dir.c_str(), 0755);
+  std::string body;
+  auto append = [&](const auto& v) {
+    body.append(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(v[0]));
+  };
+  append(doc_idx_);
+  append(sample_doc_);
+  append(sample_offset_);
+  append(shuffle_idx_);
   absl::StatusOr<AtomicFile> out = AtomicFile::create(cache_file_);
   if (!out.ok()) return out.status();
-  const std::uint64_t n_doc = doc_idx_.size(), n_samples = static_cast<std::uint64_t>(num_samples_);
+  const std::uint64_t n_doc = doc_idx_.size(), n_samples = static_cast<std::uint64_t>(num_samples_),
+                      checksum = body_checksum(body.data(), body.size());
   absl::Status st = out->write(kCacheMagic, 8);
   if (st.ok()) st = out->write(&n_doc, 8);
   if (st.ok()) st = out->write(&n_samples, 8);
-  if (st.ok()) st = out->write(doc_idx_.data(), n_doc * 4);
-  if (st.ok()) st = out->write(sample_doc_.data(), sample_doc_.size() * 8);
-  if (st.ok()) st = out->write(sample_offset_.data(), sample_offset_.size() * 8);
-  if (st.ok()) st = out->write(shuffle_idx_.data(), shuffle_idx_.size() * 8);
+  if (st.ok()) st = out->write(&checksum, 8);
+  if (st.ok()) st = out->write(body.data(), body.size());
   return st.ok() ? out->commit() : st;
 }
 

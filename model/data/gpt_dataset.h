@@ -5,7 +5,9 @@
 //   doc_idx      the split's documents, repeated for as many epochs as the
 //                requested samples need, each epoch shuffled from the seed;
 //   sample_idx   where sample i starts: (position in doc_idx, token offset);
-//                sample i is the T+1 tokens from there, across documents;
+//                sample i is the T+1 tokens from there, across documents
+//                (documents of no tokens are stepped over; the index is the
+//                one Megatron's helpers.cpp build_sample_idx makes);
 //   shuffle_idx  a permutation of the samples, from the seed.
 // The indices are cached in one file per (dataset, split, T, seed, shuffle,
 // samples, dataset size and mtime) under the cache directory, written to a
@@ -89,6 +91,11 @@ class GptDataset final : public SampleSource {
   absl::Status sample(std::int64_t i, std::span<std::int32_t> out) const override;
   std::string describe() const override;
   int epochs() const { return epochs_; }
+  // Where sample j (before shuffling, 0 <= j <= size()) starts: (position in
+  // doc_idx, token offset), Megatron's sample_idx[j].
+  std::pair<std::int64_t, std::int64_t> sample_start(std::int64_t j) const {
+    return {sample_doc_[static_cast<std::size_t>(j)], sample_offset_[static_cast<std::size_t>(j)]};
+  }
   bool from_cache() const { return from_cache_; }
   const std::string& cache_file() const { return cache_file_; }
 
@@ -97,6 +104,11 @@ class GptDataset final : public SampleSource {
   void build_indices(std::pair<std::int64_t, std::int64_t> docs, std::int64_t tokens_per_epoch);
   absl::Status load_cache(std::pair<std::int64_t, std::int64_t> docs);
   absl::Status save_cache() const;
+  bool indices_consistent(std::pair<std::int64_t, std::int64_t> docs,
+                          const std::vector<std::int32_t>& doc_idx,
+                          const std::vector<std::int64_t>& sample_doc,
+                          const std::vector<std::int64_t>& sample_offset,
+                          const std::vector<std::int64_t>& shuffle) const;
 
   std::shared_ptr<DocumentSource> source_;
   SampleSpec spec_;

@@ -83,20 +83,29 @@ IndexedDataset::~IndexedDataset() {
 absl::StatusOr<std::unique_ptr<IndexedDataset>> IndexedDataset::open(const std::string& prefix) {
   std::unique_ptr<IndexedDataset> ds(new IndexedDataset());
   ds->prefix_ = prefix;
-  const std::string idx_path = prefix + ".idx", bin_path = prefix + ".bin";
-  auto idx = map_file(idx_path);
+  auto idx = map_file(prefix + ".idx");
   if (!idx.ok()) return idx.status();
   std::tie(ds->idx_, ds->idx_size_) = *idx;
-  auto bin = map_file(bin_path);
+  auto bin = map_file(prefix + ".bin");
   if (!bin.ok()) return bin.status();
   std::tie(ds->bin_, ds->bin_size_) = *bin;
+  absl::Status st = ds->parse_header();
+  if (st.ok()) st = ds->check_sequences();
+  if (st.ok()) st = ds->check_documents();
+  if (!st.ok()) return st;
+  return ds;
+}
 
+// Header (34 bytes), then sizes i32[S], pointers i64[S], document index
+// i64[D]: the file's size must be exactly that.
+absl::Status IndexedDataset::parse_header() {
+  const std::string idx_path = prefix_ + ".idx";
   auto bad = [&](absl::string_view what) {
     return absl::InvalidArgumentError(absl::StrCat(idx_path, ": ", what));
   };
-  const char* p = ds->idx_;
+  const char* p = idx_;
   constexpr std::size_t kHeader = 9 + 8 + 1 + 8 + 8;
-  if (ds->idx_size_ < kHeader) return bad("truncated header (not a Megatron MMIDIDX index?)");
+  if (idx_size_ < kHeader) return bad("truncated header (not a Megatron MMIDIDX index?)");
   if (std::memcmp(p, kMagic, 9) != 0) return bad("bad magic (not a Megatron MMIDIDX index)");
   if (read_le<std::uint64_t>(p + 9) != 1) {
     return bad(absl::StrCat("unsupported version ", read_le<std::uint64_t>(p + 9)));
@@ -105,51 +114,94 @@ absl::StatusOr<std::unique_ptr<IndexedDataset>> IndexedDataset::open(const std::
   if (code < 1 || code > 8 || code == 6 || code == 7) {
     return bad(absl::StrCat("dtype code ", code, " is not an integer token type"));
   }
-  ds->dtype_ = static_cast<TokenDType>(code);
+  dtype_ = static_cast<TokenDType>(code);
   const std::uint64_t S = read_le<std::uint64_t>(p + 18);
   const std::uint64_t D = read_le<std::uint64_t>(p + 26);
   const std::uint64_t need = kHeader + S * 4 + S * 8 + D * 8;
-  if (S > ds->idx_size_ || D > ds->idx_size_ || need != ds->idx_size_) {
-    return bad(absl::StrCat("size ", ds->idx_size_, " bytes does not match ", S, " sequences and ",
-                            D, " document indices (", need, " bytes)"));
+  if (S > idx_size_ || D > idx_size_ || need != idx_size_) {
+    return bad(absl::StrCat("size ", idx_size_, " bytes does not match ", S, " sequences and ", D,
+                            " document indices (", need, " bytes)"));
   }
   if (D < 1) return bad("document index is empty (needs at least the leading 0)");
-  ds->sizes_ = p + kHeader;
-  ds->pointers_ = p + kHeader + S * 4;
-  ds->doc_idx_ = p + kHeader + S * 12;
-  ds->num_sequences_ = static_cast<std::int64_t>(S);
-  ds->num_doc_idx_ = static_cast<std::int64_t>(D);
-  if (ds->document_index(0) != 0) return bad("document index does not start with 0");
-  const std::size_t esize = token_size(ds->dtype_);
-  ds->starts_.reserve(S + 1);
-  std::int64_t pos = 0;
-  for (std::uint64_t i = 0; i < S; i++) {
-    const std::int64_t n = ds->sequence_size(static_cast<std::int64_t>(i));
-    const std::int64_t ptr = ds->sequence_pointer(static_cast<std::int64_t>(i));
-    if (n < 0 || ptr < 0 || static_cast<std::uint64_t>(ptr) + n * esize > ds->bin_size_) {
+  sizes_ = p + kHeader;
+  pointers_ = p + kHeader + S * 4;
+  doc_idx_ = p + kHeader + S * 12;
+  num_sequences_ = static_cast<std::int64_t>(S);
+  num_doc_idx_ = static_cast<std::int64_t>(D);
+  return absl::OkStatus();
+}
+
+// Megatron writes the sequences back to back from byte 0 (its pointers are
+// the running sum of size x the dtype's width), so each pointer must be where
+// the previous sequence ends and the last must end where the .bin does. A
+// dtype code that disagrees with the .bin (u8 on u16 data) breaks this.
+absl::Status IndexedDataset::check_sequences() {
+  const std::string bin_path = prefix_ + ".bin";
+  const auto esize = static_cast<std::int64_t>(token_size(dtype_));
+  const auto bin_size = static_cast<std::int64_t>(bin_size_);
+  starts_.reserve(static_cast<std::size_t>(num_sequences_) + 1);
+  std::int64_t pos = 0, end = 0;  // tokens so far; where the previous sequence ends (bytes)
+  for (std::int64_t i = 0; i < num_sequences_; i++) {
+    const std::int64_t n = sequence_size(i), ptr = sequence_pointer(i);
+    if (n < 0 || ptr < 0 || ptr > bin_size || n > (bin_size - ptr) / esize) {
       return absl::InvalidArgumentError(
           absl::StrCat(bin_path, ": sequence ", i, " (", n, " tokens at byte ", ptr,
-                       ") lies outside the file of ", ds->bin_size_, " bytes"));
+                       ") lies outside the file of ", bin_size_, " bytes"));
     }
-    ds->starts_.push_back(pos);
+    if (i == 0 && ptr != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(prefix_, ".idx: sequence 0 starts at byte ", ptr, ", not at 0"));
+    }
+    if (ptr != end) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          prefix_, ".idx: sequence ", i, " starts at byte ", ptr, " but sequence ", i - 1,
+          " ends at byte ", end, " (", sequence_size(i - 1), " tokens of ", esize, " bytes, dtype ",
+          static_cast<int>(dtype_), "): ", width_hint(i - 1, ptr)));
+    }
+    starts_.push_back(pos);
     pos += n;
+    end = ptr + n * esize;
   }
-  ds->starts_.push_back(pos);
-  ds->total_tokens_ = pos;
-  if (ds->document_index(static_cast<std::int64_t>(D) - 1) != static_cast<std::int64_t>(S)) {
-    return bad(absl::StrCat("document index ends at ",
-                            ds->document_index(static_cast<std::int64_t>(D) - 1), ", not at the ",
-                            S, " sequences"));
+  starts_.push_back(pos);
+  total_tokens_ = pos;
+  if (end != bin_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        bin_path, ": ", bin_size_, " bytes, but the index's ", num_sequences_, " sequences of ",
+        pos, " tokens x ", esize, " bytes (dtype code ", static_cast<int>(dtype_), ") end at byte ",
+        end, ": the dtype code disagrees with the .bin, or the .bin is not this index's"));
   }
-  for (std::uint64_t k = 1; k < D; k++) {
-    const auto kk = static_cast<std::int64_t>(k);
-    if (ds->document_index(kk) < ds->document_index(kk - 1) ||
-        ds->document_index(kk) > static_cast<std::int64_t>(S)) {
-      return bad(
-          absl::StrCat("document index ", k, " = ", ds->document_index(kk), " is out of order"));
+  return absl::OkStatus();
+}
+
+// What a pointer mismatch after sequence i suggests: the bytes per token the
+// pointers imply, when that is a whole width other than the dtype's.
+std::string IndexedDataset::width_hint(std::int64_t i, std::int64_t next_ptr) const {
+  const std::int64_t n = sequence_size(i), gap = next_ptr - sequence_pointer(i);
+  if (n > 0 && gap > 0 && gap % n == 0 &&
+      gap / n != static_cast<std::int64_t>(token_size(dtype_))) {
+    return absl::StrCat("the pointers advance ", gap / n,
+                        " bytes per token: the dtype code disagrees with the .bin");
+  }
+  return "the pointers do not follow the sizes";
+}
+
+// D entries, from 0 to S, never decreasing (repeats are documents without
+// sequences, which Megatron writes for empty texts).
+absl::Status IndexedDataset::check_documents() const {
+  auto bad = [&](absl::string_view what) {
+    return absl::InvalidArgumentError(absl::StrCat(prefix_, ".idx: ", what));
+  };
+  if (document_index(0) != 0) return bad("document index does not start with 0");
+  if (document_index(num_doc_idx_ - 1) != num_sequences_) {
+    return bad(absl::StrCat("document index ends at ", document_index(num_doc_idx_ - 1),
+                            ", not at the ", num_sequences_, " sequences"));
+  }
+  for (std::int64_t k = 1; k < num_doc_idx_; k++) {
+    if (document_index(k) < document_index(k - 1) || document_index(k) > num_sequences_) {
+      return bad(absl::StrCat("document index ", k, " = ", document_index(k), " is out of order"));
     }
   }
-  return ds;
+  return absl::OkStatus();
 }
 
 std::int32_t IndexedDataset::sequence_size(std::int64_t i) const {
@@ -236,6 +288,10 @@ absl::Status IndexedDatasetBuilder::open(const std::string& prefix, TokenDType d
 }
 
 absl::Status IndexedDatasetBuilder::add_document(std::span<const std::int32_t> tokens) {
+  if (tokens.size() > static_cast<std::size_t>(INT32_MAX)) {  // the index's sizes are i32
+    return absl::InvalidArgumentError(
+        absl::StrCat(prefix_, ": a document of ", tokens.size(), " tokens (at most 2^31 - 1)"));
+  }
   const std::size_t esize = token_size(dtype_);
   buffer_.resize(tokens.size() * esize);
   for (std::size_t i = 0; i < tokens.size(); i++) {
@@ -252,11 +308,16 @@ absl::Status IndexedDatasetBuilder::add_document(std::span<const std::int32_t> t
     }
   }
   if (bin_ == nullptr) return absl::FailedPreconditionError(absl::StrCat(prefix_, ": not open"));
-  if (absl::Status st = bin_->write(buffer_.data(), buffer_.size()); !st.ok()) return st;
-  sizes_.push_back(static_cast<std::int32_t>(tokens.size()));
-  pointers_.push_back(bytes_);
-  bytes_ += static_cast<std::int64_t>(buffer_.size());
-  tokens_ += static_cast<std::int64_t>(tokens.size());
+  if (!buffer_.empty()) {
+    if (absl::Status st = bin_->write(buffer_.data(), buffer_.size()); !st.ok()) return st;
+  }
+  if (!tokens.empty()) {
+    sizes_.push_back(static_cast<std::int32_t>(tokens.size()));
+    pointers_.push_back(bytes_);
+    bytes_ += static_cast<std::int64_t>(buffer_.size());
+    tokens_ += static_cast<std::int64_t>(tokens.size());
+  }
+  doc_idx_.push_back(static_cast<std::int64_t>(sizes_.size()));
   return absl::OkStatus();
 }
 
@@ -268,9 +329,7 @@ absl::Status IndexedDatasetBuilder::finish() {
   auto put = [&](const void* p, std::size_t n) {
     if (written.ok()) written = idx->write(p, n);
   };
-  std::vector<std::int64_t> doc_idx(sizes_.size() + 1);
-  for (std::size_t i = 0; i < doc_idx.size(); i++) doc_idx[i] = static_cast<std::int64_t>(i);
-  const std::uint64_t version = 1, S = sizes_.size(), D = doc_idx.size();
+  const std::uint64_t version = 1, S = sizes_.size(), D = doc_idx_.size();
   const std::uint8_t code = static_cast<std::uint8_t>(dtype_);
   put(kMagic, 9);
   put(&version, 8);
@@ -279,7 +338,7 @@ absl::Status IndexedDatasetBuilder::finish() {
   put(&D, 8);
   put(sizes_.data(), sizes_.size() * 4);
   put(pointers_.data(), pointers_.size() * 8);
-  put(doc_idx.data(), doc_idx.size() * 8);
+  put(doc_idx_.data(), doc_idx_.size() * 8);
   if (!written.ok()) return written;
   // The .bin first: a reader opens the .idx, which then finds its .bin.
   if (absl::Status st = bin_->commit(); !st.ok()) return st;

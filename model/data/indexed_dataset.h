@@ -4,9 +4,11 @@
 //   .idx: 9-byte magic "MMIDIDX\0\0", u64 version (1), u8 dtype code
 //         (1 u8, 2 i8, 3 i16, 4 i32, 5 i64, 6 f64, 7 f32, 8 u16),
 //         u64 sequence count S, u64 document count D (documents + 1),
-//         i32 sizes[S], i64 byte pointers[S], i64 document indices[D]
-//         (starting with 0; document k is sequences [doc[k], doc[k+1])).
-//   .bin: the tokens of every sequence, back to back.
+//         i32 sizes[S], i64 byte pointers[S] (the running sum of size x
+//         the dtype's width, from 0), i64 document indices[D] (starting with
+//         0; document k is sequences [doc[k], doc[k+1]): an empty document
+//         repeats the entry).
+//   .bin: the tokens of every sequence, back to back, nothing after.
 //
 //   absl::StatusOr<std::unique_ptr<IndexedDataset>> ds = IndexedDataset::open("data/pile");
 //   std::vector<std::int32_t> t(n);
@@ -42,8 +44,11 @@ TokenDType token_dtype_for_vocab(std::int64_t vocab_size);
 
 class IndexedDataset {
  public:
-  // Maps PREFIX.idx and PREFIX.bin; checks the header, the index's size and
-  // every pointer against the .bin (errors name the file and the problem).
+  // Maps PREFIX.idx and PREFIX.bin; checks the header, the index's size, that
+  // the pointers advance by size x the dtype's width from byte 0 to the .bin's
+  // end (a dtype code that disagrees with the .bin is named), and the document
+  // index (repeated entries, documents without sequences, are allowed).
+  // Zero-length sequences are allowed. Errors name the file and the problem.
   static absl::StatusOr<std::unique_ptr<IndexedDataset>> open(const std::string& prefix);
   ~IndexedDataset();
 
@@ -66,6 +71,10 @@ class IndexedDataset {
 
  private:
   IndexedDataset() = default;
+  absl::Status parse_header();
+  absl::Status check_sequences();
+  absl::Status check_documents() const;
+  std::string width_hint(std::int64_t i, std::int64_t next_ptr) const;
   std::string prefix_;
   TokenDType dtype_ = TokenDType::kU16;
   const char* sizes_ = nullptr;     // i32[S], in the mapped .idx
@@ -81,7 +90,9 @@ class IndexedDataset {
 };
 
 // Writes PREFIX.bin and PREFIX.idx document by document, one sequence per
-// document (as Megatron's preprocess_data.py without sentence splitting).
+// document (as Megatron's preprocess_data.py without sentence splitting). A
+// document without tokens has no sequence: its entry repeats in the document
+// index, as Megatron's IndexedDatasetBuilder.add_document(ids=[], lengths=[]).
 // Both files are written under temporary names and renamed by finish(), so a
 // reader never sees a half-written dataset.
 //
@@ -99,7 +110,7 @@ class IndexedDatasetBuilder {
   absl::Status open(const std::string& prefix, TokenDType dtype);  // u16 or i32
   absl::Status add_document(std::span<const std::int32_t> tokens);
   absl::Status finish();
-  std::int64_t documents() const { return static_cast<std::int64_t>(sizes_.size()); }
+  std::int64_t documents() const { return static_cast<std::int64_t>(doc_idx_.size()) - 1; }
   std::int64_t tokens() const { return tokens_; }
 
  private:
@@ -108,6 +119,7 @@ class IndexedDatasetBuilder {
   std::unique_ptr<AtomicFile> bin_;  // the .bin being written
   std::vector<std::int32_t> sizes_;
   std::vector<std::int64_t> pointers_;
+  std::vector<std::int64_t> doc_idx_{0};  // documents + 1: where each one's sequences start
   std::int64_t bytes_ = 0, tokens_ = 0;
   std::vector<char> buffer_;
 };

@@ -201,10 +201,10 @@ absl::StatusOr<PreprocessReport> preprocess(
         continue;
       }
       for (std::size_t k = 0; k < o.json_keys.size(); k++) {
-        if (d.ids[k].empty()) {
-          report.empty_documents++;
-          continue;
-        }
+        // An empty text is still a document (one without sequences), as
+        // Megatron's add_document(ids=[], lengths=[]): the .idx stays
+        // byte-identical to Megatron's.
+        if (d.ids[k].empty()) report.empty_documents++;
         auto b = builder_for(d.meta, o.json_keys[k]);
         if (!b.ok()) return b.status();
         absl::Status st = (*b)->add_document(d.ids[k]);

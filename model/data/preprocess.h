@@ -48,8 +48,8 @@ struct PreprocessProgress {
 struct PreprocessReport {
   PreprocessProgress totals;
   std::int64_t tokens = 0;
-  std::int64_t empty_documents = 0;                         // no text: written nowhere, as Megatron
-  std::vector<BadLine> bad;                                 // every skipped line
+  std::int64_t empty_documents = 0;  // no tokens: documents without sequences, as Megatron
+  std::vector<BadLine> bad;          // every skipped line
   std::map<std::string, std::int64_t> documents_by_output;  // prefix -> documents
 };
 

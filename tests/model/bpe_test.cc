@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <fstream>
 #include <sstream>
 
@@ -109,6 +110,28 @@ TEST_F(BpeTest, InvalidUtf8IsAnError) {
   EXPECT_NE(st.message().find("not valid UTF-8"), absl::string_view::npos) << st;
   EXPECT_TRUE(
       absl::IsInvalidArgument(vocab_->decode(std::vector<std::int32_t>{1, 50257}).status()));
+}
+
+// A word of a megabyte is one pre-tokenizer piece (a run of letters, as in
+// minified code or base64 in The Pile). Merging used to rescan the piece for
+// every merge: this took minutes (fuzz/jsonl_bpe_fuzz.cc crawled on long
+// pieces); with the heap it takes about a second. The bound leaves room for a
+// loaded machine.
+TEST_F(BpeTest, MegabyteWordEncodesInSeconds) {
+  std::string word;
+  std::uint32_t x = 1;
+  for (int i = 0; i < (1 << 20); i++) {
+    x = x * 1664525u + 1013904223u;
+    word.push_back(static_cast<char>('a' + (x >> 24) % 26));
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::vector<std::int32_t> ids = encode(word);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(s, 30.0);
+  EXPECT_LT(ids.size(), word.size() * 2 / 3);  // merged, not left as bytes
+  auto back = vocab_->decode(ids);
+  ASSERT_TRUE(back.ok());
+  EXPECT_EQ(*back, word);
 }
 
 TEST(BpeFiles, MissingOrBadFilesAreNamed) {

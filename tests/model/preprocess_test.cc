@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "model/data/bpe.h"
+#include "model/data/gpt_dataset.h"
 #include "model/data/indexed_dataset.h"
 
 namespace troupe::model::data {
@@ -64,7 +65,7 @@ class PreprocessTest : public ::testing::Test {
 TEST_F(PreprocessTest, WritesTheTokensOfEveryGoodDocumentAndReportsBadLines) {
   auto r = preprocess(options(input_, dir_ + "/out", 1));
   ASSERT_TRUE(r.ok()) << r.status();
-  EXPECT_EQ(r->totals.documents, 4);  // the empty one counts as a document, writes nothing
+  EXPECT_EQ(r->totals.documents, 4);  // the empty one is a document without sequences
   EXPECT_EQ(r->empty_documents, 1);
   ASSERT_EQ(r->bad.size(), 3u);
   EXPECT_EQ(r->bad[0].line, 3);
@@ -76,7 +77,8 @@ TEST_F(PreprocessTest, WritesTheTokensOfEveryGoodDocumentAndReportsBadLines) {
 
   auto ds = IndexedDataset::open(dir_ + "/out_text_document");
   ASSERT_TRUE(ds.ok()) << ds.status();
-  EXPECT_EQ((*ds)->num_documents(), 3);
+  EXPECT_EQ((*ds)->num_documents(), 4);
+  EXPECT_EQ((*ds)->num_sequences(), 3);
   EXPECT_EQ((*ds)->dtype(), TokenDType::kU16);
   auto vocab = Gpt2Vocab::load(kVocabDir + "encoder.json", kVocabDir + "vocab.bpe");
   BpeEncoder enc(**vocab);
@@ -122,7 +124,33 @@ TEST_F(PreprocessTest, SplitsByPileSetName) {
   EXPECT_EQ(r->documents_by_output.size(), 3u);
   EXPECT_EQ(r->documents_by_output.at(dir_ + "/pile_Enron_Emails_text_document"), 1);
   EXPECT_EQ(r->documents_by_output.at(dir_ + "/pile_Pile-CC_text_document"), 1);
-  EXPECT_EQ(r->documents_by_output.at(dir_ + "/pile_Github_text_document"), 1);
+  EXPECT_EQ(r->documents_by_output.at(dir_ + "/pile_Github_text_document"), 2);  // one empty
+}
+
+// Megatron-LM's tools/preprocess_data.py (Encoder.encode, add_document,
+// finalize at commit d98e8a64ddf34856e74b24714e3bedb2f5a39553, run by
+// tests/reference/make_megatron_data_fixture.py with --append-eod) on
+// documents of which five have empty texts: the same bytes.
+TEST_F(PreprocessTest, MatchesMegatronByteForByteWithEmptyDocuments) {
+  const std::string ref = TROUPE_SOURCE_DIR "/tests/reference/data/megatron_empty_docs";
+  auto r = preprocess(options(ref + ".jsonl", dir_ + "/meg", 2));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->totals.documents, 9);
+  EXPECT_EQ(r->empty_documents, 5);
+  for (const char* ext : {".idx", ".bin"}) {
+    const std::string want = slurp(ref + "_text_document" + ext);
+    EXPECT_FALSE(want.empty());
+    EXPECT_EQ(slurp(dir_ + "/meg_text_document" + ext), want) << ext;
+  }
+  auto ds = IndexedDataset::open(dir_ + "/meg_text_document");
+  ASSERT_TRUE(ds.ok()) << ds.status();
+  EXPECT_EQ((*ds)->num_documents(), 9);  // as Megatron's `data info`
+  // GPT samples are drawn from sequences, as Megatron's GPTDataset
+  // (numel_low_level_dataset: sequence_lengths.shape[0]): empty texts take
+  // no part in the split or the sample index.
+  auto src = open_indexed_documents(dir_ + "/meg_text_document");
+  ASSERT_TRUE(src.ok()) << src.status();
+  EXPECT_EQ((*src)->num_documents(), 4);
 }
 
 TEST_F(PreprocessTest, TooManyBadLinesFails) {
