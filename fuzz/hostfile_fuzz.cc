@@ -41,9 +41,11 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   for (const HostSlots& h : *slots) {
     while (at < hosts->size() && (*hosts)[at].host != h.host) at++;
     FUZZ_CHECK(at < hosts->size());  // in the file's order
-    for (std::size_t i = 0; i < h.slots.size(); i++) {
-      FUZZ_CHECK(h.slots[i] >= 0 && h.slots[i] < (*hosts)[at].slots);
-      for (std::size_t j = 0; j < i; j++) FUZZ_CHECK(h.slots[j] != h.slots[i]);
+    std::vector<bool> seen(static_cast<std::size_t>((*hosts)[at].slots));
+    for (int slot : h.slots) {
+      FUZZ_CHECK(slot >= 0 && slot < (*hosts)[at].slots);
+      FUZZ_CHECK(!seen[static_cast<std::size_t>(slot)]);
+      seen[static_cast<std::size_t>(slot)] = true;
     }
     total += h.slots.size();
   }

@@ -18,11 +18,11 @@ absl::Status at(absl::string_view source, int line, absl::string_view what) {
   return absl::InvalidArgumentError(absl::StrCat(source, ":", line, ": ", what));
 }
 
-// A positive count that fits an int ("8", not "08x" or "-1").
+// A positive count ("8", not "08x" or "-1").
 bool parse_count(absl::string_view s, int* n) {
   if (s.empty() || !std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; }))
     return false;
-  return absl::SimpleAtoi(s, n) && *n > 0 && *n <= 1 << 20;
+  return absl::SimpleAtoi(s, n) && *n > 0;
 }
 
 }  // namespace
@@ -47,6 +47,10 @@ absl::StatusOr<std::vector<HostEntry>> parse_hostfile(absl::string_view text,
     const absl::string_view count = words[1].substr(6);
     if (!parse_count(count, &slots))
       return at(source, number, absl::StrCat("slots=", count, ": not a positive integer"));
+    if (slots > kMaxSlotsPerHost) {
+      return at(source, number,
+                absl::StrCat("slots=", count, ": at most ", kMaxSlotsPerHost, " per host"));
+    }
     const std::string host(words[0]);
     if (auto it = seen.find(host); it != seen.end()) {
       return at(source, number,

@@ -17,6 +17,11 @@
 
 namespace troupe::launcher {
 
+// Ranks one host may run (a GPU node has 8 or 16; a CPU host one per core
+// group): a bound, so that a wrong hostfile cannot make us allocate slots by
+// the billion.
+constexpr int kMaxSlotsPerHost = 4096;
+
 struct HostEntry {
   std::string host;
   int slots = 0;

@@ -35,6 +35,7 @@ TEST(Hostfile, BadLinesAreErrorsNamingFileAndLine) {
       {"a slots=x\n", "hostfile:1: slots=x: not a positive integer"},
       {"a slots=0\n", "hostfile:1: slots=0: not a positive integer"},
       {"a slots=-2\n", "hostfile:1: slots=-2: not a positive integer"},
+      {"a slots=99999\n", "hostfile:1: slots=99999: at most 4096 per host"},
       {"a slots=2 gpus=3\n", "hostfile:1: 'a slots=2 gpus=3' is not a hostfile entry"},
       {"# nothing\n\n", "hostfile: no hosts"},
   };
