@@ -7,7 +7,9 @@
 // it back) and then says a hello (its rank and a payload); a connection
 // that does anything else -- junk, an absurd length, silence -- is closed
 // and logged, and the hub goes on. A frame longer than kMaxFrame cuts that
-// peer off; nothing a peer sends can crash or stall the hub.
+// peer off; nothing a peer sends can crash or stall the hub. The token
+// authenticates the connection, not each frame (no per-frame MAC): an
+// attacker who can inject into the TCP stream could inject frames.
 //
 // Liveness: each end sends a heartbeat every `heartbeat`; an end that hears
 // nothing (no frame, no heartbeat) from the other for `dead_after` drops the
