@@ -87,9 +87,7 @@ bool Tensor::is_contiguous() const { return strides == contiguous_strides(shape)
 
 void check_invariant(const absl::Status& st, const char* where) {
   if (st.ok()) return;
-  std::fprintf(stderr, "troupe: internal error in %s: %s\n", where,
-               std::string(st.message()).c_str());
-  std::abort();
+  throw InvariantError(absl::StrCat("internal error in ", where, ": ", st.message()));
 }
 
 absl::StatusOr<Tensor> Tensor::try_view(std::int64_t offset_elems, const Shape& new_shape) const {

@@ -10,6 +10,8 @@
 //   float* p = x.data<float>();                        // host-visible on CPU
 #pragma once
 
+#include <stdexcept>
+
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
@@ -90,9 +92,16 @@ struct Tensor {
 
 Shape contiguous_strides(const Shape& shape);
 
-// For a broken invariant of the caller's own (not bad input, which is a
-// Status): when `st` is not OK, writes "troupe: internal error in <where>:
-// <message>" to stderr and aborts, in every build type.
+// A broken invariant of the caller's own (not bad input, which is a Status).
+// Thrown, never an abort of the process: a stream turns it into its sticky
+// error and an actor's exception handler into a failure the coordinator
+// reports, so one rank's bug stops the job with a message naming it.
+class InvariantError : public std::logic_error {
+ public:
+  using std::logic_error::logic_error;
+};
+// When `st` is not OK, throws InvariantError("internal error in <where>:
+// <message>"), in every build type.
 void check_invariant(const absl::Status& st, const char* where);
 
 }  // namespace troupe::gpu

@@ -82,7 +82,7 @@ AtomicFile::AtomicFile(AtomicFile&& o) noexcept
 
 AtomicFile& AtomicFile::operator=(AtomicFile&& o) noexcept {
   if (this != &o) {
-    abort();
+    discard();
     path_ = std::move(o.path_);
     tmp_ = std::move(o.tmp_);
     fd_ = o.fd_;
@@ -94,9 +94,9 @@ AtomicFile& AtomicFile::operator=(AtomicFile&& o) noexcept {
   return *this;
 }
 
-AtomicFile::~AtomicFile() { abort(); }
+AtomicFile::~AtomicFile() { discard(); }
 
-void AtomicFile::abort() {
+void AtomicFile::discard() {
   if (fd_ >= 0) ::close(fd_);
   fd_ = -1;
   if (!tmp_.empty()) ::unlink(tmp_.c_str());
@@ -106,7 +106,7 @@ void AtomicFile::abort() {
 
 absl::Status AtomicFile::fail(absl::Status error) {
   if (error_.ok()) error_ = std::move(error);
-  abort();
+  discard();
   return error_;
 }
 

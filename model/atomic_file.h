@@ -6,7 +6,7 @@
 // every write and the close are checked, and commit() fsyncs the file,
 // renames it over the path and fsyncs the directory, so that after a crash
 // the path holds the old file or the new one, never a part of one. A file
-// destroyed (or abort()ed) before commit() removes its temporary and leaves
+// destroyed (or discard()ed) before commit() removes its temporary and leaves
 // the path as it was.
 //
 //   absl::StatusOr<model::AtomicFile> f = model::AtomicFile::create("out/w.safetensors");
@@ -35,7 +35,7 @@ class AtomicFile {
   AtomicFile& operator=(AtomicFile&& other) noexcept;
   AtomicFile(const AtomicFile&) = delete;
   AtomicFile& operator=(const AtomicFile&) = delete;
-  ~AtomicFile();  // abort() unless committed
+  ~AtomicFile();  // discard() unless committed
 
   // Appends (buffered). The first error is kept: commit() returns it too.
   absl::Status write(const void* data, std::size_t n);
@@ -44,7 +44,7 @@ class AtomicFile {
   // error the temporary is gone and path() is as it was.
   absl::Status commit();
   // Removes the temporary now; path() is untouched.
-  void abort();
+  void discard();
 
   const std::string& path() const { return path_; }
   const std::string& temp_path() const { return tmp_; }
@@ -55,7 +55,7 @@ class AtomicFile {
   absl::Status fail(absl::Status error);  // keeps the first error, removes the temporary
 
   std::string path_, tmp_;
-  int fd_ = -1;         // -1 once committed or aborted
+  int fd_ = -1;         // -1 once committed or discarded
   std::string buffer_;  // up to kBuffer bytes not yet written
   absl::Status error_;
 };
