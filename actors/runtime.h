@@ -3,8 +3,8 @@
 // one CAF actor system hosts a ShardActor and an OptimizerActor per rank
 // and the Coordinator. This is what `troupe train --pp P --dp D` runs.
 //
-// The buffers, streams and transports of each rank belong to this object
-// and outlive the actors, so a run ends in a fixed order: the coordinator
+// Each rank is a RankUnit (actors/rank.h), the same unit a worker process
+// runs; its buffers, streams and transports outlive the actors, so a run ends in a fixed order: the coordinator
 // finishes, the transports fail what is pending, the actors exit, the
 // streams drain.
 //
@@ -22,10 +22,8 @@
 #include <caf/all.hpp>
 
 #include "absl/status/statusor.h"
-#include "actors/optimizer_actor.h"
-#include "actors/partition.h"
+#include "actors/rank.h"
 #include "actors/schedule.h"
-#include "actors/shard_actor.h"
 #include "actors/stage_compute.h"
 #include "comm/groups.h"
 #include "comm/communicator.h"
@@ -35,32 +33,9 @@
 
 namespace troupe::actors {
 
-struct ParallelOptions {
-  int tp = 1;              // --tp: tensor-parallel ranks per stage (Megatron slicing)
-  int pp = 1;              // --pp: pipeline stages
-  int dp = 1;              // --dp: data-parallel replicas
-  int virtual_stages = 1;  // --virtual-stages: model chunks per stage (interleaved)
-  ScheduleKind schedule = ScheduleKind::k1F1B;
-  FailPoint fail = {};  // testing (--debug-fail-stage, --debug-stall-stage)
-  double stall_timeout_s = 600;  // --stall-timeout: a run with no progress this long fails
-
-  // Micro-batches per replica and step.
-  int m(const model::TrainOptions& o) const { return o.global_batch / (o.micro_batch * dp); }
-  int world() const { return tp * pp * dp; }
-  // The model as the ranks hold it: the vocabulary padded to a multiple of
-  // --make-vocab-size-divisible-by x tp (as Megatron), so it slices evenly.
-  model::GptConfig sliced_config(const model::GptConfig& c) const;
-  // InvalidArgument naming the flag when the layout does not fit the model
-  // or the batch.
-  absl::Status validate(const model::TrainOptions& o) const;
-};
-
 class InProcessTrainer {
  public:
-  // Makes a model chunk; the default makes a GptStage. (The pipeline
-  // benchmark swaps in chunks whose ops take a fixed time.)
-  using StageFactory = std::function<std::unique_ptr<GptStage>(
-      const model::GptConfig& config, int B, const model::StageSpec& spec, int slots)>;
+  using StageFactory = actors::StageFactory;
 
   static absl::StatusOr<std::unique_ptr<InProcessTrainer>> create(
       const model::TrainOptions& options, const ParallelOptions& parallel,
@@ -95,20 +70,6 @@ class InProcessTrainer {
 
  private:
   InProcessTrainer() = default;
-  struct Rank {
-    int rank = 0;
-    comm::Coord coord;
-    std::vector<std::unique_ptr<GptStage>> chunks;       // by chunk
-    std::vector<std::unique_ptr<Partition>> partitions;  // by chunk
-    std::int64_t optimizer_bytes = 0;                    // what making them allocated
-    std::unique_ptr<comm::Transport> transport;
-    std::unique_ptr<comm::Communicator> tensor;  // the TP group's collectives (tp > 1)
-    std::shared_ptr<std::atomic<std::int64_t>> tp_floats =
-        std::make_shared<std::atomic<std::int64_t>>(0);
-    // Last, so that they drain before the buffers above go away.
-    std::unique_ptr<gpu::Stream> stream, optimizer_stream;
-  };
-  absl::Status init_params(Rank& r);
   void shut_down(caf::actor_system& system, const std::vector<caf::actor>& actors);
 
   model::TrainOptions options_;
@@ -117,9 +78,7 @@ class InProcessTrainer {
   PipelineShape shape_;
   model::data::Datasets data_;
   std::shared_ptr<comm::InProcFabric> fabric_;
-  std::vector<Rank> ranks_;
-  std::vector<GradPiece> grad_pieces_;
-  std::vector<ParamPiece> param_pieces_;
+  std::vector<std::unique_ptr<RankUnit>> ranks_;
   bool ran_ = false;
 };
 

@@ -14,5 +14,8 @@ using Command = std::function<int()>;
 Command add_train_command(CLI::App& app);
 Command add_data_command(CLI::App& app);
 Command add_preprocess_command(CLI::App& app);
+Command add_worker_command(CLI::App& app);
+Command add_launch_command(CLI::App& app);
+Command add_agent_command(CLI::App& app);
 
 }  // namespace troupe::launcher

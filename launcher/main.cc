@@ -15,6 +15,9 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   std::map<std::string, troupe::launcher::Command> commands;
   commands["train"] = troupe::launcher::add_train_command(app);
+  commands["launch"] = troupe::launcher::add_launch_command(app);
+  commands["worker"] = troupe::launcher::add_worker_command(app);
+  commands["agent"] = troupe::launcher::add_agent_command(app);
   commands["data"] = troupe::launcher::add_data_command(app);
   commands["preprocess"] = troupe::launcher::add_preprocess_command(app);
   try {

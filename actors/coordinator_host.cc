@@ -1,0 +1,216 @@
+// The coordinator of a multi-process run: joining, the run, the end.
+#include "actors/coordinator_host.h"
+
+#include <cstdio>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "actors/coordinator.h"
+#include "actors/messages.h"
+
+namespace troupe::actors {
+
+CoordinatorHost::CoordinatorHost(CoordinatorHostOptions options)
+    : options_(std::move(options)), world_(options_.parallel.world()) {
+  configure_actor_system(cfg_);
+  system_ = std::make_unique<caf::actor_system>(cfg_);
+  members_.resize(static_cast<std::size_t>(world_));
+  if (!options_.log) {
+    options_.log = [](const std::string& m) { std::fprintf(stderr, "troupe: %s\n", m.c_str()); };
+  }
+}
+
+absl::StatusOr<std::unique_ptr<CoordinatorHost>> CoordinatorHost::listen(
+    CoordinatorHostOptions options) {
+  if (options.token.empty()) {
+    return absl::InvalidArgumentError("the coordinator needs a job token");
+  }
+  std::unique_ptr<CoordinatorHost> h(new CoordinatorHost(std::move(options)));
+  comm::ControlOptions control = h->options_.control;
+  control.token = h->options_.token;
+  control.log = h->options_.log;
+  CoordinatorHost* self = h.get();
+  comm::ControlHub::Handlers handlers{
+      .on_join = [self](int rank, const std::string& hello) { return self->on_join(rank, hello); },
+      .on_frame = [self](int rank, std::string frame) { self->on_frame(rank, std::move(frame)); },
+      .on_lost = [self](int rank, absl::Status why) { self->on_lost(rank, std::move(why)); }};
+  absl::StatusOr<std::unique_ptr<comm::ControlHub>> hub = comm::ControlHub::listen(
+      h->options_.listen_host, h->options_.port, std::move(control), std::move(handlers));
+  if (!hub.ok()) return hub.status();
+  h->hub_ = *std::move(hub);
+  return h;
+}
+
+CoordinatorHost::~CoordinatorHost() {
+  // The stand-ins send through the hub: they go first.
+  std::vector<caf::actor> actors = shards_;
+  actors.insert(actors.end(), optimizers_.begin(), optimizers_.end());
+  if (coordinator_) actors.push_back(coordinator_);
+  if (!actors.empty()) stop_actors(*system_, actors);
+  hub_.reset();  // no handler runs after this
+}
+
+std::vector<CoordinatorHost::Member> CoordinatorHost::members() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return members_;
+}
+
+std::string CoordinatorHost::who(int rank) const {
+  const comm::Coord c = options_.parallel.layout().coord(rank);
+  std::string s = absl::StrCat("rank ", rank, " (d=", c.d, " s=", c.s, " t=", c.t, ")");
+  std::lock_guard<std::mutex> lock(mu_);
+  if (rank >= 0 && rank < world_ && members_[static_cast<std::size_t>(rank)].joined) {
+    const RankHello& h = members_[static_cast<std::size_t>(rank)].hello;
+    absl::StrAppend(&s, " on host ", h.host, ", pid ", h.pid);
+  }
+  return s;
+}
+
+bool CoordinatorHost::on_join(int rank, const std::string& hello) {
+  if (rank >= world_) {
+    options_.log(absl::StrCat("refused a rank ", rank, ": the job has ", world_, " ranks"));
+    return false;
+  }
+  absl::StatusOr<RankHello> h = decode_hello(*system_, hello);
+  std::lock_guard<std::mutex> lock(mu_);
+  Member& m = members_[static_cast<std::size_t>(rank)];
+  if (!h.ok() || m.joined || outcome_) {
+    options_.log(absl::StrCat("refused rank ", rank, ": ",
+                              !h.ok() ? h.status().message()
+                                      : (m.joined ? "it has joined already" : "the run is over")));
+    return false;
+  }
+  m.joined = true;
+  m.hello = *std::move(h);
+  joined_++;
+  cv_.notify_all();
+  return true;
+}
+
+void CoordinatorHost::on_frame(int rank, std::string frame) {
+  absl::StatusOr<Envelope> e = decode_envelope(*system_, frame);
+  if (!e.ok()) {
+    hub_->drop(rank, absl::DataLossError(e.status().message()));
+    return;
+  }
+  std::unique_lock<std::mutex> lock(mu_);
+  if (e->to == Target::kControl) {
+    if (e->content.match_elements<remote_ready_atom, int>() &&
+        !members_[static_cast<std::size_t>(rank)].ready) {
+      members_[static_cast<std::size_t>(rank)].ready = true;
+      ready_++;
+      cv_.notify_all();
+    }
+    return;
+  }
+  if (!running_) return;
+  if (e->to == Target::kCoordinator) {
+    caf::actor c = coordinator_;
+    lock.unlock();
+    caf::anon_send(c, std::move(e->content));
+  } else if (e->to == Target::kReply) {
+    const std::vector<caf::actor>& of =
+        e->actor == static_cast<std::uint8_t>(Target::kShard) ? shards_ : optimizers_;
+    caf::actor a = of[static_cast<std::size_t>(rank)];
+    lock.unlock();
+    caf::anon_send(a, remote_reply_atom::value, e->request, std::move(e->content));
+  }
+}
+
+void CoordinatorHost::on_lost(int rank, absl::Status why) {
+  caf::actor shard, optimizer;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (outcome_) return;  // the run is over: ranks leave
+    if (running_) {
+      shard = shards_[static_cast<std::size_t>(rank)];
+      optimizer = optimizers_[static_cast<std::size_t>(rank)];
+    }
+  }
+  const std::string what = why.ok() ? "left before the run ended" : std::string(why.message());
+  end(absl::UnavailableError(absl::StrCat(who(rank), ": lost contact: ", what)));
+  if (shard) caf::anon_send(shard, remote_lost_atom::value, what);
+  if (optimizer) caf::anon_send(optimizer, remote_lost_atom::value, what);
+}
+
+void CoordinatorHost::end(absl::Status st) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (outcome_) return;
+  outcome_ = std::move(st);
+  cv_.notify_all();
+}
+
+void CoordinatorHost::abort(absl::Status why) { end(std::move(why)); }
+
+bool CoordinatorHost::wait_for_all(const int& count, bool Member::*done, const char* what) {
+  std::unique_lock<std::mutex> lock(mu_);
+  const auto deadline = std::chrono::steady_clock::now() + absl::ToChronoSeconds(options_.join_timeout);
+  cv_.wait_until(lock, deadline, [&] { return count == world_ || outcome_.has_value(); });
+  if (outcome_) return false;
+  if (count == world_) return true;
+  std::vector<int> missing;
+  for (int r = 0; r < world_; r++) {
+    if (!(members_[static_cast<std::size_t>(r)].*done)) missing.push_back(r);
+  }
+  outcome_ = absl::DeadlineExceededError(absl::StrCat(
+      world_ - count, " of ", world_, " ranks did not ", what, " within ",
+      absl::FormatDuration(options_.join_timeout),
+      missing.empty() ? "" : absl::StrCat(" (ranks ", absl::StrJoin(missing, ", "), ")")));
+  return false;
+}
+
+void CoordinatorHost::broadcast(const Envelope& e) {
+  const std::string frame = encode_envelope(*system_, e);
+  for (int r = 0; r < world_; r++) (void)hub_->send(r, frame);
+}
+
+absl::Status CoordinatorHost::run(const std::function<void(const model::StepMetrics&)>& on_step,
+                                  const OnJoined& on_joined) {
+  if (wait_for_all(joined_, &Member::joined, "join")) {
+    std::vector<std::string> addresses;
+    for (const Member& m : members()) addresses.push_back(m.hello.transport_address);
+    if (on_joined) on_joined(members());
+    broadcast({.to = Target::kControl,
+               .content = caf::make_message(remote_world_atom::value, std::move(addresses))});
+    if (wait_for_all(ready_, &Member::ready, "get ready")) (void)run_coordinator(on_step);
+  }
+  absl::Status st;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return outcome_.has_value(); });
+    st = *outcome_;
+  }
+  broadcast({.to = Target::kControl,
+             .content = caf::make_message(remote_end_atom::value, static_cast<int>(st.code()),
+                                          std::string(st.message()))});
+  return st;
+}
+
+absl::Status CoordinatorHost::run_coordinator(
+    const std::function<void(const model::StepMetrics&)>& on_step) {
+  auto setup = std::make_shared<CoordinatorSetup>();
+  setup->options = options_.options;
+  setup->layout = options_.parallel.layout();
+  setup->shape = options_.parallel.shape();
+  setup->m = options_.parallel.m(options_.options);
+  setup->stall_timeout_s = options_.parallel.stall_timeout_s;
+  setup->on_step = on_step;
+  setup->on_finish = [this](absl::Status st) { end(std::move(st)); };
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    setup->has_valid = members_[0].hello.has_valid;
+    for (int r = 0; r < world_; r++) {
+      auto sink = [hub = hub_.get(), r](std::string frame) { return hub->send(r, frame); };
+      shards_.push_back(system_->spawn<RemoteActor>(Target::kShard, sink));
+      optimizers_.push_back(system_->spawn<RemoteActor>(Target::kOptimizer, sink));
+    }
+    setup->shards = shards_;
+    setup->optimizers = optimizers_;
+    coordinator_ = system_->spawn<Coordinator>(setup);
+    running_ = true;
+  }
+  caf::anon_send(coordinator_, start_atom::value);
+  return absl::OkStatus();
+}
+
+}  // namespace troupe::actors

@@ -1,0 +1,248 @@
+// One rank's buffers, streams and actors.
+#include "actors/rank.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "actors/messages.h"
+#include "model/weights.h"
+
+namespace troupe::actors {
+
+model::GptConfig ParallelOptions::sliced_config(const model::GptConfig& c) const {
+  model::GptConfig out = c;
+  out.vocab_multiple = c.vocab_multiple * std::max(tp, 1);
+  return out;
+}
+
+absl::Status ParallelOptions::validate(const model::TrainOptions& o) const {
+  if (absl::Status st = o.validate(); !st.ok()) return st;
+  if (tp < 1 || pp < 1 || dp < 1 || virtual_stages < 1) {
+    return absl::InvalidArgumentError("--tp, --pp, --dp and --virtual-stages must be positive");
+  }
+  if (virtual_stages > 1 && schedule != ScheduleKind::kInterleaved1F1B) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--virtual-stages ", virtual_stages, " needs --schedule interleaved"));
+  }
+  if (absl::Status st = check_layer_split(o.model.L, pp, virtual_stages); !st.ok()) return st;
+  if (o.global_batch % (o.micro_batch * dp) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--global-batch-size ", o.global_batch, " must be a multiple of --micro-batch-size ",
+        o.micro_batch, " x --dp ", dp, " = ", o.micro_batch * dp));
+  }
+  if (absl::Status st = check_pipeline_shape(o.model, shape(), m(o)); !st.ok()) return st;
+  for (int s = 0; s < pp; s++) {
+    auto ops = make_schedule(schedule, pp, s, m(o), virtual_stages);
+    if (!ops.ok()) return ops.status();
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+// Most micro-batches chunk c of stage s holds between forward and backward.
+int peak_in_flight(const std::vector<ScheduleOp>& ops, int chunk) {
+  int now = 0, peak = 0;
+  for (const ScheduleOp& op : ops) {
+    if (op.chunk != chunk) continue;
+    now += op.kind == OpKind::kForward ? 1 : -1;
+    peak = std::max(peak, now);
+  }
+  return peak;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<RankUnit>> RankUnit::create(
+    const RankSpec& spec, std::unique_ptr<comm::Transport> transport) {
+  std::unique_ptr<RankUnit> u(new RankUnit(spec));
+  const ParallelOptions& par = spec.parallel;
+  const model::TrainOptions& o = spec.options;
+  const model::GptConfig& c = o.model;
+  const comm::Layout layout = par.layout();
+  u->coord_ = layout.coord(spec.rank);
+  u->shape_ = par.shape();
+  u->grad_pieces_ = grad_pieces(c, u->shape_);
+  u->param_pieces_ = param_pieces(c, u->shape_);
+  u->transport_ = std::move(transport);
+  model::TensorParallel tensor;
+  tensor.slice = {par.tp, u->coord_.t};
+  if (par.tp > 1) u->make_tensor_parallel(&tensor);
+  gpu::Device& dev = gpu::cpu_device();
+  u->stream_ = dev.make_stream({.threads = std::max(1, spec.threads)});
+  u->optimizer_stream_ = dev.make_stream({.threads = 1});
+  absl::StatusOr<std::vector<ScheduleOp>> ops =
+      make_schedule(par.schedule, par.pp, u->coord_.s, par.m(o), par.virtual_stages);
+  if (!ops.ok()) return ops.status();
+  for (int ch = 0; ch < par.virtual_stages; ch++) {
+    const model::StageSpec stage = chunk_spec(c, u->shape_, virtual_stage(u->shape_, u->coord_.s, ch));
+    // One more slot than the schedule's peak when there are neighbours, so
+    // a micro-batch whose gradient is still leaving does not hold up the
+    // next forward.
+    const int slots = peak_in_flight(*ops, ch) + (u->shape_.chunks() > 1 ? 1 : 0);
+    u->chunks_.push_back(spec.factory
+                             ? spec.factory(c, o.micro_batch, stage, slots)
+                             : std::make_unique<GptStage>(c, o.micro_batch, stage, slots, dev, tensor));
+  }
+  if (absl::Status st = u->init_params(); !st.ok()) return st;
+  const std::int64_t before = dev.allocated_bytes();
+  for (const auto& chunk : u->chunks_) {
+    u->partitions_.push_back(std::make_unique<Partition>(*chunk, par.dp, u->coord_.d,
+                                                         u->coord_.t == 0, *u->optimizer_stream_));
+  }
+  u->optimizer_bytes_ = dev.allocated_bytes() - before;
+  if (absl::Status st = u->optimizer_stream_->synchronize(); !st.ok()) return st;
+  return u;
+}
+
+void RankUnit::make_tensor_parallel(model::TensorParallel* tensor) {
+  tensor_ = std::make_unique<comm::Communicator>(
+      *transport_, spec_.parallel.layout().tensor_group(spec_.rank), comm::GroupKind::kTensor);
+  tensor->all_reduce = [comm = tensor_.get(), count = tp_floats_](gpu::Stream& s,
+                                                                  const gpu::Tensor& x) {
+    *count += x.numel();
+    // In stream order: the stream waits while the peers add their parts.
+    s.host_callback([&s, comm, x] {
+      absl::Status st =
+          comm->all_reduce_sync(x.data<float>(), static_cast<std::size_t>(x.numel()));
+      if (!st.ok()) s.fail(absl::UnavailableError(absl::StrCat("TP all-reduce: ", st.message())));
+    });
+  };
+  tensor->all_gather = [comm = tensor_.get()](gpu::Stream& s, const gpu::Tensor& in,
+                                              const gpu::Tensor& out) {
+    s.host_callback([&s, comm, in, out] {
+      absl::Status st = comm->all_gather_sync(in.data<float>(), out.data<float>(),
+                                              static_cast<std::size_t>(out.numel()));
+      if (!st.ok()) s.fail(absl::UnavailableError(absl::StrCat("TP all-gather: ", st.message())));
+    });
+  };
+}
+
+absl::Status RankUnit::init_params() {
+  const model::TrainOptions& o = spec_.options;
+  if (o.init_weights.empty()) {
+    for (auto& chunk : chunks_) chunk->gpt().init(o.seed);  // counter-based: a slice alone
+    return absl::OkStatus();
+  }
+  // From a file: load the whole model, then copy each chunk's tensors by name.
+  model::Gpt whole(o.model, 1, gpu::cpu_device());
+  if (absl::Status st = model::load_weights(o.init_weights, whole); !st.ok()) return st;
+  for (auto& chunk : chunks_) {
+    for (const model::ParamSpec& spec : chunk->layout().specs()) {
+      absl::StatusOr<const model::ParamSpec*> found = whole.layout().lookup(spec.name);
+      if (!found.ok()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(o.init_weights, ": ", found.status().message()));
+      }
+      const model::ParamSpec& from = **found;
+      float* to = chunk->params().data<float>() + spec.offset;
+      const float* src = whole.params().data<float>() + from.offset;
+      for (std::int64_t i = 0; i < spec.numel(); i++) to[i] = src[spec.global_index(i)];
+    }
+  }
+  return absl::OkStatus();
+}
+
+RankUnit::Actors RankUnit::spawn(caf::actor_system& system, const Wiring& wiring) {
+  const ParallelOptions& par = spec_.parallel;
+  const model::TrainOptions& o = spec_.options;
+  ShardSetup ss;
+  ss.rank = spec_.rank;
+  ss.coord = coord_;
+  ss.layout = par.layout();
+  ss.shape = shape_;
+  ss.schedule = par.schedule;
+  ss.m = par.m(o);
+  ss.B = o.micro_batch;
+  ss.T = o.model.T;
+  ss.global_batch = o.global_batch;
+  ss.data = wiring.train;
+  ss.valid = wiring.valid;
+  for (auto& c : chunks_) ss.chunks.push_back(c.get());
+  ss.stream = stream_.get();
+  ss.transport = transport_.get();
+  ss.grad_pieces = grad_pieces_;
+  ss.param_pieces = param_pieces_;
+  ss.coordinator = wiring.coordinator;
+  ss.fail = par.fail;
+
+  OptimizerSetup os;
+  os.rank = spec_.rank;
+  os.coord = coord_;
+  os.layout = par.layout();
+  os.shape = shape_;
+  for (auto& p : partitions_) os.partitions.push_back(p.get());
+  os.stream = optimizer_stream_.get();
+  os.transport = transport_.get();
+  os.adam = o.adam;
+  os.grad_pieces = grad_pieces_;
+  os.param_pieces = param_pieces_;
+  os.coordinator = wiring.coordinator;
+  return {system.spawn<ShardActor>(std::move(ss)), system.spawn<OptimizerActor>(std::move(os))};
+}
+
+void RankUnit::fail_pending(const absl::Status& why) {
+  for (int peer = 0; peer < transport_->size(); peer++) transport_->fail_peer(peer, why);
+  if (tensor_) tensor_->fail(why);  // a stream waiting in a TP collective goes on
+}
+
+void RankUnit::drain() {
+  if (stream_) (void)stream_->synchronize();
+  if (optimizer_stream_) (void)optimizer_stream_->synchronize();
+}
+
+RankUnit::~RankUnit() { drain(); }
+
+std::int64_t RankUnit::optimizer_state_bytes() const {
+  std::int64_t n = 0;
+  for (const auto& p : partitions_) n += p->state_bytes();
+  return n;
+}
+
+void configure_actor_system(caf::actor_system_config& cfg) {
+  add_message_types(cfg);
+  // Actors only react to messages; compute runs on the ranks' streams.
+  cfg.set("scheduler.max-threads", 2);
+  // An idle worker goes straight from its short busy poll to a condition
+  // variable that a new message wakes, instead of polling every 50 us for
+  // 25 ms: a pipeline hop crosses two actors, and each such nap was on the
+  // critical path (scripts/bench pipeline).
+  cfg.set("work-stealing.moderate-poll-attempts", 0);
+}
+
+void stop_actors(caf::actor_system& system, const std::vector<caf::actor>& actors) {
+  caf::scoped_actor self{system};
+  for (const caf::actor& a : actors) {
+    self->monitor(a);
+    self->send_exit(a, caf::exit_reason::user_shutdown);
+  }
+  for (std::size_t i = 0; i < actors.size(); i++) {
+    self->receive([](const caf::down_msg&) {});
+  }
+}
+
+absl::Status copy_slice_into_whole(const model::ParamLayout& layout, const float* params,
+                                   model::Gpt& whole) {
+  for (const model::ParamSpec& spec : layout.specs()) {
+    // Each TP rank's slice to its place in the unsliced tensor.
+    const model::ParamSpec* to = whole.layout().find_or_null(spec.name);
+    if (to == nullptr || to->shape != spec.full_shape) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "gathering the weights: the model has no tensor ", spec.name, " of this size"));
+    }
+    float* dst = whole.params().data<float>() + to->offset;
+    const float* src = params + spec.offset;
+    for (std::int64_t i = 0; i < spec.numel(); i++) dst[spec.global_index(i)] = src[i];
+  }
+  return absl::OkStatus();
+}
+
+absl::Status copy_into_whole(const std::vector<const GptStage*>& chunks, model::Gpt& whole) {
+  for (const GptStage* chunk : chunks) {
+    absl::Status st = copy_slice_into_whole(chunk->layout(), chunk->params().data<float>(), whole);
+    if (!st.ok()) return st;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace troupe::actors

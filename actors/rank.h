@@ -1,0 +1,139 @@
+// One rank (d, s, t) of a run: its model chunks, its ZeRO-1 optimizer
+// partitions, its compute and optimizer streams, its transport and its TP
+// group's collectives, and the two actors that drive them (a ShardActor and
+// an OptimizerActor). Both runtimes are made of these: the in-process
+// trainer (actors/runtime.h) builds one per rank over the in-process
+// transport; a worker process (actors/worker.h) builds its own over UCX.
+//
+// The buffers, streams and transport belong to this object and outlive the
+// actors, so a rank ends in a fixed order: fail_pending() (every transport
+// operation and collective ends with an error the actors hear), the actors
+// exit (stop_actors), drain() (the streams finish what they hold).
+//
+//   auto unit = actors::RankUnit::create({.options = sliced, .parallel = par, .rank = r,
+//                                         .threads = 1}, std::move(transport));
+//   RankUnit::Actors a = (*unit)->spawn(system, {.coordinator = c, .train = data});
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <caf/all.hpp>
+
+#include "absl/status/statusor.h"
+#include "actors/optimizer_actor.h"
+#include "actors/partition.h"
+#include "actors/schedule.h"
+#include "actors/shard_actor.h"
+#include "actors/stage_compute.h"
+#include "comm/communicator.h"
+#include "comm/groups.h"
+#include "comm/transport.h"
+#include "model/data/datasets.h"
+#include "model/trainer.h"
+
+namespace troupe::actors {
+
+struct ParallelOptions {
+  int tp = 1;              // --tp: tensor-parallel ranks per stage (Megatron slicing)
+  int pp = 1;              // --pp: pipeline stages
+  int dp = 1;              // --dp: data-parallel replicas
+  int virtual_stages = 1;  // --virtual-stages: model chunks per stage (interleaved)
+  ScheduleKind schedule = ScheduleKind::k1F1B;
+  FailPoint fail = {};  // testing (--debug-fail-stage, --debug-stall-stage)
+  double stall_timeout_s = 600;  // --stall-timeout: a run with no progress this long fails
+
+  // Micro-batches per replica and step.
+  int m(const model::TrainOptions& o) const { return o.global_batch / (o.micro_batch * dp); }
+  int world() const { return tp * pp * dp; }
+  comm::Layout layout() const { return {.tp = tp, .pp = pp, .dp = dp}; }
+  PipelineShape shape() const { return {pp, virtual_stages, dp, tp}; }
+  // The model as the ranks hold it: the vocabulary padded to a multiple of
+  // --make-vocab-size-divisible-by x tp (as Megatron), so it slices evenly.
+  model::GptConfig sliced_config(const model::GptConfig& c) const;
+  // InvalidArgument naming the flag when the layout does not fit the model
+  // or the batch.
+  absl::Status validate(const model::TrainOptions& o) const;
+};
+
+// Makes a model chunk; the default makes a GptStage. (The pipeline
+// benchmark swaps in chunks whose ops take a fixed time.)
+using StageFactory = std::function<std::unique_ptr<GptStage>(
+    const model::GptConfig& config, int B, const model::StageSpec& spec, int slots)>;
+
+struct RankSpec {
+  model::TrainOptions options;  // options.model already sliced_config()
+  ParallelOptions parallel;
+  int rank = 0;
+  int threads = 1;  // of its compute stream
+  StageFactory factory = nullptr;
+};
+
+class RankUnit {
+ public:
+  // Builds the chunks (parameters from the seed or options.init_weights),
+  // the partitions and the streams; `transport` carries every tensor of
+  // this rank.
+  static absl::StatusOr<std::unique_ptr<RankUnit>> create(
+      const RankSpec& spec, std::unique_ptr<comm::Transport> transport);
+  ~RankUnit();  // drains the streams
+
+  struct Wiring {
+    caf::actor coordinator;  // or a stand-in for it (actors/remote.h)
+    const model::data::SampleSource* train = nullptr;
+    const model::data::SampleSource* valid = nullptr;
+  };
+  struct Actors {
+    caf::actor shard, optimizer;
+  };
+  Actors spawn(caf::actor_system& system, const Wiring& wiring);
+  // Fails every pending transport operation and TP collective with `why`.
+  void fail_pending(const absl::Status& why);
+  void drain();
+
+  int rank() const { return spec_.rank; }
+  const comm::Coord& coord() const { return coord_; }
+  comm::Transport& transport() { return *transport_; }
+  const std::vector<std::unique_ptr<GptStage>>& chunks() const { return chunks_; }
+  std::int64_t optimizer_state_bytes() const;
+  std::int64_t optimizer_bytes() const { return optimizer_bytes_; }
+  std::int64_t tp_all_reduced_floats() const { return tp_floats_->load(); }
+
+ private:
+  explicit RankUnit(const RankSpec& spec) : spec_(spec) {}
+  absl::Status init_params();
+  void make_tensor_parallel(model::TensorParallel* tensor);
+
+  RankSpec spec_;
+  comm::Coord coord_;
+  PipelineShape shape_;
+  std::vector<GradPiece> grad_pieces_;
+  std::vector<ParamPiece> param_pieces_;
+  std::unique_ptr<comm::Transport> transport_;
+  std::unique_ptr<comm::Communicator> tensor_;  // the TP group's collectives (tp > 1)
+  std::shared_ptr<std::atomic<std::int64_t>> tp_floats_ =
+      std::make_shared<std::atomic<std::int64_t>>(0);
+  std::vector<std::unique_ptr<GptStage>> chunks_;       // by chunk
+  std::vector<std::unique_ptr<Partition>> partitions_;  // by chunk
+  std::int64_t optimizer_bytes_ = 0;                    // what making them allocated
+  // Last, so that they drain before the buffers above go away.
+  std::unique_ptr<gpu::Stream> stream_, optimizer_stream_;
+};
+
+// The actor system settings troupe's runtimes use (and the message types).
+void configure_actor_system(caf::actor_system_config& cfg);
+// Stops `actors` (user_shutdown) and waits until every one has exited.
+void stop_actors(caf::actor_system& system, const std::vector<caf::actor>& actors);
+
+// The parameters of `chunks` (replica 0's, each a TP slice of some virtual
+// stage) copied by name into their places in `whole`, a model::Gpt of the
+// whole model.
+absl::Status copy_into_whole(const std::vector<const GptStage*>& chunks, model::Gpt& whole);
+// One slice: `params` laid out as `layout` (of a chunk of a TP rank).
+absl::Status copy_slice_into_whole(const model::ParamLayout& layout, const float* params,
+                                   model::Gpt& whole);
+
+}  // namespace troupe::actors

@@ -1,0 +1,245 @@
+// One rank of a multi-process run: join, connect, run, end.
+#include "actors/worker.h"
+
+#include <unistd.h>
+
+#include <condition_variable>
+#include <cstdio>
+#include <future>
+#include <mutex>
+#include <optional>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "actors/messages.h"
+#include "actors/remote.h"
+#include "comm/tag.h"
+#include "comm/ucx_transport.h"
+#include "model/weights.h"
+
+namespace troupe::actors {
+namespace {
+
+std::string host_name() {
+  char buf[256] = {};
+  if (::gethostname(buf, sizeof(buf) - 1) != 0) return "?";
+  return buf;
+}
+
+// What the control link's thread tells the rank's main thread.
+struct LinkState {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::optional<std::vector<std::string>> addresses;  // the world message
+  std::optional<absl::Status> ended;                  // the end message
+  std::optional<absl::Status> lost;                   // the coordinator is gone
+  // Set once the actors are up; frames for them before that are dropped.
+  caf::actor shard, optimizer, relay;
+
+  bool over() const { return ended.has_value() || lost.has_value(); }
+};
+
+void on_frame(caf::actor_system& system, LinkState& s, const std::string& frame,
+              const std::function<void(const std::string&)>& log) {
+  absl::StatusOr<Envelope> e = decode_envelope(system, frame);
+  if (!e.ok()) return log(absl::StrCat("a frame from the coordinator: ", e.status().message()));
+  std::unique_lock<std::mutex> lock(s.mu);
+  if (e->to == Target::kControl) {
+    const caf::message& m = e->content;
+    if (m.match_elements<remote_world_atom, std::vector<std::string>>()) {
+      s.addresses = m.get_as<std::vector<std::string>>(1);
+    } else if (m.match_elements<remote_end_atom, int, std::string>()) {
+      const auto code = static_cast<absl::StatusCode>(m.get_as<int>(1));
+      s.ended = absl::Status(code, m.get_as<std::string>(2));
+    }
+    s.cv.notify_all();
+    return;
+  }
+  const caf::actor dest = e->to == Target::kShard       ? s.shard
+                          : e->to == Target::kOptimizer ? s.optimizer
+                                                        : caf::actor{};
+  const caf::actor relay = s.relay;
+  lock.unlock();
+  if (!dest) return;
+  if (e->request != 0) {
+    caf::anon_send(relay, remote_request_atom::value, static_cast<std::uint8_t>(e->to), e->request,
+                   std::move(e->content));
+  } else {
+    caf::anon_send(dest, std::move(e->content));
+  }
+}
+
+// Blocking transport operations for the end of the run, each bounded: the
+// control channel no longer watches the peers then.
+constexpr auto kEndTimeout = std::chrono::seconds(60);
+absl::Status finish_within(comm::Transport& t, int peer, std::future<absl::Status>& f) {
+  if (f.wait_for(kEndTimeout) == std::future_status::timeout) {
+    t.fail_peer(peer, absl::DeadlineExceededError("no answer within 60 s"));
+  }
+  return f.get();
+}
+
+absl::Status send_sync(comm::Transport& t, int peer, comm::Tag tag, const void* data,
+                       std::size_t bytes) {
+  auto p = std::make_shared<std::promise<absl::Status>>();
+  std::future<absl::Status> f = p->get_future();
+  t.send(peer, tag, data, bytes, [p](absl::Status st) { p->set_value(std::move(st)); }, nullptr);
+  return finish_within(t, peer, f);
+}
+
+absl::Status recv_sync(comm::Transport& t, int peer, comm::Tag tag, void* data, std::size_t bytes) {
+  auto p = std::make_shared<std::promise<absl::Status>>();
+  std::future<absl::Status> f = p->get_future();
+  t.recv(peer, tag, data, bytes, [p](absl::Status st) { p->set_value(std::move(st)); }, nullptr);
+  return finish_within(t, peer, f);
+}
+
+comm::Tag weights_tag(int source, int chunk) {
+  return comm::make_tag({.source = static_cast<std::uint32_t>(source),
+                         .group = comm::GroupKind::kWorld,
+                         .kind = comm::MessageKind::kControl,
+                         .step = 0xFFFF,
+                         .micro = 0,
+                         .chunk = static_cast<std::uint32_t>(chunk),
+                         .layer = 0});
+}
+
+}  // namespace
+
+absl::Status gather_and_save_weights(RankUnit& unit, const RankSpec& spec, const std::string& path) {
+  const ParallelOptions& par = spec.parallel;
+  const comm::Layout layout = par.layout();
+  if (spec.rank != 0) {
+    if (unit.coord().d != 0) return absl::OkStatus();
+    for (std::size_t ch = 0; ch < unit.chunks().size(); ch++) {
+      const gpu::Tensor& p = unit.chunks()[ch]->params();
+      absl::Status st = send_sync(unit.transport(), 0, weights_tag(spec.rank, static_cast<int>(ch)),
+                                  p.data<float>(), static_cast<std::size_t>(p.numel()) * 4);
+      if (!st.ok()) return absl::UnavailableError(absl::StrCat("sending the weights: ", st.message()));
+    }
+    return absl::OkStatus();
+  }
+  const model::GptConfig& c = spec.options.model;
+  const PipelineShape shape = par.shape();
+  model::Gpt whole(c, 1, gpu::cpu_device());
+  for (int r = 0; r < layout.world(); r++) {
+    const comm::Coord at = layout.coord(r);
+    if (at.d != 0) continue;
+    for (int ch = 0; ch < par.virtual_stages; ch++) {
+      if (r == 0) {
+        const GptStage& mine = *unit.chunks()[static_cast<std::size_t>(ch)];
+        absl::Status st = copy_slice_into_whole(mine.layout(), mine.params().data<float>(), whole);
+        if (!st.ok()) return st;
+        continue;
+      }
+      const model::ParamLayout slice = model::ParamLayout::gpt(
+          c, chunk_spec(c, shape, virtual_stage(shape, at.s, ch)), {par.tp, at.t});
+      std::vector<float> buf(static_cast<std::size_t>(slice.total()));
+      absl::Status st = recv_sync(unit.transport(), r, weights_tag(r, ch), buf.data(), buf.size() * 4);
+      if (!st.ok()) {
+        return absl::UnavailableError(
+            absl::StrCat("receiving the weights of rank ", r, ": ", st.message()));
+      }
+      if (st = copy_slice_into_whole(slice, buf.data(), whole); !st.ok()) return st;
+    }
+  }
+  return model::save_weights(whole, path);
+}
+
+absl::Status run_worker(const WorkerOptions& o) {
+  auto log = o.log ? o.log : [](const std::string& m) {
+    std::fprintf(stderr, "troupe worker: %s\n", m.c_str());
+  };
+  const int world = o.spec.parallel.world();
+  absl::StatusOr<std::unique_ptr<comm::UcxTransport>> ucx =
+      comm::UcxTransport::create(o.spec.rank, world);
+  if (!ucx.ok()) return ucx.status();
+  comm::UcxTransport* transport = ucx->get();
+  absl::StatusOr<model::data::Datasets> data = model::build_run_datasets(o.spec.options);
+  if (!data.ok()) return data.status();
+  absl::StatusOr<std::unique_ptr<RankUnit>> unit = RankUnit::create(o.spec, *std::move(ucx));
+  if (!unit.ok()) return unit.status();
+
+  caf::actor_system_config cfg;
+  configure_actor_system(cfg);
+  caf::actor_system system{cfg};
+  LinkState state;
+  const RankHello hello{.host = host_name(),
+                        .pid = static_cast<std::int32_t>(::getpid()),
+                        .transport_address = transport->address(),
+                        .has_valid = data->valid != nullptr,
+                        .train_data = data->train->describe()};
+  comm::ControlOptions control = o.control;
+  control.token = o.token;
+  control.handshake = o.join_timeout;  // the coordinator may not listen yet
+  absl::StatusOr<std::unique_ptr<comm::ControlLink>> link = comm::ControlLink::connect(
+      o.master_addr, o.master_port, o.spec.rank, encode_hello(system, hello), control,
+      [&](std::string frame) { on_frame(system, state, frame, log); },
+      [&](absl::Status why) {
+        std::lock_guard<std::mutex> lock(state.mu);
+        state.lost = std::move(why);
+        state.cv.notify_all();
+      });
+  if (!link.ok()) {
+    return absl::UnavailableError(absl::StrCat("cannot join the coordinator at ", o.master_addr,
+                                               ":", o.master_port, ": ", link.status().message()));
+  }
+  FrameSink sink = [l = link->get()](std::string frame) { return l->send(frame); };
+
+  // The peers' addresses, then the actors.
+  std::vector<caf::actor> actors;
+  {
+    std::unique_lock<std::mutex> lock(state.mu);
+    const auto deadline = std::chrono::steady_clock::now() + absl::ToChronoSeconds(o.join_timeout);
+    state.cv.wait_until(lock, deadline, [&] { return state.addresses || state.over(); });
+    if (!state.addresses && !state.over()) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "the job did not assemble within ", absl::FormatDuration(o.join_timeout),
+          " (the coordinator never sent the ranks' addresses)"));
+    }
+  }
+  if (state.addresses) {
+    if (absl::Status st = transport->connect(*state.addresses); !st.ok()) return st;
+    caf::actor stand_in = system.spawn<CoordinatorStandIn>(sink);
+    RankUnit::Actors a = (*unit)->spawn(
+        system, {.coordinator = stand_in, .train = data->train.get(), .valid = data->valid.get()});
+    caf::actor relay = system.spawn<RequestRelay>(a.shard, a.optimizer, sink);
+    actors = {a.shard, a.optimizer, relay, stand_in};
+    {
+      std::lock_guard<std::mutex> lock(state.mu);
+      state.shard = a.shard;
+      state.optimizer = a.optimizer;
+      state.relay = relay;
+    }
+    (void)sink(encode_envelope(
+        system, {.to = Target::kControl,
+                 .content = caf::make_message(remote_ready_atom::value, o.spec.rank)}));
+  }
+  // Until the end: the channel's heartbeats bound this wait.
+  absl::Status outcome;
+  {
+    std::unique_lock<std::mutex> lock(state.mu);
+    state.cv.wait(lock, [&] { return state.over(); });
+    outcome = state.ended ? *state.ended
+                          : absl::UnavailableError(absl::StrCat(
+                                "lost contact with the coordinator at ", o.master_addr, ":",
+                                o.master_port, ": ", state.lost->message()));
+    state.shard = state.optimizer = state.relay = caf::actor{};
+  }
+  if (!outcome.ok()) (*unit)->fail_pending(absl::CancelledError("the job has stopped"));
+  stop_actors(system, actors);
+  absl::Status saved = absl::OkStatus();
+  if (outcome.ok() && !o.save_weights.empty()) {
+    saved = gather_and_save_weights(**unit, o.spec, o.save_weights);
+  }
+  (*unit)->fail_pending(absl::CancelledError("the run has ended"));
+  (*unit)->drain();
+  link->reset();  // goodbye: the coordinator hears OK
+  if (!outcome.ok()) {
+    if (state.ended) return absl::AbortedError(absl::StrCat("the job stopped: ", outcome.message()));
+    return outcome;
+  }
+  return saved;
+}
+
+}  // namespace troupe::actors

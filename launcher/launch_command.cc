@@ -1,0 +1,466 @@
+// `troupe launch`: a job of one worker process per rank, on this host or
+// across hosts, with the coordinator in this process; and `troupe agent`,
+// its hands on each host (launcher/agent.h).
+//
+//   troupe launch --nproc-per-node 8 --tp 2 --pp 2 --dp 2 --model tiny --steps 50
+//   troupe launch --hostfile hosts --tp 8 --pp 4 --dp 2 --model gpt3-1.3b ...
+//
+// The run directory (default runs/<date>-<time>) gets launch.json (command,
+// hosts, ranks, pids, placement), rank-NNNNN.log per rank and metrics.jsonl.
+// Every failure ends the job: a worker that exits or is killed, an agent or
+// host that is lost, SIGINT or SIGTERM; every process is stopped, and the
+// exit status says who and why.
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "actors/coordinator_host.h"
+#include "comm/auth.h"
+#include "launcher/agent.h"
+#include "launcher/commands.h"
+#include "launcher/fleet.h"
+#include "launcher/hostfile.h"
+#include "launcher/train_flags.h"
+#include "model/atomic_file.h"
+
+namespace troupe::launcher {
+namespace {
+
+using json = nlohmann::json;
+
+struct LaunchFlags {
+  TrainFlags train;
+  std::string hostfile, hosts, include, exclude;
+  int nproc_per_node = 0;
+  std::string rsh = "ssh -o BatchMode=yes {host}";
+  std::string master_addr;
+  int master_port = 0;
+  std::string run_dir;
+  std::string token_file;
+  double join_timeout_s = 120;
+};
+
+std::string self_exe() {
+  std::error_code ec;
+  std::filesystem::path p = std::filesystem::read_symlink("/proc/self/exe", ec);
+  return ec ? std::string("troupe") : p.string();
+}
+
+// This process's command line, as typed.
+std::vector<std::string> command_line() {
+  std::ifstream in("/proc/self/cmdline", std::ios::binary);
+  std::vector<std::string> out;
+  for (std::string arg; std::getline(in, arg, '\0');) out.push_back(arg);
+  return out;
+}
+
+std::string host_name() {
+  char buf[256] = {};
+  return ::gethostname(buf, sizeof(buf) - 1) == 0 ? std::string(buf) : std::string("localhost");
+}
+
+absl::StatusOr<std::string> make_run_dir(const std::string& given) {
+  std::string dir = given;
+  if (dir.empty()) {
+    const std::time_t now = std::time(nullptr);
+    char stamp[32];
+    std::strftime(stamp, sizeof(stamp), "%Y%m%d-%H%M%S", std::localtime(&now));
+    dir = absl::StrCat("runs/", stamp);
+    for (int k = 2; std::filesystem::exists(dir); k++) dir = absl::StrCat("runs/", stamp, "-", k);
+  }
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return absl::InvalidArgumentError(absl::StrCat("--run-dir ", dir, ": ", ec.message()));
+  return dir;
+}
+
+absl::Status write_json(const std::string& path, const json& j) {
+  absl::StatusOr<model::AtomicFile> f = model::AtomicFile::create(path);
+  if (!f.ok()) return f.status();
+  if (absl::Status st = f->write(j.dump(2) + "\n"); !st.ok()) return st;
+  return f->commit();
+}
+
+// What the workers inherit from the launcher's environment.
+bool forwarded_var(absl::string_view kv) {
+  for (const char* p : {"TROUPE_", "UCX_", "OMP_", "NCCL_", "CUDA_VISIBLE_DEVICES=", "PATH=",
+                        "LD_LIBRARY_PATH=", "HOME=", "LANG=", "OPENBLAS_", "GLOG_"}) {
+    if (absl::StartsWith(kv, p)) return true;
+  }
+  return false;
+}
+
+// Every rank's warnings and errors on the terminal, prefixed with who it is.
+class LogEcho {
+ public:
+  LogEcho(std::vector<std::pair<std::string, std::string>> logs) : logs_(std::move(logs)) {
+    offsets_.assign(logs_.size(), 0);
+    partial_.assign(logs_.size(), "");
+    thread_ = std::thread([this] {
+      while (!stop_.load()) {
+        scan();
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      }
+      scan();
+    });
+  }
+  ~LogEcho() {
+    stop_ = true;
+    thread_.join();
+  }
+
+ private:
+  void scan() {
+    for (std::size_t i = 0; i < logs_.size(); i++) {
+      std::ifstream in(logs_[i].second, std::ios::binary);
+      if (!in) continue;
+      in.seekg(static_cast<std::streamoff>(offsets_[i]));
+      std::string chunk((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      offsets_[i] += chunk.size();
+      partial_[i] += chunk;
+      std::size_t nl;
+      while ((nl = partial_[i].find('\n')) != std::string::npos) {
+        const std::string line = partial_[i].substr(0, nl);
+        partial_[i].erase(0, nl + 1);
+        const std::string lower = absl::AsciiStrToLower(line);
+        if (absl::StrContains(lower, "error") || absl::StrContains(lower, "warning")) {
+          std::fprintf(stderr, "[%s] %s\n", logs_[i].first.c_str(), line.c_str());
+        }
+      }
+    }
+  }
+  std::vector<std::pair<std::string, std::string>> logs_;  // (who, path)
+  std::vector<std::size_t> offsets_;
+  std::vector<std::string> partial_;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+struct Job {
+  std::vector<Placement> placement;
+  std::vector<std::string> hosts;  // distinct, in order of first rank
+  bool local = true;
+};
+
+absl::StatusOr<Job> place(const LaunchFlags& f, int world) {
+  Job job;
+  absl::StatusOr<std::vector<HostEntry>> entries;
+  if (!f.hostfile.empty() && !f.hosts.empty()) {
+    return absl::InvalidArgumentError("give --hostfile or --hosts, not both");
+  }
+  const int per_node = f.nproc_per_node > 0 ? f.nproc_per_node : world;
+  if (!f.hostfile.empty()) {
+    entries = read_hostfile(f.hostfile);
+    if (entries.ok() && f.nproc_per_node > 0) {
+      for (HostEntry& e : *entries) e.slots = std::min(e.slots, f.nproc_per_node);
+    }
+    job.local = false;
+  } else if (!f.hosts.empty()) {
+    entries = hosts_from_list(f.hosts, per_node);
+    job.local = false;
+  } else {
+    entries = std::vector<HostEntry>{{.host = "localhost", .slots = per_node, .line = 0}};
+  }
+  if (!entries.ok()) return entries.status();
+  absl::StatusOr<std::vector<HostSlots>> slots = filter_slots(*entries, f.include, f.exclude);
+  if (!slots.ok()) return slots.status();
+  absl::StatusOr<std::vector<Placement>> placed = place_ranks(*slots, world);
+  if (!placed.ok()) return placed.status();
+  job.placement = *std::move(placed);
+  for (const Placement& p : job.placement) {
+    if (std::find(job.hosts.begin(), job.hosts.end(), p.host) == job.hosts.end()) {
+      job.hosts.push_back(p.host);
+    }
+  }
+  return job;
+}
+
+// Blocks SIGINT and SIGTERM in every thread; one thread takes them.
+class Interrupts {
+ public:
+  explicit Interrupts(std::function<void(int)> on_signal) : on_signal_(std::move(on_signal)) {
+    sigemptyset(&set_);
+    sigaddset(&set_, SIGINT);
+    sigaddset(&set_, SIGTERM);
+    ::pthread_sigmask(SIG_BLOCK, &set_, nullptr);
+    thread_ = std::thread([this] {
+      const timespec tick{0, 100'000'000};
+      while (!stop_.load()) {
+        const int sig = ::sigtimedwait(&set_, nullptr, &tick);
+        if (sig > 0) on_signal_(sig);
+      }
+    });
+  }
+  ~Interrupts() {
+    stop_ = true;
+    thread_.join();
+  }
+
+ private:
+  sigset_t set_;
+  std::function<void(int)> on_signal_;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+int run_launch(LaunchFlags& f) {
+  auto fail = [](const std::string& m, int code = 1) {
+    std::fprintf(stderr, "troupe launch: error: %s\n", m.c_str());
+    return code;
+  };
+  if (absl::Status st = finish_train_flags(f.train); !st.ok()) return fail(std::string(st.message()));
+  absl::StatusOr<model::TrainOptions> options = resolve(f.train);
+  if (!options.ok()) return fail(std::string(options.status().message()));
+  const actors::ParallelOptions& par = f.train.parallel;
+  if (absl::Status st = par.validate(*options); !st.ok()) return fail(std::string(st.message()));
+  if (!f.train.save_weights.empty()) {
+    if (absl::Status st = check_writable(f.train.save_weights, "--save-weights"); !st.ok()) {
+      return fail(std::string(st.message()));
+    }
+  }
+  const int world = par.world();
+  absl::StatusOr<Job> job = place(f, world);
+  if (!job.ok()) return fail(std::string(job.status().message()));
+  absl::StatusOr<std::string> run_dir = make_run_dir(f.run_dir);
+  if (!run_dir.ok()) return fail(std::string(run_dir.status().message()));
+  std::ofstream metrics(*run_dir + "/metrics.jsonl", std::ios::trunc), user_metrics;
+  if (!f.train.metrics_jsonl.empty()) {
+    user_metrics.open(f.train.metrics_jsonl, std::ios::trunc);
+    if (!user_metrics) return fail(absl::StrCat("--metrics-jsonl ", f.train.metrics_jsonl, ": cannot open for writing"));
+  }
+  std::string token;
+  if (!f.token_file.empty()) {
+    std::ifstream in(f.token_file);
+    if (!in || !std::getline(in, token) || token.empty()) {
+      return fail(absl::StrCat("--token-file ", f.token_file, ": cannot read a token from it"));
+    }
+  } else if (const char* env = std::getenv("TROUPE_JOB_TOKEN"); env != nullptr && *env) {
+    token = env;
+  } else {
+    absl::StatusOr<std::string> t = comm::new_job_token();
+    if (!t.ok()) return fail(std::string(t.status().message()));
+    token = *t;
+  }
+  model::TrainOptions o = *options;
+  o.model = par.sliced_config(o.model);
+  const std::string master =
+      !f.master_addr.empty() ? f.master_addr : (job->local ? "127.0.0.1" : host_name());
+  absl::StatusOr<std::unique_ptr<actors::CoordinatorHost>> host = actors::CoordinatorHost::listen(
+      {.options = o, .parallel = par, .listen_host = job->local ? "127.0.0.1" : "0.0.0.0",
+       .port = f.master_port, .token = token, .join_timeout = absl::Seconds(f.join_timeout_s)});
+  if (!host.ok()) return fail(std::string(host.status().message()));
+  actors::CoordinatorHost& coordinator = **host;
+
+  // The banner and the placement table.
+  const comm::Layout layout = par.layout();
+  std::map<std::string, int> per_host;
+  for (const Placement& p : job->placement) per_host[p.host]++;
+  const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  std::printf("troupe launch: %s\n", o.model.describe().c_str());
+  std::printf("  %s: %d worker processes on %zu host(s); schedule %s, %d micro-batches of %d per "
+              "replica and step = global batch %d; %d steps\n",
+              layout.describe().c_str(), world, job->hosts.size(),
+              actors::schedule_name(par.schedule).c_str(), par.m(o), o.micro_batch,
+              o.global_batch, o.steps);
+  std::printf("  run directory: %s\n  coordinator: %s:%d\n", run_dir->c_str(), master.c_str(),
+              coordinator.port());
+  std::printf("  %5s  %-9s  %-20s  %5s  %7s\n", "rank", "(d,s,t)", "host", "local", "threads");
+  std::vector<WorkerLaunch> launches;
+  std::vector<std::pair<std::string, std::string>> logs;
+  const std::vector<std::string> flags = forwarded_train_flags(f.train, {"--metrics-jsonl"});
+  std::vector<std::string> env_base;
+  for (const std::string& kv : current_environment()) {
+    if (job->local || forwarded_var(kv)) env_base.push_back(kv);
+  }
+  for (const Placement& p : job->placement) {
+    const comm::Coord c = layout.coord(p.rank);
+    const int local = per_host[p.host];
+    const int threads = o.threads > 0 ? o.threads : std::max(1, cores / local);
+    std::printf("  %5d  (%d,%d,%d)%*s  %-20s  %5d  %7d\n", p.rank, c.d, c.s, c.t,
+                static_cast<int>(9 - absl::StrFormat("(%d,%d,%d)", c.d, c.s, c.t).size()), "",
+                p.host.c_str(), p.local_rank, threads);
+    WorkerLaunch w{.rank = p.rank, .host = p.host};
+    w.argv = {self_exe(), "worker"};
+    w.argv.insert(w.argv.end(), flags.begin(), flags.end());
+    for (const std::string& a :
+         {std::string("--rank"), std::to_string(p.rank), std::string("--world"),
+          std::to_string(world), std::string("--master-addr"), master, std::string("--master-port"),
+          std::to_string(coordinator.port()), std::string("--join-timeout"),
+          absl::StrCat(f.join_timeout_s)}) {
+      w.argv.push_back(a);
+    }
+    if (o.threads <= 0) {
+      w.argv.push_back("--threads");
+      w.argv.push_back(std::to_string(threads));
+    }
+    w.env = env_base;
+    w.env.push_back("TROUPE_TOKEN_STDIN=1");
+    w.env.push_back(absl::StrCat("LOCAL_RANK=", p.local_rank));
+    w.env.push_back(absl::StrCat("LOCAL_WORLD_SIZE=", local));
+    w.log = absl::StrFormat("%s/rank-%05d.log", *run_dir, p.rank);
+    logs.emplace_back(absl::StrFormat("rank %d (%d,%d,%d) %s", p.rank, c.d, c.s, c.t, p.host), w.log);
+    launches.push_back(std::move(w));
+  }
+  std::fflush(stdout);
+
+  json record = {{"command", command_line()}, {"hosts", job->hosts}, {"world", world},
+                 {"layout", {{"tp", par.tp}, {"pp", par.pp}, {"dp", par.dp}}},
+                 {"coordinator", absl::StrCat(master, ":", coordinator.port())}, {"ranks", json::array()}};
+  for (const Placement& p : job->placement) {
+    const comm::Coord c = layout.coord(p.rank);
+    record["ranks"].push_back({{"rank", p.rank}, {"d", c.d}, {"s", c.s}, {"t", c.t}, {"host", p.host},
+                               {"local_rank", p.local_rank}, {"pid", nullptr},
+                               {"log", launches[static_cast<std::size_t>(p.rank)].log}});
+  }
+  const std::string record_path = *run_dir + "/launch.json";
+  if (absl::Status st = write_json(record_path, record); !st.ok()) return fail(std::string(st.message()));
+
+  // SIGINT/SIGTERM end the run (blocked before any thread starts).
+  std::atomic<int> interrupted{0};
+  Interrupts interrupts([&](int sig) {
+    interrupted = sig;
+    coordinator.abort(absl::CancelledError(absl::StrCat("interrupted by ", sig == SIGINT ? "SIGINT" : "SIGTERM")));
+  });
+  std::unique_ptr<Fleet> fleet;
+  if (job->local) {
+    fleet = local_fleet(token);
+  } else {
+    absl::StatusOr<std::unique_ptr<Fleet>> agents = agent_fleet(
+        {.hosts = job->hosts, .rsh = f.rsh, .self = self_exe(), .master_addr = master,
+         .token = token, .log_dir = *run_dir, .join_timeout = absl::Seconds(f.join_timeout_s)});
+    if (!agents.ok()) return fail(std::string(agents.status().message()));
+    fleet = *std::move(agents);
+  }
+  if (absl::Status st = fleet->start(launches); !st.ok()) {
+    fleet->stop(absl::Seconds(3));
+    return fail(std::string(st.message()));
+  }
+  LogEcho echo(logs);
+
+  // Exits and losses, as they happen: a worker gone before the end ends the run.
+  std::mutex mu;
+  std::map<int, std::string> exits;  // rank -> how it ended
+  std::atomic<bool> over{false};
+  std::atomic<int> running{world};
+  auto watch = [&] {
+    bool dirty = false;
+    for (const FleetEvent& e : fleet->poll()) {
+      if (e.kind == FleetEvent::Kind::kStarted) {
+        record["ranks"][static_cast<std::size_t>(e.rank)]["pid"] = e.pid;
+        dirty = true;
+        continue;
+      }
+      if (e.kind == FleetEvent::Kind::kExited) running--;
+      const bool bad = e.kind == FleetEvent::Kind::kLost || !e.exit.ok();
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        if (bad && e.exit.code != 3) exits[e.rank] = e.what;
+      }
+      if (bad && !over.load()) {
+        coordinator.abort(absl::UnavailableError(absl::StrCat(coordinator.who(e.rank), ": ", e.what)));
+      }
+    }
+    if (dirty) (void)write_json(record_path, record);
+  };
+  std::atomic<bool> stop_watch{false};
+  std::thread watcher([&] {
+    while (!stop_watch.load()) {
+      watch();
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  });
+  Progress progress(o.steps, {&metrics, user_metrics.is_open() ? &user_metrics : nullptr});
+  absl::Status st = coordinator.run(
+      [&](const model::StepMetrics& m) {
+        progress.report(m);
+      },
+      [&](const std::vector<actors::CoordinatorHost::Member>& members) {
+        std::printf("  train data: %s\n", members[0].hello.train_data.c_str());
+        std::fflush(stdout);
+      });
+  over = true;
+  // The workers have been told the end; they leave by themselves (rank 0
+  // after writing --save-weights), or are stopped.
+  const absl::Time until = absl::Now() + (st.ok() ? absl::Seconds(120) : absl::Seconds(5));
+  while (running.load() > 0 && absl::Now() < until) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  stop_watch = true;
+  watcher.join();
+  fleet->stop(absl::Seconds(3));
+  watch();
+  std::string causes;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    for (const auto& [rank, what] : exits) absl::StrAppend(&causes, "\n  ", coordinator.who(rank), ": ", what);
+  }
+  if (!st.ok()) {
+    return fail(absl::StrCat(st.message(), causes.empty() ? "" : absl::StrCat("\n  processes:", causes),
+                             "\n  logs: ", *run_dir), interrupted.load() ? 130 : 1);
+  }
+  if (!causes.empty()) return fail(absl::StrCat("the run ended, but:", causes));
+  if (!f.train.save_weights.empty()) std::printf("saved weights to %s\n", f.train.save_weights.c_str());
+  std::printf("run directory: %s\n", run_dir->c_str());
+  return 0;
+}
+
+}  // namespace
+
+Command add_launch_command(CLI::App& app) {
+  auto f = std::make_shared<LaunchFlags>();
+  CLI::App* cmd = app.add_subcommand(
+      "launch", "Train with one worker process per rank, on this host or across hosts");
+  add_train_flags(cmd, f->train);
+  cmd->add_option("--hostfile", f->hostfile, "DeepSpeed hostfile: `host slots=N` lines");
+  cmd->add_option("--hosts", f->hosts, "Hosts, comma-separated (each --nproc-per-node slots)");
+  cmd->add_option("--nproc-per-node", f->nproc_per_node,
+                  "Workers per host (default: the whole job on this host)");
+  cmd->add_option("--include", f->include, "Only these hosts/slots: host:slot,slot@host2");
+  cmd->add_option("--exclude", f->exclude, "Not these hosts/slots: host:slot,slot@host2");
+  cmd->add_option("--rsh", f->rsh, "How to run the agent on a host ({host} is replaced)")
+      ->capture_default_str();
+  cmd->add_option("--master-addr", f->master_addr, "The address workers reach this launcher at");
+  cmd->add_option("--master-port", f->master_port, "The coordinator's port (default: any free)");
+  cmd->add_option("--run-dir", f->run_dir, "Logs, launch.json, metrics (default runs/<date>-<time>)");
+  cmd->add_option("--token-file", f->token_file,
+                  "The job token's file (default: TROUPE_JOB_TOKEN, or a new random one)");
+  cmd->add_option("--join-timeout", f->join_timeout_s, "Seconds for the job to assemble")
+      ->capture_default_str();
+  return [f] { return run_launch(*f); };
+}
+
+Command add_agent_command(CLI::App& app) {
+  auto o = std::make_shared<AgentOptions>();
+  CLI::App* cmd = app.add_subcommand("agent", "The launcher's agent on a host (started by launch)");
+  cmd->group("");  // not for people
+  cmd->add_option("--master-addr", o->master_addr, "The launcher's address")->required();
+  cmd->add_option("--master-port", o->master_port, "The launcher's agent port")->required();
+  cmd->add_option("--index", o->index, "Which host of the job")->required();
+  return [o] {
+    std::string token;
+    std::getline(std::cin, token);  // the launcher writes it on our stdin
+    if (token.empty()) {
+      std::fprintf(stderr, "troupe agent: error: no job token on standard input\n");
+      return 1;
+    }
+    o->token = token;
+    return run_agent(*o);
+  };
+}
+
+}  // namespace troupe::launcher

@@ -1,0 +1,188 @@
+// The training flags, shared by train, worker and launch.
+#include "launcher/train_flags.h"
+
+#include <cmath>
+#include <cstdio>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "model/atomic_file.h"
+
+namespace troupe::launcher {
+
+std::string duration(double s) {
+  if (!std::isfinite(s) || s < 0) return "?";
+  const auto total = static_cast<std::int64_t>(s + 0.5);
+  if (total >= 3600) return absl::StrFormat("%dh%02dm", total / 3600, (total / 60) % 60);
+  if (total >= 60) return absl::StrFormat("%dm%02ds", total / 60, total % 60);
+  return absl::StrFormat("%.1fs", s);
+}
+
+absl::Status check_writable(const std::string& path, const char* flag) {
+  absl::StatusOr<model::AtomicFile> probe = model::AtomicFile::create(path);
+  if (!probe.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(flag, " ", path, ": cannot write there (", probe.status().message(), ")"));
+  }
+  return absl::OkStatus();
+}
+
+void Progress::report(const model::StepMetrics& m) {
+  elapsed_ += m.step_s;
+  const double eta = elapsed_ / m.step * (steps_ - m.step);
+  const std::string val = m.val_loss ? absl::StrFormat(" | val loss %.4f", *m.val_loss) : "";
+  std::printf(
+      "step %*d/%d | loss %.4f | lr %.3e | grad norm %.4f | %.0f tok/s | elapsed %s | ETA %s%s\n",
+      static_cast<int>(std::to_string(steps_).size()), m.step, steps_, m.loss, m.lr,
+      m.grad_norm, m.tokens_per_s, duration(elapsed_).c_str(), duration(eta).c_str(),
+      val.c_str());
+  std::fflush(stdout);
+  // loss and grad_norm with 17 digits: the doubles exactly, so that two
+  // runs can be compared bit for bit.
+  const std::string line = absl::StrFormat(
+      "{\"step\": %d, \"loss\": %.17g, \"grad_norm\": %.17g, \"lr\": %.9g, "
+      "\"tokens_per_s\": %.9g, \"step_s\": %.9g, \"elapsed_s\": %.9g%s}\n",
+      m.step, m.loss, m.grad_norm, m.lr, m.tokens_per_s, m.step_s, elapsed_,
+      m.val_loss ? absl::StrFormat(", \"val_loss\": %.17g", *m.val_loss) : "");
+  for (std::ofstream* out : metrics_) {
+    if (out == nullptr) continue;
+    *out << line;
+    out->flush();
+  }
+}
+
+absl::StatusOr<model::TrainOptions> resolve(const TrainFlags& f) {
+  absl::StatusOr<model::GptConfig> config = model::preset(f.model);
+  if (!config.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--model: ", config.status().message()));
+  }
+  if (f.layers) config->L = *f.layers;
+  if (f.channels) config->C = *f.channels;
+  if (f.heads) config->NH = *f.heads;
+  if (f.seq_len) config->T = *f.seq_len;
+  if (f.vocab_size) config->V = *f.vocab_size;
+  if (f.vocab_multiple) config->vocab_multiple = *f.vocab_multiple;
+  model::TrainOptions o = f.options;
+  o.model = *config;
+  if (o.global_batch == 0) o.global_batch = o.micro_batch;
+  if (o.lr.decay_iters == 0) o.lr.decay_iters = o.steps;
+  if (o.eval_interval > 0 && o.eval_iters == 0) o.eval_iters = 10;  // Megatron's default is 100
+  absl::Status st = o.validate();
+  if (!st.ok()) return st;
+  return o;
+}
+
+void add_train_flags(CLI::App* cmd, TrainFlags& f) {
+  model::TrainOptions& o = f.options;
+  const std::size_t before = cmd->get_options().size();
+  cmd->add_option("--model", f.model,
+                  "Model preset: tiny, cpu-small, gpt2-124m, gpt2-350m, "
+                  "gpt3-1.3b, gpt3-175b, mt-nlg-530b")
+      ->capture_default_str();
+  cmd->add_option("--layers,--num-layers", f.layers, "Override L (layers)");
+  cmd->add_option("--channels,--hidden-size", f.channels, "Override C (channels)");
+  cmd->add_option("--heads,--num-attention-heads", f.heads, "Override NH (heads)");
+  cmd->add_option("--seq-len,--seq-length", f.seq_len, "Override T (sequence length)");
+  cmd->add_option("--vocab-size", f.vocab_size, "Override V (vocabulary size)");
+  cmd->add_option("--make-vocab-size-divisible-by", f.vocab_multiple,
+                  "Pad the vocabulary to a multiple of this (default 128)");
+  cmd->add_option("--micro-batch-size", o.micro_batch, "Sequences per micro-batch (B)")
+      ->capture_default_str();
+  cmd->add_option("--global-batch-size", o.global_batch,
+                  "Sequences per optimizer step (default: the micro-batch size)");
+  cmd->add_option("--steps,--train-iters", o.steps, "Optimizer steps")->capture_default_str();
+  cmd->add_option("--lr", o.lr.lr, "Peak learning rate")->capture_default_str();
+  cmd->add_option("--min-lr", o.lr.min_lr, "Learning rate at the end of the decay")
+      ->capture_default_str();
+  cmd->add_option("--lr-warmup-iters", o.lr.warmup_iters, "Linear warm-up steps")
+      ->capture_default_str();
+  cmd->add_option("--lr-decay-iters", o.lr.decay_iters,
+                  "Cosine decay ends here (default: --steps)");
+  cmd->add_option("--weight-decay", o.adam.weight_decay, "AdamW weight decay")
+      ->capture_default_str();
+  cmd->add_option("--adam-beta1", o.adam.beta1, "Adam beta1")->capture_default_str();
+  cmd->add_option("--adam-beta2", o.adam.beta2, "Adam beta2")->capture_default_str();
+  cmd->add_option("--adam-eps", o.adam.eps, "Adam epsilon")->capture_default_str();
+  cmd->add_option("--clip-grad", o.clip_grad, "Clip the global gradient norm to this (0: off)")
+      ->capture_default_str();
+  cmd->add_option("--seed", o.seed, "Seed of the initialisation and the data order")
+      ->capture_default_str();
+  cmd->add_option("--data-path", o.data_path,
+                  "Megatron indexed dataset PREFIX, or a blend WEIGHT PREFIX WEIGHT PREFIX ...; "
+                  "default: a synthetic phrase corpus")
+      ->expected(1, -1);
+  cmd->add_option("--split", o.split, "Train,valid,test shares of the documents")
+      ->capture_default_str();
+  cmd->add_option("--data-cache-path", o.data_cache_path,
+                  "Where sample indices are cached (default: DATA_DIR/cache)");
+  cmd->add_option("--eval-interval", o.eval_interval, "Validation loss every N steps");
+  cmd->add_option("--eval-iters", o.eval_iters, "Global batches per validation");
+  cmd->add_flag(
+      "--no-shuffle", [&o](std::int64_t) { o.shuffle = false; },
+      "Samples in file order: sample i is tokens [i*T, i*T+T+1)");
+  cmd->add_option("--init-weights", o.init_weights, "Start from these safetensors weights");
+  cmd->add_option("--save-weights", f.save_weights,
+                  "Write the final weights here (safetensors)");
+  cmd->add_option("--metrics-jsonl", f.metrics_jsonl, "Write one JSON object per step here");
+  cmd->add_option("--threads", o.threads, "Compute threads (default: all cores)");
+  actors::ParallelOptions& par = f.parallel;
+  cmd->add_option("--tp,--tensor-model-parallel-size", par.tp,
+                  "Tensor-parallel ranks per stage (Megatron slicing)")
+      ->capture_default_str();
+  cmd->add_option("--pp,--pipeline-model-parallel-size", par.pp, "Pipeline stages")
+      ->capture_default_str();
+  cmd->add_option("--dp,--data-parallel-size", par.dp, "Data-parallel replicas (ZeRO-1)")
+      ->capture_default_str();
+  cmd->add_option("--schedule", f.schedule, "Pipeline schedule: gpipe, 1f1b, interleaved")
+      ->capture_default_str();
+  cmd->add_option("--virtual-stages", par.virtual_stages,
+                  "Model chunks per stage (interleaved schedule)")
+      ->capture_default_str();
+  cmd->add_option("--stall-timeout", par.stall_timeout_s,
+                  "Seconds without progress after which the run is hung: it stops and says what "
+                  "every rank waits for (0: never)")
+      ->capture_default_str();
+  cmd->add_option("--debug-fail-stage", f.fail_at,
+                  "Testing: the shard of stage S throws at step K (S:K)")
+      ->group("");
+  cmd->add_option("--debug-stall-stage", f.stall_at,
+                  "Testing: the shard of stage S never starts step K (S:K)")
+      ->group("");
+  const std::vector<CLI::Option*> all = cmd->get_options();
+  f.registered.assign(all.begin() + static_cast<std::ptrdiff_t>(before), all.end());
+}
+
+absl::Status finish_train_flags(TrainFlags& f) {
+  absl::StatusOr<actors::ScheduleKind> kind = actors::parse_schedule(f.schedule);
+  if (!kind.ok()) return kind.status();
+  f.parallel.schedule = *kind;
+  if (!f.fail_at.empty() &&
+      std::sscanf(f.fail_at.c_str(), "%d:%d", &f.parallel.fail.stage,
+                  &f.parallel.fail.step) != 2) {
+    return absl::InvalidArgumentError("--debug-fail-stage " + f.fail_at + ": expected STAGE:STEP");
+  }
+  if (!f.stall_at.empty()) {
+    f.parallel.fail.kind = actors::FailPoint::Kind::kStall;
+    if (std::sscanf(f.stall_at.c_str(), "%d:%d", &f.parallel.fail.stage,
+                    &f.parallel.fail.step) != 2) {
+      return absl::InvalidArgumentError("--debug-stall-stage " + f.stall_at + ": expected STAGE:STEP");
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::vector<std::string> forwarded_train_flags(const TrainFlags& f,
+                                               const std::vector<std::string>& skip) {
+  std::vector<std::string> out;
+  for (const CLI::Option* opt : f.registered) {
+    if (opt->count() == 0) continue;
+    const std::string name = opt->get_name(/*positional=*/false, /*all_options=*/false);
+    if (std::find(skip.begin(), skip.end(), name) != skip.end()) continue;
+    out.push_back(name);
+    if (opt->get_type_size() == 0) continue;  // a flag
+    for (const std::string& v : opt->results()) out.push_back(v);
+  }
+  return out;
+}
+
+}  // namespace troupe::launcher

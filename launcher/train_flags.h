@@ -1,0 +1,61 @@
+// The flags of `troupe train`, shared by `troupe worker` and `troupe
+// launch` (which forwards them to its workers), and what turns them into
+// training options; the progress line and metrics JSONL of a run.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <fstream>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "actors/rank.h"
+#include "model/trainer.h"
+
+namespace troupe::launcher {
+
+struct TrainFlags {
+  std::string model = "tiny";
+  std::optional<int> layers, channels, heads, seq_len, vocab_size, vocab_multiple;
+  model::TrainOptions options;
+  std::string save_weights;
+  std::string metrics_jsonl;
+  actors::ParallelOptions parallel;
+  std::string schedule = "1f1b";
+  std::string fail_at;   // --debug-fail-stage S:K
+  std::string stall_at;  // --debug-stall-stage S:K
+  // Every option add_train_flags registered, in order (to forward them).
+  std::vector<CLI::Option*> registered;
+};
+
+// Registers the training flags on `cmd`; `f` must outlive the parse.
+void add_train_flags(CLI::App* cmd, TrainFlags& f);
+// After the parse: the schedule and the debug fail points, checked.
+absl::Status finish_train_flags(TrainFlags& f);
+// The flags as given, to pass on to a worker (those named in `skip` left out).
+std::vector<std::string> forwarded_train_flags(const TrainFlags& f,
+                                               const std::vector<std::string>& skip);
+// The options the flags describe (defaults filled in, validated).
+absl::StatusOr<model::TrainOptions> resolve(const TrainFlags& f);
+// Fails early (before any training) if `path` cannot be written: makes the
+// temporary the save will make, and removes it.
+absl::Status check_writable(const std::string& path, const char* flag);
+std::string duration(double s);
+
+// The progress line and the metrics JSONL, one of each per step.
+class Progress {
+ public:
+  // Each step's JSON goes to every stream of `metrics` that is not null.
+  Progress(int steps, std::vector<std::ofstream*> metrics)
+      : steps_(steps), metrics_(std::move(metrics)) {}
+  Progress(int steps, std::ofstream* metrics) : Progress(steps, std::vector<std::ofstream*>{metrics}) {}
+  void report(const model::StepMetrics& m);
+
+ private:
+  int steps_;
+  std::vector<std::ofstream*> metrics_;
+  double elapsed_ = 0.0;
+};
+
+}  // namespace troupe::launcher

@@ -1,0 +1,182 @@
+// `troupe worker`: one rank of a job in this process (actors/worker.h).
+//
+// Where it stands in the job comes from --rank/--world (what `troupe
+// launch` and its agents pass), or from the variables of the engine that
+// started it: srun, mpirun, torchrun and the Kubernetes operators
+// (launcher/world_env.h). Then rank 0's process also hosts the coordinator
+// (actors/coordinator_host.h), prints the progress and writes the metrics.
+//
+// The job token comes from standard input (TROUPE_TOKEN_STDIN=1: the
+// launcher's way), --token-file or TROUPE_JOB_TOKEN; never the command line.
+//
+// Exit codes: 0 the run succeeded; 3 the job stopped for another rank's
+// failure (or an interrupt); 1 this rank failed or lost the coordinator.
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <sstream>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "actors/coordinator_host.h"
+#include "actors/worker.h"
+#include "launcher/commands.h"
+#include "launcher/train_flags.h"
+#include "launcher/world_env.h"
+
+namespace troupe::launcher {
+namespace {
+
+struct WorkerFlags {
+  TrainFlags train;
+  int rank = -1, world = -1;
+  std::string master_addr;
+  int master_port = 0;
+  std::string token_file;
+  double join_timeout_s = 120;
+};
+
+// The job token: stdin (from the launcher), --token-file, TROUPE_JOB_TOKEN.
+absl::StatusOr<std::string> read_token(const std::string& token_file) {
+  std::string token;
+  const char* on_stdin = std::getenv("TROUPE_TOKEN_STDIN");
+  if (on_stdin != nullptr && std::string(on_stdin) == "1") {
+    std::getline(std::cin, token);
+  } else if (!token_file.empty()) {
+    std::ifstream in(token_file);
+    if (!in) return absl::InvalidArgumentError(absl::StrCat("--token-file ", token_file, ": cannot read"));
+    std::getline(in, token);
+  } else if (const char* env = std::getenv("TROUPE_JOB_TOKEN"); env != nullptr) {
+    token = env;
+  }
+  token = std::string(absl::StripAsciiWhitespace(token));
+  if (token.empty()) {
+    return absl::InvalidArgumentError(
+        "no job token: give --token-file FILE or set TROUPE_JOB_TOKEN (with mpirun: -x "
+        "TROUPE_JOB_TOKEN) to the same secret on every rank");
+  }
+  return token;
+}
+
+// How many workers share this host, as the engine says (1 if it does not).
+int local_workers() {
+  for (const char* v : {"LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_NTASKS_PER_NODE"}) {
+    if (const char* s = std::getenv(v); s != nullptr && std::atoi(s) > 0) return std::atoi(s);
+  }
+  return 1;
+}
+
+int run(WorkerFlags& f) {
+  auto fail = [](const absl::Status& st, int code = 1) {
+    std::fprintf(stderr, "troupe worker: error: %s\n", std::string(st.message()).c_str());
+    return code;
+  };
+  if (absl::Status st = finish_train_flags(f.train); !st.ok()) return fail(st);
+  absl::StatusOr<model::TrainOptions> options = resolve(f.train);
+  if (!options.ok()) return fail(options.status());
+  const actors::ParallelOptions& par = f.train.parallel;
+  if (absl::Status st = par.validate(*options); !st.ok()) return fail(st);
+  bool engine = false;
+  if (f.rank < 0) {  // not from our launcher: the engine's variables
+    absl::StatusOr<std::optional<WorldPosition>> where =
+        world_from_env(::getenv, {.master_addr = f.master_addr, .master_port = f.master_port});
+    if (!where.ok()) return fail(where.status());
+    if (!*where) {
+      return fail(absl::InvalidArgumentError(
+          "no --rank/--world, and no srun, mpirun or torchrun variables: start workers with "
+          "`troupe launch`, or give --rank and --world"));
+    }
+    f.rank = (*where)->rank;
+    f.world = (*where)->world;
+    f.master_addr = (*where)->master_addr;
+    f.master_port = (*where)->master_port;
+    engine = true;
+    std::fprintf(stderr, "troupe worker: rank %d of %d (from %s), coordinator at %s:%d\n", f.rank,
+                 f.world, (*where)->engine.c_str(), f.master_addr.c_str(), f.master_port);
+  }
+  if (f.world != par.world()) {
+    return fail(absl::InvalidArgumentError(absl::StrCat(
+        "the job has ", f.world, " ranks but --tp ", par.tp, " x --pp ", par.pp, " x --dp ", par.dp,
+        " = ", par.world())));
+  }
+  if (f.rank < 0 || f.rank >= f.world) {
+    return fail(absl::InvalidArgumentError(absl::StrCat("--rank ", f.rank, " outside the world of ", f.world)));
+  }
+  if (f.master_addr.empty() || f.master_port <= 0) {
+    return fail(absl::InvalidArgumentError("--master-addr and --master-port are needed"));
+  }
+  absl::StatusOr<std::string> token = read_token(f.token_file);
+  if (!token.ok()) return fail(token.status());
+  model::TrainOptions o = *options;
+  o.model = par.sliced_config(o.model);
+  const absl::Duration join = absl::Seconds(f.join_timeout_s);
+
+  // Under an engine, rank 0's process hosts the coordinator.
+  std::unique_ptr<actors::CoordinatorHost> host;
+  std::thread coordinating;
+  absl::Status run_status;
+  std::ofstream metrics;
+  if (engine && f.rank == 0) {
+    if (!f.train.metrics_jsonl.empty()) {
+      metrics.open(f.train.metrics_jsonl, std::ios::trunc);
+      if (!metrics) return fail(absl::InvalidArgumentError(absl::StrCat("--metrics-jsonl ", f.train.metrics_jsonl, ": cannot open for writing")));
+    }
+    absl::StatusOr<std::unique_ptr<actors::CoordinatorHost>> h = actors::CoordinatorHost::listen(
+        {.options = o, .parallel = par, .port = f.master_port, .token = *token, .join_timeout = join});
+    if (!h.ok()) return fail(h.status());
+    host = *std::move(h);
+    coordinating = std::thread([&, steps = o.steps] {
+      Progress progress(steps, metrics.is_open() ? &metrics : nullptr);
+      run_status = host->run([&](const model::StepMetrics& m) { progress.report(m); });
+    });
+  }
+  const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  actors::WorkerOptions w{
+      .spec = {.options = o,
+               .parallel = par,
+               .rank = f.rank,
+               .threads = o.threads > 0 ? o.threads : std::max(1, cores / local_workers())},
+      .master_addr = host ? "127.0.0.1" : f.master_addr,
+      .master_port = host ? host->port() : f.master_port,
+      .token = *token,
+      .join_timeout = join,
+      .save_weights = f.train.save_weights};
+  absl::Status st = actors::run_worker(w);
+  if (host && !st.ok()) host->abort(absl::Status(st.code(), absl::StrCat("rank 0: ", st.message())));
+  if (host) {
+    coordinating.join();
+    host.reset();
+    if (!run_status.ok()) return fail(run_status, 1);
+  }
+  if (!st.ok()) return fail(st, absl::IsAborted(st) ? 3 : 1);
+  if (f.rank == 0 && !f.train.save_weights.empty()) {
+    std::printf("saved weights to %s\n", f.train.save_weights.c_str());
+  }
+  return 0;
+}
+
+}  // namespace
+
+Command add_worker_command(CLI::App& app) {
+  auto flags = std::make_shared<WorkerFlags>();
+  CLI::App* cmd = app.add_subcommand(
+      "worker", "Run one rank of a job (started by `troupe launch`, srun, mpirun or torchrun)");
+  add_train_flags(cmd, flags->train);
+  cmd->add_option("--rank", flags->rank, "This worker's global rank (default: from the engine)");
+  cmd->add_option("--world", flags->world, "Ranks in the job (default: from the engine)");
+  cmd->add_option("--master-addr", flags->master_addr,
+                  "Where the coordinator listens (default: MASTER_ADDR, or SLURM's first host)");
+  cmd->add_option("--master-port", flags->master_port, "The coordinator's port (default 29500)");
+  cmd->add_option("--token-file", flags->token_file, "A file whose first line is the job token");
+  cmd->add_option("--join-timeout", flags->join_timeout_s,
+                  "Seconds to wait for the whole job to assemble")
+      ->capture_default_str();
+  return [flags] { return run(*flags); };
+}
+
+}  // namespace troupe::launcher
