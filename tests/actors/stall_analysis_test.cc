@@ -101,15 +101,13 @@ TEST(StallAnalysis, AChainEndsAtTheShardThatHasNotBegun) {
   EXPECT_EQ(a.culprits[0].text, "likely culprit: rank 3 (d=1 s=1 t=0): has not begun step 2");
   // Columns aligned by hand: each column as wide as its widest cell, two
   // spaces between columns.
+  // clang-format off
   EXPECT_EQ(a.table,
-            "  rank  (d,s,t)  actor          op / micro-batch                     waiting for      "
-            "         from            since\n"
-            "  0     (0,0,0)  shard d=0 s=0  forward of micro-batch 1 (chunk 0)   the gradient fro"
-            "m rank 1  rank 1 (1,0,0)  2.0 s\n"
-            "  1     (1,0,0)  shard d=1 s=0  backward of micro-batch 0 (chunk 0)  the gradient fro"
-            "m rank 3  rank 3 (1,1,0)  1.5 s\n"
-            "  3     (1,1,0)  shard d=1 s=1  -                                    has not begun st"
-            "ep 2      -               3.0 s");
+            "  rank  (d,s,t)  actor          op / micro-batch                     waiting for               from            since\n"
+            "  0     (0,0,0)  shard d=0 s=0  forward of micro-batch 1 (chunk 0)   the gradient from rank 1  rank 1 (1,0,0)  2.0 s\n"
+            "  1     (1,0,0)  shard d=1 s=0  backward of micro-batch 0 (chunk 0)  the gradient from rank 3  rank 3 (1,1,0)  1.5 s\n"
+            "  3     (1,1,0)  shard d=1 s=1  -                                    has not begun step 2      -               3.0 s");
+  // clang-format on
   EXPECT_EQ(a.text(), "\n" + a.table + "\n  " + a.culprits[0].text);
 }
 
