@@ -1,13 +1,12 @@
 // Coordinator: begin_step, losses, global norm, update, ready.
 #include "actors/coordinator.h"
 
-#include <algorithm>
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
 #include "actors/messages.h"
+#include "actors/stall_analysis.h"
 #include "model/optimizer.h"
 
 namespace troupe::actors {
@@ -83,6 +82,7 @@ void Coordinator::reset_tallies() {
   loss_.assign(static_cast<std::size_t>(setup_->m * setup_->shape.dp), 0.0);
   norms_.assign(static_cast<std::size_t>(setup_->layout.world()), 0.0);
   losses_in_ = norms_in_ = ready_in_ = 0;
+  ready_.assign(static_cast<std::size_t>(setup_->layout.world()), false);
 }
 
 void Coordinator::on_loss(int step, int d, int j, double sum) {
@@ -103,8 +103,10 @@ void Coordinator::on_norm(int step, int rank, double sq) {
 }
 
 void Coordinator::on_ready(int step, int rank) {
-  (void)rank;
   if (step != step_ || finished_) return;
+  if (rank >= 0 && rank < static_cast<int>(ready_.size())) {
+    ready_[static_cast<std::size_t>(rank)] = true;
+  }
   if (++ready_in_ < setup_->layout.world()) return;
   if (losses_in_ != static_cast<int>(loss_.size())) {
     return finish(absl::InternalError(absl::StrCat("step ", step, ": ", losses_in_, " of ",
@@ -195,20 +197,15 @@ void Coordinator::judge_progress(std::uint64_t seen) {
                                                      stall_report())));
 }
 
-// Who waits for what from whom, and which shard never began the step.
+// Who waits for what from whom, which shard never began the step, and the
+// likely culprit (actors/stall_analysis.h).
 std::string Coordinator::stall_report() const {
-  std::vector<WaitReport> reports = reports_;
-  std::sort(reports.begin(), reports.end(),
-            [](const WaitReport& a, const WaitReport& b) { return a.rank < b.rank; });
-  std::string waits;
-  for (const WaitReport& r : reports) {
-    if (!r.waiting.empty()) {
-      absl::StrAppend(&waits, "\n  ", to_string(r));
-    } else if (r.step != step_ && absl::StartsWith(r.actor, "shard")) {
-      absl::StrAppend(&waits, "\n  rank ", r.rank, " ", r.actor, ": has not begun step ", step_);
-    }
-  }
-  return waits.empty() ? " (nothing reported)" : waits;
+  return analyze_stall({.reports = reports_,
+                        .layout = setup_->layout,
+                        .step = step_,
+                        .ready = ready_,
+                        .hosts = setup_->hosts})
+      .text();
 }
 
 void Coordinator::on_exit() {

@@ -15,6 +15,7 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include <caf/all.hpp>
@@ -41,6 +42,9 @@ struct CoordinatorSetup {
   // how much work it has done; with no worker message and no work done in
   // that time the run is hung, and it ends with their answers. 0: never.
   double stall_timeout_s = 0;
+  // By rank, the host each rank runs on, for the stall report; empty:
+  // unknown (one process: every rank is here).
+  std::vector<std::string> hosts;
 };
 
 class Coordinator : public caf::event_based_actor {
@@ -74,6 +78,7 @@ class Coordinator : public caf::event_based_actor {
   std::vector<double> loss_;    // by global micro-batch
   std::vector<double> norms_;   // by rank
   int losses_in_ = 0, norms_in_ = 0, ready_in_ = 0;
+  std::vector<bool> ready_;     // by rank: its shard is ready (the stall report's "done")
   double grad_norm_ = 0;
   // Evaluation after a step (--eval-interval): batch k of --eval-iters.
   bool evaluating_ = false;
