@@ -199,6 +199,7 @@ absl::Status CoordinatorHost::run_coordinator(
   {
     std::lock_guard<std::mutex> lock(mu_);
     setup->has_valid = members_[0].hello.has_valid;
+    for (const Member& m : members_) setup->hosts.push_back(m.hello.host);
     for (int r = 0; r < world_; r++) {
       auto sink = [hub = hub_.get(), r](std::string frame) { return hub->send(r, frame); };
       shards_.push_back(system_->spawn<RemoteActor>(Target::kShard, sink));

@@ -258,6 +258,11 @@ int run_launch(LaunchFlags& f) {
     if (!t.ok()) return fail(std::string(t.status().message()));
     token = *t;
   }
+  if (token.size() < comm::kMinTokenLength) {
+    return fail(absl::StrCat("the job token (", f.token_file.empty() ? "TROUPE_JOB_TOKEN" : f.token_file,
+                             ") has ", token.size(), " characters; it must have at least ",
+                             comm::kMinTokenLength));
+  }
   model::TrainOptions o = *options;
   o.model = par.sliced_config(o.model);
   const std::string master =
@@ -327,7 +332,8 @@ int run_launch(LaunchFlags& f) {
     const comm::Coord c = layout.coord(p.rank);
     record["ranks"].push_back({{"rank", p.rank}, {"d", c.d}, {"s", c.s}, {"t", c.t}, {"host", p.host},
                                {"local_rank", p.local_rank}, {"pid", nullptr},
-                               {"log", launches[static_cast<std::size_t>(p.rank)].log}});
+                               {"log", launches[static_cast<std::size_t>(p.rank)].log},
+                               {"argv", launches[static_cast<std::size_t>(p.rank)].argv}});
   }
   const std::string record_path = *run_dir + "/launch.json";
   if (absl::Status st = write_json(record_path, record); !st.ok()) return fail(std::string(st.message()));
@@ -352,7 +358,7 @@ int run_launch(LaunchFlags& f) {
     fleet->stop(absl::Seconds(3));
     return fail(std::string(st.message()));
   }
-  LogEcho echo(logs);
+  auto echo = std::make_unique<LogEcho>(logs);
 
   // Exits and losses, as they happen: a worker gone before the end ends the run.
   std::mutex mu;
@@ -396,6 +402,7 @@ int run_launch(LaunchFlags& f) {
         std::fflush(stdout);
       });
   over = true;
+  echo.reset();  // what the ranks say after the end is in their logs
   // The workers have been told the end; they leave by themselves (rank 0
   // after writing --save-weights), or are stopped.
   const absl::Time until = absl::Now() + (st.ok() ? absl::Seconds(120) : absl::Seconds(5));
@@ -404,16 +411,23 @@ int run_launch(LaunchFlags& f) {
   watcher.join();
   fleet->stop(absl::Seconds(3));
   watch();
-  std::string causes;
+  // The processes that failed by themselves (killed, crashed, lost) come
+  // first: the coordinator may have heard of the failure second-hand (a
+  // peer's receive failing) before it heard of the death.
+  std::vector<std::string> causes;
   {
     std::lock_guard<std::mutex> lock(mu);
-    for (const auto& [rank, what] : exits) absl::StrAppend(&causes, "\n  ", coordinator.who(rank), ": ", what);
+    for (const auto& [rank, what] : exits) causes.push_back(absl::StrCat(coordinator.who(rank), ": ", what));
   }
   if (!st.ok()) {
-    return fail(absl::StrCat(st.message(), causes.empty() ? "" : absl::StrCat("\n  processes:", causes),
-                             "\n  logs: ", *run_dir), interrupted.load() ? 130 : 1);
+    std::string msg = causes.empty() ? std::string(st.message())
+                                     : absl::StrCat(absl::StrJoin(causes, "\n  "), "\n  the run: ",
+                                                    st.message());
+    return fail(absl::StrCat(msg, "\n  logs: ", *run_dir), interrupted.load() ? 130 : 1);
   }
-  if (!causes.empty()) return fail(absl::StrCat("the run ended, but:", causes));
+  if (!causes.empty()) {
+    return fail(absl::StrCat("the run ended, but ", absl::StrJoin(causes, "; "), "\n  logs: ", *run_dir));
+  }
   if (!f.train.save_weights.empty()) std::printf("saved weights to %s\n", f.train.save_weights.c_str());
   std::printf("run directory: %s\n", run_dir->c_str());
   return 0;

@@ -176,7 +176,8 @@ std::vector<std::string> forwarded_train_flags(const TrainFlags& f,
   std::vector<std::string> out;
   for (const CLI::Option* opt : f.registered) {
     if (opt->count() == 0) continue;
-    const std::string name = opt->get_name(/*positional=*/false, /*all_options=*/false);
+    if (opt->get_lnames().empty()) continue;
+    const std::string name = "--" + opt->get_lnames().front();
     if (std::find(skip.begin(), skip.end(), name) != skip.end()) continue;
     out.push_back(name);
     if (opt->get_type_size() == 0) continue;  // a flag

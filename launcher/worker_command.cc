@@ -25,6 +25,7 @@
 #include "absl/strings/strip.h"
 #include "actors/coordinator_host.h"
 #include "actors/worker.h"
+#include "comm/auth.h"
 #include "launcher/commands.h"
 #include "launcher/train_flags.h"
 #include "launcher/world_env.h"
@@ -59,6 +60,11 @@ absl::StatusOr<std::string> read_token(const std::string& token_file) {
     return absl::InvalidArgumentError(
         "no job token: give --token-file FILE or set TROUPE_JOB_TOKEN (with mpirun: -x "
         "TROUPE_JOB_TOKEN) to the same secret on every rank");
+  }
+  if (token.size() < comm::kMinTokenLength) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the job token is ", token.size(), " characters; it must have at least ",
+        comm::kMinTokenLength, " (e.g. `openssl rand -hex 32`)"));
   }
   return token;
 }
@@ -153,7 +159,13 @@ int run(WorkerFlags& f) {
     host.reset();
     if (!run_status.ok()) return fail(run_status, 1);
   }
-  if (!st.ok()) return fail(st, absl::IsAborted(st) ? 3 : 1);
+  if (absl::IsAborted(st)) {
+    // Another rank's failure or an interrupt: whoever started the job says
+    // why (the reason is in this log, not repeated on the terminal).
+    std::fprintf(stderr, "troupe worker: stopped: %s\n", std::string(st.message()).c_str());
+    return 3;
+  }
+  if (!st.ok()) return fail(st, 1);
   if (f.rank == 0 && !f.train.save_weights.empty()) {
     std::printf("saved weights to %s\n", f.train.save_weights.c_str());
   }
