@@ -192,14 +192,25 @@ absl::StatusOr<Job> place(const LaunchFlags& f, int world) {
   return job;
 }
 
-// Blocks SIGINT and SIGTERM in every thread; one thread takes them.
+sigset_t interrupt_signals() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  return set;
+}
+
+// SIGINT and SIGTERM, blocked in every thread (block_interrupts() before
+// the first thread starts: threads inherit the mask), taken by one.
+void block_interrupts() {
+  const sigset_t set = interrupt_signals();
+  ::pthread_sigmask(SIG_BLOCK, &set, nullptr);
+}
+
 class Interrupts {
  public:
-  explicit Interrupts(std::function<void(int)> on_signal) : on_signal_(std::move(on_signal)) {
-    sigemptyset(&set_);
-    sigaddset(&set_, SIGINT);
-    sigaddset(&set_, SIGTERM);
-    ::pthread_sigmask(SIG_BLOCK, &set_, nullptr);
+  explicit Interrupts(std::function<void(int)> on_signal)
+      : set_(interrupt_signals()), on_signal_(std::move(on_signal)) {
     thread_ = std::thread([this] {
       const timespec tick{0, 100'000'000};
       while (!stop_.load()) {
@@ -221,6 +232,7 @@ class Interrupts {
 };
 
 int run_launch(LaunchFlags& f) {
+  block_interrupts();  // before any thread (the coordinator's, CAF's) starts
   auto fail = [](const std::string& m, int code = 1) {
     std::fprintf(stderr, "troupe launch: error: %s\n", m.c_str());
     return code;
@@ -338,7 +350,7 @@ int run_launch(LaunchFlags& f) {
   const std::string record_path = *run_dir + "/launch.json";
   if (absl::Status st = write_json(record_path, record); !st.ok()) return fail(std::string(st.message()));
 
-  // SIGINT/SIGTERM end the run (blocked before any thread starts).
+  // SIGINT/SIGTERM end the run.
   std::atomic<int> interrupted{0};
   Interrupts interrupts([&](int sig) {
     interrupted = sig;
@@ -373,7 +385,7 @@ int run_launch(LaunchFlags& f) {
         dirty = true;
         continue;
       }
-      if (e.kind == FleetEvent::Kind::kExited) running--;
+      running--;  // exited, or lost with its agent (which took it along)
       const bool bad = e.kind == FleetEvent::Kind::kLost || !e.exit.ok();
       {
         std::lock_guard<std::mutex> lock(mu);

@@ -1,0 +1,328 @@
+#!/usr/bin/python3
+"""Command-line tests of `troupe launch` and `troupe worker`: one process per
+rank, compared with `troupe train` (all ranks in one process), and what
+happens when something goes wrong.
+
+  launch_test.py TROUPE WORKDIR CASE [ARGS...]
+
+Cases:
+  equivalence FLAGS...  launch and train with FLAGS: losses, grad norms and
+                        learning rates bitwise equal at every step, the saved
+                        weights byte for byte the same
+  agents FLAGS...       the same through one agent per (pretend) host, started
+                        by an --rsh template
+  torchrun FLAGS...     workers started with torchrun's variables (RANK,
+                        WORLD_SIZE, MASTER_ADDR, MASTER_PORT), rank 0 hosting
+                        the coordinator; compared with train
+  mpirun FLAGS...       the same under Debian's OpenMPI
+  kill_worker           SIGKILL to a worker mid-run: the launcher exits
+                        non-zero within 5 s naming it, and no process is left
+  kill_agent            SIGKILL to an agent mid-run: the same
+  interrupt SIGNAL      SIGINT or SIGTERM to the launcher: everything stops
+                        within 5 s, nothing is left, exit 130 / 1
+  stall                 a stage that never starts a step: the stall table and
+                        the culprit line name it
+  intruders             a worker without the token, random bytes and an absurd
+                        length prefix at the coordinator's port: refused, and
+                        the run's result is the reference's
+Each prints what it measured (detection times) for the note.
+"""
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+TROUPE, WORK = sys.argv[1], sys.argv[2]
+os.makedirs(WORK, exist_ok=True)
+SMALL = ["--model", "tiny", "--global-batch-size", "8", "--micro-batch-size", "2"]
+LONG = SMALL + ["--pp", "2", "--dp", "2", "--steps", "100000"]
+
+
+def fail(msg):
+    print("FAIL:", msg)
+    sys.exit(1)
+
+
+def run(args, **kw):
+    return subprocess.run(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          timeout=kw.pop("timeout", 240), **kw)
+
+
+def read_metrics(path):
+    try:
+        with open(path) as f:
+            return [json.loads(line) for line in f if line.strip()]
+    except OSError as e:
+        fail(f"{path}: {e}")
+
+
+def compare(want_path, got_path, want_weights=None, got_weights=None):
+    want, got = read_metrics(want_path), read_metrics(got_path)
+    if len(want) != len(got) or not want:
+        fail(f"{len(want)} steps in one-process run, {len(got)} in the distributed run")
+    for a, b in zip(want, got):
+        for k in ("loss", "grad_norm", "lr"):
+            if a[k] != b[k]:  # the JSONL has 17 digits: the doubles exactly
+                fail(f"step {a['step']}: {k} {a[k]!r} in one process, {b[k]!r} across processes")
+    if want_weights:
+        with open(want_weights, "rb") as f1, open(got_weights, "rb") as f2:
+            if f1.read() != f2.read():
+                fail(f"{got_weights} differs from {want_weights}")
+    print(f"OK: {len(want)} steps bitwise equal" + (", weights byte for byte" if want_weights else ""))
+
+
+def reference(flags, tag):
+    m, w = f"{WORK}/{tag}-train.jsonl", f"{WORK}/{tag}-train.safetensors"
+    r = run([TROUPE, "train", *flags, "--metrics-jsonl", m, "--save-weights", w])
+    if r.returncode != 0:
+        fail("troupe train: " + r.stdout)
+    return m, w
+
+
+def tag_of(flags):
+    return "-".join(a.strip("-") for a in flags)[:80]
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch_and_compare(flags, extra):
+    tag = tag_of(flags) + ("-" + tag_of(extra) if extra else "")
+    want_m, want_w = reference(flags, tag)
+    got_m, got_w = f"{WORK}/{tag}-launch.jsonl", f"{WORK}/{tag}-launch.safetensors"
+    r = run([TROUPE, "launch", *extra, *flags, "--run-dir", f"{WORK}/{tag}-run",
+             "--metrics-jsonl", got_m, "--save-weights", got_w])
+    print(r.stdout)
+    if r.returncode != 0:
+        fail(f"troupe launch exited {r.returncode}")
+    compare(want_m, got_m, want_w, got_w)
+
+
+def engine_and_compare(flags, engine):
+    tag = tag_of(flags) + "-" + engine
+    want_m, want_w = reference(flags, tag)
+    got_m, got_w = f"{WORK}/{tag}.jsonl", f"{WORK}/{tag}.safetensors"
+    port = free_port()
+    world = 1
+    for k in ("--tp", "--pp", "--dp"):
+        if k in flags:
+            world *= int(flags[flags.index(k) + 1])
+    env = dict(os.environ, TROUPE_JOB_TOKEN="0123456789abcdef-test-token")
+    worker = [TROUPE, "worker", *flags, "--metrics-jsonl", got_m, "--save-weights", got_w]
+    if engine == "mpirun":
+        env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+        r = run(["mpirun", "-np", str(world), "--oversubscribe", "-x", "TROUPE_JOB_TOKEN",
+                 *worker, "--master-addr", "127.0.0.1", "--master-port", str(port)], env=env)
+        print(r.stdout)
+        if r.returncode != 0:
+            fail(f"mpirun exited {r.returncode}")
+    else:
+        procs = []
+        for rank in range(world):
+            e = dict(env, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
+                     LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+            procs.append(subprocess.Popen(worker, env=e, stdout=subprocess.PIPE,
+                                          stderr=subprocess.STDOUT, text=True))
+        for rank, p in enumerate(procs):
+            out, _ = p.communicate(timeout=240)
+            if p.returncode != 0:
+                fail(f"rank {rank} exited {p.returncode}:\n{out}")
+    compare(want_m, got_m, want_w, got_w)
+
+
+def pids_of(run_dir, timeout=60):
+    """Every rank's pid from launch.json, once all are there."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            with open(f"{run_dir}/launch.json") as f:
+                ranks = json.load(f)["ranks"]
+            if all(r["pid"] for r in ranks):
+                return [r["pid"] for r in ranks]
+        except (OSError, ValueError, KeyError):
+            pass
+        time.sleep(0.05)
+    fail(f"{run_dir}/launch.json never had every pid")
+
+
+def alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ")[1][0] != "Z"
+    except OSError:
+        return False
+
+
+def start_long(run_dir, extra=()):
+    p = subprocess.Popen([TROUPE, "launch", *extra, *LONG, "--run-dir", run_dir],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    pids = pids_of(run_dir)
+    # Mid-run: wait for a few steps.
+    seen = ""
+    while "step " not in seen or seen.count("\n") < 15:
+        line = p.stdout.readline()
+        if not line:
+            fail("the launcher ended before training:\n" + seen)
+        seen += line
+    return p, pids, seen
+
+
+def finish(p, seen, start, limit, what):
+    try:
+        out, _ = p.communicate(timeout=limit + 30)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        fail(f"the launcher did not exit after {what}")
+    took = time.time() - start
+    out = seen + out
+    print(out[-3000:])
+    print(f"MEASURED: {what}: the launcher exited {p.returncode} after {took:.2f} s")
+    if took > limit:
+        fail(f"took {took:.2f} s (limit {limit} s)")
+    return out
+
+
+def check_gone(pids, extra=()):
+    deadline = time.time() + 5
+    while time.time() < deadline and any(alive(x) for x in list(pids) + list(extra)):
+        time.sleep(0.05)
+    left = [x for x in list(pids) + list(extra) if alive(x)]
+    if left:
+        fail(f"processes of the job still running: {left}")
+    print(f"OK: none of the job's {len(pids) + len(extra)} processes is left")
+
+
+def kill_worker():
+    rd = f"{WORK}/kill-worker"
+    p, pids, seen = start_long(rd)
+    victim = pids[2]
+    t0 = time.time()
+    os.kill(victim, signal.SIGKILL)
+    out = finish(p, seen, t0, 5, "SIGKILL to rank 2")
+    if p.returncode == 0 or "rank 2 (d=0 s=1 t=0)" not in out or "killed by SIGKILL" not in out:
+        fail("the message does not name rank 2 (d=0 s=1 t=0) killed by SIGKILL")
+    check_gone(pids)
+
+
+def agent_pids(run_dir):
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        r = run(["pgrep", "-f", f"troupe agent .*--master-port"])
+        found = [int(x) for x in r.stdout.split()]
+        if len(found) >= 2:
+            return found
+        time.sleep(0.1)
+    fail("no agents found")
+
+
+def kill_agent():
+    rd = f"{WORK}/kill-agent"
+    extra = ["--hosts", "hostA,hostB", "--nproc-per-node", "2", "--rsh", "env TROUPE_HOST={host}"]
+    p, pids, seen = start_long(rd, extra)
+    agents = agent_pids(rd)
+    # The agent of hostB: its command line says --index 1.
+    victim = next(a for a in agents if "--index\x001" in open(f"/proc/{a}/cmdline").read())
+    t0 = time.time()
+    os.kill(victim, signal.SIGKILL)
+    out = finish(p, seen, t0, 5, "SIGKILL to hostB's agent")
+    if p.returncode == 0 or "hostB" not in out:
+        fail("the message does not name hostB")
+    check_gone(pids, agents)
+
+
+def interrupt(name):
+    sig = getattr(signal, name)
+    rd = f"{WORK}/interrupt-{name}"
+    p, pids, seen = start_long(rd)
+    t0 = time.time()
+    p.send_signal(sig)
+    out = finish(p, seen, t0, 5, name)
+    if p.returncode != 130 or f"interrupted by {name}" not in out:
+        fail(f"exit {p.returncode}, or no 'interrupted by {name}'")
+    check_gone(pids)
+
+
+def stall():
+    r = run([TROUPE, "launch", *SMALL, "--pp", "2", "--dp", "2", "--steps", "3",
+             "--debug-stall-stage", "1:2", "--stall-timeout", "1", "--run-dir", f"{WORK}/stall"])
+    print(r.stdout)
+    if r.returncode == 0:
+        fail("a stalled run exited 0")
+    for want in ("no progress for 1.0 s in step 2", "has not begun step 2",
+                 "likely culprit: rank 2 (d=0 s=1 t=0) on host"):
+        if want not in r.stdout:
+            fail(f"no '{want}'")
+    print("OK: the culprit is named")
+
+
+def intruders():
+    flags = SMALL + ["--pp", "2", "--dp", "2", "--steps", "40"]
+    want_m, _ = reference(flags, "intruders")
+    rd = f"{WORK}/intruders"
+    got_m = f"{WORK}/intruders-launch.jsonl"
+    p = subprocess.Popen([TROUPE, "launch", *flags, "--run-dir", rd, "--metrics-jsonl", got_m],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    pids_of(rd)
+    with open(f"{rd}/launch.json") as f:
+        host, port = json.load(f)["coordinator"].rsplit(":", 1)
+    port = int(port)
+    # Random bytes, and a frame header with an absurd length.
+    rnd = random.Random(7)
+    for payload in (bytes(rnd.getrandbits(8) for _ in range(4096)),
+                    b"TRPC" + (1).to_bytes(4, "little") + (1 << 62).to_bytes(8, "little"),
+                    b"\xff" * 100000):
+        with socket.create_connection((host, port), timeout=5) as s:
+            try:
+                s.sendall(payload)
+                s.settimeout(10)
+                s.recv(100)
+            except OSError:
+                pass
+    # A worker of this job's shape with the wrong token.
+    env = dict(os.environ, TROUPE_JOB_TOKEN="not-the-token-of-this-job")
+    env.pop("TROUPE_TOKEN_STDIN", None)
+    r = run([TROUPE, "worker", *flags, "--rank", "1", "--world", "4", "--master-addr", host,
+             "--master-port", str(port), "--join-timeout", "5"], env=env, timeout=60)
+    print("the intruding worker:", r.stdout.strip()[-500:])
+    if r.returncode == 0:
+        fail("a worker without the token joined")
+    out, _ = p.communicate(timeout=240)
+    print(out[-2000:])
+    if p.returncode != 0:
+        fail(f"the job did not survive the intruders (exit {p.returncode})")
+    if "refused" not in out:
+        fail("the launcher did not log the refused connections")
+    compare(want_m, got_m)
+
+
+case, args = sys.argv[3], sys.argv[4:]
+if case == "equivalence":
+    launch_and_compare(args, [])
+elif case == "agents":
+    world = 1
+    for k in ("--tp", "--pp", "--dp"):
+        if k in args:
+            world *= int(args[args.index(k) + 1])
+    launch_and_compare(args, ["--hosts", "hostA,hostB", "--rsh", "env TROUPE_HOST={host}",
+                              "--nproc-per-node", str((world + 1) // 2)])
+elif case in ("torchrun", "mpirun"):
+    engine_and_compare(args, case)
+elif case == "kill_worker":
+    kill_worker()
+elif case == "kill_agent":
+    kill_agent()
+elif case == "interrupt":
+    interrupt(args[0])
+elif case == "stall":
+    stall()
+elif case == "intruders":
+    intruders()
+else:
+    fail(f"unknown case {case}")
