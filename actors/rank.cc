@@ -124,21 +124,11 @@ absl::Status RankUnit::init_params() {
     for (auto& chunk : chunks_) chunk->gpt().init(o.seed);  // counter-based: a slice alone
     return absl::OkStatus();
   }
-  // From a file: load the whole model, then copy each chunk's tensors by name.
-  model::Gpt whole(o.model, 1, gpu::cpu_device());
-  if (absl::Status st = model::load_weights(o.init_weights, whole); !st.ok()) return st;
+  // From a file: each chunk reads its own tensors only.
   for (auto& chunk : chunks_) {
-    for (const model::ParamSpec& spec : chunk->layout().specs()) {
-      absl::StatusOr<const model::ParamSpec*> found = whole.layout().lookup(spec.name);
-      if (!found.ok()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(o.init_weights, ": ", found.status().message()));
-      }
-      const model::ParamSpec& from = **found;
-      float* to = chunk->params().data<float>() + spec.offset;
-      const float* src = whole.params().data<float>() + from.offset;
-      for (std::int64_t i = 0; i < spec.numel(); i++) to[i] = src[spec.global_index(i)];
-    }
+    absl::Status st = model::load_weights_slice(o.init_weights, o.model, chunk->layout(),
+                                                chunk->params().data<float>());
+    if (!st.ok()) return st;
   }
   return absl::OkStatus();
 }

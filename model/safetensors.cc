@@ -27,7 +27,7 @@ std::size_t safetensors_dtype_size(const std::string& dtype) {
   return 0;
 }
 
-absl::StatusOr<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
+absl::StatusOr<SafetensorsFile> SafetensorsFile::open(const std::string& path, Read what) {
   std::ifstream in(path, std::ios::binary | std::ios::ate);
   if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open file"));
   const std::uint64_t file_size = static_cast<std::uint64_t>(in.tellg());
@@ -107,10 +107,27 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
     }
     f.entries_.push_back(std::move(e));
   }
+  f.data_start_ = 8 + header_len;
+  if (what == Read::kHeader) return f;
   f.data_.resize(data_size);
   in.read(f.data_.data(), static_cast<std::streamsize>(data_size));
   if (static_cast<std::uint64_t>(in.gcount()) != data_size) return bad(path, "short read");
   return f;
+}
+
+absl::Status SafetensorsFile::read(const SafetensorsEntry& e, std::vector<char>* out) const {
+  out->resize(e.end - e.begin);
+  if (!data_.empty() || e.end == e.begin) {
+    std::memcpy(out->data(), data_.data() + e.begin, out->size());
+    return absl::OkStatus();
+  }
+  std::ifstream in(path_, std::ios::binary);
+  in.seekg(static_cast<std::streamoff>(data_start_ + e.begin));
+  in.read(out->data(), static_cast<std::streamsize>(out->size()));
+  if (!in || static_cast<std::uint64_t>(in.gcount()) != out->size()) {
+    return bad(path_, absl::StrCat("tensor '", e.name, "': short read (the file changed?)"));
+  }
+  return absl::OkStatus();
 }
 
 const SafetensorsEntry* SafetensorsFile::find(const std::string& name) const {

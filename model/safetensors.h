@@ -32,17 +32,23 @@ struct SafetensorsEntry {
 
 class SafetensorsFile {
  public:
-  static absl::StatusOr<SafetensorsFile> open(const std::string& path);
+  // kWhole reads the data section into memory; kHeader only the header
+  // (read() then reads one tensor's bytes from the file).
+  enum class Read { kWhole, kHeader };
+  static absl::StatusOr<SafetensorsFile> open(const std::string& path, Read what = Read::kWhole);
 
   const std::string& path() const { return path_; }
   const std::vector<SafetensorsEntry>& entries() const { return entries_; }
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   const SafetensorsEntry* find(const std::string& name) const;
-  absl::Span<const char> bytes(const SafetensorsEntry& e) const;
+  absl::Span<const char> bytes(const SafetensorsEntry& e) const;  // kWhole
+  // One tensor's bytes, read from the file (either mode).
+  absl::Status read(const SafetensorsEntry& e, std::vector<char>* out) const;
 
  private:
   std::string path_;
-  std::vector<char> data_;  // the data section
+  std::vector<char> data_;  // the data section (kWhole)
+  std::uint64_t data_start_ = 0;  // its offset in the file
   std::vector<SafetensorsEntry> entries_;
   std::map<std::string, std::string> metadata_;
 };

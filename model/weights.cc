@@ -65,8 +65,8 @@ std::string strip_prefix(const std::string& name) {
   return absl::StartsWith(name, kPrefix) ? name.substr(kPrefix.size()) : name;
 }
 
-absl::Status load_param(const SafetensorsFile& f, const SafetensorsEntry& e, const ParamSpec& spec,
-                        float* dst) {
+absl::Status load_param(const SafetensorsFile& f, const SafetensorsEntry& e, const char* bytes,
+                        const ParamSpec& spec, float* dst) {
   auto fail = [&](absl::string_view what) {
     return absl::InvalidArgumentError(absl::StrCat(f.path(), ": tensor '", e.name, "' ", what));
   };
@@ -78,8 +78,7 @@ absl::Status load_param(const SafetensorsFile& f, const SafetensorsEntry& e, con
     return fail(absl::StrCat("has shape [", absl::StrJoin(e.shape, ", "), "], want [",
                              absl::StrJoin(want, ", "), "]"));
   }
-  absl::Span<const char> bytes = f.bytes(e);
-  const auto* src = reinterpret_cast<const float*>(bytes.data());
+  const auto* src = reinterpret_cast<const float*>(bytes);
   if (spec.transposed_in_file) {
     transpose(src, dst, spec.shape[1], spec.shape[0]);  // file (in, out) -> (out, in)
   } else {
@@ -147,7 +146,7 @@ absl::Status load_weights(const std::string& path, Gpt& gpt) {
       return absl::InvalidArgumentError(absl::StrCat(path, ": tensor '", name, "' appears twice"));
     }
     seen[i] = true;
-    st = load_param(*f, e, *spec, host.data() + spec->offset);
+    st = load_param(*f, e, f->bytes(e).data(), *spec, host.data() + spec->offset);
     if (!st.ok()) return st;
   }
   for (std::size_t i = 0; i < seen.size(); i++) {
@@ -165,7 +164,7 @@ absl::Status load_weights(const std::string& path, Gpt& gpt) {
     }
     const ParamSpec& wte = **wte_spec;
     std::vector<float> head(static_cast<std::size_t>(wte.numel()));
-    st = load_param(*f, *lm_head, wte, head.data());
+    st = load_param(*f, *lm_head, f->bytes(*lm_head).data(), wte, head.data());
     if (!st.ok()) return st;
     if (std::memcmp(head.data(), host.data() + wte.offset, head.size() * sizeof(float)) != 0) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -173,6 +172,69 @@ absl::Status load_weights(const std::string& path, Gpt& gpt) {
     }
   }
   return gpt.params().device()->copy_from_host(host.data(), gpt.params());
+}
+
+absl::Status load_weights_slice(const std::string& path, const GptConfig& config,
+                                const ParamLayout& layout, float* params) {
+  absl::StatusOr<SafetensorsFile> f = SafetensorsFile::open(path, SafetensorsFile::Read::kHeader);
+  if (!f.ok()) return f.status();
+  if (absl::Status st = check_metadata(*f, config); !st.ok()) return st;
+  // The whole file's names are checked as load_weights checks them (from
+  // the header alone), so that a file loads on every layout or on none.
+  const ParamLayout whole = ParamLayout::gpt(config);
+  std::map<std::string, const SafetensorsEntry*> entry;  // by parameter name
+  const SafetensorsEntry* lm_head = nullptr;
+  for (const SafetensorsEntry& e : f->entries()) {
+    const std::string name = strip_prefix(e.name);
+    if (name == "lm_head.weight") {
+      lm_head = &e;
+      continue;
+    }
+    if (ignorable(name)) continue;
+    if (whole.find_or_null(name) == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": unexpected tensor '", e.name,
+                                                     "' (not a parameter of ", config.describe(),
+                                                     ")"));
+    }
+    if (!entry.emplace(name, &e).second) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": tensor '", name, "' appears twice"));
+    }
+  }
+  for (const ParamSpec& spec : whole.specs()) {
+    if (!entry.count(spec.name)) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": missing tensor '", spec.name, "'"));
+    }
+  }
+  // Only this slice's tensors are read: each whole, then sliced by
+  // global_index (a TP slice reads its tensors' other slices too).
+  std::vector<char> bytes;
+  std::vector<float> full;
+  for (const ParamSpec& spec : layout.specs()) {
+    const ParamSpec* w = whole.find_or_null(spec.name);
+    if (w == nullptr || w->shape != spec.full_shape) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": the model has no tensor ", spec.name, " of this size"));
+    }
+    const SafetensorsEntry& e = *entry[spec.name];
+    if (absl::Status st = f->read(e, &bytes); !st.ok()) return st;
+    full.assign(static_cast<std::size_t>(w->numel()), 0.0f);
+    if (absl::Status st = load_param(*f, e, bytes.data(), *w, full.data()); !st.ok()) return st;
+    if (spec.name == "wte.weight" && lm_head != nullptr) {
+      // The LM head is tied to the token embedding; accept it only if equal.
+      std::vector<float> head(full.size());
+      if (absl::Status st = f->read(*lm_head, &bytes); !st.ok()) return st;
+      if (absl::Status st = load_param(*f, *lm_head, bytes.data(), *w, head.data()); !st.ok()) {
+        return st;
+      }
+      if (std::memcmp(head.data(), full.data(), head.size() * sizeof(float)) != 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            path, ": tensor '", lm_head->name, "' differs from wte.weight; troupe ties them"));
+      }
+    }
+    float* dst = params + spec.offset;
+    for (std::int64_t i = 0; i < spec.numel(); i++) dst[i] = full[static_cast<std::size_t>(spec.global_index(i))];
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace troupe::model

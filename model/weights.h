@@ -21,5 +21,11 @@ namespace troupe::model {
 
 absl::Status save_weights(const Gpt& gpt, const std::string& path);
 absl::Status load_weights(const std::string& path, Gpt& gpt);
+// The tensors of `layout` (a stage's TP slice of `config`'s model, e.g. one
+// rank's chunk) into `params` (layout.total() floats, host memory), reading
+// from the file only the tensors the slice holds. The same checks and
+// errors as load_weights.
+absl::Status load_weights_slice(const std::string& path, const GptConfig& config,
+                                const ParamLayout& layout, float* params);
 
 }  // namespace troupe::model

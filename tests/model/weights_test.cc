@@ -102,6 +102,45 @@ TEST_F(WeightsTest, MissingTensorIsNamed) {
   EXPECT_NE(st.message().find("missing tensor 'h.1.ln_2.bias'"), absl::string_view::npos) << st;
 }
 
+// One rank's chunk from the file, reading only its tensors: every TP slice
+// of every stage equals the slice of the model that was saved.
+TEST_F(WeightsTest, ASliceLoadsItsPartOfTheSavedModel) {
+  GptConfig sliced = config_;
+  sliced.vocab_multiple *= 2;  // as the ranks of --tp 2 hold it (Vp 512 either way)
+  const ParamLayout whole = ParamLayout::gpt(sliced);
+  std::vector<float> saved(static_cast<std::size_t>(whole.total()));
+  std::memcpy(saved.data(), gpt_->params().data<float>(), saved.size() * sizeof(float));
+  for (const StageSpec stage : {StageSpec{0, 1, true, false}, StageSpec{1, 2, false, true}}) {
+    for (int t = 0; t < 2; t++) {
+      const ParamLayout slice = ParamLayout::gpt(sliced, stage, {2, t});
+      std::vector<float> got(static_cast<std::size_t>(slice.total()), -1.0f);
+      absl::Status st = load_weights_slice(path_, sliced, slice, got.data());
+      ASSERT_TRUE(st.ok()) << st;
+      for (const ParamSpec& spec : slice.specs()) {
+        const ParamSpec& w = *whole.find_or_null(spec.name);
+        for (std::int64_t i = 0; i < spec.numel(); i++) {
+          ASSERT_EQ(got[static_cast<std::size_t>(spec.offset + i)],
+                    saved[static_cast<std::size_t>(w.offset + spec.global_index(i))])
+              << spec.name << " element " << i << " of slice " << t;
+        }
+      }
+    }
+  }
+}
+
+// A file that would not load whole does not load in slices either, even
+// when the slice does not hold the bad tensor (checked from the header).
+TEST_F(WeightsTest, ASliceOfABadFileIsTheSameError) {
+  std::string p = rewrite([](auto& ts, auto&) {
+    std::erase_if(ts, [](const TensorToWrite& t) { return t.name == "h.1.ln_2.bias"; });
+  });
+  const ParamLayout first = ParamLayout::gpt(config_, StageSpec{0, 1, true, false});
+  std::vector<float> got(static_cast<std::size_t>(first.total()));
+  absl::Status st = load_weights_slice(p, config_, first, got.data());
+  EXPECT_TRUE(absl::IsInvalidArgument(st));
+  EXPECT_NE(st.message().find("missing tensor 'h.1.ln_2.bias'"), absl::string_view::npos) << st;
+}
+
 TEST_F(WeightsTest, WrongShapeIsNamed) {
   std::string p = rewrite([](auto& ts, auto&) {
     for (auto& t : ts)
