@@ -235,6 +235,8 @@ absl::Status run_worker(const WorkerOptions& o) {
   (*unit)->fail_pending(absl::CancelledError("the run has ended"));
   (*unit)->drain();
   link->reset();  // goodbye: the coordinator hears OK
+  log(absl::StrCat("rank ", o.spec.rank, " on ", hello.host, ": single-copy bytes ",
+                   transport->single_copy_bytes(), "; lanes: ", transport->describe_lanes()));
   if (!outcome.ok()) {
     if (state.ended) return absl::AbortedError(absl::StrCat("the job stopped: ", outcome.message()));
     return outcome;

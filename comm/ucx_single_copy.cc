@@ -107,6 +107,8 @@ class SingleCopySource final : public Arrival::Source {
       got += static_cast<std::size_t>(n);
     }
     transport_->single_copy_bytes_.fetch_add(bytes, std::memory_order_relaxed);
+    transport_->single_copy_from_[static_cast<std::size_t>(peer_)].fetch_add(
+        bytes, std::memory_order_relaxed);
     return absl::OkStatus();
   }
   void refuse(int error) { error_ = error; }

@@ -41,6 +41,7 @@
 //   RETURN_IF_ERROR((*t)->connect(*addresses));
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -73,6 +74,21 @@ class UcxTransport final : public Transport {
   std::uint64_t single_copy_bytes() const {
     return single_copy_bytes_.load(std::memory_order_relaxed);
   }
+  // Of those, the bytes read from `peer` (0 for a peer on another host).
+  std::uint64_t single_copy_bytes_from(int peer) const {
+    return peer >= 0 && peer < size_ ? single_copy_from_[static_cast<std::size_t>(peer)].load(
+                                           std::memory_order_relaxed)
+                                     : 0;
+  }
+  // Which UCX transports reach each peer, and whether the single-copy
+  // protocol applies to it, one entry per rank after connect():
+  //   "rank 0: sysv/memory tcp/eth0 tcp/lo; rank 1: sysv/memory tcp/eth0 tcp/lo
+  //    (single copy on, 65536 bytes); rank 2: tcp/eth0 (single copy off, 0 bytes)"
+  // (on one line; here rank 0 is this one, 1 on this host, 2 on another).
+  // The transports are the endpoint's lanes as UCX chose them from the
+  // peer's address (ucp_ep_print_info): a peer on another host shows tcp
+  // alone. For logs and tests (tests/launcher/multihost_test.py).
+  std::string describe_lanes();
   // Endpoints to every rank (address[r] of rank r, this one included).
   absl::Status connect(const std::vector<std::string>& addresses);
 
@@ -131,7 +147,11 @@ class UcxTransport final : public Transport {
   };
 
  private:
-  UcxTransport(int rank, int size) : rank_(rank), size_(size) {}
+  UcxTransport(int rank, int size)
+      : rank_(rank),
+        size_(size),
+        single_copy_from_(std::make_unique<std::atomic<std::uint64_t>[]>(
+            static_cast<std::size_t>(std::max(size, 0)))) {}
   void progress_loop();
   bool progress_once(bool* idle);  // holds worker_mu_
   std::uint64_t submit(std::unique_ptr<Op> op);  // returns the op's id
@@ -190,6 +210,7 @@ class UcxTransport final : public Transport {
   std::atomic<int> fault_desc_{0}, fault_ack_{0};
   std::atomic<bool> stop_{false};
   std::atomic<std::uint64_t> single_copy_bytes_{0};
+  std::unique_ptr<std::atomic<std::uint64_t>[]> single_copy_from_;  // (size_): by peer
   std::thread progress_;
   // Reads of plain single-copy receives (process_vm_readv of a whole
   // message): off the progress thread, which would stall every other

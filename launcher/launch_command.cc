@@ -22,6 +22,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -377,6 +378,11 @@ int run_launch(LaunchFlags& f) {
   std::map<int, std::string> exits;  // rank -> how it ended
   std::atomic<bool> over{false};
   std::atomic<int> running{world};
+  // Ranks that have exited or were lost (their agent's host cut off: no
+  // exit will ever be heard of them), each counted once: the end below does
+  // not wait for ranks it cannot hear from (a regression: it waited its 5 s
+  // for them, and a cut link took 10 s to end the job).
+  std::set<int> ended;
   auto watch = [&] {
     bool dirty = false;
     for (const FleetEvent& e : fleet->poll()) {
@@ -385,7 +391,7 @@ int run_launch(LaunchFlags& f) {
         dirty = true;
         continue;
       }
-      running--;  // exited, or lost with its agent (which took it along)
+      if (ended.insert(e.rank).second) running--;
       const bool bad = e.kind == FleetEvent::Kind::kLost || !e.exit.ok();
       {
         std::lock_guard<std::mutex> lock(mu);

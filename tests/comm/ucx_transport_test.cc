@@ -165,6 +165,36 @@ TEST_F(UcxSingleCopy, CancelledSendWaitsForTheReceiversAcknowledgement) {
   EXPECT_EQ(a, b);
 }
 
+// The bytes read by single copy are counted per peer, and describe_lanes()
+// (the multihost test reads it from every worker's log) names each peer's
+// UCX transports and its single-copy state and bytes: after one message
+// from rank 0, rank 1 has read kBig bytes from rank 0 and none from itself.
+TEST_F(UcxSingleCopy, BytesAreCountedPerPeerAndDescribed) {
+  auto p = connected_pair();
+  std::vector<char> a(kBig, 'z'), b(kBig, 0);
+  std::promise<absl::Status> received;
+  auto rf = received.get_future();
+  at(p, 1).recv(0, 6, b.data(), kBig, [&](absl::Status st) { received.set_value(st); });
+  at(p, 0).send(1, 6, a.data(), kBig, [](absl::Status) {});
+  ASSERT_TRUE(await(rf, std::chrono::seconds(10)).ok());
+  EXPECT_EQ(p.t[1]->single_copy_bytes_from(0), kBig);
+  EXPECT_EQ(p.t[1]->single_copy_bytes_from(1), 0u);
+  EXPECT_EQ(p.t[0]->single_copy_bytes_from(1), 0u);
+  EXPECT_EQ(p.t[1]->single_copy_bytes_from(2), 0u);  // no such rank
+  const std::string lanes = p.t[1]->describe_lanes();
+  const std::string want_0 = "rank 0: ";
+  const std::string want_copy = " (single copy on, " + std::to_string(kBig) + " bytes); rank 1: ";
+  ASSERT_EQ(lanes.rfind(want_0, 0), 0u) << lanes;
+  const std::size_t copy = lanes.find(want_copy);
+  ASSERT_NE(copy, std::string::npos) << lanes;
+  // Between them, UCX's transport/device names (e.g. "sysv/memory tcp/lo").
+  const std::string to_0 = lanes.substr(want_0.size(), copy - want_0.size());
+  EXPECT_NE(to_0.find('/'), std::string::npos) << lanes;
+  EXPECT_EQ(to_0.find('?'), std::string::npos) << lanes;
+  EXPECT_EQ(lanes.find("single copy", copy + want_copy.size()), std::string::npos)
+      << "rank 1's own entry says nothing of single copy: " << lanes;
+}
+
 // Destroying a transport completes every pending operation (they were once
 // dropped, their callbacks never run).
 TEST(UcxTransportLifetime, DestructionCompletesPendingOperations) {
