@@ -30,6 +30,7 @@ Each prints what it measured (detection times) for the note.
 import json
 import os
 import random
+import shutil
 import signal
 import socket
 import subprocess
@@ -75,8 +76,16 @@ def compare(want_path, got_path, want_weights=None, got_weights=None):
     print(f"OK: {len(want)} steps bitwise equal" + (", weights byte for byte" if want_weights else ""))
 
 
+def remove(*paths):
+    """No output of an earlier run may stand in for this run's."""
+    for p in paths:
+        if os.path.exists(p):
+            os.remove(p)
+
+
 def reference(flags, tag):
     m, w = f"{WORK}/{tag}-train.jsonl", f"{WORK}/{tag}-train.safetensors"
+    remove(m, w)
     r = run([TROUPE, "train", *flags, "--metrics-jsonl", m, "--save-weights", w])
     if r.returncode != 0:
         fail("troupe train: " + r.stdout)
@@ -97,6 +106,7 @@ def launch_and_compare(flags, extra):
     tag = tag_of(flags) + ("-" + tag_of(extra) if extra else "")
     want_m, want_w = reference(flags, tag)
     got_m, got_w = f"{WORK}/{tag}-launch.jsonl", f"{WORK}/{tag}-launch.safetensors"
+    remove(got_m, got_w)
     r = run([TROUPE, "launch", *extra, *flags, "--run-dir", f"{WORK}/{tag}-run",
              "--metrics-jsonl", got_m, "--save-weights", got_w])
     print(r.stdout)
@@ -109,6 +119,7 @@ def engine_and_compare(flags, engine):
     tag = tag_of(flags) + "-" + engine
     want_m, want_w = reference(flags, tag)
     got_m, got_w = f"{WORK}/{tag}.jsonl", f"{WORK}/{tag}.safetensors"
+    remove(got_m, got_w)
     port = free_port()
     world = 1
     for k in ("--tp", "--pp", "--dp"):
@@ -160,7 +171,14 @@ def alive(pid):
         return False
 
 
+def fresh(run_dir):
+    """A run directory of this test run only (not a previous run's launch.json)."""
+    shutil.rmtree(run_dir, ignore_errors=True)
+    return run_dir
+
+
 def start_long(run_dir, extra=()):
+    fresh(run_dir)
     p = subprocess.Popen([TROUPE, "launch", *extra, *LONG, "--run-dir", run_dir],
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     pids = pids_of(run_dir)
@@ -265,8 +283,9 @@ def stall():
 def intruders():
     flags = SMALL + ["--pp", "2", "--dp", "2", "--steps", "40"]
     want_m, _ = reference(flags, "intruders")
-    rd = f"{WORK}/intruders"
+    rd = fresh(f"{WORK}/intruders")
     got_m = f"{WORK}/intruders-launch.jsonl"
+    remove(got_m)
     p = subprocess.Popen([TROUPE, "launch", *flags, "--run-dir", rd, "--metrics-jsonl", got_m],
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     pids_of(rd)
