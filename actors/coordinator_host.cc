@@ -87,20 +87,55 @@ bool CoordinatorHost::on_join(int rank, const std::string& hello) {
   return true;
 }
 
+bool CoordinatorHost::allowed(int rank, const Envelope& e) const {
+  const caf::message& m = e.content;
+  const comm::Coord c = options_.parallel.layout().coord(rank);
+  switch (e.to) {
+    case Target::kCoordinator:
+      if (m.match_elements<loss_atom, int, int, int, double>()) {
+        const int j = m.get_as<int>(3);
+        return m.get_as<int>(2) == c.d && c.s == options_.parallel.pp - 1 && j >= 0 &&
+               j < options_.parallel.m(options_.options);
+      }
+      if (m.match_elements<norm_atom, int, int, double>() ||
+          m.match_elements<ready_atom, int, int>()) {
+        return m.get_as<int>(2) == rank;
+      }
+      return m.match_elements<failed_atom, int, std::string>() && m.get_as<int>(1) == rank;
+    case Target::kReply:
+      return m.match_elements<WaitReport>() &&
+             (e.actor == static_cast<std::uint8_t>(Target::kShard) ||
+              e.actor == static_cast<std::uint8_t>(Target::kOptimizer));
+    case Target::kControl:
+      return (m.match_elements<remote_ready_atom, int>() ||
+              m.match_elements<remote_done_atom, int>()) &&
+             m.get_as<int>(1) == rank;
+    default:
+      return false;  // ranks do not address each other's actors here
+  }
+}
+
 void CoordinatorHost::on_frame(int rank, std::string frame) {
   absl::StatusOr<Envelope> e = decode_envelope(*system_, frame);
+  if (e.ok() && !allowed(rank, *e)) {
+    e = absl::InvalidArgumentError(
+        absl::StrCat("a message it may not send: ", caf::to_string(e->content).substr(0, 200)));
+  }
   if (!e.ok()) {
     hub_->drop(rank, absl::DataLossError(e.status().message()));
     return;
   }
   std::unique_lock<std::mutex> lock(mu_);
+  Member& member = members_[static_cast<std::size_t>(rank)];
   if (e->to == Target::kControl) {
-    if (e->content.match_elements<remote_ready_atom, int>() &&
-        !members_[static_cast<std::size_t>(rank)].ready) {
-      members_[static_cast<std::size_t>(rank)].ready = true;
+    if (e->content.match_elements<remote_ready_atom, int>() && !member.ready) {
+      member.ready = true;
       ready_++;
-      cv_.notify_all();
+    } else if (e->content.match_elements<remote_done_atom, int>() && !member.done) {
+      member.done = true;
+      done_++;
     }
+    cv_.notify_all();
     return;
   }
   if (!running_) return;
@@ -108,7 +143,7 @@ void CoordinatorHost::on_frame(int rank, std::string frame) {
     caf::actor c = coordinator_;
     lock.unlock();
     caf::anon_send(c, std::move(e->content));
-  } else if (e->to == Target::kReply) {
+  } else {
     const std::vector<caf::actor>& of =
         e->actor == static_cast<std::uint8_t>(Target::kShard) ? shards_ : optimizers_;
     caf::actor a = of[static_cast<std::size_t>(rank)];
@@ -121,7 +156,15 @@ void CoordinatorHost::on_lost(int rank, absl::Status why) {
   caf::actor shard, optimizer;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (outcome_) return;  // the run is over: ranks leave
+    if (outcome_) {  // the run is over: ranks leave
+      Member& m = members_[static_cast<std::size_t>(rank)];
+      if (!m.done) {
+        m.done = true;
+        done_++;
+        cv_.notify_all();
+      }
+      return;
+    }
     if (running_) {
       shard = shards_[static_cast<std::size_t>(rank)];
       optimizer = optimizers_[static_cast<std::size_t>(rank)];
@@ -140,7 +183,12 @@ void CoordinatorHost::end(absl::Status st) {
   cv_.notify_all();
 }
 
-void CoordinatorHost::abort(absl::Status why) { end(std::move(why)); }
+void CoordinatorHost::abort(absl::Status why) {
+  end(std::move(why));
+  std::lock_guard<std::mutex> lock(mu_);
+  aborted_ = true;
+  cv_.notify_all();
+}
 
 bool CoordinatorHost::wait_for_all(const int& count, bool Member::*done, const char* what) {
   std::unique_lock<std::mutex> lock(mu_);
@@ -180,10 +228,35 @@ absl::Status CoordinatorHost::run(const std::function<void(const model::StepMetr
     cv_.wait(lock, [&] { return outcome_.has_value(); });
     st = *outcome_;
   }
+  finish_ranks(st);
+  return st;
+}
+
+// Tells every rank the end, waits until every one is done (it has stopped
+// its actors and, with --save-weights, sent its slice or written the file)
+// or lost, then lets them go; the coordinator and the stand-ins are stopped
+// before run() returns. A successful run's ranks get long to finish (rank 0
+// may be writing a large file), a failed one's 30 s; abort() cuts it short.
+void CoordinatorHost::finish_ranks(const absl::Status& st) {
   broadcast({.to = Target::kControl,
              .content = caf::make_message(remote_end_atom::value, static_cast<int>(st.code()),
                                           std::string(st.message()))});
-  return st;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    const auto deadline =
+        std::chrono::steady_clock::now() + (st.ok() ? std::chrono::seconds(3600) : std::chrono::seconds(30));
+    cv_.wait_until(lock, deadline, [&] { return done_ >= joined_ || aborted_; });
+    running_ = false;  // no frame reaches the coordinator any more
+  }
+  broadcast({.to = Target::kControl, .content = caf::make_message(remote_bye_atom::value)});
+  std::vector<caf::actor> actors = shards_;
+  actors.insert(actors.end(), optimizers_.begin(), optimizers_.end());
+  if (coordinator_) actors.push_back(coordinator_);
+  stop_actors(*system_, actors);
+  std::lock_guard<std::mutex> lock(mu_);
+  shards_.clear();
+  optimizers_.clear();
+  coordinator_ = caf::actor{};
 }
 
 absl::Status CoordinatorHost::run_coordinator(

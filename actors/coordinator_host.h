@@ -58,6 +58,7 @@ class CoordinatorHost {
   struct Member {
     bool joined = false;
     bool ready = false;  // its actors are up
+    bool done = false;   // after the end: it has stopped (or is lost)
     RankHello hello;
   };
   // Every rank's hello so far (by rank).
@@ -66,7 +67,9 @@ class CoordinatorHost {
   using OnJoined = std::function<void(const std::vector<Member>&)>;
   absl::Status run(const std::function<void(const model::StepMetrics&)>& on_step,
                    const OnJoined& on_joined = nullptr);
-  // Ends the run (from any thread, e.g. a signal's): run() returns `why`.
+  // Ends the run (from any thread, e.g. a signal's): run() returns `why`
+  // (if the run had not ended already), without waiting for the ranks'
+  // goodbyes.
   void abort(absl::Status why);
   // "rank 3 (d=1 s=1 t=0) on host h2, pid 1234".
   std::string who(int rank) const;
@@ -83,6 +86,10 @@ class CoordinatorHost {
   bool wait_for_all(const int& count, bool Member::*done, const char* what);
   void broadcast(const Envelope& e);
   absl::Status run_coordinator(const std::function<void(const model::StepMetrics&)>& on_step);
+  // Whether a rank may send this message to the coordinator (its own rank
+  // in it, its own replica's micro-batches): anything else cuts it off.
+  bool allowed(int rank, const Envelope& e) const;
+  void finish_ranks(const absl::Status& st);
 
   CoordinatorHostOptions options_;
   int world_ = 1;
@@ -93,7 +100,8 @@ class CoordinatorHost {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::vector<Member> members_;
-  int joined_ = 0, ready_ = 0;
+  int joined_ = 0, ready_ = 0, done_ = 0;
+  bool aborted_ = false;
   bool running_ = false;  // stand-ins exist (frames for the coordinator are delivered)
   std::optional<absl::Status> outcome_;
   caf::actor coordinator_;

@@ -1,7 +1,9 @@
 // Control messages as frames: envelopes and the stand-in actors.
 #include "actors/remote.h"
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "actors/messages.h"
 #include "gpu/tensor.h"
 
@@ -21,7 +23,43 @@ std::string encode_envelope(caf::actor_system& system, const Envelope& e) {
   return std::string(buf.data(), buf.size());
 }
 
-absl::StatusOr<Envelope> decode_envelope(caf::actor_system& system, absl::string_view frame) {
+namespace {
+
+// The message's type names ("@<>+@atom+@i32+..."), read without its values.
+absl::Status check_types(caf::actor_system& system, absl::string_view frame,
+                         bool allow_string_lists) {
+  caf::binary_deserializer source{system, frame.data(), frame.size()};
+  std::uint8_t to = 0, actor = 0;
+  std::uint64_t request = 0;
+  std::uint16_t nr = 0;
+  std::string names;
+  if (caf::error err = source(to, actor, request, nr)) {
+    return absl::InvalidArgumentError("a control frame shorter than its header");
+  }
+  if (nr != 0 || source(names)) {
+    return absl::InvalidArgumentError("a control frame whose message has no type list");
+  }
+  if (names == "@<>") return absl::OkStatus();
+  if (!absl::StartsWith(names, "@<>+")) {
+    return absl::InvalidArgumentError("a control frame whose message has no type list");
+  }
+  for (absl::string_view type : absl::StrSplit(names.substr(4), '+')) {
+    const bool scalar = type == "@atom" || type == "@i32" || type == "@i64" || type == "@u64" ||
+                        type == "@u8" || type == "@str" || type == "double" || type == "float" ||
+                        type == "bool" || type == "troupe::WaitReport";
+    if (!scalar && !(allow_string_lists && type == "@strvec")) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "a control frame with a value of type '", type.substr(0, 64), "', not a control message's"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<Envelope> decode_envelope(caf::actor_system& system, absl::string_view frame,
+                                         bool allow_string_lists) {
+  if (absl::Status st = check_types(system, frame, allow_string_lists); !st.ok()) return st;
   caf::binary_deserializer source{system, frame.data(), frame.size()};
   std::uint8_t to = 0;
   Envelope e;

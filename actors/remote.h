@@ -49,9 +49,15 @@ struct Envelope {
 };
 
 // The frame of an envelope, and back: InvalidArgument for a frame that is
-// not one (unknown target, a type this system does not know, trailing bytes).
+// not one (unknown target, trailing bytes, a type outside troupe's control
+// messages). The message's type names are read and checked before any of
+// its values: CAF 0.17 sizes a sequence before it checks the bytes left, so
+// a 33-byte frame claiming a std::vector<char> of 4 GiB would allocate it.
+// Only scalars, strings and WaitReports are accepted, and lists of strings
+// with `allow_string_lists` (the coordinator's world message to a rank).
 std::string encode_envelope(caf::actor_system& system, const Envelope& e);
-absl::StatusOr<Envelope> decode_envelope(caf::actor_system& system, absl::string_view frame);
+absl::StatusOr<Envelope> decode_envelope(caf::actor_system& system, absl::string_view frame,
+                                         bool allow_string_lists = false);
 
 // Sends one frame; an error means the peer is gone.
 using FrameSink = std::function<absl::Status(std::string frame)>;
@@ -97,10 +103,16 @@ class CoordinatorStandIn : public caf::event_based_actor {
 // The run's own frames (Target::kControl):
 //   coordinator -> rank  (remote_world_atom, vector<string> transport addresses by rank)
 //                        (remote_end_atom, int status code, std::string message)
+//                        (remote_bye_atom)   every rank is done: tear down
 //   rank -> coordinator  (remote_ready_atom, int rank)   its actors are up, its transport connected
+//                        (remote_done_atom, int rank)    it has stopped (and sent its weights)
+// The done/bye barrier keeps every rank's transport up until no rank needs
+// it (a sender's last message waits for the receiver's acknowledgement).
 using remote_world_atom = caf::atom_constant<caf::atom("rworld")>;
 using remote_ready_atom = caf::atom_constant<caf::atom("rready")>;
 using remote_end_atom = caf::atom_constant<caf::atom("rend")>;
+using remote_done_atom = caf::atom_constant<caf::atom("rdone")>;
+using remote_bye_atom = caf::atom_constant<caf::atom("rbye")>;
 
 // What a rank says when it joins (the control channel's hello).
 struct RankHello {

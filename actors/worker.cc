@@ -33,6 +33,7 @@ struct LinkState {
   std::optional<std::vector<std::string>> addresses;  // the world message
   std::optional<absl::Status> ended;                  // the end message
   std::optional<absl::Status> lost;                   // the coordinator is gone
+  bool bye = false;  // every rank is done: the transport may go
   // Set once the actors are up; frames for them before that are dropped.
   caf::actor shard, optimizer, relay;
 
@@ -41,7 +42,7 @@ struct LinkState {
 
 void on_frame(caf::actor_system& system, LinkState& s, const std::string& frame,
               const std::function<void(const std::string&)>& log) {
-  absl::StatusOr<Envelope> e = decode_envelope(system, frame);
+  absl::StatusOr<Envelope> e = decode_envelope(system, frame, /*allow_string_lists=*/true);
   if (!e.ok()) return log(absl::StrCat("a frame from the coordinator: ", e.status().message()));
   std::unique_lock<std::mutex> lock(s.mu);
   if (e->to == Target::kControl) {
@@ -50,7 +51,15 @@ void on_frame(caf::actor_system& system, LinkState& s, const std::string& frame,
       s.addresses = m.get_as<std::vector<std::string>>(1);
     } else if (m.match_elements<remote_end_atom, int, std::string>()) {
       const auto code = static_cast<absl::StatusCode>(m.get_as<int>(1));
-      s.ended = absl::Status(code, m.get_as<std::string>(2));
+      // (An OK code with a message would be no Status; a code CAF's peer
+      // made up is Unknown.)
+      s.ended = code == absl::StatusCode::kOk
+                    ? absl::OkStatus()
+                    : absl::Status(code > absl::StatusCode::kUnauthenticated ? absl::StatusCode::kUnknown
+                                                                           : code,
+                                   m.get_as<std::string>(2));
+    } else if (m.match_elements<remote_bye_atom>()) {
+      s.bye = true;
     }
     s.cv.notify_all();
     return;
@@ -231,6 +240,15 @@ absl::Status run_worker(const WorkerOptions& o) {
   absl::Status saved = absl::OkStatus();
   if (outcome.ok() && !o.save_weights.empty()) {
     saved = gather_and_save_weights(**unit, o.spec, o.save_weights);
+  }
+  // Done: wait until every rank is (a peer's last message to this rank may
+  // still wait for this transport's acknowledgement), then go.
+  (void)sink(encode_envelope(system, {.to = Target::kControl,
+                                      .content = caf::make_message(remote_done_atom::value,
+                                                                   o.spec.rank)}));
+  {
+    std::unique_lock<std::mutex> lock(state.mu);
+    state.cv.wait_for(lock, std::chrono::seconds(3600), [&] { return state.bye || state.lost; });
   }
   (*unit)->fail_pending(absl::CancelledError("the run has ended"));
   (*unit)->drain();

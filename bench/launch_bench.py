@@ -6,10 +6,10 @@ pair of runs alternates, and the figures are medians and ratios).
   launch_bench.py TROUPE [--only hop,speed,startup,detect] [--steps N]
 
   hop      the runtime's cost per pipeline hop across processes: a model of
-           negligible compute (4 layers, C=16, T=8, B=1, m=1) at pp = 1 and 2
-           (one and two worker processes); the step time grows by one
-           activation hop and one gradient hop per stage, so the slope over
-           pp, halved, is the cost of one hop.
+           negligible compute (2 layers, C=16, T=8, B=1) at pp = 2 with m = 1,
+           2, 4, 8 micro-batches; each micro-batch adds its round trip (one
+           activation hop, one gradient hop) to the step, so the slope over m,
+           halved, is the cost of one hop; the same in one process.
   speed    cpu-small, pp=2, 2 processes vs the in-process run: median step
            time after the first steps, and the ratio of speeds
   startup  8 local workers (tp2 pp2 dp2, tiny): from starting `troupe launch`
@@ -76,26 +76,27 @@ def slope(points):
 summary = []
 only = args.only.split(",")
 if "hop" in only:
-    # pp = 1 and 2: on this 2-core machine more processes than cores would
-    # measure the scheduler, not the runtime. launch at pp=1 is one worker
-    # process running the same actors (train at pp=1 runs the single-rank
-    # loop, so the in-process figure is left to `scripts/bench pipeline`).
-    steps = args.steps or 2000
-    tiny = ["--model", "tiny", "--layers", "4", "--channels", "16", "--heads", "1", "--seq-len", "8",
+    # pp = 2 (two worker processes; on this 2-core machine more processes
+    # than cores would measure the scheduler, not the runtime), m = 1, 2, 4, 8
+    # micro-batches of a model of negligible compute: with 1F1B each
+    # micro-batch waits for its own round trip (activation to stage 1, its
+    # gradient back), so the step time grows by two hops per micro-batch.
+    # The same in one process (troupe train --pp 2: in-process transport).
+    steps = args.steps or 500
+    tiny = ["--model", "tiny", "--layers", "2", "--channels", "16", "--heads", "1", "--seq-len", "8",
             "--vocab-size", "64", "--make-vocab-size-divisible-by", "1", "--micro-batch-size", "1",
-            "--global-batch-size", "1"]
-    pts = []
-    for k in range(3):
-        for pp in (1, 2):
-            m = f"{WORK}/hop-{k}-pp{pp}.jsonl"
-            t = step_times([T, "launch", *tiny, "--pp", str(pp), "--steps", str(steps),
-                            "--metrics-jsonl", m, "--run-dir", f"{WORK}/hop-{k}-pp{pp}"], m, 50)
-            pts.append((pp, statistics.median(t) * 1e6))
-            emit(bench="launch_hop", pp=pp, round=k, launch_step_us=pts[-1][1])
-    hop = slope(pts) / 2
-    emit(bench="launch_hop_cost", us_per_hop_across_processes=hop)
-    summary.append(f"hop: {hop:.1f} us per pipeline hop across processes (pp 1 -> 2, m=1, a model "
-                   f"of negligible compute); target < 60 us")
+            "--pp", "2"]
+    pts_train, pts_launch = [], []
+    for m in (1, 2, 4, 8):
+        tr, la = both(tiny + ["--global-batch-size", str(m)], steps, 50, f"hop-m{m}", rounds=2)
+        emit(bench="launch_hop", pp=2, m=m, train_step_us=tr * 1e6, launch_step_us=la * 1e6)
+        pts_train.append((m, tr * 1e6))
+        pts_launch.append((m, la * 1e6))
+    hop_train, hop_launch = slope(pts_train) / 2, slope(pts_launch) / 2
+    emit(bench="launch_hop_cost", us_per_hop_across_processes=hop_launch,
+         us_per_hop_in_process=hop_train)
+    summary.append(f"hop: {hop_launch:.1f} us per pipeline hop across processes, {hop_train:.1f} us "
+                   f"in one process (pp=2, slope over m); target < 60 us")
 if "speed" in only:
     steps = args.steps or 12
     flags = ["--model", "cpu-small", "--pp", "2", "--micro-batch-size", "4", "--global-batch-size", "16"]

@@ -93,8 +93,12 @@ int run_agent(const AgentOptions& options) {
       if (rank < 0) throw std::invalid_argument("a worker without a rank");
       if (workers.count(rank)) throw std::invalid_argument("that rank is already running here");
       spec.argv = w.at("argv").get<std::vector<std::string>>();
-      if (w.contains("env")) spec.env = w["env"].get<std::vector<std::string>>();
+      // This host's own environment, with what the launcher forwards set
+      // over it; the launcher's working directory (a shared filesystem).
+      spec.env = current_environment();
+      if (w.contains("env")) spec.env = with_overrides(spec.env, w["env"].get<std::vector<std::string>>());
       if (w.contains("log")) spec.log_path = w["log"].get<std::string>();
+      if (w.contains("cwd")) spec.cwd = w["cwd"].get<std::string>();
     } catch (const std::exception& e) {
       send({{"type", "error"}, {"rank", rank}, {"message", e.what()}});
       return;

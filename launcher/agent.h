@@ -7,7 +7,10 @@
 // with SIGKILL leaves no worker behind).
 //
 // Messages are JSON, one per control frame:
-//   launcher -> agent  {"type":"start","workers":[{"rank":3,"argv":[...],"env":[...],"log":"..."}]}
+//   launcher -> agent  {"type":"start","workers":[{"rank":3,"argv":[...],"env":[...],"log":"...",
+//                                                  "cwd":"..."}]}
+//                      (env: set over the agent's own environment; cwd: where
+//                      the worker runs, the launcher's directory)
 //                      {"type":"stop","grace_ms":3000}
 //   agent -> launcher  {"type":"started","rank":3,"pid":1234}
 //                      {"type":"exited","rank":3,"code":0,"signal":0,"status":"exit code 0"}

@@ -30,7 +30,8 @@ class LocalFleet final : public Fleet {
   absl::Status start(const std::vector<WorkerLaunch>& workers) override {
     for (const WorkerLaunch& w : workers) {
       absl::StatusOr<std::unique_ptr<Child>> c = Child::spawn(
-          {.argv = w.argv, .env = w.env, .log_path = w.log, .stdin_data = token_ + "\n"});
+          {.argv = w.argv, .env = with_overrides(current_environment(), w.env), .log_path = w.log,
+           .stdin_data = token_ + "\n", .cwd = w.cwd});
       if (!c.ok()) {
         return absl::Status(c.status().code(),
                             absl::StrCat("starting rank ", w.rank, ": ", c.status().message()));
@@ -112,7 +113,10 @@ class AgentFleet final : public Fleet {
     }
     std::unique_lock<std::mutex> lock(mu_);
     const auto deadline = std::chrono::steady_clock::now() + absl::ToChronoSeconds(o_.join_timeout);
-    cv_.wait_until(lock, deadline, [&] { return joined_.size() == o_.hosts.size(); });
+    while (joined_.size() < o_.hosts.size() && std::chrono::steady_clock::now() < deadline) {
+      if (o_.interrupted && o_.interrupted()) return absl::CancelledError("interrupted while the agents were starting");
+      cv_.wait_for(lock, std::chrono::milliseconds(100));
+    }
     for (std::size_t i = 0; i < o_.hosts.size(); i++) {
       if (!joined_.count(static_cast<int>(i))) {
         return absl::DeadlineExceededError(absl::StrCat(
@@ -133,7 +137,8 @@ class AgentFleet final : public Fleet {
         std::lock_guard<std::mutex> lock(mu_);
         host_of_[w.rank] = index;
       }
-      per_host[index].push_back({{"rank", w.rank}, {"argv", w.argv}, {"env", w.env}, {"log", w.log}});
+      per_host[index].push_back(
+          {{"rank", w.rank}, {"argv", w.argv}, {"env", w.env}, {"log", w.log}, {"cwd", w.cwd}});
     }
     for (auto& [index, list] : per_host) {
       json msg = {{"type", "start"}, {"workers", list}};
@@ -143,6 +148,8 @@ class AgentFleet final : public Fleet {
     }
     return absl::OkStatus();
   }
+
+  int port() const override { return hub_ ? hub_->port() : 0; }
 
   std::vector<FleetEvent> poll() override {
     std::lock_guard<std::mutex> lock(mu_);
@@ -224,10 +231,32 @@ class AgentFleet final : public Fleet {
 }  // namespace
 
 std::vector<std::string> rsh_argv(const std::string& tmpl, const std::string& host) {
+  // Words split on blanks as a shell would, with '...' and "..." quoting
+  // (no expansions); {host} replaced inside them.
   std::vector<std::string> out;
-  for (absl::string_view part : absl::StrSplit(tmpl, absl::ByAnyChar(" \t"), absl::SkipEmpty())) {
-    out.push_back(absl::StrReplaceAll(part, {{"{host}", host}}));
+  std::string word;
+  bool in_word = false;
+  char quote = 0;
+  for (char ch : tmpl) {
+    if (quote != 0) {
+      if (ch == quote) {
+        quote = 0;
+      } else {
+        word += ch;
+      }
+    } else if (ch == '\'' || ch == '"') {
+      quote = ch;
+      in_word = true;
+    } else if (ch == ' ' || ch == '\t') {
+      if (in_word) out.push_back(absl::StrReplaceAll(word, {{"{host}", host}}));
+      word.clear();
+      in_word = false;
+    } else {
+      word += ch;
+      in_word = true;
+    }
   }
+  if (in_word) out.push_back(absl::StrReplaceAll(word, {{"{host}", host}}));
   return out;
 }
 

@@ -12,6 +12,7 @@
 //   fleet->stop(absl::Seconds(3));   // every worker (and agent) stopped and reaped
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -27,7 +28,8 @@ struct WorkerLaunch {
   int rank = 0;
   std::string host;
   std::vector<std::string> argv = {};
-  std::vector<std::string> env = {};  // its whole environment
+  std::vector<std::string> env = {};  // set over the host's environment (the launcher's, or the agent's)
+  std::string cwd = {};  // its working directory
   std::string log = {};  // its output, appended
 };
 
@@ -48,6 +50,8 @@ class Fleet {
   virtual std::vector<FleetEvent> poll() = 0;
   // TERM to every worker, KILL after `grace`; returns when all are reaped.
   virtual void stop(absl::Duration grace) = 0;
+  // Where the agents connect (0: no agents).
+  virtual int port() const { return 0; }
 };
 
 // Workers as children of this process (the token on their stdin).
@@ -61,6 +65,7 @@ struct AgentFleetOptions {
   std::string token;
   std::string log_dir;             // agent-<host>.log here
   absl::Duration join_timeout = absl::Seconds(60);
+  std::function<bool()> interrupted = nullptr;  // stops waiting for the agents when true
 };
 // Starts the agents and waits until every one has connected.
 absl::StatusOr<std::unique_ptr<Fleet>> agent_fleet(const AgentFleetOptions& options);

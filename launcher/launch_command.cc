@@ -11,10 +11,13 @@
 // host that is lost, SIGINT or SIGTERM; every process is stopped, and the
 // exit status says who and why.
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cstdio>
+#include <cerrno>
+#include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
@@ -77,19 +80,36 @@ std::string host_name() {
   return ::gethostname(buf, sizeof(buf) - 1) == 0 ? std::string(buf) : std::string("localhost");
 }
 
+// The run directory, absolute (agents on other hosts start elsewhere). A
+// default one is new (made with mkdir, so two launches in one second get
+// two); a given one may exist, but the logs of an earlier run there go.
 absl::StatusOr<std::string> make_run_dir(const std::string& given) {
+  std::error_code ec;
   std::string dir = given;
   if (dir.empty()) {
+    std::filesystem::create_directories("runs", ec);
     const std::time_t now = std::time(nullptr);
     char stamp[32];
     std::strftime(stamp, sizeof(stamp), "%Y%m%d-%H%M%S", std::localtime(&now));
     dir = absl::StrCat("runs/", stamp);
-    for (int k = 2; std::filesystem::exists(dir); k++) dir = absl::StrCat("runs/", stamp, "-", k);
+    for (int k = 2; ::mkdir(dir.c_str(), 0755) != 0; k++) {
+      if (errno != EEXIST) {
+        return absl::InvalidArgumentError(absl::StrCat("cannot make ", dir, ": ", std::strerror(errno)));
+      }
+      dir = absl::StrCat("runs/", stamp, "-", k);
+    }
+  } else {
+    std::filesystem::create_directories(dir, ec);
+    if (ec) return absl::InvalidArgumentError(absl::StrCat("--run-dir ", dir, ": ", ec.message()));
+    for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+      const std::string name = entry.path().filename().string();
+      if ((absl::StartsWith(name, "rank-") || absl::StartsWith(name, "agent-")) &&
+          absl::EndsWith(name, ".log")) {
+        std::filesystem::remove(entry.path(), ec);
+      }
+    }
   }
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  if (ec) return absl::InvalidArgumentError(absl::StrCat("--run-dir ", dir, ": ", ec.message()));
-  return dir;
+  return std::filesystem::absolute(dir, ec).lexically_normal().string();
 }
 
 absl::Status write_json(const std::string& path, const json& j) {
@@ -99,10 +119,10 @@ absl::Status write_json(const std::string& path, const json& j) {
   return f->commit();
 }
 
-// What the workers inherit from the launcher's environment.
+// What the workers on other hosts get from the launcher's environment (over
+// their agent's own; on this host they inherit all of it).
 bool forwarded_var(absl::string_view kv) {
-  for (const char* p : {"TROUPE_", "UCX_", "OMP_", "NCCL_", "CUDA_VISIBLE_DEVICES=", "PATH=",
-                        "LD_LIBRARY_PATH=", "HOME=", "LANG=", "OPENBLAS_", "GLOG_"}) {
+  for (const char* p : {"TROUPE_", "UCX_", "OMP_", "NCCL_", "CUDA_VISIBLE_DEVICES=", "OPENBLAS_"}) {
     if (absl::StartsWith(kv, p)) return true;
   }
   return false;
@@ -304,9 +324,13 @@ int run_launch(LaunchFlags& f) {
   std::vector<std::pair<std::string, std::string>> logs;
   const std::vector<std::string> flags = forwarded_train_flags(f.train, {"--metrics-jsonl"});
   std::vector<std::string> env_base;
-  for (const std::string& kv : current_environment()) {
-    if (job->local || forwarded_var(kv)) env_base.push_back(kv);
+  if (!job->local) {
+    for (const std::string& kv : current_environment()) {
+      if (forwarded_var(kv)) env_base.push_back(kv);
+    }
   }
+  std::error_code ec;
+  const std::string cwd = std::filesystem::current_path(ec).string();
   for (const Placement& p : job->placement) {
     const comm::Coord c = layout.coord(p.rank);
     const int local = per_host[p.host];
@@ -333,6 +357,7 @@ int run_launch(LaunchFlags& f) {
     w.env.push_back(absl::StrCat("LOCAL_RANK=", p.local_rank));
     w.env.push_back(absl::StrCat("LOCAL_WORLD_SIZE=", local));
     w.log = absl::StrFormat("%s/rank-%05d.log", *run_dir, p.rank);
+    w.cwd = cwd;
     logs.emplace_back(absl::StrFormat("rank %d (%d,%d,%d) %s", p.rank, c.d, c.s, c.t, p.host), w.log);
     launches.push_back(std::move(w));
   }
@@ -363,13 +388,20 @@ int run_launch(LaunchFlags& f) {
   } else {
     absl::StatusOr<std::unique_ptr<Fleet>> agents = agent_fleet(
         {.hosts = job->hosts, .rsh = f.rsh, .self = self_exe(), .master_addr = master,
-         .token = token, .log_dir = *run_dir, .join_timeout = absl::Seconds(f.join_timeout_s)});
-    if (!agents.ok()) return fail(std::string(agents.status().message()));
+         .token = token, .log_dir = *run_dir, .join_timeout = absl::Seconds(f.join_timeout_s),
+         .interrupted = [&] { return interrupted.load() != 0; }});
+    if (!agents.ok()) {
+      return fail(std::string(agents.status().message()), interrupted.load() ? 128 + interrupted.load() : 1);
+    }
     fleet = *std::move(agents);
   }
   if (absl::Status st = fleet->start(launches); !st.ok()) {
     fleet->stop(absl::Seconds(3));
     return fail(std::string(st.message()));
+  }
+  if (fleet->port() != 0) {
+    record["agent_port"] = fleet->port();
+    (void)write_json(record_path, record);
   }
   auto echo = std::make_unique<LogEcho>(logs);
 
@@ -383,19 +415,24 @@ int run_launch(LaunchFlags& f) {
   // not wait for ranks it cannot hear from (a regression: it waited its 5 s
   // for them, and a cut link took 10 s to end the job).
   std::set<int> ended;
+  std::atomic<bool> stopping{false};  // from here on, exits are the launcher's own kills
   auto watch = [&] {
     bool dirty = false;
     for (const FleetEvent& e : fleet->poll()) {
+      if (e.rank < 0 || e.rank >= world) continue;  // (an agent's confusion)
+      auto& rank_record = record["ranks"][static_cast<std::size_t>(e.rank)];
       if (e.kind == FleetEvent::Kind::kStarted) {
-        record["ranks"][static_cast<std::size_t>(e.rank)]["pid"] = e.pid;
+        rank_record["pid"] = e.pid;
         dirty = true;
         continue;
       }
+      rank_record["exit"] = e.what;
+      dirty = true;
       if (ended.insert(e.rank).second) running--;
       const bool bad = e.kind == FleetEvent::Kind::kLost || !e.exit.ok();
-      {
+      if (bad && e.exit.code != 3 && !stopping.load()) {
         std::lock_guard<std::mutex> lock(mu);
-        if (bad && e.exit.code != 3) exits[e.rank] = e.what;
+        exits.emplace(e.rank, e.what);
       }
       if (bad && !over.load()) {
         coordinator.abort(absl::UnavailableError(absl::StrCat(coordinator.who(e.rank), ": ", e.what)));
@@ -421,12 +458,15 @@ int run_launch(LaunchFlags& f) {
       });
   over = true;
   echo.reset();  // what the ranks say after the end is in their logs
-  // The workers have been told the end; they leave by themselves (rank 0
-  // after writing --save-weights), or are stopped.
-  const absl::Time until = absl::Now() + (st.ok() ? absl::Seconds(120) : absl::Seconds(5));
-  while (running.load() > 0 && absl::Now() < until) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  // Every worker is done (run() waits for that); they exit by themselves.
+  const absl::Time until = absl::Now() + absl::Seconds(10);
+  while (running.load() > 0 && absl::Now() < until && interrupted.load() == 0) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
   stop_watch = true;
   watcher.join();
+  watch();
+  stopping = true;
   fleet->stop(absl::Seconds(3));
   watch();
   // The processes that failed by themselves (killed, crashed, lost) come
@@ -441,7 +481,7 @@ int run_launch(LaunchFlags& f) {
     std::string msg = causes.empty() ? std::string(st.message())
                                      : absl::StrCat(absl::StrJoin(causes, "\n  "), "\n  the run: ",
                                                     st.message());
-    return fail(absl::StrCat(msg, "\n  logs: ", *run_dir), interrupted.load() ? 130 : 1);
+    return fail(absl::StrCat(msg, "\n  logs: ", *run_dir), interrupted.load() ? 128 + interrupted.load() : 1);
   }
   if (!causes.empty()) {
     return fail(absl::StrCat("the run ended, but ", absl::StrJoin(causes, "; "), "\n  logs: ", *run_dir));

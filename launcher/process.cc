@@ -34,6 +34,16 @@ std::vector<std::string> current_environment() {
   return env;
 }
 
+std::vector<std::string> with_overrides(std::vector<std::string> env,
+                                        const std::vector<std::string>& overrides) {
+  for (const std::string& kv : overrides) {
+    const std::string name = kv.substr(0, kv.find('=') + 1);  // "NAME="
+    std::erase_if(env, [&](const std::string& e) { return e.compare(0, name.size(), name) == 0; });
+    env.push_back(kv);
+  }
+  return env;
+}
+
 namespace {
 ExitStatus from_wait(int status) {
   if (WIFSIGNALED(status)) return {128 + WTERMSIG(status), WTERMSIG(status)};
@@ -103,10 +113,13 @@ absl::StatusOr<std::unique_ptr<Child>> Child::spawn(const ProcessSpec& spec) {
   envp.push_back(nullptr);
   int log_fd = -1;
   if (!spec.log_path.empty()) {
-    log_fd = ::open(spec.log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    const std::string log = !spec.cwd.empty() && spec.log_path[0] != '/'
+                                ? absl::StrCat(spec.cwd, "/", spec.log_path)
+                                : spec.log_path;
+    log_fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
     if (log_fd < 0) {
       return absl::PermissionDeniedError(
-          absl::StrCat(spec.log_path, ": cannot write the log: ", std::strerror(errno)));
+          absl::StrCat(log, ": cannot write the log: ", std::strerror(errno)));
     }
   }
   int in[2] = {-1, -1}, report[2] = {-1, -1};  // report: the child's errno if exec fails
@@ -143,6 +156,11 @@ absl::StatusOr<std::unique_ptr<Child>> Child::spawn(const ProcessSpec& spec) {
     sigset_t none;
     sigemptyset(&none);
     ::sigprocmask(SIG_SETMASK, &none, nullptr);
+    if (!spec.cwd.empty() && ::chdir(spec.cwd.c_str()) != 0) {
+      const int err = errno;
+      (void)!::write(report[1], &err, sizeof err);
+      ::_exit(127);
+    }
     ::execve(program.c_str(), argv.data(), envp.data());
     const int err = errno;
     (void)!::write(report[1], &err, sizeof err);

@@ -37,6 +37,7 @@ struct ProcessSpec {
   std::string log_path = {};      // stdout and stderr, appended; empty: inherited
   std::string stdin_data = {};    // written to its standard input, which is then closed
   bool die_with_parent = true;    // PR_SET_PDEATHSIG(SIGKILL)
+  std::string cwd = {};           // its working directory (and of a relative log_path); empty: ours
 };
 
 class Child {
@@ -68,5 +69,9 @@ class Child {
 
 // The environment of this process, "NAME=value" each.
 std::vector<std::string> current_environment();
+// `env` with each of `overrides` ("NAME=value") set: replacing the variable
+// of that name, or added.
+std::vector<std::string> with_overrides(std::vector<std::string> env,
+                                        const std::vector<std::string>& overrides);
 
 }  // namespace troupe::launcher

@@ -37,10 +37,10 @@ void Progress::report(const model::StepMetrics& m) {
       m.grad_norm, m.tokens_per_s, duration(elapsed_).c_str(), duration(eta).c_str(),
       val.c_str());
   std::fflush(stdout);
-  // loss and grad_norm with 17 digits: the doubles exactly, so that two
+  // loss, grad_norm and lr with 17 digits: exactly, so that two
   // runs can be compared bit for bit.
   const std::string line = absl::StrFormat(
-      "{\"step\": %d, \"loss\": %.17g, \"grad_norm\": %.17g, \"lr\": %.9g, "
+      "{\"step\": %d, \"loss\": %.17g, \"grad_norm\": %.17g, \"lr\": %.17g, "
       "\"tokens_per_s\": %.9g, \"step_s\": %.9g, \"elapsed_s\": %.9g%s}\n",
       m.step, m.loss, m.grad_norm, m.lr, m.tokens_per_s, m.step_s, elapsed_,
       m.val_loss ? absl::StrFormat(", \"val_loss\": %.17g", *m.val_loss) : "");
@@ -180,7 +180,8 @@ std::vector<std::string> forwarded_train_flags(const TrainFlags& f,
     const std::string name = "--" + opt->get_lnames().front();
     if (std::find(skip.begin(), skip.end(), name) != skip.end()) continue;
     out.push_back(name);
-    if (opt->get_type_size() == 0) continue;  // a flag
+    // A flag (--no-shuffle) takes no value: CLI11 records it as "true".
+    if (opt->get_type_size_max() == 0 || opt->get_expected_max() == 0) continue;
     for (const std::string& v : opt->results()) out.push_back(v);
   }
   return out;

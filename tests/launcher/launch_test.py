@@ -18,13 +18,17 @@ Cases:
   kill_worker           SIGKILL to a worker mid-run: the launcher exits
                         non-zero within 5 s naming it, and no process is left
   kill_agent            SIGKILL to an agent mid-run: the same
+  kill_launcher [agents]  SIGKILL to the launcher mid-run: every worker (and
+                        agent) is gone within 5 s (PR_SET_PDEATHSIG; the
+                        agents see the launcher's connection close)
   interrupt SIGNAL      SIGINT or SIGTERM to the launcher: everything stops
-                        within 5 s, nothing is left, exit 130 / 1
+                        within 5 s, nothing is left, exit 128 + the signal
   stall                 a stage that never starts a step: the stall table and
                         the culprit line name it
-  intruders             a worker without the token, random bytes and an absurd
-                        length prefix at the coordinator's port: refused, and
-                        the run's result is the reference's
+  intruders [agents]    a worker without the token, random bytes and an absurd
+                        length prefix at the coordinator's port (and the
+                        agents' port): refused, and the run's result is the
+                        reference's
 Each prints what it measured (detection times) for the note.
 """
 import json
@@ -66,8 +70,8 @@ def compare(want_path, got_path, want_weights=None, got_weights=None):
     if len(want) != len(got) or not want:
         fail(f"{len(want)} steps in one-process run, {len(got)} in the distributed run")
     for a, b in zip(want, got):
-        for k in ("loss", "grad_norm", "lr"):
-            if a[k] != b[k]:  # the JSONL has 17 digits: the doubles exactly
+        for k in ("loss", "grad_norm", "lr", "val_loss"):
+            if a.get(k) != b.get(k):  # the JSONL has 17 digits: the doubles exactly
                 fail(f"step {a['step']}: {k} {a[k]!r} in one process, {b[k]!r} across processes")
     if want_weights:
         with open(want_weights, "rb") as f1, open(got_weights, "rb") as f2:
@@ -93,7 +97,8 @@ def reference(flags, tag):
 
 
 def tag_of(flags):
-    return "-".join(a.strip("-") for a in flags)[:80]
+    words = "-".join(os.path.basename(a.strip("-")) for a in flags)
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in words)[:80]
 
 
 def free_port():
@@ -102,13 +107,20 @@ def free_port():
         return s.getsockname()[1]
 
 
-def launch_and_compare(flags, extra):
+def launch_and_compare(flags, extra, relative=False):
+    """relative: the launcher runs in WORK and names its outputs relative to
+    it (the agents start elsewhere: they must run the workers here)."""
     tag = tag_of(flags) + ("-" + tag_of(extra) if extra else "")
     want_m, want_w = reference(flags, tag)
     got_m, got_w = f"{WORK}/{tag}-launch.jsonl", f"{WORK}/{tag}-launch.safetensors"
     remove(got_m, got_w)
-    r = run([TROUPE, "launch", *extra, *flags, "--run-dir", f"{WORK}/{tag}-run",
-             "--metrics-jsonl", got_m, "--save-weights", got_w])
+    if "--data-cache-path" in flags:  # the ranks build the sample index at once
+        shutil.rmtree(flags[flags.index("--data-cache-path") + 1], ignore_errors=True)
+    out = [f"{tag}-run", got_m, got_w]
+    if relative:
+        out = [os.path.relpath(x, WORK) for x in (f"{WORK}/{tag}-run", got_m, got_w)]
+    r = run([TROUPE, "launch", *extra, *flags, "--run-dir", out[0], "--metrics-jsonl", out[1],
+             "--save-weights", out[2]], cwd=WORK if relative else None)
     print(r.stdout)
     if r.returncode != 0:
         fail(f"troupe launch exited {r.returncode}")
@@ -230,20 +242,37 @@ def kill_worker():
 
 
 def agent_pids(run_dir):
+    """This job's agents: their command line names its agent port."""
     deadline = time.time() + 30
     while time.time() < deadline:
-        r = run(["pgrep", "-f", f"troupe agent .*--master-port"])
-        found = [int(x) for x in r.stdout.split()]
-        if len(found) >= 2:
-            return found
+        try:
+            with open(f"{run_dir}/launch.json") as f:
+                port = json.load(f).get("agent_port")
+        except (OSError, ValueError):
+            port = None
+        if port:
+            found = []
+            for pid in os.listdir("/proc"):
+                try:
+                    with open(f"/proc/{pid}/cmdline") as f:
+                        argv = f.read().split("\0")
+                except OSError:
+                    continue
+                if "agent" in argv and "--master-port" in argv and \
+                        argv[argv.index("--master-port") + 1] == str(port):
+                    found.append(int(pid))
+            if len(found) >= 2:
+                return found
         time.sleep(0.1)
-    fail("no agents found")
+    fail("this job's agents were not found")
+
+
+AGENTS = ["--hosts", "hostA,hostB", "--nproc-per-node", "2", "--rsh", "env TROUPE_HOST={host}"]
 
 
 def kill_agent():
     rd = f"{WORK}/kill-agent"
-    extra = ["--hosts", "hostA,hostB", "--nproc-per-node", "2", "--rsh", "env TROUPE_HOST={host}"]
-    p, pids, seen = start_long(rd, extra)
+    p, pids, seen = start_long(rd, AGENTS)
     agents = agent_pids(rd)
     # The agent of hostB: its command line says --index 1.
     victim = next(a for a in agents if "--index\x001" in open(f"/proc/{a}/cmdline").read())
@@ -255,6 +284,20 @@ def kill_agent():
     check_gone(pids, agents)
 
 
+def kill_launcher(agents):
+    rd = f"{WORK}/kill-launcher" + ("-agents" if agents else "")
+    extra = AGENTS if agents else []
+    p, pids, seen = start_long(rd, extra)
+    others = agent_pids(rd) if agents else []
+    t0 = time.time()
+    p.kill()
+    p.wait()
+    check_gone(pids, others)
+    print(f"MEASURED: SIGKILL to the launcher: every process gone after {time.time() - t0:.2f} s")
+    if time.time() - t0 > 5:
+        fail("took more than 5 s")
+
+
 def interrupt(name):
     sig = getattr(signal, name)
     rd = f"{WORK}/interrupt-{name}"
@@ -262,7 +305,7 @@ def interrupt(name):
     t0 = time.time()
     p.send_signal(sig)
     out = finish(p, seen, t0, 5, name)
-    if p.returncode != 130 or f"interrupted by {name}" not in out:
+    if p.returncode != 128 + sig or f"interrupted by {name}" not in out:
         fail(f"exit {p.returncode}, or no 'interrupted by {name}'")
     check_gone(pids)
 
@@ -280,30 +323,34 @@ def stall():
     print("OK: the culprit is named")
 
 
-def intruders():
+def intruders(agents):
     flags = SMALL + ["--pp", "2", "--dp", "2", "--steps", "40"]
     want_m, _ = reference(flags, "intruders")
     rd = fresh(f"{WORK}/intruders")
     got_m = f"{WORK}/intruders-launch.jsonl"
     remove(got_m)
-    p = subprocess.Popen([TROUPE, "launch", *flags, "--run-dir", rd, "--metrics-jsonl", got_m],
+    p = subprocess.Popen([TROUPE, "launch", *(AGENTS if agents else []), *flags, "--run-dir", rd,
+                          "--metrics-jsonl", got_m],
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     pids_of(rd)
     with open(f"{rd}/launch.json") as f:
-        host, port = json.load(f)["coordinator"].rsplit(":", 1)
-    port = int(port)
-    # Random bytes, and a frame header with an absurd length.
+        record = json.load(f)
+    host, port = record["coordinator"].rsplit(":", 1)
+    ports = [int(port)] + ([record["agent_port"]] if agents else [])
+    # Random bytes, and a frame header with an absurd length, to each port.
     rnd = random.Random(7)
-    for payload in (bytes(rnd.getrandbits(8) for _ in range(4096)),
-                    b"TRPC" + (1).to_bytes(4, "little") + (1 << 62).to_bytes(8, "little"),
-                    b"\xff" * 100000):
-        with socket.create_connection((host, port), timeout=5) as s:
-            try:
-                s.sendall(payload)
-                s.settimeout(10)
-                s.recv(100)
-            except OSError:
-                pass
+    for port in ports:
+        for payload in (bytes(rnd.getrandbits(8) for _ in range(4096)),
+                        b"TRPC" + (1).to_bytes(4, "little") + (1 << 62).to_bytes(8, "little"),
+                        b"\xff" * 100000):
+            with socket.create_connection((host, port), timeout=5) as s:
+                try:
+                    s.sendall(payload)
+                    s.settimeout(10)
+                    s.recv(100)
+                except OSError:
+                    pass
+    port = ports[0]
     # A worker of this job's shape with the wrong token.
     env = dict(os.environ, TROUPE_JOB_TOKEN="not-the-token-of-this-job")
     env.pop("TROUPE_TOKEN_STDIN", None)
@@ -329,19 +376,24 @@ elif case == "agents":
     for k in ("--tp", "--pp", "--dp"):
         if k in args:
             world *= int(args[args.index(k) + 1])
-    launch_and_compare(args, ["--hosts", "hostA,hostB", "--rsh", "env TROUPE_HOST={host}",
-                              "--nproc-per-node", str((world + 1) // 2)])
+    # The agents start in / with an environment of their own (as ssh would
+    # start them): the workers must still run in the launcher's directory.
+    launch_and_compare(args, ["--hosts", "hostA,hostB", "--rsh",
+                              "env -i -C / PATH=/usr/bin:/bin 'TROUPE_HOST={host}'",
+                              "--nproc-per-node", str((world + 1) // 2)], relative=True)
 elif case in ("torchrun", "mpirun"):
     engine_and_compare(args, case)
 elif case == "kill_worker":
     kill_worker()
 elif case == "kill_agent":
     kill_agent()
+elif case == "kill_launcher":
+    kill_launcher(args == ["agents"])
 elif case == "interrupt":
     interrupt(args[0])
 elif case == "stall":
     stall()
 elif case == "intruders":
-    intruders()
+    intruders(args == ["agents"])
 else:
     fail(f"unknown case {case}")
