@@ -156,15 +156,13 @@ void CoordinatorHost::on_lost(int rank, absl::Status why) {
   caf::actor shard, optimizer;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (outcome_) {  // the run is over: ranks leave
-      Member& m = members_[static_cast<std::size_t>(rank)];
-      if (!m.done) {
-        m.done = true;
-        done_++;
-        cv_.notify_all();
-      }
-      return;
+    Member& m = members_[static_cast<std::size_t>(rank)];
+    if (!m.done) {  // a lost rank is not waited for at the end
+      m.done = true;
+      done_++;
+      cv_.notify_all();
     }
+    if (outcome_) return;  // the run is over: ranks leave
     if (running_) {
       shard = shards_[static_cast<std::size_t>(rank)];
       optimizer = optimizers_[static_cast<std::size_t>(rank)];

@@ -26,6 +26,8 @@ std::string exception_text(const std::exception_ptr& e) {
 
 void add_message_types(caf::actor_system_config& cfg) {
   cfg.add_message_type<WaitReport>("troupe::WaitReport");
+  cfg.add_message_type<DoubleBits>("troupe::f64");
+  cfg.add_message_type<FloatBits>("troupe::f32");
 }
 
 }  // namespace troupe::actors

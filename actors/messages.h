@@ -25,6 +25,7 @@
 //   (added_atom, int step, int partition, int contribution)
 #pragma once
 
+#include <bit>
 #include <cstdint>
 #include <exception>
 #include <string>
@@ -69,10 +70,38 @@ struct WaitReport {
   std::uint64_t progress = 0;
 };
 
+// since_s travels as its bits: CAF 0.17's binary float encoding loops for
+// ever on an infinity and turns a NaN into a number (see FloatBits).
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, WaitReport& x) {
+  std::uint64_t since = std::bit_cast<std::uint64_t>(x.since_s);
+  auto load = caf::meta::load_callback([&]() -> caf::error {
+    x.since_s = std::bit_cast<double>(since);
+    return caf::none;
+  });
   return f(caf::meta::type_name("troupe::WaitReport"), x.rank, x.actor, x.step, x.op_id, x.op,
-           x.waiting, x.peer, x.since_s, x.progress);
+           x.waiting, x.peer, since, x.progress, load);
+}
+
+// A double or float of a message as it crosses a process boundary: its
+// bits. CAF 0.17's binary serializer packs floating-point values with a
+// loop that never ends for an infinity (a diverged loss) and does not keep
+// NaN or subnormals; actors/remote.cc swaps these in for every double and
+// float of a message on the way out, and back on the way in, so the
+// receiver gets the sender's value bit for bit.
+struct DoubleBits {
+  std::uint64_t bits = 0;
+};
+struct FloatBits {
+  std::uint32_t bits = 0;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, DoubleBits& x) {
+  return f(caf::meta::type_name("troupe::f64"), x.bits);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, FloatBits& x) {
+  return f(caf::meta::type_name("troupe::f32"), x.bits);
 }
 
 std::string to_string(const WaitReport& r);

@@ -1,6 +1,8 @@
 // Control messages as frames: envelopes and the stand-in actors.
 #include "actors/remote.h"
 
+#include <bit>
+
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -9,16 +11,50 @@
 
 namespace troupe::actors {
 
+namespace {
+
+// Every double and float of `m` as its bits (to_wire), and back (from_wire).
+template <class From, class To, class Convert>
+caf::message swap_floats(const caf::message& m, Convert convert) {
+  bool any = false;
+  for (std::size_t i = 0; i < m.size(); i++) any = any || m.match_element<From>(i);
+  if (!any) return m;
+  caf::message out;
+  for (std::size_t i = 0; i < m.size(); i++) {
+    out = caf::message::concat(out, m.match_element<From>(i)
+                                        ? caf::make_message(convert(m.get_as<From>(i)))
+                                        : m.slice(i, 1));
+  }
+  return out;
+}
+
+caf::message to_wire(const caf::message& m) {
+  caf::message d = swap_floats<double, DoubleBits>(
+      m, [](double x) { return DoubleBits{std::bit_cast<std::uint64_t>(x)}; });
+  return swap_floats<float, FloatBits>(
+      d, [](float x) { return FloatBits{std::bit_cast<std::uint32_t>(x)}; });
+}
+
+caf::message from_wire(const caf::message& m) {
+  caf::message d = swap_floats<DoubleBits, double>(
+      m, [](const DoubleBits& x) { return std::bit_cast<double>(x.bits); });
+  return swap_floats<FloatBits, float>(
+      d, [](const FloatBits& x) { return std::bit_cast<float>(x.bits); });
+}
+
+}  // namespace
+
 std::string encode_envelope(caf::actor_system& system, const Envelope& e) {
   std::vector<char> buf;
   caf::binary_serializer sink{system, buf};
   auto to = static_cast<std::uint8_t>(e.to);
   std::uint8_t actor = e.actor;
   std::uint64_t request = e.request;
-  caf::message content = e.content;
+  caf::message content = to_wire(e.content);
   if (caf::error err = sink(to, actor, request, content)) {
     // Only a type nobody registered gets here: a programming error.
-    throw gpu::InvariantError(absl::StrCat("cannot serialize a control message: ", system.render(err)));
+    throw gpu::InvariantError(
+        absl::StrCat("cannot serialize a control message: ", system.render(err)));
   }
   return std::string(buf.data(), buf.size());
 }
@@ -44,9 +80,11 @@ absl::Status check_types(caf::actor_system& system, absl::string_view frame,
     return absl::InvalidArgumentError("a control frame whose message has no type list");
   }
   for (absl::string_view type : absl::StrSplit(names.substr(4), '+')) {
+    // (double and float travel as their bits: troupe::f64 and f32)
     const bool scalar = type == "@atom" || type == "@i32" || type == "@i64" || type == "@u64" ||
-                        type == "@u8" || type == "@str" || type == "double" || type == "float" ||
-                        type == "bool" || type == "troupe::WaitReport";
+                        type == "@u8" || type == "@str" || type == "bool" ||
+                        type == "troupe::f64" || type == "troupe::f32" ||
+                        type == "troupe::WaitReport";
     if (!scalar && !(allow_string_lists && type == "@strvec")) {
       return absl::InvalidArgumentError(absl::StrCat(
           "a control frame with a value of type '", type.substr(0, 64), "', not a control message's"));
@@ -75,6 +113,7 @@ absl::StatusOr<Envelope> decode_envelope(caf::actor_system& system, absl::string
     return absl::InvalidArgumentError(absl::StrCat("a control frame for target ", to));
   }
   e.to = static_cast<Target>(to);
+  e.content = from_wire(e.content);
   return e;
 }
 

@@ -120,7 +120,7 @@ struct RankHello {
   std::int32_t pid = 0;
   std::string transport_address;  // UcxTransport::address()
   bool has_valid = false;         // it has validation data (--eval-interval)
-  std::string train_data;         // SampleSource::describe(), for the launcher's banner
+  std::string train_data = {};    // SampleSource::describe(), for the launcher's banner
 };
 std::string encode_hello(caf::actor_system& system, const RankHello& h);
 absl::StatusOr<RankHello> decode_hello(caf::actor_system& system, absl::string_view bytes);
