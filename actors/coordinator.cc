@@ -83,16 +83,37 @@ void Coordinator::reset_tallies() {
   norms_.assign(static_cast<std::size_t>(setup_->layout.world()), 0.0);
   losses_in_ = norms_in_ = ready_in_ = 0;
   ready_.assign(static_cast<std::size_t>(setup_->layout.world()), false);
+  loss_seen_.assign(loss_.size(), false);
+  norm_seen_.assign(norms_.size(), false);
 }
 
+// A message from a worker is checked before it is counted: a duplicate or
+// one outside the layout (a bug, or a rank in another process that went
+// wrong) ends the run naming it instead of ending a step early or writing
+// outside the tallies.
 void Coordinator::on_loss(int step, int d, int j, double sum) {
-  if (step != step_) return;
-  loss_[static_cast<std::size_t>(j * setup_->shape.dp + d)] = sum;  // global micro-batch order
+  if (step != step_ || finished_) return;
+  if (d < 0 || d >= setup_->shape.dp || j < 0 || j >= setup_->m) {
+    return finish(absl::InternalError(absl::StrCat("step ", step, ": a loss for micro-batch ", j,
+                                                   " of replica ", d, ", outside the layout")));
+  }
+  const std::size_t k = static_cast<std::size_t>(j * setup_->shape.dp + d);  // global order
+  if (loss_seen_[k]) {
+    return finish(absl::InternalError(absl::StrCat("step ", step, ": micro-batch ", j,
+                                                   " of replica ", d, " reported its loss twice")));
+  }
+  loss_seen_[k] = true;
+  loss_[k] = sum;
   losses_in_++;
 }
 
 void Coordinator::on_norm(int step, int rank, double sq) {
   if (step != step_ || finished_) return;
+  if (rank < 0 || rank >= setup_->layout.world() || norm_seen_[static_cast<std::size_t>(rank)]) {
+    return finish(absl::InternalError(absl::StrCat(
+        "step ", step, ": a gradient norm from rank ", rank, " (twice, or outside the layout)")));
+  }
+  norm_seen_[static_cast<std::size_t>(rank)] = true;
   norms_[static_cast<std::size_t>(rank)] = sq;
   if (++norms_in_ < setup_->layout.world()) return;
   double total = 0.0;
@@ -104,9 +125,11 @@ void Coordinator::on_norm(int step, int rank, double sq) {
 
 void Coordinator::on_ready(int step, int rank) {
   if (step != step_ || finished_) return;
-  if (rank >= 0 && rank < static_cast<int>(ready_.size())) {
-    ready_[static_cast<std::size_t>(rank)] = true;
+  if (rank < 0 || rank >= static_cast<int>(ready_.size()) || ready_[static_cast<std::size_t>(rank)]) {
+    return finish(absl::InternalError(
+        absl::StrCat("step ", step, ": rank ", rank, " ready (twice, or outside the layout)")));
   }
+  ready_[static_cast<std::size_t>(rank)] = true;
   if (++ready_in_ < setup_->layout.world()) return;
   if (losses_in_ != static_cast<int>(loss_.size())) {
     return finish(absl::InternalError(absl::StrCat("step ", step, ": ", losses_in_, " of ",

@@ -76,6 +76,7 @@ class Coordinator : public caf::event_based_actor {
   int step_ = 0;
   float lr_ = 0;
   std::vector<double> loss_;    // by global micro-batch
+  std::vector<bool> loss_seen_, norm_seen_;  // this step's arrivals (duplicates are errors)
   std::vector<double> norms_;   // by rank
   int losses_in_ = 0, norms_in_ = 0, ready_in_ = 0;
   std::vector<bool> ready_;     // by rank: its shard is ready (the stall report's "done")

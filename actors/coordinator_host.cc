@@ -108,7 +108,8 @@ bool CoordinatorHost::allowed(int rank, const Envelope& e) const {
               e.actor == static_cast<std::uint8_t>(Target::kOptimizer));
     case Target::kControl:
       return (m.match_elements<remote_ready_atom, int>() ||
-              m.match_elements<remote_done_atom, int>()) &&
+              m.match_elements<remote_done_atom, int>() ||
+              m.match_elements<failed_atom, int, std::string>()) &&
              m.get_as<int>(1) == rank;
     default:
       return false;  // ranks do not address each other's actors here
@@ -134,6 +135,12 @@ void CoordinatorHost::on_frame(int rank, std::string frame) {
     } else if (e->content.match_elements<remote_done_atom, int>() && !member.done) {
       member.done = true;
       done_++;
+    } else if (e->content.match_elements<failed_atom, int, std::string>()) {
+      // It could not get ready (its transport, say): the run ends with why.
+      const std::string what = e->content.get_as<std::string>(2);
+      lock.unlock();
+      end(absl::InternalError(absl::StrCat(who(rank), ": ", what)));
+      return;
     }
     cv_.notify_all();
     return;

@@ -106,6 +106,7 @@ class CoordinatorStandIn : public caf::event_based_actor {
 //                        (remote_bye_atom)   every rank is done: tear down
 //   rank -> coordinator  (remote_ready_atom, int rank)   its actors are up, its transport connected
 //                        (remote_done_atom, int rank)    it has stopped (and sent its weights)
+//                        (failed_atom, int rank, std::string why)   it cannot get ready
 // The done/bye barrier keeps every rank's transport up until no rank needs
 // it (a sender's last message waits for the receiver's acknowledgement).
 using remote_world_atom = caf::atom_constant<caf::atom("rworld")>;

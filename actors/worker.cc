@@ -208,7 +208,14 @@ absl::Status run_worker(const WorkerOptions& o) {
     }
   }
   if (state.addresses) {
-    if (absl::Status st = transport->connect(*state.addresses); !st.ok()) return st;
+    if (absl::Status st = transport->connect(*state.addresses); !st.ok()) {
+      (void)sink(encode_envelope(
+          system, {.to = Target::kControl,
+                   .content = caf::make_message(failed_atom::value, o.spec.rank,
+                                                absl::StrCat("connecting its transport: ",
+                                                             st.message()))}));
+      return st;
+    }
     caf::actor stand_in = system.spawn<CoordinatorStandIn>(sink);
     RankUnit::Actors a = (*unit)->spawn(
         system, {.coordinator = stand_in, .train = data->train.get(), .valid = data->valid.get()});

@@ -440,21 +440,33 @@ absl::StatusOr<std::unique_ptr<ControlLink>> ControlLink::connect(
   if (!addr.ok()) return addr.status();
   default_log(options);
   const auto deadline = after(options.handshake);
-  auto connected = connect_within(&*addr, deadline);
-  if (!connected.ok()) {
-    return absl::DeadlineExceededError(absl::StrCat("control channel: rank ", rank,
-                                                    " cannot reach ", host, ":", port, ": ",
-                                                    connected.status().message()));
+  // A hub that is flooded with connections closes new ones at accept (and
+  // a wrong token is told the same way): a few attempts, backing off,
+  // within the deadline, before the failure is final.
+  std::unique_ptr<ControlLink> link;
+  for (int attempt = 0;; attempt++) {
+    auto connected = connect_within(&*addr, deadline);
+    if (!connected.ok()) {
+      return absl::DeadlineExceededError(absl::StrCat("control channel: rank ", rank,
+                                                      " cannot reach ", host, ":", port, ": ",
+                                                      connected.status().message()));
+    }
+    link.reset(new ControlLink());
+    link->conn_ = std::make_shared<Conn>();
+    link->conn_->fd = *connected;
+    link->conn_->rank = rank;
+    absl::Status st = prove_token(*connected, options.token, deadline);
+    if (st.ok()) break;
+    const auto pause = std::chrono::milliseconds(200 << std::min(attempt, 3));
+    if (attempt >= 4 || Clock::now() + pause >= deadline) {
+      return absl::Status(st.code(), absl::StrCat("control channel: rank ", rank, " at ", host,
+                                                  ":", port, ": ", st.message()));
+    }
+    link->conn_->close();  // (no goodbye on a connection that never opened)
+    link.reset();
+    std::this_thread::sleep_for(pause);
   }
-  const int fd = *connected;
-  std::unique_ptr<ControlLink> link(new ControlLink());
-  link->conn_ = std::make_shared<Conn>();
-  link->conn_->fd = fd;
-  link->conn_->rank = rank;
-  if (absl::Status st = prove_token(fd, options.token, deadline); !st.ok()) {
-    return absl::Status(st.code(), absl::StrCat("control channel: rank ", rank, " at ", host, ":",
-                                                port, ": ", st.message()));
-  }
+  const int fd = link->conn_->fd;
   std::string payload(4, '\0');
   const std::int32_t r = rank;
   std::memcpy(payload.data(), &r, 4);
