@@ -75,7 +75,10 @@ int run_agent(const AgentOptions& options) {
   };
   // TERM to every worker at once, one grace for all, then KILL the rest.
   auto stop_all = [&](absl::Duration grace) {
-    for (auto& [rank, w] : workers) w->signal_group(SIGTERM);
+    for (auto& [rank, w] : workers) {
+      w->signal_group(SIGTERM);
+      w->signal_group(SIGCONT);  // a stopped (hung) process acts on it too
+    }
     const absl::Time until = absl::Now() + grace;
     for (auto& [rank, w] : workers) {
       if (!w->wait_for(std::max(until - absl::Now(), absl::ZeroDuration())))

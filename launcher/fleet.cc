@@ -58,7 +58,10 @@ class LocalFleet final : public Fleet {
   }
 
   void stop(absl::Duration grace) override {
-    for (auto& [rank, c] : running_) c->signal_group(SIGTERM);
+    for (auto& [rank, c] : running_) {
+      c->signal_group(SIGTERM);
+      c->signal_group(SIGCONT);  // a stopped (hung) process acts on it too
+    }
     const absl::Time until = absl::Now() + grace;
     for (auto& [rank, c] : running_) {
       if (!c->wait_for(std::max(until - absl::Now(), absl::ZeroDuration()))) {

@@ -458,8 +458,10 @@ int run_launch(LaunchFlags& f) {
       });
   over = true;
   echo.reset();  // what the ranks say after the end is in their logs
-  // Every worker is done (run() waits for that); they exit by themselves.
-  const absl::Time until = absl::Now() + absl::Seconds(10);
+  // Every worker is done (run() waits for that, or for its loss); they exit
+  // by themselves. (After a failure a lost worker -- hung, cut off -- will
+  // not: the wait is short, and the stop below ends it.)
+  const absl::Time until = absl::Now() + (st.ok() ? absl::Seconds(10) : absl::Seconds(2));
   while (running.load() > 0 && absl::Now() < until && interrupted.load() == 0) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }

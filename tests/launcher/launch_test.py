@@ -18,6 +18,9 @@ Cases:
   kill_worker           SIGKILL to a worker mid-run: the launcher exits
                         non-zero within 5 s naming it, and no process is left
   kill_agent            SIGKILL to an agent mid-run: the same
+  stop_worker           SIGSTOP to a worker (hung, its socket open): the
+                        heartbeats find it within 10 s, named, and everything
+                        stops (the stopped process too)
   kill_launcher [agents]  SIGKILL to the launcher mid-run: every worker (and
                         agent) is gone within 5 s (PR_SET_PDEATHSIG; the
                         agents see the launcher's connection close)
@@ -241,6 +244,18 @@ def kill_worker():
     check_gone(pids)
 
 
+def stop_worker():
+    rd = f"{WORK}/stop-worker"
+    p, pids, seen = start_long(rd)
+    victim = pids[1]
+    t0 = time.time()
+    os.kill(victim, signal.SIGSTOP)
+    out = finish(p, seen, t0, 10, "SIGSTOP to rank 1")
+    if p.returncode == 0 or "rank 1 (d=1 s=0 t=0)" not in out or "sent nothing for" not in out:
+        fail("the message does not name rank 1 (d=1 s=0 t=0) as silent")
+    check_gone(pids)
+
+
 def agent_pids(run_dir):
     """This job's agents: their command line names its agent port."""
     deadline = time.time() + 30
@@ -385,6 +400,8 @@ elif case in ("torchrun", "mpirun"):
     engine_and_compare(args, case)
 elif case == "kill_worker":
     kill_worker()
+elif case == "stop_worker":
+    stop_worker()
 elif case == "kill_agent":
     kill_agent()
 elif case == "kill_launcher":
