@@ -112,6 +112,21 @@ absl::StatusOr<std::string> make_run_dir(const std::string& given) {
   return std::filesystem::absolute(dir, ec).lexically_normal().string();
 }
 
+// The last lines of a rank's log, indented, for a failure message (what a
+// worker said before it died is often the cause: a bad flag, a file).
+std::string log_tail(const std::string& path, std::size_t lines = 3) {
+  std::ifstream in(path);
+  std::vector<std::string> last;
+  for (std::string line; std::getline(in, line);) {
+    if (line.empty()) continue;
+    last.push_back(line.substr(0, 300));
+    if (last.size() > lines) last.erase(last.begin());
+  }
+  std::string out;
+  for (const std::string& l : last) absl::StrAppend(&out, "\n      | ", l);
+  return out;
+}
+
 absl::Status write_json(const std::string& path, const json& j) {
   absl::StatusOr<model::AtomicFile> f = model::AtomicFile::create(path);
   if (!f.ok()) return f.status();
@@ -477,7 +492,10 @@ int run_launch(LaunchFlags& f) {
   std::vector<std::string> causes;
   {
     std::lock_guard<std::mutex> lock(mu);
-    for (const auto& [rank, what] : exits) causes.push_back(absl::StrCat(coordinator.who(rank), ": ", what));
+    for (const auto& [rank, what] : exits) {
+      causes.push_back(absl::StrCat(coordinator.who(rank), ": ", what,
+                                    log_tail(launches[static_cast<std::size_t>(rank)].log)));
+    }
   }
   if (!st.ok()) {
     std::string msg = causes.empty() ? std::string(st.message())
