@@ -236,13 +236,13 @@ absl::Status ControlHub::send(int rank, absl::string_view frame) {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = ranks_.find(rank);
     if (it == ranks_.end())
-      return absl::UnavailableError(absl::StrCat("rank ", rank, " is not connected"));
+      return absl::UnavailableError(absl::StrCat(options_.peer_name, " ", rank, " is not connected"));
     c = it->second;
   }
   absl::Status st = c->send(Kind::kData, frame, after(options_.dead_after));
   if (!st.ok()) {
     return absl::UnavailableError(
-        absl::StrCat("control channel to rank ", rank, ": ", st.message()));
+        absl::StrCat("control channel to ", options_.peer_name, " ", rank, ": ", st.message()));
   }
   return st;
 }
@@ -308,19 +308,19 @@ bool ControlHub::advance_pending(Conn& c) {
   if (kind != Kind::kHello || body.size() < 4) return refuse("the first frame is not a hello");
   std::int32_t rank = -1;
   std::memcpy(&rank, body.data(), 4);
-  if (rank < 0) return refuse(absl::StrCat("a hello from rank ", rank));
+  if (rank < 0) return refuse(absl::StrCat("a hello from ", options_.peer_name, " ", rank));
   c.rank = rank;
   c.state = Conn::State::kOpen;
   c.heard = Clock::now();
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (ranks_.count(rank)) return refuse(absl::StrCat("rank ", rank, " is already connected"));
+    if (ranks_.count(rank)) return refuse(absl::StrCat(options_.peer_name, " ", rank, " is already connected"));
     ranks_[rank] = pending_[c.fd];  // before on_join, which may send() to it
   }
   if (handlers_.on_join && !handlers_.on_join(rank, body.substr(4))) {
     std::lock_guard<std::mutex> lock(mu_);
     ranks_.erase(rank);
-    return refuse(absl::StrCat("rank ", rank, " was not accepted"));
+    return refuse(absl::StrCat(options_.peer_name, " ", rank, " was not accepted"));
   }
   return true;
 }
@@ -399,7 +399,7 @@ void ControlHub::loop() {
         std::string body;
         auto whole = c.next(&kind, &body, kMaxFrame);
         if (!whole.ok()) {
-          options_.log(absl::StrCat("troupe control: cut off rank ", c.rank, ": ",
+          options_.log(absl::StrCat("troupe control: cut off ", options_.peer_name, " ", c.rank, ": ",
                                     whole.status().message()));
           st = whole.status();
           break;
@@ -413,15 +413,15 @@ void ControlHub::loop() {
         }
       }
       if (!st.ok()) {
-        lose(c.rank, absl::Status(st.code(), absl::StrCat("rank ", c.rank, "'s control channel: ",
+        lose(c.rank, absl::Status(st.code(), absl::StrCat(options_.peer_name, " ", c.rank, "'s control channel: ",
                                                           st.message())));
       } else if (now - c.heard > dead_after) {
         lose(c.rank, absl::DeadlineExceededError(absl::StrCat(
-                         "rank ", c.rank, " sent nothing for ",
+                         options_.peer_name, " ", c.rank, " sent nothing for ",
                          absl::FormatDuration(options_.dead_after), " (hung, or its link is cut)")));
       } else if (c.since_sent(now) >= heartbeat && !c.heartbeat()) {
         lose(c.rank, absl::UnavailableError(
-                         absl::StrCat("rank ", c.rank, "'s control channel broke mid-frame")));
+                         absl::StrCat(options_.peer_name, " ", c.rank, "'s control channel broke mid-frame")));
       }
     }
   }

@@ -48,6 +48,7 @@ struct ControlOptions {
   absl::Duration dead_after = absl::Seconds(5);
   absl::Duration handshake = absl::Seconds(5);  // to prove the token and say hello
   std::function<void(const std::string&)> log = nullptr;  // refusals (default: stderr)
+  std::string peer_name = "rank";  // what the hub's messages call a peer ("agent 1 sent nothing")
 };
 
 namespace control_internal {
