@@ -188,7 +188,7 @@ void CoordinatorHost::end(absl::Status st) {
   cv_.notify_all();
 }
 
-void CoordinatorHost::abort(absl::Status why) {
+void CoordinatorHost::cancel(absl::Status why) {
   end(std::move(why));
   std::lock_guard<std::mutex> lock(mu_);
   aborted_ = true;
@@ -241,7 +241,7 @@ absl::Status CoordinatorHost::run(const std::function<void(const model::StepMetr
 // its actors and, with --save-weights, sent its slice or written the file)
 // or lost, then lets them go; the coordinator and the stand-ins are stopped
 // before run() returns. A successful run's ranks get long to finish (rank 0
-// may be writing a large file), a failed one's 30 s; abort() cuts it short.
+// may be writing a large file), a failed one's 30 s; cancel() cuts it short.
 void CoordinatorHost::finish_ranks(const absl::Status& st) {
   broadcast({.to = Target::kControl,
              .content = caf::make_message(remote_end_atom::value, static_cast<int>(st.code()),

@@ -5,7 +5,7 @@
 // transport addresses, waits until each says its actors are up, then runs
 // the same Coordinator actor as one process does, talking to RemoteActor
 // stand-ins (actors/remote.h). When the run ends -- the last step, a
-// failure, a lost rank or abort() -- every rank is told (end), and run()
+// failure, a lost rank or cancel() -- every rank is told (end), and run()
 // returns the run's status.
 //
 // A rank that is lost (its process died: at once; hung or cut off: after
@@ -70,7 +70,7 @@ class CoordinatorHost {
   // Ends the run (from any thread, e.g. a signal's): run() returns `why`
   // (if the run had not ended already), without waiting for the ranks'
   // goodbyes.
-  void abort(absl::Status why);
+  void cancel(absl::Status why);
   // "rank 3 (d=1 s=1 t=0) on host h2, pid 1234".
   std::string who(int rank) const;
 

@@ -395,7 +395,7 @@ int run_launch(LaunchFlags& f) {
   std::atomic<int> interrupted{0};
   Interrupts interrupts([&](int sig) {
     interrupted = sig;
-    coordinator.abort(absl::CancelledError(absl::StrCat("interrupted by ", sig == SIGINT ? "SIGINT" : "SIGTERM")));
+    coordinator.cancel(absl::CancelledError(absl::StrCat("interrupted by ", sig == SIGINT ? "SIGINT" : "SIGTERM")));
   });
   std::unique_ptr<Fleet> fleet;
   if (job->local) {
@@ -450,7 +450,7 @@ int run_launch(LaunchFlags& f) {
         exits.emplace(e.rank, e.what);
       }
       if (bad && !over.load()) {
-        coordinator.abort(absl::UnavailableError(absl::StrCat(coordinator.who(e.rank), ": ", e.what)));
+        coordinator.cancel(absl::UnavailableError(absl::StrCat(coordinator.who(e.rank), ": ", e.what)));
       }
     }
     if (dirty) (void)write_json(record_path, record);

@@ -153,7 +153,7 @@ int run(WorkerFlags& f) {
       .join_timeout = join,
       .save_weights = f.train.save_weights};
   absl::Status st = actors::run_worker(w);
-  if (host && !st.ok()) host->abort(absl::Status(st.code(), absl::StrCat("rank 0: ", st.message())));
+  if (host && !st.ok()) host->cancel(absl::Status(st.code(), absl::StrCat("rank 0: ", st.message())));
   if (host) {
     coordinating.join();
     host.reset();
