@@ -11,6 +11,27 @@
 
 namespace troupe::actors {
 
+void set_checkpoints(CoordinatorSetup* setup, const RunCheckpoints& c,
+                     const ParallelOptions& parallel) {
+  if (c.loaded != nullptr && c.flags.load_optim) {
+    setup->first_step = c.loaded->meta().step + 1;
+    setup->evaluations_done = c.loaded->meta().evaluations_done;
+  }
+  setup->save_dir = c.flags.save;
+  setup->save_interval = c.flags.save_interval;
+  setup->keep_last = c.flags.keep_last;
+  setup->exit_requested = c.exit_requested;
+  setup->log = c.log;
+  model::ckpt::Meta& m = setup->meta;
+  m.options = setup->options;
+  m.tp = parallel.tp;
+  m.pp = parallel.pp;
+  m.dp = parallel.dp;
+  m.virtual_stages = parallel.virtual_stages;
+  m.schedule = schedule_name(parallel.schedule);
+  m.writer = model::ckpt::writer_name();
+}
+
 Coordinator::Coordinator(caf::actor_config& cfg, std::shared_ptr<CoordinatorSetup> setup)
     : caf::event_based_actor(cfg), setup_(std::move(setup)) {
   set_exception_handler([this](caf::scheduled_actor*, std::exception_ptr& e) -> caf::error {
@@ -34,7 +55,8 @@ caf::behavior Coordinator::make_behavior() {
         for (const caf::actor& a : setup_->shards) monitor(a);
         for (const caf::actor& a : setup_->optimizers) monitor(a);
         if (setup_->stall_timeout_s > 0) watch(progress_);
-        begin(1);
+        evaluations_done_ = setup_->evaluations_done;
+        begin(setup_->first_step);
       },
       [this](loss_atom, int step, int d, int j, double sum) {
         progress();
@@ -52,6 +74,14 @@ caf::behavior Coordinator::make_behavior() {
         if (finished_ || reports_due_ > 0) return;
         poll_workers(seen);
       },
+      [this](snapshot_atom, int step, int rank, const std::string& error) {
+        progress();
+        on_snapshot(step, rank, error);
+      },
+      [this](saved_atom, int step, int rank, const std::string& records, const std::string& error) {
+        progress();
+        on_saved(step, rank, records, error);
+      },
       [this](failed_atom, int rank, const std::string& what) {
         finish(absl::InternalError(absl::StrCat(who(rank), ": ", what)));
       },
@@ -67,7 +97,14 @@ std::string Coordinator::who(int rank) const {
 void Coordinator::begin(int step) {
   if (finished_) return;
   const model::TrainOptions& o = setup_->options;
-  if (step > o.steps) return finish(absl::OkStatus());
+  if (step > o.steps) {
+    // The run is over once its last checkpoint is committed.
+    if (save_.step > 0 || pending_save_ > 0) {
+      ending_ = true;
+      return;
+    }
+    return finish(absl::OkStatus());
+  }
   step_ = step;
   lr_ = model::lr_at(o.lr, step - 1);  // steps completed before this one
   reset_tallies();
@@ -176,7 +213,94 @@ void Coordinator::begin_eval_batch() {
 
 void Coordinator::step_done() {
   if (setup_->on_step) setup_->on_step(metrics_);
+  const model::TrainOptions& o = setup_->options;
+  exiting_ = setup_->exit_requested && setup_->exit_requested();
+  if (exiting_) {
+    say(absl::StrCat("exit signal: ending after step ", step_,
+                     setup_->save_dir.empty() ? "" : " with a checkpoint"));
+  }
+  if (!setup_->save_dir.empty() &&
+      model::ckpt::save_due(step_, o.steps, setup_->save_interval, exiting_)) {
+    return request_save(step_);
+  }
+  if (exiting_) return begin(o.steps + 1);
   begin(step_ + 1);
+}
+
+// A save waits for the one before it: training stops at this step
+// boundary until that one is committed.
+void Coordinator::request_save(int step) {
+  if (save_.step > 0) {
+    pending_save_ = step;
+    return;
+  }
+  start_save(step);
+}
+
+void Coordinator::start_save(int step) {
+  absl::StatusOr<std::string> tmp = model::ckpt::begin_save(setup_->save_dir, step);
+  if (!tmp.ok()) return finish(tmp.status());
+  save_ = {};
+  save_.step = step;
+  save_.tmp = *tmp;
+  save_.records.resize(static_cast<std::size_t>(setup_->layout.world()));
+  save_.t0 = std::chrono::steady_clock::now();
+  for (const caf::actor& a : setup_->optimizers) send(a, save_atom::value, step, save_.tmp);
+}
+
+void Coordinator::on_snapshot(int step, int rank, const std::string& error) {
+  if (finished_ || step != save_.step || rank < 0 || rank >= setup_->layout.world()) return;
+  if (!error.empty()) {
+    return finish(absl::InternalError(absl::StrCat(who(rank), ": checkpoint ", step, ": ", error)));
+  }
+  if (++save_.snapshots < setup_->layout.world()) return;
+  // Every rank's state is copied: training goes on while the files are
+  // written (or ends, after the last step, once they are committed).
+  save_.stall_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - save_.t0).count();
+  if (exiting_ || step >= setup_->options.steps) {
+    ending_ = true;
+    return;
+  }
+  begin(step + 1);
+}
+
+void Coordinator::on_saved(int step, int rank, const std::string& records,
+                           const std::string& error) {
+  if (finished_ || step != save_.step || rank < 0 || rank >= setup_->layout.world()) return;
+  if (!error.empty()) {
+    return finish(absl::InternalError(
+        absl::StrCat(who(rank), ": writing checkpoint ", step, ": ", error)));
+  }
+  absl::StatusOr<std::vector<model::ckpt::TensorRecord>> r =
+      model::ckpt::records_from_text(records);
+  if (!r.ok()) return finish(absl::InternalError(absl::StrCat(who(rank), ": ", r.status().message())));
+  save_.records[static_cast<std::size_t>(rank)] = std::move(*r);
+  if (++save_.written < setup_->layout.world()) return;
+  // Every rank has fsynced its file: the commit (manifest, rename, tracker).
+  std::vector<model::ckpt::TensorRecord> all;
+  for (auto& rr : save_.records) all.insert(all.end(), rr.begin(), rr.end());
+  model::ckpt::Meta meta = setup_->meta;
+  meta.step = step;
+  meta.consumed_samples = static_cast<std::int64_t>(step) * setup_->options.global_batch;
+  meta.evaluations_done = evaluations_done_;
+  if (absl::Status st = model::ckpt::commit(setup_->save_dir, save_.tmp, meta, all,
+                                            setup_->keep_last);
+      !st.ok()) {
+    return finish(st);
+  }
+  const double total =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - save_.t0).count();
+  say(absl::StrFormat("saved checkpoint %s/%s (training waited %.3f s; written in %.2f s)",
+                      setup_->save_dir, model::ckpt::iter_name(step), save_.stall_s, total));
+  save_ = {};
+  if (pending_save_ > 0) {
+    const int next = pending_save_;
+    pending_save_ = 0;
+    start_save(next);
+    return;
+  }
+  if (ending_) finish(absl::OkStatus());
 }
 
 void Coordinator::watch(std::uint64_t seen) {
@@ -212,7 +336,9 @@ void Coordinator::judge_progress(std::uint64_t seen) {
   if (finished_) return;
   std::uint64_t work = 0;
   for (const WaitReport& r : reports_) work += r.progress;
-  const bool moved = progress_ != seen || work != worker_progress_;
+  // (A checkpoint being written is progress too: the ranks' writers are
+  // not actors the question reaches.)
+  const bool moved = progress_ != seen || work != worker_progress_ || save_.step > 0;
   worker_progress_ = work;
   if (moved) return watch(progress_);
   finish(absl::DeadlineExceededError(absl::StrFormat("no progress for %.1f s in step %d; waiting:%s",

@@ -23,7 +23,9 @@
 #include "absl/status/status.h"
 #include "actors/messages.h"
 #include "actors/partition.h"
+#include "actors/rank.h"
 #include "comm/groups.h"
+#include "model/checkpoint.h"
 #include "model/trainer.h"
 
 namespace troupe::actors {
@@ -45,7 +47,30 @@ struct CoordinatorSetup {
   // By rank, the host each rank runs on, for the stall report; empty:
   // unknown (one process: every rank is here).
   std::vector<std::string> hosts;
+
+  // A resumed run: the checkpoint's step and evaluations (the run trains
+  // steps first_step .. options.steps).
+  int first_step = 1;
+  int evaluations_done = 0;
+  // --save: checkpoints into save_dir after every save_interval steps and
+  // the last (model/checkpoint.h). The coordinator makes the temporary,
+  // every optimizer copies its rank's state and writes it behind, and the
+  // coordinator commits when all have written. `meta` has the layout and
+  // options; the coordinator fills in the step.
+  std::string save_dir;
+  int save_interval = 0;
+  int keep_last = 0;
+  model::ckpt::Meta meta;
+  // --exit-signal-handler: true once SIGTERM arrived; the run saves after
+  // the step it is in and ends (OK).
+  std::function<bool()> exit_requested;
+  std::function<void(const std::string&)> log;  // a line for the user
 };
+
+// Fills in setup's resume and save fields from `c` (--load's step, --save's
+// directory, the manifest's layout and options).
+void set_checkpoints(CoordinatorSetup* setup, const RunCheckpoints& c,
+                     const ParallelOptions& parallel);
 
 class Coordinator : public caf::event_based_actor {
  public:
@@ -63,6 +88,13 @@ class Coordinator : public caf::event_based_actor {
   void on_ready(int step, int rank);
   void begin_eval_batch();
   void step_done();
+  void request_save(int step);
+  void start_save(int step);
+  void on_snapshot(int step, int rank, const std::string& error);
+  void on_saved(int step, int rank, const std::string& records, const std::string& error);
+  void say(const std::string& line) const {
+    if (setup_->log) setup_->log(line);
+  }
   void reset_tallies();
   void finish(absl::Status st);
   void progress() { progress_++; }
@@ -87,6 +119,19 @@ class Coordinator : public caf::event_based_actor {
   double val_total_ = 0;
   model::StepMetrics metrics_;
   bool finished_ = false;
+  // Checkpoints: the save being written (0: none), one waiting for it, and
+  // the end of the run once the last save is committed.
+  struct Save {
+    int step = 0;
+    std::string tmp;
+    int snapshots = 0, written = 0;
+    std::vector<std::vector<model::ckpt::TensorRecord>> records;  // by rank
+    std::chrono::steady_clock::time_point t0;
+    double stall_s = 0;
+  };
+  Save save_;
+  int pending_save_ = 0;
+  bool ending_ = false, exiting_ = false;
   // The stall watchdog: worker messages so far, and the sum of the workers'
   // own progress counters (WaitReport::progress) at its last question.
   std::uint64_t progress_ = 0;

@@ -101,6 +101,10 @@ bool CoordinatorHost::allowed(int rank, const Envelope& e) const {
           m.match_elements<ready_atom, int, int>()) {
         return m.get_as<int>(2) == rank;
       }
+      if (m.match_elements<snapshot_atom, int, int, std::string>() ||
+          m.match_elements<saved_atom, int, int, std::string, std::string>()) {
+        return m.get_as<int>(2) == rank;
+      }
       return m.match_elements<failed_atom, int, std::string>() && m.get_as<int>(1) == rank;
     case Target::kReply:
       return m.match_elements<WaitReport>() &&
@@ -274,6 +278,7 @@ absl::Status CoordinatorHost::run_coordinator(
   setup->stall_timeout_s = options_.parallel.stall_timeout_s;
   setup->on_step = on_step;
   setup->on_finish = [this](absl::Status st) { end(std::move(st)); };
+  set_checkpoints(setup.get(), options_.checkpoints, options_.parallel);
   {
     std::lock_guard<std::mutex> lock(mu_);
     setup->has_valid = members_[0].hello.has_valid;

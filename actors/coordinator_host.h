@@ -46,6 +46,7 @@ struct CoordinatorHostOptions {
   comm::ControlOptions control = {};  // heartbeats (the token is set from `token`)
   absl::Duration join_timeout = absl::Seconds(120);
   std::function<void(const std::string&)> log = nullptr;  // refusals, late losses (stderr)
+  RunCheckpoints checkpoints = {};  // --save/--load (the ranks load their own parts)
 };
 
 class CoordinatorHost {

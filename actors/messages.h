@@ -14,10 +14,14 @@
 //   OptimizerActor  (begin_step_atom, int step, int64 first_sample)   post gradient receives
 //                   (update_atom, int step, float lr, float grad_scale)
 //                   (waiting_atom) -> WaitReport
+//                   (save_atom, int step, std::string tmp_dir)   copy the state, write it behind
 //   Coordinator     (loss_atom, int step, int d, int j, double loss_sum)   head chunk, per micro-batch
 //                   (norm_atom, int step, int rank, double squared_norm)   partitions of a rank
 //                   (ready_atom, int step, int rank)      a shard has its new parameters
 //                   (failed_atom, int rank, std::string what)
+//                   (snapshot_atom, int step, int rank, std::string error)  state copied ("": ok)
+//                   (saved_atom, int step, int rank, std::string records, std::string error)
+//                       a rank's checkpoint file is written (records: JSON, model/checkpoint.h)
 // Internal (an actor to itself, from stream and transport callbacks):
 //   (op_done_atom, int op_id), (bucket_atom, int step, int chunk, int bucket),
 //   (recv_atom, int what, int id, std::string error), (sent_atom, int what, int id, std::string error),
@@ -53,6 +57,9 @@ using tick_atom = caf::atom_constant<caf::atom("tick")>;
 using reduced_atom = caf::atom_constant<caf::atom("reduced")>;
 using stepped_atom = caf::atom_constant<caf::atom("stepped")>;
 using added_atom = caf::atom_constant<caf::atom("added")>;
+using save_atom = caf::atom_constant<caf::atom("save")>;
+using snapshot_atom = caf::atom_constant<caf::atom("snapshot")>;
+using saved_atom = caf::atom_constant<caf::atom("saved")>;
 
 // What an actor is waiting for (the launcher's hang diagnosis asks every
 // actor): the schedule op it is at and the message it needs.

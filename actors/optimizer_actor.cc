@@ -140,6 +140,14 @@ caf::behavior OptimizerActor::make_behavior() {
         if (step == step_) on_stepped();
       },
       [this](sent_atom, int, int, const std::string& error) { on_sent(error); },
+      [this](save_atom, int step, const std::string& tmp_dir) {
+        // At a step boundary: the rank's state is copied now and written
+        // behind; the coordinator hears of both.
+        absl::Status st = setup_.save ? setup_.save(step, tmp_dir)
+                                      : absl::FailedPreconditionError("this rank cannot save");
+        progress_++;
+        send(setup_.coordinator, snapshot_atom::value, step, setup_.rank, status_text(st));
+      },
       [this](waiting_atom) {
         WaitReport r;
         r.rank = setup_.rank;

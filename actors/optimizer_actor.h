@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -69,6 +70,10 @@ class Partition {
   void step(gpu::Stream& s, const model::AdamWConfig& adam, float lr, int step,
             float grad_scale) const;
   const float* master() const { return master_.data<float>(); }
+  // The state as a checkpoint holds it: range().size() floats each.
+  float* master_data() const { return master_.data<float>(); }
+  float* m_data() const { return m_.data<float>(); }
+  float* v_data() const { return v_.data<float>(); }
 
  private:
   gpu::Tensor view(const gpu::Tensor& t, std::int64_t begin, std::int64_t n) const;
@@ -95,6 +100,9 @@ struct OptimizerSetup {
   std::vector<GradPiece> grad_pieces;
   std::vector<ParamPiece> param_pieces;
   caf::actor coordinator;
+  // Copies the rank's state for step's checkpoint and writes it into the
+  // temporary directory behind (RankUnit::save); returns once copied.
+  std::function<absl::Status(int step, const std::string& tmp_dir)> save;
 };
 
 class OptimizerActor : public caf::event_based_actor {

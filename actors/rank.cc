@@ -91,6 +91,15 @@ absl::StatusOr<std::unique_ptr<RankUnit>> RankUnit::create(
                                                          u->coord_.t == 0, *u->optimizer_stream_));
   }
   u->optimizer_bytes_ = dev.allocated_bytes() - before;
+  if (spec.load != nullptr && spec.load_optimizer) {
+    // The partitions' master copies began as the parameters; now the
+    // checkpoint's own state, wherever its old partitions put it.
+    if (absl::Status st = u->optimizer_stream_->synchronize(); !st.ok()) return st;
+    for (const model::ckpt::Piece& p : u->checkpoint_pieces()) {
+      if (p.kind == model::ckpt::Kind::kParam) continue;
+      if (absl::Status st = spec.load->fill(p); !st.ok()) return st;
+    }
+  }
   if (absl::Status st = u->optimizer_stream_->synchronize(); !st.ok()) return st;
   return u;
 }
@@ -120,6 +129,18 @@ void RankUnit::make_tensor_parallel(model::TensorParallel* tensor) {
 
 absl::Status RankUnit::init_params() {
   const model::TrainOptions& o = spec_.options;
+  if (spec_.load != nullptr) {
+    // Every chunk's slice, the tied head's wte copy included.
+    for (auto& chunk : chunks_) {
+      const model::ckpt::Piece p = {.kind = model::ckpt::Kind::kParam,
+                                    .layout = &chunk->layout(),
+                                    .begin = 0,
+                                    .end = chunk->layout().total(),
+                                    .data = chunk->params().data<float>()};
+      if (absl::Status st = spec_.load->fill(p); !st.ok()) return st;
+    }
+    return absl::OkStatus();
+  }
   if (o.init_weights.empty()) {
     for (auto& chunk : chunks_) chunk->gpt().init(o.seed);  // counter-based: a slice alone
     return absl::OkStatus();
@@ -168,6 +189,19 @@ RankUnit::Actors RankUnit::spawn(caf::actor_system& system, const Wiring& wiring
   os.grad_pieces = grad_pieces_;
   os.param_pieces = param_pieces_;
   os.coordinator = wiring.coordinator;
+  os.save = [this, coordinator = wiring.coordinator](int step, const std::string& tmp) {
+    return save(tmp, [coordinator, step, rank = spec_.rank](
+                         absl::StatusOr<std::vector<model::ckpt::TensorRecord>> r) {
+      // (From the writer's thread: to the coordinator, or its stand-in.)
+      if (r.ok()) {
+        caf::anon_send(coordinator, saved_atom::value, step, rank,
+                       model::ckpt::records_to_text(*r), std::string());
+      } else {
+        caf::anon_send(coordinator, saved_atom::value, step, rank, std::string(),
+                       r.status().ToString());
+      }
+    });
+  };
   return {system.spawn<ShardActor>(std::move(ss)), system.spawn<OptimizerActor>(std::move(os))};
 }
 
@@ -182,6 +216,32 @@ void RankUnit::drain() {
 }
 
 RankUnit::~RankUnit() { drain(); }
+
+std::vector<model::ckpt::Piece> RankUnit::checkpoint_pieces() {
+  std::vector<model::ckpt::Piece> out;
+  for (std::size_t c = 0; c < chunks_.size(); c++) {
+    const GptStage& chunk = *chunks_[c];
+    const Partition& part = *partitions_[c];
+    model::ckpt::add_chunk_pieces(chunk.layout(), wte_elsewhere(chunk.spec()),
+                                  /*params=*/coord_.d == 0, part.range().begin, part.range().end,
+                                  chunk.params().data<float>(), part.master_data(),
+                                  part.m_data(), part.v_data(), &out);
+  }
+  return out;
+}
+
+absl::Status RankUnit::save(const std::string& tmp_dir, SaveDone done) {
+  // A step boundary: the last step's updates and parameters are in, and
+  // nothing of the next is queued; the syncs return at once.
+  if (absl::Status st = stream_->synchronize(); !st.ok()) return st;
+  if (absl::Status st = optimizer_stream_->synchronize(); !st.ok()) return st;
+  writer_.wait();  // (the coordinator has committed the save before)
+  auto snap = std::make_shared<model::ckpt::Snapshot>(model::ckpt::Snapshot::take(checkpoint_pieces()));
+  writer_.start([snap, tmp_dir, rank = spec_.rank, done = std::move(done)] {
+    done(model::ckpt::write_rank_file(tmp_dir, rank, snap->pieces()));
+  });
+  return absl::OkStatus();
+}
 
 std::int64_t RankUnit::optimizer_state_bytes() const {
   std::int64_t n = 0;

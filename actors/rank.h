@@ -32,6 +32,7 @@
 #include "comm/communicator.h"
 #include "comm/groups.h"
 #include "comm/transport.h"
+#include "model/checkpoint.h"
 #include "model/data/datasets.h"
 #include "model/trainer.h"
 
@@ -59,6 +60,26 @@ struct ParallelOptions {
   absl::Status validate(const model::TrainOptions& o) const;
 };
 
+// --save, --save-interval, --keep-last, --load, --no-load-optim,
+// --exit-signal-handler (Megatron's names).
+struct CheckpointOptions {
+  std::string save;       // save directory; "" none
+  int save_interval = 0;  // steps between saves (0: only after the last)
+  int keep_last = 0;      // older checkpoints than the newest K are removed (0: none)
+  std::string load;       // save directory (its newest) or DIR/iter_NNNNNNN; "" none
+  bool load_optim = true;
+  bool exit_signal_handler = false;  // SIGTERM: save after this step and end
+};
+
+// What a run does with checkpoints: the flags, the one --load opened, and
+// how the run hears of an exit signal and says what it saved.
+struct RunCheckpoints {
+  CheckpointOptions flags;
+  const model::ckpt::Checkpoint* loaded = nullptr;
+  std::function<bool()> exit_requested = nullptr;
+  std::function<void(const std::string&)> log = nullptr;
+};
+
 // Makes a model chunk; the default makes a GptStage. (The pipeline
 // benchmark swaps in chunks whose ops take a fixed time.)
 using StageFactory = std::function<std::unique_ptr<GptStage>(
@@ -70,6 +91,11 @@ struct RankSpec {
   int rank = 0;
   int threads = 1;  // of its compute stream
   StageFactory factory = nullptr;
+  // Start from this checkpoint (any layout's) instead of the seed or
+  // options.init_weights: the parameters, and with load_optimizer the
+  // master copy and Adam's moments of this rank's partitions.
+  const model::ckpt::Checkpoint* load = nullptr;
+  bool load_optimizer = true;
 };
 
 class RankUnit {
@@ -93,6 +119,16 @@ class RankUnit {
   // Fails every pending transport operation and TP collective with `why`.
   void fail_pending(const absl::Status& why);
   void drain();
+
+  // Checkpoints. The state this rank saves (replica 0 its parameters; every
+  // rank its partitions' master, m and v), in place.
+  std::vector<model::ckpt::Piece> checkpoint_pieces();
+  // At a step boundary (every stream idle): copies the state to host
+  // memory, then writes it into `tmp_dir` on a thread of its own and calls
+  // `done` there with the file's records or the error. Returns once the
+  // copy is taken (what training waits for).
+  using SaveDone = std::function<void(absl::StatusOr<std::vector<model::ckpt::TensorRecord>>)>;
+  absl::Status save(const std::string& tmp_dir, SaveDone done);
 
   int rank() const { return spec_.rank; }
   const comm::Coord& coord() const { return coord_; }
@@ -119,6 +155,7 @@ class RankUnit {
   std::vector<std::unique_ptr<GptStage>> chunks_;       // by chunk
   std::vector<std::unique_ptr<Partition>> partitions_;  // by chunk
   std::int64_t optimizer_bytes_ = 0;                    // what making them allocated
+  model::ckpt::BackgroundWrite writer_;                  // a save's write (after the streams)
   // Last, so that they drain before the buffers above go away.
   std::unique_ptr<gpu::Stream> stream_, optimizer_stream_;
 };

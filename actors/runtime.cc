@@ -13,12 +13,13 @@ namespace troupe::actors {
 
 absl::StatusOr<std::unique_ptr<InProcessTrainer>> InProcessTrainer::create(
     const model::TrainOptions& options, const ParallelOptions& parallel,
-    const StageFactory& factory) {
+    const StageFactory& factory, const RunCheckpoints& checkpoints) {
   if (absl::Status st = parallel.validate(options); !st.ok()) return st;
   std::unique_ptr<InProcessTrainer> t(new InProcessTrainer());
   t->options_ = options;
   t->options_.model = parallel.sliced_config(options.model);
   t->parallel_ = parallel;
+  t->checkpoints_ = checkpoints;
   t->layout_ = parallel.layout();
   t->shape_ = parallel.shape();
 
@@ -38,7 +39,9 @@ absl::StatusOr<std::unique_ptr<InProcessTrainer>> InProcessTrainer::create(
                   .parallel = parallel,
                   .rank = r,
                   .threads = std::max(1, cores / world),
-                  .factory = factory};
+                  .factory = factory,
+                  .load = checkpoints.loaded,
+                  .load_optimizer = checkpoints.flags.load_optim};
     absl::StatusOr<std::unique_ptr<RankUnit>> unit =
         RankUnit::create(spec, t->fabric_->endpoint(r));
     if (!unit.ok()) return unit.status();
@@ -72,6 +75,7 @@ absl::Status InProcessTrainer::run(caf::actor_system& system, const StepCallback
   setup->stall_timeout_s = parallel_.stall_timeout_s;
   setup->on_step = on_step;
   setup->on_finish = [done](absl::Status st) { done->set_value(std::move(st)); };
+  set_checkpoints(setup.get(), checkpoints_, parallel_);
   caf::actor coordinator = system.spawn<Coordinator>(setup);
 
   std::vector<caf::actor> all{coordinator};

@@ -39,7 +39,7 @@ class InProcessTrainer {
 
   static absl::StatusOr<std::unique_ptr<InProcessTrainer>> create(
       const model::TrainOptions& options, const ParallelOptions& parallel,
-      const StageFactory& factory = nullptr);
+      const StageFactory& factory = nullptr, const RunCheckpoints& checkpoints = {});
   ~InProcessTrainer();
 
   using StepCallback = std::function<void(const model::StepMetrics&)>;
@@ -74,6 +74,7 @@ class InProcessTrainer {
 
   model::TrainOptions options_;
   ParallelOptions parallel_;
+  RunCheckpoints checkpoints_;
   comm::Layout layout_;
   PipelineShape shape_;
   model::data::Datasets data_;

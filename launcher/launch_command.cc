@@ -311,13 +311,26 @@ int run_launch(LaunchFlags& f) {
                              ") has ", token.size(), " characters; it must have at least ",
                              comm::kMinTokenLength));
   }
+  // The coordinator resumes from --load's step; each rank loads its own part.
+  absl::StatusOr<std::optional<model::ckpt::Checkpoint>> loaded = open_load(f.train, *options);
+  if (!loaded.ok()) return fail(std::string(loaded.status().message()));
+  const model::ckpt::Checkpoint* load = loaded->has_value() ? &**loaded : nullptr;
+  const actors::CheckpointOptions& ck = f.train.checkpoint;
+  std::atomic<bool> exit_signal{false};
   model::TrainOptions o = *options;
   o.model = par.sliced_config(o.model);
   const std::string master =
       !f.master_addr.empty() ? f.master_addr : (job->local ? "127.0.0.1" : host_name());
   absl::StatusOr<std::unique_ptr<actors::CoordinatorHost>> host = actors::CoordinatorHost::listen(
       {.options = o, .parallel = par, .listen_host = job->local ? "127.0.0.1" : "0.0.0.0",
-       .port = f.master_port, .token = token, .join_timeout = absl::Seconds(f.join_timeout_s)});
+       .port = f.master_port, .token = token, .join_timeout = absl::Seconds(f.join_timeout_s),
+       .checkpoints = {.flags = ck,
+                       .loaded = load,
+                       .exit_requested = [&exit_signal] { return exit_signal.load(); },
+                       .log = [](const std::string& line) {
+                         std::printf("%s\n", line.c_str());
+                         std::fflush(stdout);
+                       }}});
   if (!host.ok()) return fail(std::string(host.status().message()));
   actors::CoordinatorHost& coordinator = **host;
 
@@ -334,6 +347,7 @@ int run_launch(LaunchFlags& f) {
               o.global_batch, o.steps);
   std::printf("  run directory: %s\n  coordinator: %s:%d\n", run_dir->c_str(), master.c_str(),
               coordinator.port());
+  if (load != nullptr) std::printf("  %s\n", describe_load(f.train, *load).c_str());
   std::printf("  %5s  %-9s  %-20s  %5s  %7s\n", "rank", "(d,s,t)", "host", "local", "threads");
   std::vector<WorkerLaunch> launches;
   std::vector<std::pair<std::string, std::string>> logs;
@@ -394,6 +408,13 @@ int run_launch(LaunchFlags& f) {
   // SIGINT/SIGTERM end the run.
   std::atomic<int> interrupted{0};
   Interrupts interrupts([&](int sig) {
+    if (sig == SIGTERM && ck.exit_signal_handler && !exit_signal.load()) {
+      // (Megatron's --exit-signal-handler: SLURM's notice before preemption.)
+      std::printf("troupe launch: SIGTERM: saving after this step, then exiting\n");
+      std::fflush(stdout);
+      exit_signal = true;
+      return;
+    }
     interrupted = sig;
     coordinator.cancel(absl::CancelledError(absl::StrCat("interrupted by ", sig == SIGINT ? "SIGINT" : "SIGTERM")));
   });

@@ -2,6 +2,7 @@
 // loop (model/trainer.h); --pp/--dp run every rank as actors over the
 // in-process transport (actors/runtime.h). Megatron-style flags; one progress
 // line per step and, with --metrics-jsonl, one JSON object per step.
+#include <chrono>
 #include <cinttypes>
 #include <cmath>
 #include <cstdio>
@@ -10,17 +11,73 @@
 #include <optional>
 #include <string>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "actors/runtime.h"
 #include "launcher/commands.h"
 #include "launcher/train_flags.h"
 #include "model/atomic_file.h"
+#include "model/checkpoint.h"
 #include "model/trainer.h"
 #include "model/weights.h"
 
 namespace troupe::launcher {
 namespace {
+
+// The single-rank loop's checkpoints: the copy on this thread, the write
+// and the commit on another, one save at a time (as the actors' runtime).
+class SingleRankSaver {
+ public:
+  SingleRankSaver(const actors::CheckpointOptions& flags, const actors::ParallelOptions& par)
+      : flags_(flags), par_(par) {}
+  absl::Status save(model::Trainer& t) {
+    writer_.wait();
+    if (!error_.ok()) return error_;
+    const auto t0 = std::chrono::steady_clock::now();
+    auto snap = std::make_shared<model::ckpt::Snapshot>(
+        model::ckpt::Snapshot::take(t.checkpoint_pieces(true)));
+    const double stall =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    model::ckpt::Meta meta;
+    meta.step = t.steps_done();
+    meta.consumed_samples = static_cast<std::int64_t>(meta.step) * t.options().global_batch;
+    meta.evaluations_done = t.evaluations_done();
+    meta.options = t.options();
+    meta.schedule = actors::schedule_name(par_.schedule);
+    meta.writer = model::ckpt::writer_name();
+    writer_.start([this, snap, meta, stall, t0] {
+      absl::StatusOr<std::string> tmp = model::ckpt::begin_save(flags_.save, meta.step);
+      absl::Status st = tmp.status();
+      if (st.ok()) {
+        absl::StatusOr<std::vector<model::ckpt::TensorRecord>> r =
+            model::ckpt::write_rank_file(*tmp, 0, snap->pieces());
+        st = r.ok() ? model::ckpt::commit(flags_.save, *tmp, meta, *r, flags_.keep_last)
+                    : r.status();
+      }
+      if (!st.ok()) {
+        error_ = st;
+        return;
+      }
+      const double total =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      std::printf("saved checkpoint %s/%s (training waited %.3f s; written in %.2f s)\n",
+                  flags_.save.c_str(), model::ckpt::iter_name(meta.step).c_str(), stall, total);
+      std::fflush(stdout);
+    });
+    return absl::OkStatus();
+  }
+  absl::Status finish() {
+    writer_.wait();
+    return error_;
+  }
+
+ private:
+  const actors::CheckpointOptions& flags_;
+  const actors::ParallelOptions& par_;
+  model::ckpt::BackgroundWrite writer_;
+  absl::Status error_;  // the last write's (read after wait())
+};
 
 int run_train(const TrainFlags& flags) {
   auto fail = [](const absl::Status& st) {
@@ -45,6 +102,11 @@ int run_train(const TrainFlags& flags) {
   }
   const model::TrainOptions& o = *options;
   const actors::ParallelOptions& par = flags.parallel;
+  const actors::CheckpointOptions& ck = flags.checkpoint;
+  absl::StatusOr<std::optional<model::ckpt::Checkpoint>> loaded = open_load(flags, o);
+  if (!loaded.ok()) return fail(loaded.status());
+  const model::ckpt::Checkpoint* load = loaded->has_value() ? &**loaded : nullptr;
+  if (ck.exit_signal_handler) install_exit_signal_handler();
   const bool one_rank = par.world() == 1 && par.virtual_stages == 1;
   Progress progress(o.steps, metrics.is_open() ? &metrics : nullptr);
   std::unique_ptr<model::Trainer> single;
@@ -55,11 +117,30 @@ int run_train(const TrainFlags& flags) {
     absl::StatusOr<std::unique_ptr<model::Trainer>> t = model::Trainer::create(o);
     if (!t.ok()) return fail(t.status());
     single = std::move(*t);
+    if (load != nullptr) {
+      if (absl::Status st = single->load_checkpoint(*load, ck.load_optim); !st.ok()) {
+        return fail(absl::Status(st.code(), absl::StrCat("--load: ", st.message())));
+      }
+    }
     train_data = &single->train_data();
   } else {
     absl::StatusOr<std::unique_ptr<actors::InProcessTrainer>> t =
-        actors::InProcessTrainer::create(o, par);
-    if (!t.ok()) return fail(t.status());
+        actors::InProcessTrainer::create(
+            o, par, nullptr,
+            {.flags = ck,
+             .loaded = load,
+             .exit_requested = ck.exit_signal_handler ? exit_signal_received : nullptr,
+             .log = [](const std::string& line) {
+               std::printf("%s\n", line.c_str());
+               std::fflush(stdout);
+             }});
+    if (!t.ok()) {
+      absl::Status st = t.status();
+      if (load != nullptr && absl::StrContains(st.message(), load->dir())) {
+        st = absl::Status(st.code(), absl::StrCat("--load: ", st.message()));
+      }
+      return fail(st);
+    }
     multi = std::move(*t);
     train_data = &multi->train_data();
   }
@@ -87,14 +168,31 @@ int run_train(const TrainFlags& flags) {
                 static_cast<double>(multi->optimizer_state_bytes(0)) / (1 << 20),
                 static_cast<double>(multi->unpartitioned_state_bytes()) / (1 << 20));
   }
+  if (load != nullptr) std::printf("  %s\n", describe_load(flags, *load).c_str());
+  const int first_step = load != nullptr && ck.load_optim ? load->meta().step + 1 : 1;
+  if (first_step > o.steps) {
+    std::printf("  the checkpoint is at step %d: --steps %d leaves nothing to train\n",
+                first_step - 1, o.steps);
+  }
   std::fflush(stdout);
 
   if (single) {
-    for (int i = 0; i < o.steps; i++) {
+    SingleRankSaver saver(ck, par);
+    for (int i = first_step; i <= o.steps; i++) {
       model::StepMetrics m;
       if (absl::Status st = single->step(&m); !st.ok()) return fail(st);
       progress.report(m);
+      const bool exiting = ck.exit_signal_handler && exit_signal_received();
+      if (!ck.save.empty() && model::ckpt::save_due(i, o.steps, ck.save_interval, exiting)) {
+        if (absl::Status st = saver.save(*single); !st.ok()) return fail(st);
+      }
+      if (exiting) {
+        std::printf("exit signal: ending after step %d%s\n", i,
+                    ck.save.empty() ? "" : " with a checkpoint");
+        break;
+      }
     }
+    if (absl::Status st = saver.finish(); !st.ok()) return fail(st);
   } else {
     absl::Status st = multi->run([&](const model::StepMetrics& m) { progress.report(m); });
     if (!st.ok()) return fail(st);

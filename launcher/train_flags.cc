@@ -1,8 +1,11 @@
 // The training flags, shared by train, worker and launch.
 #include "launcher/train_flags.h"
 
+#include <atomic>
+#include <csignal>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -29,7 +32,8 @@ absl::Status check_writable(const std::string& path, const char* flag) {
 
 void Progress::report(const model::StepMetrics& m) {
   elapsed_ += m.step_s;
-  const double eta = elapsed_ / m.step * (steps_ - m.step);
+  reported_++;  // (a resumed run's first step is not step 1)
+  const double eta = elapsed_ / reported_ * (steps_ - m.step);
   const std::string val = m.val_loss ? absl::StrFormat(" | val loss %.4f", *m.val_loss) : "";
   std::printf(
       "step %*d/%d | loss %.4f | lr %.3e | grad norm %.4f | %.0f tok/s | elapsed %s | ETA %s%s\n",
@@ -123,6 +127,23 @@ void add_train_flags(CLI::App* cmd, TrainFlags& f) {
   cmd->add_option("--init-weights", o.init_weights, "Start from these safetensors weights");
   cmd->add_option("--save-weights", f.save_weights,
                   "Write the final weights here (safetensors)");
+  actors::CheckpointOptions& ck = f.checkpoint;
+  cmd->add_option("--save", ck.save,
+                  "Checkpoint directory: DIR/iter_NNNNNNN/ after every --save-interval steps and "
+                  "the last");
+  cmd->add_option("--save-interval", ck.save_interval,
+                  "Steps between checkpoints (default: only after the last step)");
+  cmd->add_option("--keep-last", ck.keep_last,
+                  "Keep only the newest K checkpoints in --save (default: all)");
+  cmd->add_option("--load", ck.load,
+                  "Resume from the newest checkpoint in DIR, or from DIR/iter_NNNNNNN (any "
+                  "--tp/--pp/--dp/--schedule)");
+  cmd->add_flag(
+      "--no-load-optim,--finetune", [&ck](std::int64_t) { ck.load_optim = false; },
+      "With --load: the parameters only; a new run from step 1 with fresh optimizer state");
+  cmd->add_flag(
+      "--exit-signal-handler", [&ck](std::int64_t) { ck.exit_signal_handler = true; },
+      "On SIGTERM, save a checkpoint after the current step and exit cleanly");
   cmd->add_option("--metrics-jsonl", f.metrics_jsonl, "Write one JSON object per step here");
   cmd->add_option("--threads", o.threads, "Compute threads (default: all cores)");
   actors::ParallelOptions& par = f.parallel;
@@ -152,7 +173,67 @@ void add_train_flags(CLI::App* cmd, TrainFlags& f) {
   f.registered.assign(all.begin() + static_cast<std::ptrdiff_t>(before), all.end());
 }
 
+namespace {
+
+std::atomic<bool> exit_signal{false};
+
+void on_exit_signal(int) { exit_signal.store(true); }
+
+}  // namespace
+
+void install_exit_signal_handler() {
+  struct sigaction sa = {};
+  sa.sa_handler = on_exit_signal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGTERM, &sa, nullptr);
+}
+
+bool exit_signal_received() { return exit_signal.load(); }
+
+absl::StatusOr<std::optional<model::ckpt::Checkpoint>> open_load(const TrainFlags& f,
+                                                                 const model::TrainOptions& o) {
+  const actors::CheckpointOptions& ck = f.checkpoint;
+  if (ck.load.empty()) return std::nullopt;
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!ck.save.empty() && fs::equivalent(ck.load, ck.save, ec) &&
+      !fs::exists(fs::path(ck.load) / model::ckpt::kTracker, ec) &&
+      !fs::exists(fs::path(ck.load) / "manifest.json", ec)) {
+    return std::nullopt;  // a job's first start: nothing saved yet
+  }
+  absl::StatusOr<model::ckpt::Checkpoint> c = model::ckpt::Checkpoint::open(ck.load);
+  absl::Status st = c.status();
+  if (st.ok()) st = c->check_model(o.model);
+  if (st.ok() && ck.load_optim) st = c->check_resume(o);
+  if (!st.ok()) return absl::Status(st.code(), absl::StrCat("--load: ", st.message()));
+  return std::optional<model::ckpt::Checkpoint>(*std::move(c));
+}
+
+std::string describe_load(const TrainFlags& f, const model::ckpt::Checkpoint& c) {
+  const model::ckpt::Meta& m = c.meta();
+  return absl::StrCat(f.checkpoint.load_optim ? "resuming from " : "parameters from ", c.dir(),
+                      " (step ", m.step, ", written with ", m.describe_layout(), " by ", m.writer,
+                      ")");
+}
+
 absl::Status finish_train_flags(TrainFlags& f) {
+  actors::CheckpointOptions& ck = f.checkpoint;
+  if (ck.save_interval < 0) {
+    return absl::InvalidArgumentError("--save-interval must not be negative");
+  }
+  if (ck.keep_last < 0) return absl::InvalidArgumentError("--keep-last must not be negative");
+  if (ck.save.empty() && (ck.save_interval > 0 || ck.keep_last > 0 || ck.exit_signal_handler)) {
+    return absl::InvalidArgumentError(
+        "--save-interval, --keep-last and --exit-signal-handler need --save DIR");
+  }
+  if (!ck.load_optim && ck.load.empty()) {
+    return absl::InvalidArgumentError("--no-load-optim needs --load DIR");
+  }
+  if (!ck.save.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(ck.save, ec);
+    if (absl::Status st = check_writable(ck.save + "/.probe", "--save"); !st.ok()) return st;
+  }
   absl::StatusOr<actors::ScheduleKind> kind = actors::parse_schedule(f.schedule);
   if (!kind.ok()) return kind.status();
   f.parallel.schedule = *kind;

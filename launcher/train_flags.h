@@ -11,6 +11,7 @@
 
 #include "absl/status/statusor.h"
 #include "actors/rank.h"
+#include "model/checkpoint.h"
 #include "model/trainer.h"
 
 namespace troupe::launcher {
@@ -22,6 +23,7 @@ struct TrainFlags {
   std::string save_weights;
   std::string metrics_jsonl;
   actors::ParallelOptions parallel;
+  actors::CheckpointOptions checkpoint;
   std::string schedule = "1f1b";
   std::string fail_at;   // --debug-fail-stage S:K
   std::string stall_at;  // --debug-stall-stage S:K
@@ -38,6 +40,18 @@ std::vector<std::string> forwarded_train_flags(const TrainFlags& f,
                                                const std::vector<std::string>& skip);
 // The options the flags describe (defaults filled in, validated).
 absl::StatusOr<model::TrainOptions> resolve(const TrainFlags& f);
+// --load's checkpoint, opened and checked against the run (its model; for a
+// resume its data too); nullopt without --load, or when --load names the
+// --save directory and it has no checkpoint yet (the first start of a job
+// that restarts itself). Errors name the flag and the file.
+absl::StatusOr<std::optional<model::ckpt::Checkpoint>> open_load(const TrainFlags& f,
+                                                                 const model::TrainOptions& o);
+// The --load line of a run's banner ("resuming from DIR (step 40, tp=2 ...)").
+std::string describe_load(const TrainFlags& f, const model::ckpt::Checkpoint& c);
+// SIGTERM sets a flag (--exit-signal-handler): the run saves and ends.
+void install_exit_signal_handler();
+bool exit_signal_received();
+
 // Fails early (before any training) if `path` cannot be written: makes the
 // temporary the save will make, and removes it.
 absl::Status check_writable(const std::string& path, const char* flag);
@@ -56,6 +70,7 @@ class Progress {
   int steps_;
   std::vector<std::ofstream*> metrics_;
   double elapsed_ = 0.0;
+  int reported_ = 0;
 };
 
 }  // namespace troupe::launcher

@@ -118,6 +118,13 @@ int run(WorkerFlags& f) {
   }
   absl::StatusOr<std::string> token = read_token(f.token_file);
   if (!token.ok()) return fail(token.status());
+  absl::StatusOr<std::optional<model::ckpt::Checkpoint>> loaded = open_load(f.train, *options);
+  if (!loaded.ok()) return fail(loaded.status());
+  const model::ckpt::Checkpoint* load = loaded->has_value() ? &**loaded : nullptr;
+  const actors::CheckpointOptions& ck = f.train.checkpoint;
+  // (Under SLURM every process of the job hears SIGTERM: a worker goes on
+  // until the coordinator has saved and ends the run.)
+  if (ck.exit_signal_handler) install_exit_signal_handler();
   model::TrainOptions o = *options;
   o.model = par.sliced_config(o.model);
   const absl::Duration join = absl::Seconds(f.join_timeout_s);
@@ -133,7 +140,19 @@ int run(WorkerFlags& f) {
       if (!metrics) return fail(absl::InvalidArgumentError(absl::StrCat("--metrics-jsonl ", f.train.metrics_jsonl, ": cannot open for writing")));
     }
     absl::StatusOr<std::unique_ptr<actors::CoordinatorHost>> h = actors::CoordinatorHost::listen(
-        {.options = o, .parallel = par, .port = f.master_port, .token = *token, .join_timeout = join});
+        {.options = o,
+         .parallel = par,
+         .port = f.master_port,
+         .token = *token,
+         .join_timeout = join,
+         .log = [](const std::string& line) { std::fprintf(stderr, "troupe worker: %s\n", line.c_str()); },
+         .checkpoints = {.flags = ck,
+                         .loaded = load,
+                         .exit_requested = ck.exit_signal_handler ? exit_signal_received : nullptr,
+                         .log = [](const std::string& line) {
+                           std::printf("%s\n", line.c_str());
+                           std::fflush(stdout);
+                         }}});
     if (!h.ok()) return fail(h.status());
     host = *std::move(h);
     coordinating = std::thread([&, steps = o.steps] {
@@ -146,7 +165,10 @@ int run(WorkerFlags& f) {
       .spec = {.options = o,
                .parallel = par,
                .rank = f.rank,
-               .threads = o.threads > 0 ? o.threads : std::max(1, cores / local_workers())},
+               .threads = o.threads > 0 ? o.threads : std::max(1, cores / local_workers()),
+               .factory = nullptr,
+               .load = load,
+               .load_optimizer = ck.load_optim},
       .master_addr = host ? "127.0.0.1" : f.master_addr,
       .master_port = host ? host->port() : f.master_port,
       .token = *token,

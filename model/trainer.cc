@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "gpu/ops.h"
+#include "model/checkpoint.h"
 #include "model/weights.h"
 
 namespace troupe::model {
@@ -169,6 +170,33 @@ absl::Status Trainer::step(StepMetrics* metrics) {
     auto v = validation_loss();
     if (!v.ok()) return v.status();
     metrics->val_loss = *v;
+  }
+  return absl::OkStatus();
+}
+
+std::vector<ckpt::Piece> Trainer::checkpoint_pieces(bool optimizer) {
+  const ParamLayout& lay = gpt_->layout();
+  float* params = gpt_->params().data<float>();
+  std::vector<ckpt::Piece> out;
+  ckpt::add_chunk_pieces(lay, /*tied_copy=*/false, /*params=*/true, 0,
+                         optimizer ? lay.total() : 0, params, params,
+                         adam_->m().data<float>(), adam_->v().data<float>(), &out);
+  return out;
+}
+
+absl::Status Trainer::load_checkpoint(const ckpt::Checkpoint& c, bool optimizer) {
+  for (ckpt::Piece& p : checkpoint_pieces(optimizer)) {
+    // The master copy is the parameters: loaded as the master when there
+    // is one, so a resume continues from the optimizer's own fp32 state.
+    if (p.kind == ckpt::Kind::kMaster) continue;
+    if (p.kind == ckpt::Kind::kParam && optimizer && c.has(ckpt::Kind::kMaster)) {
+      p.kind = ckpt::Kind::kMaster;
+    }
+    if (absl::Status st = c.fill(p); !st.ok()) return st;
+  }
+  if (optimizer) {
+    steps_done_ = c.meta().step;
+    evaluations_done_ = c.meta().evaluations_done;
   }
   return absl::OkStatus();
 }

@@ -24,6 +24,11 @@
 
 namespace troupe::model {
 
+namespace ckpt {
+struct Piece;
+class Checkpoint;
+}  // namespace ckpt
+
 struct TrainOptions {
   GptConfig model;
   int micro_batch = 4;   // --micro-batch-size (B)
@@ -81,6 +86,16 @@ class Trainer {
   const data::SampleSource& train_data() const { return *data_.train; }
   const data::SampleSource* valid_data() const { return data_.valid.get(); }
   int steps_done() const { return steps_done_; }
+  int evaluations_done() const { return evaluations_done_; }
+
+  // Checkpoints (model/checkpoint.h): the state of this one rank, as the
+  // pieces of its one chunk: parameters and (with `optimizer`) the fp32
+  // master copy, which here is the parameters themselves, and Adam's m, v.
+  std::vector<ckpt::Piece> checkpoint_pieces(bool optimizer);
+  // Parameters from `c` (any layout's); with `optimizer`, Adam's moments
+  // and the step and evaluation counts too (a resume; else a fine-tune
+  // that begins at step 1 with fresh moments).
+  absl::Status load_checkpoint(const ckpt::Checkpoint& c, bool optimizer);
 
  private:
   Trainer() = default;

@@ -1,0 +1,276 @@
+// Checkpoints: rank files, the manifest, the commit.
+#include "model/checkpoint.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "model/atomic_file.h"
+#include "model/checkpoint_json.h"
+
+namespace troupe::model::ckpt {
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+const char* kind_name(Kind k) {
+  switch (k) {
+    case Kind::kParam:
+      return "param";
+    case Kind::kMaster:
+      return "master";
+    case Kind::kAdamM:
+      return "adam_m";
+    case Kind::kAdamV:
+      return "adam_v";
+  }
+  return "?";
+}
+
+std::string Meta::describe_layout() const {
+  return absl::StrCat("tp=", tp, " pp=", pp, " dp=", dp, " ", schedule,
+                      virtual_stages > 1 ? absl::StrCat(" v=", virtual_stages) : "");
+}
+
+std::string writer_name() { return absl::StrCat("troupe ", TROUPE_VERSION); }
+
+std::string iter_name(int step) { return absl::StrFormat("iter_%07d", step); }
+std::string rank_file_name(int rank) { return absl::StrFormat("rank_%05d.safetensors", rank); }
+
+namespace {
+
+std::string reason() { return std::strerror(errno); }
+
+absl::Status fsync_path(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return absl::InternalError(absl::StrCat(path, ": cannot open to sync: ", reason()));
+  const int rc = ::fsync(fd);
+  const std::string why = reason();
+  ::close(fd);
+  if (rc != 0) return absl::InternalError(absl::StrCat(path, ": fsync failed: ", why));
+  return absl::OkStatus();
+}
+
+std::uint32_t crc_of(const void* data, std::size_t n) {
+  uLong crc = crc32(0L, Z_NULL, 0);
+  const Bytef* p = static_cast<const Bytef*>(data);
+  while (n > 0) {  // crc32 takes a uInt length
+    const uInt chunk = static_cast<uInt>(std::min<std::size_t>(n, 1u << 30));
+    crc = crc32(crc, p, chunk);
+    p += chunk;
+    n -= chunk;
+  }
+  return static_cast<std::uint32_t>(crc);
+}
+
+bool is_temp_name(const std::string& name) {
+  return absl::StartsWith(name, "iter_") && absl::StrContains(name, ".tmp-");
+}
+
+// The steps of DIR's complete checkpoints (those with a manifest), newest last.
+std::vector<int> complete_steps(const std::string& dir) {
+  std::vector<int> steps;
+  std::error_code ec;
+  for (const fs::directory_entry& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    int step = 0;
+    if (!absl::StartsWith(name, "iter_") || is_temp_name(name)) continue;
+    if (!absl::SimpleAtoi(name.substr(5), &step)) continue;
+    if (fs::exists(e.path() / "manifest.json", ec)) steps.push_back(step);
+  }
+  std::sort(steps.begin(), steps.end());
+  return steps;
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> begin_save(const std::string& dir, int step) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec || !fs::is_directory(dir)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--save ", dir, ": cannot make the directory: ", ec.message()));
+  }
+  // A save a crash interrupted left its temporary; only one save of a run
+  // is ever in flight, so every one here is stale.
+  for (const fs::directory_entry& e : fs::directory_iterator(dir, ec)) {
+    if (is_temp_name(e.path().filename().string())) fs::remove_all(e.path(), ec);
+  }
+  thread_local std::mt19937_64 random{std::random_device{}()};
+  const std::string tmp =
+      absl::StrCat(dir, "/", iter_name(step), ".tmp-", ::getpid(), "-", random() % 1000000000);
+  if (!fs::create_directory(tmp, ec) || ec) {
+    return absl::InternalError(absl::StrCat("--save ", dir, ": cannot make ", tmp, ": ",
+                                            ec ? ec.message() : "it exists"));
+  }
+  return tmp;
+}
+
+absl::StatusOr<std::vector<TensorRecord>> write_rank_file(const std::string& tmp_dir, int rank,
+                                                          const std::vector<Piece>& pieces) {
+  std::vector<TensorRecord> records;
+  std::vector<TensorToWrite> tensors;
+  const std::string file = rank_file_name(rank);
+  for (const Piece& p : pieces) {
+    for (const ParamSpec& spec : p.layout->specs()) {
+      if (p.tied_copy && spec.name == "wte.weight") continue;
+      const std::int64_t b = std::max(p.begin, spec.offset);
+      const std::int64_t e = std::min(p.end, spec.offset + spec.numel());
+      if (b >= e) continue;
+      TensorRecord r;
+      r.file = file;
+      r.name = absl::StrCat(kind_name(p.kind), "/", spec.name);
+      r.param = spec.name;
+      r.kind = p.kind;
+      r.global_shape.assign(spec.full_shape.begin(), spec.full_shape.end());
+      r.slice_shape.assign(spec.shape.begin(), spec.shape.end());
+      r.split = spec.replicated() ? Split::kNone : spec.split;
+      r.tp = spec.slice.tp;
+      r.t = spec.slice.t;
+      r.begin = b - spec.offset;
+      r.end = e - spec.offset;
+      const float* data = p.data + (b - p.begin);
+      const std::size_t nbytes = static_cast<std::size_t>(e - b) * sizeof(float);
+      r.crc32 = crc_of(data, nbytes);
+      const bool whole = r.begin == 0 && r.end == spec.numel();
+      tensors.push_back({.name = r.name,
+                         .dtype = "F32",
+                         .shape = whole ? r.slice_shape : std::vector<std::int64_t>{e - b},
+                         .data = data,
+                         .nbytes = nbytes});
+      records.push_back(std::move(r));
+    }
+  }
+  std::map<std::string, std::string> metadata = {{"format", "troupe-checkpoint"},
+                                                 {"rank", std::to_string(rank)}};
+  if (absl::Status st = write_safetensors(absl::StrCat(tmp_dir, "/", file), tensors, metadata);
+      !st.ok()) {
+    return st;
+  }
+  return records;
+}
+
+absl::Status commit(const std::string& dir, const std::string& tmp_dir, const Meta& meta,
+                    const std::vector<TensorRecord>& records, int keep_last) {
+  const std::string manifest = manifest_text(meta, records);
+  if (absl::Status st = write_file_atomically(absl::StrCat(tmp_dir, "/manifest.json"), manifest);
+      !st.ok()) {
+    return st;
+  }
+  if (absl::Status st = fsync_path(tmp_dir); !st.ok()) return st;
+  const std::string final_dir = absl::StrCat(dir, "/", iter_name(meta.step));
+  std::error_code ec;
+  if (fs::exists(final_dir, ec)) {
+    // A checkpoint of this step from an earlier run: out of the way first
+    // (the tracker may name it; it names the new one a moment later).
+    const std::string old = absl::StrCat(final_dir, ".tmp-replaced-", ::getpid());
+    fs::rename(final_dir, old, ec);
+    if (ec) return absl::InternalError(absl::StrCat(final_dir, ": cannot replace: ", ec.message()));
+    fs::remove_all(old, ec);
+  }
+  fs::rename(tmp_dir, final_dir, ec);
+  if (ec) {
+    return absl::InternalError(
+        absl::StrCat(tmp_dir, ": cannot rename to ", final_dir, ": ", ec.message()));
+  }
+  if (absl::Status st = fsync_path(dir); !st.ok()) return st;
+  // The tracker last: it names a complete checkpoint, the old or the new.
+  if (absl::Status st = write_file_atomically(absl::StrCat(dir, "/", kTracker),
+                                              absl::StrCat(meta.step, "\n"));
+      !st.ok()) {
+    return st;
+  }
+  if (keep_last > 0) {
+    std::vector<int> steps = complete_steps(dir);
+    const int excess = static_cast<int>(steps.size()) - keep_last;
+    for (int i = 0; i < excess; i++) {
+      if (steps[static_cast<std::size_t>(i)] == meta.step) continue;  // the tracker's: never
+      fs::remove_all(absl::StrCat(dir, "/", iter_name(steps[static_cast<std::size_t>(i)])), ec);
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::string records_to_text(const std::vector<TensorRecord>& records) {
+  json a = json::array();
+  for (const TensorRecord& r : records) a.push_back(record_json(r));
+  return a.dump();
+}
+
+absl::StatusOr<std::vector<TensorRecord>> records_from_text(const std::string& text) {
+  json a = json::parse(text, nullptr, false);
+  if (a.is_discarded() || !a.is_array()) {
+    return absl::InvalidArgumentError("tensor records: not a JSON array");
+  }
+  std::vector<TensorRecord> out;
+  for (const json& j : a) {
+    absl::StatusOr<TensorRecord> r = record_from_json(j);
+    if (!r.ok()) return r.status();
+    out.push_back(std::move(*r));
+  }
+  return out;
+}
+
+void add_chunk_pieces(const ParamLayout& layout, bool tied_copy, bool params,
+                      std::int64_t part_begin, std::int64_t part_end, float* param_data,
+                      float* master, float* adam_m, float* adam_v, std::vector<Piece>* out) {
+  if (params) {
+    out->push_back({.kind = Kind::kParam,
+                    .layout = &layout,
+                    .begin = 0,
+                    .end = layout.total(),
+                    .data = param_data,
+                    .tied_copy = tied_copy});
+  }
+  if (part_begin >= part_end) return;
+  const std::pair<Kind, float*> state[] = {
+      {Kind::kMaster, master}, {Kind::kAdamM, adam_m}, {Kind::kAdamV, adam_v}};
+  for (const auto& [kind, data] : state) {
+    if (data == nullptr) continue;
+    out->push_back({.kind = kind,
+                    .layout = &layout,
+                    .begin = part_begin,
+                    .end = part_end,
+                    .data = data,
+                    .tied_copy = tied_copy});
+  }
+}
+
+Snapshot Snapshot::take(const std::vector<Piece>& live) {
+  Snapshot s;
+  s.buffers_.reserve(live.size());
+  for (const Piece& p : live) {
+    s.buffers_.emplace_back(p.data, p.data + (p.end - p.begin));
+    Piece copy = p;
+    copy.data = s.buffers_.back().data();
+    s.pieces_.push_back(copy);
+  }
+  return s;
+}
+
+std::int64_t Snapshot::bytes() const {
+  std::int64_t n = 0;
+  for (const auto& b : buffers_) n += static_cast<std::int64_t>(b.size() * sizeof(float));
+  return n;
+}
+
+void BackgroundWrite::start(std::function<void()> write) {
+  wait();
+  thread_ = std::thread(std::move(write));
+}
+
+void BackgroundWrite::wait() {
+  if (thread_.joinable()) thread_.join();
+}
+
+}  // namespace troupe::model::ckpt

@@ -1,0 +1,288 @@
+// Reading a checkpoint: the manifest, the rank files, and a parameter's
+// global tensor assembled from its pieces.
+#include <zlib.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
+#include "model/checkpoint.h"
+#include "model/checkpoint_json.h"
+
+namespace troupe::model::ckpt {
+namespace fs = std::filesystem;
+
+struct Checkpoint::Cache {
+  std::map<std::string, SafetensorsFile> files;  // by file name, headers only
+  std::string key;                               // "<kind>/<param>" of `tensor`
+  std::vector<float> tensor;
+  std::vector<std::int64_t> shape;
+};
+
+namespace {
+
+absl::StatusOr<std::string> read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+std::uint32_t crc_of(const char* data, std::size_t n) {
+  uLong crc = crc32(0L, Z_NULL, 0);
+  while (n > 0) {
+    const uInt chunk = static_cast<uInt>(std::min<std::size_t>(n, 1u << 30));
+    crc = crc32(crc, reinterpret_cast<const Bytef*>(data), chunk);
+    data += chunk;
+    n -= chunk;
+  }
+  return static_cast<std::uint32_t>(crc);
+}
+
+// The slice as a ParamSpec, to map its elements with global_index().
+ParamSpec slice_spec(const TensorRecord& r) {
+  ParamSpec s;
+  s.name = r.param;
+  s.shape.assign(r.slice_shape.begin(), r.slice_shape.end());
+  s.full_shape.assign(r.global_shape.begin(), r.global_shape.end());
+  s.split = r.split;
+  s.slice = {r.tp, r.t};
+  return s;
+}
+
+}  // namespace
+
+absl::StatusOr<Checkpoint> Checkpoint::open(const std::string& path) {
+  std::error_code ec;
+  std::string dir = path;
+  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+  if (!fs::exists(dir, ec)) return absl::NotFoundError(absl::StrCat(path, ": does not exist"));
+  if (!fs::is_directory(dir, ec)) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": not a checkpoint directory"));
+  }
+  if (!fs::exists(absl::StrCat(dir, "/manifest.json"), ec)) {
+    const std::string tracker = absl::StrCat(dir, "/", kTracker);
+    absl::StatusOr<std::string> text = read_text(tracker);
+    if (!text.ok()) {
+      return absl::NotFoundError(absl::StrCat(
+          path, ": not a checkpoint (no manifest.json) and no ", kTracker, " naming one"));
+    }
+    int step = 0;
+    if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(*text), &step) || step < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(tracker, ": not an iteration number: \"", absl::CHexEscape(*text), "\""));
+    }
+    dir = absl::StrCat(dir, "/", iter_name(step));
+    if (!fs::exists(absl::StrCat(dir, "/manifest.json"), ec)) {
+      return absl::NotFoundError(
+          absl::StrCat(tracker, " names iteration ", step, " but ", dir, " is not a complete checkpoint"));
+    }
+  }
+  Checkpoint c;
+  c.dir_ = dir;
+  c.cache_ = std::make_shared<Cache>();
+  const std::string manifest = absl::StrCat(dir, "/manifest.json");
+  absl::StatusOr<std::string> text = read_text(manifest);
+  if (!text.ok()) return text.status();
+  if (absl::Status st = parse_manifest(*text, manifest, &c.meta_, &c.records_); !st.ok()) {
+    return st;
+  }
+  for (std::size_t i = 0; i < c.records_.size(); i++) {
+    const TensorRecord& r = c.records_[i];
+    c.by_tensor_[absl::StrCat(kind_name(r.kind), "/", r.param)].push_back(i);
+  }
+  // Every rank's file is there, and says it is that rank's.
+  for (int r = 0; r < c.meta_.world(); r++) {
+    const std::string name = rank_file_name(r);
+    absl::StatusOr<const SafetensorsFile*> f = c.file(name);
+    if (!f.ok()) return f.status();
+    auto it = (*f)->metadata().find("rank");
+    if (it == (*f)->metadata().end() || it->second != std::to_string(r)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(dir, "/", name, ": not rank ", r, "'s checkpoint file"));
+    }
+  }
+  for (const TensorRecord& r : c.records_) {
+    absl::StatusOr<const SafetensorsFile*> f = c.file(r.file);
+    if (!f.ok()) return f.status();
+    const SafetensorsEntry* e = (*f)->find(r.name);
+    const std::uint64_t want = static_cast<std::uint64_t>(r.end - r.begin) * 4;
+    if (e == nullptr || e->dtype != "F32" || e->end - e->begin != want) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          dir, "/", r.file, ": tensor ", r.name,
+          e == nullptr ? " is missing" : " has another dtype or size than the manifest says"));
+    }
+  }
+  return c;
+}
+
+absl::StatusOr<const SafetensorsFile*> Checkpoint::file(const std::string& name) const {
+  auto it = cache_->files.find(name);
+  if (it != cache_->files.end()) return &it->second;
+  if (name.find('/') != std::string::npos || name.empty() || name[0] == '.') {
+    return absl::InvalidArgumentError(absl::StrCat(dir_, ": a record names the file \"", name,
+                                                   "\", which is not a rank file"));
+  }
+  absl::StatusOr<SafetensorsFile> f =
+      SafetensorsFile::open(absl::StrCat(dir_, "/", name), SafetensorsFile::Read::kHeader);
+  if (!f.ok()) {
+    if (absl::IsNotFound(f.status())) {
+      return absl::NotFoundError(absl::StrCat(dir_, "/", name, ": missing (a rank's file)"));
+    }
+    return f.status();
+  }
+  return &cache_->files.emplace(name, std::move(*f)).first->second;
+}
+
+absl::Status Checkpoint::check_model(const GptConfig& c) const {
+  const GptConfig& k = meta_.options.model;
+  std::vector<std::string> diffs;
+  auto cmp = [&](const char* flag, int here, int there) {
+    if (here != there) diffs.push_back(absl::StrCat(flag, " ", here, " here, ", there, " in the checkpoint"));
+  };
+  cmp("--layers", c.L, k.L);
+  cmp("--channels", c.C, k.C);
+  cmp("--heads", c.NH, k.NH);
+  cmp("--seq-len", c.T, k.T);
+  cmp("--vocab-size", c.V, k.V);
+  if (diffs.empty()) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(dir_, " holds another model: ",
+                                                    absl::StrJoin(diffs, "; ")));
+}
+
+absl::Status Checkpoint::check_resume(const TrainOptions& o) const {
+  const TrainOptions& k = meta_.options;
+  std::vector<std::string> diffs;
+  if (o.global_batch != k.global_batch) {
+    diffs.push_back(absl::StrCat("--global-batch-size ", o.global_batch, " here, ", k.global_batch,
+                                 " in the checkpoint"));
+  }
+  if (o.data_path != k.data_path) {
+    diffs.push_back(absl::StrCat("--data-path \"", absl::StrJoin(o.data_path, " "), "\" here, \"",
+                                 absl::StrJoin(k.data_path, " "), "\" in the checkpoint"));
+  }
+  if (o.split != k.split) {
+    diffs.push_back(absl::StrCat("--split ", o.split, " here, ", k.split, " in the checkpoint"));
+  }
+  if (o.shuffle != k.shuffle) diffs.push_back("--no-shuffle differs");
+  if (o.seed != k.seed) {
+    diffs.push_back(absl::StrCat("--seed ", o.seed, " here, ", k.seed, " in the checkpoint"));
+  }
+  if (diffs.empty()) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      dir_, " was written by a run that read other data, so resuming would not continue it: ",
+      absl::StrJoin(diffs, "; "), " (--no-load-optim starts a new run from its parameters)"));
+}
+
+bool Checkpoint::has(Kind kind) const {
+  return std::any_of(records_.begin(), records_.end(),
+                     [kind](const TensorRecord& r) { return r.kind == kind; });
+}
+
+absl::Status Checkpoint::verify() const {
+  std::vector<char> bytes;
+  for (const TensorRecord& r : records_) {
+    absl::StatusOr<const SafetensorsFile*> f = file(r.file);
+    if (!f.ok()) return f.status();
+    const SafetensorsEntry* e = (*f)->find(r.name);
+    if (absl::Status st = (*f)->read(*e, &bytes); !st.ok()) return st;
+    if (crc_of(bytes.data(), bytes.size()) != r.crc32) {
+      return absl::DataLossError(absl::StrCat(dir_, "/", r.file, ": tensor ", r.name,
+                                              " is damaged (its CRC-32 differs from the manifest's)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<float>> Checkpoint::global_tensor(
+    Kind kind, const std::string& param, std::vector<std::int64_t>* shape) const {
+  const std::string key = absl::StrCat(kind_name(kind), "/", param);
+  Cache& cache = *cache_;
+  if (cache.key == key) {
+    *shape = cache.shape;
+    return cache.tensor;
+  }
+  auto it = by_tensor_.find(key);
+  if (it == by_tensor_.end()) {
+    return absl::NotFoundError(absl::StrCat(dir_, ": no ", kind_name(kind), " of ", param));
+  }
+  const std::vector<std::int64_t>& gshape = records_[it->second.front()].global_shape;
+  std::int64_t n = 1;
+  for (std::int64_t d : gshape) n *= d;
+  std::vector<float> out(static_cast<std::size_t>(n), 0.0f);
+  std::vector<bool> seen(static_cast<std::size_t>(n), false);
+  std::vector<char> bytes;
+  for (std::size_t i : it->second) {
+    const TensorRecord& r = records_[i];
+    if (r.global_shape != gshape) {
+      return absl::InvalidArgumentError(absl::StrCat(dir_, ": ", key, " has pieces of different global shapes"));
+    }
+    // A replicated parameter is on every TP rank (the same values): t = 0's.
+    if (r.split == Split::kNone && r.t != 0) continue;
+    absl::StatusOr<const SafetensorsFile*> f = file(r.file);
+    if (!f.ok()) return f.status();
+    if (absl::Status st = (*f)->read(*(*f)->find(r.name), &bytes); !st.ok()) return st;
+    if (crc_of(bytes.data(), bytes.size()) != r.crc32) {
+      return absl::DataLossError(absl::StrCat(dir_, "/", r.file, ": tensor ", r.name,
+                                              " is damaged (its CRC-32 differs from the manifest's)"));
+    }
+    const float* src = reinterpret_cast<const float*>(bytes.data());
+    const ParamSpec spec = slice_spec(r);
+    for (std::int64_t e = r.begin; e < r.end; e++) {
+      const std::size_t g = static_cast<std::size_t>(spec.global_index(e));
+      out[g] = src[e - r.begin];
+      seen[g] = true;
+    }
+  }
+  const std::int64_t missing = std::count(seen.begin(), seen.end(), false);
+  if (missing > 0) {
+    return absl::DataLossError(absl::StrCat(dir_, ": ", missing, " of ", n, " elements of ", key,
+                                            " are in no rank's file"));
+  }
+  cache.key = key;
+  cache.tensor = out;
+  cache.shape = gshape;
+  *shape = gshape;
+  return out;
+}
+
+absl::Status Checkpoint::fill(const Piece& p) const {
+  std::vector<std::int64_t> gshape;
+  for (const ParamSpec& spec : p.layout->specs()) {
+    const std::int64_t b = std::max(p.begin, spec.offset);
+    const std::int64_t e = std::min(p.end, spec.offset + spec.numel());
+    if (b >= e) continue;
+    absl::StatusOr<std::vector<float>> g = global_tensor(p.kind, spec.name, &gshape);
+    if (!g.ok()) return g.status();
+    // The same tensor, but for the vocabulary's padding rows (zero in
+    // every layout): rows the writer's padding lacks are zero here.
+    std::int64_t row_len = 1;
+    for (std::size_t k = 1; k < spec.full_shape.size(); k++) row_len *= spec.full_shape[k];
+    std::int64_t g_row_len = 1;
+    for (std::size_t k = 1; k < gshape.size(); k++) g_row_len *= gshape[k];
+    const bool same_rows = gshape.size() == spec.full_shape.size() &&
+                           std::equal(gshape.begin() + 1, gshape.end(), spec.full_shape.begin() + 1);
+    if (!same_rows || g_row_len != row_len ||
+        (gshape[0] != spec.full_shape[0] && spec.name != "wte.weight")) {
+      return absl::FailedPreconditionError(absl::StrCat(dir_, ": ", spec.name, " is ",
+                                                        absl::StrJoin(gshape, "x"), " there, ",
+                                                        absl::StrJoin(spec.full_shape, "x"), " here"));
+    }
+    const std::int64_t g_numel = static_cast<std::int64_t>(g->size());
+    float* dst = p.data + (b - p.begin);
+    for (std::int64_t i = b - spec.offset; i < e - spec.offset; i++) {
+      const std::int64_t gi = spec.global_index(i);
+      *dst++ = gi < g_numel ? (*g)[static_cast<std::size_t>(gi)] : 0.0f;
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace troupe::model::ckpt
