@@ -21,6 +21,7 @@ void set_checkpoints(CoordinatorSetup* setup, const RunCheckpoints& c,
   setup->save_interval = c.flags.save_interval;
   setup->keep_last = c.flags.keep_last;
   setup->exit_requested = c.exit_requested;
+  setup->exit_interval = c.flags.exit_interval;
   setup->log = c.log;
   model::ckpt::Meta& m = setup->meta;
   m.options = setup->options;
@@ -214,9 +215,12 @@ void Coordinator::begin_eval_batch() {
 void Coordinator::step_done() {
   if (setup_->on_step) setup_->on_step(metrics_);
   const model::TrainOptions& o = setup_->options;
-  exiting_ = setup_->exit_requested && setup_->exit_requested();
+  const bool signal = setup_->exit_requested && setup_->exit_requested();
+  const bool interval = setup_->exit_interval > 0 && step_ % setup_->exit_interval == 0 &&
+                        step_ < o.steps;
+  exiting_ = signal || interval;
   if (exiting_) {
-    say(absl::StrCat("exit signal: ending after step ", step_,
+    say(absl::StrCat(signal ? "exit signal" : "--exit-interval", ": ending after step ", step_,
                      setup_->save_dir.empty() ? "" : " with a checkpoint"));
   }
   if (!setup_->save_dir.empty() &&

@@ -64,6 +64,7 @@ struct CoordinatorSetup {
   // --exit-signal-handler: true once SIGTERM arrived; the run saves after
   // the step it is in and ends (OK).
   std::function<bool()> exit_requested;
+  int exit_interval = 0;  // --exit-interval: end after a step that is a multiple (0: never)
   std::function<void(const std::string&)> log;  // a line for the user
 };
 

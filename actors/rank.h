@@ -69,6 +69,7 @@ struct CheckpointOptions {
   std::string load;       // save directory (its newest) or DIR/iter_NNNNNNN; "" none
   bool load_optim = true;
   bool exit_signal_handler = false;  // SIGTERM: save after this step and end
+  int exit_interval = 0;  // --exit-interval: save (with --save) and end after a step that is a multiple
 };
 
 // What a run does with checkpoints: the flags, the one --load opened, and

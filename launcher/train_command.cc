@@ -182,12 +182,14 @@ int run_train(const TrainFlags& flags) {
       model::StepMetrics m;
       if (absl::Status st = single->step(&m); !st.ok()) return fail(st);
       progress.report(m);
-      const bool exiting = ck.exit_signal_handler && exit_signal_received();
+      const bool signal = ck.exit_signal_handler && exit_signal_received();
+      const bool exiting =
+          signal || (ck.exit_interval > 0 && i % ck.exit_interval == 0 && i < o.steps);
       if (!ck.save.empty() && model::ckpt::save_due(i, o.steps, ck.save_interval, exiting)) {
         if (absl::Status st = saver.save(*single); !st.ok()) return fail(st);
       }
       if (exiting) {
-        std::printf("exit signal: ending after step %d%s\n", i,
+        std::printf("%s: ending after step %d%s\n", signal ? "exit signal" : "--exit-interval", i,
                     ck.save.empty() ? "" : " with a checkpoint");
         break;
       }

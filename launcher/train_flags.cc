@@ -144,6 +144,8 @@ void add_train_flags(CLI::App* cmd, TrainFlags& f) {
   cmd->add_flag(
       "--exit-signal-handler", [&ck](std::int64_t) { ck.exit_signal_handler = true; },
       "On SIGTERM, save a checkpoint after the current step and exit cleanly");
+  cmd->add_option("--exit-interval", ck.exit_interval,
+                  "End the run (saving, with --save) after a step that is a multiple of this");
   cmd->add_option("--metrics-jsonl", f.metrics_jsonl, "Write one JSON object per step here");
   cmd->add_option("--threads", o.threads, "Compute threads (default: all cores)");
   actors::ParallelOptions& par = f.parallel;
@@ -220,6 +222,9 @@ absl::Status finish_train_flags(TrainFlags& f) {
   actors::CheckpointOptions& ck = f.checkpoint;
   if (ck.save_interval < 0) {
     return absl::InvalidArgumentError("--save-interval must not be negative");
+  }
+  if (ck.exit_interval < 0) {
+    return absl::InvalidArgumentError("--exit-interval must not be negative");
   }
   if (ck.keep_last < 0) return absl::InvalidArgumentError("--keep-last must not be negative");
   if (ck.save.empty() && (ck.save_interval > 0 || ck.keep_last > 0 || ck.exit_signal_handler)) {
