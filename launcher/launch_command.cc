@@ -25,6 +25,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <thread>
 
@@ -50,100 +51,113 @@ namespace {
 
 using json = nlohmann::json;
 
-int run_launch(LaunchFlags& f) {
-  block_interrupts();  // before any thread (the coordinator's, CAF's) starts
-  auto fail = [](const std::string& m, int code = 1) {
-    std::fprintf(stderr, "troupe launch: error: %s\n", m.c_str());
-    return code;
-  };
-  if (absl::Status st = finish_train_flags(f.train); !st.ok()) return fail(std::string(st.message()));
-  absl::StatusOr<model::TrainOptions> options = resolve(f.train);
-  if (!options.ok()) return fail(std::string(options.status().message()));
-  const actors::ParallelOptions& par = f.train.parallel;
-  if (absl::Status st = par.validate(*options); !st.ok()) return fail(std::string(st.message()));
-  if (!f.train.save_weights.empty()) {
-    if (absl::Status st = check_writable(f.train.save_weights, "--save-weights"); !st.ok()) {
-      return fail(std::string(st.message()));
-    }
-  }
-  const int world = par.world();
-  absl::StatusOr<Job> job = place(f, world);
-  if (!job.ok()) return fail(std::string(job.status().message()));
-  absl::StatusOr<std::string> run_dir = make_run_dir(f.run_dir);
-  if (!run_dir.ok()) return fail(std::string(run_dir.status().message()));
-  std::ofstream metrics(*run_dir + "/metrics.jsonl", std::ios::trunc), user_metrics;
-  if (!f.train.metrics_jsonl.empty()) {
-    user_metrics.open(f.train.metrics_jsonl, std::ios::trunc);
-    if (!user_metrics) return fail(absl::StrCat("--metrics-jsonl ", f.train.metrics_jsonl, ": cannot open for writing"));
-  }
-  std::string token;
-  if (!f.token_file.empty()) {
-    std::ifstream in(f.token_file);
-    if (!in || !std::getline(in, token) || token.empty()) {
-      return fail(absl::StrCat("--token-file ", f.token_file, ": cannot read a token from it"));
-    }
-  } else if (const char* env = std::getenv("TROUPE_JOB_TOKEN"); env != nullptr && *env) {
-    token = env;
-  } else {
-    absl::StatusOr<std::string> t = comm::new_job_token();
-    if (!t.ok()) return fail(std::string(t.status().message()));
-    token = *t;
-  }
-  if (token.size() < comm::kMinTokenLength) {
-    return fail(absl::StrCat("the job token (", f.token_file.empty() ? "TROUPE_JOB_TOKEN" : f.token_file,
-                             ") has ", token.size(), " characters; it must have at least ",
-                             comm::kMinTokenLength));
-  }
-  // The coordinator resumes from --load's step; each rank loads its own part.
-  absl::StatusOr<std::optional<model::ckpt::Checkpoint>> loaded = open_load(f.train, *options);
-  if (!loaded.ok()) return fail(std::string(loaded.status().message()));
-  const model::ckpt::Checkpoint* load = loaded->has_value() ? &**loaded : nullptr;
-  const actors::CheckpointOptions& ck = f.train.checkpoint;
+// What every start of a job shares: the flags, the run directory, the
+// token, the metrics and the signals.
+struct LaunchContext {
+  LaunchContext(LaunchFlags& flags, model::TrainOptions o) : f(flags), options(std::move(o)) {}
+  LaunchFlags& f;
+  model::TrainOptions options;  // resolved, the model unsliced
+  std::string run_dir, token;
+  std::ofstream metrics, user_metrics;
+  std::unique_ptr<Progress> progress;
+  std::atomic<int> interrupted{0};
   std::atomic<bool> exit_signal{false};
-  model::TrainOptions o = *options;
+  std::mutex mu;
+  actors::CoordinatorHost* current = nullptr;  // the running start's (for the signal thread)
+  json restarts = json::array();               // launch.json's record of them
+};
+
+// One start of the job: its layout, its hosts, where it resumes from.
+struct AttemptPlan {
+  int index = 0;  // 0: the first start; k: the k-th restart
+  actors::ParallelOptions parallel;
+  Job job;
+  std::string load;  // the workers' and coordinator's --load ("": none)
+  bool load_optim = true;
+  std::optional<std::chrono::steady_clock::time_point> failed_at;  // of the failure before it
+};
+
+struct Outcome {
+  int code = 0;             // the launcher's exit status, if this start is the last
+  std::string message;      // its error ("" when the run succeeded)
+  bool restartable = false;  // a rank or host failed while the job ran
+  std::set<std::string> lost_hosts;
+  std::chrono::steady_clock::time_point failed_at;
+};
+
+Outcome failed(std::string message, int code = 1) {
+  return {.code = code, .message = std::move(message), .restartable = false, .lost_hosts = {}, .failed_at = {}};
+}
+
+// The worker's command line: the training flags as given, but the layout
+// and the checkpoint to load as this start's plan says.
+std::vector<std::string> worker_flags(const LaunchFlags& f, const AttemptPlan& plan) {
+  std::vector<std::string> out = forwarded_train_flags(
+      f.train, {"--metrics-jsonl", "--dp", "--load", "--no-load-optim"});
+  out.insert(out.end(), {"--dp", std::to_string(plan.parallel.dp)});
+  if (!plan.load.empty()) out.insert(out.end(), {"--load", plan.load});
+  if (!plan.load.empty() && !plan.load_optim) out.push_back("--no-load-optim");
+  return out;
+}
+
+Outcome run_attempt(LaunchContext& ctx, const AttemptPlan& plan) {
+  const LaunchFlags& f = ctx.f;
+  const actors::ParallelOptions& par = plan.parallel;
+  const Job& job = plan.job;
+  const int world = par.world();
+  // The coordinator resumes from --load's step; each rank loads its own part.
+  TrainFlags train = f.train;
+  train.parallel = par;
+  train.checkpoint.load = plan.load;
+  train.checkpoint.load_optim = plan.load_optim;
+  absl::StatusOr<std::optional<model::ckpt::Checkpoint>> loaded = open_load(train, ctx.options);
+  if (!loaded.ok()) return failed(std::string(loaded.status().message()));
+  const model::ckpt::Checkpoint* load = loaded->has_value() ? &**loaded : nullptr;
+  model::TrainOptions o = ctx.options;
   o.model = par.sliced_config(o.model);
   const std::string master =
-      !f.master_addr.empty() ? f.master_addr : (job->local ? "127.0.0.1" : host_name());
+      !f.master_addr.empty() ? f.master_addr : (job.local ? "127.0.0.1" : host_name());
   absl::StatusOr<std::unique_ptr<actors::CoordinatorHost>> host = actors::CoordinatorHost::listen(
-      {.options = o, .parallel = par, .listen_host = job->local ? "127.0.0.1" : "0.0.0.0",
-       .port = f.master_port, .token = token, .join_timeout = absl::Seconds(f.join_timeout_s),
-       .checkpoints = {.flags = ck,
+      {.options = o, .parallel = par, .listen_host = job.local ? "127.0.0.1" : "0.0.0.0",
+       .port = f.master_port, .token = ctx.token, .join_timeout = absl::Seconds(f.join_timeout_s),
+       .checkpoints = {.flags = train.checkpoint,
                        .loaded = load,
-                       .exit_requested = [&exit_signal] { return exit_signal.load(); },
+                       .exit_requested = [&ctx] { return ctx.exit_signal.load(); },
                        .log = [](const std::string& line) {
                          std::printf("%s\n", line.c_str());
                          std::fflush(stdout);
                        }}});
-  if (!host.ok()) return fail(std::string(host.status().message()));
+  if (!host.ok()) return failed(std::string(host.status().message()));
   actors::CoordinatorHost& coordinator = **host;
 
   // The banner and the placement table.
   const comm::Layout layout = par.layout();
   std::map<std::string, int> per_host;
-  for (const Placement& p : job->placement) per_host[p.host]++;
+  for (const Placement& p : job.placement) per_host[p.host]++;
   const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
-  std::printf("troupe launch: %s\n", o.model.describe().c_str());
+  if (plan.index == 0) std::printf("troupe launch: %s\n", o.model.describe().c_str());
   std::printf("  %s: %d worker processes on %zu host(s); schedule %s, %d micro-batches of %d per "
               "replica and step = global batch %d; %d steps\n",
-              layout.describe().c_str(), world, job->hosts.size(),
+              layout.describe().c_str(), world, job.hosts.size(),
               actors::schedule_name(par.schedule).c_str(), par.m(o), o.micro_batch,
               o.global_batch, o.steps);
-  std::printf("  run directory: %s\n  coordinator: %s:%d\n", run_dir->c_str(), master.c_str(),
+  std::printf("  run directory: %s\n  coordinator: %s:%d\n", ctx.run_dir.c_str(), master.c_str(),
               coordinator.port());
-  if (load != nullptr) std::printf("  %s\n", describe_load(f.train, *load).c_str());
+  if (load != nullptr) std::printf("  %s\n", describe_load(train, *load).c_str());
   std::printf("  %5s  %-9s  %-20s  %5s  %7s\n", "rank", "(d,s,t)", "host", "local", "threads");
   std::vector<WorkerLaunch> launches;
   std::vector<std::pair<std::string, std::string>> logs;
-  const std::vector<std::string> flags = forwarded_train_flags(f.train, {"--metrics-jsonl"});
+  const std::vector<std::string> flags = worker_flags(f, plan);
   std::vector<std::string> env_base;
-  if (!job->local) {
+  if (!job.local) {
     for (const std::string& kv : current_environment()) {
       if (forwarded_var(kv)) env_base.push_back(kv);
     }
   }
   std::error_code ec;
   const std::string cwd = std::filesystem::current_path(ec).string();
-  for (const Placement& p : job->placement) {
+  const std::string attempt = plan.index == 0 ? "" : absl::StrCat(".restart", plan.index);
+  for (const Placement& p : job.placement) {
     const comm::Coord c = layout.coord(p.rank);
     const int local = per_host[p.host];
     const int threads = o.threads > 0 ? o.threads : std::max(1, cores / local);
@@ -168,55 +182,56 @@ int run_launch(LaunchFlags& f) {
     w.env.push_back("TROUPE_TOKEN_STDIN=1");
     w.env.push_back(absl::StrCat("LOCAL_RANK=", p.local_rank));
     w.env.push_back(absl::StrCat("LOCAL_WORLD_SIZE=", local));
-    w.log = absl::StrFormat("%s/rank-%05d.log", *run_dir, p.rank);
+    w.log = absl::StrFormat("%s/rank-%05d%s.log", ctx.run_dir, p.rank, attempt);
     w.cwd = cwd;
     logs.emplace_back(absl::StrFormat("rank %d (%d,%d,%d) %s", p.rank, c.d, c.s, c.t, p.host), w.log);
     launches.push_back(std::move(w));
   }
   std::fflush(stdout);
 
-  json record = {{"command", command_line()}, {"hosts", job->hosts}, {"world", world},
+  json record = {{"command", command_line()}, {"hosts", job.hosts}, {"world", world},
                  {"layout", {{"tp", par.tp}, {"pp", par.pp}, {"dp", par.dp}}},
-                 {"coordinator", absl::StrCat(master, ":", coordinator.port())}, {"ranks", json::array()}};
-  for (const Placement& p : job->placement) {
+                 {"coordinator", absl::StrCat(master, ":", coordinator.port())},
+                 {"restarts", ctx.restarts}, {"ranks", json::array()}};
+  for (const Placement& p : job.placement) {
     const comm::Coord c = layout.coord(p.rank);
     record["ranks"].push_back({{"rank", p.rank}, {"d", c.d}, {"s", c.s}, {"t", c.t}, {"host", p.host},
                                {"local_rank", p.local_rank}, {"pid", nullptr},
                                {"log", launches[static_cast<std::size_t>(p.rank)].log},
                                {"argv", launches[static_cast<std::size_t>(p.rank)].argv}});
   }
-  const std::string record_path = *run_dir + "/launch.json";
-  if (absl::Status st = write_json(record_path, record); !st.ok()) return fail(std::string(st.message()));
+  const std::string record_path = ctx.run_dir + "/launch.json";
+  if (absl::Status st = write_json(record_path, record); !st.ok()) return failed(std::string(st.message()));
 
-  // SIGINT/SIGTERM end the run.
-  std::atomic<int> interrupted{0};
-  Interrupts interrupts([&](int sig) {
-    if (sig == SIGTERM && ck.exit_signal_handler && !exit_signal.load()) {
-      // (Megatron's --exit-signal-handler: SLURM's notice before preemption.)
-      std::printf("troupe launch: SIGTERM: saving after this step, then exiting\n");
-      std::fflush(stdout);
-      exit_signal = true;
-      return;
+  {
+    std::lock_guard<std::mutex> lock(ctx.mu);
+    ctx.current = &coordinator;
+  }
+  struct Unregister {
+    LaunchContext& ctx;
+    ~Unregister() {
+      std::lock_guard<std::mutex> lock(ctx.mu);
+      ctx.current = nullptr;
     }
-    interrupted = sig;
-    coordinator.cancel(absl::CancelledError(absl::StrCat("interrupted by ", sig == SIGINT ? "SIGINT" : "SIGTERM")));
-  });
+  } unregister{ctx};
+  if (ctx.interrupted.load() != 0) return failed("interrupted", 128 + ctx.interrupted.load());
   std::unique_ptr<Fleet> fleet;
-  if (job->local) {
-    fleet = local_fleet(token);
+  if (job.local) {
+    fleet = local_fleet(ctx.token);
   } else {
     absl::StatusOr<std::unique_ptr<Fleet>> agents = agent_fleet(
-        {.hosts = job->hosts, .rsh = f.rsh, .self = self_exe(), .master_addr = master,
-         .token = token, .log_dir = *run_dir, .join_timeout = absl::Seconds(f.join_timeout_s),
-         .interrupted = [&] { return interrupted.load() != 0; }});
+        {.hosts = job.hosts, .rsh = f.rsh, .self = self_exe(), .master_addr = master,
+         .token = ctx.token, .log_dir = ctx.run_dir, .join_timeout = absl::Seconds(f.join_timeout_s),
+         .interrupted = [&ctx] { return ctx.interrupted.load() != 0; }});
     if (!agents.ok()) {
-      return fail(std::string(agents.status().message()), interrupted.load() ? 128 + interrupted.load() : 1);
+      const int sig = ctx.interrupted.load();
+      return failed(std::string(agents.status().message()), sig ? 128 + sig : 1);
     }
     fleet = *std::move(agents);
   }
   if (absl::Status st = fleet->start(launches); !st.ok()) {
     fleet->stop(absl::Seconds(3));
-    return fail(std::string(st.message()));
+    return failed(std::string(st.message()));
   }
   if (fleet->port() != 0) {
     record["agent_port"] = fleet->port();
@@ -227,6 +242,7 @@ int run_launch(LaunchFlags& f) {
   // Exits and losses, as they happen: a worker gone before the end ends the run.
   std::mutex mu;
   std::map<int, std::string> exits;  // rank -> how it ended
+  std::set<std::string> lost_hosts;
   std::atomic<bool> over{false};
   std::atomic<int> running{world};
   // Ranks that have exited or were lost (their agent's host cut off: no
@@ -235,6 +251,7 @@ int run_launch(LaunchFlags& f) {
   // for them, and a cut link took 10 s to end the job).
   std::set<int> ended;
   std::atomic<bool> stopping{false};  // from here on, exits are the launcher's own kills
+  std::optional<std::chrono::steady_clock::time_point> failed_at;
   auto watch = [&] {
     bool dirty = false;
     for (const FleetEvent& e : fleet->poll()) {
@@ -252,6 +269,10 @@ int run_launch(LaunchFlags& f) {
       if (bad && e.exit.code != 3 && !stopping.load()) {
         std::lock_guard<std::mutex> lock(mu);
         exits.emplace(e.rank, e.what);
+        if (e.kind == FleetEvent::Kind::kLost) {
+          lost_hosts.insert(job.placement[static_cast<std::size_t>(e.rank)].host);
+        }
+        if (!failed_at) failed_at = std::chrono::steady_clock::now();
       }
       if (bad && !over.load()) {
         coordinator.cancel(absl::UnavailableError(absl::StrCat(coordinator.who(e.rank), ": ", e.what)));
@@ -266,22 +287,31 @@ int run_launch(LaunchFlags& f) {
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
   });
-  Progress progress(o.steps, {&metrics, user_metrics.is_open() ? &user_metrics : nullptr});
+  bool first_step = true;
   absl::Status st = coordinator.run(
       [&](const model::StepMetrics& m) {
-        progress.report(m);
+        ctx.progress->report(m);
+        if (first_step && plan.failed_at) {
+          std::printf("troupe launch: training again at step %d, %.2f s after the failure\n", m.step,
+                      std::chrono::duration<double>(std::chrono::steady_clock::now() -
+                                                    *plan.failed_at)
+                          .count());
+          std::fflush(stdout);
+        }
+        first_step = false;
       },
       [&](const std::vector<actors::CoordinatorHost::Member>& members) {
-        std::printf("  train data: %s\n", members[0].hello.train_data.c_str());
+        if (plan.index == 0) std::printf("  train data: %s\n", members[0].hello.train_data.c_str());
         std::fflush(stdout);
       });
+  const auto run_ended = std::chrono::steady_clock::now();
   over = true;
   echo.reset();  // what the ranks say after the end is in their logs
   // Every worker is done (run() waits for that, or for its loss); they exit
   // by themselves. (After a failure a lost worker -- hung, cut off -- will
   // not: the wait is short, and the stop below ends it.)
   const absl::Time until = absl::Now() + (st.ok() ? absl::Seconds(10) : absl::Seconds(2));
-  while (running.load() > 0 && absl::Now() < until && interrupted.load() == 0) {
+  while (running.load() > 0 && absl::Now() < until && ctx.interrupted.load() == 0) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   stop_watch = true;
@@ -294,24 +324,204 @@ int run_launch(LaunchFlags& f) {
   // first: the coordinator may have heard of the failure second-hand (a
   // peer's receive failing) before it heard of the death.
   std::vector<std::string> causes;
+  Outcome out;
   {
     std::lock_guard<std::mutex> lock(mu);
     for (const auto& [rank, what] : exits) {
       causes.push_back(absl::StrCat(coordinator.who(rank), ": ", what,
                                     log_tail(launches[static_cast<std::size_t>(rank)].log)));
     }
+    out.lost_hosts = lost_hosts;
+    out.failed_at = failed_at.value_or(run_ended);
   }
+  const int sig = ctx.interrupted.load();
+  out.restartable = sig == 0 && (!st.ok() || !causes.empty());
   if (!st.ok()) {
     std::string msg = causes.empty() ? std::string(st.message())
                                      : absl::StrCat(absl::StrJoin(causes, "\n  "), "\n  the run: ",
                                                     st.message());
-    return fail(absl::StrCat(msg, "\n  logs: ", *run_dir), interrupted.load() ? 128 + interrupted.load() : 1);
+    out.message = absl::StrCat(msg, "\n  logs: ", ctx.run_dir);
+    out.code = sig ? 128 + sig : 1;
+    return out;
   }
   if (!causes.empty()) {
-    return fail(absl::StrCat("the run ended, but ", absl::StrJoin(causes, "; "), "\n  logs: ", *run_dir));
+    out.message = absl::StrCat("the run ended, but ", absl::StrJoin(causes, "; "), "\n  logs: ", ctx.run_dir);
+    out.code = 1;
+  }
+  return out;
+}
+
+// The largest dp (at most `dp`) whose ranks fit in `slots` and whose
+// micro-batches divide the global batch; 0 if none.
+int largest_dp(const actors::ParallelOptions& par, const model::TrainOptions& o, int slots, int dp) {
+  for (int d = std::min(dp, slots / (par.tp * par.pp)); d >= 1; d--) {
+    actors::ParallelOptions p = par;
+    p.dp = d;
+    if (p.validate(o).ok()) return d;
+  }
+  return 0;
+}
+
+// After a failure: where the next start resumes (the newest checkpoint in
+// --save, or as the first start did), and with --elastic on which hosts
+// and with which dp.
+absl::StatusOr<AttemptPlan> next_plan(LaunchContext& ctx, const AttemptPlan& last,
+                                      const Outcome& out, int* resume_step) {
+  const LaunchFlags& f = ctx.f;
+  AttemptPlan next = last;
+  next.index = last.index + 1;
+  next.failed_at = out.failed_at;
+  *resume_step = 0;
+  const std::string& save = f.train.checkpoint.save;
+  absl::StatusOr<model::ckpt::Checkpoint> newest = model::ckpt::Checkpoint::open(save);
+  if (newest.ok()) {
+    next.load = save;
+    next.load_optim = true;
+    *resume_step = newest->meta().step;
+  } else {
+    next.load = f.train.checkpoint.load;
+    next.load_optim = f.train.checkpoint.load_optim;
+    if (!next.load.empty() && next.load_optim) {
+      absl::StatusOr<model::ckpt::Checkpoint> first = model::ckpt::Checkpoint::open(next.load);
+      if (first.ok()) *resume_step = first->meta().step;
+    }
+  }
+  if (f.elastic && !out.lost_hosts.empty()) {
+    std::vector<HostSlots> slots;
+    int total = 0;
+    for (const HostSlots& h : last.job.slots) {
+      if (out.lost_hosts.count(h.host) > 0) continue;
+      slots.push_back(h);
+      total += static_cast<int>(h.slots.size());
+    }
+    const int dp = largest_dp(last.parallel, ctx.options, total, f.train.parallel.dp);
+    if (dp == 0) {
+      return absl::UnavailableError(absl::StrCat(
+          "--elastic: the ", total, " slots left on the reachable hosts fit no data-parallel size "
+          "of --tp ", last.parallel.tp, " x --pp ", last.parallel.pp));
+    }
+    next.parallel.dp = dp;
+    absl::StatusOr<Job> job = place_on(std::move(slots), next.parallel.world(), last.job.local);
+    if (!job.ok()) return job.status();
+    next.job = *std::move(job);
+  }
+  return next;
+}
+
+int run_launch(LaunchFlags& f) {
+  block_interrupts();  // before any thread (the coordinator's, CAF's) starts
+  auto fail = [](const std::string& m, int code = 1) {
+    std::fprintf(stderr, "troupe launch: error: %s\n", m.c_str());
+    return code;
+  };
+  if (absl::Status st = finish_train_flags(f.train); !st.ok()) return fail(std::string(st.message()));
+  absl::StatusOr<model::TrainOptions> options = resolve(f.train);
+  if (!options.ok()) return fail(std::string(options.status().message()));
+  const actors::ParallelOptions& par = f.train.parallel;
+  if (absl::Status st = par.validate(*options); !st.ok()) return fail(std::string(st.message()));
+  if (f.max_restarts < 0) return fail("--max-restarts must not be negative");
+  if (f.max_restarts > 0 && f.train.checkpoint.save.empty()) {
+    return fail("--max-restarts needs --save DIR: a restart resumes from its newest checkpoint");
+  }
+  if (f.elastic && f.max_restarts == 0) return fail("--elastic needs --max-restarts K");
+  if (!f.train.save_weights.empty()) {
+    if (absl::Status st = check_writable(f.train.save_weights, "--save-weights"); !st.ok()) {
+      return fail(std::string(st.message()));
+    }
+  }
+  absl::StatusOr<Job> job = place(f, par.world());
+  if (!job.ok()) return fail(std::string(job.status().message()));
+  LaunchContext ctx(f, *options);
+  absl::StatusOr<std::string> run_dir = make_run_dir(f.run_dir);
+  if (!run_dir.ok()) return fail(std::string(run_dir.status().message()));
+  ctx.run_dir = *run_dir;
+  const std::string metrics_path = ctx.run_dir + "/metrics.jsonl";
+  ctx.metrics.open(metrics_path, std::ios::trunc);
+  if (!f.train.metrics_jsonl.empty()) {
+    ctx.user_metrics.open(f.train.metrics_jsonl, std::ios::trunc);
+    if (!ctx.user_metrics) return fail(absl::StrCat("--metrics-jsonl ", f.train.metrics_jsonl, ": cannot open for writing"));
+  }
+  auto metric_streams = [&ctx] {
+    return std::vector<std::ofstream*>{&ctx.metrics,
+                                       ctx.user_metrics.is_open() ? &ctx.user_metrics : nullptr};
+  };
+  ctx.progress = std::make_unique<Progress>(options->steps, metric_streams());
+  if (!f.token_file.empty()) {
+    std::ifstream in(f.token_file);
+    if (!in || !std::getline(in, ctx.token) || ctx.token.empty()) {
+      return fail(absl::StrCat("--token-file ", f.token_file, ": cannot read a token from it"));
+    }
+  } else if (const char* env = std::getenv("TROUPE_JOB_TOKEN"); env != nullptr && *env) {
+    ctx.token = env;
+  } else {
+    absl::StatusOr<std::string> t = comm::new_job_token();
+    if (!t.ok()) return fail(std::string(t.status().message()));
+    ctx.token = *t;
+  }
+  if (ctx.token.size() < comm::kMinTokenLength) {
+    return fail(absl::StrCat("the job token (", f.token_file.empty() ? "TROUPE_JOB_TOKEN" : f.token_file,
+                             ") has ", ctx.token.size(), " characters; it must have at least ",
+                             comm::kMinTokenLength));
+  }
+
+  // SIGINT/SIGTERM end the run (with --exit-signal-handler SIGTERM ends it
+  // after a checkpoint).
+  Interrupts interrupts([&ctx](int sig) {
+    if (sig == SIGTERM && ctx.f.train.checkpoint.exit_signal_handler && !ctx.exit_signal.load()) {
+      // (Megatron's --exit-signal-handler: SLURM's notice before preemption.)
+      std::printf("troupe launch: SIGTERM: saving after this step, then exiting\n");
+      std::fflush(stdout);
+      ctx.exit_signal = true;
+      return;
+    }
+    ctx.interrupted = sig;
+    std::lock_guard<std::mutex> lock(ctx.mu);
+    if (ctx.current != nullptr) {
+      ctx.current->cancel(absl::CancelledError(
+          absl::StrCat("interrupted by ", sig == SIGINT ? "SIGINT" : "SIGTERM")));
+    }
+  });
+  AttemptPlan plan{.index = 0,
+                   .parallel = par,
+                   .job = *std::move(job),
+                   .load = f.train.checkpoint.load,
+                   .load_optim = f.train.checkpoint.load_optim,
+                   .failed_at = std::nullopt};
+  for (;;) {
+    Outcome out = run_attempt(ctx, plan);
+    if (out.code == 0) break;
+    if (!out.restartable || plan.index >= f.max_restarts || ctx.interrupted.load() != 0) {
+      return fail(out.message, out.code);
+    }
+    int resume_step = 0;
+    absl::StatusOr<AttemptPlan> next = next_plan(ctx, plan, out, &resume_step);
+    if (!next.ok()) {
+      return fail(absl::StrCat(out.message, "\n  no restart: ", next.status().message()), out.code);
+    }
+    const std::string cause = out.message.substr(0, out.message.find('\n'));
+    std::printf("troupe launch: restart %d of %d after: %s\n  resuming from %s%s\n", next->index,
+                f.max_restarts, cause.c_str(),
+                resume_step > 0 ? absl::StrCat("step ", resume_step, " (", next->load, ")").c_str()
+                                : "the start",
+                next->parallel.dp != plan.parallel.dp
+                    ? absl::StrCat(", now with --dp ", next->parallel.dp, " on ",
+                                   next->job.hosts.size(), " host(s)").c_str()
+                    : "");
+    std::fflush(stdout);
+    ctx.restarts.push_back({{"restart", next->index}, {"cause", cause},
+                            {"resumed_from_step", resume_step}, {"dp", next->parallel.dp}});
+    // The metrics of the steps after the checkpoint are run again.
+    ctx.metrics.close();
+    ctx.metrics.open(metrics_path, std::ios::trunc);
+    if (ctx.user_metrics.is_open()) {
+      ctx.user_metrics.close();
+      ctx.user_metrics.open(f.train.metrics_jsonl, std::ios::trunc);
+    }
+    ctx.progress->rewind(resume_step, metric_streams());
+    plan = *std::move(next);
   }
   if (!f.train.save_weights.empty()) std::printf("saved weights to %s\n", f.train.save_weights.c_str());
-  std::printf("run directory: %s\n", run_dir->c_str());
+  std::printf("run directory: %s\n", ctx.run_dir.c_str());
   return 0;
 }
 
@@ -337,6 +547,13 @@ Command add_launch_command(CLI::App& app) {
                   "The job token's file (default: TROUPE_JOB_TOKEN, or a new random one)");
   cmd->add_option("--join-timeout", f->join_timeout_s, "Seconds for the job to assemble")
       ->capture_default_str();
+  cmd->add_option("--max-restarts", f->max_restarts,
+                  "When a rank or host fails, stop the job and start it again from the newest "
+                  "checkpoint in --save, up to K times")
+      ->capture_default_str();
+  cmd->add_flag("--elastic", f->elastic,
+                "A restart uses the hosts still reachable, with the largest --dp that fits "
+                "(the checkpoint is resharded on load)");
   return [f] { return run_launch(*f); };
 }
 

@@ -48,9 +48,20 @@ void Progress::report(const model::StepMetrics& m) {
       "\"tokens_per_s\": %.9g, \"step_s\": %.9g, \"elapsed_s\": %.9g%s}\n",
       m.step, m.loss, m.grad_norm, m.lr, m.tokens_per_s, m.step_s, elapsed_,
       m.val_loss ? absl::StrFormat(", \"val_loss\": %.17g", *m.val_loss) : "");
+  lines_.emplace_back(m.step, line);
   for (std::ofstream* out : metrics_) {
     if (out == nullptr) continue;
     *out << line;
+    out->flush();
+  }
+}
+
+void Progress::rewind(int step, std::vector<std::ofstream*> metrics) {
+  while (!lines_.empty() && lines_.back().first > step) lines_.pop_back();
+  metrics_ = std::move(metrics);
+  for (std::ofstream* out : metrics_) {
+    if (out == nullptr) continue;
+    for (const auto& [s, line] : lines_) *out << line;
     out->flush();
   }
 }

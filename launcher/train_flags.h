@@ -65,12 +65,16 @@ class Progress {
       : steps_(steps), metrics_(std::move(metrics)) {}
   Progress(int steps, std::ofstream* metrics) : Progress(steps, std::vector<std::ofstream*>{metrics}) {}
   void report(const model::StepMetrics& m);
+  // A restart resumes after `step`: the lines of later steps are dropped
+  // (they are run again), and `metrics` (reopened, empty) get those kept.
+  void rewind(int step, std::vector<std::ofstream*> metrics);
 
  private:
   int steps_;
   std::vector<std::ofstream*> metrics_;
   double elapsed_ = 0.0;
   int reported_ = 0;
+  std::vector<std::pair<int, std::string>> lines_;  // (step, its JSON line)
 };
 
 }  // namespace troupe::launcher
