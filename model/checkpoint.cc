@@ -7,6 +7,8 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -118,6 +120,11 @@ absl::StatusOr<std::string> begin_save(const std::string& dir, int step) {
 
 absl::StatusOr<std::vector<TensorRecord>> write_rank_file(const std::string& tmp_dir, int rank,
                                                           const std::vector<Piece>& pieces) {
+  // Testing: TROUPE_DEBUG_SAVE_DELAY_MS=N makes every write last N ms more,
+  // so that a test's kill lands inside it (tests/launcher/restart_test.py).
+  if (const char* delay = std::getenv("TROUPE_DEBUG_SAVE_DELAY_MS"); delay != nullptr) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(std::atoi(delay)));
+  }
   std::vector<TensorRecord> records;
   std::vector<TensorToWrite> tensors;
   const std::string file = rank_file_name(rank);
