@@ -8,6 +8,10 @@ final weights, byte for byte.
   restart_test.py TROUPE WORKDIR kills SEED TRIALS   trials with the phases in turn
   restart_test.py TROUPE WORKDIR elastic             hostB's agent killed; the job
                                                      goes on on hostA with dp 1
+  restart_test.py TROUPE WORKDIR sigterm train|launch  --exit-signal-handler: SIGTERM
+                                                     mid-run saves after that step and
+                                                     exits 0; resuming from it ends
+                                                     bitwise equal to the straight run
 
 Each trial prints its seed, its kill point and what it measured: the time
 from the kill to the job training again. (`scripts/bench restart` runs 20.)
@@ -227,10 +231,69 @@ def elastic():
           f"{worst:.1e} relative over {STEPS} steps")
 
 
+def sigterm(how):
+    layout = ["--pp", "2", "--dp", "2"]
+    want_m, want_w = reference(layout, "pp-2-dp-2")
+    save, run_dir = f"{WORK}/sigterm-{how}-ckpt", f"{WORK}/sigterm-{how}-run"
+    a_m, b_m, b_w = (f"{WORK}/sigterm-{how}-{x}" for x in ("a.jsonl", "b.jsonl", "b.safetensors"))
+    for x in (save, run_dir):
+        shutil.rmtree(x, ignore_errors=True)
+    extra = ["--run-dir", run_dir] if how == "launch" else []
+    # Slow writes, so that the signal finds the run training, not saving.
+    p = subprocess.Popen([TROUPE, how, *FLAGS, *layout, "--save", save, "--exit-signal-handler",
+                          "--metrics-jsonl", a_m, *extra], stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True)
+    out = []
+    for line in p.stdout:
+        out.append(line)
+        m = STEP_LINE.match(line)
+        if m and int(m.group(1)) == 5:
+            # As SLURM before a preemption: every process of the job hears it.
+            workers = pids_of(run_dir) if how == "launch" else []
+            p.send_signal(signal.SIGTERM)
+            for w in workers:
+                os.kill(w, signal.SIGTERM)
+            t0 = time.time()
+            break
+    out += list(p.stdout)
+    p.wait(timeout=120)
+    took = time.time() - t0
+    text = "".join(out)
+    print(text[-1500:])
+    steps = [int(x) for x in re.findall(r"^step +(\d+)/", text, re.M)]
+    last = steps[-1]
+    if p.returncode != 0 or f"ending after step {last} with a checkpoint" not in text or \
+            last >= STEPS:
+        fail(f"exit {p.returncode}; no 'ending after step {last} with a checkpoint' before the end")
+    with open(f"{save}/latest_checkpointed_iteration.txt") as f:
+        if f.read() != f"{last}\n":
+            fail(f"the tracker does not name step {last}")
+    print(f"MEASURED: {how}: SIGTERM at step 5, saved after step {last} and exited 0 in {took:.2f} s")
+    r = subprocess.run([TROUPE, how, *FLAGS, *layout, "--load", save, "--metrics-jsonl", b_m,
+                        "--save-weights", b_w, *(["--run-dir", run_dir + "-b"] if extra else [])],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=240)
+    if r.returncode != 0:
+        fail("the resume failed:\n" + r.stdout)
+    want, got = read_metrics(want_m), read_metrics(a_m) + read_metrics(b_m)
+    if [x["step"] for x in got] != list(range(1, STEPS + 1)):
+        fail(f"the two runs' metrics have steps {[x['step'] for x in got]}")
+    for x, y in zip(want, got):
+        for key in ("loss", "grad_norm", "lr"):
+            if x[key] != y[key]:
+                fail(f"step {x['step']}: {key} {x[key]!r} straight, {y[key]!r} stopped and resumed")
+    with open(want_w, "rb") as f1, open(b_w, "rb") as f2:
+        if f1.read() != f2.read():
+            fail(f"{b_w} differs from {want_w}")
+    print(f"OK: {how}: stopped by SIGTERM after step {last} with a checkpoint, resumed: "
+          f"{STEPS} steps bitwise equal, weights byte for byte")
+
+
 case = sys.argv[3]
 if case == "kills":
     kills(int(sys.argv[4]), int(sys.argv[5]))
 elif case == "elastic":
     elastic()
+elif case == "sigterm":
+    sigterm(sys.argv[4])
 else:
     fail(f"unknown case {case}")
