@@ -2,6 +2,7 @@
 #include "model/checkpoint.h"
 
 #include <fcntl.h>
+#include <stdio.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -158,8 +159,10 @@ absl::StatusOr<std::vector<TensorRecord>> write_rank_file(const std::string& tmp
       records.push_back(std::move(r));
     }
   }
+  // The file describes itself too: the manifest's records of its tensors.
   std::map<std::string, std::string> metadata = {{"format", "troupe-checkpoint"},
-                                                 {"rank", std::to_string(rank)}};
+                                                 {"rank", std::to_string(rank)},
+                                                 {"tensors", records_to_text(records)}};
   if (absl::Status st = write_safetensors(absl::StrCat(tmp_dir, "/", file), tensors, metadata);
       !st.ok()) {
     return st;
@@ -178,17 +181,21 @@ absl::Status commit(const std::string& dir, const std::string& tmp_dir, const Me
   const std::string final_dir = absl::StrCat(dir, "/", iter_name(meta.step));
   std::error_code ec;
   if (fs::exists(final_dir, ec)) {
-    // A checkpoint of this step from an earlier run: out of the way first
-    // (the tracker may name it; it names the new one a moment later).
-    const std::string old = absl::StrCat(final_dir, ".tmp-replaced-", ::getpid());
-    fs::rename(final_dir, old, ec);
-    if (ec) return absl::InternalError(absl::StrCat(final_dir, ": cannot replace: ", ec.message()));
-    fs::remove_all(old, ec);
-  }
-  fs::rename(tmp_dir, final_dir, ec);
-  if (ec) {
-    return absl::InternalError(
-        absl::StrCat(tmp_dir, ": cannot rename to ", final_dir, ": ", ec.message()));
+    // A checkpoint of this step from an earlier run (a resume from an older
+    // one): the tracker may name it, so it is swapped with the new one in
+    // one step, never missing; the old one, now at the temporary's name,
+    // goes after.
+    if (::renameat2(AT_FDCWD, tmp_dir.c_str(), AT_FDCWD, final_dir.c_str(), RENAME_EXCHANGE) != 0) {
+      return absl::InternalError(absl::StrCat(final_dir, ": cannot replace it with ", tmp_dir,
+                                              ": ", reason()));
+    }
+    fs::remove_all(tmp_dir, ec);
+  } else {
+    fs::rename(tmp_dir, final_dir, ec);
+    if (ec) {
+      return absl::InternalError(
+          absl::StrCat(tmp_dir, ": cannot rename to ", final_dir, ": ", ec.message()));
+    }
   }
   if (absl::Status st = fsync_path(dir); !st.ok()) return st;
   // The tracker last: it names a complete checkpoint, the old or the new.
