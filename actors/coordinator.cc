@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "actors/messages.h"
 #include "actors/stall_analysis.h"
 #include "model/optimizer.h"
@@ -340,13 +341,23 @@ void Coordinator::judge_progress(std::uint64_t seen) {
   if (finished_) return;
   std::uint64_t work = 0;
   for (const WaitReport& r : reports_) work += r.progress;
-  // (A checkpoint being written is progress too: the ranks' writers are
-  // not actors the question reaches.)
-  const bool moved = progress_ != seen || work != worker_progress_ || save_.step > 0;
+  const bool moved = progress_ != seen || work != worker_progress_;
   worker_progress_ = work;
   if (moved) return watch(progress_);
-  finish(absl::DeadlineExceededError(absl::StrFormat("no progress for %.1f s in step %d; waiting:%s",
-                                                     setup_->stall_timeout_s, step_,
+  // (A rank's file that takes longer than the timeout to write is a hang
+  // too: a stuck file system must not hold the job for ever.)
+  std::string writing;
+  if (save_.step > 0) {
+    std::vector<std::string> missing;
+    for (std::size_t r = 0; r < save_.records.size(); r++) {
+      if (save_.records[r].empty()) missing.push_back(std::to_string(r));
+    }
+    writing = absl::StrCat("; checkpoint ", save_.step, ": ", save_.written, " of ",
+                           setup_->layout.world(), " ranks have written their files (not ranks ",
+                           absl::StrJoin(missing, ", "), ")");
+  }
+  finish(absl::DeadlineExceededError(absl::StrFormat("no progress for %.1f s in step %d%s; waiting:%s",
+                                                     setup_->stall_timeout_s, step_, writing,
                                                      stall_report())));
 }
 
