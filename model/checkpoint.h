@@ -150,6 +150,9 @@ class Checkpoint {
 
  private:
   absl::StatusOr<const SafetensorsFile*> file(const std::string& name) const;
+  // global_tensor() into the cache (valid until the next call).
+  absl::StatusOr<const std::vector<float>*> assemble(Kind kind, const std::string& param,
+                                                     std::vector<std::int64_t>* shape) const;
 
   std::string dir_;
   Meta meta_;

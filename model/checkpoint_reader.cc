@@ -203,12 +203,20 @@ absl::Status Checkpoint::verify() const {
 
 absl::StatusOr<std::vector<float>> Checkpoint::global_tensor(
     Kind kind, const std::string& param, std::vector<std::int64_t>* shape) const {
+  absl::StatusOr<const std::vector<float>*> t = assemble(kind, param, shape);
+  if (!t.ok()) return t.status();
+  return **t;
+}
+
+absl::StatusOr<const std::vector<float>*> Checkpoint::assemble(
+    Kind kind, const std::string& param, std::vector<std::int64_t>* shape) const {
   const std::string key = absl::StrCat(kind_name(kind), "/", param);
   Cache& cache = *cache_;
   if (cache.key == key) {
     *shape = cache.shape;
-    return cache.tensor;
+    return &cache.tensor;
   }
+  cache.key.clear();
   auto it = by_tensor_.find(key);
   if (it == by_tensor_.end()) {
     return absl::NotFoundError(absl::StrCat(dir_, ": no ", kind_name(kind), " of ", param));
@@ -247,10 +255,10 @@ absl::StatusOr<std::vector<float>> Checkpoint::global_tensor(
                                             " are in no rank's file"));
   }
   cache.key = key;
-  cache.tensor = out;
+  cache.tensor = std::move(out);
   cache.shape = gshape;
   *shape = gshape;
-  return out;
+  return &cache.tensor;
 }
 
 absl::Status Checkpoint::fill(const Piece& p) const {
@@ -259,8 +267,9 @@ absl::Status Checkpoint::fill(const Piece& p) const {
     const std::int64_t b = std::max(p.begin, spec.offset);
     const std::int64_t e = std::min(p.end, spec.offset + spec.numel());
     if (b >= e) continue;
-    absl::StatusOr<std::vector<float>> g = global_tensor(p.kind, spec.name, &gshape);
-    if (!g.ok()) return g.status();
+    absl::StatusOr<const std::vector<float>*> assembled = assemble(p.kind, spec.name, &gshape);
+    if (!assembled.ok()) return assembled.status();
+    const std::vector<float>* g = *assembled;
     // The same tensor, but for the vocabulary's padding rows (zero in
     // every layout): rows the writer's padding lacks are zero here.
     std::int64_t row_len = 1;
