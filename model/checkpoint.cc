@@ -7,10 +7,13 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <thread>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -73,6 +76,19 @@ std::uint32_t crc_of(const void* data, std::size_t n) {
   return static_cast<std::uint32_t>(crc);
 }
 
+// TROUPE_DEBUG_SAVE_DELAY=SECONDS, for tests only (tests/ckpt/ckpt_test.py
+// kills a run inside a save): a save sleeps that long after making its
+// temporary, after each rank's file, after the manifest and after the rename
+// (before the tracker), so that a kill at a random moment lands in each.
+void debug_save_delay() {
+  static const double seconds = [] {
+    const char* env = std::getenv("TROUPE_DEBUG_SAVE_DELAY");
+    double s = 0;
+    return env != nullptr && absl::SimpleAtod(env, &s) && s > 0 ? s : 0.0;
+  }();
+  if (seconds > 0) std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+}
+
 bool is_temp_name(const std::string& name) {
   return absl::StartsWith(name, "iter_") && absl::StrContains(name, ".tmp-");
 }
@@ -113,6 +129,7 @@ absl::StatusOr<std::string> begin_save(const std::string& dir, int step) {
     return absl::InternalError(absl::StrCat("--save ", dir, ": cannot make ", tmp, ": ",
                                             ec ? ec.message() : "it exists"));
   }
+  debug_save_delay();
   return tmp;
 }
 
@@ -157,6 +174,7 @@ absl::StatusOr<std::vector<TensorRecord>> write_rank_file(const std::string& tmp
       !st.ok()) {
     return st;
   }
+  debug_save_delay();
   return records;
 }
 
@@ -168,6 +186,7 @@ absl::Status commit(const std::string& dir, const std::string& tmp_dir, const Me
     return st;
   }
   if (absl::Status st = fsync_path(tmp_dir); !st.ok()) return st;
+  debug_save_delay();
   const std::string final_dir = absl::StrCat(dir, "/", iter_name(meta.step));
   std::error_code ec;
   if (fs::exists(final_dir, ec)) {
@@ -184,6 +203,7 @@ absl::Status commit(const std::string& dir, const std::string& tmp_dir, const Me
         absl::StrCat(tmp_dir, ": cannot rename to ", final_dir, ": ", ec.message()));
   }
   if (absl::Status st = fsync_path(dir); !st.ok()) return st;
+  debug_save_delay();
   // The tracker last: it names a complete checkpoint, the old or the new.
   if (absl::Status st = write_file_atomically(absl::StrCat(dir, "/", kTracker),
                                               absl::StrCat(meta.step, "\n"));

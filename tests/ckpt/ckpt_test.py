@@ -1,0 +1,274 @@
+#!/usr/bin/python3
+"""Command-line tests of checkpoints (--save, --load, --no-load-optim,
+--keep-last) through `troupe train` and `troupe launch`.
+
+  ckpt_test.py TROUPE WORKDIR CASE [ARGS...]
+
+Cases:
+  resume N M [launch] [slow] FLAGS...
+        N+M steps straight (no --save) against N+M steps with --save-interval
+        N, then --load DIR/iter_N to N+M (with `launch`: both checkpointed
+        runs through `troupe launch`): loss, grad_norm, lr and val_loss of
+        every step bitwise equal, the final weights byte for byte, and the
+        checkpointed run itself equal to the straight one. `slow`: the
+        saving run's writes take 0.3 s each (TROUPE_DEBUG_SAVE_DELAY), so the
+        commit comes after the next steps (and evaluations) have run
+  reshard N FLAGS_A... -- FLAGS_B...
+        N+10 steps in layout A saving at N; --load DIR/iter_N in layout B to
+        N+10: losses and grad norms within 1e-5 relative of A's steps N+1..
+        N+10 (tests/compare_metrics.py)
+  no_load_optim FLAGS...
+        a run of N steps saves a checkpoint and --save-weights; --load DIR
+        --no-load-optim for K steps must equal --init-weights of that weights
+        file for K steps bitwise (an independent loader: parameters only,
+        step 1's learning rate, fresh Adam moments), and differ from a
+        resume
+  keep_last FLAGS...
+        --save-interval 2 --keep-last 2 over 8 steps: only iter 6 and 8 are
+        left, the tracker says 8, and --load DIR resumes from 8
+  bad_save FLAGS...
+        --save naming a file, or a directory that cannot be made: a clear
+        error naming --save and the path, non-zero, before any step
+  crash SEED TRIALS FLAGS...
+        SIGKILL to `train --save` at a random moment (seeded, printed) while
+        TROUPE_DEBUG_SAVE_DELAY slows each save; after each kill: no tracker,
+        or one naming a complete checkpoint whose every tensor's CRC-32 (zlib,
+        here) matches the manifest; resuming from it (--load DIR --save DIR)
+        gives the straight run's metrics and weights bitwise, and leaves no
+        temporary behind
+Each prints what it did and how long it took; "OK: " on success, "FAIL: ".
+"""
+import json
+import os
+import random
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import time
+import zlib
+
+TROUPE, WORK = sys.argv[1], sys.argv[2]
+HERE = os.path.dirname(os.path.abspath(__file__))
+COMPARE = os.path.join(HERE, "..", "compare_metrics.py")
+KEYS = ("loss", "grad_norm", "lr", "val_loss")
+os.makedirs(WORK, exist_ok=True)
+
+
+def fail(msg):
+    print("FAIL:", msg)
+    sys.exit(1)
+
+
+def run(args, env=None, check=True):
+    t = time.time()
+    r = subprocess.run(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                       timeout=240, env=env)
+    if check and r.returncode != 0:
+        fail(f"{' '.join(args)} exited {r.returncode}:\n{r.stdout}")
+    print(f"  {time.time() - t:5.2f}s  {' '.join(os.path.basename(a) if a == TROUPE else a for a in args)}")
+    return r
+
+
+def fresh(*paths):
+    """No output of an earlier run may stand in for this run's."""
+    for p in paths:
+        if os.path.isdir(p):
+            shutil.rmtree(p)
+        elif os.path.exists(p):
+            os.remove(p)
+    return paths[0] if len(paths) == 1 else paths
+
+
+def metrics(path):
+    try:
+        with open(path) as f:
+            return [json.loads(line) for line in f if line.strip()]
+    except OSError as e:
+        fail(f"{path}: {e}")
+
+
+def train(flags, tag, steps, extra=(), how="train", env=None):
+    """One run; returns (metrics path, weights path)."""
+    m, w = fresh(f"{WORK}/{tag}.jsonl", f"{WORK}/{tag}.safetensors")
+    args = [TROUPE, how, *flags, "--steps", str(steps), "--metrics-jsonl", m, "--save-weights", w]
+    if how == "launch":
+        args += ["--run-dir", fresh(f"{WORK}/{tag}-run")]
+    run(args + list(extra), env=env)
+    return m, w
+
+
+def bitwise(want_path, got_path, first, last, want_w=None, got_w=None):
+    """Steps first..last of both files exactly equal (the JSONL has 17 digits)."""
+    want = {r["step"]: r for r in metrics(want_path)}
+    got = {r["step"]: r for r in metrics(got_path)}
+    if sorted(got) != list(range(first, last + 1)) or any(s not in want for s in got):
+        fail(f"{got_path} has steps {sorted(got)}, want {first}..{last} of {want_path}")
+    for s in range(first, last + 1):
+        for k in KEYS:
+            if want[s].get(k) != got[s].get(k):
+                fail(f"step {s}: {k} {want[s].get(k)!r} in {want_path}, {got[s].get(k)!r} in {got_path}")
+    if want_w:
+        with open(want_w, "rb") as a, open(got_w, "rb") as b:
+            if a.read() != b.read():
+                fail(f"{got_w} differs from {want_w}")
+    vals = sum(1 for s in range(first, last + 1) if "val_loss" in got[s])
+    return f"steps {first}..{last} bitwise ({vals} with val_loss)" + (", weights byte for byte" if want_w else "")
+
+
+def case_resume(args):
+    n, m, flags = int(args[0]), int(args[1]), args[2:]
+    how, env = "train", None
+    while flags[0] in ("launch", "slow"):
+        if flags[0] == "launch":
+            how = "launch"
+        else:
+            env = dict(os.environ, TROUPE_DEBUG_SAVE_DELAY="0.3")
+        flags = flags[1:]
+    tag = f"resume-{how}"
+    ck = fresh(f"{WORK}/{tag}-ck")
+    want_m, want_w = train(flags, f"{tag}-straight", n + m)
+    saved_m, saved_w = train(flags, f"{tag}-saving", n + m, ["--save", ck, "--save-interval", str(n)],
+                             how, env)
+    what = bitwise(want_m, saved_m, 1, n + m, want_w, saved_w)
+    got_m, got_w = train(flags, f"{tag}-resumed", n + m, ["--load", f"{ck}/iter_{n:07d}"], how)
+    print(f"OK: saving run {what}; resumed from step {n}: {bitwise(want_m, got_m, n + 1, n + m, want_w, got_w)}")
+
+
+def renumbered(path, first, out):
+    """Steps first.. of `path` as steps 1.. (compare_metrics.py wants 1..n)."""
+    rows = [r for r in metrics(path) if r["step"] >= first]
+    with open(out, "w") as f:
+        for r in rows:
+            f.write(json.dumps(dict(r, step=r["step"] - first + 1)) + "\n")
+    return out
+
+
+def case_reshard(args):
+    n = int(args[0])
+    a, b = args[1:args.index("--")], args[args.index("--") + 1:]
+    tag = "reshard"
+    ck = fresh(f"{WORK}/{tag}-ck")
+    want_m, _ = train(a, f"{tag}-a", n + 10, ["--save", ck, "--save-interval", str(n)])
+    got_m, _ = train(b, f"{tag}-b", n + 10, ["--load", f"{ck}/iter_{n:07d}"])
+    r = subprocess.run([sys.executable, COMPARE, renumbered(want_m, n + 1, f"{WORK}/{tag}-a-tail.jsonl"),
+                        renumbered(got_m, n + 1, f"{WORK}/{tag}-b-tail.jsonl"), "--rtol", "1e-5",
+                        "--steps", "10", "--keys", "loss,grad_norm"],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    print(r.stdout)
+    if r.returncode != 0:
+        fail(f"layout B's steps {n + 1}..{n + 10} are not layout A's within 1e-5")
+    print(f"OK: resharded at step {n}, 10 steps within 1e-5 of the original layout")
+
+
+def case_no_load_optim(args):
+    n, k = 3, 3
+    ck = fresh(f"{WORK}/nlo-ck")
+    _, w_n = train(args, "nlo-saving", n, ["--save", ck])  # saves iter_n and the weights at n
+    want_m, want_w = train(args, "nlo-init-weights", k, ["--init-weights", w_n])
+    got_m, got_w = train(args, "nlo-finetune", k, ["--load", ck, "--no-load-optim"])
+    what = bitwise(want_m, got_m, 1, k, want_w, got_w)
+    # The moments matter: a resume of the same checkpoint (optimizer state
+    # loaded) ends elsewhere.
+    res_m, _ = train(args, "nlo-resume", n + k, ["--load", ck])
+    if metrics(res_m)[-1]["loss"] == metrics(got_m)[-1]["loss"]:
+        fail("--no-load-optim ends where a resume does: the optimizer state was loaded")
+    print(f"OK: --no-load-optim equals --init-weights of the step-{n} parameters: {what}")
+
+
+def case_keep_last(args):
+    ck = fresh(f"{WORK}/keep-ck")
+    train(args, "keep", 8, ["--save", ck, "--save-interval", "2", "--keep-last", "2"])
+    left = sorted(os.listdir(ck))
+    if left != ["iter_0000006", "iter_0000008", "latest_checkpointed_iteration.txt"]:
+        fail(f"{ck} holds {left} after --keep-last 2")
+    with open(f"{ck}/latest_checkpointed_iteration.txt") as f:
+        if f.read() != "8\n":
+            fail("the tracker does not say 8")
+    r = run([TROUPE, "train", *args, "--steps", "9", "--load", ck])
+    if f"resuming from {ck}/iter_0000008 (step 8" not in r.stdout or "step 9/9" not in r.stdout:
+        fail("--load DIR did not resume from the tracker's iter_0000008:\n" + r.stdout)
+    print(f"OK: --keep-last 2 left {left[:2]}, the tracker 8, and --load resumes from it")
+
+
+def case_bad_save(args):
+    afile = f"{WORK}/a-file"
+    with open(afile, "w") as f:
+        f.write("x")
+    for bad in (afile, f"{afile}/ck", "/proc/troupe-ckpt-test"):
+        t = time.time()
+        r = run([TROUPE, "train", *args, "--steps", "3", "--save", bad], check=False)
+        if r.returncode == 0 or f"--save {bad}" not in r.stdout or "step 1/" in r.stdout:
+            fail(f"--save {bad}: want a clear error naming it before training, got exit "
+                 f"{r.returncode}:\n{r.stdout}")
+        print(f"  --save {bad}: exit {r.returncode} in {time.time() - t:.2f}s: {r.stdout.strip().splitlines()[-1]}")
+    print("OK: an unusable --save is an error before training")
+
+
+def verify_crcs(ck_dir):
+    """Every tensor of the manifest against its bytes in the rank file (zlib
+    here, not the code under test). Returns the number of tensors."""
+    with open(f"{ck_dir}/manifest.json") as f:
+        manifest = json.load(f)
+    files = {}
+    for t in manifest["tensors"]:
+        if t["file"] not in files:
+            with open(f"{ck_dir}/{t['file']}", "rb") as f:
+                data = f.read()
+            (hlen,) = struct.unpack("<Q", data[:8])
+            files[t["file"]] = (json.loads(data[8:8 + hlen]), data[8 + hlen:])
+        header, body = files[t["file"]]
+        b, e = header[t["name"]]["data_offsets"]
+        if zlib.crc32(body[b:e]) != t["crc32"] or e - b != 4 * (t["end"] - t["begin"]):
+            fail(f"{ck_dir}/{t['file']}: tensor {t['name']} does not match the manifest")
+    if sorted(files) != sorted(manifest["rank_files"]):
+        fail(f"{ck_dir}: rank files {sorted(files)} but the manifest lists {manifest['rank_files']}")
+    return len(manifest["tensors"])
+
+
+def case_crash(args):
+    seed, trials, flags = int(args[0]), int(args[1]), args[2:]
+    steps, delay = 8, "0.05"
+    print(f"seed {seed}, {trials} trials, TROUPE_DEBUG_SAVE_DELAY={delay}")
+    rng = random.Random(seed)
+    want_m, want_w = train(flags, "crash-straight", steps)
+    env = dict(os.environ, TROUPE_DEBUG_SAVE_DELAY=delay)
+    ck = fresh(f"{WORK}/crash-ck")
+    t = time.time()
+    run([TROUPE, "train", *flags, "--steps", str(steps), "--save", ck, "--save-interval", "2"], env=env)
+    span = time.time() - t
+    for trial in range(trials):
+        at = rng.uniform(0.1, span)
+        fresh(ck)
+        p = subprocess.Popen([TROUPE, "train", *flags, "--steps", str(steps), "--save", ck,
+                              "--save-interval", "2"], env=env, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+        time.sleep(at)
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+        left = sorted(os.listdir(ck)) if os.path.isdir(ck) else []
+        tracker = f"{ck}/latest_checkpointed_iteration.txt"
+        step, tensors = 0, 0
+        if os.path.exists(tracker):
+            with open(tracker) as f:
+                text = f.read()
+            if not text.endswith("\n") or not text.strip().isdigit():
+                fail(f"trial {trial}: the tracker holds {text!r}")
+            step = int(text)
+            tensors = verify_crcs(f"{ck}/iter_{step:07d}")
+        print(f"  trial {trial}: kill at {at:.3f}s of {span:.2f}s: left {left}; tracker {step or 'none'}"
+              f" ({tensors} tensors verified)")
+        got_m, got_w = train(flags, f"crash-resumed-{trial}", steps, ["--load", ck, "--save", ck])
+        bitwise(want_m, got_m, step + 1, steps, want_w, got_w)
+        if any(".tmp-" in x for x in os.listdir(ck)):
+            fail(f"trial {trial}: a temporary is left in {ck}: {os.listdir(ck)}")
+    print(f"OK: {trials} kills; each left a loadable checkpoint (or none) and the resume matched bitwise")
+
+
+CASES = {"resume": case_resume, "reshard": case_reshard, "no_load_optim": case_no_load_optim,
+         "keep_last": case_keep_last, "bad_save": case_bad_save, "crash": case_crash}
+if __name__ == "__main__":
+    start = time.time()
+    CASES[sys.argv[3]](sys.argv[4:])
+    print(f"({time.time() - start:.1f}s)")
