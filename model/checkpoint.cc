@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -77,16 +78,19 @@ std::uint32_t crc_of(const void* data, std::size_t n) {
 }
 
 // TROUPE_DEBUG_SAVE_DELAY=SECONDS, for tests only (tests/ckpt/ckpt_test.py
-// kills a run inside a save): a save sleeps that long after making its
-// temporary, after each rank's file, after the manifest and after the rename
-// (before the tracker), so that a kill at a random moment lands in each.
-void debug_save_delay() {
+// kills a run inside a save): at each point of a save -- its temporary made,
+// a rank's file written, the manifest written, the directory renamed (the
+// tracker not yet), the tracker written -- say so on stderr and sleep that long, so that a kill
+// lands between any two of them.
+void debug_save_point(const char* point, const std::string& path) {
   static const double seconds = [] {
     const char* env = std::getenv("TROUPE_DEBUG_SAVE_DELAY");
     double s = 0;
     return env != nullptr && absl::SimpleAtod(env, &s) && s > 0 ? s : 0.0;
   }();
-  if (seconds > 0) std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+  if (seconds <= 0) return;
+  std::fprintf(stderr, "debug: save point: %s %s\n", point, path.c_str());
+  std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
 }
 
 bool is_temp_name(const std::string& name) {
@@ -129,7 +133,7 @@ absl::StatusOr<std::string> begin_save(const std::string& dir, int step) {
     return absl::InternalError(absl::StrCat("--save ", dir, ": cannot make ", tmp, ": ",
                                             ec ? ec.message() : "it exists"));
   }
-  debug_save_delay();
+  debug_save_point("temporary made", tmp);
   return tmp;
 }
 
@@ -174,7 +178,7 @@ absl::StatusOr<std::vector<TensorRecord>> write_rank_file(const std::string& tmp
       !st.ok()) {
     return st;
   }
-  debug_save_delay();
+  debug_save_point("rank file written", absl::StrCat(tmp_dir, "/", file));
   return records;
 }
 
@@ -186,7 +190,7 @@ absl::Status commit(const std::string& dir, const std::string& tmp_dir, const Me
     return st;
   }
   if (absl::Status st = fsync_path(tmp_dir); !st.ok()) return st;
-  debug_save_delay();
+  debug_save_point("manifest written", tmp_dir);
   const std::string final_dir = absl::StrCat(dir, "/", iter_name(meta.step));
   std::error_code ec;
   if (fs::exists(final_dir, ec)) {
@@ -203,13 +207,14 @@ absl::Status commit(const std::string& dir, const std::string& tmp_dir, const Me
         absl::StrCat(tmp_dir, ": cannot rename to ", final_dir, ": ", ec.message()));
   }
   if (absl::Status st = fsync_path(dir); !st.ok()) return st;
-  debug_save_delay();
+  debug_save_point("renamed", final_dir);
   // The tracker last: it names a complete checkpoint, the old or the new.
   if (absl::Status st = write_file_atomically(absl::StrCat(dir, "/", kTracker),
                                               absl::StrCat(meta.step, "\n"));
       !st.ok()) {
     return st;
   }
+  debug_save_point("tracker written", absl::StrCat(dir, "/", kTracker, " (", meta.step, ")"));
   if (keep_last > 0) {
     std::vector<int> steps = complete_steps(dir);
     const int excess = static_cast<int>(steps.size()) - keep_last;

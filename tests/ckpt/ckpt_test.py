@@ -29,13 +29,15 @@ Cases:
   bad_save FLAGS...
         --save naming a file, or a directory that cannot be made: a clear
         error naming --save and the path, non-zero, before any step
-  crash SEED TRIALS FLAGS...
-        SIGKILL to `train --save` at a random moment (seeded, printed) while
-        TROUPE_DEBUG_SAVE_DELAY slows each save; after each kill: no tracker,
-        or one naming a complete checkpoint whose every tensor's CRC-32 (zlib,
-        here) matches the manifest; resuming from it (--load DIR --save DIR)
-        gives the straight run's metrics and weights bitwise, and leaves no
-        temporary behind
+  crash SEED FLAGS...
+        SIGKILL to `train --save --save-interval 2` inside a save's points
+        (TROUPE_DEBUG_SAVE_DELAY makes each a 0.05 s pause that it announces;
+        the kill lands a random, seeded part of it later): every point of
+        the second save, and the first save's first point and its tracker;
+        after each kill: no tracker, or one naming a complete checkpoint
+        whose every tensor's CRC-32 (zlib, here) matches the manifest;
+        resuming from it (--load DIR --save DIR) gives the straight run's
+        metrics and weights bitwise, and leaves no temporary behind
 Each prints what it did and how long it took; "OK: " on success, "FAIL: ".
 """
 import json
@@ -209,44 +211,66 @@ def case_bad_save(args):
 def verify_crcs(ck_dir):
     """Every tensor of the manifest against its bytes in the rank file (zlib
     here, not the code under test). Returns the number of tensors."""
-    with open(f"{ck_dir}/manifest.json") as f:
-        manifest = json.load(f)
-    files = {}
-    for t in manifest["tensors"]:
-        if t["file"] not in files:
-            with open(f"{ck_dir}/{t['file']}", "rb") as f:
-                data = f.read()
-            (hlen,) = struct.unpack("<Q", data[:8])
-            files[t["file"]] = (json.loads(data[8:8 + hlen]), data[8 + hlen:])
-        header, body = files[t["file"]]
-        b, e = header[t["name"]]["data_offsets"]
-        if zlib.crc32(body[b:e]) != t["crc32"] or e - b != 4 * (t["end"] - t["begin"]):
-            fail(f"{ck_dir}/{t['file']}: tensor {t['name']} does not match the manifest")
+    try:
+        with open(f"{ck_dir}/manifest.json") as f:
+            manifest = json.load(f)
+        files = {}
+        for t in manifest["tensors"]:
+            if t["file"] not in files:
+                with open(f"{ck_dir}/{t['file']}", "rb") as f:
+                    data = f.read()
+                (hlen,) = struct.unpack("<Q", data[:8])
+                files[t["file"]] = (json.loads(data[8:8 + hlen]), data[8 + hlen:])
+            header, body = files[t["file"]]
+            b, e = header[t["name"]]["data_offsets"]
+            if zlib.crc32(body[b:e]) != t["crc32"] or e - b != 4 * (t["end"] - t["begin"]):
+                fail(f"{ck_dir}/{t['file']}: tensor {t['name']} does not match the manifest")
+    except (OSError, ValueError, KeyError, struct.error) as e:
+        fail(f"{ck_dir}: not a complete checkpoint: {e!r}")
     if sorted(files) != sorted(manifest["rank_files"]):
         fail(f"{ck_dir}: rank files {sorted(files)} but the manifest lists {manifest['rank_files']}")
     return len(manifest["tensors"])
 
 
+def kill_at_point(args, env, point, pause):
+    """Runs `args`, SIGKILLs it `pause` seconds after its point-th save
+    point (TROUPE_DEBUG_SAVE_DELAY's lines, counted from 0); returns that
+    point's line."""
+    p = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    seen = -1
+    for line in p.stdout:
+        if line.startswith("debug: save point: "):
+            seen += 1
+            if seen == point:
+                time.sleep(pause)
+                p.send_signal(signal.SIGKILL)
+                break
+    p.stdout.close()
+    p.wait()
+    if seen != point:
+        fail(f"the run ended after {seen + 1} save points, before point {point}")
+    return line.strip()[len("debug: save point: "):]
+
+
 def case_crash(args):
-    seed, trials, flags = int(args[0]), int(args[1]), args[2:]
-    steps, delay = 8, "0.05"
-    print(f"seed {seed}, {trials} trials, TROUPE_DEBUG_SAVE_DELAY={delay}")
+    seed, flags = int(args[0]), args[1:]
+    steps, delay = 8, 0.05
     rng = random.Random(seed)
+    print(f"seed {seed}, TROUPE_DEBUG_SAVE_DELAY={delay}")
     want_m, want_w = train(flags, "crash-straight", steps)
-    env = dict(os.environ, TROUPE_DEBUG_SAVE_DELAY=delay)
+    env = dict(os.environ, TROUPE_DEBUG_SAVE_DELAY=str(delay))
     ck = fresh(f"{WORK}/crash-ck")
-    t = time.time()
-    run([TROUPE, "train", *flags, "--steps", str(steps), "--save", ck, "--save-interval", "2"], env=env)
-    span = time.time() - t
-    for trial in range(trials):
-        at = rng.uniform(0.1, span)
+    saving = [TROUPE, "train", *flags, "--steps", str(steps), "--save", ck, "--save-interval", "2"]
+    points = [x for x in run(saving, env=env).stdout.splitlines() if x.startswith("debug: save point: ")]
+    # Every point of the second save (step 4: a complete checkpoint of step
+    # 2 exists), the first save's first (none yet) and its tracker.
+    trials = [i for i, x in enumerate(points) if i == 0 or x.endswith("(2)")
+              or "iter_0000004" in x or x.endswith("(4)")]
+    print(f"  {len(points)} save points in a run; killing within each of points {trials}")
+    for trial, point in enumerate(trials):
         fresh(ck)
-        p = subprocess.Popen([TROUPE, "train", *flags, "--steps", str(steps), "--save", ck,
-                              "--save-interval", "2"], env=env, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL)
-        time.sleep(at)
-        p.send_signal(signal.SIGKILL)
-        p.wait()
+        pause = rng.uniform(0, delay)
+        what = kill_at_point(saving, env, point, pause)
         left = sorted(os.listdir(ck)) if os.path.isdir(ck) else []
         tracker = f"{ck}/latest_checkpointed_iteration.txt"
         step, tensors = 0, 0
@@ -257,13 +281,14 @@ def case_crash(args):
                 fail(f"trial {trial}: the tracker holds {text!r}")
             step = int(text)
             tensors = verify_crcs(f"{ck}/iter_{step:07d}")
-        print(f"  trial {trial}: kill at {at:.3f}s of {span:.2f}s: left {left}; tracker {step or 'none'}"
-              f" ({tensors} tensors verified)")
+        print(f"  trial {trial}: kill {pause:.3f}s after point {point} ({what}): left {left}; "
+              f"tracker {step or 'none'} ({tensors} tensors verified)")
         got_m, got_w = train(flags, f"crash-resumed-{trial}", steps, ["--load", ck, "--save", ck])
         bitwise(want_m, got_m, step + 1, steps, want_w, got_w)
         if any(".tmp-" in x for x in os.listdir(ck)):
             fail(f"trial {trial}: a temporary is left in {ck}: {os.listdir(ck)}")
-    print(f"OK: {trials} kills; each left a loadable checkpoint (or none) and the resume matched bitwise")
+    print(f"OK: {len(trials)} kills inside saves; each left a loadable checkpoint (or none) and the "
+          "resume matched bitwise")
 
 
 CASES = {"resume": case_resume, "reshard": case_reshard, "no_load_optim": case_no_load_optim,
