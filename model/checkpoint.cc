@@ -112,6 +112,41 @@ std::vector<int> complete_steps(const std::string& dir) {
   return steps;
 }
 
+// Renames the complete `tmp_dir` to `final_dir`. A checkpoint of that step
+// already there (an earlier run's, which the tracker may name) is swapped
+// with the new one in one rename (RENAME_EXCHANGE), so that final_dir is a
+// complete checkpoint at every moment; the old one, now under the
+// temporary's name, is removed (or by the next begin_save after a crash).
+// Where the filesystem cannot exchange (EINVAL: NFS, some FUSE), the old
+// one is moved aside first, which leaves a moment with neither.
+absl::Status move_into_place(const std::string& dir, const std::string& tmp_dir,
+                             const std::string& final_dir) {
+  std::error_code ec;
+  if (fs::exists(final_dir, ec)) {
+    if (::renameat2(AT_FDCWD, tmp_dir.c_str(), AT_FDCWD, final_dir.c_str(), RENAME_EXCHANGE) == 0) {
+      debug_save_point("replacing", final_dir);
+      if (absl::Status st = fsync_path(dir); !st.ok()) return st;
+      fs::remove_all(tmp_dir, ec);
+      return absl::OkStatus();
+    }
+    if (errno != EINVAL && errno != ENOSYS) {
+      return absl::InternalError(
+          absl::StrCat(final_dir, ": cannot replace it with ", tmp_dir, ": ", reason()));
+    }
+    const std::string old = absl::StrCat(final_dir, ".tmp-replaced-", ::getpid());
+    fs::rename(final_dir, old, ec);
+    if (ec) return absl::InternalError(absl::StrCat(final_dir, ": cannot replace: ", ec.message()));
+    debug_save_point("replacing", final_dir);
+    fs::remove_all(old, ec);
+  }
+  fs::rename(tmp_dir, final_dir, ec);
+  if (ec) {
+    return absl::InternalError(
+        absl::StrCat(tmp_dir, ": cannot rename to ", final_dir, ": ", ec.message()));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<std::string> begin_save(const std::string& dir, int step) {
@@ -193,19 +228,7 @@ absl::Status commit(const std::string& dir, const std::string& tmp_dir, const Me
   debug_save_point("manifest written", tmp_dir);
   const std::string final_dir = absl::StrCat(dir, "/", iter_name(meta.step));
   std::error_code ec;
-  if (fs::exists(final_dir, ec)) {
-    // A checkpoint of this step from an earlier run: out of the way first
-    // (the tracker may name it; it names the new one a moment later).
-    const std::string old = absl::StrCat(final_dir, ".tmp-replaced-", ::getpid());
-    fs::rename(final_dir, old, ec);
-    if (ec) return absl::InternalError(absl::StrCat(final_dir, ": cannot replace: ", ec.message()));
-    fs::remove_all(old, ec);
-  }
-  fs::rename(tmp_dir, final_dir, ec);
-  if (ec) {
-    return absl::InternalError(
-        absl::StrCat(tmp_dir, ": cannot rename to ", final_dir, ": ", ec.message()));
-  }
+  if (absl::Status st = move_into_place(dir, tmp_dir, final_dir); !st.ok()) return st;
   if (absl::Status st = fsync_path(dir); !st.ok()) return st;
   debug_save_point("renamed", final_dir);
   // The tracker last: it names a complete checkpoint, the old or the new.

@@ -38,6 +38,11 @@ Cases:
         whose every tensor's CRC-32 (zlib, here) matches the manifest;
         resuming from it (--load DIR --save DIR) gives the straight run's
         metrics and weights bitwise, and leaves no temporary behind
+  resave FLAGS...
+        a run saves step 2; a new run from it (--no-load-optim) saves step
+        2 again into the same directory and is killed while the old
+        iter_0000002, the one the tracker names, is being replaced: the
+        tracker must still name a complete checkpoint that loads
 Each prints what it did and how long it took; "OK: " on success, "FAIL: ".
 """
 import json
@@ -291,8 +296,32 @@ def case_crash(args):
           "resume matched bitwise")
 
 
+def case_resave(args):
+    """A save over the very checkpoint the tracker names, killed inside."""
+    flags = args
+    env = dict(os.environ, TROUPE_DEBUG_SAVE_DELAY="0.05")
+    ck = fresh(f"{WORK}/resave-ck")
+    run([TROUPE, "train", *flags, "--steps", "2", "--save", ck])  # iter_0000002, the tracker 2
+    again = [TROUPE, "train", *flags, "--steps", "4", "--save", ck, "--save-interval", "2", "--load", ck,
+             "--no-load-optim"]  # a new run from its parameters: saves step 2 again
+    points = [x for x in run(again, env=env).stdout.splitlines() if x.startswith("debug: save point: ")]
+    replacing = [i for i, x in enumerate(points) if x.startswith("debug: save point: replacing")]
+    if not replacing:
+        fail("the second run did not replace iter_0000002:\n" + "\n".join(points))
+    fresh(ck)
+    run([TROUPE, "train", *flags, "--steps", "2", "--save", ck])
+    what = kill_at_point(again, env, replacing[0], 0.025)
+    with open(f"{ck}/latest_checkpointed_iteration.txt") as f:
+        step = int(f.read())
+    tensors = verify_crcs(f"{ck}/iter_{step:07d}")
+    r = run([TROUPE, "train", *flags, "--steps", "3", "--load", ck])
+    if f"resuming from {ck}/iter_0000002" not in r.stdout:
+        fail("--load did not resume from iter_0000002:\n" + r.stdout)
+    print(f"OK: killed at '{what}': the tracker names {step}, complete ({tensors} tensors), and it loads")
+
+
 CASES = {"resume": case_resume, "reshard": case_reshard, "no_load_optim": case_no_load_optim,
-         "keep_last": case_keep_last, "bad_save": case_bad_save, "crash": case_crash}
+         "keep_last": case_keep_last, "resave": case_resave, "bad_save": case_bad_save, "crash": case_crash}
 if __name__ == "__main__":
     start = time.time()
     CASES[sys.argv[3]](sys.argv[4:])
