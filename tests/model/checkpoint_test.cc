@@ -329,6 +329,26 @@ TEST_F(CheckpointTest, AnotherModelNamesEveryDifference) {
   EXPECT_TRUE(absl::StrContains(st.message(), iter(1))) << st;
 }
 
+TEST_F(CheckpointTest, ResumeWithOtherDataNamesEveryDifference) {
+  ASSERT_TRUE(write_checkpoint(dir_, small_model(8), {1, 1, 1}, 1).ok());
+  absl::StatusOr<Checkpoint> c = Checkpoint::open(dir_);
+  ASSERT_TRUE(c.ok()) << c.status();
+  TrainOptions o = c->meta().options;  // as written: global batch 0, seed 1234, synthetic data
+  EXPECT_TRUE(c->check_resume(o).ok());
+  o.global_batch = 16;
+  o.seed = 7;
+  o.split = "90,10,0";
+  o.data_path = {"corpus"};
+  o.shuffle = false;
+  const absl::Status st = c->check_resume(o);
+  EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition);
+  for (const char* diff : {"--global-batch-size 16 here, 0 in the checkpoint", "--seed 7 here, 1234",
+                           "--split 90,10,0 here, 969,30,1", "--data-path \"corpus\" here, \"\"",
+                           "--no-shuffle differs"}) {
+    EXPECT_TRUE(absl::StrContains(st.message(), diff)) << diff << " not in: " << st;
+  }
+}
+
 TEST_F(CheckpointTest, NotACheckpointIsNamed) {
   fs::create_directories(dir_ + "/empty");
   absl::Status st = Checkpoint::open(dir_ + "/empty").status();
