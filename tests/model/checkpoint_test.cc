@@ -46,10 +46,10 @@ GptConfig small_model(int vocab_multiple) {
 // the GPT model's attention), by parameter name.
 enum class Rule { kReplicated, kRows, kCols, kQkvHeads };
 Rule rule_of(const std::string& name) {
-  if (name == "wte.weight") return Rule::kRows;  // VocabParallelEmbedding
+  if (name == "wte.weight") return Rule::kRows;                         // VocabParallelEmbedding
   if (absl::StrContains(name, "attn.c_attn.")) return Rule::kQkvHeads;  // q, k, v by heads
-  if (absl::StrContains(name, "mlp.c_fc.")) return Rule::kRows;  // ColumnParallelLinear
-  if (absl::EndsWith(name, "c_proj.weight")) return Rule::kCols;  // RowParallelLinear
+  if (absl::StrContains(name, "mlp.c_fc.")) return Rule::kRows;         // ColumnParallelLinear
+  if (absl::EndsWith(name, "c_proj.weight")) return Rule::kCols;        // RowParallelLinear
   return Rule::kReplicated;  // LayerNorms, wpe, row-parallel biases
 }
 
@@ -67,11 +67,13 @@ std::vector<float> megatron_slice(const std::vector<float>& full, const Shape& s
   if (tp == 1 || rule == Rule::kReplicated) return full;
   if (rule == Rule::kRows) copy_rows(t * rows / tp, rows / tp);
   if (rule == Rule::kQkvHeads) {  // the heads t owns, of q, then of k, then of v
-    for (int part = 0; part < 3; part++) copy_rows(part * rows / 3 + t * rows / 3 / tp, rows / 3 / tp);
+    for (int part = 0; part < 3; part++)
+      copy_rows(part * rows / 3 + t * rows / 3 / tp, rows / 3 / tp);
   }
   if (rule == Rule::kCols) {
     for (std::int64_t r = 0; r < rows; r++) {
-      for (std::int64_t c = t * cols / tp; c < (t + 1) * cols / tp; c++) out.push_back(full[r * cols + c]);
+      for (std::int64_t c = t * cols / tp; c < (t + 1) * cols / tp; c++)
+        out.push_back(full[r * cols + c]);
     }
   }
   return out;
@@ -89,7 +91,8 @@ std::vector<float> reference_tensor(Kind kind, int index, const GptConfig& cfg,
   for (std::int64_t e = 0; e < n; e++) {
     const bool padding = name == "wte.weight" && e / shape[1] >= cfg.V;
     v[static_cast<std::size_t>(e)] =
-        padding ? 0.0f : static_cast<float>(static_cast<int>(kind) * 1000000 + index * 10000 + e + 1);
+        padding ? 0.0f
+                : static_cast<float>(static_cast<int>(kind) * 1000000 + index * 10000 + e + 1);
   }
   return v;
 }
@@ -145,8 +148,8 @@ absl::Status write_checkpoint(const std::string& dir, const GptConfig& cfg, Layo
         const std::int64_t b = d * lay.total() / w.dp, e = (d + 1) * lay.total() / w.dp;
         std::vector<Piece> pieces;
         add_chunk_pieces(lay, /*tied_copy=*/w.pp > 1 && s == w.pp - 1, /*params=*/d == 0, b, e,
-                         flat[0].data(), flat[1].data() + b, flat[2].data() + b,
-                         flat[3].data() + b, &pieces);
+                         flat[0].data(), flat[1].data() + b, flat[2].data() + b, flat[3].data() + b,
+                         &pieces);
         absl::StatusOr<std::vector<TensorRecord>> r =
             write_rank_file(*tmp, s * w.tp * w.dp + d * w.tp + t, pieces);
         if (!r.ok()) return r.status();
@@ -198,7 +201,9 @@ void expect_fills_like_reference(const Checkpoint& c, const GptConfig& cfg, Layo
         for (int d = 0; d < r.dp; d++) {
           const std::int64_t b = d * lay.total() / r.dp, e = (d + 1) * lay.total() / r.dp;
           std::vector<float> got(static_cast<std::size_t>(lay.total()), -7.0f);
-          ASSERT_TRUE(c.fill({.kind = k, .layout = &lay, .begin = b, .end = e, .data = got.data() + b}).ok());
+          ASSERT_TRUE(
+              c.fill({.kind = k, .layout = &lay, .begin = b, .end = e, .data = got.data() + b})
+                  .ok());
           for (std::int64_t i = 0; i < lay.total(); i++) {
             const float w = i >= b && i < e && !std::isnan(want[i]) ? want[i] : -7.0f;
             ASSERT_EQ(got[i], w) << kind_name(k) << " stage " << s << " t=" << t << " partition "
@@ -273,7 +278,8 @@ TEST_F(CheckpointTest, DamagedTensorIsDataLossNamingFileAndTensor) {
   ASSERT_TRUE(c.ok()) << c.status();
   const absl::Status st = c->verify();
   EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss) << st;
-  EXPECT_TRUE(absl::StrContains(st.message(), "rank_00002.safetensors: tensor " + tensor + " is damaged"))
+  EXPECT_TRUE(
+      absl::StrContains(st.message(), "rank_00002.safetensors: tensor " + tensor + " is damaged"))
       << st;
   // Loading the damaged tensor fails the same way.
   const GptConfig cfg = small_model(8);
@@ -284,9 +290,11 @@ TEST_F(CheckpointTest, DamagedTensorIsDataLossNamingFileAndTensor) {
   for (Kind x : kKinds) {
     if (kind == kind_name(x)) k = x;
   }
-  const absl::Status fill = c->fill({.kind = k, .layout = &lay, .begin = 0, .end = lay.total(), .data = buf.data()});
+  const absl::Status fill =
+      c->fill({.kind = k, .layout = &lay, .begin = 0, .end = lay.total(), .data = buf.data()});
   EXPECT_EQ(fill.code(), absl::StatusCode::kDataLoss) << fill;
-  EXPECT_TRUE(absl::StrContains(fill.message(), "rank_00002.safetensors: tensor " + tensor)) << fill;
+  EXPECT_TRUE(absl::StrContains(fill.message(), "rank_00002.safetensors: tensor " + tensor))
+      << fill;
 }
 
 TEST_F(CheckpointTest, MissingRankFileIsNamed) {
@@ -322,8 +330,9 @@ TEST_F(CheckpointTest, AnotherModelNamesEveryDifference) {
   other.V = 50;
   const absl::Status st = c->check_model(other);
   EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition);
-  for (const char* diff : {"--layers 4 here, 2 in the checkpoint", "--channels 16 here, 8",
-                           "--heads 2 here, 4", "--seq-len 32 here, 4", "--vocab-size 50 here, 10"}) {
+  for (const char* diff :
+       {"--layers 4 here, 2 in the checkpoint", "--channels 16 here, 8", "--heads 2 here, 4",
+        "--seq-len 32 here, 4", "--vocab-size 50 here, 10"}) {
     EXPECT_TRUE(absl::StrContains(st.message(), diff)) << diff << " not in: " << st;
   }
   EXPECT_TRUE(absl::StrContains(st.message(), iter(1))) << st;
@@ -342,9 +351,9 @@ TEST_F(CheckpointTest, ResumeWithOtherDataNamesEveryDifference) {
   o.shuffle = false;
   const absl::Status st = c->check_resume(o);
   EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition);
-  for (const char* diff : {"--global-batch-size 16 here, 0 in the checkpoint", "--seed 7 here, 1234",
-                           "--split 90,10,0 here, 969,30,1", "--data-path \"corpus\" here, \"\"",
-                           "--no-shuffle differs"}) {
+  for (const char* diff : {"--global-batch-size 16 here, 0 in the checkpoint",
+                           "--seed 7 here, 1234", "--split 90,10,0 here, 969,30,1",
+                           "--data-path \"corpus\" here, \"\"", "--no-shuffle differs"}) {
     EXPECT_TRUE(absl::StrContains(st.message(), diff)) << diff << " not in: " << st;
   }
 }
@@ -353,7 +362,8 @@ TEST_F(CheckpointTest, NotACheckpointIsNamed) {
   fs::create_directories(dir_ + "/empty");
   absl::Status st = Checkpoint::open(dir_ + "/empty").status();
   EXPECT_EQ(st.code(), absl::StatusCode::kNotFound);
-  EXPECT_TRUE(absl::StrContains(st.message(), dir_ + "/empty: not a checkpoint (no manifest.json)")) << st;
+  EXPECT_TRUE(absl::StrContains(st.message(), dir_ + "/empty: not a checkpoint (no manifest.json)"))
+      << st;
   std::ofstream(dir_ + "/file") << "x";
   st = Checkpoint::open(dir_ + "/file").status();
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
@@ -373,8 +383,9 @@ TEST_F(CheckpointTest, TrackerNamingAMissingIterationIsNamed) {
   std::ofstream(absl::StrCat(dir_, "/", kTracker)) << "9\n";
   absl::Status st = Checkpoint::open(dir_).status();
   EXPECT_EQ(st.code(), absl::StatusCode::kNotFound);
-  EXPECT_TRUE(absl::StrContains(st.message(), absl::StrCat(dir_, "/", kTracker, " names iteration 9 but ",
-                                                           iter(9), " is not a complete checkpoint")))
+  EXPECT_TRUE(
+      absl::StrContains(st.message(), absl::StrCat(dir_, "/", kTracker, " names iteration 9 but ",
+                                                   iter(9), " is not a complete checkpoint")))
       << st;
   std::ofstream(absl::StrCat(dir_, "/", kTracker)) << "nine";
   st = Checkpoint::open(dir_).status();
@@ -392,14 +403,18 @@ TEST_F(CheckpointTest, RecordsTextRoundTripsAndBadTextIsAnError) {
   ASSERT_EQ(back->size(), c->records().size());
   for (std::size_t i = 0; i < back->size(); i++) {
     const TensorRecord &a = (*back)[i], &b = c->records()[i];
-    EXPECT_EQ(std::tie(a.file, a.name, a.param, a.global_shape, a.slice_shape, a.tp, a.t, a.begin, a.end, a.crc32),
-              std::tie(b.file, b.name, b.param, b.global_shape, b.slice_shape, b.tp, b.t, b.begin, b.end, b.crc32));
+    EXPECT_EQ(std::tie(a.file, a.name, a.param, a.global_shape, a.slice_shape, a.tp, a.t, a.begin,
+                       a.end, a.crc32),
+              std::tie(b.file, b.name, b.param, b.global_shape, b.slice_shape, b.tp, b.t, b.begin,
+                       b.end, b.crc32));
     EXPECT_EQ(a.kind, b.kind);
     EXPECT_EQ(a.split, b.split);
   }
-  for (const char* bad : {"", "not json", "{\"a\": 1}", "[1, 2]", "[{\"file\": \"rank_00000.safetensors\"}]"}) {
+  for (const char* bad :
+       {"", "not json", "{\"a\": 1}", "[1, 2]", "[{\"file\": \"rank_00000.safetensors\"}]"}) {
     absl::StatusOr<std::vector<TensorRecord>> r = records_from_text(bad);
-    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << "'" << bad << "': " << r.status();
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument)
+        << "'" << bad << "': " << r.status();
   }
 }
 
