@@ -11,8 +11,9 @@ Cases:
         runs through `troupe launch`): loss, grad_norm, lr and val_loss of
         every step bitwise equal, the final weights byte for byte, and the
         checkpointed run itself equal to the straight one. `slow`: the
-        saving run's writes take 0.3 s each (TROUPE_DEBUG_SAVE_DELAY), so the
-        commit comes after the next steps (and evaluations) have run
+        saving run pauses 0.3 s at each point of a save
+        (TROUPE_DEBUG_SAVE_DELAY), so that its commit comes after the next
+        steps (and evaluations) have run
   reshard N FLAGS_A... -- FLAGS_B...
         N+10 steps in layout A saving at N; --load DIR/iter_N in layout B to
         N+10: losses and grad norms within 1e-5 relative of A's steps N+1..
