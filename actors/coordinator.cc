@@ -247,6 +247,7 @@ void Coordinator::start_save(int step) {
   if (!tmp.ok()) return finish(tmp.status());
   save_ = {};
   save_.step = step;
+  save_.evaluations_done = evaluations_done_;  // (more may be done by the commit)
   save_.tmp = *tmp;
   save_.records.resize(static_cast<std::size_t>(setup_->layout.world()));
   save_.t0 = std::chrono::steady_clock::now();
@@ -288,7 +289,7 @@ void Coordinator::on_saved(int step, int rank, const std::string& records,
   model::ckpt::Meta meta = setup_->meta;
   meta.step = step;
   meta.consumed_samples = static_cast<std::int64_t>(step) * setup_->options.global_batch;
-  meta.evaluations_done = evaluations_done_;
+  meta.evaluations_done = save_.evaluations_done;
   if (absl::Status st = model::ckpt::commit(setup_->save_dir, save_.tmp, meta, all,
                                             setup_->keep_last);
       !st.ok()) {

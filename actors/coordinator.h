@@ -124,6 +124,7 @@ class Coordinator : public caf::event_based_actor {
   // the end of the run once the last save is committed.
   struct Save {
     int step = 0;
+    int evaluations_done = 0;  // at the step boundary it was taken at
     std::string tmp;
     int snapshots = 0, written = 0;
     std::vector<std::vector<model::ckpt::TensorRecord>> records;  // by rank

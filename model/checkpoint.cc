@@ -9,11 +9,13 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <thread>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -76,6 +78,22 @@ std::uint32_t crc_of(const void* data, std::size_t n) {
   return static_cast<std::uint32_t>(crc);
 }
 
+// TROUPE_DEBUG_SAVE_DELAY=SECONDS, for tests only (tests/ckpt/ckpt_test.py
+// kills a run inside a save): at each point of a save -- its temporary made,
+// a rank's file written, the manifest written, the directory renamed (the
+// tracker not yet), the tracker written -- say so on stderr and sleep that long, so that a kill
+// lands between any two of them.
+void debug_save_point(const char* point, const std::string& path) {
+  static const double seconds = [] {
+    const char* env = std::getenv("TROUPE_DEBUG_SAVE_DELAY");
+    double s = 0;
+    return env != nullptr && absl::SimpleAtod(env, &s) && s > 0 ? s : 0.0;
+  }();
+  if (seconds <= 0) return;
+  std::fprintf(stderr, "debug: save point: %s %s\n", point, path.c_str());
+  std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+}
+
 bool is_temp_name(const std::string& name) {
   return absl::StartsWith(name, "iter_") && absl::StrContains(name, ".tmp-");
 }
@@ -93,6 +111,41 @@ std::vector<int> complete_steps(const std::string& dir) {
   }
   std::sort(steps.begin(), steps.end());
   return steps;
+}
+
+// Renames the complete `tmp_dir` to `final_dir`. A checkpoint of that step
+// already there (an earlier run's, which the tracker may name) is swapped
+// with the new one in one rename (RENAME_EXCHANGE), so that final_dir is a
+// complete checkpoint at every moment; the old one, now under the
+// temporary's name, is removed (or by the next begin_save after a crash).
+// Where the filesystem cannot exchange (EINVAL: NFS, some FUSE), the old
+// one is moved aside first, which leaves a moment with neither.
+absl::Status move_into_place(const std::string& dir, const std::string& tmp_dir,
+                             const std::string& final_dir) {
+  std::error_code ec;
+  if (fs::exists(final_dir, ec)) {
+    if (::renameat2(AT_FDCWD, tmp_dir.c_str(), AT_FDCWD, final_dir.c_str(), RENAME_EXCHANGE) == 0) {
+      debug_save_point("replacing", final_dir);
+      if (absl::Status st = fsync_path(dir); !st.ok()) return st;
+      fs::remove_all(tmp_dir, ec);
+      return absl::OkStatus();
+    }
+    if (errno != EINVAL && errno != ENOSYS) {
+      return absl::InternalError(
+          absl::StrCat(final_dir, ": cannot replace it with ", tmp_dir, ": ", reason()));
+    }
+    const std::string old = absl::StrCat(final_dir, ".tmp-replaced-", ::getpid());
+    fs::rename(final_dir, old, ec);
+    if (ec) return absl::InternalError(absl::StrCat(final_dir, ": cannot replace: ", ec.message()));
+    debug_save_point("replacing", final_dir);
+    fs::remove_all(old, ec);
+  }
+  fs::rename(tmp_dir, final_dir, ec);
+  if (ec) {
+    return absl::InternalError(
+        absl::StrCat(tmp_dir, ": cannot rename to ", final_dir, ": ", ec.message()));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -116,16 +169,12 @@ absl::StatusOr<std::string> begin_save(const std::string& dir, int step) {
     return absl::InternalError(absl::StrCat("--save ", dir, ": cannot make ", tmp, ": ",
                                             ec ? ec.message() : "it exists"));
   }
+  debug_save_point("temporary made", tmp);
   return tmp;
 }
 
 absl::StatusOr<std::vector<TensorRecord>> write_rank_file(const std::string& tmp_dir, int rank,
                                                           const std::vector<Piece>& pieces) {
-  // Testing: TROUPE_DEBUG_SAVE_DELAY_MS=N makes every write last N ms more,
-  // so that a test's kill lands inside it (tests/launcher/restart_test.py).
-  if (const char* delay = std::getenv("TROUPE_DEBUG_SAVE_DELAY_MS"); delay != nullptr) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(std::atoi(delay)));
-  }
   std::vector<TensorRecord> records;
   std::vector<TensorToWrite> tensors;
   const std::string file = rank_file_name(rank);
@@ -167,6 +216,7 @@ absl::StatusOr<std::vector<TensorRecord>> write_rank_file(const std::string& tmp
       !st.ok()) {
     return st;
   }
+  debug_save_point("rank file written", absl::StrCat(tmp_dir, "/", file));
   return records;
 }
 
@@ -178,32 +228,19 @@ absl::Status commit(const std::string& dir, const std::string& tmp_dir, const Me
     return st;
   }
   if (absl::Status st = fsync_path(tmp_dir); !st.ok()) return st;
+  debug_save_point("manifest written", tmp_dir);
   const std::string final_dir = absl::StrCat(dir, "/", iter_name(meta.step));
   std::error_code ec;
-  if (fs::exists(final_dir, ec)) {
-    // A checkpoint of this step from an earlier run (a resume from an older
-    // one): the tracker may name it, so it is swapped with the new one in
-    // one step, never missing; the old one, now at the temporary's name,
-    // goes after.
-    if (::renameat2(AT_FDCWD, tmp_dir.c_str(), AT_FDCWD, final_dir.c_str(), RENAME_EXCHANGE) != 0) {
-      return absl::InternalError(absl::StrCat(final_dir, ": cannot replace it with ", tmp_dir,
-                                              ": ", reason()));
-    }
-    fs::remove_all(tmp_dir, ec);
-  } else {
-    fs::rename(tmp_dir, final_dir, ec);
-    if (ec) {
-      return absl::InternalError(
-          absl::StrCat(tmp_dir, ": cannot rename to ", final_dir, ": ", ec.message()));
-    }
-  }
+  if (absl::Status st = move_into_place(dir, tmp_dir, final_dir); !st.ok()) return st;
   if (absl::Status st = fsync_path(dir); !st.ok()) return st;
+  debug_save_point("renamed", final_dir);
   // The tracker last: it names a complete checkpoint, the old or the new.
   if (absl::Status st = write_file_atomically(absl::StrCat(dir, "/", kTracker),
                                               absl::StrCat(meta.step, "\n"));
       !st.ok()) {
     return st;
   }
+  debug_save_point("tracker written", absl::StrCat(dir, "/", kTracker, " (", meta.step, ")"));
   if (keep_last > 0) {
     std::vector<int> steps = complete_steps(dir);
     const int excess = static_cast<int>(steps.size()) - keep_last;

@@ -70,11 +70,16 @@ def pids_of(run_dir, attempt_log=""):
     fail(f"{run_dir}/launch.json never had every pid")
 
 
-def temp_dir_in(save, step):
+def rank_file_in_temp(save, step):
+    """A rank has written its file of step's save, which is not committed."""
     try:
-        return any(n.startswith(f"iter_{step:07d}.tmp-") for n in os.listdir(save))
+        for n in os.listdir(save):
+            if n.startswith(f"iter_{step:07d}.tmp-") and \
+                    any(f.startswith("rank_") for f in os.listdir(f"{save}/{n}")):
+                return True
     except OSError:
-        return False
+        pass
+    return False
 
 
 def trial(rng, k):
@@ -95,8 +100,9 @@ def trial(rng, k):
             os.remove(p)
     print(f"trial {k}: {' '.join(layout)}, SIGKILL to rank {victim_rank} {phase} the save of "
           f"step {save_step}", flush=True)
-    # The writes last 200 ms longer, so that a kill can land inside one.
-    env = dict(os.environ, TROUPE_DEBUG_SAVE_DELAY_MS="200")
+    # Each point of a save lasts 100 ms longer (model/checkpoint.cc), so
+    # that a kill can land inside one.
+    env = dict(os.environ, TROUPE_DEBUG_SAVE_DELAY="0.1")
     p = subprocess.Popen([TROUPE, "launch", *FLAGS, *layout, "--save", save, "--save-interval",
                           str(INTERVAL), "--max-restarts", "2", "--run-dir", run_dir,
                           "--metrics-jsonl", got_m, "--save-weights", got_w],
@@ -110,11 +116,11 @@ def trial(rng, k):
         if phase == "before" and m and int(m.group(1)) == save_step - 1:
             hit = True
         elif phase == "during" and m and int(m.group(1)) >= save_step:
-            # The step is reported, then the state copied and the writes begun.
+            # The step is reported, the state copied, the writes begun: the
+            # kill comes once one rank's file is there, before the commit.
             deadline = time.time() + 5
-            while not temp_dir_in(save, save_step) and time.time() < deadline:
+            while not rank_file_in_temp(save, save_step) and time.time() < deadline:
                 time.sleep(0.005)
-            time.sleep(0.05)
             hit = True
         elif phase == "after" and f"iter_{save_step:07d}" in line and "saved checkpoint" in line:
             hit = True
