@@ -25,6 +25,18 @@ absl::Status ParallelOptions::validate(const model::TrainOptions& o) const {
         absl::StrCat("--virtual-stages ", virtual_stages, " needs --schedule interleaved"));
   }
   if (absl::Status st = check_layer_split(o.model.L, pp, virtual_stages); !st.ok()) return st;
+  if (tp > 1) {
+    // Each TP rank's vocabulary slice must hold a real row (the last ones
+    // hold the padding).
+    const model::GptConfig c = sliced_config(o.model);
+    const std::int64_t last_begin = static_cast<std::int64_t>(c.Vp()) / tp * (tp - 1);
+    if (last_begin >= c.V) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--make-vocab-size-divisible-by ", o.model.vocab_multiple, " x --tp ", tp,
+          " pads the vocabulary of ", c.V, " to ", c.Vp(), ": TP rank ", tp - 1,
+          " would hold only padding rows; make --make-vocab-size-divisible-by smaller"));
+    }
+  }
   if (o.global_batch % (o.micro_batch * dp) != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--global-batch-size ", o.global_batch, " must be a multiple of --micro-batch-size ",

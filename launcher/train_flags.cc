@@ -248,6 +248,11 @@ absl::Status finish_train_flags(TrainFlags& f) {
   if (!ck.save.empty()) {
     std::error_code ec;
     std::filesystem::create_directories(ck.save, ec);
+    if (ec || !std::filesystem::is_directory(ck.save)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--save ", ck.save, ": cannot make the directory",
+          ec ? absl::StrCat(" (", ec.message(), ")") : std::string(" (a file is in the way)")));
+    }
     if (absl::Status st = check_writable(ck.save + "/.probe", "--save"); !st.ok()) return st;
   }
   absl::StatusOr<actors::ScheduleKind> kind = actors::parse_schedule(f.schedule);
