@@ -17,6 +17,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "actors/rank.h"
@@ -73,14 +75,27 @@ std::vector<TensorSummary> summarize(const ckpt::Checkpoint& c) {
   return out;
 }
 
-// "0-3" or "0,2": the ranks of rank_NNNNN.safetensors names.
+// "0-3" or "0,2": the ranks of rank_NNNNN.safetensors names (another name
+// as it is: the manifest is input).
 std::string rank_list(const std::set<std::string>& files) {
   std::vector<int> ranks;
-  for (const std::string& f : files) ranks.push_back(std::stoi(f.substr(5, 5)));
+  std::vector<std::string> others;
+  for (const std::string& f : files) {
+    int r = -1;
+    if (absl::StartsWith(f, "rank_") && absl::SimpleAtoi(f.substr(5, 5), &r) &&
+        f == ckpt::rank_file_name(r)) {
+      ranks.push_back(r);
+    } else {
+      others.push_back(f);
+    }
+  }
   bool consecutive = true;
   for (std::size_t i = 1; i < ranks.size(); i++) consecutive &= ranks[i] == ranks[i - 1] + 1;
-  if (consecutive && ranks.size() > 2) return absl::StrCat(ranks.front(), "-", ranks.back());
-  return absl::StrJoin(ranks, ",");
+  std::string out = consecutive && ranks.size() > 2
+                        ? absl::StrCat(ranks.front(), "-", ranks.back())
+                        : absl::StrJoin(ranks, ",");
+  if (!others.empty()) absl::StrAppend(&out, out.empty() ? "" : ",", absl::StrJoin(others, ","));
+  return out;
 }
 
 void print_header(const ckpt::Checkpoint& c) {
