@@ -20,6 +20,10 @@ Cases:
   convert     convert iter 3 to tp1 pp2 dp2 (and to 1 rank); resuming from
               the converted one == resuming from ck directly in that layout,
               bitwise (metrics and final weights)
+  convert_more  its own checkpoints (V = 600, so the vocabulary padding
+              differs by tp; tp2, and one rank): converted to tp1, to
+              interleaved pp2 dp2 v2, and 1 rank to pp2 dp2; each resume
+              bitwise equal to --load of the original
   truncated, corrupt, corrupt_state, missing_rank, coverage_gap, other_model, tracker_missing_iter,
   not_a_checkpoint: a damaged copy of ck: `ckpt info`, `ckpt export`,
               `ckpt convert` and `train --load` each exit non-zero with an
@@ -70,8 +74,8 @@ def same_run(work, a, b, steps):
         raise Failure(f"{a}.safetensors and {b}.safetensors differ")
 
 
-def train(troupe, work, name, flags):
-    run(troupe, ["train"] + RUN + flags + ["--metrics-jsonl", name + ".jsonl",
+def train(troupe, work, name, flags, base=None):
+    run(troupe, ["train"] + (base or RUN) + flags + ["--metrics-jsonl", name + ".jsonl",
                                            "--save-weights", name + ".safetensors"], work)
 
 
@@ -165,6 +169,32 @@ def case_convert(troupe, work):
     if p.returncode == 0 or "ck2/iter_0000003 exists (not overwritten)" not in p.stderr:
         raise Failure(f"convert onto an existing checkpoint: exit {p.returncode}: {p.stderr}")
     return "tp2pp2 -> tp1pp2dp2 and -> 1 rank: resumes bitwise equal to --load of the original"
+
+
+def case_convert_more(troupe, work):
+    """Vocabulary padding and the interleaved schedule; a single-rank writer."""
+    work = os.path.join(work, "convert_more")
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work)
+    # V = 600: padded to 768 at tp 2 (a multiple of 128 x 2), 640 at tp 1.
+    v600 = ["--model", "tiny", "--vocab-size", "600", "--steps", "4", "--micro-batch-size", "2",
+            "--global-batch-size", "8"]
+    run(troupe, ["train"] + v600 + ["--tp", "2", "--save", "ck", "--save-interval", "2"], work)
+    run(troupe, ["train"] + v600 + ["--save", "s1", "--save-interval", "2"], work)
+    pairs = [("ck", ["--tp", "1"], "Vp=640"),
+             ("ck", ["--pp", "2", "--dp", "2", "--schedule", "interleaved", "--virtual-stages", "2"],
+              "interleaved v=2"),
+             ("s1", ["--pp", "2", "--dp", "2"], "tp=1 pp=2 dp=2")]
+    for k, (src, layout, want) in enumerate(pairs):
+        to = f"c{k}"
+        run(troupe, ["ckpt", "convert", src, "--iter", "2", "--to", to] + layout, work)
+        info = run(troupe, ["ckpt", "info", to], work).stdout
+        if want not in info:
+            raise Failure(f"ckpt info {to}: no '{want}' in:\n{info}")
+        train(troupe, work, f"{to}_direct", layout + ["--load", f"{src}/iter_0000002"], v600)
+        train(troupe, work, f"{to}_converted", layout + ["--load", to], v600)
+        same_run(work, f"{to}_direct", f"{to}_converted", [3, 4])
+    return "tp2 V=600 -> tp1 (padding 768 -> 640), -> interleaved pp2 dp2, 1 rank -> pp2 dp2: bitwise"
 
 
 def tree_digest(root):
@@ -299,6 +329,7 @@ def main():
     troupe, work, case = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2]), sys.argv[3]
     cases = {"make": case_make, "info": case_info, "export": case_export,
              "export_numpy": case_export_numpy, "convert": case_convert,
+             "convert_more": case_convert_more,
              "other_model": case_other_model}
     try:
         if case in DAMAGE:
