@@ -16,8 +16,10 @@ noisy, so the figures are medians):
 and --load-rounds pairs of load runs: `--load DIR/iter_K` for one step
 against a run without --load for one step: the time from starting the
 process to the start of its first step (the first metrics line's arrival
-minus its step_s), the minimum over the rounds; the difference is what the
-load costs.
+minus its step_s), the minimum over the rounds. The difference is the load
+against the seed's initialisation: the actors' ranks load instead of
+initialising (so it can be negative), the single-rank loop initialises and
+then loads.
 
 One JSON object per measurement on stdout, then a summary.
 """
@@ -148,6 +150,6 @@ for r in results:
         f"({r['write_MBps']:.0f} MB/s); step after a save {r['step_after_save_s']:.3f} s vs "
         f"{r['step_other_s']:.3f} s others (x{r['step_after_save_ratio']:.2f}; no --save: "
         f"{r['step_plain_s']:.3f} s); start to first step {r['start_with_load_s']:.2f} s with --load, "
-        f"{r['start_without_load_s']:.2f} s without (load {r['load_s']:.2f} s; minima of "
+        f"{r['start_without_load_s']:.2f} s without (difference {r['load_s']:+.2f} s; minima of "
         f"{args.load_rounds})")
 print("\n".join(summary))

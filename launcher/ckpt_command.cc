@@ -7,6 +7,7 @@
 // DIR is a save directory (its tracker's checkpoint, or --iter N's) or a
 // checkpoint directory DIR/iter_NNNNNNN. Any damage is an error naming the
 // file and the tensor, and a non-zero exit; nothing is written then.
+#include <algorithm>
 #include <cstdio>
 #include <deque>
 #include <filesystem>
@@ -137,15 +138,47 @@ void print_tensors(const ckpt::Checkpoint& c) {
   std::printf("  total %.2f MiB in %d files\n", mib(total), c.meta().world());
 }
 
-// Every element of every (kind, parameter) is in some rank's file:
-// global_tensor() assembles each and names what is missing.
-absl::Status check_coverage(const ckpt::Checkpoint& c, int* tensors) {
+// The tensors are the manifest's model's: every parameter of it, of every
+// kind the checkpoint holds, with its global shape and every element in
+// some rank's file (global_tensor() assembles each and names what is
+// missing), and no tensor of another parameter.
+// No tensor of a parameter the manifest's model lacks (a manifest of another
+// model than its files': export and convert would drop those silently).
+absl::Status check_names(const ckpt::Checkpoint& c, const model::ParamLayout& whole) {
+  for (const ckpt::TensorRecord& r : c.records()) {
+    if (whole.find_or_null(r.param) == nullptr) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          c.dir(), "/", r.file, ": tensor ", r.name, " is not a parameter of the manifest's model (",
+          c.meta().options.model.describe(), ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status check_tensors(const ckpt::Checkpoint& c, int* tensors) {
+  const model::GptConfig& config = c.meta().options.model;
+  const model::ParamLayout whole = model::ParamLayout::gpt(config);
+  const std::string which = absl::StrCat(c.dir(), ": the manifest's model (", config.describe(), ")");
+  if (absl::Status st = check_names(c, whole); !st.ok()) return st;
+  std::set<std::pair<ckpt::Kind, std::string>> present;
+  for (const ckpt::TensorRecord& r : c.records()) present.emplace(r.kind, r.param);
   *tensors = 0;
-  for (const TensorSummary& t : summarize(c)) {
-    for (const auto& [kind, files] : t.files) {
+  for (const ckpt::Kind kind : {ckpt::Kind::kParam, ckpt::Kind::kMaster, ckpt::Kind::kAdamM,
+                                ckpt::Kind::kAdamV}) {
+    if (!c.has(kind)) continue;
+    for (const model::ParamSpec& spec : whole.specs()) {
+      if (present.count({kind, spec.name}) == 0) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            which, " has ", spec.name, " but no rank file holds its ", ckpt::kind_name(kind)));
+      }
       std::vector<std::int64_t> shape;
-      absl::StatusOr<std::vector<float>> g = c.global_tensor(kind, t.param, &shape);
+      absl::StatusOr<std::vector<float>> g = c.global_tensor(kind, spec.name, &shape);
       if (!g.ok()) return g.status();
+      if (!std::equal(shape.begin(), shape.end(), spec.full_shape.begin(), spec.full_shape.end())) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            c.dir(), ": ", ckpt::kind_name(kind), "/", spec.name, " is ", absl::StrJoin(shape, "x"),
+            " but ", spec.name, " of ", which, " is ", absl::StrJoin(spec.full_shape, "x")));
+      }
       ++*tensors;
     }
   }
@@ -160,7 +193,7 @@ int run_info(const CkptFlags& f) {
   std::fflush(stdout);
   if (absl::Status st = c->verify(); !st.ok()) return fail("info", st);
   int tensors = 0;
-  if (absl::Status st = check_coverage(*c, &tensors); !st.ok()) return fail("info", st);
+  if (absl::Status st = check_tensors(*c, &tensors); !st.ok()) return fail("info", st);
   std::printf("  verified: %zu pieces' CRC-32s; every element of %d global tensors present\n",
               c->records().size(), tensors);
   return 0;
@@ -173,6 +206,7 @@ int run_export(const CkptFlags& f) {
   absl::StatusOr<ckpt::Checkpoint> c = open_checkpoint(f);
   if (!c.ok()) return fail("export", c.status());
   model::Gpt whole(c->meta().options.model, 1, gpu::cpu_device());
+  if (absl::Status st = check_names(*c, whole.layout()); !st.ok()) return fail("export", st);
   const ckpt::Piece all = {.kind = ckpt::Kind::kParam,
                            .layout = &whole.layout(),
                            .begin = 0,
@@ -190,6 +224,9 @@ int run_export(const CkptFlags& f) {
 int run_convert(const CkptFlags& f) {
   absl::StatusOr<ckpt::Checkpoint> c = open_checkpoint(f);
   if (!c.ok()) return fail("convert", c.status());
+  if (absl::Status st = check_names(*c, model::ParamLayout::gpt(c->meta().options.model)); !st.ok()) {
+    return fail("convert", st);
+  }
   absl::StatusOr<actors::ScheduleKind> kind = actors::parse_schedule(f.schedule);
   if (!kind.ok()) return fail("convert", kind.status());
   const actors::ParallelOptions par = {.tp = f.tp,

@@ -24,11 +24,16 @@ Cases:
               differs by tp; tp2, and one rank): converted to tp1, to
               interleaved pp2 dp2 v2, and 1 rank to pp2 dp2; each resume
               bitwise equal to --load of the original
-  truncated, corrupt, corrupt_state, missing_rank, coverage_gap, other_model, tracker_missing_iter,
-  not_a_checkpoint: a damaged copy of ck: `ckpt info`, `ckpt export`,
-              `ckpt convert` and `train --load` each exit non-zero with an
-              error naming the file (and tensor) and the problem, and no
-              file under the copy changes, no output is written
+  truncated, corrupt (a parameter's byte), corrupt_state (Adam v's byte),
+  missing_rank, coverage_gap (a piece left out of the manifest),
+  manifest_model (a manifest of 3 layers over files of 4),
+  tracker_missing_iter, not_a_checkpoint: a damaged copy of ck: `ckpt
+              info`, `ckpt export`, `ckpt convert` and `train --load` each
+              exit non-zero with an error naming the file (and tensor) and
+              the problem, and no file under the copy changes, no output is
+              written
+  other_model `train --load ck` with another model: an error naming each
+              difference; ck unchanged
 Prints "OK: ..." or "FAIL: ..." (ctest's pass/fail expressions).
 """
 import hashlib
@@ -246,6 +251,16 @@ def drop_record(w):
         json.dump(m, f)
 
 
+def manifest_of_fewer_layers(w):
+    """The manifest says 3 layers; the files hold 4."""
+    path = os.path.join(w, "bad/iter_0000006/manifest.json")
+    with open(path) as f:
+        m = json.load(f)
+    m["options"]["model"]["layers"] = 3
+    with open(path, "w") as f:
+        json.dump(m, f)
+
+
 # Each damage: what it does to the copy `bad` of ck (in WORKDIR/<case>), and
 # the error's regex.
 RANK1 = "bad/iter_0000006/rank_00001.safetensors"
@@ -267,6 +282,12 @@ DAMAGE = {
     # c_attn is 192x64 = 12288 elements, split by rows over tp 2: half lost.
     "coverage_gap": (drop_record, r"bad/iter_0000006: 6144 of 12288 elements of "
                      r"param/h\.1\.attn\.c_attn\.weight are in no rank's file"),
+    # The first record of a 4th layer: rank 2 holds layers 2 and 3 (pp 2).
+    "manifest_model": (manifest_of_fewer_layers,
+                       r"bad/iter_0000006/rank_00002\.safetensors: tensor param/h\.3\.ln_1\.weight is "
+                       r"not a parameter of the manifest's model \(tiny: L=3",
+                       r"--load: bad/iter_0000006 holds another model: --layers 4 here, 3 in the "
+                       r"checkpoint"),
     "tracker_missing_iter": (lambda w: write_tracker(w, "9\n"),
                              r"bad/latest_checkpointed_iteration\.txt names iteration 9 but "
                              r"bad/iter_0000009 is not a complete checkpoint"),
@@ -288,7 +309,7 @@ def expect_error(troupe, work, args, regex, before):
 
 
 def case_damage(troupe, work, name):
-    damage, regex = DAMAGE[name]
+    damage, regex, *load_regex = DAMAGE[name]
     ck = os.path.join(work, "ck")
     work = os.path.join(work, name)  # (the cases may run side by side)
     shutil.rmtree(work, ignore_errors=True)
@@ -305,7 +326,7 @@ def case_damage(troupe, work, name):
     # first start of a job that restarts itself: not an error.)
     save = [] if name == "not_a_checkpoint" else ["--save", "bad"]
     expect_error(troupe, work, ["train"] + RUN + ["--tp", "2", "--pp", "2", "--load", "bad"] + save,
-                 "--load: " + regex, before)
+                 load_regex[0] if load_regex else "--load: " + regex, before)
     if os.path.exists(os.path.join(work, "out")) and os.listdir(os.path.join(work, "out")):
         raise Failure(f"a failed export or convert wrote {os.listdir(os.path.join(work, 'out'))}")
     return line
