@@ -138,10 +138,6 @@ void print_tensors(const ckpt::Checkpoint& c) {
   std::printf("  total %.2f MiB in %d files\n", mib(total), c.meta().world());
 }
 
-// The tensors are the manifest's model's: every parameter of it, of every
-// kind the checkpoint holds, with its global shape and every element in
-// some rank's file (global_tensor() assembles each and names what is
-// missing), and no tensor of another parameter.
 // No tensor of a parameter the manifest's model lacks (a manifest of another
 // model than its files': export and convert would drop those silently).
 absl::Status check_names(const ckpt::Checkpoint& c, const model::ParamLayout& whole) {
@@ -155,10 +151,14 @@ absl::Status check_names(const ckpt::Checkpoint& c, const model::ParamLayout& wh
   return absl::OkStatus();
 }
 
+// The tensors are the manifest's model's: every parameter of it, of every
+// kind the checkpoint holds, with its global shape and every element in
+// some rank's file (global_tensor() assembles each and names what is
+// missing), and no tensor of another parameter.
 absl::Status check_tensors(const ckpt::Checkpoint& c, int* tensors) {
   const model::GptConfig& config = c.meta().options.model;
   const model::ParamLayout whole = model::ParamLayout::gpt(config);
-  const std::string which = absl::StrCat(c.dir(), ": the manifest's model (", config.describe(), ")");
+  const std::string which = absl::StrCat("the manifest's model (", config.describe(), ")");
   if (absl::Status st = check_names(c, whole); !st.ok()) return st;
   std::set<std::pair<ckpt::Kind, std::string>> present;
   for (const ckpt::TensorRecord& r : c.records()) present.emplace(r.kind, r.param);
@@ -169,7 +169,8 @@ absl::Status check_tensors(const ckpt::Checkpoint& c, int* tensors) {
     for (const model::ParamSpec& spec : whole.specs()) {
       if (present.count({kind, spec.name}) == 0) {
         return absl::FailedPreconditionError(absl::StrCat(
-            which, " has ", spec.name, " but no rank file holds its ", ckpt::kind_name(kind)));
+            c.dir(), ": ", which, " has ", spec.name, " but no rank file holds its ",
+            ckpt::kind_name(kind)));
       }
       std::vector<std::int64_t> shape;
       absl::StatusOr<std::vector<float>> g = c.global_tensor(kind, spec.name, &shape);
@@ -177,7 +178,7 @@ absl::Status check_tensors(const ckpt::Checkpoint& c, int* tensors) {
       if (!std::equal(shape.begin(), shape.end(), spec.full_shape.begin(), spec.full_shape.end())) {
         return absl::FailedPreconditionError(absl::StrCat(
             c.dir(), ": ", ckpt::kind_name(kind), "/", spec.name, " is ", absl::StrJoin(shape, "x"),
-            " but ", spec.name, " of ", which, " is ", absl::StrJoin(spec.full_shape, "x")));
+            " but ", which, " has it ", absl::StrJoin(spec.full_shape, "x")));
       }
       ++*tensors;
     }
