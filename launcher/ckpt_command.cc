@@ -92,9 +92,8 @@ std::string rank_list(const std::set<std::string>& files) {
   }
   bool consecutive = true;
   for (std::size_t i = 1; i < ranks.size(); i++) consecutive &= ranks[i] == ranks[i - 1] + 1;
-  std::string out = consecutive && ranks.size() > 2
-                        ? absl::StrCat(ranks.front(), "-", ranks.back())
-                        : absl::StrJoin(ranks, ",");
+  std::string out = consecutive && ranks.size() > 2 ? absl::StrCat(ranks.front(), "-", ranks.back())
+                                                    : absl::StrJoin(ranks, ",");
   if (!others.empty()) absl::StrAppend(&out, out.empty() ? "" : ",", absl::StrJoin(others, ","));
   return out;
 }
@@ -144,8 +143,8 @@ absl::Status check_names(const ckpt::Checkpoint& c, const model::ParamLayout& wh
   for (const ckpt::TensorRecord& r : c.records()) {
     if (whole.find_or_null(r.param) == nullptr) {
       return absl::FailedPreconditionError(absl::StrCat(
-          c.dir(), "/", r.file, ": tensor ", r.name, " is not a parameter of the manifest's model (",
-          c.meta().options.model.describe(), ")"));
+          c.dir(), "/", r.file, ": tensor ", r.name,
+          " is not a parameter of the manifest's model (", c.meta().options.model.describe(), ")"));
     }
   }
   return absl::OkStatus();
@@ -163,14 +162,14 @@ absl::Status check_tensors(const ckpt::Checkpoint& c, int* tensors) {
   std::set<std::pair<ckpt::Kind, std::string>> present;
   for (const ckpt::TensorRecord& r : c.records()) present.emplace(r.kind, r.param);
   *tensors = 0;
-  for (const ckpt::Kind kind : {ckpt::Kind::kParam, ckpt::Kind::kMaster, ckpt::Kind::kAdamM,
-                                ckpt::Kind::kAdamV}) {
+  for (const ckpt::Kind kind :
+       {ckpt::Kind::kParam, ckpt::Kind::kMaster, ckpt::Kind::kAdamM, ckpt::Kind::kAdamV}) {
     if (!c.has(kind)) continue;
     for (const model::ParamSpec& spec : whole.specs()) {
       if (present.count({kind, spec.name}) == 0) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            c.dir(), ": ", which, " has ", spec.name, " but no rank file holds its ",
-            ckpt::kind_name(kind)));
+        return absl::FailedPreconditionError(absl::StrCat(c.dir(), ": ", which, " has ", spec.name,
+                                                          " but no rank file holds its ",
+                                                          ckpt::kind_name(kind)));
       }
       std::vector<std::int64_t> shape;
       absl::StatusOr<std::vector<float>> g = c.global_tensor(kind, spec.name, &shape);
@@ -225,16 +224,14 @@ int run_export(const CkptFlags& f) {
 int run_convert(const CkptFlags& f) {
   absl::StatusOr<ckpt::Checkpoint> c = open_checkpoint(f);
   if (!c.ok()) return fail("convert", c.status());
-  if (absl::Status st = check_names(*c, model::ParamLayout::gpt(c->meta().options.model)); !st.ok()) {
+  if (absl::Status st = check_names(*c, model::ParamLayout::gpt(c->meta().options.model));
+      !st.ok()) {
     return fail("convert", st);
   }
   absl::StatusOr<actors::ScheduleKind> kind = actors::parse_schedule(f.schedule);
   if (!kind.ok()) return fail("convert", kind.status());
-  const actors::ParallelOptions par = {.tp = f.tp,
-                                       .pp = f.pp,
-                                       .dp = f.dp,
-                                       .virtual_stages = f.virtual_stages,
-                                       .schedule = *kind};
+  const actors::ParallelOptions par = {
+      .tp = f.tp, .pp = f.pp, .dp = f.dp, .virtual_stages = f.virtual_stages, .schedule = *kind};
   if (absl::Status st = convert_checkpoint(*c, f.to, par); !st.ok()) return fail("convert", st);
   std::printf("converted %s (%s) to %s/%s (tp=%d pp=%d dp=%d %s%s)\n", c->dir().c_str(),
               c->meta().describe_layout().c_str(), f.to.c_str(),

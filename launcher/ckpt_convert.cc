@@ -60,9 +60,9 @@ absl::Status convert_checkpoint(const ckpt::Checkpoint& c, const std::string& to
   // its own tp.
   model::TrainOptions options = meta.options;
   if (meta.tp < 1 || options.model.vocab_multiple % meta.tp != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        c.dir(), ": the manifest's vocab_multiple ", options.model.vocab_multiple,
-        " is not a multiple of its tp ", meta.tp));
+    return absl::InvalidArgumentError(absl::StrCat(c.dir(), ": the manifest's vocab_multiple ",
+                                                   options.model.vocab_multiple,
+                                                   " is not a multiple of its tp ", meta.tp));
   }
   options.model.vocab_multiple /= meta.tp;
   if (absl::Status st = par.validate(options); !st.ok()) return st;
