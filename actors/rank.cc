@@ -25,6 +25,12 @@ absl::Status ParallelOptions::validate(const model::TrainOptions& o) const {
         absl::StrCat("--virtual-stages ", virtual_stages, " needs --schedule interleaved"));
   }
   if (absl::Status st = check_layer_split(o.model.L, pp, virtual_stages); !st.ok()) return st;
+  if (o.global_batch % (o.micro_batch * dp) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--global-batch-size ", o.global_batch, " must be a multiple of --micro-batch-size ",
+        o.micro_batch, " x --dp ", dp, " = ", o.micro_batch * dp));
+  }
+  if (absl::Status st = check_pipeline_shape(o.model, shape(), m(o)); !st.ok()) return st;
   if (tp > 1) {
     // Each TP rank's vocabulary slice must hold a real row (the last ones
     // hold the padding).
@@ -37,12 +43,6 @@ absl::Status ParallelOptions::validate(const model::TrainOptions& o) const {
           " would hold only padding rows; make --make-vocab-size-divisible-by smaller"));
     }
   }
-  if (o.global_batch % (o.micro_batch * dp) != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--global-batch-size ", o.global_batch, " must be a multiple of --micro-batch-size ",
-        o.micro_batch, " x --dp ", dp, " = ", o.micro_batch * dp));
-  }
-  if (absl::Status st = check_pipeline_shape(o.model, shape(), m(o)); !st.ok()) return st;
   for (int s = 0; s < pp; s++) {
     auto ops = make_schedule(schedule, pp, s, m(o), virtual_stages);
     if (!ops.ok()) return ops.status();
@@ -86,8 +86,9 @@ absl::StatusOr<std::unique_ptr<RankUnit>> RankUnit::create(
   absl::StatusOr<std::vector<ScheduleOp>> ops =
       make_schedule(par.schedule, par.pp, u->coord_.s, par.m(o), par.virtual_stages);
   if (!ops.ok()) return ops.status();
+  const std::vector<model::StageSpec> stages = rank_chunk_specs(c, par, u->coord_);
   for (int ch = 0; ch < par.virtual_stages; ch++) {
-    const model::StageSpec stage = chunk_spec(c, u->shape_, virtual_stage(u->shape_, u->coord_.s, ch));
+    const model::StageSpec& stage = stages[static_cast<std::size_t>(ch)];
     // One more slot than the schedule's peak when there are neighbours, so
     // a micro-batch whose gradient is still leaving does not hold up the
     // next forward.
@@ -230,16 +231,17 @@ void RankUnit::drain() {
 RankUnit::~RankUnit() { drain(); }
 
 std::vector<model::ckpt::Piece> RankUnit::checkpoint_pieces() {
-  std::vector<model::ckpt::Piece> out;
+  std::vector<CheckpointChunk> chunks;
   for (std::size_t c = 0; c < chunks_.size(); c++) {
-    const GptStage& chunk = *chunks_[c];
     const Partition& part = *partitions_[c];
-    model::ckpt::add_chunk_pieces(chunk.layout(), wte_elsewhere(chunk.spec()),
-                                  /*params=*/coord_.d == 0, part.range().begin, part.range().end,
-                                  chunk.params().data<float>(), part.master_data(),
-                                  part.m_data(), part.v_data(), &out);
+    chunks.push_back({.layout = &chunks_[c]->layout(),
+                      .spec = chunks_[c]->spec(),
+                      .params = chunks_[c]->params().data<float>(),
+                      .master = part.master_data(),
+                      .adam_m = part.m_data(),
+                      .adam_v = part.v_data()});
   }
-  return out;
+  return actors::checkpoint_pieces(chunks, coord_, spec_.parallel.dp);
 }
 
 absl::Status RankUnit::save(const std::string& tmp_dir, SaveDone done) {
@@ -259,6 +261,28 @@ std::int64_t RankUnit::optimizer_state_bytes() const {
   std::int64_t n = 0;
   for (const auto& p : partitions_) n += p->state_bytes();
   return n;
+}
+
+std::vector<model::StageSpec> rank_chunk_specs(const model::GptConfig& config,
+                                               const ParallelOptions& par, const comm::Coord& coord) {
+  const PipelineShape shape = par.shape();
+  std::vector<model::StageSpec> out;
+  for (int ch = 0; ch < par.virtual_stages; ch++) {
+    out.push_back(chunk_spec(config, shape, virtual_stage(shape, coord.s, ch)));
+  }
+  return out;
+}
+
+std::vector<model::ckpt::Piece> checkpoint_pieces(const std::vector<CheckpointChunk>& chunks,
+                                                  const comm::Coord& coord, int dp) {
+  std::vector<model::ckpt::Piece> out;
+  for (const CheckpointChunk& c : chunks) {
+    const Range part = partition_range(*c.layout, c.spec, dp, coord.d);
+    model::ckpt::add_chunk_pieces(*c.layout, wte_elsewhere(c.spec), /*params=*/coord.d == 0,
+                                  part.begin, part.end, c.params, c.master, c.adam_m, c.adam_v,
+                                  &out);
+  }
+  return out;
 }
 
 void configure_actor_system(caf::actor_system_config& cfg) {

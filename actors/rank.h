@@ -161,6 +161,29 @@ class RankUnit {
   std::unique_ptr<gpu::Stream> stream_, optimizer_stream_;
 };
 
+// One model chunk of a rank as a checkpoint sees it: its TP slice's layout,
+// the part of the model it holds, and its buffers in host memory (params
+// layout->total() floats; master, adam_m, adam_v its partition's range, or
+// null where there is no optimizer state).
+struct CheckpointChunk {
+  const model::ParamLayout* layout = nullptr;
+  model::StageSpec spec;
+  float* params = nullptr;
+  float* master = nullptr;
+  float* adam_m = nullptr;
+  float* adam_v = nullptr;
+};
+// The model chunks rank `coord` of `par` runs (by chunk index), as
+// RankUnit::create builds them. `config` is already sliced_config().
+std::vector<model::StageSpec> rank_chunk_specs(const model::GptConfig& config,
+                                               const ParallelOptions& par, const comm::Coord& coord);
+// The checkpoint pieces of rank `coord` of a dp-way layout: replica 0 its
+// parameters, every replica its ZeRO-1 partitions' state (partition_range,
+// as the Partition computes it). The one definition of what a rank saves
+// and loads: RankUnit and `troupe ckpt convert` both call it.
+std::vector<model::ckpt::Piece> checkpoint_pieces(const std::vector<CheckpointChunk>& chunks,
+                                                  const comm::Coord& coord, int dp);
+
 // The actor system settings troupe's runtimes use (and the message types).
 void configure_actor_system(caf::actor_system_config& cfg);
 // Stops `actors` (user_shutdown) and waits until every one has exited.
