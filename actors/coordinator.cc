@@ -250,30 +250,45 @@ void Coordinator::start_save(int step) {
   save_.evaluations_done = evaluations_done_;  // (more may be done by the commit)
   save_.tmp = *tmp;
   save_.records.resize(static_cast<std::size_t>(setup_->layout.world()));
+  save_.snapshotted.assign(save_.records.size(), false);
+  save_.wrote.assign(save_.records.size(), false);
   save_.t0 = std::chrono::steady_clock::now();
   for (const caf::actor& a : setup_->optimizers) send(a, save_atom::value, step, save_.tmp);
 }
 
 void Coordinator::on_snapshot(int step, int rank, const std::string& error) {
-  if (finished_ || step != save_.step || rank < 0 || rank >= setup_->layout.world()) return;
+  if (finished_ || step != save_.step) return;
+  if (rank < 0 || rank >= setup_->layout.world() || save_.snapshotted[static_cast<std::size_t>(rank)]) {
+    return finish(absl::InternalError(absl::StrCat("checkpoint ", step, ": a snapshot from rank ",
+                                                   rank, " (twice, or outside the layout)")));
+  }
   if (!error.empty()) {
     return finish(absl::InternalError(absl::StrCat(who(rank), ": checkpoint ", step, ": ", error)));
   }
+  save_.snapshotted[static_cast<std::size_t>(rank)] = true;
   if (++save_.snapshots < setup_->layout.world()) return;
   // Every rank's state is copied: training goes on while the files are
   // written (or ends, after the last step, once they are committed).
   save_.stall_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - save_.t0).count();
-  if (exiting_ || step >= setup_->options.steps) {
-    ending_ = true;
-    return;
+  const bool last = exiting_ || step >= setup_->options.steps;
+  if (last) ending_ = true;
+  // (A rank's `saved` comes from its writer thread, not after its
+  // `snapshot`: every file may be in before the last copy is reported.)
+  if (save_.written == setup_->layout.world()) {
+    if (!commit_save()) return;
+    if (last && save_.step == 0) return finish(absl::OkStatus());
   }
-  begin(step + 1);
+  if (!last) begin(step + 1);
 }
 
 void Coordinator::on_saved(int step, int rank, const std::string& records,
                            const std::string& error) {
-  if (finished_ || step != save_.step || rank < 0 || rank >= setup_->layout.world()) return;
+  if (finished_ || step != save_.step) return;
+  if (rank < 0 || rank >= setup_->layout.world() || save_.wrote[static_cast<std::size_t>(rank)]) {
+    return finish(absl::InternalError(absl::StrCat("checkpoint ", step, ": a file from rank ", rank,
+                                                   " (twice, or outside the layout)")));
+  }
   if (!error.empty()) {
     return finish(absl::InternalError(
         absl::StrCat(who(rank), ": writing checkpoint ", step, ": ", error)));
@@ -282,10 +297,20 @@ void Coordinator::on_saved(int step, int rank, const std::string& records,
       model::ckpt::records_from_text(records);
   if (!r.ok()) return finish(absl::InternalError(absl::StrCat(who(rank), ": ", r.status().message())));
   save_.records[static_cast<std::size_t>(rank)] = std::move(*r);
+  save_.wrote[static_cast<std::size_t>(rank)] = true;
   if (++save_.written < setup_->layout.world()) return;
-  // Every rank has fsynced its file: the commit (manifest, rename, tracker).
+  if (save_.snapshots < setup_->layout.world()) return;  // on_snapshot commits
+  if (!commit_save()) return;
+  if (ending_ && save_.step == 0) finish(absl::OkStatus());
+}
+
+// Every rank has fsynced its file and reported its copy: the commit
+// (manifest, rename, tracker), then the save that waited for this one.
+// False when the run has ended (the commit failed).
+bool Coordinator::commit_save() {
   std::vector<model::ckpt::TensorRecord> all;
   for (auto& rr : save_.records) all.insert(all.end(), rr.begin(), rr.end());
+  const int step = save_.step;
   model::ckpt::Meta meta = setup_->meta;
   meta.step = step;
   meta.consumed_samples = static_cast<std::int64_t>(step) * setup_->options.global_batch;
@@ -293,7 +318,8 @@ void Coordinator::on_saved(int step, int rank, const std::string& records,
   if (absl::Status st = model::ckpt::commit(setup_->save_dir, save_.tmp, meta, all,
                                             setup_->keep_last);
       !st.ok()) {
-    return finish(st);
+    finish(st);
+    return false;
   }
   const double total =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - save_.t0).count();
@@ -304,9 +330,8 @@ void Coordinator::on_saved(int step, int rank, const std::string& records,
     const int next = pending_save_;
     pending_save_ = 0;
     start_save(next);
-    return;
   }
-  if (ending_) finish(absl::OkStatus());
+  return !finished_;
 }
 
 void Coordinator::watch(std::uint64_t seen) {
@@ -350,8 +375,8 @@ void Coordinator::judge_progress(std::uint64_t seen) {
   std::string writing;
   if (save_.step > 0) {
     std::vector<std::string> missing;
-    for (std::size_t r = 0; r < save_.records.size(); r++) {
-      if (save_.records[r].empty()) missing.push_back(std::to_string(r));
+    for (std::size_t r = 0; r < save_.wrote.size(); r++) {
+      if (!save_.wrote[r]) missing.push_back(std::to_string(r));
     }
     writing = absl::StrCat("; checkpoint ", save_.step, ": ", save_.written, " of ",
                            setup_->layout.world(), " ranks have written their files (not ranks ",

@@ -93,6 +93,7 @@ class Coordinator : public caf::event_based_actor {
   void start_save(int step);
   void on_snapshot(int step, int rank, const std::string& error);
   void on_saved(int step, int rank, const std::string& records, const std::string& error);
+  bool commit_save();
   void say(const std::string& line) const {
     if (setup_->log) setup_->log(line);
   }
@@ -128,6 +129,7 @@ class Coordinator : public caf::event_based_actor {
     std::string tmp;
     int snapshots = 0, written = 0;
     std::vector<std::vector<model::ckpt::TensorRecord>> records;  // by rank
+    std::vector<bool> snapshotted, wrote;                          // by rank
     std::chrono::steady_clock::time_point t0;
     double stall_s = 0;
   };

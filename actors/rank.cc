@@ -211,7 +211,7 @@ RankUnit::Actors RankUnit::spawn(caf::actor_system& system, const Wiring& wiring
                        model::ckpt::records_to_text(*r), std::string());
       } else {
         caf::anon_send(coordinator, saved_atom::value, step, rank, std::string(),
-                       r.status().ToString());
+                       std::string(r.status().message()));
       }
     });
   };
@@ -224,6 +224,9 @@ void RankUnit::fail_pending(const absl::Status& why) {
 }
 
 void RankUnit::drain() {
+  // A checkpoint write still running (the run failed during a save) ends
+  // first: its report must not reach an actor system that is gone.
+  writer_.wait();
   if (stream_) (void)stream_->synchronize();
   if (optimizer_stream_) (void)optimizer_stream_->synchronize();
 }

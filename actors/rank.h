@@ -119,6 +119,7 @@ class RankUnit {
   Actors spawn(caf::actor_system& system, const Wiring& wiring);
   // Fails every pending transport operation and TP collective with `why`.
   void fail_pending(const absl::Status& why);
+  // Waits for a checkpoint write still running, then for the streams.
   void drain();
 
   // Checkpoints. The state this rank saves (replica 0 its parameters; every
