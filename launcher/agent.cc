@@ -43,7 +43,20 @@ void say(const AgentOptions& o, const std::string& what) {
 
 }  // namespace
 
+void note_sigterm(int) {
+  static const char kLine[] = "troupe agent: SIGTERM: going on until the launcher ends the run\n";
+  (void)!::write(2, kLine, sizeof(kLine) - 1);
+}
+
 int run_agent(const AgentOptions& options) {
+  if (options.survive_sigterm) {
+    // A handler, not SIG_IGN: the workers started below get the default back.
+    struct sigaction sa = {};
+    sa.sa_handler = note_sigterm;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    sigaction(SIGTERM, &sa, nullptr);
+  }
   auto inbox = std::make_shared<Inbox>();
   comm::ControlOptions control = options.control;
   control.token = options.token;

@@ -33,6 +33,9 @@ struct AgentOptions {
   std::string token;
   comm::ControlOptions control = {};  // heartbeats (the token is set from `token`)
   absl::Duration stop_grace = absl::Seconds(3);
+  // SIGTERM is noted and otherwise ignored (the job's --exit-signal-handler:
+  // the launcher ends the run after a checkpoint, then stops the agent).
+  bool survive_sigterm = false;
 };
 
 // Runs until told to stop (0) or until the launcher is lost (1); every

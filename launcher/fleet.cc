@@ -103,6 +103,7 @@ class AgentFleet final : public Fleet {
             std::to_string(i)}) {
         argv.push_back(a);
       }
+      if (o_.survive_sigterm) argv.push_back("--exit-signal-handler");
       std::vector<std::string> env = current_environment();
       env.push_back("TROUPE_TOKEN_STDIN=1");
       auto c = Child::spawn({.argv = argv,

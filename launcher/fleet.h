@@ -66,6 +66,9 @@ struct AgentFleetOptions {
   std::string log_dir;             // agent-<host>.log here
   absl::Duration join_timeout = absl::Seconds(60);
   std::function<bool()> interrupted = nullptr;  // stops waiting for the agents when true
+  // --exit-signal-handler: the agents outlive a SIGTERM (SLURM's, to every
+  // process of the job) so that the run can save and end.
+  bool survive_sigterm = false;
 };
 // Starts the agents and waits until every one has connected.
 absl::StatusOr<std::unique_ptr<Fleet>> agent_fleet(const AgentFleetOptions& options);

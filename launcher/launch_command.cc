@@ -222,7 +222,8 @@ Outcome run_attempt(LaunchContext& ctx, const AttemptPlan& plan) {
     absl::StatusOr<std::unique_ptr<Fleet>> agents = agent_fleet(
         {.hosts = job.hosts, .rsh = f.rsh, .self = self_exe(), .master_addr = master,
          .token = ctx.token, .log_dir = ctx.run_dir, .join_timeout = absl::Seconds(f.join_timeout_s),
-         .interrupted = [&ctx] { return ctx.interrupted.load() != 0; }});
+         .interrupted = [&ctx] { return ctx.interrupted.load() != 0; },
+         .survive_sigterm = f.train.checkpoint.exit_signal_handler});
     if (!agents.ok()) {
       const int sig = ctx.interrupted.load();
       return failed(std::string(agents.status().message()), sig ? 128 + sig : 1);
@@ -564,6 +565,7 @@ Command add_agent_command(CLI::App& app) {
   cmd->add_option("--master-addr", o->master_addr, "The launcher's address")->required();
   cmd->add_option("--master-port", o->master_port, "The launcher's agent port")->required();
   cmd->add_option("--index", o->index, "Which host of the job")->required();
+  cmd->add_flag("--exit-signal-handler", o->survive_sigterm, "Outlive SIGTERM (the job saves, then ends)");
   return [o] {
     std::string token;
     std::getline(std::cin, token);  // the launcher writes it on our stdin

@@ -237,7 +237,21 @@ def elastic():
           f"{worst:.1e} relative over {STEPS} steps")
 
 
-def sigterm(how):
+def agent_pids(run_dir):
+    port = json.load(open(f"{run_dir}/launch.json")).get("agent_port")
+    found = []
+    for pid in os.listdir("/proc"):
+        try:
+            argv = open(f"/proc/{pid}/cmdline").read().split("\0")
+        except OSError:
+            continue
+        if "agent" in argv and "--master-port" in argv and \
+                argv[argv.index("--master-port") + 1] == str(port):
+            found.append(int(pid))
+    return found
+
+
+def sigterm(how, agents=False):
     layout = ["--pp", "2", "--dp", "2"]
     want_m, want_w = reference(layout, "pp-2-dp-2")
     save, run_dir = f"{WORK}/sigterm-{how}-ckpt", f"{WORK}/sigterm-{how}-run"
@@ -245,6 +259,8 @@ def sigterm(how):
     for x in (save, run_dir):
         shutil.rmtree(x, ignore_errors=True)
     extra = ["--run-dir", run_dir] if how == "launch" else []
+    if agents:
+        extra += AGENTS
     # Slow writes, so that the signal finds the run training, not saving.
     p = subprocess.Popen([TROUPE, how, *FLAGS, *layout, "--save", save, "--exit-signal-handler",
                           "--metrics-jsonl", a_m, *extra], stdout=subprocess.PIPE,
@@ -256,6 +272,8 @@ def sigterm(how):
         if m and int(m.group(1)) == 5:
             # As SLURM before a preemption: every process of the job hears it.
             workers = pids_of(run_dir) if how == "launch" else []
+            if agents:
+                workers += agent_pids(run_dir)
             p.send_signal(signal.SIGTERM)
             for w in workers:
                 os.kill(w, signal.SIGTERM)
@@ -300,6 +318,6 @@ if case == "kills":
 elif case == "elastic":
     elastic()
 elif case == "sigterm":
-    sigterm(sys.argv[4])
+    sigterm(sys.argv[4], sys.argv[5:] == ["agents"])
 else:
     fail(f"unknown case {case}")
