@@ -171,16 +171,20 @@ absl::StatusOr<TensorRecord> record_from_json(const json& j) {
   if (!split_ok) return absl::InvalidArgumentError(absl::StrCat(what, ": unknown split ", split));
   // The shapes must describe a slice whose elements global_index() maps
   // into the global tensor: checked here, once, for every reader.
+  // (Every product stays far inside int64: at most 2^40 elements, tp at
+  // most 32768.)
+  constexpr std::int64_t kMax = std::int64_t{1} << 40;
   auto numel = [](const std::vector<std::int64_t>& s) {
+    if (s.empty() || s.size() > 2) return std::int64_t{-1};
     std::int64_t n = 1;
     for (std::int64_t d : s) {
-      if (d <= 0 || d > (std::int64_t{1} << 40)) return std::int64_t{-1};
+      if (d <= 0 || d > kMax / n) return std::int64_t{-1};
       n *= d;
     }
-    return s.empty() || s.size() > 2 || n > (std::int64_t{1} << 40) ? std::int64_t{-1} : n;
+    return n;
   };
   const std::int64_t full = numel(r.global_shape), slice = numel(r.slice_shape);
-  bool ok = full > 0 && slice > 0 && r.tp >= 1 && r.t >= 0 && r.t < r.tp &&
+  bool ok = full > 0 && slice > 0 && r.tp >= 1 && r.tp <= 32768 && r.t >= 0 && r.t < r.tp &&
             r.global_shape.size() == r.slice_shape.size() && r.begin >= 0 && r.begin < r.end &&
             r.end <= slice;
   if (ok) {
@@ -258,8 +262,9 @@ absl::Status parse_manifest(const std::string& text, const std::string& path, Me
   }
   if (const json* o = r.object("options")) read_options(*o, absl::StrCat(path, ": options"), r, &m->options);
   if (absl::Status st = r.status(); !st.ok()) return st;
-  if (m->step < 0 || m->tp < 1 || m->pp < 1 || m->dp < 1 || m->virtual_stages < 1 ||
-      m->world() > 32768) {
+  auto in = [](int x) { return x >= 1 && x <= 32768; };  // (no product overflows)
+  if (m->step < 0 || !in(m->tp) || !in(m->pp) || !in(m->dp) || !in(m->virtual_stages) ||
+      static_cast<std::int64_t>(m->tp) * m->pp * m->dp > 32768) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": the step or layout is out of range"));
   }
   auto t = j.find("tensors");

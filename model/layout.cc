@@ -25,6 +25,35 @@ std::int64_t ParamSpec::global_index(std::int64_t i) const {
   return i;
 }
 
+std::int64_t ParamSpec::local_index(std::int64_t g) const {
+  if (g < 0) return -1;
+  if (replicated()) return g < numel() ? g : -1;
+  const std::int64_t cols = shape.size() > 1 ? shape[1] : 1;  // of the slice
+  std::int64_t i = -1;
+  switch (split) {
+    case Split::kRows: {
+      const std::int64_t row = g / cols;
+      if (row / shape[0] == slice.t) i = (row - slice.t * shape[0]) * cols + g % cols;
+      break;
+    }
+    case Split::kCols: {
+      const std::int64_t full_cols = full_shape[1];
+      const std::int64_t c = g % full_cols;
+      if (c / cols == slice.t) i = (g / full_cols) * cols + (c - slice.t * cols);
+      break;
+    }
+    case Split::kQkvRows: {
+      const std::int64_t part = shape[0] / 3, full_part = full_shape[0] / 3;
+      const std::int64_t row = g / cols, which = row / full_part, within = row % full_part;
+      if (within / part == slice.t) i = (which * part + within - slice.t * part) * cols + g % cols;
+      break;
+    }
+    case Split::kNone:
+      break;
+  }
+  return i < numel() ? i : -1;
+}
+
 void ParamLayout::add(std::string name, gpu::Shape shape, Decay decay, Init init, int layer,
                       bool transposed_in_file, std::int64_t real_rows, Split split) {
   ParamSpec s;

@@ -74,6 +74,9 @@ struct ParamSpec {
   bool replicated() const { return split == Split::kNone || slice.tp == 1; }
   // Index in the unsliced tensor (row-major) of this slice's element i.
   std::int64_t global_index(std::int64_t i) const;
+  // Its inverse: the slice's element at global index g, -1 when g is in
+  // another slice (or past the tensor).
+  std::int64_t local_index(std::int64_t g) const;
 };
 
 class ParamLayout {

@@ -280,7 +280,7 @@ DAMAGE = {
     "missing_rank": (lambda w: os.remove(os.path.join(w, "bad/iter_0000006/rank_00003.safetensors")),
                      r"bad/iter_0000006/rank_00003\.safetensors: missing \(a rank's file\)"),
     # c_attn is 192x64 = 12288 elements, split by rows over tp 2: half lost.
-    "coverage_gap": (drop_record, r"bad/iter_0000006: 6144 of 12288 elements of "
+    "coverage_gap": (drop_record, r"bad/iter_0000006/manifest\.json: 6144 of 12288 elements of "
                      r"param/h\.1\.attn\.c_attn\.weight are in no rank's file"),
     # The first record of a 4th layer: rank 2 holds layers 2 and 3 (pp 2).
     "manifest_model": (manifest_of_fewer_layers,

@@ -171,6 +171,8 @@ def case_reshard(args):
 
 
 def case_no_load_optim(args):
+    # (A resume must keep the LR schedule: fixed here, not --steps'.)
+    args = [*args, "--lr-decay-iters", "10"]
     n, k = 3, 3
     ck = fresh(f"{WORK}/nlo-ck")
     _, w_n = train(args, "nlo-saving", n, ["--save", ck])  # saves iter_n and the weights at n
@@ -186,6 +188,8 @@ def case_no_load_optim(args):
 
 
 def case_keep_last(args):
+    # (A resume must keep the LR schedule: fixed here, not --steps'.)
+    args = [*args, "--lr-decay-iters", "10"]
     ck = fresh(f"{WORK}/keep-ck")
     train(args, "keep", 8, ["--save", ck, "--save-interval", "2", "--keep-last", "2"])
     left = sorted(os.listdir(ck))
@@ -299,7 +303,7 @@ def case_crash(args):
 
 def case_resave(args):
     """A save over the very checkpoint the tracker names, killed inside."""
-    flags = args
+    flags = [*args, "--lr-decay-iters", "10"]  # (the resume keeps the LR schedule)
     env = dict(os.environ, TROUPE_DEBUG_SAVE_DELAY="0.05")
     ck = fresh(f"{WORK}/resave-ck")
     run([TROUPE, "train", *flags, "--steps", "2", "--save", ck])  # iter_0000002, the tracker 2

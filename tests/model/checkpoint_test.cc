@@ -358,6 +358,32 @@ TEST_F(CheckpointTest, ResumeWithOtherDataNamesEveryDifference) {
   }
 }
 
+// The optimizer's settings and the LR schedule, as Megatron's scheduler
+// checks them (a regression: a resume with another --lr went on silently).
+TEST_F(CheckpointTest, ResumeWithOtherOptimizerSettingsNamesEveryDifference) {
+  ASSERT_TRUE(write_checkpoint(dir_, small_model(8), {1, 1, 1}, 1).ok());
+  absl::StatusOr<Checkpoint> c = Checkpoint::open(dir_);
+  ASSERT_TRUE(c.ok()) << c.status();
+  TrainOptions o = c->meta().options;
+  o.lr.lr = 0.1f;
+  o.lr.warmup_iters = 5;
+  o.lr.decay_iters = 99;
+  o.adam.beta2 = 0.999f;
+  o.adam.weight_decay = 0.5f;
+  o.clip_grad = 2.0f;
+  o.steps = 1000;  // (more steps alone are fine: the schedule is --lr-decay-iters')
+  const absl::Status st = c->check_resume(o);
+  EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition);
+  for (const char* diff : {"--lr 0.1 here", "--lr-warmup-iters 5 here",
+                           "--lr-decay-iters (default: --steps) 99 here", "--adam-beta2 0.999",
+                           "--weight-decay 0.5 here", "--clip-grad 2 here"}) {
+    EXPECT_TRUE(absl::StrContains(st.message(), diff)) << diff << " not in: " << st;
+  }
+  o = c->meta().options;
+  o.steps = 1000;
+  EXPECT_TRUE(c->check_resume(o).ok());
+}
+
 TEST_F(CheckpointTest, NotACheckpointIsNamed) {
   fs::create_directories(dir_ + "/empty");
   absl::Status st = Checkpoint::open(dir_ + "/empty").status();

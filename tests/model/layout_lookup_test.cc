@@ -60,3 +60,47 @@ TEST(ParamLayoutLookup, FindOfAMissingNameIsAnInvariantErrorInEveryBuild) {
 
 }  // namespace
 }  // namespace troupe::model
+
+namespace troupe::model {
+namespace {
+
+// local_index inverts global_index: over every parameter of every TP slice
+// of a small model, each global element belongs to exactly one slice (a
+// replicated one to every slice, at the same index), and maps back.
+TEST(ParamSpecIndex, LocalIndexInvertsGlobalIndexAndTheSlicesPartitionTheTensor) {
+  GptConfig c = *preset("tiny");
+  c.L = 1;
+  c.C = 16;
+  c.NH = 4;
+  c.T = 8;
+  c.V = 30;
+  c.vocab_multiple = 8;  // Vp = 32 at tp 1, 32 at tp 2 (16 x 2), 32 at tp 4
+  for (int tp : {1, 2, 4}) {
+    GptConfig s = c;
+    s.vocab_multiple = c.vocab_multiple * tp;
+    const ParamLayout whole = ParamLayout::gpt(s);
+    for (const ParamSpec& w : whole.specs()) {
+      std::vector<int> owners(static_cast<std::size_t>(w.numel()), 0);
+      for (int t = 0; t < tp; t++) {
+        const ParamLayout lay = ParamLayout::gpt(s, StageSpec::whole(s), {tp, t});
+        const ParamSpec& p = lay.find(w.name);
+        for (std::int64_t i = 0; i < p.numel(); i++) {
+          const std::int64_t g = p.global_index(i);
+          ASSERT_EQ(p.local_index(g), i) << w.name << " tp " << tp << " t " << t;
+          owners[static_cast<std::size_t>(g)]++;
+        }
+        EXPECT_EQ(p.local_index(w.numel()), -1) << w.name;  // past the tensor
+        std::int64_t mine = 0;
+        for (std::int64_t g = 0; g < w.numel(); g++) mine += p.local_index(g) >= 0;
+        EXPECT_EQ(mine, p.numel()) << w.name << " tp " << tp << " t " << t;
+      }
+      const int want = ParamLayout::gpt(s, StageSpec::whole(s), {tp, 0}).find(w.name).replicated()
+                           ? tp
+                           : 1;
+      for (int n : owners) ASSERT_EQ(n, want) << w.name << " tp " << tp;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace troupe::model
