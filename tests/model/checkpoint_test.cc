@@ -9,6 +9,7 @@
 #include "model/checkpoint.h"
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 #include <unistd.h>
 
 #include <cmath>
@@ -382,6 +383,35 @@ TEST_F(CheckpointTest, ResumeWithOtherOptimizerSettingsNamesEveryDifference) {
   o = c->meta().options;
   o.steps = 1000;
   EXPECT_TRUE(c->check_resume(o).ok());
+}
+
+// A manifest that claims a vast tensor is refused from what it says, before
+// anything is read or allocated (a regression: loading allocated the claimed
+// global tensor and died of bad_alloc).
+TEST_F(CheckpointTest, AManifestClaimingAVastTensorIsAnErrorNotAnAllocation) {
+  ASSERT_TRUE(write_checkpoint(dir_, small_model(8), {2, 1, 1}, 1).ok());
+  const std::string path = iter(1) + "/manifest.json";
+  nlohmann::json j;
+  std::ifstream(path) >> j;
+  for (nlohmann::json& t : j["tensors"]) {
+    if (t["param"] != "wte.weight") continue;
+    const std::int64_t tp = t["tp"];
+    t["global_shape"] = {std::int64_t{1} << 20, std::int64_t{1} << 20};
+    t["slice_shape"] = {(std::int64_t{1} << 20) / tp, std::int64_t{1} << 20};
+  }
+  std::ofstream(path, std::ios::trunc) << j.dump();
+  const absl::Status st = Checkpoint::open(dir_).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss) << st;
+  EXPECT_TRUE(absl::StrContains(st.message(), "manifest.json: ")) << st;
+  EXPECT_TRUE(absl::StrContains(st.message(), "/wte.weight are in no rank's file"))
+      << st;
+  // A record naming a file that is not one of its rank files, too.
+  std::ifstream(path) >> j;
+  j["tensors"][0]["file"] = "../../etc/passwd";
+  std::ofstream(path, std::ios::trunc) << j.dump();
+  const absl::Status other = Checkpoint::open(dir_).status();
+  EXPECT_TRUE(absl::StrContains(other.message(), "names \"../../etc/passwd\", not one of its"))
+      << other;
 }
 
 TEST_F(CheckpointTest, NotACheckpointIsNamed) {
