@@ -42,6 +42,7 @@
 #include "launcher/commands.h"
 #include "launcher/fleet.h"
 #include "launcher/hostfile.h"
+#include "launcher/launch_restart.h"
 #include "launcher/launch_support.h"
 #include "launcher/train_flags.h"
 #include "model/atomic_file.h"
@@ -65,24 +66,7 @@ struct LaunchContext {
   std::mutex mu;
   actors::CoordinatorHost* current = nullptr;  // the running start's (for the signal thread)
   json restarts = json::array();               // launch.json's record of them
-};
-
-// One start of the job: its layout, its hosts, where it resumes from.
-struct AttemptPlan {
-  int index = 0;  // 0: the first start; k: the k-th restart
-  actors::ParallelOptions parallel;
-  Job job;
-  std::string load;  // the workers' and coordinator's --load ("": none)
-  bool load_optim = true;
-  std::optional<std::chrono::steady_clock::time_point> failed_at;  // of the failure before it
-};
-
-struct Outcome {
-  int code = 0;             // the launcher's exit status, if this start is the last
-  std::string message;      // its error ("" when the run succeeded)
-  bool restartable = false;  // a rank or host failed while the job ran
-  std::set<std::string> lost_hosts;
-  std::chrono::steady_clock::time_point failed_at;
+  RestartMemo memo;
 };
 
 Outcome failed(std::string message, int code = 1) {
@@ -244,6 +228,7 @@ Outcome run_attempt(LaunchContext& ctx, const AttemptPlan& plan) {
   std::mutex mu;
   std::map<int, std::string> exits;  // rank -> how it ended
   std::set<std::string> lost_hosts;
+  bool died = false;  // a process was killed (or crashed) or a host lost: worth a restart
   std::atomic<bool> over{false};
   std::atomic<int> running{world};
   // Ranks that have exited or were lost (their agent's host cut off: no
@@ -273,6 +258,7 @@ Outcome run_attempt(LaunchContext& ctx, const AttemptPlan& plan) {
         if (e.kind == FleetEvent::Kind::kLost) {
           lost_hosts.insert(job.placement[static_cast<std::size_t>(e.rank)].host);
         }
+        died = died || e.kind == FleetEvent::Kind::kLost || e.exit.signal != 0;
         if (!failed_at) failed_at = std::chrono::steady_clock::now();
       }
       if (bad && !over.load()) {
@@ -334,9 +320,13 @@ Outcome run_attempt(LaunchContext& ctx, const AttemptPlan& plan) {
     }
     out.lost_hosts = lost_hosts;
     out.failed_at = failed_at.value_or(run_ended);
+    // A rank killed, crashed or cut off, or one gone silent or hung (the
+    // heartbeats, the stall watchdog): a restart may help. Bad input, a
+    // full disk or a damaged checkpoint would fail again: they end the job.
+    out.restartable = died || absl::IsUnavailable(st) || absl::IsDeadlineExceeded(st);
   }
   const int sig = ctx.interrupted.load();
-  out.restartable = sig == 0 && (!st.ok() || !causes.empty());
+  if (sig != 0 || st.ok()) out.restartable = false;
   if (!st.ok()) {
     std::string msg = causes.empty() ? std::string(st.message())
                                      : absl::StrCat(absl::StrJoin(causes, "\n  "), "\n  the run: ",
@@ -350,63 +340,6 @@ Outcome run_attempt(LaunchContext& ctx, const AttemptPlan& plan) {
     out.code = 1;
   }
   return out;
-}
-
-// The largest dp (at most `dp`) whose ranks fit in `slots` and whose
-// micro-batches divide the global batch; 0 if none.
-int largest_dp(const actors::ParallelOptions& par, const model::TrainOptions& o, int slots, int dp) {
-  for (int d = std::min(dp, slots / (par.tp * par.pp)); d >= 1; d--) {
-    actors::ParallelOptions p = par;
-    p.dp = d;
-    if (p.validate(o).ok()) return d;
-  }
-  return 0;
-}
-
-// After a failure: where the next start resumes (the newest checkpoint in
-// --save, or as the first start did), and with --elastic on which hosts
-// and with which dp.
-absl::StatusOr<AttemptPlan> next_plan(LaunchContext& ctx, const AttemptPlan& last,
-                                      const Outcome& out, int* resume_step) {
-  const LaunchFlags& f = ctx.f;
-  AttemptPlan next = last;
-  next.index = last.index + 1;
-  next.failed_at = out.failed_at;
-  *resume_step = 0;
-  const std::string& save = f.train.checkpoint.save;
-  absl::StatusOr<model::ckpt::Checkpoint> newest = model::ckpt::Checkpoint::open(save);
-  if (newest.ok()) {
-    next.load = save;
-    next.load_optim = true;
-    *resume_step = newest->meta().step;
-  } else {
-    next.load = f.train.checkpoint.load;
-    next.load_optim = f.train.checkpoint.load_optim;
-    if (!next.load.empty() && next.load_optim) {
-      absl::StatusOr<model::ckpt::Checkpoint> first = model::ckpt::Checkpoint::open(next.load);
-      if (first.ok()) *resume_step = first->meta().step;
-    }
-  }
-  if (f.elastic && !out.lost_hosts.empty()) {
-    std::vector<HostSlots> slots;
-    int total = 0;
-    for (const HostSlots& h : last.job.slots) {
-      if (out.lost_hosts.count(h.host) > 0) continue;
-      slots.push_back(h);
-      total += static_cast<int>(h.slots.size());
-    }
-    const int dp = largest_dp(last.parallel, ctx.options, total, f.train.parallel.dp);
-    if (dp == 0) {
-      return absl::UnavailableError(absl::StrCat(
-          "--elastic: the ", total, " slots left on the reachable hosts fit no data-parallel size "
-          "of --tp ", last.parallel.tp, " x --pp ", last.parallel.pp));
-    }
-    next.parallel.dp = dp;
-    absl::StatusOr<Job> job = place_on(std::move(slots), next.parallel.world(), last.job.local);
-    if (!job.ok()) return job.status();
-    next.job = *std::move(job);
-  }
-  return next;
 }
 
 int run_launch(LaunchFlags& f) {
@@ -482,6 +415,18 @@ int run_launch(LaunchFlags& f) {
           absl::StrCat("interrupted by ", sig == SIGINT ? "SIGINT" : "SIGTERM")));
     }
   });
+  if (!f.train.checkpoint.save.empty()) {
+    absl::StatusOr<model::ckpt::Checkpoint> there = model::ckpt::Checkpoint::open(f.train.checkpoint.save);
+    if (there.ok()) {
+      ctx.memo.save_at_start = checkpoint_identity(*there);
+      std::error_code ec;
+      absl::StatusOr<model::ckpt::Checkpoint> first =
+          f.train.checkpoint.load.empty() ? absl::NotFoundError("")
+                                          : model::ckpt::Checkpoint::open(f.train.checkpoint.load);
+      ctx.memo.started_from_save = first.ok() && f.train.checkpoint.load_optim &&
+                              std::filesystem::equivalent(first->dir(), there->dir(), ec);
+    }
+  }
   AttemptPlan plan{.index = 0,
                    .parallel = par,
                    .job = *std::move(job),
@@ -495,7 +440,7 @@ int run_launch(LaunchFlags& f) {
       return fail(out.message, out.code);
     }
     int resume_step = 0;
-    absl::StatusOr<AttemptPlan> next = next_plan(ctx, plan, out, &resume_step);
+    absl::StatusOr<AttemptPlan> next = next_plan(f, ctx.options, ctx.memo, plan, out, &resume_step);
     if (!next.ok()) {
       return fail(absl::StrCat(out.message, "\n  no restart: ", next.status().message()), out.code);
     }

@@ -8,6 +8,10 @@ final weights, byte for byte.
   restart_test.py TROUPE WORKDIR kills SEED TRIALS   trials with the phases in turn
   restart_test.py TROUPE WORKDIR elastic             hostB's agent killed; the job
                                                      goes on on hostA with dp 1
+  restart_test.py TROUPE WORKDIR policy              a failure that is not a rank's
+                                                     death (a stage that throws) ends the
+                                                     job; a restart never resumes from
+                                                     another run's checkpoint in --save
   restart_test.py TROUPE WORKDIR sigterm train|launch  --exit-signal-handler: SIGTERM
                                                      mid-run saves after that step and
                                                      exits 0; resuming from it ends
@@ -312,11 +316,54 @@ def sigterm(how, agents=False):
           f"{STEPS} steps bitwise equal, weights byte for byte")
 
 
+def policy():
+    # A stage that throws: the rank reports it and exits 1 -- bad input or a
+    # bug, which a restart would only repeat.
+    save = f"{WORK}/policy-ckpt"
+    shutil.rmtree(save, ignore_errors=True)
+    r = subprocess.run([TROUPE, "launch", *FLAGS, "--pp", "2", "--save", save, "--max-restarts", "2",
+                        "--debug-fail-stage", "1:3", "--run-dir", f"{WORK}/policy-run"],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=240)
+    if r.returncode == 0 or "restart 1 of" in r.stdout:
+        fail(f"exit {r.returncode}; a stage's exception was restarted:\n{r.stdout[-3000:]}")
+    print("OK: a stage that throws ends the job without a restart")
+    # Another run's checkpoint (step 6) in --save; this job starts afresh
+    # (no --load), a worker is killed before its first save: the restart
+    # begins again at the start, not at the other run's step 6.
+    foreign = f"{WORK}/policy-foreign"
+    shutil.rmtree(foreign, ignore_errors=True)
+    r = subprocess.run([TROUPE, "train", *FLAGS, "--pp", "2", "--exit-interval", "6", "--save",
+                        foreign], stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True, timeout=240)
+    if r.returncode != 0:
+        fail("the other run failed:\n" + r.stdout)
+    run_dir = f"{WORK}/policy-foreign-run"
+    shutil.rmtree(run_dir, ignore_errors=True)
+    p = subprocess.Popen([TROUPE, "launch", *FLAGS, "--pp", "2", "--save", foreign, "--save-interval",
+                          "20", "--max-restarts", "1", "--run-dir", run_dir],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    pids = pids_of(run_dir)
+    out = []
+    for line in p.stdout:
+        out.append(line)
+        if STEP_LINE.match(line) and int(STEP_LINE.match(line).group(1)) == 3:
+            os.kill(pids[1], signal.SIGKILL)
+            break
+    out += list(p.stdout)
+    p.wait(timeout=240)
+    text = "".join(out)
+    if p.returncode != 0 or "resuming from the start" not in text or "resuming from step 6" in text:
+        fail(f"exit {p.returncode}; the restart did not begin at the start:\n{text[-3000:]}")
+    print("OK: the restart began at the start, not at another run's checkpoint in --save")
+
+
 case = sys.argv[3]
 if case == "kills":
     kills(int(sys.argv[4]), int(sys.argv[5]))
 elif case == "elastic":
     elastic()
+elif case == "policy":
+    policy()
 elif case == "sigterm":
     sigterm(sys.argv[4], sys.argv[5:] == ["agents"])
 else:
