@@ -73,6 +73,9 @@ absl::Status convert_checkpoint(const ckpt::Checkpoint& c, const std::string& to
     return absl::AlreadyExistsError(
         absl::StrCat("--to ", to, ": ", final_dir, " exists (not overwritten)"));
   }
+  // Every checksum first: a damaged checkpoint leaves --to untouched (not
+  // even made).
+  if (absl::Status st = c.verify(); !st.ok()) return st;
   absl::StatusOr<std::string> tmp = ckpt::begin_save(to, meta.step);
   if (!tmp.ok()) return tmp.status();
   std::vector<ckpt::TensorRecord> records;

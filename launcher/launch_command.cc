@@ -358,6 +358,12 @@ int run_launch(LaunchFlags& f) {
     return fail("--max-restarts needs --save DIR: a restart resumes from its newest checkpoint");
   }
   if (f.elastic && f.max_restarts == 0) return fail("--elastic needs --max-restarts K");
+  if (!f.train.checkpoint.save.empty()) {
+    // (This process commits every checkpoint of the job, over every restart.)
+    if (absl::Status st = model::ckpt::lock_save_dir(f.train.checkpoint.save); !st.ok()) {
+      return fail(std::string(st.message()));
+    }
+  }
   if (!f.train.save_weights.empty()) {
     if (absl::Status st = check_writable(f.train.save_weights, "--save-weights"); !st.ok()) {
       return fail(std::string(st.message()));

@@ -107,6 +107,9 @@ int run_train(const TrainFlags& flags) {
   if (!loaded.ok()) return fail(loaded.status());
   const model::ckpt::Checkpoint* load = loaded->has_value() ? &**loaded : nullptr;
   if (ck.exit_signal_handler) install_exit_signal_handler();
+  if (!ck.save.empty()) {
+    if (absl::Status st = model::ckpt::lock_save_dir(ck.save); !st.ok()) return fail(st);
+  }
   const bool one_rank = par.world() == 1 && par.virtual_stages == 1;
   Progress progress(o.steps, metrics.is_open() ? &metrics : nullptr);
   std::unique_ptr<model::Trainer> single;

@@ -2,6 +2,7 @@
 #include "model/checkpoint.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <stdio.h>
 #include <unistd.h>
 #include <zlib.h>
@@ -13,6 +14,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <map>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <thread>
@@ -84,12 +88,9 @@ std::uint32_t crc_of(const void* data, std::size_t n) {
 // tracker not yet), the tracker written -- say so on stderr and sleep that long, so that a kill
 // lands between any two of them.
 void debug_save_point(const char* point, const std::string& path) {
-  static const double seconds = [] {
-    const char* env = std::getenv("TROUPE_DEBUG_SAVE_DELAY");
-    double s = 0;
-    return env != nullptr && absl::SimpleAtod(env, &s) && s > 0 ? s : 0.0;
-  }();
-  if (seconds <= 0) return;
+  const char* env = std::getenv("TROUPE_DEBUG_SAVE_DELAY");  // (read each time: cheap)
+  double seconds = 0;
+  if (env == nullptr || !absl::SimpleAtod(env, &seconds) || !(seconds > 0)) return;
   std::fprintf(stderr, "debug: save point: %s %s\n", point, path.c_str());
   std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
 }
@@ -119,20 +120,37 @@ std::vector<int> complete_steps(const std::string& dir) {
 // complete checkpoint at every moment; the old one, now under the
 // temporary's name, is removed (or by the next begin_save after a crash).
 // Where the filesystem cannot exchange (EINVAL: NFS, some FUSE), the old
-// one is moved aside first, which leaves a moment with neither.
+// one is moved aside first; if the tracker names it, the tracker is first
+// pointed at the newest other complete checkpoint, so that it names a
+// complete one throughout (with no other, it is removed for that moment).
 absl::Status move_into_place(const std::string& dir, const std::string& tmp_dir,
-                             const std::string& final_dir) {
+                             const std::string& final_dir, int step) {
   std::error_code ec;
   if (fs::exists(final_dir, ec)) {
-    if (::renameat2(AT_FDCWD, tmp_dir.c_str(), AT_FDCWD, final_dir.c_str(), RENAME_EXCHANGE) == 0) {
+    const bool exchange = std::getenv("TROUPE_DEBUG_NO_RENAME_EXCHANGE") == nullptr;
+    if (exchange &&
+        ::renameat2(AT_FDCWD, tmp_dir.c_str(), AT_FDCWD, final_dir.c_str(), RENAME_EXCHANGE) == 0) {
       debug_save_point("replacing", final_dir);
       if (absl::Status st = fsync_path(dir); !st.ok()) return st;
       fs::remove_all(tmp_dir, ec);
       return absl::OkStatus();
     }
-    if (errno != EINVAL && errno != ENOSYS) {
+    if (exchange && errno != EINVAL && errno != ENOSYS) {
       return absl::InternalError(
           absl::StrCat(final_dir, ": cannot replace it with ", tmp_dir, ": ", reason()));
+    }
+    const std::string tracker = absl::StrCat(dir, "/", kTracker);
+    int named = -1;
+    {
+      std::ifstream in(tracker);
+      if (!(in >> named)) named = -1;
+    }
+    if (named == step) {
+      std::vector<int> others = complete_steps(dir);
+      others.erase(std::remove(others.begin(), others.end(), step), others.end());
+      absl::Status st = others.empty() ? (fs::remove(tracker, ec), fsync_path(dir))
+                                       : write_file_atomically(tracker, absl::StrCat(others.back(), "\n"));
+      if (!st.ok()) return st;
     }
     const std::string old = absl::StrCat(final_dir, ".tmp-replaced-", ::getpid());
     fs::rename(final_dir, old, ec);
@@ -150,6 +168,31 @@ absl::Status move_into_place(const std::string& dir, const std::string& tmp_dir,
 
 }  // namespace
 
+absl::Status lock_save_dir(const std::string& dir) {
+  static std::mutex mu;
+  static std::map<std::string, int>* held = new std::map<std::string, int>();  // for the process
+  std::error_code ec;
+  const std::string key = fs::weakly_canonical(dir, ec).string();
+  std::lock_guard<std::mutex> lock(mu);
+  if (held->count(key) > 0) return absl::OkStatus();
+  const std::string path = absl::StrCat(dir, "/.troupe-save.lock");
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+  if (fd < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--save ", dir, ": cannot open ", path, ": ", reason()));
+  }
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const bool busy = errno == EWOULDBLOCK;
+    const std::string why = reason();
+    ::close(fd);
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--save ", dir, busy ? ": another run is saving checkpoints there (it holds "
+                             : ": cannot lock ",
+        path, busy ? ")" : absl::StrCat(": ", why)));
+  }
+  (*held)[key] = fd;  // held until the process ends
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::string> begin_save(const std::string& dir, int step) {
   std::error_code ec;
   fs::create_directories(dir, ec);
@@ -157,10 +200,14 @@ absl::StatusOr<std::string> begin_save(const std::string& dir, int step) {
     return absl::InvalidArgumentError(
         absl::StrCat("--save ", dir, ": cannot make the directory: ", ec.message()));
   }
-  // A save a crash interrupted left its temporary; only one save of a run
-  // is ever in flight, so every one here is stale.
+  if (absl::Status st = lock_save_dir(dir); !st.ok()) return st;
+  // A save a crash interrupted left its temporary (and perhaps the
+  // tracker's); only one save of a run is ever in flight, and no other run
+  // saves here (the lock), so every one is stale.
+  const std::string tracker_temp = absl::StrCat(".", kTracker, ".tmp.");
   for (const fs::directory_entry& e : fs::directory_iterator(dir, ec)) {
-    if (is_temp_name(e.path().filename().string())) fs::remove_all(e.path(), ec);
+    const std::string name = e.path().filename().string();
+    if (is_temp_name(name) || absl::StartsWith(name, tracker_temp)) fs::remove_all(e.path(), ec);
   }
   thread_local std::mt19937_64 random{std::random_device{}()};
   const std::string tmp =
@@ -231,7 +278,7 @@ absl::Status commit(const std::string& dir, const std::string& tmp_dir, const Me
   debug_save_point("manifest written", tmp_dir);
   const std::string final_dir = absl::StrCat(dir, "/", iter_name(meta.step));
   std::error_code ec;
-  if (absl::Status st = move_into_place(dir, tmp_dir, final_dir); !st.ok()) return st;
+  if (absl::Status st = move_into_place(dir, tmp_dir, final_dir, meta.step); !st.ok()) return st;
   if (absl::Status st = fsync_path(dir); !st.ok()) return st;
   debug_save_point("renamed", final_dir);
   // The tracker last: it names a complete checkpoint, the old or the new.
@@ -245,8 +292,13 @@ absl::Status commit(const std::string& dir, const std::string& tmp_dir, const Me
     std::vector<int> steps = complete_steps(dir);
     const int excess = static_cast<int>(steps.size()) - keep_last;
     for (int i = 0; i < excess; i++) {
-      if (steps[static_cast<std::size_t>(i)] == meta.step) continue;  // the tracker's: never
-      fs::remove_all(absl::StrCat(dir, "/", iter_name(steps[static_cast<std::size_t>(i)])), ec);
+      const int old = steps[static_cast<std::size_t>(i)];
+      if (old == meta.step) continue;  // the tracker's: never
+      // Renamed to a temporary's name first: a crash in the middle of the
+      // removal leaves no partial checkpoint that looks complete.
+      const std::string doomed = absl::StrCat(dir, "/", iter_name(old), ".tmp-removing-", ::getpid());
+      fs::rename(absl::StrCat(dir, "/", iter_name(old)), doomed, ec);
+      if (!ec) fs::remove_all(doomed, ec);
     }
   }
   return absl::OkStatus();

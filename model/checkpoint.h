@@ -100,6 +100,12 @@ std::string writer_name();
 std::string iter_name(int step);
 std::string rank_file_name(int rank);  // "rank_00003.safetensors"
 
+// Takes DIR/.troupe-save.lock (flock) for this process's lifetime, so that
+// no two runs save into one directory (each would remove the other's
+// temporaries); again in the same process: OK. FailedPrecondition naming
+// the directory when another process holds it.
+absl::Status lock_save_dir(const std::string& dir);
+
 // Removes stale temporaries (iter_*.tmp-*: saves a crash interrupted),
 // makes DIR and a fresh temporary for `step`'s checkpoint, and returns it.
 absl::StatusOr<std::string> begin_save(const std::string& dir, int step);

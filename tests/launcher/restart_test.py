@@ -355,6 +355,22 @@ def policy():
     if p.returncode != 0 or "resuming from the start" not in text or "resuming from step 6" in text:
         fail(f"exit {p.returncode}; the restart did not begin at the start:\n{text[-3000:]}")
     print("OK: the restart began at the start, not at another run's checkpoint in --save")
+    # Two runs saving into one directory would remove each other's
+    # temporaries: the second is refused while the first holds the lock.
+    busy = f"{WORK}/policy-busy"
+    shutil.rmtree(busy, ignore_errors=True)
+    first = subprocess.Popen([TROUPE, "train", *FLAGS[:-4], "--steps", "100000", "--save", busy],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    for line in first.stdout:
+        if STEP_LINE.match(line):
+            break
+    r = subprocess.run([TROUPE, "launch", *FLAGS, "--save", busy], stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True, timeout=60)
+    first.kill()
+    first.wait()
+    if r.returncode == 0 or "another run is saving checkpoints there" not in r.stdout:
+        fail(f"a second run saving into {busy}: exit {r.returncode}\n{r.stdout[-2000:]}")
+    print("OK: a second run saving into the same directory is refused, naming it")
 
 
 case = sys.argv[3]

@@ -12,11 +12,13 @@
 #include <nlohmann/json.hpp>
 #include <unistd.h>
 
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <limits>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -500,7 +502,8 @@ TEST_F(CheckpointTest, StaleTemporaryIsRemovedByTheNextSaveAndNeverOpened) {
     EXPECT_FALSE(absl::StrContains(e.path().string(), ".tmp-")) << e.path();
     entries++;
   }
-  EXPECT_EQ(entries, 3);  // iter_0000001, iter_0000004, the tracker
+  EXPECT_EQ(entries, 4);  // iter_0000001, iter_0000004, the tracker, the lock
+  EXPECT_TRUE(fs::exists(dir_ + "/.troupe-save.lock"));
 }
 
 TEST_F(CheckpointTest, KeepLastKeepsTheNewestAndNeverTheTrackersOwn) {
@@ -533,6 +536,44 @@ TEST_F(CheckpointTest, CommitOverTheSameStepReplacesIt) {
     EXPECT_FALSE(absl::StrContains(e.path().string(), ".tmp-")) << e.path();
   }
   expect_fills_like_reference(*c, small_model(8), {1, 1, 1});
+}
+
+// Without RENAME_EXCHANGE (NFS): the old checkpoint is moved aside first,
+// and the tracker, which named it, names the newest other complete one for
+// that moment (the next save's commit names the new one). The end state is
+// the same as with the exchange, and a run holding the directory's lock
+// keeps any other out of it.
+TEST_F(CheckpointTest, CommitOverTheSameStepWithoutExchangeAndTheDirectoryLock) {
+  ASSERT_TRUE(write_checkpoint(dir_, small_model(8), {1, 1, 1}, 3).ok());
+  ASSERT_TRUE(write_checkpoint(dir_, small_model(8), {2, 2, 1}, 5).ok());
+  ::setenv("TROUPE_DEBUG_NO_RENAME_EXCHANGE", "1", 1);
+  ::setenv("TROUPE_DEBUG_SAVE_DELAY", "0.3", 1);
+  // While the commit is in its window, the tracker names step 3.
+  std::string during;
+  std::thread watch([&] {
+    for (int i = 0; i < 400 && during.empty(); i++) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      if (!fs::exists(iter(5))) {
+        std::ifstream in(dir_ + "/" + kTracker);
+        std::getline(in, during);
+      }
+    }
+  });
+  const absl::Status st = write_checkpoint(dir_, small_model(8), {1, 1, 1}, 5);
+  watch.join();
+  ::unsetenv("TROUPE_DEBUG_SAVE_DELAY");
+  ::unsetenv("TROUPE_DEBUG_NO_RENAME_EXCHANGE");
+  ASSERT_TRUE(st.ok()) << st;
+  EXPECT_EQ(during, "3") << "the tracker while iter_0000005 was away";
+  absl::StatusOr<Checkpoint> c = Checkpoint::open(dir_);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->meta().step, 5);
+  EXPECT_EQ(c->meta().describe_layout(), "tp=1 pp=1 dp=1 1f1b");
+  EXPECT_TRUE(fs::exists(iter(3) + "/manifest.json"));
+  for (const fs::directory_entry& e : fs::directory_iterator(dir_)) {
+    EXPECT_FALSE(absl::StrContains(e.path().string(), ".tmp")) << e.path();
+  }
+  EXPECT_TRUE(lock_save_dir(dir_).ok());  // held by this process: again is fine
 }
 
 }  // namespace
