@@ -253,7 +253,10 @@ absl::Status RankUnit::save(const std::string& tmp_dir, SaveDone done) {
   if (absl::Status st = stream_->synchronize(); !st.ok()) return st;
   if (absl::Status st = optimizer_stream_->synchronize(); !st.ok()) return st;
   writer_.wait();  // (the coordinator has committed the save before)
-  auto snap = std::make_shared<model::ckpt::Snapshot>(model::ckpt::Snapshot::take(checkpoint_pieces()));
+  // (The writer is done with the last save's copy: its memory is reused.)
+  if (!snapshot_) snapshot_ = std::make_shared<model::ckpt::Snapshot>();
+  snapshot_->retake(checkpoint_pieces());
+  std::shared_ptr<const model::ckpt::Snapshot> snap = snapshot_;
   writer_.start([snap, tmp_dir, rank = spec_.rank, done = std::move(done)] {
     done(model::ckpt::write_rank_file(tmp_dir, rank, snap->pieces()));
   });

@@ -157,6 +157,7 @@ class RankUnit {
   std::vector<std::unique_ptr<GptStage>> chunks_;       // by chunk
   std::vector<std::unique_ptr<Partition>> partitions_;  // by chunk
   std::int64_t optimizer_bytes_ = 0;                    // what making them allocated
+  std::shared_ptr<model::ckpt::Snapshot> snapshot_;     // the last save's copy (reused)
   model::ckpt::BackgroundWrite writer_;                  // a save's write (after the streams)
   // Last, so that they drain before the buffers above go away.
   std::unique_ptr<gpu::Stream> stream_, optimizer_stream_;

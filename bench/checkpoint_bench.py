@@ -46,7 +46,9 @@ args = ap.parse_args()
 T = args.troupe
 WORK = args.dir or tempfile.mkdtemp(prefix="troupe-ckpt-bench-")
 os.makedirs(WORK, exist_ok=True)
-MODEL = ["--model", "cpu-small", "--micro-batch-size", "4", "--global-batch-size", "8"]
+# (One LR schedule for every run: a resume must keep the saving run's.)
+MODEL = ["--model", "cpu-small", "--micro-batch-size", "4", "--global-batch-size", "8",
+         "--lr-decay-iters", "100"]
 LAYOUTS = {"1": [], "pp2": ["--pp", "2"]}
 SAVED = re.compile(r"saved checkpoint (\S+) \(training waited ([0-9.]+) s; written in ([0-9.]+) s\)")
 

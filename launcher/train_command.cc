@@ -35,8 +35,9 @@ class SingleRankSaver {
     writer_.wait();
     if (!error_.ok()) return error_;
     const auto t0 = std::chrono::steady_clock::now();
-    auto snap = std::make_shared<model::ckpt::Snapshot>(
-        model::ckpt::Snapshot::take(t.checkpoint_pieces(true)));
+    if (!snapshot_) snapshot_ = std::make_shared<model::ckpt::Snapshot>();
+    snapshot_->retake(t.checkpoint_pieces(true));  // (the last write is done with it)
+    std::shared_ptr<const model::ckpt::Snapshot> snap = snapshot_;
     const double stall =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     model::ckpt::Meta meta;
@@ -75,6 +76,7 @@ class SingleRankSaver {
  private:
   const actors::CheckpointOptions& flags_;
   const actors::ParallelOptions& par_;
+  std::shared_ptr<model::ckpt::Snapshot> snapshot_;
   model::ckpt::BackgroundWrite writer_;
   absl::Status error_;  // the last write's (read after wait())
 };

@@ -361,6 +361,23 @@ Snapshot Snapshot::take(const std::vector<Piece>& live) {
   return s;
 }
 
+void Snapshot::retake(const std::vector<Piece>& live) {
+  bool same = live.size() == pieces_.size();
+  for (std::size_t i = 0; same && i < live.size(); i++) {
+    same = live[i].end - live[i].begin == pieces_[i].end - pieces_[i].begin;
+  }
+  if (!same) {
+    *this = take(live);
+    return;
+  }
+  for (std::size_t i = 0; i < live.size(); i++) {
+    Piece copy = live[i];
+    copy.data = buffers_[i].data();
+    std::copy(live[i].data, live[i].data + (live[i].end - live[i].begin), copy.data);
+    pieces_[i] = copy;
+  }
+}
+
 std::int64_t Snapshot::bytes() const {
   std::int64_t n = 0;
   for (const auto& b : buffers_) n += static_cast<std::int64_t>(b.size() * sizeof(float));

@@ -181,6 +181,10 @@ void add_chunk_pieces(const ParamLayout& layout, bool tied_copy, bool params,
 class Snapshot {
  public:
   static Snapshot take(const std::vector<Piece>& live);
+  // take() again into this snapshot's memory when the pieces are the same
+  // sizes (every save of a run): no new pages to fault in, so the copy is
+  // all training waits for.
+  void retake(const std::vector<Piece>& live);
   const std::vector<Piece>& pieces() const { return pieces_; }
   std::int64_t bytes() const;
 
