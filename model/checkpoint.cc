@@ -51,6 +51,18 @@ std::string Meta::describe_layout() const {
                       virtual_stages > 1 ? absl::StrCat(" v=", virtual_stages) : "");
 }
 
+std::uint32_t crc_of(const void* data, std::size_t n) {
+  uLong crc = crc32(0L, Z_NULL, 0);
+  const Bytef* p = static_cast<const Bytef*>(data);
+  while (n > 0) {  // crc32 takes a uInt length
+    const uInt chunk = static_cast<uInt>(std::min<std::size_t>(n, 1u << 30));
+    crc = crc32(crc, p, chunk);
+    p += chunk;
+    n -= chunk;
+  }
+  return static_cast<std::uint32_t>(crc);
+}
+
 std::string writer_name() { return absl::StrCat("troupe ", TROUPE_VERSION); }
 
 std::string iter_name(int step) { return absl::StrFormat("iter_%07d", step); }
@@ -70,17 +82,6 @@ absl::Status fsync_path(const std::string& path) {
   return absl::OkStatus();
 }
 
-std::uint32_t crc_of(const void* data, std::size_t n) {
-  uLong crc = crc32(0L, Z_NULL, 0);
-  const Bytef* p = static_cast<const Bytef*>(data);
-  while (n > 0) {  // crc32 takes a uInt length
-    const uInt chunk = static_cast<uInt>(std::min<std::size_t>(n, 1u << 30));
-    crc = crc32(crc, p, chunk);
-    p += chunk;
-    n -= chunk;
-  }
-  return static_cast<std::uint32_t>(crc);
-}
 
 // TROUPE_DEBUG_SAVE_DELAY=SECONDS, for tests only (tests/ckpt/ckpt_test.py
 // kills a run inside a save): at each point of a save -- its temporary made,

@@ -156,6 +156,8 @@ class Checkpoint {
 
  private:
   absl::StatusOr<const SafetensorsFile*> file(const std::string& name) const;
+  // A record's bytes from its file, its CRC-32 checked (DataLoss naming it).
+  absl::Status read_piece(const TensorRecord& r, std::vector<char>* bytes) const;
   // global_tensor() into the cache (valid until the next call).
   absl::StatusOr<const std::vector<float>*> assemble(Kind kind, const std::string& param,
                                                      std::vector<std::int64_t>* shape) const;

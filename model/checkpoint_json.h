@@ -3,6 +3,8 @@
 // is an InvalidArgument naming it.
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -11,6 +13,9 @@
 #include "model/checkpoint.h"
 
 namespace troupe::model::ckpt {
+
+// zlib's CRC-32 of n bytes (the records' checksums).
+std::uint32_t crc_of(const void* data, std::size_t n);
 
 nlohmann::json record_json(const TensorRecord& r);
 absl::StatusOr<TensorRecord> record_from_json(const nlohmann::json& j);

@@ -1,6 +1,5 @@
 // Reading a checkpoint: the manifest, the rank files, and a parameter's
 // global tensor assembled from its pieces.
-#include <zlib.h>
 
 #include <algorithm>
 #include <filesystem>
@@ -35,17 +34,6 @@ absl::StatusOr<std::string> read_text(const std::string& path) {
   std::ostringstream s;
   s << in.rdbuf();
   return s.str();
-}
-
-std::uint32_t crc_of(const char* data, std::size_t n) {
-  uLong crc = crc32(0L, Z_NULL, 0);
-  while (n > 0) {
-    const uInt chunk = static_cast<uInt>(std::min<std::size_t>(n, 1u << 30));
-    crc = crc32(crc, reinterpret_cast<const Bytef*>(data), chunk);
-    data += chunk;
-    n -= chunk;
-  }
-  return static_cast<std::uint32_t>(crc);
 }
 
 // The slice as a ParamSpec, to map its elements with global_index().
@@ -241,18 +229,22 @@ bool Checkpoint::has(Kind kind) const {
                      [kind](const TensorRecord& r) { return r.kind == kind; });
 }
 
+absl::Status Checkpoint::read_piece(const TensorRecord& r, std::vector<char>* bytes) const {
+  absl::StatusOr<const SafetensorsFile*> f = file(r.file);
+  if (!f.ok()) return f.status();
+  if (absl::Status st = (*f)->read(*(*f)->find(r.name), bytes); !st.ok()) return st;
+  if (crc_of(bytes->data(), bytes->size()) != r.crc32) {
+    return absl::DataLossError(absl::StrCat(dir_, "/", r.file, ": tensor ", r.name,
+                                            " is damaged (its CRC-32 differs from the manifest's)"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Checkpoint::verify() const {
   std::lock_guard<std::mutex> lock(cache_->mu);
   std::vector<char> bytes;
   for (const TensorRecord& r : records_) {
-    absl::StatusOr<const SafetensorsFile*> f = file(r.file);
-    if (!f.ok()) return f.status();
-    const SafetensorsEntry* e = (*f)->find(r.name);
-    if (absl::Status st = (*f)->read(*e, &bytes); !st.ok()) return st;
-    if (crc_of(bytes.data(), bytes.size()) != r.crc32) {
-      return absl::DataLossError(absl::StrCat(dir_, "/", r.file, ": tensor ", r.name,
-                                              " is damaged (its CRC-32 differs from the manifest's)"));
-    }
+    if (absl::Status st = read_piece(r, &bytes); !st.ok()) return st;
   }
   return absl::OkStatus();
 }
@@ -297,13 +289,7 @@ absl::StatusOr<const std::vector<float>*> Checkpoint::assemble(
     }
     // A replicated parameter is on every TP rank (the same values): t = 0's.
     if (r.split == Split::kNone && r.t != 0) continue;
-    absl::StatusOr<const SafetensorsFile*> f = file(r.file);
-    if (!f.ok()) return f.status();
-    if (absl::Status st = (*f)->read(*(*f)->find(r.name), &bytes); !st.ok()) return st;
-    if (crc_of(bytes.data(), bytes.size()) != r.crc32) {
-      return absl::DataLossError(absl::StrCat(dir_, "/", r.file, ": tensor ", r.name,
-                                              " is damaged (its CRC-32 differs from the manifest's)"));
-    }
+    if (absl::Status st = read_piece(r, &bytes); !st.ok()) return st;
     const float* src = reinterpret_cast<const float*>(bytes.data());
     const ParamSpec spec = slice_spec(r);
     for (std::int64_t e = r.begin; e < r.end; e++) {
@@ -373,13 +359,7 @@ absl::Status Checkpoint::fill(const Piece& p) const {
       const TensorRecord& r = records_[k];
       if (r.split == Split::kNone && r.t != 0) continue;  // replicated: t = 0's copy
       if (!may_overlap(r, spec, lb, le)) continue;
-      absl::StatusOr<const SafetensorsFile*> f = file(r.file);
-      if (!f.ok()) return f.status();
-      if (absl::Status st = (*f)->read(*(*f)->find(r.name), &bytes); !st.ok()) return st;
-      if (crc_of(bytes.data(), bytes.size()) != r.crc32) {
-        return absl::DataLossError(absl::StrCat(dir_, "/", r.file, ": tensor ", r.name,
-                                                " is damaged (its CRC-32 differs from the manifest's)"));
-      }
+      if (absl::Status st = read_piece(r, &bytes); !st.ok()) return st;
       const float* src = reinterpret_cast<const float*>(bytes.data());
       const ParamSpec old = slice_spec(r);
       for (std::int64_t x = r.begin; x < r.end; x++) {

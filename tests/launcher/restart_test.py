@@ -60,6 +60,21 @@ def reference(layout, tag):
     return m, w
 
 
+def same_as_straight(want_m, want_w, got, got_w, how):
+    """Steps 1..STEPS with the straight run's loss, grad norm and lr, bit
+    for bit, and its final weights byte for byte."""
+    want = read_metrics(want_m)
+    if [x["step"] for x in got] != list(range(1, STEPS + 1)):
+        fail(f"the metrics have steps {[x['step'] for x in got]}")
+    for a, b in zip(want, got):
+        for key in ("loss", "grad_norm", "lr"):
+            if a[key] != b[key]:
+                fail(f"step {a['step']}: {key} {a[key]!r} straight, {b[key]!r} {how}")
+    with open(want_w, "rb") as f1, open(got_w, "rb") as f2:
+        if f1.read() != f2.read():
+            fail(f"{got_w} differs from {want_w}")
+
+
 def pids_of(run_dir, attempt_log=""):
     deadline = time.time() + 60
     while time.time() < deadline:
@@ -161,16 +176,7 @@ def trial(rng, k):
              f"{want_resume}")
     if again is None:
         fail("no 'training again' line")
-    want, got = read_metrics(want_m), read_metrics(got_m)
-    if [x["step"] for x in got] != list(range(1, STEPS + 1)):
-        fail(f"the metrics have steps {[x['step'] for x in got]}")
-    for a, b in zip(want, got):
-        for key in ("loss", "grad_norm", "lr"):
-            if a[key] != b[key]:
-                fail(f"step {a['step']}: {key} {a[key]!r} straight, {b[key]!r} with the restart")
-    with open(want_w, "rb") as f1, open(got_w, "rb") as f2:
-        if f1.read() != f2.read():
-            fail(f"{got_w} differs from {want_w}")
+    same_as_straight(want_m, want_w, read_metrics(got_m), got_w, "with the restart")
     print(f"MEASURED: trial {k} ({phase}): resumed from step {want_resume}; training again "
           f"{again:.2f} s after the kill; {STEPS} steps bitwise equal, weights byte for byte",
           flush=True)
@@ -302,16 +308,8 @@ def sigterm(how, agents=False):
                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=240)
     if r.returncode != 0:
         fail("the resume failed:\n" + r.stdout)
-    want, got = read_metrics(want_m), read_metrics(a_m) + read_metrics(b_m)
-    if [x["step"] for x in got] != list(range(1, STEPS + 1)):
-        fail(f"the two runs' metrics have steps {[x['step'] for x in got]}")
-    for x, y in zip(want, got):
-        for key in ("loss", "grad_norm", "lr"):
-            if x[key] != y[key]:
-                fail(f"step {x['step']}: {key} {x[key]!r} straight, {y[key]!r} stopped and resumed")
-    with open(want_w, "rb") as f1, open(b_w, "rb") as f2:
-        if f1.read() != f2.read():
-            fail(f"{b_w} differs from {want_w}")
+    same_as_straight(want_m, want_w, read_metrics(a_m) + read_metrics(b_m), b_w,
+                     "stopped and resumed")
     print(f"OK: {how}: stopped by SIGTERM after step {last} with a checkpoint, resumed: "
           f"{STEPS} steps bitwise equal, weights byte for byte")
 
