@@ -21,6 +21,7 @@ int main(int argc, char** argv) {
   commands["data"] = troupe::launcher::add_data_command(app);
   commands["preprocess"] = troupe::launcher::add_preprocess_command(app);
   commands["ckpt"] = troupe::launcher::add_ckpt_command(app);
+  commands["trace"] = troupe::launcher::add_trace_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
