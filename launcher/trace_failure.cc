@@ -94,7 +94,7 @@ void messages(const Ctx& c, const std::vector<Message>& ms, std::string* out) {
       }
       absl::StrAppend(&lines, absl::StrFormat(
                                   "  rank %d waits for rank %d: receive of %s%s of step %d "
-                                  "(tag %s) posted at %.3f ms; rank %d never sent it\n",
+                                  "(tag %s) posted at %.3f ms; rank %d has not sent it\n",
                                   m.to, m.from, r.msg, mb_text(r), r.step, m.tag, c.at(r.b),
                                   m.from));
     } else {

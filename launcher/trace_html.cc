@@ -60,7 +60,7 @@ std::string table(const Trace& t, const Summary& s) {
   absl::StrAppend(&out, "</table>\n<p>");
   for (const StageStats& st : s.stages) {
     absl::StrAppend(&out, absl::StrFormat("stage %d: bubble %.1f%%%s; ", st.stage, 100 * st.bubble,
-                                          st.stage == s.slowest_stage ? " (slowest)" : ""));
+                                          s.has_slowest() && st.stage == s.slowest_stage ? " (slowest)" : ""));
   }
   absl::StrAppend(&out, absl::StrFormat("<b>mean bubble %.1f%%</b>, theory %s = %.1f%%.</p>\n",
                                         100 * s.mean_bubble, xml_escape(s.theory_formula),

@@ -103,7 +103,7 @@ void add_step(const Trace& t, const std::vector<Message>& ms, int k,
 void fill_stages(const Trace& t, Summary* s) {
   const Header& h = t.ranks.front().header;
   const double steps = static_cast<double>(s->steps.size());
-  double slowest = -1;
+  double slowest = -1, least = -1;
   for (int stage = 0; stage < h.pp; stage++) {
     StageStats st;
     st.stage = stage;
@@ -127,9 +127,11 @@ void fill_stages(const Trace& t, Summary* s) {
       slowest = st.busy;
       s->slowest_stage = stage;
     }
+    if (least < 0 || st.busy < least) least = st.busy;
     s->stages.push_back(st);
   }
   for (const StageStats& st : s->stages) s->mean_bubble += st.bubble / s->stages.size();
+  s->slowest_excess = least > 0 ? slowest / least - 1 : 0;
   const int p = h.pp, m = h.m, v = h.schedule == "interleaved" ? h.v : 1;
   const int den = v * m + p - 1;
   s->theory = den > 0 ? static_cast<double>(p - 1) / den : 0;
@@ -278,13 +280,16 @@ void append_stages(const Summary& s, std::string* out) {
     absl::StrAppend(out, absl::StrFormat(
                              "  stage %d: busy %.3f  idle %.3f  comm %.3f  bubble %.1f%%%s\n",
                              st.stage, ms(st.busy), ms(st.idle), ms(st.comm), 100 * st.bubble,
-                             st.stage == s.slowest_stage ? "  (slowest)" : ""));
+                             s.has_slowest() && st.stage == s.slowest_stage ? "  (slowest)" : ""));
   }
   absl::StrAppend(out, absl::StrFormat("bubble: measured %.1f%% (mean over stages), theory %s = %.1f%%\n",
                                        100 * s.mean_bubble, s.theory_formula, 100 * s.theory));
-  if (s.slowest_stage >= 0) {
-    absl::StrAppend(out, absl::StrFormat("slowest stage: %d (the most compute per step)\n",
-                                         s.slowest_stage));
+  if (s.slowest_stage >= 0 && !s.has_slowest()) {
+    absl::StrAppend(out, "slowest stage: none (every stage's compute per step within 1% of the others)\n");
+  } else if (s.has_slowest()) {
+    absl::StrAppend(out, absl::StrFormat("slowest stage: %d (the most compute per step: %.1f%% more "
+                                         "than the least loaded)\n",
+                                         s.slowest_stage, 100 * s.slowest_excess));
   }
 }
 

@@ -73,7 +73,10 @@ struct Summary {
   std::vector<StageStats> stages;
   double mean_bubble = 0, theory = 0;
   std::string theory_formula;         // "(p-1)/(m+p-1) = 3/11"
-  int slowest_stage = -1;
+  int slowest_stage = -1;             // the most busy per step
+  double slowest_excess = 0;          // its busy / the least busy stage's - 1
+  // A stage stands out only above 1%: else the stages are equally loaded.
+  bool has_slowest() const { return slowest_stage >= 0 && slowest_excess > 0.01; }
   int path_step = -1;                 // the step of the critical path
   std::int64_t path_span = 0;
   std::vector<PathStep> critical_path;

@@ -34,9 +34,13 @@ std::string fmt(double v) {
   return s;
 }
 
+// The width of a character of 12 px sans-serif, about (no font metrics
+// here): enough that legend entries and row labels do not overlap.
+constexpr double kCharW = 7.0;
+
 // The geometry of a schedule picture.
 struct Frame {
-  double left = 130, top = 56, row_h = 30, gap = 6, right = 24;
+  double left = 60, top = 56, row_h = 30, gap = 6, right = 24;
   double t0 = 0, t1 = 1, width = 0;
   double x(double t) const { return left + (t - t0) / (t1 - t0) * (width - left - right); }
   double y(int row) const { return top + row * (row_h + gap); }
@@ -51,7 +55,7 @@ void legend(const ScheduleSvg& s, const Frame& f, std::string* out) {
                              "stroke=\"#333\" stroke-width=\"0.5\"/><text x=\"%s\" y=\"%s\" "
                              "font-size=\"12\">%s</text>\n",
                              fmt(x), fmt(y - 11), css(c), fmt(x + 20), fmt(y), xml_escape(text)));
-    x += 28 + 7.0 * static_cast<double>(text.size());
+    x += 32 + kCharW * static_cast<double>(text.size());
   };
   for (int c = 0; c < s.chunks; c++) {
     swatch(shade(Pass::kForward, c, s.chunks),
@@ -67,10 +71,10 @@ void legend(const ScheduleSvg& s, const Frame& f, std::string* out) {
                                          "stroke=\"#c0392b\" stroke-width=\"1.2\" "
                                          "marker-end=\"url(#arrow)\"/>",
                                          fmt(x), fmt(y - 4), fmt(x + 24), fmt(y - 4)));
-    absl::StrAppend(out, absl::StrFormat("<text x=\"%s\" y=\"%s\" font-size=\"12\">message "
-                                         "(send posted -> received)</text>\n",
-                                         fmt(x + 30), fmt(y)));
-    x += 230;
+    const std::string text = "message (send posted -> received)";
+    absl::StrAppend(out, absl::StrFormat("<text x=\"%s\" y=\"%s\" font-size=\"12\">%s</text>\n",
+                                         fmt(x + 30), fmt(y), xml_escape(text)));
+    x += 44 + kCharW * static_cast<double>(text.size());
   }
   if (!s.label_note.empty()) {
     absl::StrAppend(out, absl::StrFormat("<text x=\"%s\" y=\"%s\" font-size=\"12\" fill=\"#555\">%s</text>\n",
@@ -150,6 +154,7 @@ std::vector<double> nice_ticks(double lo, double hi, int want) {
 std::string render_schedule_svg(const ScheduleSvg& s) {
   Frame f;
   f.width = s.width;
+  for (const std::string& r : s.rows) f.left = std::max(f.left, 20 + kCharW * static_cast<double>(r.size()));
   f.t0 = 0;
   f.t1 = 0;
   bool first = true;

@@ -183,7 +183,7 @@ TEST(TraceFailure, RankThatNeverBeganTheStepIsNamed) {
             std::string::npos)
       << a.text;
   EXPECT_NE(a.text.find("rank 0 waits for rank 1: receive of gradient mb 0 of step 3 (tag 0xb3) "
-                        "posted at 30.000 ms; rank 1 never sent it"),
+                        "posted at 30.000 ms; rank 1 has not sent it"),
             std::string::npos)
       << a.text;
   EXPECT_NE(a.text.find("last completed: backward mb 0 of step 2, ended at 20.000 ms"),
