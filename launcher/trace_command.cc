@@ -51,7 +51,8 @@ absl::StatusOr<int> picture_step(const TraceFlags& f, const trace::Trace& t) {
   bool partial = false;
   const int k = trace::default_step(t, &partial);
   if (k < 0) return absl::NotFoundError(absl::StrCat(t.dir, ": no compute op to draw"));
-  if (partial) std::fprintf(stderr, "troupe trace: no complete step; drawing step %d as it is\n", k);
+  if (partial)
+    std::fprintf(stderr, "troupe trace: no complete step; drawing step %d as it is\n", k);
   return k;
 }
 
@@ -67,7 +68,8 @@ int html(const TraceFlags& f, const trace::Trace& t, const std::vector<trace::Me
     note = absl::StrCat("No metrics: ", path, " does not exist (--metrics FILE names one).");
   } else {
     absl::StatusOr<std::vector<trace::MetricsRow>> m = trace::read_metrics(path);
-    if (!m.ok()) return fail(absl::InvalidArgumentError(absl::StrCat("--metrics ", m.status().message())));
+    if (!m.ok())
+      return fail(absl::InvalidArgumentError(absl::StrCat("--metrics ", m.status().message())));
     rows = std::move(*m);
     note = absl::StrCat("From ", path, ".");
   }
@@ -107,7 +109,8 @@ int run(const TraceFlags& f) {
 Command add_trace_command(CLI::App& app) {
   auto f = std::make_shared<TraceFlags>();
   CLI::App* cmd = app.add_subcommand("trace", "Summarize, merge and draw a run's per-rank traces");
-  cmd->add_option("dir", f->dir, "Directory of rank-NNNNN.trace.jsonl files (--trace DIR, RUNDIR/flight)")
+  cmd->add_option("dir", f->dir,
+                  "Directory of rank-NNNNN.trace.jsonl files (--trace DIR, RUNDIR/flight)")
       ->required();
   cmd->add_option("-o,--output", f->json_out, "Write one Chrome/Perfetto trace-event JSON file");
   cmd->add_option("--svg", f->svg, "Draw one step's schedule as SVG");
@@ -115,10 +118,12 @@ Command add_trace_command(CLI::App& app) {
   cmd->add_flag("--arrows", f->arrows, "Draw each activation and gradient message in --svg");
   cmd->add_option("--html", f->html, "Write a self-contained HTML report");
   cmd->add_option("--metrics", f->metrics, "Metrics JSONL for --html (default DIR/metrics.jsonl)");
-  cmd->add_flag("--messages", f->messages, "Print every message in time order instead of the summary");
+  cmd->add_flag("--messages", f->messages,
+                "Print every message in time order instead of the summary");
   cmd->add_option("--rank", f->rank, "--messages: only those to or from this global rank");
   cmd->add_option("--micro-batch", f->micro_batch, "--messages: only this micro-batch (0-based)");
-  cmd->add_option("--kind", f->kind, "--messages: activation, gradient, tp, grad-piece, param-piece, collective");
+  cmd->add_option("--kind", f->kind,
+                  "--messages: activation, gradient, tp, grad-piece, param-piece, collective");
   return [f] { return run(*f); };
 }
 

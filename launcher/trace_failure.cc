@@ -49,14 +49,16 @@ std::string open_text(const Ctx& c, const Event& e) {
 }
 
 void per_rank(const Ctx& c, std::string* out) {
-  absl::StrAppend(out, "per rank: why its file was written, its last completed compute op, its open events\n");
+  absl::StrAppend(
+      out, "per rank: why its file was written, its last completed compute op, its open events\n");
   for (const RankTrace& r : c.t.ranks) {
     const Event* last = nullptr;
     for (const Event& e : r.events) {
       if (e.compute() && !e.open && (last == nullptr || e.e > last->e)) last = &e;
     }
     absl::StrAppend(out, "  ", r.header.describe(), ": ", r.header.reason,
-                    r.header.message.empty() ? "" : absl::StrCat(" (", r.header.message, ")"), "\n");
+                    r.header.message.empty() ? "" : absl::StrCat(" (", r.header.message, ")"),
+                    "\n");
     absl::StrAppend(out, "    last completed: ",
                     last == nullptr ? "no compute op"
                                     : absl::StrFormat("%s%s of step %d, ended at %.3f ms",
@@ -80,8 +82,8 @@ void messages(const Ctx& c, const std::vector<Message>& ms, std::string* out) {
       const Event& r = event_of(c.t, *m.recv);
       const Event& s = event_of(c.t, *m.send);
       if (!r.open) continue;
-      absl::StrAppend(&lines, absl::StrFormat(
-                                  "  rank %d waits for rank %d: %s%s of step %d sent at %.3f ms, "
+      absl::StrAppend(
+          &lines, absl::StrFormat("  rank %d waits for rank %d: %s%s of step %d sent at %.3f ms, "
                                   "never arrived\n",
                                   m.to, m.from, s.msg, mb_text(s), s.step, c.at(s.b)));
     } else if (m.recv) {
@@ -92,15 +94,15 @@ void messages(const Ctx& c, const std::vector<Message>& ms, std::string* out) {
                                                 m.to, r.msg, mb_text(r), r.step, m.from));
         continue;
       }
-      absl::StrAppend(&lines, absl::StrFormat(
-                                  "  rank %d waits for rank %d: receive of %s%s of step %d "
-                                  "(tag %s) posted at %.3f ms; rank %d has not sent it\n",
-                                  m.to, m.from, r.msg, mb_text(r), r.step, m.tag, c.at(r.b),
-                                  m.from));
+      absl::StrAppend(
+          &lines,
+          absl::StrFormat("  rank %d waits for rank %d: receive of %s%s of step %d "
+                          "(tag %s) posted at %.3f ms; rank %d has not sent it\n",
+                          m.to, m.from, r.msg, mb_text(r), r.step, m.tag, c.at(r.b), m.from));
     } else {
       const Event& s = event_of(c.t, *m.send);
-      absl::StrAppend(&lines, absl::StrFormat(
-                                  "  rank %d sent %s%s of step %d to rank %d at %.3f ms%s; rank %d "
+      absl::StrAppend(
+          &lines, absl::StrFormat("  rank %d sent %s%s of step %d to rank %d at %.3f ms%s; rank %d "
                                   "posted no receive for it\n",
                                   m.from, s.msg, mb_text(s), s.step, m.to, c.at(s.b),
                                   s.open ? " (still open)" : "", m.to));
@@ -135,7 +137,8 @@ void collectives(const Ctx& c, Graph* g, std::string* out) {
     // because that member's ring overwrote it, not because it never came.
     int floor = 0;
     for (int q = group * tp; q < (group + 1) * tp; q++) {
-      if (first_seq.count(q) && c.t.find(q)->header.dropped > 0) floor = std::max(floor, first_seq[q]);
+      if (first_seq.count(q) && c.t.find(q)->header.dropped > 0)
+        floor = std::max(floor, first_seq[q]);
     }
     for (const auto& [seq, events] : seqs) {
       if (seq < floor) continue;
@@ -152,8 +155,8 @@ void collectives(const Ctx& c, Graph* g, std::string* out) {
         lasts.push_back(last_seq.count(q) ? absl::StrCat("rank ", q, "'s last: #", last_seq[q])
                                           : absl::StrCat("rank ", q, ": none"));
       }
-      absl::StrAppend(&lines, absl::StrFormat(
-                                  "  not all ranks joined %s %s #%d (step %d%s): entered by ranks "
+      absl::StrAppend(
+          &lines, absl::StrFormat("  not all ranks joined %s %s #%d (step %d%s): entered by ranks "
                                   "%s; missing ranks %s (%s)\n",
                                   e.group, e.op, seq, e.step, mb_text(e), absl::StrJoin(in, ", "),
                                   absl::StrJoin(missing, ", "), absl::StrJoin(lasts, "; ")));
@@ -236,7 +239,8 @@ FailureAnalysis analyze_failure(const Trace& t, const std::vector<Message>& ms) 
   collectives(c, &g, &out);
   open_edges(t, &g);
   a.stalled = culprits(c, g, &out);
-  if (g.empty()) absl::StrAppend(&out, "no rank waits for another: nothing points at a stalled rank\n");
+  if (g.empty())
+    absl::StrAppend(&out, "no rank waits for another: nothing points at a stalled rank\n");
   a.text = out;
   return a;
 }

@@ -61,8 +61,8 @@ absl::Status maybe(const json& o, const char* key, T* out, const Where& w) {
   return need(o, key, out, w);
 }
 
-#define TRY(expr)                           \
-  do {                                      \
+#define TRY(expr)                                         \
+  do {                                                    \
     if (absl::Status _st = (expr); !_st.ok()) return _st; \
   } while (0)
 
@@ -76,14 +76,16 @@ absl::StatusOr<Header> parse_header(const json& o, const Where& w) {
     return w.error(absl::StrCat("not a troupe trace: format \"", format, "\""));
   }
   TRY(need(o, "version", &version, w));
-  if (version != 1) return w.error(absl::StrCat("trace version ", version, ": this reader knows 1"));
+  if (version != 1)
+    return w.error(absl::StrCat("trace version ", version, ": this reader knows 1"));
   TRY(need(o, "rank", &h.rank, w));
   TRY(need(o, "d", &h.d, w));
   TRY(need(o, "s", &h.s, w));
   TRY(need(o, "t", &h.t, w));
   TRY(need(o, "host", &h.host, w));
   TRY(need(o, "pid", &h.pid, w));
-  if (!o.contains("layout") || !o["layout"].is_object()) return w.error("missing \"layout\" object");
+  if (!o.contains("layout") || !o["layout"].is_object())
+    return w.error("missing \"layout\" object");
   const json& l = o["layout"];
   TRY(need(l, "tp", &h.tp, w));
   TRY(need(l, "pp", &h.pp, w));
@@ -120,11 +122,15 @@ absl::StatusOr<Header> parse_header(const json& o, const Where& w) {
 }
 
 const std::map<std::string, Kind>& kinds() {
-  static const auto* m = new std::map<std::string, Kind>{
-      {"forward", Kind::kForward},       {"backward", Kind::kBackward}, {"send", Kind::kSend},
-      {"recv", Kind::kRecv},             {"collective", Kind::kCollective},
-      {"phase", Kind::kPhase},           {"optimizer", Kind::kOptimizer},
-      {"wait", Kind::kWait},             {"step", Kind::kStep}};
+  static const auto* m = new std::map<std::string, Kind>{{"forward", Kind::kForward},
+                                                         {"backward", Kind::kBackward},
+                                                         {"send", Kind::kSend},
+                                                         {"recv", Kind::kRecv},
+                                                         {"collective", Kind::kCollective},
+                                                         {"phase", Kind::kPhase},
+                                                         {"optimizer", Kind::kOptimizer},
+                                                         {"wait", Kind::kWait},
+                                                         {"step", Kind::kStep}};
   return *m;
 }
 
@@ -195,15 +201,24 @@ absl::StatusOr<json> parse_json(absl::string_view line, const Where& w) {
 
 const char* kind_name(Kind k) {
   switch (k) {
-    case Kind::kForward: return "forward";
-    case Kind::kBackward: return "backward";
-    case Kind::kSend: return "send";
-    case Kind::kRecv: return "recv";
-    case Kind::kCollective: return "collective";
-    case Kind::kPhase: return "phase";
-    case Kind::kOptimizer: return "optimizer";
-    case Kind::kWait: return "wait";
-    case Kind::kStep: return "step";
+    case Kind::kForward:
+      return "forward";
+    case Kind::kBackward:
+      return "backward";
+    case Kind::kSend:
+      return "send";
+    case Kind::kRecv:
+      return "recv";
+    case Kind::kCollective:
+      return "collective";
+    case Kind::kPhase:
+      return "phase";
+    case Kind::kOptimizer:
+      return "optimizer";
+    case Kind::kWait:
+      return "wait";
+    case Kind::kStep:
+      return "step";
   }
   return "?";
 }
@@ -284,8 +299,8 @@ absl::StatusOr<Trace> assemble_trace(std::string dir, std::vector<RankTrace> ran
   for (std::size_t i = 0; i < ranks.size(); i++) {
     const Header& h = ranks[i].header;
     if (i > 0 && h.rank == ranks[i - 1].header.rank) {
-      return absl::InvalidArgumentError(absl::StrCat(ranks[i].path, ": rank ", h.rank,
-                                                     " also in ", ranks[i - 1].path));
+      return absl::InvalidArgumentError(
+          absl::StrCat(ranks[i].path, ": rank ", h.rank, " also in ", ranks[i - 1].path));
     }
     if (h.tp != h0.tp || h.pp != h0.pp || h.dp != h0.dp || h.v != h0.v ||
         h.schedule != h0.schedule || h.m != h0.m) {
@@ -315,8 +330,8 @@ absl::StatusOr<Trace> assemble_trace(std::string dir, std::vector<RankTrace> ran
   if (!missing.empty()) {
     std::string list;
     for (int r : missing) absl::StrAppend(&list, list.empty() ? "" : ", ", r);
-    t.warnings.push_back(absl::StrFormat("%d of %d ranks wrote no file: %s", missing.size(), world,
-                                         list));
+    t.warnings.push_back(
+        absl::StrFormat("%d of %d ranks wrote no file: %s", missing.size(), world, list));
   }
   t.ranks = std::move(ranks);
   return t;

@@ -25,7 +25,17 @@
 
 namespace troupe::launcher::trace {
 
-enum class Kind { kForward, kBackward, kSend, kRecv, kCollective, kPhase, kOptimizer, kWait, kStep };
+enum class Kind {
+  kForward,
+  kBackward,
+  kSend,
+  kRecv,
+  kCollective,
+  kPhase,
+  kOptimizer,
+  kWait,
+  kStep
+};
 const char* kind_name(Kind k);
 
 // One line of a rank file. Fields a kind does not have keep their defaults.
@@ -37,15 +47,15 @@ struct Event {
   int step = 0;
   int mb = -1, chunk = -1, vs = -1;  // micro-batch, model chunk, virtual stage
   bool eval = false;
-  int peer = -1;        // send/recv: the other global rank; wait: -1 if none
-  std::string msg;      // send/recv: activation | gradient | grad-piece | ...
-  int layer = -1;       // grad/param piece: bucket or wte flag
+  int peer = -1;    // send/recv: the other global rank; wait: -1 if none
+  std::string msg;  // send/recv: activation | gradient | grad-piece | ...
+  int layer = -1;   // grad/param piece: bucket or wte flag
   std::int64_t bytes = 0;
-  std::string tag;      // send/recv: "0x..." (64-bit transport tag)
-  std::string status;   // send/recv: "ok" or the error text
+  std::string tag;                                 // send/recv: "0x..." (64-bit transport tag)
+  std::string status;                              // send/recv: "ok" or the error text
   std::string group, op, name, actor, what, pass;  // collective/phase/optimizer/wait/step
-  int seq = -1;         // collective (per rank) or the phase's collective
-  int line = 0;         // line in its file (1-based), for messages
+  int seq = -1;  // collective (per rank) or the phase's collective
+  int line = 0;  // line in its file (1-based), for messages
 
   std::int64_t duration() const { return e - b; }
   bool compute() const { return kind == Kind::kForward || kind == Kind::kBackward; }
@@ -64,7 +74,7 @@ struct Header {
   std::int64_t capacity = 0, recorded = 0, dropped = 0;
   std::optional<std::pair<int, int>> trace_steps;  // --trace-steps A:B
 
-  std::string coord() const;  // "(d,s,t)"
+  std::string coord() const;     // "(d,s,t)"
   std::string describe() const;  // "rank 3 (0,1,0) host"
 };
 
@@ -77,7 +87,7 @@ struct RankTrace {
 
 struct Trace {
   std::string dir;
-  std::vector<RankTrace> ranks;  // by global rank, each rank at most once
+  std::vector<RankTrace> ranks;       // by global rank, each rank at most once
   std::vector<std::string> warnings;  // missing ranks, dropped events, mixed layouts
 
   const RankTrace* find(int rank) const;

@@ -5,8 +5,8 @@
 #include <fstream>
 #include <limits>
 #include <map>
-#include <tuple>
 #include <nlohmann/json.hpp>
+#include <tuple>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -49,22 +49,24 @@ std::string table(const Trace& t, const Summary& s) {
       "<th>received</th><th>received MiB</th></tr>\n";
   for (const RankStats& r : s.ranks) {
     const Header& h = t.find(r.rank)->header;
-    absl::StrAppend(&out, absl::StrFormat(
-                              "<tr class=\"rank\"><td>%d</td><td>%d</td><td class=\"l\">%s</td><td "
-                              "class=\"l\">%s</td><td>%.3f</td><td>%.3f</td><td>%.3f</td>"
-                              "<td>%.1f%%</td><td>%d</td><td>%.2f</td><td>%d</td><td>%.2f</td></tr>\n",
-                              h.s, r.rank, h.coord(), xml_escape(h.host), r.busy / n / 1e6,
-                              r.idle / n / 1e6, r.comm / n / 1e6, 100 * r.bubble(), r.sent,
-                              r.bytes_sent / 1048576.0, r.received, r.bytes_received / 1048576.0));
+    absl::StrAppend(
+        &out,
+        absl::StrFormat("<tr class=\"rank\"><td>%d</td><td>%d</td><td class=\"l\">%s</td><td "
+                        "class=\"l\">%s</td><td>%.3f</td><td>%.3f</td><td>%.3f</td>"
+                        "<td>%.1f%%</td><td>%d</td><td>%.2f</td><td>%d</td><td>%.2f</td></tr>\n",
+                        h.s, r.rank, h.coord(), xml_escape(h.host), r.busy / n / 1e6,
+                        r.idle / n / 1e6, r.comm / n / 1e6, 100 * r.bubble(), r.sent,
+                        r.bytes_sent / 1048576.0, r.received, r.bytes_received / 1048576.0));
   }
   absl::StrAppend(&out, "</table>\n<p>");
   for (const StageStats& st : s.stages) {
-    absl::StrAppend(&out, absl::StrFormat("stage %d: bubble %.1f%%%s; ", st.stage, 100 * st.bubble,
-                                          s.has_slowest() && st.stage == s.slowest_stage ? " (slowest)" : ""));
+    absl::StrAppend(
+        &out, absl::StrFormat("stage %d: bubble %.1f%%%s; ", st.stage, 100 * st.bubble,
+                              s.has_slowest() && st.stage == s.slowest_stage ? " (slowest)" : ""));
   }
-  absl::StrAppend(&out, absl::StrFormat("<b>mean bubble %.1f%%</b>, theory %s = %.1f%%.</p>\n",
-                                        100 * s.mean_bubble, xml_escape(s.theory_formula),
-                                        100 * s.theory));
+  absl::StrAppend(
+      &out, absl::StrFormat("<b>mean bubble %.1f%%</b>, theory %s = %.1f%%.</p>\n",
+                            100 * s.mean_bubble, xml_escape(s.theory_formula), 100 * s.theory));
   return out;
 }
 
@@ -106,8 +108,8 @@ ScheduleSvg step_picture(const Trace& t, const std::vector<Message>& ms, int ste
   std::int64_t t0 = std::numeric_limits<std::int64_t>::max();
   for (const RankTrace* r : rows) {
     row_of[r->header.rank] = static_cast<int>(s.rows.size());
-    s.rows.push_back(absl::StrFormat("stage %d  rank %d %s", r->header.s, r->header.rank,
-                                     r->header.coord()));
+    s.rows.push_back(
+        absl::StrFormat("stage %d  rank %d %s", r->header.s, r->header.rank, r->header.coord()));
     for (const Event& e : r->events) {
       if (e.compute() && !e.eval && e.step == step) t0 = std::min(t0, e.b);
     }
@@ -136,7 +138,8 @@ ScheduleSvg step_picture(const Trace& t, const std::vector<Message>& ms, int ste
     if (!m.matched() || !row_of.count(m.from) || !row_of.count(m.to)) continue;
     const Event& snd = event_of(t, *m.send);
     const Event& rcv = event_of(t, *m.recv);
-    if (rcv.open || snd.step != step || (snd.msg != "activation" && snd.msg != "gradient")) continue;
+    if (rcv.open || snd.step != step || (snd.msg != "activation" && snd.msg != "gradient"))
+      continue;
     s.arrows.push_back({row_of[m.from], at(snd.b), row_of[m.to], at(rcv.e),
                         snd.msg == "activation" ? Pass::kForward : Pass::kBackward});
   }

@@ -29,14 +29,25 @@ std::string slice_name(const Event& ev) {
       break;
     case Kind::kSend:
     case Kind::kRecv:
-      n = absl::StrCat(kind_name(ev.kind), " ", ev.msg, ev.mb >= 0 ? absl::StrCat(" mb ", ev.mb) : "",
+      n = absl::StrCat(kind_name(ev.kind), " ", ev.msg,
+                       ev.mb >= 0 ? absl::StrCat(" mb ", ev.mb) : "",
                        ev.kind == Kind::kSend ? " to " : " from ", ev.peer);
       break;
-    case Kind::kCollective: n = absl::StrCat(ev.group, " ", ev.op, " #", ev.seq); break;
-    case Kind::kPhase: n = absl::StrCat(ev.name, " #", ev.seq); break;
-    case Kind::kOptimizer: n = absl::StrCat("optimizer ", ev.op); break;
-    case Kind::kWait: n = absl::StrCat("wait ", ev.what); break;
-    case Kind::kStep: n = absl::StrCat("step ", ev.step, ev.pass.empty() ? "" : " " + ev.pass); break;
+    case Kind::kCollective:
+      n = absl::StrCat(ev.group, " ", ev.op, " #", ev.seq);
+      break;
+    case Kind::kPhase:
+      n = absl::StrCat(ev.name, " #", ev.seq);
+      break;
+    case Kind::kOptimizer:
+      n = absl::StrCat("optimizer ", ev.op);
+      break;
+    case Kind::kWait:
+      n = absl::StrCat("wait ", ev.what);
+      break;
+    case Kind::kStep:
+      n = absl::StrCat("step ", ev.step, ev.pass.empty() ? "" : " " + ev.pass);
+      break;
   }
   if (ev.open) absl::StrAppend(&n, " (open)");
   return n;
@@ -63,14 +74,24 @@ double us(std::int64_t ns) { return static_cast<double>(ns) / 1e3; }
 void add_metadata(const Trace& t, json* events) {
   for (const RankTrace& r : t.ranks) {
     const int pid = r.header.rank;
-    events->push_back({{"ph", "M"}, {"name", "process_name"}, {"pid", pid},
+    events->push_back({{"ph", "M"},
+                       {"name", "process_name"},
+                       {"pid", pid},
                        {"args", {{"name", r.header.describe()}}}});
-    events->push_back({{"ph", "M"}, {"name", "process_sort_index"}, {"pid", pid},
+    events->push_back({{"ph", "M"},
+                       {"name", "process_sort_index"},
+                       {"pid", pid},
                        {"args", {{"sort_index", pid}}}});
     for (int k = 1; k <= static_cast<int>(Track::kReceives); k++) {
-      events->push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", pid}, {"tid", k},
+      events->push_back({{"ph", "M"},
+                         {"name", "thread_name"},
+                         {"pid", pid},
+                         {"tid", k},
                          {"args", {{"name", track_name(static_cast<Track>(k))}}}});
-      events->push_back({{"ph", "M"}, {"name", "thread_sort_index"}, {"pid", pid}, {"tid", k},
+      events->push_back({{"ph", "M"},
+                         {"name", "thread_sort_index"},
+                         {"pid", pid},
+                         {"tid", k},
                          {"args", {{"sort_index", k}}}});
     }
   }
@@ -83,24 +104,36 @@ Track track_of(const Event& ev) {
     case Kind::kForward:
     case Kind::kBackward:
     case Kind::kCollective:
-    case Kind::kPhase: return Track::kCompute;
-    case Kind::kSend: return Track::kSends;
-    case Kind::kRecv: return Track::kReceives;
-    case Kind::kOptimizer: return Track::kOptimizerStream;
-    case Kind::kWait: return ev.actor == "optimizer" ? Track::kOptimizerActor : Track::kShard;
-    case Kind::kStep: return Track::kShard;
+    case Kind::kPhase:
+      return Track::kCompute;
+    case Kind::kSend:
+      return Track::kSends;
+    case Kind::kRecv:
+      return Track::kReceives;
+    case Kind::kOptimizer:
+      return Track::kOptimizerStream;
+    case Kind::kWait:
+      return ev.actor == "optimizer" ? Track::kOptimizerActor : Track::kShard;
+    case Kind::kStep:
+      return Track::kShard;
   }
   return Track::kShard;
 }
 
 const char* track_name(Track t) {
   switch (t) {
-    case Track::kCompute: return "compute stream";
-    case Track::kShard: return "shard actor";
-    case Track::kOptimizerStream: return "optimizer stream";
-    case Track::kOptimizerActor: return "optimizer actor";
-    case Track::kSends: return "sends";
-    case Track::kReceives: return "receives";
+    case Track::kCompute:
+      return "compute stream";
+    case Track::kShard:
+      return "shard actor";
+    case Track::kOptimizerStream:
+      return "optimizer stream";
+    case Track::kOptimizerActor:
+      return "optimizer actor";
+    case Track::kSends:
+      return "sends";
+    case Track::kReceives:
+      return "receives";
   }
   return "?";
 }
@@ -112,9 +145,14 @@ std::string chrome_json(const Trace& t, const std::vector<Message>& messages) {
   for (const RankTrace& r : t.ranks) {
     for (const Event& ev : r.events) {
       const std::int64_t e = ev.open ? end : ev.e;
-      events.push_back({{"ph", "X"}, {"name", slice_name(ev)}, {"cat", kind_name(ev.kind)},
-                        {"pid", r.header.rank}, {"tid", static_cast<int>(track_of(ev))},
-                        {"ts", us(ev.b - origin)}, {"dur", us(e - ev.b)}, {"args", slice_args(ev)}});
+      events.push_back({{"ph", "X"},
+                        {"name", slice_name(ev)},
+                        {"cat", kind_name(ev.kind)},
+                        {"pid", r.header.rank},
+                        {"tid", static_cast<int>(track_of(ev))},
+                        {"ts", us(ev.b - origin)},
+                        {"dur", us(e - ev.b)},
+                        {"args", slice_args(ev)}});
     }
   }
   int id = 0, unmatched = 0;
@@ -132,11 +170,20 @@ std::string chrome_json(const Trace& t, const std::vector<Message>& messages) {
     // bytes arrived.
     const std::int64_t f_ts = std::max(rv.b, rv_end - 1);
     ++id;
-    events.push_back({{"ph", "s"}, {"id", id}, {"name", s.msg}, {"cat", "message"},
-                      {"pid", m.from}, {"tid", static_cast<int>(Track::kSends)},
+    events.push_back({{"ph", "s"},
+                      {"id", id},
+                      {"name", s.msg},
+                      {"cat", "message"},
+                      {"pid", m.from},
+                      {"tid", static_cast<int>(Track::kSends)},
                       {"ts", us(s.b - origin)}});
-    events.push_back({{"ph", "f"}, {"bp", "e"}, {"id", id}, {"name", s.msg}, {"cat", "message"},
-                      {"pid", m.to}, {"tid", static_cast<int>(Track::kReceives)},
+    events.push_back({{"ph", "f"},
+                      {"bp", "e"},
+                      {"id", id},
+                      {"name", s.msg},
+                      {"cat", "message"},
+                      {"pid", m.to},
+                      {"tid", static_cast<int>(Track::kReceives)},
                       {"ts", us(f_ts - origin)}});
   }
   json out = {{"traceEvents", std::move(events)},

@@ -19,9 +19,8 @@ struct Sides {
 };
 
 void sort_by_post(const Trace& t, std::vector<EventRef>* refs) {
-  std::stable_sort(refs->begin(), refs->end(), [&t](EventRef a, EventRef b) {
-    return event_of(t, a).b < event_of(t, b).b;
-  });
+  std::stable_sort(refs->begin(), refs->end(),
+                   [&t](EventRef a, EventRef b) { return event_of(t, a).b < event_of(t, b).b; });
 }
 
 double ms(std::int64_t ns) { return static_cast<double>(ns) / 1e6; }
@@ -40,20 +39,22 @@ bool keep(const Trace& t, const Message& m, const MessageFilter& f) {
 
 std::string line_of(const Trace& t, const Message& m, std::int64_t origin) {
   const Event& ev = event_of(t, m.send ? *m.send : *m.recv);
-  std::string head = absl::StrFormat("%10.3f ms  %3d -> %-3d  %-11s step %-3d mb %-3s %10d B", ms(when(t, m) - origin),
-                                     m.from, m.to, ev.msg, ev.step,
+  std::string head = absl::StrFormat("%10.3f ms  %3d -> %-3d  %-11s step %-3d mb %-3s %10d B",
+                                     ms(when(t, m) - origin), m.from, m.to, ev.msg, ev.step,
                                      ev.mb >= 0 ? absl::StrCat(ev.mb) : std::string("-"), ev.bytes);
   if (m.matched()) {
     const Event& r = event_of(t, *m.recv);
     if (r.open) return absl::StrCat(head, "  in flight: the receive never completed");
     if (!r.status.empty() && r.status != "ok") return absl::StrCat(head, "  failed: ", r.status);
-    return absl::StrCat(head, absl::StrFormat("  latency %.3f ms", ms(r.e - event_of(t, *m.send).b)));
+    return absl::StrCat(head,
+                        absl::StrFormat("  latency %.3f ms", ms(r.e - event_of(t, *m.send).b)));
   }
   if (m.send) {
-    return absl::StrCat(head, absl::StrFormat("  UNMATCHED: no receive on rank %d (tag %s)", m.to, m.tag));
+    return absl::StrCat(
+        head, absl::StrFormat("  UNMATCHED: no receive on rank %d (tag %s)", m.to, m.tag));
   }
-  return absl::StrCat(head, absl::StrFormat("  UNMATCHED: no send on rank %d (tag %s)%s", m.from, m.tag,
-                                            ev.open ? ", the receive waits" : ""));
+  return absl::StrCat(head, absl::StrFormat("  UNMATCHED: no send on rank %d (tag %s)%s", m.from,
+                                            m.tag, ev.open ? ", the receive waits" : ""));
 }
 
 }  // namespace

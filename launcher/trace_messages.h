@@ -39,7 +39,7 @@ const Event& event_of(const Trace& t, EventRef ref);
 std::vector<Message> match_messages(const Trace& t);
 
 struct MessageFilter {
-  std::optional<int> rank;         // either end
+  std::optional<int> rank;  // either end
   std::optional<int> micro_batch;
   std::optional<std::string> kind;  // activation | gradient | tp | grad-piece | ...
 };

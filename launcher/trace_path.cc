@@ -66,8 +66,9 @@ const Message* release_of(const Trace& t, const std::vector<Message>& ms, int ri
 
 std::string op_text(const Trace& t, OpRef r) {
   const Event& e = ev(t, r);
-  return absl::StrCat(kind_name(e.kind), " mb ", e.mb, e.chunk > 0 ? absl::StrCat(" chunk ", e.chunk) : "",
-                      " on ", t.ranks[static_cast<std::size_t>(r.rank_index)].header.describe());
+  return absl::StrCat(kind_name(e.kind), " mb ", e.mb,
+                      e.chunk > 0 ? absl::StrCat(" chunk ", e.chunk) : "", " on ",
+                      t.ranks[static_cast<std::size_t>(r.rank_index)].header.describe());
 }
 
 }  // namespace

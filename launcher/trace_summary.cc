@@ -267,29 +267,33 @@ void append_ranks(const Summary& s, std::string* out) {
   for (const RankStats& r : s.ranks) {
     const Header& h = s.trace->find(r.rank)->header;
     absl::StrAppend(
-        out, absl::StrFormat("  %5d %5d %-9s %-12s %9.3f %9.3f %9.3f %6.1f%% %5d %6.2f MiB %5d %6.2f MiB\n",
-                             h.s, r.rank, h.coord(), h.host, ms(r.busy / n), ms(r.idle / n),
-                             ms(r.comm / n), 100 * r.bubble(), r.sent, r.bytes_sent / 1048576.0,
-                             r.received, r.bytes_received / 1048576.0));
+        out, absl::StrFormat(
+                 "  %5d %5d %-9s %-12s %9.3f %9.3f %9.3f %6.1f%% %5d %6.2f MiB %5d %6.2f MiB\n",
+                 h.s, r.rank, h.coord(), h.host, ms(r.busy / n), ms(r.idle / n), ms(r.comm / n),
+                 100 * r.bubble(), r.sent, r.bytes_sent / 1048576.0, r.received,
+                 r.bytes_received / 1048576.0));
   }
 }
 
 void append_stages(const Summary& s, std::string* out) {
   absl::StrAppend(out, "per stage (ms per step, mean over its ranks):\n");
   for (const StageStats& st : s.stages) {
-    absl::StrAppend(out, absl::StrFormat(
-                             "  stage %d: busy %.3f  idle %.3f  comm %.3f  bubble %.1f%%%s\n",
+    absl::StrAppend(
+        out, absl::StrFormat("  stage %d: busy %.3f  idle %.3f  comm %.3f  bubble %.1f%%%s\n",
                              st.stage, ms(st.busy), ms(st.idle), ms(st.comm), 100 * st.bubble,
                              s.has_slowest() && st.stage == s.slowest_stage ? "  (slowest)" : ""));
   }
-  absl::StrAppend(out, absl::StrFormat("bubble: measured %.1f%% (mean over stages), theory %s = %.1f%%\n",
-                                       100 * s.mean_bubble, s.theory_formula, 100 * s.theory));
+  absl::StrAppend(
+      out, absl::StrFormat("bubble: measured %.1f%% (mean over stages), theory %s = %.1f%%\n",
+                           100 * s.mean_bubble, s.theory_formula, 100 * s.theory));
   if (s.slowest_stage >= 0 && !s.has_slowest()) {
-    absl::StrAppend(out, "slowest stage: none (every stage's compute per step within 1% of the others)\n");
+    absl::StrAppend(
+        out, "slowest stage: none (every stage's compute per step within 1% of the others)\n");
   } else if (s.has_slowest()) {
-    absl::StrAppend(out, absl::StrFormat("slowest stage: %d (the most compute per step: %.1f%% more "
-                                         "than the least loaded)\n",
-                                         s.slowest_stage, 100 * s.slowest_excess));
+    absl::StrAppend(out,
+                    absl::StrFormat("slowest stage: %d (the most compute per step: %.1f%% more "
+                                    "than the least loaded)\n",
+                                    s.slowest_stage, 100 * s.slowest_excess));
   }
 }
 
@@ -301,10 +305,10 @@ void append_path(const Summary& s, std::string* out) {
     (p.message ? n_msgs : n_ops)++;
   }
   const std::int64_t start = step_bounds(*s.trace, s.path_step).first;
-  absl::StrAppend(out, absl::StrFormat(
-                           "critical path of step %d (its span %.3f ms): %zu ops %.3f ms, "
-                           "%zu messages %.3f ms\n",
-                           s.path_step, ms(s.path_span), n_ops, ms(ops), n_msgs, ms(msgs)));
+  absl::StrAppend(out,
+                  absl::StrFormat("critical path of step %d (its span %.3f ms): %zu ops %.3f ms, "
+                                  "%zu messages %.3f ms\n",
+                                  s.path_step, ms(s.path_span), n_ops, ms(ops), n_msgs, ms(msgs)));
   for (const PathStep& p : s.critical_path) {
     absl::StrAppend(out, absl::StrFormat("  %+10.3f ms  %-8s %-48s %9.3f ms\n", ms(p.begin - start),
                                          p.message ? "message" : "op", p.what, ms(p.duration)));
@@ -318,26 +322,30 @@ std::string Summary::text() const {
   std::string out;
   if (t.ranks.empty()) return out;
   const Header& h = t.ranks.front().header;
-  absl::StrAppend(&out, absl::StrFormat("trace %s: %zu ranks of tp=%d pp=%d dp=%d, schedule %s, m=%d, v=%d\n",
-                                        t.dir, t.ranks.size(), h.tp, h.pp, h.dp, h.schedule, h.m, h.v));
-  absl::StrAppend(&out, absl::StrFormat("clocks aligned through the coordinator: uncertainty up to %.3f ms\n",
-                                        ms(t.uncertainty_ns())));
+  absl::StrAppend(
+      &out, absl::StrFormat("trace %s: %zu ranks of tp=%d pp=%d dp=%d, schedule %s, m=%d, v=%d\n",
+                            t.dir, t.ranks.size(), h.tp, h.pp, h.dp, h.schedule, h.m, h.v));
+  absl::StrAppend(
+      &out, absl::StrFormat("clocks aligned through the coordinator: uncertainty up to %.3f ms\n",
+                            ms(t.uncertainty_ns())));
   for (const std::string& w : t.warnings) absl::StrAppend(&out, "warning: ", w, "\n");
-  absl::StrAppend(&out, absl::StrFormat("messages: %d matched (send -> receive), %d unmatched%s\n",
-                                        matched, unmatched,
-                                        unmatched > 0 ? " (--messages lists them)" : ""));
+  absl::StrAppend(
+      &out, absl::StrFormat("messages: %d matched (send -> receive), %d unmatched%s\n", matched,
+                            unmatched, unmatched > 0 ? " (--messages lists them)" : ""));
   absl::StrAppend(&out, "steps summarized (fully inside the trace): ", step_list(steps), "\n");
   for (const std::string& why : skipped) absl::StrAppend(&out, "  skipped ", why, "\n");
   if (steps.empty()) return out;
   append_ranks(*this, &out);
   append_stages(*this, &out);
   append_path(*this, &out);
-  absl::StrAppend(
-      &out,
-      "legend: span = first compute op of the step (any rank) to the last; busy = the rank's forward\n"
-      "  and backward ops (TP collectives nest inside); idle = span - busy (the bubble); comm = the\n"
-      "  part of idle while an activation or gradient this rank receives was in flight (sent, not yet\n"
-      "  arrived); bubble = idle / span\n");
+  absl::StrAppend(&out,
+                  "legend: span = first compute op of the step (any rank) to the last; busy = the "
+                  "rank's forward\n"
+                  "  and backward ops (TP collectives nest inside); idle = span - busy (the "
+                  "bubble); comm = the\n"
+                  "  part of idle while an activation or gradient this rank receives was in flight "
+                  "(sent, not yet\n"
+                  "  arrived); bubble = idle / span\n");
   return out;
 }
 

@@ -59,7 +59,7 @@ struct StageStats {
 
 // One entry of the critical path, in time order.
 struct PathStep {
-  std::string what;        // "forward mb 3 chunk 0 on rank 1 (0,1,0)" / "activation 0 -> 1 mb 3"
+  std::string what;           // "forward mb 3 chunk 0 on rank 1 (0,1,0)" / "activation 0 -> 1 mb 3"
   std::int64_t begin = 0;     // ns, coordinator's clock
   std::int64_t duration = 0;  // ns
   bool message = false;
@@ -67,17 +67,17 @@ struct PathStep {
 
 struct Summary {
   const Trace* trace = nullptr;
-  std::vector<int> steps;             // summarized
-  std::vector<std::string> skipped;   // "step 1: ..." why not
-  std::vector<RankStats> ranks;       // in stage, d, t order
+  std::vector<int> steps;            // summarized
+  std::vector<std::string> skipped;  // "step 1: ..." why not
+  std::vector<RankStats> ranks;      // in stage, d, t order
   std::vector<StageStats> stages;
   double mean_bubble = 0, theory = 0;
-  std::string theory_formula;         // "(p-1)/(m+p-1) = 3/11"
-  int slowest_stage = -1;             // the most busy per step
-  double slowest_excess = 0;          // its busy / the least busy stage's - 1
+  std::string theory_formula;  // "(p-1)/(m+p-1) = 3/11"
+  int slowest_stage = -1;      // the most busy per step
+  double slowest_excess = 0;   // its busy / the least busy stage's - 1
   // A stage stands out only above 1%: else the stages are equally loaded.
   bool has_slowest() const { return slowest_stage >= 0 && slowest_excess > 0.01; }
-  int path_step = -1;                 // the step of the critical path
+  int path_step = -1;  // the step of the critical path
   std::int64_t path_span = 0;
   std::vector<PathStep> critical_path;
   int matched = 0, unmatched = 0;
@@ -93,7 +93,8 @@ Summary summarize(const Trace& t, const std::vector<Message>& ms, std::optional<
 using Interval = std::pair<std::int64_t, std::int64_t>;
 std::vector<Interval> union_of(std::vector<Interval> v);
 std::int64_t length(const std::vector<Interval>& v);
-std::int64_t overlap(const std::vector<Interval>& a, const std::vector<Interval>& b);  // both unions
+std::int64_t overlap(const std::vector<Interval>& a,
+                     const std::vector<Interval>& b);  // both unions
 // span(k): [first begin, last end] of step k's training compute ops, any rank.
 Interval step_bounds(const Trace& t, int k);
 

@@ -50,8 +50,8 @@ void legend(const ScheduleSvg& s, const Frame& f, std::string* out) {
   double x = f.left;
   const double y = 30;
   auto swatch = [&](Rgb c, const std::string& text) {
-    absl::StrAppend(out, absl::StrFormat(
-                             "<rect x=\"%s\" y=\"%s\" width=\"16\" height=\"14\" fill=\"%s\" "
+    absl::StrAppend(
+        out, absl::StrFormat("<rect x=\"%s\" y=\"%s\" width=\"16\" height=\"14\" fill=\"%s\" "
                              "stroke=\"#333\" stroke-width=\"0.5\"/><text x=\"%s\" y=\"%s\" "
                              "font-size=\"12\">%s</text>\n",
                              fmt(x), fmt(y - 11), css(c), fmt(x + 20), fmt(y), xml_escape(text)));
@@ -77,46 +77,89 @@ void legend(const ScheduleSvg& s, const Frame& f, std::string* out) {
     x += 44 + kCharW * static_cast<double>(text.size());
   }
   if (!s.label_note.empty()) {
-    absl::StrAppend(out, absl::StrFormat("<text x=\"%s\" y=\"%s\" font-size=\"12\" fill=\"#555\">%s</text>\n",
-                                         fmt(x), fmt(y), xml_escape(s.label_note)));
+    absl::StrAppend(
+        out, absl::StrFormat("<text x=\"%s\" y=\"%s\" font-size=\"12\" fill=\"#555\">%s</text>\n",
+                             fmt(x), fmt(y), xml_escape(s.label_note)));
   }
 }
 
 void time_axis(const ScheduleSvg& s, const Frame& f, double y, std::string* out) {
-  absl::StrAppend(out, absl::StrFormat("<line x1=\"%s\" y1=\"%s\" x2=\"%s\" y2=\"%s\" stroke=\"#333\"/>\n",
-                                       fmt(f.x(f.t0)), fmt(y), fmt(f.x(f.t1)), fmt(y)));
+  absl::StrAppend(
+      out, absl::StrFormat("<line x1=\"%s\" y1=\"%s\" x2=\"%s\" y2=\"%s\" stroke=\"#333\"/>\n",
+                           fmt(f.x(f.t0)), fmt(y), fmt(f.x(f.t1)), fmt(y)));
   for (double t : nice_ticks(f.t0, f.t1, 10)) {
-    absl::StrAppend(out, absl::StrFormat(
-                             "<line x1=\"%s\" y1=\"%s\" x2=\"%s\" y2=\"%s\" stroke=\"#333\"/>"
-                             "<text x=\"%s\" y=\"%s\" font-size=\"11\" text-anchor=\"middle\">%s</text>\n",
-                             fmt(f.x(t)), fmt(y), fmt(f.x(t)), fmt(y + 5), fmt(f.x(t)), fmt(y + 18),
-                             fmt(t)));
+    absl::StrAppend(
+        out, absl::StrFormat(
+                 "<line x1=\"%s\" y1=\"%s\" x2=\"%s\" y2=\"%s\" stroke=\"#333\"/>"
+                 "<text x=\"%s\" y=\"%s\" font-size=\"11\" text-anchor=\"middle\">%s</text>\n",
+                 fmt(f.x(t)), fmt(y), fmt(f.x(t)), fmt(y + 5), fmt(f.x(t)), fmt(y + 18), fmt(t)));
   }
-  absl::StrAppend(out, absl::StrFormat("<text x=\"%s\" y=\"%s\" font-size=\"12\" "
-                                       "text-anchor=\"middle\">time (%s)</text>\n",
-                                       fmt((f.x(f.t0) + f.x(f.t1)) / 2), fmt(y + 34),
-                                       xml_escape(s.unit)));
+  absl::StrAppend(
+      out, absl::StrFormat("<text x=\"%s\" y=\"%s\" font-size=\"12\" "
+                           "text-anchor=\"middle\">time (%s)</text>\n",
+                           fmt((f.x(f.t0) + f.x(f.t1)) / 2), fmt(y + 34), xml_escape(s.unit)));
 }
 
 void block(const Block& b, const ScheduleSvg& s, const Frame& f, std::string* out) {
   const Rgb c = shade(b.pass, b.chunk, s.chunks);
   const double x0 = f.x(b.begin), x1 = f.x(b.end), y = f.y(b.row);
   const double w = std::max(x1 - x0, 0.5);
-  absl::StrAppend(out, absl::StrFormat("<g><title>%s</title><rect x=\"%s\" y=\"%s\" width=\"%s\" "
-                                       "height=\"%s\" fill=\"%s\" stroke=\"#222\" "
-                                       "stroke-width=\"0.6\"/>",
-                                       xml_escape(b.tooltip), fmt(x0), fmt(y), fmt(w), fmt(f.row_h),
-                                       css(c)));
+  absl::StrAppend(
+      out, absl::StrFormat("<g><title>%s</title><rect x=\"%s\" y=\"%s\" width=\"%s\" "
+                           "height=\"%s\" fill=\"%s\" stroke=\"#222\" "
+                           "stroke-width=\"0.6\"/>",
+                           xml_escape(b.tooltip), fmt(x0), fmt(y), fmt(w), fmt(f.row_h), css(c)));
   // The label when it fits: about 7 px per digit at 12 px.
   const double size = std::min(13.0, f.row_h * 0.5);
   if (!b.label.empty() && w >= 0.62 * size * static_cast<double>(b.label.size()) + 2) {
-    absl::StrAppend(out, absl::StrFormat("<text x=\"%s\" y=\"%s\" font-size=\"%s\" "
-                                         "text-anchor=\"middle\" fill=\"%s\">%s</text>",
-                                         fmt(x0 + w / 2), fmt(y + f.row_h / 2 + size * 0.36),
-                                         fmt(size), dark(c) ? "#fff" : "#000",
-                                         xml_escape(b.label)));
+    absl::StrAppend(out,
+                    absl::StrFormat("<text x=\"%s\" y=\"%s\" font-size=\"%s\" "
+                                    "text-anchor=\"middle\" fill=\"%s\">%s</text>",
+                                    fmt(x0 + w / 2), fmt(y + f.row_h / 2 + size * 0.36), fmt(size),
+                                    dark(c) ? "#fff" : "#000", xml_escape(b.label)));
   }
   absl::StrAppend(out, "</g>\n");
+}
+
+// A plot's drawing area and its data ranges.
+struct PlotFrame {
+  double left = 64, right = 16, top = 30, bottom = 46, w = 0, h = 0;
+  double x0 = 0, x1 = 1, y0 = 0, y1 = 1;
+  double X(double v) const { return left + (v - x0) / (x1 - x0) * (w - left - right); }
+  double Y(double v) const { return h - bottom - (v - y0) / (y1 - y0) * (h - top - bottom); }
+};
+
+// Both axes with their ticks, the grid and the labels.
+void plot_axes(const Plot& p, const PlotFrame& f, std::string* out) {
+  const double base = f.h - f.bottom;
+  absl::StrAppend(
+      out, absl::StrFormat("<path d=\"M%s,%s L%s,%s L%s,%s\" fill=\"none\" stroke=\"#333\"/>\n",
+                           fmt(f.left), fmt(f.top), fmt(f.left), fmt(base), fmt(f.w - f.right),
+                           fmt(base)));
+  for (double t : nice_ticks(f.x0, f.x1, 6)) {
+    absl::StrAppend(
+        out, absl::StrFormat(
+                 "<line x1=\"%s\" y1=\"%s\" x2=\"%s\" y2=\"%s\" stroke=\"#333\"/>"
+                 "<text x=\"%s\" y=\"%s\" font-size=\"10\" text-anchor=\"middle\">%s</text>\n",
+                 fmt(f.X(t)), fmt(base), fmt(f.X(t)), fmt(base + 4), fmt(f.X(t)), fmt(base + 16),
+                 fmt(t)));
+  }
+  for (double t : nice_ticks(f.y0, f.y1, 5)) {
+    absl::StrAppend(
+        out,
+        absl::StrFormat("<line x1=\"%s\" y1=\"%s\" x2=\"%s\" y2=\"%s\" stroke=\"#ddd\"/>"
+                        "<text x=\"%s\" y=\"%s\" font-size=\"10\" text-anchor=\"end\">%s</text>\n",
+                        fmt(f.left), fmt(f.Y(t)), fmt(f.w - f.right), fmt(f.Y(t)), fmt(f.left - 4),
+                        fmt(f.Y(t) + 3), fmt(t)));
+  }
+  const double mid_y = (f.top + base) / 2;
+  absl::StrAppend(
+      out,
+      absl::StrFormat("<text x=\"%s\" y=\"%s\" font-size=\"11\" text-anchor=\"middle\">%s</text>\n"
+                      "<text x=\"12\" y=\"%s\" font-size=\"11\" text-anchor=\"middle\" "
+                      "transform=\"rotate(-90 12 %s)\">%s</text>\n",
+                      fmt((f.left + f.w - f.right) / 2), fmt(f.h - 8), xml_escape(p.x_label),
+                      fmt(mid_y), fmt(mid_y), xml_escape(p.y_label)));
 }
 
 }  // namespace
@@ -125,11 +168,20 @@ std::string xml_escape(const std::string& s) {
   std::string out;
   for (char c : s) {
     switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      default: out += c;
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      default:
+        out += c;
     }
   }
   return out;
@@ -154,7 +206,8 @@ std::vector<double> nice_ticks(double lo, double hi, int want) {
 std::string render_schedule_svg(const ScheduleSvg& s) {
   Frame f;
   f.width = s.width;
-  for (const std::string& r : s.rows) f.left = std::max(f.left, 20 + kCharW * static_cast<double>(r.size()));
+  for (const std::string& r : s.rows)
+    f.left = std::max(f.left, 20 + kCharW * static_cast<double>(r.size()));
   f.t0 = 0;
   f.t1 = 0;
   bool first = true;
@@ -181,8 +234,8 @@ std::string render_schedule_svg(const ScheduleSvg& s) {
   for (std::size_t r = 0; r < s.rows.size(); r++) {
     const double y = f.y(static_cast<int>(r));
     // The row's lane: a thin frame, so idle time reads as white gaps.
-    absl::StrAppend(&out, absl::StrFormat(
-                              "<rect x=\"%s\" y=\"%s\" width=\"%s\" height=\"%s\" fill=\"#fff\" "
+    absl::StrAppend(
+        &out, absl::StrFormat("<rect x=\"%s\" y=\"%s\" width=\"%s\" height=\"%s\" fill=\"#fff\" "
                               "stroke=\"#bbb\" stroke-width=\"0.6\"/><text x=\"%s\" y=\"%s\" "
                               "font-size=\"12\" text-anchor=\"end\">%s</text>\n",
                               fmt(f.x(f.t0)), fmt(y), fmt(f.x(f.t1) - f.x(f.t0)), fmt(f.row_h),
@@ -203,65 +256,47 @@ std::string render_schedule_svg(const ScheduleSvg& s) {
 }
 
 std::string render_plot_svg(const Plot& p) {
-  const double left = 64, right = 16, top = 30, bottom = 46;
-  const double w = p.width, h = p.height;
+  PlotFrame f;
+  f.w = p.width;
+  f.h = p.height;
   std::string out = absl::StrFormat(
       "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" viewBox=\"0 0 %d %d\" "
       "font-family=\"sans-serif\"><rect width=\"100%%\" height=\"100%%\" fill=\"#fff\"/>\n"
-      "<text x=\"%s\" y=\"18\" font-size=\"14\" font-weight=\"bold\" text-anchor=\"middle\">%s</text>\n",
-      p.width, p.height, p.width, p.height, fmt(w / 2), xml_escape(p.title));
+      "<text x=\"%s\" y=\"18\" font-size=\"14\" font-weight=\"bold\" "
+      "text-anchor=\"middle\">%s</text>\n",
+      p.width, p.height, p.width, p.height, fmt(f.w / 2), xml_escape(p.title));
   const std::size_t n = std::min(p.x.size(), p.y.size());
   if (n == 0) {
     absl::StrAppend(&out, absl::StrFormat("<text x=\"%s\" y=\"%s\" font-size=\"12\" "
                                           "text-anchor=\"middle\">no data</text></svg>\n",
-                                          fmt(w / 2), fmt(h / 2)));
+                                          fmt(f.w / 2), fmt(f.h / 2)));
     return out;
   }
-  double x0 = *std::min_element(p.x.begin(), p.x.begin() + n);
-  double x1 = *std::max_element(p.x.begin(), p.x.begin() + n);
-  double y0 = *std::min_element(p.y.begin(), p.y.begin() + n);
-  double y1 = *std::max_element(p.y.begin(), p.y.begin() + n);
-  if (!(x1 > x0)) x1 = x0 + 1;
-  if (!(y1 > y0)) {
-    const double pad = y0 != 0 ? std::abs(y0) * 0.05 : 1;
-    y0 -= pad;
-    y1 += pad;
+  f.x0 = *std::min_element(p.x.begin(), p.x.begin() + n);
+  f.x1 = *std::max_element(p.x.begin(), p.x.begin() + n);
+  f.y0 = *std::min_element(p.y.begin(), p.y.begin() + n);
+  f.y1 = *std::max_element(p.y.begin(), p.y.begin() + n);
+  if (!(f.x1 > f.x0)) f.x1 = f.x0 + 1;
+  if (!(f.y1 > f.y0)) {  // a constant: a band around it
+    const double pad = f.y0 != 0 ? std::abs(f.y0) * 0.05 : 1;
+    f.y0 -= pad;
+    f.y1 += pad;
   }
-  auto X = [&](double v) { return left + (v - x0) / (x1 - x0) * (w - left - right); };
-  auto Y = [&](double v) { return h - bottom - (v - y0) / (y1 - y0) * (h - top - bottom); };
-  absl::StrAppend(&out, absl::StrFormat("<path d=\"M%s,%s L%s,%s L%s,%s\" fill=\"none\" stroke=\"#333\"/>\n",
-                                        fmt(left), fmt(top), fmt(left), fmt(h - bottom),
-                                        fmt(w - right), fmt(h - bottom)));
-  for (double t : nice_ticks(x0, x1, 6)) {
-    absl::StrAppend(&out, absl::StrFormat("<line x1=\"%s\" y1=\"%s\" x2=\"%s\" y2=\"%s\" stroke=\"#333\"/>"
-                                          "<text x=\"%s\" y=\"%s\" font-size=\"10\" text-anchor=\"middle\">%s</text>\n",
-                                          fmt(X(t)), fmt(h - bottom), fmt(X(t)), fmt(h - bottom + 4),
-                                          fmt(X(t)), fmt(h - bottom + 16), fmt(t)));
-  }
-  for (double t : nice_ticks(y0, y1, 5)) {
-    absl::StrAppend(&out, absl::StrFormat("<line x1=\"%s\" y1=\"%s\" x2=\"%s\" y2=\"%s\" stroke=\"#ddd\"/>"
-                                          "<text x=\"%s\" y=\"%s\" font-size=\"10\" text-anchor=\"end\">%s</text>\n",
-                                          fmt(left), fmt(Y(t)), fmt(w - right), fmt(Y(t)),
-                                          fmt(left - 4), fmt(Y(t) + 3), fmt(t)));
-  }
+  plot_axes(p, f, &out);
   std::string d;
   for (std::size_t i = 0; i < n; i++) {
-    absl::StrAppend(&d, i == 0 ? "M" : " L", fmt(X(p.x[i])), ",", fmt(Y(p.y[i])));
+    absl::StrAppend(&d, i == 0 ? "M" : " L", fmt(f.X(p.x[i])), ",", fmt(f.Y(p.y[i])));
   }
-  absl::StrAppend(&out, "<path d=\"", d, "\" fill=\"none\" stroke=\"#2f62b2\" stroke-width=\"1.5\"/>\n");
-  if (n <= 60) {
+  absl::StrAppend(&out, "<path d=\"", d,
+                  "\" fill=\"none\" stroke=\"#2f62b2\" stroke-width=\"1.5\"/>\n");
+  if (n <= 60) {  // points with their values as tooltips, while they stay apart
     for (std::size_t i = 0; i < n; i++) {
-      absl::StrAppend(&out, absl::StrFormat("<circle cx=\"%s\" cy=\"%s\" r=\"2.2\" fill=\"#2f62b2\">"
-                                            "<title>%s: %s</title></circle>\n",
-                                            fmt(X(p.x[i])), fmt(Y(p.y[i])), fmt(p.x[i]), fmt(p.y[i])));
+      absl::StrAppend(
+          &out, absl::StrFormat("<circle cx=\"%s\" cy=\"%s\" r=\"2.2\" fill=\"#2f62b2\">"
+                                "<title>%s: %s</title></circle>\n",
+                                fmt(f.X(p.x[i])), fmt(f.Y(p.y[i])), fmt(p.x[i]), fmt(p.y[i])));
     }
   }
-  absl::StrAppend(&out, absl::StrFormat("<text x=\"%s\" y=\"%s\" font-size=\"11\" text-anchor=\"middle\">%s</text>\n",
-                                        fmt((left + w - right) / 2), fmt(h - 8), xml_escape(p.x_label)));
-  absl::StrAppend(&out, absl::StrFormat("<text x=\"14\" y=\"%s\" font-size=\"11\" text-anchor=\"middle\" "
-                                        "transform=\"rotate(-90 14 %s)\">%s</text>\n",
-                                        fmt((top + h - bottom) / 2), fmt((top + h - bottom) / 2),
-                                        xml_escape(p.y_label)));
   absl::StrAppend(&out, "</svg>\n");
   return out;
 }

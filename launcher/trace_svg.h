@@ -8,9 +8,9 @@
 //   trace::ScheduleSvg s;
 //   s.rows = {"stage 0", "stage 1"};
 //   s.chunks = 1;
-//   s.blocks.push_back({.row = 0, .begin = 0, .end = 10, .pass = trace::Pass::kForward, .label = "1"});
-//   s.arrows.push_back({.from_row = 0, .from = 10, .to_row = 1, .to = 10.2});
-//   std::string svg = trace::render_schedule_svg(s);
+//   s.blocks.push_back({.row = 0, .begin = 0, .end = 10, .pass = trace::Pass::kForward, .label =
+//   "1"}); s.arrows.push_back({.from_row = 0, .from = 10, .to_row = 1, .to = 10.2}); std::string
+//   svg = trace::render_schedule_svg(s);
 #pragma once
 
 #include <string>
@@ -24,9 +24,9 @@ struct Block {
   int row = 0;
   double begin = 0, end = 0;  // in the drawing's time unit (ms for traces)
   Pass pass = Pass::kForward;
-  int chunk = 0;              // model chunk: a shade of the pass's color
-  std::string label;          // drawn inside when it fits ("3")
-  std::string tooltip;        // the SVG <title>
+  int chunk = 0;        // model chunk: a shade of the pass's color
+  std::string label;    // drawn inside when it fits ("3")
+  std::string tooltip;  // the SVG <title>
 };
 
 struct Arrow {
@@ -42,10 +42,10 @@ struct ScheduleSvg {
   std::vector<std::string> rows;  // top to bottom
   std::vector<Block> blocks;
   std::vector<Arrow> arrows;
-  int chunks = 1;                 // model chunks per rank (shades in the legend)
+  int chunks = 1;  // model chunks per rank (shades in the legend)
   std::string unit = "ms";
-  std::string label_note;         // e.g. "numbers: micro-batch (1-based, as in the paper)"
-  int width = 1400;               // pixels
+  std::string label_note;  // e.g. "numbers: micro-batch (1-based, as in the paper)"
+  int width = 1400;        // pixels
 };
 
 std::string render_schedule_svg(const ScheduleSvg& s);

@@ -113,8 +113,8 @@ def case_stall():
              "--stall-step", "2")
     out = trace(d)
     want = "likely stalled: rank 2 (0,2,0) host1: has not begun step 2 (waited for by ranks 1, 3)"
-    if want not in out:
-        fail("no '%s' in\n%s" % (want, out))
+    if want not in out or out.count("likely stalled:") != 1:
+        fail("want exactly one 'likely stalled:', '%s', in\n%s" % (want, out))
     if "steps summarized (fully inside the trace): 1\n" not in out or "skipped step 2" not in out:
         fail("step 2 should be skipped\n" + out)
     if "rank 1 waits for rank 2: receive of gradient mb 0 of step 2" not in out:

@@ -37,16 +37,19 @@ TEST(TraceFiles, BadFilesNameTheFileAndLine) {
             "d/rank-00000.trace.jsonl:1: \"rank\" has the wrong type: \"zero\"");
   h = json::parse(good_header());
   h["rank"] = 1;  // (0,0,0) of a 1-rank layout is rank 0
-  EXPECT_EQ(error_of(h.dump() + "\n"), "d/rank-00000.trace.jsonl:1: rank 1 but (d,s,t) = (0,0,0) is rank 0");
+  EXPECT_EQ(error_of(h.dump() + "\n"),
+            "d/rank-00000.trace.jsonl:1: rank 1 but (d,s,t) = (0,0,0) is rank 0");
   EXPECT_EQ(error_of(good_header() + "{\"k\":\"forward\",\"e\":5,\"step\":1}\n"),
             "d/rank-00000.trace.jsonl:2: missing \"b\"");
   EXPECT_EQ(error_of(good_header() + "{\"k\":\"forward\",\"b\":9,\"e\":5,\"step\":1}\n"),
             "d/rank-00000.trace.jsonl:2: ends (5) before it begins (9)");
   EXPECT_EQ(error_of(good_header() + "{\"k\":\"send\",\"b\":1,\"e\":5,\"step\":1,\"peer\":1}\n"),
             "d/rank-00000.trace.jsonl:2: missing \"tag\"");
-  EXPECT_EQ(error_of(good_header() + "{\"k\":\"forward\",\"b\":1,\"e\":5,\"st"),
-            "d/rank-00000.trace.jsonl:2: the last line has no newline: the file was cut off (truncated)");
-  EXPECT_EQ(error_of(good_header() + "[1,2]\n"), "d/rank-00000.trace.jsonl:2: an event must be a JSON object");
+  EXPECT_EQ(
+      error_of(good_header() + "{\"k\":\"forward\",\"b\":1,\"e\":5,\"st"),
+      "d/rank-00000.trace.jsonl:2: the last line has no newline: the file was cut off (truncated)");
+  EXPECT_EQ(error_of(good_header() + "[1,2]\n"),
+            "d/rank-00000.trace.jsonl:2: an event must be a JSON object");
 }
 
 TEST(TraceFiles, UnknownKindsAndKeysAreIgnored) {
@@ -75,7 +78,8 @@ TEST(TraceFiles, ReadsADirectoryAndChecksNamesAgainstHeaders) {
   std::ofstream(dir / "rank-00002.trace.jsonl") << r1.text();
   t = read_trace(dir.string());
   ASSERT_FALSE(t.ok());
-  EXPECT_TRUE(absl::StrContains(t.status().message(), "rank-00002.trace.jsonl:1: the header says rank 1"))
+  EXPECT_TRUE(
+      absl::StrContains(t.status().message(), "rank-00002.trace.jsonl:1: the header says rank 1"))
       << t.status();
   EXPECT_FALSE(read_trace((dir / "none").string()).ok());
 }

@@ -1,10 +1,11 @@
 // The summary, critical path and failure analysis of hand-written traces
 // whose expected figures are worked out by hand below.
+#include "launcher/trace_summary.h"
+
 #include <gtest/gtest.h>
 
 #include "launcher/trace_failure.h"
 #include "launcher/trace_messages.h"
-#include "launcher/trace_summary.h"
 #include "tests/trace/trace_test_util.h"
 
 namespace troupe::launcher::trace {
@@ -20,8 +21,13 @@ using namespace testing;  // NOLINT
 // is busy 40 and idle 20: bubble 20/60 = 1/3 = (p-1)/(m+p-1).
 std::vector<RankFile> two_stage_1f1b(std::int64_t offset1 = 0, std::int64_t uncertainty1 = 0) {
   RankFile r0{.h = {.rank = 0, .s = 0, .pp = 2, .m = 2, .host = "h0"}, .events = {}};
-  RankFile r1{.h = {.rank = 1, .s = 1, .pp = 2, .m = 2, .offset_ns = offset1,
-                    .uncertainty_ns = uncertainty1, .host = "h1"},
+  RankFile r1{.h = {.rank = 1,
+                    .s = 1,
+                    .pp = 2,
+                    .m = 2,
+                    .offset_ns = offset1,
+                    .uncertainty_ns = uncertainty1,
+                    .host = "h1"},
               .events = {}};
   r0.add(op("forward", 0, 10, 1, 0));
   r0.add(message("send", 10, 10, 1, 1, "activation", 0, "0xa0"));
@@ -64,7 +70,8 @@ TEST(TraceSummary, TwoStage1F1BBusyIdleAndBubbleByHand) {
   EXPECT_EQ(s.theory_formula, "(p-1)/(m+p-1) = 1/3");
   EXPECT_EQ(s.matched, 4);
   EXPECT_EQ(s.unmatched, 0);
-  EXPECT_NE(s.text().find("bubble: measured 33.3% (mean over stages), theory (p-1)/(m+p-1) = 1/3 = 33.3%"),
+  EXPECT_NE(s.text().find(
+                "bubble: measured 33.3% (mean over stages), theory (p-1)/(m+p-1) = 1/3 = 33.3%"),
             std::string::npos)
       << s.text();
 }
@@ -133,8 +140,8 @@ TEST(TraceSummary, CommunicationWaitIsIdleWhileAMessageIsInFlight) {
 TEST(TraceSummary, StepsCutByTheRingOrUnfinishedAreSkipped) {
   std::vector<RankFile> f = two_stage_1f1b();
   RankFile& r1 = f[1];
-  r1.add(step_event(60, 70, 2));  // rank 0 has no step 2
-  f[0].h.dropped = 5;             // and its ring dropped events...
+  r1.add(step_event(60, 70, 2));            // rank 0 has no step 2
+  f[0].h.dropped = 5;                       // and its ring dropped events...
   json oldest = op("forward", 0, 0, 0, 0);  // the oldest kept event ends at -1 ms
   oldest["b"] = -ns(5);
   oldest["e"] = -ns(1);
@@ -159,18 +166,30 @@ TEST(TraceSummary, StepsCutByTheRingOrUnfinishedAreSkipped) {
 // from rank 1 (an open receive and an open shard wait). Everything points
 // at rank 1, which has nothing open in step 3: the likely stalled rank.
 TEST(TraceFailure, RankThatNeverBeganTheStepIsNamed) {
-  RankFile r0{.h = {.rank = 0, .s = 0, .pp = 2, .m = 1, .reason = "stall",
-                    .message = "no progress for 1.0 s in step 3", .host = "h0"},
+  RankFile r0{.h = {.rank = 0,
+                    .s = 0,
+                    .pp = 2,
+                    .m = 1,
+                    .reason = "stall",
+                    .message = "no progress for 1.0 s in step 3",
+                    .host = "h0"},
               .events = {}};
-  RankFile r1{.h = {.rank = 1, .s = 1, .pp = 2, .m = 1, .reason = "stall", .host = "h1"}, .events = {}};
+  RankFile r1{.h = {.rank = 1, .s = 1, .pp = 2, .m = 1, .reason = "stall", .host = "h1"},
+              .events = {}};
   r0.add(op("forward", 0, 10, 2, 0));
   r0.add(op("backward", 20, 30, 2, 0));
   r0.add(step_event(0, 30, 2));
   r0.add(op("forward", 30, 40, 3, 0));
   r0.add(open_event(message("send", 40, 0, 3, 1, "activation", 0, "0xa3")));
   r0.add(open_event(message("recv", 30, 0, 3, 1, "gradient", 0, "0xb3")));
-  r0.add(open_event({{"k", "wait"}, {"b", 40.0}, {"step", 3}, {"actor", "shard"},
-                     {"what", "gradient"}, {"peer", 1}, {"mb", 0}, {"chunk", 0}}));
+  r0.add(open_event({{"k", "wait"},
+                     {"b", 40.0},
+                     {"step", 3},
+                     {"actor", "shard"},
+                     {"what", "gradient"},
+                     {"peer", 1},
+                     {"mb", 0},
+                     {"chunk", 0}}));
   r0.add(open_event(step_event(30, 0, 3)));
   r1.add(op("forward", 10, 15, 2, 0));
   r1.add(op("backward", 15, 20, 2, 0));
@@ -179,7 +198,8 @@ TEST(TraceFailure, RankThatNeverBeganTheStepIsNamed) {
   FailureAnalysis a = analyze_failure(t, match_messages(t));
   ASSERT_TRUE(a.triggered);
   EXPECT_EQ(a.stalled, std::vector<int>{1});
-  EXPECT_NE(a.text.find("likely stalled: rank 1 (0,1,0) h1: has not begun step 3 (waited for by ranks 0)"),
+  EXPECT_NE(a.text.find(
+                "likely stalled: rank 1 (0,1,0) h1: has not begun step 3 (waited for by ranks 0)"),
             std::string::npos)
       << a.text;
   EXPECT_NE(a.text.find("rank 0 waits for rank 1: receive of gradient mb 0 of step 3 (tag 0xb3) "
@@ -198,10 +218,12 @@ TEST(TraceFailure, RankThatNeverBeganTheStepIsNamed) {
 // never began step 4: the collective's missing rank, and the stalled one.
 TEST(TraceFailure, CollectiveSomeRanksNeverEnteredIsNamed) {
   RankFile r0{.h = {.rank = 0, .t = 0, .tp = 2, .m = 1, .reason = "stall"}, .events = {}};
-  RankFile r1{.h = {.rank = 1, .t = 1, .tp = 2, .m = 1, .reason = "stall", .host = "h1"}, .events = {}};
+  RankFile r1{.h = {.rank = 1, .t = 1, .tp = 2, .m = 1, .reason = "stall", .host = "h1"},
+              .events = {}};
   auto coll = [](double b, double e, int step, int seq) {
-    return json{{"k", "collective"}, {"b", b}, {"e", e}, {"step", step}, {"group", "tp"},
-                {"op", "all_reduce"}, {"bytes", 1024}, {"seq", seq}, {"mb", 0}, {"chunk", 0}};
+    return json{
+        {"k", "collective"},  {"b", b},        {"e", e},     {"step", step}, {"group", "tp"},
+        {"op", "all_reduce"}, {"bytes", 1024}, {"seq", seq}, {"mb", 0},      {"chunk", 0}};
   };
   for (RankFile* r : {&r0, &r1}) {
     r->add(coll(1, 2, 3, 4));
@@ -217,7 +239,8 @@ TEST(TraceFailure, CollectiveSomeRanksNeverEnteredIsNamed) {
                         "missing ranks 1 (rank 1's last: #4)"),
             std::string::npos)
       << a.text;
-  EXPECT_NE(a.text.find("likely stalled: rank 1 (0,0,1) h1: has not begun step 4"), std::string::npos)
+  EXPECT_NE(a.text.find("likely stalled: rank 1 (0,0,1) h1: has not begun step 4"),
+            std::string::npos)
       << a.text;
 }
 

@@ -45,13 +45,23 @@ struct RankFile {
     events.push_back(std::move(e));
   }
   std::string text() const {
-    json head = {{"format", "troupe-trace"}, {"version", 1}, {"rank", h.rank}, {"d", h.d},
-                 {"s", h.s}, {"t", h.t}, {"host", h.host}, {"pid", 100 + h.rank},
+    json head = {{"format", "troupe-trace"},
+                 {"version", 1},
+                 {"rank", h.rank},
+                 {"d", h.d},
+                 {"s", h.s},
+                 {"t", h.t},
+                 {"host", h.host},
+                 {"pid", 100 + h.rank},
                  {"layout", {{"tp", h.tp}, {"pp", h.pp}, {"dp", h.dp}, {"v", h.v}}},
-                 {"schedule", h.schedule}, {"m", h.m}, {"reason", h.reason},
+                 {"schedule", h.schedule},
+                 {"m", h.m},
+                 {"reason", h.reason},
                  {"message", h.message},
                  {"clock", {{"offset_ns", h.offset_ns}, {"uncertainty_ns", h.uncertainty_ns}}},
-                 {"capacity", 1000}, {"recorded", events.size()}, {"dropped", h.dropped},
+                 {"capacity", 1000},
+                 {"recorded", events.size()},
+                 {"dropped", h.dropped},
                  {"trace_steps", nullptr}};
     std::string out = head.dump() + "\n";
     for (const json& e : events) out += e.dump() + "\n";
@@ -67,8 +77,9 @@ inline json step_event(double b, double e, int step) {
 }
 inline json message(const char* kind, double b, double e, int step, int peer, const char* msg,
                     int mb, const std::string& tag, std::int64_t bytes = 4096) {
-  return {{"k", kind}, {"b", b}, {"e", e}, {"step", step}, {"peer", peer}, {"msg", msg},
-          {"mb", mb}, {"chunk", 0}, {"bytes", bytes}, {"tag", tag}, {"status", "ok"}};
+  return {{"k", kind},      {"b", b},     {"e", e},        {"step", step},
+          {"peer", peer},   {"msg", msg}, {"mb", mb},      {"chunk", 0},
+          {"bytes", bytes}, {"tag", tag}, {"status", "ok"}};
 }
 inline json open_event(json e) {
   e.erase("e");
