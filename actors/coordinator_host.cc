@@ -7,6 +7,7 @@
 #include "absl/strings/str_join.h"
 #include "actors/coordinator.h"
 #include "actors/messages.h"
+#include "comm/trace.h"
 
 namespace troupe::actors {
 
@@ -113,6 +114,7 @@ bool CoordinatorHost::allowed(int rank, const Envelope& e) const {
     case Target::kControl:
       return (m.match_elements<remote_ready_atom, int>() ||
               m.match_elements<remote_done_atom, int>() ||
+              m.match_elements<remote_clock_atom, int, std::int64_t>() ||
               m.match_elements<failed_atom, int, std::string>()) &&
              m.get_as<int>(1) == rank;
     default:
@@ -128,6 +130,15 @@ void CoordinatorHost::on_frame(int rank, std::string frame) {
   }
   if (!e.ok()) {
     hub_->drop(rank, absl::DataLossError(e.status().message()));
+    return;
+  }
+  if (e->to == Target::kControl && e->content.match_elements<remote_clock_atom, int, std::int64_t>()) {
+    // A clock probe: answered at once, with this process's steady clock.
+    (void)hub_->send(rank, encode_envelope(*system_, {.to = Target::kControl,
+                                                      .content = caf::make_message(
+                                                          remote_clock_atom::value,
+                                                          e->content.get_as<std::int64_t>(2),
+                                                          comm::trace::now_ns())}));
     return;
   }
   std::unique_lock<std::mutex> lock(mu_);
@@ -214,6 +225,10 @@ bool CoordinatorHost::wait_for_all(const int& count, bool Member::*done, const c
       absl::FormatDuration(options_.join_timeout),
       missing.empty() ? "" : absl::StrCat(" (ranks ", absl::StrJoin(missing, ", "), ")")));
   return false;
+}
+
+void CoordinatorHost::request_traces(const std::string& reason) {
+  broadcast({.to = Target::kControl, .content = caf::make_message(remote_trace_atom::value, reason)});
 }
 
 void CoordinatorHost::broadcast(const Envelope& e) {

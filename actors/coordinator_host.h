@@ -72,6 +72,8 @@ class CoordinatorHost {
   // (if the run had not ended already), without waiting for the ranks'
   // goodbyes.
   void cancel(absl::Status why);
+  // Every rank writes its trace now (SIGUSR1 of the launcher), with `reason`.
+  void request_traces(const std::string& reason);
   // "rank 3 (d=1 s=1 t=0) on host h2, pid 1234".
   std::string who(int rank) const;
 

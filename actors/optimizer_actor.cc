@@ -177,6 +177,7 @@ void OptimizerActor::begin_step(int step) {
     if (sum.contributions == 0) sums_done_++;
   }
   phase_ = absl::StrCat("the gradients of step ", step, " (", pieces, " pieces)");
+  trace_wait(comm::trace::What::kGradients);
   since_ = std::chrono::steady_clock::now();
   if (sums_done_ == static_cast<int>(sums_.size())) on_recv(-1, 0, "");
 }
@@ -214,7 +215,8 @@ void OptimizerActor::on_recv(int part, int k, const std::string& error) {
     const int next = sum.enqueued;
     const std::size_t want = (next < dp ? sum.main : sum.tied).size();
     if (static_cast<std::size_t>(sum.arrived[static_cast<std::size_t>(next)]) < want) break;
-    p.add(*setup_.stream, next);
+    mark_stream(setup_.trace, *setup_.stream, stream_event(comm::trace::What::kAdd, part, next),
+                [&] { p.add(*setup_.stream, next); });
     // Its slot is free once the stream has added it.
     send_when_done(*setup_.stream, caf::actor_cast<caf::actor>(this),
                    caf::make_message(added_atom::value, step_, part, next));
@@ -230,7 +232,8 @@ void OptimizerActor::on_added(int part, int k) {
     sum.added++;
     if (k + p.window() < sum.contributions) post(part, k + p.window());
     if (sum.added < sum.contributions) return;
-    p.end_sum(*setup_.stream);
+    mark_stream(setup_.trace, *setup_.stream, stream_event(comm::trace::What::kNorm, part),
+                [&] { p.end_sum(*setup_.stream); });
     sums_done_++;
   }
   if (sums_done_ < static_cast<int>(sums_.size())) return;
@@ -248,12 +251,17 @@ void OptimizerActor::on_reduced() {
   send(setup_.coordinator, norm_atom::value, step_, setup_.rank, sq);
   phase_ = "the clip factor from the coordinator";
   since_ = std::chrono::steady_clock::now();
+  trace_wait(comm::trace::What::kClip);
 }
 
 void OptimizerActor::update(float lr, float grad_scale) {
   if (failed_) return;
-  for (const Partition* p : setup_.partitions) {
-    p->step(*setup_.stream, setup_.adam, lr, step_, grad_scale);
+  trace_wait(comm::trace::What::kNone);
+  for (std::size_t i = 0; i < setup_.partitions.size(); i++) {
+    const Partition* p = setup_.partitions[i];
+    mark_stream(setup_.trace, *setup_.stream,
+                stream_event(comm::trace::What::kAdam, static_cast<int>(i)),
+                [&] { p->step(*setup_.stream, setup_.adam, lr, step_, grad_scale); });
   }
   send_when_done(*setup_.stream, caf::actor_cast<caf::actor>(this),
                  caf::make_message(stepped_atom::value, step_));
@@ -297,6 +305,31 @@ void OptimizerActor::fail(const std::string& what) {
   send(setup_.coordinator, failed_atom::value, setup_.rank,
        absl::StrCat("optimizer of stage ", setup_.coord.s, " (replica ", setup_.coord.d,
                     "): ", what));
+}
+
+comm::trace::Event OptimizerActor::stream_event(comm::trace::What what, int chunk,
+                                                int contribution) const {
+  comm::trace::Event e;
+  e.kind = comm::trace::Kind::kOptimizer;
+  e.what = what;
+  e.step = step_;
+  e.chunk = chunk;
+  e.micro = contribution;
+  return e;
+}
+
+void OptimizerActor::trace_wait(comm::trace::What what) {
+  if (setup_.trace == nullptr || setup_.trace->recorder == nullptr) return;
+  comm::trace::Recorder& rec = *setup_.trace->recorder;
+  rec.close(trace_wait_);
+  trace_wait_ = comm::trace::Recorder::kNone;
+  if (what == comm::trace::What::kNone) return;
+  comm::trace::Event e;
+  e.kind = comm::trace::Kind::kWait;
+  e.what = what;
+  e.actor = 1;
+  e.step = step_;
+  trace_wait_ = rec.open(e);
 }
 
 comm::Tag OptimizerActor::tag(MessageKind kind, int source, int chunk, int layer) const {

@@ -23,6 +23,7 @@
 #include <caf/all.hpp>
 
 #include "actors/partition.h"
+#include "actors/trace_marks.h"
 #include "actors/stage_compute.h"
 #include "comm/groups.h"
 #include "comm/transport.h"
@@ -103,6 +104,7 @@ struct OptimizerSetup {
   // Copies the rank's state for step's checkpoint and writes it into the
   // temporary directory behind (RankUnit::save); returns once copied.
   std::function<absl::Status(int step, const std::string& tmp_dir)> save;
+  RankTrace* trace = nullptr;  // the rank's recorder (may be null)
 };
 
 class OptimizerActor : public caf::event_based_actor {
@@ -129,6 +131,8 @@ class OptimizerActor : public caf::event_based_actor {
   void on_sent(const std::string& error);
   void fail(const std::string& what);
   comm::Tag tag(comm::MessageKind kind, int source, int chunk, int layer) const;
+  comm::trace::Event stream_event(comm::trace::What what, int chunk, int contribution = -1) const;
+  void trace_wait(comm::trace::What what);  // ends the open wait; opens `what` (kNone: none)
   int rank_of(int d, int s) const { return setup_.layout.rank({d, s, setup_.coord.t}); }
 
   OptimizerSetup setup_;
@@ -139,6 +143,7 @@ class OptimizerActor : public caf::event_based_actor {
   std::uint64_t progress_ = 0;  // pieces arrived, reductions and steps done, over the run
   std::string phase_ = "idle";
   std::chrono::steady_clock::time_point since_;
+  comm::trace::Recorder::Handle trace_wait_ = comm::trace::Recorder::kNone;
 };
 
 }  // namespace troupe::actors

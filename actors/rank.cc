@@ -1,9 +1,12 @@
 // One rank's buffers, streams and actors.
 #include "actors/rank.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "comm/traced_transport.h"
 #include "actors/messages.h"
 #include "model/weights.h"
 
@@ -76,7 +79,11 @@ absl::StatusOr<std::unique_ptr<RankUnit>> RankUnit::create(
   u->shape_ = par.shape();
   u->grad_pieces_ = grad_pieces(c, u->shape_);
   u->param_pieces_ = param_pieces(c, u->shape_);
-  u->transport_ = std::move(transport);
+  u->recorder_ = std::make_unique<comm::trace::Recorder>(spec.trace.capacity());
+  u->recorder_->set_steps(spec.trace.first_step, spec.trace.last_step);
+  u->trace_ = std::make_unique<RankTrace>();
+  u->trace_->recorder = u->recorder_.get();
+  u->transport_ = std::make_unique<comm::TracedTransport>(std::move(transport), u->recorder_.get());
   model::TensorParallel tensor;
   tensor.slice = {par.tp, u->coord_.t};
   if (par.tp > 1) u->make_tensor_parallel(&tensor);
@@ -117,24 +124,47 @@ absl::StatusOr<std::unique_ptr<RankUnit>> RankUnit::create(
   return u;
 }
 
+// Runs one TP collective on the stream's thread, recorded as a collective
+// event of the op the stream is in (RankTrace::current).
+static absl::Status traced_collective(RankTrace* rt, comm::Communicator* comm,
+                                      comm::trace::What op,
+                               std::size_t floats, const std::function<absl::Status()>& run) {
+  comm::trace::Event e = rt->current;
+  e.kind = comm::trace::Kind::kCollective;
+  e.what = op;
+  e.bytes = static_cast<std::int64_t>(floats * sizeof(float));
+  e.seq = rt->collective_seq++;
+  e.begin_ns = comm::trace::now_ns();
+  comm->set_trace_step(e.step);
+  absl::Status st = run();
+  e.end_ns = comm::trace::now_ns();
+  e.failed = st.ok() ? 0 : 1;
+  rt->recorder->record(e);
+  return st;
+}
+
 void RankUnit::make_tensor_parallel(model::TensorParallel* tensor) {
   tensor_ = std::make_unique<comm::Communicator>(
       *transport_, spec_.parallel.layout().tensor_group(spec_.rank), comm::GroupKind::kTensor);
-  tensor->all_reduce = [comm = tensor_.get(), count = tp_floats_](gpu::Stream& s,
-                                                                  const gpu::Tensor& x) {
+  tensor_->set_recorder(recorder_.get());
+  tensor->all_reduce = [comm = tensor_.get(), count = tp_floats_, rt = trace_.get()](
+                           gpu::Stream& s, const gpu::Tensor& x) {
     *count += x.numel();
     // In stream order: the stream waits while the peers add their parts.
-    s.host_callback([&s, comm, x] {
-      absl::Status st =
-          comm->all_reduce_sync(x.data<float>(), static_cast<std::size_t>(x.numel()));
+    s.host_callback([&s, comm, x, rt] {
+      const auto n = static_cast<std::size_t>(x.numel());
+      absl::Status st = traced_collective(rt, comm, comm::trace::What::kAllReduce, n,
+                                          [&] { return comm->all_reduce_sync(x.data<float>(), n); });
       if (!st.ok()) s.fail(absl::UnavailableError(absl::StrCat("TP all-reduce: ", st.message())));
     });
   };
-  tensor->all_gather = [comm = tensor_.get()](gpu::Stream& s, const gpu::Tensor& in,
-                                              const gpu::Tensor& out) {
-    s.host_callback([&s, comm, in, out] {
-      absl::Status st = comm->all_gather_sync(in.data<float>(), out.data<float>(),
-                                              static_cast<std::size_t>(out.numel()));
+  tensor->all_gather = [comm = tensor_.get(), rt = trace_.get()](
+                           gpu::Stream& s, const gpu::Tensor& in, const gpu::Tensor& out) {
+    s.host_callback([&s, comm, in, out, rt] {
+      const auto n = static_cast<std::size_t>(out.numel());
+      absl::Status st = traced_collective(rt, comm, comm::trace::What::kAllGather, n, [&] {
+        return comm->all_gather_sync(in.data<float>(), out.data<float>(), n);
+      });
       if (!st.ok()) s.fail(absl::UnavailableError(absl::StrCat("TP all-gather: ", st.message())));
     });
   };
@@ -189,6 +219,7 @@ RankUnit::Actors RankUnit::spawn(caf::actor_system& system, const Wiring& wiring
   ss.param_pieces = param_pieces_;
   ss.coordinator = wiring.coordinator;
   ss.fail = par.fail;
+  ss.trace = trace_.get();
 
   OptimizerSetup os;
   os.rank = spec_.rank;
@@ -202,6 +233,7 @@ RankUnit::Actors RankUnit::spawn(caf::actor_system& system, const Wiring& wiring
   os.grad_pieces = grad_pieces_;
   os.param_pieces = param_pieces_;
   os.coordinator = wiring.coordinator;
+  os.trace = trace_.get();
   os.save = [this, coordinator = wiring.coordinator](int step, const std::string& tmp) {
     return save(tmp, [coordinator, step, rank = spec_.rank](
                          absl::StatusOr<std::vector<model::ckpt::TensorRecord>> r) {
@@ -216,6 +248,22 @@ RankUnit::Actors RankUnit::spawn(caf::actor_system& system, const Wiring& wiring
     });
   };
   return {system.spawn<ShardActor>(std::move(ss)), system.spawn<OptimizerActor>(std::move(os))};
+}
+
+absl::Status RankUnit::write_trace(const std::string& dir, TraceHeader header) const {
+  header.rank = spec_.rank;
+  header.coord = coord_;
+  header.layout = spec_.parallel.layout();
+  header.virtual_stages = spec_.parallel.virtual_stages;
+  header.schedule = spec_.parallel.schedule;
+  header.m = spec_.parallel.m(spec_.options);
+  if (header.host.empty()) {
+    char host[256] = {};
+    gethostname(host, sizeof(host) - 1);
+    header.host = host;
+  }
+  if (header.pid == 0) header.pid = static_cast<int>(getpid());
+  return write_trace_file(dir, header, *recorder_);
 }
 
 void RankUnit::fail_pending(const absl::Status& why) {

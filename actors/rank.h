@@ -29,6 +29,8 @@
 #include "actors/schedule.h"
 #include "actors/shard_actor.h"
 #include "actors/stage_compute.h"
+#include "actors/trace_file.h"
+#include "actors/trace_marks.h"
 #include "comm/communicator.h"
 #include "comm/groups.h"
 #include "comm/transport.h"
@@ -81,6 +83,26 @@ struct RunCheckpoints {
   std::function<void(const std::string&)> log = nullptr;
 };
 
+// --trace, --trace-steps, --trace-buffer: what each rank records (comm/trace.h).
+// Every rank records, always: without --trace a flight recorder of the last
+// kFlightEvents events, written when the run fails or stalls.
+struct TraceOptions {
+  static constexpr std::size_t kTraceEvents = std::size_t{1} << 18;  // 16 MiB a rank
+  static constexpr std::size_t kFlightEvents = 4096;
+  std::string dir;          // --trace DIR: written at the end, on failure, on SIGUSR1
+  int first_step = 0;       // --trace-steps A:B records steps A..B only
+  int last_step = 1 << 30;
+  std::size_t events = 0;   // --trace-buffer: events a rank keeps (0: the defaults above)
+  std::string flight_dir;   // where a failure writes without --trace ("": default_flight_dir())
+  std::size_t capacity() const {
+    return events > 0 ? events : dir.empty() ? kFlightEvents : kTraceEvents;
+  }
+  // Where the files go when the run fails or stalls.
+  std::string failure_dir() const {
+    return !dir.empty() ? dir : !flight_dir.empty() ? flight_dir : default_flight_dir();
+  }
+};
+
 // Makes a model chunk; the default makes a GptStage. (The pipeline
 // benchmark swaps in chunks whose ops take a fixed time.)
 using StageFactory = std::function<std::unique_ptr<GptStage>(
@@ -97,6 +119,7 @@ struct RankSpec {
   // master copy and Adam's moments of this rank's partitions.
   const model::ckpt::Checkpoint* load = nullptr;
   bool load_optimizer = true;
+  TraceOptions trace;
 };
 
 class RankUnit {
@@ -132,6 +155,12 @@ class RankUnit {
   using SaveDone = std::function<void(absl::StatusOr<std::vector<model::ckpt::TensorRecord>>)>;
   absl::Status save(const std::string& tmp_dir, SaveDone done);
 
+  // Writes what this rank recorded to DIR/rank-NNNNN.trace.jsonl; `header`
+  // gives the why and the clock (its rank, layout and schedule are filled
+  // in here).
+  absl::Status write_trace(const std::string& dir, TraceHeader header) const;
+  comm::trace::Recorder& recorder() { return *recorder_; }
+
   int rank() const { return spec_.rank; }
   const comm::Coord& coord() const { return coord_; }
   comm::Transport& transport() { return *transport_; }
@@ -150,6 +179,9 @@ class RankUnit {
   PipelineShape shape_;
   std::vector<GradPiece> grad_pieces_;
   std::vector<ParamPiece> param_pieces_;
+  // Before the transport (it records into it) and every stream callback.
+  std::unique_ptr<comm::trace::Recorder> recorder_;
+  std::unique_ptr<RankTrace> trace_;
   std::unique_ptr<comm::Transport> transport_;
   std::unique_ptr<comm::Communicator> tensor_;  // the TP group's collectives (tp > 1)
   std::shared_ptr<std::atomic<std::int64_t>> tp_floats_ =

@@ -114,6 +114,12 @@ using remote_ready_atom = caf::atom_constant<caf::atom("rready")>;
 using remote_end_atom = caf::atom_constant<caf::atom("rend")>;
 using remote_done_atom = caf::atom_constant<caf::atom("rdone")>;
 using remote_bye_atom = caf::atom_constant<caf::atom("rbye")>;
+// Tracing (actors/trace_file.h):
+//   rank -> coordinator  (remote_clock_atom, int rank, int64 t0)   a probe: the rank's steady clock
+//   coordinator -> rank  (remote_clock_atom, int64 t0, int64 tc)  the answer: the coordinator's
+//                        (remote_trace_atom, std::string reason)  write your trace now (SIGUSR1)
+using remote_clock_atom = caf::atom_constant<caf::atom("rclock")>;
+using remote_trace_atom = caf::atom_constant<caf::atom("rtrace")>;
 
 // What a rank says when it joins (the control channel's hello).
 struct RankHello {

@@ -13,13 +13,15 @@ namespace troupe::actors {
 
 absl::StatusOr<std::unique_ptr<InProcessTrainer>> InProcessTrainer::create(
     const model::TrainOptions& options, const ParallelOptions& parallel,
-    const StageFactory& factory, const RunCheckpoints& checkpoints) {
+    const StageFactory& factory, const RunCheckpoints& checkpoints,
+    const TraceOptions& trace) {
   if (absl::Status st = parallel.validate(options); !st.ok()) return st;
   std::unique_ptr<InProcessTrainer> t(new InProcessTrainer());
   t->options_ = options;
   t->options_.model = parallel.sliced_config(options.model);
   t->parallel_ = parallel;
   t->checkpoints_ = checkpoints;
+  t->trace_ = trace;
   t->layout_ = parallel.layout();
   t->shape_ = parallel.shape();
 
@@ -41,7 +43,8 @@ absl::StatusOr<std::unique_ptr<InProcessTrainer>> InProcessTrainer::create(
                   .threads = std::max(1, cores / world),
                   .factory = factory,
                   .load = checkpoints.loaded,
-                  .load_optimizer = checkpoints.flags.load_optim};
+                  .load_optimizer = checkpoints.flags.load_optim,
+                  .trace = trace};
     absl::StatusOr<std::unique_ptr<RankUnit>> unit =
         RankUnit::create(spec, t->fabric_->endpoint(r));
     if (!unit.ok()) return unit.status();
@@ -90,8 +93,37 @@ absl::Status InProcessTrainer::run(caf::actor_system& system, const StepCallback
   }
   caf::anon_send(coordinator, start_atom::value);
   absl::Status st = finished.get();
+  // Before the shutdown fails what is pending: the flight recorder shows
+  // what each rank was in the middle of.
+  st = finish_traces(std::move(st));
   shut_down(system, all);
   return st;
+}
+
+absl::Status InProcessTrainer::write_traces(const std::string& dir, const std::string& reason,
+                                            const std::string& message) const {
+  for (const auto& r : ranks_) {
+    TraceHeader header;
+    header.reason = reason;
+    header.message = message;
+    if (absl::Status st = r->write_trace(dir, header); !st.ok()) return st;
+  }
+  return absl::OkStatus();
+}
+
+// The end of a run: --trace writes its files; a failure or a stall writes
+// the flight recorder and names it in the error.
+absl::Status InProcessTrainer::finish_traces(absl::Status st) const {
+  if (st.ok()) {
+    if (trace_.dir.empty()) return st;
+    absl::Status written = write_traces(trace_.dir, "end");
+    if (!written.ok()) return absl::Status(written.code(), absl::StrCat("--trace: ", written.message()));
+    return st;
+  }
+  const std::string dir = trace_.failure_dir();
+  const char* reason = absl::IsDeadlineExceeded(st) ? "stall" : "failure";
+  absl::Status written = write_traces(dir, reason, std::string(st.message()));
+  return absl::Status(st.code(), absl::StrCat(st.message(), "\n", flight_note(dir, written)));
 }
 
 void InProcessTrainer::shut_down(caf::actor_system& system, const std::vector<caf::actor>& actors) {

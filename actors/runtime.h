@@ -39,7 +39,8 @@ class InProcessTrainer {
 
   static absl::StatusOr<std::unique_ptr<InProcessTrainer>> create(
       const model::TrainOptions& options, const ParallelOptions& parallel,
-      const StageFactory& factory = nullptr, const RunCheckpoints& checkpoints = {});
+      const StageFactory& factory = nullptr, const RunCheckpoints& checkpoints = {},
+      const TraceOptions& trace = {});
   ~InProcessTrainer();
 
   using StepCallback = std::function<void(const model::StepMetrics&)>;
@@ -47,6 +48,12 @@ class InProcessTrainer {
   // in `system` (whose config must have had add_message_types()).
   absl::Status run(const StepCallback& on_step);
   absl::Status run(caf::actor_system& system, const StepCallback& on_step);
+
+  // Writes every rank's trace file into `dir` (any thread, any time: a
+  // SIGUSR1 handler's thread may call it while the run goes on).
+  absl::Status write_traces(const std::string& dir, const std::string& reason,
+                            const std::string& message = "") const;
+  const TraceOptions& trace() const { return trace_; }
 
   // Replica 0's parameters of every stage, copied by name into `whole`
   // (a model::Gpt of the whole model), e.g. to save them.
@@ -71,10 +78,12 @@ class InProcessTrainer {
  private:
   InProcessTrainer() = default;
   void shut_down(caf::actor_system& system, const std::vector<caf::actor>& actors);
+  absl::Status finish_traces(absl::Status st) const;
 
   model::TrainOptions options_;
   ParallelOptions parallel_;
   RunCheckpoints checkpoints_;
+  TraceOptions trace_;
   comm::Layout layout_;
   PipelineShape shape_;
   model::data::Datasets data_;

@@ -10,6 +10,7 @@
 namespace troupe::actors {
 
 using comm::MessageKind;
+namespace trace = comm::trace;
 
 ShardActor::ShardActor(caf::actor_config& cfg, ShardSetup setup)
     : caf::event_based_actor(cfg), setup_(std::move(setup)) {
@@ -84,6 +85,13 @@ void ShardActor::begin(Pass pass, int step, std::int64_t first_sample) {
   }
   pass_ = pass;
   ops_ = pass == Pass::kTrain ? &train_ops_ : &eval_ops_;
+  if (setup_.trace != nullptr && setup_.trace->recorder != nullptr) {
+    trace::Event e;
+    e.kind = trace::Kind::kStep;
+    e.what = pass == Pass::kTrain ? trace::What::kTrain : trace::What::kEval;
+    e.step = step;
+    trace_step_ = setup_.trace->recorder->open(e);
+  }
   const model::data::SampleSource* source = pass == Pass::kTrain ? setup_.data : setup_.valid;
   if (source == nullptr) return fail("evaluation asked for, but there is no validation data");
   step_ = step;
@@ -123,6 +131,7 @@ void ShardActor::begin(Pass pass, int step, std::int64_t first_sample) {
 void ShardActor::advance() {
   while (!failed_ && cursor_ < ops_->size()) {
     if (!try_fire((*ops_)[cursor_])) return;
+    end_trace_wait();
     cursor_++;
   }
   if (failed_) return;
@@ -139,7 +148,8 @@ bool ShardActor::try_fire(const ScheduleOp& op) {
   if (op.kind == OpKind::kForward) {
     if (slot < 0) {
       if (cs.free.empty()) {
-        wait_for(&op, absl::StrCat("a free activation slot (all ", sc.slots(), " in use)"), -1);
+        wait_for(&op, absl::StrCat("a free activation slot (all ", sc.slots(), " in use)"), -1,
+                 trace::What::kSlot);
         return false;
       }
       slot = cs.free.back();
@@ -155,7 +165,8 @@ bool ShardActor::try_fire(const ScheduleOp& op) {
                                buf.data<float>(), buf.nbytes(), reply(Msg::kActivation, op.id));
       }
       if (in != Arrival::kArrived) {
-        wait_for(&op, absl::StrCat("the activation from rank ", src), src);
+        wait_for(&op, absl::StrCat("the activation from rank ", src), src,
+                 trace::What::kActivation);
         return false;
       }
     }
@@ -170,7 +181,7 @@ bool ShardActor::try_fire(const ScheduleOp& op) {
                                buf.data<float>(), buf.nbytes(), reply(Msg::kGradient, op.id));
       }
       if (in != Arrival::kArrived) {
-        wait_for(&op, absl::StrCat("the gradient from rank ", src), src);
+        wait_for(&op, absl::StrCat("the gradient from rank ", src), src, trace::What::kGradient);
         return false;
       }
     }
@@ -182,8 +193,10 @@ bool ShardActor::try_fire(const ScheduleOp& op) {
 void ShardActor::fire_forward(const ScheduleOp& op, int slot) {
   StageCompute& sc = *setup_.chunks[static_cast<std::size_t>(op.chunk)];
   const auto j = static_cast<std::size_t>(op.micro);
-  sc.forward(*setup_.stream, slot, tokens_.empty() ? gpu::Tensor{} : tokens_[j],
-             targets_.empty() ? gpu::Tensor{} : targets_[j]);
+  mark_stream(setup_.trace, *setup_.stream, op_event(op), [&] {
+    sc.forward(*setup_.stream, slot, tokens_.empty() ? gpu::Tensor{} : tokens_[j],
+               targets_.empty() ? gpu::Tensor{} : targets_[j]);
+  }, /*set_current=*/true);
   if (!sc.spec().head) {
     const int vs = virtual_stage(setup_.shape, setup_.coord.s, op.chunk);
     stream_send(MessageKind::kActivation, vs + 1, sc.output(slot), op, slot);
@@ -211,8 +224,10 @@ void ShardActor::fire_backward(const ScheduleOp& op, int slot) {
   }
   const float dloss = 1.0f / static_cast<float>(static_cast<std::int64_t>(setup_.global_batch) *
                                                 setup_.T);
-  sc.backward(*setup_.stream, slot, tokens_.empty() ? gpu::Tensor{} : tokens_[j],
-              targets_.empty() ? gpu::Tensor{} : targets_[j], dloss, progress);
+  mark_stream(setup_.trace, *setup_.stream, op_event(op), [&] {
+    sc.backward(*setup_.stream, slot, tokens_.empty() ? gpu::Tensor{} : tokens_[j],
+                targets_.empty() ? gpu::Tensor{} : targets_[j], dloss, progress);
+  }, /*set_current=*/true);
   if (!sc.spec().embedding) {
     const int vs = virtual_stage(setup_.shape, setup_.coord.s, op.chunk);
     stream_send(MessageKind::kGradient, vs - 1, sc.input_grad(slot), op, slot);
@@ -313,7 +328,7 @@ void ShardActor::post_param_receives() {
         params.data<float>() + p.range.begin,
         static_cast<std::size_t>(p.range.size()) * sizeof(float), reply(Msg::kParams, id++));
   }
-  wait_for(nullptr, "the new parameters from the optimizer partitions", -1);
+  wait_for(nullptr, "the new parameters from the optimizer partitions", -1, trace::What::kParams);
 }
 
 void ShardActor::on_recv(Msg what, int id, const std::string& error) {
@@ -352,6 +367,10 @@ void ShardActor::maybe_ready() {
   send(setup_.coordinator, ready_atom::value, step_, setup_.rank);
   step_ = 0;
   wait_for(nullptr, "", -1);
+  if (setup_.trace != nullptr && setup_.trace->recorder != nullptr) {
+    setup_.trace->recorder->close(trace_step_);
+    trace_step_ = trace::Recorder::kNone;
+  }
 }
 
 void ShardActor::fail(const std::string& what) {
@@ -363,13 +382,44 @@ void ShardActor::fail(const std::string& what) {
                     "): ", what));
 }
 
-void ShardActor::wait_for(const ScheduleOp* op, std::string what, int peer) {
+void ShardActor::wait_for(const ScheduleOp* op, std::string what, int peer, trace::What kind) {
   const int op_id = op != nullptr ? op->id : -1;
   if (op_id == wait_op_ && what == wait_what_) return;  // still the same wait
   wait_op_ = op_id;
   wait_what_ = std::move(what);
   wait_peer_ = peer;
   wait_since_ = std::chrono::steady_clock::now();
+  end_trace_wait();
+  if (kind != trace::What::kNone && setup_.trace != nullptr && setup_.trace->recorder != nullptr) {
+    trace::Event e;
+    e.kind = trace::Kind::kWait;
+    e.what = kind;
+    e.step = step_;
+    e.peer = peer;
+    if (op != nullptr) {
+      e.micro = op->micro;
+      e.chunk = op->chunk;
+    }
+    trace_wait_ = setup_.trace->recorder->open(e);
+  }
+}
+
+// The wait that was open ended (its op fired, or the step is done).
+void ShardActor::end_trace_wait() {
+  if (trace_wait_ == trace::Recorder::kNone) return;
+  setup_.trace->recorder->close(trace_wait_);
+  trace_wait_ = trace::Recorder::kNone;
+}
+
+trace::Event ShardActor::op_event(const ScheduleOp& op) const {
+  trace::Event e;
+  e.kind = op.kind == OpKind::kForward ? trace::Kind::kForward : trace::Kind::kBackward;
+  e.step = step_;
+  e.micro = op.micro;
+  e.chunk = op.chunk;
+  e.layer = virtual_stage(setup_.shape, setup_.coord.s, op.chunk);
+  e.eval = pass_ == Pass::kEval ? 1 : 0;
+  return e;
 }
 
 WaitReport ShardActor::report() const {

@@ -28,6 +28,7 @@
 #include "actors/partition.h"
 #include "actors/schedule.h"
 #include "actors/stage_compute.h"
+#include "actors/trace_marks.h"
 #include "comm/groups.h"
 #include "comm/transport.h"
 #include "gpu/device.h"
@@ -62,6 +63,7 @@ struct ShardSetup {
   std::vector<ParamPiece> param_pieces;  // of the whole model (this actor receives its own)
   caf::actor coordinator;
   FailPoint fail;
+  RankTrace* trace = nullptr;  // the rank's recorder (may be null)
 };
 
 class ShardActor : public caf::event_based_actor {
@@ -89,7 +91,10 @@ class ShardActor : public caf::event_based_actor {
   void release(int chunk, int slot);
   void maybe_ready();
   void fail(const std::string& what);
-  void wait_for(const ScheduleOp* op, std::string what, int peer);
+  void wait_for(const ScheduleOp* op, std::string what, int peer,
+                comm::trace::What kind = comm::trace::What::kNone);
+  void end_trace_wait();
+  comm::trace::Event op_event(const ScheduleOp& op) const;
   WaitReport report() const;
 
   comm::Callback reply(Msg what, int id);
@@ -133,6 +138,9 @@ class ShardActor : public caf::event_based_actor {
   std::string wait_what_;
   int wait_peer_ = -1;
   std::chrono::steady_clock::time_point wait_since_;
+  // The same waits and the step, as open trace events.
+  comm::trace::Recorder::Handle trace_wait_ = comm::trace::Recorder::kNone;
+  comm::trace::Recorder::Handle trace_step_ = comm::trace::Recorder::kNone;
 };
 
 }  // namespace troupe::actors

@@ -8,12 +8,14 @@
 #include <future>
 #include <mutex>
 #include <optional>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "actors/messages.h"
 #include "actors/remote.h"
 #include "comm/tag.h"
+#include "comm/trace.h"
 #include "comm/ucx_transport.h"
 #include "model/weights.h"
 
@@ -36,6 +38,8 @@ struct LinkState {
   bool bye = false;  // every rank is done: the transport may go
   // Set once the actors are up; frames for them before that are dropped.
   caf::actor shard, optimizer, relay;
+  std::optional<std::pair<std::int64_t, std::int64_t>> clock;  // a probe's answer (t0, tc)
+  std::function<void(const std::string&)> write_trace;          // the coordinator asks (SIGUSR1)
 
   bool over() const { return ended.has_value() || lost.has_value(); }
 };
@@ -60,6 +64,13 @@ void on_frame(caf::actor_system& system, LinkState& s, const std::string& frame,
                                    m.get_as<std::string>(2));
     } else if (m.match_elements<remote_bye_atom>()) {
       s.bye = true;
+    } else if (m.match_elements<remote_clock_atom, std::int64_t, std::int64_t>()) {
+      s.clock.emplace(m.get_as<std::int64_t>(1), m.get_as<std::int64_t>(2));
+    } else if (m.match_elements<remote_trace_atom, std::string>() && s.write_trace) {
+      auto write = s.write_trace;
+      lock.unlock();
+      write(m.get_as<std::string>(1));
+      return;
     }
     s.cv.notify_all();
     return;
@@ -76,6 +87,82 @@ void on_frame(caf::actor_system& system, LinkState& s, const std::string& frame,
   } else {
     caf::anon_send(dest, std::move(e->content));
   }
+}
+
+// This rank's steady clock against the coordinator's: the probe with the
+// shortest round trip (t0 sent, tc the coordinator's time, t1 answered)
+// says offset = tc - (t0 + t1) / 2, within half that round trip.
+struct ClockSync {
+  std::int64_t offset_ns = 0;
+  std::int64_t uncertainty_ns = -1;  // -1: not measured (no answer)
+};
+
+ClockSync probe_clock(caf::actor_system& system, const FrameSink& sink, LinkState& state, int rank) {
+  constexpr int kProbes = 8;
+  ClockSync best;
+  for (int i = 0; i < kProbes; i++) {
+    std::unique_lock<std::mutex> lock(state.mu);
+    state.clock.reset();
+    lock.unlock();
+    const std::int64_t t0 = comm::trace::now_ns();
+    if (!sink(encode_envelope(system, {.to = Target::kControl,
+                                       .content = caf::make_message(remote_clock_atom::value, rank,
+                                                                    t0)}))
+             .ok()) {
+      break;
+    }
+    lock.lock();
+    state.cv.wait_for(lock, std::chrono::seconds(1), [&] {
+      return (state.clock && state.clock->first == t0) || state.over();
+    });
+    if (!state.clock || state.clock->first != t0) break;
+    const std::int64_t t1 = comm::trace::now_ns();
+    const std::int64_t half = (t1 - t0) / 2;
+    if (best.uncertainty_ns < 0 || half < best.uncertainty_ns) {
+      best.uncertainty_ns = half;
+      best.offset_ns = state.clock->second - (t0 + half);
+    }
+  }
+  return best;
+}
+
+// Trace writes the coordinator asks for, each on a thread of its own, all
+// joined by finish() (or the destructor); none start after it.
+class TraceDumps {
+ public:
+  ~TraceDumps() { finish(); }
+  void start(std::function<void()> write) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!finished_) threads_.emplace_back(std::move(write));
+  }
+  void finish() {
+    std::vector<std::thread> threads;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      finished_ = true;
+      threads.swap(threads_);
+    }
+    for (std::thread& t : threads) t.join();
+  }
+
+ private:
+  std::mutex mu_;
+  bool finished_ = false;
+  std::vector<std::thread> threads_;
+};
+
+// Writes this rank's trace file; says where (or why not) in the log.
+void write_rank_trace(const RankUnit& unit, const std::string& dir, const std::string& reason,
+                      const std::string& message, const ClockSync& clock,
+                      const std::function<void(const std::string&)>& log) {
+  TraceHeader h;
+  h.reason = reason;
+  h.message = message;
+  h.clock_offset_ns = clock.offset_ns;
+  h.clock_uncertainty_ns = clock.uncertainty_ns;
+  absl::Status st = unit.write_trace(dir, h);
+  log(st.ok() ? absl::StrCat("trace (", reason, "): ", dir, "/", trace_file_name(unit.rank()))
+              : absl::StrCat("trace (", reason, "): not written: ", st.message()));
 }
 
 // Blocking transport operations for the end of the run, each bounded: the
@@ -173,6 +260,7 @@ absl::Status run_worker(const WorkerOptions& o) {
   configure_actor_system(cfg);
   caf::actor_system system{cfg};
   LinkState state;
+  TraceDumps dumps;  // before the link: its thread may start one until it stops
   const RankHello hello{.host = host_name(),
                         .pid = static_cast<std::int32_t>(::getpid()),
                         .transport_address = transport->address(),
@@ -194,6 +282,16 @@ absl::Status run_worker(const WorkerOptions& o) {
                                                ":", o.master_port, ": ", link.status().message()));
   }
   FrameSink sink = [l = link->get()](std::string frame) { return l->send(frame); };
+  const ClockSync clock = probe_clock(system, sink, state, o.spec.rank);
+  const TraceOptions& trace = o.spec.trace;
+  {
+    std::lock_guard<std::mutex> lock(state.mu);
+    state.write_trace = [&dumps, &trace, &log, clock, unit = unit->get()](const std::string& reason) {
+      dumps.start([&trace, &log, clock, unit, reason] {
+        write_rank_trace(*unit, trace.failure_dir(), reason, "", clock, log);
+      });
+    };
+  }
 
   // The peers' addresses, then the actors.
   std::vector<caf::actor> actors;
@@ -241,6 +339,15 @@ absl::Status run_worker(const WorkerOptions& o) {
                                 "lost contact with the coordinator at ", o.master_addr, ":",
                                 o.master_port, ": ", state.lost->message()));
     state.shard = state.optimizer = state.relay = caf::actor{};
+  }
+  dumps.finish();
+  // Before what is pending fails: the flight recorder shows what was open.
+  if (!outcome.ok()) {
+    write_rank_trace(**unit, trace.failure_dir(),
+                     absl::IsDeadlineExceeded(outcome) ? "stall" : "failure",
+                     std::string(outcome.message()), clock, log);
+  } else if (!trace.dir.empty()) {
+    write_rank_trace(**unit, trace.dir, "end", "", clock, log);
   }
   if (!outcome.ok()) (*unit)->fail_pending(absl::CancelledError("the job has stopped"));
   stop_actors(system, actors);

@@ -27,53 +27,10 @@
 #include <CLI/CLI.hpp>
 
 #include "actors/runtime.h"
+#include "actors/timed_stage.h"
 
 namespace troupe {
 namespace {
-
-// A GPT chunk whose forward and backward only take time.
-class TimedStage : public actors::GptStage {
- public:
-  TimedStage(const model::GptConfig& c, int B, const model::StageSpec& spec, int slots,
-             double fwd_ms, double bwd_ms, std::atomic<std::int64_t>* busy_ns)
-      : GptStage(c, B, spec, slots, gpu::cpu_device()),
-        fwd_ms_(fwd_ms),
-        bwd_ms_(bwd_ms),
-        busy_ns_(busy_ns) {
-    gpt().init(1);
-    for (int k = 0; k < slots; k++) {
-      std::memset(losses(k).data<float>(), 0, losses(k).nbytes());
-    }
-  }
-  void forward(gpu::Stream& s, int, const gpu::Tensor&, const gpu::Tensor&) override {
-    sleep_on(s, fwd_ms_);
-  }
-  void backward(gpu::Stream& s, int, const gpu::Tensor&, const gpu::Tensor&, float,
-                const model::GradProgress& progress) override {
-    sleep_on(s, bwd_ms_);
-    if (!progress) return;
-    using P = model::GradPoint::Part;
-    if (spec().head) progress({P::kHead, -1});
-    for (int l = spec().last_layer - 1; l >= spec().first_layer; l--) progress({P::kLayer, l});
-    if (spec().embedding) progress({P::kEmbedding, -1});
-  }
-
- private:
-  void sleep_on(gpu::Stream& s, double ms) {
-    if (ms <= 0) return;
-    s.host_callback([ms, busy = busy_ns_] {
-      const auto t0 = std::chrono::steady_clock::now();
-      std::this_thread::sleep_until(
-          t0 + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                   std::chrono::duration<double, std::milli>(ms)));
-      *busy += std::chrono::duration_cast<std::chrono::nanoseconds>(
-                   std::chrono::steady_clock::now() - t0)
-                   .count();
-    });
-  }
-  double fwd_ms_, bwd_ms_;
-  std::atomic<std::int64_t>* busy_ns_;
-};
 
 model::TrainOptions options(int L, int m, int steps) {
   model::TrainOptions o;
@@ -100,9 +57,7 @@ Measured run(int pp, int m, actors::ScheduleKind kind, int v, double fwd_ms, dou
              int steps) {
   const model::TrainOptions o = options(pp * v, m, steps);
   std::atomic<std::int64_t> busy_ns{0};
-  auto factory = [&](const model::GptConfig& c, int B, const model::StageSpec& spec, int slots) {
-    return std::make_unique<TimedStage>(c, B, spec, slots, fwd_ms, bwd_ms, &busy_ns);
-  };
+  const actors::StageFactory factory = actors::timed_stage_factory(fwd_ms, bwd_ms, &busy_ns);
   auto t = actors::InProcessTrainer::create(
       o, {.pp = pp, .dp = 1, .virtual_stages = v, .schedule = kind, .fail = {}}, factory);
   if (!t.ok()) {

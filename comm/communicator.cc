@@ -488,21 +488,50 @@ absl::Status Communicator::chain_broadcast(float* data, std::size_t n, int root,
   return first.ok() ? st : first;
 }
 
+// Runs one phase of collective `op`, recorded as a phase event when a
+// recorder is set.
+absl::Status Communicator::phase(trace::What what, std::uint32_t op, std::size_t n,
+                                 const std::function<absl::Status()>& run) {
+  if (recorder_ == nullptr) return run();
+  trace::Event e;
+  e.kind = trace::Kind::kPhase;
+  e.what = what;
+  e.seq = static_cast<std::int32_t>(op);
+  e.bytes = static_cast<std::int64_t>(n * sizeof(float));
+  e.step = recorder_step_.load(std::memory_order_relaxed);
+  e.begin_ns = trace::now_ns();
+  absl::Status st = run();
+  e.end_ns = trace::now_ns();
+  e.failed = st.ok() ? 0 : 1;
+  recorder_->record(e);
+  return st;
+}
+
 Communicator::Body Communicator::all_reduce_body(float* data, std::size_t n) {
   return [this, data, n]() -> absl::Status {
     const std::uint32_t op = next_op_;
     if (size() == 1 || n == 0) return absl::OkStatus();
-    if (n * sizeof(float) <= options_.direct_max_bytes) return direct_all_reduce(data, n, op);
+    using trace::What;
+    if (n * sizeof(float) <= options_.direct_max_bytes) {
+      return phase(What::kDirect, op, n, [&] { return direct_all_reduce(data, n, op); });
+    }
     if (std::has_single_bit(static_cast<unsigned>(size())) &&
         n * sizeof(float) <= options_.halving_max_bytes) {
-      absl::Status st = halving_reduce_scatter(data, n, op);
+      absl::Status st = phase(What::kReduceScatter, op, n,
+                              [&] { return halving_reduce_scatter(data, n, op); });
       if (!st.ok()) return st;
-      return doubling_all_gather(
-          data, n, op, static_cast<std::uint32_t>(std::countr_zero(static_cast<unsigned>(size()))));
+      return phase(What::kAllGather, op, n, [&] {
+        return doubling_all_gather(
+            data, n, op,
+            static_cast<std::uint32_t>(std::countr_zero(static_cast<unsigned>(size()))));
+      });
     }
-    absl::Status st = ring_reduce_scatter(data, n, op);
+    absl::Status st =
+        phase(What::kReduceScatter, op, n, [&] { return ring_reduce_scatter(data, n, op); });
     if (!st.ok()) return st;
-    return ring_all_gather(data, n, op, static_cast<std::uint32_t>(size() - 1));
+    return phase(What::kAllGather, op, n, [&] {
+      return ring_all_gather(data, n, op, static_cast<std::uint32_t>(size() - 1));
+    });
   };
 }
 
@@ -529,7 +558,8 @@ Communicator::Body Communicator::all_gather_body(const float* in, float* out, st
     auto [b, e] = chunk_range(n, size(), me_);
     std::copy(in, in + (e - b), out + b);
     if (size() == 1) return absl::OkStatus();
-    return ring_all_gather(out, n, next_op_, 0);
+    const std::uint32_t op = next_op_;
+    return phase(trace::What::kAllGather, op, n, [&] { return ring_all_gather(out, n, op, 0); });
   };
 }
 

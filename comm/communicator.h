@@ -22,6 +22,7 @@
 //   absl::Status st = tp.all_reduce_sync(x, n);   // tests and simple callers
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstddef>
 #include <deque>
@@ -33,6 +34,7 @@
 
 #include "comm/callback_queue.h"
 #include "comm/collectives.h"
+#include "comm/trace.h"
 #include "comm/transport.h"
 
 namespace troupe::comm {
@@ -82,6 +84,14 @@ class Communicator final : public Collectives {
   void fail(absl::Status why) override;
   bool contains(int global_rank) const;
 
+  // Records each collective's phases (reduce-scatter, all-gather, direct)
+  // in `recorder` (outlives this; set before the first collective), as
+  // events of the step set_trace_step last named. A phase's seq is its
+  // collective's sequence number: 0, 1, ... in issue order (its messages'
+  // tags carry it mod 2^16).
+  void set_recorder(trace::Recorder* recorder) { recorder_ = recorder; }
+  void set_trace_step(int step) { recorder_step_.store(step, std::memory_order_relaxed); }
+
  private:
   using Body = std::function<absl::Status()>;  // one collective, run by execute()
   absl::Status execute(const Body& run);       // holds run_mu_
@@ -92,6 +102,8 @@ class Communicator final : public Collectives {
   Body reduce_scatter_body(const float* in, float* out, std::size_t n);
   Body all_gather_body(const float* in, float* out, std::size_t n);
   Body broadcast_body(float* data, std::size_t n, int root);
+  absl::Status phase(trace::What what, std::uint32_t op, std::size_t n,
+                     const std::function<absl::Status()>& run);
 
   std::pair<std::size_t, std::size_t> chunks(std::size_t n, int a, int b) const;
   absl::Status halving_reduce_scatter(float* data, std::size_t n, std::uint32_t op);
@@ -112,6 +124,8 @@ class Communicator final : public Collectives {
   absl::Status wait_sends(std::uint32_t step = ~0u);
 
   Transport& transport_;
+  trace::Recorder* recorder_ = nullptr;
+  std::atomic<int> recorder_step_{0};
   std::vector<int> ranks_;
   GroupKind kind_;
   CommunicatorOptions options_;

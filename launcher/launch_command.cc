@@ -14,6 +14,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cerrno>
@@ -37,6 +38,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "actors/coordinator_host.h"
+#include "actors/trace_file.h"
 #include "comm/auth.h"
 #include "launcher/agent.h"
 #include "launcher/commands.h"
@@ -77,8 +79,11 @@ Outcome failed(std::string message, int code = 1) {
 // and the checkpoint to load as this start's plan says.
 std::vector<std::string> worker_flags(const LaunchFlags& f, const AttemptPlan& plan) {
   std::vector<std::string> out = forwarded_train_flags(
-      f.train, {"--metrics-jsonl", "--dp", "--load", "--no-load-optim"});
+      f.train, {"--metrics-jsonl", "--dp", "--load", "--no-load-optim", "--trace", "--flight-dir"});
   out.insert(out.end(), {"--dp", std::to_string(plan.parallel.dp)});
+  // (Absolute: a worker may run in another directory.)
+  if (!f.train.trace.dir.empty()) out.insert(out.end(), {"--trace", f.train.trace.dir});
+  out.insert(out.end(), {"--flight-dir", f.train.trace.flight_dir});
   if (!plan.load.empty()) out.insert(out.end(), {"--load", plan.load});
   if (!plan.load.empty() && !plan.load_optim) out.push_back("--no-load-optim");
   return out;
@@ -331,7 +336,8 @@ Outcome run_attempt(LaunchContext& ctx, const AttemptPlan& plan) {
     std::string msg = causes.empty() ? std::string(st.message())
                                      : absl::StrCat(absl::StrJoin(causes, "\n  "), "\n  the run: ",
                                                     st.message());
-    out.message = absl::StrCat(msg, "\n  logs: ", ctx.run_dir);
+    out.message = absl::StrCat(msg, "\n  logs: ", ctx.run_dir, "\n  ",
+                               actors::flight_note(f.train.trace.failure_dir(), absl::OkStatus()));
     out.code = sig ? 128 + sig : 1;
     return out;
   }
@@ -375,6 +381,8 @@ int run_launch(LaunchFlags& f) {
   absl::StatusOr<std::string> run_dir = make_run_dir(f.run_dir);
   if (!run_dir.ok()) return fail(std::string(run_dir.status().message()));
   ctx.run_dir = *run_dir;
+  // Every worker writes its flight recorder here when the run fails.
+  if (f.train.trace.flight_dir.empty()) f.train.trace.flight_dir = ctx.run_dir + "/flight";
   const std::string metrics_path = ctx.run_dir + "/metrics.jsonl";
   ctx.metrics.open(metrics_path, std::ios::trunc);
   if (!f.train.metrics_jsonl.empty()) {
@@ -407,6 +415,14 @@ int run_launch(LaunchFlags& f) {
   // SIGINT/SIGTERM end the run (with --exit-signal-handler SIGTERM ends it
   // after a checkpoint).
   Interrupts interrupts([&ctx](int sig) {
+    if (sig == SIGUSR1) {
+      std::lock_guard<std::mutex> lock(ctx.mu);
+      if (ctx.current != nullptr) ctx.current->request_traces("signal");
+      std::printf("troupe launch: SIGUSR1: every rank writes its trace to %s\n",
+                  ctx.f.train.trace.failure_dir().c_str());
+      std::fflush(stdout);
+      return;
+    }
     if (sig == SIGTERM && ctx.f.train.checkpoint.exit_signal_handler && !ctx.exit_signal.load()) {
       // (Megatron's --exit-signal-handler: SLURM's notice before preemption.)
       std::printf("troupe launch: SIGTERM: saving after this step, then exiting\n");
@@ -443,6 +459,7 @@ int run_launch(LaunchFlags& f) {
     Outcome out = run_attempt(ctx, plan);
     if (out.code == 0) break;
     if (!out.restartable || plan.index >= f.max_restarts || ctx.interrupted.load() != 0) {
+      (void)write_trace_metrics(f.train, *ctx.progress);
       return fail(out.message, out.code);
     }
     int resume_step = 0;
@@ -472,7 +489,14 @@ int run_launch(LaunchFlags& f) {
     ctx.progress->rewind(resume_step, metric_streams());
     plan = *std::move(next);
   }
+  if (absl::Status st = write_trace_metrics(f.train, *ctx.progress); !st.ok()) {
+    return fail(absl::StrCat("--trace: ", st.message()));
+  }
   if (!f.train.save_weights.empty()) std::printf("saved weights to %s\n", f.train.save_weights.c_str());
+  if (!f.train.trace.dir.empty()) {
+    std::printf("trace: %s (read it with `troupe trace %s`)\n", f.train.trace.dir.c_str(),
+                f.train.trace.dir.c_str());
+  }
   std::printf("run directory: %s\n", ctx.run_dir.c_str());
   return 0;
 }

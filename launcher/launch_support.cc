@@ -135,6 +135,7 @@ sigset_t interrupt_set() {
   sigemptyset(&set);
   sigaddset(&set, SIGINT);
   sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGUSR1);  // not an interrupt: every rank writes its trace
   return set;
 }
 

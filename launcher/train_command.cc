@@ -16,6 +16,7 @@
 #include "absl/strings/str_format.h"
 #include "actors/runtime.h"
 #include "launcher/commands.h"
+#include "launcher/trace_signal.h"
 #include "launcher/train_flags.h"
 #include "model/atomic_file.h"
 #include "model/checkpoint.h"
@@ -112,7 +113,9 @@ int run_train(const TrainFlags& flags) {
   if (!ck.save.empty()) {
     if (absl::Status st = model::ckpt::lock_save_dir(ck.save); !st.ok()) return fail(st);
   }
-  const bool one_rank = par.world() == 1 && par.virtual_stages == 1;
+  // (--trace and --debug-op-cost need the actor runtime, even for one rank.)
+  const bool one_rank = par.world() == 1 && par.virtual_stages == 1 && flags.trace.dir.empty() &&
+                        flags.op_cost.empty();
   Progress progress(o.steps, metrics.is_open() ? &metrics : nullptr);
   std::unique_ptr<model::Trainer> single;
   std::unique_ptr<actors::InProcessTrainer> multi;
@@ -131,14 +134,15 @@ int run_train(const TrainFlags& flags) {
   } else {
     absl::StatusOr<std::unique_ptr<actors::InProcessTrainer>> t =
         actors::InProcessTrainer::create(
-            o, par, nullptr,
+            o, par, stage_factory(flags),
             {.flags = ck,
              .loaded = load,
              .exit_requested = ck.exit_signal_handler ? exit_signal_received : nullptr,
              .log = [](const std::string& line) {
                std::printf("%s\n", line.c_str());
                std::fflush(stdout);
-             }});
+             }},
+            flags.trace);
     if (!t.ok()) {
       absl::Status st = t.status();
       if (load != nullptr && absl::StrContains(st.message(), load->dir())) {
@@ -201,8 +205,23 @@ int run_train(const TrainFlags& flags) {
     }
     if (absl::Status st = saver.finish(); !st.ok()) return fail(st);
   } else {
+    // SIGUSR1: every rank's trace now, into --trace DIR or the flight directory.
+    DumpOnSignal usr1([&] {
+      const std::string dir = flags.trace.failure_dir();
+      absl::Status st = multi->write_traces(dir, "signal");
+      std::fprintf(stderr, "troupe train: SIGUSR1: %s\n",
+                   st.ok() ? absl::StrCat("wrote the trace to ", dir).c_str()
+                           : std::string(st.message()).c_str());
+    });
     absl::Status st = multi->run([&](const model::StepMetrics& m) { progress.report(m); });
+    if (absl::Status written = write_trace_metrics(flags, progress); st.ok() && !written.ok()) {
+      st = absl::Status(written.code(), absl::StrCat("--trace: ", written.message()));
+    }
     if (!st.ok()) return fail(st);
+    if (!flags.trace.dir.empty()) {
+      std::printf("trace: %s (read it with `troupe trace %s`)\n", flags.trace.dir.c_str(),
+                  flags.trace.dir.c_str());
+    }
   }
   if (!flags.save_weights.empty()) {
     absl::Status st;

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "actors/timed_stage.h"
 #include "model/atomic_file.h"
 
 namespace troupe::launcher {
@@ -64,6 +65,20 @@ void Progress::rewind(int step, std::vector<std::ofstream*> metrics) {
     for (const auto& [s, line] : lines_) *out << line;
     out->flush();
   }
+}
+
+std::string Progress::jsonl() const {
+  std::string out;
+  for (const auto& [step, line] : lines_) out += line;
+  return out;
+}
+
+absl::Status write_trace_metrics(const TrainFlags& f, const Progress& progress) {
+  if (f.trace.dir.empty()) return absl::OkStatus();
+  absl::StatusOr<model::AtomicFile> file = model::AtomicFile::create(f.trace.dir + "/metrics.jsonl");
+  if (!file.ok()) return file.status();
+  if (absl::Status st = file->write(progress.jsonl()); !st.ok()) return st;
+  return file->commit();
 }
 
 absl::StatusOr<model::TrainOptions> resolve(const TrainFlags& f) {
@@ -182,6 +197,20 @@ void add_train_flags(CLI::App* cmd, TrainFlags& f) {
   cmd->add_option("--debug-stall-stage", f.stall_at,
                   "Testing: the shard of stage S never starts step K (S:K)")
       ->group("");
+  actors::TraceOptions& tr = f.trace;
+  cmd->add_option("--trace", tr.dir,
+                  "Record every op, message and wait of every rank and write them here at the end "
+                  "(also on failure and on SIGUSR1); read with `troupe trace DIR`");
+  cmd->add_option("--trace-steps", f.trace_steps,
+                  "Record only steps A..B (A:B, as Megatron's --profile-step-start/end)");
+  cmd->add_option("--trace-buffer", tr.events,
+                  "Events each rank keeps (the newest; default 262144 with --trace, 4096 without)");
+  cmd->add_option("--flight-dir", tr.flight_dir,
+                  "Where a failed or stalled run writes its flight recorder (default "
+                  "./troupe-flight-<date>-<pid>; `troupe launch`: the run directory's flight/)");
+  cmd->add_option("--debug-op-cost", f.op_cost,
+                  "Testing: every forward and backward of a chunk only sleeps FWD_MS:BWD_MS")
+      ->group("");
   const std::vector<CLI::Option*> all = cmd->get_options();
   f.registered.assign(all.begin() + static_cast<std::ptrdiff_t>(before), all.end());
 }
@@ -229,6 +258,52 @@ std::string describe_load(const TrainFlags& f, const model::ckpt::Checkpoint& c)
                       ")");
 }
 
+namespace {
+
+// --trace-steps, --debug-op-cost; --trace and --flight-dir made absolute (a
+// worker may run elsewhere).
+absl::Status finish_trace_flags(TrainFlags& f) {
+  actors::TraceOptions& tr = f.trace;
+  if (!f.trace_steps.empty()) {
+    int a = 0, b = 0;
+    char end = 0;
+    if (std::sscanf(f.trace_steps.c_str(), "%d:%d%c", &a, &b, &end) != 2 || a < 1 || b < a) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--trace-steps ", f.trace_steps, ": expected A:B with 1 <= A <= B (steps A to B)"));
+    }
+    if (tr.dir.empty()) return absl::InvalidArgumentError("--trace-steps needs --trace DIR");
+    tr.first_step = a;
+    tr.last_step = b;
+  }
+  if (!f.op_cost.empty()) {
+    char end = 0;
+    if (std::sscanf(f.op_cost.c_str(), "%lf:%lf%c", &f.fwd_ms, &f.bwd_ms, &end) != 2 ||
+        !(f.fwd_ms >= 0) || !(f.bwd_ms >= 0) || f.fwd_ms > 1e5 || f.bwd_ms > 1e5) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--debug-op-cost ", f.op_cost, ": expected FWD_MS:BWD_MS (milliseconds, >= 0)"));
+    }
+  }
+  for (std::string* dir : {&tr.dir, &tr.flight_dir}) {
+    if (dir->empty()) continue;
+    std::error_code ec;
+    const std::filesystem::path abs = std::filesystem::absolute(*dir, ec);
+    if (!ec) *dir = abs.lexically_normal().string();
+  }
+  if (!tr.dir.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(tr.dir, ec);
+    if (ec || !std::filesystem::is_directory(tr.dir)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--trace ", tr.dir, ": cannot make the directory",
+          ec ? absl::StrCat(" (", ec.message(), ")") : std::string(" (a file is in the way)")));
+    }
+    if (absl::Status st = check_writable(tr.dir + "/.probe", "--trace"); !st.ok()) return st;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status finish_train_flags(TrainFlags& f) {
   actors::CheckpointOptions& ck = f.checkpoint;
   if (ck.save_interval < 0) {
@@ -270,7 +345,12 @@ absl::Status finish_train_flags(TrainFlags& f) {
       return absl::InvalidArgumentError("--debug-stall-stage " + f.stall_at + ": expected STAGE:STEP");
     }
   }
-  return absl::OkStatus();
+  return finish_trace_flags(f);
+}
+
+actors::StageFactory stage_factory(const TrainFlags& f) {
+  if (f.op_cost.empty()) return nullptr;
+  return actors::timed_stage_factory(f.fwd_ms, f.bwd_ms);
 }
 
 std::vector<std::string> forwarded_train_flags(const TrainFlags& f,

@@ -27,6 +27,10 @@ struct TrainFlags {
   std::string schedule = "1f1b";
   std::string fail_at;   // --debug-fail-stage S:K
   std::string stall_at;  // --debug-stall-stage S:K
+  actors::TraceOptions trace;  // --trace, --trace-steps, --trace-buffer, --flight-dir
+  std::string trace_steps;     // --trace-steps A:B
+  std::string op_cost;         // --debug-op-cost FWD_MS:BWD_MS
+  double fwd_ms = -1, bwd_ms = -1;
   // Every option add_train_flags registered, in order (to forward them).
   std::vector<CLI::Option*> registered;
 };
@@ -35,6 +39,9 @@ struct TrainFlags {
 void add_train_flags(CLI::App* cmd, TrainFlags& f);
 // After the parse: the schedule and the debug fail points, checked.
 absl::Status finish_train_flags(TrainFlags& f);
+// The model chunks the flags ask for: fixed-cost ones with --debug-op-cost,
+// else nullptr (GPT chunks).
+actors::StageFactory stage_factory(const TrainFlags& f);
 // The flags as given, to pass on to a worker (those named in `skip` left out).
 std::vector<std::string> forwarded_train_flags(const TrainFlags& f,
                                                const std::vector<std::string>& skip);
@@ -68,6 +75,8 @@ class Progress {
   // A restart resumes after `step`: the lines of later steps are dropped
   // (they are run again), and `metrics` (reopened, empty) get those kept.
   void rewind(int step, std::vector<std::ofstream*> metrics);
+  // Every step's JSON line so far (what the metrics JSONL holds), in order.
+  std::string jsonl() const;
 
  private:
   int steps_;
@@ -76,5 +85,9 @@ class Progress {
   int reported_ = 0;
   std::vector<std::pair<int, std::string>> lines_;  // (step, its JSON line)
 };
+
+// --trace DIR's copy of the metrics: DIR/metrics.jsonl, written atomically
+// (nothing without --trace).
+absl::Status write_trace_metrics(const TrainFlags& f, const Progress& progress);
 
 }  // namespace troupe::launcher
