@@ -102,6 +102,28 @@ std::vector<Message> match_messages(const Trace& t) {
   return matched;
 }
 
+InputIndex::InputIndex(const Trace& t, const std::vector<Message>& ms) : t_(t) {
+  for (const Message& m : ms) {
+    if (!m.matched()) continue;
+    const Event& r = event_of(t, *m.recv);
+    if (r.open || (r.msg != "activation" && r.msg != "gradient")) continue;
+    by_key_[{m.recv->rank, r.msg == "gradient", r.step, r.mb}].push_back(&m);
+  }
+}
+
+const Message* InputIndex::input_of(int rank_index, const Event& op) const {
+  if (!op.compute()) return nullptr;
+  auto it = by_key_.find({rank_index, op.kind == Kind::kBackward, op.step, op.mb});
+  if (it == by_key_.end()) return nullptr;
+  const Message* best = nullptr;
+  for (const Message* m : it->second) {
+    const Event& r = event_of(t_, *m->recv);
+    if (r.e > op.b + kSlackNs) continue;
+    if (best == nullptr || r.e > event_of(t_, *best->recv).e) best = m;
+  }
+  return best;
+}
+
 std::string message_log(const Trace& t, const std::vector<Message>& ms, const MessageFilter& f) {
   std::vector<const Message*> rows;
   for (const Message& m : ms) {

@@ -12,8 +12,11 @@
 //   for (const trace::Message& m : ms) if (!m.matched()) ...
 #pragma once
 
+#include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "launcher/trace_files.h"
@@ -37,6 +40,26 @@ const Event& event_of(const Trace& t, EventRef ref);
 // Every send and receive, paired; matched ones in the order of their send's
 // post time, then unmatched sends, then unmatched receives.
 std::vector<Message> match_messages(const Trace& t);
+
+// The message that carried a compute op's input: the matched, completed
+// activation (for a forward) or gradient (for a backward) of its step and
+// micro-batch into its rank that arrived last by the op's begin (+ slack:
+// the recorder stamps an arrival after the callback that reports it, so an
+// op may seem to begin a little before its input arrived).
+class InputIndex {
+ public:
+  static constexpr std::int64_t kSlackNs = 50'000;
+
+  InputIndex(const Trace& t, const std::vector<Message>& ms);
+  // rank_index: the op's rank's position in Trace::ranks; nullptr if none.
+  const Message* input_of(int rank_index, const Event& op) const;
+  const Trace& trace() const { return t_; }
+
+ private:
+  using Key = std::tuple<int, bool, int, int>;  // (rank index, gradient?, step, mb)
+  const Trace& t_;
+  std::map<Key, std::vector<const Message*>> by_key_;
+};
 
 struct MessageFilter {
   std::optional<int> rank;  // either end

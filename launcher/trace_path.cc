@@ -21,7 +21,7 @@ namespace {
 // Timestamps of one rank compare exactly, but the recorder stamps an
 // event's end after the callback that reports it, so an op can seem to
 // begin a little before the arrival or the op that released it ended.
-constexpr std::int64_t kSlackNs = 50'000;
+constexpr std::int64_t kSlackNs = InputIndex::kSlackNs;
 
 struct OpRef {
   int rank_index = -1;  // into Trace::ranks
@@ -50,20 +50,6 @@ std::optional<OpRef> last_op_before(const Trace& t, int ri, int step, std::int64
   return best;
 }
 
-// The matched message into ranks[ri] that carried op's input.
-const Message* release_of(const Trace& t, const std::vector<Message>& ms, int ri, const Event& op) {
-  const char* want = op.kind == Kind::kForward ? "activation" : "gradient";
-  const Message* best = nullptr;
-  for (const Message& m : ms) {
-    if (!m.matched() || m.recv->rank != ri) continue;
-    const Event& r = event_of(t, *m.recv);
-    if (r.open || r.msg != want || r.mb != op.mb || r.step != op.step) continue;
-    if (r.e > op.b + kSlackNs) continue;
-    if (best == nullptr || r.e > event_of(t, *best->recv).e) best = &m;
-  }
-  return best;
-}
-
 std::string op_text(const Trace& t, OpRef r) {
   const Event& e = ev(t, r);
   return absl::StrCat(kind_name(e.kind), " mb ", e.mb,
@@ -80,6 +66,7 @@ std::vector<PathStep> critical_path(const Trace& t, const std::vector<Message>& 
         last_op_before(t, ri, step, std::numeric_limits<std::int64_t>::max() - kSlackNs, -1);
     if (last && (!cur || ev(t, *last).e > ev(t, *cur).e)) cur = last;
   }
+  const InputIndex inputs(t, ms);
   std::vector<PathStep> path;
   std::size_t guard = 0;
   for (const RankTrace& r : t.ranks) guard += r.events.size();
@@ -87,9 +74,7 @@ std::vector<PathStep> critical_path(const Trace& t, const std::vector<Message>& 
     const Event& op = ev(t, *cur);
     path.push_back({op_text(t, *cur), op.b, op.duration(), false});
     std::optional<OpRef> prev = last_op_before(t, cur->rank_index, step, op.b, cur->index);
-    const Message* m = op.kind == Kind::kForward || op.kind == Kind::kBackward
-                           ? release_of(t, ms, cur->rank_index, op)
-                           : nullptr;
+    const Message* m = inputs.input_of(cur->rank_index, op);
     if (m != nullptr && (!prev || event_of(t, *m->recv).e > ev(t, *prev).e)) {
       const Event& s = event_of(t, *m->send);
       const Event& r = event_of(t, *m->recv);

@@ -19,61 +19,111 @@ bool train_op(const Event& e, int step) {
   return e.compute() && !e.eval && !e.open && e.step == step;
 }
 
-const Event* step_event(const RankTrace& r, int step) {
-  for (const Event& e : r.events) {
-    if (e.kind == Kind::kStep && e.step == step && e.pass != "eval") return &e;
+// Each rank's events by step (indices into RankTrace::events), built once:
+// a long trace holds thousands of steps.
+class StepIndex {
+ public:
+  explicit StepIndex(const Trace& t) : by_rank_(t.ranks.size()), oldest_end_(t.ranks.size()) {
+    for (std::size_t ri = 0; ri < t.ranks.size(); ri++) {
+      const std::vector<Event>& events = t.ranks[ri].events;
+      // The end of the oldest event a rank kept: with a ring that dropped
+      // events, anything that ended before it may be lost.
+      std::int64_t oldest = std::numeric_limits<std::int64_t>::max();
+      for (std::size_t i = 0; i < events.size(); i++) {
+        by_rank_[ri][events[i].step].push_back(static_cast<int>(i));
+        if (!events[i].open) oldest = std::min(oldest, events[i].e);
+      }
+      oldest_end_[ri] = oldest;
+    }
   }
-  return nullptr;
-}
-
-// The end of the oldest event a rank kept: with a ring that dropped events,
-// anything that ended before it may be lost.
-std::int64_t oldest_kept_end(const RankTrace& r) {
-  std::int64_t o = std::numeric_limits<std::int64_t>::max();
-  for (const Event& e : r.events) {
-    if (!e.open) o = std::min(o, e.e);
+  const std::vector<int>& of(std::size_t ri, int step) const {
+    static const std::vector<int> kNone;
+    auto it = by_rank_[ri].find(step);
+    return it == by_rank_[ri].end() ? kNone : it->second;
   }
-  return o;
-}
+  std::int64_t oldest_end(std::size_t ri) const { return oldest_end_[ri]; }
 
-// Why step k is not whole on rank r, or "".
-std::string incomplete(const RankTrace& r, int k) {
-  const Event* s = step_event(r, k);
+ private:
+  std::vector<std::map<int, std::vector<int>>> by_rank_;  // by position in Trace::ranks
+  std::vector<std::int64_t> oldest_end_;
+};
+
+// Why step k is not whole on ranks[ri], or "".
+std::string incomplete(const Trace& t, const StepIndex& idx, std::size_t ri, int k) {
+  const RankTrace& r = t.ranks[ri];
+  const Event* s = nullptr;
+  for (int i : idx.of(ri, k)) {
+    const Event& e = r.events[static_cast<std::size_t>(i)];
+    if (e.kind == Kind::kStep && e.pass != "eval") s = &e;
+  }
   if (s == nullptr) return absl::StrCat("no record of it on ", r.header.describe());
   if (s->open) return absl::StrCat("not finished on ", r.header.describe());
-  if (r.header.dropped > 0 && s->b < oldest_kept_end(r)) {
+  if (r.header.dropped > 0 && s->b < idx.oldest_end(ri)) {
     return absl::StrCat("its start was overwritten in the ring of ", r.header.describe());
   }
   return "";
 }
 
-// Per rank, the [send post, receive completion) of each activation and
-// gradient of step k it receives: when one of them was in flight.
-std::map<int, std::vector<Interval>> in_flight(const Trace& t, const std::vector<Message>& ms,
-                                               int k) {
-  std::map<int, std::vector<Interval>> out;
-  for (const Message& m : ms) {
-    if (!m.matched()) continue;
-    const Event& s = event_of(t, *m.send);
-    const Event& r = event_of(t, *m.recv);
-    if (r.open || s.step != k || (s.msg != "activation" && s.msg != "gradient")) continue;
-    if (r.e > s.b) out[m.to].push_back({s.b, r.e});
+std::vector<int> complete_in(const Trace& t, const StepIndex& idx,
+                             std::vector<std::string>* skipped) {
+  std::set<int> steps;
+  for (const RankTrace& r : t.ranks) {
+    for (const Event& e : r.events) {
+      if (e.kind == Kind::kStep && e.pass != "eval" && e.step > 0) steps.insert(e.step);
+    }
+  }
+  std::vector<int> out;
+  for (int k : steps) {
+    std::string why;
+    for (std::size_t ri = 0; ri < t.ranks.size() && why.empty(); ri++) {
+      why = incomplete(t, idx, ri, k);
+    }
+    if (why.empty()) {
+      out.push_back(k);
+    } else if (skipped != nullptr) {
+      skipped->push_back(absl::StrCat("step ", k, ": ", why));
+    }
   }
   return out;
 }
 
-void add_step(const Trace& t, const std::vector<Message>& ms, int k,
+// The part of the gap before each op (since the previous op on its stream
+// ended, or the step began) during which the message carrying its input
+// was in flight: sent, not yet arrived. Ops in begin order.
+std::int64_t comm_wait(const std::vector<const Event*>& ops, std::size_t ri,
+                       const InputIndex& inputs, std::int64_t first) {
+  std::int64_t n = 0, free_at = first;
+  for (const Event* op : ops) {
+    if (const Message* m = inputs.input_of(static_cast<int>(ri), *op)) {
+      const std::int64_t lo = std::max(free_at, event_of(inputs.trace(), *m->send).b);
+      const std::int64_t hi = std::min(op->b, event_of(inputs.trace(), *m->recv).e);
+      if (hi > lo) n += hi - lo;
+    }
+    free_at = std::max(free_at, op->e);
+  }
+  return n;
+}
+
+void add_step(const Trace& t, const StepIndex& idx, const InputIndex& inputs, int k,
               std::map<int, RankStats>* stats) {
-  const auto [first, last] = step_bounds(t, k);
+  std::int64_t first = std::numeric_limits<std::int64_t>::max(), last = 0;
+  for (std::size_t ri = 0; ri < t.ranks.size(); ri++) {
+    for (int i : idx.of(ri, k)) {
+      const Event& e = t.ranks[ri].events[static_cast<std::size_t>(i)];
+      if (!train_op(e, k)) continue;
+      first = std::min(first, e.b);
+      last = std::max(last, e.e);
+    }
+  }
   if (last <= first) return;  // no compute ops in this step
-  const std::map<int, std::vector<Interval>> flights = in_flight(t, ms, k);
-  for (const RankTrace& r : t.ranks) {
+  for (std::size_t ri = 0; ri < t.ranks.size(); ri++) {
+    const RankTrace& r = t.ranks[ri];
     RankStats& st = (*stats)[r.header.rank];
     st.rank = r.header.rank;
-    std::vector<Interval> ops;
-    for (const Event& e : r.events) {
-      if (train_op(e, k)) ops.push_back({e.b, e.e});
-      if (e.step != k) continue;
+    std::vector<const Event*> ops;
+    for (int i : idx.of(ri, k)) {
+      const Event& e = r.events[static_cast<std::size_t>(i)];
+      if (train_op(e, k)) ops.push_back(&e);
       if (e.kind == Kind::kSend) {
         st.sent++;
         st.bytes_sent += e.bytes;
@@ -82,21 +132,15 @@ void add_step(const Trace& t, const std::vector<Message>& ms, int k,
         st.bytes_received += e.bytes;
       }
     }
+    std::sort(ops.begin(), ops.end(), [](const Event* a, const Event* b) { return a->b < b->b; });
+    std::vector<Interval> spans;
+    for (const Event* e : ops) spans.push_back({e->b, e->e});
     st.ops += static_cast<int>(ops.size());
-    const std::vector<Interval> busy = union_of(ops);
-    // The idle time: the span less the busy intervals.
-    std::vector<Interval> idle;
-    std::int64_t at = first;
-    for (const Interval& b : busy) {
-      if (b.first > at) idle.push_back({at, b.first});
-      at = std::max(at, b.second);
-    }
-    if (last > at) idle.push_back({at, last});
-    st.busy += length(busy);
-    st.idle += length(idle);
+    const std::int64_t busy = length(union_of(spans));
+    st.busy += busy;
+    st.idle += (last - first) - busy;  // the span less the busy time
     st.span += last - first;
-    auto f = flights.find(r.header.rank);
-    if (f != flights.end()) st.comm += overlap(idle, union_of(f->second));
+    st.comm += comm_wait(ops, ri, inputs, first);
   }
 }
 
@@ -186,33 +230,15 @@ std::int64_t overlap(const std::vector<Interval>& a, const std::vector<Interval>
 }
 
 std::vector<int> complete_steps(const Trace& t, std::vector<std::string>* skipped) {
-  std::set<int> steps;
-  for (const RankTrace& r : t.ranks) {
-    for (const Event& e : r.events) {
-      if (e.kind == Kind::kStep && e.pass != "eval" && e.step > 0) steps.insert(e.step);
-    }
-  }
-  std::vector<int> out;
-  for (int k : steps) {
-    std::string why;
-    for (const RankTrace& r : t.ranks) {
-      why = incomplete(r, k);
-      if (!why.empty()) break;
-    }
-    if (why.empty()) {
-      out.push_back(k);
-    } else if (skipped != nullptr) {
-      skipped->push_back(absl::StrCat("step ", k, ": ", why));
-    }
-  }
-  return out;
+  return complete_in(t, StepIndex(t), skipped);
 }
 
 Summary summarize(const Trace& t, const std::vector<Message>& ms, std::optional<int> only_step) {
   Summary s;
   s.trace = &t;
+  const StepIndex idx(t);
   std::vector<std::string> skipped;
-  std::vector<int> steps = complete_steps(t, &skipped);
+  std::vector<int> steps = complete_in(t, idx, &skipped);
   if (only_step) {
     const bool ok = std::find(steps.begin(), steps.end(), *only_step) != steps.end();
     s.skipped.clear();
@@ -230,7 +256,8 @@ Summary summarize(const Trace& t, const std::vector<Message>& ms, std::optional<
   for (const Message& m : ms) (m.matched() ? s.matched : s.unmatched)++;
   if (steps.empty() || t.ranks.empty()) return s;
   std::map<int, RankStats> stats;
-  for (int k : steps) add_step(t, ms, k, &stats);
+  const InputIndex inputs(t, ms);
+  for (int k : steps) add_step(t, idx, inputs, k, &stats);
   for (auto& [rank, st] : stats) s.ranks.push_back(st);
   std::sort(s.ranks.begin(), s.ranks.end(), [&t](const RankStats& a, const RankStats& b) {
     const Header& x = t.find(a.rank)->header;
@@ -338,14 +365,13 @@ std::string Summary::text() const {
   append_ranks(*this, &out);
   append_stages(*this, &out);
   append_path(*this, &out);
-  absl::StrAppend(&out,
-                  "legend: span = first compute op of the step (any rank) to the last; busy = the "
-                  "rank's forward\n"
-                  "  and backward ops (TP collectives nest inside); idle = span - busy (the "
-                  "bubble); comm = the\n"
-                  "  part of idle while an activation or gradient this rank receives was in flight "
-                  "(sent, not yet\n"
-                  "  arrived); bubble = idle / span\n");
+  absl::StrAppend(
+      &out,
+      "legend: span = first compute op of the step (any rank) to the last; busy = the\n"
+      "  rank's forward and backward ops (TP collectives nest inside); idle = span - busy (the\n"
+      "  bubble); comm = the part of idle spent waiting on a message already sent: before each\n"
+      "  op, while the activation or gradient carrying its input was in flight (sent, not yet\n"
+      "  arrived); bubble = idle / span\n");
   return out;
 }
 

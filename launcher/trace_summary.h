@@ -14,10 +14,13 @@
 //   busy(r, k)   the union of r's compute ops (forward, backward) of step
 //                k; TP collectives nest inside them and count as busy;
 //   idle(r, k)   span(k) - busy(r, k): the bubble, as the theory counts it;
-//   comm(r, k)   the part of idle(r, k) during which a message r receives
-//                (an activation or gradient of step k) was in flight: its
-//                send posted, its receive not yet complete. The rest of
-//                the idle time waits on work not done yet upstream.
+//   comm(r, k)   the part of idle(r, k) that waited on a message already
+//                sent: for each op, the part of the gap before it (from
+//                the end of r's previous op, or the span's start) during
+//                which the activation or gradient carrying its input was
+//                in flight (send posted, receive not complete). The rest
+//                of the idle time waits on work not yet done elsewhere (or
+//                on nothing: the end of the step).
 //   bubble(s)    sum of idle / sum of span over the summarized steps and
 //                the ranks of stage s; the mean bubble is over stages.
 //   theory       (p-1)/(m+p-1) for 1F1B and GPipe, (p-1)/(v*m+p-1) for

@@ -135,6 +135,42 @@ TEST(TraceSummary, CommunicationWaitIsIdleWhileAMessageIsInFlight) {
   EXPECT_EQ(s.ranks[1].comm, ns(3));
 }
 
+// Three stages. Rank 1 runs F0 10-20, waits for the gradient of mb 0 (rank
+// 2 sends it at 40: it was not sent before), B0 40-50, then F1 50-60. The
+// activation of mb 1 left rank 0 at 12 and was taken by rank 1 at 50: in
+// flight through all of rank 1's idle time 20-40, but rank 1 was waiting
+// for the gradient then, not for it. Gaps before rank 1's ops: [0,10] (its
+// input arrived at 10), [20,40] (input sent at 40), [50,50]: none waited on
+// a message already sent: comm 0 of idle 30.
+TEST(TraceSummary, MessageInFlightForALaterOpIsNoCommunicationWait) {
+  RankFile r0{.h = {.rank = 0, .s = 0, .pp = 3, .m = 2}, .events = {}};
+  RankFile r1{.h = {.rank = 1, .s = 1, .pp = 3, .m = 2}, .events = {}};
+  RankFile r2{.h = {.rank = 2, .s = 2, .pp = 3, .m = 2}, .events = {}};
+  r0.add(op("forward", 0, 10, 1, 0));
+  r0.add(message("send", 10, 10, 1, 1, "activation", 0, "0xa0"));
+  r0.add(op("forward", 10, 12, 1, 1));
+  r0.add(message("send", 12, 50, 1, 1, "activation", 1, "0xa1"));
+  r0.add(step_event(0, 12, 1));
+  r1.add(message("recv", 0, 10, 1, 0, "activation", 0, "0xa0"));
+  r1.add(op("forward", 10, 20, 1, 0));
+  r1.add(message("send", 20, 20, 1, 2, "activation", 0, "0xa2"));
+  r1.add(message("recv", 0, 40, 1, 2, "gradient", 0, "0xb0"));
+  r1.add(op("backward", 40, 50, 1, 0));
+  r1.add(message("recv", 45, 50, 1, 0, "activation", 1, "0xa1"));
+  r1.add(op("forward", 50, 60, 1, 1));
+  r1.add(step_event(0, 60, 1));
+  r2.add(message("recv", 0, 20, 1, 1, "activation", 0, "0xa2"));
+  r2.add(op("forward", 20, 30, 1, 0));
+  r2.add(op("backward", 30, 40, 1, 0));
+  r2.add(message("send", 40, 40, 1, 1, "gradient", 0, "0xb0"));
+  r2.add(step_event(0, 40, 1));
+  Trace t = assemble({r0, r1, r2});
+  Summary s = summarize(t, match_messages(t), std::nullopt);
+  ASSERT_EQ(s.ranks.size(), 3u);
+  EXPECT_EQ(s.ranks[1].idle, ns(30));
+  EXPECT_EQ(s.ranks[1].comm, 0);
+}
+
 // A step some rank did not finish, or whose start a ring overwrote, is
 // skipped, and the summary says why.
 TEST(TraceSummary, StepsCutByTheRingOrUnfinishedAreSkipped) {
