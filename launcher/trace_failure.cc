@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
 
 namespace troupe::launcher::trace {
 namespace {
@@ -56,9 +57,9 @@ void per_rank(const Ctx& c, std::string* out) {
     for (const Event& e : r.events) {
       if (e.compute() && !e.open && (last == nullptr || e.e > last->e)) last = &e;
     }
+    const std::string first_line = r.header.message.substr(0, r.header.message.find('\n'));
     absl::StrAppend(out, "  ", r.header.describe(), ": ", r.header.reason,
-                    r.header.message.empty() ? "" : absl::StrCat(" (", r.header.message, ")"),
-                    "\n");
+                    first_line.empty() ? "" : absl::StrCat(" (", first_line, ")"), "\n");
     absl::StrAppend(out, "    last completed: ",
                     last == nullptr ? "no compute op"
                                     : absl::StrFormat("%s%s of step %d, ended at %.3f ms",
@@ -77,7 +78,13 @@ void per_rank(const Ctx& c, std::string* out) {
 
 void messages(const Ctx& c, const std::vector<Message>& ms, std::string* out) {
   std::string lines;
+  int own = 0;  // a rank's messages to itself (its shard's gradient pieces to its optimizer)
   for (const Message& m : ms) {
+    const bool pending = !m.matched() || event_of(c.t, *m.recv).open;
+    if (m.from == m.to && pending) {
+      own++;
+      continue;
+    }
     if (m.matched()) {
       const Event& r = event_of(c.t, *m.recv);
       const Event& s = event_of(c.t, *m.send);
@@ -107,6 +114,11 @@ void messages(const Ctx& c, const std::vector<Message>& ms, std::string* out) {
                                   m.from, s.msg, mb_text(s), s.step, m.to, c.at(s.b),
                                   s.open ? " (still open)" : "", m.to));
     }
+  }
+  if (own > 0) {
+    absl::StrAppend(&lines, "  (and ", own,
+                    " of a rank to itself, as its optimizer's receives of its ",
+                    "own shard's gradient pieces)\n");
   }
   if (lines.empty()) lines = "  none\n";
   absl::StrAppend(out, "messages posted on one side and never completed or matched:\n", lines);
@@ -183,17 +195,23 @@ void open_edges(const Trace& t, Graph* g) {
 std::string why_stalled(const Ctx& c, int q, int step) {
   const RankTrace* r = c.t.find(q);
   if (r == nullptr) return "wrote no trace file (it died or its file was lost)";
+  const Event* began = nullptr;
   for (const Event& e : r->events) {
-    if (e.kind == Kind::kStep && e.step == step && e.pass != "eval") {
-      return e.open ? absl::StrFormat("began step %d but has nothing open in it", step)
-                    : absl::StrFormat("finished step %d", step);
+    if (e.step != step) continue;
+    if (e.kind == Kind::kStep && e.pass != "eval") began = &e;
+    if (e.open && e.compute()) {
+      return absl::StrFormat("is still in %s%s of step %d, since %.3f ms (it never ended)",
+                             kind_name(e.kind), mb_text(e), step, c.at(e.b));
     }
   }
-  return absl::StrFormat("has not begun step %d", step);
+  if (began == nullptr) return absl::StrFormat("has not begun step %d", step);
+  if (!began->open) return absl::StrFormat("finished step %d", step);
+  return absl::StrFormat("began step %d and waits on no other rank", step);
 }
 
 std::vector<int> culprits(const Ctx& c, const Graph& g, std::string* out) {
-  std::map<int, std::pair<int, std::set<int>>> pointed;  // q -> (step, waiters)
+  // q -> (the latest step waited in, the ranks waiting)
+  std::map<int, std::pair<int, std::set<int>>> pointed;
   for (const auto& [r, targets] : g) {
     for (const auto& [q, step] : targets) {
       auto& p = pointed[q];
@@ -203,12 +221,13 @@ std::vector<int> culprits(const Ctx& c, const Graph& g, std::string* out) {
   }
   std::vector<int> found;
   for (const auto& [q, p] : pointed) {
-    const RankTrace* r = c.t.find(q);
-    bool open_in_step = false;
-    if (r != nullptr) {
-      for (const Event& e : r->events) open_in_step |= e.open && e.step == p.first;
+    // A rank that itself waits on another rank in that step only passes
+    // the wait on; the culprit is where the waits end.
+    bool waits_on_others = false;
+    if (auto out_edges = g.find(q); out_edges != g.end()) {
+      for (const auto& [target, step] : out_edges->second) waits_on_others |= step >= p.first;
     }
-    if (open_in_step) continue;
+    if (waits_on_others) continue;
     found.push_back(q);
     absl::StrAppend(out, "likely stalled: ", c.who(q), ": ", why_stalled(c, q, p.first),
                     " (waited for by ranks ", absl::StrJoin(p.second, ", "), ")\n");
@@ -233,6 +252,14 @@ FailureAnalysis analyze_failure(const Trace& t, const std::vector<Message>& ms) 
   if (!a.triggered || t.ranks.empty()) return a;
   const Ctx c{t, t.origin()};
   std::string out = "failure analysis (times in ms from the trace's start):\n";
+  // The run's failure or stall message, once (every rank's file has it;
+  // per rank only its first line).
+  for (const RankTrace& r : t.ranks) {
+    if (r.header.message.find('\n') == std::string::npos) continue;
+    absl::StrAppend(&out, "the run's message (", r.header.describe(), "):\n    ",
+                    absl::StrReplaceAll(r.header.message, {{"\n", "\n    "}}), "\n");
+    break;
+  }
   per_rank(c, &out);
   messages(c, ms, &out);
   Graph g;
