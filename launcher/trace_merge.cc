@@ -2,6 +2,7 @@
 #include "launcher/trace_merge.h"
 
 #include <algorithm>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
@@ -71,8 +72,54 @@ json slice_args(const Event& ev) {
 
 double us(std::int64_t ns) { return static_cast<double>(ns) / 1e3; }
 
-void add_metadata(const Trace& t, json* events) {
+// Messages overlap (many are in flight at once), and the slices of one
+// thread must nest, so each rank's sends and receives are spread over
+// lanes: a lane takes an event only once its last one has ended. Lane 0 is
+// the track's own thread; lane k > 0 is thread 1000 * track + k.
+int lane_tid(Track track, int lane) {
+  return lane == 0 ? static_cast<int>(track) : 1000 * static_cast<int>(track) + lane;
+}
+
+struct Lanes {
+  std::vector<std::vector<int>> tid;        // [rank index][event index]
+  std::vector<std::map<Track, int>> count;  // [rank index]: lanes of a track
+};
+
+Lanes assign_lanes(const Trace& t, std::int64_t end) {
+  Lanes l;
   for (const RankTrace& r : t.ranks) {
+    std::vector<int> tids(r.events.size());
+    std::map<Track, int> count;
+    std::vector<int> order(r.events.size());
+    for (std::size_t i = 0; i < order.size(); i++) order[i] = static_cast<int>(i);
+    std::stable_sort(order.begin(), order.end(),
+                     [&r](int a, int b) { return r.events[a].b < r.events[b].b; });
+    std::map<Track, std::vector<std::int64_t>> free_at;  // per lane: when its last event ended
+    for (int i : order) {
+      const Event& ev = r.events[static_cast<std::size_t>(i)];
+      const Track track = track_of(ev);
+      count.emplace(track, 1);
+      if (track != Track::kSends && track != Track::kReceives) {
+        tids[static_cast<std::size_t>(i)] = static_cast<int>(track);
+        continue;
+      }
+      std::vector<std::int64_t>& lanes = free_at[track];
+      std::size_t k = 0;
+      while (k < lanes.size() && lanes[k] > ev.b) k++;
+      if (k == lanes.size()) lanes.push_back(0);
+      lanes[k] = ev.open ? end : ev.e;
+      count[track] = std::max(count[track], static_cast<int>(k) + 1);
+      tids[static_cast<std::size_t>(i)] = lane_tid(track, static_cast<int>(k));
+    }
+    l.tid.push_back(std::move(tids));
+    l.count.push_back(std::move(count));
+  }
+  return l;
+}
+
+void add_metadata(const Trace& t, const Lanes& lanes, json* events) {
+  for (std::size_t ri = 0; ri < t.ranks.size(); ri++) {
+    const RankTrace& r = t.ranks[ri];
     const int pid = r.header.rank;
     events->push_back({{"ph", "M"},
                        {"name", "process_name"},
@@ -83,16 +130,23 @@ void add_metadata(const Trace& t, json* events) {
                        {"pid", pid},
                        {"args", {{"sort_index", pid}}}});
     for (int k = 1; k <= static_cast<int>(Track::kReceives); k++) {
-      events->push_back({{"ph", "M"},
-                         {"name", "thread_name"},
-                         {"pid", pid},
-                         {"tid", k},
-                         {"args", {{"name", track_name(static_cast<Track>(k))}}}});
-      events->push_back({{"ph", "M"},
-                         {"name", "thread_sort_index"},
-                         {"pid", pid},
-                         {"tid", k},
-                         {"args", {{"sort_index", k}}}});
+      const Track track = static_cast<Track>(k);
+      auto n = lanes.count[ri].find(track);
+      const int count = n == lanes.count[ri].end() ? 1 : n->second;
+      for (int lane = 0; lane < count; lane++) {
+        const std::string name =
+            lane == 0 ? track_name(track) : absl::StrCat(track_name(track), " (", lane + 1, ")");
+        events->push_back({{"ph", "M"},
+                           {"name", "thread_name"},
+                           {"pid", pid},
+                           {"tid", lane_tid(track, lane)},
+                           {"args", {{"name", name}}}});
+        events->push_back({{"ph", "M"},
+                           {"name", "thread_sort_index"},
+                           {"pid", pid},
+                           {"tid", lane_tid(track, lane)},
+                           {"args", {{"sort_index", 1000 * k + lane}}}});
+      }
     }
   }
 }
@@ -141,15 +195,18 @@ const char* track_name(Track t) {
 std::string chrome_json(const Trace& t, const std::vector<Message>& messages) {
   const std::int64_t origin = t.origin(), end = trace_end(t);
   json events = json::array();
-  add_metadata(t, &events);
-  for (const RankTrace& r : t.ranks) {
-    for (const Event& ev : r.events) {
+  const Lanes lanes = assign_lanes(t, end);
+  add_metadata(t, lanes, &events);
+  for (std::size_t ri = 0; ri < t.ranks.size(); ri++) {
+    const RankTrace& r = t.ranks[ri];
+    for (std::size_t i = 0; i < r.events.size(); i++) {
+      const Event& ev = r.events[i];
       const std::int64_t e = ev.open ? end : ev.e;
       events.push_back({{"ph", "X"},
                         {"name", slice_name(ev)},
                         {"cat", kind_name(ev.kind)},
                         {"pid", r.header.rank},
-                        {"tid", static_cast<int>(track_of(ev))},
+                        {"tid", lanes.tid[ri][i]},
                         {"ts", us(ev.b - origin)},
                         {"dur", us(e - ev.b)},
                         {"args", slice_args(ev)}});
@@ -175,7 +232,8 @@ std::string chrome_json(const Trace& t, const std::vector<Message>& messages) {
                       {"name", s.msg},
                       {"cat", "message"},
                       {"pid", m.from},
-                      {"tid", static_cast<int>(Track::kSends)},
+                      {"tid", lanes.tid[static_cast<std::size_t>(m.send->rank)]
+                                       [static_cast<std::size_t>(m.send->index)]},
                       {"ts", us(s.b - origin)}});
     events.push_back({{"ph", "f"},
                       {"bp", "e"},
@@ -183,7 +241,8 @@ std::string chrome_json(const Trace& t, const std::vector<Message>& messages) {
                       {"name", s.msg},
                       {"cat", "message"},
                       {"pid", m.to},
-                      {"tid", static_cast<int>(Track::kReceives)},
+                      {"tid", lanes.tid[static_cast<std::size_t>(m.recv->rank)]
+                                       [static_cast<std::size_t>(m.recv->index)]},
                       {"ts", us(f_ts - origin)}});
   }
   json out = {{"traceEvents", std::move(events)},

@@ -6,8 +6,9 @@
 // A process per rank ("rank r (d,s,t) host", sorted by rank), a thread per
 // track: compute (forward, backward and, nested in them, TP collectives and
 // their phases), shard (its waits and steps), optimizer stream, optimizer
-// actor (its waits), sends, receives. Closed events are "X" complete
-// events; an open one runs to the end of the trace and its name ends in
+// actor (its waits), sends, receives; messages in flight together go to
+// lanes of their track ("sends (2)", ...), since a thread's slices nest. Closed events are "X"
+// complete events; an open one runs to the end of the trace and its name ends in
 // "(open)". A flow ("s" bound to the send, "f" bound to the receive) goes
 // from each matched send to its receive. Times are microseconds from the
 // trace's origin on the coordinator's clock; "otherData" has the clock

@@ -77,9 +77,13 @@ void legend(const ScheduleSvg& s, const Frame& f, std::string* out) {
     x += 44 + kCharW * static_cast<double>(text.size());
   }
   if (!s.label_note.empty()) {
+    // After the legend while it fits, else on the title's line (after it).
+    const double w = kCharW * static_cast<double>(s.label_note.size());
+    const bool fits = x + w <= f.width - f.right;
+    const double nx = fits ? x : f.left + 9.0 * static_cast<double>(s.title.size()) + 24;
     absl::StrAppend(
         out, absl::StrFormat("<text x=\"%s\" y=\"%s\" font-size=\"12\" fill=\"#555\">%s</text>\n",
-                             fmt(x), fmt(y), xml_escape(s.label_note)));
+                             fmt(nx), fmt(fits ? y : 16), xml_escape(s.label_note)));
   }
 }
 

@@ -74,6 +74,26 @@ def case_flows():
     if sends != want or len(flows) != want or other["unmatched_messages"] != 0:
         fail("%d activation/gradient sends, %d flows (want %d each), %d unmatched\n%s" %
              (sends, len(flows), want, other["unmatched_messages"], summary))
+    # Perfetto needs the slices of a thread to nest, and a flow's ends to
+    # lie inside a slice of their thread.
+    by_thread = {}
+    for e in events:
+        if e["ph"] == "X":
+            by_thread.setdefault((e["pid"], e["tid"]), []).append(e)
+    for key, slices in by_thread.items():
+        slices.sort(key=lambda e: (e["ts"], -e["dur"]))
+        stack = []
+        for e in slices:
+            while stack and stack[-1]["ts"] + stack[-1]["dur"] <= e["ts"] + 1e-6:
+                stack.pop()
+            if stack and e["ts"] + e["dur"] > stack[-1]["ts"] + stack[-1]["dur"] + 1e-6:
+                fail("thread %s: '%s' overlaps '%s' without nesting" % (key, e["name"], stack[-1]["name"]))
+            stack.append(e)
+    for e in events:
+        if e["ph"] in ("s", "f") and not any(
+                x["ts"] - 1e-6 <= e["ts"] <= x["ts"] + x["dur"] + 1e-6
+                for x in by_thread.get((e["pid"], e["tid"]), [])):
+            fail("flow %s's '%s' is in no slice of its thread %s" % (e["id"], e["ph"], e["tid"]))
     m = re.search(r"uncertainty up to ([0-9.]+) ms", summary)
     print("OK: %d flows for %d messages, none unmatched; clock uncertainty %s ms" %
           (len(flows), want, m.group(1) if m else "?"))

@@ -163,5 +163,36 @@ TEST(TraceMerge, ChromeJsonHasAProcessPerRankAndAFlowPerMatchedMessage) {
   EXPECT_EQ(j["otherData"]["unmatched_messages"], 1);
 }
 
+// Two sends in flight together (0-10 and 5-15) and a third after them
+// (12-20): a thread's slices must nest, so the second goes to a lane of its
+// own ("sends (2)", tid 5001) and the third back to the first lane; each
+// flow starts on its send's lane.
+TEST(TraceMerge, OverlappingMessagesGoToLanesSoSlicesNest) {
+  RankFile r0{.h = {.rank = 0, .s = 0, .pp = 2}, .events = {}};
+  RankFile r1{.h = {.rank = 1, .s = 1, .pp = 2}, .events = {}};
+  r0.add(message("send", 0, 10, 1, 1, "activation", 0, "0x1"));
+  r0.add(message("send", 5, 15, 1, 1, "activation", 1, "0x2"));
+  r0.add(message("send", 12, 20, 1, 1, "activation", 2, "0x3"));
+  r1.add(message("recv", 0, 10, 1, 0, "activation", 0, "0x1"));
+  r1.add(message("recv", 0, 15, 1, 0, "activation", 1, "0x2"));
+  r1.add(message("recv", 0, 20, 1, 0, "activation", 2, "0x3"));
+  Trace t = assemble({r0, r1});
+  json j = json::parse(chrome_json(t, match_messages(t)));
+  std::map<std::string, int> slice_tid;  // rank 0's send slices by name
+  std::map<int, int> flow_tid;           // flow id -> tid of its start
+  std::map<int, std::string> thread_names;
+  for (const json& e : j["traceEvents"]) {
+    if (e["pid"] != 0) continue;
+    if (e["ph"] == "X") slice_tid[e["name"]] = e["tid"];
+    if (e["ph"] == "s") flow_tid[e["id"]] = e["tid"];
+    if (e["ph"] == "M" && e["name"] == "thread_name") thread_names[e["tid"]] = e["args"]["name"];
+  }
+  EXPECT_EQ(slice_tid["send activation mb 0 to 1"], 5);
+  EXPECT_EQ(slice_tid["send activation mb 1 to 1"], 5001);
+  EXPECT_EQ(slice_tid["send activation mb 2 to 1"], 5);
+  EXPECT_EQ(thread_names[5001], "sends (2)");
+  EXPECT_EQ(flow_tid, (std::map<int, int>{{1, 5}, {2, 5001}, {3, 5}}));
+}
+
 }  // namespace
 }  // namespace troupe::launcher::trace
