@@ -74,7 +74,10 @@ std::string plots(const std::vector<MetricsRow>& m) {
   Plot loss{"loss", "step", "loss", {}, {}}, lr{"learning rate", "step", "lr", {}, {}},
       tok{"throughput", "step", "tokens/s", {}, {}}, gn{"grad norm", "step", "grad norm", {}, {}};
   for (const MetricsRow& r : m) {
-    for (Plot* p : {&loss, &lr, &tok, &gn}) p->x.push_back(r.step);
+    for (Plot* p : {&loss, &lr, &tok, &gn}) {
+      p->x.push_back(r.step);
+      p->width = 350;  // four side by side on a 1500-pixel page
+    }
     loss.y.push_back(r.loss);
     lr.y.push_back(r.lr);
     tok.y.push_back(r.tokens_per_s);

@@ -356,9 +356,22 @@ std::string Summary::text() const {
       &out, absl::StrFormat("clocks aligned through the coordinator: uncertainty up to %.3f ms\n",
                             ms(t.uncertainty_ns())));
   for (const std::string& w : t.warnings) absl::StrAppend(&out, "warning: ", w, "\n");
-  absl::StrAppend(
-      &out, absl::StrFormat("messages: %d matched (send -> receive), %d unmatched%s\n", matched,
-                            unmatched, unmatched > 0 ? " (--messages lists them)" : ""));
+  bool dropped = false;
+  for (const RankTrace& r : t.ranks) {
+    dropped |= r.header.dropped > 0;
+    if (r.header.trace_steps && &r == &t.ranks.front()) {
+      absl::StrAppend(&out,
+                      absl::StrFormat("recorded steps %d-%d only (--trace-steps)\n",
+                                      r.header.trace_steps->first, r.header.trace_steps->second));
+    }
+  }
+  std::string why_unmatched;
+  if (unmatched > 0) {
+    why_unmatched = dropped ? " (--messages lists them; rings overwrote some partners)"
+                            : " (--messages lists them)";
+  }
+  absl::StrAppend(&out, absl::StrFormat("messages: %d matched (send -> receive), %d unmatched%s\n",
+                                        matched, unmatched, why_unmatched));
   absl::StrAppend(&out, "steps summarized (fully inside the trace): ", step_list(steps), "\n");
   for (const std::string& why : skipped) absl::StrAppend(&out, "  skipped ", why, "\n");
   if (steps.empty()) return out;
