@@ -45,6 +45,15 @@ int write(const std::string& flag, const std::string& path, const std::string& b
   return 0;
 }
 
+bool has_step(const trace::Trace& t, int step) {
+  for (const trace::RankTrace& r : t.ranks) {
+    for (const trace::Event& e : r.events) {
+      if (e.step == step) return true;
+    }
+  }
+  return false;
+}
+
 // The step to draw: --step, or the last complete one.
 absl::StatusOr<int> picture_step(const TraceFlags& f, const trace::Trace& t) {
   if (f.step) return *f.step;
@@ -86,7 +95,11 @@ int run(const TraceFlags& f) {
     std::fputs(trace::message_log(*t, ms, filter).c_str(), stdout);
     return 0;
   }
-  const trace::Summary s = trace::summarize(*t, ms, std::nullopt);
+  if (f.step && !has_step(*t, *f.step)) {
+    return fail(absl::InvalidArgumentError(
+        absl::StrCat("--step ", *f.step, ": no event of that step in ", f.dir)));
+  }
+  const trace::Summary s = trace::summarize(*t, ms, f.step);  // --step: that step alone
   const trace::FailureAnalysis a = trace::analyze_failure(*t, ms);
   std::fputs(s.text().c_str(), stdout);
   if (a.triggered) std::fputs(a.text.c_str(), stdout);
@@ -114,7 +127,9 @@ Command add_trace_command(CLI::App& app) {
       ->required();
   cmd->add_option("-o,--output", f->json_out, "Write one Chrome/Perfetto trace-event JSON file");
   cmd->add_option("--svg", f->svg, "Draw one step's schedule as SVG");
-  cmd->add_option("--step", f->step, "The step to draw (default: the last complete one)");
+  cmd->add_option("--step", f->step,
+                  "The step to summarize and draw (default: every complete step; the last one "
+                  "drawn)");
   cmd->add_flag("--arrows", f->arrows, "Draw each activation and gradient message in --svg");
   cmd->add_option("--html", f->html, "Write a self-contained HTML report");
   cmd->add_option("--metrics", f->metrics, "Metrics JSONL for --html (default DIR/metrics.jsonl)");

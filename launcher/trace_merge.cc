@@ -151,6 +151,44 @@ void add_metadata(const Trace& t, const Lanes& lanes, json* events) {
   }
 }
 
+// A flow per matched message, bound to its send's and its receive's
+// slices; returns how many.
+int add_flows(const Trace& t, const std::vector<Message>& messages, const Lanes& lanes,
+              std::int64_t origin, std::int64_t end, json* events) {
+  auto tid = [&lanes](EventRef r) {
+    return lanes.tid[static_cast<std::size_t>(r.rank)][static_cast<std::size_t>(r.index)];
+  };
+  int id = 0;
+  for (const Message& m : messages) {
+    if (!m.matched()) continue;
+    const Event& s = event_of(t, *m.send);
+    const Event& rv = event_of(t, *m.recv);
+    const std::int64_t rv_end = rv.open ? end : rv.e;
+    // "s" binds to the slice enclosing its ts (the send, at its post); "f"
+    // with "bp":"e" to the slice enclosing its ts: the receive, just before
+    // its completion (its last nanosecond), so the arrow ends where the
+    // bytes arrived.
+    const std::int64_t f_ts = std::max(rv.b, rv_end - 1);
+    ++id;
+    events->push_back({{"ph", "s"},
+                       {"id", id},
+                       {"name", s.msg},
+                       {"cat", "message"},
+                       {"pid", m.from},
+                       {"tid", tid(*m.send)},
+                       {"ts", us(s.b - origin)}});
+    events->push_back({{"ph", "f"},
+                       {"bp", "e"},
+                       {"id", id},
+                       {"name", s.msg},
+                       {"cat", "message"},
+                       {"pid", m.to},
+                       {"tid", tid(*m.recv)},
+                       {"ts", us(f_ts - origin)}});
+  }
+  return id;
+}
+
 }  // namespace
 
 Track track_of(const Event& ev) {
@@ -212,39 +250,9 @@ std::string chrome_json(const Trace& t, const std::vector<Message>& messages) {
                         {"args", slice_args(ev)}});
     }
   }
-  int id = 0, unmatched = 0;
-  for (const Message& m : messages) {
-    if (!m.matched()) {
-      unmatched++;
-      continue;
-    }
-    const Event& s = event_of(t, *m.send);
-    const Event& rv = event_of(t, *m.recv);
-    const std::int64_t rv_end = rv.open ? end : rv.e;
-    // "s" binds to the slice enclosing its ts (the send, at its post); "f"
-    // with "bp":"e" to the slice enclosing its ts: the receive, just before
-    // its completion (its last nanosecond), so the arrow ends where the
-    // bytes arrived.
-    const std::int64_t f_ts = std::max(rv.b, rv_end - 1);
-    ++id;
-    events.push_back({{"ph", "s"},
-                      {"id", id},
-                      {"name", s.msg},
-                      {"cat", "message"},
-                      {"pid", m.from},
-                      {"tid", lanes.tid[static_cast<std::size_t>(m.send->rank)]
-                                       [static_cast<std::size_t>(m.send->index)]},
-                      {"ts", us(s.b - origin)}});
-    events.push_back({{"ph", "f"},
-                      {"bp", "e"},
-                      {"id", id},
-                      {"name", s.msg},
-                      {"cat", "message"},
-                      {"pid", m.to},
-                      {"tid", lanes.tid[static_cast<std::size_t>(m.recv->rank)]
-                                       [static_cast<std::size_t>(m.recv->index)]},
-                      {"ts", us(f_ts - origin)}});
-  }
+  int unmatched = 0;
+  for (const Message& m : messages) unmatched += !m.matched();
+  const int flows = add_flows(t, messages, lanes, origin, end, &events);
   json out = {{"traceEvents", std::move(events)},
               {"displayTimeUnit", "ms"},
               {"otherData",
@@ -252,7 +260,7 @@ std::string chrome_json(const Trace& t, const std::vector<Message>& messages) {
                 {"dir", t.dir},
                 {"ranks", t.ranks.size()},
                 {"clock_uncertainty_ns", t.uncertainty_ns()},
-                {"flows", id},
+                {"flows", flows},
                 {"unmatched_messages", unmatched}}}};
   return out.dump(1);
 }

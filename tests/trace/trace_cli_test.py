@@ -151,6 +151,9 @@ def case_bad():
     out = trace(d, rc=1)
     if "rank-00001.trace.jsonl:3: not JSON: '{oops'" not in out:
         fail("bad JSON: " + out)
+    out = trace(make("bad_step", "--pp", "2", "--m", "2", "--steps", "1"), "--step", "7", rc=1)
+    if "--step 7: no event of that step in" not in out:
+        fail("--step outside the trace: " + out)
     out = trace(os.path.join(WORK, "nonexistent"), rc=1)
     if "nonexistent: not a directory" not in out:
         fail("missing dir: " + out)
