@@ -7,13 +7,17 @@ so the figures are medians over rounds and steps):
   flight  the default: every rank's flight recorder (4096 events) is on
   trace   --trace DIR: everything recorded and written at the end
 
-  trace_bench.py TROUPE [--steps N] [--rounds R] [--micro-batch-size B]
+  trace_bench.py TROUPE COST_BENCH [--steps N] [--rounds R] [--micro-batch-size B]
                  [--global-batch-size G] [--pp P]
 
 The step time is the metrics JSONL's step_s; steps 1 and 2 are warm-up and
-left out. Also the bytes and events written per rank and step with --trace,
-and the time `troupe trace` would have to read. One JSON object per
-measurement on stdout, then a summary of the ratios to `off`.
+left out. On a shared machine the run-to-run noise (several %) is far
+larger than what recording costs, so the overhead is also computed from its
+parts: COST_BENCH (build/bench/trace_cost_bench) measures one marked stream
+op (against an unmarked one) and one open+close of the recorder; --trace's
+files say how many of each a rank records per step; their product over the
+step time is the overhead per step. One JSON object per measurement on
+stdout, then a summary.
 """
 import argparse
 import glob
@@ -27,6 +31,7 @@ import tempfile
 
 ap = argparse.ArgumentParser()
 ap.add_argument("troupe")
+ap.add_argument("cost_bench")
 ap.add_argument("--steps", type=int, default=6)
 ap.add_argument("--rounds", type=int, default=3)
 ap.add_argument("--micro-batch-size", type=int, default=2)
@@ -76,6 +81,18 @@ for rnd in range(args.rounds):
         if "events_per_rank_step" in r:
             extra = r
 med = {m: statistics.median(v) for m, v in got.items()}
+
+# The parts: ns per marked stream op (over an unmarked one) and per event.
+p = subprocess.run([args.cost_bench, "--benchmark_format=json"], capture_output=True, text=True,
+                   check=True)
+bench = {b["name"]: b["real_time"] for b in json.loads(p.stdout)["benchmarks"]}
+mark_ns = (bench["BM_StreamOp/marked:1"] - bench["BM_StreamOp/marked:0"]) / 256
+event_ns = bench["BM_OpenClose"]
+emit(bench="trace_cost", mark_stream_op_ns=mark_ns, open_close_ns=event_ns)
+cost_s = (extra["stream_ops_per_rank_step"] * mark_ns +
+          extra["other_events_per_rank_step"] * event_ns) * 1e-9
+emit(summary="overhead_from_parts", seconds_per_rank_step=cost_s,
+     fraction_of_step=cost_s / med["off"])
 for m in MODES:
     emit(summary=m, median_step_s=med[m], samples=len(got[m]), ratio_to_off=med[m] / med["off"])
 print()
@@ -83,7 +100,9 @@ print(f"cpu-small pp={args.pp}, B={args.micro_batch_size}, global batch {args.gl
       f"{args.rounds} rounds x {args.steps - 2} steps per mode")
 for m in MODES:
     print(f"  {m:7s} median step {med[m]:.4f} s   {100 * (med[m] / med['off'] - 1):+.2f}% vs off")
-if extra:
-    print(f"  --trace: {extra['events_per_rank_step']:.0f} events and "
-          f"{extra['bytes_per_rank_step'] / 1024:.1f} KiB per rank and step")
+print(f"  --trace: {extra['events_per_rank_step']:.0f} events and "
+      f"{extra['bytes_per_rank_step'] / 1024:.1f} KiB per rank and step")
+print(f"  one marked stream op {mark_ns / 1000:.2f} us, one recorded message or wait "
+      f"{event_ns:.0f} ns: {cost_s * 1e6:.1f} us per rank and step = "
+      f"{100 * cost_s / med['off']:.4f}% of the step (target: under 3%)")
 shutil.rmtree(WORK)
