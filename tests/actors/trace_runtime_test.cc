@@ -8,11 +8,10 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <tuple>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -56,7 +55,8 @@ std::vector<RankFile> read_dir(const std::string& dir, int world) {
 }
 
 std::string fresh_dir(const std::string& name) {
-  const fs::path p = fs::temp_directory_path() / absl::StrCat("troupe-trace-test-", name, "-", getpid());
+  const fs::path p =
+      fs::temp_directory_path() / absl::StrCat("troupe-trace-test-", name, "-", getpid());
   fs::remove_all(p);
   return p.string();
 }
@@ -106,8 +106,8 @@ TEST(TraceRuntime, A1F1BRunRecordsEveryOpInOrderAndEveryMessageOnBothSides) {
       EXPECT_FALSE(e.contains("open")) << e.dump();
       const std::string k = e["k"];
       if (k == "forward" || k == "backward") {
-        ops[e["step"]].emplace_back(e["b"], absl::StrCat(k == "forward" ? "F" : "B",
-                                                        e["mb"].get<int>()));
+        ops[e["step"]].emplace_back(e["b"],
+                                    absl::StrCat(k == "forward" ? "F" : "B", e["mb"].get<int>()));
         spans.emplace_back(e["b"], e["e"]);
         EXPECT_EQ(e["vs"], r);
       } else if (k == "send" || k == "recv") {

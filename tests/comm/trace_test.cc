@@ -108,13 +108,21 @@ TEST(Recorder, ManyThreadsLoseNothing) {
 }
 
 TEST(Recorder, MessageNamesComeFromTheTag) {
-  EXPECT_STREQ(message_name(make_tag({.source = 1, .group = GroupKind::kPipeline,
-                                      .kind = MessageKind::kActivation, .step = 3, .micro = 2,
-                                      .chunk = 0, .layer = 0})),
+  EXPECT_STREQ(message_name(make_tag({.source = 1,
+                                      .group = GroupKind::kPipeline,
+                                      .kind = MessageKind::kActivation,
+                                      .step = 3,
+                                      .micro = 2,
+                                      .chunk = 0,
+                                      .layer = 0})),
                "activation");
-  EXPECT_STREQ(message_name(make_tag({.source = 1, .group = GroupKind::kData,
-                                      .kind = MessageKind::kParamSlice, .step = 3, .micro = 0,
-                                      .chunk = 0, .layer = 1})),
+  EXPECT_STREQ(message_name(make_tag({.source = 1,
+                                      .group = GroupKind::kData,
+                                      .kind = MessageKind::kParamSlice,
+                                      .step = 3,
+                                      .micro = 0,
+                                      .chunk = 0,
+                                      .layer = 1})),
                "param-piece");
   EXPECT_STREQ(message_name(collective_tag(1, GroupKind::kTensor, 7, 0, 0)), "tp");
   EXPECT_STREQ(message_name(collective_tag(1, GroupKind::kData, 7, 0, 0)), "collective");
@@ -125,8 +133,12 @@ TEST(TracedTransport, ASendAndItsReceiveCarryTheSameTagPeerAndBytesOnBothSides) 
   auto fabric = std::make_shared<InProcFabric>(2);
   Recorder r0(64), r1(64);
   TracedTransport t0(fabric->endpoint(0), &r0), t1(fabric->endpoint(1), &r1);
-  const Tag tag = make_tag({.source = 0, .group = GroupKind::kPipeline,
-                            .kind = MessageKind::kGradient, .step = 4, .micro = 3, .chunk = 1,
+  const Tag tag = make_tag({.source = 0,
+                            .group = GroupKind::kPipeline,
+                            .kind = MessageKind::kGradient,
+                            .step = 4,
+                            .micro = 3,
+                            .chunk = 1,
                             .layer = 0});
   std::vector<float> out(8, 1.0f), in(8, 0.0f);
   std::promise<absl::Status> sent, got;
