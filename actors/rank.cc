@@ -82,8 +82,13 @@ absl::StatusOr<std::unique_ptr<RankUnit>> RankUnit::create(
   u->recorder_ = std::make_unique<comm::trace::Recorder>(spec.trace.capacity());
   u->recorder_->set_steps(spec.trace.first_step, spec.trace.last_step);
   u->trace_ = std::make_unique<RankTrace>();
-  u->trace_->recorder = u->recorder_.get();
-  u->transport_ = std::make_unique<comm::TracedTransport>(std::move(transport), u->recorder_.get());
+  if (spec.trace.off) {
+    u->transport_ = std::move(transport);
+  } else {
+    u->trace_->recorder = u->recorder_.get();
+    u->transport_ =
+        std::make_unique<comm::TracedTransport>(std::move(transport), u->recorder_.get());
+  }
   model::TensorParallel tensor;
   tensor.slice = {par.tp, u->coord_.t};
   if (par.tp > 1) u->make_tensor_parallel(&tensor);
@@ -127,8 +132,9 @@ absl::StatusOr<std::unique_ptr<RankUnit>> RankUnit::create(
 // Runs one TP collective on the stream's thread, recorded as a collective
 // event of the op the stream is in (RankTrace::current).
 static absl::Status traced_collective(RankTrace* rt, comm::Communicator* comm,
-                                      comm::trace::What op,
-                               std::size_t floats, const std::function<absl::Status()>& run) {
+                                      comm::trace::What op, std::size_t floats,
+                                      const std::function<absl::Status()>& run) {
+  if (rt->recorder == nullptr) return run();
   comm::trace::Event e = rt->current;
   e.kind = comm::trace::Kind::kCollective;
   e.what = op;
@@ -146,7 +152,7 @@ static absl::Status traced_collective(RankTrace* rt, comm::Communicator* comm,
 void RankUnit::make_tensor_parallel(model::TensorParallel* tensor) {
   tensor_ = std::make_unique<comm::Communicator>(
       *transport_, spec_.parallel.layout().tensor_group(spec_.rank), comm::GroupKind::kTensor);
-  tensor_->set_recorder(recorder_.get());
+  tensor_->set_recorder(trace_->recorder);
   tensor->all_reduce = [comm = tensor_.get(), count = tp_floats_, rt = trace_.get()](
                            gpu::Stream& s, const gpu::Tensor& x) {
     *count += x.numel();

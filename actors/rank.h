@@ -94,6 +94,7 @@ struct TraceOptions {
   int last_step = 1 << 30;
   std::size_t events = 0;   // --trace-buffer: events a rank keeps (0: the defaults above)
   std::string flight_dir;   // where a failure writes without --trace ("": default_flight_dir())
+  bool off = false;         // --debug-trace-off: record nothing (to measure what recording costs)
   std::size_t capacity() const {
     return events > 0 ? events : dir.empty() ? kFlightEvents : kTraceEvents;
   }

@@ -35,8 +35,9 @@ void TimedStage::sleep_on(gpu::Stream& s, double ms) {
   if (ms <= 0) return;
   s.host_callback([ms, busy = busy_ns_] {
     const auto t0 = std::chrono::steady_clock::now();
-    std::this_thread::sleep_until(t0 + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                                           std::chrono::duration<double, std::milli>(ms)));
+    std::this_thread::sleep_until(t0 +
+                                  std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                      std::chrono::duration<double, std::milli>(ms)));
     if (busy != nullptr) {
       *busy += std::chrono::duration_cast<std::chrono::nanoseconds>(
                    std::chrono::steady_clock::now() - t0)
@@ -45,8 +46,7 @@ void TimedStage::sleep_on(gpu::Stream& s, double ms) {
   });
 }
 
-StageFactory timed_stage_factory(double fwd_ms, double bwd_ms,
-                                 std::atomic<std::int64_t>* busy_ns) {
+StageFactory timed_stage_factory(double fwd_ms, double bwd_ms, std::atomic<std::int64_t>* busy_ns) {
   return [=](const model::GptConfig& c, int B, const model::StageSpec& spec,
              int slots) -> std::unique_ptr<GptStage> {
     return std::make_unique<TimedStage>(c, B, spec, slots, fwd_ms, bwd_ms, busy_ns);

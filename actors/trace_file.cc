@@ -8,9 +8,8 @@
 #include <ctime>
 #include <filesystem>
 #include <mutex>
-#include <system_error>
-
 #include <nlohmann/json.hpp>
+#include <system_error>
 
 #include "absl/strings/str_cat.h"
 #include "model/atomic_file.h"
@@ -64,9 +63,9 @@ std::string trace_event_json(const trace::Event& e, bool open) {
       if (e.micro >= 0) absl::StrAppend(&out, ",\"contribution\":", e.micro);
       break;
     case trace::Kind::kWait:
-      absl::StrAppend(&out, ",\"actor\":\"", e.actor == 0 ? "shard" : "optimizer",
-                      "\",\"what\":\"", trace::what_name(e.what), "\",\"peer\":", e.peer,
-                      ",\"mb\":", e.micro, ",\"chunk\":", e.chunk);
+      absl::StrAppend(&out, ",\"actor\":\"", e.actor == 0 ? "shard" : "optimizer", "\",\"what\":\"",
+                      trace::what_name(e.what), "\",\"peer\":", e.peer, ",\"mb\":", e.micro,
+                      ",\"chunk\":", e.chunk);
       break;
     case trace::Kind::kStep:
       absl::StrAppend(&out, ",\"pass\":\"", trace::what_name(e.what), "\"");
@@ -91,8 +90,8 @@ absl::Status write_trace_file(const std::string& dir, const TraceHeader& h,
       {"t", h.coord.t},
       {"host", h.host},
       {"pid", h.pid},
-      {"layout", {{"tp", h.layout.tp}, {"pp", h.layout.pp}, {"dp", h.layout.dp},
-                  {"v", h.virtual_stages}}},
+      {"layout",
+       {{"tp", h.layout.tp}, {"pp", h.layout.pp}, {"dp", h.layout.dp}, {"v", h.virtual_stages}}},
       {"schedule", schedule_name(h.schedule)},
       {"m", h.m},
       {"reason", h.reason},
@@ -142,8 +141,8 @@ std::string default_flight_dir() {
 
 std::string flight_note(const std::string& dir, const absl::Status& written) {
   if (!written.ok()) return absl::StrCat("flight recorder: not written: ", written.message());
-  return absl::StrCat("flight recorder: ", dir, " (rank-*.trace.jsonl; read them with `troupe trace ",
-                      dir, "`)");
+  return absl::StrCat("flight recorder: ", dir,
+                      " (rank-*.trace.jsonl; read them with `troupe trace ", dir, "`)");
 }
 
 }  // namespace troupe::actors

@@ -292,6 +292,12 @@ absl::Status run_worker(const WorkerOptions& o) {
       });
     };
   }
+  if (o.dump_hook != nullptr) {
+    o.dump_hook->set([&state] {
+      std::lock_guard<std::mutex> lock(state.mu);
+      if (state.write_trace) state.write_trace("signal");
+    });
+  }
 
   // The peers' addresses, then the actors.
   std::vector<caf::actor> actors;
@@ -340,6 +346,7 @@ absl::Status run_worker(const WorkerOptions& o) {
                                 o.master_port, ": ", state.lost->message()));
     state.shard = state.optimizer = state.relay = caf::actor{};
   }
+  if (o.dump_hook != nullptr) o.dump_hook->set(nullptr);
   dumps.finish();
   // Before what is pending fails: the flight recorder shows what was open.
   if (!outcome.ok()) {

@@ -22,6 +22,7 @@
 #pragma once
 
 #include <functional>
+#include <mutex>
 #include <string>
 
 #include "absl/status/status.h"
@@ -30,6 +31,24 @@
 #include "comm/control_channel.h"
 
 namespace troupe::actors {
+
+// What SIGUSR1 does in a worker process: while run_worker runs, it points
+// this at "write this rank's trace now" (launcher/trace_signal.h calls it).
+class DumpHook {
+ public:
+  void set(std::function<void()> fn) {
+    std::lock_guard<std::mutex> lock(mu_);
+    fn_ = std::move(fn);
+  }
+  void call() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (fn_) fn_();
+  }
+
+ private:
+  std::mutex mu_;
+  std::function<void()> fn_;
+};
 
 struct WorkerOptions {
   RankSpec spec;  // spec.options.model already sliced_config()
@@ -40,6 +59,7 @@ struct WorkerOptions {
   absl::Duration join_timeout = absl::Seconds(120);
   std::string save_weights = {};  // rank 0 writes the gathered model here
   std::function<void(const std::string&)> log = nullptr;  // progress notes (stderr)
+  DumpHook* dump_hook = nullptr;                           // SIGUSR1 (may be null)
 };
 
 absl::Status run_worker(const WorkerOptions& options);

@@ -12,7 +12,8 @@ trace::Recorder::Handle TracedTransport::open(trace::Kind kind, int peer, Tag ta
   e.tag = tag;
   e.bytes = static_cast<std::int64_t>(bytes);
   // A collective's tag holds its sequence number where a step would be.
-  const bool pipeline_or_data = f.kind != MessageKind::kCollective && f.kind != MessageKind::kControl;
+  const bool pipeline_or_data =
+      f.kind != MessageKind::kCollective && f.kind != MessageKind::kControl;
   e.step = pipeline_or_data ? static_cast<std::int32_t>(f.step) : 0;
   if (pipeline_or_data) {
     e.micro = static_cast<std::int32_t>(f.micro);
@@ -27,34 +28,37 @@ trace::Recorder::Handle TracedTransport::open(trace::Kind kind, int peer, Tag ta
 void TracedTransport::send(int peer, Tag tag, const void* data, std::size_t bytes, Callback done,
                            std::shared_ptr<CancelToken> token) {
   const trace::Recorder::Handle h = open(trace::Kind::kSend, peer, tag, bytes);
-  inner_->send(peer, tag, data, bytes,
-               [rec = recorder_, h, done = std::move(done)](absl::Status st) {
-                 rec->close(h, !st.ok());
-                 done(std::move(st));
-               },
-               std::move(token));
+  inner_->send(
+      peer, tag, data, bytes,
+      [rec = recorder_, h, done = std::move(done)](absl::Status st) {
+        rec->close(h, !st.ok());
+        done(std::move(st));
+      },
+      std::move(token));
 }
 
 void TracedTransport::recv(int peer, Tag tag, void* data, std::size_t bytes, Callback done,
                            std::shared_ptr<CancelToken> token) {
   const trace::Recorder::Handle h = open(trace::Kind::kRecv, peer, tag, bytes);
-  inner_->recv(peer, tag, data, bytes,
-               [rec = recorder_, h, done = std::move(done)](absl::Status st) {
-                 rec->close(h, !st.ok());
-                 done(std::move(st));
-               },
-               std::move(token));
+  inner_->recv(
+      peer, tag, data, bytes,
+      [rec = recorder_, h, done = std::move(done)](absl::Status st) {
+        rec->close(h, !st.ok());
+        done(std::move(st));
+      },
+      std::move(token));
 }
 
 void TracedTransport::recv_pull(int peer, Tag tag, std::size_t bytes, void* landing,
                                 ArrivalCallback done, std::shared_ptr<CancelToken> token) {
   const trace::Recorder::Handle h = open(trace::Kind::kRecv, peer, tag, bytes);
-  inner_->recv_pull(peer, tag, bytes, landing,
-                    [rec = recorder_, h, done = std::move(done)](Arrival a) {
-                      rec->close(h, !a.status().ok());
-                      done(std::move(a));
-                    },
-                    std::move(token));
+  inner_->recv_pull(
+      peer, tag, bytes, landing,
+      [rec = recorder_, h, done = std::move(done)](Arrival a) {
+        rec->close(h, !a.status().ok());
+        done(std::move(a));
+      },
+      std::move(token));
 }
 
 }  // namespace troupe::comm

@@ -48,7 +48,18 @@ void note_sigterm(int) {
   (void)!::write(2, kLine, sizeof(kLine) - 1);
 }
 
+static void ignore_signal(int) {}
+
 int run_agent(const AgentOptions& options) {
+  {
+    // SIGUSR1 asks for traces (the workers write theirs); an agent has none,
+    // and must not die of it. A handler, not SIG_IGN, as below.
+    struct sigaction sa = {};
+    sa.sa_handler = ignore_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    sigaction(SIGUSR1, &sa, nullptr);
+  }
   if (options.survive_sigterm) {
     // A handler, not SIG_IGN: the workers started below get the default back.
     struct sigaction sa = {};

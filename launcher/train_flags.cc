@@ -208,6 +208,9 @@ void add_train_flags(CLI::App* cmd, TrainFlags& f) {
   cmd->add_option("--flight-dir", tr.flight_dir,
                   "Where a failed or stalled run writes its flight recorder (default "
                   "./troupe-flight-<date>-<pid>; `troupe launch`: the run directory's flight/)");
+  cmd->add_flag("--debug-trace-off", tr.off,
+                "Benchmarks: record nothing, not even the flight recorder")
+      ->group("");
   cmd->add_option("--debug-op-cost", f.op_cost,
                   "Testing: every forward and backward of a chunk only sleeps FWD_MS:BWD_MS")
       ->group("");

@@ -27,6 +27,7 @@
 #include "actors/worker.h"
 #include "comm/auth.h"
 #include "launcher/commands.h"
+#include "launcher/trace_signal.h"
 #include "launcher/train_flags.h"
 #include "launcher/world_env.h"
 
@@ -161,6 +162,9 @@ int run(WorkerFlags& f) {
     });
   }
   const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  // SIGUSR1: this rank's trace now (the launcher asks every rank by message).
+  actors::DumpHook dump_hook;
+  DumpOnSignal usr1([&dump_hook] { dump_hook.call(); });
   actors::WorkerOptions w{
       .spec = {.options = o,
                .parallel = par,
@@ -174,7 +178,9 @@ int run(WorkerFlags& f) {
       .master_port = host ? host->port() : f.master_port,
       .token = *token,
       .join_timeout = join,
-      .save_weights = f.train.save_weights};
+      .save_weights = f.train.save_weights,
+      .log = nullptr,
+      .dump_hook = &dump_hook};
   absl::Status st = actors::run_worker(w);
   if (host && !st.ok()) host->cancel(absl::Status(st.code(), absl::StrCat("rank 0: ", st.message())));
   if (host) {
