@@ -133,12 +133,16 @@ Command add_trace_command(CLI::App& app) {
   cmd->add_flag("--arrows", f->arrows, "Draw each activation and gradient message in --svg");
   cmd->add_option("--html", f->html, "Write a self-contained HTML report");
   cmd->add_option("--metrics", f->metrics, "Metrics JSONL for --html (default DIR/metrics.jsonl)");
-  cmd->add_flag("--messages", f->messages,
-                "Print every message in time order instead of the summary");
-  cmd->add_option("--rank", f->rank, "--messages: only those to or from this global rank");
-  cmd->add_option("--micro-batch", f->micro_batch, "--messages: only this micro-batch (0-based)");
+  CLI::Option* messages =
+      cmd->add_flag("--messages", f->messages, "Print every message in time order instead of the summary");
+  cmd->add_option("--rank", f->rank, "--messages: only those to or from this global rank")
+      ->needs(messages);
+  cmd->add_option("--micro-batch", f->micro_batch, "--messages: only this micro-batch (0-based)")
+      ->needs(messages);
   cmd->add_option("--kind", f->kind,
-                  "--messages: activation, gradient, tp, grad-piece, param-piece, collective");
+                  "--messages: activation, gradient, tp, grad-piece, param-piece, collective")
+      ->needs(messages);
+  cmd->get_option("--arrows")->needs(cmd->get_option("--svg"));
   return [f] { return run(*f); };
 }
 

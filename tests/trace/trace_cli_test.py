@@ -151,9 +151,16 @@ def case_bad():
     out = trace(d, rc=1)
     if "rank-00001.trace.jsonl:3: not JSON: '{oops'" not in out:
         fail("bad JSON: " + out)
-    out = trace(make("bad_step", "--pp", "2", "--m", "2", "--steps", "1"), "--step", "7", rc=1)
+    good_dir = make("bad_step", "--pp", "2", "--m", "2", "--steps", "1")
+    out = trace(good_dir, "--step", "7", rc=1)
     if "--step 7: no event of that step in" not in out:
         fail("--step outside the trace: " + out)
+    out = trace(good_dir, "-o", "/nonexistent/dir/x.json", rc=1)
+    if "-o /nonexistent/dir/x.json" not in out or "cannot" not in out:
+        fail("unwritable -o: " + out)
+    p = subprocess.run([TROUPE, "trace", good_dir, "--rank", "1"], capture_output=True, text=True)
+    if p.returncode == 0 or "--rank requires --messages" not in p.stdout + p.stderr:
+        fail("--rank without --messages: exit %d %s%s" % (p.returncode, p.stdout, p.stderr))
     out = trace(os.path.join(WORK, "nonexistent"), rc=1)
     if "nonexistent: not a directory" not in out:
         fail("missing dir: " + out)
