@@ -20,13 +20,14 @@ std::int64_t trace_end(const Trace& t) {
   return end;
 }
 
-std::string slice_name(const Event& ev) {
+// chunks: model chunks per rank (the chunk is named only when there are several).
+std::string slice_name(const Event& ev, int chunks) {
   std::string n;
   switch (ev.kind) {
     case Kind::kForward:
     case Kind::kBackward:
       n = absl::StrCat(ev.eval ? "eval " : "", kind_name(ev.kind), " mb ", ev.mb);
-      if (ev.chunk > 0 || ev.vs >= 0) absl::StrAppend(&n, " chunk ", std::max(ev.chunk, 0));
+      if (chunks > 1) absl::StrAppend(&n, " chunk ", std::max(ev.chunk, 0));
       break;
     case Kind::kSend:
     case Kind::kRecv:
@@ -241,7 +242,7 @@ std::string chrome_json(const Trace& t, const std::vector<Message>& messages) {
       const Event& ev = r.events[i];
       const std::int64_t e = ev.open ? end : ev.e;
       events.push_back({{"ph", "X"},
-                        {"name", slice_name(ev)},
+                        {"name", slice_name(ev, r.header.v)},
                         {"cat", kind_name(ev.kind)},
                         {"pid", r.header.rank},
                         {"tid", lanes.tid[ri][i]},
