@@ -9,12 +9,13 @@
 //   if (a.triggered) std::fputs(a.text.c_str(), stdout);
 //
 // The likely stalled ranks are found on a wait-for graph over ranks: rank r
-// -> rank p for each of r's open receives, sends and waits naming peer p, and
-// for each open TP collective r entered that peer p never entered. A rank
-// that such edges point at and that has no open event itself in the step
-// they wait in (it never began the step, or finished it, or died) is the
-// likely culprit; when every rank pointed at has open events, the ranks of
-// a cycle are named instead.
+// -> rank p for each of r's open receives, sends and waits naming peer p != r,
+// and for each open TP collective r entered that peer p never entered. A
+// rank that such edges point at and that has no edge out in the step they
+// wait in (it never began the step, finished it, died, or waits only on
+// itself, as its optimizer for its own shard's pieces) is where the waits
+// end: the likely culprit. When every rank pointed at waits on another, the
+// ranks of the cycle are named instead.
 #pragma once
 
 #include <string>
