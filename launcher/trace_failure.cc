@@ -182,11 +182,24 @@ void collectives(const Ctx& c, Graph* g, std::string* out) {
   absl::StrAppend(out, "TP collectives some ranks entered and others never did:\n", lines);
 }
 
-void open_edges(const Trace& t, Graph* g) {
+// Which open events say where the pipeline is blocked: a shard's (its
+// receives and sends of activations, gradients and TP steps, its waits). An
+// optimizer's waits for gradient pieces of other replicas follow the
+// shards (they wait for backward passes to end) and form cycles among the
+// partitions: they count only when nothing else waits.
+enum class Edges { kShards, kAll };
+
+bool shard_wait(const Event& e) {
+  if (e.kind == Kind::kWait) return e.actor != "optimizer";
+  return e.msg == "activation" || e.msg == "gradient" || e.msg == "tp" || e.msg == "collective";
+}
+
+void open_edges(const Trace& t, Edges which, Graph* g) {
   for (const RankTrace& r : t.ranks) {
     for (const Event& e : r.events) {
       const bool waits = e.kind == Kind::kRecv || e.kind == Kind::kSend || e.kind == Kind::kWait;
       if (!e.open || !waits || e.peer < 0 || e.peer == r.header.rank) continue;
+      if (which == Edges::kShards && !shard_wait(e)) continue;
       (*g)[r.header.rank][e.peer] = std::max((*g)[r.header.rank][e.peer], e.step);
     }
   }
@@ -209,7 +222,9 @@ std::string why_stalled(const Ctx& c, int q, int step) {
   return absl::StrFormat("began step %d and waits on no other rank", step);
 }
 
-std::vector<int> culprits(const Ctx& c, const Graph& g, std::string* out) {
+// label: "likely stalled: " (a stall) or "the waits end at: " (a failure,
+// whose message names the rank that failed).
+std::vector<int> culprits(const Ctx& c, const Graph& g, const char* label, std::string* out) {
   // q -> (the latest step waited in, the ranks waiting)
   std::map<int, std::pair<int, std::set<int>>> pointed;
   for (const auto& [r, targets] : g) {
@@ -229,13 +244,13 @@ std::vector<int> culprits(const Ctx& c, const Graph& g, std::string* out) {
     }
     if (waits_on_others) continue;
     found.push_back(q);
-    absl::StrAppend(out, "likely stalled: ", c.who(q), ": ", why_stalled(c, q, p.first),
+    absl::StrAppend(out, label, c.who(q), ": ", why_stalled(c, q, p.first),
                     " (waited for by ranks ", absl::StrJoin(p.second, ", "), ")\n");
   }
   if (found.empty() && !pointed.empty()) {
     std::vector<int> ranks;
     for (const auto& [q, p] : pointed) ranks.push_back(q);
-    absl::StrAppend(out, "likely stalled: a wait-for cycle: every rank waited for (",
+    absl::StrAppend(out, label, "a wait-for cycle: every rank waited for (",
                     absl::StrJoin(ranks, ", "), ") itself waits for another\n");
   }
   return found;
@@ -262,10 +277,23 @@ FailureAnalysis analyze_failure(const Trace& t, const std::vector<Message>& ms) 
   }
   per_rank(c, &out);
   messages(c, ms, &out);
-  Graph g;
-  collectives(c, &g, &out);
-  open_edges(t, &g);
-  a.stalled = culprits(c, g, &out);
+  Graph tp;  // from each member inside a TP collective to each missing one
+  collectives(c, &tp, &out);
+  Graph g = tp;
+  open_edges(t, Edges::kShards, &g);
+  if (g.empty()) {
+    g = tp;
+    open_edges(t, Edges::kAll, &g);
+  }
+  bool failed = false;
+  for (const RankTrace& r : t.ranks) failed |= r.header.reason == "failure";
+  a.stalled = culprits(c, g, failed ? "the waits end at: " : "likely stalled: ", &out);
+  for (const RankTrace& r : t.ranks) {
+    if (r.header.reason != "failure" || r.header.message.empty()) continue;
+    absl::StrAppend(
+        &out, "the run failed: ", r.header.message.substr(0, r.header.message.find('\n')), "\n");
+    break;
+  }
   if (g.empty())
     absl::StrAppend(&out, "no rank waits for another: nothing points at a stalled rank\n");
   a.text = out;

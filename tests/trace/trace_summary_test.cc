@@ -280,6 +280,64 @@ TEST(TraceFailure, CollectiveSomeRanksNeverEnteredIsNamed) {
       << a.text;
 }
 
+// Ranks 0 and 1 each wait for the other (open receives, both inside step
+// 2): no rank is where the waits end; the cycle is named. An optimizer's
+// wait for another replica's gradient pieces counts only when no shard
+// waits: rank 2's optimizer waits for rank 3, which began nothing.
+TEST(TraceFailure, CycleAndOptimizerOnlyWaits) {
+  RankFile r0{.h = {.rank = 0, .s = 0, .pp = 2, .reason = "stall"}, .events = {}};
+  RankFile r1{.h = {.rank = 1, .s = 1, .pp = 2, .reason = "stall"}, .events = {}};
+  r0.add(open_event(message("recv", 1, 0, 2, 1, "gradient", 0, "0xb")));
+  r0.add(open_event(step_event(0, 0, 2)));
+  r1.add(open_event(message("recv", 1, 0, 2, 0, "activation", 0, "0xa")));
+  r1.add(open_event(step_event(0, 0, 2)));
+  Trace t = assemble({r0, r1});
+  FailureAnalysis a = analyze_failure(t, match_messages(t));
+  EXPECT_TRUE(a.stalled.empty());
+  EXPECT_NE(a.text.find("likely stalled: a wait-for cycle: every rank waited for (0, 1) itself "
+                        "waits for another"),
+            std::string::npos)
+      << a.text;
+
+  RankFile o0{.h = {.rank = 0, .d = 0, .dp = 2, .reason = "stall"}, .events = {}};
+  RankFile o1{.h = {.rank = 1, .d = 1, .dp = 2, .reason = "stall", .host = "h1"}, .events = {}};
+  o0.add(open_event(message("recv", 1, 0, 2, 1, "grad-piece", 0, "0xc")));
+  o0.add(open_event({{"k", "wait"},
+                     {"b", 1.0},
+                     {"step", 2},
+                     {"actor", "optimizer"},
+                     {"what", "gradients"},
+                     {"peer", -1},
+                     {"mb", -1},
+                     {"chunk", 0}}));
+  Trace opt = assemble({o0, o1});
+  a = analyze_failure(opt, match_messages(opt));
+  EXPECT_EQ(a.stalled, std::vector<int>{1});
+  EXPECT_NE(a.text.find("likely stalled: rank 1 (1,0,0) h1: has not begun step 2"),
+            std::string::npos)
+      << a.text;
+}
+
+// dp = 2, pp = 2 (ranks 0, 1 stage 0; 2, 3 stage 1). Rank 0's shard waits
+// for rank 2's gradient; ranks 2's and 3's optimizers wait for each other's
+// gradient pieces (ZeRO partitions: they follow the shards). The shards'
+// waits end at rank 2, which never began the step: it is named, not the
+// optimizers' cycle.
+TEST(TraceFailure, ShardWaitsComeBeforeOptimizerCycles) {
+  std::vector<RankFile> f;
+  for (int r = 0; r < 4; r++) {
+    f.push_back({.h = {.rank = r, .d = r % 2, .s = r / 2, .pp = 2, .dp = 2, .reason = "stall"},
+                 .events = {}});
+  }
+  f[0].add(open_event(message("recv", 1, 0, 2, 2, "gradient", 0, "0xb")));
+  f[0].add(open_event(step_event(0, 0, 2)));
+  f[2].add(open_event(message("recv", 1, 0, 2, 3, "grad-piece", 0, "0xc")));
+  f[3].add(open_event(message("recv", 1, 0, 2, 2, "grad-piece", 0, "0xd")));
+  Trace t = assemble(f);
+  FailureAnalysis a = analyze_failure(t, match_messages(t));
+  EXPECT_EQ(a.stalled, std::vector<int>{2}) << a.text;
+}
+
 TEST(TraceSummary, IntervalArithmetic) {
   EXPECT_EQ(union_of({{5, 7}, {0, 2}, {1, 3}, {7, 8}}), (std::vector<Interval>{{0, 3}, {5, 8}}));
   EXPECT_EQ(length({{0, 3}, {5, 8}}), 6);
