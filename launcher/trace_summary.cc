@@ -241,7 +241,6 @@ Summary summarize(const Trace& t, const std::vector<Message>& ms, std::optional<
   std::vector<int> steps = complete_in(t, idx, &skipped);
   if (only_step) {
     const bool ok = std::find(steps.begin(), steps.end(), *only_step) != steps.end();
-    s.skipped.clear();
     for (const std::string& why : skipped) {
       if (why.rfind(absl::StrCat("step ", *only_step, ":"), 0) == 0) s.skipped.push_back(why);
     }
