@@ -263,7 +263,7 @@ std::string chrome_json(const Trace& t, const std::vector<Message>& messages) {
                 {"clock_uncertainty_ns", t.uncertainty_ns()},
                 {"flows", flows},
                 {"unmatched_messages", unmatched}}}};
-  return out.dump(1);
+  return out.dump();  // compact: a full ring per rank is millions of events
 }
 
 }  // namespace troupe::launcher::trace
