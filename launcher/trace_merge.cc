@@ -73,6 +73,20 @@ json slice_args(const Event& ev) {
 
 double us(std::int64_t ns) { return static_cast<double>(ns) / 1e3; }
 
+// The trace's events, each dumped as it comes: a full ring per rank is
+// millions of events, too many to hold as one JSON tree.
+class EventList {
+ public:
+  void push_back(const json& e) {
+    if (!text_.empty()) text_ += ",\n";
+    text_ += e.dump(-1, ' ', false, json::error_handler_t::replace);
+  }
+  const std::string& text() const { return text_; }
+
+ private:
+  std::string text_;
+};
+
 // Messages overlap (many are in flight at once), and the slices of one
 // thread must nest, so each rank's sends and receives are spread over
 // lanes: a lane takes an event only once its last one has ended. Lane 0 is
@@ -118,7 +132,7 @@ Lanes assign_lanes(const Trace& t, std::int64_t end) {
   return l;
 }
 
-void add_metadata(const Trace& t, const Lanes& lanes, json* events) {
+void add_metadata(const Trace& t, const Lanes& lanes, EventList* events) {
   for (std::size_t ri = 0; ri < t.ranks.size(); ri++) {
     const RankTrace& r = t.ranks[ri];
     const int pid = r.header.rank;
@@ -155,7 +169,7 @@ void add_metadata(const Trace& t, const Lanes& lanes, json* events) {
 // A flow per matched message, bound to its send's and its receive's
 // slices; returns how many.
 int add_flows(const Trace& t, const std::vector<Message>& messages, const Lanes& lanes,
-              std::int64_t origin, std::int64_t end, json* events) {
+              std::int64_t origin, std::int64_t end, EventList* events) {
   auto tid = [&lanes](EventRef r) {
     return lanes.tid[static_cast<std::size_t>(r.rank)][static_cast<std::size_t>(r.index)];
   };
@@ -233,7 +247,7 @@ const char* track_name(Track t) {
 
 std::string chrome_json(const Trace& t, const std::vector<Message>& messages) {
   const std::int64_t origin = t.origin(), end = trace_end(t);
-  json events = json::array();
+  EventList events;
   const Lanes lanes = assign_lanes(t, end);
   add_metadata(t, lanes, &events);
   for (std::size_t ri = 0; ri < t.ranks.size(); ri++) {
@@ -254,16 +268,15 @@ std::string chrome_json(const Trace& t, const std::vector<Message>& messages) {
   int unmatched = 0;
   for (const Message& m : messages) unmatched += !m.matched();
   const int flows = add_flows(t, messages, lanes, origin, end, &events);
-  json out = {{"traceEvents", std::move(events)},
-              {"displayTimeUnit", "ms"},
-              {"otherData",
-               {{"generator", "troupe trace"},
-                {"dir", t.dir},
-                {"ranks", t.ranks.size()},
-                {"clock_uncertainty_ns", t.uncertainty_ns()},
-                {"flows", flows},
-                {"unmatched_messages", unmatched}}}};
-  return out.dump();  // compact: a full ring per rank is millions of events
+  const json other = {{"generator", "troupe trace"},
+                      {"dir", t.dir},
+                      {"ranks", t.ranks.size()},
+                      {"clock_uncertainty_ns", t.uncertainty_ns()},
+                      {"flows", flows},
+                      {"unmatched_messages", unmatched}};
+  return absl::StrCat("{\"traceEvents\":[\n", events.text(),
+                      "\n],\n\"displayTimeUnit\":\"ms\",\n\"otherData\":",
+                      other.dump(-1, ' ', false, json::error_handler_t::replace), "}\n");
 }
 
 }  // namespace troupe::launcher::trace
