@@ -52,6 +52,39 @@ TEST(TraceFiles, BadFilesNameTheFileAndLine) {
             "d/rank-00000.trace.jsonl:2: an event must be a JSON object");
 }
 
+// Every prefix of a good file (a writer cut off at any byte) and every
+// single-byte change of it parse or give an error naming the file: never
+// a crash, never an error without the file's name.
+TEST(TraceFiles, CutOrDamagedAnywhereIsAnErrorNamingTheFile) {
+  RankFile f{.h = {.rank = 1, .s = 1, .pp = 2}, .events = {}};
+  f.add(op("forward", 0, 10, 1, 0));
+  f.add(message("recv", 0, 10, 1, 0, "activation", 0, "0xa0"));
+  f.add(open_event(step_event(0, 0, 2)));
+  const std::string text = f.text();
+  int errors = 0;
+  auto check = [&errors](const std::string& t) {
+    absl::StatusOr<RankTrace> r = parse_rank_file("x/rank-00001.trace.jsonl", t);
+    if (!r.ok()) {
+      errors++;
+      EXPECT_TRUE(absl::StartsWith(r.status().message(), "x/rank-00001.trace.jsonl")) << r.status();
+    }
+  };
+  // A prefix of whole lines is a shorter file that parses; any other is cut.
+  for (std::size_t n = 0; n < text.size(); n++) {
+    const int before = errors;
+    check(text.substr(0, n));
+    const bool whole_lines = n > 0 && text[n - 1] == '\n';
+    EXPECT_EQ(errors - before, whole_lines ? 0 : 1) << "prefix of " << n << " bytes";
+  }
+  for (std::size_t i = 0; i < text.size(); i++) {
+    for (char c : {'x', '"', '}', '\n', '\0', '9'}) {
+      std::string t = text;
+      t[i] = c;
+      check(t);
+    }
+  }
+}
+
 TEST(TraceFiles, UnknownKindsAndKeysAreIgnored) {
   std::string text = good_header() +
                      "{\"k\":\"forward\",\"b\":1,\"e\":5,\"step\":1,\"mb\":0,\"new_key\":[1]}\n"
