@@ -82,12 +82,14 @@ absl::StatusOr<std::unique_ptr<RankUnit>> RankUnit::create(
   u->recorder_ = std::make_unique<comm::trace::Recorder>(spec.trace.capacity());
   u->recorder_->set_steps(spec.trace.first_step, spec.trace.last_step);
   u->trace_ = std::make_unique<RankTrace>();
+  u->trace_->step = u->trace_step_.get();
   if (spec.trace.off) {
     u->transport_ = std::move(transport);
   } else {
     u->trace_->recorder = u->recorder_.get();
     u->transport_ =
-        std::make_unique<comm::TracedTransport>(std::move(transport), u->recorder_.get());
+        std::make_unique<comm::TracedTransport>(std::move(transport), u->recorder_.get(),
+                                                u->trace_step_.get());
   }
   model::TensorParallel tensor;
   tensor.slice = {par.tp, u->coord_.t};
@@ -131,6 +133,10 @@ absl::StatusOr<std::unique_ptr<RankUnit>> RankUnit::create(
 
 // Runs one TP collective on the stream's thread, recorded as a collective
 // event of the op the stream is in (RankTrace::current).
+// Runs one TP collective on the stream's thread, as an open collective
+// event of the op the stream is in (RankTrace::current) until it returns:
+// a rank hung inside collective #N shows it open, a peer that never
+// entered it does not.
 static absl::Status traced_collective(RankTrace* rt, comm::Communicator* comm,
                                       comm::trace::What op, std::size_t floats,
                                       const std::function<absl::Status()>& run) {
@@ -140,12 +146,11 @@ static absl::Status traced_collective(RankTrace* rt, comm::Communicator* comm,
   e.what = op;
   e.bytes = static_cast<std::int64_t>(floats * sizeof(float));
   e.seq = rt->collective_seq++;
-  e.begin_ns = comm::trace::now_ns();
+  e.begin_ns = 0;
   comm->set_trace_step(e.step);
+  const comm::trace::Recorder::Handle h = rt->recorder->open(e);
   absl::Status st = run();
-  e.end_ns = comm::trace::now_ns();
-  e.failed = st.ok() ? 0 : 1;
-  rt->recorder->record(e);
+  rt->recorder->close(h, !st.ok());
   return st;
 }
 

@@ -182,6 +182,7 @@ class RankUnit {
   std::vector<ParamPiece> param_pieces_;
   // Before the transport (it records into it) and every stream callback.
   std::unique_ptr<comm::trace::Recorder> recorder_;
+  std::unique_ptr<std::atomic<int>> trace_step_ = std::make_unique<std::atomic<int>>(0);
   std::unique_ptr<RankTrace> trace_;
   std::unique_ptr<comm::Transport> transport_;
   std::unique_ptr<comm::Communicator> tensor_;  // the TP group's collectives (tp > 1)

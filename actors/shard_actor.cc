@@ -85,6 +85,7 @@ void ShardActor::begin(Pass pass, int step, std::int64_t first_sample) {
   }
   pass_ = pass;
   ops_ = pass == Pass::kTrain ? &train_ops_ : &eval_ops_;
+  if (setup_.trace != nullptr && setup_.trace->step != nullptr) setup_.trace->step->store(step);
   if (setup_.trace != nullptr && setup_.trace->recorder != nullptr) {
     trace::Event e;
     e.kind = trace::Kind::kStep;

@@ -5,6 +5,7 @@
 
 #include <cinttypes>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <filesystem>
 #include <mutex>
@@ -123,6 +124,18 @@ absl::Status write_trace_file(const std::string& dir, const TraceHeader& h,
   return f->commit();
 }
 
+void remove_trace_files(const std::string& dir) {
+  std::error_code ec;
+  for (auto it = std::filesystem::directory_iterator(dir, ec);
+       !ec && it != std::filesystem::directory_iterator(); it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.size() == trace_file_name(0).size() && name.rfind("rank-", 0) == 0 &&
+        name.find(".trace.jsonl") == name.size() - 12) {
+      std::filesystem::remove(it->path(), ec);
+    }
+  }
+}
+
 std::string default_flight_dir() {
   static std::once_flag once;
   static std::string dir;
@@ -133,8 +146,11 @@ std::string default_flight_dir() {
     char stamp[32];
     std::strftime(stamp, sizeof(stamp), "%Y%m%d-%H%M%S", &tm);
     std::error_code ec;
-    std::filesystem::path cwd = std::filesystem::current_path(ec);
-    dir = (cwd / absl::StrCat("troupe-flight-", stamp, "-", getpid())).string();
+    const char* parent = std::getenv("TROUPE_FLIGHT_DIR");
+    const std::filesystem::path base = parent != nullptr && parent[0] != '\0'
+                                           ? std::filesystem::absolute(parent, ec)
+                                           : std::filesystem::current_path(ec);
+    dir = (base / absl::StrCat("troupe-flight-", stamp, "-", getpid())).string();
   });
   return dir;
 }

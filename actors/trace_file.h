@@ -48,8 +48,13 @@ std::string trace_event_json(const comm::trace::Event& e, bool open);
 // Writes DIR/trace_file_name(rank), making DIR if needed.
 absl::Status write_trace_file(const std::string& dir, const TraceHeader& header,
                               const comm::trace::Recorder& recorder);
+// Removes the rank files (rank-*.trace.jsonl) an earlier run left in `dir`,
+// so that a trace never mixes two runs (or a restart's attempts): the
+// launcher (`troupe train`, `troupe launch` before each start) calls it.
+void remove_trace_files(const std::string& dir);
 // Where a run without a run directory or --trace puts its flight recorder:
-// ./troupe-flight-<YYYYmmdd-HHMMSS>-<pid> (absolute), fixed per process.
+// ./troupe-flight-<YYYYmmdd-HHMMSS>-<pid> (absolute), fixed per process;
+// under $TROUPE_FLIGHT_DIR instead of ./ when that is set (the tests).
 std::string default_flight_dir();
 // What a failure message says about the files: "flight recorder: DIR
 // (rank-*.trace.jsonl; read them with `troupe trace DIR`)", or why they

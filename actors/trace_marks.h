@@ -11,6 +11,7 @@
 //                       [&] { stage.forward(stream, slot, tokens, targets); });
 #pragma once
 
+#include <atomic>
 #include <functional>
 
 #include "comm/trace.h"
@@ -20,6 +21,11 @@ namespace troupe::actors {
 
 struct RankTrace {
   comm::trace::Recorder* recorder = nullptr;
+  // The step the rank's shard is in (set at begin_step; any thread reads
+  // it): the full step of messages whose tags carry it mod 2^16 or not at
+  // all (a TP collective's). Owned by the RankUnit, read by its
+  // TracedTransport.
+  std::atomic<int>* step = nullptr;
   // The compute stream's op (written and read on that stream's thread only).
   comm::trace::Event current;
   int collective_seq = 0;  // TP collectives issued, on the compute stream's thread
@@ -27,8 +33,9 @@ struct RankTrace {
 
 // Marks what `enqueue` puts on `stream` as one event `e` (e.begin_ns and
 // e.end_ns are set by the stream). With `set_current`, `trace->current` is
-// `e` while it runs. Does only `enqueue()` when `trace` or its recorder is
-// null or e.step is outside the recorder's window.
+// `e` while it runs (also outside the recorder's step window: the
+// collectives inside are then left out as theirs). Does only `enqueue()`
+// when `trace` or its recorder is null.
 void mark_stream(RankTrace* trace, gpu::Stream& stream, const comm::trace::Event& e,
                  const std::function<void()>& enqueue, bool set_current = false);
 

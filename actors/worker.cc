@@ -292,6 +292,13 @@ absl::Status run_worker(const WorkerOptions& o) {
       });
     };
   }
+  // (Unset on every way out: `state` goes away with this function.)
+  struct HookGuard {
+    DumpHook* hook;
+    ~HookGuard() {
+      if (hook != nullptr) hook->set(nullptr);
+    }
+  } hook_guard{o.dump_hook};
   if (o.dump_hook != nullptr) {
     o.dump_hook->set([&state] {
       std::lock_guard<std::mutex> lock(state.mu);

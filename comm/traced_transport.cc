@@ -1,7 +1,14 @@
 // Recording every message a rank's transport carries (comm/traced_transport.h).
 #include "comm/traced_transport.h"
 
+#include <algorithm>
+
 namespace troupe::comm {
+
+int unwrap_step(std::uint32_t low16, int near) {
+  const int diff = static_cast<std::int16_t>(static_cast<std::uint16_t>(low16 - static_cast<std::uint32_t>(near)));
+  return std::max(0, near + diff);
+}
 
 trace::Recorder::Handle TracedTransport::open(trace::Kind kind, int peer, Tag tag,
                                               std::size_t bytes) {
@@ -11,16 +18,17 @@ trace::Recorder::Handle TracedTransport::open(trace::Kind kind, int peer, Tag ta
   e.peer = peer;
   e.tag = tag;
   e.bytes = static_cast<std::int64_t>(bytes);
+  const int now = step_ != nullptr ? step_->load(std::memory_order_relaxed) : 0;
   // A collective's tag holds its sequence number where a step would be.
-  const bool pipeline_or_data =
-      f.kind != MessageKind::kCollective && f.kind != MessageKind::kControl;
-  e.step = pipeline_or_data ? static_cast<std::int32_t>(f.step) : 0;
-  if (pipeline_or_data) {
+  const bool collective = f.kind == MessageKind::kCollective || f.kind == MessageKind::kControl;
+  if (collective) {
+    e.step = now;
+    e.seq = static_cast<std::int32_t>(f.step);
+  } else {
+    e.step = step_ != nullptr ? unwrap_step(f.step, now) : static_cast<std::int32_t>(f.step);
     e.micro = static_cast<std::int32_t>(f.micro);
     e.chunk = static_cast<std::int32_t>(f.chunk);
     e.layer = static_cast<std::int32_t>(f.layer);
-  } else {
-    e.seq = static_cast<std::int32_t>(f.step);
   }
   return recorder_->open(e);
 }

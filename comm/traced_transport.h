@@ -10,6 +10,7 @@
 //   auto t = std::make_unique<comm::TracedTransport>(std::move(ucx), recorder);
 #pragma once
 
+#include <atomic>
 #include <memory>
 
 #include "comm/trace.h"
@@ -19,9 +20,13 @@ namespace troupe::comm {
 
 class TracedTransport final : public Transport {
  public:
-  // `recorder` outlives this transport and every callback it runs.
-  TracedTransport(std::unique_ptr<Transport> inner, trace::Recorder* recorder)
-      : inner_(std::move(inner)), recorder_(recorder) {}
+  // `recorder` outlives this transport and every callback it runs; so does
+  // `step` (may be null), the step the rank is in: a tag carries the step
+  // mod 2^16 (a collective's none), the event gets the full one (the
+  // nearest to *step with those low 16 bits; a collective's: *step).
+  TracedTransport(std::unique_ptr<Transport> inner, trace::Recorder* recorder,
+                  const std::atomic<int>* step = nullptr)
+      : inner_(std::move(inner)), recorder_(recorder), step_(step) {}
 
   int rank() const override { return inner_->rank(); }
   int size() const override { return inner_->size(); }
@@ -50,6 +55,10 @@ class TracedTransport final : public Transport {
 
   std::unique_ptr<Transport> inner_;
   trace::Recorder* recorder_;
+  const std::atomic<int>* step_;
 };
+
+// The step whose low 16 bits are `low16` nearest to `near` (>= 0).
+int unwrap_step(std::uint32_t low16, int near);
 
 }  // namespace troupe::comm

@@ -75,6 +75,18 @@ Outcome failed(std::string message, int code = 1) {
   return {.code = code, .message = std::move(message), .restartable = false, .lost_hosts = {}, .failed_at = {}};
 }
 
+// Where start `index` writes its flight recorder: --flight-dir (by default
+// RUNDIR/flight), RUNDIR/flight.restartK for restart K (as its logs).
+std::string flight_dir(const LaunchFlags& f, int index) {
+  return index == 0 ? f.train.trace.flight_dir
+                    : absl::StrCat(f.train.trace.flight_dir, ".restart", index);
+}
+
+// Where a failure of start `index` leaves its files (--trace DIR, or the above).
+std::string failure_dir(const LaunchFlags& f, int index) {
+  return f.train.trace.dir.empty() ? flight_dir(f, index) : f.train.trace.dir;
+}
+
 // The worker's command line: the training flags as given, but the layout
 // and the checkpoint to load as this start's plan says.
 std::vector<std::string> worker_flags(const LaunchFlags& f, const AttemptPlan& plan) {
@@ -83,7 +95,7 @@ std::vector<std::string> worker_flags(const LaunchFlags& f, const AttemptPlan& p
   out.insert(out.end(), {"--dp", std::to_string(plan.parallel.dp)});
   // (Absolute: a worker may run in another directory.)
   if (!f.train.trace.dir.empty()) out.insert(out.end(), {"--trace", f.train.trace.dir});
-  out.insert(out.end(), {"--flight-dir", f.train.trace.flight_dir});
+  out.insert(out.end(), {"--flight-dir", flight_dir(f, plan.index)});
   if (!plan.load.empty()) out.insert(out.end(), {"--load", plan.load});
   if (!plan.load.empty() && !plan.load_optim) out.push_back("--no-load-optim");
   return out;
@@ -118,6 +130,10 @@ Outcome run_attempt(LaunchContext& ctx, const AttemptPlan& plan) {
                        }}});
   if (!host.ok()) return failed(std::string(host.status().message()));
   actors::CoordinatorHost& coordinator = **host;
+  // This start's trace files only (an earlier start's ranks may differ).
+  for (const std::string& dir : {f.train.trace.dir, flight_dir(f, plan.index)}) {
+    if (!dir.empty()) actors::remove_trace_files(dir);
+  }
 
   // The banner and the placement table.
   const comm::Layout layout = par.layout();
@@ -337,7 +353,7 @@ Outcome run_attempt(LaunchContext& ctx, const AttemptPlan& plan) {
                                      : absl::StrCat(absl::StrJoin(causes, "\n  "), "\n  the run: ",
                                                     st.message());
     out.message = absl::StrCat(msg, "\n  logs: ", ctx.run_dir, "\n  ",
-                               actors::flight_note(f.train.trace.failure_dir(), absl::OkStatus()));
+                               actors::flight_note(failure_dir(f, plan.index), absl::OkStatus()));
     out.code = sig ? 128 + sig : 1;
     return out;
   }
@@ -418,8 +434,9 @@ int run_launch(LaunchFlags& f) {
     if (sig == SIGUSR1) {
       std::lock_guard<std::mutex> lock(ctx.mu);
       if (ctx.current != nullptr) ctx.current->request_traces("signal");
-      std::printf("troupe launch: SIGUSR1: every rank writes its trace to %s\n",
-                  ctx.f.train.trace.failure_dir().c_str());
+      std::printf("troupe launch: SIGUSR1: every rank writes its trace (%s; each rank's log "
+                  "says where)\n",
+                  ctx.f.train.trace.dir.empty() ? "the flight directory" : ctx.f.train.trace.dir.c_str());
       std::fflush(stdout);
       return;
     }

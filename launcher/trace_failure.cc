@@ -196,9 +196,17 @@ bool shard_wait(const Event& e) {
 
 void open_edges(const Trace& t, Edges which, Graph* g) {
   for (const RankTrace& r : t.ranks) {
+    // A rank whose stream is inside an op that never ended is where the
+    // waits end (a hung kernel, an op slower than the watchdog): an op's
+    // inputs had all arrived when it began, so what its actor waits for
+    // next does not hold it up. Only its TP peers can (the collectives
+    // inside the op).
+    bool stuck = false;
+    for (const Event& e : r.events) stuck |= e.open && e.compute();
     for (const Event& e : r.events) {
       const bool waits = e.kind == Kind::kRecv || e.kind == Kind::kSend || e.kind == Kind::kWait;
       if (!e.open || !waits || e.peer < 0 || e.peer == r.header.rank) continue;
+      if (stuck && e.msg != "tp" && e.msg != "collective") continue;
       if (which == Edges::kShards && !shard_wait(e)) continue;
       (*g)[r.header.rank][e.peer] = std::max((*g)[r.header.rank][e.peer], e.step);
     }

@@ -94,6 +94,14 @@ absl::StatusOr<Header> parse_header(const json& o, const Where& w) {
   if (h.tp < 1 || h.pp < 1 || h.dp < 1 || h.v < 1) return w.error("layout sizes must be >= 1");
   TRY(need(o, "schedule", &h.schedule, w));
   TRY(need(o, "m", &h.m, w));
+  // (Bounds, so that no reader loop or product of them runs away.)
+  constexpr int kMax = 1 << 16;
+  if (h.tp > kMax || h.pp > kMax || h.dp > kMax || h.v > kMax || h.m < 1 || h.m > kMax ||
+      static_cast<std::int64_t>(h.tp) * h.pp * h.dp > (std::int64_t{1} << 24)) {
+    return w.error(absl::StrFormat("layout tp=%d pp=%d dp=%d v=%d m=%d is out of range (each at "
+                                   "most %d, m at least 1, at most 2^24 ranks)",
+                                   h.tp, h.pp, h.dp, h.v, h.m, kMax));
+  }
   TRY(need(o, "reason", &h.reason, w));
   TRY(maybe(o, "message", &h.message, w));
   if (!o.contains("clock") || !o["clock"].is_object()) return w.error("missing \"clock\" object");

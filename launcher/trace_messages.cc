@@ -82,14 +82,27 @@ std::vector<Message> match_messages(const Trace& t) {
     sort_by_post(t, &s.recvs);
     const auto& [from, to, tag] = key;
     const std::size_t n = std::min(s.sends.size(), s.recvs.size());
-    for (std::size_t i = 0; i < n; i++) matched.push_back({from, to, tag, s.sends[i], s.recvs[i]});
-    // The surplus of one side: with a ring that dropped the oldest, the
-    // lost partners are the first ones, but a surplus is reported either
-    // way, so FIFO from the front is as good as any pairing.
-    for (std::size_t i = n; i < s.sends.size(); i++) {
+    // Which end of the longer side has no partners: the front where the
+    // other side's ring dropped its oldest events (the partners of the
+    // oldest were lost), else the back (the newest, not yet posted on the
+    // other side when the files were written). Pairing from the wrong end
+    // would shift every pair of a repeated tag by one.
+    auto dropped = [&t](const std::vector<EventRef>& refs) {
+      return !refs.empty() && t.ranks[static_cast<std::size_t>(refs[0].rank)].header.dropped > 0;
+    };
+    const bool sends_first = s.sends.size() > n && dropped(s.recvs);
+    const bool recvs_first = s.recvs.size() > n && dropped(s.sends);
+    const std::size_t si = sends_first ? s.sends.size() - n : 0;
+    const std::size_t ri = recvs_first ? s.recvs.size() - n : 0;
+    for (std::size_t i = 0; i < n; i++) {
+      matched.push_back({from, to, tag, s.sends[si + i], s.recvs[ri + i]});
+    }
+    for (std::size_t i = 0; i < s.sends.size(); i++) {
+      if (i >= si && i < si + n) continue;
       lone_sends.push_back({from, to, tag, s.sends[i], std::nullopt});
     }
-    for (std::size_t i = n; i < s.recvs.size(); i++) {
+    for (std::size_t i = 0; i < s.recvs.size(); i++) {
+      if (i >= ri && i < ri + n) continue;
       lone_recvs.push_back({from, to, tag, std::nullopt, s.recvs[i]});
     }
   }

@@ -205,6 +205,7 @@ int run_train(const TrainFlags& flags) {
     }
     if (absl::Status st = saver.finish(); !st.ok()) return fail(st);
   } else {
+    if (!flags.trace.dir.empty()) actors::remove_trace_files(flags.trace.dir);
     // SIGUSR1: every rank's trace now, into --trace DIR or the flight directory.
     DumpOnSignal usr1([&] {
       const std::string dir = flags.trace.failure_dir();

@@ -203,7 +203,7 @@ void add_train_flags(CLI::App* cmd, TrainFlags& f) {
                   "(also on failure and on SIGUSR1); read with `troupe trace DIR`");
   cmd->add_option("--trace-steps", f.trace_steps,
                   "Record only steps A..B (A:B, as Megatron's --profile-step-start/end)");
-  cmd->add_option("--trace-buffer", tr.events,
+  cmd->add_option("--trace-buffer", f.trace_buffer,
                   "Events each rank keeps (the newest; default 262144 with --trace, 4096 without)");
   cmd->add_option("--flight-dir", tr.flight_dir,
                   "Where a failed or stalled run writes its flight recorder (default "
@@ -278,6 +278,12 @@ absl::Status finish_trace_flags(TrainFlags& f) {
     tr.first_step = a;
     tr.last_step = b;
   }
+  // (64 bytes an event: 2^24 is 1 GiB a rank.)
+  if (f.trace_buffer < 0 || f.trace_buffer > (std::int64_t{1} << 24)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--trace-buffer ", f.trace_buffer, ": expected 1 to 16777216 events a rank (1 GiB)"));
+  }
+  tr.events = static_cast<std::size_t>(f.trace_buffer);
   if (!f.op_cost.empty()) {
     char end = 0;
     if (std::sscanf(f.op_cost.c_str(), "%lf:%lf%c", &f.fwd_ms, &f.bwd_ms, &end) != 2 ||

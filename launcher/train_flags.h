@@ -4,6 +4,7 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <cstdint>
 #include <fstream>
 #include <optional>
 #include <string>
@@ -29,6 +30,7 @@ struct TrainFlags {
   std::string stall_at;  // --debug-stall-stage S:K
   actors::TraceOptions trace;  // --trace, --trace-steps, --trace-buffer, --flight-dir
   std::string trace_steps;     // --trace-steps A:B
+  std::int64_t trace_buffer = 0;  // --trace-buffer N (0: the default)
   std::string op_cost;         // --debug-op-cost FWD_MS:BWD_MS
   double fwd_ms = -1, bwd_ms = -1;
   // Every option add_train_flags registered, in order (to forward them).

@@ -31,7 +31,10 @@
 # their team-mate is descheduled made a 0.5 s training run take 12 s), and
 # the sanitizers' run-time settings in a TROUPE_SANITIZE build.
 include(${CMAKE_CURRENT_LIST_DIR}/sanitizers/sanitizers.cmake)
-set(TROUPE_TEST_ENV OMP_WAIT_POLICY=passive ${TROUPE_SANITIZER_ENV})
+# (A failing run's flight recorder goes under build/flight-records, not into
+# each test's working directory.)
+set(TROUPE_TEST_ENV OMP_WAIT_POLICY=passive TROUPE_FLIGHT_DIR=${CMAKE_BINARY_DIR}/flight-records
+  ${TROUPE_SANITIZER_ENV})
 
 function(_troupe_discover target filter labels env)
   get_property(count GLOBAL PROPERTY _troupe_discover_count)

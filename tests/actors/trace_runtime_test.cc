@@ -148,23 +148,45 @@ TEST(TraceRuntime, A1F1BRunRecordsEveryOpInOrderAndEveryMessageOnBothSides) {
   fs::remove_all(dir);
 }
 
+// With TP too: the TP collectives, their phases and messages (whose tags
+// carry no step) are the window's as well, nothing else is recorded.
 TEST(TraceRuntime, TraceStepsKeepsOnlyThatWindow) {
   const std::string dir = fresh_dir("window");
   TraceOptions trace;
   trace.dir = dir;
   trace.first_step = trace.last_step = 2;
-  auto t = InProcessTrainer::create(tiny(4, 3), {.pp = 2}, nullptr, {}, trace);
+  auto t = InProcessTrainer::create(tiny(4, 3), {.tp = 2, .pp = 2}, nullptr, {}, trace);
   ASSERT_TRUE(t.ok()) << t.status();
   ASSERT_TRUE((*t)->run([](const model::StepMetrics&) {}).ok());
-  for (const RankFile& f : read_dir(dir, 2)) {
+  for (const RankFile& f : read_dir(dir, 4)) {
     EXPECT_EQ(f.header["trace_steps"], json::array({2, 2}));
-    int forwards = 0;
+    int forwards = 0, collectives = 0, tp_messages = 0;
     for (const json& e : f.events) {
-      EXPECT_TRUE(e["step"] == 2 || e["step"] == 0) << e.dump();
+      EXPECT_EQ(e["step"], 2) << e.dump();
       forwards += e["k"] == "forward";
+      collectives += e["k"] == "collective";
+      tp_messages += e.contains("msg") && e["msg"] == "tp";
     }
     EXPECT_EQ(forwards, 4);  // m = 4 of step 2
+    EXPECT_GT(collectives, 0);
+    EXPECT_GT(tp_messages, 0);
   }
+  fs::remove_all(dir);
+}
+
+TEST(TraceRuntime, RemoveTraceFilesRemovesOnlyRankFiles) {
+  const std::string dir = fresh_dir("remove");
+  fs::create_directories(dir);
+  for (const char* name : {"rank-00003.trace.jsonl", "rank-3.trace.jsonl", "metrics.jsonl",
+                           "rank-00003.trace.jsonl.keep", "notes.txt"}) {
+    std::ofstream(fs::path(dir) / name) << "x\n";
+  }
+  remove_trace_files(dir);
+  std::vector<std::string> left;
+  for (const auto& e : fs::directory_iterator(dir)) left.push_back(e.path().filename().string());
+  std::sort(left.begin(), left.end());
+  EXPECT_EQ(left, (std::vector<std::string>{"metrics.jsonl", "notes.txt",
+                                            "rank-00003.trace.jsonl.keep", "rank-3.trace.jsonl"}));
   fs::remove_all(dir);
 }
 

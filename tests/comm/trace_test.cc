@@ -189,3 +189,37 @@ TEST(TracedTransport, AReceiveThatFailsIsRecordedAsFailed) {
 
 }  // namespace
 }  // namespace troupe::comm::trace
+
+namespace troupe::comm {
+namespace {
+
+TEST(TracedTransport, StepsPast65535AreRecordedWhole) {
+  // A tag carries the step mod 2^16; the rank's step gives the rest.
+  EXPECT_EQ(unwrap_step(70000 & 0xFFFF, 70000), 70000);
+  EXPECT_EQ(unwrap_step(0, 65536), 65536);
+  EXPECT_EQ(unwrap_step(65535, 65536), 65535);  // the previous step's late message
+  EXPECT_EQ(unwrap_step(1, 65535), 65537);
+  EXPECT_EQ(unwrap_step(3, 2), 3);
+  EXPECT_EQ(unwrap_step(65535, 0), 0);  // never negative
+  auto fabric = std::make_shared<InProcFabric>(2);
+  trace::Recorder r0(16);
+  r0.set_steps(70000, 70000);
+  std::atomic<int> step{70000};
+  TracedTransport t0(fabric->endpoint(0), &r0, &step);
+  const Tag tag = make_tag({.source = 0, .group = GroupKind::kPipeline,
+                            .kind = MessageKind::kActivation, .step = 70000, .micro = 1,
+                            .chunk = 0, .layer = 0});
+  std::vector<float> buf(4);
+  t0.send(1, tag, buf.data(), 16, [](absl::Status) {});
+  // A TP collective's message has no step in its tag: it gets the rank's.
+  t0.send(1, collective_tag(0, GroupKind::kTensor, 9, 0, 0), buf.data(), 16, [](absl::Status) {});
+  const trace::Recorder::Contents c = r0.contents();
+  ASSERT_EQ(c.open.size(), 2u);  // in the window, not yet received
+  EXPECT_EQ(c.open[0].step, 70000);
+  EXPECT_EQ(c.open[1].step, 70000);
+  EXPECT_EQ(c.open[1].seq, 9);
+  t0.fail_peer(1, absl::UnavailableError("end of test"));
+}
+
+}  // namespace
+}  // namespace troupe::comm

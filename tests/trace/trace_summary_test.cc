@@ -346,3 +346,97 @@ TEST(TraceSummary, IntervalArithmetic) {
 
 }  // namespace
 }  // namespace troupe::launcher::trace
+
+namespace troupe::launcher::trace::testing {
+namespace {
+
+// A stream stuck in an op (a hung kernel, an op slower than the watchdog):
+// rank 0 is inside forward mb 1 of step 2, and its actor, having run ahead,
+// already waits for the gradient of mb 0 from rank 1, which waits for the
+// activation of mb 1 from rank 0. Not a cycle: rank 0's op is where the
+// waits end (its inputs had all arrived when it began).
+TEST(TraceFailure, ARankStuckInsideAnOpIsNamedNotACycle) {
+  RankFile r0{.h = {.rank = 0, .s = 0, .pp = 2, .m = 2, .reason = "stall", .host = "h0"},
+              .events = {}};
+  RankFile r1{.h = {.rank = 1, .s = 1, .pp = 2, .m = 2, .reason = "stall", .host = "h1"},
+              .events = {}};
+  r0.add(op("forward", 0, 10, 2, 0));
+  r0.add(message("send", 10, 11, 2, 1, "activation", 0, "0xa0"));
+  r0.add(open_event(op("forward", 10, 0, 2, 1)));
+  r0.add(open_event(message("recv", 10.5, 0, 2, 1, "gradient", 0, "0xb0")));
+  r0.add(open_event({{"k", "wait"},
+                     {"b", 10.5},
+                     {"step", 2},
+                     {"actor", "shard"},
+                     {"what", "gradient"},
+                     {"peer", 1},
+                     {"mb", 0},
+                     {"chunk", 0}}));
+  r0.add(open_event(step_event(0, 0, 2)));
+  r1.add(message("recv", 0, 11, 2, 0, "activation", 0, "0xa0"));
+  r1.add(op("forward", 11, 15, 2, 0));
+  r1.add(op("backward", 15, 20, 2, 0));
+  r1.add(message("send", 20, 21, 2, 0, "gradient", 0, "0xb0"));
+  r1.add(open_event(message("recv", 20, 0, 2, 0, "activation", 1, "0xa1")));
+  r1.add(open_event({{"k", "wait"},
+                     {"b", 20.0},
+                     {"step", 2},
+                     {"actor", "shard"},
+                     {"what", "activation"},
+                     {"peer", 0},
+                     {"mb", 1},
+                     {"chunk", 0}}));
+  r1.add(open_event(step_event(0, 0, 2)));
+  Trace t = assemble({r0, r1});
+  FailureAnalysis a = analyze_failure(t, match_messages(t));
+  EXPECT_EQ(a.stalled, std::vector<int>{0}) << a.text;
+  EXPECT_NE(a.text.find("likely stalled: rank 0 (0,0,0) h0: is still in forward mb 1 of step 2"),
+            std::string::npos)
+      << a.text;
+  EXPECT_EQ(a.text.find("cycle"), std::string::npos) << a.text;
+}
+
+// A tag repeats (an evaluation reuses its step's activation tags) and the
+// receiver's ring dropped its oldest events: the sends without a partner
+// are the oldest, not the newest, so each newer send keeps its own receive.
+TEST(TraceMessages, WhenTheReceiverDroppedEventsTheOldestSendsAreTheUnmatchedOnes) {
+  RankFile r0{.h = {.rank = 0, .s = 0, .pp = 2}, .events = {}};
+  RankFile r1{.h = {.rank = 1, .s = 1, .pp = 2, .dropped = 5}, .events = {}};
+  r0.add(message("send", 1, 2, 1, 1, "activation", 0, "0x7"));
+  r0.add(message("send", 10, 11, 1, 1, "activation", 0, "0x7"));
+  r0.add(message("send", 20, 21, 1, 1, "activation", 0, "0x7"));
+  r1.add(message("recv", 9, 11, 1, 0, "activation", 0, "0x7"));
+  r1.add(message("recv", 19, 21, 1, 0, "activation", 0, "0x7"));
+  Trace t = assemble({r0, r1});
+  std::vector<Message> ms = match_messages(t);
+  ASSERT_EQ(ms.size(), 3u);
+  ASSERT_TRUE(ms[0].matched() && ms[1].matched());
+  EXPECT_EQ(event_of(t, *ms[0].send).b, ns(10));
+  EXPECT_EQ(event_of(t, *ms[0].recv).e, ns(11));
+  EXPECT_EQ(event_of(t, *ms[1].send).b, ns(20));
+  EXPECT_EQ(event_of(t, *ms[1].recv).e, ns(21));
+  EXPECT_FALSE(ms[2].matched());
+  EXPECT_EQ(event_of(t, *ms[2].send).b, ns(1));
+  // Nothing dropped: the newest send is the one whose receive is not posted yet.
+  RankFile q1{.h = {.rank = 1, .s = 1, .pp = 2}, .events = {}};
+  q1.add(message("recv", 0, 2, 1, 0, "activation", 0, "0x7"));
+  q1.add(message("recv", 9, 11, 1, 0, "activation", 0, "0x7"));
+  Trace u = assemble({r0, q1});
+  std::vector<Message> us = match_messages(u);
+  ASSERT_EQ(us.size(), 3u);
+  EXPECT_EQ(event_of(u, *us[0].send).b, ns(1));
+  EXPECT_EQ(event_of(u, *us[1].send).b, ns(10));
+  EXPECT_FALSE(us[2].matched());
+  EXPECT_EQ(event_of(u, *us[2].send).b, ns(20));
+}
+
+TEST(TraceFiles, AbsurdLayoutSizesAreAnError) {
+  RankFile f{.h = {.rank = 0, .v = 1 << 30, .m = 4}, .events = {}};
+  absl::StatusOr<RankTrace> r = parse_rank_file("rank-00000.trace.jsonl", f.text());
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("rank-00000.trace.jsonl"), std::string::npos) << r.status();
+  EXPECT_NE(r.status().message().find("out of range"), std::string::npos) << r.status();
+}
+
+}  // namespace
+}  // namespace troupe::launcher::trace::testing
