@@ -72,6 +72,11 @@ struct WaitReport {
   std::string waiting;  // "gradient from rank 3", "" when not waiting
   int peer = -1;        // the rank that should send it (-1: none or local)
   double since_s = 0;   // how long it has waited
+  // A shard whose stream has ops it has not finished: the oldest ("forward
+  // of micro-batch 1 (chunk 0)"), else "". At a stall that op has not
+  // finished for the whole timeout: the rank is where the waits end,
+  // whatever its actor (which runs ahead of its stream) waits for next.
+  std::string computing;
   // Work the actor has completed over the run (ops, arrivals, reductions):
   // the stall watchdog's progress between two of its questions.
   std::uint64_t progress = 0;
@@ -87,7 +92,7 @@ typename Inspector::result_type inspect(Inspector& f, WaitReport& x) {
     return caf::none;
   });
   return f(caf::meta::type_name("troupe::WaitReport"), x.rank, x.actor, x.step, x.op_id, x.op,
-           x.waiting, x.peer, since, x.progress, load);
+           x.waiting, x.peer, since, x.progress, x.computing, load);
 }
 
 // A double or float of a message as it crosses a process boundary: its

@@ -435,6 +435,11 @@ WaitReport ShardActor::report() const {
   r.since_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - wait_since_).count();
   r.progress = progress_;
+  // Ops complete in the order they fired (one stream): the oldest of those
+  // fired and not done is op ops_done_ of the schedule.
+  if (step_ > 0 && static_cast<std::size_t>(ops_done_) < cursor_) {
+    r.computing = describe((*ops_)[static_cast<std::size_t>(ops_done_)]);
+  }
   return r;
 }
 

@@ -18,11 +18,16 @@ op (against an unmarked one) and one open+close of the recorder; --trace's
 files say how many of each a rank records per step; their product over the
 step time is the overhead per step. One JSON object per measurement on
 stdout, then a summary.
+
+Also the bubble `troupe trace` measures with ops of fixed cost
+(--debug-op-cost 10:20, tiny, pp 4, m 8, 1F1B) in one process and through
+`troupe launch`, against the theory (p-1)/(m+p-1) = 27.3%.
 """
 import argparse
 import glob
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -37,6 +42,7 @@ ap.add_argument("--rounds", type=int, default=3)
 ap.add_argument("--micro-batch-size", type=int, default=2)
 ap.add_argument("--global-batch-size", type=int, default=8)
 ap.add_argument("--pp", type=int, default=2)
+ap.add_argument("--no-bubble", action="store_true", help="skip the bubble measurement")
 args = ap.parse_args()
 WORK = tempfile.mkdtemp(prefix="troupe-trace-bench-")
 BASE = ["--model", "cpu-small", "--pp", str(args.pp), "--micro-batch-size",
@@ -115,4 +121,26 @@ print(f"  --trace: {extra['events_per_rank_step']:.0f} events and "
 print(f"  one marked stream op {mark_ns / 1000:.2f} us, one recorded message or wait "
       f"{event_ns:.0f} ns: {cost_s * 1e6:.1f} us per rank and step = "
       f"{100 * cost_s / med['off']:.4f}% of the step (target: under 3%)")
+
+def bubble(launch):
+    d = os.path.join(WORK, "bubble-launch" if launch else "bubble")
+    cmd = [args.troupe, "launch" if launch else "train", "--model", "tiny", "--pp", "4",
+           "--micro-batch-size", "1", "--global-batch-size", "8", "--steps", "3",
+           "--debug-op-cost", "10:20", "--trace", d]
+    if launch:
+        cmd += ["--run-dir", os.path.join(WORK, "run-bubble")]
+    subprocess.run(cmd, capture_output=True, text=True, check=True)
+    p = subprocess.run([args.troupe, "trace", d], capture_output=True, text=True, check=True)
+    m = re.search(r"bubble: measured ([0-9.]+)% .* = ([0-9.]+)%", p.stdout)
+    emit(bench="bubble", launch=launch, measured_pct=float(m.group(1)),
+         theory_pct=float(m.group(2)))
+    return float(m.group(1)), float(m.group(2))
+
+
+if not args.no_bubble:
+    for launch in (False, True):
+        got, want = bubble(launch)
+        print(f"  bubble with ops of 10:20 ms, pp 4, m 8, "
+              f"{'troupe launch' if launch else 'one process'}: {got:.1f}% (theory {want:.1f}%, "
+              f"{got - want:+.1f} points)")
 shutil.rmtree(WORK)

@@ -292,3 +292,37 @@ TEST(StallAnalysis, ALongChainDoesNotRecurse) {
 
 }  // namespace
 }  // namespace troupe::actors
+
+namespace troupe::actors {
+namespace {
+
+// tp=1 pp=2 dp=1: rank 0's stream is inside forward mb 1 and has not
+// finished it (an op slower than the timeout, a hung kernel); its actor,
+// ahead of the stream, already waits for mb 0's gradient from rank 1,
+// which waits for mb 1's activation from rank 0. Not a cycle: rank 0.
+TEST(StallAnalysis, AStreamThatHasNotFinishedItsOpIsTheCulpritNotACycle) {
+  const comm::Layout pp2{.tp = 1, .pp = 2, .dp = 1};
+  std::vector<WaitReport> r = idle(pp2, 2);
+  waits_at_op(shard(r, 0), 3, "backward of micro-batch 0 (chunk 0)", "the gradient from rank 1", 1,
+              2.0);
+  shard(r, 0).computing = "forward of micro-batch 1 (chunk 0)";
+  waits_at_op(shard(r, 1), 2, "forward of micro-batch 1 (chunk 0)", "the activation from rank 0", 0,
+              2.0);
+  const StallAnalysis a = analyze(r, pp2, 2);
+  ASSERT_EQ(a.culprits.size(), 1u) << a.text();
+  EXPECT_FALSE(a.culprits[0].cycle) << a.text();
+  EXPECT_EQ(a.culprits[0].text,
+            "likely culprit: rank 0 (d=0 s=0 t=0): its stream has not finished the forward of "
+            "micro-batch 1 (chunk 0)");
+  // With a TP peer that has not begun the step, the op waits for it there.
+  const comm::Layout tp2{.tp = 2, .pp = 1, .dp = 1};
+  std::vector<WaitReport> q = idle(tp2, 2);
+  shard(q, 0).computing = "forward of micro-batch 0 (chunk 0)";
+  shard(q, 1).step = 1;
+  const StallAnalysis b = analyze(q, tp2, 2);
+  ASSERT_EQ(b.culprits.size(), 1u) << b.text();
+  EXPECT_EQ(b.culprits[0].ranks, std::vector<int>{1}) << b.text();
+}
+
+}  // namespace
+}  // namespace troupe::actors

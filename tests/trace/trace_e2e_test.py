@@ -9,7 +9,7 @@ Cases:
   flows [launch]  the merged trace has exactly one flow per activation and
                   gradient message (3 boundaries x 8 micro-batches x 2
                   directions x 3 steps = 144) and nothing unmatched
-  bubble          fixed-cost ops (--debug-op-cost 10:20): the measured
+  bubble          fixed-cost ops (--debug-op-cost 20:40): the measured
                   bubble within 2 points of (p-1)/(m+p-1) = 3/11
   stall [launch]  stage 2 never begins step 2 (--debug-stall-stage 2:2):
                   the flight recorder's files name rank 2 as the stalled one
@@ -102,7 +102,7 @@ def case_flows():
 def case_bubble():
     d = os.path.join(WORK, "bubble")
     shutil.rmtree(d, ignore_errors=True)
-    rc, out, _ = train("bubble", "--steps", "3", "--debug-op-cost", "10:20", "--trace", d)
+    rc, out, _ = train("bubble", "--steps", "3", "--debug-op-cost", "20:40", "--trace", d)
     if rc != 0:
         fail("training exited %d\n%s" % (rc, out))
     rc, summary = run([TROUPE, "trace", d])
