@@ -33,28 +33,26 @@ trace::Recorder::Handle TracedTransport::open(trace::Kind kind, int peer, Tag ta
   return recorder_->open(e);
 }
 
+// `done`, after the event of handle `h` is closed (failed on an error).
+Callback TracedTransport::closing(trace::Recorder::Handle h, Callback done) const {
+  return [rec = recorder_, h, done = std::move(done)](absl::Status st) {
+    rec->close(h, !st.ok());
+    done(std::move(st));
+  };
+}
+
 void TracedTransport::send(int peer, Tag tag, const void* data, std::size_t bytes, Callback done,
                            std::shared_ptr<CancelToken> token) {
-  const trace::Recorder::Handle h = open(trace::Kind::kSend, peer, tag, bytes);
-  inner_->send(
-      peer, tag, data, bytes,
-      [rec = recorder_, h, done = std::move(done)](absl::Status st) {
-        rec->close(h, !st.ok());
-        done(std::move(st));
-      },
-      std::move(token));
+  inner_->send(peer, tag, data, bytes,
+               closing(open(trace::Kind::kSend, peer, tag, bytes), std::move(done)),
+               std::move(token));
 }
 
 void TracedTransport::recv(int peer, Tag tag, void* data, std::size_t bytes, Callback done,
                            std::shared_ptr<CancelToken> token) {
-  const trace::Recorder::Handle h = open(trace::Kind::kRecv, peer, tag, bytes);
-  inner_->recv(
-      peer, tag, data, bytes,
-      [rec = recorder_, h, done = std::move(done)](absl::Status st) {
-        rec->close(h, !st.ok());
-        done(std::move(st));
-      },
-      std::move(token));
+  inner_->recv(peer, tag, data, bytes,
+               closing(open(trace::Kind::kRecv, peer, tag, bytes), std::move(done)),
+               std::move(token));
 }
 
 void TracedTransport::recv_pull(int peer, Tag tag, std::size_t bytes, void* landing,

@@ -52,6 +52,7 @@ class TracedTransport final : public Transport {
 
  private:
   trace::Recorder::Handle open(trace::Kind kind, int peer, Tag tag, std::size_t bytes);
+  Callback closing(trace::Recorder::Handle h, Callback done) const;
 
   std::unique_ptr<Transport> inner_;
   trace::Recorder* recorder_;

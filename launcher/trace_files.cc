@@ -129,16 +129,16 @@ absl::StatusOr<Header> parse_header(const json& o, const Where& w) {
   return h;
 }
 
+// Each kind by the name the runtime writes for it (comm::trace::kind_name).
 const std::map<std::string, Kind>& kinds() {
-  static const auto* m = new std::map<std::string, Kind>{{"forward", Kind::kForward},
-                                                         {"backward", Kind::kBackward},
-                                                         {"send", Kind::kSend},
-                                                         {"recv", Kind::kRecv},
-                                                         {"collective", Kind::kCollective},
-                                                         {"phase", Kind::kPhase},
-                                                         {"optimizer", Kind::kOptimizer},
-                                                         {"wait", Kind::kWait},
-                                                         {"step", Kind::kStep}};
+  static const auto* m = [] {
+    auto* out = new std::map<std::string, Kind>;
+    for (Kind k : {Kind::kForward, Kind::kBackward, Kind::kSend, Kind::kRecv, Kind::kCollective,
+                   Kind::kPhase, Kind::kOptimizer, Kind::kWait, Kind::kStep}) {
+      (*out)[kind_name(k)] = k;
+    }
+    return out;
+  }();
   return *m;
 }
 
@@ -206,30 +206,6 @@ absl::StatusOr<json> parse_json(absl::string_view line, const Where& w) {
 }
 
 }  // namespace
-
-const char* kind_name(Kind k) {
-  switch (k) {
-    case Kind::kForward:
-      return "forward";
-    case Kind::kBackward:
-      return "backward";
-    case Kind::kSend:
-      return "send";
-    case Kind::kRecv:
-      return "recv";
-    case Kind::kCollective:
-      return "collective";
-    case Kind::kPhase:
-      return "phase";
-    case Kind::kOptimizer:
-      return "optimizer";
-    case Kind::kWait:
-      return "wait";
-    case Kind::kStep:
-      return "step";
-  }
-  return "?";
-}
 
 std::string Header::coord() const { return absl::StrFormat("(%d,%d,%d)", d, s, t); }
 std::string Header::describe() const {

@@ -22,21 +22,13 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "comm/trace.h"
 
 namespace troupe::launcher::trace {
 
-enum class Kind {
-  kForward,
-  kBackward,
-  kSend,
-  kRecv,
-  kCollective,
-  kPhase,
-  kOptimizer,
-  kWait,
-  kStep
-};
-const char* kind_name(Kind k);
+// The kinds the runtime records (comm/trace.h), by the names it writes.
+using Kind = comm::trace::Kind;
+using comm::trace::kind_name;
 
 // One line of a rank file. Fields a kind does not have keep their defaults.
 struct Event {
