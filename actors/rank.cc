@@ -53,23 +53,11 @@ absl::Status ParallelOptions::validate(const model::TrainOptions& o) const {
   return absl::OkStatus();
 }
 
-namespace {
-
-// Most micro-batches chunk c of stage s holds between forward and backward.
-int peak_in_flight(const std::vector<ScheduleOp>& ops, int chunk) {
-  int now = 0, peak = 0;
-  for (const ScheduleOp& op : ops) {
-    if (op.chunk != chunk) continue;
-    now += op.kind == OpKind::kForward ? 1 : -1;
-    peak = std::max(peak, now);
-  }
-  return peak;
-}
-
-}  // namespace
 
 absl::StatusOr<std::unique_ptr<RankUnit>> RankUnit::create(
     const RankSpec& spec, std::unique_ptr<comm::Transport> transport) {
+  gpu::Device& dev = gpu::cpu_device();
+  const std::int64_t at_start = dev.allocated_bytes();
   std::unique_ptr<RankUnit> u(new RankUnit(spec));
   const ParallelOptions& par = spec.parallel;
   const model::TrainOptions& o = spec.options;
@@ -94,7 +82,6 @@ absl::StatusOr<std::unique_ptr<RankUnit>> RankUnit::create(
   model::TensorParallel tensor;
   tensor.slice = {par.tp, u->coord_.t};
   if (par.tp > 1) u->make_tensor_parallel(&tensor);
-  gpu::Device& dev = gpu::cpu_device();
   u->stream_ = dev.make_stream({.threads = std::max(1, spec.threads)});
   u->optimizer_stream_ = dev.make_stream({.threads = 1});
   absl::StatusOr<std::vector<ScheduleOp>> ops =
@@ -128,6 +115,7 @@ absl::StatusOr<std::unique_ptr<RankUnit>> RankUnit::create(
     }
   }
   if (absl::Status st = u->optimizer_stream_->synchronize(); !st.ok()) return st;
+  u->allocated_bytes_ = dev.allocated_bytes() - at_start;
   return u;
 }
 
@@ -258,7 +246,11 @@ RankUnit::Actors RankUnit::spawn(caf::actor_system& system, const Wiring& wiring
       }
     });
   };
-  return {system.spawn<ShardActor>(std::move(ss)), system.spawn<OptimizerActor>(std::move(os))};
+  // The shard's constructor allocates its micro-batches' token buffers.
+  const std::int64_t before = stream_->device().allocated_bytes();
+  Actors spawned{system.spawn<ShardActor>(std::move(ss)), system.spawn<OptimizerActor>(std::move(os))};
+  allocated_bytes_ += stream_->device().allocated_bytes() - before;
+  return spawned;
 }
 
 absl::Status RankUnit::write_trace(const std::string& dir, TraceHeader header) const {

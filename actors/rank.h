@@ -168,6 +168,11 @@ class RankUnit {
   const std::vector<std::unique_ptr<GptStage>>& chunks() const { return chunks_; }
   std::int64_t optimizer_state_bytes() const;
   std::int64_t optimizer_bytes() const { return optimizer_bytes_; }
+  // Device bytes this rank allocated: its chunks, partitions and buffers
+  // (create) and its shard's token buffers (spawn). Measured by the device,
+  // for ranks created one after the other (as both runtimes do); the
+  // planner's counted memory (actors/memory_plan.h) predicts it.
+  std::int64_t allocated_bytes() const { return allocated_bytes_; }
   std::int64_t tp_all_reduced_floats() const { return tp_floats_->load(); }
 
  private:
@@ -191,6 +196,7 @@ class RankUnit {
   std::vector<std::unique_ptr<GptStage>> chunks_;       // by chunk
   std::vector<std::unique_ptr<Partition>> partitions_;  // by chunk
   std::int64_t optimizer_bytes_ = 0;                    // what making them allocated
+  std::int64_t allocated_bytes_ = 0;                    // create + spawn, by the device
   std::shared_ptr<model::ckpt::Snapshot> snapshot_;     // the last save's copy (reused)
   model::ckpt::BackgroundWrite writer_;                  // a save's write (after the streams)
   // Last, so that they drain before the buffers above go away.

@@ -149,6 +149,10 @@ std::int64_t InProcessTrainer::optimizer_state_bytes(int rank) const {
   return ranks_[static_cast<std::size_t>(rank)]->optimizer_state_bytes();
 }
 
+std::int64_t InProcessTrainer::allocated_bytes(int rank) const {
+  return ranks_[static_cast<std::size_t>(rank)]->allocated_bytes();
+}
+
 std::int64_t InProcessTrainer::optimizer_bytes(int rank) const {
   return ranks_[static_cast<std::size_t>(rank)]->optimizer_bytes();
 }

@@ -68,6 +68,9 @@ class InProcessTrainer {
   // what one rank would hold for the whole model.
   std::int64_t optimizer_state_bytes(int rank) const;
   std::int64_t unpartitioned_state_bytes() const;
+  // Device bytes rank `rank` allocated (RankUnit::allocated_bytes; the
+  // token buffers once run() has spawned its actors).
+  std::int64_t allocated_bytes(int rank) const;
   // Every byte the optimizer side of rank r allocated (state, the sum of the
   // replicas, the staging window, norms), as the device counted it.
   std::int64_t optimizer_bytes(int rank) const;

@@ -103,4 +103,14 @@ absl::StatusOr<std::vector<ScheduleOp>> make_schedule(ScheduleKind kind, int pp,
   return ops;
 }
 
+int peak_in_flight(const std::vector<ScheduleOp>& ops, int chunk) {
+  int now = 0, peak = 0;
+  for (const ScheduleOp& op : ops) {
+    if (op.chunk != chunk) continue;
+    now += op.kind == OpKind::kForward ? 1 : -1;
+    peak = std::max(peak, now);
+  }
+  return peak;
+}
+
 }  // namespace troupe::actors

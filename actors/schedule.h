@@ -42,6 +42,10 @@ absl::StatusOr<std::vector<ScheduleOp>> make_schedule(ScheduleKind kind, int pp,
 // L layers must split into pp*v equal model chunks.
 absl::Status check_layer_split(int L, int pp, int v);
 
+// Most micro-batches model chunk `chunk` holds between its forward and its
+// backward in `ops` (one stage's list): the activation slots it needs.
+int peak_in_flight(const std::vector<ScheduleOp>& ops, int chunk);
+
 // Forwards a stage runs before its first backward (Megatron's warm-up).
 int warmup_forwards(ScheduleKind kind, int pp, int s, int m, int v);
 

@@ -19,5 +19,6 @@ Command add_launch_command(CLI::App& app);
 Command add_agent_command(CLI::App& app);
 Command add_ckpt_command(CLI::App& app);
 Command add_trace_command(CLI::App& app);
+Command add_plan_command(CLI::App& app);
 
 }  // namespace troupe::launcher

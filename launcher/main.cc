@@ -22,6 +22,7 @@ int main(int argc, char** argv) {
   commands["preprocess"] = troupe::launcher::add_preprocess_command(app);
   commands["ckpt"] = troupe::launcher::add_ckpt_command(app);
   commands["trace"] = troupe::launcher::add_trace_command(app);
+  commands["plan"] = troupe::launcher::add_plan_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

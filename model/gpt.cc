@@ -99,6 +99,14 @@ Tensor at(const Tensor& t, int l) {
 
 }  // namespace
 
+std::int64_t activation_floats_per_slot(const GptConfig& config, const StageSpec& stage,
+                                        std::int64_t B, int tp) {
+  std::int64_t total = 0;
+  Carver sizer(&total);
+  carve_activations(config, stage, B, tp, sizer);
+  return total;
+}
+
 Gpt::Gpt(const GptConfig& config, int B, gpu::Device& device)
     : Gpt(config, B, device, StageSpec::whole(config)) {}
 
@@ -115,9 +123,7 @@ Gpt::Gpt(const GptConfig& config, int B, gpu::Device& device, const StageSpec& s
   grads_flat_ = Tensor::empty(device, gpu::DType::kF32, {layout_.total()});
   p_ = GptParams::carve(layout_, params_flat_, stage);
   g_ = GptParams::carve(layout_, grads_flat_, stage);
-  std::int64_t per_slot = 0;
-  Carver sizer(&per_slot);
-  carve_activations(config, stage, B, P, sizer);
+  const std::int64_t per_slot = activation_floats_per_slot(config, stage, B, P);
   Tensor flat = Tensor::empty(device, gpu::DType::kF32, {per_slot * slots});
   for (int k = 0; k < slots; k++) {
     std::int64_t used = per_slot * k;

@@ -71,6 +71,13 @@ struct GptActivations {
   gpu::Tensor dfch;             // (B, T, 4Cl)
 };
 
+// Floats of one activation slot of `stage` (every GptActivations tensor,
+// each rounded up to 16 floats as Gpt carves them) for micro-batches of B
+// and a TP slice of tp: what Gpt allocates per slot. The planner's counted
+// memory (actors/memory_plan.h) uses it.
+std::int64_t activation_floats_per_slot(const GptConfig& config, const StageSpec& stage,
+                                        std::int64_t B, int tp);
+
 // Points of the backward after which a group of gradients is final for this
 // micro-batch: the head (ln_f and, tied, the LM head's share of wte), each
 // layer (global index, last layer first), then the embedding (wte, wpe).

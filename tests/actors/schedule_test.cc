@@ -169,7 +169,7 @@ TEST(Schedule, NeverDeadlocksAndTheBubbleIsMegatrons) {
 
 // Micro-batch chunks whose forward has run and backward has not, at most,
 // on one stage (all chunks together, or only `chunk`).
-int peak_in_flight(const std::vector<ScheduleOp>& ops, int chunk = -1) {
+int live_peak(const std::vector<ScheduleOp>& ops, int chunk = -1) {
   int live = 0, peak = 0;
   for (const ScheduleOp& op : ops) {
     if (chunk >= 0 && op.chunk != chunk) continue;
@@ -185,7 +185,7 @@ TEST(Schedule, InFlightActivationsPeakAsTheoryForGPipeAnd1F1B) {
     if (c.kind == ScheduleKind::kInterleaved1F1B) continue;
     for (int s = 0; s < c.pp; s++) {
       const int want = c.kind == ScheduleKind::kGPipe ? c.m : std::min(c.pp - s, c.m);
-      EXPECT_EQ(peak_in_flight(*make_schedule(c.kind, c.pp, s, c.m, c.v)), want)
+      EXPECT_EQ(live_peak(*make_schedule(c.kind, c.pp, s, c.m, c.v)), want)
           << schedule_name(c.kind) << " pp=" << c.pp << " s=" << s << " m=" << c.m;
     }
   }
@@ -212,19 +212,20 @@ TEST(Schedule, InterleavedInFlightPeaksAsMegatron) {
   };
   for (const Want& w : table) {
     for (int s = 0; s < w.pp; s++) {
-      EXPECT_EQ(peak_in_flight(*make_schedule(ScheduleKind::kInterleaved1F1B, w.pp, s, w.m, w.v)),
+      EXPECT_EQ(live_peak(*make_schedule(ScheduleKind::kInterleaved1F1B, w.pp, s, w.m, w.v)),
                 w.peak[static_cast<std::size_t>(s)])
           << "pp=" << w.pp << " m=" << w.m << " v=" << w.v << " s=" << s;
     }
   }
-  // Per chunk (what the runtime sizes its activation slots by), from the
-  // hand-written lists of InterleavedInMegatronOrder.
+  // Per chunk (what the runtime and the planner size activation slots by,
+  // actors::peak_in_flight), from the hand-written lists of
+  // InterleavedInMegatronOrder.
   const auto s0 = *make_schedule(ScheduleKind::kInterleaved1F1B, 2, 0, 4, 2);
   const auto s1 = *make_schedule(ScheduleKind::kInterleaved1F1B, 2, 1, 4, 2);
-  EXPECT_EQ(peak_in_flight(s0, 0), 4);
-  EXPECT_EQ(peak_in_flight(s0, 1), 2);
-  EXPECT_EQ(peak_in_flight(s1, 0), 3);
-  EXPECT_EQ(peak_in_flight(s1, 1), 1);
+  EXPECT_EQ(actors::peak_in_flight(s0, 0), 4);
+  EXPECT_EQ(actors::peak_in_flight(s0, 1), 2);
+  EXPECT_EQ(actors::peak_in_flight(s1, 0), 3);
+  EXPECT_EQ(actors::peak_in_flight(s1, 1), 1);
 }
 
 // Megatron's warm-up counts, by hand (see above).
