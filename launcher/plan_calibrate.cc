@@ -174,6 +174,11 @@ json calibrate_threads(const CalibrateOptions& o, int threads, std::ostream& log
     family("crossentropy_fwd", N * Vp * f4, [&] {
       gpu::ops::crossentropy_forward(*s, losses, lse, logits, targets, c.V);
     });
+    // Vocab-parallel (tp 2): each rank's max, sum-exp and target over its half.
+    gpu::Tensor half = logits.view(0, {N, Vp / 2}), stats = filled(*s, {N, 3}, 0);
+    family("crossentropy_partial", N * (Vp / 2) * f4, [&] {
+      gpu::ops::crossentropy_partial(*s, stats, half, targets, c.V, {.begin = 0, .total = c.V});
+    });
     family("crossentropy_bwd", 2 * N * Vp * f4, [&] {
       gpu::ops::crossentropy_backward(*s, logits, logits, lse, targets, 1e-6f, c.V);
     });

@@ -153,7 +153,8 @@ ChunkCost CostModel::chunk(const model::StageSpec& spec) const {
                                      : 0;
     c.fwd += k.memory_seconds(2 * N * C * e_ + 8 * N, "layernorm_fwd") +
              k.gemm_seconds(N, Vl, C, GemmPass::kForward) +
-             k.memory_seconds(N * Vl * e_, "crossentropy_fwd") + gather;
+             k.memory_seconds(N * Vl * e_, par.tp > 1 ? "crossentropy_partial" : "crossentropy_fwd") +
+             gather;
     c.tp_fwd += gather;
     head_b = k.memory_seconds(N * C * e_, "fill") +
              k.memory_seconds(2 * N * Vl * e_, "crossentropy_bwd") +

@@ -14,6 +14,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_format.h"
 #include "actors/runtime.h"
 #include "launcher/commands.h"
 #include "launcher/trace_signal.h"
@@ -176,6 +177,15 @@ int run_train(const TrainFlags& flags) {
     std::printf("  optimizer state per rank (ZeRO-1): %.2f MiB of %.2f MiB for the whole model\n",
                 static_cast<double>(multi->optimizer_state_bytes(0)) / (1 << 20),
                 static_cast<double>(multi->unpartitioned_state_bytes()) / (1 << 20));
+    // What each rank allocated (the planner's counted memory predicts it:
+    // troupe plan --cluster this-machine --memory counted).
+    std::string allocated;
+    for (int r = 0; r < multi->layout().world() && r < 16; r++) {
+      absl::StrAppend(&allocated, r == 0 ? "" : ", ",
+                      absl::StrFormat("%.2f", static_cast<double>(multi->allocated_bytes(r)) / (1 << 20)));
+    }
+    std::printf("  memory allocated per rank (MiB, by rank): %s%s\n", allocated.c_str(),
+                multi->layout().world() > 16 ? ", ..." : "");
   }
   if (load != nullptr) std::printf("  %s\n", describe_load(flags, *load).c_str());
   const int first_step = load != nullptr && ck.load_optim ? load->meta().step + 1 : 1;

@@ -23,6 +23,16 @@ TROUPE_CLONES float logsumexp_row(const float* x, i64 V) {
   return m + std::log(row_sum_exp(x, m, V));
 }
 
+// A vocabulary slice's row max and sum of exp(x - max), in the clone the
+// CPU runs (called from a plain function, row_max and row_sum_exp would be
+// compiled for the baseline ISA only: 11x slower, as `troupe plan
+// calibrate` showed for tp > 1).
+TROUPE_CLONES void max_sum_exp_row(const float* x, i64 V, float* max, float* sum) {
+  const float m = row_max(x, V);
+  *max = m;
+  *sum = row_sum_exp(x, m, V);
+}
+
 TROUPE_CLONES void crossentropy_grad_row(float* d, const float* x, float lse, float dloss, i64 V,
                                          i64 Vp) {
   for (i64 j = 0; j < V; j++) d[j] = exp_approx(x[j] - lse) * dloss;
@@ -119,9 +129,9 @@ bool crossentropy_partial(float* stats, const float* logits, const std::int32_t*
   for (i64 n = 0; n < N; n++) {
     const float* x = logits + n * Vp;
     float* st = stats + n * 3;
-    const float m = valid > 0 ? row_max(x, valid) : -INFINITY;
-    st[0] = m;
-    st[1] = valid > 0 ? row_sum_exp(x, m, valid) : 0.0f;
+    st[0] = -INFINITY;
+    st[1] = 0.0f;
+    if (valid > 0) max_sum_exp_row(x, valid, &st[0], &st[1]);
     const i64 t = static_cast<i64>(targets[n]) - begin;
     st[2] = t >= 0 && t < valid ? x[t] : 0.0f;
   }
