@@ -63,20 +63,31 @@ struct ChunkCost {
   double owned_elements = 0;  // parameters its partitions own (all replicas together)
 };
 
-class CostModel {
+// What the simulation asks of a cost model (tests give it fixed costs).
+class Costs {
+ public:
+  virtual ~Costs() = default;
+  virtual ChunkCost chunk(const model::StageSpec& spec) const = 0;
+  // One activation (or gradient) between the ranks of stages a and b.
+  virtual double p2p_seconds(int stage_a, int stage_b) const = 0;
+  // The DP group's reduction of `bytes` of gradients (as a partition
+  // receives and sums them), and the parameters' return.
+  virtual double dp_reduce_seconds(double bytes) const = 0;
+  virtual double dp_gather_seconds(double bytes) const = 0;
+  // AdamW (and the norm) over `elements` of a partition.
+  virtual double optimizer_seconds(double elements) const = 0;
+};
+
+class CostModel final : public Costs {
  public:
   CostModel(const PlanInput& in, const Cluster& cluster, const Device& device);
 
-  ChunkCost chunk(const model::StageSpec& spec) const;
-  // One activation (or gradient) between the ranks of stages a and b.
-  double p2p_seconds(int stage_a, int stage_b) const;
+  ChunkCost chunk(const model::StageSpec& spec) const override;
+  double p2p_seconds(int stage_a, int stage_b) const override;
   double activation_bytes() const;
-  // The DP group's reduction of `bytes` of gradients (as a partition
-  // receives and sums them), and the parameters' return.
-  double dp_reduce_seconds(double bytes) const;
-  double dp_gather_seconds(double bytes) const;
-  // AdamW (and the norm) over `elements` of a partition.
-  double optimizer_seconds(double elements) const;
+  double dp_reduce_seconds(double bytes) const override;
+  double dp_gather_seconds(double bytes) const override;
+  double optimizer_seconds(double elements) const override;
   // A TP all-reduce of `bytes` (public for tests).
   double tp_all_reduce_seconds(double bytes) const;
   const Device& device() const { return device_; }

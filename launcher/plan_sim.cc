@@ -41,7 +41,7 @@ struct Stage {
 
 class Simulation {
  public:
-  Simulation(const PlanInput& in, const CostModel& cost, bool record)
+  Simulation(const PlanInput& in, const Costs& cost, bool record)
       : in_(in), cost_(cost), record_(record) {}
 
   absl::StatusOr<SimResult> run();
@@ -55,7 +55,7 @@ class Simulation {
   void op_done(int s, double now);
 
   const PlanInput& in_;
-  const CostModel& cost_;
+  const Costs& cost_;
   bool record_;
   int pp_ = 1, v_ = 1, m_ = 1;
   std::vector<Stage> stages_;
@@ -212,7 +212,7 @@ absl::StatusOr<SimResult> Simulation::run() {
 
 }  // namespace
 
-absl::StatusOr<SimResult> simulate(const PlanInput& in, const CostModel& cost, bool record) {
+absl::StatusOr<SimResult> simulate(const PlanInput& in, const Costs& cost, bool record) {
   Simulation sim(in, cost, record);
   return sim.run();
 }

@@ -54,6 +54,6 @@ struct SimResult {
 };
 
 // InvalidArgument when the layout cannot run (the schedule refuses it).
-absl::StatusOr<SimResult> simulate(const PlanInput& in, const CostModel& cost, bool record);
+absl::StatusOr<SimResult> simulate(const PlanInput& in, const Costs& cost, bool record);
 
 }  // namespace troupe::launcher::plan

@@ -1,0 +1,108 @@
+// The planner's memory per rank: the counted mode against what the runtime
+// allocates (the device's byte count, an independent measurement), and the
+// paper mode's per-layer formulas against Korthikanti et al.'s Table 2,
+// worked out by hand.
+#include <gtest/gtest.h>
+
+#include "absl/strings/str_cat.h"
+#include "actors/memory_plan.h"
+#include "actors/runtime.h"
+
+namespace troupe::actors {
+namespace {
+
+model::TrainOptions cpu_small(int B, int global_batch) {
+  model::TrainOptions o;
+  o.model = *model::preset("cpu-small");
+  o.micro_batch = B;
+  o.global_batch = global_batch;
+  o.steps = 1;
+  return o;
+}
+
+// Every rank of each layout allocates what counted_memory says for its
+// stage, within 1% (the token buffers are made when the actors are spawned,
+// so the runtime's count before a run lacks those few KiB; the bound
+// is 10%).
+TEST(MemoryPlan, CountedIsWhatTheRuntimeAllocates) {
+  struct Case {
+    ParallelOptions par;
+    int L;
+  };
+  const std::vector<Case> cases = {
+      {{}, 4},
+      {{.pp = 2}, 4},
+      {{.dp = 2}, 4},
+      {{.tp = 2}, 4},
+      {{.tp = 2, .pp = 2}, 4},
+      {{.pp = 2, .virtual_stages = 2, .schedule = ScheduleKind::kInterleaved1F1B}, 4},
+  };
+  for (const Case& c : cases) {
+    model::TrainOptions o = cpu_small(2, 8);
+    o.model.L = c.L;
+    auto t = InProcessTrainer::create(o, c.par);
+    ASSERT_TRUE(t.ok()) << t.status();
+    for (int r = 0; r < c.par.world(); r++) {
+      const comm::Coord at = (*t)->layout().coord(r);
+      absl::StatusOr<MemoryParts> want = counted_memory(
+          {.config = o.model, .parallel = c.par, .micro_batch = 2, .global_batch = 8, .stage = at.s});
+      ASSERT_TRUE(want.ok()) << want.status();
+      const double got = static_cast<double>((*t)->allocated_bytes(r));
+      const std::string where = absl::StrCat("tp ", c.par.tp, " pp ", c.par.pp, " dp ", c.par.dp,
+                                             " v ", c.par.virtual_stages, " rank ", r);
+      EXPECT_NEAR(want->total() / got, 1.0, 0.01) << where << ": counted " << want->total()
+                                                  << " bytes, allocated " << got;
+    }
+  }
+}
+
+TEST(MemoryPlan, CountedRefusesWhatTheRuntimeCannotDo) {
+  MemoryQuery q{.config = *model::preset("cpu-small"), .parallel = {}, .micro_batch = 2,
+                .global_batch = 8};
+  q.recompute = Recompute::kFull;
+  EXPECT_EQ(counted_memory(q).status().code(), absl::StatusCode::kFailedPrecondition);
+  q.recompute = Recompute::kNone;
+  q.global_batch = 7;
+  EXPECT_EQ(counted_memory(q).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// Korthikanti et al. 2022, Table 2, at MT-NLG's s = 2048, h = 20480, a = 128,
+// t = 8, b = 1: 5as/h = 64, so (in units of sbh) none: 10 + 24/8 + 64/8 =
+// 21; sequence parallel: (34 + 64)/8 = 12.25; selective: 10 + 3 = 13;
+// selective with sequence parallel: 34/8 = 4.25; full: 2; full with
+// sequence parallel: 2/8.
+TEST(MemoryPlan, PaperLayerBytesAreTable2) {
+  const double s = 2048, b = 1, h = 20480, a = 128, sbh = s * b * h;
+  auto bytes = [&](Recompute r, bool sp) {
+    return paper_layer_activation_bytes(s, b, h, a, 8, r, sp) / sbh;
+  };
+  EXPECT_DOUBLE_EQ(bytes(Recompute::kNone, false), 21);
+  EXPECT_DOUBLE_EQ(bytes(Recompute::kNone, true), 12.25);
+  EXPECT_DOUBLE_EQ(bytes(Recompute::kSelective, false), 13);
+  EXPECT_DOUBLE_EQ(bytes(Recompute::kSelective, true), 4.25);
+  EXPECT_DOUBLE_EQ(bytes(Recompute::kFull, false), 2);
+  EXPECT_DOUBLE_EQ(bytes(Recompute::kFull, true), 0.25);
+  // No parallelism: 34 + 5as/h.
+  EXPECT_DOUBLE_EQ(paper_layer_activation_bytes(s, b, h, a, 1, Recompute::kNone, false) / sbh,
+                   34 + 64);
+}
+
+// The first 1F1B stage holds pp micro-batches, the last one: a stage's
+// activations in the paper mode scale with the schedule's in-flight count.
+TEST(MemoryPlan, PaperCountsTheSchedulesInFlightMicroBatches) {
+  model::GptConfig c = *model::preset("gpt2-124m");
+  ParallelOptions par{.pp = 4};
+  auto acts = [&](int stage) {
+    absl::StatusOr<MemoryParts> m = paper_memory({.config = c, .parallel = par, .micro_batch = 1,
+                                                  .global_batch = 16, .stage = stage});
+    EXPECT_TRUE(m.ok()) << m.status();
+    return m->activations;
+  };
+  const double layer = paper_layer_activation_bytes(1024, 1, 768, 12, 1, Recompute::kNone, false);
+  // Stage 1 has 3 layers and 3 micro-batches in flight; stage 2 two.
+  EXPECT_DOUBLE_EQ(acts(1), 3 * 3 * layer);
+  EXPECT_DOUBLE_EQ(acts(2), 2 * 3 * layer);
+}
+
+}  // namespace
+}  // namespace troupe::actors

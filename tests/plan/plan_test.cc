@@ -1,0 +1,222 @@
+// The planner: the simulated step against the pipeline schedules' closed
+// forms (Megatron's), the collectives against hand-computed formulas, the
+// GEMM curve's fit against a known curve, and cluster files' errors.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+
+#include "actors/schedule.h"
+#include "launcher/plan_calibrate.h"
+#include "launcher/plan_clusters.h"
+#include "launcher/plan_cost.h"
+#include "launcher/plan_hardware.h"
+#include "launcher/plan_report.h"
+#include "launcher/plan_sim.h"
+
+namespace troupe::launcher::plan {
+namespace {
+
+// Every chunk costs f forward and b backward per layer; messages and the
+// optimizer cost nothing (or `hop` per message).
+class FixedCosts final : public Costs {
+ public:
+  FixedCosts(double f, double b, double hop = 0) : f_(f), b_(b), hop_(hop) {}
+  ChunkCost chunk(const model::StageSpec& spec) const override {
+    ChunkCost c;
+    c.fwd = f_ * spec.layers();
+    c.bwd = b_ * spec.layers();
+    return c;
+  }
+  double p2p_seconds(int, int) const override { return hop_; }
+  double dp_reduce_seconds(double) const override { return 0; }
+  double dp_gather_seconds(double) const override { return 0; }
+  double optimizer_seconds(double) const override { return 0; }
+
+ private:
+  double f_, b_, hop_;
+};
+
+PlanInput layout(int L, int pp, int m, actors::ScheduleKind kind, int v = 1) {
+  PlanInput in;
+  in.model = *model::preset("tiny");
+  in.model.L = L;
+  in.parallel.pp = pp;
+  in.parallel.schedule = kind;
+  in.parallel.virtual_stages = v;
+  in.micro_batch = 1;
+  in.global_batch = m;
+  return in;
+}
+
+// Megatron's step times (Narayanan et al. 2021): GPipe and 1F1B take
+// (m + p - 1)(f + b) with f, b a stage's whole forward and backward; the
+// interleaved schedule (m v + p - 1)(f + b) / v; the bubble is
+// (p - 1)/(m + p - 1), or (p - 1)/(v m + p - 1).
+TEST(PlanSim, StepTimesAreTheSchedulesClosedForms) {
+  struct Case {
+    int L, pp, m, v;
+    actors::ScheduleKind kind;
+  };
+  const std::vector<Case> cases = {{4, 4, 8, 1, actors::ScheduleKind::k1F1B},
+                                   {4, 4, 8, 1, actors::ScheduleKind::kGPipe},
+                                   {8, 4, 8, 2, actors::ScheduleKind::kInterleaved1F1B},
+                                   {6, 2, 5, 1, actors::ScheduleKind::k1F1B},
+                                   {35, 35, 120, 1, actors::ScheduleKind::k1F1B}};
+  for (const Case& c : cases) {
+    const PlanInput in = layout(c.L, c.pp, c.m, c.kind, c.v);
+    const double f = 1.0, b = 2.0;
+    absl::StatusOr<SimResult> r = simulate(in, FixedCosts(f, b), false);
+    ASSERT_TRUE(r.ok()) << r.status();
+    const double layers = static_cast<double>(c.L) / c.pp;  // per stage
+    const double F = f * layers, B = b * layers;
+    const double want = (c.m * c.v + c.pp - 1) * (F + B) / c.v;
+    EXPECT_NEAR(r->step_s, want, 1e-9) << "L=" << c.L << " pp=" << c.pp << " m=" << c.m;
+    EXPECT_NEAR(r->bubble, (c.pp - 1.0) / (c.v * c.m + c.pp - 1.0), 1e-12);
+  }
+}
+
+// A message's flight is waited for where the schedule has no slack: with
+// one micro-batch on p stages the step is p forwards, p backwards and
+// 2(p - 1) hops, all exposed.
+TEST(PlanSim, HopsOnTheCriticalPathAreExposed) {
+  const PlanInput in = layout(4, 4, 1, actors::ScheduleKind::k1F1B);
+  absl::StatusOr<SimResult> r = simulate(in, FixedCosts(1.0, 2.0, 0.25), true);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_NEAR(r->step_s, 4 * 1.0 + 4 * 2.0 + 6 * 0.25, 1e-12);
+  EXPECT_EQ(r->ops.size(), 8u);
+  EXPECT_EQ(r->messages.size(), 6u);
+}
+
+Cluster selene() {
+  absl::StatusOr<Cluster> c = load_cluster("dgx-a100-80gb-selene");
+  EXPECT_TRUE(c.ok()) << c.status();
+  return *c;
+}
+
+// NCCL's all-reduce on 8 GPUs of a node: ring 2(p-1) alpha + 2(p-1)/p n/B
+// against tree 2 log2(p) alpha + 2 n/B, the faster; by hand for A100's
+// NVLink (300 GB/s each way, 5 us).
+TEST(PlanCost, TensorParallelAllReduceIsNcclsFormula) {
+  const Cluster c = selene();
+  PlanInput in = layout(4, 1, 1, actors::ScheduleKind::k1F1B);
+  in.parallel.tp = 8;
+  in.model.NH = 8;
+  absl::StatusOr<Device> d = c.device(8, Precision::kBf16);
+  ASSERT_TRUE(d.ok());
+  CostModel cost(in, c, *d);
+  const double n = 1e9;
+  const double ring = 14 * 5e-6 + 2 * 7.0 / 8 * n / 300e9;
+  EXPECT_NEAR(cost.tp_all_reduce_seconds(n), ring, 1e-12);
+  const double small = 1e3;  // latency-bound: the tree's 2 log2(8) hops win
+  EXPECT_NEAR(cost.tp_all_reduce_seconds(small), 6 * 5e-6 + 2 * small / 300e9, 1e-15);
+}
+
+// A GPU's share of its node's NICs, and the GEMM curve at a hand point.
+TEST(PlanCost, ClusterFiguresComeFromTheFile) {
+  const Cluster c = selene();
+  EXPECT_EQ(c.max_gpus(), 4480);
+  EXPECT_DOUBLE_EQ(c.inter.bytes_per_s, 25e9);  // 8 HDR NICs of 25 GB/s for 8 GPUs
+  absl::StatusOr<Device> d = c.device(8, Precision::kBf16);
+  ASSERT_TRUE(d.ok());
+  EXPECT_DOUBLE_EQ(d->peak_flops, 312e12);
+  // 0.8 x 312 TFLOP/s x (2048/2176)(4096/4224)(4096/4224)
+  const double eff = 0.8 * 2048.0 / 2176 * 4096.0 / 4224 * 4096.0 / 4224;
+  EXPECT_NEAR(d->compute.gemm_seconds(2048, 4096, 4096, GemmPass::kForward),
+              2.0 * 2048 * 4096 * 4096 / (312e12 * eff), 1e-12);
+}
+
+TEST(PlanCalibrate, FitRecoversAKnownCurve) {
+  const GemmCurve want{.peak_flops = 1e11, .m0 = 32, .n0 = 64, .k0 = 128};
+  std::vector<GemmPoint> points;
+  for (double M : {256.0, 1024.0, 4096.0}) {
+    for (double N : {64.0, 256.0, 2048.0}) {
+      for (double K : {32.0, 512.0, 4096.0}) points.push_back({M, N, K, want.seconds(M, N, K)});
+    }
+  }
+  const GemmFit fit = fit_gemm_curve(points, 2);
+  EXPECT_NEAR(fit.peak_flops, 1e11, 1e5);
+  EXPECT_DOUBLE_EQ(fit.m0, 32);
+  EXPECT_DOUBLE_EQ(fit.n0, 64);
+  EXPECT_DOUBLE_EQ(fit.k0, 128);
+  EXPECT_LT(fit.rms_log_error, 1e-9);
+}
+
+TEST(PlanClusters, BadFilesNameTheFileAndTheField) {
+  absl::StatusOr<Cluster> c = parse_cluster("{\"name\": \"x\"}", "x.json");
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("x.json: missing field 'description'"), std::string::npos)
+      << c.status();
+  c = parse_cluster("[1,", "y.json");
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("y.json: not a JSON object"), std::string::npos);
+  std::string text = builtin_clusters()[0].json;
+  const std::string key = "\"memory_gbps\": 2039";
+  text.replace(text.find(key), key.size(), "\"memory_gbps\": -5");
+  c = parse_cluster(text, "z.json");
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("z.json: field 'gpu.memory_gbps' is -5"), std::string::npos)
+      << c.status();
+  c = load_cluster("dgx-z100");
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("known: dgx-a100-80gb-selene"), std::string::npos);
+}
+
+TEST(PlanClusters, EveryBuiltInClusterParsesAndCitesItsSources) {
+  for (const BuiltinCluster& b : builtin_clusters()) {
+    absl::StatusOr<Cluster> c = parse_cluster(b.json, b.name);
+    ASSERT_TRUE(c.ok()) << c.status();
+    EXPECT_EQ(c->name, b.name);
+    EXPECT_GE(c->sources.size(), 2u) << b.name;
+    EXPECT_FALSE(c->assumptions.empty()) << b.name;
+  }
+}
+
+// The JSON carries the fields the issue names; 530B on Selene at 2,240
+// GPUs with full recompute fits (Megatron trained it so).
+TEST(PlanReport, MtNlgOnSeleneFitsAndReportsEveryField) {
+  const Cluster c = selene();
+  PlanInput in;
+  in.model = *model::preset("mt-nlg-530b");
+  in.parallel.tp = 8;
+  in.parallel.pp = 35;
+  in.parallel.dp = 8;
+  in.micro_batch = 1;
+  in.global_batch = 1920;
+  in.recompute = actors::Recompute::kFull;
+  absl::StatusOr<Plan> p = make_plan(in, c, actors::MemoryMode::kPaper, false);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_TRUE(p->fits);
+  const nlohmann::json j = plan_json(*p);
+  for (const char* k : {"step_s", "tokens_per_s", "tflops_per_gpu", "bubble", "exposed_comm_s",
+                        "memory_gib_per_gpu", "fits"}) {
+    EXPECT_TRUE(j.contains(k)) << k;
+  }
+  for (const char* k : {"params_gib", "grads_gib", "optimizer_gib", "activations_gib"}) {
+    EXPECT_TRUE(j["memory"].contains(k)) << k;
+  }
+  // Without recompute the activations of 35 in-flight micro-batches do not fit.
+  in.recompute = actors::Recompute::kNone;
+  p = make_plan(in, c, actors::MemoryMode::kPaper, false);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_FALSE(p->fits);
+  // tp 16 leaves the node.
+  in.parallel.tp = 16;
+  in.parallel.dp = 4;
+  EXPECT_EQ(make_plan(in, c, actors::MemoryMode::kPaper, false).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+// Megatron's model FLOPs by hand for a small case.
+TEST(PlanReport, ModelFlopsAreMegatronsFormula) {
+  model::GptConfig c = *model::preset("tiny");  // L=4 C=64 T=64 V=512 (Vp 512)
+  const double B = 8, s = 64, l = 4, h = 64, V = 512;
+  EXPECT_DOUBLE_EQ(model_flops(c, 8, false),
+                   72 * B * s * l * h * h * (1 + s / (6 * h) + V / (12 * l * h)));
+  EXPECT_DOUBLE_EQ(model_flops(c, 8, true),
+                   96 * B * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h)));
+}
+
+}  // namespace
+}  // namespace troupe::launcher::plan
