@@ -35,6 +35,9 @@ std::string precision_name(Precision p) {
 }
 
 double Compute::gemm_seconds(double M, double N, double K, GemmPass pass) const {
+  if (auto it = gemm_measured.find({M, N, K}); it != gemm_measured.end()) {
+    return it->second[pass == GemmPass::kForward ? 0 : 1] * slowdown;
+  }
   const GemmCurve& c = pass == GemmPass::kForward ? gemm_fwd : gemm_bwd;
   // The backward is two GEMMs of the forward's size (input and weight gradients).
   return (pass == GemmPass::kForward ? 1 : 2) * c.seconds(M, N, K) * slowdown;
@@ -200,6 +203,13 @@ void read_calibration(Reader& r, const json& j, Cluster& c) {
       for (auto it = fam->begin(); it != fam->end(); ++it) {
         k.family_bytes_per_s[it.key()] =
             r.number(*fam, it.key(), 1e-3, 1e6) * 1e9;
+      }
+    }
+    if (const json* pts = r.at(e, "gemm_points"); pts != nullptr && pts->is_array()) {
+      for (const json& p : *pts) {
+        k.gemm_measured[{r.number(p, "M", 1, 1e9), r.number(p, "N", 1, 1e9),
+                         r.number(p, "K", 1, 1e9)}] = {r.number(p, "fwd_s", 1e-12, 1e6),
+                                                       r.number(p, "bwd_s", 1e-12, 1e6)};
       }
     }
     c.by_threads[threads] = k;

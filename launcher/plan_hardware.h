@@ -12,6 +12,7 @@
 //   double s = d.compute.gemm_seconds(2048, 7680, 20480, plan::Pass::kForward);
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -67,6 +68,11 @@ struct Compute {
   double memory_bytes_per_s = 1;                             // any family not listed below
   std::map<std::string, double> family_bytes_per_s;          // measured families
   double slowdown = 1;  // more ranks than cores on this-machine: they share
+  // this-machine: GEMMs timed at exactly these (M, N, K) are taken as
+  // measured (seconds forward, backward); the curve is for other shapes.
+  // (oneDNN's sgemm is not smooth in the shape: here 1024x768x256 runs at
+  // 40% of 1024x512x256's rate, which no monotone curve follows.)
+  std::map<std::array<double, 3>, std::array<double, 2>> gemm_measured;
 
   double gemm_seconds(double M, double N, double K, GemmPass pass) const;
   double memory_seconds(double bytes, const std::string& family) const;

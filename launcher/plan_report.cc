@@ -120,6 +120,24 @@ absl::StatusOr<Plan> make_plan(const PlanInput& in, const Cluster& cluster,
   return p;
 }
 
+namespace {
+
+// Per stage: its busy time and each chunk's forward and backward.
+nlohmann::json stages_json(const SimResult& r) {
+  nlohmann::json out = nlohmann::json::array();
+  for (std::size_t s = 0; s < r.chunks.size(); s++) {
+    nlohmann::json chunks = nlohmann::json::array();
+    for (const SimResult::ChunkTimes& c : r.chunks[s]) {
+      chunks.push_back({{"fwd_s", c.fwd_s}, {"bwd_s", c.bwd_s}, {"tp_fwd_s", c.tp_fwd_s},
+                        {"tp_bwd_s", c.tp_bwd_s}});
+    }
+    out.push_back({{"stage", s}, {"busy_s", r.busy_s[s]}, {"chunks", chunks}});
+  }
+  return out;
+}
+
+}  // namespace
+
 nlohmann::json plan_json(const Plan& p) {
   const actors::ParallelOptions& par = p.in.parallel;
   const actors::MemoryParts& m = p.memory;
@@ -150,6 +168,7 @@ nlohmann::json plan_json(const Plan& p) {
                             {"pipeline_s", p.sim.p2p_exposed_s},
                             {"dp_s", p.sim.dp_exposed_s}}},
           {"optimizer_s", p.sim.optimizer_s},
+          {"stages", stages_json(p.sim)},
           {"memory_gib_per_gpu", m.total() / kGiB},
           {"memory", {{"mode", actors::memory_mode_name(p.memory_mode)},
                       {"stage", p.memory_stage},

@@ -194,6 +194,8 @@ absl::StatusOr<SimResult> Simulation::run() {
     out_.step_s = std::max(out_.step_s, end);
     busy_sum += st.busy;
     out_.busy_s.push_back(st.busy);
+    out_.chunks.emplace_back();
+    for (const ChunkCost* c : st.chunk) out_.chunks.back().push_back({c->fwd, c->bwd, c->tp_fwd, c->tp_bwd});
     const double dp_exposed = std::max(0.0, std::max(st.dp_free, st.free_at) - st.free_at) + gather;
     const double exposed = st.tp + st.p2p_exposed + dp_exposed;
     if (end - st.busy > worst) {  // the stage with the least compute waits the most

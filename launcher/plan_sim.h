@@ -49,6 +49,11 @@ struct SimResult {
   double optimizer_s = 0;  // AdamW and norm on the slowest stage
   int slowest_stage = 0;
   std::vector<double> busy_s;  // per stage
+  // Per stage, per model chunk: one forward and one backward (TP inside).
+  struct ChunkTimes {
+    double fwd_s = 0, bwd_s = 0, tp_fwd_s = 0, tp_bwd_s = 0;
+  };
+  std::vector<std::vector<ChunkTimes>> chunks;
   std::vector<SimOp> ops;      // with record
   std::vector<SimMessage> messages;
 };
