@@ -152,10 +152,10 @@ absl::StatusOr<MemoryParts> paper_memory(const MemoryQuery& q) {
     // The paper's "other" activations: the embedding's dropout mask (one
     // byte an element) on the first stage, and on the last the final
     // LayerNorm, the output projection and the fp32 cross-entropy,
-    // 4sbh/t (1 + v/h), for the one micro-batch between its forward and
-    // backward there.
+    // 4sbh/t (1 + v/h), for each micro-batch between its forward and
+    // backward there (one in 1F1B, all m in GPipe).
     if (spec.embedding) out.activations += in_flight * s * b * h / sp;
-    if (spec.head) out.activations += 4 * s * b * h / t * (1 + v / h);
+    if (spec.head) out.activations += in_flight * 4 * s * b * h / t * (1 + v / h);
   }
   // Full recompute rebuilds one layer's activations at a time in the
   // backward: one layer of one micro-batch without recompute on top.

@@ -5,8 +5,8 @@
 //            same parameter layouts, activation slots, boundary buffers and
 //            ZeRO-1 partitions RankUnit builds. RankUnit::allocated_bytes()
 //            measures the same thing; tests/actors/memory_plan_test.cc holds
-//            the two within 10%.
-//   paper    a Megatron-style 16-bit GPU run (Korthikanti et al. 2022,
+//            the two within 1% (the planner issue's bound is 10%).
+//   paper    a Megatron-style 16-bit (bf16 or fp16) GPU run (Korthikanti et al. 2022,
 //            "Reducing Activation Recomputation in Large Transformer
 //            Models", section 4): bf16 parameters, fp32 gradients, fp32
 //            master weights and Adam moments partitioned over dp (ZeRO-1 /

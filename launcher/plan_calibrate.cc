@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "actors/rank.h"
 #include "comm/inproc_transport.h"
 #include "comm/ucx_transport.h"
 #include "gpu/device.h"
@@ -104,9 +105,12 @@ json calibrate_threads(const CalibrateOptions& o, int threads, std::ostream& log
   std::vector<GemmPoint> fwd, bwd;
   json points = json::array();
   for (int tp : {1, 2}) {
-    if (NH % tp != 0 || Vp % tp != 0) continue;
+    if (NH % tp != 0) continue;
+    // The runtime pads the vocabulary to a multiple of 128 x tp (and the
+    // planner looks the LM head's GEMM up at that shape).
+    const std::int64_t Vl = actors::ParallelOptions{.tp = tp}.sliced_config(c).Vp() / tp;
     const std::vector<std::pair<std::int64_t, std::int64_t>> shapes = {
-        {3 * C / tp, C}, {C, C / tp}, {4 * C / tp, C}, {C, 4 * C / tp}, {Vp / tp, C}};
+        {3 * C / tp, C}, {C, C / tp}, {4 * C / tp, C}, {C, 4 * C / tp}, {Vl, C}};
     for (auto [O, I] : shapes) {
       gpu::Tensor inp = filled(*s, {N, I}, 0.01f), w = filled(*s, {O, I}, 0.02f);
       gpu::Tensor out = filled(*s, {N, O}, 0), bias = filled(*s, {O}, 0);
@@ -205,8 +209,8 @@ json calibrate_threads(const CalibrateOptions& o, int threads, std::ostream& log
           {"gemm_bwd", gemm_curve_json(fb)},
           {"attention_fwd_gflops", att_flops / att_f / 1e9},
           {"attention_bwd_gflops", 2 * att_flops / att_b / 1e9},
-          {"memory_gbps", sum / static_cast<double>(families.size())},
-          {"family_gbps", families},
+          {"memory_gbytes_per_s", sum / static_cast<double>(families.size())},
+          {"family_gbytes_per_s", families},
           {"gemm_points", points}};
 }
 
@@ -252,7 +256,7 @@ absl::StatusOr<json> link_json(comm::Transport& a, comm::Transport& b) {
   absl::StatusOr<double> big = one_way(a, b, big_bytes, 5);
   if (!big.ok()) return big.status();
   const double bw = static_cast<double>(big_bytes) / std::max(1e-9, *big - *small);
-  return json{{"latency_us", *small * 1e6}, {"gbps", bw / 1e9}};
+  return json{{"latency_us", *small * 1e6}, {"gbytes_per_s", bw / 1e9}};
 }
 
 }  // namespace
@@ -283,8 +287,8 @@ absl::StatusOr<std::string> calibrate(const CalibrateOptions& o, std::ostream& l
   absl::StatusOr<json> ucx = link_json(**u0, **u1);
   if (!ucx.ok()) return ucx.status();
   log << absl::StrFormat("  messages: in-process %.1f us + %.2f GB/s; UCX %.1f us + %.2f GB/s\n",
-                         (*inproc)["latency_us"].get<double>(), (*inproc)["gbps"].get<double>(),
-                         (*ucx)["latency_us"].get<double>(), (*ucx)["gbps"].get<double>());
+                         (*inproc)["latency_us"].get<double>(), (*inproc)["gbytes_per_s"].get<double>(),
+                         (*ucx)["latency_us"].get<double>(), (*ucx)["gbytes_per_s"].get<double>());
 
   char host[256] = {};
   (void)gethostname(host, sizeof host - 1);

@@ -154,51 +154,69 @@ int run_plan(const PlanFlags& f) {
   }
   const actors::MemoryMode mode =
       memory == "counted" ? actors::MemoryMode::kCounted : actors::MemoryMode::kPaper;
-  if (f.tp < 1 || f.pp < 1) return fail(absl::InvalidArgumentError("--tp and --pp must be positive"));
-  int gpus = f.gpus.value_or(f.tp * f.pp * f.dp.value_or(1));
-  if (gpus < 1) return fail(absl::InvalidArgumentError("--gpus must be positive"));
+  // Each size on its own first (the errors name the flag given), then
+  // their products in 64 bits.
+  for (const auto& [flag, value] : std::vector<std::pair<const char*, std::optional<int>>>{
+           {"--tp", f.tp}, {"--pp", f.pp}, {"--dp", f.dp}, {"--gpus", f.gpus},
+           {"--micro-batch-size", f.micro_batch}, {"--global-batch-size", f.global_batch},
+           {"--virtual-stages", f.virtual_stages}, {"--top", f.top}}) {
+    if (value && *value < 1) {
+      return fail(absl::InvalidArgumentError(absl::StrCat(flag, " must be positive, is ", *value)));
+    }
+  }
+  const std::int64_t tp_pp = static_cast<std::int64_t>(f.tp) * f.pp;
+  const std::int64_t asked = f.gpus ? *f.gpus : tp_pp * f.dp.value_or(1);
+  if (asked > 32768) {
+    return fail(absl::InvalidArgumentError(
+        absl::StrCat(f.gpus ? "--gpus " : "--tp x --pp x --dp = ", asked,
+                     ": troupe runs at most 32768 ranks")));
+  }
+  const int gpus = static_cast<int>(asked);
   in.global_batch = f.global_batch.value_or(f.micro_batch);
 
   if (f.search) {
-    plan::SearchResult r =
+    absl::StatusOr<plan::SearchResult> r =
         plan::search(in, gpus, *cluster, mode, /*any_recompute=*/!f.recompute.has_value(), f.top);
+    if (!r.ok()) return fail(r.status());
     if (f.json) {
-      nlohmann::json j = {{"simulated", r.simulated}, {"rejected", r.rejected}, {"best", nlohmann::json::array()}};
-      for (const plan::Plan& p : r.best) j["best"].push_back(plan::plan_json(p));
+      nlohmann::json j = {{"simulated", r->simulated}, {"rejected", r->rejected},
+                          {"best", nlohmann::json::array()}};
+      for (const plan::Plan& p : r->best) j["best"].push_back(plan::plan_json(p));
       std::cout << j.dump(2) << "\n";
-      return r.best.empty() ? 1 : 0;
+      return r->best.empty() ? 1 : 0;
     }
     std::cout << absl::StrFormat("troupe plan --search: %s on %d GPUs of %s: %d layouts simulated\n",
-                                 in.model.describe(), gpus, cluster->name, r.simulated);
+                                 in.model.describe(), gpus, cluster->name, r->simulated);
     int rank = 1;
-    for (const plan::Plan& p : r.best) {
+    for (const plan::Plan& p : r->best) {
       std::cout << absl::StrFormat(
-          "%2d. tp %d pp %d dp %d mb %d %s%s recompute %s: %.4g s/step, %.4g TFLOP/s per GPU, "
-          "bubble %.1f%%, %.3g GiB\n",
+          "%2d. tp %d pp %d dp %d mb %d %s%s recompute %s: %.4g s/step, %.0f tokens/s, %.4g "
+          "TFLOP/s per GPU (%s formula), bubble %.1f%%, %.3g GiB\n",
           rank++, p.in.parallel.tp, p.in.parallel.pp, p.in.parallel.dp, p.in.micro_batch,
           actors::schedule_name(p.in.parallel.schedule),
           p.in.parallel.virtual_stages > 1 ? absl::StrCat(" v=", p.in.parallel.virtual_stages) : "",
-          actors::recompute_name(p.in.recompute), p.sim.step_s, p.tflops_per_gpu,
-          100 * p.sim.bubble, p.memory.total() / (1024.0 * 1024 * 1024));
+          actors::recompute_name(p.in.recompute), p.sim.step_s, p.tokens_per_s, p.tflops_per_gpu,
+          p.in.recompute == actors::Recompute::kFull ? "96" : "72", 100 * p.sim.bubble,
+          p.memory.total() / (1024.0 * 1024 * 1024));
     }
     std::cout << "rejected:\n";
-    for (const std::string& why : r.rejected) std::cout << "  " << why << "\n";
-    if (r.best.empty()) return fail(absl::FailedPreconditionError("no layout fits"));
+    for (const std::string& why : r->rejected) std::cout << "  " << why << "\n";
+    if (r->best.empty()) return fail(absl::FailedPreconditionError("no layout fits"));
     return 0;
   }
 
   if (f.dp) {
     in.parallel.dp = *f.dp;
-    if (f.gpus && *f.gpus != f.tp * f.pp * *f.dp) {
+    if (f.gpus && *f.gpus != tp_pp * *f.dp) {
       return fail(absl::InvalidArgumentError(absl::StrCat(
-          "--gpus ", *f.gpus, " is not --tp x --pp x --dp = ", f.tp * f.pp * *f.dp)));
+          "--gpus ", *f.gpus, " is not --tp x --pp x --dp = ", tp_pp * *f.dp)));
     }
   } else {
-    if (gpus % (f.tp * f.pp) != 0) {
+    if (gpus % tp_pp != 0) {
       return fail(absl::InvalidArgumentError(
-          absl::StrCat("--gpus ", gpus, " is not a multiple of --tp x --pp = ", f.tp * f.pp)));
+          absl::StrCat("--gpus ", gpus, " is not a multiple of --tp x --pp = ", tp_pp)));
     }
-    in.parallel.dp = gpus / (f.tp * f.pp);
+    in.parallel.dp = static_cast<int>(gpus / tp_pp);
   }
   if (!f.global_batch) in.global_batch = f.micro_batch * in.parallel.dp;
   absl::StatusOr<plan::Plan> p = plan::make_plan(in, *cluster, mode, !f.svg.empty());

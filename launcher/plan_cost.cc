@@ -5,6 +5,9 @@
 #include <algorithm>
 #include <cmath>
 
+#include "actors/partition.h"
+#include "comm/communicator.h"
+
 namespace troupe::launcher::plan {
 
 namespace {
@@ -29,22 +32,29 @@ double CostModel::add_seconds(double bytes) const {
   return device_.compute.memory_seconds(3 * bytes, "axpy");
 }
 
-double CostModel::all_reduce(double bytes, int p, const Link& l) const {
+double CostModel::all_reduce(double bytes, int p, int nodes, const Link& l) const {
   if (p <= 1) return 0;
   const double frac = static_cast<double>(p - 1) / p;
   if (cluster_.calibrated) {
-    // troupe's Communicator: direct exchange for small buffers (each rank
-    // sends its buffer to every other and sums them all), else recursive
-    // halving-doubling (p a power of two) or a ring; sums by this rank.
-    if (bytes <= 32 * 1024) {
+    // troupe's Communicator (its default options): direct exchange for
+    // small buffers (each rank sends its buffer to every other and sums
+    // them all), else recursive halving-doubling (p a power of two) or a
+    // ring; the sums by this rank.
+    const comm::CommunicatorOptions o;
+    if (bytes <= static_cast<double>(o.direct_max_bytes)) {
       return (p - 1) * l.seconds(bytes) + add_seconds((p - 1) * bytes);
     }
-    const double steps = power_of_two(p) ? 2 * std::log2(p) : 2.0 * (p - 1);
+    const bool halving = power_of_two(p) && bytes <= static_cast<double>(o.halving_max_bytes);
+    const double steps = halving ? 2 * std::log2(p) : 2.0 * (p - 1);
     return steps * l.latency_s + 2 * frac * bytes / l.bytes_per_s + add_seconds(frac * bytes);
   }
-  // NCCL: ring or (double binary) tree, whichever is faster.
+  // NCCL: ring or tree, whichever is faster. The tree is a chain inside
+  // each node and a (double binary) tree across `nodes`.
   const double ring = 2.0 * (p - 1) * l.latency_s + 2 * frac * bytes / l.bytes_per_s;
-  const double tree = 2 * std::log2(p) * l.latency_s + 2 * bytes / l.bytes_per_s;
+  const double per_node = static_cast<double>(p) / nodes;
+  const double tree = 2 * ((per_node - 1) * device_.intra.latency_s +
+                           std::log2(static_cast<double>(nodes)) * device_.inter.latency_s) +
+                      2 * bytes / l.bytes_per_s;
   return std::min(ring, tree);
 }
 
@@ -56,7 +66,7 @@ double CostModel::half_collective(double bytes, int p, const Link& l) const {
 
 double CostModel::tp_all_reduce_seconds(double bytes) const {
   const int tp = in_.parallel.tp;
-  return all_reduce(bytes, tp, link(0, tp - 1));
+  return all_reduce(bytes, tp, /*nodes=*/1, link(0, tp - 1));  // TP stays in a node
 }
 
 double CostModel::attention_core(bool backward) const {
@@ -120,22 +130,6 @@ ChunkCost CostModel::chunk(const model::StageSpec& spec) const {
   const actors::ParallelOptions& par = in_.parallel;
   const double N = static_cast<double>(in_.micro_batch) * sliced_.T, C = sliced_.C;
   const double Vl = static_cast<double>(sliced_.Vp()) / par.tp;
-  const model::ParamLayout layout = model::ParamLayout::gpt(sliced_, spec, {par.tp, par.tp - 1});
-  double layer_elements = 0, head_elements = 0, embedding_elements = 0;
-  for (const model::ParamSpec& p : layout.specs()) {
-    const double n = static_cast<double>(p.numel());
-    if (p.layer >= 0) {
-      layer_elements += n;
-    } else if (p.name == "wte.weight") {
-      (spec.embedding ? embedding_elements : head_elements) += n;  // the head's copy: its share
-    } else if (p.name == "wpe.weight") {
-      embedding_elements += n;
-    } else {
-      head_elements += n;  // ln_f
-    }
-  }
-  layer_elements /= std::max(1, spec.layers());
-
   ChunkCost c;
   double tp_f = 0, tp_b = 0;
   const double layer_f = layer_forward(&tp_f), layer_b = layer_backward(&tp_b);
@@ -143,10 +137,11 @@ ChunkCost CostModel::chunk(const model::StageSpec& spec) const {
   c.tp_fwd = spec.layers() * tp_f;
   c.tp_bwd = spec.layers() * tp_b;
   const double ar = tp_all_reduce_seconds(N * C * e_);
-  double head_b = 0;
+  double head_b = 0, emb_b = 0;
   if (spec.embedding) {
     c.fwd += k.memory_seconds(3 * N * C * e_, "embedding_fwd") + ar;
     c.tp_fwd += ar;
+    emb_b = k.memory_seconds(4 * N * C * e_, "embedding_bwd");
   }
   if (spec.head) {
     const double gather = par.tp > 1 ? half_collective(12 * N * par.tp, par.tp, link(0, par.tp - 1))
@@ -164,24 +159,22 @@ ChunkCost CostModel::chunk(const model::StageSpec& spec) const {
   } else {
     head_b = k.memory_seconds(N * C * e_, "fill") + k.memory_seconds(3 * N * C * e_, "axpy");
   }
-  // The last backward's buckets: the head, each layer (last first), the embedding.
-  const double grad_bytes = 4;  // fp32 gradients, reduced in fp32 (as Megatron)
-  double at = head_b;
-  if (spec.head) c.buckets.push_back({at, head_elements * grad_bytes});
-  for (int l = 0; l < spec.layers(); l++) {
-    at += layer_b;
-    c.buckets.push_back({at, layer_elements * grad_bytes});
-  }
-  double emb_b = 0;
-  if (spec.embedding) {
-    emb_b = k.memory_seconds(4 * N * C * e_, "embedding_bwd");
-    c.buckets.push_back({at + emb_b, embedding_elements * grad_bytes});
-  }
   c.bwd = head_b + spec.layers() * layer_b + emb_b;
-  // What its partitions own: all but a head chunk's tied wte copy.
-  c.owned_elements = static_cast<double>(layout.total()) - (spec.head && !spec.embedding
-                                                                ? head_elements - 2 * C
-                                                                : 0);
+  // The runtime's gradient buckets (actors::grad_buckets), final as the
+  // last backward passes the head, each layer (last first), the embedding;
+  // fp32, as Megatron reduces them.
+  const model::ParamLayout layout = model::ParamLayout::gpt(sliced_, spec, {par.tp, par.tp - 1});
+  for (const actors::GradBucket& b : actors::grad_buckets(layout, spec)) {
+    double at = c.bwd;
+    if (b.ready.part == model::GradPoint::Part::kHead) at = head_b;
+    if (b.ready.part == model::GradPoint::Part::kLayer) {
+      at = head_b + (spec.last_layer - b.ready.layer) * layer_b;
+    }
+    c.buckets.push_back({at, 4.0 * static_cast<double>(b.range.size())});
+  }
+  std::sort(c.buckets.begin(), c.buckets.end(),
+            [](const ChunkCost::Bucket& a, const ChunkCost::Bucket& b) { return a.at < b.at; });
+  c.owned_elements = static_cast<double>(actors::owned_region(layout, spec).size());
   return c;
 }
 

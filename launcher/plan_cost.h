@@ -19,8 +19,9 @@
 //
 // Collectives on GPU clusters are NCCL's: the faster of ring (2(p-1)
 // alpha + 2(p-1)/p n/B for an all-reduce, half of it for reduce-scatter
-// or all-gather, NCCL's bus-bandwidth factors) and tree (2 log2(p) alpha +
-// 2 n/B); on this-machine they are troupe's Communicator's: direct
+// or all-gather, NCCL's bus-bandwidth factors) and tree (a chain of the
+// p/nodes GPUs inside each node and a tree across nodes: 2((p/nodes - 1)
+// alpha_intra + log2(nodes) alpha_inter) + 2 n/B); on this-machine they are troupe's Communicator's: direct
 // exchange up to 32 KiB, recursive halving-doubling for powers of two, ring
 // otherwise, the sums at the measured add rate; the DP pieces go directly
 // to the partitions, which add them on their stream.
@@ -95,9 +96,9 @@ class CostModel final : public Costs {
  private:
   int node_of(int rank) const { return rank / cluster_.gpus_per_node; }
   const Link& link(int rank_a, int rank_b) const;
-  // Collectives over p ranks of one link: all-reduce, and one of
-  // reduce-scatter / all-gather.
-  double all_reduce(double bytes, int p, const Link& l) const;
+  // Collectives over p ranks on `nodes` nodes, `l` the slowest link:
+  // all-reduce, and one of reduce-scatter / all-gather.
+  double all_reduce(double bytes, int p, int nodes, const Link& l) const;
   double half_collective(double bytes, int p, const Link& l) const;
   double add_seconds(double bytes) const;  // y += x over `bytes` of y
 

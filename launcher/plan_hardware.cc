@@ -60,7 +60,12 @@ absl::StatusOr<Device> Cluster::device(int ranks_on_node, Precision precision,
     // The runtime gives each rank cores / ranks threads (at least one).
     const int threads = std::max(1, cores / std::max(1, ranks_on_node));
     auto it = by_threads.upper_bound(threads);
-    if (it == by_threads.begin()) return absl::InternalError("this-machine has no calibration");
+    if (it == by_threads.begin()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          file, ": ", ranks_on_node, " ranks get ", threads, " thread", threads == 1 ? "" : "s",
+          " each, but the calibration starts at ", by_threads.begin()->first,
+          "; run troupe plan calibrate with --threads ", threads));
+    }
     --it;  // the largest calibrated thread count not above it
     d.compute = it->second;
     if (ranks_on_node > cores) d.compute.slowdown = static_cast<double>(ranks_on_node) / cores;
@@ -79,7 +84,7 @@ absl::StatusOr<Device> Cluster::device(int ranks_on_node, Precision precision,
   d.compute.gemm_fwd = gemm;
   d.compute.gemm_fwd.peak_flops = d.peak_flops * gemm_max_efficiency;
   d.compute.gemm_bwd = d.compute.gemm_fwd;
-  d.compute.memory_bytes_per_s = memory_gbps * 1e9 * memory_efficiency;
+  d.compute.memory_bytes_per_s = memory_gbytes_per_s * 1e9 * memory_efficiency;
   d.intra = intra;
   d.inter = inter;
   d.memory_bytes = memory_gib * std::pow(2.0, 30);
@@ -139,6 +144,12 @@ class Reader {
     }
     return x;
   }
+  // A whole number in [lo, hi].
+  int integer(const json& j, const std::string& path, int lo, int hi) {
+    const double x = number(j, path, lo, hi);
+    if (x != std::floor(x)) fail(absl::StrCat("field '", path, "' must be a whole number, is ", x));
+    return static_cast<int>(x);
+  }
   std::string text(const json& j, const std::string& path) {
     const json* v = at(j, path);
     if (v == nullptr) return "";
@@ -174,11 +185,11 @@ GemmCurve read_curve(Reader& r, const json& j, const std::string& at) {
 
 Link read_link(Reader& r, const json& j, const std::string& at) {
   return {.latency_s = r.number(j, at + ".latency_us", 0, 1e6) * 1e-6,
-          .bytes_per_s = r.number(j, at + ".gbps", 1e-6, 1e6) * 1e9};
+          .bytes_per_s = r.number(j, at + ".gbytes_per_s", 1e-6, 1e6) * 1e9};
 }
 
 void read_calibration(Reader& r, const json& j, Cluster& c) {
-  c.cores = static_cast<int>(r.number(j, "cores", 1, 4096));
+  c.cores = r.integer(j, "cores", 1, 4096);
   c.calibrated_model = r.text(j, "calibration.model");
   c.inproc = read_link(r, j, "calibration.inproc");
   c.ucx = read_link(r, j, "calibration.ucx");
@@ -191,14 +202,14 @@ void read_calibration(Reader& r, const json& j, Cluster& c) {
   for (std::size_t i = 0; i < list->size(); i++) {
     const json& e = (*list)[i];
     Compute k;
-    const int threads = static_cast<int>(r.number(e, "threads", 1, 4096));
+    const int threads = r.integer(e, "threads", 1, 4096);
     k.gemm_fwd = read_curve(r, e, "gemm_fwd");
     k.gemm_bwd = read_curve(r, e, "gemm_bwd");
     k.fused_attention = true;
     k.attention_fwd_flops = r.number(e, "attention_fwd_gflops", 1e-3, 1e9) * 1e9;
     k.attention_bwd_flops = r.number(e, "attention_bwd_gflops", 1e-3, 1e9) * 1e9;
-    k.memory_bytes_per_s = r.number(e, "memory_gbps", 1e-3, 1e6) * 1e9;
-    const json* fam = r.at(e, "family_gbps");
+    k.memory_bytes_per_s = r.number(e, "memory_gbytes_per_s", 1e-3, 1e6) * 1e9;
+    const json* fam = r.at(e, "family_gbytes_per_s");
     if (fam != nullptr && fam->is_object()) {
       for (auto it = fam->begin(); it != fam->end(); ++it) {
         k.family_bytes_per_s[it.key()] =
@@ -228,8 +239,8 @@ absl::StatusOr<Cluster> parse_cluster(const std::string& text, const std::string
   c.file = file;
   c.name = r.text(j, "name");
   c.description = r.text(j, "description");
-  c.nodes = static_cast<int>(r.number(j, "nodes", 1, 1e6));
-  c.gpus_per_node = static_cast<int>(r.number(j, "gpus_per_node", 1, 4096));
+  c.nodes = r.integer(j, "nodes", 1, 1000000);
+  c.gpus_per_node = r.integer(j, "gpus_per_node", 1, 4096);
   c.memory_gib = r.number(j, "gpu.memory_gib", 1e-3, 1e6);
   c.gpu_name = r.text(j, "gpu.name");
   if (const json* s = r.at(j, "sources"); s != nullptr) {
@@ -247,11 +258,11 @@ absl::StatusOr<Cluster> parse_cluster(const std::string& text, const std::string
     for (const auto& [p, key] : precisions) {
       c.peak_tflops[p] = r.number(j, "gpu.peak_tflops." + key, 1e-3, 1e6);
     }
-    c.memory_gbps = r.number(j, "gpu.memory_gbps", 1e-3, 1e7);
+    c.memory_gbytes_per_s = r.number(j, "gpu.memory_gbytes_per_s", 1e-3, 1e7);
     c.intra = {.latency_s = r.number(j, "intra_node.latency_us", 0, 1e6) * 1e-6,
-               .bytes_per_s = r.number(j, "intra_node.gbps_per_gpu", 1e-3, 1e6) * 1e9};
-    c.nics_per_node = static_cast<int>(r.number(j, "inter_node.nics_per_node", 1, 1024));
-    const double nic = r.number(j, "inter_node.gbps_per_nic", 1e-3, 1e6) * 1e9;
+               .bytes_per_s = r.number(j, "intra_node.gbytes_per_s_per_gpu", 1e-3, 1e6) * 1e9};
+    c.nics_per_node = r.integer(j, "inter_node.nics_per_node", 1, 1024);
+    const double nic = r.number(j, "inter_node.gbytes_per_s_per_nic", 1e-3, 1e6) * 1e9;
     // A GPU's share of its node's NICs (all GPUs talk across nodes at once).
     c.inter = {.latency_s = r.number(j, "inter_node.latency_us", 0, 1e6) * 1e-6,
                .bytes_per_s = nic * c.nics_per_node / c.gpus_per_node};

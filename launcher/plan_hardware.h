@@ -1,4 +1,6 @@
-// The hardware `troupe plan` predicts for: clusters as data. A cluster is a
+// The hardware `troupe plan` predicts for: clusters as data. Rates are in
+// gigabytes (not bits) per second: an HDR InfiniBand NIC of 200 Gb/s is
+// `"gbytes_per_s_per_nic": 25`. A cluster is a
 // JSON file (launcher/clusters/*.json, built into the binary; or any file
 // given by path) with the vendor's figures per GPU (dense peak TFLOP/s per
 // precision, memory and its bandwidth), GPUs per node, the intra-node link
@@ -92,7 +94,7 @@ struct Cluster {
   int nodes = 1, gpus_per_node = 1;
   std::string gpu_name;
   std::map<Precision, double> peak_tflops;
-  double memory_gib = 0, memory_gbps = 0;
+  double memory_gib = 0, memory_gbytes_per_s = 0;
   Link intra, inter;  // per GPU, one direction
   int nics_per_node = 0;
   GemmCurve gemm;  // at peak_flops = 1 (scaled per precision)
@@ -105,7 +107,7 @@ struct Cluster {
   Link inproc, ucx;
   std::string calibrated_model;
 
-  int max_gpus() const { return nodes * gpus_per_node; }
+  std::int64_t max_gpus() const { return static_cast<std::int64_t>(nodes) * gpus_per_node; }
   // What one rank gets when `ranks_on_node` share a node. InvalidArgument
   // for a precision the cluster has no figure for (this-machine: fp32 only).
   absl::StatusOr<Device> device(int ranks_on_node, Precision precision,

@@ -31,39 +31,58 @@ double model_flops(const model::GptConfig& c, int global_batch, bool full_recomp
 
 absl::Status check_layout(const PlanInput& in, const Cluster& cluster) {
   const actors::ParallelOptions& par = in.parallel;
-  if (absl::Status st = in.model.validate(); !st.ok()) return st;
-  if (par.tp < 1 || par.pp < 1 || par.dp < 1 || par.virtual_stages < 1) {
-    return absl::InvalidArgumentError("--tp, --pp, --dp and --virtual-stages must be positive");
+  const model::GptConfig& c = in.model;
+  for (const auto& [flag, value] :
+       std::vector<std::pair<const char*, int>>{{"--tp", par.tp},
+                                                {"--pp", par.pp},
+                                                {"--dp", par.dp},
+                                                {"--virtual-stages", par.virtual_stages},
+                                                {"--micro-batch-size", in.micro_batch},
+                                                {"--global-batch-size", in.global_batch}}) {
+    if (value < 1) {
+      return absl::InvalidArgumentError(absl::StrCat(flag, " must be positive, is ", value));
+    }
   }
-  if (in.gpus() > cluster.max_gpus() && !cluster.calibrated) {
-    return absl::InvalidArgumentError(absl::StrCat("--gpus ", in.gpus(), ": ", cluster.name,
-                                                   " has ", cluster.max_gpus()));
+  if (absl::Status st = c.validate(); !st.ok()) return st;
+  // Sizes whose products would overflow the runtime's int arithmetic.
+  if (c.L > 100000 || c.C > (1 << 20) || c.T > (1 << 20) || c.V > (1 << 24)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model too large to plan: at most 100000 layers, 2^20 channels and sequence length, "
+        "2^24 vocabulary; have --layers ", c.L, " --channels ", c.C, " --seq-len ", c.T,
+        " --vocab-size ", c.V));
+  }
+  const std::int64_t world = static_cast<std::int64_t>(par.tp) * par.pp * par.dp;
+  if (world > 32768) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--tp x --pp x --dp = ", world, ": troupe runs at most 32768 ranks"));
+  }
+  if (!cluster.calibrated && world > cluster.max_gpus()) {
+    return absl::InvalidArgumentError(absl::StrCat("--gpus ", world, ": ", cluster.name, " has ",
+                                                   cluster.max_gpus()));
   }
   if (!cluster.calibrated && par.tp > cluster.gpus_per_node) {
     return absl::InvalidArgumentError(absl::StrCat("--tp ", par.tp, " is more than the ",
                                                    cluster.gpus_per_node,
                                                    " GPUs of a node (TP stays inside one)"));
   }
-  if (in.model.NH % par.tp != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--tp ", par.tp, " does not divide the ", in.model.NH, " heads"));
-  }
-  if (in.micro_batch < 1 || in.global_batch % (in.micro_batch * par.dp) != 0) {
+  const std::int64_t replica_batch = static_cast<std::int64_t>(in.micro_batch) * par.dp;
+  if (in.global_batch % replica_batch != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--global-batch-size ", in.global_batch, " is not a multiple of --micro-batch-size x dp = ",
         in.micro_batch, " x ", par.dp));
   }
-  if (par.virtual_stages > 1 && par.schedule != actors::ScheduleKind::kInterleaved1F1B) {
-    return absl::InvalidArgumentError("--virtual-stages needs --schedule interleaved");
-  }
-  if (absl::Status st = actors::check_layer_split(in.model.L, par.pp, par.virtual_stages);
-      !st.ok()) {
-    return st;
-  }
   if (in.sequence_parallel && par.tp < 2) {
     return absl::InvalidArgumentError("--sequence-parallel needs --tp of at least 2");
   }
-  return actors::make_schedule(par.schedule, par.pp, 0, in.m(), par.virtual_stages).status();
+  // The runtime's own checks of the layout (the one this simulates): the
+  // layer split, the schedule, at most 256 micro-batches (the tags' 8
+  // bits), the vocabulary slices.
+  model::TrainOptions o;
+  o.model = c;
+  o.micro_batch = in.micro_batch;
+  o.global_batch = in.global_batch;
+  o.steps = 1;
+  return par.validate(o);
 }
 
 absl::StatusOr<std::pair<actors::MemoryParts, int>> worst_memory(const PlanInput& in,
@@ -92,6 +111,11 @@ absl::StatusOr<std::pair<actors::MemoryParts, int>> worst_memory(const PlanInput
 absl::StatusOr<Plan> make_plan(const PlanInput& in, const Cluster& cluster,
                                actors::MemoryMode mode, bool record) {
   if (absl::Status st = check_layout(in, cluster); !st.ok()) return st;
+  if (mode == actors::MemoryMode::kPaper && element_bytes(in.precision) != 2) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--memory paper is Korthikanti et al.'s accounting of 16-bit training: use --precision "
+        "bf16 or fp16 with it, or --memory counted (not ", precision_name(in.precision), ")"));
+  }
   absl::StatusOr<Device> device = cluster.device(ranks_on_node(in, cluster), in.precision, in.ucx);
   if (!device.ok()) return device.status();
   Plan p;
@@ -163,7 +187,7 @@ nlohmann::json plan_json(const Plan& p) {
           {"peak_fraction", p.peak_fraction},
           {"bubble", p.sim.bubble},
           {"exposed_comm_s", p.sim.exposed_comm_s},
-          {"exposed_comm", {{"stage", p.sim.slowest_stage},
+          {"exposed_comm", {{"stage", p.sim.exposed_stage},
                             {"tp_s", p.sim.tp_comm_s},
                             {"pipeline_s", p.sim.p2p_exposed_s},
                             {"dp_s", p.sim.dp_exposed_s}}},
@@ -199,7 +223,7 @@ std::string plan_text(const Plan& p) {
       "step         %.4g s (pipeline %.4g s, bubble %.1f%%; exposed communication %.3g s on "
       "stage %d: TP %.3g, pipeline %.3g, DP %.3g; optimizer %.3g s)\n",
       p.sim.step_s, p.sim.pipeline_s, 100 * p.sim.bubble, p.sim.exposed_comm_s,
-      p.sim.slowest_stage, p.sim.tp_comm_s, p.sim.p2p_exposed_s, p.sim.dp_exposed_s,
+      p.sim.exposed_stage, p.sim.tp_comm_s, p.sim.p2p_exposed_s, p.sim.dp_exposed_s,
       p.sim.optimizer_s);
   absl::StrAppendFormat(&out,
                         "throughput   %.0f tokens/s, %.4g TFLOP/s per GPU (%.1f%% of peak) by %s\n",
@@ -226,8 +250,18 @@ std::vector<int> divisors(int n) {
 
 }  // namespace
 
-SearchResult search(const PlanInput& base, int gpus, const Cluster& cluster,
-                    actors::MemoryMode mode, bool any_recompute, int top) {
+absl::StatusOr<SearchResult> search(const PlanInput& base, int gpus, const Cluster& cluster,
+                                    actors::MemoryMode mode, bool any_recompute, int top) {
+  if (gpus < 1 || gpus > 32768 || (!cluster.calibrated && gpus > cluster.max_gpus())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--gpus ", gpus, ": ", cluster.name, " has ",
+        cluster.calibrated ? std::int64_t{32768} : std::min<std::int64_t>(cluster.max_gpus(), 32768),
+        " (troupe runs at most 32768 ranks)"));
+  }
+  if (base.global_batch < 1) {
+    return absl::InvalidArgumentError("--global-batch-size must be positive");
+  }
+  if (top < 1) return absl::InvalidArgumentError(absl::StrCat("--top must be positive, is ", top));
   SearchResult r;
   std::vector<Plan> fitting;
   const model::GptConfig& c = base.model;
@@ -253,7 +287,8 @@ SearchResult search(const PlanInput& base, int gpus, const Cluster& cluster,
         if (base.global_batch % (mb * dp) != 0) continue;
         const int m = base.global_batch / (mb * dp);
         std::vector<std::pair<actors::ScheduleKind, int>> schedules{
-            {actors::ScheduleKind::k1F1B, 1}, {actors::ScheduleKind::kGPipe, 1}};
+            {actors::ScheduleKind::k1F1B, 1}};
+        if (pp > 1) schedules.push_back({actors::ScheduleKind::kGPipe, 1});  // one stage: the same
         for (int v = 2; v <= 8 && pp > 1; v++) {
           if (c.L % (pp * v) == 0 && m % pp == 0) {
             schedules.push_back({actors::ScheduleKind::kInterleaved1F1B, v});
@@ -270,7 +305,10 @@ SearchResult search(const PlanInput& base, int gpus, const Cluster& cluster,
             in.micro_batch = mb;
             in.recompute = rc;
             in.sequence_parallel = base.sequence_parallel && tp > 1;
-            if (!check_layout(in, cluster).ok()) continue;
+            if (absl::Status st = check_layout(in, cluster); !st.ok()) {
+              why = std::string(st.message());
+              continue;
+            }
             auto mem = worst_memory(in, mode, false);
             if (!mem.ok()) {
               why = std::string(mem.status().message());

@@ -56,11 +56,13 @@ struct SearchResult {
   std::vector<std::string> rejected;  // "tp 16 pp 5: ..." per family
   int simulated = 0;
 };
-// Every layout of in.gpus() GPUs (tp within a node and dividing the heads,
-// pp dividing the layers, every micro-batch size 1..8 and schedule that
-// fits the global batch; recompute as given, or every mode when
-// `any_recompute`), ranked by step time among those that fit.
-SearchResult search(const PlanInput& base, int gpus, const Cluster& cluster,
-                    actors::MemoryMode mode, bool any_recompute, int top);
+// Every layout of `gpus` GPUs (tp within a node and dividing the heads, pp
+// dividing the layers, micro-batch sizes 1, 2, 4 and 8 that fit the global
+// batch, 1F1B, GPipe and every interleaving that fits; recompute as given,
+// or every mode when `any_recompute`), ranked by step time among those
+// that fit; per rejected (tp, pp) family the reason. InvalidArgument when
+// `gpus` is more than the cluster has or troupe runs.
+absl::StatusOr<SearchResult> search(const PlanInput& base, int gpus, const Cluster& cluster,
+                                    actors::MemoryMode mode, bool any_recompute, int top);
 
 }  // namespace troupe::launcher::plan

@@ -196,11 +196,12 @@ absl::StatusOr<SimResult> Simulation::run() {
     out_.busy_s.push_back(st.busy);
     out_.chunks.emplace_back();
     for (const ChunkCost* c : st.chunk) out_.chunks.back().push_back({c->fwd, c->bwd, c->tp_fwd, c->tp_bwd});
-    const double dp_exposed = std::max(0.0, std::max(st.dp_free, st.free_at) - st.free_at) + gather;
+    double dp_exposed = std::max(0.0, st.dp_free - st.free_at) + gather;
+    if (dp_exposed < 1e-12 * out_.step_s) dp_exposed = 0;  // rounding, not time
     const double exposed = st.tp + st.p2p_exposed + dp_exposed;
     if (end - st.busy > worst) {  // the stage with the least compute waits the most
       worst = end - st.busy;
-      out_.slowest_stage = s;
+      out_.exposed_stage = s;
       out_.exposed_comm_s = exposed;
       out_.tp_comm_s = st.tp;
       out_.p2p_exposed_s = st.p2p_exposed;

@@ -41,13 +41,14 @@ struct SimResult {
   double step_s = 0;      // begin of the step to the last stage's parameters back
   double pipeline_s = 0;  // to the last op of any stage
   double bubble = 0;      // 1 - mean stage busy / pipeline_s
-  // The slowest stage's communication nobody hid: TP collectives inside
-  // ops, waits for pipeline messages beyond their producer's op, and DP
-  // reduction and parameter return past its last op.
+  // The communication nobody hid on `exposed_stage`, the stage with the
+  // most time not computing (the one that waits most): its TP collectives
+  // inside ops, the part of its waits for pipeline messages that was their
+  // flight, and its DP reduction and parameter return past its last op.
   double exposed_comm_s = 0;
   double tp_comm_s = 0, p2p_exposed_s = 0, dp_exposed_s = 0;
-  double optimizer_s = 0;  // AdamW and norm on the slowest stage
-  int slowest_stage = 0;
+  double optimizer_s = 0;  // AdamW and norm on that stage
+  int exposed_stage = 0;
   std::vector<double> busy_s;  // per stage
   // Per stage, per model chunk: one forward and one backward (TP inside).
   struct ChunkTimes {

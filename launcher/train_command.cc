@@ -14,7 +14,6 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_format.h"
 #include "actors/runtime.h"
 #include "launcher/commands.h"
 #include "launcher/trace_signal.h"

@@ -102,6 +102,10 @@ TEST(MemoryPlan, PaperCountsTheSchedulesInFlightMicroBatches) {
   // Stage 1 has 3 layers and 3 micro-batches in flight; stage 2 two.
   EXPECT_DOUBLE_EQ(acts(1), 3 * 3 * layer);
   EXPECT_DOUBLE_EQ(acts(2), 2 * 3 * layer);
+  // GPipe's last stage holds all 16, each with the head's 4sbh(1 + v/h).
+  par.schedule = ScheduleKind::kGPipe;
+  const double head = 4.0 * 1024 * 768 * (1 + 50304.0 / 768);
+  EXPECT_DOUBLE_EQ(acts(3), 16 * (3 * layer + head));
 }
 
 }  // namespace

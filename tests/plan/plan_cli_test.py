@@ -31,7 +31,7 @@ run("plan", "calibrate", "--model", "tiny", "--micro-batch-size", "2", "--thread
     "--reps", "1", "--output", cluster)
 c = json.load(open(cluster))
 assert c["name"] == "this-machine" and c["calibration"]["threads"][0]["threads"] == 1, c
-fam = c["calibration"]["threads"][0]["family_gbps"]
+fam = c["calibration"]["threads"][0]["family_gbytes_per_s"]
 for f in ("layernorm_fwd", "gelu_bwd", "crossentropy_partial", "adamw"):
     assert fam[f] > 0, (f, fam)
 
