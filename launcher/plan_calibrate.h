@@ -2,7 +2,7 @@
 // `this-machine`, where one "GPU" is one rank with its share of the cores.
 // For each thread count a rank can get (1, 2, 4, ... up to the cores) it
 // times, on a CPU stream of that many threads, troupe's own kernels at the
-// model's shapes (tp 1 and 2):
+// model's shapes (tp 1 and 2), the fastest of --reps runs after a warm-up:
 //   - every GEMM of a layer and the LM head, forward and backward, and fits
 //     the GEMM curve of plan_hardware.h to them (least squares in log time);
 //   - the fused attention forward and backward (FLOP/s);
@@ -29,7 +29,7 @@ struct CalibrateOptions {
   model::GptConfig model;
   int micro_batch = 4;
   std::vector<int> threads;  // empty: 1, 2, 4, ... and the cores
-  int reps = 3;              // timed runs of each kernel after a warm-up (the median counts)
+  int reps = 5;              // timed runs of each kernel after a warm-up (the fastest counts)
 };
 
 // The this-machine cluster file's text; progress lines go to `log`.

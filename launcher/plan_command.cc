@@ -37,7 +37,7 @@ struct PlanFlags {
   std::string svg;
   // calibrate
   std::vector<int> threads;
-  int reps = 3;
+  int reps = 5;
   std::string output;
 };
 
@@ -286,7 +286,7 @@ Command add_plan_command(CLI::App& app) {
   CLI::App* cal = cmd->add_subcommand("calibrate", "Measure this machine as --cluster this-machine");
   model_flags(cal);
   cal->add_option("--threads", f->threads, "Thread counts (default: 1, 2, 4, ... and the cores)");
-  cal->add_option("--reps", f->reps, "Timed runs of each kernel")->capture_default_str();
+  cal->add_option("--reps", f->reps, "Timed runs of each kernel (the fastest counts)")->capture_default_str();
   cal->add_option("--output", f->output, "Where (default: " + plan::this_machine_path() + ")");
   return [f, cal]() { return cal->parsed() ? run_calibrate(*f) : run_plan(*f); };
 }

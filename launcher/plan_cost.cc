@@ -32,6 +32,10 @@ double CostModel::add_seconds(double bytes) const {
   return device_.compute.memory_seconds(3 * bytes, "axpy");
 }
 
+double CostModel::partition_add_seconds(double bytes) const {
+  return device_.optimizer.memory_seconds(3 * bytes, "axpy");
+}
+
 double CostModel::all_reduce(double bytes, int p, int nodes, const Link& l) const {
   if (p <= 1) return 0;
   const double frac = static_cast<double>(p - 1) / p;
@@ -196,7 +200,7 @@ double CostModel::dp_reduce_seconds(double bytes) const {
     const double frac = static_cast<double>(dp - 1) / dp;
     const double send = dp > 1 ? (dp - 1) * l.latency_s + frac * bytes / l.bytes_per_s
                                : device_.intra.seconds(bytes);  // to its own partition
-    return send + add_seconds(bytes);
+    return send + partition_add_seconds(bytes);
   }
   return half_collective(bytes, dp, l);  // NCCL reduce-scatter
 }
@@ -211,8 +215,8 @@ double CostModel::dp_gather_seconds(double bytes) const {
 double CostModel::optimizer_seconds(double elements) const {
   // AdamW reads the master copy, the gradient and both moments and writes
   // three of them (fp32); the norm reads the gradient once more.
-  return device_.compute.memory_seconds(28 * elements, "adamw") +
-         device_.compute.memory_seconds(4 * elements, "norm");
+  return device_.optimizer.memory_seconds(28 * elements, "adamw") +
+         device_.optimizer.memory_seconds(4 * elements, "norm");
 }
 
 }  // namespace troupe::launcher::plan

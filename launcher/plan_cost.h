@@ -100,7 +100,8 @@ class CostModel final : public Costs {
   // all-reduce, and one of reduce-scatter / all-gather.
   double all_reduce(double bytes, int p, int nodes, const Link& l) const;
   double half_collective(double bytes, int p, const Link& l) const;
-  double add_seconds(double bytes) const;  // y += x over `bytes` of y
+  double add_seconds(double bytes) const;  // y += x over `bytes` of y, on the compute stream
+  double partition_add_seconds(double bytes) const;  // the same on the optimizer's stream
 
   double layer_forward(double* tp) const;
   double layer_backward(double* tp) const;

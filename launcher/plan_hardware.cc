@@ -68,7 +68,10 @@ absl::StatusOr<Device> Cluster::device(int ranks_on_node, Precision precision,
     }
     --it;  // the largest calibrated thread count not above it
     d.compute = it->second;
-    if (ranks_on_node > cores) d.compute.slowdown = static_cast<double>(ranks_on_node) / cores;
+    d.optimizer = by_threads.begin()->second;  // the fewest threads calibrated: 1 by default
+    if (ranks_on_node > cores) {
+      d.compute.slowdown = d.optimizer.slowdown = static_cast<double>(ranks_on_node) / cores;
+    }
     d.intra = ucx_transport ? ucx : inproc;
     d.inter = ucx;
     d.memory_bytes = memory_gib * std::pow(2.0, 30) / std::max(1, ranks_on_node);
@@ -85,6 +88,7 @@ absl::StatusOr<Device> Cluster::device(int ranks_on_node, Precision precision,
   d.compute.gemm_fwd.peak_flops = d.peak_flops * gemm_max_efficiency;
   d.compute.gemm_bwd = d.compute.gemm_fwd;
   d.compute.memory_bytes_per_s = memory_gbytes_per_s * 1e9 * memory_efficiency;
+  d.optimizer = d.compute;
   d.intra = intra;
   d.inter = inter;
   d.memory_bytes = memory_gib * std::pow(2.0, 30);

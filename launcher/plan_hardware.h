@@ -82,6 +82,7 @@ struct Compute {
 
 struct Device {
   Compute compute;
+  Compute optimizer;  // the optimizer partitions' stream (this-machine: one thread, as RankUnit makes it)
   Link intra;  // to a rank on the same node
   Link inter;  // to a rank on another node (this GPU's share of the NICs)
   double memory_bytes = 0;  // per GPU (this-machine: the RAM's share of a rank)
