@@ -21,7 +21,6 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include <nlohmann/json_fwd.hpp>
 
 namespace troupe::launcher::plan {
 
