@@ -35,7 +35,7 @@ void set_checkpoints(CoordinatorSetup* setup, const RunCheckpoints& c,
 }
 
 Coordinator::Coordinator(caf::actor_config& cfg, std::shared_ptr<CoordinatorSetup> setup)
-    : caf::event_based_actor(cfg), setup_(std::move(setup)) {
+    : caf::event_based_actor(cfg), setup_(std::move(setup)), batches_(setup_->options.batches()) {
   set_exception_handler([this](caf::scheduled_actor*, std::exception_ptr& e) -> caf::error {
     const std::string what = exception_text(e);
     finish(absl::InternalError(absl::StrCat("the coordinator threw: ", what)));
@@ -44,8 +44,8 @@ Coordinator::Coordinator(caf::actor_config& cfg, std::shared_ptr<CoordinatorSetu
   set_down_handler([this](caf::down_msg& dm) {
     for (std::size_t r = 0; r < setup_->shards.size(); r++) {
       if (dm.source == setup_->shards[r] || dm.source == setup_->optimizers[r]) {
-        return finish(absl::InternalError(absl::StrCat(
-            who(static_cast<int>(r)), " stopped: ", home_system().render(dm.reason))));
+        return finish(absl::InternalError(
+            absl::StrCat(who(static_cast<int>(r)), " stopped: ", home_system().render(dm.reason))));
       }
     }
   });
@@ -108,17 +108,19 @@ void Coordinator::begin(int step) {
     return finish(absl::OkStatus());
   }
   step_ = step;
-  lr_ = model::lr_at(o.lr, step - 1);  // steps completed before this one
+  lr_ = o.lr_of_step(batches_, step);  // by steps or samples completed before this one
+  global_batch_ = batches_.global_batch(step);
   reset_tallies();
   t0_ = std::chrono::steady_clock::now();
-  const std::int64_t first = static_cast<std::int64_t>(step - 1) * o.global_batch;
+  const std::int64_t first = batches_.consumed_before(step);
   // Partitions first, so their gradient receives are posted early.
   for (const caf::actor& a : setup_->optimizers) send(a, begin_step_atom::value, step, first);
   for (const caf::actor& a : setup_->shards) send(a, begin_step_atom::value, step, first);
 }
 
+// The tallies of a step or an evaluation batch of global_batch_ sequences.
 void Coordinator::reset_tallies() {
-  loss_.assign(static_cast<std::size_t>(setup_->m * setup_->shape.dp), 0.0);
+  loss_.assign(static_cast<std::size_t>(global_batch_ / setup_->options.micro_batch), 0.0);
   norms_.assign(static_cast<std::size_t>(setup_->layout.world()), 0.0);
   losses_in_ = norms_in_ = ready_in_ = 0;
   ready_.assign(static_cast<std::size_t>(setup_->layout.world()), false);
@@ -132,7 +134,8 @@ void Coordinator::reset_tallies() {
 // outside the tallies.
 void Coordinator::on_loss(int step, int d, int j, double sum) {
   if (step != step_ || finished_) return;
-  if (d < 0 || d >= setup_->shape.dp || j < 0 || j >= setup_->m) {
+  if (d < 0 || d >= setup_->shape.dp || j < 0 ||
+      j >= global_batch_ / (setup_->options.micro_batch * setup_->shape.dp)) {
     return finish(absl::InternalError(absl::StrCat("step ", step, ": a loss for micro-batch ", j,
                                                    " of replica ", d, ", outside the layout")));
   }
@@ -149,8 +152,8 @@ void Coordinator::on_loss(int step, int d, int j, double sum) {
 void Coordinator::on_norm(int step, int rank, double sq) {
   if (step != step_ || finished_) return;
   if (rank < 0 || rank >= setup_->layout.world() || norm_seen_[static_cast<std::size_t>(rank)]) {
-    return finish(absl::InternalError(absl::StrCat(
-        "step ", step, ": a gradient norm from rank ", rank, " (twice, or outside the layout)")));
+    return finish(absl::InternalError(absl::StrCat("step ", step, ": a gradient norm from rank ",
+                                                   rank, " (twice, or outside the layout)")));
   }
   norm_seen_[static_cast<std::size_t>(rank)] = true;
   norms_[static_cast<std::size_t>(rank)] = sq;
@@ -164,7 +167,8 @@ void Coordinator::on_norm(int step, int rank, double sq) {
 
 void Coordinator::on_ready(int step, int rank) {
   if (step != step_ || finished_) return;
-  if (rank < 0 || rank >= static_cast<int>(ready_.size()) || ready_[static_cast<std::size_t>(rank)]) {
+  if (rank < 0 || rank >= static_cast<int>(ready_.size()) ||
+      ready_[static_cast<std::size_t>(rank)]) {
     return finish(absl::InternalError(
         absl::StrCat("step ", step, ": rank ", rank, " ready (twice, or outside the layout)")));
   }
@@ -175,7 +179,7 @@ void Coordinator::on_ready(int step, int rank) {
                                                    loss_.size(), " micro-batch losses arrived")));
   }
   const model::TrainOptions& o = setup_->options;
-  const double tokens = static_cast<double>(o.global_batch) * o.model.T;
+  const double tokens = static_cast<double>(global_batch_) * o.model.T;
   if (evaluating_) {
     for (double l : loss_) val_total_ += l;  // as the single-rank loop: batches, then micro-batches
     if (++eval_batch_ < o.eval_iters) return begin_eval_batch();
@@ -186,9 +190,10 @@ void Coordinator::on_ready(int step, int rank) {
   }
   double loss = 0.0;
   for (double l : loss_) loss += l;
-  const double secs =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
   metrics_ = {.step = step,
+              .global_batch = global_batch_,
+              .consumed_samples = batches_.consumed_before(step + 1),
               .loss = loss / tokens,
               .grad_norm = grad_norm_,
               .lr = lr_,
@@ -206,8 +211,9 @@ void Coordinator::on_ready(int step, int rank) {
 
 // Evaluation e reads validation samples [e*K*GBS, (e+1)*K*GBS), K = --eval-iters.
 void Coordinator::begin_eval_batch() {
-  reset_tallies();
   const model::TrainOptions& o = setup_->options;
+  global_batch_ = o.global_batch;
+  reset_tallies();
   const std::int64_t first =
       (static_cast<std::int64_t>(evaluations_done_) * o.eval_iters + eval_batch_) * o.global_batch;
   for (const caf::actor& a : setup_->shards) send(a, eval_atom::value, step_, first);
@@ -217,8 +223,8 @@ void Coordinator::step_done() {
   if (setup_->on_step) setup_->on_step(metrics_);
   const model::TrainOptions& o = setup_->options;
   const bool signal = setup_->exit_requested && setup_->exit_requested();
-  const bool interval = setup_->exit_interval > 0 && step_ % setup_->exit_interval == 0 &&
-                        step_ < o.steps;
+  const bool interval =
+      setup_->exit_interval > 0 && step_ % setup_->exit_interval == 0 && step_ < o.steps;
   exiting_ = signal || interval;
   if (exiting_) {
     say(absl::StrCat(signal ? "exit signal" : "--exit-interval", ": ending after step ", step_,
@@ -258,7 +264,8 @@ void Coordinator::start_save(int step) {
 
 void Coordinator::on_snapshot(int step, int rank, const std::string& error) {
   if (finished_ || step != save_.step) return;
-  if (rank < 0 || rank >= setup_->layout.world() || save_.snapshotted[static_cast<std::size_t>(rank)]) {
+  if (rank < 0 || rank >= setup_->layout.world() ||
+      save_.snapshotted[static_cast<std::size_t>(rank)]) {
     return finish(absl::InternalError(absl::StrCat("checkpoint ", step, ": a snapshot from rank ",
                                                    rank, " (twice, or outside the layout)")));
   }
@@ -290,12 +297,13 @@ void Coordinator::on_saved(int step, int rank, const std::string& records,
                                                    " (twice, or outside the layout)")));
   }
   if (!error.empty()) {
-    return finish(absl::InternalError(
-        absl::StrCat(who(rank), ": writing checkpoint ", step, ": ", error)));
+    return finish(
+        absl::InternalError(absl::StrCat(who(rank), ": writing checkpoint ", step, ": ", error)));
   }
   absl::StatusOr<std::vector<model::ckpt::TensorRecord>> r =
       model::ckpt::records_from_text(records);
-  if (!r.ok()) return finish(absl::InternalError(absl::StrCat(who(rank), ": ", r.status().message())));
+  if (!r.ok())
+    return finish(absl::InternalError(absl::StrCat(who(rank), ": ", r.status().message())));
   save_.records[static_cast<std::size_t>(rank)] = std::move(*r);
   save_.wrote[static_cast<std::size_t>(rank)] = true;
   if (++save_.written < setup_->layout.world()) return;
@@ -313,10 +321,10 @@ bool Coordinator::commit_save() {
   const int step = save_.step;
   model::ckpt::Meta meta = setup_->meta;
   meta.step = step;
-  meta.consumed_samples = static_cast<std::int64_t>(step) * setup_->options.global_batch;
+  meta.consumed_samples = batches_.consumed_before(step + 1);
   meta.evaluations_done = save_.evaluations_done;
-  if (absl::Status st = model::ckpt::commit(setup_->save_dir, save_.tmp, meta, all,
-                                            setup_->keep_last);
+  if (absl::Status st =
+          model::ckpt::commit(setup_->save_dir, save_.tmp, meta, all, setup_->keep_last);
       !st.ok()) {
     finish(st);
     return false;
@@ -355,11 +363,12 @@ void Coordinator::poll_workers(std::uint64_t seen) {
   };
   for (const caf::actor& w : workers) {
     request(w, std::chrono::seconds(10), waiting_atom::value)
-        .then([this, answered](const WaitReport& r) {
-                reports_.push_back(r);
-                answered();
-              },
-              [answered](caf::error&) { answered(); });
+        .then(
+            [this, answered](const WaitReport& r) {
+              reports_.push_back(r);
+              answered();
+            },
+            [answered](caf::error&) { answered(); });
   }
 }
 
@@ -382,9 +391,9 @@ void Coordinator::judge_progress(std::uint64_t seen) {
                            setup_->layout.world(), " ranks have written their files (not ranks ",
                            absl::StrJoin(missing, ", "), ")");
   }
-  finish(absl::DeadlineExceededError(absl::StrFormat("no progress for %.1f s in step %d%s; waiting:%s",
-                                                     setup_->stall_timeout_s, step_, writing,
-                                                     stall_report())));
+  finish(absl::DeadlineExceededError(
+      absl::StrFormat("no progress for %.1f s in step %d%s; waiting:%s", setup_->stall_timeout_s,
+                      step_, writing, stall_report())));
 }
 
 // Who waits for what from whom, which shard never began the step, and the

@@ -34,7 +34,7 @@ struct CoordinatorSetup {
   model::TrainOptions options;
   comm::Layout layout;
   PipelineShape shape;
-  int m = 1;                          // micro-batches per replica and step
+  int m = 1;                          // micro-batches per replica at the full global batch
   bool has_valid = false;             // validation data for --eval-interval
   std::vector<caf::actor> shards;     // by rank
   std::vector<caf::actor> optimizers; // by rank
@@ -107,6 +107,8 @@ class Coordinator : public caf::event_based_actor {
   std::string who(int rank) const;
 
   std::shared_ptr<CoordinatorSetup> setup_;
+  model::BatchSchedule batches_;  // each step's global batch
+  int global_batch_ = 0;          // this step's (or the evaluation's)
   int step_ = 0;
   float lr_ = 0;
   std::vector<double> loss_;    // by global micro-batch

@@ -2,6 +2,7 @@
 #include "actors/memory_plan.h"
 
 #include <algorithm>
+#include <cmath>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -18,15 +19,6 @@ absl::StatusOr<Recompute> parse_recompute(const std::string& name) {
   if (name == "full") return Recompute::kFull;
   return absl::InvalidArgumentError(
       absl::StrCat("--recompute '", name, "': use none, selective or full"));
-}
-
-std::string recompute_name(Recompute r) {
-  switch (r) {
-    case Recompute::kNone: return "none";
-    case Recompute::kSelective: return "selective";
-    case Recompute::kFull: return "full";
-  }
-  return "?";
 }
 
 std::string memory_mode_name(MemoryMode m) {
@@ -48,7 +40,8 @@ struct StageChunks {
 absl::StatusOr<StageChunks> stage_chunks(const MemoryQuery& q) {
   const ParallelOptions& par = q.parallel;
   if (q.stage < 0 || q.stage >= par.pp) {
-    return absl::InvalidArgumentError(absl::StrCat("stage ", q.stage, " is not in 0..", par.pp - 1));
+    return absl::InvalidArgumentError(
+        absl::StrCat("stage ", q.stage, " is not in 0..", par.pp - 1));
   }
   if (q.micro_batch < 1 || q.global_batch % (q.micro_batch * par.dp) != 0) {
     return absl::InvalidArgumentError(
@@ -75,11 +68,10 @@ constexpr double kF32 = 4;
 }  // namespace
 
 absl::StatusOr<MemoryParts> counted_memory(const MemoryQuery& q) {
-  if (q.recompute != Recompute::kNone || q.sequence_parallel) {
-    return absl::FailedPreconditionError(
-        "counted memory: troupe's runtime has no activation recompute or sequence parallelism yet "
-        "(issue #16); use --memory paper");
+  if (q.sequence_parallel && q.parallel.tp < 2) {
+    return absl::InvalidArgumentError("--sequence-parallel needs --tp of at least 2");
   }
+  if (absl::Status st = q.activations().validate(); !st.ok()) return st;
   absl::StatusOr<StageChunks> sc = stage_chunks(q);
   if (!sc.ok()) return sc.status();
   const ParallelOptions& par = q.parallel;
@@ -96,16 +88,22 @@ absl::StatusOr<MemoryParts> counted_memory(const MemoryQuery& q) {
     // Slots: the schedule's peak, one more with neighbours (RankUnit).
     const int slots = sc->in_flight[ch] + (shape.chunks() > 1 ? 1 : 0);
     out.activations += kF32 * slots *
-                       static_cast<double>(model::activation_floats_per_slot(c, spec, q.micro_batch,
-                                                                             par.tp));
-    out.buffers += kF32 * 2 * slots * B * T * C;  // GptStage: input and output gradient per slot
+                       static_cast<double>(model::activation_floats_per_slot(
+                           c, spec, q.micro_batch, par.tp, q.activations()));
+    out.activations += kF32 * static_cast<double>(model::recompute_workspace_floats(
+                                  c, spec, q.micro_batch, par.tp, q.activations()));
+    // GptStage: input and output gradient per slot (the rows: 1/tp of
+    // them with sequence parallelism).
+    out.buffers += kF32 * 2 * slots * B * T * C / (q.sequence_parallel ? par.tp : 1);
+    out.buffers += kF32 * static_cast<double>(
+                              model::scratch_floats(c, q.micro_batch, par.tp, q.activations()));
     if (spec.embedding && sc->coord.t > 0) out.buffers += kF32 * T * C;  // the zero wpe
     // Partition: master, m, v, the replicas' sum, and a staging window of
     // two (one at dp = 1) contributions; a norm (f64) per counted range.
     const double n =
         std::max<double>(1, static_cast<double>(partition_range(layout, spec, par.dp, 0).size()));
-    out.optimizer += kF32 * n * (4 + (par.dp > 1 ? 2 : 1)) +
-                     8.0 * static_cast<double>(layout.specs().size());
+    out.optimizer +=
+        kF32 * n * (4 + (par.dp > 1 ? 2 : 1)) + 8.0 * static_cast<double>(layout.specs().size());
     needs_data = needs_data || spec.embedding || spec.head;
   }
   if (needs_data) out.buffers += 2 * 4.0 * sc->m * B * T;  // i32 tokens and targets per micro-batch
@@ -146,9 +144,17 @@ absl::StatusOr<MemoryParts> paper_memory(const MemoryQuery& q) {
     out.grads += 4 * n;                // fp32 main gradients (Megatron accumulates in fp32)
     out.optimizer += 12 * n / par.dp;  // fp32 master, Adam m and v, over dp
     const double in_flight = sc->in_flight[ch];
-    out.activations += in_flight * spec.layers() *
-                       paper_layer_activation_bytes(s, b, h, a, par.tp, q.recompute,
-                                                    q.sequence_parallel);
+    auto layer = [&](Recompute r) {
+      return paper_layer_activation_bytes(s, b, h, a, par.tp, r, q.sequence_parallel);
+    };
+    const double L = spec.layers(), N = std::min<double>(q.recompute_layers, L);
+    double kept = L * layer(q.recompute);
+    if (q.recompute == Recompute::kFull) {
+      kept = q.recompute_method == model::RecomputeMethod::kBlock
+                 ? N * layer(Recompute::kFull) + (L - N) * layer(Recompute::kNone)
+                 : std::ceil(L / N) * layer(Recompute::kFull);
+    }
+    out.activations += in_flight * kept;
     // The paper's "other" activations: the embedding's dropout mask (one
     // byte an element) on the first stage, and on the last the final
     // LayerNorm, the output projection and the fp32 cross-entropy,
@@ -157,11 +163,14 @@ absl::StatusOr<MemoryParts> paper_memory(const MemoryQuery& q) {
     if (spec.embedding) out.activations += in_flight * s * b * h / sp;
     if (spec.head) out.activations += in_flight * 4 * s * b * h / t * (1 + v / h);
   }
-  // Full recompute rebuilds one layer's activations at a time in the
-  // backward: one layer of one micro-batch without recompute on top.
+  // Full recompute rebuilds one group's activations at a time in the
+  // backward: a group of one micro-batch without recompute on top (one
+  // layer with the block method).
   if (q.recompute == Recompute::kFull) {
-    out.buffers += paper_layer_activation_bytes(s, b, h, a, par.tp, Recompute::kNone,
-                                                q.sequence_parallel);
+    const int group = q.recompute_method == model::RecomputeMethod::kBlock ? 1 : q.recompute_layers;
+    out.activations +=
+        std::min(group, c.L / (par.pp * par.virtual_stages)) *
+        paper_layer_activation_bytes(s, b, h, a, par.tp, Recompute::kNone, q.sequence_parallel);
   }
   // Point-to-point buffers: an activation and a gradient in 16 bits.
   if (par.pp > 1) out.buffers += 2 * 2 * s * b * h;

@@ -32,20 +32,23 @@
 
 namespace troupe::actors {
 
-enum class Recompute { kNone, kSelective, kFull };
+using model::Recompute;
+using model::recompute_name;
 enum class MemoryMode { kCounted, kPaper };
 
-// "none", "selective", "full"; InvalidArgument naming the choices.
+// `troupe plan --recompute`: "none", "selective", "full" (full: uniform,
+// one layer a group); InvalidArgument naming the choices.
 absl::StatusOr<Recompute> parse_recompute(const std::string& name);
-std::string recompute_name(Recompute r);
 std::string memory_mode_name(MemoryMode m);
 
-struct MemoryParts {  // bytes
-  double params = 0;       // the rank's parameter slices
-  double grads = 0;        // their gradients
-  double optimizer = 0;    // ZeRO-1: fp32 master and Adam moments (counted: and the sum, staging)
-  double activations = 0;  // kept between forward and backward, all in-flight micro-batches
-  double buffers = 0;      // boundary buffers, token buffers, other scratch
+struct MemoryParts {     // bytes
+  double params = 0;     // the rank's parameter slices
+  double grads = 0;      // their gradients
+  double optimizer = 0;  // ZeRO-1: fp32 master and Adam moments (counted: and the sum, staging)
+  // Kept between forward and backward for every in-flight micro-batch, and
+  // the recompute workspace the backward rebuilds activations in.
+  double activations = 0;
+  double buffers = 0;  // boundary buffers, token buffers, other scratch
   double total() const { return params + grads + optimizer + activations + buffers; }
 };
 
@@ -56,13 +59,20 @@ struct MemoryQuery {
   int global_batch = 1;
   int stage = 0;  // s; the replica and TP rank that allocate the most are counted
   Recompute recompute = Recompute::kNone;
+  model::RecomputeMethod recompute_method = model::RecomputeMethod::kUniform;  // full only
+  int recompute_layers = 1;                                                    // full only
   bool sequence_parallel = false;
+  model::ActivationOptions activations() const {
+    return {.recompute = recompute,
+            .method = recompute_method,
+            .recompute_layers = recompute_layers,
+            .sequence_parallel = sequence_parallel};
+  }
 };
 
 // What RankUnit allocates for rank (0, stage, tp-1): the TP rank t > 0
-// keeps a zero position table besides. FailedPrecondition for recompute or
-// sequence parallelism (the runtime has neither yet), InvalidArgument for a
-// layout make_schedule refuses.
+// keeps a zero position table besides. InvalidArgument for a layout
+// make_schedule refuses, or sequence parallelism without tp > 1.
 absl::StatusOr<MemoryParts> counted_memory(const MemoryQuery& q);
 
 // Korthikanti et al.'s 16-bit accounting for the same stage.
@@ -73,6 +83,9 @@ absl::StatusOr<MemoryParts> paper_memory(const MemoryQuery& q);
 // parallelism; tensor parallelism t divides the 24 + 5as/h part, sequence
 // parallelism the rest too; selective recompute drops 5as/h; full keeps
 // only the layer's 2sbh input (divided by t with sequence parallelism).
+// paper_memory applies full recompute's method: uniform groups of N keep
+// one input a group; block keeps the inputs of its first N layers and
+// everything of the rest.
 double paper_layer_activation_bytes(double s, double b, double h, double a, int t,
                                     Recompute recompute, bool sequence_parallel);
 

@@ -6,8 +6,8 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
-#include "comm/traced_transport.h"
 #include "actors/messages.h"
+#include "comm/traced_transport.h"
 #include "model/weights.h"
 
 namespace troupe::actors {
@@ -50,9 +50,34 @@ absl::Status ParallelOptions::validate(const model::TrainOptions& o) const {
     auto ops = make_schedule(schedule, pp, s, m(o), virtual_stages);
     if (!ops.ok()) return ops.status();
   }
+  if (o.activations.sequence_parallel) {
+    if (tp < 2) {
+      return absl::InvalidArgumentError("--sequence-parallel needs --tp of at least 2");
+    }
+    if (static_cast<std::int64_t>(o.micro_batch) * o.model.T % tp != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--sequence-parallel: the micro-batch's ", o.micro_batch, " x ", o.model.T,
+                       " tokens do not split into --tp ", tp, " equal parts"));
+    }
+  }
+  if (o.rampup.enabled()) {
+    if (absl::Status st = model::check_rampup(o.rampup, o.global_batch, o.micro_batch * dp);
+        !st.ok()) {
+      return st;
+    }
+    // Every batch of the ramp must make a schedule (interleaved: a multiple of pp).
+    for (int b = o.rampup.start; b < o.global_batch; b += o.rampup.increment) {
+      if (!make_schedule(schedule, pp, 0, b / (o.micro_batch * dp), virtual_stages).ok()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--rampup-batch-size: the ramp's global batch ", b, " is ", b / (o.micro_batch * dp),
+            " micro-batches a replica, which the ", schedule_name(schedule),
+            " schedule cannot run with --pp ", pp,
+            schedule == ScheduleKind::kInterleaved1F1B ? " (a multiple of pp is needed)" : ""));
+      }
+    }
+  }
   return absl::OkStatus();
 }
-
 
 absl::StatusOr<std::unique_ptr<RankUnit>> RankUnit::create(
     const RankSpec& spec, std::unique_ptr<comm::Transport> transport) {
@@ -75,9 +100,8 @@ absl::StatusOr<std::unique_ptr<RankUnit>> RankUnit::create(
     u->transport_ = std::move(transport);
   } else {
     u->trace_->recorder = u->recorder_.get();
-    u->transport_ =
-        std::make_unique<comm::TracedTransport>(std::move(transport), u->recorder_.get(),
-                                                u->trace_step_.get());
+    u->transport_ = std::make_unique<comm::TracedTransport>(
+        std::move(transport), u->recorder_.get(), u->trace_step_.get());
   }
   model::TensorParallel tensor;
   tensor.slice = {par.tp, u->coord_.t};
@@ -94,9 +118,9 @@ absl::StatusOr<std::unique_ptr<RankUnit>> RankUnit::create(
     // a micro-batch whose gradient is still leaving does not hold up the
     // next forward.
     const int slots = peak_in_flight(*ops, ch) + (u->shape_.chunks() > 1 ? 1 : 0);
-    u->chunks_.push_back(spec.factory
-                             ? spec.factory(c, o.micro_batch, stage, slots)
-                             : std::make_unique<GptStage>(c, o.micro_batch, stage, slots, dev, tensor));
+    u->chunks_.push_back(spec.factory ? spec.factory(c, o.micro_batch, stage, slots)
+                                      : std::make_unique<GptStage>(c, o.micro_batch, stage, slots,
+                                                                   dev, tensor, o.activations));
   }
   if (absl::Status st = u->init_params(); !st.ok()) return st;
   const std::int64_t before = dev.allocated_bytes();
@@ -119,14 +143,21 @@ absl::StatusOr<std::unique_ptr<RankUnit>> RankUnit::create(
   return u;
 }
 
-// Runs one TP collective on the stream's thread, recorded as a collective
-// event of the op the stream is in (RankTrace::current).
+RankUnit::ActivationBytes RankUnit::activation_bytes() const {
+  ActivationBytes out;
+  for (const auto& chunk : chunks_) {
+    out.per_micro_batch += chunk->activation_bytes_per_slot();
+    out.workspace += chunk->recompute_workspace_bytes();
+  }
+  return out;
+}
+
 // Runs one TP collective on the stream's thread, as an open collective
 // event of the op the stream is in (RankTrace::current) until it returns:
 // a rank hung inside collective #N shows it open, a peer that never
 // entered it does not.
-static absl::Status traced_collective(RankTrace* rt, comm::Communicator* comm,
-                                      comm::trace::What op, std::size_t floats,
+static absl::Status traced_collective(RankTrace* rt, comm::Communicator* comm, comm::trace::What op,
+                                      std::size_t floats,
                                       const std::function<absl::Status()>& run) {
   if (rt->recorder == nullptr) return run();
   comm::trace::Event e = rt->current;
@@ -152,8 +183,9 @@ void RankUnit::make_tensor_parallel(model::TensorParallel* tensor) {
     // In stream order: the stream waits while the peers add their parts.
     s.host_callback([&s, comm, x, rt] {
       const auto n = static_cast<std::size_t>(x.numel());
-      absl::Status st = traced_collective(rt, comm, comm::trace::What::kAllReduce, n,
-                                          [&] { return comm->all_reduce_sync(x.data<float>(), n); });
+      absl::Status st = traced_collective(rt, comm, comm::trace::What::kAllReduce, n, [&] {
+        return comm->all_reduce_sync(x.data<float>(), n);
+      });
       if (!st.ok()) s.fail(absl::UnavailableError(absl::StrCat("TP all-reduce: ", st.message())));
     });
   };
@@ -165,6 +197,19 @@ void RankUnit::make_tensor_parallel(model::TensorParallel* tensor) {
         return comm->all_gather_sync(in.data<float>(), out.data<float>(), n);
       });
       if (!st.ok()) s.fail(absl::UnavailableError(absl::StrCat("TP all-gather: ", st.message())));
+    });
+  };
+  tensor->reduce_scatter = [comm = tensor_.get(), count = tp_floats_, rt = trace_.get()](
+                               gpu::Stream& s, const gpu::Tensor& in, const gpu::Tensor& out) {
+    *count += in.numel();
+    s.host_callback([&s, comm, in, out, rt] {
+      const auto n = static_cast<std::size_t>(in.numel());
+      absl::Status st = traced_collective(rt, comm, comm::trace::What::kReduceScatter, n, [&] {
+        return comm->reduce_scatter_sync(in.data<float>(), out.data<float>(), n);
+      });
+      if (!st.ok()) {
+        s.fail(absl::UnavailableError(absl::StrCat("TP reduce-scatter: ", st.message())));
+      }
     });
   };
 }
@@ -209,6 +254,7 @@ RankUnit::Actors RankUnit::spawn(caf::actor_system& system, const Wiring& wiring
   ss.B = o.micro_batch;
   ss.T = o.model.T;
   ss.global_batch = o.global_batch;
+  ss.batches = o.batches();
   ss.data = wiring.train;
   ss.valid = wiring.valid;
   for (auto& c : chunks_) ss.chunks.push_back(c.get());
@@ -234,12 +280,12 @@ RankUnit::Actors RankUnit::spawn(caf::actor_system& system, const Wiring& wiring
   os.coordinator = wiring.coordinator;
   os.trace = trace_.get();
   os.save = [this, coordinator = wiring.coordinator](int step, const std::string& tmp) {
-    return save(tmp, [coordinator, step, rank = spec_.rank](
-                         absl::StatusOr<std::vector<model::ckpt::TensorRecord>> r) {
+    return save(tmp, [coordinator, step,
+                      rank = spec_.rank](absl::StatusOr<std::vector<model::ckpt::TensorRecord>> r) {
       // (From the writer's thread: to the coordinator, or its stand-in.)
       if (r.ok()) {
-        caf::anon_send(coordinator, saved_atom::value, step, rank,
-                       model::ckpt::records_to_text(*r), std::string());
+        caf::anon_send(coordinator, saved_atom::value, step, rank, model::ckpt::records_to_text(*r),
+                       std::string());
       } else {
         caf::anon_send(coordinator, saved_atom::value, step, rank, std::string(),
                        std::string(r.status().message()));
@@ -248,7 +294,8 @@ RankUnit::Actors RankUnit::spawn(caf::actor_system& system, const Wiring& wiring
   };
   // The shard's constructor allocates its micro-batches' token buffers.
   const std::int64_t before = stream_->device().allocated_bytes();
-  Actors spawned{system.spawn<ShardActor>(std::move(ss)), system.spawn<OptimizerActor>(std::move(os))};
+  Actors spawned{system.spawn<ShardActor>(std::move(ss)),
+                 system.spawn<OptimizerActor>(std::move(os))};
   allocated_bytes_ += stream_->device().allocated_bytes() - before;
   return spawned;
 }
@@ -321,7 +368,8 @@ std::int64_t RankUnit::optimizer_state_bytes() const {
 }
 
 std::vector<model::StageSpec> rank_chunk_specs(const model::GptConfig& config,
-                                               const ParallelOptions& par, const comm::Coord& coord) {
+                                               const ParallelOptions& par,
+                                               const comm::Coord& coord) {
   const PipelineShape shape = par.shape();
   std::vector<model::StageSpec> out;
   for (int ch = 0; ch < par.virtual_stages; ch++) {

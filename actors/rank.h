@@ -174,6 +174,12 @@ class RankUnit {
   // planner's counted memory (actors/memory_plan.h) predicts it.
   std::int64_t allocated_bytes() const { return allocated_bytes_; }
   std::int64_t tp_all_reduced_floats() const { return tp_floats_->load(); }
+  // Activations of this rank's chunks as allocated: one micro-batch's (a
+  // slot of every chunk), and the recompute workspaces.
+  struct ActivationBytes {
+    std::int64_t per_micro_batch = 0, workspace = 0;
+  };
+  ActivationBytes activation_bytes() const;
 
  private:
   explicit RankUnit(const RankSpec& spec) : spec_(spec) {}

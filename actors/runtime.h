@@ -75,6 +75,9 @@ class InProcessTrainer {
   // replicas, the staging window, norms), as the device counted it.
   std::int64_t optimizer_bytes(int rank) const;
   int slots(int rank, int chunk) const;
+  RankUnit::ActivationBytes activation_bytes(int rank) const {
+    return ranks_[static_cast<std::size_t>(rank)]->activation_bytes();
+  }
   // Floats rank r has summed in TP all-reduces so far (comm volume).
   std::int64_t tp_all_reduced_floats(int rank) const;
 

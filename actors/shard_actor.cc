@@ -14,19 +14,15 @@ namespace trace = comm::trace;
 
 ShardActor::ShardActor(caf::actor_config& cfg, ShardSetup setup)
     : caf::event_based_actor(cfg), setup_(std::move(setup)) {
-  const int s = setup_.coord.s;
-  absl::StatusOr<std::vector<ScheduleOp>> ops =
-      make_schedule(setup_.schedule, setup_.shape.pp, s, setup_.m, setup_.shape.v);
-  if (ops.ok()) {
-    train_ops_ = *std::move(ops);
-  } else {
-    // A constructor cannot fail: the first message the actor handles says so.
-    setup_error_ = absl::StrCat("no schedule: ", ops.status().message());
-  }
-  for (const ScheduleOp& op : train_ops_) {
-    if (op.kind != OpKind::kForward) continue;
-    eval_ops_.push_back(op);
-    eval_ops_.back().id = static_cast<int>(eval_ops_.size()) - 1;
+  const std::vector<ScheduleOp>* full = train_ops(setup_.m);
+  // (Without one, setup_error_ says why: a constructor cannot fail, so the
+  // first message the actor handles does.)
+  if (full != nullptr) {
+    for (const ScheduleOp& op : *full) {
+      if (op.kind != OpKind::kForward) continue;
+      eval_ops_.push_back(op);
+      eval_ops_.back().id = static_cast<int>(eval_ops_.size()) - 1;
+    }
   }
   bool needs_data = false;
   for (StageCompute* sc : setup_.chunks) {
@@ -52,6 +48,17 @@ ShardActor::ShardActor(caf::actor_config& cfg, ShardSetup setup)
     fail(absl::StrCat("threw: ", what));
     return caf::make_error(caf::sec::runtime_error, what);
   });
+}
+
+const std::vector<ScheduleOp>* ShardActor::train_ops(int m) {
+  if (auto it = train_ops_.find(m); it != train_ops_.end()) return &it->second;
+  absl::StatusOr<std::vector<ScheduleOp>> ops =
+      make_schedule(setup_.schedule, setup_.shape.pp, setup_.coord.s, m, setup_.shape.v);
+  if (!ops.ok()) {
+    setup_error_ = absl::StrCat("no schedule: ", ops.status().message());
+    return nullptr;
+  }
+  return &train_ops_.emplace(m, *std::move(ops)).first->second;
 }
 
 caf::behavior ShardActor::make_behavior() {
@@ -84,7 +91,15 @@ void ShardActor::begin(Pass pass, int step, std::int64_t first_sample) {
     throw std::runtime_error(absl::StrCat("injected failure at step ", step));
   }
   pass_ = pass;
-  ops_ = pass == Pass::kTrain ? &train_ops_ : &eval_ops_;
+  // A ramp-up's step has fewer micro-batches; evaluation reads full batches.
+  const bool ramped = pass == Pass::kTrain && setup_.batches.steps() > 0;
+  global_batch_ = ramped ? setup_.batches.global_batch(step) : setup_.global_batch;
+  m_ = global_batch_ / (setup_.B * setup_.shape.dp);
+  ops_ = pass == Pass::kTrain ? train_ops(m_) : &eval_ops_;
+  if (ops_ == nullptr) {
+    ops_ = &eval_ops_;
+    return fail(setup_error_);
+  }
   if (setup_.trace != nullptr && setup_.trace->step != nullptr) setup_.trace->step->store(step);
   if (setup_.trace != nullptr && setup_.trace->recorder != nullptr) {
     trace::Event e;
@@ -104,14 +119,14 @@ void ShardActor::begin(Pass pass, int step, std::int64_t first_sample) {
   params_expected_ = params_arrived_ = 0;
   for (ChunkState& cs : chunk_) {
     cs.backwards_fired = 0;
-    cs.slot_of.assign(static_cast<std::size_t>(setup_.m), -1);
+    cs.slot_of.assign(static_cast<std::size_t>(m_), -1);
   }
   // The micro-batches of this replica, as the single-rank loop reads them:
   // replica d's micro-batch j is global micro-batch j*dp + d.
   gpu::Device& dev = setup_.stream->device();
-  for (int j = 0; j < static_cast<int>(tokens_.size()); j++) {
-    const std::int64_t first = model::data::micro_batch_first_sample(
-        first_sample, setup_.coord.d, setup_.shape.dp, j, setup_.B);
+  for (int j = 0; j < m_ && j < static_cast<int>(tokens_.size()); j++) {
+    const std::int64_t first = model::data::micro_batch_first_sample(first_sample, setup_.coord.d,
+                                                                     setup_.shape.dp, j, setup_.B);
     absl::Status st = model::data::load_batch(*source, first, setup_.B, setup_.T,
                                               host_tokens_.data(), host_targets_.data());
     if (st.ok()) st = dev.copy_from_host(host_tokens_.data(), tokens_[static_cast<std::size_t>(j)]);
@@ -194,10 +209,13 @@ bool ShardActor::try_fire(const ScheduleOp& op) {
 void ShardActor::fire_forward(const ScheduleOp& op, int slot) {
   StageCompute& sc = *setup_.chunks[static_cast<std::size_t>(op.chunk)];
   const auto j = static_cast<std::size_t>(op.micro);
-  mark_stream(setup_.trace, *setup_.stream, op_event(op), [&] {
-    sc.forward(*setup_.stream, slot, tokens_.empty() ? gpu::Tensor{} : tokens_[j],
-               targets_.empty() ? gpu::Tensor{} : targets_[j]);
-  }, /*set_current=*/true);
+  mark_stream(
+      setup_.trace, *setup_.stream, op_event(op),
+      [&] {
+        sc.forward(*setup_.stream, slot, tokens_.empty() ? gpu::Tensor{} : tokens_[j],
+                   targets_.empty() ? gpu::Tensor{} : targets_[j]);
+      },
+      /*set_current=*/true);
   if (!sc.spec().head) {
     const int vs = virtual_stage(setup_.shape, setup_.coord.s, op.chunk);
     stream_send(MessageKind::kActivation, vs + 1, sc.output(slot), op, slot);
@@ -213,7 +231,7 @@ void ShardActor::fire_backward(const ScheduleOp& op, int slot) {
   // The step's last backward of this chunk finishes its gradients, bucket by
   // bucket; each bucket leaves as soon as the stream is past it.
   model::GradProgress progress;
-  if (++cs.backwards_fired == setup_.m) {
+  if (++cs.backwards_fired == m_) {
     progress = [this, c = op.chunk](model::GradPoint point) {
       const auto& buckets = chunk_[static_cast<std::size_t>(c)].buckets;
       for (int b = 0; b < static_cast<int>(buckets.size()); b++) {
@@ -223,12 +241,15 @@ void ShardActor::fire_backward(const ScheduleOp& op, int slot) {
       }
     };
   }
-  const float dloss = 1.0f / static_cast<float>(static_cast<std::int64_t>(setup_.global_batch) *
-                                                setup_.T);
-  mark_stream(setup_.trace, *setup_.stream, op_event(op), [&] {
-    sc.backward(*setup_.stream, slot, tokens_.empty() ? gpu::Tensor{} : tokens_[j],
-                targets_.empty() ? gpu::Tensor{} : targets_[j], dloss, progress);
-  }, /*set_current=*/true);
+  const float dloss =
+      1.0f / static_cast<float>(static_cast<std::int64_t>(global_batch_) * setup_.T);
+  mark_stream(
+      setup_.trace, *setup_.stream, op_event(op),
+      [&] {
+        sc.backward(*setup_.stream, slot, tokens_.empty() ? gpu::Tensor{} : tokens_[j],
+                    targets_.empty() ? gpu::Tensor{} : targets_[j], dloss, progress);
+      },
+      /*set_current=*/true);
   if (!sc.spec().embedding) {
     const int vs = virtual_stage(setup_.shape, setup_.coord.s, op.chunk);
     stream_send(MessageKind::kGradient, vs - 1, sc.input_grad(slot), op, slot);
@@ -249,16 +270,15 @@ void ShardActor::stream_send(MessageKind kind, int dst_vs, const gpu::Tensor& t,
                          slot](absl::Status st) {
     caf::anon_send(self, sent_atom::value, c, slot, status_text(st));
   };
-  setup_.stream->host_callback([stream = setup_.stream, transport = setup_.transport, dst,
-                                tag = tag(kind, setup_.rank, op.micro,
-                                          chunk_of(setup_.shape, dst_vs), 0),
-                                data = t.data<float>(), bytes = t.nbytes(),
-                                done = std::move(done)]() mutable {
-    if (absl::Status st = stream->status(); !st.ok()) {
-      return done(absl::AbortedError("not sent: the stream failed"));
-    }
-    transport->send(dst, tag, data, bytes, std::move(done));
-  });
+  setup_.stream->host_callback(
+      [stream = setup_.stream, transport = setup_.transport, dst,
+       tag = tag(kind, setup_.rank, op.micro, chunk_of(setup_.shape, dst_vs), 0),
+       data = t.data<float>(), bytes = t.nbytes(), done = std::move(done)]() mutable {
+        if (absl::Status st = stream->status(); !st.ok()) {
+          return done(absl::AbortedError("not sent: the stream failed"));
+        }
+        transport->send(dst, tag, data, bytes, std::move(done));
+      });
 }
 
 void ShardActor::on_op_done(int op_id) {
@@ -274,11 +294,11 @@ void ShardActor::on_op_done(int op_id) {
   if (op.kind == OpKind::kForward) {
     if (sc.spec().head) {
       // The micro-batch's loss sum, in token order (as the single-rank loop).
-      if (absl::Status st = setup_.stream->device().copy_to_host(sc.losses(slot),
-                                                                 host_losses_.data());
+      if (absl::Status st =
+              setup_.stream->device().copy_to_host(sc.losses(slot), host_losses_.data());
           !st.ok()) {
-        return fail(absl::StrCat("reading the losses of micro-batch ", op.micro, ": ",
-                                 st.message()));
+        return fail(
+            absl::StrCat("reading the losses of micro-batch ", op.micro, ": ", st.message()));
       }
       double sum = 0.0;
       for (float l : host_losses_) sum += l;
@@ -432,8 +452,7 @@ WaitReport ShardActor::report() const {
   if (wait_op_ >= 0) r.op = describe((*ops_)[static_cast<std::size_t>(wait_op_)]);
   r.waiting = step_ > 0 ? wait_what_ : "";
   r.peer = wait_peer_;
-  r.since_s =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - wait_since_).count();
+  r.since_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - wait_since_).count();
   r.progress = progress_;
   // Ops complete in the order they fired (one stream): the oldest of those
   // fired and not done is op ops_done_ of the schedule.

@@ -17,12 +17,12 @@
 // outlive the actor; nothing here blocks a scheduler thread.
 #pragma once
 
+#include <caf/all.hpp>
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <vector>
-
-#include <caf/all.hpp>
 
 #include "actors/messages.h"
 #include "actors/partition.h"
@@ -32,6 +32,7 @@
 #include "comm/groups.h"
 #include "comm/transport.h"
 #include "gpu/device.h"
+#include "model/batch_schedule.h"
 #include "model/data/gpt_dataset.h"
 
 namespace troupe::actors {
@@ -51,12 +52,13 @@ struct ShardSetup {
   comm::Layout layout;
   PipelineShape shape;
   ScheduleKind schedule = ScheduleKind::k1F1B;
-  int m = 1;             // micro-batches per replica and step
-  int B = 1, T = 1;      // micro-batch size, sequence length
-  int global_batch = 1;  // sequences per step over all replicas
+  int m = 1;                     // micro-batches per replica at the full global batch
+  int B = 1, T = 1;              // micro-batch size, sequence length
+  int global_batch = 1;          // sequences per step over all replicas (evaluation; the most)
+  model::BatchSchedule batches;  // each training step's global batch (empty: global_batch)
   const model::data::SampleSource* data = nullptr;   // training samples
   const model::data::SampleSource* valid = nullptr;  // validation samples (may be null)
-  std::vector<StageCompute*> chunks;                // chunk c: virtual stage c*pp + s
+  std::vector<StageCompute*> chunks;                 // chunk c: virtual stage c*pp + s
   gpu::Stream* stream = nullptr;
   comm::Transport* transport = nullptr;
   std::vector<GradPiece> grad_pieces;    // of the whole model (this actor sends its own)
@@ -102,9 +104,15 @@ class ShardActor : public caf::event_based_actor {
   int rank_of(int d, int s) const { return setup_.layout.rank({d, s, setup_.coord.t}); }
   std::string describe(const ScheduleOp& op) const;
 
+  // The training schedule for `m` micro-batches (made once per m).
+  const std::vector<ScheduleOp>* train_ops(int m);
+
   ShardSetup setup_;
-  std::vector<ScheduleOp> train_ops_, eval_ops_;
-  const std::vector<ScheduleOp>* ops_ = &train_ops_;  // what this step walks
+  std::map<int, std::vector<ScheduleOp>> train_ops_;  // by micro-batches (a ramp-up has several)
+  std::vector<ScheduleOp> eval_ops_;
+  const std::vector<ScheduleOp>* ops_ = &eval_ops_;  // what this step walks
+  int m_ = 1;                                        // this step's micro-batches per replica
+  int global_batch_ = 1;                             // and its global batch
   Pass pass_ = Pass::kTrain;
   std::vector<gpu::Tensor> tokens_, targets_;  // per micro-batch, i32 (B, T)
   std::vector<std::int32_t> host_tokens_, host_targets_;
@@ -131,7 +139,7 @@ class ShardActor : public caf::event_based_actor {
   int params_expected_ = 0, params_arrived_ = 0;
   bool failed_ = false;
   std::uint64_t progress_ = 0;  // ops completed and inputs arrived, over the run
-  std::string setup_error_;  // what makes the setup unusable ("" if nothing)
+  std::string setup_error_;     // what makes the setup unusable ("" if nothing)
 
   // What the actor waits for (hang diagnosis).
   int wait_op_ = -1;

@@ -4,9 +4,15 @@
 namespace troupe::actors {
 
 GptStage::GptStage(const model::GptConfig& config, int B, const model::StageSpec& spec, int slots,
-                   gpu::Device& device, model::TensorParallel tp)
-    : gpt_(config, B, device, spec, slots, std::move(tp)) {
-  const gpu::Shape btc{B, config.T, config.C};
+                   gpu::Device& device, model::TensorParallel tp,
+                   const model::ActivationOptions& activations)
+    : gpt_(config, B, device, spec, slots, std::move(tp), activations) {
+  // A boundary tensor is the region's rows: with sequence parallelism this
+  // rank's 1/tp of them (what Megatron sends between stages too).
+  const int parts = activations.sequence_parallel ? gpt_.tp().tp : 1;
+  const gpu::Shape btc = parts > 1
+                             ? gpu::Shape{static_cast<std::int64_t>(B) * config.T / parts, config.C}
+                             : gpu::Shape{B, config.T, config.C};
   const std::int64_t n = gpu::shape_numel(btc);
   // Chunks that receive nothing (first, last) need no boundary buffers.
   const bool needs_input = !spec.embedding, needs_dout = !spec.head;

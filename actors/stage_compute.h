@@ -41,6 +41,12 @@ class StageCompute {
   // After the backward: the gradient of our input, for the previous stage.
   virtual const gpu::Tensor& input_grad(int slot) const = 0;
 
+  // Device bytes of one slot's activations (what a micro-batch keeps
+  // between its forward and backward) and of the recompute workspace the
+  // slots share, as allocated; 0 where the chunk keeps none.
+  virtual std::int64_t activation_bytes_per_slot() const { return 0; }
+  virtual std::int64_t recompute_workspace_bytes() const { return 0; }
+
   virtual void zero_grad(gpu::Stream& s) = 0;
   // tokens and targets: i32 (B, T) of this micro-batch (used on the chunks
   // with the embedding and the head).
@@ -57,7 +63,8 @@ class StageCompute {
 class GptStage : public StageCompute {
  public:
   GptStage(const model::GptConfig& config, int B, const model::StageSpec& spec, int slots,
-           gpu::Device& device, model::TensorParallel tp = {});
+           gpu::Device& device, model::TensorParallel tp = {},
+           const model::ActivationOptions& activations = {});
 
   model::Gpt& gpt() { return gpt_; }
   const model::StageSpec& spec() const override { return gpt_.stage(); }
@@ -70,6 +77,13 @@ class GptStage : public StageCompute {
   gpu::Tensor output(int slot) const override { return gpt_.output(slot); }
   const gpu::Tensor& losses(int slot) const override { return gpt_.acts(slot).losses; }
   const gpu::Tensor& input_grad(int slot) const override { return gpt_.input_grad(slot); }
+
+  std::int64_t activation_bytes_per_slot() const override {
+    return gpt_.activation_bytes_per_slot();
+  }
+  std::int64_t recompute_workspace_bytes() const override {
+    return gpt_.recompute_workspace_bytes();
+  }
 
   void zero_grad(gpu::Stream& s) override { gpt_.zero_grad(s); }
   void forward(gpu::Stream& s, int slot, const gpu::Tensor& tokens,

@@ -409,7 +409,8 @@ int run_launch(LaunchFlags& f) {
     return std::vector<std::ofstream*>{&ctx.metrics,
                                        ctx.user_metrics.is_open() ? &ctx.user_metrics : nullptr};
   };
-  ctx.progress = std::make_unique<Progress>(options->steps, metric_streams());
+  ctx.progress =
+      std::make_unique<Progress>(options->steps, metric_streams(), f.train.log_interval);
   if (!f.token_file.empty()) {
     std::ifstream in(f.token_file);
     if (!in || !std::getline(in, ctx.token) || ctx.token.empty()) {

@@ -17,6 +17,7 @@
 #include "actors/runtime.h"
 #include "launcher/commands.h"
 #include "launcher/trace_signal.h"
+#include "launcher/train_config.h"
 #include "launcher/train_flags.h"
 #include "model/atomic_file.h"
 #include "model/checkpoint.h"
@@ -43,7 +44,7 @@ class SingleRankSaver {
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     model::ckpt::Meta meta;
     meta.step = t.steps_done();
-    meta.consumed_samples = static_cast<std::int64_t>(meta.step) * t.options().global_batch;
+    meta.consumed_samples = t.options().batches().consumed_before(meta.step + 1);
     meta.evaluations_done = t.evaluations_done();
     meta.options = t.options();
     meta.schedule = actors::schedule_name(par_.schedule);
@@ -82,14 +83,37 @@ class SingleRankSaver {
   absl::Status error_;  // the last write's (read after wait())
 };
 
+double mib(std::int64_t bytes) { return static_cast<double>(bytes) / (1 << 20); }
+
+// The activation line of the banner: what one micro-batch keeps on each
+// stage between its forward and backward, as the device allocated it
+// (troupe plan's counted memory predicts it), and the recompute workspace.
+void print_activations(const model::TrainOptions& o, const std::vector<std::int64_t>& per_stage,
+                       std::int64_t workspace) {
+  std::string stages;
+  for (std::size_t s = 0; s < per_stage.size(); s++) {
+    absl::StrAppend(&stages, s == 0 ? "" : ", ", absl::StrFormat("%.2f", mib(per_stage[s])));
+  }
+  std::printf(
+      "  activations per micro-batch (MiB%s, recompute %s): %s%s\n",
+      per_stage.size() > 1 ? ", by stage" : "", o.activations.describe().c_str(), stages.c_str(),
+      workspace > 0 ? absl::StrFormat("; recompute workspace %.2f MiB", mib(workspace)).c_str()
+                    : "");
+}
+
 int run_train(const TrainFlags& flags) {
   auto fail = [](const absl::Status& st) {
     std::fprintf(stderr, "troupe train: error: %s\n", std::string(st.message()).c_str());
     return 1;
   };
-  absl::StatusOr<model::TrainOptions> options = resolve(flags);
+  std::set<std::string> recipe_set;
+  absl::StatusOr<model::TrainOptions> options = resolve(flags, &recipe_set);
   if (!options.ok()) return fail(options.status());
   if (absl::Status st = flags.parallel.validate(*options); !st.ok()) return fail(st);
+  if (flags.print_config) {
+    absl::Status st = print_config(flags, *options, recipe_set);
+    return st.ok() ? 0 : fail(st);
+  }
   if (!flags.save_weights.empty()) {
     if (absl::Status st = check_writable(flags.save_weights, "--save-weights"); !st.ok()) {
       return fail(st);
@@ -116,7 +140,7 @@ int run_train(const TrainFlags& flags) {
   // (--trace and --debug-op-cost need the actor runtime, even for one rank.)
   const bool one_rank = par.world() == 1 && par.virtual_stages == 1 && flags.trace.dir.empty() &&
                         flags.op_cost.empty();
-  Progress progress(o.steps, metrics.is_open() ? &metrics : nullptr);
+  Progress progress(o.steps, metrics.is_open() ? &metrics : nullptr, flags.log_interval);
   std::unique_ptr<model::Trainer> single;
   std::unique_ptr<actors::InProcessTrainer> multi;
   const model::data::SampleSource* train_data = nullptr;
@@ -132,17 +156,17 @@ int run_train(const TrainFlags& flags) {
     }
     train_data = &single->train_data();
   } else {
-    absl::StatusOr<std::unique_ptr<actors::InProcessTrainer>> t =
-        actors::InProcessTrainer::create(
-            o, par, stage_factory(flags),
-            {.flags = ck,
-             .loaded = load,
-             .exit_requested = ck.exit_signal_handler ? exit_signal_received : nullptr,
-             .log = [](const std::string& line) {
+    absl::StatusOr<std::unique_ptr<actors::InProcessTrainer>> t = actors::InProcessTrainer::create(
+        o, par, stage_factory(flags),
+        {.flags = ck,
+         .loaded = load,
+         .exit_requested = ck.exit_signal_handler ? exit_signal_received : nullptr,
+         .log =
+             [](const std::string& line) {
                std::printf("%s\n", line.c_str());
                std::fflush(stdout);
              }},
-            flags.trace);
+        flags.trace);
     if (!t.ok()) {
       absl::Status st = t.status();
       if (load != nullptr && absl::StrContains(st.message(), load->dir())) {
@@ -154,15 +178,15 @@ int run_train(const TrainFlags& flags) {
     train_data = &multi->train_data();
   }
   // (With --tp the vocabulary is padded to a multiple of 128 x tp.)
-  std::printf("troupe train: %s\n",
-              (multi ? multi->options().model : o.model).describe().c_str());
+  std::printf("troupe train: %s\n", (multi ? multi->options().model : o.model).describe().c_str());
   std::printf("  train data: %s\n", train_data->describe().c_str());
-  const model::data::SampleSource* valid_data =
-      single ? single->valid_data() : multi->valid_data();
+  const model::data::SampleSource* valid_data = single ? single->valid_data() : multi->valid_data();
   if (valid_data != nullptr) std::printf("  valid data: %s\n", valid_data->describe().c_str());
   if (one_rank) {
     std::printf("  micro-batch %d x %d accumulation = global batch %d; %d steps; 1 rank\n",
                 o.micro_batch, o.grad_accum(), o.global_batch, o.steps);
+    print_activations(o, {single->gpt().activation_bytes_per_slot()},
+                      single->gpt().recompute_workspace_bytes());
   } else {
     const int m = par.m(o);
     std::printf(
@@ -170,8 +194,9 @@ int run_train(const TrainFlags& flags) {
         "replica and step = global batch %d; %d steps\n",
         multi->layout().describe().c_str(), multi->layout().world(),
         actors::schedule_name(par.schedule).c_str(),
-        par.virtual_stages > 1 ? absl::StrCat(" (", par.virtual_stages, " chunks per stage)").c_str()
-                               : "",
+        par.virtual_stages > 1
+            ? absl::StrCat(" (", par.virtual_stages, " chunks per stage)").c_str()
+            : "",
         m, o.micro_batch, o.global_batch, o.steps);
     std::printf("  optimizer state per rank (ZeRO-1): %.2f MiB of %.2f MiB for the whole model\n",
                 static_cast<double>(multi->optimizer_state_bytes(0)) / (1 << 20),
@@ -181,12 +206,27 @@ int run_train(const TrainFlags& flags) {
     std::string allocated;
     for (int r = 0; r < multi->layout().world() && r < 16; r++) {
       absl::StrAppend(&allocated, r == 0 ? "" : ", ",
-                      absl::StrFormat("%.2f", static_cast<double>(multi->allocated_bytes(r)) / (1 << 20)));
+                      absl::StrFormat("%.2f", mib(multi->allocated_bytes(r))));
     }
     std::printf("  memory allocated per rank (MiB, by rank): %s%s\n", allocated.c_str(),
                 multi->layout().world() > 16 ? ", ..." : "");
+    std::vector<std::int64_t> per_stage;
+    std::int64_t workspace = 0;
+    for (int s = 0; s < par.pp; s++) {
+      const actors::RankUnit::ActivationBytes a =
+          multi->activation_bytes(multi->layout().rank({.d = 0, .s = s, .t = 0}));
+      per_stage.push_back(a.per_micro_batch);
+      workspace = std::max(workspace, a.workspace);
+    }
+    print_activations(o, per_stage, workspace);
   }
   if (load != nullptr) std::printf("  %s\n", describe_load(flags, *load).c_str());
+  if (progress.log_interval() > 1) {
+    std::printf(
+        "  a progress line every %d steps (--log-interval), averaged over them; "
+        "every step in --metrics-jsonl\n",
+        progress.log_interval());
+  }
   const int first_step = load != nullptr && ck.load_optim ? load->meta().step + 1 : 1;
   if (first_step > o.steps) {
     std::printf("  the checkpoint is at step %d: --steps %d leaves nothing to train\n",

@@ -1,15 +1,18 @@
 // The training flags, shared by train, worker and launch.
 #include "launcher/train_flags.h"
 
+#include <unistd.h>
+
 #include <atomic>
-#include <csignal>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "actors/timed_stage.h"
+#include "launcher/train_config.h"
 #include "model/atomic_file.h"
 
 namespace troupe::launcher {
@@ -31,24 +34,57 @@ absl::Status check_writable(const std::string& path, const char* flag) {
   return absl::OkStatus();
 }
 
-void Progress::report(const model::StepMetrics& m) {
-  elapsed_ += m.step_s;
-  reported_++;  // (a resumed run's first step is not step 1)
+int default_log_interval(int steps) { return steps <= 100 ? 1 : (steps + 50) / 100; }
+
+Progress::Progress(int steps, std::vector<std::ofstream*> metrics, int log_interval)
+    : steps_(steps),
+      metrics_(std::move(metrics)),
+      interval_(log_interval > 0 ? log_interval : default_log_interval(steps)),
+      terminal_(isatty(STDOUT_FILENO) == 1) {}
+
+void Progress::print(const model::StepMetrics& m, double loss, double tokens_per_s, double step_s) {
   const double eta = elapsed_ / reported_ * (steps_ - m.step);
   const std::string val = m.val_loss ? absl::StrFormat(" | val loss %.4f", *m.val_loss) : "";
   std::printf(
-      "step %*d/%d | loss %.4f | lr %.3e | grad norm %.4f | %.0f tok/s | elapsed %s | ETA %s%s\n",
-      static_cast<int>(std::to_string(steps_).size()), m.step, steps_, m.loss, m.lr,
-      m.grad_norm, m.tokens_per_s, duration(elapsed_).c_str(), duration(eta).c_str(),
-      val.c_str());
+      "%sstep %*d/%d | loss %.4f | lr %.3e | grad norm %.4f | %.0f tok/s | %.3f s/step | elapsed "
+      "%s | ETA %s%s",
+      live_ ? "\r\033[K" : "", static_cast<int>(std::to_string(steps_).size()), m.step, steps_,
+      loss, m.lr, m.grad_norm, tokens_per_s, step_s, duration(elapsed_).c_str(),
+      duration(eta).c_str(), val.c_str());
+}
+
+void Progress::report(const model::StepMetrics& m) {
+  elapsed_ += m.step_s;
+  reported_++;  // (a resumed run's first step is not step 1)
+  window_++;
+  window_loss_ += m.loss;
+  window_s_ += m.step_s;
+  window_tokens_ += m.tokens_per_s * m.step_s;
+  if (m.step % interval_ == 0 || m.step >= steps_) {
+    print(m, window_loss_ / window_, window_s_ > 0 ? window_tokens_ / window_s_ : m.tokens_per_s,
+          window_s_ / window_);
+    std::printf("\n");
+    live_ = false;
+    window_ = 0;
+    window_loss_ = window_s_ = window_tokens_ = 0.0;
+  } else if (m.val_loss) {
+    // Between lines: the validation loss gets a line of its own.
+    std::printf("%sstep %*d/%d | val loss %.4f\n", live_ ? "\r\033[K" : "",
+                static_cast<int>(std::to_string(steps_).size()), m.step, steps_, *m.val_loss);
+    live_ = false;
+  } else if (terminal_) {
+    print(m, m.loss, m.tokens_per_s, m.step_s);  // the live line: this step alone
+    live_ = true;
+  }
   std::fflush(stdout);
   // loss, grad_norm and lr with 17 digits: exactly, so that two
   // runs can be compared bit for bit.
   const std::string line = absl::StrFormat(
       "{\"step\": %d, \"loss\": %.17g, \"grad_norm\": %.17g, \"lr\": %.17g, "
+      "\"global_batch_size\": %d, \"consumed_samples\": %d, "
       "\"tokens_per_s\": %.9g, \"step_s\": %.9g, \"elapsed_s\": %.9g%s}\n",
-      m.step, m.loss, m.grad_norm, m.lr, m.tokens_per_s, m.step_s, elapsed_,
-      m.val_loss ? absl::StrFormat(", \"val_loss\": %.17g", *m.val_loss) : "");
+      m.step, m.loss, m.grad_norm, m.lr, m.global_batch, m.consumed_samples, m.tokens_per_s,
+      m.step_s, elapsed_, m.val_loss ? absl::StrFormat(", \"val_loss\": %.17g", *m.val_loss) : "");
   lines_.emplace_back(m.step, line);
   for (std::ofstream* out : metrics_) {
     if (out == nullptr) continue;
@@ -75,13 +111,101 @@ std::string Progress::jsonl() const {
 
 absl::Status write_trace_metrics(const TrainFlags& f, const Progress& progress) {
   if (f.trace.dir.empty()) return absl::OkStatus();
-  absl::StatusOr<model::AtomicFile> file = model::AtomicFile::create(f.trace.dir + "/metrics.jsonl");
+  absl::StatusOr<model::AtomicFile> file =
+      model::AtomicFile::create(f.trace.dir + "/metrics.jsonl");
   if (!file.ok()) return file.status();
   if (absl::Status st = file->write(progress.jsonl()); !st.ok()) return st;
   return file->commit();
 }
 
-absl::StatusOr<model::TrainOptions> resolve(const TrainFlags& f) {
+namespace {
+
+// Megatron's rules: a method and a layer count only with full recompute;
+// full without a method recomputes uniformly, a layer a group (what MT-NLG
+// and Megatron's older --checkpoint-activations did).
+absl::Status resolve_recompute(const TrainFlags& f, model::ActivationOptions* a) {
+  std::string granularity = f.recompute_granularity;
+  if (f.recompute_activations) {
+    if (!granularity.empty() && granularity != "selective") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--recompute-activations means --recompute-granularity selective, not ", granularity));
+    }
+    granularity = "selective";
+  }
+  if (!granularity.empty()) {
+    absl::StatusOr<model::Recompute> r = model::parse_recompute_granularity(granularity);
+    if (!r.ok()) return r.status();
+    a->recompute = *r;
+  }
+  if (a->recompute != model::Recompute::kFull &&
+      (!f.recompute_method.empty() || f.recompute_layers)) {
+    return absl::InvalidArgumentError(
+        "--recompute-method and --recompute-num-layers need --recompute-granularity full");
+  }
+  if (!f.recompute_method.empty()) {
+    absl::StatusOr<model::RecomputeMethod> m = model::parse_recompute_method(f.recompute_method);
+    if (!m.ok()) return m.status();
+    a->method = *m;
+  }
+  if (f.recompute_layers) a->recompute_layers = *f.recompute_layers;
+  return a->validate();
+}
+
+bool given(const CLI::Option* o) { return o != nullptr && o->count() > 0; }
+
+// The run's length in steps or (--train-samples) samples, the ramp-up and
+// the learning-rate schedule's unit, by Megatron's rules: a ramp-up and the
+// sample-based schedule need --train-samples, which excludes the
+// iteration-based flags.
+absl::Status resolve_length(const TrainFlags& f, model::TrainOptions* o) {
+  if (!f.rampup.empty()) {
+    if (f.rampup.size() != 3 || f.rampup[0] > (1 << 30) || f.rampup[1] > (1 << 30)) {
+      return absl::InvalidArgumentError(
+          "--rampup-batch-size: expected START INCREMENT SAMPLES (e.g. 32 32 6000000)");
+    }
+    o->rampup = {.start = static_cast<int>(f.rampup[0]),
+                 .increment = static_cast<int>(f.rampup[1]),
+                 .samples = f.rampup[2]};
+    if (o->rampup.start <= 0) {
+      return absl::InvalidArgumentError("--rampup-batch-size: START must be positive");
+    }
+  }
+  if (o->train_samples > 0) {
+    if (given(f.steps_flag)) {
+      return absl::InvalidArgumentError(
+          "--train-samples and --steps (--train-iters) both set the run's length: give one");
+    }
+    if (given(f.warmup_iters_flag) || given(f.decay_iters_flag)) {
+      return absl::InvalidArgumentError(
+          "--train-samples counts the learning-rate schedule in samples: use "
+          "--lr-warmup-samples and --lr-decay-samples, not --lr-warmup-iters or "
+          "--lr-decay-iters");
+    }
+    if (absl::Status st = model::check_rampup(o->rampup, o->global_batch, o->micro_batch);
+        !st.ok()) {
+      return st;
+    }
+    o->steps = model::steps_for_samples(o->rampup, o->global_batch, o->train_samples);
+    if (o->lr.decay_samples == 0) o->lr.decay_samples = o->train_samples;
+    return absl::OkStatus();
+  }
+  if (o->train_samples < 0) return absl::InvalidArgumentError("--train-samples must be positive");
+  if (o->rampup.enabled()) {
+    return absl::InvalidArgumentError(
+        "--rampup-batch-size needs --train-samples (a ramp-up counts samples; Megatron's rule)");
+  }
+  if (o->lr.warmup_samples > 0 || o->lr.decay_samples > 0) {
+    return absl::InvalidArgumentError(
+        "--lr-warmup-samples and --lr-decay-samples need --train-samples");
+  }
+  if (o->lr.decay_iters == 0) o->lr.decay_iters = o->steps;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<model::TrainOptions> resolve(const TrainFlags& f,
+                                            std::set<std::string>* recipe_set) {
   absl::StatusOr<model::GptConfig> config = model::preset(f.model);
   if (!config.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("--model: ", config.status().message()));
@@ -92,10 +216,21 @@ absl::StatusOr<model::TrainOptions> resolve(const TrainFlags& f) {
   if (f.seq_len) config->T = *f.seq_len;
   if (f.vocab_size) config->V = *f.vocab_size;
   if (f.vocab_multiple) config->vocab_multiple = *f.vocab_multiple;
+  if (f.init_std) config->init_std = *f.init_std;
+  if (absl::Status st = check_recipe(f.recipe); !st.ok()) return st;
+  if (!f.recipe.empty() && given(f.steps_flag)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--recipe ", f.recipe,
+                     " schedules by samples (its batch ramp-up, warm-up and decay are "
+                     "in tokens): give the run's length with --train-samples, not --steps"));
+  }
   model::TrainOptions o = f.options;
   o.model = *config;
+  const std::set<std::string> set = apply_recipe(f.recipe, f, &o);
+  if (recipe_set != nullptr) *recipe_set = set;
+  if (absl::Status st = resolve_recompute(f, &o.activations); !st.ok()) return st;
   if (o.global_batch == 0) o.global_batch = o.micro_batch;
-  if (o.lr.decay_iters == 0) o.lr.decay_iters = o.steps;
+  if (absl::Status st = resolve_length(f, &o); !st.ok()) return st;
   if (o.eval_interval > 0 && o.eval_iters == 0) o.eval_iters = 10;  // Megatron's default is 100
   absl::Status st = o.validate();
   if (!st.ok()) return st;
@@ -116,18 +251,41 @@ void add_train_flags(CLI::App* cmd, TrainFlags& f) {
   cmd->add_option("--vocab-size", f.vocab_size, "Override V (vocabulary size)");
   cmd->add_option("--make-vocab-size-divisible-by", f.vocab_multiple,
                   "Pad the vocabulary to a multiple of this (default 128)");
+  cmd->add_option("--init-method-std", f.init_std,
+                  "Standard deviation of the initial weights (default 0.02; residual "
+                  "projections get it / sqrt(2L))");
+  cmd->add_option("--recipe", f.recipe,
+                  "A training recipe: mt-nlg (MT-NLG 530B's optimizer, schedule, ramp-up and "
+                  "sequence length, on any model; explicit flags win)");
+  cmd->add_flag("--print-config", f.print_config,
+                "Print the resolved configuration (each value's source) and its memory "
+                "estimate, and train nothing");
   cmd->add_option("--micro-batch-size", o.micro_batch, "Sequences per micro-batch (B)")
       ->capture_default_str();
   cmd->add_option("--global-batch-size", o.global_batch,
                   "Sequences per optimizer step (default: the micro-batch size)");
-  cmd->add_option("--steps,--train-iters", o.steps, "Optimizer steps")->capture_default_str();
+  f.steps_flag =
+      cmd->add_option("--steps,--train-iters", o.steps, "Optimizer steps")->capture_default_str();
+  cmd->add_option("--train-samples", o.train_samples,
+                  "The run's length in samples instead of --steps (needed by "
+                  "--rampup-batch-size; the learning rate then counts samples)");
+  cmd->add_option("--rampup-batch-size", f.rampup,
+                  "START INCREMENT SAMPLES: the global batch starts at START and grows by "
+                  "INCREMENT evenly over the first SAMPLES samples to --global-batch-size")
+      ->expected(3);
   cmd->add_option("--lr", o.lr.lr, "Peak learning rate")->capture_default_str();
   cmd->add_option("--min-lr", o.lr.min_lr, "Learning rate at the end of the decay")
       ->capture_default_str();
-  cmd->add_option("--lr-warmup-iters", o.lr.warmup_iters, "Linear warm-up steps")
-      ->capture_default_str();
-  cmd->add_option("--lr-decay-iters", o.lr.decay_iters,
-                  "Cosine decay ends here (default: --steps)");
+  f.warmup_iters_flag =
+      cmd->add_option("--lr-warmup-iters", o.lr.warmup_iters, "Linear warm-up steps")
+          ->capture_default_str();
+  f.decay_iters_flag = cmd->add_option("--lr-decay-iters", o.lr.decay_iters,
+                                       "Cosine decay ends here (default: --steps)");
+  cmd->add_option("--lr-warmup-samples", o.lr.warmup_samples,
+                  "With --train-samples: linear warm-up over this many samples");
+  cmd->add_option("--lr-decay-samples", o.lr.decay_samples,
+                  "With --train-samples: cosine decay ends after this many samples (default: "
+                  "--train-samples)");
   cmd->add_option("--weight-decay", o.adam.weight_decay, "AdamW weight decay")
       ->capture_default_str();
   cmd->add_option("--adam-beta1", o.adam.beta1, "Adam beta1")->capture_default_str();
@@ -151,8 +309,7 @@ void add_train_flags(CLI::App* cmd, TrainFlags& f) {
       "--no-shuffle", [&o](std::int64_t) { o.shuffle = false; },
       "Samples in file order: sample i is tokens [i*T, i*T+T+1)");
   cmd->add_option("--init-weights", o.init_weights, "Start from these safetensors weights");
-  cmd->add_option("--save-weights", f.save_weights,
-                  "Write the final weights here (safetensors)");
+  cmd->add_option("--save-weights", f.save_weights, "Write the final weights here (safetensors)");
   actors::CheckpointOptions& ck = f.checkpoint;
   cmd->add_option("--save", ck.save,
                   "Checkpoint directory: DIR/iter_NNNNNNN/ after every --save-interval steps and "
@@ -173,7 +330,24 @@ void add_train_flags(CLI::App* cmd, TrainFlags& f) {
   cmd->add_option("--exit-interval", ck.exit_interval,
                   "End the run (saving, with --save) after a step that is a multiple of this");
   cmd->add_option("--metrics-jsonl", f.metrics_jsonl, "Write one JSON object per step here");
+  cmd->add_option("--log-interval", f.log_interval,
+                  "A progress line every N steps (and after the last), averaged over them "
+                  "(default: every step up to 100 steps, then about 100 lines a run)");
   cmd->add_option("--threads", o.threads, "Compute threads (default: all cores)");
+  cmd->add_option("--recompute-granularity", f.recompute_granularity,
+                  "Activation recompute: full (a group of layers keeps only its input) or "
+                  "selective (the attention scores are recomputed); default none");
+  cmd->add_option("--recompute-method", f.recompute_method,
+                  "Full recompute: uniform (groups of --recompute-num-layers layers; the default) "
+                  "or block (only the first --recompute-num-layers layers of each chunk)");
+  cmd->add_option(
+      "--recompute-num-layers", f.recompute_layers,
+      "Full recompute: layers a group (uniform) or layers recomputed (block); default 1");
+  cmd->add_flag("--sequence-parallel", o.activations.sequence_parallel,
+                "With --tp: split the LayerNorm and residual regions' tokens over the TP group "
+                "(Korthikanti et al.); all-gathers and reduce-scatters replace its all-reduces");
+  cmd->add_flag("--recompute-activations", f.recompute_activations,
+                "Same as --recompute-granularity selective (Megatron's shorthand)");
   actors::ParallelOptions& par = f.parallel;
   cmd->add_option("--tp,--tensor-model-parallel-size", par.tp,
                   "Tensor-parallel ranks per stage (Megatron slicing)")
@@ -314,6 +488,7 @@ absl::Status finish_trace_flags(TrainFlags& f) {
 }  // namespace
 
 absl::Status finish_train_flags(TrainFlags& f) {
+  if (f.log_interval < 0) return absl::InvalidArgumentError("--log-interval must not be negative");
   actors::CheckpointOptions& ck = f.checkpoint;
   if (ck.save_interval < 0) {
     return absl::InvalidArgumentError("--save-interval must not be negative");
@@ -343,15 +518,15 @@ absl::Status finish_train_flags(TrainFlags& f) {
   if (!kind.ok()) return kind.status();
   f.parallel.schedule = *kind;
   if (!f.fail_at.empty() &&
-      std::sscanf(f.fail_at.c_str(), "%d:%d", &f.parallel.fail.stage,
-                  &f.parallel.fail.step) != 2) {
+      std::sscanf(f.fail_at.c_str(), "%d:%d", &f.parallel.fail.stage, &f.parallel.fail.step) != 2) {
     return absl::InvalidArgumentError("--debug-fail-stage " + f.fail_at + ": expected STAGE:STEP");
   }
   if (!f.stall_at.empty()) {
     f.parallel.fail.kind = actors::FailPoint::Kind::kStall;
-    if (std::sscanf(f.stall_at.c_str(), "%d:%d", &f.parallel.fail.stage,
-                    &f.parallel.fail.step) != 2) {
-      return absl::InvalidArgumentError("--debug-stall-stage " + f.stall_at + ": expected STAGE:STEP");
+    if (std::sscanf(f.stall_at.c_str(), "%d:%d", &f.parallel.fail.stage, &f.parallel.fail.step) !=
+        2) {
+      return absl::InvalidArgumentError("--debug-stall-stage " + f.stall_at +
+                                        ": expected STAGE:STEP");
     }
   }
   return finish_trace_flags(f);

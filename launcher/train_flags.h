@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <fstream>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -20,18 +21,30 @@ namespace troupe::launcher {
 struct TrainFlags {
   std::string model = "tiny";
   std::optional<int> layers, channels, heads, seq_len, vocab_size, vocab_multiple;
+  std::optional<double> init_std;  // --init-method-std
+  std::string recipe;              // --recipe mt-nlg
+  bool print_config = false;       // --print-config: print the resolved run, train nothing
   model::TrainOptions options;
+  // --recompute-granularity, --recompute-method, --recompute-num-layers,
+  // --recompute-activations (Megatron's shorthand for selective).
+  std::string recompute_granularity, recompute_method;
+  std::optional<int> recompute_layers;
+  bool recompute_activations = false;
   std::string save_weights;
   std::string metrics_jsonl;
+  int log_interval = 0;              // --log-interval; 0: default_log_interval(steps)
+  std::vector<std::int64_t> rampup;  // --rampup-batch-size START INCREMENT SAMPLES
+  // Options whose presence matters (--steps against --train-samples).
+  CLI::Option *steps_flag = nullptr, *warmup_iters_flag = nullptr, *decay_iters_flag = nullptr;
   actors::ParallelOptions parallel;
   actors::CheckpointOptions checkpoint;
   std::string schedule = "1f1b";
-  std::string fail_at;   // --debug-fail-stage S:K
-  std::string stall_at;  // --debug-stall-stage S:K
-  actors::TraceOptions trace;  // --trace, --trace-steps, --trace-buffer, --flight-dir
-  std::string trace_steps;     // --trace-steps A:B
+  std::string fail_at;            // --debug-fail-stage S:K
+  std::string stall_at;           // --debug-stall-stage S:K
+  actors::TraceOptions trace;     // --trace, --trace-steps, --trace-buffer, --flight-dir
+  std::string trace_steps;        // --trace-steps A:B
   std::int64_t trace_buffer = 0;  // --trace-buffer N (0: the default)
-  std::string op_cost;         // --debug-op-cost FWD_MS:BWD_MS
+  std::string op_cost;            // --debug-op-cost FWD_MS:BWD_MS
   double fwd_ms = -1, bwd_ms = -1;
   // Every option add_train_flags registered, in order (to forward them).
   std::vector<CLI::Option*> registered;
@@ -47,8 +60,11 @@ actors::StageFactory stage_factory(const TrainFlags& f);
 // The flags as given, to pass on to a worker (those named in `skip` left out).
 std::vector<std::string> forwarded_train_flags(const TrainFlags& f,
                                                const std::vector<std::string>& skip);
-// The options the flags describe (defaults filled in, validated).
-absl::StatusOr<model::TrainOptions> resolve(const TrainFlags& f);
+// The options the flags describe (--recipe applied where no flag says
+// otherwise, defaults filled in, validated); `recipe_set` gets the flags
+// the recipe set.
+absl::StatusOr<model::TrainOptions> resolve(const TrainFlags& f,
+                                            std::set<std::string>* recipe_set = nullptr);
 // --load's checkpoint, opened and checked against the run (its model; for a
 // resume its data too); nullopt without --load, or when --load names the
 // --save directory and it has no checkpoint yet (the first start of a job
@@ -66,13 +82,23 @@ bool exit_signal_received();
 absl::Status check_writable(const std::string& path, const char* flag);
 std::string duration(double s);
 
-// The progress line and the metrics JSONL, one of each per step.
+// --log-interval's default: every step up to 100 steps, then about 100
+// lines a run (the run's length alone decides, never its timing).
+int default_log_interval(int steps);
+
+// The progress line, every `log_interval` steps and after the last one,
+// averaged over the steps since the line before (loss, tokens/s, time a
+// step; lr and grad norm are the step's own); a step with a validation loss
+// says it too. On a terminal the current step refreshes in place between
+// lines. The metrics JSONL gets every step.
 class Progress {
  public:
-  // Each step's JSON goes to every stream of `metrics` that is not null.
-  Progress(int steps, std::vector<std::ofstream*> metrics)
-      : steps_(steps), metrics_(std::move(metrics)) {}
-  Progress(int steps, std::ofstream* metrics) : Progress(steps, std::vector<std::ofstream*>{metrics}) {}
+  // Each step's JSON goes to every stream of `metrics` that is not null;
+  // log_interval 0 is default_log_interval(steps).
+  Progress(int steps, std::vector<std::ofstream*> metrics, int log_interval = 0);
+  Progress(int steps, std::ofstream* metrics, int log_interval = 0)
+      : Progress(steps, std::vector<std::ofstream*>{metrics}, log_interval) {}
+  int log_interval() const { return interval_; }
   void report(const model::StepMetrics& m);
   // A restart resumes after `step`: the lines of later steps are dropped
   // (they are run again), and `metrics` (reopened, empty) get those kept.
@@ -81,10 +107,19 @@ class Progress {
   std::string jsonl() const;
 
  private:
+  // The line's text (no newline), over the given averages.
+  void print(const model::StepMetrics& m, double loss, double tokens_per_s, double step_s);
+
   int steps_;
   std::vector<std::ofstream*> metrics_;
+  int interval_;
+  bool terminal_;      // stdout is a terminal: the live line
+  bool live_ = false;  // a live line is showing (no newline yet)
   double elapsed_ = 0.0;
   int reported_ = 0;
+  // Since the last line: steps, their loss sum, seconds and tokens.
+  int window_ = 0;
+  double window_loss_ = 0.0, window_s_ = 0.0, window_tokens_ = 0.0;
   std::vector<std::pair<int, std::string>> lines_;  // (step, its JSON line)
 };
 

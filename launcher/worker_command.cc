@@ -157,7 +157,7 @@ int run(WorkerFlags& f) {
     if (!h.ok()) return fail(h.status());
     host = *std::move(h);
     coordinating = std::thread([&, steps = o.steps] {
-      Progress progress(steps, metrics.is_open() ? &metrics : nullptr);
+      Progress progress(steps, metrics.is_open() ? &metrics : nullptr, f.train.log_interval);
       run_status = host->run([&](const model::StepMetrics& m) { progress.report(m); });
     });
   }

@@ -67,23 +67,42 @@ class Reader {
 json options_json(const TrainOptions& o) {
   const GptConfig& c = o.model;
   return {{"model",
-           {{"name", c.name}, {"layers", c.L}, {"channels", c.C}, {"heads", c.NH},
-            {"seq_len", c.T}, {"vocab_size", c.V}, {"vocab_multiple", c.vocab_multiple},
+           {{"name", c.name},
+            {"layers", c.L},
+            {"channels", c.C},
+            {"heads", c.NH},
+            {"seq_len", c.T},
+            {"vocab_size", c.V},
+            {"vocab_multiple", c.vocab_multiple},
             {"padded_vocab_size", c.Vp()}}},
           {"micro_batch_size", o.micro_batch},
           {"global_batch_size", o.global_batch},
           {"train_steps", o.steps},
+          {"train_samples", o.train_samples},
+          {"rampup_batch_size",
+           o.rampup.enabled() ? json::array({o.rampup.start, o.rampup.increment, o.rampup.samples})
+                              : json::array()},
           {"lr_schedule",
-           {{"lr", o.lr.lr}, {"min_lr", o.lr.min_lr}, {"warmup_iters", o.lr.warmup_iters},
-            {"decay_iters", o.lr.decay_iters}, {"style", "cosine"}}},
+           {{"lr", o.lr.lr},
+            {"min_lr", o.lr.min_lr},
+            {"warmup_iters", o.lr.warmup_iters},
+            {"decay_iters", o.lr.decay_iters},
+            {"warmup_samples", o.lr.warmup_samples},
+            {"decay_samples", o.lr.decay_samples},
+            {"style", "cosine"}}},
           {"adam",
-           {{"beta1", o.adam.beta1}, {"beta2", o.adam.beta2}, {"eps", o.adam.eps},
+           {{"beta1", o.adam.beta1},
+            {"beta2", o.adam.beta2},
+            {"eps", o.adam.eps},
             {"weight_decay", o.adam.weight_decay}}},
           {"clip_grad", o.clip_grad},
           {"seed", o.seed},
           {"data",
-           {{"data_path", o.data_path}, {"split", o.split}, {"shuffle", o.shuffle},
-            {"eval_interval", o.eval_interval}, {"eval_iters", o.eval_iters}}}};
+           {{"data_path", o.data_path},
+            {"split", o.split},
+            {"shuffle", o.shuffle},
+            {"eval_interval", o.eval_interval},
+            {"eval_iters", o.eval_iters}}}};
 }
 
 void read_options(const json& j, const std::string& where, Reader& top, TrainOptions* o) {
@@ -102,12 +121,27 @@ void read_options(const json& j, const std::string& where, Reader& top, TrainOpt
   r.get("micro_batch_size", &o->micro_batch);
   r.get("global_batch_size", &o->global_batch);
   r.get("train_steps", &o->steps);
+  // (Absent in checkpoints written before the ramp-up existed: none.)
+  if (j.contains("train_samples")) r.get("train_samples", &o->train_samples);
+  if (j.contains("rampup_batch_size") && j["rampup_batch_size"].is_array() &&
+      j["rampup_batch_size"].size() == 3) {
+    const json& ru = j["rampup_batch_size"];
+    if (ru[0].is_number_integer() && ru[1].is_number_integer() && ru[2].is_number_integer()) {
+      o->rampup = {.start = ru[0].get<int>(),
+                   .increment = ru[1].get<int>(),
+                   .samples = ru[2].get<std::int64_t>()};
+    } else {
+      r.fail(absl::StrCat(where, ".rampup_batch_size: expected three integers"));
+    }
+  }
   if (const json* l = r.object("lr_schedule")) {
     Reader lr(*l, absl::StrCat(where, ".lr_schedule"));
     lr.get("lr", &o->lr.lr);
     lr.get("min_lr", &o->lr.min_lr);
     lr.get("warmup_iters", &o->lr.warmup_iters);
     lr.get("decay_iters", &o->lr.decay_iters);
+    if (l->contains("warmup_samples")) lr.get("warmup_samples", &o->lr.warmup_samples);
+    if (l->contains("decay_samples")) lr.get("decay_samples", &o->lr.decay_samples);
     if (!lr.status().ok()) r.fail(std::string(lr.status().message()));
   }
   if (const json* a = r.object("adam")) {
@@ -135,11 +169,18 @@ void read_options(const json& j, const std::string& where, Reader& top, TrainOpt
 }  // namespace
 
 json record_json(const TensorRecord& r) {
-  return {{"file", r.file},   {"name", r.name},   {"param", r.param},
-          {"kind", kind_name(r.kind)},            {"global_shape", r.global_shape},
-          {"slice_shape", r.slice_shape},         {"split", split_name(r.split)},
-          {"tp", r.tp},       {"t", r.t},         {"begin", r.begin},
-          {"end", r.end},     {"crc32", r.crc32}};
+  return {{"file", r.file},
+          {"name", r.name},
+          {"param", r.param},
+          {"kind", kind_name(r.kind)},
+          {"global_shape", r.global_shape},
+          {"slice_shape", r.slice_shape},
+          {"split", split_name(r.split)},
+          {"tp", r.tp},
+          {"t", r.t},
+          {"begin", r.begin},
+          {"end", r.end},
+          {"crc32", r.crc32}};
 }
 
 absl::StatusOr<TensorRecord> record_from_json(const json& j) {
@@ -226,7 +267,10 @@ std::string manifest_text(const Meta& m, const std::vector<TensorRecord>& record
             {"consumed_samples", m.consumed_samples},
             {"evaluations_done", m.evaluations_done},
             {"layout",
-             {{"tp", m.tp}, {"pp", m.pp}, {"dp", m.dp}, {"virtual_stages", m.virtual_stages},
+             {{"tp", m.tp},
+              {"pp", m.pp},
+              {"dp", m.dp},
+              {"virtual_stages", m.virtual_stages},
               {"schedule", m.schedule}}},
             {"options", options_json(m.options)},
             {"rank_files", ranks},
@@ -260,7 +304,8 @@ absl::Status parse_manifest(const std::string& text, const std::string& path, Me
     lr.get("schedule", &m->schedule);
     if (!lr.status().ok()) r.fail(std::string(lr.status().message()));
   }
-  if (const json* o = r.object("options")) read_options(*o, absl::StrCat(path, ": options"), r, &m->options);
+  if (const json* o = r.object("options"))
+    read_options(*o, absl::StrCat(path, ": options"), r, &m->options);
   if (absl::Status st = r.status(); !st.ok()) return st;
   auto in = [](int x) { return x >= 1 && x <= 32768; };  // (no product overflows)
   if (m->step < 0 || !in(m->tp) || !in(m->pp) || !in(m->dp) || !in(m->virtual_stages) ||
@@ -273,7 +318,8 @@ absl::Status parse_manifest(const std::string& text, const std::string& path, Me
   }
   for (const json& e : *t) {
     absl::StatusOr<TensorRecord> rec = record_from_json(e);
-    if (!rec.ok()) return absl::InvalidArgumentError(absl::StrCat(path, ": ", rec.status().message()));
+    if (!rec.ok())
+      return absl::InvalidArgumentError(absl::StrCat(path, ": ", rec.status().message()));
     records->push_back(std::move(*rec));
   }
   return absl::OkStatus();

@@ -212,6 +212,14 @@ absl::Status Checkpoint::check_resume(const TrainOptions& o) const {
   cmp("--min-lr", o.lr.min_lr, k.lr.min_lr);
   cmp("--lr-warmup-iters", o.lr.warmup_iters, k.lr.warmup_iters);
   cmp("--lr-decay-iters (default: --steps)", o.lr.decay_iters, k.lr.decay_iters);
+  cmp("--lr-warmup-samples", static_cast<double>(o.lr.warmup_samples),
+      static_cast<double>(k.lr.warmup_samples));
+  cmp("--lr-decay-samples (default: --train-samples)", static_cast<double>(o.lr.decay_samples),
+      static_cast<double>(k.lr.decay_samples));
+  if (o.rampup.start != k.rampup.start || o.rampup.increment != k.rampup.increment ||
+      o.rampup.samples != k.rampup.samples) {
+    diffs.push_back("--rampup-batch-size differs (the data order follows it)");
+  }
   cmp("--adam-beta1", o.adam.beta1, k.adam.beta1);
   cmp("--adam-beta2", o.adam.beta2, k.adam.beta2);
   cmp("--adam-eps", o.adam.eps, k.adam.eps);

@@ -54,6 +54,10 @@ absl::Status GptConfig::validate() const {
                          positive("--vocab-size", V), positive("vocab multiple", vocab_multiple)}) {
     if (!s.ok()) return s;
   }
+  if (!(init_std > 0.0) || init_std > 1.0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--init-method-std must be in (0, 1], is ", init_std));
+  }
   if (C % NH != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("--channels ", C, " is not a multiple of --heads ", NH));
@@ -81,6 +85,58 @@ absl::StatusOr<GptConfig> preset(absl::string_view name) {
   }
   return absl::NotFoundError(
       absl::StrCat("unknown model '", name, "'; known: ", absl::StrJoin(preset_names(), ", ")));
+}
+
+absl::StatusOr<Recompute> parse_recompute_granularity(absl::string_view name) {
+  if (name == "none") return Recompute::kNone;
+  if (name == "selective") return Recompute::kSelective;
+  if (name == "full") return Recompute::kFull;
+  return absl::InvalidArgumentError(
+      absl::StrCat("--recompute-granularity '", name, "': use full or selective (none: off)"));
+}
+
+absl::StatusOr<RecomputeMethod> parse_recompute_method(absl::string_view name) {
+  if (name == "uniform") return RecomputeMethod::kUniform;
+  if (name == "block") return RecomputeMethod::kBlock;
+  return absl::InvalidArgumentError(
+      absl::StrCat("--recompute-method '", name, "': use uniform or block"));
+}
+
+std::string recompute_name(Recompute r) {
+  switch (r) {
+    case Recompute::kNone:
+      return "none";
+    case Recompute::kSelective:
+      return "selective";
+    case Recompute::kFull:
+      return "full";
+  }
+  return "?";
+}
+
+std::string recompute_method_name(RecomputeMethod m) {
+  return m == RecomputeMethod::kUniform ? "uniform" : "block";
+}
+
+absl::Status ActivationOptions::validate() const {
+  if (recompute_layers < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--recompute-num-layers must be at least 1, is ", recompute_layers));
+  }
+  return absl::OkStatus();
+}
+
+std::string ActivationOptions::describe() const {
+  std::string out = recompute_name(recompute);
+  if (recompute == Recompute::kFull && method == RecomputeMethod::kUniform) {
+    absl::StrAppend(&out, " (uniform: groups of ", recompute_layers, " layer",
+                    recompute_layers == 1 ? "" : "s", ")");
+  } else if (recompute == Recompute::kFull) {
+    absl::StrAppend(&out, " (block: the first ", recompute_layers, " layer",
+                    recompute_layers == 1 ? "" : "s", " of each chunk)");
+  }
+  if (sequence_parallel) absl::StrAppend(&out, ", sequence parallel");
+  return out;
 }
 
 std::vector<std::string> preset_names() {

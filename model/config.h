@@ -26,6 +26,10 @@ struct GptConfig {
   // The LM head's rows are padded to a multiple of this (Megatron's
   // --make-vocab-size-divisible-by). Results never depend on the padding.
   int vocab_multiple = 128;
+  // Weights are drawn from N(0, init_std), the residual projections from
+  // N(0, init_std / sqrt(2L)) (GPT-2; Megatron's --init-method-std). Not a
+  // dimension: checkpoints and weight files do not depend on it.
+  double init_std = 0.02;
 
   int HS() const { return C / NH; }
   int Vp() const { return (V + vocab_multiple - 1) / vocab_multiple * vocab_multiple; }
@@ -40,6 +44,47 @@ struct GptConfig {
   absl::Status validate() const;
   std::string describe() const;
 };
+
+// What a model chunk keeps between a micro-batch's forward and its backward
+// (Megatron's --recompute-granularity, --recompute-method,
+// --recompute-num-layers; Korthikanti et al. 2022, "Reducing Activation
+// Recomputation in Large Transformer Models"):
+//   none       every activation the backward reads is kept
+//   selective  the attention scores and softmax (B·NH·T² a layer) are not
+//              kept; the backward recomputes them from the kept q, k, v
+//   full       a group of layers keeps only its input and recomputes the
+//              group's forward in the backward. uniform: groups of N layers
+//              (the last may be shorter); block: the first N layers of the
+//              chunk, each its own group, the rest keep everything.
+// Results are bitwise the same in every mode: the recompute runs the same
+// kernels on the same stream.
+enum class Recompute { kNone, kSelective, kFull };
+enum class RecomputeMethod { kUniform, kBlock };
+
+struct ActivationOptions {
+  Recompute recompute = Recompute::kNone;
+  RecomputeMethod method = RecomputeMethod::kUniform;  // kFull only
+  int recompute_layers = 1;                            // kFull only: N
+  // --sequence-parallel (Korthikanti et al. 2022; tp > 1): the LayerNorm
+  // and residual regions hold 1/tp of the micro-batch's B*T token rows each
+  // (contiguous rows of the (B, T, C) activations: the same split of
+  // per-token work as Megatron's sequence split of its (T, B, C) ones); the
+  // TP all-reduces around them become all-gathers before and
+  // reduce-scatters after, and their LayerNorm weights sum their gradients
+  // over the TP group.
+  bool sequence_parallel = false;
+  // InvalidArgument naming the flag.
+  absl::Status validate() const;
+  // "none", "selective", "full (uniform, 1 layer a group)", ...
+  std::string describe() const;
+};
+
+// --recompute-granularity, --recompute-method: InvalidArgument naming the
+// flag and the choices.
+absl::StatusOr<Recompute> parse_recompute_granularity(absl::string_view name);
+absl::StatusOr<RecomputeMethod> parse_recompute_method(absl::string_view name);
+std::string recompute_name(Recompute r);
+std::string recompute_method_name(RecomputeMethod m);
 
 // A preset by name: tiny, cpu-small, gpt2-124m, gpt2-350m, gpt3-1.3b,
 // gpt3-175b, mt-nlg-530b. NotFound lists the known names.

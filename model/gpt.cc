@@ -1,6 +1,7 @@
 // GPT-2 forward and backward, one named op per step, as in the paper.
 #include "model/gpt.h"
 
+#include <algorithm>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -52,58 +53,180 @@ class Carver {
   Tensor flat_;
 };
 
-GptActivations carve_activations(const GptConfig& c, const StageSpec& stage, std::int64_t B,
-                                 int tp, Carver& k) {
-  const std::int64_t L = stage.layers(), T = c.T, C = c.C;
-  const std::int64_t Cl = C / tp, NHl = c.NH / tp, Vl = c.Vp() / tp;
+// How layer l of a chunk of L layers keeps its activations.
+struct LayerKeep {
+  enum class Mode { kAll, kNoScores, kRecomputed };
+  Mode mode = Mode::kAll;
+  int pos = 0;               // kRecomputed: position in its group (the workspace layer)
+  int group_first = 0;       // kRecomputed: the group's first layer
+  bool keeps_output = true;  // kRecomputed: the group's last layer (its output is kept)
+};
+
+LayerKeep layer_keep(const ActivationOptions& o, int L, int l) {
+  LayerKeep k;
+  switch (o.recompute) {
+    case Recompute::kNone:
+      return k;
+    case Recompute::kSelective:
+      k.mode = LayerKeep::Mode::kNoScores;
+      return k;
+    case Recompute::kFull:
+      break;
+  }
+  const int N = o.recompute_layers;
+  if (o.method == RecomputeMethod::kBlock) {
+    if (l >= N) return k;
+    k.mode = LayerKeep::Mode::kRecomputed;
+    k.group_first = l;
+    return k;
+  }
+  k.mode = LayerKeep::Mode::kRecomputed;
+  k.group_first = l / N * N;
+  k.pos = l - k.group_first;
+  k.keeps_output = l == std::min(k.group_first + N, L) - 1;
+  return k;
+}
+
+// Layers of the full-recompute workspace (the largest group).
+int workspace_layers(const ActivationOptions& o, int L) {
+  if (o.recompute != Recompute::kFull) return 0;
+  return o.method == RecomputeMethod::kBlock ? std::min(1, L) : std::min(o.recompute_layers, L);
+}
+
+struct Dims {
+  std::int64_t B, T, C, Cl, NHl;
+  int tp;
+  bool sp;  // sequence parallel
+  // The LayerNorm and residual region: (B, T, C) and (B, T), or this
+  // rank's B*T/tp rows of them.
+  gpu::Shape rows_c() const { return sp ? gpu::Shape{B * T / tp, C} : gpu::Shape{B, T, C}; }
+  gpu::Shape rows() const { return sp ? gpu::Shape{B * T / tp} : gpu::Shape{B, T}; }
+};
+
+Dims dims(const GptConfig& c, std::int64_t B, int tp, const ActivationOptions& o = {}) {
+  return {B, c.T, c.C, c.C / tp, c.NH / tp, tp, o.sequence_parallel && tp > 1};
+}
+
+// A layer's tensors: all of them, or without att (selective), or only the
+// output.
+enum class Take { kAll, kNoScores, kOutput, kNothing };
+
+LayerActivations carve_layer(const Dims& d, Take take, Carver& k) {
+  LayerActivations x;
+  if (take == Take::kAll || take == Take::kNoScores) {
+    const std::int64_t B = d.B, T = d.T;
+    x.ln1 = k.take(d.rows_c());
+    x.ln1_mean = k.take(d.rows());
+    x.ln1_rstd = k.take(d.rows());
+    x.qkv = k.take({B, T, 3 * d.Cl});
+    if (take == Take::kAll) x.att = k.take({B, d.NHl, T, T});
+    x.atty = k.take({B, T, d.Cl});
+    x.residual2 = k.take(d.rows_c());
+    x.ln2 = k.take(d.rows_c());
+    x.ln2_mean = k.take(d.rows());
+    x.ln2_rstd = k.take(d.rows());
+    x.fch = k.take({B, T, 4 * d.Cl});
+    x.fch_gelu = k.take({B, T, 4 * d.Cl});
+  }
+  if (take != Take::kNothing) x.residual3 = k.take(d.rows_c());
+  return x;
+}
+
+GptActivations carve_activations(const GptConfig& c, const StageSpec& stage, std::int64_t B, int tp,
+                                 const ActivationOptions& o, Carver& k) {
+  const Dims d = dims(c, B, tp, o);
+  const std::int64_t T = c.T, Vl = c.Vp() / tp;
   const std::int64_t H = stage.head ? 1 : 0;  // the head's tensors are empty without it
   const std::int64_t P = tp > 1 ? 1 : 0;      // vocab-parallel softmax buffers
+  const gpu::Shape none{0};
   GptActivations a;
-  a.encoded = k.take({stage.embedding ? B : 0, T, C});
-  a.ln1 = k.take({L, B, T, C});
-  a.ln1_mean = k.take({L, B, T});
-  a.ln1_rstd = k.take({L, B, T});
-  a.qkv = k.take({L, B, T, 3 * Cl});
-  a.att = k.take({L, B, NHl, T, T});
-  a.atty = k.take({L, B, T, Cl});
-  a.residual2 = k.take({L, B, T, C});
-  a.ln2 = k.take({L, B, T, C});
-  a.ln2_mean = k.take({L, B, T});
-  a.ln2_rstd = k.take({L, B, T});
-  a.fch = k.take({L, B, T, 4 * Cl});
-  a.fch_gelu = k.take({L, B, T, 4 * Cl});
-  a.residual3 = k.take({L, B, T, C});
-  a.lnf = k.take({H * B, T, C});
-  a.lnf_mean = k.take({H * B, T});
-  a.lnf_rstd = k.take({H * B, T});
+  a.encoded = k.take(stage.embedding ? d.rows_c() : none);
+  const int L = stage.layers();
+  for (int l = 0; l < L; l++) {
+    const LayerKeep keep = layer_keep(o, L, l);
+    switch (keep.mode) {
+      case LayerKeep::Mode::kAll:
+        a.layers.push_back(carve_layer(d, Take::kAll, k));
+        break;
+      case LayerKeep::Mode::kNoScores:
+        a.layers.push_back(carve_layer(d, Take::kNoScores, k));
+        break;
+      case LayerKeep::Mode::kRecomputed:
+        a.layers.push_back(carve_layer(d, keep.keeps_output ? Take::kOutput : Take::kNothing, k));
+        break;
+    }
+  }
+  a.lnf = k.take(stage.head ? d.rows_c() : none);
+  a.lnf_mean = k.take(stage.head ? d.rows() : none);
+  a.lnf_rstd = k.take(stage.head ? d.rows() : none);
   a.logits = k.take({H * B, T, Vl});
   a.lse = k.take({H * B, T});
   a.losses = k.take({H * B, T});
   a.ce_stats = k.take({P * H * B * T, 3});
   a.ce_gathered = k.take({tp, P * H * B * T, 3});
-  a.scratch_btc = k.take({B, T, C});
-  a.dresidual = k.take({B, T, C});
-  a.dbtc = k.take({B, T, C});
-  a.datty = k.take({B, T, Cl});
-  a.dqkv = k.take({B, T, 3 * Cl});
-  a.datt = k.take({B, NHl, T, T});
-  a.dfch = k.take({B, T, 4 * Cl});
+  a.dresidual = k.take(d.rows_c());
   return a;
 }
 
-// Layer l's slice of an (L, ...) activation.
-Tensor at(const Tensor& t, int l) {
-  gpu::Shape shape(t.shape.begin() + 1, t.shape.end());
-  return t.view(l * gpu::shape_numel(shape), shape);
+GptScratch carve_scratch(const GptConfig& c, std::int64_t B, int tp, const ActivationOptions& o,
+                         Carver& k) {
+  const Dims d = dims(c, B, tp, o);
+  GptScratch x;
+  x.btc = k.take({B, d.T, d.C});
+  x.dbtc = k.take({B, d.T, d.C});
+  x.datty = k.take({B, d.T, d.Cl});
+  x.dqkv = k.take({B, d.T, 3 * d.Cl});
+  x.datt = k.take({B, d.NHl, d.T, d.T});
+  x.dfch = k.take({B, d.T, 4 * d.Cl});
+  if (d.sp) {
+    x.gathered = k.take({B, d.T, d.C});
+    x.rows = k.take(d.rows_c());
+    x.ln_dw = k.take({d.C});
+    x.ln_db = k.take({d.C});
+  }
+  return x;
+}
+
+std::vector<LayerActivations> carve_workspace(const GptConfig& c, const StageSpec& stage,
+                                              std::int64_t B, int tp, const ActivationOptions& o,
+                                              Carver& k) {
+  const Dims d = dims(c, B, tp, o);
+  std::vector<LayerActivations> work;
+  if (o.recompute == Recompute::kSelective && stage.layers() > 0) {
+    LayerActivations x;
+    x.att = k.take({B, d.NHl, d.T, d.T});
+    x.atty = k.take({B, d.T, d.Cl});
+    work.push_back(x);
+  }
+  for (int p = 0; p < workspace_layers(o, stage.layers()); p++) {
+    work.push_back(carve_layer(d, Take::kAll, k));
+  }
+  return work;
 }
 
 }  // namespace
 
 std::int64_t activation_floats_per_slot(const GptConfig& config, const StageSpec& stage,
-                                        std::int64_t B, int tp) {
+                                        std::int64_t B, int tp, const ActivationOptions& o) {
   std::int64_t total = 0;
   Carver sizer(&total);
-  carve_activations(config, stage, B, tp, sizer);
+  carve_activations(config, stage, B, tp, o, sizer);
+  return total;
+}
+
+std::int64_t recompute_workspace_floats(const GptConfig& config, const StageSpec& stage,
+                                        std::int64_t B, int tp, const ActivationOptions& o) {
+  std::int64_t total = 0;
+  Carver sizer(&total);
+  carve_workspace(config, stage, B, tp, o, sizer);
+  return total;
+}
+
+std::int64_t scratch_floats(const GptConfig& config, std::int64_t B, int tp,
+                            const ActivationOptions& o) {
+  std::int64_t total = 0;
+  Carver sizer(&total);
+  carve_scratch(config, B, tp, o, sizer);
   return total;
 }
 
@@ -111,25 +234,46 @@ Gpt::Gpt(const GptConfig& config, int B, gpu::Device& device)
     : Gpt(config, B, device, StageSpec::whole(config)) {}
 
 Gpt::Gpt(const GptConfig& config, int B, gpu::Device& device, const StageSpec& stage, int slots,
-         TensorParallel tp)
+         TensorParallel tp, const ActivationOptions& activations)
     : config_(config),
       stage_(stage),
       tp_(std::move(tp)),
       B_(B),
       device_(device),
-      layout_(ParamLayout::gpt(config, stage, tp_.slice)) {
+      layout_(ParamLayout::gpt(config, stage, tp_.slice)),
+      act_(activations) {
   const int P = tp_.slice.tp;
   params_flat_ = Tensor::empty(device, gpu::DType::kF32, {layout_.total()});
   grads_flat_ = Tensor::empty(device, gpu::DType::kF32, {layout_.total()});
   p_ = GptParams::carve(layout_, params_flat_, stage);
   g_ = GptParams::carve(layout_, grads_flat_, stage);
-  const std::int64_t per_slot = activation_floats_per_slot(config, stage, B, P);
+  const std::int64_t per_slot = activation_floats_per_slot(config, stage, B, P, act_);
+  std::int64_t before = device.allocated_bytes();
   Tensor flat = Tensor::empty(device, gpu::DType::kF32, {per_slot * slots});
+  slot_bytes_ = slots > 0 ? (device.allocated_bytes() - before) / slots : 0;
   for (int k = 0; k < slots; k++) {
     std::int64_t used = per_slot * k;
     Carver carver(&used);
     carver.bind(flat);
-    slots_.push_back(carve_activations(config, stage, B, P, carver));
+    slots_.push_back(carve_activations(config, stage, B, P, act_, carver));
+  }
+  if (const std::int64_t n = recompute_workspace_floats(config, stage, B, P, act_); n > 0) {
+    before = device.allocated_bytes();
+    Tensor work = Tensor::empty(device, gpu::DType::kF32, {n});
+    workspace_bytes_ = device.allocated_bytes() - before;
+    std::int64_t used = 0;
+    Carver carver(&used);
+    carver.bind(work);
+    work_ = carve_workspace(config, stage, B, P, act_, carver);
+  }
+  {
+    before = device.allocated_bytes();
+    Tensor scratch = Tensor::empty(device, gpu::DType::kF32, {scratch_floats(config, B, P, act_)});
+    scratch_bytes_ = device.allocated_bytes() - before;
+    std::int64_t used = 0;
+    Carver carver(&used);
+    carver.bind(scratch);
+    scratch_ = carve_scratch(config, B, P, act_, carver);
   }
   inputs_.resize(static_cast<std::size_t>(slots));
   if (stage.embedding && tp_.slice.t > 0) {
@@ -143,13 +287,75 @@ void Gpt::all_reduce(gpu::Stream& s, const Tensor& x) {
   if (tp_.slice.tp > 1) tp_.all_reduce(s, x);
 }
 
+Tensor Gpt::gathered(gpu::Stream& s, const Tensor& x) {
+  if (!sequence_parallel()) return x;
+  tp_.all_gather(s, x, scratch_.gathered);
+  return scratch_.gathered;
+}
+
+Tensor Gpt::reduced(gpu::Stream& s, const Tensor& partial) {
+  if (!sequence_parallel()) {
+    all_reduce(s, partial);
+    return partial;
+  }
+  tp_.reduce_scatter(s, partial, scratch_.rows);
+  return scratch_.rows;
+}
+
+void Gpt::layernorm_backward(gpu::Stream& s, const Tensor& dinp, const Tensor& dw, const Tensor& db,
+                             const Tensor& dout, const Tensor& inp, const Tensor& w,
+                             const Tensor& mean, const Tensor& rstd) {
+  if (!sequence_parallel()) {
+    ops::layernorm_backward(s, dinp, dw, db, dout, inp, w, mean, rstd);
+    return;
+  }
+  // This rank's rows' part of dw and db, summed over the TP group, then
+  // added (every peer adds the same sum).
+  ops::fill(s, scratch_.ln_dw, 0.0f);
+  ops::fill(s, scratch_.ln_db, 0.0f);
+  ops::layernorm_backward(s, dinp, scratch_.ln_dw, scratch_.ln_db, dout, inp, w, mean, rstd);
+  all_reduce(s, scratch_.ln_dw);
+  all_reduce(s, scratch_.ln_db);
+  ops::axpy(s, dw, 1.0f, scratch_.ln_dw);
+  ops::axpy(s, db, 1.0f, scratch_.ln_db);
+}
+
 gpu::VocabSlice Gpt::vocab_slice() const {
   if (tp_.slice.tp == 1) return {};
   const std::int64_t rows = config_.Vp() / tp_.slice.tp;
   return {.begin = tp_.slice.t * rows, .total = config_.V};
 }
 
-Tensor Gpt::output(int slot) const { return at(acts(slot).residual3, stage_.layers() - 1); }
+Tensor Gpt::output(int slot) const { return acts(slot).layers.back().residual3; }
+
+LayerActivations Gpt::layer_acts(const GptActivations& a, int l, Pass pass) const {
+  const LayerKeep k = layer_keep(act_, stage_.layers(), l);
+  const LayerActivations& kept = a.layers[static_cast<std::size_t>(l)];
+  switch (k.mode) {
+    case LayerKeep::Mode::kAll:
+      return kept;
+    case LayerKeep::Mode::kNoScores: {
+      LayerActivations x = kept;
+      x.att = work_[0].att;
+      return x;
+    }
+    case LayerKeep::Mode::kRecomputed:
+      break;
+  }
+  // A recompute writes the group's last output to the workspace: the kept
+  // one (bitwise the same) may still be on its way to the next stage.
+  LayerActivations x = work_[static_cast<std::size_t>(k.pos)];
+  if (k.keeps_output && pass != Pass::kRecompute) x.residual3 = kept.residual3;
+  return x;
+}
+
+Tensor Gpt::layer_input(const GptActivations& a, const Tensor& in, int l) const {
+  const LayerKeep k = layer_keep(act_, stage_.layers(), l);
+  if (k.mode == LayerKeep::Mode::kRecomputed && k.pos > 0) {
+    return work_[static_cast<std::size_t>(k.pos - 1)].residual3;
+  }
+  return l == 0 ? in : a.layers[static_cast<std::size_t>(l - 1)].residual3;
+}
 
 void Gpt::init(std::uint64_t seed) {
   std::vector<float> host(static_cast<std::size_t>(layout_.total()), 0.0f);
@@ -172,18 +378,25 @@ void Gpt::forward(gpu::Stream& s, const Tensor& tokens, const Tensor& targets, c
   if (stage_.embedding) {
     // Vocab-parallel: each rank looks up its rows (others' tokens give 0),
     // rank 0 adds the position embedding, the all-reduce completes the sum.
+    // (Sequence parallel: the sum's rows, by a reduce-scatter.)
     const Tensor& wpe = tp_.slice.t > 0 ? zero_wpe_ : p_.wpe;
-    ops::embedding_forward(s, a.encoded, tokens, p_.wte, wpe, vocab_slice());
-    all_reduce(s, a.encoded);
+    if (sequence_parallel()) {
+      ops::embedding_forward(s, scratch_.btc, tokens, p_.wte, wpe, vocab_slice());
+      tp_.reduce_scatter(s, scratch_.btc, a.encoded);
+    } else {
+      ops::embedding_forward(s, a.encoded, tokens, p_.wte, wpe, vocab_slice());
+      all_reduce(s, a.encoded);
+    }
     in = a.encoded;
   } else {
     in = input;
   }
-  for (int l = 0; l < L; l++) layer_forward(s, a, l, l == 0 ? in : at(a.residual3, l - 1));
+  for (int l = 0; l < L; l++) {
+    layer_forward(s, layer_acts(a, l, Pass::kForward), layer_input(a, in, l), l);
+  }
   if (!stage_.head) return;
-  ops::layernorm_forward(s, a.lnf, a.lnf_mean, a.lnf_rstd, at(a.residual3, L - 1), p_.lnfw,
-                         p_.lnfb);
-  ops::matmul_forward(s, a.logits, a.lnf, p_.wte, Tensor{});
+  ops::layernorm_forward(s, a.lnf, a.lnf_mean, a.lnf_rstd, output(slot), p_.lnfw, p_.lnfb);
+  ops::matmul_forward(s, a.logits, gathered(s, a.lnf), p_.wte, Tensor{});
   if (!targets.defined()) return;
   const std::int64_t N = static_cast<std::int64_t>(B_) * config_.T;
   const Tensor logits = a.logits.reshape({N, a.logits.size(-1)});
@@ -199,26 +412,22 @@ void Gpt::forward(gpu::Stream& s, const Tensor& tokens, const Tensor& targets, c
   ops::crossentropy_combine(s, a.losses.reshape({N}), a.lse.reshape({N}), a.ce_gathered);
 }
 
-void Gpt::layer_forward(gpu::Stream& s, GptActivations& a, int l, const Tensor& residual) {
-  const LayerParams& p = p_.h[l];
-  Tensor ln1 = at(a.ln1, l), qkv = at(a.qkv, l), atty = at(a.atty, l);
-  Tensor residual2 = at(a.residual2, l), ln2 = at(a.ln2, l);
-  Tensor fch = at(a.fch, l), fch_gelu = at(a.fch_gelu, l);
-  ops::layernorm_forward(s, ln1, at(a.ln1_mean, l), at(a.ln1_rstd, l), residual, p.ln1w, p.ln1b);
-  ops::matmul_forward(s, qkv, ln1, p.qkvw, p.qkvb);
-  ops::attention_forward(s, atty, at(a.att, l), qkv);
+void Gpt::layer_forward(gpu::Stream& s, const LayerActivations& x, const Tensor& residual, int l) {
+  const GptScratch& k = scratch_;
+  const LayerParams& p = p_.h[static_cast<std::size_t>(l)];
+  ops::layernorm_forward(s, x.ln1, x.ln1_mean, x.ln1_rstd, residual, p.ln1w, p.ln1b);
+  ops::matmul_forward(s, x.qkv, gathered(s, x.ln1), p.qkvw, p.qkvb);
+  ops::attention_forward(s, x.atty, x.att, x.qkv);
   // Row-parallel projections: partial sums, completed by the all-reduce; the
   // bias is added once (by rank 0).
   const bool bias = tp_.slice.t == 0;
-  ops::matmul_forward(s, a.scratch_btc, atty, p.attprojw, bias ? p.attprojb : Tensor{});
-  all_reduce(s, a.scratch_btc);
-  ops::residual_forward(s, residual2, residual, a.scratch_btc);
-  ops::layernorm_forward(s, ln2, at(a.ln2_mean, l), at(a.ln2_rstd, l), residual2, p.ln2w, p.ln2b);
-  ops::matmul_forward(s, fch, ln2, p.fcw, p.fcb);
-  ops::gelu_forward(s, fch_gelu, fch);
-  ops::matmul_forward(s, a.scratch_btc, fch_gelu, p.fcprojw, bias ? p.fcprojb : Tensor{});
-  all_reduce(s, a.scratch_btc);
-  ops::residual_forward(s, at(a.residual3, l), residual2, a.scratch_btc);
+  ops::matmul_forward(s, k.btc, x.atty, p.attprojw, bias ? p.attprojb : Tensor{});
+  ops::residual_forward(s, x.residual2, residual, reduced(s, k.btc));
+  ops::layernorm_forward(s, x.ln2, x.ln2_mean, x.ln2_rstd, x.residual2, p.ln2w, p.ln2b);
+  ops::matmul_forward(s, x.fch, gathered(s, x.ln2), p.fcw, p.fcb);
+  ops::gelu_forward(s, x.fch_gelu, x.fch);
+  ops::matmul_forward(s, k.btc, x.fch_gelu, p.fcprojw, bias ? p.fcprojb : Tensor{});
+  ops::residual_forward(s, x.residual3, x.residual2, reduced(s, k.btc));
 }
 
 void Gpt::backward(gpu::Stream& s, const Tensor& tokens, const Tensor& targets, float dloss,
@@ -236,20 +445,28 @@ void Gpt::backward(gpu::Stream& s, const Tensor& tokens, const Tensor& targets, 
     ops::crossentropy_backward(s, logits, logits, a.lse.reshape({N}), targets.reshape({N}), dloss,
                                config_.V, vocab_slice());
     // The LM head shares wte with the token embedding: both add into g_.wte.
-    ops::matmul_backward(s, a.dbtc, g_.wte, Tensor{}, a.logits, a.lnf, p_.wte, Accumulate::kNo);
-    all_reduce(s, a.dbtc);  // each rank's vocabulary slice contributed a part
-    ops::layernorm_backward(s, a.dresidual, g_.lnfw, g_.lnfb, a.dbtc, at(a.residual3, L - 1),
-                            p_.lnfw, a.lnf_mean, a.lnf_rstd);
+    ops::matmul_backward(s, scratch_.dbtc, g_.wte, Tensor{}, a.logits, gathered(s, a.lnf), p_.wte,
+                         Accumulate::kNo);
+    // Each rank's vocabulary slice contributed a part.
+    layernorm_backward(s, a.dresidual, g_.lnfw, g_.lnfb, reduced(s, scratch_.dbtc), output(slot),
+                       p_.lnfw, a.lnf_mean, a.lnf_rstd);
     reached(GradPoint::Part::kHead, -1);
   } else {
     ops::axpy(s, a.dresidual, 1.0f, dout);  // the next stage's gradient of our output
   }
   for (int l = L - 1; l >= 0; l--) {
-    layer_backward(s, a, l, l == 0 ? in : at(a.residual3, l - 1));
+    const LayerKeep k = layer_keep(act_, L, l);
+    if (k.mode == LayerKeep::Mode::kRecomputed && k.keeps_output) {
+      // The group's forward again, from its kept input, into the workspace.
+      for (int r = k.group_first; r <= l; r++) {
+        layer_forward(s, layer_acts(a, r, Pass::kRecompute), layer_input(a, in, r), r);
+      }
+    }
+    layer_backward(s, a, layer_acts(a, l, Pass::kBackward), layer_input(a, in, l), l);
     reached(GradPoint::Part::kLayer, stage_.first_layer + l);
   }
   if (stage_.embedding) {
-    ops::embedding_backward(s, g_.wte, g_.wpe, a.dresidual, tokens, vocab_slice());
+    ops::embedding_backward(s, g_.wte, g_.wpe, gathered(s, a.dresidual), tokens, vocab_slice());
     reached(GradPoint::Part::kEmbedding, -1);
   }
 }
@@ -257,28 +474,34 @@ void Gpt::backward(gpu::Stream& s, const Tensor& tokens, const Tensor& targets, 
 // On entry a.dresidual holds d(residual3[l]); on exit d(residual), the
 // layer's input. The residual connections pass it through unchanged; each
 // branch's LayerNorm backward adds its part.
-void Gpt::layer_backward(gpu::Stream& s, GptActivations& a, int l, const Tensor& residual) {
-  const LayerParams& p = p_.h[l];
-  const LayerParams& g = g_.h[l];
-  Tensor ln1 = at(a.ln1, l), qkv = at(a.qkv, l), atty = at(a.atty, l);
-  Tensor residual2 = at(a.residual2, l), ln2 = at(a.ln2, l);
-  Tensor fch = at(a.fch, l), fch_gelu = at(a.fch_gelu, l);
+void Gpt::layer_backward(gpu::Stream& s, GptActivations& a, const LayerActivations& x,
+                         const Tensor& residual, int l) {
+  const LayerParams& p = p_.h[static_cast<std::size_t>(l)];
+  const LayerParams& g = g_.h[static_cast<std::size_t>(l)];
+  // (Sequence parallel: the gradient of the rows, all-gathered, is the
+  // gradient of the reduce-scattered projection; the LayerNorm outputs are
+  // gathered again for the weight gradients, as Megatron does.)
   // MLP branch.
-  ops::matmul_backward(s, a.dfch, g.fcprojw, g.fcprojb, a.dresidual, fch_gelu, p.fcprojw,
+  ops::matmul_backward(s, scratch_.dfch, g.fcprojw, g.fcprojb, gathered(s, a.dresidual), x.fch_gelu,
+                       p.fcprojw, Accumulate::kNo);
+  ops::gelu_backward(s, scratch_.dfch, x.fch, scratch_.dfch);
+  ops::matmul_backward(s, scratch_.dbtc, g.fcw, g.fcb, scratch_.dfch, gathered(s, x.ln2), p.fcw,
                        Accumulate::kNo);
-  ops::gelu_backward(s, a.dfch, fch, a.dfch);
-  ops::matmul_backward(s, a.dbtc, g.fcw, g.fcb, a.dfch, ln2, p.fcw, Accumulate::kNo);
-  all_reduce(s, a.dbtc);  // column-parallel input: each rank's columns gave a part
-  ops::layernorm_backward(s, a.dresidual, g.ln2w, g.ln2b, a.dbtc, residual2, p.ln2w,
-                          at(a.ln2_mean, l), at(a.ln2_rstd, l));
+  // Column-parallel input: each rank's columns gave a part.
+  layernorm_backward(s, a.dresidual, g.ln2w, g.ln2b, reduced(s, scratch_.dbtc), x.residual2, p.ln2w,
+                     x.ln2_mean, x.ln2_rstd);
   // Attention branch.
-  ops::matmul_backward(s, a.datty, g.attprojw, g.attprojb, a.dresidual, atty, p.attprojw,
+  ops::matmul_backward(s, scratch_.datty, g.attprojw, g.attprojb, gathered(s, a.dresidual), x.atty,
+                       p.attprojw, Accumulate::kNo);
+  // Selective recompute: the scores and softmax again, from the kept q, k,
+  // v (the output, the same as the kept atty, goes to the workspace).
+  if (act_.recompute == Recompute::kSelective)
+    ops::attention_forward(s, work_[0].atty, x.att, x.qkv);
+  ops::attention_backward(s, scratch_.dqkv, scratch_.datt, scratch_.datty, x.qkv, x.att);
+  ops::matmul_backward(s, scratch_.dbtc, g.qkvw, g.qkvb, scratch_.dqkv, gathered(s, x.ln1), p.qkvw,
                        Accumulate::kNo);
-  ops::attention_backward(s, a.dqkv, a.datt, a.datty, qkv, at(a.att, l));
-  ops::matmul_backward(s, a.dbtc, g.qkvw, g.qkvb, a.dqkv, ln1, p.qkvw, Accumulate::kNo);
-  all_reduce(s, a.dbtc);
-  ops::layernorm_backward(s, a.dresidual, g.ln1w, g.ln1b, a.dbtc, residual, p.ln1w,
-                          at(a.ln1_mean, l), at(a.ln1_rstd, l));
+  layernorm_backward(s, a.dresidual, g.ln1w, g.ln1b, reduced(s, scratch_.dbtc), residual, p.ln1w,
+                     x.ln1_mean, x.ln1_rstd);
 }
 
 }  // namespace troupe::model

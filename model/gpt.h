@@ -43,40 +43,67 @@ struct GptParams {
                          const StageSpec& stage);
 };
 
-// What the forward keeps for the backward, per layer of the stage where it
-// says (L, ...); the head's tensors are empty on stages without the head.
-// With tensor parallelism, the dimensions marked `l` are this rank's part:
-// 3Cl = 3C/tp (its heads' q, k, v), Cl = C/tp, NHl = NH/tp, 4Cl = 4C/tp,
-// Vl = Vp/tp.
+// One layer's activations for one micro-batch. With tensor parallelism the
+// dimensions marked `l` are this rank's part: 3Cl = 3C/tp (its heads' q, k,
+// v), Cl = C/tp, NHl = NH/tp, 4Cl = 4C/tp. The LayerNorm and residual
+// region's tensors, marked [rows], are (B, T, C) and (B, T), or with
+// sequence parallelism this rank's rows of them, (B*T/tp, C) and (B*T/tp).
+struct LayerActivations {
+  gpu::Tensor ln1, ln1_mean, ln1_rstd;  // [rows]
+  gpu::Tensor qkv;                      // (B, T, 3Cl)
+  gpu::Tensor att;                      // (B, NHl, T, T) softmax probabilities
+  gpu::Tensor atty;                     // (B, T, Cl)
+  gpu::Tensor residual2;                // [rows]
+  gpu::Tensor ln2, ln2_mean, ln2_rstd;  // [rows]
+  gpu::Tensor fch, fch_gelu;            // (B, T, 4Cl)
+  gpu::Tensor residual3;                // [rows]: the layer's output
+};
+
+// What the forward keeps for the backward (per micro-batch slot). `layers` holds, per layer of the
+// stage, what the recompute mode keeps (model::ActivationOptions): everything; all but att
+// (selective); or only residual3 where it is a recompute group's output
+// (full). The head's tensors are empty on stages without the head; Vl =
+// Vp/tp.
 struct GptActivations {
-  gpu::Tensor encoded;                  // (B, T, C)
-  gpu::Tensor ln1, ln1_mean, ln1_rstd;  // (L, B, T, C), (L, B, T) x2
-  gpu::Tensor qkv;                      // (L, B, T, 3Cl)
-  gpu::Tensor att;                      // (L, B, NHl, T, T) softmax probabilities
-  gpu::Tensor atty;                     // (L, B, T, Cl)
-  gpu::Tensor residual2;                // (L, B, T, C)
-  gpu::Tensor ln2, ln2_mean, ln2_rstd;  // (L, B, T, C), (L, B, T) x2
-  gpu::Tensor fch, fch_gelu;            // (L, B, T, 4Cl)
-  gpu::Tensor residual3;                // (L, B, T, C)
-  gpu::Tensor lnf, lnf_mean, lnf_rstd;  // (B, T, C), (B, T) x2
+  gpu::Tensor encoded;  // [rows]
+  std::vector<LayerActivations> layers;
+  gpu::Tensor lnf, lnf_mean, lnf_rstd;  // [rows]
   gpu::Tensor logits;                   // (B, T, Vl); the backward turns it into dlogits
   gpu::Tensor lse, losses;              // (B, T)
   gpu::Tensor ce_stats, ce_gathered;    // (B*T, 3), (tp, B*T, 3): vocab-parallel softmax
-  // Backward scratch.
-  gpu::Tensor scratch_btc;      // (B, T, C)
-  gpu::Tensor dresidual, dbtc;  // (B, T, C)
-  gpu::Tensor datty;            // (B, T, Cl)
-  gpu::Tensor dqkv;             // (B, T, 3Cl)
-  gpu::Tensor datt;             // (B, NHl, T, T)
-  gpu::Tensor dfch;             // (B, T, 4Cl)
+  gpu::Tensor dresidual;  // [rows]: the backward's running gradient, at the end the input's
 };
 
-// Floats of one activation slot of `stage` (every GptActivations tensor,
-// each rounded up to 16 floats as Gpt carves them) for micro-batches of B
-// and a TP slice of tp: what Gpt allocates per slot. The planner's counted
-// memory (actors/memory_plan.h) uses it.
+// Scratch of the forward and backward, shared by the slots (one chunk's ops
+// run in order on its stream).
+struct GptScratch {
+  gpu::Tensor btc;    // (B, T, C): the projections' outputs
+  gpu::Tensor dbtc;   // (B, T, C)
+  gpu::Tensor datty;  // (B, T, Cl)
+  gpu::Tensor dqkv;   // (B, T, 3Cl)
+  gpu::Tensor datt;   // (B, NHl, T, T)
+  gpu::Tensor dfch;   // (B, T, 4Cl)
+  // Sequence parallelism only: a region's rows all-gathered (B, T, C), a
+  // reduce-scatter's rows (B*T/tp, C), and a LayerNorm's weight and bias
+  // gradients (C each) before their sum over the TP group.
+  gpu::Tensor gathered, rows, ln_dw, ln_db;
+};
+
+// Floats of one activation slot of `stage` (every GptActivations tensor the
+// recompute mode keeps, each rounded up to 16 floats as Gpt carves them)
+// for micro-batches of B and a TP slice of tp: what Gpt allocates per slot.
+// The planner's counted memory (actors/memory_plan.h) uses it.
 std::int64_t activation_floats_per_slot(const GptConfig& config, const StageSpec& stage,
-                                        std::int64_t B, int tp);
+                                        std::int64_t B, int tp,
+                                        const ActivationOptions& activations = {});
+// Floats of the recompute workspace, shared by every slot: what the
+// backward rebuilds one group (full) or one layer's scores (selective) in.
+// And of the GptScratch, shared too.
+std::int64_t recompute_workspace_floats(const GptConfig& config, const StageSpec& stage,
+                                        std::int64_t B, int tp,
+                                        const ActivationOptions& activations);
+std::int64_t scratch_floats(const GptConfig& config, std::int64_t B, int tp,
+                            const ActivationOptions& activations = {});
 
 // Points of the backward after which a group of gradients is final for this
 // micro-batch: the head (ln_f and, tied, the LM head's share of wte), each
@@ -100,6 +127,9 @@ struct TensorParallel {
   std::function<void(gpu::Stream&, const gpu::Tensor& x)> all_reduce;
   // out (tp, ...) = every peer's `in`, in peer order.
   std::function<void(gpu::Stream&, const gpu::Tensor& in, const gpu::Tensor& out)> all_gather;
+  // out = this peer's 1/tp part (by peer order) of the sum of `in` over the
+  // peers (sequence parallelism).
+  std::function<void(gpu::Stream&, const gpu::Tensor& in, const gpu::Tensor& out)> reduce_scatter;
 };
 
 class Gpt {
@@ -112,7 +142,7 @@ class Gpt {
   // pp - s); each call names the slot of its micro-batch.
   Gpt(const GptConfig& config, int B, gpu::Device& device);
   Gpt(const GptConfig& config, int B, gpu::Device& device, const StageSpec& stage, int slots = 1,
-      TensorParallel tp = {});
+      TensorParallel tp = {}, const ActivationOptions& activations = {});
 
   const GptConfig& config() const { return config_; }
   const ParamLayout& layout() const { return layout_; }
@@ -121,6 +151,13 @@ class Gpt {
   const gpu::Tensor& grads() const { return grads_flat_; }
   const GptActivations& acts(int slot = 0) const { return slots_[static_cast<std::size_t>(slot)]; }
   int slots() const { return static_cast<int>(slots_.size()); }
+  const ActivationOptions& activation_options() const { return act_; }
+  // Device bytes the activations took, measured when they were allocated:
+  // one slot's (a micro-batch between its forward and its backward) and
+  // the recompute workspace (shared by the slots).
+  std::int64_t activation_bytes_per_slot() const { return slot_bytes_; }
+  std::int64_t recompute_workspace_bytes() const { return workspace_bytes_; }
+  std::int64_t scratch_bytes() const { return scratch_bytes_; }
 
   // Counter-based GPT-2 initialisation (model/init.h); synchronous.
   void init(std::uint64_t seed);
@@ -148,11 +185,33 @@ class Gpt {
   const gpu::Tensor& input_grad(int slot = 0) const { return acts(slot).dresidual; }
 
  private:
-  void layer_forward(gpu::Stream& s, GptActivations& a, int l, const gpu::Tensor& residual);
-  void layer_backward(gpu::Stream& s, GptActivations& a, int l, const gpu::Tensor& residual);
+  // Where layer l's activations are in the forward (kForward), in the
+  // backward's recompute of its group (kRecompute), in its backward.
+  enum class Pass { kForward, kRecompute, kBackward };
+  LayerActivations layer_acts(const GptActivations& a, int l, Pass pass) const;
+  // Layer l's input: the slot's `in` for layer 0, else the output of layer
+  // l - 1 where it is kept (or, inside a recompute group, rebuilt).
+  gpu::Tensor layer_input(const GptActivations& a, const gpu::Tensor& in, int l) const;
+  void layer_forward(gpu::Stream& s, const LayerActivations& x, const gpu::Tensor& residual, int l);
+  void layer_backward(gpu::Stream& s, GptActivations& a, const LayerActivations& x,
+                      const gpu::Tensor& residual, int l);
 
   // Sums a partial result over the TP peers (nothing when tp = 1).
   void all_reduce(gpu::Stream& s, const gpu::Tensor& x);
+  bool sequence_parallel() const { return act_.sequence_parallel && tp_.slice.tp > 1; }
+  // The region's full (B, T, C) from its [rows] x: x itself, or with
+  // sequence parallelism x's rows all-gathered into the scratch (Megatron's
+  // g). Valid until the next gathered().
+  gpu::Tensor gathered(gpu::Stream& s, const gpu::Tensor& x);
+  // The [rows] of the sum over the TP peers of a partial (B, T, C): the
+  // all-reduced x itself, or its reduce-scattered rows in the scratch
+  // (Megatron's g-bar).
+  gpu::Tensor reduced(gpu::Stream& s, const gpu::Tensor& partial);
+  // A LayerNorm's backward into dw, db: with sequence parallelism this
+  // rank's rows give a part, summed over the TP group before it is added.
+  void layernorm_backward(gpu::Stream& s, const gpu::Tensor& dinp, const gpu::Tensor& dw,
+                          const gpu::Tensor& db, const gpu::Tensor& dout, const gpu::Tensor& inp,
+                          const gpu::Tensor& w, const gpu::Tensor& mean, const gpu::Tensor& rstd);
   gpu::VocabSlice vocab_slice() const;
 
   GptConfig config_;
@@ -163,7 +222,13 @@ class Gpt {
   ParamLayout layout_;
   gpu::Tensor params_flat_, grads_flat_;
   GptParams p_, g_;
+  ActivationOptions act_;
   std::vector<GptActivations> slots_;
+  // The recompute workspace: full, one LayerActivations per position in a
+  // group; selective, [0].att and [0].atty only.
+  std::vector<LayerActivations> work_;
+  GptScratch scratch_;
+  std::int64_t slot_bytes_ = 0, workspace_bytes_ = 0, scratch_bytes_ = 0;
   std::vector<gpu::Tensor> inputs_;  // per slot: its encoded, or the previous stage's output
   gpu::Tensor zero_wpe_;             // (T, C) zeros: TP ranks t > 0 add wpe through rank 0
 };

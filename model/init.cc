@@ -45,9 +45,9 @@ void init_values(const GptConfig& config, const ParamSpec& spec, std::uint64_t s
   // In the unsliced tensor: a TP slice's element i is element global_index(i).
   const std::int64_t row_len = gpu::shape_numel(spec.full_shape) / spec.full_shape[0];
   const std::int64_t real = spec.real_rows * row_len;  // elements that exist unpadded
-  float std_dev = 0.02f;
+  float std_dev = static_cast<float>(config.init_std);
   if (spec.init == Init::kNormalScaled) {
-    std_dev = static_cast<float>(0.02 / std::sqrt(2.0 * config.L));
+    std_dev = static_cast<float>(config.init_std / std::sqrt(2.0 * config.L));
   }
   const std::uint64_t key = param_key(seed, spec.name);
   for (std::size_t i = 0; i < out.size(); i++) {

@@ -32,7 +32,8 @@ std::array<std::uint32_t, 4> philox4x32(std::array<std::uint32_t, 4> counter,
 
 // Initial values of elements [first, first + out.size()) of `spec` (row-major
 // in the stored, unpadded-then-padded layout; padding rows get 0), GPT-2 style:
-// N(0, 0.02), residual projections N(0, 0.02/sqrt(2L)), LN weights 1, biases 0.
+// N(0, std), residual projections N(0, std/sqrt(2L)) with std =
+// config.init_std (0.02), LN weights 1, biases 0.
 void init_values(const GptConfig& config, const ParamSpec& spec, std::uint64_t seed,
                  std::int64_t first, std::span<float> out);
 

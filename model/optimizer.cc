@@ -8,17 +8,30 @@
 
 namespace troupe::model {
 
-float lr_at(const LrSchedule& s, int completed) {
-  const int step = completed;  // Megatron's num_steps
-  if (s.warmup_iters > 0 && step <= s.warmup_iters) {
-    return s.lr * static_cast<float>(step) / static_cast<float>(s.warmup_iters);
+namespace {
+
+// Megatron's OptimizerParamScheduler.get_lr at num_steps `step` (steps or
+// samples).
+float scheduled_lr(const LrSchedule& s, std::int64_t step, std::int64_t warmup,
+                   std::int64_t decay) {
+  if (warmup > 0 && step <= warmup) {
+    return s.lr * static_cast<float>(step) / static_cast<float>(warmup);
   }
-  if (s.decay_iters <= s.warmup_iters) return s.lr;  // no decay configured
-  if (step > s.decay_iters) return s.min_lr;
-  const double ratio = static_cast<double>(step - s.warmup_iters) /
-                       static_cast<double>(s.decay_iters - s.warmup_iters);
+  if (decay <= warmup) return s.lr;  // no decay configured
+  if (step > decay) return s.min_lr;
+  const double ratio = static_cast<double>(step - warmup) / static_cast<double>(decay - warmup);
   const double coeff = 0.5 * (std::cos(std::numbers::pi * ratio) + 1.0);
   return static_cast<float>(s.min_lr + coeff * (s.lr - s.min_lr));
+}
+
+}  // namespace
+
+float lr_at(const LrSchedule& s, int completed) {
+  return scheduled_lr(s, completed, s.warmup_iters, s.decay_iters);
+}
+
+float lr_at_samples(const LrSchedule& s, std::int64_t consumed) {
+  return scheduled_lr(s, consumed, s.warmup_samples, s.decay_samples);
 }
 
 float clip_factor(double grad_norm, float max_norm) {

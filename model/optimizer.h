@@ -24,12 +24,16 @@ struct AdamWConfig {
 
 // Linear warm-up to `lr` over `warmup_iters`, then cosine decay to `min_lr`
 // at `decay_iters`, constant after (Megatron's --lr-warmup-iters,
-// --lr-decay-iters, --min-lr).
+// --lr-decay-iters, --min-lr). A run of --train-samples counts samples
+// instead (--lr-warmup-samples, --lr-decay-samples), so that runs whose
+// batch sizes differ (a ramp-up) see the same rate at the same sample.
 struct LrSchedule {
   float lr = 6e-4f;
   float min_lr = 0.0f;
   int warmup_iters = 0;
   int decay_iters = 0;  // 0: no decay (constant after warm-up)
+  std::int64_t warmup_samples = 0;
+  std::int64_t decay_samples = 0;  // 0: no decay
 };
 
 // Learning rate of the update made after `completed` optimizer steps, as
@@ -39,6 +43,8 @@ struct LrSchedule {
 // min_lr (a regression: step k once used num_steps = k, so the last update
 // of such a run had lr = min_lr, by default 0, and did nothing).
 float lr_at(const LrSchedule& schedule, int completed);
+// The same by samples: the update made after `consumed` samples.
+float lr_at_samples(const LrSchedule& schedule, std::int64_t consumed);
 
 // Megatron's and PyTorch's clip factor: min(1, max_norm / (norm + 1e-6)).
 // max_norm <= 0 disables clipping.

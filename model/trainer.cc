@@ -38,6 +38,13 @@ absl::Status TrainOptions::validate() const {
   if (!(adam.weight_decay >= 0.0f)) {
     return absl::InvalidArgumentError("--weight-decay must not be negative");
   }
+  if (st = activations.validate(); !st.ok()) return st;
+  if (st = check_rampup(rampup, global_batch, micro_batch); !st.ok()) return st;
+  if (train_samples < 0) return absl::InvalidArgumentError("--train-samples must not be negative");
+  if (lr.warmup_samples < 0 || lr.decay_samples < 0) {
+    return absl::InvalidArgumentError(
+        "--lr-warmup-samples and --lr-decay-samples must not be negative");
+  }
   if (threads < 0) return absl::InvalidArgumentError("--threads must not be negative");
   if (eval_interval < 0 || eval_iters < 0) {
     return absl::InvalidArgumentError("--eval-interval and --eval-iters must not be negative");
@@ -45,9 +52,14 @@ absl::Status TrainOptions::validate() const {
   return absl::OkStatus();
 }
 
+float TrainOptions::lr_of_step(const BatchSchedule& b, int step) const {
+  return train_samples > 0 ? lr_at_samples(lr, b.consumed_before(step)) : lr_at(lr, step - 1);
+}
+
 absl::StatusOr<data::Datasets> build_run_datasets(const TrainOptions& options) {
   const std::int64_t gbs = options.global_batch;
-  const std::int64_t train_samples = std::max<std::int64_t>(options.steps, 1) * gbs;
+  const std::int64_t train_samples =
+      std::max<std::int64_t>(options.batches().consumed_before(options.steps + 1), gbs);
   std::int64_t valid_samples = 0;
   if (options.eval_interval > 0 && options.eval_iters > 0) {
     valid_samples =
@@ -68,6 +80,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::create(const TrainOptions& opt
   if (!st.ok()) return st;
   std::unique_ptr<Trainer> t(new Trainer());
   t->options_ = options;
+  t->batches_ = options.batches();
   const GptConfig& c = options.model;
   auto datasets = build_run_datasets(options);
   if (!datasets.ok()) return datasets.status();
@@ -75,7 +88,8 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::create(const TrainOptions& opt
 
   gpu::Device& dev = gpu::cpu_device();
   t->stream_ = dev.make_stream({.threads = options.threads});
-  t->gpt_ = std::make_unique<Gpt>(c, options.micro_batch, dev);
+  t->gpt_ = std::make_unique<Gpt>(c, options.micro_batch, dev, StageSpec::whole(c), 1,
+                                  TensorParallel{}, options.activations);
   if (options.init_weights.empty()) {
     t->gpt_->init(options.seed);
   } else {
@@ -94,8 +108,9 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::create(const TrainOptions& opt
 }
 
 absl::StatusOr<std::vector<double>> Trainer::run_batch(const data::SampleSource& source,
-                                                       std::int64_t first, Pass pass) {
-  const int B = options_.micro_batch, T = options_.model.T, m = options_.grad_accum();
+                                                       std::int64_t first, int global_batch,
+                                                       Pass pass) {
+  const int B = options_.micro_batch, T = options_.model.T, m = global_batch / B;
   gpu::Stream& s = *stream_;
   gpu::Device& dev = s.device();
   // Micro-batch j is samples [first + j*B, +B) (one replica: d = 0, dp = 1).
@@ -110,8 +125,7 @@ absl::StatusOr<std::vector<double>> Trainer::run_batch(const data::SampleSource&
   // Per-micro-batch loss sums, each in token order.
   std::vector<double> loss_sums(static_cast<std::size_t>(m), 0.0);
   std::vector<float> losses_host(tok.size());
-  const float dloss =
-      1.0f / static_cast<float>(static_cast<std::int64_t>(options_.global_batch) * T);
+  const float dloss = 1.0f / static_cast<float>(static_cast<std::int64_t>(global_batch) * T);
   for (int j = 0; j < m; j++) {
     const gpu::Tensor& tk = tokens_[static_cast<std::size_t>(j)];
     const gpu::Tensor& tg = targets_[static_cast<std::size_t>(j)];
@@ -132,14 +146,14 @@ absl::StatusOr<std::vector<double>> Trainer::run_batch(const data::SampleSource&
 absl::Status Trainer::step(StepMetrics* metrics) {
   using Clock = std::chrono::steady_clock;
   const auto t0 = Clock::now();
-  const std::int64_t tokens_per_step =
-      static_cast<std::int64_t>(options_.global_batch) * options_.model.T;
+  const int step = steps_done_ + 1;
+  const int global_batch = batches_.global_batch(step);
+  const std::int64_t tokens_per_step = static_cast<std::int64_t>(global_batch) * options_.model.T;
   gpu::Stream& s = *stream_;
 
   gpt_->zero_grad(s);
   auto loss_sums =
-      run_batch(*data_.train, steps_done_ * static_cast<std::int64_t>(options_.global_batch),
-                Pass::kForwardBackward);
+      run_batch(*data_.train, batches_.consumed_before(step), global_batch, Pass::kForwardBackward);
   if (!loss_sums.ok()) return loss_sums.status();
   gpu::ops::squared_norm(s, norm_, gpt_->grads());
   absl::Status st = s.synchronize();
@@ -147,9 +161,8 @@ absl::Status Trainer::step(StepMetrics* metrics) {
   double sq = 0.0;
   (void)s.device().copy_to_host(norm_, &sq);
 
-  const int step = steps_done_ + 1;
   const double grad_norm = std::sqrt(sq);
-  const float lr = lr_at(options_.lr, steps_done_);
+  const float lr = options_.lr_of_step(batches_, step);
   adam_->step(s, gpt_->params(), gpt_->grads(), options_.adam, lr, step,
               clip_factor(grad_norm, options_.clip_grad));
   st = s.synchronize();
@@ -160,6 +173,8 @@ absl::Status Trainer::step(StepMetrics* metrics) {
   for (double l : *loss_sums) loss += l;  // in global micro-batch order
   const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
   *metrics = {.step = step,
+              .global_batch = global_batch,
+              .consumed_samples = batches_.consumed_before(step + 1),
               .loss = loss / static_cast<double>(tokens_per_step),
               .grad_norm = grad_norm,
               .lr = lr,
@@ -178,9 +193,8 @@ std::vector<ckpt::Piece> Trainer::checkpoint_pieces(bool optimizer) {
   const ParamLayout& lay = gpt_->layout();
   float* params = gpt_->params().data<float>();
   std::vector<ckpt::Piece> out;
-  ckpt::add_chunk_pieces(lay, /*tied_copy=*/false, /*params=*/true, 0,
-                         optimizer ? lay.total() : 0, params, params,
-                         adam_->m().data<float>(), adam_->v().data<float>(), &out);
+  ckpt::add_chunk_pieces(lay, /*tied_copy=*/false, /*params=*/true, 0, optimizer ? lay.total() : 0,
+                         params, params, adam_->m().data<float>(), adam_->v().data<float>(), &out);
   return out;
 }
 
@@ -210,7 +224,7 @@ absl::StatusOr<double> Trainer::validation_loss() {
   for (int k = 0; k < options_.eval_iters; k++) {
     const std::int64_t first =
         (static_cast<std::int64_t>(evaluations_done_) * options_.eval_iters + k) * gbs;
-    auto sums = run_batch(*data_.valid, first, Pass::kForwardOnly);
+    auto sums = run_batch(*data_.valid, first, options_.global_batch, Pass::kForwardOnly);
     if (!sums.ok()) return sums.status();
     for (double l : *sums) total += l;
   }

@@ -17,6 +17,7 @@
 
 #include "absl/status/statusor.h"
 #include "gpu/device.h"
+#include "model/batch_schedule.h"
 #include "model/config.h"
 #include "model/data/datasets.h"
 #include "model/gpt.h"
@@ -32,8 +33,12 @@ class Checkpoint;
 struct TrainOptions {
   GptConfig model;
   int micro_batch = 4;   // --micro-batch-size (B)
-  int global_batch = 0;  // --global-batch-size; 0 = micro_batch
+  int global_batch = 0;  // --global-batch-size; 0 = micro_batch (with a ramp-up: the last)
   int steps = 10;
+  // --train-samples: the run's length in samples (0: --steps); its steps
+  // are in `steps`, and the learning rate counts samples.
+  std::int64_t train_samples = 0;
+  RampUp rampup;  // --rampup-batch-size START INCREMENT SAMPLES
   LrSchedule lr;
   AdamWConfig adam;
   float clip_grad = 1.0f;  // <= 0: no clipping
@@ -48,16 +53,25 @@ struct TrainOptions {
   int eval_iters = 0;        // --eval-iters: global batches per evaluation
   std::string init_weights;  // safetensors to start from; empty: initialise from seed
   int threads = 0;           // compute stream's threads; 0 = all cores
+  // --recompute-granularity, --recompute-method, --recompute-num-layers.
+  ActivationOptions activations;
 
   int grad_accum() const { return global_batch / micro_batch; }
+  // Every step's global batch.
+  BatchSchedule batches() const { return BatchSchedule(rampup, global_batch, steps); }
+  // The learning rate of step `step` (1-based): by steps completed, or
+  // with --train-samples by samples consumed before it.
+  float lr_of_step(const BatchSchedule& batches, int step) const;
   // InvalidArgument naming the flag when options do not fit together.
   absl::Status validate() const;
 };
 
 struct StepMetrics {
-  int step = 0;          // 1-based optimizer step
-  double loss = 0;       // mean cross-entropy over all GBS*T tokens, before the update
-  double grad_norm = 0;  // L2 norm of that loss's gradient, before clipping
+  int step = 0;                       // 1-based optimizer step
+  int global_batch = 0;               // sequences of this step (ramped up or --global-batch-size)
+  std::int64_t consumed_samples = 0;  // after this step
+  double loss = 0;                    // mean cross-entropy over all GBS*T tokens, before the update
+  double grad_norm = 0;               // L2 norm of that loss's gradient, before clipping
   float lr = 0;
   double step_s = 0;               // wall time of this step
   double tokens_per_s = 0;         // GBS*T / step_s
@@ -105,17 +119,18 @@ class Trainer {
   std::unique_ptr<Gpt> gpt_;
   std::unique_ptr<AdamW> adam_;
   data::Datasets data_;
+  BatchSchedule batches_;
   std::vector<gpu::Tensor> tokens_, targets_;  // one (B, T) pair per micro-batch
   gpu::Tensor norm_;                           // f64[1]
   int steps_done_ = 0;
   int evaluations_done_ = 0;
 
-  // Forward (and backward unless kForwardOnly) of the m micro-batches of one
-  // global batch starting at sample `first`; returns the loss sum per
-  // micro-batch, in micro-batch order.
+  // Forward (and backward unless kForwardOnly) of the micro-batches of one
+  // global batch of `global_batch` starting at sample `first`; returns the
+  // loss sum per micro-batch, in micro-batch order.
   enum class Pass { kForwardOnly, kForwardBackward };
   absl::StatusOr<std::vector<double>> run_batch(const data::SampleSource& source,
-                                                std::int64_t first, Pass pass);
+                                                std::int64_t first, int global_batch, Pass pass);
 };
 
 }  // namespace troupe::model

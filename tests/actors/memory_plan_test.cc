@@ -59,9 +59,9 @@ TEST(MemoryPlan, CountedIsWhatTheRuntimeAllocates) {
 TEST(MemoryPlan, CountedRefusesWhatTheRuntimeCannotDo) {
   MemoryQuery q{.config = *model::preset("cpu-small"), .parallel = {}, .micro_batch = 2,
                 .global_batch = 8};
-  q.recompute = Recompute::kFull;
-  EXPECT_EQ(counted_memory(q).status().code(), absl::StatusCode::kFailedPrecondition);
-  q.recompute = Recompute::kNone;
+  q.sequence_parallel = true;  // needs tp > 1
+  EXPECT_EQ(counted_memory(q).status().code(), absl::StatusCode::kInvalidArgument);
+  q.sequence_parallel = false;
   q.global_batch = 7;
   EXPECT_EQ(counted_memory(q).status().code(), absl::StatusCode::kInvalidArgument);
 }

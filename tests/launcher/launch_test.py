@@ -47,7 +47,7 @@ import time
 TROUPE, WORK = sys.argv[1], sys.argv[2]
 os.makedirs(WORK, exist_ok=True)
 SMALL = ["--model", "tiny", "--global-batch-size", "8", "--micro-batch-size", "2"]
-LONG = SMALL + ["--pp", "2", "--dp", "2", "--steps", "100000"]
+LONG = SMALL + ["--pp", "2", "--dp", "2", "--steps", "100000", "--log-interval", "1"]
 
 
 def fail(msg):
@@ -73,7 +73,7 @@ def compare(want_path, got_path, want_weights=None, got_weights=None):
     if len(want) != len(got) or not want:
         fail(f"{len(want)} steps in one-process run, {len(got)} in the distributed run")
     for a, b in zip(want, got):
-        for k in ("loss", "grad_norm", "lr", "val_loss"):
+        for k in ("loss", "grad_norm", "lr", "val_loss", "global_batch_size", "consumed_samples"):
             if a.get(k) != b.get(k):  # the JSONL has 17 digits: the doubles exactly
                 fail(f"step {a['step']}: {k} {a[k]!r} in one process, {b[k]!r} across processes")
     if want_weights:

@@ -1,0 +1,43 @@
+// Training recipes (--recipe) and the resolved configuration of a run
+// (--print-config): every value with where it came from, and what the run
+// would hold in memory, without training.
+//
+//   troupe train --model gpt2-124m --recipe mt-nlg --tp 2 --print-config
+#pragma once
+
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "launcher/train_flags.h"
+#include "model/trainer.h"
+
+namespace troupe::launcher {
+
+// "mt-nlg" (Smith et al. 2022); InvalidArgument naming the known ones.
+absl::Status check_recipe(const std::string& name);
+// Applies recipe `name`'s values to `o` wherever its flag was not given
+// (explicit flags win). Token counts become samples at o->model.T, so the
+// model's sequence length must be final. Returns the flags it set.
+std::set<std::string> apply_recipe(const std::string& name, const TrainFlags& f,
+                                   model::TrainOptions* o);
+
+// One line of --print-config.
+struct ConfigValue {
+  std::string flag;  // Megatron's name
+  std::string value;
+  std::string source;  // default, preset NAME, recipe NAME, flag, derived
+};
+// The resolved options as --print-config lists them (`recipe_set`: what
+// apply_recipe set).
+std::vector<ConfigValue> describe_config(const TrainFlags& f, const model::TrainOptions& o,
+                                         const std::set<std::string>& recipe_set);
+
+// Prints the configuration and, per pipeline stage, the memory a rank of it
+// holds: counted (what troupe allocates, fp32) and Korthikanti et al.'s
+// 16-bit estimate (actors/memory_plan.h).
+absl::Status print_config(const TrainFlags& f, const model::TrainOptions& o,
+                          const std::set<std::string>& recipe_set);
+
+}  // namespace troupe::launcher

@@ -1,0 +1,130 @@
+// Activation recompute: every mode trains bitwise as the run that keeps
+// everything (the recompute runs the same kernels on the same stream), and
+// each mode's activations are what it says it keeps, by hand.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "model/trainer.h"
+
+namespace troupe::model {
+namespace {
+
+TrainOptions tiny6(const ActivationOptions& a) {
+  TrainOptions o;
+  o.model = *preset("tiny");
+  o.model.L = 6;  // uniform groups of 4 leave a shorter last group of 2
+  o.micro_batch = 2;
+  o.global_batch = 4;
+  o.steps = 3;
+  o.lr.warmup_iters = 1;
+  o.threads = 1;
+  o.activations = a;
+  return o;
+}
+
+struct Trained {
+  std::vector<StepMetrics> metrics;
+  std::vector<float> params;
+};
+
+Trained train(const ActivationOptions& a) {
+  Trained r;
+  const TrainOptions o = tiny6(a);
+  auto t = Trainer::create(o);
+  EXPECT_TRUE(t.ok()) << t.status();
+  if (!t.ok()) return r;
+  for (int i = 0; i < o.steps; i++) {
+    StepMetrics m;
+    absl::Status st = (*t)->step(&m);
+    EXPECT_TRUE(st.ok()) << st;
+    r.metrics.push_back(m);
+  }
+  const gpu::Tensor& p = (*t)->gpt().params();
+  r.params.assign(p.data<float>(), p.data<float>() + p.numel());
+  return r;
+}
+
+std::vector<ActivationOptions> every_mode() {
+  using enum Recompute;
+  using enum RecomputeMethod;
+  return {{.recompute = kSelective},
+          {.recompute = kFull, .method = kUniform, .recompute_layers = 1},
+          {.recompute = kFull, .method = kUniform, .recompute_layers = 4},
+          {.recompute = kFull, .method = kUniform, .recompute_layers = 9},
+          {.recompute = kFull, .method = kBlock, .recompute_layers = 2},
+          {.recompute = kFull, .method = kBlock, .recompute_layers = 6}};
+}
+
+TEST(Recompute, EveryModeIsBitwiseTheRunWithout) {
+  const Trained want = train({});
+  for (const ActivationOptions& a : every_mode()) {
+    SCOPED_TRACE(a.describe());
+    const Trained got = train(a);
+    ASSERT_EQ(got.metrics.size(), want.metrics.size());
+    for (std::size_t i = 0; i < want.metrics.size(); i++) {
+      EXPECT_EQ(std::memcmp(&got.metrics[i].loss, &want.metrics[i].loss, sizeof(double)), 0)
+          << "step " << i + 1 << ": " << got.metrics[i].loss << " vs " << want.metrics[i].loss;
+      EXPECT_EQ(std::memcmp(&got.metrics[i].grad_norm, &want.metrics[i].grad_norm, sizeof(double)),
+                0)
+          << "step " << i + 1;
+    }
+    ASSERT_EQ(got.params.size(), want.params.size());
+    EXPECT_EQ(std::memcmp(got.params.data(), want.params.data(), want.params.size() * 4), 0);
+  }
+}
+
+// What one micro-batch keeps, from the device's byte count, against the
+// tensors each mode keeps worked out by hand (in floats; every size here is
+// a multiple of the 16-float rounding). Per layer and token, no recompute
+// keeps ln1, residual2, ln2 and residual3 (4C), qkv (3C), atty (C), fch and
+// its GELU (8C), the two LayerNorms' mean and rstd (4), and the scores,
+// NH*T; selective drops the scores; full uniform keeps one C a group, full
+// block one C for each of its first N layers.
+TEST(Recompute, EachModeKeepsWhatItSays) {
+  for (const char* name : {"cpu-small", "gpt2-124m"}) {
+    SCOPED_TRACE(name);
+    GptConfig c = *preset(name);
+    const std::int64_t B = 2, T = c.T, C = c.C, NH = c.NH, L = c.L;
+    const std::int64_t scores = NH * T;
+    const std::int64_t layer = B * T * (16 * C + 4 + scores);
+    auto measure = [&](const ActivationOptions& a) {
+      Gpt g(c, static_cast<int>(B), gpu::cpu_device(), StageSpec::whole(c), 1, {}, a);
+      return std::pair<std::int64_t, std::int64_t>(g.activation_bytes_per_slot() / 4,
+                                                   g.recompute_workspace_bytes() / 4);
+    };
+    using enum Recompute;
+    using enum RecomputeMethod;
+    const auto [none, none_work] = measure({});
+    EXPECT_EQ(none_work, 0);
+    const auto [sel, sel_work] = measure({.recompute = kSelective});
+    EXPECT_EQ(none - sel, L * B * T * scores);
+    EXPECT_EQ(sel_work, B * T * scores + B * T * C);  // one layer's scores and output
+    const auto [full1, full1_work] = measure({.recompute = kFull});
+    EXPECT_EQ(none - full1, L * (layer - B * T * C));
+    EXPECT_EQ(full1_work, layer);
+    const auto [full4, full4_work] = measure({.recompute = kFull, .recompute_layers = 4});
+    EXPECT_EQ(none - full4, L * layer - (L + 3) / 4 * B * T * C);
+    EXPECT_EQ(full4_work, std::min<std::int64_t>(4, L) * layer);
+    const auto [block2, block2_work] =
+        measure({.recompute = kFull, .method = kBlock, .recompute_layers = 2});
+    EXPECT_EQ(none - block2, 2 * (layer - B * T * C));
+    EXPECT_EQ(block2_work, layer);
+  }
+}
+
+TEST(Recompute, BadOptionsAreClearErrors) {
+  ActivationOptions a{.recompute = Recompute::kFull, .recompute_layers = 0};
+  EXPECT_EQ(a.validate().message(), "--recompute-num-layers must be at least 1, is 0");
+  EXPECT_FALSE(Trainer::create(tiny6(a)).ok());
+  EXPECT_EQ(parse_recompute_granularity("most").status().message(),
+            "--recompute-granularity 'most': use full or selective (none: off)");
+  EXPECT_EQ(parse_recompute_method("random").status().message(),
+            "--recompute-method 'random': use uniform or block");
+}
+
+}  // namespace
+}  // namespace troupe::model
