@@ -92,7 +92,7 @@ void print_activations(const model::TrainOptions& o, const std::vector<std::int6
                        std::int64_t workspace) {
   std::string stages;
   for (std::size_t s = 0; s < per_stage.size(); s++) {
-    absl::StrAppend(&stages, s == 0 ? "" : ", ", absl::StrFormat("%.2f", mib(per_stage[s])));
+    absl::StrAppend(&stages, s == 0 ? "" : ", ", absl::StrFormat("%.3f", mib(per_stage[s])));
   }
   std::printf(
       "  activations per micro-batch (MiB%s, recompute %s): %s%s\n",
@@ -228,7 +228,7 @@ int run_train(const TrainFlags& flags) {
         progress.log_interval());
   }
   const int first_step = load != nullptr && ck.load_optim ? load->meta().step + 1 : 1;
-  if (first_step > o.steps) {
+  if (load != nullptr && first_step > o.steps) {
     std::printf("  the checkpoint is at step %d: --steps %d leaves nothing to train\n",
                 first_step - 1, o.steps);
   }
