@@ -46,6 +46,7 @@
 #include "launcher/hostfile.h"
 #include "launcher/launch_restart.h"
 #include "launcher/launch_support.h"
+#include "launcher/train_config.h"
 #include "launcher/train_flags.h"
 #include "model/atomic_file.h"
 
@@ -371,10 +372,17 @@ int run_launch(LaunchFlags& f) {
     return code;
   };
   if (absl::Status st = finish_train_flags(f.train); !st.ok()) return fail(std::string(st.message()));
-  absl::StatusOr<model::TrainOptions> options = resolve(f.train);
+  std::set<std::string> recipe_set;
+  absl::StatusOr<model::TrainOptions> options = resolve(f.train, &recipe_set);
   if (!options.ok()) return fail(std::string(options.status().message()));
+  if (f.train.print_config) {  // (no worker is started)
+    absl::Status st = print_config(f.train, *options, recipe_set);
+    return st.ok() ? 0 : fail(std::string(st.message()));
+  }
   const actors::ParallelOptions& par = f.train.parallel;
-  if (absl::Status st = par.validate(*options); !st.ok()) return fail(std::string(st.message()));
+  if (absl::Status st = par.validate(*options); !st.ok()) {
+    return fail(std::string(explain_recipe(st, f.train.recipe, recipe_set).message()));
+  }
   if (f.max_restarts < 0) return fail("--max-restarts must not be negative");
   if (f.max_restarts > 0 && f.train.checkpoint.save.empty()) {
     return fail("--max-restarts needs --save DIR: a restart resumes from its newest checkpoint");
@@ -475,8 +483,12 @@ int run_launch(LaunchFlags& f) {
                    .failed_at = std::nullopt};
   for (;;) {
     Outcome out = run_attempt(ctx, plan);
-    if (out.code == 0) break;
+    if (out.code == 0) {
+      ctx.progress->finish();
+      break;
+    }
     if (!out.restartable || plan.index >= f.max_restarts || ctx.interrupted.load() != 0) {
+      ctx.progress->finish();
       (void)write_trace_metrics(f.train, *ctx.progress);
       return fail(out.message, out.code);
     }

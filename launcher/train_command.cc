@@ -109,10 +109,12 @@ int run_train(const TrainFlags& flags) {
   std::set<std::string> recipe_set;
   absl::StatusOr<model::TrainOptions> options = resolve(flags, &recipe_set);
   if (!options.ok()) return fail(options.status());
-  if (absl::Status st = flags.parallel.validate(*options); !st.ok()) return fail(st);
   if (flags.print_config) {
     absl::Status st = print_config(flags, *options, recipe_set);
     return st.ok() ? 0 : fail(st);
+  }
+  if (absl::Status st = flags.parallel.validate(*options); !st.ok()) {
+    return fail(explain_recipe(st, flags.recipe, recipe_set));
   }
   if (!flags.save_weights.empty()) {
     if (absl::Status st = check_writable(flags.save_weights, "--save-weights"); !st.ok()) {
@@ -247,6 +249,7 @@ int run_train(const TrainFlags& flags) {
         if (absl::Status st = saver.save(*single); !st.ok()) return fail(st);
       }
       if (exiting) {
+        progress.finish();
         std::printf("%s: ending after step %d%s\n", signal ? "exit signal" : "--exit-interval", i,
                     ck.save.empty() ? "" : " with a checkpoint");
         break;
@@ -264,6 +267,7 @@ int run_train(const TrainFlags& flags) {
                            : std::string(st.message()).c_str());
     });
     absl::Status st = multi->run([&](const model::StepMetrics& m) { progress.report(m); });
+    progress.finish();
     if (absl::Status written = write_trace_metrics(flags, progress); st.ok() && !written.ok()) {
       st = absl::Status(written.code(), absl::StrCat("--trace: ", written.message()));
     }

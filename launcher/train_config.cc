@@ -3,6 +3,7 @@
 
 #include <cstdio>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -37,6 +38,10 @@ struct Recipe {
   // "For weight initialization, we used a normal distribution with zero
   // mean and a standard deviation of 4.0e-3."
   double init_std = 4.0e-3;
+  // The run: 270 billion tokens (the paper's training set; Microsoft and
+  // NVIDIA's announcement of 2021-10-11: "a training dataset with 270
+  // billion tokens"). The cosine decay's 340B is its target, not the run.
+  double train_tokens = 270e9;
 };
 
 bool given(const TrainFlags& f, const std::string& name) {
@@ -89,12 +94,24 @@ std::set<std::string> apply_recipe(const std::string& name, const TrainFlags& f,
   apply("--adam-eps", &o->adam.eps, r.eps);
   apply("--clip-grad", &o->clip_grad, r.clip);
   apply("--weight-decay", &o->adam.weight_decay, r.weight_decay);
-  // The run's length: the decay's, unless --train-samples or --steps says.
+  // The run's length: the paper's, unless --train-samples says.
   if (!given(f, "--train-samples") && !given(f, "--steps")) {
-    o->train_samples = static_cast<std::int64_t>(r.decay_tokens / T);
+    o->train_samples = static_cast<std::int64_t>(r.train_tokens / T);
     set.insert("--train-samples");
   }
   return set;
+}
+
+absl::Status explain_recipe(const absl::Status& st, const std::string& recipe,
+                            const std::set<std::string>& recipe_set) {
+  if (st.ok()) return st;
+  for (const std::string& flag : recipe_set) {
+    if (absl::StartsWith(st.message(), flag)) {
+      return absl::Status(st.code(), absl::StrCat(st.message(), " (", flag, " is --recipe ", recipe,
+                                                  "'s; give it to change it)"));
+    }
+  }
+  return st;
 }
 
 std::vector<ConfigValue> describe_config(const TrainFlags& f, const model::TrainOptions& o,
@@ -157,7 +174,10 @@ std::vector<ConfigValue> describe_config(const TrainFlags& f, const model::Train
   add("--virtual-stages", absl::StrCat(par.virtual_stages), "default");
   out.push_back({"--sequence-parallel", o.activations.sequence_parallel ? "yes" : "no",
                  given(f, "--sequence-parallel") ? "flag" : "default"});
-  add("--recompute-granularity", model::recompute_name(o.activations.recompute), "default");
+  out.push_back({"--recompute-granularity", model::recompute_name(o.activations.recompute),
+                 given(f, "--recompute-granularity") || given(f, "--recompute-activations")
+                     ? "flag"
+                     : "default"});
   if (o.activations.recompute == model::Recompute::kFull) {
     add("--recompute-method", model::recompute_method_name(o.activations.method), "default");
     add("--recompute-num-layers", absl::StrCat(o.activations.recompute_layers), "default");
@@ -183,6 +203,7 @@ absl::Status print_config(const TrainFlags& f, const model::TrainOptions& o,
                 f.recipe.c_str(), o.model.T);
   }
   const actors::ParallelOptions& par = f.parallel;
+  if (absl::Status st = par.validate(o); !st.ok()) return explain_recipe(st, f.recipe, recipe_set);
   std::printf("\nmemory per rank (MiB), the stage's largest rank, at the full global batch:\n");
   std::printf("  %-6s %12s %12s %12s %12s\n", "stage", "counted", "activations", "16-bit",
               "activations");

@@ -2,7 +2,7 @@
 // (--print-config): every value with where it came from, and what the run
 // would hold in memory, without training.
 //
-//   troupe train --model gpt2-124m --recipe mt-nlg --tp 2 --print-config
+//   troupe train --model gpt2-124m --recipe mt-nlg --tp 2 --micro-batch-size 8 --print-config
 #pragma once
 
 #include <set>
@@ -23,6 +23,10 @@ absl::Status check_recipe(const std::string& name);
 std::set<std::string> apply_recipe(const std::string& name, const TrainFlags& f,
                                    model::TrainOptions* o);
 
+// An error about a flag the recipe set (not the user) says so.
+absl::Status explain_recipe(const absl::Status& st, const std::string& recipe,
+                            const std::set<std::string>& recipe_set);
+
 // One line of --print-config.
 struct ConfigValue {
   std::string flag;  // Megatron's name
@@ -36,7 +40,8 @@ std::vector<ConfigValue> describe_config(const TrainFlags& f, const model::Train
 
 // Prints the configuration and, per pipeline stage, the memory a rank of it
 // holds: counted (what troupe allocates, fp32) and Korthikanti et al.'s
-// 16-bit estimate (actors/memory_plan.h).
+// 16-bit estimate (actors/memory_plan.h). A layout the runtime cannot run
+// is printed too, then the error (the memory needs a runnable layout).
 absl::Status print_config(const TrainFlags& f, const model::TrainOptions& o,
                           const std::set<std::string>& recipe_set);
 

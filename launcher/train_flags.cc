@@ -60,13 +60,9 @@ void Progress::report(const model::StepMetrics& m) {
   window_loss_ += m.loss;
   window_s_ += m.step_s;
   window_tokens_ += m.tokens_per_s * m.step_s;
+  last_ = m;
   if (m.step % interval_ == 0 || m.step >= steps_) {
-    print(m, window_loss_ / window_, window_s_ > 0 ? window_tokens_ / window_s_ : m.tokens_per_s,
-          window_s_ / window_);
-    std::printf("\n");
-    live_ = false;
-    window_ = 0;
-    window_loss_ = window_s_ = window_tokens_ = 0.0;
+    end_window();
   } else if (m.val_loss) {
     // Between lines: the validation loss gets a line of its own.
     std::printf("%sstep %*d/%d | val loss %.4f\n", live_ ? "\r\033[K" : "",
@@ -93,7 +89,27 @@ void Progress::report(const model::StepMetrics& m) {
   }
 }
 
+void Progress::end_window() {
+  const model::StepMetrics& m = last_;
+  print(m, window_loss_ / window_, window_s_ > 0 ? window_tokens_ / window_s_ : m.tokens_per_s,
+        window_s_ / window_);
+  std::printf("\n");
+  live_ = false;
+  window_ = 0;
+  window_loss_ = window_s_ = window_tokens_ = 0.0;
+}
+
+void Progress::finish() {
+  if (window_ > 0) end_window();
+  std::fflush(stdout);
+}
+
 void Progress::rewind(int step, std::vector<std::ofstream*> metrics) {
+  // The steps after `step` run again: the window restarts with them.
+  if (live_) std::printf("\n");
+  live_ = false;
+  window_ = 0;
+  window_loss_ = window_s_ = window_tokens_ = 0.0;
   while (!lines_.empty() && lines_.back().first > step) lines_.pop_back();
   metrics_ = std::move(metrics);
   for (std::ofstream* out : metrics_) {
@@ -185,7 +201,10 @@ absl::Status resolve_length(const TrainFlags& f, model::TrainOptions* o) {
         !st.ok()) {
       return st;
     }
-    o->steps = model::steps_for_samples(o->rampup, o->global_batch, o->train_samples);
+    absl::StatusOr<int> steps =
+        model::steps_for_samples(o->rampup, o->global_batch, o->train_samples);
+    if (!steps.ok()) return steps.status();
+    o->steps = *steps;
     if (o->lr.decay_samples == 0) o->lr.decay_samples = o->train_samples;
     return absl::OkStatus();
   }

@@ -100,6 +100,9 @@ class Progress {
       : Progress(steps, std::vector<std::ofstream*>{metrics}, log_interval) {}
   int log_interval() const { return interval_; }
   void report(const model::StepMetrics& m);
+  // A run that ends early (--exit-interval, a signal, a failure): the line
+  // of the steps since the last one, if any.
+  void finish();
   // A restart resumes after `step`: the lines of later steps are dropped
   // (they are run again), and `metrics` (reopened, empty) get those kept.
   void rewind(int step, std::vector<std::ofstream*> metrics);
@@ -120,6 +123,8 @@ class Progress {
   // Since the last line: steps, their loss sum, seconds and tokens.
   int window_ = 0;
   double window_loss_ = 0.0, window_s_ = 0.0, window_tokens_ = 0.0;
+  model::StepMetrics last_;  // the window's last step
+  void end_window();
   std::vector<std::pair<int, std::string>> lines_;  // (step, its JSON line)
 };
 

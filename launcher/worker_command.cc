@@ -84,6 +84,10 @@ int run(WorkerFlags& f) {
     return code;
   };
   if (absl::Status st = finish_train_flags(f.train); !st.ok()) return fail(st);
+  if (f.train.print_config) {
+    return fail(absl::InvalidArgumentError(
+        "--print-config: ask troupe train or troupe launch, not a worker"));
+  }
   absl::StatusOr<model::TrainOptions> options = resolve(f.train);
   if (!options.ok()) return fail(options.status());
   const actors::ParallelOptions& par = f.train.parallel;
@@ -159,6 +163,7 @@ int run(WorkerFlags& f) {
     coordinating = std::thread([&, steps = o.steps] {
       Progress progress(steps, metrics.is_open() ? &metrics : nullptr, f.train.log_interval);
       run_status = host->run([&](const model::StepMetrics& m) { progress.report(m); });
+      progress.finish();
     });
   }
   const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));

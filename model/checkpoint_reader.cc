@@ -218,7 +218,12 @@ absl::Status Checkpoint::check_resume(const TrainOptions& o) const {
       static_cast<double>(k.lr.decay_samples));
   if (o.rampup.start != k.rampup.start || o.rampup.increment != k.rampup.increment ||
       o.rampup.samples != k.rampup.samples) {
-    diffs.push_back("--rampup-batch-size differs (the data order follows it)");
+    auto ramp = [](const RampUp& r) {
+      return r.enabled() ? absl::StrCat(r.start, " ", r.increment, " ", r.samples)
+                         : std::string("none");
+    };
+    diffs.push_back(absl::StrCat("--rampup-batch-size ", ramp(o.rampup), " here, ", ramp(k.rampup),
+                                 " in the checkpoint (the data order follows it)"));
   }
   cmp("--adam-beta1", o.adam.beta1, k.adam.beta1);
   cmp("--adam-beta2", o.adam.beta2, k.adam.beta2);

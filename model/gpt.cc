@@ -181,8 +181,11 @@ GptScratch carve_scratch(const GptConfig& c, std::int64_t B, int tp, const Activ
   if (d.sp) {
     x.gathered = k.take({B, d.T, d.C});
     x.rows = k.take(d.rows_c());
-    x.ln_dw = k.take({d.C});
-    x.ln_db = k.take({d.C});
+    x.ln_grads = k.take({2, d.C});
+    if (x.ln_grads.defined()) {
+      x.ln_dw = x.ln_grads.view(0, {d.C});
+      x.ln_db = x.ln_grads.view(d.C, {d.C});
+    }
   }
   return x;
 }
@@ -311,11 +314,9 @@ void Gpt::layernorm_backward(gpu::Stream& s, const Tensor& dinp, const Tensor& d
   }
   // This rank's rows' part of dw and db, summed over the TP group, then
   // added (every peer adds the same sum).
-  ops::fill(s, scratch_.ln_dw, 0.0f);
-  ops::fill(s, scratch_.ln_db, 0.0f);
+  ops::fill(s, scratch_.ln_grads, 0.0f);
   ops::layernorm_backward(s, dinp, scratch_.ln_dw, scratch_.ln_db, dout, inp, w, mean, rstd);
-  all_reduce(s, scratch_.ln_dw);
-  all_reduce(s, scratch_.ln_db);
+  all_reduce(s, scratch_.ln_grads);  // one collective for both
   ops::axpy(s, dw, 1.0f, scratch_.ln_dw);
   ops::axpy(s, db, 1.0f, scratch_.ln_db);
 }

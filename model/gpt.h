@@ -85,8 +85,9 @@ struct GptScratch {
   gpu::Tensor dfch;   // (B, T, 4Cl)
   // Sequence parallelism only: a region's rows all-gathered (B, T, C), a
   // reduce-scatter's rows (B*T/tp, C), and a LayerNorm's weight and bias
-  // gradients (C each) before their sum over the TP group.
-  gpu::Tensor gathered, rows, ln_dw, ln_db;
+  // gradients (2, C) before their sum over the TP group (ln_dw, ln_db its
+  // rows).
+  gpu::Tensor gathered, rows, ln_grads, ln_dw, ln_db;
 };
 
 // Floats of one activation slot of `stage` (every GptActivations tensor the

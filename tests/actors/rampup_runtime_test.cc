@@ -23,7 +23,7 @@ model::TrainOptions ramped() {
   o.global_batch = 16;
   o.train_samples = 120;
   o.rampup = {.start = 4, .increment = 4, .samples = 40};
-  o.steps = model::steps_for_samples(o.rampup, o.global_batch, o.train_samples);
+  o.steps = *model::steps_for_samples(o.rampup, o.global_batch, o.train_samples);
   o.lr.warmup_samples = 24;
   o.lr.decay_samples = 120;
   o.threads = 1;
@@ -51,15 +51,25 @@ TEST(RampUpRuntime, EveryLayoutRunsTheSingleRanksRampedSteps) {
     EXPECT_EQ(want[i].global_batch, batches[i]) << "step " << i + 1;
   }
   EXPECT_EQ(want.back().consumed_samples, 108);
-  for (const ParallelOptions& par :
-       {ParallelOptions{.pp = 2, .dp = 2}, ParallelOptions{.tp = 2, .pp = 2},
-        ParallelOptions{.pp = 2, .virtual_stages = 2, .schedule = ScheduleKind::kInterleaved1F1B},
-        ParallelOptions{.pp = 2, .dp = 2, .schedule = ScheduleKind::kGPipe}}) {
+  struct Case {
+    ParallelOptions par;
+    bool sequence_parallel = false;
+  };
+  for (const Case& c : {
+           Case{{.pp = 2, .dp = 2}},
+           Case{{.tp = 2, .pp = 2}},
+           Case{{.pp = 2, .virtual_stages = 2, .schedule = ScheduleKind::kInterleaved1F1B}},
+           Case{{.pp = 2, .dp = 2, .schedule = ScheduleKind::kGPipe}},
+           Case{{.tp = 2, .dp = 2}, true},
+       }) {
+    const ParallelOptions& par = c.par;
     SCOPED_TRACE(absl::StrCat("tp ", par.tp, " pp ", par.pp, " dp ", par.dp, " ",
-                              schedule_name(par.schedule)));
-    ASSERT_TRUE(par.validate(o).ok()) << par.validate(o);
+                              schedule_name(par.schedule), c.sequence_parallel ? " SP" : ""));
+    model::TrainOptions with = o;
+    with.activations.sequence_parallel = c.sequence_parallel;
+    ASSERT_TRUE(par.validate(with).ok()) << par.validate(with);
     std::vector<model::StepMetrics> got;
-    auto t = InProcessTrainer::create(o, par);
+    auto t = InProcessTrainer::create(with, par);
     ASSERT_TRUE(t.ok()) << t.status();
     ASSERT_TRUE((*t)->run([&](const model::StepMetrics& m) { got.push_back(m); }).ok());
     ASSERT_EQ(got.size(), want.size());
@@ -81,7 +91,7 @@ TEST(RampUpRuntime, ARampedRunSeesTheFixedRunsRateAtTheSameSample) {
   model::TrainOptions fixed = ramped();
   fixed.rampup = {};
   fixed.global_batch = 4;
-  fixed.steps = model::steps_for_samples({}, 4, fixed.train_samples);
+  fixed.steps = *model::steps_for_samples({}, 4, fixed.train_samples);
   const std::vector<model::StepMetrics> a = single(ramped()), b = single(fixed);
   for (auto [ramped_step, fixed_step] : {std::pair{5, 5}, {6, 7}, {7, 9}}) {
     const model::StepMetrics& x = a[static_cast<std::size_t>(ramped_step - 1)];

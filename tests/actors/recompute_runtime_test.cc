@@ -117,5 +117,34 @@ TEST(RecomputeRuntime, ActivationsAllocatedAreTheCountedMemory) {
   }
 }
 
+// gpt2-124m's shapes (B = 1, T = 1024): one chunk's activations as the
+// device counts them (one slot and the workspace; nothing is initialised or
+// trained) against counted_memory for a one-rank layout, whose schedule
+// holds one micro-batch.
+TEST(RecomputeRuntime, Gpt2ShapesAllocateTheCountedMemory) {
+  const model::GptConfig c = *model::preset("gpt2-124m");
+  for (const ActivationOptions& a :
+       {ActivationOptions{}, ActivationOptions{.recompute = Recompute::kSelective},
+        ActivationOptions{.recompute = Recompute::kFull},
+        ActivationOptions{.recompute = Recompute::kFull, .recompute_layers = 4},
+        ActivationOptions{.recompute = Recompute::kFull,
+        .method = RecomputeMethod::kBlock,
+        .recompute_layers = 3}}) {
+    model::Gpt g(c, 1, gpu::cpu_device(), model::StageSpec::whole(c), 1, {}, a);
+    const double allocated =
+        static_cast<double>(g.activation_bytes_per_slot() + g.recompute_workspace_bytes());
+    absl::StatusOr<MemoryParts> want = counted_memory({.config = c,
+                                                       .parallel = {},
+                                                       .micro_batch = 1,
+                                                       .global_batch = 1,
+                                                       .stage = 0,
+                                                       .recompute = a.recompute,
+                                                       .recompute_method = a.method,
+                                                       .recompute_layers = a.recompute_layers});
+    ASSERT_TRUE(want.ok()) << want.status();
+    EXPECT_NEAR(want->activations / allocated, 1.0, 0.10) << a.describe();
+  }
+}
+
 }  // namespace
 }  // namespace troupe::actors

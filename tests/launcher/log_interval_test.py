@@ -63,6 +63,12 @@ if "\r" in out or "\033[" in out:
 if "a progress line every 4 steps" not in out:
     fail("the banner does not say the interval")
 
+# A run that ends early (--exit-interval) still prints its last steps.
+out, metrics = train(10, "--log-interval", "4", "--exit-interval", "6")
+steps = [int(LINE.search(line).group(1)) for line in out.splitlines() if LINE.search(line)]
+if steps != [4, 6] or len(metrics) != 6:
+    fail(f"--exit-interval 6 printed lines after steps {steps}, want 4 and 6")
+
 # The default: every step up to 100 steps; 250 steps: every 3rd (about
 # 100 lines) and the last.
 out, _ = train(100)

@@ -20,7 +20,7 @@ namespace {
 // (2000 - 1056) / 128 = 7 more.
 TEST(BatchSchedule, MegatronsRampUpByHand) {
   const RampUp r{.start = 32, .increment = 32, .samples = 1000};
-  EXPECT_EQ(steps_for_samples(r, 128, 2000), 27);
+  EXPECT_EQ(*steps_for_samples(r, 128, 2000), 27);
   const BatchSchedule b(r, 128, 27);
   std::vector<int> want;
   want.insert(want.end(), 11, 32);
@@ -35,9 +35,8 @@ TEST(BatchSchedule, MegatronsRampUpByHand) {
   EXPECT_EQ(b.consumed_before(17), 672);
   EXPECT_EQ(b.consumed_before(21), 1056);
   EXPECT_EQ(b.consumed_before(28), 1056 + 7 * 128);
-  EXPECT_EQ(b.max_global_batch(), 128);
   // Without a ramp-up: N / GBS whole steps.
-  EXPECT_EQ(steps_for_samples({}, 128, 2000), 15);
+  EXPECT_EQ(*steps_for_samples({}, 128, 2000), 15);
   const BatchSchedule fixed({}, 128, 3);
   EXPECT_EQ(fixed.global_batch(2), 128);
   EXPECT_EQ(fixed.consumed_before(3), 256);
@@ -56,7 +55,61 @@ TEST(BatchSchedule, MtNlgsRampReachesTheFullBatch) {
   EXPECT_TRUE(check_rampup(r, 1920, 1 * 8).ok());
 }
 
+// Megatron's loops, step by step (update_num_microbatches over consumed
+// samples; update_train_iters), against the schedule's segments, for ramps
+// whose increments fall between samples in every way.
+TEST(BatchSchedule, EqualsMegatronsStepByStepLoops) {
+  struct Case {
+    RampUp r;
+    int gbs;
+    std::int64_t train;
+  };
+  for (const Case& c :
+       {Case{{1, 1, 10}, 4, 40}, Case{{2, 2, 7}, 10, 100}, Case{{3, 3, 1000}, 30, 5000},
+        Case{{4, 4, 40}, 16, 30}, Case{{8, 8, 999}, 64, 999}, Case{{5, 5, 3}, 5, 50},
+        Case{{6, 2, 123457}, 40, 700001}}) {
+    SCOPED_TRACE(::testing::Message() << c.r.start << " " << c.r.increment << " " << c.r.samples
+                                      << " to " << c.gbs << ", " << c.train << " samples");
+    // update_train_iters.
+    std::int64_t steps = 0, consumed = 0;
+    while (consumed <= c.r.samples && consumed <= c.train) {
+      consumed += rampup_batch(c.r, c.gbs, consumed);
+      steps++;
+    }
+    if (c.train > consumed) steps += (c.train - consumed) / c.gbs;
+    ASSERT_EQ(*steps_for_samples(c.r, c.gbs, c.train), steps);
+    // Each step's batch at the samples consumed before it.
+    const BatchSchedule b(c.r, c.gbs, static_cast<int>(steps));
+    consumed = 0;
+    for (int step = 1; step <= steps; step++) {
+      const int batch = rampup_batch(c.r, c.gbs, consumed);
+      ASSERT_EQ(b.consumed_before(step), consumed) << "step " << step;
+      ASSERT_EQ(b.global_batch(step), batch) << "step " << step;
+      consumed += batch;
+    }
+    EXPECT_EQ(b.consumed_before(static_cast<int>(steps) + 1), consumed);
+  }
+}
+
+// A billion steps cost a few segments, not memory per step; a run longer
+// than the step counter allows is refused.
+TEST(BatchSchedule, LongRunsAreCheapAndTooLongOnesRefused) {
+  const RampUp r{.start = 32, .increment = 32, .samples = 5859375};
+  const BatchSchedule b(r, 1920, static_cast<int>(kMaxSteps));
+  EXPECT_EQ(b.global_batch(static_cast<int>(kMaxSteps)), 1920);
+  EXPECT_EQ(b.global_batch(1), 32);
+  EXPECT_EQ(steps_for_samples({}, 1, std::int64_t{1} << 40).status().message(),
+            "--train-samples 1099511627776: more than 1073741823 steps; raise "
+            "--global-batch-size or train fewer samples");
+  // Megatron's loop would take 10^12 steps here: refused at once.
+  EXPECT_FALSE(
+      steps_for_samples({.start = 1, .increment = 1, .samples = 1000000000000}, 2, 1000000000000)
+          .ok());
+}
+
 TEST(BatchSchedule, BadRampsAreClearErrors) {
+  EXPECT_EQ(check_rampup({.start = 4, .increment = 4, .samples = 0}, 16, 4).message(),
+            "--rampup-batch-size 4 4 0: expected START, INCREMENT and SAMPLES all positive");
   EXPECT_EQ(check_rampup({.start = 6, .increment = 4, .samples = 100}, 31, 2).message(),
             "--rampup-batch-size 6 4 100: --global-batch-size 31 minus START is not a multiple "
             "of INCREMENT");
