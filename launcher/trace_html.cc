@@ -121,7 +121,8 @@ ScheduleSvg step_picture(const Trace& t, const std::vector<Message>& ms, int ste
   auto at = [t0](std::int64_t ns) { return static_cast<double>(ns - t0) / 1e6; };
   const Header& h = t.ranks.front().header;
   s.chunks = std::max(h.v, 1);
-  s.title = absl::StrFormat("step %d: %s, p=%d, m=%d%s", step, h.schedule, h.pp, h.m,
+  s.title = absl::StrFormat("step %d: %s, p=%d, m=%d%s", step, h.schedule, h.pp,
+                            step_micro_batches(t, step),
                             s.chunks > 1 ? absl::StrFormat(", v=%d", s.chunks) : "");
   s.label_note = "numbers: micro-batch, counted from 1 as in the Megatron paper";
   for (const RankTrace* r : rows) {

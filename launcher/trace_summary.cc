@@ -176,14 +176,38 @@ void fill_stages(const Trace& t, Summary* s) {
   }
   for (const StageStats& st : s->stages) s->mean_bubble += st.bubble / s->stages.size();
   s->slowest_excess = least > 0 ? slowest / least - 1 : 0;
-  const int p = h.pp, m = h.m, v = h.schedule == "interleaved" ? h.v : 1;
-  const int den = v * m + p - 1;
-  s->theory = den > 0 ? static_cast<double>(p - 1) / den : 0;
-  s->theory_formula = v > 1 ? absl::StrFormat("(p-1)/(v*m+p-1) = %d/%d", p - 1, den)
-                            : absl::StrFormat("(p-1)/(m+p-1) = %d/%d", p - 1, den);
+  // Each step's own m (a ramp-up changes it), the theory their mean.
+  const int p = h.pp, v = h.schedule == "interleaved" ? h.v : 1;
+  int m_min = 0, m_max = 0, den = 0;
+  s->theory = 0;
+  for (int k : s->steps) {
+    const int m = step_micro_batches(t, k);
+    m_min = m_min == 0 ? m : std::min(m_min, m);
+    m_max = std::max(m_max, m);
+    den = v * m + p - 1;
+    s->theory += den > 0 ? static_cast<double>(p - 1) / den / s->steps.size() : 0;
+  }
+  if (m_min == m_max) {
+    s->theory_formula = v > 1 ? absl::StrFormat("(p-1)/(v*m+p-1) = %d/%d", p - 1, den)
+                              : absl::StrFormat("(p-1)/(m+p-1) = %d/%d", p - 1, den);
+  } else {
+    s->theory_formula =
+        absl::StrFormat("the mean over the steps of (p-1)/(%sm+p-1), m from %d to %d (a ramp-up)",
+                        v > 1 ? "v*" : "", m_min, m_max);
+  }
 }
 
 }  // namespace
+
+int step_micro_batches(const Trace& t, int k) {
+  int most = -1;
+  for (const RankTrace& r : t.ranks) {
+    for (const Event& e : r.events) {
+      if (train_op(e, k)) most = std::max(most, e.mb);
+    }
+  }
+  return most >= 0 ? most + 1 : t.ranks.front().header.m;
+}
 
 Interval step_bounds(const Trace& t, int k) {
   std::int64_t first = std::numeric_limits<std::int64_t>::max(), last = 0;

@@ -166,6 +166,20 @@ std::vector<ConfigValue> describe_config(const TrainFlags& f, const model::Train
   add("--data-path",
       o.data_path.empty() ? "synthetic phrase corpus" : absl::StrJoin(o.data_path, " "), "default");
   add("--split", o.split, "default");
+  add("--data-cache-path", o.data_cache_path.empty() ? "DATA_DIR/cache" : o.data_cache_path,
+      "default");
+  out.push_back({"--no-shuffle", o.shuffle ? "no (shuffled)" : "yes",
+                 given(f, "--no-shuffle") ? "flag" : "default"});
+  add("--eval-interval", o.eval_interval > 0 ? absl::StrCat(o.eval_interval) : "never", "default");
+  add("--eval-iters", absl::StrCat(o.eval_iters), o.eval_interval > 0 ? "derived" : "default");
+  add("--init-weights", o.init_weights.empty() ? "none (the seed)" : o.init_weights, "default");
+  const actors::CheckpointOptions& ck = f.checkpoint;
+  add("--save", ck.save.empty() ? "none" : ck.save, "default");
+  if (!ck.save.empty()) {
+    add("--save-interval", ck.save_interval > 0 ? absl::StrCat(ck.save_interval) : "the last step",
+        "default");
+  }
+  add("--load", ck.load.empty() ? "none" : ck.load, "default");
   const actors::ParallelOptions& par = f.parallel;
   add("--tensor-model-parallel-size", absl::StrCat(par.tp), "default");
   add("--pipeline-model-parallel-size", absl::StrCat(par.pp), "default");
