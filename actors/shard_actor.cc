@@ -106,6 +106,7 @@ void ShardActor::begin(Pass pass, int step, std::int64_t first_sample) {
     e.kind = trace::Kind::kStep;
     e.what = pass == Pass::kTrain ? trace::What::kTrain : trace::What::kEval;
     e.step = step;
+    e.micro = m_;  // (a ramp-up's step has fewer than the header's m)
     trace_step_ = setup_.trace->recorder->open(e);
   }
   const model::data::SampleSource* source = pass == Pass::kTrain ? setup_.data : setup_.valid;

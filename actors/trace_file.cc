@@ -70,6 +70,7 @@ std::string trace_event_json(const trace::Event& e, bool open) {
       break;
     case trace::Kind::kStep:
       absl::StrAppend(&out, ",\"pass\":\"", trace::what_name(e.what), "\"");
+      if (e.micro > 0) absl::StrAppend(&out, ",\"m\":", e.micro);  // the step's micro-batches
       break;
   }
   out += '}';

@@ -144,6 +144,7 @@ const std::map<std::string, Kind>& kinds() {
 
 absl::Status parse_fields(const json& o, Event* ev, const Where& w) {
   TRY(maybe(o, "mb", &ev->mb, w));
+  TRY(maybe(o, "m", &ev->m, w));
   TRY(maybe(o, "chunk", &ev->chunk, w));
   TRY(maybe(o, "vs", &ev->vs, w));
   TRY(maybe(o, "eval", &ev->eval, w));

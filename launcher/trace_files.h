@@ -38,6 +38,7 @@ struct Event {
   bool open = false;   // still in progress when the file was written
   int step = 0;
   int mb = -1, chunk = -1, vs = -1;  // micro-batch, model chunk, virtual stage
+  int m = -1;                        // step: its micro-batches per replica (a ramp-up's)
   bool eval = false;
   int peer = -1;    // send/recv: the other global rank; wait: -1 if none
   std::string msg;  // send/recv: activation | gradient | grad-piece | ...

@@ -200,13 +200,12 @@ void fill_stages(const Trace& t, Summary* s) {
 }  // namespace
 
 int step_micro_batches(const Trace& t, int k) {
-  int most = -1;
   for (const RankTrace& r : t.ranks) {
     for (const Event& e : r.events) {
-      if (train_op(e, k)) most = std::max(most, e.mb);
+      if (e.kind == Kind::kStep && e.pass != "eval" && e.step == k && e.m > 0) return e.m;
     }
   }
-  return most >= 0 ? most + 1 : t.ranks.front().header.m;
+  return t.ranks.front().header.m;
 }
 
 Interval step_bounds(const Trace& t, int k) {

@@ -100,9 +100,8 @@ std::int64_t overlap(const std::vector<Interval>& a,
                      const std::vector<Interval>& b);  // both unions
 // span(k): [first begin, last end] of step k's training compute ops, any rank.
 Interval step_bounds(const Trace& t, int k);
-// Micro-batches of step k's schedule: the most any recorded op of it
-// carries (a ramped-up step has fewer than the header's m, the full
-// batch's), or the header's m when none is recorded.
+// Micro-batches of step k's schedule, as its step record says (a ramped-up
+// step has fewer than the header's m, the full batch's), else the header's.
 int step_micro_batches(const Trace& t, int k);
 
 // The critical path of step k (summarize's, exposed for tests): from the
