@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "actors/messages.h"
+#include "actors/tensor_link.h"
 #include "comm/traced_transport.h"
 #include "model/weights.h"
 
@@ -177,41 +178,14 @@ void RankUnit::make_tensor_parallel(model::TensorParallel* tensor) {
   tensor_ = std::make_unique<comm::Communicator>(
       *transport_, spec_.parallel.layout().tensor_group(spec_.rank), comm::GroupKind::kTensor);
   tensor_->set_recorder(trace_->recorder);
-  tensor->all_reduce = [comm = tensor_.get(), count = tp_floats_, rt = trace_.get()](
-                           gpu::Stream& s, const gpu::Tensor& x) {
-    *count += x.numel();
-    // In stream order: the stream waits while the peers add their parts.
-    s.host_callback([&s, comm, x, rt] {
-      const auto n = static_cast<std::size_t>(x.numel());
-      absl::Status st = traced_collective(rt, comm, comm::trace::What::kAllReduce, n, [&] {
-        return comm->all_reduce_sync(x.data<float>(), n);
-      });
-      if (!st.ok()) s.fail(absl::UnavailableError(absl::StrCat("TP all-reduce: ", st.message())));
-    });
+  TensorLinkOptions link;
+  link.reduced_floats = tp_floats_;
+  link.runner = [comm = tensor_.get(), rt = trace_.get()](
+                    comm::trace::What op, std::size_t floats,
+                    const std::function<absl::Status()>& run) {
+    return traced_collective(rt, comm, op, floats, run);
   };
-  tensor->all_gather = [comm = tensor_.get(), rt = trace_.get()](
-                           gpu::Stream& s, const gpu::Tensor& in, const gpu::Tensor& out) {
-    s.host_callback([&s, comm, in, out, rt] {
-      const auto n = static_cast<std::size_t>(out.numel());
-      absl::Status st = traced_collective(rt, comm, comm::trace::What::kAllGather, n, [&] {
-        return comm->all_gather_sync(in.data<float>(), out.data<float>(), n);
-      });
-      if (!st.ok()) s.fail(absl::UnavailableError(absl::StrCat("TP all-gather: ", st.message())));
-    });
-  };
-  tensor->reduce_scatter = [comm = tensor_.get(), count = tp_floats_, rt = trace_.get()](
-                               gpu::Stream& s, const gpu::Tensor& in, const gpu::Tensor& out) {
-    *count += in.numel();
-    s.host_callback([&s, comm, in, out, rt] {
-      const auto n = static_cast<std::size_t>(in.numel());
-      absl::Status st = traced_collective(rt, comm, comm::trace::What::kReduceScatter, n, [&] {
-        return comm->reduce_scatter_sync(in.data<float>(), out.data<float>(), n);
-      });
-      if (!st.ok()) {
-        s.fail(absl::UnavailableError(absl::StrCat("TP reduce-scatter: ", st.message())));
-      }
-    });
-  };
+  *tensor = tensor_link(tensor_.get(), tensor->slice, std::move(link));
 }
 
 absl::Status RankUnit::init_params() {

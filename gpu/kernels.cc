@@ -47,6 +47,10 @@ void Kernels::attention_backward(Stream& s, const Tensor&, const Tensor&, const 
                                  const Tensor&, const Tensor&) {
   unimplemented(s, "attention_backward");
 }
+void Kernels::attention_cached(Stream& s, const Tensor&, const Tensor&, const Tensor&,
+                               const Tensor&, const Tensor&, std::int64_t) {
+  unimplemented(s, "attention_cached");
+}
 void Kernels::residual_forward(Stream& s, const Tensor&, const Tensor&, const Tensor&) {
   unimplemented(s, "residual_forward");
 }

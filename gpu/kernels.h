@@ -83,6 +83,14 @@ class Kernels {
   // dqkv = ...  (overwrites); datt is scratch of att's shape.
   virtual void attention_backward(Stream& s, const Tensor& dqkv, const Tensor& datt,
                                   const Tensor& dout, const Tensor& qkv, const Tensor& att);
+  // Incremental (KV-cached) causal attention for generation: qkv[B,n,3C]
+  // holds q, k, v of the n positions pos..pos+n-1; their k and v are written
+  // into kcache, vcache[B,NH,Tc,HS] at rows pos..pos+n-1, then query i
+  // attends to the cached rows 0..pos+i. att[B,NH,n,Tc] is scratch for the
+  // probabilities (zeros after pos+i); out[B,n,C] as attention_forward's.
+  virtual void attention_cached(Stream& s, const Tensor& out, const Tensor& att,
+                                const Tensor& kcache, const Tensor& vcache, const Tensor& qkv,
+                                std::int64_t pos);
 
   // out = a + b
   virtual void residual_forward(Stream& s, const Tensor& out, const Tensor& a, const Tensor& b);

@@ -203,6 +203,23 @@ void attention_backward(Stream& s, const Tensor& dqkv, const Tensor& datt, const
   if (c.ok()) s.device().kernels().attention_backward(s, dqkv, datt, dout, qkv, att);
 }
 
+void attention_cached(Stream& s, const Tensor& out, const Tensor& att, const Tensor& kcache,
+                      const Tensor& vcache, const Tensor& qkv, std::int64_t pos) {
+  Check c(s, "attention_cached");
+  if (!c.rank("qkv", qkv, 3).rank("kcache", kcache, 4).ok()) return;
+  const std::int64_t B = qkv.size(0), n = qkv.size(1), C3 = qkv.size(2);
+  const std::int64_t NH = kcache.size(1), Tc = kcache.size(2), HS = kcache.size(3);
+  c.that(C3 == 3 * NH * HS, "qkv's last dimension is not 3 * NH * HS of the cache")
+      .that(pos >= 0 && pos + n <= Tc, "positions pos..pos+n-1 are outside the cache");
+  if (!c.ok()) return;
+  c.f32("qkv", qkv, qkv.shape)
+      .f32("kcache", kcache, {B, NH, Tc, HS})
+      .f32("vcache", vcache, {B, NH, Tc, HS})
+      .f32("att", att, {B, NH, n, Tc})
+      .f32("out", out, {B, n, C3 / 3});
+  if (c.ok()) s.device().kernels().attention_cached(s, out, att, kcache, vcache, qkv, pos);
+}
+
 void residual_forward(Stream& s, const Tensor& out, const Tensor& a, const Tensor& b) {
   Check c(s, "residual_forward");
   c.f32("a", a, a.shape).f32("b", b, a.shape).f32("out", out, a.shape);

@@ -29,6 +29,8 @@ void gelu_backward(Stream& s, const Tensor& dinp, const Tensor& inp, const Tenso
 void attention_forward(Stream& s, const Tensor& out, const Tensor& att, const Tensor& qkv);
 void attention_backward(Stream& s, const Tensor& dqkv, const Tensor& datt, const Tensor& dout,
                         const Tensor& qkv, const Tensor& att);
+void attention_cached(Stream& s, const Tensor& out, const Tensor& att, const Tensor& kcache,
+                      const Tensor& vcache, const Tensor& qkv, std::int64_t pos);
 void residual_forward(Stream& s, const Tensor& out, const Tensor& a, const Tensor& b);
 void crossentropy_forward(Stream& s, const Tensor& losses, const Tensor& lse, const Tensor& logits,
                           const Tensor& targets, int V);

@@ -7,6 +7,7 @@
 //             dpre = att * (datt - rowsum(att * datt)) / sqrt(HS);
 //             dq = dpre . k;  dk = dpre^T . q
 // The (b, h) pairs run in parallel; each GEMM inside runs on one thread.
+#include <algorithm>
 #include <cmath>
 
 #include "gpu/cpu/cpu_kernels.h"
@@ -78,6 +79,30 @@ void attention_backward(float* dqkv, float* datt, const float* dout, const float
     for (i64 i = 0; i < T; i++) softmax_backward_row(da + i * T, a + i * T, i, T, scale);
     sgemm('N', 'N', T, HS, T, 1.0f, da, T, k, C3, 0.0f, dq, C3);
     sgemm('T', 'N', T, HS, T, 1.0f, da, T, q, C3, 0.0f, dk, C3);
+  }
+}
+
+// Generation: the n new positions' k and v go into the caches (rows
+// pos..pos+n-1 of each head), then each query row i attends to the cache's
+// rows 0..pos+i, as row pos+i of attention_forward's causal softmax does.
+void attention_cached(float* out, float* att, float* kcache, float* vcache, const float* qkv, i64 B,
+                      i64 n, i64 C, i64 NH, i64 Tc, i64 pos) {
+  const i64 HS = C / NH, C3 = 3 * C, keys = pos + n;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
+#pragma omp parallel for schedule(static)
+  for (i64 bh = 0; bh < B * NH; bh++) {
+    const i64 b = bh / NH, h = bh % NH;
+    const auto [q, k, v] = head_of(qkv, b, h, n, C, HS);
+    float* kc = kcache + bh * Tc * HS;
+    float* vc = vcache + bh * Tc * HS;
+    for (i64 i = 0; i < n; i++) {
+      std::copy_n(k + i * C3, HS, kc + (pos + i) * HS);
+      std::copy_n(v + i * C3, HS, vc + (pos + i) * HS);
+    }
+    float* a = att + bh * n * Tc;
+    sgemm('N', 'T', n, keys, HS, scale, q, C3, kc, HS, 0.0f, a, Tc);
+    for (i64 i = 0; i < n; i++) causal_softmax_row(a + i * Tc, pos + i, Tc);
+    sgemm('N', 'N', n, HS, keys, 1.0f, a, Tc, vc, HS, 0.0f, out + b * n * C + h * HS, C);
   }
 }
 

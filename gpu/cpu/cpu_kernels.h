@@ -37,6 +37,9 @@ void gelu_backward(float* dinp, const float* inp, const float* dout, i64 n);
 void attention_forward(float* out, float* att, const float* qkv, i64 B, i64 T, i64 C, i64 NH);
 void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv,
                         const float* att, i64 B, i64 T, i64 C, i64 NH);
+// qkv[B,n,3C] at positions pos..; caches [B,NH,Tc,HS]; att[B,NH,n,Tc].
+void attention_cached(float* out, float* att, float* kcache, float* vcache, const float* qkv, i64 B,
+                      i64 n, i64 C, i64 NH, i64 Tc, i64 pos);
 
 void residual_forward(float* out, const float* a, const float* b, i64 n);
 

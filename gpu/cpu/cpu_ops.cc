@@ -97,6 +97,14 @@ class CpuKernels final : public Kernels {
     });
   }
 
+  void attention_cached(Stream& s, const Tensor& out, const Tensor& att, const Tensor& kcache,
+                        const Tensor& vcache, const Tensor& qkv, std::int64_t pos) override {
+    on(s).enqueue_op("attention_cached", [=] {
+      cpu::attention_cached(f(out), f(att), f(kcache), f(vcache), f(qkv), qkv.size(0),
+                            qkv.size(1), qkv.size(2) / 3, kcache.size(1), kcache.size(2), pos);
+    });
+  }
+
   void residual_forward(Stream& s, const Tensor& out, const Tensor& a, const Tensor& b) override {
     on(s).enqueue_op("residual_forward",
                      [=] { cpu::residual_forward(f(out), f(a), f(b), a.numel()); });

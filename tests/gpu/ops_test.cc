@@ -219,6 +219,50 @@ TEST_P(OpsTest, Attention) {
   EXPECT_LT(rel_error(g, numeric_grad(f, qd, to_double(r))), kBwdTol);
 }
 
+// Generation's KV-cached attention, fed the positions in chunks (a prompt
+// of 3, one token, then 3 more), equals causal attention over the whole
+// sequence, and leaves every position's k and v in the caches.
+TEST_P(OpsTest, AttentionCachedEqualsCausalAttentionInChunks) {
+  const int B = 2, T = 7, C = 8, NH = 2, HS = C / NH, Tc = 9;
+  Tensor qkv = random_tensor(rng_, {B, T, 3 * C});
+  Tensor kc = zeros({B, NH, Tc, HS}), vc = zeros({B, NH, Tc, HS});
+  const float* q = qkv.data<float>();
+  Vec got(static_cast<std::size_t>(B) * T * C, 0.0);
+  for (auto [pos, n] : {std::pair{0, 3}, std::pair{3, 1}, std::pair{4, 3}}) {
+    Tensor part = filled({B, n, 3 * C}, 0.0f);
+    for (int b = 0; b < B; b++)
+      std::copy_n(q + (b * T + pos) * 3 * C, n * 3 * C, part.data<float>() + b * n * 3 * C);
+    Tensor out = zeros({B, n, C}), att = zeros({B, NH, n, Tc});
+    ops::attention_cached(*stream_, out, att, kc, vc, on(part), pos);
+    const Vec y = host(out);
+    SKIP_IF_UNSUPPORTED();
+    for (int b = 0; b < B; b++)
+      for (int i = 0; i < n * C; i++)
+        got[static_cast<std::size_t>((b * T + pos) * C + i)] = y[static_cast<std::size_t>(b * n * C + i)];
+  }
+  EXPECT_LT(rel_error(got, attention_ref(to_double(qkv), B, T, C, NH)), kFwdTol);
+  const Vec k = host(kc), v = host(vc);
+  for (int b = 0; b < B; b++)
+    for (int h = 0; h < NH; h++)
+      for (int t = 0; t < T; t++)
+        for (int e = 0; e < HS; e++) {
+          const auto at = static_cast<std::size_t>(((b * NH + h) * Tc + t) * HS + e);
+          ASSERT_EQ(k[at], q[(b * T + t) * 3 * C + C + h * HS + e]);
+          ASSERT_EQ(v[at], q[(b * T + t) * 3 * C + 2 * C + h * HS + e]);
+        }
+}
+
+TEST_P(OpsTest, AttentionCachedRejectsPositionsPastTheCache) {
+  const int B = 1, C = 8, NH = 2, Tc = 4;
+  Tensor kc = zeros({B, NH, Tc, C / NH}), vc = zeros({B, NH, Tc, C / NH});
+  Tensor qkv = zeros({B, 2, 3 * C}), out = zeros({B, 2, C}), att = zeros({B, NH, 2, Tc});
+  ops::attention_cached(*stream_, out, att, kc, vc, qkv, 3);
+  const absl::Status st = stream_->synchronize();
+  EXPECT_TRUE(absl::IsInvalidArgument(st)) << st;
+  EXPECT_NE(st.message().find("attention_cached"), std::string::npos) << st;
+  EXPECT_NE(st.message().find("outside the cache"), std::string::npos) << st;
+}
+
 TEST_P(OpsTest, Residual) {
   Tensor a = random_tensor(rng_, {3, 50}), b = random_tensor(rng_, {3, 50}), out = zeros({3, 50});
   ops::residual_forward(*stream_, out, on(a), on(b));

@@ -1,0 +1,55 @@
+// The TP collectives as stream host callbacks (actors/tensor_link.h).
+#include "actors/tensor_link.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace troupe::actors {
+namespace {
+
+using comm::trace::What;
+
+// Enqueues `run` on the stream; a failure fails the stream, naming `what`.
+void in_stream_order(gpu::Stream& s, const CollectiveRunner& runner, What op, const char* what,
+                     std::size_t floats, std::function<absl::Status()> run) {
+  s.host_callback([&s, runner, op, what, floats, run = std::move(run)] {
+    absl::Status st = runner ? runner(op, floats, run) : run();
+    if (!st.ok()) s.fail(absl::UnavailableError(absl::StrCat("TP ", what, ": ", st.message())));
+  });
+}
+
+}  // namespace
+
+model::TensorParallel tensor_link(comm::Communicator* comm, model::TpSlice slice,
+                                  TensorLinkOptions options) {
+  model::TensorParallel tp;
+  tp.slice = slice;
+  auto count = [counter = options.reduced_floats](std::int64_t n) {
+    if (counter) *counter += n;
+  };
+  tp.all_reduce = [comm, count, runner = options.runner](gpu::Stream& s, const gpu::Tensor& x) {
+    count(x.numel());
+    const auto n = static_cast<std::size_t>(x.numel());
+    in_stream_order(s, runner, What::kAllReduce, "all-reduce", n,
+                    [comm, x, n] { return comm->all_reduce_sync(x.data<float>(), n); });
+  };
+  tp.all_gather = [comm, runner = options.runner](gpu::Stream& s, const gpu::Tensor& in,
+                                                  const gpu::Tensor& out) {
+    const auto n = static_cast<std::size_t>(out.numel());
+    in_stream_order(s, runner, What::kAllGather, "all-gather", n, [comm, in, out, n] {
+      return comm->all_gather_sync(in.data<float>(), out.data<float>(), n);
+    });
+  };
+  tp.reduce_scatter = [comm, count, runner = options.runner](
+                          gpu::Stream& s, const gpu::Tensor& in, const gpu::Tensor& out) {
+    count(in.numel());
+    const auto n = static_cast<std::size_t>(in.numel());
+    in_stream_order(s, runner, What::kReduceScatter, "reduce-scatter", n, [comm, in, out, n] {
+      return comm->reduce_scatter_sync(in.data<float>(), out.data<float>(), n);
+    });
+  };
+  return tp;
+}
+
+}  // namespace troupe::actors
