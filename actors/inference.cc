@@ -78,7 +78,7 @@ absl::StatusOr<std::unique_ptr<ShardedModel>> ShardedModel::create(const model::
       sh->decoder = std::make_unique<model::Decoder>(c, device, stage, std::move(tp));
       if (stage.embedding) sh->tokens = gpu::Tensor::empty(device, gpu::DType::kI32, {1, c.T});
       host.assign(static_cast<std::size_t>(sh->decoder->layout().total()), 0.0f);
-      if (absl::Status st = load(sh->decoder->layout(), host.data()); !st.ok()) return st;
+      if (absl::Status st = load(c, sh->decoder->layout(), host.data()); !st.ok()) return st;
       if (absl::Status st = device.copy_from_host(host.data(), sh->decoder->params()); !st.ok()) {
         return st;
       }

@@ -7,8 +7,8 @@
 // the layout.
 //
 //   auto lm = actors::ShardedModel::create(config, {.tp = 2, .pp = 2},
-//       [&](const model::ParamLayout& l, float* p) {
-//         return model::load_weights_slice(path, config, l, p);
+//       [&](const model::GptConfig& c, const model::ParamLayout& l, float* p) {
+//         return model::load_weights_slice(path, c, l, p);
 //       });
 //   absl::StatusOr<model::Generated> g = model::generate(**lm, prompt, options);
 #pragma once
@@ -33,8 +33,10 @@ struct InferenceLayout {
 };
 
 // Fills one shard's parameters: layout.total() floats of host memory for
-// `layout` (a stage's TP slice, as model::load_weights_slice reads them).
-using ParamLoader = std::function<absl::Status(const model::ParamLayout& layout, float* params)>;
+// `layout` (a stage's TP slice of `config`, the model as the shards hold
+// it: its vocabulary padded for tp), as model::load_weights_slice reads them.
+using ParamLoader = std::function<absl::Status(const model::GptConfig& config,
+                                               const model::ParamLayout& layout, float* params)>;
 
 class ShardedModel final : public model::LanguageModel {
  public:

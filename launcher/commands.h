@@ -20,5 +20,8 @@ Command add_agent_command(CLI::App& app);
 Command add_ckpt_command(CLI::App& app);
 Command add_trace_command(CLI::App& app);
 Command add_plan_command(CLI::App& app);
+Command add_generate_command(CLI::App& app);
+Command add_eval_command(CLI::App& app);
+Command add_serve_command(CLI::App& app);
 
 }  // namespace troupe::launcher

@@ -23,6 +23,9 @@ int main(int argc, char** argv) {
   commands["ckpt"] = troupe::launcher::add_ckpt_command(app);
   commands["trace"] = troupe::launcher::add_trace_command(app);
   commands["plan"] = troupe::launcher::add_plan_command(app);
+  commands["generate"] = troupe::launcher::add_generate_command(app);
+  commands["eval"] = troupe::launcher::add_eval_command(app);
+  commands["serve"] = troupe::launcher::add_serve_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

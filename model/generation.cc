@@ -102,18 +102,39 @@ absl::StatusOr<Generated> generate(LanguageModel& lm, std::span<const std::int32
   Generated out;
   Sampler sampler(o.sampling);
   std::vector<std::int32_t> seq(prompt.begin(), prompt.end());
+  const auto V = static_cast<std::size_t>(lm.vocab());
   std::size_t fed = 0;  // positions the model holds
-  while (static_cast<int>(out.tokens.size()) < o.max_new_tokens) {
-    const std::size_t from = o.use_cache ? fed : 0;
-    const std::span<const std::int32_t> feed(seq.data() + from, seq.size() - from);
-    absl::StatusOr<std::span<const float>> logits =
-        lm.forward(feed, static_cast<std::int64_t>(from), Logits::kLast);
-    if (!logits.ok()) return logits.status();
+  std::vector<float> first_logits;  // the prompt's last row, when the prompt was scored
+  if (o.prompt_logprobs) {
+    // The prompt's forward with every position's logits: row i scores id i + 1.
+    absl::StatusOr<std::span<const float>> all = lm.forward(seq, 0, Logits::kAll);
+    if (!all.ok()) return all.status();
+    for (std::size_t i = 0; i + 1 < seq.size(); i++) {
+      out.prompt_logprobs.push_back(log_probability(all->subspan(i * V, V), seq[i + 1]));
+    }
     fed = seq.size();
-    const std::int32_t id = sampler.next(*logits);
-    if (observe) observe(*logits, id);
+    if (o.max_new_tokens == 0) return out;
+    // The last position's logits give the first new id.
+    first_logits.assign(all->end() - static_cast<std::ptrdiff_t>(V), all->end());
+  }
+  while (static_cast<int>(out.tokens.size()) < o.max_new_tokens) {
+    std::span<const float> logits;
+    if (!first_logits.empty()) {
+      logits = first_logits;
+    } else {
+      const std::size_t from = o.use_cache ? fed : 0;
+      const std::span<const std::int32_t> feed(seq.data() + from, seq.size() - from);
+      absl::StatusOr<std::span<const float>> got =
+          lm.forward(feed, static_cast<std::int64_t>(from), Logits::kLast);
+      if (!got.ok()) return got.status();
+      logits = *got;
+    }
+    fed = seq.size();
+    const std::int32_t id = sampler.next(logits);
+    if (observe) observe(logits, id);
     out.tokens.push_back(id);
-    out.logprobs.push_back(log_probability(*logits, id));
+    out.logprobs.push_back(log_probability(logits, id));
+    first_logits.clear();
     seq.push_back(id);
     if (id == o.eod) {
       out.stopped_at_eod = true;

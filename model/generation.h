@@ -76,19 +76,24 @@ struct GenerateOptions {
   // false: every step feeds the whole sequence from position 0 again (the
   // cost a KV cache saves; for benchmarks and tests).
   bool use_cache = true;
+  // Also score the prompt: the log probability of each prompt id after the
+  // first (the prompt's forward then makes the logits of every position).
+  bool prompt_logprobs = false;
 };
 
 struct Generated {
   std::vector<std::int32_t> tokens;  // the new ids; ends with eod when it stopped there
   std::vector<double> logprobs;      // each new id's log probability (before sampling's changes)
+  std::vector<double> prompt_logprobs;  // prompt ids 1.. (with GenerateOptions::prompt_logprobs)
   bool stopped_at_eod = false;
 };
 
 // Step callback: the step's logits (V floats) and the id chosen.
 using StepObserver = std::function<void(std::span<const float> logits, std::int32_t id)>;
 
-// The prompt (at least one id) and max_new_tokens ids after it; an
-// InvalidArgument when they need more than the model's context.
+// The prompt (at least one id) and max_new_tokens ids after it (0: only
+// the prompt's scores, with prompt_logprobs); an InvalidArgument when they
+// need more than the model's context.
 absl::StatusOr<Generated> generate(LanguageModel& lm, std::span<const std::int32_t> prompt,
                                    const GenerateOptions& o, const StepObserver& observe = {});
 

@@ -55,6 +55,30 @@ absl::Status check_metadata(const SafetensorsFile& f, const GptConfig& c) {
   return absl::OkStatus();
 }
 
+}  // namespace
+
+absl::StatusOr<GptConfig> weights_config(const std::string& path, const GptConfig& base) {
+  absl::StatusOr<SafetensorsFile> f = SafetensorsFile::open(path, SafetensorsFile::Read::kHeader);
+  if (!f.ok()) return f.status();
+  GptConfig c = base;
+  const std::pair<const char*, int*> keys[] = {
+      {"n_layer", &c.L}, {"n_embd", &c.C}, {"n_head", &c.NH}, {"vocab_size", &c.V}, {"n_ctx", &c.T}};
+  for (const auto& [key, field] : keys) {
+    auto it = f->metadata().find(key);
+    if (it == f->metadata().end()) continue;
+    if (!absl::SimpleAtoi(it->second, field) || *field <= 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          path, ": metadata ", key, " = '", it->second, "' is not a positive integer"));
+    }
+  }
+  if (absl::Status st = c.validate(); !st.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": ", st.message()));
+  }
+  return c;
+}
+
+namespace {
+
 // Whether a name in the file may be ignored.
 bool ignorable(absl::string_view name) {
   return absl::EndsWith(name, ".attn.bias") || absl::EndsWith(name, ".attn.masked_bias");

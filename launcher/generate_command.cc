@@ -1,0 +1,163 @@
+// `troupe generate`: text from a trained model, with a KV cache, on any
+// tp x pp layout (launcher/model_flags.h names the model).
+//
+//   troupe generate --weights w.safetensors --vocab-file encoder.json --merge-file vocab.bpe
+//       --prompt "The actor model" --max-new-tokens 40 [--temperature 0.8 --top-k 40 --seed 1]
+//
+// Each prompt is encoded with GPT-2's BPE and continued until <|endoftext|>
+// or --max-new-tokens; every prompt's sampler starts from --seed, so a
+// prompt's text does not depend on the others. Plain output streams the
+// prompt and its continuation; --json prints one object per prompt.
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "launcher/commands.h"
+#include "launcher/model_flags.h"
+#include "model/generation.h"
+
+namespace troupe::launcher {
+namespace {
+
+struct GenerateFlags {
+  ModelFlags model;
+  std::vector<std::string> prompts;
+  std::string prompt_file;
+  int max_new_tokens = 64;
+  model::SamplingOptions sampling;
+  bool json = false;
+  bool no_cache = false;
+};
+
+int fail(const absl::Status& st) {
+  std::fprintf(stderr, "troupe generate: error: %s\n", std::string(st.message()).c_str());
+  return 1;
+}
+
+// --prompt-file: one prompt per line (empty lines skipped).
+absl::Status read_prompts(const std::string& path, std::vector<std::string>* out) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("--prompt-file ", path, ": cannot open it"));
+  std::string line;
+  while (std::getline(in, line)) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (!line.empty()) out->push_back(line);
+  }
+  if (in.bad()) return absl::DataLossError(absl::StrCat("--prompt-file ", path, ": read error"));
+  if (out->empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("--prompt-file ", path, ": no prompts in it"));
+  }
+  return absl::OkStatus();
+}
+
+// Writes the new bytes of a growing decoded text (a token's bytes may end
+// inside a UTF-8 character; the terminal joins them).
+class Streamer {
+ public:
+  explicit Streamer(const model::data::Gpt2Vocab& v) : vocab_(v) {}
+  void add(std::int32_t id) {
+    if (id == vocab_.eod()) return;
+    const std::string& b = vocab_.token_bytes(id);
+    std::fwrite(b.data(), 1, b.size(), stdout);
+    std::fflush(stdout);
+  }
+
+ private:
+  const model::data::Gpt2Vocab& vocab_;
+};
+
+int run(GenerateFlags& f) {
+  if (!f.prompt_file.empty()) {
+    if (absl::Status st = read_prompts(f.prompt_file, &f.prompts); !st.ok()) return fail(st);
+  }
+  if (f.prompts.empty()) return fail(absl::InvalidArgumentError("give --prompt or --prompt-file"));
+  if (f.max_new_tokens < 0) {
+    return fail(absl::InvalidArgumentError("--max-new-tokens must not be negative"));
+  }
+  if (absl::Status st = f.sampling.validate(); !st.ok()) return fail(st);
+  absl::StatusOr<LoadedModel> m = load_model(f.model);
+  if (!m.ok()) return fail(m.status());
+  std::fprintf(stderr, "troupe generate: %s\n", m->description.c_str());
+  model::data::BpeEncoder encoder(*m->vocab);
+  for (const std::string& prompt : f.prompts) {
+    std::vector<std::int32_t> ids;
+    if (absl::Status st = encoder.encode(prompt, &ids); !st.ok()) return fail(st);
+    if (ids.empty()) return fail(absl::InvalidArgumentError("a prompt has no tokens"));
+    model::GenerateOptions o;
+    o.max_new_tokens = f.max_new_tokens;
+    o.sampling = f.sampling;
+    o.eod = m->vocab->eod();
+    o.use_cache = !f.no_cache;
+    if (ids.size() + static_cast<std::size_t>(f.max_new_tokens) >
+        static_cast<std::size_t>(m->lm->context())) {
+      return fail(absl::InvalidArgumentError(absl::StrCat(
+          "--max-new-tokens ", f.max_new_tokens, ": with the prompt's ", ids.size(),
+          " tokens it needs more than the model's context of ", m->lm->context())));
+    }
+    Streamer out(*m->vocab);
+    if (!f.json) std::fwrite(prompt.data(), 1, prompt.size(), stdout);
+    absl::StatusOr<model::Generated> g =
+        model::generate(*m->lm, ids, o, [&](std::span<const float>, std::int32_t id) {
+          if (!f.json) out.add(id);
+        });
+    if (!g.ok()) {
+      return fail(absl::Status(g.status().code(), absl::StrCat("--max-new-tokens ",
+                                                               f.max_new_tokens, ": ",
+                                                               g.status().message())));
+    }
+    std::vector<std::int32_t> text_ids = g->tokens;
+    if (g->stopped_at_eod) text_ids.pop_back();
+    absl::StatusOr<std::string> text = m->vocab->decode(text_ids);
+    if (!text.ok()) return fail(text.status());
+    if (f.json) {
+      nlohmann::json j = {{"prompt", prompt},
+                          {"prompt_tokens", ids},
+                          {"tokens", g->tokens},
+                          {"text", *text},
+                          {"stop", g->stopped_at_eod ? "eod" : "length"}};
+      std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+    } else {
+      std::printf("\n");
+    }
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
+}  // namespace
+
+Command add_generate_command(CLI::App& app) {
+  auto f = std::make_shared<GenerateFlags>();
+  CLI::App* cmd = app.add_subcommand(
+      "generate", "Generate text from a trained model (a KV cache; any --tp x --pp layout)");
+  add_model_flags(cmd, f->model);
+  cmd->add_option("--prompt", f->prompts, "A prompt (may be given several times)");
+  cmd->add_option("--prompt-file", f->prompt_file, "Prompts, one per line");
+  cmd->add_option("--max-new-tokens,--out-seq-length", f->max_new_tokens,
+                  "Tokens to generate per prompt (fewer if <|endoftext|> comes)")
+      ->capture_default_str();
+  cmd->add_option("--temperature", f->sampling.temperature,
+                  "Divide the logits by this before sampling (0: greedy)")
+      ->capture_default_str();
+  cmd->add_option("--top-k", f->sampling.top_k, "Sample from the k most likely (0: all; 1: greedy)")
+      ->capture_default_str();
+  cmd->add_option("--top-p", f->sampling.top_p,
+                  "Sample from the most likely ids whose probability reaches p (0: off)")
+      ->capture_default_str();
+  cmd->add_option("--seed", f->sampling.seed, "Seed of each prompt's sampler")
+      ->capture_default_str();
+  cmd->add_flag("--greedy", [f](std::int64_t) { f->sampling.top_k = 1; },
+                "Greedy decoding (the argmax; as --top-k 1)");
+  cmd->add_flag("--json", f->json,
+                "One JSON object per prompt: prompt, prompt_tokens, tokens (the new ids), text, "
+                "stop (eod or length)");
+  cmd->add_flag("--no-kv-cache", f->no_cache,
+                "Feed the whole sequence at every step (slow; for comparison)");
+  return [f] { return run(*f); };
+}
+
+}  // namespace troupe::launcher

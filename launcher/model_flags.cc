@@ -1,0 +1,96 @@
+// Loading a trained model for generation, evaluation and serving.
+#include "launcher/model_flags.h"
+
+#include <algorithm>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "model/checkpoint.h"
+#include "model/config.h"
+#include "model/weights.h"
+
+namespace troupe::launcher {
+
+void add_model_flags(CLI::App* cmd, ModelFlags& f) {
+  cmd->add_option("--weights", f.weights,
+                  "The model's weights (safetensors: troupe's --save-weights, or Hugging Face "
+                  "GPT-2's)");
+  cmd->add_option("--load", f.load, "A checkpoint: a save directory (its newest) or DIR/iter_N");
+  cmd->add_option("--model", f.model,
+                  "Preset of a weights file without troupe's metadata (e.g. gpt2-124m)");
+  cmd->add_option("--tp", f.tp, "Tensor-parallel shards of each stage")->capture_default_str();
+  cmd->add_option("--pp", f.pp, "Pipeline stages")->capture_default_str();
+  cmd->add_option("--threads", f.threads,
+                  "Threads per shard (default: the cores shared among the shards)");
+  cmd->add_option("--vocab-file", f.vocab_file, "GPT-2 BPE vocabulary: encoder.json or vocab.json")
+      ->required();
+  cmd->add_option("--merge-file", f.merge_file, "GPT-2 BPE merges: vocab.bpe or merges.txt")
+      ->required();
+}
+
+namespace {
+
+std::string describe(const model::GptConfig& c) {
+  return absl::StrCat("L=", c.L, " C=", c.C, " NH=", c.NH, " T=", c.T, " V=", c.V);
+}
+
+}  // namespace
+
+absl::StatusOr<LoadedModel> load_model(const ModelFlags& f) {
+  if (f.weights.empty() == f.load.empty()) {
+    return absl::InvalidArgumentError("give the model as one of --weights FILE or --load CKPT");
+  }
+  if (f.tp < 1 || f.pp < 1) return absl::InvalidArgumentError("--tp and --pp must be positive");
+  if (f.threads < 0) return absl::InvalidArgumentError("--threads must be positive");
+  LoadedModel out;
+  absl::StatusOr<std::unique_ptr<model::data::Gpt2Vocab>> vocab =
+      model::data::Gpt2Vocab::load(f.vocab_file, f.merge_file);
+  if (!vocab.ok()) return vocab.status();
+  out.vocab = std::move(*vocab);
+  model::GptConfig config;
+  actors::ParamLoader loader;
+  std::optional<model::ckpt::Checkpoint> ckpt;
+  if (!f.weights.empty()) {
+    model::GptConfig base = *model::preset("gpt2-124m");
+    if (!f.model.empty()) {
+      absl::StatusOr<model::GptConfig> p = model::preset(f.model);
+      if (!p.ok()) return absl::InvalidArgumentError(absl::StrCat("--model: ", p.status().message()));
+      base = *p;
+    }
+    absl::StatusOr<model::GptConfig> c = model::weights_config(f.weights, base);
+    if (!c.ok()) return c.status();
+    config = *c;
+    loader = [path = f.weights](const model::GptConfig& c, const model::ParamLayout& l, float* p) {
+      return model::load_weights_slice(path, c, l, p);
+    };
+    out.description = absl::StrCat("weights ", f.weights, " (", describe(config), ")");
+  } else {
+    absl::StatusOr<model::ckpt::Checkpoint> c = model::ckpt::Checkpoint::open(f.load);
+    if (!c.ok()) return c.status();
+    ckpt.emplace(std::move(*c));
+    config = ckpt->meta().options.model;
+    loader = [&ckpt](const model::GptConfig&, const model::ParamLayout& l, float* p) {
+      return ckpt->fill({.kind = model::ckpt::Kind::kParam, .layout = &l, .begin = 0,
+                         .end = l.total(), .data = p});
+    };
+    out.description = absl::StrCat("checkpoint ", ckpt->dir(), " (step ", ckpt->meta().step, ", ",
+                                   describe(config), ")");
+  }
+  if (out.vocab->size() != config.V) {
+    return absl::InvalidArgumentError(absl::StrCat("--vocab-file ", f.vocab_file, " has ",
+                                                   out.vocab->size(), " ids; the model has ",
+                                                   config.V));
+  }
+  const int shards = f.tp * f.pp;
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int threads = f.threads > 0 ? f.threads : std::max(1, cores / shards);
+  absl::StatusOr<std::unique_ptr<actors::ShardedModel>> lm =
+      actors::ShardedModel::create(config, {.tp = f.tp, .pp = f.pp}, loader, threads);
+  if (!lm.ok()) return lm.status();
+  out.lm = std::move(*lm);
+  absl::StrAppend(&out.description, ", tp ", f.tp, " x pp ", f.pp, ", ", threads,
+                  threads == 1 ? " thread" : " threads", " per shard");
+  return out;
+}
+
+}  // namespace troupe::launcher

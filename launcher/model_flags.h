@@ -1,0 +1,43 @@
+// The flags that name a trained model and how to run it, shared by
+// `troupe generate`, `troupe eval` and `troupe serve`: its weights
+// (--weights FILE.safetensors, or --load CKPT, a checkpoint), the layout
+// (--tp, --pp), threads, and the GPT-2 BPE vocabulary (Megatron's
+// --vocab-file, --merge-file).
+//
+//   ModelFlags f;
+//   add_model_flags(cmd, f);
+//   ...parse...
+//   absl::StatusOr<LoadedModel> m = load_model(f);   // errors name the flag or file
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "absl/status/statusor.h"
+#include "actors/inference.h"
+#include "model/data/bpe.h"
+
+namespace troupe::launcher {
+
+struct ModelFlags {
+  std::string weights;  // --weights: safetensors (troupe's, or Hugging Face GPT-2's)
+  std::string load;     // --load: a checkpoint (save directory or DIR/iter_NNNNNNN)
+  std::string model;    // --model: the preset a weights file without metadata is
+  int tp = 1, pp = 1;
+  int threads = 0;  // per shard; 0: the cores shared among the shards
+  std::string vocab_file, merge_file;
+};
+
+void add_model_flags(CLI::App* cmd, ModelFlags& f);
+
+struct LoadedModel {
+  std::unique_ptr<actors::ShardedModel> lm;
+  std::unique_ptr<model::data::Gpt2Vocab> vocab;
+  std::string description;  // "cpu-small weights w.safetensors (L=4 ...), tp 2 x pp 1"
+};
+
+absl::StatusOr<LoadedModel> load_model(const ModelFlags& f);
+
+}  // namespace troupe::launcher
