@@ -8,6 +8,7 @@
 // or --max-new-tokens; every prompt's sampler starts from --seed, so a
 // prompt's text does not depend on the others. Plain output streams the
 // prompt and its continuation; --json prints one object per prompt.
+#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <string>
@@ -100,10 +101,13 @@ int run(GenerateFlags& f) {
     }
     Streamer out(*m->vocab);
     if (!f.json) std::fwrite(prompt.data(), 1, prompt.size(), stdout);
+    const auto start = std::chrono::steady_clock::now();
     absl::StatusOr<model::Generated> g =
         model::generate(*m->lm, ids, o, [&](std::span<const float>, std::int32_t id) {
           if (!f.json) out.add(id);
         });
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (!g.ok()) {
       return fail(absl::Status(g.status().code(), absl::StrCat("--max-new-tokens ",
                                                                f.max_new_tokens, ": ",
@@ -118,7 +122,9 @@ int run(GenerateFlags& f) {
                           {"prompt_tokens", ids},
                           {"tokens", g->tokens},
                           {"text", *text},
-                          {"stop", g->stopped_at_eod ? "eod" : "length"}};
+                          {"stop", g->stopped_at_eod ? "eod" : "length"},
+                          {"seconds", seconds},
+                          {"tokens_per_s", static_cast<double>(g->tokens.size()) / seconds}};
       std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
     } else {
       std::printf("\n");
@@ -154,7 +160,8 @@ Command add_generate_command(CLI::App& app) {
                 "Greedy decoding (the argmax; as --top-k 1)");
   cmd->add_flag("--json", f->json,
                 "One JSON object per prompt: prompt, prompt_tokens, tokens (the new ids), text, "
-                "stop (eod or length)");
+                "stop (eod or length), seconds and tokens_per_s (the prompt's forward and every "
+                "step)");
   cmd->add_flag("--no-kv-cache", f->no_cache,
                 "Feed the whole sequence at every step (slow; for comparison)");
   return [f] { return run(*f); };
