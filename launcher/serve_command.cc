@@ -249,16 +249,17 @@ int run(const ServeFlags& f) {
     return fail(absl::InvalidArgumentError(
         "--max-concurrent, --max-request-tokens and --max-request-bytes must be positive"));
   }
-  absl::StatusOr<LoadedModel> m = load_model(f.model);
-  if (!m.ok()) return fail(m.status());
-  Api api(f, std::move(*m));
-  // SIGINT and SIGTERM stop the server from a thread of ours (blocked in
-  // every other thread, which inherit the mask).
+  // SIGINT and SIGTERM stop the server from a thread of ours: blocked here,
+  // before any thread starts (the model's streams, the server's pool), so
+  // every thread inherits the mask and only sigwait takes them.
   sigset_t stop_signals;
   sigemptyset(&stop_signals);
   sigaddset(&stop_signals, SIGINT);
   sigaddset(&stop_signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  absl::StatusOr<LoadedModel> m = load_model(f.model);
+  if (!m.ok()) return fail(m.status());
+  Api api(f, std::move(*m));
 
   httplib::Server svr;
   svr.new_task_queue = [n = f.max_concurrent] { return new httplib::ThreadPool(n + 2); };
