@@ -5,6 +5,7 @@ Debian's python3-torch) on cpu-small weights from PyTorch's own GPT-2 init:
 - greedy generation equals PyTorch eager's cached greedy loop
   (bench/generate_torch.py), token for token;
 - a seeded sampled generation gives the same tokens on every tp x pp layout;
+- --load (a checkpoint) generates what the run's saved weights do;
 - perplexity over an indexed dataset equals Megatron's overlapping windows
   computed in PyTorch from the .bin's ids;
 - strict LAMBADA on tests/reference/data/lambada_gpl3.jsonl: the context and
@@ -79,6 +80,20 @@ for row in rows:
         if key not in row:
             fail(f"--json has no {key}: {row}")
 print(f"greedy: 2 x 40 tokens equal to PyTorch's")
+
+# --load: a checkpoint (saved at tp 2) generates what its run's weights do,
+# on another layout too.
+ck, trained = f"{WORK}/ck", f"{WORK}/trained.safetensors"
+troupe("train", "--model", "cpu-small", "--tp", "2", "--steps", "2", "--micro-batch-size", "1",
+       "--global-batch-size", "2", "--threads", "1", "--save", ck, "--save-weights", trained)
+want = json.loads(troupe("generate", "--weights", trained, *MODEL, "--greedy", "--json",
+                         "--max-new-tokens", "12", "--prompt", prompts[1]).stdout)["tokens"]
+for layout in (["--tp", "1"], ["--pp", "2"]):
+    got = json.loads(troupe("generate", "--load", ck, *MODEL, *layout, "--greedy", "--json",
+                            "--max-new-tokens", "12", "--prompt", prompts[1]).stdout)["tokens"]
+    if got != want:
+        fail(f"--load {ck} {layout}: {got}, its weights file {want}")
+print("--load: a tp 2 checkpoint generates its weights' tokens at tp 1 and pp 2")
 
 # Sampling: one seed, the same tokens on every layout.
 sample = ["generate", *W, "--json", "--max-new-tokens", "30", "--temperature", "0.9",
