@@ -39,8 +39,8 @@ absl::Status check_layout(const model::GptConfig& c, InferenceLayout l) {
   }
   const std::int64_t last_begin = static_cast<std::int64_t>(c.Vp()) / l.tp * (l.tp - 1);
   if (last_begin >= c.V) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--tp ", l.tp, " leaves TP rank ", l.tp - 1, " no real vocabulary rows (V = ", c.V, ")"));
+    return absl::InvalidArgumentError(absl::StrCat("--tp ", l.tp, " leaves TP rank ", l.tp - 1,
+                                                   " no real vocabulary rows (V = ", c.V, ")"));
   }
   return absl::OkStatus();
 }
@@ -51,7 +51,8 @@ absl::StatusOr<std::unique_ptr<ShardedModel>> ShardedModel::create(const model::
                                                                    InferenceLayout layout,
                                                                    const ParamLoader& load,
                                                                    int threads) {
-  const model::GptConfig c = ParallelOptions{.tp = layout.tp, .pp = layout.pp}.sliced_config(config);
+  const model::GptConfig c =
+      ParallelOptions{.tp = layout.tp, .pp = layout.pp}.sliced_config(config);
   if (absl::Status st = check_layout(c, layout); !st.ok()) return st;
   std::unique_ptr<ShardedModel> m(new ShardedModel());
   m->config_ = c;
@@ -70,8 +71,8 @@ absl::StatusOr<std::unique_ptr<ShardedModel>> ShardedModel::create(const model::
       model::TensorParallel tp;
       tp.slice = {layout.tp, t};
       if (layout.tp > 1) {
-        sh->tensor = std::make_unique<comm::Communicator>(
-            *sh->transport, groups.tensor_group(rank), comm::GroupKind::kTensor);
+        sh->tensor = std::make_unique<comm::Communicator>(*sh->transport, groups.tensor_group(rank),
+                                                          comm::GroupKind::kTensor);
         tp = tensor_link(sh->tensor.get(), tp.slice);
       }
       sh->stream = device.make_stream({.threads = std::max(1, threads)});
@@ -97,9 +98,12 @@ absl::StatusOr<std::span<const float>> ShardedModel::forward(std::span<const std
                                                              model::Logits which) {
   const auto n = static_cast<std::int64_t>(tokens.size());
   if (n < 1 || pos < 0 || pos + n > config_.T) {
-    return absl::InvalidArgumentError(absl::StrCat("positions ", pos, "..", pos + n - 1,
-                                                   " are outside the model's context of ",
-                                                   config_.T));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "positions ", pos, "..", pos + n - 1, " are outside the model's context of ", config_.T));
+  }
+  if (pos > fed_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "position ", pos, " follows the ", fed_, " positions fed so far (a gap in the cache)"));
   }
   for (std::int32_t id : tokens) {
     if (id < 0 || id >= config_.V) {
@@ -124,7 +128,10 @@ absl::StatusOr<std::span<const float>> ShardedModel::forward(std::span<const std
       if (s == layout_.pp - 1) sh.logits = sh.decoder->gathered_logits(*sh.stream);
     }
     for (int t = 0; t < P; t++) {
-      if (absl::Status st = shard(s, t).stream->synchronize(); !st.ok()) return st;
+      if (absl::Status st = shard(s, t).stream->synchronize(); !st.ok()) {
+        fed_ = 0;
+        return st;
+      }
     }
     if (s + 1 < layout_.pp) {
       const gpu::Tensor out = shard(s, 0).decoder->output();
@@ -132,6 +139,7 @@ absl::StatusOr<std::span<const float>> ShardedModel::forward(std::span<const std
       if (absl::Status st = device.copy_to_host(out, boundary_.data()); !st.ok()) return st;
     }
   }
+  fed_ = pos + n;
   // The head's slices, (tp, 1, rows, Vl), side by side: row r is slice 0's
   // row r, then slice 1's, ...; the first V columns are the vocabulary.
   Shard& head = shard(layout_.pp - 1, 0);

@@ -55,7 +55,8 @@ class ShardedModel final : public model::LanguageModel {
   InferenceLayout layout() const { return layout_; }
 
   // One sequence (B = 1). Ids outside [0, V) and positions outside [0, T)
-  // are InvalidArgument, checked before anything runs.
+  // are InvalidArgument, and a pos past the positions fed so far (a gap in
+  // the cache) FailedPrecondition, checked before anything runs.
   absl::StatusOr<std::span<const float>> forward(std::span<const std::int32_t> tokens,
                                                  std::int64_t pos, model::Logits which) override;
 
@@ -68,9 +69,10 @@ class ShardedModel final : public model::LanguageModel {
   InferenceLayout layout_;
   std::shared_ptr<void> fabric_;  // the in-process transport's fabric (comm::InProcFabric)
   std::vector<std::unique_ptr<Shard>> shards_;  // s-major: (s, t) at s * tp + t
-  std::vector<float> boundary_;  // a stage's output on its way to the next (n × C)
-  std::vector<float> gathered_;  // the head's (tp, rows, Vl) logits
-  std::vector<float> logits_;    // rows × V, returned
+  std::vector<float> boundary_;                 // a stage's output on its way to the next (n × C)
+  std::vector<float> gathered_;                 // the head's (tp, rows, Vl) logits
+  std::vector<float> logits_;                   // rows × V, returned
+  std::int64_t fed_ = 0;                        // positions the caches hold
 };
 
 }  // namespace troupe::actors

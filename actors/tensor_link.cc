@@ -41,8 +41,8 @@ model::TensorParallel tensor_link(comm::Communicator* comm, model::TpSlice slice
       return comm->all_gather_sync(in.data<float>(), out.data<float>(), n);
     });
   };
-  tp.reduce_scatter = [comm, count, runner = options.runner](
-                          gpu::Stream& s, const gpu::Tensor& in, const gpu::Tensor& out) {
+  tp.reduce_scatter = [comm, count, runner = options.runner](gpu::Stream& s, const gpu::Tensor& in,
+                                                             const gpu::Tensor& out) {
     count(in.numel());
     const auto n = static_cast<std::size_t>(in.numel());
     in_stream_order(s, runner, What::kReduceScatter, "reduce-scatter", n, [comm, in, out, n] {

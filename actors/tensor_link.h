@@ -22,8 +22,8 @@ namespace troupe::actors {
 
 // Runs one collective (`run`) of `floats` floats; a tracing rank wraps it
 // in an event, the default runs it.
-using CollectiveRunner = std::function<absl::Status(
-    comm::trace::What op, std::size_t floats, const std::function<absl::Status()>& run)>;
+using CollectiveRunner = std::function<absl::Status(comm::trace::What op, std::size_t floats,
+                                                    const std::function<absl::Status()>& run)>;
 
 struct TensorLinkOptions {
   CollectiveRunner runner;  // default: run the collective as it is

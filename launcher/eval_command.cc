@@ -8,11 +8,12 @@
 // one {"text": ...} per line. --json prints one object.
 #include <cstdio>
 #include <fstream>
+#include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "launcher/commands.h"
@@ -26,9 +27,9 @@ namespace {
 struct EvalFlags {
   ModelFlags model;
   std::string task;
-  std::string data_path;  // perplexity: an indexed dataset's prefix
-  std::string data;       // lambada: jsonl
-  int stride = 0;         // 0: Megatron's --overlapping-eval default, 32 (T if shorter)
+  std::string data_path;      // perplexity: an indexed dataset's prefix
+  std::string data;           // lambada: jsonl
+  std::optional<int> stride;  // default: Megatron's --overlapping-eval, 32 (T if shorter)
   std::int64_t max_tokens = 0;
   bool json = false;
 };
@@ -38,19 +39,27 @@ int fail(const absl::Status& st) {
   return 1;
 }
 
-absl::StatusOr<std::vector<std::int32_t>> read_tokens(const EvalFlags& f) {
+// The dataset's documents in order as one stream, read a window at a time.
+absl::StatusOr<model::PerplexityResult> dataset_perplexity(const EvalFlags& f,
+                                                           model::LanguageModel& lm, int stride) {
   absl::StatusOr<std::unique_ptr<model::data::IndexedDataset>> ds =
       model::data::IndexedDataset::open(f.data_path);
   if (!ds.ok()) return ds.status();
   std::int64_t n = (*ds)->num_tokens();
   if (f.max_tokens > 0) n = std::min(n, f.max_tokens);
-  std::vector<std::int32_t> ids(static_cast<std::size_t>(n));
-  if (absl::Status st = (*ds)->read(0, ids); !st.ok()) return st;
-  return ids;
+  absl::StatusOr<model::PerplexityResult> r = model::perplexity(
+      lm, n,
+      [&](std::int64_t begin, std::span<std::int32_t> out) { return (*ds)->read(begin, out); },
+      stride);
+  if (!r.ok() && !absl::StrContains(r.status().message(), "--stride")) {
+    return absl::Status(r.status().code(),
+                        absl::StrCat("--data-path ", f.data_path, ": ", r.status().message()));
+  }
+  return r;
 }
 
 absl::StatusOr<std::vector<model::LambadaExample>> read_lambada(const std::string& path,
-                                                               model::data::BpeEncoder& encoder) {
+                                                                model::data::BpeEncoder& encoder) {
   std::ifstream in(path);
   if (!in) return absl::NotFoundError(absl::StrCat("--data ", path, ": cannot open it"));
   std::vector<model::LambadaExample> out;
@@ -69,7 +78,8 @@ absl::StatusOr<std::vector<model::LambadaExample>> read_lambada(const std::strin
     out.push_back(std::move(*ex));
   }
   if (in.bad()) return absl::DataLossError(absl::StrCat("--data ", path, ": read error"));
-  if (out.empty()) return absl::InvalidArgumentError(absl::StrCat("--data ", path, ": no examples"));
+  if (out.empty())
+    return absl::InvalidArgumentError(absl::StrCat("--data ", path, ": no examples"));
   return out;
 }
 
@@ -80,19 +90,18 @@ int run(const EvalFlags& f) {
   if (f.task == "lambada" && f.data.empty()) {
     return fail(absl::InvalidArgumentError("--task lambada needs --data FILE.jsonl"));
   }
-  if (f.max_tokens < 0) return fail(absl::InvalidArgumentError("--max-tokens must not be negative"));
+  if (f.max_tokens < 0)
+    return fail(absl::InvalidArgumentError("--max-tokens must not be negative"));
   absl::StatusOr<LoadedModel> m = load_model(f.model);
   if (!m.ok()) return fail(m.status());
   std::fprintf(stderr, "troupe eval: %s\n", m->description.c_str());
   if (f.task == "perplexity") {
-    absl::StatusOr<std::vector<std::int32_t>> ids = read_tokens(f);
-    if (!ids.ok()) return fail(ids.status());
-    const int stride = f.stride > 0 ? f.stride : std::min(32, m->lm->context());
-    absl::StatusOr<model::PerplexityResult> r = model::perplexity(*m->lm, *ids, stride);
+    const int stride = f.stride.value_or(std::min(32, m->lm->context()));
+    absl::StatusOr<model::PerplexityResult> r = dataset_perplexity(f, *m->lm, stride);
     if (!r.ok()) return fail(r.status());
     if (f.json) {
-      const nlohmann::json j = {{"task", "perplexity"}, {"perplexity", r->perplexity()},
-                                {"loss", r->loss()},    {"tokens", r->tokens},
+      const nlohmann::json j = {{"task", "perplexity"},  {"perplexity", r->perplexity()},
+                                {"loss", r->loss()},     {"tokens", r->tokens},
                                 {"windows", r->windows}, {"stride", stride}};
       std::printf("%s\n", j.dump().c_str());
     } else {
@@ -109,8 +118,10 @@ int run(const EvalFlags& f) {
   absl::StatusOr<model::LambadaResult> r = model::lambada(*m->lm, *examples);
   if (!r.ok()) return fail(r.status());
   if (f.json) {
-    const nlohmann::json j = {{"task", "lambada"},      {"accuracy", r->accuracy()},
-                              {"correct", r->correct},  {"total", r->total},
+    const nlohmann::json j = {{"task", "lambada"},
+                              {"accuracy", r->accuracy()},
+                              {"correct", r->correct},
+                              {"total", r->total},
                               {"mean_logprob", r->mean_logprob()}};
     std::printf("%s\n", j.dump().c_str());
   } else {

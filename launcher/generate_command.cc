@@ -5,16 +5,16 @@
 //       --prompt "The actor model" --max-new-tokens 40 [--temperature 0.8 --top-k 40 --seed 1]
 //
 // Each prompt is encoded with GPT-2's BPE and continued until <|endoftext|>
-// or --max-new-tokens; every prompt's sampler starts from --seed, so a
-// prompt's text does not depend on the others. Plain output streams the
+// or --max-new-tokens; prompt k's sampler starts from --seed + k (as
+// `troupe serve`'s k-th prompt of a request), so a prompt's text does not
+// depend on the others' and two equal prompts get two samples. Plain output streams the
 // prompt and its continuation; --json prints one object per prompt.
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
 #include "launcher/commands.h"
@@ -39,14 +39,18 @@ int fail(const absl::Status& st) {
   return 1;
 }
 
-// --prompt-file: one prompt per line (empty lines skipped).
-absl::Status read_prompts(const std::string& path, std::vector<std::string>* out) {
+// --prompt-file: one prompt per line (empty lines skipped); `where` says
+// where each came from.
+absl::Status read_prompts(const std::string& path, std::vector<std::string>* out,
+                          std::vector<std::string>* where) {
   std::ifstream in(path);
   if (!in) return absl::NotFoundError(absl::StrCat("--prompt-file ", path, ": cannot open it"));
   std::string line;
-  while (std::getline(in, line)) {
+  for (int line_no = 1; std::getline(in, line); line_no++) {
     if (!line.empty() && line.back() == '\r') line.pop_back();
-    if (!line.empty()) out->push_back(line);
+    if (line.empty()) continue;
+    out->push_back(line);
+    where->push_back(absl::StrCat("--prompt-file ", path, ":", line_no));
   }
   if (in.bad()) return absl::DataLossError(absl::StrCat("--prompt-file ", path, ": read error"));
   if (out->empty()) {
@@ -72,8 +76,12 @@ class Streamer {
 };
 
 int run(GenerateFlags& f) {
+  std::vector<std::string> where;
+  for (std::size_t k = 0; k < f.prompts.size(); k++)
+    where.push_back(absl::StrCat("--prompt ", k + 1));
   if (!f.prompt_file.empty()) {
-    if (absl::Status st = read_prompts(f.prompt_file, &f.prompts); !st.ok()) return fail(st);
+    if (absl::Status st = read_prompts(f.prompt_file, &f.prompts, &where); !st.ok())
+      return fail(st);
   }
   if (f.prompts.empty()) return fail(absl::InvalidArgumentError("give --prompt or --prompt-file"));
   if (f.max_new_tokens < 0) {
@@ -84,20 +92,26 @@ int run(GenerateFlags& f) {
   if (!m.ok()) return fail(m.status());
   std::fprintf(stderr, "troupe generate: %s\n", m->description.c_str());
   model::data::BpeEncoder encoder(*m->vocab);
-  for (const std::string& prompt : f.prompts) {
+  for (std::size_t k = 0; k < f.prompts.size(); k++) {
+    const std::string& prompt = f.prompts[k];
     std::vector<std::int32_t> ids;
-    if (absl::Status st = encoder.encode(prompt, &ids); !st.ok()) return fail(st);
-    if (ids.empty()) return fail(absl::InvalidArgumentError("a prompt has no tokens"));
+    if (absl::Status st = encoder.encode(prompt, &ids); !st.ok()) {
+      return fail(absl::InvalidArgumentError(absl::StrCat(where[k], ": ", st.message())));
+    }
+    if (ids.empty()) {
+      return fail(absl::InvalidArgumentError(absl::StrCat(where[k], ": the prompt has no tokens")));
+    }
     model::GenerateOptions o;
     o.max_new_tokens = f.max_new_tokens;
     o.sampling = f.sampling;
+    o.sampling.seed += k;
     o.eod = m->vocab->eod();
     o.use_cache = !f.no_cache;
     if (ids.size() + static_cast<std::size_t>(f.max_new_tokens) >
         static_cast<std::size_t>(m->lm->context())) {
-      return fail(absl::InvalidArgumentError(absl::StrCat(
-          "--max-new-tokens ", f.max_new_tokens, ": with the prompt's ", ids.size(),
-          " tokens it needs more than the model's context of ", m->lm->context())));
+      return fail(absl::InvalidArgumentError(
+          absl::StrCat("--max-new-tokens ", f.max_new_tokens, ": with the prompt's ", ids.size(),
+                       " tokens it needs more than the model's context of ", m->lm->context())));
     }
     Streamer out(*m->vocab);
     if (!f.json) std::fwrite(prompt.data(), 1, prompt.size(), stdout);
@@ -109,9 +123,9 @@ int run(GenerateFlags& f) {
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (!g.ok()) {
-      return fail(absl::Status(g.status().code(), absl::StrCat("--max-new-tokens ",
-                                                               f.max_new_tokens, ": ",
-                                                               g.status().message())));
+      return fail(absl::Status(
+          g.status().code(),
+          absl::StrCat("--max-new-tokens ", f.max_new_tokens, ": ", g.status().message())));
     }
     std::vector<std::int32_t> text_ids = g->tokens;
     if (g->stopped_at_eod) text_ids.pop_back();
@@ -154,10 +168,11 @@ Command add_generate_command(CLI::App& app) {
   cmd->add_option("--top-p", f->sampling.top_p,
                   "Sample from the most likely ids whose probability reaches p (0: off)")
       ->capture_default_str();
-  cmd->add_option("--seed", f->sampling.seed, "Seed of each prompt's sampler")
+  cmd->add_option("--seed", f->sampling.seed, "Seed of the first prompt's sampler (prompt k: + k)")
       ->capture_default_str();
-  cmd->add_flag("--greedy", [f](std::int64_t) { f->sampling.top_k = 1; },
-                "Greedy decoding (the argmax; as --top-k 1)");
+  cmd->add_flag(
+      "--greedy", [f](std::int64_t) { f->sampling.top_k = 1; },
+      "Greedy decoding (the argmax; as --top-k 1)");
   cmd->add_flag("--json", f->json,
                 "One JSON object per prompt: prompt, prompt_tokens, tokens (the new ids), text, "
                 "stop (eod or length), seconds and tokens_per_s (the prompt's forward and every "

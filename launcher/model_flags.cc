@@ -54,7 +54,8 @@ absl::StatusOr<LoadedModel> load_model(const ModelFlags& f) {
     model::GptConfig base = *model::preset("gpt2-124m");
     if (!f.model.empty()) {
       absl::StatusOr<model::GptConfig> p = model::preset(f.model);
-      if (!p.ok()) return absl::InvalidArgumentError(absl::StrCat("--model: ", p.status().message()));
+      if (!p.ok())
+        return absl::InvalidArgumentError(absl::StrCat("--model: ", p.status().message()));
       base = *p;
     }
     absl::StatusOr<model::GptConfig> c = model::weights_config(f.weights, base);
@@ -70,8 +71,11 @@ absl::StatusOr<LoadedModel> load_model(const ModelFlags& f) {
     ckpt.emplace(std::move(*c));
     config = ckpt->meta().options.model;
     loader = [&ckpt](const model::GptConfig&, const model::ParamLayout& l, float* p) {
-      return ckpt->fill({.kind = model::ckpt::Kind::kParam, .layout = &l, .begin = 0,
-                         .end = l.total(), .data = p});
+      return ckpt->fill({.kind = model::ckpt::Kind::kParam,
+                         .layout = &l,
+                         .begin = 0,
+                         .end = l.total(),
+                         .data = p});
     };
     out.description = absl::StrCat("checkpoint ", ckpt->dir(), " (step ", ckpt->meta().step, ", ",
                                    describe(config), ")");

@@ -10,10 +10,9 @@
 //   absl::StatusOr<LoadedModel> m = load_model(f);   // errors name the flag or file
 #pragma once
 
+#include <CLI/CLI.hpp>
 #include <memory>
 #include <string>
-
-#include <CLI/CLI.hpp>
 
 #include "absl/status/statusor.h"
 #include "actors/inference.h"

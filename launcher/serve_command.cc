@@ -6,11 +6,17 @@
 // "logprobs": [[...], ...] or null}, with Megatron's argument rules. On
 // cpp-httplib (Debian's libcpp-httplib). GET /health says it is up.
 //
-// Limits: the request body (--max-request-bytes, else 413), requests in
-// progress at once (--max-concurrent, else 503), prompts per request
-// (128, Megatron's) and tokens per request (--max-request-tokens, the
-// prompts times tokens_to_generate). Every refusal is a 4xx/5xx with
-// {"error": "..."}; the model runs one request at a time (one KV cache).
+// Limits: the request body (--max-request-bytes, else 413; a chunked body,
+// 411), requests in progress at once (--max-concurrent, else 503), prompts
+// per request (128, Megatron's) and tokens per request
+// (--max-request-tokens: each prompt's tokens and tokens_to_generate).
+// Every prompt is encoded and checked before any is generated. Every
+// refusal is a 4xx/5xx with {"error": "..."}; the model runs one request at
+// a time (one KV cache). Prompt k samples from seed + k (the request's
+// random_seed, else one drawn from --seed's generator), as `troupe
+// generate`'s k-th prompt; `text` is every id detokenized (a BOS and a
+// final <|endoftext|> included), as Megatron's.
+#include <httplib.h>
 #include <pthread.h>
 #include <signal.h>
 
@@ -18,13 +24,11 @@
 #include <chrono>
 #include <cstdio>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <httplib.h>
-#include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -68,19 +72,21 @@ void reply_error(httplib::Response& res, int status, const std::string& message)
 }
 
 // Megatron's checks, in its order and (where it has one) with its message.
-absl::StatusOr<Request> parse_request(const std::string& body, const ServeFlags& f) {
+absl::StatusOr<Request> parse_request(const std::string& body) {
   auto bad = [](const std::string& m) { return absl::InvalidArgumentError(m); };
   const json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return bad("the request body is not JSON");
   if (!j.is_object()) return bad("the request body is not a JSON object");
   if (!j.contains("prompts")) return bad("prompts argument required");
-  if (j.contains("max_len")) return bad("max_len is no longer used.  Replace with tokens_to_generate");
+  if (j.contains("max_len"))
+    return bad("max_len is no longer used.  Replace with tokens_to_generate");
   if (j.contains("sentences")) return bad("sentences is no longer used.  Replace with prompts");
   Request r;
   const json& prompts = j["prompts"];
   if (!prompts.is_array()) return bad("prompts is not a list of strings");
   if (prompts.empty()) return bad("prompts is empty");
-  if (prompts.size() > kMaxPrompts) return bad(absl::StrCat("Maximum number of prompts is ", kMaxPrompts));
+  if (prompts.size() > kMaxPrompts)
+    return bad(absl::StrCat("Maximum number of prompts is ", kMaxPrompts));
   for (const json& p : prompts) {
     if (!p.is_string()) return bad("prompts is not a list of strings");
     r.prompts.push_back(p.get<std::string>());
@@ -109,7 +115,8 @@ absl::StatusOr<Request> parse_request(const std::string& body, const ServeFlags&
   if (j.contains("top_k")) {
     const json& k = j["top_k"];
     if (!k.is_number_integer() || k.get<std::int64_t>() < 0 || k.get<std::int64_t>() > 1000) {
-      return bad("top_k must be an integer equal to or greater than 0 and less than or equal to 1000");
+      return bad(
+          "top_k must be an integer equal to or greater than 0 and less than or equal to 1000");
     }
     r.sampling.top_k = k.get<int>();
   }
@@ -147,14 +154,39 @@ absl::StatusOr<Request> parse_request(const std::string& body, const ServeFlags&
     if (!j["no_log"].is_boolean()) return bad("no_log must be a boolean value");
     r.log = !j["no_log"].get<bool>();
   }
-  const std::int64_t tokens = static_cast<std::int64_t>(r.prompts.size()) * r.tokens_to_generate;
-  if (tokens > f.max_request_tokens) {
-    return bad(absl::StrCat(r.prompts.size(), " prompts x tokens_to_generate ",
-                            r.tokens_to_generate, " = ", tokens,
-                            " tokens; this server allows ", f.max_request_tokens,
-                            " per request (--max-request-tokens)"));
-  }
   return r;
+}
+
+// Every prompt's ids (BOS first with add_BOS), checked against the model's
+// context and the server's token limit before anything is generated.
+absl::StatusOr<std::vector<std::vector<std::int32_t>>> encode_prompts(
+    const Request& r, const ServeFlags& f, const model::data::Gpt2Vocab& vocab, int context) {
+  model::data::BpeEncoder encoder(vocab);
+  std::vector<std::vector<std::int32_t>> out;
+  std::int64_t tokens = 0;
+  for (std::size_t k = 0; k < r.prompts.size(); k++) {
+    std::vector<std::int32_t> ids;
+    if (r.add_bos) ids.push_back(vocab.eod());
+    if (absl::Status st = encoder.encode(r.prompts[k], &ids); !st.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("prompt ", k, ": ", st.message()));
+    }
+    if (ids.empty())
+      return absl::InvalidArgumentError(absl::StrCat("prompt ", k, " has no tokens"));
+    const std::int64_t need = static_cast<std::int64_t>(ids.size()) + r.tokens_to_generate;
+    if (need > context) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "prompt ", k, " has ", ids.size(), " tokens; with tokens_to_generate ",
+          r.tokens_to_generate, " it needs ", need, " positions, and the model has ", context));
+    }
+    tokens += need;
+    out.push_back(std::move(ids));
+  }
+  if (tokens > f.max_request_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the prompts' tokens and tokens_to_generate for each come to ", tokens,
+        "; this server allows ", f.max_request_tokens, " per request (--max-request-tokens)"));
+  }
+  return out;
 }
 
 class Api {
@@ -169,42 +201,40 @@ class Api {
     } count{in_flight_};
     if (++in_flight_ > f_.max_concurrent) {
       res.set_header("Retry-After", "1");
-      reply_error(res, 503, absl::StrCat("busy: ", f_.max_concurrent,
-                                         " requests in progress (--max-concurrent)"));
+      reply_error(
+          res, 503,
+          absl::StrCat("busy: ", f_.max_concurrent, " requests in progress (--max-concurrent)"));
       return;
     }
-    absl::StatusOr<Request> r = parse_request(req.body, f_);
+    if (req.body.size() > f_.max_request_bytes) {  // httplib checks Content-Length; this the rest
+      return reply_error(res, 413, "the request body is larger than --max-request-bytes");
+    }
+    absl::StatusOr<Request> r = parse_request(req.body);
     if (!r.ok()) return reply_error(res, 400, std::string(r.status().message()));
+    absl::StatusOr<std::vector<std::vector<std::int32_t>>> prompts =
+        encode_prompts(*r, f_, *m_.vocab, m_.lm->context());
+    if (!prompts.ok()) return reply_error(res, 400, std::string(prompts.status().message()));
     const auto start = std::chrono::steady_clock::now();
     std::lock_guard<std::mutex> lock(model_mu_);  // one KV cache: one request at a time
     if (!r->seeded) r->sampling.seed = seeds_();
     json text = json::array(), segments = json::array(), logprobs = json::array();
     std::int64_t generated = 0;
-    model::data::BpeEncoder encoder(*m_.vocab);
-    for (const std::string& prompt : r->prompts) {
-      std::vector<std::int32_t> ids;
-      if (r->add_bos) ids.push_back(m_.vocab->eod());
-      if (absl::Status st = encoder.encode(prompt, &ids); !st.ok()) {
-        return reply_error(res, 400, absl::StrCat("a prompt: ", st.message()));
-      }
-      if (ids.empty()) return reply_error(res, 400, "a prompt has no tokens");
+    for (std::size_t k = 0; k < prompts->size(); k++) {
+      const std::vector<std::int32_t>& ids = (*prompts)[k];
       model::GenerateOptions o;
       o.max_new_tokens = r->tokens_to_generate;
       o.sampling = r->sampling;
+      o.sampling.seed += k;  // prompt k's sampler: as `troupe generate`'s k-th prompt
       o.eod = m_.vocab->eod();
       o.prompt_logprobs = r->logprobs;
       absl::StatusOr<model::Generated> g = model::generate(*m_.lm, ids, o);
-      if (!g.ok()) {
-        // The model refused it (the context is full): the request's fault.
-        const int status = absl::IsInvalidArgument(g.status()) ? 400 : 500;
-        return reply_error(res, status, std::string(g.status().message()));
-      }
+      if (!g.ok()) return reply_error(res, 500, std::string(g.status().message()));
       generated += static_cast<std::int64_t>(g->tokens.size());
       std::vector<std::int32_t> all = ids;
       all.insert(all.end(), g->tokens.begin(), g->tokens.end());
-      std::vector<std::int32_t> shown(all.begin() + (r->add_bos ? 1 : 0), all.end());
-      if (g->stopped_at_eod) shown.pop_back();
-      absl::StatusOr<std::string> t = m_.vocab->decode(shown);
+      // As Megatron's: every id detokenized, a BOS and a final
+      // <|endoftext|> included.
+      absl::StatusOr<std::string> t = m_.vocab->decode(all);
       if (!t.ok()) return reply_error(res, 500, std::string(t.status().message()));
       text.push_back(*t);
       json seg = json::array();
@@ -222,7 +252,8 @@ class Api {
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (r->log) {
       std::fprintf(stderr, "troupe serve: %s PUT /api: %zu prompts, %lld tokens in %.2f s\n",
-                   req.remote_addr.c_str(), r->prompts.size(), static_cast<long long>(generated), s);
+                   req.remote_addr.c_str(), r->prompts.size(), static_cast<long long>(generated),
+                   s);
     }
   }
 
@@ -245,30 +276,61 @@ int run(const ServeFlags& f) {
   if (f.port < 0 || f.port > 65535) {
     return fail(absl::InvalidArgumentError("--port must be in [0, 65535] (0: any free port)"));
   }
-  if (f.max_concurrent < 1 || f.max_request_tokens < 1 || f.max_request_bytes < 1) {
-    return fail(absl::InvalidArgumentError(
-        "--max-concurrent, --max-request-tokens and --max-request-bytes must be positive"));
+  if (f.max_concurrent < 1 || f.max_concurrent > 1024) {
+    return fail(absl::InvalidArgumentError("--max-concurrent must be in [1, 1024]"));
   }
-  // SIGINT and SIGTERM stop the server from a thread of ours: blocked here,
-  // before any thread starts (the model's streams, the server's pool), so
-  // every thread inherits the mask and only sigwait takes them.
+  if (f.max_request_tokens < 1 || f.max_request_bytes < 1) {
+    return fail(absl::InvalidArgumentError(
+        "--max-request-tokens and --max-request-bytes must be positive"));
+  }
+  // SIGINT and SIGTERM: blocked here, before any thread starts (the model's
+  // streams, the server's pool inherit the mask), and taken by `stopper`,
+  // which stops the server (again and again until it has stopped: stop()
+  // does nothing before the server runs) and unblocks them for itself, so
+  // a second one ends the process at once.
   sigset_t stop_signals;
   sigemptyset(&stop_signals);
   sigaddset(&stop_signals, SIGINT);
   sigaddset(&stop_signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
-  absl::StatusOr<LoadedModel> m = load_model(f.model);
-  if (!m.ok()) return fail(m.status());
-  Api api(f, std::move(*m));
-
   httplib::Server svr;
-  svr.new_task_queue = [n = f.max_concurrent] { return new httplib::ThreadPool(n + 2); };
-  svr.set_payload_max_length(f.max_request_bytes);
-  svr.set_read_timeout(10, 0);
-  svr.set_write_timeout(10, 0);
-  svr.Put("/api", [&api](const httplib::Request& req, httplib::Response& res) {
-    api.handle(req, res);
+  std::atomic<bool> stop_requested{false}, done{false}, woken{false};
+  std::thread stopper([&] {
+    int sig = 0;
+    sigwait(&stop_signals, &sig);
+    if (woken.exchange(true)) return;  // run() woke it: the server has ended
+    stop_requested = true;
+    std::fprintf(stderr, "troupe serve: signal %d, stopping (another ends it at once)\n", sig);
+    pthread_sigmask(SIG_UNBLOCK, &stop_signals, nullptr);
+    while (!done) {
+      svr.stop();
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
   });
+  auto finish = [&](int rc) {
+    done = true;
+    if (!woken.exchange(true)) pthread_kill(stopper.native_handle(), SIGTERM);  // wakes sigwait
+    stopper.join();
+    return rc;
+  };
+
+  absl::StatusOr<LoadedModel> m = load_model(f.model);
+  if (!m.ok()) return finish(fail(m.status()));
+  if (stop_requested) return finish(0);
+  Api api(f, std::move(*m));
+  svr.new_task_queue = [n = f.max_concurrent] { return new httplib::ThreadPool(n + 4); };
+  svr.set_payload_max_length(f.max_request_bytes);
+  svr.set_read_timeout(5, 0);
+  svr.set_write_timeout(10, 0);
+  svr.set_keep_alive_timeout(2);
+  // httplib bounds a body by its Content-Length only: a chunked one is refused.
+  svr.set_pre_routing_handler([](const httplib::Request& req, httplib::Response& res) {
+    if (!req.has_header("Transfer-Encoding")) return httplib::Server::HandlerResponse::Unhandled;
+    reply_error(res, 411, "send the body with a Content-Length (chunked bodies are refused)");
+    return httplib::Server::HandlerResponse::Handled;
+  });
+  svr.Put("/api",
+          [&api](const httplib::Request& req, httplib::Response& res) { api.handle(req, res); });
   svr.Get("/health", [&api](const httplib::Request&, httplib::Response& res) {
     res.set_content(dump(json{{"status", "ok"}, {"model", api.model().description}}),
                     "application/json");
@@ -281,30 +343,18 @@ int run(const ServeFlags& f) {
                                            : "bad request";
     res.set_content(dump(json{{"error", what}}), "application/json");
   });
-  svr.set_exception_handler(
-      [](const httplib::Request&, httplib::Response& res, std::exception_ptr) {
-        reply_error(res, 500, "internal error");
-      });
+  svr.set_exception_handler([](const httplib::Request&, httplib::Response& res,
+                               std::exception_ptr) { reply_error(res, 500, "internal error"); });
   const int port = f.port == 0 ? svr.bind_to_any_port(f.host) : f.port;
   if (port < 0 || (f.port != 0 && !svr.bind_to_port(f.host, f.port))) {
-    return fail(absl::UnavailableError(
-        absl::StrCat("--host ", f.host, " --port ", f.port, ": cannot listen there")));
+    return finish(fail(absl::UnavailableError(
+        absl::StrCat("--host ", f.host, " --port ", f.port, ": cannot listen there"))));
   }
   std::fprintf(stderr, "troupe serve: %s\n", api.model().description.c_str());
   std::fprintf(stderr, "troupe serve: listening on http://%s:%d (PUT /api, GET /health)\n",
                f.host.c_str(), port);
-  std::atomic<bool> done{false};
-  std::thread stopper([&] {
-    int sig = 0;
-    sigwait(&stop_signals, &sig);
-    if (!done) std::fprintf(stderr, "troupe serve: signal %d, stopping\n", sig);
-    svr.stop();
-  });
   const bool ok = svr.listen_after_bind();
-  done = true;
-  pthread_kill(stopper.native_handle(), SIGTERM);  // wakes its sigwait if no signal came
-  stopper.join();
-  return ok ? 0 : 1;
+  return finish(ok || stop_requested ? 0 : 1);
 }
 
 }  // namespace
@@ -319,10 +369,11 @@ Command add_serve_command(CLI::App& app) {
   cmd->add_option("--max-request-bytes", f->max_request_bytes, "Largest request body")
       ->capture_default_str();
   cmd->add_option("--max-concurrent", f->max_concurrent,
-                  "Requests in progress at once (more are answered 503)")
+                  "Requests in progress at once, 1 to 1024 (more are answered 503)")
       ->capture_default_str();
   cmd->add_option("--max-request-tokens", f->max_request_tokens,
-                  "Largest prompts x tokens_to_generate of one request")
+                  "Most tokens one request may need: its prompts' tokens and "
+                  "tokens_to_generate for each")
       ->capture_default_str();
   cmd->add_option("--seed", f->seed, "Seeds the requests that give no random_seed")
       ->capture_default_str();

@@ -73,15 +73,12 @@ gpu::VocabSlice Decoder::vocab_slice() const {
 
 Tensor Decoder::output() const { return first(h_, n_); }
 
-Tensor Decoder::logits() const {
-  return first(logits_, which_ == Logits::kLast ? 1 : n_);
-}
+Tensor Decoder::logits() const { return first(logits_, which_ == Logits::kLast ? 1 : n_); }
 
 Tensor Decoder::gathered_logits(gpu::Stream& s) {
   const Tensor mine = logits();
   if (tp_.slice.tp == 1) return mine;
-  const Tensor all =
-      gathered_.view(0, {tp_.slice.tp, mine.size(0), mine.size(1), mine.size(2)});
+  const Tensor all = gathered_.view(0, {tp_.slice.tp, mine.size(0), mine.size(1), mine.size(2)});
   tp_.all_gather(s, mine, all);
   return all;
 }
@@ -93,8 +90,8 @@ void Decoder::forward(gpu::Stream& s, const Tensor& tokens, std::int64_t n, std:
   const std::int64_t C = config_.C, T = config_.T;
   if (n < 1 || pos < 0 || pos + n > T) {
     s.fail(absl::InvalidArgumentError(absl::StrCat("Decoder::forward: positions ", pos, "..",
-                                                   pos + n - 1, " are outside the context of ",
-                                                   T, " positions")));
+                                                   pos + n - 1, " are outside the context of ", T,
+                                                   " positions")));
     return;
   }
   n_ = n;
@@ -117,16 +114,16 @@ void Decoder::forward(gpu::Stream& s, const Tensor& tokens, std::int64_t n, std:
   }
   const std::int64_t Vl = logits_.size(-1);
   for (std::int64_t b = 0; b < B_; b++) {
-    ops::matmul_forward(s, logits_.view(b * Vl, {1, 1, Vl}), ln.view((b * n + n - 1) * C, {1, 1, C}),
-                        p_.wte, Tensor{});
+    ops::matmul_forward(s, logits_.view(b * Vl, {1, 1, Vl}),
+                        ln.view((b * n + n - 1) * C, {1, 1, C}), p_.wte, Tensor{});
   }
 }
 
 void Decoder::layer_forward(gpu::Stream& s, int l, std::int64_t pos, std::int64_t n) {
   const LayerParams& p = p_.h[static_cast<std::size_t>(l)];
-  const Tensor h = first(h_, n), res2 = first(res2_, n), ln = first(ln_, n),
-               proj = first(proj_, n), qkv = first(qkv_, n), atty = first(atty_, n),
-               fch = first(fch_, n), fch_gelu = first(fch_gelu_, n);
+  const Tensor h = first(h_, n), res2 = first(res2_, n), ln = first(ln_, n), proj = first(proj_, n),
+               qkv = first(qkv_, n), atty = first(atty_, n), fch = first(fch_, n),
+               fch_gelu = first(fch_gelu_, n);
   const Tensor mean = mean_.view(0, {B_, n}), rstd = rstd_.view(0, {B_, n});
   const Tensor att = att_.view(0, {B_, att_.size(1), n, config_.T});
   ops::layernorm_forward(s, ln, mean, rstd, h, p.ln1w, p.ln1b);

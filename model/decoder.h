@@ -79,19 +79,19 @@ class Decoder {
   GptParams p_;
   std::vector<gpu::Tensor> kcache_, vcache_;  // per layer: (B, NHl, T, HS)
   // A forward's buffers, for up to T positions (views of their first n).
-  gpu::Tensor h_;          // (B, T, C): the residual stream, each layer's output
-  gpu::Tensor res2_;       // (B, T, C): after the attention branch
-  gpu::Tensor ln_;         // (B, T, C)
-  gpu::Tensor mean_, rstd_;  // (B, T)
-  gpu::Tensor qkv_;        // (B, T, 3Cl)
-  gpu::Tensor att_;        // (B, NHl, T, T)
-  gpu::Tensor atty_;       // (B, T, Cl)
-  gpu::Tensor proj_;       // (B, T, C): the row-parallel projections' partial sums
+  gpu::Tensor h_;               // (B, T, C): the residual stream, each layer's output
+  gpu::Tensor res2_;            // (B, T, C): after the attention branch
+  gpu::Tensor ln_;              // (B, T, C)
+  gpu::Tensor mean_, rstd_;     // (B, T)
+  gpu::Tensor qkv_;             // (B, T, 3Cl)
+  gpu::Tensor att_;             // (B, NHl, T, T)
+  gpu::Tensor atty_;            // (B, T, Cl)
+  gpu::Tensor proj_;            // (B, T, C): the row-parallel projections' partial sums
   gpu::Tensor fch_, fch_gelu_;  // (B, T, 4Cl)
-  gpu::Tensor logits_;     // (B, T, Vl)
-  gpu::Tensor gathered_;   // (tp, B, T, Vl) when tp > 1
-  gpu::Tensor zero_wpe_;   // (T, C) zeros: TP ranks t > 0 add wpe through rank 0
-  std::int64_t n_ = 0;     // positions of the last forward
+  gpu::Tensor logits_;          // (B, T, Vl)
+  gpu::Tensor gathered_;        // (tp, B, T, Vl) when tp > 1
+  gpu::Tensor zero_wpe_;        // (T, C) zeros: TP ranks t > 0 add wpe through rank 0
+  std::int64_t n_ = 0;          // positions of the last forward
   Logits which_ = Logits::kLast;
 };
 

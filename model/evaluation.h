@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <vector>
 
@@ -18,6 +19,8 @@
 
 namespace troupe::model {
 
+// perplexity() is not clamped (Megatron reports exp(min(20, loss))); a
+// loss past 709 nats makes it inf.
 struct PerplexityResult {
   std::int64_t tokens = 0;  // targets scored: every id after the first, once
   double nll = 0;           // their summed negative log-likelihood (nats)
@@ -32,10 +35,17 @@ struct PerplexityResult {
 // scored once with at least T - S ids of context. 1 <= S <= T.
 absl::StatusOr<PerplexityResult> perplexity(LanguageModel& lm, std::span<const std::int32_t> ids,
                                             int stride);
+// The same over a stream of N ids read a window at a time: `read` fills
+// `out` with ids [begin, begin + out.size()). Ids outside [0, V) are
+// InvalidArgument.
+using IdReader = std::function<absl::Status(std::int64_t begin, std::span<std::int32_t> out)>;
+absl::StatusOr<PerplexityResult> perplexity(LanguageModel& lm, std::int64_t N, const IdReader& read,
+                                            int stride);
 
 // Strict LAMBADA: the target is the passage's last whitespace-separated
 // word, the context the text before it with surrounding whitespace
-// stripped, the target ids the BPE of ' ' + word.
+// stripped, the target ids the BPE of ' ' + word. (Whitespace is ASCII's;
+// Megatron's Python split() also splits at Unicode spaces.)
 struct LambadaExample {
   std::vector<std::int32_t> context, target;
 };

@@ -33,8 +33,7 @@ absl::Status SamplingOptions::validate(const std::string& prefix) const {
 }
 
 std::int32_t argmax(std::span<const float> logits) {
-  return static_cast<std::int32_t>(std::max_element(logits.begin(), logits.end()) -
-                                   logits.begin());
+  return static_cast<std::int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
 }
 
 double log_probability(std::span<const float> logits, std::int32_t id) {
@@ -47,14 +46,16 @@ double log_probability(std::span<const float> logits, std::int32_t id) {
 
 std::int32_t Sampler::next(std::span<const float> logits) {
   if (o_.greedy()) return argmax(logits);
-  // Softmax of logits / temperature over every id, in double.
-  const double inv_t = 1.0 / o_.temperature;
+  // Softmax of logits / temperature over every id, in double, as
+  // exp((x - max) / t): never inf - inf, so a tiny t tends to greedy
+  // instead of NaN.
+  const double t = o_.temperature;
   double mx = -std::numeric_limits<double>::infinity();
-  for (float x : logits) mx = std::max(mx, x * inv_t);
+  for (float x : logits) mx = std::max(mx, static_cast<double>(x));
   kept_.clear();
   double z = 0;
   for (std::size_t i = 0; i < logits.size(); i++) {
-    const double e = std::exp(logits[i] * inv_t - mx);
+    const double e = std::exp((logits[i] - mx) / t);
     z += e;
     kept_.emplace_back(e, static_cast<std::int32_t>(i));
   }
@@ -94,16 +95,16 @@ absl::StatusOr<Generated> generate(LanguageModel& lm, std::span<const std::int32
   if (o.max_new_tokens < 0) return absl::InvalidArgumentError("max_new_tokens is negative");
   const std::int64_t need = static_cast<std::int64_t>(prompt.size()) + o.max_new_tokens;
   if (need > lm.context()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the prompt's ", prompt.size(), " tokens and ", o.max_new_tokens,
-        " new ones need ", need, " positions; the model has ", lm.context()));
+    return absl::InvalidArgumentError(absl::StrCat("the prompt's ", prompt.size(), " tokens and ",
+                                                   o.max_new_tokens, " new ones need ", need,
+                                                   " positions; the model has ", lm.context()));
   }
   if (absl::Status st = o.sampling.validate(); !st.ok()) return st;
   Generated out;
   Sampler sampler(o.sampling);
   std::vector<std::int32_t> seq(prompt.begin(), prompt.end());
   const auto V = static_cast<std::size_t>(lm.vocab());
-  std::size_t fed = 0;  // positions the model holds
+  std::size_t fed = 0;              // positions the model holds
   std::vector<float> first_logits;  // the prompt's last row, when the prompt was scored
   if (o.prompt_logprobs) {
     // The prompt's forward with every position's logits: row i scores id i + 1.

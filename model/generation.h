@@ -38,7 +38,8 @@ class LanguageModel {
 
 // Megatron's sampling arguments (--temperature, --top-k, --top-p) and a
 // seed. top_k == 1 or temperature == 0 is greedy (argmax, lowest id on a
-// tie); top_k > 1 keeps the k most likely; top_p > 0 keeps the most likely
+// tie); top_k > 1 keeps the k most likely (exactly k: the lower ids of a
+// tie at the k-th value; Megatron keeps the whole tie); top_p > 0 keeps the most likely
 // ids until their probability reaches top_p (the one crossing it
 // included); both may not be set.
 struct SamplingOptions {
@@ -82,8 +83,8 @@ struct GenerateOptions {
 };
 
 struct Generated {
-  std::vector<std::int32_t> tokens;  // the new ids; ends with eod when it stopped there
-  std::vector<double> logprobs;      // each new id's log probability (before sampling's changes)
+  std::vector<std::int32_t> tokens;     // the new ids; ends with eod when it stopped there
+  std::vector<double> logprobs;         // each new id's log probability (before sampling's changes)
   std::vector<double> prompt_logprobs;  // prompt ids 1.. (with GenerateOptions::prompt_logprobs)
   bool stopped_at_eod = false;
 };

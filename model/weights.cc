@@ -61,14 +61,17 @@ absl::StatusOr<GptConfig> weights_config(const std::string& path, const GptConfi
   absl::StatusOr<SafetensorsFile> f = SafetensorsFile::open(path, SafetensorsFile::Read::kHeader);
   if (!f.ok()) return f.status();
   GptConfig c = base;
-  const std::pair<const char*, int*> keys[] = {
-      {"n_layer", &c.L}, {"n_embd", &c.C}, {"n_head", &c.NH}, {"vocab_size", &c.V}, {"n_ctx", &c.T}};
+  const std::pair<const char*, int*> keys[] = {{"n_layer", &c.L},
+                                               {"n_embd", &c.C},
+                                               {"n_head", &c.NH},
+                                               {"vocab_size", &c.V},
+                                               {"n_ctx", &c.T}};
   for (const auto& [key, field] : keys) {
     auto it = f->metadata().find(key);
     if (it == f->metadata().end()) continue;
     if (!absl::SimpleAtoi(it->second, field) || *field <= 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          path, ": metadata ", key, " = '", it->second, "' is not a positive integer"));
+      return absl::InvalidArgumentError(absl::StrCat(path, ": metadata ", key, " = '", it->second,
+                                                     "' is not a positive integer"));
     }
   }
   if (absl::Status st = c.validate(); !st.ok()) {
@@ -183,8 +186,8 @@ absl::Status load_weights(const std::string& path, Gpt& gpt) {
     // The LM head is tied to the token embedding; accept it only if equal.
     absl::StatusOr<const ParamSpec*> wte_spec = lay.lookup("wte.weight");
     if (!wte_spec.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat(path, ": tensor '", lm_head->name,
-                                                     "' but the model has no wte.weight to tie it to"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          path, ": tensor '", lm_head->name, "' but the model has no wte.weight to tie it to"));
     }
     const ParamSpec& wte = **wte_spec;
     std::vector<float> head(static_cast<std::size_t>(wte.numel()));
@@ -216,9 +219,8 @@ absl::Status load_weights_slice(const std::string& path, const GptConfig& config
     }
     if (ignorable(name)) continue;
     if (whole.find_or_null(name) == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat(path, ": unexpected tensor '", e.name,
-                                                     "' (not a parameter of ", config.describe(),
-                                                     ")"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          path, ": unexpected tensor '", e.name, "' (not a parameter of ", config.describe(), ")"));
     }
     if (!entry.emplace(name, &e).second) {
       return absl::InvalidArgumentError(absl::StrCat(path, ": tensor '", name, "' appears twice"));
@@ -256,7 +258,8 @@ absl::Status load_weights_slice(const std::string& path, const GptConfig& config
       }
     }
     float* dst = params + spec.offset;
-    for (std::int64_t i = 0; i < spec.numel(); i++) dst[i] = full[static_cast<std::size_t>(spec.global_index(i))];
+    for (std::int64_t i = 0; i < spec.numel(); i++)
+      dst[i] = full[static_cast<std::size_t>(spec.global_index(i))];
   }
   return absl::OkStatus();
 }

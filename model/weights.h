@@ -25,11 +25,12 @@ absl::Status load_weights(const std::string& path, Gpt& gpt);
 // rank's chunk) into `params` (layout.total() floats, host memory), reading
 // from the file only the tensors the slice holds. The same checks and
 // errors as load_weights.
+absl::Status load_weights_slice(const std::string& path, const GptConfig& config,
+                                const ParamLayout& layout, float* params);
+
 // The model a weights file holds: `base` (a preset) with the file's
 // metadata (n_layer, n_embd, n_head, vocab_size, n_ctx, as save_weights
 // writes them) in place of its own. Files from elsewhere may lack them.
 absl::StatusOr<GptConfig> weights_config(const std::string& path, const GptConfig& base);
-absl::Status load_weights_slice(const std::string& path, const GptConfig& config,
-                                const ParamLayout& layout, float* params);
 
 }  // namespace troupe::model

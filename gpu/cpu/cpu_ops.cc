@@ -100,8 +100,8 @@ class CpuKernels final : public Kernels {
   void attention_cached(Stream& s, const Tensor& out, const Tensor& att, const Tensor& kcache,
                         const Tensor& vcache, const Tensor& qkv, std::int64_t pos) override {
     on(s).enqueue_op("attention_cached", [=] {
-      cpu::attention_cached(f(out), f(att), f(kcache), f(vcache), f(qkv), qkv.size(0),
-                            qkv.size(1), qkv.size(2) / 3, kcache.size(1), kcache.size(2), pos);
+      cpu::attention_cached(f(out), f(att), f(kcache), f(vcache), f(qkv), qkv.size(0), qkv.size(1),
+                            qkv.size(2) / 3, kcache.size(1), kcache.size(2), pos);
     });
   }
 

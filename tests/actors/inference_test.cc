@@ -44,9 +44,11 @@ class InferenceTest : public ::testing::Test {
   void TearDown() override { std::filesystem::remove(path_); }
 
   std::unique_ptr<ShardedModel> sharded(int tp, int pp) {
-    auto m = ShardedModel::create(config(), {.tp = tp, .pp = pp},
-                                  [&](const model::GptConfig& c, const model::ParamLayout& l,
-                                      float* p) { return model::load_weights_slice(path_, c, l, p); });
+    auto m =
+        ShardedModel::create(config(), {.tp = tp, .pp = pp},
+                             [&](const model::GptConfig& c, const model::ParamLayout& l, float* p) {
+                               return model::load_weights_slice(path_, c, l, p);
+                             });
     EXPECT_TRUE(m.ok()) << m.status();
     return m.ok() ? std::move(*m) : nullptr;
   }
@@ -57,8 +59,9 @@ class InferenceTest : public ::testing::Test {
                                  std::vector<float>* losses = nullptr) {
     const model::GptConfig& c = gpt_->config();
     std::vector<std::int32_t> in(static_cast<std::size_t>(c.T), 0), tg(in.size(), 0);
-    std::copy(ids.begin(), ids.end(), in.begin());
-    for (std::size_t i = 0; i + 1 < ids.size(); i++) tg[i] = ids[i + 1];
+    // At most T inputs; a (T + 1)th id is only the last position's target.
+    std::copy_n(ids.begin(), std::min(ids.size(), in.size()), in.begin());
+    for (std::size_t i = 0; i + 1 < ids.size() && i < tg.size(); i++) tg[i] = ids[i + 1];
     gpu::Device& d = gpu::cpu_device();
     gpu::Tensor tokens = gpu::Tensor::empty(d, gpu::DType::kI32, {1, c.T});
     gpu::Tensor targets = gpu::Tensor::empty(d, gpu::DType::kI32, {1, c.T});
@@ -129,8 +132,8 @@ TEST_F(InferenceTest, EveryLayoutSamplesTheSameTokensAsOneRank) {
   ASSERT_NE(one, nullptr);
   const std::vector<std::int32_t> want = record(*one, &want_logits);
   ASSERT_EQ(want.size(), 25u);
-  for (auto [tp, pp] : {std::pair{2, 1}, std::pair{1, 2}, std::pair{2, 2}, std::pair{4, 1},
-                        std::pair{1, 4}}) {
+  for (auto [tp, pp] :
+       {std::pair{2, 1}, std::pair{1, 2}, std::pair{2, 2}, std::pair{4, 1}, std::pair{1, 4}}) {
     SCOPED_TRACE(absl::StrCat("tp ", tp, " pp ", pp));
     auto lm = sharded(tp, pp);
     ASSERT_NE(lm, nullptr);
@@ -251,8 +254,14 @@ TEST_F(InferenceTest, BadIdsPositionsAndLayoutsAreErrorsNotCrashes) {
   const std::vector<std::int32_t> bad = {3, config().V};
   EXPECT_TRUE(absl::IsInvalidArgument(lm->forward(bad, 0, model::Logits::kLast).status()));
   const std::vector<std::int32_t> ok = {3, 4};
-  EXPECT_TRUE(absl::IsInvalidArgument(
-      lm->forward(ok, config().T - 1, model::Logits::kLast).status()));
+  EXPECT_TRUE(
+      absl::IsInvalidArgument(lm->forward(ok, config().T - 1, model::Logits::kLast).status()));
+  // A gap in the cache (position 5 before 2..4 were fed).
+  ASSERT_TRUE(lm->forward(ok, 0, model::Logits::kLast).ok());
+  EXPECT_TRUE(absl::IsFailedPrecondition(lm->forward(ok, 5, model::Logits::kLast).status()));
+  // A target id outside the vocabulary (never fed, only scored).
+  std::vector<std::int32_t> ids = {1, 2, 3, config().V};
+  EXPECT_TRUE(absl::IsInvalidArgument(model::perplexity(*lm, ids, 8).status()));
   // The model still works after refusing them.
   EXPECT_TRUE(lm->forward(ok, 0, model::Logits::kLast).ok());
   const std::vector<std::int32_t> prompt(static_cast<std::size_t>(config().T - 3), 1);
@@ -289,6 +298,16 @@ TEST(Sampling, MegatronsFiltersAndTheirErrors) {
   seen.clear();
   for (int i = 0; i < 2000; i++) seen[p8.next(logits)]++;
   EXPECT_EQ(seen.size(), 3u);
+  // A tiny temperature tends to greedy, never NaN (1/t overflows).
+  for (double t : {1e-310, 1e-300, 1e-30}) {
+    model::Sampler tiny_t({.temperature = t, .seed = 5});
+    model::Sampler tiny_p({.temperature = t, .top_p = 0.9, .seed = 5});
+    for (int i = 0; i < 20; i++) {  // the two most likely (a tie), never another
+      const std::int32_t a = tiny_t.next(logits), b = tiny_p.next(logits);
+      EXPECT_TRUE(a == 1 || a == 3) << t << ": " << a;
+      EXPECT_TRUE(b == 1 || b == 3) << t << ": " << b;
+    }
+  }
   // One seed, one sequence.
   model::Sampler a({.seed = 9}), b({.seed = 9});
   for (int i = 0; i < 50; i++) EXPECT_EQ(a.next(logits), b.next(logits));

@@ -238,7 +238,8 @@ TEST_P(OpsTest, AttentionCachedEqualsCausalAttentionInChunks) {
     SKIP_IF_UNSUPPORTED();
     for (int b = 0; b < B; b++)
       for (int i = 0; i < n * C; i++)
-        got[static_cast<std::size_t>((b * T + pos) * C + i)] = y[static_cast<std::size_t>(b * n * C + i)];
+        got[static_cast<std::size_t>((b * T + pos) * C + i)] =
+            y[static_cast<std::size_t>(b * n * C + i)];
   }
   EXPECT_LT(rel_error(got, attention_ref(to_double(qkv), B, T, C, NH)), kFwdTol);
   const Vec k = host(kc), v = host(vc);

@@ -103,9 +103,13 @@ for tp, pp in ((2, 1), (1, 2), (2, 2), (4, 1)):
     got = json.loads(troupe(*sample, "--tp", str(tp), "--pp", str(pp)).stdout)["tokens"]
     if got != base:
         fail(f"tp {tp} pp {pp} sampled {got}, one rank {base}")
+# Prompt k samples from seed + k: the same prompt twice gets two samples,
+# the second as seed 18's first.
+two = [json.loads(line)["tokens"] for line in troupe(
+    *sample[:-4], "--seed", "17", "--prompt", prompts[0], "--prompt", prompts[0]).stdout.splitlines()]
 other = json.loads(troupe(*sample[:-4], "--seed", "18", "--prompt", prompts[0]).stdout)["tokens"]
-if other == base:
-    fail("seeds 17 and 18 sampled the same 30 tokens")
+if two[0] != base or two[1] != other or other == base:
+    fail(f"one prompt twice, seed 17: {two}; seed 17 alone {base}, seed 18 {other}")
 print(f"sampling: tp x pp 2x1, 1x2, 2x2, 4x1 give one rank's 30 tokens")
 
 # Perplexity: an indexed dataset, Megatron's windows in PyTorch.
@@ -212,6 +216,9 @@ print(f"lambada: {correct} of {len(texts)}, mean log-likelihood {want_mean:.4f},
 bad_jsonl = f"{WORK}/bad.jsonl"
 with open(bad_jsonl, "w") as f:
     f.write('{"text": "one two three"}\n{"txt": "x"}\n')
+bad_prompts = f"{WORK}/prompts.txt"
+with open(bad_prompts, "wb") as f:
+    f.write(b"a fine prompt\nnot \xff UTF-8\n")
 for args, want in [
     (["generate", *W, "--prompt", "x", "--max-new-tokens", "300"], "context of 256"),
     (["generate", *W, "--prompt", "x", "--top-k", "5", "--top-p", "0.5"], "cannot set both"),
@@ -222,9 +229,11 @@ for args, want in [
     (["eval", *W, "--task", "lambada", "--data", bad_jsonl], "bad.jsonl:2: has no string"),
     (["eval", *W, "--task", "perplexity", "--data-path", f"{WORK}/nothing"], "nothing"),
     (["eval", *W, "--task", "perplexity", "--data-path", prefix, "--stride", "300"], "--stride"),
+    (["eval", *W, "--task", "perplexity", "--data-path", prefix, "--stride", "-5"], "--stride"),
+    (["generate", *W, "--prompt-file", bad_prompts], "prompts.txt:2: "),
 ]:
     p = troupe(*args, ok=False)
     if p.returncode == 0 or want not in p.stderr:
         fail(f"troupe {' '.join(args)}: exit {p.returncode}, stderr {p.stderr!r}; want {want!r}")
-print("bad input: 9 clear errors")
+print("bad input: 11 clear errors")
 print("OK: generate and eval agree with PyTorch on every layout")

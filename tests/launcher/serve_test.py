@@ -82,8 +82,9 @@ status, j = call("GET", "/health")
 if status != 200 or j.get("status") != "ok":
     fail(f"GET /health: {status} {j}")
 
-# Megatron's request; the text is the prompt and its continuation, as
-# `troupe generate` makes it for the same seed.
+# Megatron's request; the text is the prompt and its continuation (every id,
+# a final <|endoftext|> too), as `troupe generate` makes it for the same
+# seed (prompt k: seed + k).
 req = {"prompts": ["Hello world", "The pipeline"], "tokens_to_generate": 12, "temperature": 0.8,
        "top_p": 0.9, "random_seed": 42}
 status, j = call("PUT", "/api", req)
@@ -92,15 +93,19 @@ if status != 200 or sorted(j) != ["logprobs", "segments", "text"] or j["logprobs
 for k, prompt in enumerate(req["prompts"]):
     g = json.loads(subprocess.run(
         [TROUPE, "generate", *MODEL, "--prompt", prompt, "--max-new-tokens", "12",
-         "--temperature", "0.8", "--top-p", "0.9", "--seed", "42", "--json"],
+         "--temperature", "0.8", "--top-p", "0.9", "--seed", str(42 + k), "--json"],
         capture_output=True, text=True, check=True).stdout)
-    if j["text"][k] != prompt + g["text"]:
-        fail(f"text {j['text'][k]!r} vs troupe generate's {prompt + g['text']!r}")
+    want = prompt + g["text"] + ("<|endoftext|>" if g["stop"] == "eod" else "")
+    if j["text"][k] != want:
+        fail(f"text {j['text'][k]!r} vs troupe generate's {want!r}")
     if len(j["segments"][k]) != len(g["prompt_tokens"]) + len(g["tokens"]):
         fail(f"segments {j['segments'][k]} for {len(g['prompt_tokens'])} + {len(g['tokens'])} ids")
 status, again = call("PUT", "/api", req)
 if again["text"] != j["text"]:
     fail("one random_seed gave two texts")
+status, twice = call("PUT", "/api", dict(req, prompts=["Hello world", "Hello world"]))
+if status != 200 or twice["text"][0] == twice["text"][1]:
+    fail(f"one prompt twice in a request, sampled: the same text twice: {twice}")
 print("PUT /api: Megatron's fields; the text troupe generate makes for the seed")
 
 # logprobs: every id after the first, as PyTorch's log softmax.
@@ -144,6 +149,7 @@ bad = [
     ({"body": {"prompts": ["x"], "max_len": 5}}, 400, "max_len is no longer used"),
     ({"body": {"prompts": ["x"], "stop_on_eol": True}}, 400, "not supported"),
     ({"body": {"prompts": ["x", "y"], "tokens_to_generate": 200}}, 400, "--max-request-tokens"),
+    ({"body": {"prompts": ["x", "\ud83d"]}}, 400, "not JSON"),
     ({"body": {"prompts": ["x"], "tokens_to_generate": 290}}, 400, "the model has 256"),
     ({"raw": json.dumps({"prompts": ["x" * 5000]})}, 413, "--max-request-bytes"),
 ]
@@ -154,6 +160,15 @@ for case, want_status, want in bad:
 status, j = call("GET", "/api")
 if status != 404 or "error" not in j:
     fail(f"GET /api: {status} {j}")
+# A chunked body (httplib would not bound it): 411.
+c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+c.request("PUT", "/api", body=iter([b'{"prompts": ["', b"x" * 8000, b'"]}']),
+          headers={"Content-Type": "application/json"}, encode_chunked=True)
+r = c.getresponse()
+body = r.read().decode()
+c.close()
+if r.status != 411 or "Content-Length" not in json.loads(body).get("error", ""):
+    fail(f"a chunked body: {r.status} {body}")
 # Not HTTP at all, then a request cut short: refused, not fatal.
 for junk in (b"BLAH\r\n\r\n", b"PUT /api HTTP/1.1\r\nContent-Length: 100\r\n\r\n{\"pro"):
     s = socket.create_connection(("127.0.0.1", port), timeout=30)
@@ -164,7 +179,7 @@ for junk in (b"BLAH\r\n\r\n", b"PUT /api HTTP/1.1\r\nContent-Length: 100\r\n\r\n
 status, j = call("GET", "/health")
 if status != 200 or server.poll() is not None:
     fail("the server did not survive bad requests")
-print(f"bad requests: {len(bad) + 3} refused with 4xx and a JSON error; the server carries on")
+print(f"bad requests: {len(bad) + 4} refused with 4xx and a JSON error; the server carries on")
 
 # More requests at once than --max-concurrent 2: the others get 503.
 results = []
@@ -194,4 +209,18 @@ except subprocess.TimeoutExpired:
     fail("SIGTERM did not stop the server within 20 s")
 if rc != 0:
     fail(f"the server exited {rc} on SIGTERM")
+# A signal while the model loads stops it too (before it listens).
+early = subprocess.Popen([TROUPE, "serve", *MODEL, "--port", "0"], stderr=subprocess.DEVNULL)
+time.sleep(0.05)
+early.send_signal(signal.SIGINT)
+try:
+    early.wait(timeout=30)
+except subprocess.TimeoutExpired:
+    early.kill()
+    fail("SIGINT while loading did not stop troupe serve within 30 s")
+p = subprocess.run([TROUPE, "serve", *MODEL, "--max-concurrent", "5000"], capture_output=True,
+                   text=True)
+if p.returncode == 0 or "--max-concurrent must be in [1, 1024]" not in p.stderr:
+    fail(f"--max-concurrent 5000: {p.returncode} {p.stderr}")
+print("SIGTERM stops it serving, SIGINT while loading too; --max-concurrent bounded")
 print("OK: troupe serve answers Megatron's API and refuses bad requests cleanly")
