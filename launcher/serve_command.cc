@@ -226,7 +226,7 @@ class Api {
       o.sampling = r->sampling;
       o.sampling.seed += k;  // prompt k's sampler: as `troupe generate`'s k-th prompt
       o.eod = m_.vocab->eod();
-      o.prompt_logprobs = r->logprobs;
+      o.logprobs = r->logprobs;
       absl::StatusOr<model::Generated> g = model::generate(*m_.lm, ids, o);
       if (!g.ok()) return reply_error(res, 500, std::string(g.status().message()));
       generated += static_cast<std::int64_t>(g->tokens.size());

@@ -106,7 +106,7 @@ absl::StatusOr<Generated> generate(LanguageModel& lm, std::span<const std::int32
   const auto V = static_cast<std::size_t>(lm.vocab());
   std::size_t fed = 0;              // positions the model holds
   std::vector<float> first_logits;  // the prompt's last row, when the prompt was scored
-  if (o.prompt_logprobs) {
+  if (o.logprobs) {
     // The prompt's forward with every position's logits: row i scores id i + 1.
     absl::StatusOr<std::span<const float>> all = lm.forward(seq, 0, Logits::kAll);
     if (!all.ok()) return all.status();
@@ -134,7 +134,7 @@ absl::StatusOr<Generated> generate(LanguageModel& lm, std::span<const std::int32
     const std::int32_t id = sampler.next(logits);
     if (observe) observe(logits, id);
     out.tokens.push_back(id);
-    out.logprobs.push_back(log_probability(logits, id));
+    if (o.logprobs) out.logprobs.push_back(log_probability(logits, id));
     first_logits.clear();
     seq.push_back(id);
     if (id == o.eod) {

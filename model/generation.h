@@ -77,15 +77,18 @@ struct GenerateOptions {
   // false: every step feeds the whole sequence from position 0 again (the
   // cost a KV cache saves; for benchmarks and tests).
   bool use_cache = true;
-  // Also score the prompt: the log probability of each prompt id after the
-  // first (the prompt's forward then makes the logits of every position).
-  bool prompt_logprobs = false;
+  // Also the log probabilities: of each new id, and of each prompt id
+  // after the first (the prompt's forward then makes the logits of every
+  // position). Off, a step costs no log softmax over the vocabulary.
+  bool logprobs = false;
 };
 
 struct Generated {
-  std::vector<std::int32_t> tokens;     // the new ids; ends with eod when it stopped there
-  std::vector<double> logprobs;         // each new id's log probability (before sampling's changes)
-  std::vector<double> prompt_logprobs;  // prompt ids 1.. (with GenerateOptions::prompt_logprobs)
+  std::vector<std::int32_t> tokens;  // the new ids; ends with eod when it stopped there
+  // With GenerateOptions::logprobs: each new id's log probability (of the
+  // model's distribution, before sampling's changes), and the prompt's ids 1..
+  std::vector<double> logprobs;
+  std::vector<double> prompt_logprobs;
   bool stopped_at_eod = false;
 };
 
@@ -93,7 +96,7 @@ struct Generated {
 using StepObserver = std::function<void(std::span<const float> logits, std::int32_t id)>;
 
 // The prompt (at least one id) and max_new_tokens ids after it (0: only
-// the prompt's scores, with prompt_logprobs); an InvalidArgument when they
+// the prompt's scores, with logprobs); an InvalidArgument when they
 // need more than the model's context.
 absl::StatusOr<Generated> generate(LanguageModel& lm, std::span<const std::int32_t> prompt,
                                    const GenerateOptions& o, const StepObserver& observe = {});
