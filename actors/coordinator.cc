@@ -1,7 +1,9 @@
 // Coordinator: begin_step, losses, global norm, update, ready.
 #include "actors/coordinator.h"
 
+#include <algorithm>
 #include <cmath>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -24,6 +26,7 @@ void set_checkpoints(CoordinatorSetup* setup, const RunCheckpoints& c,
   setup->exit_requested = c.exit_requested;
   setup->exit_interval = c.flags.exit_interval;
   setup->log = c.log;
+  setup->on_checkpoint = c.on_checkpoint;
   model::ckpt::Meta& m = setup->meta;
   m.options = setup->options;
   m.tp = parallel.tp;
@@ -87,6 +90,8 @@ caf::behavior Coordinator::make_behavior() {
       [this](failed_atom, int rank, const std::string& what) {
         finish(absl::InternalError(absl::StrCat(who(rank), ": ", what)));
       },
+      [this](stop_atom, int step) { stop_after_ = std::min(stop_after_, step); },
+      [this](save_now_atom) { save_now_ = true; },
   };
 }
 
@@ -225,13 +230,18 @@ void Coordinator::step_done() {
   const bool signal = setup_->exit_requested && setup_->exit_requested();
   const bool interval =
       setup_->exit_interval > 0 && step_ % setup_->exit_interval == 0 && step_ < o.steps;
-  exiting_ = signal || interval;
+  const bool stop = step_ >= stop_after_ && step_ < o.steps;
+  exiting_ = signal || interval || stop;
   if (exiting_) {
-    say(absl::StrCat(signal ? "exit signal" : "--exit-interval", ": ending after step ", step_,
+    say(absl::StrCat(signal     ? "exit signal"
+                     : interval ? "--exit-interval"
+                                : "stop requested",
+                     ": ending after step ", step_,
                      setup_->save_dir.empty() ? "" : " with a checkpoint"));
   }
+  const bool save_now = std::exchange(save_now_, false);
   if (!setup_->save_dir.empty() &&
-      model::ckpt::save_due(step_, o.steps, setup_->save_interval, exiting_)) {
+      (save_now || model::ckpt::save_due(step_, o.steps, setup_->save_interval, exiting_))) {
     return request_save(step_);
   }
   if (exiting_) return begin(o.steps + 1);
@@ -333,6 +343,9 @@ bool Coordinator::commit_save() {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - save_.t0).count();
   say(absl::StrFormat("saved checkpoint %s/%s (training waited %.3f s; written in %.2f s)",
                       setup_->save_dir, model::ckpt::iter_name(step), save_.stall_s, total));
+  if (setup_->on_checkpoint) {
+    setup_->on_checkpoint(step, absl::StrCat(setup_->save_dir, "/", model::ckpt::iter_name(step)));
+  }
   save_ = {};
   if (pending_save_ > 0) {
     const int next = pending_save_;
@@ -415,6 +428,8 @@ void Coordinator::on_exit() {
   setup_->shards.clear();
   setup_->optimizers.clear();
   setup_->on_step = nullptr;
+  setup_->log = nullptr;  // (what a host's callbacks hold goes with the run)
+  setup_->on_checkpoint = nullptr;
 }
 
 void Coordinator::finish(absl::Status st) {

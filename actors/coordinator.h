@@ -9,11 +9,13 @@
 // global micro-batch order; grad_norm over every parameter once.
 //
 // A worker that reports a failure or stops ends the run with an error naming
-// it; the run ends after the last step otherwise.
+// it; the run ends after the last step otherwise, or earlier, at a step
+// boundary, when a host asks (stop_atom; save_now_atom saves there).
 #pragma once
 
 #include <chrono>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -66,6 +68,8 @@ struct CoordinatorSetup {
   std::function<bool()> exit_requested;
   int exit_interval = 0;  // --exit-interval: end after a step that is a multiple (0: never)
   std::function<void(const std::string&)> log;  // a line for the user
+  // Once a checkpoint is committed: its step and directory (DIR/iter_N).
+  std::function<void(int step, const std::string& dir)> on_checkpoint;
 };
 
 // Fills in setup's resume and save fields from `c` (--load's step, --save's
@@ -138,6 +142,9 @@ class Coordinator : public caf::event_based_actor {
   Save save_;
   int pending_save_ = 0;
   bool ending_ = false, exiting_ = false;
+  // A host's requests (stop_atom, save_now_atom), taken at the next step boundary.
+  int stop_after_ = std::numeric_limits<int>::max();
+  bool save_now_ = false;
   // The stall watchdog: worker messages so far, and the sum of the workers'
   // own progress counters (WaitReport::progress) at its last question.
   std::uint64_t progress_ = 0;

@@ -27,6 +27,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorHost>> CoordinatorHost::listen(
     return absl::InvalidArgumentError("the coordinator needs a job token");
   }
   std::unique_ptr<CoordinatorHost> h(new CoordinatorHost(std::move(options)));
+  h->feed_ = std::make_unique<WatchFeed>();
   comm::ControlOptions control = h->options_.control;
   control.token = h->options_.token;
   control.log = h->options_.log;
@@ -39,6 +40,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorHost>> CoordinatorHost::listen(
       h->options_.listen_host, h->options_.port, std::move(control), std::move(handlers));
   if (!hub.ok()) return hub.status();
   h->hub_ = *std::move(hub);
+  h->feed_->start(h->hub_.get());
   return h;
 }
 
@@ -48,7 +50,8 @@ CoordinatorHost::~CoordinatorHost() {
   actors.insert(actors.end(), optimizers_.begin(), optimizers_.end());
   if (coordinator_) actors.push_back(coordinator_);
   if (!actors.empty()) stop_actors(*system_, actors);
-  hub_.reset();  // no handler runs after this
+  if (feed_) feed_->close();  // (what is queued for the watchers goes first)
+  hub_.reset();               // no handler runs after this
 }
 
 std::vector<CoordinatorHost::Member> CoordinatorHost::members() const {
@@ -68,6 +71,22 @@ std::string CoordinatorHost::who(int rank) const {
 }
 
 bool CoordinatorHost::on_join(int rank, const std::string& hello) {
+  if (rank >= kWatcherBase) {
+    if (hello != kWatchHello) {
+      options_.log(absl::StrCat("refused a watcher: its hello is not ", kWatchHello));
+      return false;
+    }
+    const comm::Layout layout = options_.parallel.layout();
+    feed_->add(rank, encode_watch_event({.kind = WatchEvent::Kind::kHello,
+                                         .steps = options_.options.steps,
+                                         .step = last_step_.load(),
+                                         .layout = layout.describe(),
+                                         .model = options_.options.model.describe(),
+                                         .metrics = {},
+                                         .text = "",
+                                         .stalled = false}));
+    return true;
+  }
   if (rank >= world_) {
     options_.log(absl::StrCat("refused a rank ", rank, ": the job has ", world_, " ranks"));
     return false;
@@ -123,6 +142,10 @@ bool CoordinatorHost::allowed(int rank, const Envelope& e) const {
 }
 
 void CoordinatorHost::on_frame(int rank, std::string frame) {
+  if (rank >= kWatcherBase) {  // a watcher only listens
+    hub_->drop(rank, absl::DataLossError("a watcher sent a frame"));
+    return;
+  }
   absl::StatusOr<Envelope> e = decode_envelope(*system_, frame);
   if (e.ok() && !allowed(rank, *e)) {
     e = absl::InvalidArgumentError(
@@ -175,6 +198,7 @@ void CoordinatorHost::on_frame(int rank, std::string frame) {
 }
 
 void CoordinatorHost::on_lost(int rank, absl::Status why) {
+  if (rank >= kWatcherBase) return feed_->remove(rank);
   caf::actor shard, optimizer;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -227,6 +251,13 @@ bool CoordinatorHost::wait_for_all(const int& count, bool Member::*done, const c
   return false;
 }
 
+void CoordinatorHost::publish_log(const std::string& line) {
+  WatchEvent e;
+  e.kind = WatchEvent::Kind::kLog;
+  e.text = line;
+  feed_->publish(e);
+}
+
 void CoordinatorHost::request_traces(const std::string& reason) {
   broadcast({.to = Target::kControl, .content = caf::make_message(remote_trace_atom::value, reason)});
 }
@@ -252,6 +283,14 @@ absl::Status CoordinatorHost::run(const std::function<void(const model::StepMetr
     cv_.wait(lock, [&] { return outcome_.has_value(); });
     st = *outcome_;
   }
+  feed_->publish({.kind = WatchEvent::Kind::kEnd,
+                  .steps = 0,
+                  .step = last_step_.load(),
+                  .layout = "",
+                  .model = "",
+                  .metrics = {},
+                  .text = std::string(st.message()),
+                  .stalled = absl::IsDeadlineExceeded(st)});
   finish_ranks(st);
   return st;
 }
@@ -291,9 +330,29 @@ absl::Status CoordinatorHost::run_coordinator(
   setup->shape = options_.parallel.shape();
   setup->m = options_.parallel.m(options_.options);
   setup->stall_timeout_s = options_.parallel.stall_timeout_s;
-  setup->on_step = on_step;
   setup->on_finish = [this](absl::Status st) { end(std::move(st)); };
   set_checkpoints(setup.get(), options_.checkpoints, options_.parallel);
+  // Everything the user hears reaches the watchers too.
+  setup->on_step = [this, on_step](const model::StepMetrics& m) {
+    last_step_ = m.step;
+    WatchEvent e;
+    e.kind = WatchEvent::Kind::kStep;
+    e.metrics = m;
+    feed_->publish(e);
+    if (on_step) on_step(m);
+  };
+  setup->log = [this, log = setup->log](const std::string& line) {
+    publish_log(line);
+    if (log) log(line);
+  };
+  setup->on_checkpoint = [this, saved = setup->on_checkpoint](int step, const std::string& dir) {
+    WatchEvent e;
+    e.kind = WatchEvent::Kind::kCheckpoint;
+    e.step = step;
+    e.text = dir;
+    feed_->publish(e);
+    if (saved) saved(step, dir);
+  };
   {
     std::lock_guard<std::mutex> lock(mu_);
     setup->has_valid = members_[0].hello.has_valid;

@@ -13,11 +13,16 @@
 // (d, s, t), host and pid. Nothing here waits without a bound: joining and
 // getting ready are bounded by join_timeout.
 //
+// Watchers (`troupe watch`, troupe::JobWatcher) join the same channel with
+// the token and get the run's events (actors/watch_feed.h); they never
+// count as ranks, and their coming and going never touches the run.
+//
 //   auto host = actors::CoordinatorHost::listen({.options = o, .parallel = par, .token = t});
 //   ... start the workers with (*host)->port() ...
 //   absl::Status st = (*host)->run(on_step);
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <functional>
 #include <memory>
@@ -32,6 +37,7 @@
 #include "absl/time/time.h"
 #include "actors/rank.h"
 #include "actors/remote.h"
+#include "actors/watch_feed.h"
 #include "comm/control_channel.h"
 #include "model/trainer.h"
 
@@ -76,6 +82,11 @@ class CoordinatorHost {
   void request_traces(const std::string& reason);
   // "rank 3 (d=1 s=1 t=0) on host h2, pid 1234".
   std::string who(int rank) const;
+  // A line for the watchers (`troupe watch`: actors/watch_feed.h), e.g. a
+  // warning of the launcher's; the coordinator's own lines, every step's
+  // metrics, checkpoints and the end reach them without this.
+  void publish_log(const std::string& line);
+  int watchers() const { return feed_ ? feed_->watchers() : 0; }
 
  private:
   explicit CoordinatorHost(CoordinatorHostOptions options);
@@ -99,6 +110,8 @@ class CoordinatorHost {
   caf::actor_system_config cfg_;
   std::unique_ptr<caf::actor_system> system_;
   std::unique_ptr<comm::ControlHub> hub_;
+  std::unique_ptr<WatchFeed> feed_;  // (before the hub goes)
+  std::atomic<int> last_step_{0};    // for a watcher's hello
 
   mutable std::mutex mu_;
   std::condition_variable cv_;

@@ -22,6 +22,8 @@
 //                   (snapshot_atom, int step, int rank, std::string error)  state copied ("": ok)
 //                   (saved_atom, int step, int rank, std::string records, std::string error)
 //                       a rank's checkpoint file is written (records: JSON, model/checkpoint.h)
+//                   (stop_atom, int step)   end after that step (or the one in progress, if later)
+//                   (save_now_atom)         a checkpoint after the step in progress (with --save)
 // Internal (an actor to itself, from stream and transport callbacks):
 //   (op_done_atom, int op_id), (bucket_atom, int step, int chunk, int bucket),
 //   (recv_atom, int what, int id, std::string error), (sent_atom, int what, int id, std::string error),
@@ -60,6 +62,8 @@ using added_atom = caf::atom_constant<caf::atom("added")>;
 using save_atom = caf::atom_constant<caf::atom("save")>;
 using snapshot_atom = caf::atom_constant<caf::atom("snapshot")>;
 using saved_atom = caf::atom_constant<caf::atom("saved")>;
+using stop_atom = caf::atom_constant<caf::atom("stop")>;
+using save_now_atom = caf::atom_constant<caf::atom("savenow")>;
 
 // What an actor is waiting for (the launcher's hang diagnosis asks every
 // actor): the schedule op it is at and the message it needs.

@@ -81,6 +81,8 @@ struct RunCheckpoints {
   const model::ckpt::Checkpoint* loaded = nullptr;
   std::function<bool()> exit_requested = nullptr;
   std::function<void(const std::string&)> log = nullptr;
+  // Once a checkpoint is committed: its step and directory (DIR/iter_N).
+  std::function<void(int step, const std::string& dir)> on_checkpoint = nullptr;
 };
 
 // --trace, --trace-steps, --trace-buffer: what each rank records (comm/trace.h).

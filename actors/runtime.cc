@@ -64,7 +64,8 @@ absl::Status InProcessTrainer::run(const StepCallback& on_step) {
   return run(system, on_step);
 }
 
-absl::Status InProcessTrainer::run(caf::actor_system& system, const StepCallback& on_step) {
+absl::Status InProcessTrainer::run(caf::actor_system& system, const StepCallback& on_step,
+                                   const std::function<void(const caf::actor&)>& on_started) {
   if (ran_) return absl::FailedPreconditionError("InProcessTrainer::run: already ran");
   ran_ = true;
   auto done = std::make_shared<std::promise<absl::Status>>();
@@ -92,6 +93,7 @@ absl::Status InProcessTrainer::run(caf::actor_system& system, const StepCallback
     all.push_back(a.optimizer);
   }
   caf::anon_send(coordinator, start_atom::value);
+  if (on_started) on_started(coordinator);
   absl::Status st = finished.get();
   // Before the shutdown fails what is pending: the flight recorder shows
   // what each rank was in the middle of.

@@ -47,7 +47,10 @@ class InProcessTrainer {
   // Runs options.steps steps (once per object) in its own actor system, or
   // in `system` (whose config must have had add_message_types()).
   absl::Status run(const StepCallback& on_step);
-  absl::Status run(caf::actor_system& system, const StepCallback& on_step);
+  // `on_started` gets the coordinator once the run's actors are spawned:
+  // a host may send it stop_atom and save_now_atom (actors/messages.h).
+  absl::Status run(caf::actor_system& system, const StepCallback& on_step,
+                   const std::function<void(const caf::actor&)>& on_started = nullptr);
 
   // Writes every rank's trace file into `dir` (any thread, any time: a
   // SIGUSR1 handler's thread may call it while the run goes on).

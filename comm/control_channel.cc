@@ -447,7 +447,7 @@ absl::StatusOr<std::unique_ptr<ControlLink>> ControlLink::connect(
   for (int attempt = 0;; attempt++) {
     auto connected = connect_within(&*addr, deadline);
     if (!connected.ok()) {
-      return absl::DeadlineExceededError(absl::StrCat("control channel: rank ", rank,
+      return absl::DeadlineExceededError(absl::StrCat("control channel: ", options.peer_name, " ", rank,
                                                       " cannot reach ", host, ":", port, ": ",
                                                       connected.status().message()));
     }
@@ -459,7 +459,7 @@ absl::StatusOr<std::unique_ptr<ControlLink>> ControlLink::connect(
     if (st.ok()) break;
     const auto pause = std::chrono::milliseconds(200 << std::min(attempt, 3));
     if (attempt >= 4 || Clock::now() + pause >= deadline) {
-      return absl::Status(st.code(), absl::StrCat("control channel: rank ", rank, " at ", host,
+      return absl::Status(st.code(), absl::StrCat("control channel: ", options.peer_name, " ", rank, " at ", host,
                                                   ":", port, ": ", st.message()));
     }
     link->conn_->close();  // (no goodbye on a connection that never opened)

@@ -23,5 +23,6 @@ Command add_plan_command(CLI::App& app);
 Command add_generate_command(CLI::App& app);
 Command add_eval_command(CLI::App& app);
 Command add_serve_command(CLI::App& app);
+Command add_watch_command(CLI::App& app);
 
 }  // namespace troupe::launcher

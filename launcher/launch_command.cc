@@ -46,8 +46,8 @@
 #include "launcher/hostfile.h"
 #include "launcher/launch_restart.h"
 #include "launcher/launch_support.h"
-#include "launcher/train_config.h"
-#include "launcher/train_flags.h"
+#include "api/train_config.h"
+#include "api/train_flags.h"
 #include "model/atomic_file.h"
 
 namespace troupe::launcher {
@@ -71,6 +71,14 @@ struct LaunchContext {
   json restarts = json::array();               // launch.json's record of them
   RestartMemo memo;
 };
+
+absl::Status write_token(const std::string& path, const std::string& token) {
+  absl::StatusOr<model::AtomicFile> file = model::AtomicFile::create(path, 0600);
+  absl::Status st = file.status();
+  if (st.ok()) st = file->write(token + "\n");
+  if (st.ok()) st = file->commit();
+  return st;
+}
 
 Outcome failed(std::string message, int code = 1) {
   return {.code = code, .message = std::move(message), .restartable = false, .lost_hosts = {}, .failed_at = {}};
@@ -147,8 +155,10 @@ Outcome run_attempt(LaunchContext& ctx, const AttemptPlan& plan) {
               layout.describe().c_str(), world, job.hosts.size(),
               actors::schedule_name(par.schedule).c_str(), par.m(o), o.micro_batch,
               o.global_batch, o.steps);
-  std::printf("  run directory: %s\n  coordinator: %s:%d\n", ctx.run_dir.c_str(), master.c_str(),
-              coordinator.port());
+  std::printf("  run directory: %s\n  coordinator: %s:%d (watch it: troupe watch --master-addr %s "
+              "--master-port %d --token-file %s/token)\n",
+              ctx.run_dir.c_str(), master.c_str(), coordinator.port(), master.c_str(),
+              coordinator.port(), ctx.run_dir.c_str());
   if (load != nullptr) std::printf("  %s\n", describe_load(train, *load).c_str());
   std::printf("  %5s  %-9s  %-20s  %5s  %7s\n", "rank", "(d,s,t)", "host", "local", "threads");
   std::vector<WorkerLaunch> launches;
@@ -435,6 +445,10 @@ int run_launch(LaunchFlags& f) {
     return fail(absl::StrCat("the job token (", f.token_file.empty() ? "TROUPE_JOB_TOKEN" : f.token_file,
                              ") has ", ctx.token.size(), " characters; it must have at least ",
                              comm::kMinTokenLength));
+  }
+  // For `troupe watch --token-file RUNDIR/token` (only its owner may read it).
+  if (absl::Status st = write_token(ctx.run_dir + "/token", ctx.token); !st.ok()) {
+    return fail(std::string(st.message()));
   }
 
   // SIGINT/SIGTERM end the run (with --exit-signal-handler SIGTERM ends it

@@ -21,9 +21,28 @@
 #include "absl/strings/match.h"
 #include "absl/strings/string_view.h"
 #include "launcher/hostfile.h"
-#include "launcher/train_flags.h"
+#include "api/train_config.h"
+#include "api/train_flags.h"
 
 namespace troupe::launcher {
+
+// The flag table and what reads it (api/train_flags.h, api/train_config.h).
+using api::add_train_flags;
+using api::check_writable;
+using api::describe_load;
+using api::duration;
+using api::exit_signal_received;
+using api::explain_recipe;
+using api::finish_train_flags;
+using api::forwarded_train_flags;
+using api::install_exit_signal_handler;
+using api::open_load;
+using api::print_config;
+using api::Progress;
+using api::resolve;
+using api::stage_factory;
+using api::TrainFlags;
+using api::write_trace_metrics;
 
 struct LaunchFlags {
   TrainFlags train;

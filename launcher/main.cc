@@ -26,6 +26,7 @@ int main(int argc, char** argv) {
   commands["generate"] = troupe::launcher::add_generate_command(app);
   commands["eval"] = troupe::launcher::add_eval_command(app);
   commands["serve"] = troupe::launcher::add_serve_command(app);
+  commands["watch"] = troupe::launcher::add_watch_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -28,7 +28,8 @@
 #include "comm/auth.h"
 #include "launcher/commands.h"
 #include "launcher/trace_signal.h"
-#include "launcher/train_flags.h"
+#include "api/train_flags.h"
+#include "launcher/launch_support.h"
 #include "launcher/world_env.h"
 
 namespace troupe::launcher {

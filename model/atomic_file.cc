@@ -39,7 +39,7 @@ std::string temp_name(const std::string& path) {
 
 }  // namespace
 
-absl::StatusOr<AtomicFile> AtomicFile::create(const std::string& path) {
+absl::StatusOr<AtomicFile> AtomicFile::create(const std::string& path, unsigned mode) {
   const auto [dir, name] = split(path);
   if (name.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": names a directory, not a file"));
@@ -48,7 +48,8 @@ absl::StatusOr<AtomicFile> AtomicFile::create(const std::string& path) {
   f.path_ = path;
   for (int attempt = 0; attempt < 100; attempt++) {
     f.tmp_ = temp_name(path);
-    f.fd_ = ::open(f.tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+    f.fd_ = ::open(f.tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC,
+                   static_cast<mode_t>(mode));
     if (f.fd_ >= 0) break;
     if (errno != EEXIST) {
       const int code = errno;

@@ -28,8 +28,9 @@ namespace troupe::model {
 
 class AtomicFile {
  public:
-  // Creates the temporary (mode 0666 less the umask, as a plain open would).
-  static absl::StatusOr<AtomicFile> create(const std::string& path);
+  // Creates the temporary (mode 0666 less the umask, as a plain open would;
+  // 0600 for a secret such as a job token).
+  static absl::StatusOr<AtomicFile> create(const std::string& path, unsigned mode = 0666);
 
   AtomicFile(AtomicFile&& other) noexcept;
   AtomicFile& operator=(AtomicFile&& other) noexcept;

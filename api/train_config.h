@@ -10,10 +10,10 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "launcher/train_flags.h"
+#include "api/train_flags.h"
 #include "model/trainer.h"
 
-namespace troupe::launcher {
+namespace troupe::api {
 
 // "mt-nlg" (Smith et al. 2022); InvalidArgument naming the known ones.
 absl::Status check_recipe(const std::string& name);
@@ -45,4 +45,4 @@ std::vector<ConfigValue> describe_config(const TrainFlags& f, const model::Train
 absl::Status print_config(const TrainFlags& f, const model::TrainOptions& o,
                           const std::set<std::string>& recipe_set);
 
-}  // namespace troupe::launcher
+}  // namespace troupe::api

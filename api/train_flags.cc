@@ -1,5 +1,5 @@
 // The training flags, shared by train, worker and launch.
-#include "launcher/train_flags.h"
+#include "api/train_flags.h"
 
 #include <unistd.h>
 
@@ -12,10 +12,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "actors/timed_stage.h"
-#include "launcher/train_config.h"
+#include "api/train_config.h"
 #include "model/atomic_file.h"
 
-namespace troupe::launcher {
+namespace troupe::api {
 
 std::string duration(double s) {
   if (!std::isfinite(s) || s < 0) return "?";
@@ -430,7 +430,11 @@ bool exit_signal_received() { return exit_signal.load(); }
 
 absl::StatusOr<std::optional<model::ckpt::Checkpoint>> open_load(const TrainFlags& f,
                                                                  const model::TrainOptions& o) {
-  const actors::CheckpointOptions& ck = f.checkpoint;
+  return open_load(f.checkpoint, o);
+}
+
+absl::StatusOr<std::optional<model::ckpt::Checkpoint>> open_load(
+    const actors::CheckpointOptions& ck, const model::TrainOptions& o) {
   if (ck.load.empty()) return std::nullopt;
   namespace fs = std::filesystem;
   std::error_code ec;
@@ -506,9 +510,7 @@ absl::Status finish_trace_flags(TrainFlags& f) {
 
 }  // namespace
 
-absl::Status finish_train_flags(TrainFlags& f) {
-  if (f.log_interval < 0) return absl::InvalidArgumentError("--log-interval must not be negative");
-  actors::CheckpointOptions& ck = f.checkpoint;
+absl::Status check_checkpoint_flags(const actors::CheckpointOptions& ck) {
   if (ck.save_interval < 0) {
     return absl::InvalidArgumentError("--save-interval must not be negative");
   }
@@ -533,6 +535,12 @@ absl::Status finish_train_flags(TrainFlags& f) {
     }
     if (absl::Status st = check_writable(ck.save + "/.probe", "--save"); !st.ok()) return st;
   }
+  return absl::OkStatus();
+}
+
+absl::Status finish_train_flags(TrainFlags& f) {
+  if (f.log_interval < 0) return absl::InvalidArgumentError("--log-interval must not be negative");
+  if (absl::Status st = check_checkpoint_flags(f.checkpoint); !st.ok()) return st;
   absl::StatusOr<actors::ScheduleKind> kind = actors::parse_schedule(f.schedule);
   if (!kind.ok()) return kind.status();
   f.parallel.schedule = *kind;
@@ -572,4 +580,4 @@ std::vector<std::string> forwarded_train_flags(const TrainFlags& f,
   return out;
 }
 
-}  // namespace troupe::launcher
+}  // namespace troupe::api

@@ -1,6 +1,8 @@
 // The flags of `troupe train`, shared by `troupe worker` and `troupe
-// launch` (which forwards them to its workers), and what turns them into
-// training options; the progress line and metrics JSONL of a run.
+// launch` (which forwards them to its workers) and by the embedding API
+// (troupe/troupe.h: JobConfig::from_flags), and what turns them into
+// training options; the progress line and metrics JSONL of a run. The one
+// flag table, above actors/: the libraries below it define no flags.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -16,7 +18,7 @@
 #include "model/checkpoint.h"
 #include "model/trainer.h"
 
-namespace troupe::launcher {
+namespace troupe::api {
 
 struct TrainFlags {
   std::string model = "tiny";
@@ -54,6 +56,9 @@ struct TrainFlags {
 void add_train_flags(CLI::App* cmd, TrainFlags& f);
 // After the parse: the schedule and the debug fail points, checked.
 absl::Status finish_train_flags(TrainFlags& f);
+// The checkpoint flags alone (--save made and writable, intervals, what
+// needs --save or --load), as finish_train_flags checks them.
+absl::Status check_checkpoint_flags(const actors::CheckpointOptions& ck);
 // The model chunks the flags ask for: fixed-cost ones with --debug-op-cost,
 // else nullptr (GPT chunks).
 actors::StageFactory stage_factory(const TrainFlags& f);
@@ -71,6 +76,8 @@ absl::StatusOr<model::TrainOptions> resolve(const TrainFlags& f,
 // that restarts itself). Errors name the flag and the file.
 absl::StatusOr<std::optional<model::ckpt::Checkpoint>> open_load(const TrainFlags& f,
                                                                  const model::TrainOptions& o);
+absl::StatusOr<std::optional<model::ckpt::Checkpoint>> open_load(
+    const actors::CheckpointOptions& ck, const model::TrainOptions& o);
 // The --load line of a run's banner ("resuming from DIR (step 40, tp=2 ...)").
 std::string describe_load(const TrainFlags& f, const model::ckpt::Checkpoint& c);
 // SIGTERM sets a flag (--exit-signal-handler): the run saves and ends.
@@ -132,4 +139,4 @@ class Progress {
 // (nothing without --trace).
 absl::Status write_trace_metrics(const TrainFlags& f, const Progress& progress);
 
-}  // namespace troupe::launcher
+}  // namespace troupe::api

@@ -1,5 +1,5 @@
 // --recipe and --print-config.
-#include "launcher/train_config.h"
+#include "api/train_config.h"
 
 #include <cstdio>
 
@@ -9,7 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "actors/memory_plan.h"
 
-namespace troupe::launcher {
+namespace troupe::api {
 namespace {
 
 // MT-NLG 530B's optimizer and schedule: Smith et al. 2022, "Using DeepSpeed
@@ -247,4 +247,4 @@ absl::Status print_config(const TrainFlags& f, const model::TrainOptions& o,
   return absl::OkStatus();
 }
 
-}  // namespace troupe::launcher
+}  // namespace troupe::api
