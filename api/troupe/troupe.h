@@ -15,11 +15,12 @@
 //   bool done = false;
 //   self->receive_while([&] { return !done; })(
 //       [&](troupe::metrics_atom, const std::string&, const troupe::StepMetrics& m) {
-//         if (m.loss < 5.0) self->send(*job, troupe::stop_atom::value, m.step);
+//         if (m.loss < 5.0) self->send(*job, troupe::stop_atom::value);  // after the step in
+//         progress
 //       },
-//       [&](troupe::ended_atom, const std::string&, int steps, const std::string& error) { done =
-//       true; },
-//       [](caf::message_view&) {});            // (the other events)
+//       [&](troupe::ended_atom, const std::string&, int steps, const std::string& error) {
+//         done = true;
+//       });  // (a blocking actor leaves the events it does not match in its mailbox)
 //
 // Messages to a job's handle (each may be sent with request() for a reply):
 //   (subscribe_atom, caf::actor who) -> JobStatus   who gets the events below from now on
