@@ -28,6 +28,8 @@ absl::StatusOr<std::unique_ptr<CoordinatorHost>> CoordinatorHost::listen(
   }
   std::unique_ptr<CoordinatorHost> h(new CoordinatorHost(std::move(options)));
   h->feed_ = std::make_unique<WatchFeed>();
+  const RunCheckpoints& c = h->options_.checkpoints;
+  if (c.loaded != nullptr && c.flags.load_optim) h->feed_->set_step(c.loaded->meta().step);
   comm::ControlOptions control = h->options_.control;
   control.token = h->options_.token;
   control.log = h->options_.log;
@@ -76,16 +78,17 @@ bool CoordinatorHost::on_join(int rank, const std::string& hello) {
       options_.log(absl::StrCat("refused a watcher: its hello is not ", kWatchHello));
       return false;
     }
-    const comm::Layout layout = options_.parallel.layout();
-    feed_->add(rank, encode_watch_event({.kind = WatchEvent::Kind::kHello,
-                                         .steps = options_.options.steps,
-                                         .step = last_step_.load(),
-                                         .layout = layout.describe(),
-                                         .model = options_.options.model.describe(),
-                                         .metrics = {},
-                                         .text = "",
-                                         .stalled = false}));
-    return true;
+    const bool added = feed_->add(rank, [this](int step) {
+      WatchEvent e;
+      e.kind = WatchEvent::Kind::kHello;
+      e.steps = options_.options.steps;
+      e.step = step;
+      e.layout = options_.parallel.layout().describe();
+      e.model = options_.options.model.describe();
+      return encode_watch_event(e);
+    });
+    if (!added) options_.log("refused a watcher: 64 watch already");
+    return added;
   }
   if (rank >= world_) {
     options_.log(absl::StrCat("refused a rank ", rank, ": the job has ", world_, " ranks"));
@@ -95,9 +98,9 @@ bool CoordinatorHost::on_join(int rank, const std::string& hello) {
   std::lock_guard<std::mutex> lock(mu_);
   Member& m = members_[static_cast<std::size_t>(rank)];
   if (!h.ok() || m.joined || outcome_) {
-    options_.log(absl::StrCat("refused rank ", rank, ": ",
-                              !h.ok() ? h.status().message()
-                                      : (m.joined ? "it has joined already" : "the run is over")));
+    options_.log(absl::StrCat(
+        "refused rank ", rank, ": ",
+        !h.ok() ? h.status().message() : (m.joined ? "it has joined already" : "the run is over")));
     return false;
   }
   m.joined = true;
@@ -155,13 +158,15 @@ void CoordinatorHost::on_frame(int rank, std::string frame) {
     hub_->drop(rank, absl::DataLossError(e.status().message()));
     return;
   }
-  if (e->to == Target::kControl && e->content.match_elements<remote_clock_atom, int, std::int64_t>()) {
+  if (e->to == Target::kControl &&
+      e->content.match_elements<remote_clock_atom, int, std::int64_t>()) {
     // A clock probe: answered at once, with this process's steady clock.
-    (void)hub_->send(rank, encode_envelope(*system_, {.to = Target::kControl,
-                                                      .content = caf::make_message(
-                                                          remote_clock_atom::value,
-                                                          e->content.get_as<std::int64_t>(2),
-                                                          comm::trace::now_ns())}));
+    (void)hub_->send(
+        rank,
+        encode_envelope(*system_, {.to = Target::kControl,
+                                   .content = caf::make_message(remote_clock_atom::value,
+                                                                e->content.get_as<std::int64_t>(2),
+                                                                comm::trace::now_ns())}));
     return;
   }
   std::unique_lock<std::mutex> lock(mu_);
@@ -236,7 +241,8 @@ void CoordinatorHost::cancel(absl::Status why) {
 
 bool CoordinatorHost::wait_for_all(const int& count, bool Member::*done, const char* what) {
   std::unique_lock<std::mutex> lock(mu_);
-  const auto deadline = std::chrono::steady_clock::now() + absl::ToChronoSeconds(options_.join_timeout);
+  const auto deadline =
+      std::chrono::steady_clock::now() + absl::ToChronoSeconds(options_.join_timeout);
   cv_.wait_until(lock, deadline, [&] { return count == world_ || outcome_.has_value(); });
   if (outcome_) return false;
   if (count == world_) return true;
@@ -259,7 +265,8 @@ void CoordinatorHost::publish_log(const std::string& line) {
 }
 
 void CoordinatorHost::request_traces(const std::string& reason) {
-  broadcast({.to = Target::kControl, .content = caf::make_message(remote_trace_atom::value, reason)});
+  broadcast(
+      {.to = Target::kControl, .content = caf::make_message(remote_trace_atom::value, reason)});
 }
 
 void CoordinatorHost::broadcast(const Envelope& e) {
@@ -285,12 +292,13 @@ absl::Status CoordinatorHost::run(const std::function<void(const model::StepMetr
   }
   feed_->publish({.kind = WatchEvent::Kind::kEnd,
                   .steps = 0,
-                  .step = last_step_.load(),
+                  .step = 0,
                   .layout = "",
                   .model = "",
                   .metrics = {},
                   .text = std::string(st.message()),
-                  .stalled = absl::IsDeadlineExceeded(st)});
+                  // (a deadline before the run, e.g. joining, is no stall)
+                  .stalled = absl::IsDeadlineExceeded(st) && coordinator_started_});
   finish_ranks(st);
   return st;
 }
@@ -306,8 +314,8 @@ void CoordinatorHost::finish_ranks(const absl::Status& st) {
                                           std::string(st.message()))});
   {
     std::unique_lock<std::mutex> lock(mu_);
-    const auto deadline =
-        std::chrono::steady_clock::now() + (st.ok() ? std::chrono::seconds(3600) : std::chrono::seconds(30));
+    const auto deadline = std::chrono::steady_clock::now() +
+                          (st.ok() ? std::chrono::seconds(3600) : std::chrono::seconds(30));
     cv_.wait_until(lock, deadline, [&] { return done_ >= joined_ || aborted_; });
     running_ = false;  // no frame reaches the coordinator any more
   }
@@ -334,7 +342,6 @@ absl::Status CoordinatorHost::run_coordinator(
   set_checkpoints(setup.get(), options_.checkpoints, options_.parallel);
   // Everything the user hears reaches the watchers too.
   setup->on_step = [this, on_step](const model::StepMetrics& m) {
-    last_step_ = m.step;
     WatchEvent e;
     e.kind = WatchEvent::Kind::kStep;
     e.metrics = m;
@@ -366,6 +373,7 @@ absl::Status CoordinatorHost::run_coordinator(
     setup->optimizers = optimizers_;
     coordinator_ = system_->spawn<Coordinator>(setup);
     running_ = true;
+    coordinator_started_ = true;
   }
   caf::anon_send(coordinator_, start_atom::value);
   return absl::OkStatus();

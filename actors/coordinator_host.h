@@ -22,7 +22,7 @@
 //   absl::Status st = (*host)->run(on_step);
 #pragma once
 
-#include <atomic>
+#include <caf/all.hpp>
 #include <condition_variable>
 #include <functional>
 #include <memory>
@@ -30,8 +30,6 @@
 #include <optional>
 #include <string>
 #include <vector>
-
-#include <caf/all.hpp>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -111,14 +109,14 @@ class CoordinatorHost {
   std::unique_ptr<caf::actor_system> system_;
   std::unique_ptr<comm::ControlHub> hub_;
   std::unique_ptr<WatchFeed> feed_;  // (before the hub goes)
-  std::atomic<int> last_step_{0};    // for a watcher's hello
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::vector<Member> members_;
   int joined_ = 0, ready_ = 0, done_ = 0;
   bool aborted_ = false;
-  bool running_ = false;  // stand-ins exist (frames for the coordinator are delivered)
+  bool running_ = false;              // stand-ins exist (frames for the coordinator are delivered)
+  bool coordinator_started_ = false;  // (mu_ or the run's thread before it ends)
   std::optional<absl::Status> outcome_;
   caf::actor coordinator_;
   std::vector<caf::actor> shards_, optimizers_;  // stand-ins, by rank

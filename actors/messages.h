@@ -62,8 +62,8 @@ using added_atom = caf::atom_constant<caf::atom("added")>;
 using save_atom = caf::atom_constant<caf::atom("save")>;
 using snapshot_atom = caf::atom_constant<caf::atom("snapshot")>;
 using saved_atom = caf::atom_constant<caf::atom("saved")>;
-using stop_atom = caf::atom_constant<caf::atom("stop")>;
-using save_now_atom = caf::atom_constant<caf::atom("savenow")>;
+using stop_atom = caf::atom_constant<caf::atom("trp_stop")>;  // (prefixed: public, troupe/troupe.h)
+using save_now_atom = caf::atom_constant<caf::atom("trp_save")>;
 
 // What an actor is waiting for (the launcher's hang diagnosis asks every
 // actor): the schedule op it is at and the message it needs.

@@ -146,12 +146,19 @@ void WatchFeed::start(comm::ControlHub* hub) {
   cv_.notify_all();
 }
 
-void WatchFeed::add(int id, const std::string& hello) {
+bool WatchFeed::add(int id, const std::function<std::string(int step)>& hello) {
   std::lock_guard<std::mutex> lock(mu_);
+  if (ids_.size() >= kMaxWatchers) return false;
   const std::uint64_t seq = ++seq_;
   ids_[id] = seq;
-  queue_.push_back({.to = id, .seq = seq, .frame = hello});
+  queue_.push_back({.to = id, .seq = seq, .frame = hello(step_)});
   cv_.notify_all();
+  return true;
+}
+
+void WatchFeed::set_step(int step) {
+  std::lock_guard<std::mutex> lock(mu_);
+  step_ = step;
 }
 
 void WatchFeed::remove(int id) {
@@ -168,6 +175,7 @@ int WatchFeed::watchers() const {
 void WatchFeed::publish(const WatchEvent& e) {
   std::string frame = encode_watch_event(e);
   std::lock_guard<std::mutex> lock(mu_);
+  if (e.kind == WatchEvent::Kind::kStep) step_ = e.metrics.step;
   if (ids_.empty()) return;  // nobody listens: nothing is kept
   if (queue_.size() >= kMaxQueued) queue_.pop_front();
   queue_.push_back({.to = -1, .seq = ++seq_, .frame = std::move(frame)});

@@ -16,6 +16,7 @@
 
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <string>
@@ -57,9 +58,13 @@ class WatchFeed {
   // Nothing is sent before the hub is known (it may take a watcher before
   // its maker has it); `hub` outlives the feed.
   void start(comm::ControlHub* hub);
-  // A watcher has joined (on the hub's thread): its hello goes first, then
-  // what is published after it.
-  void add(int id, const std::string& hello);
+  // A watcher has joined (on the hub's thread): its hello, made from the
+  // last step published (or set_step's), goes first, then every frame
+  // published after it -- so the watcher's steps follow its hello's, none
+  // missed or twice. False (nothing added) when kMaxWatchers watch already.
+  bool add(int id, const std::function<std::string(int step)>& hello);
+  // The step a run resumes after (before any is published).
+  void set_step(int step);
   void remove(int id);
   // Queued for every watcher (at most kMaxQueued frames wait; older ones
   // are dropped for a watcher too slow to keep up).
@@ -68,6 +73,7 @@ class WatchFeed {
 
  private:
   static constexpr std::size_t kMaxQueued = 4096;
+  static constexpr std::size_t kMaxWatchers = 64;
   void loop();
 
   struct Out {
@@ -80,6 +86,7 @@ class WatchFeed {
   std::condition_variable cv_;
   std::deque<Out> queue_;
   std::uint64_t seq_ = 0;
+  int step_ = 0;                      // the last step published
   std::map<int, std::uint64_t> ids_;  // watcher -> the seq it joined at
   bool stop_ = false;
   std::thread thread_;

@@ -11,12 +11,9 @@
 
 namespace troupe {
 
-namespace {
-constexpr char kJob[] = "launch";
-}  // namespace
-
 struct JobWatcher::Link {
   caf::actor subscriber;
+  std::string name;
   std::mutex mu;
   std::promise<absl::StatusOr<Hello>> hello;
   bool said_hello = false;
@@ -44,25 +41,25 @@ struct JobWatcher::Link {
         break;
       case actors::WatchEvent::Kind::kStep:
         step = e->metrics.step;
-        caf::anon_send(subscriber, metrics_atom::value, std::string(kJob), e->metrics);
+        caf::anon_send(subscriber, metrics_atom::value, name, e->metrics);
         if (e->metrics.val_loss) {
-          caf::anon_send(subscriber, validation_atom::value, std::string(kJob), e->metrics.step,
+          caf::anon_send(subscriber, validation_atom::value, name, e->metrics.step,
                          *e->metrics.val_loss);
         }
         break;
       case actors::WatchEvent::Kind::kLog:
-        caf::anon_send(subscriber, log_atom::value, std::string(kJob), e->text);
+        caf::anon_send(subscriber, log_atom::value, name, e->text);
         break;
       case actors::WatchEvent::Kind::kCheckpoint:
-        caf::anon_send(subscriber, checkpoint_atom::value, std::string(kJob), e->step, e->text);
+        caf::anon_send(subscriber, checkpoint_atom::value, name, e->step, e->text);
         break;
       case actors::WatchEvent::Kind::kEnd:
         ended = true;
         if (!e->text.empty()) {
-          if (e->stalled) caf::anon_send(subscriber, stall_atom::value, std::string(kJob), e->text);
-          caf::anon_send(subscriber, failure_atom::value, std::string(kJob), e->text);
+          if (e->stalled) caf::anon_send(subscriber, stall_atom::value, name, e->text);
+          caf::anon_send(subscriber, failure_atom::value, name, e->text);
         }
-        caf::anon_send(subscriber, ended_atom::value, std::string(kJob), step, e->text);
+        caf::anon_send(subscriber, ended_atom::value, name, step, e->text);
         break;
     }
   }
@@ -80,15 +77,13 @@ struct JobWatcher::Link {
     const std::string what =
         absl::StrCat("lost the job's coordinator (the job ended, restarted or was cut off): ",
                      why.ok() ? "it closed the connection" : std::string(why.message()));
-    caf::anon_send(subscriber, failure_atom::value, std::string(kJob), what);
-    caf::anon_send(subscriber, ended_atom::value, std::string(kJob), step, what);
+    caf::anon_send(subscriber, failure_atom::value, name, what);
+    caf::anon_send(subscriber, ended_atom::value, name, step, what);
   }
 };
 
-absl::StatusOr<std::unique_ptr<JobWatcher>> JobWatcher::attach(caf::actor_system& system,
-                                                               const Options& options,
+absl::StatusOr<std::unique_ptr<JobWatcher>> JobWatcher::attach(const Options& options,
                                                                const caf::actor& subscriber) {
-  (void)system;  // (the events go to `subscriber`, whatever its system)
   if (!subscriber) return absl::InvalidArgumentError("JobWatcher::attach: no subscriber");
   if (options.token.empty()) {
     return absl::InvalidArgumentError("JobWatcher::attach: no job token (it is refused without)");
@@ -97,6 +92,7 @@ absl::StatusOr<std::unique_ptr<JobWatcher>> JobWatcher::attach(caf::actor_system
   w->link_ = std::make_unique<Link>();
   Link* link = w->link_.get();
   link->subscriber = subscriber;
+  link->name = options.name;
   std::future<absl::StatusOr<Hello>> hello = link->hello.get_future();
   std::random_device rd;
   const int id = actors::kWatcherBase + static_cast<int>(rd() % (1u << 29));

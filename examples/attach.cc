@@ -26,10 +26,13 @@ int main(int argc, char** argv) {
   troupe::add_message_types(cfg);
   caf::actor_system system{cfg};
   caf::scoped_actor self{system};
-  absl::StatusOr<std::unique_ptr<troupe::JobWatcher>> watcher = troupe::JobWatcher::attach(
-      system,
-      {.host = argv[1], .port = std::atoi(argv[2]), .token = token, .connect_timeout_s = 10},
-      caf::actor(self));
+  absl::StatusOr<std::unique_ptr<troupe::JobWatcher>> watcher =
+      troupe::JobWatcher::attach({.host = argv[1],
+                                  .port = std::atoi(argv[2]),
+                                  .token = token,
+                                  .connect_timeout_s = 10,
+                                  .name = "launch"},
+                                 caf::actor(self));
   if (!watcher.ok()) {
     std::fprintf(stderr, "attach: %s\n", std::string(watcher.status().message()).c_str());
     return 1;

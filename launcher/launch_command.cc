@@ -62,6 +62,7 @@ struct LaunchContext {
   LaunchFlags& f;
   model::TrainOptions options;  // resolved, the model unsliced
   std::string run_dir, token;
+  std::string token_source;  // --token-file's path, "env" (TROUPE_JOB_TOKEN), or RUNDIR/token
   std::ofstream metrics, user_metrics;
   std::unique_ptr<Progress> progress;
   std::atomic<int> interrupted{0};
@@ -156,9 +157,11 @@ Outcome run_attempt(LaunchContext& ctx, const AttemptPlan& plan) {
               actors::schedule_name(par.schedule).c_str(), par.m(o), o.micro_batch,
               o.global_batch, o.steps);
   std::printf("  run directory: %s\n  coordinator: %s:%d (watch it: troupe watch --master-addr %s "
-              "--master-port %d --token-file %s/token)\n",
+              "--master-port %d%s)\n",
               ctx.run_dir.c_str(), master.c_str(), coordinator.port(), master.c_str(),
-              coordinator.port(), ctx.run_dir.c_str());
+              coordinator.port(),
+              ctx.token_source == "env" ? " with TROUPE_JOB_TOKEN"
+                                        : absl::StrCat(" --token-file ", ctx.token_source).c_str());
   if (load != nullptr) std::printf("  %s\n", describe_load(train, *load).c_str());
   std::printf("  %5s  %-9s  %-20s  %5s  %7s\n", "rank", "(d,s,t)", "host", "local", "threads");
   std::vector<WorkerLaunch> launches;
@@ -434,8 +437,10 @@ int run_launch(LaunchFlags& f) {
     if (!in || !std::getline(in, ctx.token) || ctx.token.empty()) {
       return fail(absl::StrCat("--token-file ", f.token_file, ": cannot read a token from it"));
     }
+    ctx.token_source = f.token_file;
   } else if (const char* env = std::getenv("TROUPE_JOB_TOKEN"); env != nullptr && *env) {
     ctx.token = env;
+    ctx.token_source = "env";
   } else {
     absl::StatusOr<std::string> t = comm::new_job_token();
     if (!t.ok()) return fail(std::string(t.status().message()));
@@ -446,9 +451,14 @@ int run_launch(LaunchFlags& f) {
                              ") has ", ctx.token.size(), " characters; it must have at least ",
                              comm::kMinTokenLength));
   }
-  // For `troupe watch --token-file RUNDIR/token` (only its owner may read it).
-  if (absl::Status st = write_token(ctx.run_dir + "/token", ctx.token); !st.ok()) {
-    return fail(std::string(st.message()));
+  // A token made here is written for `troupe watch --token-file
+  // RUNDIR/token` (only its owner may read it); one the user gave is where
+  // the user keeps it, and is not copied.
+  if (ctx.token_source.empty()) {
+    ctx.token_source = ctx.run_dir + "/token";
+    if (absl::Status st = write_token(ctx.token_source, ctx.token); !st.ok()) {
+      return fail(std::string(st.message()));
+    }
   }
 
   // SIGINT/SIGTERM end the run (with --exit-signal-handler SIGTERM ends it

@@ -49,11 +49,11 @@ int run_watch(const WatchFlags& f) {
   caf::actor_system system{cfg};
   caf::scoped_actor self{system};
   absl::StatusOr<std::unique_ptr<JobWatcher>> watcher =
-      JobWatcher::attach(system,
-                         {.host = f.master_addr,
+      JobWatcher::attach({.host = f.master_addr,
                           .port = f.master_port,
                           .token = token,
-                          .connect_timeout_s = f.connect_timeout_s},
+                          .connect_timeout_s = f.connect_timeout_s,
+                          .name = "launch"},
                          caf::actor(self));
   if (!watcher.ok()) return fail(std::string(watcher.status().message()));
   const JobWatcher::Hello& hello = (*watcher)->hello();

@@ -22,13 +22,14 @@
 //         done = true;
 //       });  // (a blocking actor leaves the events it does not match in its mailbox)
 //
-// Messages to a job's handle (each may be sent with request() for a reply):
+// Messages to a job's handle (sent with request(), subscribe and status
+// answer, save_now answers an error without --save; a plain send gets no
+// reply, and a refused save_now is a log_atom event):
 //   (subscribe_atom, caf::actor who) -> JobStatus   who gets the events below from now on
 //   (unsubscribe_atom, caf::actor who)
 //   (stop_atom)                   end after the step in progress (at a step boundary)
 //   (stop_atom, int step)         end after `step` (or the step in progress, if later)
-//   (save_now_atom)               a checkpoint after the step in progress (needs --save;
-//                                 an error reply without it)
+//   (save_now_atom)               a checkpoint after the step in progress (needs --save)
 //   (status_atom) -> JobStatus    step, layout, throughput, state
 // Events to subscribers, each with the job's name first:
 //   (metrics_atom, std::string job, StepMetrics m)         after every step
@@ -39,13 +40,15 @@
 //   (failure_atom, std::string job, std::string error)     the run failed (then ended_atom)
 //   (ended_atom, std::string job, int steps_done, std::string error)   last; error "" if OK
 //
-// Threading: the job's model and data are built, and its run waited for, on
-// a thread of its own; its actors are event-based and never block the
-// system's scheduler threads, nor does anything a host sends them. A
-// subscriber's handler runs on the system's threads like any actor's. The
-// system's destructor waits for every job: stop them first (an exit message
-// to the handle stops its job at the next step boundary and ends the handle
-// when the job has ended). docs/EMBEDDING.md has the details.
+// Threading: the job's model and data are built, and its run waited for,
+// on a thread of its own, which keeps the system up until it ends; the job's
+// actors are event-based and never wait for a run or for a host. (They do
+// the run's own work on the system's threads: the coordinator commits a
+// checkpoint -- fsync, rename -- as in `troupe train`.) A subscriber's
+// handlers run like any actor's. The system's destructor waits for every
+// job: stop them first (an exit message to the handle stops its job at the
+// next step boundary and ends the handle when the job has ended).
+// docs/EMBEDDING.md has the details.
 #pragma once
 
 #include <caf/all.hpp>
@@ -95,18 +98,20 @@ struct JobStatus {
   std::string error;             // why it failed ("" otherwise)
 };
 
-using subscribe_atom = caf::atom_constant<caf::atom("subscribe")>;
-using unsubscribe_atom = caf::atom_constant<caf::atom("unsubscr")>;
-using stop_atom = actors::stop_atom;
-using save_now_atom = actors::save_now_atom;
-using status_atom = caf::atom_constant<caf::atom("status")>;
-using metrics_atom = caf::atom_constant<caf::atom("metrics")>;
-using validation_atom = caf::atom_constant<caf::atom("validation")>;
-using checkpoint_atom = caf::atom_constant<caf::atom("checkpoint")>;
-using log_atom = caf::atom_constant<caf::atom("log")>;
-using stall_atom = caf::atom_constant<caf::atom("stall")>;
-using failure_atom = caf::atom_constant<caf::atom("failure")>;
-using ended_atom = caf::atom_constant<caf::atom("ended")>;
+// (The atoms' values are prefixed "trp_": CAF atoms are global values,
+// and a host's own `stop` must not match a job's.)
+using subscribe_atom = caf::atom_constant<caf::atom("trp_subscr")>;
+using unsubscribe_atom = caf::atom_constant<caf::atom("trp_unsub")>;
+using stop_atom = actors::stop_atom;          // "trp_stop"
+using save_now_atom = actors::save_now_atom;  // "trp_save"
+using status_atom = caf::atom_constant<caf::atom("trp_status")>;
+using metrics_atom = caf::atom_constant<caf::atom("trp_metric")>;
+using validation_atom = caf::atom_constant<caf::atom("trp_valid")>;
+using checkpoint_atom = caf::atom_constant<caf::atom("trp_ckpt")>;
+using log_atom = caf::atom_constant<caf::atom("trp_log")>;
+using stall_atom = caf::atom_constant<caf::atom("trp_stall")>;
+using failure_atom = caf::atom_constant<caf::atom("trp_fail")>;
+using ended_atom = caf::atom_constant<caf::atom("trp_ended")>;
 
 // Registers every message type of troupe's actors and of this API with
 // `cfg`; call it before the actor system is made from it.
@@ -124,9 +129,11 @@ absl::StatusOr<caf::actor> spawn_job(caf::actor_system& system, JobConfig config
 // `troupe watch` uses): it proves the job token, then delivers the job's
 // events to `subscriber` as the messages above (metrics_atom, log_atom for
 // its progress and warnings, checkpoint_atom, stall_atom, failure_atom,
-// ended_atom), with the job's name "launch". Read-only: a watcher cannot
-// stop the job, and its leaving or dying never disturbs it. Several may
-// watch at once. Refused (PermissionDenied) without the job's token.
+// ended_atom), with Options::name as the job's name. The feed is
+// read-only: a watcher cannot stop the job, and its leaving or dying never
+// disturbs it; several may watch at once. Refused (PermissionDenied)
+// without the job's token -- which is the job's whole credential (a rank
+// proves the same one): give it only to whom you would let join the job.
 class JobWatcher {
  public:
   struct Options {
@@ -134,6 +141,7 @@ class JobWatcher {
     int port = 0;
     std::string token;
     double connect_timeout_s = 5;
+    std::string name = "launch";  // the job's name in the events
   };
   // What the job said when the watcher joined: its length and layout.
   struct Hello {
@@ -142,8 +150,7 @@ class JobWatcher {
     std::string layout;
     std::string model;
   };
-  static absl::StatusOr<std::unique_ptr<JobWatcher>> attach(caf::actor_system& system,
-                                                            const Options& options,
+  static absl::StatusOr<std::unique_ptr<JobWatcher>> attach(const Options& options,
                                                             const caf::actor& subscriber);
   ~JobWatcher();  // leaves (the job goes on)
   const Hello& hello() const { return hello_; }

@@ -2,7 +2,9 @@
 // its events, stop at a chosen step, save now, status, exit, bad input.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <filesystem>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -241,6 +243,110 @@ TEST(Job, AMissingDataFileIsAFailureNamingIt) {
   EXPECT_NE(h.ended_error.find("/nonexistent/corpus_text_document"), std::string::npos)
       << h.ended_error;
   EXPECT_EQ(h.failure, h.ended_error);
+}
+
+// A host actor that subscribes and asks to save with plain sends (no
+// request): no reply comes back to it, a refused save is an event, and
+// neither it nor the job dies of an unexpected message.
+TEST(Job, PlainSendsGetNoReplyAndKillNothing) {
+  caf::actor_system system{config_with_types()};
+  caf::scoped_actor self{system};
+  absl::StatusOr<caf::actor> job = spawn_job(system, pp2_dp2(4));
+  ASSERT_TRUE(job.ok()) << job.status();
+  auto host = system.spawn([job = *job, test = caf::actor(self)](caf::event_based_actor* h) {
+    h->send(job, subscribe_atom::value, caf::actor_cast<caf::actor>(h));
+    h->send(job, save_now_atom::value);  // (no --save)
+    return caf::behavior{
+        [=](log_atom, const std::string&, const std::string& line) {
+          h->send(test, log_atom::value, std::string("host"), line);
+        },
+        [=](ended_atom, const std::string& name, int steps, const std::string& error) {
+          h->send(test, ended_atom::value, name, steps, error);
+          h->quit();
+        },
+        [](metrics_atom, const std::string&, const StepMetrics&) {},
+    };
+  });
+  self->monitor(*job);
+  self->monitor(host);
+  const Heard h = listen(self);
+  EXPECT_EQ(h.ended_error, "");
+  EXPECT_EQ(h.ended_steps, 4);
+  ASSERT_FALSE(h.logs.empty());
+  EXPECT_NE(h.logs.front().find("not saved: job: save_now needs --save DIR"), std::string::npos)
+      << h.logs.front();
+  // The host ended as it meant to, normally; the job's handle lives on.
+  self->receive([&](const caf::down_msg& d) {
+    EXPECT_EQ(d.source, host);
+    EXPECT_EQ(d.reason, caf::exit_reason::normal);
+  });
+  self->request(*job, caf::infinite, status_atom::value)
+      .receive([](const JobStatus& st) { EXPECT_EQ(st.state, "ended"); },
+               [&](caf::error& e) { ADD_FAILURE() << system.render(e); });
+  self->send_exit(*job, caf::exit_reason::user_shutdown);
+}
+
+TEST(Job, ANormalExitIsIgnoredAsCafIgnoresIt) {
+  caf::actor_system system{config_with_types()};
+  caf::scoped_actor self{system};
+  absl::StatusOr<caf::actor> job = spawn_job(system, pp2_dp2(5), self);
+  ASSERT_TRUE(job.ok()) << job.status();
+  self->send_exit(*job, caf::exit_reason::normal);
+  const Heard h = listen(self);
+  EXPECT_EQ(h.ended_steps, 5);
+  self->send_exit(*job, caf::exit_reason::user_shutdown);
+}
+
+// Killed at once (before its run has a coordinator) and after a step: the
+// run stops, and the system's destructor waits for the job's thread.
+TEST(Job, AKilledHandleStopsTheRunAndTheSystemWaitsForIt) {
+  for (int at_step : {0, 2}) {
+    SCOPED_TRACE(at_step);
+    std::atomic<int> last{0};
+    {
+      caf::actor_system system{config_with_types()};
+      caf::scoped_actor self{system};
+      absl::StatusOr<caf::actor> job = spawn_job(system, pp2_dp2(100000), self);
+      ASSERT_TRUE(job.ok()) << job.status();
+      if (at_step == 0) {
+        caf::anon_send_exit(*job, caf::exit_reason::kill);
+      } else {
+        bool killed = false;
+        self->receive_while([&] { return !killed; })(
+            [&](metrics_atom, const std::string&, const StepMetrics& m) {
+              last = m.step;
+              if (m.step >= at_step) {
+                caf::anon_send_exit(*job, caf::exit_reason::kill);
+                killed = true;
+              }
+            },
+            [](log_atom, const std::string&, const std::string&) {});
+      }
+    }  // (the destructor returns once the run has stopped)
+    EXPECT_LT(last.load(), 100);
+  }
+}
+
+TEST(Job, TwoJobsMayNotShareASaveDirectory) {
+  const std::string dir = testing::TempDir() + "/job_shared_save";
+  std::filesystem::remove_all(dir);
+  caf::actor_system system{config_with_types()};
+  caf::scoped_actor self{system};
+  JobConfig a = pp2_dp2(3);
+  a.name = "a";
+  a.checkpoint.save = dir;
+  JobConfig b = a;
+  b.name = "b";
+  b.checkpoint.save = dir + "/.";  // the same directory, spelt otherwise
+  ASSERT_TRUE(spawn_job(system, a, self).ok());
+  absl::StatusOr<caf::actor> second = spawn_job(system, b, self);
+  ASSERT_FALSE(second.ok());
+  EXPECT_NE(second.status().message().find("--save"), std::string::npos) << second.status();
+  EXPECT_NE(second.status().message().find("job a"), std::string::npos) << second.status();
+  self->receive([](ended_atom, const std::string&, int, const std::string&) {});
+  // Once a has ended, its directory is free again.
+  absl::StatusOr<caf::actor> third = spawn_job(system, b, self);
+  EXPECT_TRUE(third.ok()) << third.status();
 }
 
 TEST(JobConfig, FromFlagsRefusesTheCommandLinesOwnAndNamesBadFlags) {
