@@ -34,6 +34,22 @@ absl::Status check_writable(const std::string& path, const char* flag) {
   return absl::OkStatus();
 }
 
+namespace {
+
+// Makes directory `dir` (flag `flag`'s) and checks a file can be written in it.
+absl::Status make_writable_dir(const std::string& dir, const char* flag) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec || !std::filesystem::is_directory(dir)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        flag, " ", dir, ": cannot make the directory",
+        ec ? absl::StrCat(" (", ec.message(), ")") : std::string(" (a file is in the way)")));
+  }
+  return check_writable(dir + "/.probe", flag);
+}
+
+}  // namespace
+
 int default_log_interval(int steps) { return steps <= 100 ? 1 : (steps + 50) / 100; }
 
 Progress::Progress(int steps, std::vector<std::ofstream*> metrics, int log_interval)
@@ -495,16 +511,7 @@ absl::Status finish_trace_flags(TrainFlags& f) {
     const std::filesystem::path abs = std::filesystem::absolute(*dir, ec);
     if (!ec) *dir = abs.lexically_normal().string();
   }
-  if (!tr.dir.empty()) {
-    std::error_code ec;
-    std::filesystem::create_directories(tr.dir, ec);
-    if (ec || !std::filesystem::is_directory(tr.dir)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--trace ", tr.dir, ": cannot make the directory",
-          ec ? absl::StrCat(" (", ec.message(), ")") : std::string(" (a file is in the way)")));
-    }
-    if (absl::Status st = check_writable(tr.dir + "/.probe", "--trace"); !st.ok()) return st;
-  }
+  if (!tr.dir.empty()) return make_writable_dir(tr.dir, "--trace");
   return absl::OkStatus();
 }
 
@@ -525,16 +532,7 @@ absl::Status check_checkpoint_flags(const actors::CheckpointOptions& ck) {
   if (!ck.load_optim && ck.load.empty()) {
     return absl::InvalidArgumentError("--no-load-optim needs --load DIR");
   }
-  if (!ck.save.empty()) {
-    std::error_code ec;
-    std::filesystem::create_directories(ck.save, ec);
-    if (ec || !std::filesystem::is_directory(ck.save)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--save ", ck.save, ": cannot make the directory",
-          ec ? absl::StrCat(" (", ec.message(), ")") : std::string(" (a file is in the way)")));
-    }
-    if (absl::Status st = check_writable(ck.save + "/.probe", "--save"); !st.ok()) return st;
-  }
+  if (!ck.save.empty()) return make_writable_dir(ck.save, "--save");
   return absl::OkStatus();
 }
 

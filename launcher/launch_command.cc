@@ -432,15 +432,11 @@ int run_launch(LaunchFlags& f) {
   };
   ctx.progress =
       std::make_unique<Progress>(options->steps, metric_streams(), f.train.log_interval);
-  if (!f.token_file.empty()) {
-    std::ifstream in(f.token_file);
-    if (!in || !std::getline(in, ctx.token) || ctx.token.empty()) {
-      return fail(absl::StrCat("--token-file ", f.token_file, ": cannot read a token from it"));
-    }
-    ctx.token_source = f.token_file;
-  } else if (const char* env = std::getenv("TROUPE_JOB_TOKEN"); env != nullptr && *env) {
-    ctx.token = env;
-    ctx.token_source = "env";
+  absl::StatusOr<std::optional<std::string>> given = read_job_token(f.token_file);
+  if (!given.ok()) return fail(std::string(given.status().message()));
+  if (given->has_value()) {
+    ctx.token = **given;
+    ctx.token_source = f.token_file.empty() ? "env" : f.token_file;
   } else {
     absl::StatusOr<std::string> t = comm::new_job_token();
     if (!t.ok()) return fail(std::string(t.status().message()));

@@ -5,9 +5,11 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <filesystem>
+#include <fstream>
 
 #include "absl/strings/str_cat.h"
 #include "model/atomic_file.h"
@@ -45,7 +47,8 @@ absl::StatusOr<std::string> make_run_dir(const std::string& given) {
     dir = absl::StrCat("runs/", stamp);
     for (int k = 2; ::mkdir(dir.c_str(), 0755) != 0; k++) {
       if (errno != EEXIST) {
-        return absl::InvalidArgumentError(absl::StrCat("cannot make ", dir, ": ", std::strerror(errno)));
+        return absl::InvalidArgumentError(
+            absl::StrCat("cannot make ", dir, ": ", std::strerror(errno)));
       }
       dir = absl::StrCat("runs/", stamp, "-", k);
     }
@@ -81,6 +84,22 @@ absl::Status write_json(const std::string& path, const json& j) {
   if (!f.ok()) return f.status();
   if (absl::Status st = f->write(j.dump(2) + "\n"); !st.ok()) return st;
   return f->commit();
+}
+
+absl::StatusOr<std::optional<std::string>> read_job_token(const std::string& token_file) {
+  std::string token;
+  if (!token_file.empty()) {
+    std::ifstream in(token_file);
+    if (!in || !std::getline(in, token) || token.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--token-file ", token_file, ": cannot read a token from it"));
+    }
+    return token;
+  }
+  if (const char* env = std::getenv("TROUPE_JOB_TOKEN"); env != nullptr && *env) {
+    return std::string(env);
+  }
+  return std::nullopt;
 }
 
 bool forwarded_var(absl::string_view kv) {

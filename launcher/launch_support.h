@@ -11,6 +11,7 @@
 #include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -20,9 +21,9 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/string_view.h"
-#include "launcher/hostfile.h"
 #include "api/train_config.h"
 #include "api/train_flags.h"
+#include "launcher/hostfile.h"
 
 namespace troupe::launcher {
 
@@ -73,6 +74,11 @@ absl::Status write_json(const std::string& path, const nlohmann::json& j);
 // What the workers on other hosts get from the launcher's environment (over
 // their agent's own; on this host they inherit all of it).
 bool forwarded_var(absl::string_view kv);
+
+// The job token from `token_file` (its first line) or, without one, from
+// TROUPE_JOB_TOKEN; nullopt when neither gives one. An unreadable or empty
+// file is InvalidArgument naming --token-file.
+absl::StatusOr<std::optional<std::string>> read_job_token(const std::string& token_file);
 
 // Every rank's warnings and errors on the terminal, prefixed with who it is.
 class LogEcho {

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "api/train_flags.h"
 #include "launcher/commands.h"
+#include "launcher/launch_support.h"
 #include "troupe/troupe.h"
 
 namespace troupe::launcher {
@@ -31,15 +32,9 @@ int run_watch(const WatchFlags& f) {
     std::fprintf(stderr, "troupe watch: error: %s\n", message.c_str());
     return 1;
   };
-  std::string token;
-  if (!f.token_file.empty()) {
-    std::ifstream in(f.token_file);
-    if (!in || !std::getline(in, token) || token.empty()) {
-      return fail(absl::StrCat("--token-file ", f.token_file, ": cannot read a token from it"));
-    }
-  } else if (const char* env = std::getenv("TROUPE_JOB_TOKEN"); env != nullptr && *env) {
-    token = env;
-  } else {
+  absl::StatusOr<std::optional<std::string>> token = read_job_token(f.token_file);
+  if (!token.ok()) return fail(std::string(token.status().message()));
+  if (!token->has_value()) {
     return fail(
         "no job token: give --token-file (troupe launch writes its token to RUNDIR/token) or set "
         "TROUPE_JOB_TOKEN");
@@ -51,7 +46,7 @@ int run_watch(const WatchFlags& f) {
   absl::StatusOr<std::unique_ptr<JobWatcher>> watcher =
       JobWatcher::attach({.host = f.master_addr,
                           .port = f.master_port,
-                          .token = token,
+                          .token = **token,
                           .connect_timeout_s = f.connect_timeout_s,
                           .name = "launch"},
                          caf::actor(self));
