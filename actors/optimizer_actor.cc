@@ -41,8 +41,9 @@ Partition::Partition(const StageCompute& chunk, int dp, int d, bool count_replic
   m_ = gpu::Tensor::empty(dev, gpu::DType::kF32, {n});
   v_ = gpu::Tensor::empty(dev, gpu::DType::kF32, {n});
   sum_ = gpu::Tensor::empty(dev, gpu::DType::kF32, {n});
-  norm_ = gpu::Tensor::empty(dev, gpu::DType::kF64,
-                             {std::max<std::int64_t>(1, static_cast<std::int64_t>(counted_.size()))});
+  norm_ =
+      gpu::Tensor::empty(dev, gpu::DType::kF64,
+                         {std::max<std::int64_t>(1, static_cast<std::int64_t>(counted_.size()))});
   window_ = dp > 1 ? 2 : 1;  // receive the next replica while adding this one
   staging_ = gpu::Tensor::empty(dev, gpu::DType::kF32, {window_ * n});
   if (range_.empty()) return;
@@ -89,21 +90,25 @@ double Partition::squared_norm() const {
 
 void Partition::step(gpu::Stream& s, const model::AdamWConfig& c, float lr, int step,
                      float grad_scale) const {
+  std::vector<gpu::AdamWTensor> tensors;
   for (const model::ParamSpec& spec : chunk_.layout().specs()) {
     const Range r = range_.intersect({spec.offset, spec.offset + spec.numel()});
     if (r.empty()) continue;
-    gpu::AdamWArgs args;
-    args.lr = lr;
-    args.beta1 = c.beta1;
-    args.beta2 = c.beta2;
-    args.eps = c.eps;
-    args.weight_decay = spec.decay == model::Decay::kYes ? c.weight_decay : 0.0f;
-    args.step = step;
-    args.grad_scale = grad_scale;
     const std::int64_t at = r.begin - range_.begin;
-    gpu::ops::adamw(s, view(master_, at, r.size()), view(sum_, at, r.size()),
-                    view(m_, at, r.size()), view(v_, at, r.size()), args);
+    tensors.push_back({.p = view(master_, at, r.size()),
+                       .g = view(sum_, at, r.size()),
+                       .m = view(m_, at, r.size()),
+                       .v = view(v_, at, r.size()),
+                       .weight_decay = spec.decay == model::Decay::kYes ? c.weight_decay : 0.0f});
   }
+  gpu::AdamWArgs args;
+  args.lr = lr;
+  args.beta1 = c.beta1;
+  args.beta2 = c.beta2;
+  args.eps = c.eps;
+  args.step = step;
+  args.grad_scale = grad_scale;
+  gpu::ops::adamw_many(s, tensors, args);  // one launch for the partition's pieces on CUDA
 }
 
 OptimizerActor::OptimizerActor(caf::actor_config& cfg, OptimizerSetup setup)
@@ -172,7 +177,8 @@ void OptimizerActor::begin_step(int step) {
     sum.arrived.assign(static_cast<std::size_t>(sum.contributions), 0);
     sum.posted = sum.enqueued = sum.added = 0;
     part.begin_sum(*setup_.stream);
-    for (int k = 0; k < std::min(part.window(), sum.contributions); k++) post(static_cast<int>(i), k);
+    for (int k = 0; k < std::min(part.window(), sum.contributions); k++)
+      post(static_cast<int>(i), k);
     pieces += static_cast<int>(sum.main.size() + sum.tied.size()) * setup_.shape.dp;
     if (sum.contributions == 0) sums_done_++;
   }
@@ -280,13 +286,12 @@ void OptimizerActor::on_stepped() {
     const float* data = part.master() + (p.range.begin - part.range().begin);
     for (int r = 0; r < setup_.shape.dp; r++) {
       sends_pending_++;
-      setup_.transport->send(rank_of(r, p.dst_stage),
-                             tag(MessageKind::kParamSlice, setup_.rank, p.src_chunk,
-                                 p.tied_wte ? 1 : 0),
-                             data, static_cast<std::size_t>(p.range.size()) * sizeof(float),
-                             [self](absl::Status st) {
-                               caf::anon_send(self, sent_atom::value, 0, 0, status_text(st));
-                             });
+      setup_.transport->send(
+          rank_of(r, p.dst_stage),
+          tag(MessageKind::kParamSlice, setup_.rank, p.src_chunk, p.tied_wte ? 1 : 0), data,
+          static_cast<std::size_t>(p.range.size()) * sizeof(float), [self](absl::Status st) {
+            caf::anon_send(self, sent_atom::value, 0, 0, status_text(st));
+          });
     }
   }
   phase_ = sends_pending_ > 0 ? "the shards to take the new parameters" : "idle";

@@ -72,6 +72,14 @@ void Kernels::crossentropy_combine(Stream& s, const Tensor&, const Tensor&, cons
 void Kernels::squared_norm(Stream& s, const Tensor&, const Tensor&) {
   unimplemented(s, "squared_norm");
 }
+void Kernels::adamw_many(Stream& s, const std::vector<AdamWTensor>& tensors,
+                         const AdamWArgs& args) {
+  for (const AdamWTensor& t : tensors) {
+    AdamWArgs a = args;
+    a.weight_decay = t.weight_decay;
+    adamw(s, t.p, t.g, t.m, t.v, a);
+  }
+}
 void Kernels::adamw(Stream& s, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                     const AdamWArgs&) {
   unimplemented(s, "adamw");

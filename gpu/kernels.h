@@ -11,6 +11,8 @@
 // the stream ("<op> is not implemented on <device>").
 #pragma once
 
+#include <vector>
+
 #include "absl/strings/string_view.h"
 #include "gpu/device.h"
 #include "gpu/tensor.h"
@@ -28,6 +30,13 @@ struct AdamWArgs {
   float weight_decay = 0;
   int step = 1;             // 1-based, for bias correction
   float grad_scale = 1.0f;  // clip factor applied to the gradient first
+};
+
+// One tensor of a multi-tensor AdamW step: parameters, gradient and moments
+// of one shape, and the tensor's own weight decay.
+struct AdamWTensor {
+  Tensor p, g, m, v;
+  float weight_decay = 0;
 };
 
 // The rows [begin, begin + rows) of a vocabulary of `total` ids that one
@@ -120,6 +129,11 @@ class Kernels {
   // AdamW with decoupled weight decay: p, m, v updated in place from g.
   virtual void adamw(Stream& s, const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v,
                      const AdamWArgs& args);
+  // adamw on each tensor, with its own weight decay (args.weight_decay is
+  // not used): one launch for many tensors on CUDA. The default calls adamw
+  // per tensor, in order (the CPU backend's, bitwise the same).
+  virtual void adamw_many(Stream& s, const std::vector<AdamWTensor>& tensors,
+                          const AdamWArgs& args);
   // x[:] = value
   virtual void fill(Stream& s, const Tensor& x, float value);
   // y += alpha * x

@@ -294,6 +294,20 @@ void adamw(Stream& s, const Tensor& p, const Tensor& g, const Tensor& m, const T
   if (c.ok()) s.device().kernels().adamw(s, p, g, m, v, args);
 }
 
+void adamw_many(Stream& s, const std::vector<AdamWTensor>& tensors, const AdamWArgs& args) {
+  Check c(s, "adamw_many");
+  for (std::size_t i = 0; i < tensors.size(); i++) {
+    const AdamWTensor& t = tensors[i];
+    const std::string n = absl::StrCat("[", i, "]");
+    c.f32(absl::StrCat("p", n), t.p, t.p.shape)
+        .f32(absl::StrCat("g", n), t.g, t.p.shape)
+        .f32(absl::StrCat("m", n), t.m, t.p.shape)
+        .f32(absl::StrCat("v", n), t.v, t.p.shape);
+  }
+  c.that(args.step >= 1, "step must be >= 1");
+  if (c.ok() && !tensors.empty()) s.device().kernels().adamw_many(s, tensors, args);
+}
+
 void fill(Stream& s, const Tensor& x, float value) {
   Check c(s, "fill");
   c.f32("x", x, x.shape);

@@ -43,6 +43,7 @@ void crossentropy_combine(Stream& s, const Tensor& losses, const Tensor& lse, co
 void squared_norm(Stream& s, const Tensor& out, const Tensor& x);
 void adamw(Stream& s, const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v,
            const AdamWArgs& args);
+void adamw_many(Stream& s, const std::vector<AdamWTensor>& tensors, const AdamWArgs& args);
 void fill(Stream& s, const Tensor& x, float value);
 void axpy(Stream& s, const Tensor& y, float alpha, const Tensor& x);
 

@@ -49,18 +49,23 @@ AdamW::AdamW(const ParamLayout& layout, gpu::Device& device, gpu::Stream& s) : l
 
 void AdamW::step(gpu::Stream& s, const gpu::Tensor& params, const gpu::Tensor& grads,
                  const AdamWConfig& c, float lr, int step, float grad_scale) {
+  std::vector<gpu::AdamWTensor> tensors;
+  tensors.reserve(layout_.specs().size());
   for (const ParamSpec& spec : layout_.specs()) {
-    gpu::AdamWArgs args;
-    args.lr = lr;
-    args.beta1 = c.beta1;
-    args.beta2 = c.beta2;
-    args.eps = c.eps;
-    args.weight_decay = spec.decay == Decay::kYes ? c.weight_decay : 0.0f;
-    args.step = step;
-    args.grad_scale = grad_scale;
-    gpu::ops::adamw(s, layout_.view(params, spec), layout_.view(grads, spec),
-                    layout_.view(m_, spec), layout_.view(v_, spec), args);
+    tensors.push_back({.p = layout_.view(params, spec),
+                       .g = layout_.view(grads, spec),
+                       .m = layout_.view(m_, spec),
+                       .v = layout_.view(v_, spec),
+                       .weight_decay = spec.decay == Decay::kYes ? c.weight_decay : 0.0f});
   }
+  gpu::AdamWArgs args;
+  args.lr = lr;
+  args.beta1 = c.beta1;
+  args.beta2 = c.beta2;
+  args.eps = c.eps;
+  args.step = step;
+  args.grad_scale = grad_scale;
+  gpu::ops::adamw_many(s, tensors, args);  // one launch for many tensors on CUDA
 }
 
 }  // namespace troupe::model

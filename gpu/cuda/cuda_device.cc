@@ -1,35 +1,31 @@
-// CudaDevice, CudaStream, CudaEvent on the CUDA runtime API.
+// CudaDevice, CudaStream, CudaEvent on the CUDA runtime API (the contracts
+// are in gpu/cuda/cuda_stream.h).
 #include "gpu/cuda/cuda_device.h"
 
-#include <cuda_runtime.h>
+#include <nvtx3/nvToolsExt.h>
 
-#include <atomic>
+#include <cstdlib>
+#include <cstring>
 #include <exception>
-#include <functional>
-#include <memory>
-#include <mutex>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "gpu/cuda/cuda_stream.h"
 #include "gpu/kernels.h"
 
 namespace troupe::gpu {
 namespace cuda {
-cudaError_t launch_fill(float* x, float value, std::int64_t n, cudaStream_t stream);
-}
 
 namespace {
 
-absl::Status cuda_status(cudaError_t err, absl::string_view what) {
-  if (err == cudaSuccess) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorString(err)));
-}
-
-class CudaDevice;
+constexpr std::size_t kWorkspaceBytes = 32u << 20;  // cuBLASLt's advice for Hopper
+constexpr std::size_t kRecentOps = 16;
 
 class CudaEvent final : public Event {
  public:
-  explicit CudaEvent(int device) : device_(device) {
-    cudaSetDevice(device_);
+  explicit CudaEvent(int device) {
+    cudaSetDevice(device);
     cudaEventCreateWithFlags(&event_, cudaEventDisableTiming);
   }
   ~CudaEvent() override { cudaEventDestroy(event_); }
@@ -38,139 +34,405 @@ class CudaEvent final : public Event {
   cudaEvent_t get() const { return event_; }
 
  private:
-  int device_;
   cudaEvent_t event_ = nullptr;
 };
 
-class CudaStream final : public Stream {
- public:
-  CudaStream(Device& device, int index) : device_(device), index_(index) {
-    cudaSetDevice(index_);
-    check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
-  }
-  ~CudaStream() override {
-    if (stream_ != nullptr) {
-      cudaStreamSynchronize(stream_);
-      cudaStreamDestroy(stream_);
-    }
-  }
-  Device& device() override { return device_; }
-  void record(Event& event) override {
-    check(cudaEventRecord(static_cast<CudaEvent&>(event).get(), stream_), "cudaEventRecord");
-  }
-  void wait(Event& event) override {
-    check(cudaStreamWaitEvent(stream_, static_cast<CudaEvent&>(event).get(), 0),
-          "cudaStreamWaitEvent");
-  }
-  // An exception out of `fn` would end the process on CUDA's callback
-  // thread: it fails this stream with Internal instead (the stream outlives
-  // its callbacks: its destructor synchronizes).
-  void host_callback(std::function<void()> fn) override {
-    struct HostFn {
-      CudaStream* stream;
-      std::function<void()> fn;
-    };
-    auto* heap = new HostFn{this, std::move(fn)};
-    cudaError_t err = cudaLaunchHostFunc(
-        stream_,
-        [](void* p) {
-          std::unique_ptr<HostFn> f(static_cast<HostFn*>(p));
-          try {
-            f->fn();
-          } catch (const std::exception& ex) {
-            f->stream->fail(absl::InternalError(absl::StrCat("host callback: ", ex.what())));
-          } catch (...) {
-            f->stream->fail(absl::InternalError(
-                "host callback: an exception that is not a std::exception"));
-          }
-        },
-        heap);
-    if (err != cudaSuccess) {
-      delete heap;
-      check(err, "cudaLaunchHostFunc");
-    }
-  }
-  absl::Status synchronize() override {
-    check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
-    return status();
-  }
-  absl::Status status() override {
-    std::lock_guard<std::mutex> lock(mu_);
-    return error_;
-  }
-  void fail(absl::Status error) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (error_.ok()) error_ = std::move(error);
-  }
-  cudaStream_t get() const { return stream_; }
-  void check(cudaError_t err, absl::string_view what) {
-    if (err != cudaSuccess) fail(cuda_status(err, what));
-  }
-
- private:
-  Device& device_;
-  int index_;
-  cudaStream_t stream_ = nullptr;
-  std::mutex mu_;
-  absl::Status error_;
-};
-
-class CudaKernels final : public Kernels {
- public:
-  void fill(Stream& s, const Tensor& x, float value) override {
-    auto& cs = static_cast<CudaStream&>(s);
-    cs.check(cuda::launch_fill(x.data<float>(), value, x.numel(), cs.get()), "fill");
-  }
-};
-
-class CudaDevice final : public Device {
- public:
-  explicit CudaDevice(int index) : index_(index) {}
-  DeviceKind kind() const override { return DeviceKind::kCuda; }
-  int index() const override { return index_; }
-  std::string name() const override { return absl::StrCat("cuda:", index_); }
-
-  std::shared_ptr<Storage> allocate(std::size_t bytes) override {
-    cudaSetDevice(index_);
-    void* p = nullptr;
-    if (bytes != 0 && cudaMalloc(&p, bytes) != cudaSuccess) throw std::bad_alloc();
-    auto s = std::make_shared<Storage>();
-    s->data = p;
-    s->bytes = bytes;
-    s->device = this;
-    const auto n = static_cast<std::int64_t>(bytes);
-    *live_bytes_ += n;
-    s->owner = std::shared_ptr<void>(p, [live = live_bytes_, n](void* q) {
-      if (q != nullptr) cudaFree(q);
-      *live -= n;
-    });
-    return s;
-  }
-  std::int64_t allocated_bytes() const override { return live_bytes_->load(); }
-  std::unique_ptr<Stream> make_stream(StreamOptions) override {
-    return std::make_unique<CudaStream>(*this, index_);
-  }
-  std::unique_ptr<Event> make_event() override { return std::make_unique<CudaEvent>(index_); }
-  absl::Status copy_to_host(const Tensor& src, void* dst) override {
-    cudaSetDevice(index_);
-    return cuda_status(cudaMemcpy(dst, src.raw(), src.nbytes(), cudaMemcpyDeviceToHost),
-                       "copy_to_host");
-  }
-  absl::Status copy_from_host(const void* src, const Tensor& dst) override {
-    cudaSetDevice(index_);
-    return cuda_status(cudaMemcpy(dst.raw(), src, dst.nbytes(), cudaMemcpyHostToDevice),
-                       "copy_from_host");
-  }
-  Kernels& kernels() override { return kernels_; }
-
- private:
-  int index_;
-  CudaKernels kernels_;
-  std::shared_ptr<std::atomic<std::int64_t>> live_bytes_ =
-      std::make_shared<std::atomic<std::int64_t>>(0);
-};
-
 }  // namespace
+
+absl::Status cuda_status(cudaError_t err, absl::string_view what) {
+  if (err == cudaSuccess) return absl::OkStatus();
+  return absl::InternalError(
+      absl::StrCat(what, ": ", cudaGetErrorName(err), " (", cudaGetErrorString(err), ")"));
+}
+
+const char* fault_op(Fault f) {
+  switch (f) {
+    case Fault::kEmbeddingForwardToken:
+      return "embedding_forward";
+    case Fault::kEmbeddingBackwardToken:
+      return "embedding_backward";
+    case Fault::kCrossEntropyForwardTarget:
+      return "crossentropy_forward";
+    case Fault::kCrossEntropyBackwardTarget:
+      return "crossentropy_backward";
+    case Fault::kCrossEntropyPartialTarget:
+      return "crossentropy_partial";
+    case Fault::kNone:
+      break;
+  }
+  return "an op";
+}
+
+const char* fault_what(Fault f) {
+  switch (f) {
+    case Fault::kEmbeddingForwardToken:
+    case Fault::kEmbeddingBackwardToken:
+      return "a token id";
+    case Fault::kCrossEntropyForwardTarget:
+    case Fault::kCrossEntropyBackwardTarget:
+    case Fault::kCrossEntropyPartialTarget:
+      return "a target";
+    case Fault::kNone:
+      break;
+  }
+  return "an index";
+}
+
+// ---- CudaStream ----
+
+// The fault word is cleared on the stream itself (a plain cudaMemset would
+// go on the legacy stream, unordered with this non-blocking one).
+CudaStream::CudaStream(CudaDevice& device, int index) : device_(device), index_(index) {
+  cudaSetDevice(index_);
+  check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+  slot_ = device_.take_slot(&fault_, &fault_host_);
+  if (slot_ < 0) {
+    fail(absl::ResourceExhaustedError(
+        absl::StrCat("more than ", CudaDevice::kMaxStreams, " CUDA streams at once")));
+    return;
+  }
+  std::memset(fault_host_, 0, 2 * sizeof(unsigned));
+  check(cudaMemsetAsync(fault_, 0, 2 * sizeof(unsigned), stream_), "cudaMemsetAsync(fault)");
+  const char* sync = std::getenv("TROUPE_CUDA_SYNC");
+  sync_each_op_ = sync != nullptr && std::strcmp(sync, "1") == 0;
+}
+
+// Nothing here synchronises the device: the stream's buffers go back to the
+// pool and the slabs.
+CudaStream::~CudaStream() {
+  cudaSetDevice(index_);
+  if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+  retire(/*all=*/true);
+  for (cudaEvent_t e : free_events_) cudaEventDestroy(e);
+  workspace_.reset();
+  if (slot_ >= 0) device_.release_slot(slot_);
+  if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  device_.free_deferred();
+}
+
+Device& CudaStream::device() { return device_; }
+
+void CudaStream::check(cudaError_t err, absl::string_view what) {
+  if (err != cudaSuccess) fail(cuda_status(err, what));
+}
+
+void CudaStream::record(Event& event) {
+  check(cudaEventRecord(static_cast<CudaEvent&>(event).get(), stream_), "cudaEventRecord");
+}
+
+void CudaStream::wait(Event& event) {
+  check(cudaStreamWaitEvent(stream_, static_cast<CudaEvent&>(event).get(), 0),
+        "cudaStreamWaitEvent");
+}
+
+// The fault word is copied to the host on the stream first, so the callback
+// can report a fault of an earlier op without a CUDA call. An exception out
+// of `fn` would end the process on CUDA's callback thread: it fails this
+// stream with Internal instead (the stream outlives its callbacks: its
+// destructor synchronizes).
+void CudaStream::host_callback(std::function<void()> fn) {
+  struct HostFn {
+    CudaStream* stream;
+    std::function<void()> fn;
+  };
+  check(cudaMemcpyAsync(fault_host_, fault_, 2 * sizeof(unsigned), cudaMemcpyDeviceToHost, stream_),
+        "cudaMemcpyAsync(fault)");
+  auto* heap = new HostFn{this, std::move(fn)};
+  auto run = [](void* p) {
+    std::unique_ptr<HostFn> f(static_cast<HostFn*>(p));
+    f->stream->take_fault();
+    try {
+      f->fn();
+    } catch (const std::exception& ex) {
+      f->stream->fail(absl::InternalError(absl::StrCat("host callback: ", ex.what())));
+    } catch (...) {
+      f->stream->fail(
+          absl::InternalError("host callback: an exception that is not a std::exception"));
+    }
+  };
+  cudaError_t err = cudaLaunchHostFunc(stream_, run, heap);
+  if (err != cudaSuccess) {
+    // Callbacks still run after errors (the CPU backend's contract): this
+    // one now, on the caller's thread, with the failure on the stream.
+    check(err, "cudaLaunchHostFunc");
+    run(heap);
+  }
+}
+
+void CudaStream::take_fault() {
+  const auto code = static_cast<Fault>(*static_cast<volatile unsigned*>(fault_host_));
+  if (code == Fault::kNone) return;
+  const unsigned bound = static_cast<volatile unsigned*>(fault_host_)[1];
+  fail(absl::InvalidArgumentError(
+      absl::StrCat(fault_op(code), ": ", fault_what(code), " is outside [0, ", bound, ")")));
+}
+
+absl::Status CudaStream::synchronize() {
+  cudaSetDevice(index_);
+  cudaError_t err =
+      cudaMemcpyAsync(fault_host_, fault_, 2 * sizeof(unsigned), cudaMemcpyDeviceToHost, stream_);
+  if (err == cudaSuccess) err = cudaStreamSynchronize(stream_);
+  if (err != cudaSuccess) {
+    std::string ops;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ops = absl::StrJoin(recent_, ", ");
+    }
+    fail(cuda_status(err, absl::StrCat("an asynchronous CUDA error in one of the ops since the "
+                                       "last synchronisation [",
+                                       ops, "] (TROUPE_CUDA_SYNC=1 names the op)")));
+  } else {
+    take_fault();
+    retire(/*all=*/false);  // by event: ops other threads enqueued since stay held
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    recent_.clear();
+  }
+  device_.free_deferred();
+  return status();
+}
+
+absl::Status CudaStream::status() {
+  take_fault();
+  std::lock_guard<std::mutex> lock(mu_);
+  return error_;
+}
+
+void CudaStream::fail(absl::Status error) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (error_.ok()) error_ = std::move(error);
+}
+
+void CudaStream::retire(bool all) {
+  std::deque<InFlight> done;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    while (!in_flight_.empty() && (all || cudaEventQuery(in_flight_.front().done) == cudaSuccess)) {
+      free_events_.push_back(in_flight_.front().done);
+      done.push_back(std::move(in_flight_.front()));
+      in_flight_.pop_front();
+    }
+  }
+  // `done` drops its storages here, outside the lock.
+}
+
+absl::StatusOr<Gemm> CudaStream::gemm() {
+  std::shared_ptr<Storage> ws;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ws = workspace_;
+  }
+  if (ws == nullptr) {
+    try {
+      ws = device_.allocate(kWorkspaceBytes);
+    } catch (const std::bad_alloc&) {
+      return absl::ResourceExhaustedError("no device memory for the cuBLASLt workspace");
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    if (workspace_ == nullptr) workspace_ = ws;
+    ws = workspace_;
+  }
+  return Gemm{device_.lt(), ws->data, kWorkspaceBytes};
+}
+
+Tensor CudaStream::scratch(std::size_t bytes) {
+  const auto n = static_cast<std::int64_t>((bytes + sizeof(double) - 1) / sizeof(double));
+  return Tensor::empty(device_, DType::kF64, {n > 0 ? n : 1});
+}
+
+// The op's tensors are held whatever its launch returned: a launch that
+// failed part-way may have enqueued kernels that read them.
+void CudaStream::run_op(const char* name, absl::Span<const Tensor* const> args,
+                        const std::function<absl::Status(const Launch&)>& launch) {
+  if (!status().ok()) return;
+  cudaSetDevice(index_);
+  retire(/*all=*/false);
+  (void)cudaGetLastError();  // a launch reports its own error, not an earlier call's
+  nvtxRangePushA(name);
+  absl::Status st = launch(Launch{stream_, fault_});
+  nvtxRangePop();
+  if (!st.ok()) fail(absl::Status(st.code(), absl::StrCat(name, ": ", st.message())));
+  InFlight op{nullptr, {}};
+  for (const Tensor* t : args) {
+    if (t->defined()) op.held.push_back(t->storage);
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!free_events_.empty()) {
+      op.done = free_events_.back();
+      free_events_.pop_back();
+    }
+    recent_.emplace_back(name);
+    if (recent_.size() > kRecentOps) recent_.pop_front();
+  }
+  if (op.done == nullptr) {
+    check(cudaEventCreateWithFlags(&op.done, cudaEventDisableTiming), "cudaEventCreate");
+  }
+  if (op.done != nullptr && cudaEventRecord(op.done, stream_) == cudaSuccess) {
+    std::lock_guard<std::mutex> lock(mu_);
+    in_flight_.push_back(std::move(op));
+  } else {
+    // No event to wait for: wait for the op itself before its tensors go.
+    check(cudaStreamSynchronize(stream_), name);
+    if (op.done != nullptr) {
+      std::lock_guard<std::mutex> lock(mu_);
+      free_events_.push_back(op.done);
+    }
+  }
+  if (sync_each_op_) {
+    cudaError_t err = cudaStreamSynchronize(stream_);
+    if (err != cudaSuccess) fail(cuda_status(err, name));
+  }
+}
+
+// ---- CudaDevice ----
+
+CudaDevice::CudaDevice(int index) : index_(index), kernels_(make_cuda_kernels()) {}
+
+absl::Status CudaDevice::init() {
+  cudaSetDevice(index_);
+  absl::Status st = cuda_status(cudaStreamCreateWithFlags(&io_stream_, cudaStreamNonBlocking),
+                                "cudaStreamCreate");
+  if (st.ok()) {
+    cudaMemPoolProps props{};
+    props.allocType = cudaMemAllocationTypePinned;
+    props.location.type = cudaMemLocationTypeDevice;
+    props.location.id = index_;
+    st = cuda_status(cudaMemPoolCreate(&pool_, &props), "cudaMemPoolCreate");
+  }
+  if (st.ok()) {
+    // Keep freed memory in the pool for reuse instead of returning it at
+    // each synchronisation.
+    std::uint64_t keep = ~std::uint64_t{0};
+    st = cuda_status(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &keep),
+                     "cudaMemPoolSetAttribute");
+  }
+  if (st.ok()) {
+    const std::size_t bytes = 2 * sizeof(unsigned) * kMaxStreams;
+    st = cuda_status(cudaMalloc(reinterpret_cast<void**>(&fault_words_), bytes),
+                     "cudaMalloc(fault words)");
+    if (st.ok()) {
+      st = cuda_status(cudaMallocHost(reinterpret_cast<void**>(&fault_words_host_), bytes),
+                       "cudaMallocHost(fault words)");
+    }
+    for (int i = kMaxStreams - 1; i >= 0; i--) free_slots_.push_back(i);
+  }
+  if (st.ok()) {
+    cublasStatus_t bs = cublasLtCreate(&lt_);
+    if (bs != CUBLAS_STATUS_SUCCESS) {
+      st = absl::InternalError(absl::StrCat("cublasLtCreate: ", cublasLtGetStatusString(bs)));
+    }
+  }
+  return st;
+}
+
+CudaDevice::~CudaDevice() {
+  cudaSetDevice(index_);
+  free_deferred();
+  if (io_stream_ != nullptr) {
+    cudaStreamSynchronize(io_stream_);
+    cudaStreamDestroy(io_stream_);
+  }
+  if (lt_ != nullptr) cublasLtDestroy(lt_);
+  if (fault_words_ != nullptr) cudaFree(fault_words_);
+  if (fault_words_host_ != nullptr) cudaFreeHost(fault_words_host_);
+  // A pool with live allocations (tensors that outlive their device) stays.
+  if (pool_ != nullptr && *live_bytes_ == 0) cudaMemPoolDestroy(pool_);
+}
+
+int CudaDevice::take_slot(unsigned** device_word, unsigned** host_word) {
+  std::lock_guard<std::mutex> lock(slot_mu_);
+  if (free_slots_.empty() || fault_words_ == nullptr || fault_words_host_ == nullptr) return -1;
+  const int slot = free_slots_.back();
+  free_slots_.pop_back();
+  *device_word = fault_words_ + 2 * slot;
+  *host_word = fault_words_host_ + 2 * slot;
+  return slot;
+}
+
+void CudaDevice::release_slot(int slot) {
+  std::lock_guard<std::mutex> lock(slot_mu_);
+  free_slots_.push_back(slot);
+}
+
+std::string CudaDevice::name() const { return absl::StrCat("cuda:", index_); }
+
+void CudaDevice::free_deferred() {
+  std::vector<void*> ptrs;
+  {
+    std::lock_guard<std::mutex> lock(deferred_->mu);
+    ptrs.swap(deferred_->ptrs);
+  }
+  if (ptrs.empty()) return;
+  std::lock_guard<std::mutex> lock(io_mu_);
+  cudaSetDevice(index_);
+  for (void* p : ptrs) cudaFreeAsync(p, io_stream_);
+}
+
+std::shared_ptr<Storage> CudaDevice::allocate(std::size_t bytes) {
+  free_deferred();
+  void* p = nullptr;
+  if (bytes != 0) {
+    std::lock_guard<std::mutex> lock(io_mu_);
+    cudaSetDevice(index_);
+    // Ordered after the frees on the same stream; synchronised so that any
+    // stream may use the memory at once.
+    if (cudaMallocFromPoolAsync(&p, bytes, pool_, io_stream_) != cudaSuccess ||
+        cudaStreamSynchronize(io_stream_) != cudaSuccess) {
+      throw std::bad_alloc();
+    }
+  }
+  auto s = std::make_shared<Storage>();
+  s->data = p;
+  s->bytes = bytes;
+  s->device = this;
+  const auto n = static_cast<std::int64_t>(bytes);
+  *live_bytes_ += n;
+  // The deleter only queues the pointer: it may run on a CUDA callback thread.
+  s->owner = std::shared_ptr<void>(p, [deferred = deferred_, live = live_bytes_, n](void* q) {
+    *live -= n;
+    if (q == nullptr) return;
+    std::lock_guard<std::mutex> lock(deferred->mu);
+    deferred->ptrs.push_back(q);
+  });
+  return s;
+}
+
+std::unique_ptr<Stream> CudaDevice::make_stream(StreamOptions) {
+  return std::make_unique<CudaStream>(*this, index_);
+}
+
+std::unique_ptr<Event> CudaDevice::make_event() { return std::make_unique<CudaEvent>(index_); }
+
+// Host copies run on the device's own stream and wait for it: a copy from
+// pageable memory with plain cudaMemcpy may return before the data has
+// landed, and would not be ordered with our non-blocking streams anyway.
+absl::Status CudaDevice::copy(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind,
+                              absl::string_view what) {
+  if (bytes == 0) return absl::OkStatus();
+  std::lock_guard<std::mutex> lock(io_mu_);
+  cudaSetDevice(index_);
+  cudaError_t err = cudaMemcpyAsync(dst, src, bytes, kind, io_stream_);
+  if (err == cudaSuccess) err = cudaStreamSynchronize(io_stream_);
+  return cuda_status(err, what);
+}
+
+absl::Status CudaDevice::copy_to_host(const Tensor& src, void* dst) {
+  if (src.device() != this) {
+    return absl::InvalidArgumentError(absl::StrCat("copy_to_host: not a tensor of ", name()));
+  }
+  return copy(dst, src.raw(), src.nbytes(), cudaMemcpyDeviceToHost, "copy_to_host");
+}
+
+absl::Status CudaDevice::copy_from_host(const void* src, const Tensor& dst) {
+  if (dst.device() != this) {
+    return absl::InvalidArgumentError(absl::StrCat("copy_from_host: not a tensor of ", name()));
+  }
+  return copy(dst.raw(), src, dst.nbytes(), cudaMemcpyHostToDevice, "copy_from_host");
+}
+
+}  // namespace cuda
 
 int cuda_device_count() {
   int n = 0;
@@ -187,7 +449,10 @@ absl::StatusOr<std::unique_ptr<Device>> make_cuda_device(int index) {
   if (index < 0 || index >= n) {
     return absl::UnavailableError(absl::StrCat("no CUDA device ", index, " (", n, " present)"));
   }
-  return std::unique_ptr<Device>(std::make_unique<CudaDevice>(index));
+  auto dev = std::make_unique<cuda::CudaDevice>(index);
+  absl::Status st = dev->init();
+  if (!st.ok()) return absl::UnavailableError(absl::StrCat("cuda:", index, ": ", st.message()));
+  return std::unique_ptr<Device>(std::move(dev));
 }
 
 }  // namespace troupe::gpu

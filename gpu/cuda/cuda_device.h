@@ -1,7 +1,7 @@
 // The CUDA backend's device: cudaStream_t streams, cudaEvent_t events,
-// stream-ordered allocation and host callbacks. Built only when the CUDA
-// toolkit is present (TROUPE_HAVE_CUDA). Kernels arrive one op at a time
-// (gpu/cuda/<op>.cu); ops not yet written report Unimplemented on the stream.
+// stream-ordered allocation and host callbacks, and every op of gpu/kernels.h
+// (gpu/cuda/<op>.cu; GEMMs on cuBLASLt). Built only when the CUDA toolkit is
+// present (TROUPE_HAVE_CUDA). Its contracts: gpu/cuda/cuda_stream.h.
 //
 //   absl::StatusOr<std::unique_ptr<gpu::Device>> dev = gpu::make_cuda_device(0);
 //   if (!dev.ok()) ...  // Unavailable where no GPU is present

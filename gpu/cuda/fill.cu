@@ -1,24 +1,38 @@
-// fill: x[i] = value. Kernel, then launcher.
-#include <cuda_runtime.h>
-
-#include <cstdint>
+// fill (x[:] = value) and axpy (y += alpha * x). Kernels, then launchers.
+#include "gpu/cuda/cuda_common.cuh"
 
 namespace troupe::gpu::cuda {
+namespace {
 
-__global__ void fill_kernel(float* x, float value, std::int64_t n) {
-  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+constexpr int kBlock = 256;
+
+__global__ void fill_kernel(const unsigned* fault, float* x, float value, i64 n) {
+  if (faulted(fault)) return;
+  for (i64 i = blockIdx.x * static_cast<i64>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<i64>(gridDim.x) * blockDim.x) {
     x[i] = value;
   }
 }
 
-// Returns the launch error (cudaSuccess when the kernel was enqueued).
-cudaError_t launch_fill(float* x, float value, std::int64_t n, cudaStream_t stream) {
+__global__ void axpy_kernel(const unsigned* fault, float* y, float alpha, const float* x, i64 n) {
+  if (faulted(fault)) return;
+  for (i64 i = blockIdx.x * static_cast<i64>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<i64>(gridDim.x) * blockDim.x) {
+    y[i] = fmaf(alpha, x[i], y[i]);
+  }
+}
+
+}  // namespace
+
+cudaError_t fill(const Launch& at, float* x, float value, i64 n) {
   if (n == 0) return cudaSuccess;
-  constexpr int kBlock = 256;
-  const std::int64_t blocks = (n + kBlock - 1) / kBlock;
-  const int grid = static_cast<int>(blocks < 65535 ? blocks : 65535);
-  fill_kernel<<<grid, kBlock, 0, stream>>>(x, value, n);
+  fill_kernel<<<grid_for(n, kBlock), kBlock, 0, at.stream>>>(at.fault, x, value, n);
+  return cudaGetLastError();
+}
+
+cudaError_t axpy(const Launch& at, float* y, float alpha, const float* x, i64 n) {
+  if (n == 0) return cudaSuccess;
+  axpy_kernel<<<grid_for(n, kBlock), kBlock, 0, at.stream>>>(at.fault, y, alpha, x, n);
   return cudaGetLastError();
 }
 

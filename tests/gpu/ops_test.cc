@@ -8,11 +8,9 @@
 
 #include <random>
 
+#include "tests/gpu/backends.h"
 #include "tests/gpu/reference_ops.h"
 #include "tests/test_util.h"
-#ifdef TROUPE_HAVE_CUDA
-#include "gpu/cuda/cuda_device.h"
-#endif
 
 namespace troupe::testing {
 namespace {
@@ -24,24 +22,11 @@ namespace ops = gpu::ops;
 constexpr double kFwdTol = 1e-5;  // fp32 op vs double reference, norm-wise
 constexpr double kBwdTol = 1e-4;  // fp32 backward vs double finite differences
 
-gpu::Device* backend(const std::string& name) {
-  if (name == "cpu") return &gpu::cpu_device();
-#ifdef TROUPE_HAVE_CUDA
-  static std::unique_ptr<gpu::Device> cuda = [] {
-    auto d = gpu::make_cuda_device(0);
-    return d.ok() ? std::move(*d) : nullptr;
-  }();
-  return cuda.get();
-#else
-  return nullptr;
-#endif
-}
-
 class OpsTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
     dev_ = backend(GetParam());
-    if (dev_ == nullptr) GTEST_SKIP() << GetParam() << ": no such device on this machine";
+    if (dev_ == nullptr) GTEST_SKIP() << GetParam() << ": " << no_cuda_reason();
     stream_ = dev_->make_stream({.threads = 2});
   }
   // A copy of host tensor `t` on the backend's device.
@@ -346,6 +331,50 @@ TEST_P(OpsTest, AdamWMatchesTheFormula) {
   Vec got = host(pd);
   SKIP_IF_UNSUPPORTED();
   EXPECT_LT(rel_error(got, want_p), 1e-6);
+}
+
+// Many tensors at once (more than one CUDA launch's table of 24, one of them
+// larger than a block's chunk, each with its own decay) equal adamw per
+// tensor, bit for bit.
+TEST_P(OpsTest, AdamWManyEqualsAdamWPerTensor) {
+  std::vector<gpu::AdamWTensor> many, one;
+  for (int i = 0; i < 30; i++) {
+    const int n = i == 3 ? 5000 : 1 + i * 7;
+    Tensor p = random_tensor(rng_, {n}), g = random_tensor(rng_, {n});
+    const float decay = i % 2 == 0 ? 0.1f : 0.0f;
+    many.push_back({on(p), on(g), zeros({n}), zeros({n}), decay});
+    one.push_back({on(p), on(g), zeros({n}), zeros({n}), decay});
+  }
+  gpu::AdamWArgs a;
+  a.lr = 0.01f;
+  a.weight_decay = 0.5f;  // not used: each tensor has its own
+  a.grad_scale = 0.7f;
+  for (int step = 1; step <= 2; step++) {
+    a.step = step;
+    ops::adamw_many(*stream_, many, a);
+    for (const gpu::AdamWTensor& t : one) {
+      gpu::AdamWArgs b = a;
+      b.weight_decay = t.weight_decay;
+      ops::adamw(*stream_, t.p, t.g, t.m, t.v, b);
+    }
+  }
+  for (std::size_t i = 0; i < many.size(); i++) {
+    const Vec got = host(many[i].p), want = host(one[i].p);
+    SKIP_IF_UNSUPPORTED();
+    ASSERT_TRUE(got == want) << "tensor " << i;
+    ASSERT_TRUE(host(many[i].v) == host(one[i].v)) << "tensor " << i;
+  }
+}
+
+TEST_P(OpsTest, AdamWManyNamesTheTensorWithTheBadShape) {
+  std::vector<gpu::AdamWTensor> t = {{zeros({4}), zeros({4}), zeros({4}), zeros({4}), 0.0f},
+                                     {zeros({4}), zeros({3}), zeros({4}), zeros({4}), 0.0f}};
+  gpu::AdamWArgs a;
+  a.lr = 0.1f;
+  ops::adamw_many(*stream_, t, a);
+  const absl::Status st = stream_->synchronize();
+  EXPECT_TRUE(absl::IsInvalidArgument(st)) << st;
+  EXPECT_EQ(st.message(), "adamw_many: g[1] is f32[3], want f32[4]");
 }
 
 TEST_P(OpsTest, FillAndAxpy) {

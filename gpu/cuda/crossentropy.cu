@@ -1,0 +1,166 @@
+// Cross-entropy of the LM head over a padded vocabulary (columns V..Vp-1 take
+// no part): the fused forward (softmax statistics and loss in one pass over a
+// row), the backward, and the vocab-parallel pair (partial statistics on a
+// slice, then their combination). Kernels, then launchers. A block per row;
+// every reduction is a fixed tree.
+#include "gpu/cuda/cuda_common.cuh"
+
+namespace troupe::gpu::cuda {
+namespace {
+
+constexpr int kBlock = 256;
+
+__global__ void check_targets_kernel(unsigned* fault, Fault code, const std::int32_t* targets,
+                                     i64 n, i64 V) {
+  if (faulted(fault)) return;
+  for (i64 i = blockIdx.x * static_cast<i64>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<i64>(gridDim.x) * blockDim.x) {
+    if (targets[i] < 0 || targets[i] >= V) raise_fault(fault, code, V);
+  }
+}
+
+// The row's max and sum of exp(x - max) over its first `cols` columns.
+__device__ void row_stats(const float* x, i64 cols, float* max_out, float* sum_out) {
+  __shared__ float shared[kWarp];
+  float m = -INFINITY;
+  for (i64 j = threadIdx.x; j < cols; j += blockDim.x) m = fmaxf(m, x[j]);
+  m = block_max(m, shared);
+  float s = 0.0f;
+  for (i64 j = threadIdx.x; j < cols; j += blockDim.x) s += expf(x[j] - m);
+  s = block_sum(s, shared);
+  *max_out = m;
+  *sum_out = s;
+}
+
+__global__ void crossentropy_forward_kernel(const unsigned* fault, float* losses, float* lse,
+                                            const float* logits, const std::int32_t* targets, i64 V,
+                                            i64 Vp) {
+  if (faulted(fault)) return;
+  const i64 n = blockIdx.x;
+  const float* x = logits + n * Vp;
+  float m, s;
+  row_stats(x, V, &m, &s);
+  if (threadIdx.x == 0) {
+    const float l = m + logf(s);
+    lse[n] = l;
+    losses[n] = l - x[targets[n]];
+  }
+}
+
+// Columns of a slice starting at id `begin` whose ids are below V.
+__device__ __host__ i64 local_columns(i64 V, i64 Vp, i64 begin) {
+  const i64 n = V - begin;
+  return n < 0 ? 0 : (n > Vp ? Vp : n);
+}
+
+__global__ void crossentropy_backward_kernel(const unsigned* fault, float* dlogits,
+                                             const float* logits, const float* lse,
+                                             const std::int32_t* targets, float dloss, i64 V,
+                                             i64 Vp, i64 begin) {
+  if (faulted(fault)) return;
+  const i64 n = blockIdx.x;
+  const i64 valid = local_columns(V, Vp, begin);
+  const float l = lse[n];
+  const float* x = logits + n * Vp;
+  float* d = dlogits + n * Vp;  // may alias x: each column is read, then written, by one thread
+  for (i64 j = threadIdx.x; j < Vp; j += blockDim.x) {
+    d[j] = j < valid ? expf(x[j] - l) * dloss : 0.0f;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const i64 t = static_cast<i64>(targets[n]) - begin;
+    if (t >= 0 && t < Vp) d[t] -= dloss;
+  }
+}
+
+__global__ void crossentropy_partial_kernel(const unsigned* fault, float* stats,
+                                            const float* logits, const std::int32_t* targets, i64 V,
+                                            i64 Vp, i64 begin) {
+  if (faulted(fault)) return;
+  const i64 n = blockIdx.x;
+  const i64 valid = local_columns(V, Vp, begin);
+  const float* x = logits + n * Vp;
+  float m = -INFINITY, s = 0.0f;
+  if (valid > 0) row_stats(x, valid, &m, &s);
+  if (threadIdx.x == 0) {
+    float* st = stats + n * 3;
+    st[0] = m;
+    st[1] = s;
+    const i64 t = static_cast<i64>(targets[n]) - begin;
+    st[2] = t >= 0 && t < valid ? x[t] : 0.0f;
+  }
+}
+
+__global__ void crossentropy_combine_kernel(const unsigned* fault, float* losses, float* lse,
+                                            const float* stats, i64 P, i64 N) {
+  if (faulted(fault)) return;
+  for (i64 n = blockIdx.x * static_cast<i64>(blockDim.x) + threadIdx.x; n < N;
+       n += static_cast<i64>(gridDim.x) * blockDim.x) {
+    float m = -INFINITY;
+    for (i64 p = 0; p < P; p++) {
+      const float* st = stats + (p * N + n) * 3;
+      if (st[1] > 0.0f && st[0] > m) m = st[0];
+    }
+    float sum = 0.0f, target = 0.0f;
+    for (i64 p = 0; p < P; p++) {  // slices in rank order
+      const float* st = stats + (p * N + n) * 3;
+      if (st[1] > 0.0f) sum += st[1] * expf(st[0] - m);
+      target += st[2];
+    }
+    const float l = m + logf(sum);
+    lse[n] = l;
+    losses[n] = l - target;
+  }
+}
+
+cudaError_t check_targets(const Launch& at, Fault code, const std::int32_t* targets, i64 N, i64 V) {
+  check_targets_kernel<<<grid_for(N, kBlock), kBlock, 0, at.stream>>>(at.fault, code, targets, N,
+                                                                      V);
+  return cudaGetLastError();
+}
+
+// Rows are blocks; the grid's x dimension holds up to 2^31 - 1 of them.
+unsigned row_grid(i64 N) { return static_cast<unsigned>(N); }
+
+}  // namespace
+
+cudaError_t crossentropy_forward(const Launch& at, float* losses, float* lse, const float* logits,
+                                 const std::int32_t* targets, i64 N, i64 V, i64 Vp) {
+  if (N == 0) return cudaSuccess;
+  cudaError_t err = check_targets(at, Fault::kCrossEntropyForwardTarget, targets, N, V);
+  if (err != cudaSuccess) return err;
+  crossentropy_forward_kernel<<<row_grid(N), kBlock, 0, at.stream>>>(at.fault, losses, lse, logits,
+                                                                     targets, V, Vp);
+  return cudaGetLastError();
+}
+
+cudaError_t crossentropy_backward(const Launch& at, float* dlogits, const float* logits,
+                                  const float* lse, const std::int32_t* targets, float dloss, i64 N,
+                                  i64 V, i64 Vp, i64 begin) {
+  if (N == 0) return cudaSuccess;
+  cudaError_t err = check_targets(at, Fault::kCrossEntropyBackwardTarget, targets, N, V);
+  if (err != cudaSuccess) return err;
+  crossentropy_backward_kernel<<<row_grid(N), kBlock, 0, at.stream>>>(
+      at.fault, dlogits, logits, lse, targets, dloss, V, Vp, begin);
+  return cudaGetLastError();
+}
+
+cudaError_t crossentropy_partial(const Launch& at, float* stats, const float* logits,
+                                 const std::int32_t* targets, i64 N, i64 V, i64 Vp, i64 begin) {
+  if (N == 0) return cudaSuccess;
+  cudaError_t err = check_targets(at, Fault::kCrossEntropyPartialTarget, targets, N, V);
+  if (err != cudaSuccess) return err;
+  crossentropy_partial_kernel<<<row_grid(N), kBlock, 0, at.stream>>>(at.fault, stats, logits,
+                                                                     targets, V, Vp, begin);
+  return cudaGetLastError();
+}
+
+cudaError_t crossentropy_combine(const Launch& at, float* losses, float* lse, const float* stats,
+                                 i64 P, i64 N) {
+  if (N == 0) return cudaSuccess;
+  crossentropy_combine_kernel<<<grid_for(N, kBlock), kBlock, 0, at.stream>>>(at.fault, losses, lse,
+                                                                             stats, P, N);
+  return cudaGetLastError();
+}
+
+}  // namespace troupe::gpu::cuda

@@ -1,0 +1,225 @@
+// The CUDA backend's op table: each op passes its tensors' device pointers to
+// its launcher (gpu/cuda/<op>.cu) through CudaStream::run_op, which names it
+// in an NVTX range, checks the launch, and holds the tensors until it has run.
+#include "absl/strings/str_cat.h"
+#include "gpu/cuda/cuda_launch.h"
+#include "gpu/cuda/cuda_matmul.h"
+#include "gpu/cuda/cuda_stream.h"
+#include "gpu/kernels.h"
+
+namespace troupe::gpu::cuda {
+namespace {
+
+float* f(const Tensor& t) { return t.defined() ? t.data<float>() : nullptr; }
+const std::int32_t* i32(const Tensor& t) { return t.data<std::int32_t>(); }
+i64 rows(const Tensor& t) { return t.numel() / t.size(-1); }
+
+absl::Status launched(cudaError_t err) {
+  if (err == cudaSuccess) return absl::OkStatus();
+  return absl::InternalError(
+      absl::StrCat("kernel launch: ", cudaGetErrorName(err), " (", cudaGetErrorString(err), ")"));
+}
+
+class CudaKernels final : public Kernels {
+ public:
+  void embedding_forward(Stream& s, const Tensor& out, const Tensor& tokens, const Tensor& wte,
+                         const Tensor& wpe, VocabSlice v) override {
+    const i64 total = v.whole() ? wte.size(0) : v.total;
+    on(s).run_op("embedding_forward", {&out, &tokens, &wte, &wpe}, [&](const Launch& at) {
+      return launched(cuda::embedding_forward(at, f(out), i32(tokens), f(wte), f(wpe), out.size(0),
+                                              out.size(1), out.size(2), wte.size(0), v.begin,
+                                              total));
+    });
+  }
+
+  void embedding_backward(Stream& s, const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
+                          const Tensor& tokens, VocabSlice v) override {
+    const i64 total = v.whole() ? dwte.size(0) : v.total;
+    on(s).run_op("embedding_backward", {&dwte, &dwpe, &dout, &tokens}, [&](const Launch& at) {
+      return launched(cuda::embedding_backward(at, f(dwte), f(dwpe), f(dout), i32(tokens),
+                                               dout.size(0), dout.size(1), dout.size(2),
+                                               dwte.size(0), v.begin, total));
+    });
+  }
+
+  void layernorm_forward(Stream& s, const Tensor& out, const Tensor& mean, const Tensor& rstd,
+                         const Tensor& inp, const Tensor& w, const Tensor& b) override {
+    on(s).run_op("layernorm_forward", {&out, &mean, &rstd, &inp, &w, &b}, [&](const Launch& at) {
+      return launched(cuda::layernorm_forward(at, f(out), f(mean), f(rstd), f(inp), f(w), f(b),
+                                              rows(inp), inp.size(-1)));
+    });
+  }
+
+  void layernorm_backward(Stream& s, const Tensor& dinp, const Tensor& dw, const Tensor& db,
+                          const Tensor& dout, const Tensor& inp, const Tensor& w,
+                          const Tensor& mean, const Tensor& rstd) override {
+    on(s).run_op(
+        "layernorm_backward", {&dinp, &dw, &db, &dout, &inp, &w, &mean, &rstd},
+        [&](const Launch& at) {
+          return launched(cuda::layernorm_backward(at, f(dinp), f(dw), f(db), f(dout), f(inp), f(w),
+                                                   f(mean), f(rstd), rows(inp), inp.size(-1)));
+        });
+  }
+
+  void matmul_forward(Stream& s, const Tensor& out, const Tensor& inp, const Tensor& w,
+                      const Tensor& bias) override {
+    CudaStream& cs = on(s);
+    cs.run_op("matmul_forward", {&out, &inp, &w, &bias}, [&](const Launch& at) -> absl::Status {
+      absl::StatusOr<Gemm> g = cs.gemm();
+      if (!g.ok()) return g.status();
+      return cuda::matmul_forward(at, *g, f(out), f(inp), f(w), f(bias), rows(inp), inp.size(-1),
+                                  w.size(0));
+    });
+  }
+
+  void matmul_backward(Stream& s, const Tensor& dinp, const Tensor& dw, const Tensor& dbias,
+                       const Tensor& dout, const Tensor& inp, const Tensor& w,
+                       Accumulate dinp_mode) override {
+    CudaStream& cs = on(s);
+    cs.run_op("matmul_backward", {&dinp, &dw, &dbias, &dout, &inp, &w},
+              [&](const Launch& at) -> absl::Status {
+                absl::StatusOr<Gemm> g = cs.gemm();
+                if (!g.ok()) return g.status();
+                return cuda::matmul_backward(at, *g, f(dinp), f(dw), f(dbias), f(dout), f(inp),
+                                             f(w), rows(inp), inp.size(-1), w.size(0),
+                                             dinp_mode == Accumulate::kYes);
+              });
+  }
+
+  void gelu_forward(Stream& s, const Tensor& out, const Tensor& inp) override {
+    on(s).run_op("gelu_forward", {&out, &inp}, [&](const Launch& at) {
+      return launched(cuda::gelu_forward(at, f(out), f(inp), inp.numel()));
+    });
+  }
+
+  void gelu_backward(Stream& s, const Tensor& dinp, const Tensor& inp,
+                     const Tensor& dout) override {
+    on(s).run_op("gelu_backward", {&dinp, &inp, &dout}, [&](const Launch& at) {
+      return launched(cuda::gelu_backward(at, f(dinp), f(inp), f(dout), inp.numel()));
+    });
+  }
+
+  void attention_forward(Stream& s, const Tensor& out, const Tensor& att,
+                         const Tensor& qkv) override {
+    on(s).run_op("attention_forward", {&out, &att, &qkv}, [&](const Launch& at) {
+      return launched(cuda::attention_forward(at, f(out), f(att), f(qkv), qkv.size(0), qkv.size(1),
+                                              qkv.size(2) / 3, att.size(1)));
+    });
+  }
+
+  void attention_backward(Stream& s, const Tensor& dqkv, const Tensor& datt, const Tensor& dout,
+                          const Tensor& qkv, const Tensor& att) override {
+    on(s).run_op("attention_backward", {&dqkv, &datt, &dout, &qkv, &att}, [&](const Launch& at) {
+      return launched(cuda::attention_backward(at, f(dqkv), f(datt), f(dout), f(qkv), f(att),
+                                               qkv.size(0), qkv.size(1), qkv.size(2) / 3,
+                                               att.size(1)));
+    });
+  }
+
+  void attention_cached(Stream& s, const Tensor& out, const Tensor& att, const Tensor& kcache,
+                        const Tensor& vcache, const Tensor& qkv, std::int64_t pos) override {
+    on(s).run_op("attention_cached", {&out, &att, &kcache, &vcache, &qkv}, [&](const Launch& at) {
+      return launched(cuda::attention_cached(at, f(out), f(att), f(kcache), f(vcache), f(qkv),
+                                             qkv.size(0), qkv.size(1), qkv.size(2) / 3,
+                                             kcache.size(1), kcache.size(2), pos));
+    });
+  }
+
+  void residual_forward(Stream& s, const Tensor& out, const Tensor& a, const Tensor& b) override {
+    on(s).run_op("residual_forward", {&out, &a, &b}, [&](const Launch& at) {
+      return launched(cuda::residual_forward(at, f(out), f(a), f(b), a.numel()));
+    });
+  }
+
+  void crossentropy_forward(Stream& s, const Tensor& losses, const Tensor& lse,
+                            const Tensor& logits, const Tensor& targets, int V) override {
+    on(s).run_op("crossentropy_forward", {&losses, &lse, &logits, &targets}, [&](const Launch& at) {
+      return launched(cuda::crossentropy_forward(at, f(losses), f(lse), f(logits), i32(targets),
+                                                 rows(logits), V, logits.size(-1)));
+    });
+  }
+
+  void crossentropy_backward(Stream& s, const Tensor& dlogits, const Tensor& logits,
+                             const Tensor& lse, const Tensor& targets, float dloss, int V,
+                             VocabSlice v) override {
+    on(s).run_op("crossentropy_backward", {&dlogits, &logits, &lse, &targets},
+                 [&](const Launch& at) {
+                   return launched(cuda::crossentropy_backward(at, f(dlogits), f(logits), f(lse),
+                                                               i32(targets), dloss, rows(logits), V,
+                                                               logits.size(-1), v.begin));
+                 });
+  }
+
+  void crossentropy_partial(Stream& s, const Tensor& stats, const Tensor& logits,
+                            const Tensor& targets, int V, VocabSlice v) override {
+    on(s).run_op("crossentropy_partial", {&stats, &logits, &targets}, [&](const Launch& at) {
+      return launched(cuda::crossentropy_partial(at, f(stats), f(logits), i32(targets),
+                                                 rows(logits), V, logits.size(-1), v.begin));
+    });
+  }
+
+  void crossentropy_combine(Stream& s, const Tensor& losses, const Tensor& lse,
+                            const Tensor& stats) override {
+    on(s).run_op("crossentropy_combine", {&losses, &lse, &stats}, [&](const Launch& at) {
+      return launched(cuda::crossentropy_combine(at, f(losses), f(lse), f(stats), stats.size(0),
+                                                 stats.size(1)));
+    });
+  }
+
+  void squared_norm(Stream& s, const Tensor& out, const Tensor& x) override {
+    CudaStream& cs = on(s);
+    const Tensor partial =
+        cs.scratch(static_cast<std::size_t>(squared_norm_partials(x.numel())) * sizeof(double));
+    cs.run_op("squared_norm", {&out, &x, &partial}, [&](const Launch& at) {
+      return launched(
+          cuda::squared_norm(at, out.data<double>(), f(x), x.numel(), partial.data<double>()));
+    });
+  }
+
+  void adamw(Stream& s, const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v,
+             const AdamWArgs& a) override {
+    on(s).run_op("adamw", {&p, &g, &m, &v}, [&](const Launch& at) {
+      return launched(cuda::adamw(at, f(p), f(g), f(m), f(v), p.numel(), a.lr, a.beta1, a.beta2,
+                                  a.eps, a.weight_decay, a.step, a.grad_scale));
+    });
+  }
+
+  void adamw_many(Stream& s, const std::vector<AdamWTensor>& tensors, const AdamWArgs& a) override {
+    std::vector<AdamWPiece> pieces;
+    pieces.reserve(tensors.size());
+    CudaStream& cs = on(s);
+    for (const AdamWTensor& t : tensors) {
+      pieces.push_back({f(t.p), f(t.g), f(t.m), f(t.v), t.p.numel(), t.weight_decay});
+    }
+    std::vector<const Tensor*> held;  // every tensor's storages, held until the op has run
+    held.reserve(4 * tensors.size());
+    for (const AdamWTensor& t : tensors) {
+      for (const Tensor* x : {&t.p, &t.g, &t.m, &t.v}) held.push_back(x);
+    }
+    cs.run_op("adamw_many", held, [&](const Launch& at) {
+      return launched(cuda::adamw_many(at, pieces.data(), static_cast<int>(pieces.size()), a.lr,
+                                       a.beta1, a.beta2, a.eps, a.step, a.grad_scale));
+    });
+  }
+
+  void fill(Stream& s, const Tensor& x, float value) override {
+    on(s).run_op("fill", {&x}, [&](const Launch& at) {
+      return launched(cuda::fill(at, f(x), value, x.numel()));
+    });
+  }
+
+  void axpy(Stream& s, const Tensor& y, float alpha, const Tensor& x) override {
+    on(s).run_op("axpy", {&y, &x}, [&](const Launch& at) {
+      return launched(cuda::axpy(at, f(y), alpha, f(x), y.numel()));
+    });
+  }
+
+ private:
+  static CudaStream& on(Stream& s) { return static_cast<CudaStream&>(s); }
+};
+
+}  // namespace
+
+std::unique_ptr<Kernels> make_cuda_kernels() { return std::make_unique<CudaKernels>(); }
+
+}  // namespace troupe::gpu::cuda

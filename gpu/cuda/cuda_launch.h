@@ -1,0 +1,104 @@
+// The CUDA backend's launchers: one per op, each in gpu/cuda/<op>.cu with its
+// kernels. A launcher enqueues its kernels on `at.stream` and returns the
+// launch error (cudaSuccess once enqueued); its arguments were checked by
+// gpu/ops.cc (shapes, dtypes, devices), so only data-dependent errors remain,
+// and those a kernel reports through the stream's fault word (below).
+//
+// The fault word: two unsigned ints in device memory, one pair per stream.
+// A kernel that finds an index out of range stores its Fault code in word 0
+// (the first store wins) and the bound it broke in word 1; every kernel of
+// ours returns at once while word 0 is set, so after a fault the stream's
+// later ops are skipped, as on the CPU backend. The stream copies the word to
+// the host on the stream itself (at synchronize and before host callbacks) and
+// turns it into an error naming the op.
+//
+// Shapes and semantics as in gpu/kernels.h; pointers are device pointers.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace troupe::gpu::cuda {
+
+using i64 = std::int64_t;
+
+// What a kernel found wrong in its data (word 0 of the fault word).
+enum class Fault : unsigned {
+  kNone = 0,
+  kEmbeddingForwardToken = 1,   // a token id outside [0, bound)
+  kEmbeddingBackwardToken = 2,  // a token id outside [0, bound)
+  kCrossEntropyForwardTarget = 3,
+  kCrossEntropyBackwardTarget = 4,
+  kCrossEntropyPartialTarget = 5,
+};
+
+// "embedding_forward: a token id is outside [0, 50257)", as the CPU backend
+// says it.
+const char* fault_op(Fault f);
+const char* fault_what(Fault f);
+
+struct Launch {
+  cudaStream_t stream = nullptr;
+  unsigned* fault = nullptr;  // the stream's fault word (device memory)
+};
+
+cudaError_t embedding_forward(const Launch& at, float* out, const std::int32_t* tokens,
+                              const float* wte, const float* wpe, i64 B, i64 T, i64 C, i64 rows,
+                              i64 begin, i64 total);
+cudaError_t embedding_backward(const Launch& at, float* dwte, float* dwpe, const float* dout,
+                               const std::int32_t* tokens, i64 B, i64 T, i64 C, i64 rows, i64 begin,
+                               i64 total);
+cudaError_t layernorm_forward(const Launch& at, float* out, float* mean, float* rstd,
+                              const float* inp, const float* w, const float* b, i64 N, i64 C);
+cudaError_t layernorm_backward(const Launch& at, float* dinp, float* dw, float* db,
+                               const float* dout, const float* inp, const float* w,
+                               const float* mean, const float* rstd, i64 N, i64 C);
+cudaError_t gelu_forward(const Launch& at, float* out, const float* inp, i64 n);
+cudaError_t gelu_backward(const Launch& at, float* dinp, const float* inp, const float* dout,
+                          i64 n);
+cudaError_t attention_forward(const Launch& at, float* out, float* att, const float* qkv, i64 B,
+                              i64 T, i64 C, i64 NH);
+cudaError_t attention_backward(const Launch& at, float* dqkv, float* datt, const float* dout,
+                               const float* qkv, const float* att, i64 B, i64 T, i64 C, i64 NH);
+cudaError_t attention_cached(const Launch& at, float* out, float* att, float* kcache, float* vcache,
+                             const float* qkv, i64 B, i64 n, i64 C, i64 NH, i64 Tc, i64 pos);
+cudaError_t residual_forward(const Launch& at, float* out, const float* a, const float* b, i64 n);
+cudaError_t crossentropy_forward(const Launch& at, float* losses, float* lse, const float* logits,
+                                 const std::int32_t* targets, i64 N, i64 V, i64 Vp);
+cudaError_t crossentropy_backward(const Launch& at, float* dlogits, const float* logits,
+                                  const float* lse, const std::int32_t* targets, float dloss, i64 N,
+                                  i64 V, i64 Vp, i64 begin);
+cudaError_t crossentropy_partial(const Launch& at, float* stats, const float* logits,
+                                 const std::int32_t* targets, i64 N, i64 V, i64 Vp, i64 begin);
+cudaError_t crossentropy_combine(const Launch& at, float* losses, float* lse, const float* stats,
+                                 i64 P, i64 N);
+// out[0] = sum of x^2 in double, in a fixed order (two passes, no atomics),
+// through `partial`, device scratch of squared_norm_partials(n) doubles.
+i64 squared_norm_partials(i64 n);
+cudaError_t squared_norm(const Launch& at, double* out, const float* x, i64 n, double* partial);
+cudaError_t adamw(const Launch& at, float* p, const float* g, float* m, float* v, i64 n, float lr,
+                  float beta1, float beta2, float eps, float weight_decay, int step,
+                  float grad_scale);
+// One tensor of adamw_many: n elements of each, its own weight decay.
+struct AdamWPiece {
+  float* p;
+  const float* g;
+  float* m;
+  float* v;
+  i64 n;
+  float weight_decay;
+};
+// adamw over `count` tensors, in launches of up to 24 tensors each.
+cudaError_t adamw_many(const Launch& at, const AdamWPiece* pieces, int count, float lr, float beta1,
+                       float beta2, float eps, int step, float grad_scale);
+cudaError_t fill(const Launch& at, float* x, float value, i64 n);
+cudaError_t axpy(const Launch& at, float* y, float alpha, const float* x, i64 n);
+
+// dbias[o] += sum over rows of dout[:, o], rows in order (matmul.cu; the
+// GEMMs themselves are cuBLASLt calls, gpu/cuda/cuda_matmul.h).
+cudaError_t bias_grad(const Launch& at, float* dbias, const float* dout, i64 N, i64 OC);
+// out[n, o] += bias[o]: the bias where cuBLASLt's epilogue cannot take it.
+cudaError_t bias_add(const Launch& at, float* out, const float* bias, i64 N, i64 OC);
+
+}  // namespace troupe::gpu::cuda

@@ -1,0 +1,162 @@
+// The CUDA backend's stream and device (internal to gpu/cuda; users see
+// gpu/device.h and make_cuda_device).
+//
+// Errors are sticky per stream, as on the CPU backend:
+// - a failed launch or cuBLASLt call fails the stream with the op's name;
+// - a kernel that finds bad data (a token id out of range) sets the stream's
+//   fault word on the device; later kernels of the stream then do nothing,
+//   and the stream reports the fault, naming the op, once it reaches the host:
+//   at synchronize(), and before each host callback (the word is copied to
+//   pinned host memory on the stream itself, so no callback calls CUDA);
+// - an asynchronous fault of the device (an illegal address) is caught at
+//   synchronize() and reported with the ops enqueued since the last
+//   synchronisation; with TROUPE_CUDA_SYNC=1 every op is synchronised as it is
+//   enqueued, so the error names the op that failed.
+//
+// Lifetimes: a tensor's storage may be dropped by its owner while an op that
+// uses it is still queued; the stream holds every op's storages until an
+// event recorded after the op (even one whose launch failed part-way) has
+// completed, as the CPU backend's lambdas hold theirs. Storage comes from a
+// pool of the device's own (cudaMallocFromPoolAsync on one allocation
+// stream, freed memory kept for reuse); a free is deferred to the next
+// allocation or synchronisation on a host thread, so a host callback that
+// drops the last view of a tensor never calls CUDA. A stream's own buffers
+// (fault word, GEMM workspace) come from the same pool and a device-wide
+// pinned slab, so making or destroying a stream never synchronises the
+// device.
+//
+// Host callbacks run after every earlier op, failed or not, as on the CPU;
+// one that CUDA cannot enqueue runs at once on the caller's thread, after
+// the stream has been failed. After an asynchronous device fault CUDA runs no
+// further callbacks: the context is lost, and the fault reaches the host at
+// the next synchronize().
+#pragma once
+
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "gpu/cuda/cuda_launch.h"
+#include "gpu/cuda/cuda_matmul.h"
+#include "gpu/device.h"
+
+namespace troupe::gpu::cuda {
+
+absl::Status cuda_status(cudaError_t err, absl::string_view what);
+
+class CudaDevice;
+
+class CudaStream final : public Stream {
+ public:
+  CudaStream(CudaDevice& device, int index);
+  ~CudaStream() override;
+
+  Device& device() override;
+  void record(Event& event) override;
+  void wait(Event& event) override;
+  void host_callback(std::function<void()> fn) override;
+  absl::Status synchronize() override;
+  absl::Status status() override;
+  void fail(absl::Status error) override;
+
+  // Enqueues op `name`: `launch` enqueues its kernels and returns the launch
+  // status; `args` are held until the op has run. Skipped once the stream has
+  // failed. Named in an NVTX range.
+  void run_op(const char* name, absl::Span<const Tensor* const> args,
+              const std::function<absl::Status(const Launch&)>& launch);
+  // The stream's GEMM context (its workspace is made on first use).
+  absl::StatusOr<Gemm> gemm();
+  // Device scratch of at least `bytes` for one op, held with the op's
+  // tensors (so run_op must name it among `args`).
+  Tensor scratch(std::size_t bytes);
+  cudaStream_t get() const { return stream_; }
+
+ private:
+  struct InFlight {
+    cudaEvent_t done;
+    std::vector<std::shared_ptr<Storage>> held;
+  };
+  void check(cudaError_t err, absl::string_view what);
+  // Releases what completed ops held; all of it when `all` (after a sync).
+  void retire(bool all);
+  // The fault the device reported, if the host copy of the word shows one.
+  void take_fault();
+
+  CudaDevice& device_;
+  int index_;
+  cudaStream_t stream_ = nullptr;
+  int slot_ = -1;                   // this stream's fault word in the device's slabs
+  unsigned* fault_ = nullptr;       // device: the fault word
+  unsigned* fault_host_ = nullptr;  // pinned host copy, updated on the stream
+  std::shared_ptr<Storage> workspace_;
+  bool sync_each_op_ = false;
+  std::mutex mu_;  // error_, in_flight_, recent_, free_events_, workspace_
+  absl::Status error_;
+  std::deque<InFlight> in_flight_;
+  std::vector<cudaEvent_t> free_events_;
+  std::deque<std::string> recent_;  // ops since the last synchronisation
+};
+
+class CudaDevice final : public Device {
+ public:
+  explicit CudaDevice(int index);
+  ~CudaDevice() override;
+  absl::Status init();
+
+  DeviceKind kind() const override { return DeviceKind::kCuda; }
+  int index() const override { return index_; }
+  std::string name() const override;
+  std::shared_ptr<Storage> allocate(std::size_t bytes) override;
+  std::int64_t allocated_bytes() const override { return live_bytes_->load(); }
+  std::unique_ptr<Stream> make_stream(StreamOptions options) override;
+  std::unique_ptr<Event> make_event() override;
+  absl::Status copy_to_host(const Tensor& src, void* dst) override;
+  absl::Status copy_from_host(const void* src, const Tensor& dst) override;
+  Kernels& kernels() override { return *kernels_; }
+
+  cublasLtHandle_t lt() const { return lt_; }
+  // A fault-word slot (a device pair and its pinned host copy) for a new
+  // stream, or -1 when all kMaxStreams are taken; given back by release_slot.
+  int take_slot(unsigned** device_word, unsigned** host_word);
+  void release_slot(int slot);
+  static constexpr int kMaxStreams = 4096;
+  // Frees the storage whose last view went away (on a host thread that may
+  // call CUDA).
+  void free_deferred();
+
+ private:
+  struct Deferred {
+    std::mutex mu;
+    std::vector<void*> ptrs;
+  };
+  absl::Status copy(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind,
+                    absl::string_view what);
+
+  int index_;
+  cudaStream_t io_stream_ = nullptr;  // allocation, frees and host copies
+  std::mutex io_mu_;
+  cudaMemPool_t pool_ = nullptr;     // troupe's own: no other library's allocations wait on ours
+  unsigned* fault_words_ = nullptr;  // device: kMaxStreams pairs
+  unsigned* fault_words_host_ = nullptr;  // pinned: kMaxStreams pairs
+  std::mutex slot_mu_;
+  std::vector<int> free_slots_;
+  cublasLtHandle_t lt_ = nullptr;
+  std::unique_ptr<Kernels> kernels_;
+  std::shared_ptr<Deferred> deferred_ = std::make_shared<Deferred>();
+  std::shared_ptr<std::atomic<std::int64_t>> live_bytes_ =
+      std::make_shared<std::atomic<std::int64_t>>(0);
+};
+
+std::unique_ptr<Kernels> make_cuda_kernels();
+
+}  // namespace troupe::gpu::cuda
