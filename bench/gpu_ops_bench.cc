@@ -1,0 +1,153 @@
+// troupe's CUDA ops at gpt2-124m's shapes (B 8, T 1024, C 768, 12 heads, a
+// vocabulary of 50257 padded to 50304): the milliseconds per call of each op,
+// one JSON object per line. bench/gpu_ops_torch.py times the same ops in
+// PyTorch on the same GPU; scripts/gpu-check runs both and reports the
+// ratios. Needs a GPU (exit 2 without one).
+//   build/bench/gpu_ops_bench [--reps N]
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gpu/cuda/cuda_device.h"
+#include "gpu/ops.h"
+
+namespace {
+
+using troupe::gpu::Tensor;
+namespace gpu = troupe::gpu;
+namespace ops = troupe::gpu::ops;
+using i64 = std::int64_t;
+
+constexpr i64 B = 8, T = 1024, C = 768, NH = 12, V = 50257, Vp = 50304, N = B * T, L = 12;
+
+struct Bench {
+  gpu::Device& dev;
+  gpu::Stream& s;
+  int reps;
+
+  Tensor rnd(const gpu::Shape& shape, float scale = 0.02f) {
+    Tensor h = Tensor::empty(gpu::cpu_device(), gpu::DType::kF32, shape);
+    std::mt19937 rng(1);
+    std::normal_distribution<float> d(0.0f, scale);
+    for (i64 i = 0; i < h.numel(); i++) h.data<float>()[i] = d(rng);
+    Tensor t = Tensor::empty(dev, gpu::DType::kF32, shape);
+    if (!dev.copy_from_host(h.raw(), t).ok()) std::exit(1);
+    return t;
+  }
+  Tensor ids(const gpu::Shape& shape) {
+    Tensor h = Tensor::empty(gpu::cpu_device(), gpu::DType::kI32, shape);
+    std::mt19937 rng(2);
+    for (i64 i = 0; i < h.numel(); i++) h.data<std::int32_t>()[i] = static_cast<int>(rng() % V);
+    Tensor t = Tensor::empty(dev, gpu::DType::kI32, shape);
+    if (!dev.copy_from_host(h.raw(), t).ok()) std::exit(1);
+    return t;
+  }
+
+  // An op's error as a JSON line (quotes and backslashes replaced), then exit 1.
+  [[noreturn]] static void fail(const char* name, const absl::Status& st) {
+    std::string msg(st.message());
+    for (char& c : msg) {
+      if (c == '"' || c == '\\' || c < ' ') c = '\'';
+    }
+    std::printf("{\"op\": \"%s\", \"error\": \"%s\"}\n", name, msg.c_str());
+    std::exit(1);
+  }
+
+  // Milliseconds per call: 3 warm-up calls, then `reps` calls between two
+  // synchronisations.
+  void time(const char* name, double flop, const std::function<void()>& op) {
+    for (int i = 0; i < 3; i++) op();
+    if (absl::Status st = s.synchronize(); !st.ok()) fail(name, st);
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < reps; i++) op();
+    absl::Status st = s.synchronize();
+    const double ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() /
+        reps;
+    if (!st.ok()) fail(name, st);
+    std::printf("{\"op\": \"%s\", \"ms\": %.4f, \"tflops\": %.2f}\n", name, ms,
+                flop > 0 ? flop / ms * 1e-9 : 0.0);
+    std::fflush(stdout);
+  }
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int reps = 20;
+  for (int i = 1; i + 1 < argc; i++) {
+    if (std::strcmp(argv[i], "--reps") == 0) reps = std::atoi(argv[i + 1]);
+  }
+  auto dev = gpu::make_cuda_device(0);
+  if (!dev.ok()) {
+    std::fprintf(stderr, "gpu_ops_bench: %s\n", std::string(dev.status().message()).c_str());
+    return 2;
+  }
+  std::unique_ptr<gpu::Stream> s = (*dev)->make_stream({});
+  Bench b{**dev, *s, reps};
+  const Tensor tokens = b.ids({B, T}), targets = b.ids({N});
+  const Tensor wte = b.rnd({Vp, C}), wpe = b.rnd({T, C}), x = b.rnd({N, C}, 1.0f);
+  const Tensor lnw = b.rnd({C}), lnb = b.rnd({C}), mean = b.rnd({N}), rstd = b.rnd({N});
+  const Tensor y = b.rnd({N, C}), qkv = b.rnd({B, T, 3 * C}, 1.0f), att = b.rnd({B, NH, T, T});
+  const Tensor h = b.rnd({N, 4 * C}, 1.0f), g = b.rnd({N, 4 * C});
+  const Tensor wqkv = b.rnd({3 * C, C}), bqkv = b.rnd({3 * C}), w4 = b.rnd({4 * C, C});
+  const Tensor b4 = b.rnd({4 * C}), wp = b.rnd({C, 4 * C}), bp = b.rnd({C});
+  const Tensor logits = b.rnd({N, Vp}, 1.0f), losses = b.rnd({N}), lse = b.rnd({N});
+  const Tensor dqkv = b.rnd({B, T, 3 * C}), datt = b.rnd({B, NH, T, T});
+  const Tensor dx = b.rnd({N, C}), dw4 = b.rnd({4 * C, C}), db4 = b.rnd({4 * C});
+  const Tensor norm = Tensor::empty(**dev, gpu::DType::kF64, {1});
+  const double bt = static_cast<double>(N);
+
+  b.time("embedding_forward", 0, [&] {
+    ops::embedding_forward(*s, y.reshape({B, T, C}), tokens, wte, wpe);
+  });
+  b.time("layernorm_forward", 0, [&] { ops::layernorm_forward(*s, y, mean, rstd, x, lnw, lnb); });
+  b.time("matmul_forward_qkv", 2 * bt * C * 3 * C, [&] {
+    ops::matmul_forward(*s, qkv.reshape({N, 3 * C}), x, wqkv, bqkv);
+  });
+  b.time("matmul_forward_fc", 2 * bt * C * 4 * C, [&] { ops::matmul_forward(*s, h, x, w4, b4); });
+  b.time("matmul_forward_proj", 2 * bt * C * 4 * C, [&] { ops::matmul_forward(*s, y, g, wp, bp); });
+  b.time("matmul_forward_lm_head", 2 * bt * C * Vp,
+         [&] { ops::matmul_forward(*s, logits, x, wte, Tensor{}); });
+  b.time("matmul_backward_fc", 4 * bt * C * 4 * C,
+         [&] { ops::matmul_backward(*s, dx, dw4, db4, g, x, w4, gpu::Accumulate::kNo); });
+  b.time("gelu_forward", 0, [&] { ops::gelu_forward(*s, g, h); });
+  b.time("attention_forward", 4.0 * B * T * T * C / 2, [&] {
+    ops::attention_forward(*s, y.reshape({B, T, C}), att, qkv);
+  });
+  b.time("attention_backward", 8.0 * B * T * T * C / 2, [&] {
+    ops::attention_backward(*s, dqkv, datt, y.reshape({B, T, C}), qkv, att);
+  });
+  b.time("crossentropy_forward", 0,
+         [&] { ops::crossentropy_forward(*s, losses, lse, logits, targets, static_cast<int>(V)); });
+  b.time("residual_forward", 0, [&] { ops::residual_forward(*s, y, x, dx); });
+  b.time("squared_norm_wte", 0, [&] { ops::squared_norm(*s, norm, wte); });
+
+  // AdamW over gpt2-124m's 148 tensors, one multi-tensor op.
+  std::vector<gpu::AdamWTensor> params;
+  auto add = [&](const gpu::Shape& shape) {
+    params.push_back({b.rnd(shape), b.rnd(shape), b.rnd(shape, 0.0f), b.rnd(shape, 0.0f), 0.1f});
+  };
+  add({Vp, C});
+  add({T, C});
+  for (int l = 0; l < L; l++) {
+    for (const gpu::Shape& shape :
+         {gpu::Shape{C}, gpu::Shape{C}, gpu::Shape{3 * C, C}, gpu::Shape{3 * C}, gpu::Shape{C, C},
+          gpu::Shape{C}, gpu::Shape{C}, gpu::Shape{C}, gpu::Shape{4 * C, C}, gpu::Shape{4 * C},
+          gpu::Shape{C, 4 * C}, gpu::Shape{C}}) {
+      add(shape);
+    }
+  }
+  add({C});
+  add({C});
+  gpu::AdamWArgs a;
+  a.lr = 1e-4f;
+  b.time("adamw_many_gpt2_124m", 0, [&] { ops::adamw_many(*s, params, a); });
+  return 0;
+}

@@ -1,0 +1,104 @@
+#!/usr/bin/env python3
+"""PyTorch's time for the ops bench/gpu_ops_bench.cc times, at the same
+shapes on the same GPU, one JSON object per line (ms per call; 3 warm-ups,
+then --reps calls between two synchronisations). TF32 is off, as troupe's
+fp32 GEMMs. Attention is timed as troupe computes it (the T x T
+probabilities materialised) and, for reference, as PyTorch's fused
+scaled_dot_product_attention."""
+import argparse
+import json
+import time
+
+import torch
+import torch.nn.functional as F
+
+B, T, C, NH, V, Vp, L = 8, 1024, 768, 12, 50257, 50304, 12
+N = B * T
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--reps", type=int, default=20)
+    reps = ap.parse_args().reps
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    dev = torch.device("cuda")
+    g = torch.Generator(device=dev).manual_seed(1)
+
+    def rnd(*shape, scale=0.02):
+        return torch.randn(*shape, device=dev, generator=g) * scale
+
+    def time_op(name, flop, fn):
+        for _ in range(3):
+            fn()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+        ms = (time.perf_counter() - t0) * 1e3 / reps
+        print(json.dumps({"op": name, "ms": round(ms, 4),
+                          "tflops": round(flop / ms * 1e-9, 2) if flop else 0.0}), flush=True)
+
+    tokens = torch.randint(0, V, (B, T), device=dev)
+    targets = torch.randint(0, V, (N,), device=dev)
+    wte, wpe, x = rnd(Vp, C), rnd(T, C), rnd(N, C, scale=1.0)
+    lnw, lnb = rnd(C), rnd(C)
+    qkv = rnd(B, T, 3 * C, scale=1.0)
+    h, gl = rnd(N, 4 * C, scale=1.0), rnd(N, 4 * C)
+    wqkv, bqkv, w4, b4, wp, bp = rnd(3 * C, C), rnd(3 * C), rnd(4 * C, C), rnd(4 * C), rnd(C, 4 * C), rnd(C)
+    logits = rnd(N, Vp, scale=1.0)
+    dx, dw4, db4 = rnd(N, C), rnd(4 * C, C), rnd(4 * C)
+    pos = torch.arange(T, device=dev)
+    mask = torch.ones(T, T, device=dev, dtype=torch.bool).tril()
+    hs = C // NH
+
+    def heads():
+        q, k, v = qkv.split(C, dim=2)
+        return [t.view(B, T, NH, hs).transpose(1, 2) for t in (q, k, v)]
+
+    def attention_materialised():
+        q, k, v = heads()
+        att = (q @ k.transpose(-2, -1)) * (hs ** -0.5)
+        att = att.masked_fill(~mask, float("-inf")).softmax(dim=-1)
+        return (att @ v).transpose(1, 2).reshape(B, T, C)
+
+    def attention_sdpa():
+        q, k, v = heads()
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    def matmul_backward():
+        dinp = gl @ w4  # (N, 4C) . (4C, C)
+        dw4.addmm_(gl.t(), x)
+        db4.add_(gl.sum(0))
+        return dinp
+
+    bt = float(N)
+    with torch.no_grad():
+        time_op("embedding_forward", 0, lambda: F.embedding(tokens, wte) + wpe[pos])
+        time_op("layernorm_forward", 0, lambda: F.layer_norm(x, (C,), lnw, lnb))
+        time_op("matmul_forward_qkv", 2 * bt * C * 3 * C, lambda: F.linear(x, wqkv, bqkv))
+        time_op("matmul_forward_fc", 2 * bt * C * 4 * C, lambda: F.linear(x, w4, b4))
+        time_op("matmul_forward_proj", 2 * bt * C * 4 * C, lambda: F.linear(gl, wp, bp))
+        time_op("matmul_forward_lm_head", 2 * bt * C * Vp, lambda: F.linear(x, wte))
+        time_op("matmul_backward_fc", 4 * bt * C * 4 * C, matmul_backward)
+        time_op("gelu_forward", 0, lambda: F.gelu(h, approximate="tanh"))
+        time_op("attention_forward", 4.0 * B * T * T * C / 2, attention_materialised)
+        time_op("attention_forward_sdpa", 4.0 * B * T * T * C / 2, attention_sdpa)
+        time_op("crossentropy_forward", 0, lambda: F.cross_entropy(logits[:, :V], targets))
+        time_op("residual_forward", 0, lambda: x + dx)
+        time_op("squared_norm_wte", 0, lambda: wte.double().square().sum())
+    shapes = [(Vp, C), (T, C)]
+    for _ in range(L):
+        shapes += [(C,), (C,), (3 * C, C), (3 * C,), (C, C), (C,), (C,), (C,), (4 * C, C), (4 * C,),
+                   (C, 4 * C), (C,)]
+    shapes += [(C,), (C,)]
+    params = [torch.nn.Parameter(rnd(*s)) for s in shapes]
+    for p in params:
+        p.grad = rnd(*p.shape)
+    opt = torch.optim.AdamW(params, lr=1e-4, weight_decay=0.1, fused=True)
+    time_op("adamw_many_gpt2_124m", 0, opt.step)
+
+
+if __name__ == "__main__":
+    main()
