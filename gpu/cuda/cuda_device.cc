@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <new>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -238,7 +239,13 @@ absl::StatusOr<Gemm> CudaStream::gemm() {
 
 Tensor CudaStream::scratch(std::size_t bytes) {
   const auto n = static_cast<std::int64_t>((bytes + sizeof(double) - 1) / sizeof(double));
-  return Tensor::empty(device_, DType::kF64, {n > 0 ? n : 1});
+  try {
+    return Tensor::empty(device_, DType::kF64, {n > 0 ? n : 1});
+  } catch (const std::bad_alloc&) {
+    fail(absl::ResourceExhaustedError(
+        absl::StrCat("no device memory for ", bytes, " bytes of an op's scratch")));
+    return Tensor{};  // the op is then skipped: the stream has failed
+  }
 }
 
 // The op's tensors are held whatever its launch returned: a launch that

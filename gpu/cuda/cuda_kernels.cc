@@ -13,6 +13,9 @@ namespace {
 float* f(const Tensor& t) { return t.defined() ? t.data<float>() : nullptr; }
 const std::int32_t* i32(const Tensor& t) { return t.data<std::int32_t>(); }
 i64 rows(const Tensor& t) { return t.numel() / t.size(-1); }
+std::size_t column_scratch_bytes(i64 N, i64 C) {
+  return static_cast<std::size_t>(column_chunks(N) * C) * sizeof(float);
+}
 
 absl::Status launched(cudaError_t err) {
   if (err == cudaSuccess) return absl::OkStatus();
@@ -53,12 +56,14 @@ class CudaKernels final : public Kernels {
   void layernorm_backward(Stream& s, const Tensor& dinp, const Tensor& dw, const Tensor& db,
                           const Tensor& dout, const Tensor& inp, const Tensor& w,
                           const Tensor& mean, const Tensor& rstd) override {
-    on(s).run_op(
-        "layernorm_backward", {&dinp, &dw, &db, &dout, &inp, &w, &mean, &rstd},
-        [&](const Launch& at) {
-          return launched(cuda::layernorm_backward(at, f(dinp), f(dw), f(db), f(dout), f(inp), f(w),
-                                                   f(mean), f(rstd), rows(inp), inp.size(-1)));
-        });
+    CudaStream& cs = on(s);
+    const Tensor scratch = cs.scratch(column_scratch_bytes(rows(inp), inp.size(-1)));
+    cs.run_op("layernorm_backward", {&dinp, &dw, &db, &dout, &inp, &w, &mean, &rstd, &scratch},
+              [&](const Launch& at) {
+                return launched(cuda::layernorm_backward(at, f(dinp), f(dw), f(db), f(dout), f(inp),
+                                                         f(w), f(mean), f(rstd), rows(inp),
+                                                         inp.size(-1), scratch.data<float>()));
+              });
   }
 
   void matmul_forward(Stream& s, const Tensor& out, const Tensor& inp, const Tensor& w,
@@ -76,13 +81,15 @@ class CudaKernels final : public Kernels {
                        const Tensor& dout, const Tensor& inp, const Tensor& w,
                        Accumulate dinp_mode) override {
     CudaStream& cs = on(s);
-    cs.run_op("matmul_backward", {&dinp, &dw, &dbias, &dout, &inp, &w},
+    const Tensor scratch =
+        dbias.defined() ? cs.scratch(column_scratch_bytes(rows(inp), w.size(0))) : Tensor{};
+    cs.run_op("matmul_backward", {&dinp, &dw, &dbias, &dout, &inp, &w, &scratch},
               [&](const Launch& at) -> absl::Status {
                 absl::StatusOr<Gemm> g = cs.gemm();
                 if (!g.ok()) return g.status();
                 return cuda::matmul_backward(at, *g, f(dinp), f(dw), f(dbias), f(dout), f(inp),
                                              f(w), rows(inp), inp.size(-1), w.size(0),
-                                             dinp_mode == Accumulate::kYes);
+                                             dinp_mode == Accumulate::kYes, f(scratch));
               });
   }
 

@@ -43,6 +43,18 @@ struct Launch {
   unsigned* fault = nullptr;  // the stream's fault word (device memory)
 };
 
+// Column sums over N rows (gpu/cuda/column_sum.cuh) cut the rows into chunks
+// of a size that depends on N alone (so results do not depend on the GPU),
+// at most 65535 of them; their scratch is column_chunks(N) * C floats.
+inline i64 column_rows_per_chunk(i64 N) {
+  const i64 need = (N + 65534) / 65535;
+  return need > 256 ? need : 256;
+}
+inline i64 column_chunks(i64 N) {
+  const i64 rows = column_rows_per_chunk(N);
+  return (N + rows - 1) / rows;
+}
+
 cudaError_t embedding_forward(const Launch& at, float* out, const std::int32_t* tokens,
                               const float* wte, const float* wpe, i64 B, i64 T, i64 C, i64 rows,
                               i64 begin, i64 total);
@@ -51,9 +63,10 @@ cudaError_t embedding_backward(const Launch& at, float* dwte, float* dwpe, const
                                i64 total);
 cudaError_t layernorm_forward(const Launch& at, float* out, float* mean, float* rstd,
                               const float* inp, const float* w, const float* b, i64 N, i64 C);
+// `scratch`: column_chunks(N) * C floats.
 cudaError_t layernorm_backward(const Launch& at, float* dinp, float* dw, float* db,
                                const float* dout, const float* inp, const float* w,
-                               const float* mean, const float* rstd, i64 N, i64 C);
+                               const float* mean, const float* rstd, i64 N, i64 C, float* scratch);
 cudaError_t gelu_forward(const Launch& at, float* out, const float* inp, i64 n);
 cudaError_t gelu_backward(const Launch& at, float* dinp, const float* inp, const float* dout,
                           i64 n);
@@ -95,9 +108,11 @@ cudaError_t adamw_many(const Launch& at, const AdamWPiece* pieces, int count, fl
 cudaError_t fill(const Launch& at, float* x, float value, i64 n);
 cudaError_t axpy(const Launch& at, float* y, float alpha, const float* x, i64 n);
 
-// dbias[o] += sum over rows of dout[:, o], rows in order (matmul.cu; the
-// GEMMs themselves are cuBLASLt calls, gpu/cuda/cuda_matmul.h).
-cudaError_t bias_grad(const Launch& at, float* dbias, const float* dout, i64 N, i64 OC);
+// dbias[o] += sum over rows of dout[:, o] (matmul_bias.cu, a column sum;
+// `scratch`: column_chunks(N) * OC floats). The GEMMs themselves are cuBLASLt
+// calls, gpu/cuda/cuda_matmul.h.
+cudaError_t bias_grad(const Launch& at, float* dbias, const float* dout, i64 N, i64 OC,
+                      float* scratch);
 // out[n, o] += bias[o]: the bias where cuBLASLt's epilogue cannot take it.
 cudaError_t bias_add(const Launch& at, float* out, const float* bias, i64 N, i64 OC);
 

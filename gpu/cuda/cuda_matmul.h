@@ -27,6 +27,6 @@ absl::Status matmul_forward(const Launch& at, const Gemm& g, float* out, const f
                             const float* w, const float* bias, i64 N, i64 IC, i64 OC);
 absl::Status matmul_backward(const Launch& at, const Gemm& g, float* dinp, float* dw, float* dbias,
                              const float* dout, const float* inp, const float* w, i64 N, i64 IC,
-                             i64 OC, bool accumulate_dinp);
+                             i64 OC, bool accumulate_dinp, float* bias_scratch);
 
 }  // namespace troupe::gpu::cuda

@@ -77,7 +77,8 @@ class CudaStream final : public Stream {
   // The stream's GEMM context (its workspace is made on first use).
   absl::StatusOr<Gemm> gemm();
   // Device scratch of at least `bytes` for one op, held with the op's
-  // tensors (so run_op must name it among `args`).
+  // tensors (so run_op must name it among `args`). Out of memory fails the
+  // stream (ResourceExhausted) and returns an undefined tensor.
   Tensor scratch(std::size_t bytes);
   cudaStream_t get() const { return stream_; }
 

@@ -1,7 +1,7 @@
 // LayerNorm forward and backward (eps 1e-5, as GPT-2). Kernels, then
-// launchers. A warp per row for the row statistics and dinp; dw and db by a
-// thread per column over the rows in order, so they do not depend on
-// scheduling.
+// launchers. A warp per row for the row statistics and dinp; dw and db are
+// column sums over the rows (column_sum.cuh), in an order fixed by N.
+#include "gpu/cuda/column_sum.cuh"
 #include "gpu/cuda/cuda_common.cuh"
 
 namespace troupe::gpu::cuda {
@@ -64,22 +64,18 @@ __global__ void layernorm_backward_dinp_kernel(const unsigned* fault, float* din
   }
 }
 
-__global__ void layernorm_backward_params_kernel(const unsigned* fault, float* dw, float* db,
-                                                 const float* dout, const float* inp,
-                                                 const float* mean, const float* rstd, i64 N,
-                                                 i64 C) {
-  if (faulted(fault)) return;
-  const i64 c = blockIdx.x * static_cast<i64>(blockDim.x) + threadIdx.x;
-  if (c >= C) return;
-  float sw = dw[c], sb = db[c];
-  for (i64 n = 0; n < N; n++) {
-    const float d = dout[n * C + c];
-    sw += (inp[n * C + c] - mean[n]) * rstd[n] * d;
-    sb += d;
+struct NormTimesGrad {  // dw: ((x - mean) * rstd) * dout
+  const float *dout, *inp, *mean, *rstd;
+  i64 C;
+  __device__ float operator()(i64 n, i64 c) const {
+    return (inp[n * C + c] - mean[n]) * rstd[n] * dout[n * C + c];
   }
-  dw[c] = sw;
-  db[c] = sb;
-}
+};
+struct Grad {  // db: dout
+  const float* dout;
+  i64 C;
+  __device__ float operator()(i64 n, i64 c) const { return dout[n * C + c]; }
+};
 
 unsigned row_blocks(i64 N) {
   return static_cast<unsigned>((N + kRowsPerBlock - 1) / kRowsPerBlock);
@@ -97,15 +93,15 @@ cudaError_t layernorm_forward(const Launch& at, float* out, float* mean, float* 
 
 cudaError_t layernorm_backward(const Launch& at, float* dinp, float* dw, float* db,
                                const float* dout, const float* inp, const float* w,
-                               const float* mean, const float* rstd, i64 N, i64 C) {
+                               const float* mean, const float* rstd, i64 N, i64 C, float* scratch) {
   if (N == 0) return cudaSuccess;
   layernorm_backward_dinp_kernel<<<row_blocks(N), kBlock, 0, at.stream>>>(at.fault, dinp, dout, inp,
                                                                           w, mean, rstd, N, C);
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
-  layernorm_backward_params_kernel<<<static_cast<unsigned>((C + kBlock - 1) / kBlock), kBlock, 0,
-                                     at.stream>>>(at.fault, dw, db, dout, inp, mean, rstd, N, C);
-  return cudaGetLastError();
+  err = column_sums(at, dw, scratch, N, C, NormTimesGrad{dout, inp, mean, rstd, C});
+  if (err != cudaSuccess) return err;
+  return column_sums(at, db, scratch, N, C, Grad{dout, C});  // after dw's: one scratch
 }
 
 }  // namespace troupe::gpu::cuda

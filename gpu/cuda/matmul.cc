@@ -127,7 +127,7 @@ absl::Status matmul_forward(const Launch& at, const Gemm& g, float* out, const f
 
 absl::Status matmul_backward(const Launch& at, const Gemm& g, float* dinp, float* dw, float* dbias,
                              const float* dout, const float* inp, const float* w, i64 N, i64 IC,
-                             i64 OC, bool accumulate_dinp) {
+                             i64 OC, bool accumulate_dinp, float* bias_scratch) {
   if (N == 0) return absl::OkStatus();
   if (OC == 0) {  // an empty sum: dinp is 0 (or unchanged), dw and dbias are empty
     if (accumulate_dinp) return absl::OkStatus();
@@ -143,7 +143,7 @@ absl::Status matmul_backward(const Launch& at, const Gemm& g, float* dinp, float
   st = lt_gemm(at, g, {inp, CUBLAS_OP_N, IC, N, IC}, {dout, CUBLAS_OP_T, OC, N, OC}, IC, OC, N,
                1.0f, dw, IC, nullptr);
   if (!st.ok() || dbias == nullptr) return st;
-  return launched(bias_grad(at, dbias, dout, N, OC), "bias_grad");
+  return launched(bias_grad(at, dbias, dout, N, OC, bias_scratch), "bias_grad");
 }
 
 }  // namespace troupe::gpu::cuda

@@ -1,7 +1,8 @@
 // The bias of a linear layer where cuBLASLt's epilogue cannot add it, and its
-// gradient: dbias[o] += sum over rows of dout[:, o], a thread per column
-// walking the rows in order (deterministic). The GEMMs of matmul
+// gradient: dbias[o] += sum over rows of dout[:, o], a column sum
+// (column_sum.cuh, deterministic). The GEMMs of matmul
 // forward/backward are cuBLASLt calls (matmul.cc).
+#include "gpu/cuda/column_sum.cuh"
 #include "gpu/cuda/cuda_common.cuh"
 
 namespace troupe::gpu::cuda {
@@ -9,15 +10,11 @@ namespace {
 
 constexpr int kBlock = 256;
 
-__global__ void bias_grad_kernel(const unsigned* fault, float* dbias, const float* dout, i64 N,
-                                 i64 OC) {
-  if (faulted(fault)) return;
-  const i64 o = blockIdx.x * static_cast<i64>(blockDim.x) + threadIdx.x;
-  if (o >= OC) return;
-  float s = dbias[o];
-  for (i64 n = 0; n < N; n++) s += dout[n * OC + o];
-  dbias[o] = s;
-}
+struct Column {  // dout[n, o]
+  const float* dout;
+  i64 OC;
+  __device__ float operator()(i64 n, i64 o) const { return dout[n * OC + o]; }
+};
 
 __global__ void bias_add_kernel(const unsigned* fault, float* out, const float* bias, i64 N,
                                 i64 OC) {
@@ -36,11 +33,9 @@ cudaError_t bias_add(const Launch& at, float* out, const float* bias, i64 N, i64
   return cudaGetLastError();
 }
 
-cudaError_t bias_grad(const Launch& at, float* dbias, const float* dout, i64 N, i64 OC) {
-  if (N == 0 || OC == 0) return cudaSuccess;
-  bias_grad_kernel<<<static_cast<unsigned>((OC + kBlock - 1) / kBlock), kBlock, 0, at.stream>>>(
-      at.fault, dbias, dout, N, OC);
-  return cudaGetLastError();
+cudaError_t bias_grad(const Launch& at, float* dbias, const float* dout, i64 N, i64 OC,
+                      float* scratch) {
+  return column_sums(at, dbias, scratch, N, OC, Column{dout, OC});
 }
 
 }  // namespace troupe::gpu::cuda

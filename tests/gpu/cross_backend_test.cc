@@ -1,6 +1,7 @@
 // Backends against each other, at a transformer block's shapes: every op of
 // gpu/kernels.h in the order a training step runs them (forward, loss,
-// backward, norm, optimizer), plus the vocab-parallel loss and the KV-cached
+// backward, norm, optimizer), plus the vocab-parallel loss, a rank's slice of
+// the vocabulary (embedding both ways, the loss's backward) and the KV-cached
 // attention. The op suite (ops_test.cc) checks each backend against double
 // references at small shapes; this one checks
 // - that each backend is bitwise repeatable (two runs, equal bits), and
@@ -8,12 +9,15 @@
 //   rounding at sizes where the kernels' blocking and cuBLASLt's algorithms
 //   matter (several warps per row, unaligned views), and
 // - that a fault in an op's data skips the stream's later ops and reaches a
-//   host callback, on every backend.
+//   host callback, and that streams keep gpu/device.h's contract (events
+//   order streams, callbacks run after errors, a throwing callback fails its
+//   stream), on every backend.
 #include <gtest/gtest.h>
 
 #include <atomic>
 #include <memory>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -94,6 +98,19 @@ std::vector<Output> run_block(gpu::Device& dev) {
   }
   ops::crossentropy_combine(*s, losses2, lse2, stats);
 
+  // A rank's slice of the vocabulary (ids 256..499 and padding), ids from
+  // the whole vocabulary: embedding forward and backward, and the loss's
+  // backward on the slice's logits (the last `part` computed).
+  const Tensor ids = targets.reshape({B, T});
+  const gpu::VocabSlice slice1{.begin = Vp / 2, .total = V};
+  const Tensor wte1 = wte.view((Vp / 2) * C, {Vp / 2, C});
+  Tensor emb1 = zeros({B, T, C}), dwte1 = zeros({Vp / 2, C}), dwpe1 = zeros({T, C});
+  Tensor part1 = zeros({N, Vp / 2}), dpart1 = zeros({N, Vp / 2});
+  ops::embedding_forward(*s, emb1, ids, wte1, wpe, slice1);
+  ops::embedding_backward(*s, dwte1, dwpe1, emb1, ids, slice1);
+  ops::matmul_forward(*s, part1, res, wte1, Tensor{});
+  ops::crossentropy_backward(*s, dpart1, part1, lse, targets, 1.0f / N, V, slice1);
+
   // Backward.
   Tensor dlogits = zeros({N, Vp}), dres = zeros({N, C}), dwte = zeros({Vp, C});
   Tensor dg = zeros({N, 4 * C}), dwproj = zeros({C, 4 * C}), dbproj = zeros({C});
@@ -173,7 +190,11 @@ std::vector<Output> run_block(gpu::Device& dev) {
           {"adamw p", host(wte)},
           {"adamw v", host(v)},
           {"attention_cached 1", host(cached[0])},
-          {"attention_cached 2", host(cached[1])}};
+          {"attention_cached 2", host(cached[1])},
+          {"embedding_forward on a slice", host(emb1)},
+          {"embedding_backward on a slice dwte", host(dwte1)},
+          {"embedding_backward on a slice dwpe", host(dwpe1)},
+          {"crossentropy_backward on a slice", host(dpart1)}};
 }
 
 class CrossBackendTest : public ::testing::TestWithParam<std::string> {
@@ -239,6 +260,43 @@ TEST_P(CrossBackendTest, AFaultInDataSkipsLaterOpsAndReachesCallbacks) {
   Tensor hy = filled({64}, -1.0f);
   ASSERT_TRUE(dev_->copy_to_host(y, hy.raw()).ok());
   for (double v : to_double(hy)) ASSERT_EQ(v, 0.0) << "an op after the fault ran";
+}
+
+// Streams as gpu/device.h says: an event orders two streams; a callback runs
+// after a failed op; an exception out of a callback fails its stream.
+TEST_P(CrossBackendTest, StreamsKeepTheDeviceContract) {
+  std::unique_ptr<gpu::Stream> a = dev_->make_stream({.threads = 2}),
+                               b = dev_->make_stream({.threads = 2});
+  const int n = 1 << 20;
+  auto zeros = [&](int count) {
+    Tensor t = Tensor::empty(*dev_, gpu::DType::kF32, {count});
+    EXPECT_TRUE(dev_->copy_from_host(filled({count}, 0.0f).raw(), t).ok());
+    return t;
+  };
+  Tensor x = zeros(n), y = zeros(n);
+  std::unique_ptr<gpu::Event> e = dev_->make_event();
+  ops::fill(*a, x, 1.0f);
+  for (int i = 0; i < 8; i++) ops::axpy(*a, x, 1.0f, x);  // 256 once a is done
+  a->record(*e);
+  b->wait(*e);
+  ops::axpy(*b, y, 1.0f, x);
+  ASSERT_TRUE(b->synchronize().ok());
+  Tensor hy = filled({n}, 0.0f);
+  ASSERT_TRUE(dev_->copy_to_host(y, hy.raw()).ok());
+  EXPECT_EQ(hy.data<float>()[0], 256.0f);
+  EXPECT_EQ(hy.data<float>()[n - 1], 256.0f);
+
+  std::atomic<bool> ran{false};
+  ops::layernorm_forward(*a, y.view(0, {4, 8}), zeros(4), zeros(4), x.view(0, {4, 8}), zeros(7),
+                         zeros(8));
+  a->host_callback([&ran] { ran = true; });
+  EXPECT_TRUE(absl::IsInvalidArgument(a->synchronize()));
+  EXPECT_TRUE(ran.load());
+
+  b->host_callback([] { throw std::runtime_error("boom"); });
+  const absl::Status st = b->synchronize();
+  EXPECT_TRUE(absl::IsInternal(st)) << st;
+  EXPECT_NE(st.message().find("boom"), std::string::npos) << st;
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, CrossBackendTest, ::testing::Values("cpu", "cuda"));
