@@ -101,14 +101,7 @@ void Partition::step(gpu::Stream& s, const model::AdamWConfig& c, float lr, int 
                        .v = view(v_, at, r.size()),
                        .weight_decay = spec.decay == model::Decay::kYes ? c.weight_decay : 0.0f});
   }
-  gpu::AdamWArgs args;
-  args.lr = lr;
-  args.beta1 = c.beta1;
-  args.beta2 = c.beta2;
-  args.eps = c.eps;
-  args.step = step;
-  args.grad_scale = grad_scale;
-  gpu::ops::adamw_many(s, tensors, args);  // one launch for the partition's pieces on CUDA
+  gpu::ops::adamw_many(s, tensors, c.step_args(lr, step, grad_scale));  // one launch on CUDA
 }
 
 OptimizerActor::OptimizerActor(caf::actor_config& cfg, OptimizerSetup setup)

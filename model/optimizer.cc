@@ -58,14 +58,7 @@ void AdamW::step(gpu::Stream& s, const gpu::Tensor& params, const gpu::Tensor& g
                        .v = layout_.view(v_, spec),
                        .weight_decay = spec.decay == Decay::kYes ? c.weight_decay : 0.0f});
   }
-  gpu::AdamWArgs args;
-  args.lr = lr;
-  args.beta1 = c.beta1;
-  args.beta2 = c.beta2;
-  args.eps = c.eps;
-  args.step = step;
-  args.grad_scale = grad_scale;
-  gpu::ops::adamw_many(s, tensors, args);  // one launch for many tensors on CUDA
+  gpu::ops::adamw_many(s, tensors, c.step_args(lr, step, grad_scale));  // one launch on CUDA
 }
 
 }  // namespace troupe::model

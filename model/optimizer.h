@@ -20,6 +20,20 @@ struct AdamWConfig {
   float beta2 = 0.95f;  // as MT-NLG
   float eps = 1e-8f;
   float weight_decay = 0.1f;
+
+  // One step's arguments of the op (gpu::ops::adamw_many, each tensor with
+  // its own decay): this config's betas and eps, the step's rate, 1-based
+  // step and gradient factor (the clip).
+  gpu::AdamWArgs step_args(float lr, int step, float grad_scale) const {
+    gpu::AdamWArgs a;
+    a.lr = lr;
+    a.beta1 = beta1;
+    a.beta2 = beta2;
+    a.eps = eps;
+    a.step = step;
+    a.grad_scale = grad_scale;
+    return a;
+  }
 };
 
 // Linear warm-up to `lr` over `warmup_iters`, then cosine decay to `min_lr`
