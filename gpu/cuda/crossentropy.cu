@@ -10,15 +10,6 @@ namespace {
 
 constexpr int kBlock = 256;
 
-__global__ void check_targets_kernel(unsigned* fault, Fault code, const std::int32_t* targets,
-                                     i64 n, i64 V) {
-  if (faulted(fault)) return;
-  for (i64 i = blockIdx.x * static_cast<i64>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<i64>(gridDim.x) * blockDim.x) {
-    if (targets[i] < 0 || targets[i] >= V) raise_fault(fault, code, V);
-  }
-}
-
 // The row's max and sum of exp(x - max) over its first `cols` columns.
 __device__ void row_stats(const float* x, i64 cols, float* max_out, float* sum_out) {
   __shared__ float shared[kWarp];
@@ -113,12 +104,6 @@ __global__ void crossentropy_combine_kernel(const unsigned* fault, float* losses
   }
 }
 
-cudaError_t check_targets(const Launch& at, Fault code, const std::int32_t* targets, i64 N, i64 V) {
-  check_targets_kernel<<<grid_for(N, kBlock), kBlock, 0, at.stream>>>(at.fault, code, targets, N,
-                                                                      V);
-  return cudaGetLastError();
-}
-
 // Rows are blocks; the grid's x dimension holds up to 2^31 - 1 of them.
 unsigned row_grid(i64 N) { return static_cast<unsigned>(N); }
 
@@ -127,7 +112,7 @@ unsigned row_grid(i64 N) { return static_cast<unsigned>(N); }
 cudaError_t crossentropy_forward(const Launch& at, float* losses, float* lse, const float* logits,
                                  const std::int32_t* targets, i64 N, i64 V, i64 Vp) {
   if (N == 0) return cudaSuccess;
-  cudaError_t err = check_targets(at, Fault::kCrossEntropyForwardTarget, targets, N, V);
+  cudaError_t err = check_indices(at, Fault::kCrossEntropyForwardTarget, targets, N, V);
   if (err != cudaSuccess) return err;
   crossentropy_forward_kernel<<<row_grid(N), kBlock, 0, at.stream>>>(at.fault, losses, lse, logits,
                                                                      targets, V, Vp);
@@ -138,7 +123,7 @@ cudaError_t crossentropy_backward(const Launch& at, float* dlogits, const float*
                                   const float* lse, const std::int32_t* targets, float dloss, i64 N,
                                   i64 V, i64 Vp, i64 begin) {
   if (N == 0) return cudaSuccess;
-  cudaError_t err = check_targets(at, Fault::kCrossEntropyBackwardTarget, targets, N, V);
+  cudaError_t err = check_indices(at, Fault::kCrossEntropyBackwardTarget, targets, N, V);
   if (err != cudaSuccess) return err;
   crossentropy_backward_kernel<<<row_grid(N), kBlock, 0, at.stream>>>(
       at.fault, dlogits, logits, lse, targets, dloss, V, Vp, begin);
@@ -148,7 +133,7 @@ cudaError_t crossentropy_backward(const Launch& at, float* dlogits, const float*
 cudaError_t crossentropy_partial(const Launch& at, float* stats, const float* logits,
                                  const std::int32_t* targets, i64 N, i64 V, i64 Vp, i64 begin) {
   if (N == 0) return cudaSuccess;
-  cudaError_t err = check_targets(at, Fault::kCrossEntropyPartialTarget, targets, N, V);
+  cudaError_t err = check_indices(at, Fault::kCrossEntropyPartialTarget, targets, N, V);
   if (err != cudaSuccess) return err;
   crossentropy_partial_kernel<<<row_grid(N), kBlock, 0, at.stream>>>(at.fault, stats, logits,
                                                                      targets, V, Vp, begin);

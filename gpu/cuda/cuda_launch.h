@@ -38,6 +38,10 @@ enum class Fault : unsigned {
 const char* fault_op(Fault f);
 const char* fault_what(Fault f);
 
+struct Launch;
+// Raises `code` (with `bound`) if an id is outside [0, bound) (check_indices.cu).
+cudaError_t check_indices(const Launch& at, Fault code, const std::int32_t* ids, i64 n, i64 bound);
+
 struct Launch {
   cudaStream_t stream = nullptr;
   unsigned* fault = nullptr;  // the stream's fault word (device memory)

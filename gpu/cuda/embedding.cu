@@ -12,15 +12,6 @@ namespace {
 
 constexpr int kBlock = 256;
 
-__global__ void check_tokens_kernel(unsigned* fault, Fault code, const std::int32_t* tokens, i64 n,
-                                    i64 total) {
-  if (faulted(fault)) return;
-  for (i64 i = blockIdx.x * static_cast<i64>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<i64>(gridDim.x) * blockDim.x) {
-    if (tokens[i] < 0 || tokens[i] >= total) raise_fault(fault, code, total);
-  }
-}
-
 __global__ void embedding_forward_kernel(const unsigned* fault, float* out,
                                          const std::int32_t* tokens, const float* wte,
                                          const float* wpe, i64 BT, i64 T, i64 C, i64 rows,
@@ -68,9 +59,7 @@ cudaError_t embedding_forward(const Launch& at, float* out, const std::int32_t* 
                               i64 begin, i64 total) {
   const i64 BT = B * T;
   if (BT == 0) return cudaSuccess;
-  check_tokens_kernel<<<grid_for(BT, kBlock), kBlock, 0, at.stream>>>(
-      at.fault, Fault::kEmbeddingForwardToken, tokens, BT, total);
-  cudaError_t err = cudaGetLastError();
+  cudaError_t err = check_indices(at, Fault::kEmbeddingForwardToken, tokens, BT, total);
   if (err != cudaSuccess || C == 0) return err;
   embedding_forward_kernel<<<grid_for(BT * C, kBlock), kBlock, 0, at.stream>>>(
       at.fault, out, tokens, wte, wpe, BT, T, C, rows, begin);
@@ -82,9 +71,7 @@ cudaError_t embedding_backward(const Launch& at, float* dwte, float* dwpe, const
                                i64 total) {
   const i64 BT = B * T;
   if (BT == 0) return cudaSuccess;
-  check_tokens_kernel<<<grid_for(BT, kBlock), kBlock, 0, at.stream>>>(
-      at.fault, Fault::kEmbeddingBackwardToken, tokens, BT, total);
-  cudaError_t err = cudaGetLastError();
+  cudaError_t err = check_indices(at, Fault::kEmbeddingBackwardToken, tokens, BT, total);
   if (err != cudaSuccess || C == 0) return err;
   embedding_backward_wte_kernel<<<static_cast<unsigned>((C + kBlock - 1) / kBlock), kBlock, 0,
                                   at.stream>>>(at.fault, dwte, dout, tokens, BT, C, rows, begin);
