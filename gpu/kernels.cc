@@ -86,5 +86,8 @@ void Kernels::adamw(Stream& s, const Tensor&, const Tensor&, const Tensor&, cons
 }
 void Kernels::fill(Stream& s, const Tensor&, float) { unimplemented(s, "fill"); }
 void Kernels::axpy(Stream& s, const Tensor&, float, const Tensor&) { unimplemented(s, "axpy"); }
+void Kernels::round_to(Stream& s, const Tensor&, const Tensor&, Precision) {
+  unimplemented(s, "round_to");
+}
 
 }  // namespace troupe::gpu

@@ -15,6 +15,7 @@
 
 #include "absl/strings/string_view.h"
 #include "gpu/device.h"
+#include "gpu/precision.h"
 #include "gpu/tensor.h"
 
 namespace troupe::gpu {
@@ -138,6 +139,9 @@ class Kernels {
   virtual void fill(Stream& s, const Tensor& x, float value);
   // y += alpha * x
   virtual void axpy(Stream& s, const Tensor& y, float alpha, const Tensor& x);
+  // out = in rounded to precision p's nearest value (gpu/precision.h);
+  // out may be in.
+  virtual void round_to(Stream& s, const Tensor& out, const Tensor& in, Precision p);
 
  protected:
   void unimplemented(Stream& s, absl::string_view op);

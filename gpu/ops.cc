@@ -320,4 +320,10 @@ void axpy(Stream& s, const Tensor& y, float alpha, const Tensor& x) {
   if (c.ok()) s.device().kernels().axpy(s, y, alpha, x);
 }
 
+void round_to(Stream& s, const Tensor& out, const Tensor& in, Precision p) {
+  Check c(s, "round_to");
+  c.f32("out", out, out.shape).f32("in", in, out.shape);
+  if (c.ok()) s.device().kernels().round_to(s, out, in, p);
+}
+
 }  // namespace troupe::gpu::ops

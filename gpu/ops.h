@@ -46,5 +46,7 @@ void adamw(Stream& s, const Tensor& p, const Tensor& g, const Tensor& m, const T
 void adamw_many(Stream& s, const std::vector<AdamWTensor>& tensors, const AdamWArgs& args);
 void fill(Stream& s, const Tensor& x, float value);
 void axpy(Stream& s, const Tensor& y, float alpha, const Tensor& x);
+// out = in rounded to p (mixed precision's stores; out may be in).
+void round_to(Stream& s, const Tensor& out, const Tensor& in, Precision p);
 
 }  // namespace troupe::gpu::ops

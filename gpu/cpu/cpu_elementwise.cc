@@ -1,4 +1,5 @@
-// Elementwise kernels (GELU, residual, fill, axpy, AdamW) and the squared norm.
+// Elementwise kernels (GELU, residual, fill, axpy, rounding, AdamW) and the
+// squared norm.
 // Work is cut into fixed chunks so every element's arithmetic, and the order
 // of the norm's partial sums, are independent of the thread count.
 #include <cmath>
@@ -46,6 +47,16 @@ TROUPE_CLONES void add_range(float* out, const float* a, const float* b, i64 i0,
 
 TROUPE_CLONES void axpy_range(float* y, float alpha, const float* x, i64 i0, i64 i1) {
   for (i64 i = i0; i < i1; i++) y[i] += alpha * x[i];
+}
+
+TROUPE_CLONES void round_range(float* out, const float* in, Precision p, i64 i0, i64 i1) {
+  if (p == Precision::kBf16) {
+    for (i64 i = i0; i < i1; i++) out[i] = round_bf16(in[i]);
+  } else if (p == Precision::kFp16) {
+    for (i64 i = i0; i < i1; i++) out[i] = round_fp16(in[i]);
+  } else if (out != in) {
+    for (i64 i = i0; i < i1; i++) out[i] = in[i];
+  }
 }
 
 TROUPE_CLONES double squares_range(const float* x, i64 i0, i64 i1) {
@@ -96,6 +107,10 @@ void fill(float* x, float value, i64 n) {
 
 void axpy(float* y, float alpha, const float* x, i64 n) {
   for_chunks(n, [&](i64 i0, i64 i1) { axpy_range(y, alpha, x, i0, i1); });
+}
+
+void round_to(float* out, const float* in, i64 n, Precision p) {
+  for_chunks(n, [&](i64 i0, i64 i1) { round_range(out, in, p, i0, i1); });
 }
 
 double squared_norm(const float* x, i64 n) {

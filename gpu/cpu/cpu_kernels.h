@@ -10,6 +10,8 @@
 
 #include <cstdint>
 
+#include "gpu/precision.h"
+
 namespace troupe::gpu::cpu {
 
 using i64 = std::int64_t;
@@ -58,6 +60,7 @@ void adamw(float* p, const float* g, float* m, float* v, i64 n, float lr, float 
            float eps, float weight_decay, int step, float grad_scale);
 void fill(float* x, float value, i64 n);
 void axpy(float* y, float alpha, const float* x, i64 n);
+void round_to(float* out, const float* in, i64 n, Precision p);  // out may be in
 
 // C[M,N] = alpha * op(A) . op(B) + beta * C through oneDNN (row-major).
 void sgemm(char transa, char transb, i64 M, i64 N, i64 K, float alpha, const float* A, i64 lda,

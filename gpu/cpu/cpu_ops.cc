@@ -172,6 +172,10 @@ class CpuKernels final : public Kernels {
     on(s).enqueue_op("axpy", [=] { cpu::axpy(f(y), alpha, f(x), y.numel()); });
   }
 
+  void round_to(Stream& s, const Tensor& out, const Tensor& in, Precision p) override {
+    on(s).enqueue_op("round_to", [=] { cpu::round_to(f(out), f(in), out.numel(), p); });
+  }
+
  private:
   static CpuStream& on(Stream& s) { return static_cast<CpuStream&>(s); }
 };

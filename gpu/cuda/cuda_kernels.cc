@@ -221,6 +221,12 @@ class CudaKernels final : public Kernels {
     });
   }
 
+  void round_to(Stream& s, const Tensor& out, const Tensor& in, Precision p) override {
+    on(s).run_op("round_to", {&out, &in}, [&](const Launch& at) {
+      return launched(cuda::round_to(at, f(out), f(in), out.numel(), p));
+    });
+  }
+
  private:
   static CudaStream& on(Stream& s) { return static_cast<CudaStream&>(s); }
 };

@@ -19,6 +19,8 @@
 
 #include <cstdint>
 
+#include "gpu/precision.h"
+
 namespace troupe::gpu::cuda {
 
 using i64 = std::int64_t;
@@ -111,6 +113,8 @@ cudaError_t adamw_many(const Launch& at, const AdamWPiece* pieces, int count, fl
                        float beta2, float eps, int step, float grad_scale);
 cudaError_t fill(const Launch& at, float* x, float value, i64 n);
 cudaError_t axpy(const Launch& at, float* y, float alpha, const float* x, i64 n);
+// out = in rounded to bf16 or fp16 (or copied for fp32); out may be in.
+cudaError_t round_to(const Launch& at, float* out, const float* in, i64 n, Precision p);
 
 // dbias[o] += sum over rows of dout[:, o] (matmul_bias.cu, a column sum;
 // `scratch`: column_chunks(N) * OC floats). The GEMMs themselves are cuBLASLt
