@@ -19,6 +19,7 @@ void set_checkpoints(CoordinatorSetup* setup, const RunCheckpoints& c,
   if (c.loaded != nullptr && c.flags.load_optim) {
     setup->first_step = c.loaded->meta().step + 1;
     setup->evaluations_done = c.loaded->meta().evaluations_done;
+    setup->loss_scale = c.loaded->meta().loss_scale;
   }
   setup->save_dir = c.flags.save;
   setup->save_interval = c.flags.save_interval;
@@ -39,6 +40,9 @@ void set_checkpoints(CoordinatorSetup* setup, const RunCheckpoints& c,
 
 Coordinator::Coordinator(caf::actor_config& cfg, std::shared_ptr<CoordinatorSetup> setup)
     : caf::event_based_actor(cfg), setup_(std::move(setup)), batches_(setup_->options.batches()) {
+  scaler_ = std::make_unique<model::LossScaler>(setup_->options.activations.precision,
+                                                setup_->options.loss_scale);
+  if (setup_->loss_scale) scaler_->restore(*setup_->loss_scale);  // a resume
   set_exception_handler([this](caf::scheduled_actor*, std::exception_ptr& e) -> caf::error {
     const std::string what = exception_text(e);
     finish(absl::InternalError(absl::StrCat("the coordinator threw: ", what)));
@@ -113,14 +117,19 @@ void Coordinator::begin(int step) {
     return finish(absl::OkStatus());
   }
   step_ = step;
-  lr_ = o.lr_of_step(batches_, step);  // by steps or samples completed before this one
+  // By steps or samples completed before this one (--fp16: updated ones).
+  lr_ = o.lr_of_step(batches_, step, scaler_->state());
+  loss_scale_ = scaler_->scale();
   global_batch_ = batches_.global_batch(step);
   reset_tallies();
   t0_ = std::chrono::steady_clock::now();
   const std::int64_t first = batches_.consumed_before(step);
   // Partitions first, so their gradient receives are posted early.
-  for (const caf::actor& a : setup_->optimizers) send(a, begin_step_atom::value, step, first);
-  for (const caf::actor& a : setup_->shards) send(a, begin_step_atom::value, step, first);
+  for (const caf::actor& a : setup_->optimizers) {
+    send(a, begin_step_atom::value, step, first, loss_scale_);
+  }
+  for (const caf::actor& a : setup_->shards)
+    send(a, begin_step_atom::value, step, first, loss_scale_);
 }
 
 // The tallies of a step or an evaluation batch of global_batch_ sequences.
@@ -165,9 +174,14 @@ void Coordinator::on_norm(int step, int rank, double sq) {
   if (++norms_in_ < setup_->layout.world()) return;
   double total = 0.0;
   for (double x : norms_) total += x;  // in rank order
-  grad_norm_ = std::sqrt(total);
-  const float scale = model::clip_factor(grad_norm_, setup_->options.clip_grad);
-  for (const caf::actor& a : setup_->optimizers) send(a, update_atom::value, step, lr_, scale);
+  // --fp16: not finite skips the step on every rank (update 0).
+  const model::StepDecision d = scaler_->decide(total, setup_->options.clip_grad, global_batch_);
+  grad_norm_ = d.grad_norm;
+  skipped_ = d.skip;
+  const int update = d.skip ? 0 : step - scaler_->state().skipped_iters;
+  for (const caf::actor& a : setup_->optimizers) {
+    send(a, update_atom::value, step, lr_, d.grad_scale, update);
+  }
 }
 
 void Coordinator::on_ready(int step, int rank) {
@@ -201,6 +215,8 @@ void Coordinator::on_ready(int step, int rank) {
               .consumed_samples = batches_.consumed_before(step + 1),
               .loss = loss / tokens,
               .grad_norm = grad_norm_,
+              .loss_scale = loss_scale_,
+              .skipped = skipped_,
               .lr = lr_,
               .step_s = secs,
               .tokens_per_s = tokens / secs,
@@ -263,6 +279,7 @@ void Coordinator::start_save(int step) {
   if (!tmp.ok()) return finish(tmp.status());
   save_ = {};
   save_.step = step;
+  save_.loss_scale = scaler_->state();
   save_.evaluations_done = evaluations_done_;  // (more may be done by the commit)
   save_.tmp = *tmp;
   save_.records.resize(static_cast<std::size_t>(setup_->layout.world()));
@@ -333,6 +350,7 @@ bool Coordinator::commit_save() {
   meta.step = step;
   meta.consumed_samples = batches_.consumed_before(step + 1);
   meta.evaluations_done = save_.evaluations_done;
+  meta.loss_scale = save_.loss_scale;
   if (absl::Status st =
           model::ckpt::commit(setup_->save_dir, save_.tmp, meta, all, setup_->keep_last);
       !st.ok()) {

@@ -17,6 +17,7 @@
 #include <functional>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -54,6 +55,7 @@ struct CoordinatorSetup {
   // steps first_step .. options.steps).
   int first_step = 1;
   int evaluations_done = 0;
+  std::optional<model::LossScaleState> loss_scale;  // --fp16's scaler and the skipped steps
   // --save: checkpoints into save_dir after every save_interval steps and
   // the last (model/checkpoint.h). The coordinator makes the temporary,
   // every optimizer copies its rank's state and writes it behind, and the
@@ -121,6 +123,10 @@ class Coordinator : public caf::event_based_actor {
   int losses_in_ = 0, norms_in_ = 0, ready_in_ = 0;
   std::vector<bool> ready_;     // by rank: its shard is ready (the stall report's "done")
   double grad_norm_ = 0;
+  // --fp16's loss scaling, and this step's outcome.
+  std::unique_ptr<model::LossScaler> scaler_;
+  float loss_scale_ = 1;  // this step's
+  bool skipped_ = false;
   // Evaluation after a step (--eval-interval): batch k of --eval-iters.
   bool evaluating_ = false;
   int eval_batch_ = 0, evaluations_done_ = 0;
@@ -132,6 +138,7 @@ class Coordinator : public caf::event_based_actor {
   struct Save {
     int step = 0;
     int evaluations_done = 0;  // at the step boundary it was taken at
+    model::LossScaleState loss_scale;
     std::string tmp;
     int snapshots = 0, written = 0;
     std::vector<std::vector<model::ckpt::TensorRecord>> records;  // by rank

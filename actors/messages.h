@@ -8,11 +8,15 @@
 //   caf::actor_system sys{cfg};
 //
 // Signatures, by receiver (rank = global rank, d/j = replica/micro-batch):
-//   ShardActor      (begin_step_atom, int step, int64 first_sample)   from the coordinator
+//   ShardActor      (begin_step_atom, int step, int64 first_sample, float loss_scale)
+//                       from the coordinator (loss_scale: --fp16's, else 1)
 //                   (eval_atom, int step, int64 first_sample)   forwards only, validation data
 //                   (waiting_atom) -> WaitReport
-//   OptimizerActor  (begin_step_atom, int step, int64 first_sample)   post gradient receives
-//                   (update_atom, int step, float lr, float grad_scale)
+//   OptimizerActor  (begin_step_atom, int step, int64 first_sample, float loss_scale)
+//                       post gradient receives
+//                   (update_atom, int step, float lr, float grad_scale, int update)
+//                       update: Adam's 1-based count of updates; 0: skip the step
+//                       (--fp16, gradients not finite), send the parameters unchanged
 //                   (waiting_atom) -> WaitReport
 //                   (save_atom, int step, std::string tmp_dir)   copy the state, write it behind
 //   Coordinator     (loss_atom, int step, int d, int j, double loss_sum)   head chunk, per micro-batch

@@ -11,8 +11,8 @@ namespace troupe::actors {
 using comm::MessageKind;
 
 Partition::Partition(const StageCompute& chunk, int dp, int d, bool count_replicated,
-                     gpu::Stream& stream)
-    : chunk_(chunk), dp_(dp) {
+                     gpu::Stream& stream, gpu::Precision precision)
+    : chunk_(chunk), dp_(dp), precision_(precision) {
   range_ = partition_range(chunk.layout(), chunk.spec(), dp, d);
   const std::vector<model::ParamSpec>& specs = chunk.layout().specs();
   bool previous_counted = false;
@@ -46,6 +46,8 @@ Partition::Partition(const StageCompute& chunk, int dp, int d, bool count_replic
                          {std::max<std::int64_t>(1, static_cast<std::int64_t>(counted_.size()))});
   window_ = dp > 1 ? 2 : 1;  // receive the next replica while adding this one
   staging_ = gpu::Tensor::empty(dev, gpu::DType::kF32, {window_ * n});
+  if (precision_ != gpu::Precision::kFp32)
+    compute_ = gpu::Tensor::empty(dev, gpu::DType::kF32, {n});
   if (range_.empty()) return;
   const gpu::Tensor master = view(master_, 0, range_.size());
   gpu::ops::fill(stream, master, 0.0f);
@@ -88,7 +90,19 @@ double Partition::squared_norm() const {
   return sq;
 }
 
-void Partition::step(gpu::Stream& s, const model::AdamWConfig& c, float lr, int step,
+void Partition::step(gpu::Stream& s, const model::AdamWConfig& c, float lr, int update,
+                     float grad_scale) const {
+  if (range_.empty()) return;
+  // (Rounded on skipped steps too: after a resume the master is the
+  // checkpoint's, and the compute copy is made here first.)
+  if (update > 0) adam(s, c, lr, update, grad_scale);
+  if (compute_.defined()) {
+    gpu::ops::round_to(s, view(compute_, 0, range_.size()), view(master_, 0, range_.size()),
+                       precision_);
+  }
+}
+
+void Partition::adam(gpu::Stream& s, const model::AdamWConfig& c, float lr, int update,
                      float grad_scale) const {
   std::vector<gpu::AdamWTensor> tensors;
   for (const model::ParamSpec& spec : chunk_.layout().specs()) {
@@ -101,7 +115,7 @@ void Partition::step(gpu::Stream& s, const model::AdamWConfig& c, float lr, int 
                        .v = view(v_, at, r.size()),
                        .weight_decay = spec.decay == model::Decay::kYes ? c.weight_decay : 0.0f});
   }
-  gpu::ops::adamw_many(s, tensors, c.step_args(lr, step, grad_scale));  // one launch on CUDA
+  gpu::ops::adamw_many(s, tensors, c.step_args(lr, update, grad_scale));  // one launch on CUDA
 }
 
 OptimizerActor::OptimizerActor(caf::actor_config& cfg, OptimizerSetup setup)
@@ -120,7 +134,7 @@ OptimizerActor::OptimizerActor(caf::actor_config& cfg, OptimizerSetup setup)
 
 caf::behavior OptimizerActor::make_behavior() {
   return {
-      [this](begin_step_atom, int step, std::int64_t) { begin_step(step); },
+      [this](begin_step_atom, int step, std::int64_t, float) { begin_step(step); },
       [this](recv_atom, int part, int k, const std::string& error) { on_recv(part, k, error); },
       [this](added_atom, int step, int part, int k) {
         progress_++;
@@ -130,8 +144,8 @@ caf::behavior OptimizerActor::make_behavior() {
         progress_++;
         if (step == step_) on_reduced();
       },
-      [this](update_atom, int step, float lr, float grad_scale) {
-        if (step == step_) update(lr, grad_scale);
+      [this](update_atom, int step, float lr, float grad_scale, int update) {
+        if (step == step_) this->update(lr, grad_scale, update);
       },
       [this](stepped_atom, int step) {
         progress_++;
@@ -253,14 +267,14 @@ void OptimizerActor::on_reduced() {
   trace_wait(comm::trace::What::kClip);
 }
 
-void OptimizerActor::update(float lr, float grad_scale) {
+void OptimizerActor::update(float lr, float grad_scale, int update) {
   if (failed_) return;
   trace_wait(comm::trace::What::kNone);
   for (std::size_t i = 0; i < setup_.partitions.size(); i++) {
     const Partition* p = setup_.partitions[i];
     mark_stream(setup_.trace, *setup_.stream,
                 stream_event(comm::trace::What::kAdam, static_cast<int>(i)),
-                [&] { p->step(*setup_.stream, setup_.adam, lr, step_, grad_scale); });
+                [&] { p->step(*setup_.stream, setup_.adam, lr, update, grad_scale); });
   }
   send_when_done(*setup_.stream, caf::actor_cast<caf::actor>(this),
                  caf::make_message(stepped_atom::value, step_));
@@ -276,7 +290,7 @@ void OptimizerActor::on_stepped() {
   for (const ParamPiece& p : setup_.param_pieces) {
     if (p.stage != setup_.coord.s || p.src_d != setup_.coord.d) continue;
     const Partition& part = *setup_.partitions[static_cast<std::size_t>(p.src_chunk)];
-    const float* data = part.master() + (p.range.begin - part.range().begin);
+    const float* data = part.compute() + (p.range.begin - part.range().begin);
     for (int r = 0; r < setup_.shape.dp; r++) {
       sends_pending_++;
       setup_.transport->send(

@@ -49,7 +49,10 @@ class Partition {
   // Master copy initialised from `chunk`'s parameters (synchronously).
   // Replicated parameters (the same on every TP rank) count towards the
   // gradient norm on TP rank 0 only (count_replicated).
-  Partition(const StageCompute& chunk, int dp, int d, bool count_replicated, gpu::Stream& stream);
+  // Mixed precision (`precision` not fp32): the shards get the master
+  // rounded to it (compute()).
+  Partition(const StageCompute& chunk, int dp, int d, bool count_replicated, gpu::Stream& stream,
+            gpu::Precision precision = gpu::Precision::kFp32);
 
   const StageCompute& chunk() const { return chunk_; }
   Range range() const { return range_; }
@@ -68,9 +71,14 @@ class Partition {
   void add(gpu::Stream& s, int k) const;
   void end_sum(gpu::Stream& s) const;
   double squared_norm() const;  // after end_sum() has run
-  void step(gpu::Stream& s, const model::AdamWConfig& adam, float lr, int step,
+  // AdamW on the master (update: Adam's 1-based count; 0 skips it), then
+  // the compute copy rounded from the master.
+  void step(gpu::Stream& s, const model::AdamWConfig& adam, float lr, int update,
             float grad_scale) const;
   const float* master() const { return master_.data<float>(); }
+  // What the shards compute with: the master, or (mixed precision) it
+  // rounded, after step().
+  const float* compute() const { return (compute_.defined() ? compute_ : master_).data<float>(); }
   // The state as a checkpoint holds it: range().size() floats each.
   float* master_data() const { return master_.data<float>(); }
   float* m_data() const { return m_.data<float>(); }
@@ -78,13 +86,17 @@ class Partition {
 
  private:
   gpu::Tensor view(const gpu::Tensor& t, std::int64_t begin, std::int64_t n) const;
+  void adam(gpu::Stream& s, const model::AdamWConfig& adam, float lr, int update,
+            float grad_scale) const;
 
   const StageCompute& chunk_;
   Range range_;
   std::int64_t tied_ = 0;
   int dp_ = 1;
   int window_ = 1;
+  gpu::Precision precision_ = gpu::Precision::kFp32;
   gpu::Tensor master_, m_, v_, sum_, norm_;  // norm_: one f64 per counted range
+  gpu::Tensor compute_;                       // mixed precision: the master rounded
   std::vector<Range> counted_;                // parts of range_ in the gradient norm
   gpu::Tensor staging_;  // (window, max(range, 1)): contribution k in slot k % window
 };
@@ -126,7 +138,7 @@ class OptimizerActor : public caf::event_based_actor {
   void on_recv(int part, int k, const std::string& error);
   void on_added(int part, int k);
   void on_reduced();
-  void update(float lr, float grad_scale);
+  void update(float lr, float grad_scale, int update);
   void on_stepped();
   void on_sent(const std::string& error);
   void fail(const std::string& what);

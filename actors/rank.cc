@@ -124,10 +124,14 @@ absl::StatusOr<std::unique_ptr<RankUnit>> RankUnit::create(
                                                                    dev, tensor, o.activations));
   }
   if (absl::Status st = u->init_params(); !st.ok()) return st;
+  // Mixed precision: loaded parameters rounded (init()'s are); the
+  // partitions' masters then start from them, as the single-rank loop's.
+  for (const auto& chunk : u->chunks_) chunk->gpt().round_params(*u->optimizer_stream_);
   const std::int64_t before = dev.allocated_bytes();
   for (const auto& chunk : u->chunks_) {
     u->partitions_.push_back(std::make_unique<Partition>(*chunk, par.dp, u->coord_.d,
-                                                         u->coord_.t == 0, *u->optimizer_stream_));
+                                                         u->coord_.t == 0, *u->optimizer_stream_,
+                                                         o.activations.precision));
   }
   u->optimizer_bytes_ = dev.allocated_bytes() - before;
   if (spec.load != nullptr && spec.load_optimizer) {

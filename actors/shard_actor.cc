@@ -64,7 +64,8 @@ const std::vector<ScheduleOp>* ShardActor::train_ops(int m) {
 caf::behavior ShardActor::make_behavior() {
   if (!setup_error_.empty()) fail(setup_error_);  // every step handler then does nothing
   return {
-      [this](begin_step_atom, int step, std::int64_t first_sample) {
+      [this](begin_step_atom, int step, std::int64_t first_sample, float loss_scale) {
+        loss_scale_ = loss_scale;
         begin(Pass::kTrain, step, first_sample);
       },
       [this](eval_atom, int step, std::int64_t first_sample) {
@@ -242,8 +243,9 @@ void ShardActor::fire_backward(const ScheduleOp& op, int slot) {
       }
     };
   }
+  // (--fp16: times the loss scale, a power of two: exact.)
   const float dloss =
-      1.0f / static_cast<float>(static_cast<std::int64_t>(global_batch_) * setup_.T);
+      1.0f / static_cast<float>(static_cast<std::int64_t>(global_batch_) * setup_.T) * loss_scale_;
   mark_stream(
       setup_.trace, *setup_.stream, op_event(op),
       [&] {

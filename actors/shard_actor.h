@@ -131,6 +131,7 @@ class ShardActor : public caf::event_based_actor {
 
   int step_ = 0;  // 0: between steps
   std::int64_t first_sample_ = 0;
+  float loss_scale_ = 1;  // this step's (--fp16)
   std::size_t cursor_ = 0;
   std::vector<Arrival> input_;  // per op
   int ops_done_ = 0;

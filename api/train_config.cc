@@ -186,6 +186,18 @@ std::vector<ConfigValue> describe_config(const TrainFlags& f, const model::Train
   add("--data-parallel-size", absl::StrCat(par.dp), "default");
   add("--schedule", actors::schedule_name(par.schedule), "default");
   add("--virtual-stages", absl::StrCat(par.virtual_stages), "default");
+  out.push_back({"--bf16/--fp16", gpu::precision_name(o.activations.precision),
+                 given(f, "--bf16") || given(f, "--fp16") ? "flag" : "default"});
+  if (o.activations.precision == gpu::Precision::kFp16) {
+    if (o.loss_scale.constant > 0) {
+      add("--loss-scale", num(o.loss_scale.constant), "default");
+    } else {
+      add("--initial-loss-scale", num(o.loss_scale.initial), "default");
+      add("--min-loss-scale", num(o.loss_scale.min), "default");
+      add("--loss-scale-window", absl::StrCat(o.loss_scale.window), "default");
+      add("--hysteresis", absl::StrCat(o.loss_scale.hysteresis), "default");
+    }
+  }
   out.push_back({"--sequence-parallel", o.activations.sequence_parallel ? "yes" : "no",
                  given(f, "--sequence-parallel") ? "flag" : "default"});
   out.push_back({"--recompute-granularity", model::recompute_name(o.activations.recompute),

@@ -61,17 +61,23 @@ Progress::Progress(int steps, std::vector<std::ofstream*> metrics, int log_inter
 void Progress::print(const model::StepMetrics& m, double loss, double tokens_per_s, double step_s) {
   const double eta = elapsed_ / reported_ * (steps_ - m.step);
   const std::string val = m.val_loss ? absl::StrFormat(" | val loss %.4f", *m.val_loss) : "";
+  // --fp16 (Megatron's line has both): the scale, and the steps skipped.
+  const std::string scale =
+      m.loss_scale != 1 || skipped_ > 0
+          ? absl::StrFormat(" | loss scale %.1f | skipped %d", m.loss_scale, skipped_)
+          : "";
   std::printf(
-      "%sstep %*d/%d | loss %.4f | lr %.3e | grad norm %.4f | %.0f tok/s | %.3f s/step | elapsed "
-      "%s | ETA %s%s",
+      "%sstep %*d/%d | loss %.4f | lr %.3e | grad norm %.4f%s | %.0f tok/s | %.3f s/step | "
+      "elapsed %s | ETA %s%s",
       live_ ? "\r\033[K" : "", static_cast<int>(std::to_string(steps_).size()), m.step, steps_,
-      loss, m.lr, m.grad_norm, tokens_per_s, step_s, duration(elapsed_).c_str(),
+      loss, m.lr, m.grad_norm, scale.c_str(), tokens_per_s, step_s, duration(elapsed_).c_str(),
       duration(eta).c_str(), val.c_str());
 }
 
 void Progress::report(const model::StepMetrics& m) {
   elapsed_ += m.step_s;
   reported_++;  // (a resumed run's first step is not step 1)
+  if (m.skipped) skipped_++;
   window_++;
   window_loss_ += m.loss;
   window_s_ += m.step_s;
@@ -94,9 +100,11 @@ void Progress::report(const model::StepMetrics& m) {
   const std::string line = absl::StrFormat(
       "{\"step\": %d, \"loss\": %.17g, \"grad_norm\": %.17g, \"lr\": %.17g, "
       "\"global_batch_size\": %d, \"consumed_samples\": %d, "
-      "\"tokens_per_s\": %.9g, \"step_s\": %.9g, \"elapsed_s\": %.9g%s}\n",
+      "\"tokens_per_s\": %.9g, \"step_s\": %.9g, \"elapsed_s\": %.9g, \"loss_scale\": %.9g, "
+      "\"skipped\": %s%s}\n",
       m.step, m.loss, m.grad_norm, m.lr, m.global_batch, m.consumed_samples, m.tokens_per_s,
-      m.step_s, elapsed_, m.val_loss ? absl::StrFormat(", \"val_loss\": %.17g", *m.val_loss) : "");
+      m.step_s, elapsed_, m.loss_scale, m.skipped ? "true" : "false",
+      m.val_loss ? absl::StrFormat(", \"val_loss\": %.17g", *m.val_loss) : "");
   lines_.emplace_back(m.step, line);
   for (std::ofstream* out : metrics_) {
     if (out == nullptr) continue;
@@ -185,6 +193,24 @@ absl::Status resolve_recompute(const TrainFlags& f, model::ActivationOptions* a)
 
 bool given(const CLI::Option* o) { return o != nullptr && o->count() > 0; }
 
+// --bf16 or --fp16 (Megatron: not both); the loss-scaling flags only with
+// --fp16, whose gradients they scale.
+absl::Status resolve_precision(const TrainFlags& f, model::TrainOptions* o) {
+  if (f.bf16 && f.fp16) return absl::InvalidArgumentError("--bf16 and --fp16: give one of them");
+  o->activations.precision = f.bf16   ? gpu::Precision::kBf16
+                             : f.fp16 ? gpu::Precision::kFp16
+                                      : gpu::Precision::kFp32;
+  if (!f.fp16) {
+    for (const CLI::Option* flag : f.loss_scale_flags) {
+      if (given(flag)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            flag->get_name(), " needs --fp16 (loss scaling is fp16's; bf16 and fp32 need none)"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 // The run's length in steps or (--train-samples) samples, the ramp-up and
 // the learning-rate schedule's unit, by Megatron's rules: a ramp-up and the
 // sample-based schedule need --train-samples, which excludes the
@@ -264,6 +290,7 @@ absl::StatusOr<model::TrainOptions> resolve(const TrainFlags& f,
   const std::set<std::string> set = apply_recipe(f.recipe, f, &o);
   if (recipe_set != nullptr) *recipe_set = set;
   if (absl::Status st = resolve_recompute(f, &o.activations); !st.ok()) return st;
+  if (absl::Status st = resolve_precision(f, &o); !st.ok()) return st;
   if (o.global_batch == 0) o.global_batch = o.micro_batch;
   if (absl::Status st = resolve_length(f, &o); !st.ok()) return st;
   if (o.eval_interval > 0 && o.eval_iters == 0) o.eval_iters = 10;  // Megatron's default is 100
@@ -383,6 +410,26 @@ void add_train_flags(CLI::App* cmd, TrainFlags& f) {
                 "(Korthikanti et al.); all-gathers and reduce-scatters replace its all-reduces");
   cmd->add_flag("--recompute-activations", f.recompute_activations,
                 "Same as --recompute-granularity selective (Megatron's shorthand)");
+  cmd->add_flag("--bf16", f.bf16,
+                "Mixed precision: bf16 activations and compute, fp32 master weights, Adam state, "
+                "gradients and their reduction");
+  cmd->add_flag("--fp16", f.fp16,
+                "Mixed precision in fp16, with dynamic loss scaling: a step whose gradients "
+                "overflow is skipped and the scale halved");
+  model::LossScaleOptions& ls = o.loss_scale;
+  f.loss_scale_flags = {
+      cmd->add_option("--loss-scale", ls.constant,
+                      "--fp16: a fixed loss scale instead of the dynamic one"),
+      cmd->add_option("--initial-loss-scale", ls.initial, "--fp16: the dynamic scale's start")
+          ->capture_default_str(),
+      cmd->add_option("--min-loss-scale", ls.min, "--fp16: the dynamic scale's floor")
+          ->capture_default_str(),
+      cmd->add_option("--loss-scale-window", ls.window,
+                      "--fp16: finite steps in a row after which the scale doubles")
+          ->capture_default_str(),
+      cmd->add_option("--hysteresis", ls.hysteresis,
+                      "--fp16: overflows (since the last growth) before the scale halves")
+          ->capture_default_str()};
   actors::ParallelOptions& par = f.parallel;
   cmd->add_option("--tp,--tensor-model-parallel-size", par.tp,
                   "Tensor-parallel ranks per stage (Megatron slicing)")

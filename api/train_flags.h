@@ -32,6 +32,9 @@ struct TrainFlags {
   std::string recompute_granularity, recompute_method;
   std::optional<int> recompute_layers;
   bool recompute_activations = false;
+  bool bf16 = false, fp16 = false;  // --bf16, --fp16
+  // The loss-scaling flags, to say they need --fp16.
+  std::vector<CLI::Option*> loss_scale_flags;
   std::string save_weights;
   std::string metrics_jsonl;
   int log_interval = 0;              // --log-interval; 0: default_log_interval(steps)
@@ -127,6 +130,7 @@ class Progress {
   bool live_ = false;  // a live line is showing (no newline yet)
   double elapsed_ = 0.0;
   int reported_ = 0;
+  int skipped_ = 0;  // steps skipped so far (--fp16)
   // Since the last line: steps, their loss sum, seconds and tokens.
   int window_ = 0;
   double window_loss_ = 0.0, window_s_ = 0.0, window_tokens_ = 0.0;

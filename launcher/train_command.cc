@@ -47,6 +47,7 @@ class SingleRankSaver {
     meta.step = t.steps_done();
     meta.consumed_samples = t.options().batches().consumed_before(meta.step + 1);
     meta.evaluations_done = t.evaluations_done();
+    meta.loss_scale = t.loss_scaler().state();
     meta.options = t.options();
     meta.schedule = actors::schedule_name(par_.schedule);
     meta.writer = model::ckpt::writer_name();

@@ -1,6 +1,8 @@
 // The checkpoint manifest: JSON out, checked JSON in.
 #include "model/checkpoint_json.h"
 
+#include <cmath>
+
 #include "absl/strings/str_cat.h"
 
 namespace troupe::model::ckpt {
@@ -96,6 +98,7 @@ json options_json(const TrainOptions& o) {
             {"eps", o.adam.eps},
             {"weight_decay", o.adam.weight_decay}}},
           {"clip_grad", o.clip_grad},
+          {"precision", gpu::precision_name(o.activations.precision)},
           {"seed", o.seed},
           {"data",
            {{"data_path", o.data_path},
@@ -153,6 +156,18 @@ void read_options(const json& j, const std::string& where, Reader& top, TrainOpt
     if (!ar.status().ok()) r.fail(std::string(ar.status().message()));
   }
   r.get("clip_grad", &o->clip_grad);
+  if (j.contains("precision")) {  // (older checkpoints: fp32)
+    std::string name;
+    r.get("precision", &name);
+    bool known = false;
+    for (gpu::Precision p : {gpu::Precision::kFp32, gpu::Precision::kBf16, gpu::Precision::kFp16}) {
+      if (name == gpu::precision_name(p)) {
+        o->activations.precision = p;
+        known = true;
+      }
+    }
+    if (r.status().ok() && !known) r.fail(absl::StrCat("unknown precision \"", name, "\""));
+  }
   r.get("seed", &o->seed);
   if (const json* d = r.object("data")) {
     Reader dr(*d, absl::StrCat(where, ".data"));
@@ -266,6 +281,12 @@ std::string manifest_text(const Meta& m, const std::vector<TensorRecord>& record
             {"step", m.step},
             {"consumed_samples", m.consumed_samples},
             {"evaluations_done", m.evaluations_done},
+            {"loss_scaler",
+             {{"scale", m.loss_scale.scale},
+              {"growth_tracker", m.loss_scale.growth_tracker},
+              {"hysteresis_tracker", m.loss_scale.hysteresis_tracker},
+              {"skipped_iters", m.loss_scale.skipped_iters},
+              {"skipped_samples", m.loss_scale.skipped_samples}}},
             {"layout",
              {{"tp", m.tp},
               {"pp", m.pp},
@@ -295,6 +316,22 @@ absl::Status parse_manifest(const std::string& text, const std::string& path, Me
   r.get("step", &m->step);
   r.get("consumed_samples", &m->consumed_samples);
   r.get("evaluations_done", &m->evaluations_done);
+  if (j.contains("loss_scaler")) {  // (older checkpoints: none)
+    if (const json* l = r.object("loss_scaler")) {
+      Reader lr(*l, absl::StrCat(path, ": loss_scaler"));
+      lr.get("scale", &m->loss_scale.scale);
+      lr.get("growth_tracker", &m->loss_scale.growth_tracker);
+      lr.get("hysteresis_tracker", &m->loss_scale.hysteresis_tracker);
+      lr.get("skipped_iters", &m->loss_scale.skipped_iters);
+      lr.get("skipped_samples", &m->loss_scale.skipped_samples);
+      if (!lr.status().ok()) r.fail(std::string(lr.status().message()));
+      if (r.status().ok() &&
+          (!(m->loss_scale.scale > 0) || std::isinf(m->loss_scale.scale) ||
+           m->loss_scale.skipped_iters < 0 || m->loss_scale.skipped_samples < 0)) {
+        r.fail("loss_scaler: the scale must be positive and finite, the skip counts not negative");
+      }
+    }
+  }
   if (const json* l = r.object("layout")) {
     Reader lr(*l, absl::StrCat(path, ": layout"));
     lr.get("tp", &m->tp);

@@ -136,6 +136,8 @@ std::string ActivationOptions::describe() const {
                     recompute_layers == 1 ? "" : "s", " of each chunk)");
   }
   if (sequence_parallel) absl::StrAppend(&out, ", sequence parallel");
+  if (precision != gpu::Precision::kFp32)
+    absl::StrAppend(&out, ", ", gpu::precision_name(precision));
   return out;
 }
 

@@ -13,6 +13,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "gpu/precision.h"
 
 namespace troupe::model {
 
@@ -73,6 +74,12 @@ struct ActivationOptions {
   // reduce-scatters after, and their LayerNorm weights sum their gradients
   // over the TP group.
   bool sequence_parallel = false;
+  // --bf16, --fp16: each op's output and each activation gradient rounded
+  // to this precision where a bf16/fp16 kernel would store it, the
+  // parameters computed with rounded from the optimizer's fp32 master copy;
+  // parameter gradients, their reduction, the loss and the LayerNorm
+  // statistics stay fp32 (as Megatron's mixed precision). gpu/precision.h.
+  gpu::Precision precision = gpu::Precision::kFp32;
   // InvalidArgument naming the flag.
   absl::Status validate() const;
   // "none", "selective", "full (uniform, 1 layer a group)", ...

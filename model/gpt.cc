@@ -310,12 +310,14 @@ void Gpt::layernorm_backward(gpu::Stream& s, const Tensor& dinp, const Tensor& d
                              const Tensor& mean, const Tensor& rstd) {
   if (!sequence_parallel()) {
     ops::layernorm_backward(s, dinp, dw, db, dout, inp, w, mean, rstd);
+    store(s, dinp);  // the residual stream's gradient, with this branch's part added
     return;
   }
   // This rank's rows' part of dw and db, summed over the TP group, then
   // added (every peer adds the same sum).
   ops::fill(s, scratch_.ln_grads, 0.0f);
   ops::layernorm_backward(s, dinp, scratch_.ln_dw, scratch_.ln_db, dout, inp, w, mean, rstd);
+  store(s, dinp);
   all_reduce(s, scratch_.ln_grads);  // one collective for both
   ops::axpy(s, dw, 1.0f, scratch_.ln_dw);
   ops::axpy(s, db, 1.0f, scratch_.ln_db);
@@ -365,8 +367,18 @@ void Gpt::init(std::uint64_t seed) {
         config_, spec, seed, 0,
         std::span<float>(host.data() + spec.offset, static_cast<std::size_t>(spec.numel())));
   }
+  // Mixed precision computes with the rounded values; the optimizer's
+  // master starts from them (Megatron makes its fp32 copy of the bf16
+  // model the same way).
+  for (float& x : host) x = gpu::round_to(x, act_.precision);
   absl::Status st = device_.copy_from_host(host.data(), params_flat_);
   (void)st;  // same device by construction
+}
+
+void Gpt::round_params(gpu::Stream& s) { store(s, params_flat_); }
+
+void Gpt::store(gpu::Stream& s, const Tensor& x) {
+  if (act_.precision != gpu::Precision::kFp32) ops::round_to(s, x, x, act_.precision);
 }
 
 void Gpt::zero_grad(gpu::Stream& s) { ops::fill(s, grads_flat_, 0.0f); }
@@ -388,6 +400,7 @@ void Gpt::forward(gpu::Stream& s, const Tensor& tokens, const Tensor& targets, c
       ops::embedding_forward(s, a.encoded, tokens, p_.wte, wpe, vocab_slice());
       all_reduce(s, a.encoded);
     }
+    store(s, a.encoded);
     in = a.encoded;
   } else {
     in = input;
@@ -397,7 +410,9 @@ void Gpt::forward(gpu::Stream& s, const Tensor& tokens, const Tensor& targets, c
   }
   if (!stage_.head) return;
   ops::layernorm_forward(s, a.lnf, a.lnf_mean, a.lnf_rstd, output(slot), p_.lnfw, p_.lnfb);
+  store(s, a.lnf);
   ops::matmul_forward(s, a.logits, gathered(s, a.lnf), p_.wte, Tensor{});
+  store(s, a.logits);  // (the loss reads them in fp32, as Megatron's cross-entropy)
   if (!targets.defined()) return;
   const std::int64_t N = static_cast<std::int64_t>(B_) * config_.T;
   const Tensor logits = a.logits.reshape({N, a.logits.size(-1)});
@@ -416,19 +431,38 @@ void Gpt::forward(gpu::Stream& s, const Tensor& tokens, const Tensor& targets, c
 void Gpt::layer_forward(gpu::Stream& s, const LayerActivations& x, const Tensor& residual, int l) {
   const GptScratch& k = scratch_;
   const LayerParams& p = p_.h[static_cast<std::size_t>(l)];
+  // (Mixed precision: each output stored rounded, as a bf16/fp16 kernel
+  // would store it; a row-parallel partial before its sum, which a bf16
+  // all-reduce adds.)
   ops::layernorm_forward(s, x.ln1, x.ln1_mean, x.ln1_rstd, residual, p.ln1w, p.ln1b);
+  store(s, x.ln1);
   ops::matmul_forward(s, x.qkv, gathered(s, x.ln1), p.qkvw, p.qkvb);
-  ops::attention_forward(s, x.atty, x.att, x.qkv);
+  store(s, x.qkv);
+  attention_forward(s, x.atty, x.att, x.qkv);
   // Row-parallel projections: partial sums, completed by the all-reduce; the
   // bias is added once (by rank 0).
   const bool bias = tp_.slice.t == 0;
   ops::matmul_forward(s, k.btc, x.atty, p.attprojw, bias ? p.attprojb : Tensor{});
+  store(s, k.btc);
   ops::residual_forward(s, x.residual2, residual, reduced(s, k.btc));
+  store(s, x.residual2);
   ops::layernorm_forward(s, x.ln2, x.ln2_mean, x.ln2_rstd, x.residual2, p.ln2w, p.ln2b);
+  store(s, x.ln2);
   ops::matmul_forward(s, x.fch, gathered(s, x.ln2), p.fcw, p.fcb);
+  store(s, x.fch);
   ops::gelu_forward(s, x.fch_gelu, x.fch);
+  store(s, x.fch_gelu);
   ops::matmul_forward(s, k.btc, x.fch_gelu, p.fcprojw, bias ? p.fcprojb : Tensor{});
+  store(s, k.btc);
   ops::residual_forward(s, x.residual3, x.residual2, reduced(s, k.btc));
+  store(s, x.residual3);
+}
+
+void Gpt::attention_forward(gpu::Stream& s, const Tensor& out, const Tensor& att,
+                            const Tensor& qkv) {
+  ops::attention_forward(s, out, att, qkv);
+  store(s, att);  // the softmax's probabilities, which the backward reads
+  store(s, out);
 }
 
 void Gpt::backward(gpu::Stream& s, const Tensor& tokens, const Tensor& targets, float dloss,
@@ -445,9 +479,11 @@ void Gpt::backward(gpu::Stream& s, const Tensor& tokens, const Tensor& targets, 
     Tensor logits = a.logits.reshape({N, a.logits.size(-1)});
     ops::crossentropy_backward(s, logits, logits, a.lse.reshape({N}), targets.reshape({N}), dloss,
                                config_.V, vocab_slice());
+    store(s, logits);  // dlogits
     // The LM head shares wte with the token embedding: both add into g_.wte.
     ops::matmul_backward(s, scratch_.dbtc, g_.wte, Tensor{}, a.logits, gathered(s, a.lnf), p_.wte,
                          Accumulate::kNo);
+    store(s, scratch_.dbtc);
     // Each rank's vocabulary slice contributed a part.
     layernorm_backward(s, a.dresidual, g_.lnfw, g_.lnfb, reduced(s, scratch_.dbtc), output(slot),
                        p_.lnfw, a.lnf_mean, a.lnf_rstd);
@@ -483,24 +519,31 @@ void Gpt::layer_backward(gpu::Stream& s, GptActivations& a, const LayerActivatio
   // gradient of the reduce-scattered projection; the LayerNorm outputs are
   // gathered again for the weight gradients, as Megatron does.)
   // MLP branch.
+  // (Mixed precision: each activation gradient stored rounded; parameter
+  // gradients accumulate in fp32.)
   ops::matmul_backward(s, scratch_.dfch, g.fcprojw, g.fcprojb, gathered(s, a.dresidual), x.fch_gelu,
                        p.fcprojw, Accumulate::kNo);
+  store(s, scratch_.dfch);
   ops::gelu_backward(s, scratch_.dfch, x.fch, scratch_.dfch);
+  store(s, scratch_.dfch);
   ops::matmul_backward(s, scratch_.dbtc, g.fcw, g.fcb, scratch_.dfch, gathered(s, x.ln2), p.fcw,
                        Accumulate::kNo);
+  store(s, scratch_.dbtc);
   // Column-parallel input: each rank's columns gave a part.
   layernorm_backward(s, a.dresidual, g.ln2w, g.ln2b, reduced(s, scratch_.dbtc), x.residual2, p.ln2w,
                      x.ln2_mean, x.ln2_rstd);
   // Attention branch.
   ops::matmul_backward(s, scratch_.datty, g.attprojw, g.attprojb, gathered(s, a.dresidual), x.atty,
                        p.attprojw, Accumulate::kNo);
+  store(s, scratch_.datty);
   // Selective recompute: the scores and softmax again, from the kept q, k,
   // v (the output, the same as the kept atty, goes to the workspace).
-  if (act_.recompute == Recompute::kSelective)
-    ops::attention_forward(s, work_[0].atty, x.att, x.qkv);
+  if (act_.recompute == Recompute::kSelective) attention_forward(s, work_[0].atty, x.att, x.qkv);
   ops::attention_backward(s, scratch_.dqkv, scratch_.datt, scratch_.datty, x.qkv, x.att);
+  store(s, scratch_.dqkv);
   ops::matmul_backward(s, scratch_.dbtc, g.qkvw, g.qkvb, scratch_.dqkv, gathered(s, x.ln1), p.qkvw,
                        Accumulate::kNo);
+  store(s, scratch_.dbtc);
   layernorm_backward(s, a.dresidual, g.ln1w, g.ln1b, reduced(s, scratch_.dbtc), residual, p.ln1w,
                      x.ln1_mean, x.ln1_rstd);
 }

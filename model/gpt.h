@@ -163,6 +163,11 @@ class Gpt {
   // Counter-based GPT-2 initialisation (model/init.h); synchronous.
   void init(std::uint64_t seed);
 
+  // Mixed precision (activation options' precision): the parameters
+  // rounded to it in place, after they were loaded from outside (init()
+  // rounds its own).
+  void round_params(gpu::Stream& s);
+
   void zero_grad(gpu::Stream& s);
   // tokens, targets: i32 (B, T). Without targets only the logits are made.
   // A stage without the embedding reads `input` (B, T, C), the previous
@@ -197,6 +202,12 @@ class Gpt {
   void layer_backward(gpu::Stream& s, GptActivations& a, const LayerActivations& x,
                       const gpu::Tensor& residual, int l);
 
+  // x rounded in place to the compute precision, where a bf16/fp16 kernel
+  // would store it (nothing in fp32).
+  void store(gpu::Stream& s, const gpu::Tensor& x);
+  // Attention's output and probabilities, stored.
+  void attention_forward(gpu::Stream& s, const gpu::Tensor& out, const gpu::Tensor& att,
+                         const gpu::Tensor& qkv);
   // Sums a partial result over the TP peers (nothing when tp = 1).
   void all_reduce(gpu::Stream& s, const gpu::Tensor& x);
   bool sequence_parallel() const { return act_.sequence_parallel && tp_.slice.tp > 1; }

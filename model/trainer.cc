@@ -40,6 +40,7 @@ absl::Status TrainOptions::validate() const {
   }
   if (st = activations.validate(); !st.ok()) return st;
   if (st = check_rampup(rampup, global_batch, micro_batch); !st.ok()) return st;
+  if (st = loss_scale.validate(); !st.ok()) return st;
   if (train_samples < 0) return absl::InvalidArgumentError("--train-samples must not be negative");
   if (lr.warmup_samples < 0 || lr.decay_samples < 0) {
     return absl::InvalidArgumentError(
@@ -53,7 +54,13 @@ absl::Status TrainOptions::validate() const {
 }
 
 float TrainOptions::lr_of_step(const BatchSchedule& b, int step) const {
-  return train_samples > 0 ? lr_at_samples(lr, b.consumed_before(step)) : lr_at(lr, step - 1);
+  return lr_of_step(b, step, LossScaleState{});
+}
+
+float TrainOptions::lr_of_step(const BatchSchedule& b, int step,
+                               const LossScaleState& skipped) const {
+  return train_samples > 0 ? lr_at_samples(lr, b.consumed_before(step) - skipped.skipped_samples)
+                           : lr_at(lr, step - 1 - skipped.skipped_iters);
 }
 
 absl::StatusOr<data::Datasets> build_run_datasets(const TrainOptions& options) {
@@ -96,6 +103,13 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::create(const TrainOptions& opt
     st = load_weights(options.init_weights, *t->gpt_);
     if (!st.ok()) return st;
   }
+  t->gpt_->round_params(*t->stream_);  // (mixed precision: loaded weights too)
+  if (options.activations.precision != gpu::Precision::kFp32) {
+    t->master_ = gpu::Tensor::empty(dev, gpu::DType::kF32, {t->gpt_->layout().total()});
+    gpu::ops::fill(*t->stream_, t->master_, 0.0f);
+    gpu::ops::axpy(*t->stream_, t->master_, 1.0f, t->gpt_->params());
+  }
+  t->scaler_ = std::make_unique<LossScaler>(options.activations.precision, options.loss_scale);
   t->adam_ = std::make_unique<AdamW>(t->gpt_->layout(), dev, *t->stream_);
   for (int j = 0; j < options.grad_accum(); j++) {
     t->tokens_.push_back(gpu::Tensor::empty(dev, gpu::DType::kI32, {options.micro_batch, c.T}));
@@ -125,7 +139,9 @@ absl::StatusOr<std::vector<double>> Trainer::run_batch(const data::SampleSource&
   // Per-micro-batch loss sums, each in token order.
   std::vector<double> loss_sums(static_cast<std::size_t>(m), 0.0);
   std::vector<float> losses_host(tok.size());
-  const float dloss = 1.0f / static_cast<float>(static_cast<std::int64_t>(global_batch) * T);
+  // (--fp16: times the loss scale, a power of two: exact.)
+  const float dloss =
+      1.0f / static_cast<float>(static_cast<std::int64_t>(global_batch) * T) * scaler_->scale();
   for (int j = 0; j < m; j++) {
     const gpu::Tensor& tk = tokens_[static_cast<std::size_t>(j)];
     const gpu::Tensor& tg = targets_[static_cast<std::size_t>(j)];
@@ -161,10 +177,19 @@ absl::Status Trainer::step(StepMetrics* metrics) {
   double sq = 0.0;
   (void)s.device().copy_to_host(norm_, &sq);
 
-  const double grad_norm = std::sqrt(sq);
-  const float lr = options_.lr_of_step(batches_, step);
-  adam_->step(s, gpt_->params(), gpt_->grads(), options_.adam, lr, step,
-              clip_factor(grad_norm, options_.clip_grad));
+  const float loss_scale = scaler_->scale();
+  const float lr = options_.lr_of_step(batches_, step, scaler_->state());
+  const StepDecision d = scaler_->decide(sq, options_.clip_grad, global_batch);
+  if (!d.skip) {
+    // Adam counts the updates made (a skipped step is not one).
+    const int update = step - scaler_->state().skipped_iters;
+    if (master_.defined()) {
+      adam_->step(s, master_, gpt_->grads(), options_.adam, lr, update, d.grad_scale);
+      gpu::ops::round_to(s, gpt_->params(), master_, options_.activations.precision);
+    } else {
+      adam_->step(s, gpt_->params(), gpt_->grads(), options_.adam, lr, update, d.grad_scale);
+    }
+  }
   st = s.synchronize();
   if (!st.ok()) return st;
   steps_done_ = step;
@@ -176,7 +201,9 @@ absl::Status Trainer::step(StepMetrics* metrics) {
               .global_batch = global_batch,
               .consumed_samples = batches_.consumed_before(step + 1),
               .loss = loss / static_cast<double>(tokens_per_step),
-              .grad_norm = grad_norm,
+              .grad_norm = d.grad_norm,
+              .loss_scale = loss_scale,
+              .skipped = d.skip,
               .lr = lr,
               .step_s = secs,
               .tokens_per_s = static_cast<double>(tokens_per_step) / secs,
@@ -192,9 +219,10 @@ absl::Status Trainer::step(StepMetrics* metrics) {
 std::vector<ckpt::Piece> Trainer::checkpoint_pieces(bool optimizer) {
   const ParamLayout& lay = gpt_->layout();
   float* params = gpt_->params().data<float>();
+  float* master = master_.defined() ? master_.data<float>() : params;
   std::vector<ckpt::Piece> out;
   ckpt::add_chunk_pieces(lay, /*tied_copy=*/false, /*params=*/true, 0, optimizer ? lay.total() : 0,
-                         params, params, adam_->m().data<float>(), adam_->v().data<float>(), &out);
+                         params, master, adam_->m().data<float>(), adam_->v().data<float>(), &out);
   return out;
 }
 
@@ -206,11 +234,20 @@ absl::Status Trainer::load_checkpoint(const ckpt::Checkpoint& c, bool optimizer)
     if (p.kind == ckpt::Kind::kParam && optimizer && c.has(ckpt::Kind::kMaster)) {
       p.kind = ckpt::Kind::kMaster;
     }
+    // Mixed precision: into the master, and the parameters rounded from it.
+    if (p.kind == ckpt::Kind::kParam && master_.defined()) {
+      p.data = master_.data<float>() + (p.data - gpt_->params().data<float>());
+    }
     if (absl::Status st = c.fill(p); !st.ok()) return st;
+  }
+  if (master_.defined()) {
+    gpu::ops::round_to(*stream_, gpt_->params(), master_, options_.activations.precision);
+    if (absl::Status st = stream_->synchronize(); !st.ok()) return st;
   }
   if (optimizer) {
     steps_done_ = c.meta().step;
     evaluations_done_ = c.meta().evaluations_done;
+    scaler_->restore(c.meta().loss_scale);
   }
   return absl::OkStatus();
 }

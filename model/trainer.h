@@ -21,6 +21,7 @@
 #include "model/config.h"
 #include "model/data/datasets.h"
 #include "model/gpt.h"
+#include "model/loss_scale.h"
 #include "model/optimizer.h"
 
 namespace troupe::model {
@@ -42,6 +43,9 @@ struct TrainOptions {
   LrSchedule lr;
   AdamWConfig adam;
   float clip_grad = 1.0f;  // <= 0: no clipping
+  // --fp16's loss scaling (model/loss_scale.h); the precision itself is
+  // activations.precision (--bf16, --fp16).
+  LossScaleOptions loss_scale;
   std::uint64_t seed = 1234;
   // --data-path (PREFIX, or WEIGHT PREFIX pairs; empty: the synthetic
   // phrase corpus), --split, --data-cache-path, --no-shuffle.
@@ -62,6 +66,9 @@ struct TrainOptions {
   // The learning rate of step `step` (1-based): by steps completed, or
   // with --train-samples by samples consumed before it.
   float lr_of_step(const BatchSchedule& batches, int step) const;
+  // The same once `skipped` steps before it were skipped (--fp16): the
+  // schedule counts only the steps that updated, as Megatron's.
+  float lr_of_step(const BatchSchedule& batches, int step, const LossScaleState& skipped) const;
   // InvalidArgument naming the flag when options do not fit together.
   absl::Status validate() const;
 };
@@ -72,6 +79,10 @@ struct StepMetrics {
   std::int64_t consumed_samples = 0;  // after this step
   double loss = 0;                    // mean cross-entropy over all GBS*T tokens, before the update
   double grad_norm = 0;               // L2 norm of that loss's gradient, before clipping
+  // --fp16: the loss scale this step's backward used, and whether its
+  // gradients were not finite so it made no update (grad_norm then 0).
+  float loss_scale = 1;
+  bool skipped = false;
   float lr = 0;
   double step_s = 0;               // wall time of this step
   double tokens_per_s = 0;         // GBS*T / step_s
@@ -102,9 +113,11 @@ class Trainer {
   int steps_done() const { return steps_done_; }
   int evaluations_done() const { return evaluations_done_; }
 
+  const LossScaler& loss_scaler() const { return *scaler_; }
+
   // Checkpoints (model/checkpoint.h): the state of this one rank, as the
   // pieces of its one chunk: parameters and (with `optimizer`) the fp32
-  // master copy, which here is the parameters themselves, and Adam's m, v.
+  // master copy (in fp32 the parameters themselves) and Adam's m, v.
   std::vector<ckpt::Piece> checkpoint_pieces(bool optimizer);
   // Parameters from `c` (any layout's); with `optimizer`, Adam's moments
   // and the step and evaluation counts too (a resume; else a fine-tune
@@ -118,6 +131,11 @@ class Trainer {
   std::unique_ptr<gpu::Stream> stream_;
   std::unique_ptr<Gpt> gpt_;
   std::unique_ptr<AdamW> adam_;
+  // Mixed precision: the fp32 master copy AdamW updates (the model's
+  // parameters are it rounded); undefined in fp32, where the parameters are
+  // their own master.
+  gpu::Tensor master_;
+  std::unique_ptr<LossScaler> scaler_;
   data::Datasets data_;
   BatchSchedule batches_;
   std::vector<gpu::Tensor> tokens_, targets_;  // one (B, T) pair per micro-batch

@@ -19,10 +19,10 @@ namespace {
 // and the copy's 50 ms later (the order the writer thread can produce).
 caf::behavior fake_optimizer(caf::event_based_actor* self, caf::actor coordinator) {
   return {
-      [=](begin_step_atom, int step, std::int64_t) {
+      [=](begin_step_atom, int step, std::int64_t, float) {
         self->send(coordinator, norm_atom::value, step, 0, 1.0);
       },
-      [=](update_atom, int, float, float) {},
+      [=](update_atom, int, float, float, int) {},
       [=](save_atom, int step, const std::string&) {
         self->send(coordinator, saved_atom::value, step, 0, std::string("[]"), std::string());
         self->delayed_send(coordinator, std::chrono::milliseconds(50), snapshot_atom::value, step, 0,
@@ -33,7 +33,7 @@ caf::behavior fake_optimizer(caf::event_based_actor* self, caf::actor coordinato
 
 caf::behavior fake_shard(caf::event_based_actor* self, caf::actor coordinator) {
   return {
-      [=](begin_step_atom, int step, std::int64_t) {
+      [=](begin_step_atom, int step, std::int64_t, float) {
         self->send(coordinator, loss_atom::value, step, 0, 0, 1.0);
         self->send(coordinator, ready_atom::value, step, 0);
       },

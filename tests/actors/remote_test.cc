@@ -54,8 +54,8 @@ TEST_F(RemoteTest, DoublesAndFloatsArriveBitForBit) {
   }
   const float inf = std::numeric_limits<float>::infinity();
   Envelope u = round_trip({.to = Target::kOptimizer,
-                           .content = caf::make_message(update_atom::value, 4, 6e-4f, inf)});
-  ASSERT_TRUE((u.content.match_elements<update_atom, int, float, float>()));
+                           .content = caf::make_message(update_atom::value, 4, 6e-4f, inf, 3)});
+  ASSERT_TRUE((u.content.match_elements<update_atom, int, float, float, int>()));
   EXPECT_EQ(u.content.get_as<float>(2), 6e-4f);
   EXPECT_EQ(u.content.get_as<float>(3), inf);
   WaitReport r;

@@ -51,7 +51,7 @@ TEST(ShardActor, ReportsWhatItWaitsForAndFailsWhenItsPeerDies) {
   caf::actor shard = sys.spawn<ShardActor>(ss);
   coordinator->monitor(shard);
 
-  coordinator->send(shard, begin_step_atom::value, 1, std::int64_t{0});
+  coordinator->send(shard, begin_step_atom::value, 1, std::int64_t{0}, 1.0f);
   coordinator->request(shard, caf::infinite, waiting_atom::value)
       .receive(
           [&](const WaitReport& r) {
@@ -134,7 +134,7 @@ TEST(ShardActor, AScheduleThatCannotBeMadeIsAnErrorToTheCoordinator) {
       caf::after(std::chrono::seconds(60)) >> [&] { FAIL() << "no failure reported"; });
   EXPECT_TRUE(told);
   // It goes on answering, and a step it is asked to begin does nothing.
-  coordinator->send(shard, begin_step_atom::value, 1, std::int64_t{0});
+  coordinator->send(shard, begin_step_atom::value, 1, std::int64_t{0}, 1.0f);
   coordinator->request(shard, caf::infinite, waiting_atom::value)
       .receive([&](const WaitReport& r) { EXPECT_EQ(r.step, 0); },
                [&](const caf::error& e) { FAIL() << sys.render(e); });
