@@ -19,7 +19,7 @@ void set_checkpoints(CoordinatorSetup* setup, const RunCheckpoints& c,
   if (c.loaded != nullptr && c.flags.load_optim) {
     setup->first_step = c.loaded->meta().step + 1;
     setup->evaluations_done = c.loaded->meta().evaluations_done;
-    setup->loss_scale = c.loaded->meta().loss_scale;
+    setup->loss_scale = c.loaded->meta().loss_scale;  // (none: a fresh scaler)
   }
   setup->save_dir = c.flags.save;
   setup->save_interval = c.flags.save_interval;

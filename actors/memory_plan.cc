@@ -99,11 +99,13 @@ absl::StatusOr<MemoryParts> counted_memory(const MemoryQuery& q) {
                               model::scratch_floats(c, q.micro_batch, par.tp, q.activations()));
     if (spec.embedding && sc->coord.t > 0) out.buffers += kF32 * T * C;  // the zero wpe
     // Partition: master, m, v, the replicas' sum, and a staging window of
-    // two (one at dp = 1) contributions; a norm (f64) per counted range.
+    // two (one at dp = 1) contributions; a norm (f64) per counted range;
+    // mixed precision: the master rounded, which the shards get.
     const double n =
         std::max<double>(1, static_cast<double>(partition_range(layout, spec, par.dp, 0).size()));
-    out.optimizer +=
-        kF32 * n * (4 + (par.dp > 1 ? 2 : 1)) + 8.0 * static_cast<double>(layout.specs().size());
+    const int mixed = q.precision != gpu::Precision::kFp32 ? 1 : 0;
+    out.optimizer += kF32 * n * (4 + (par.dp > 1 ? 2 : 1) + mixed) +
+                     8.0 * static_cast<double>(layout.specs().size());
     needs_data = needs_data || spec.embedding || spec.head;
   }
   if (needs_data) out.buffers += 2 * 4.0 * sc->m * B * T;  // i32 tokens and targets per micro-batch

@@ -144,8 +144,8 @@ caf::behavior OptimizerActor::make_behavior() {
         progress_++;
         if (step == step_) on_reduced();
       },
-      [this](update_atom, int step, float lr, float grad_scale, int update) {
-        if (step == step_) this->update(lr, grad_scale, update);
+      [this](update_atom, int step, float lr, float grad_scale, int count) {
+        if (step == step_) update(lr, grad_scale, count);
       },
       [this](stepped_atom, int step) {
         progress_++;
@@ -267,14 +267,14 @@ void OptimizerActor::on_reduced() {
   trace_wait(comm::trace::What::kClip);
 }
 
-void OptimizerActor::update(float lr, float grad_scale, int update) {
+void OptimizerActor::update(float lr, float grad_scale, int count) {
   if (failed_) return;
   trace_wait(comm::trace::What::kNone);
   for (std::size_t i = 0; i < setup_.partitions.size(); i++) {
     const Partition* p = setup_.partitions[i];
     mark_stream(setup_.trace, *setup_.stream,
                 stream_event(comm::trace::What::kAdam, static_cast<int>(i)),
-                [&] { p->step(*setup_.stream, setup_.adam, lr, update, grad_scale); });
+                [&] { p->step(*setup_.stream, setup_.adam, lr, count, grad_scale); });
   }
   send_when_done(*setup_.stream, caf::actor_cast<caf::actor>(this),
                  caf::make_message(stepped_atom::value, step_));

@@ -138,7 +138,8 @@ class OptimizerActor : public caf::event_based_actor {
   void on_recv(int part, int k, const std::string& error);
   void on_added(int part, int k);
   void on_reduced();
-  void update(float lr, float grad_scale, int update);
+  // count: Adam's 1-based count of updates; 0 skips the step.
+  void update(float lr, float grad_scale, int count);
   void on_stepped();
   void on_sent(const std::string& error);
   void fail(const std::string& what);

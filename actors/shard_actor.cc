@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "actors/messages.h"
 #include "actors/stream_bridge.h"
+#include "model/loss_scale.h"
 
 namespace troupe::actors {
 
@@ -243,9 +244,8 @@ void ShardActor::fire_backward(const ScheduleOp& op, int slot) {
       }
     };
   }
-  // (--fp16: times the loss scale, a power of two: exact.)
   const float dloss =
-      1.0f / static_cast<float>(static_cast<std::int64_t>(global_batch_) * setup_.T) * loss_scale_;
+      model::token_loss_weight(static_cast<std::int64_t>(global_batch_) * setup_.T, loss_scale_);
   mark_stream(
       setup_.trace, *setup_.stream, op_event(op),
       [&] {

@@ -48,6 +48,8 @@ std::string encode_watch_event(const WatchEvent& e) {
       j["loss"] = m.loss;
       j["grad_norm"] = m.grad_norm;
       j["lr"] = m.lr;
+      j["loss_scale"] = m.loss_scale;
+      j["skipped"] = m.skipped;
       j["step_s"] = m.step_s;
       j["tokens_per_s"] = m.tokens_per_s;
       if (m.val_loss) j["val_loss"] = *m.val_loss;
@@ -103,6 +105,9 @@ absl::StatusOr<WatchEvent> decode_watch_event(const std::string& frame) {
     m.loss = number("loss");
     m.grad_norm = number("grad_norm");
     m.lr = static_cast<float>(number("lr"));
+    // (Feeds of older troupes have neither: fp32, nothing skipped.)
+    if (j.contains("loss_scale")) m.loss_scale = static_cast<float>(number("loss_scale"));
+    if (j.contains("skipped")) m.skipped = j["skipped"].is_boolean() && j["skipped"].get<bool>();
     m.step_s = number("step_s");
     m.tokens_per_s = number("tokens_per_s");
     if (j.contains("val_loss")) m.val_loss = number("val_loss");

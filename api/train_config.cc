@@ -242,7 +242,8 @@ absl::Status print_config(const TrainFlags& f, const model::TrainOptions& o,
                           .recompute = o.activations.recompute,
                           .recompute_method = o.activations.method,
                           .recompute_layers = o.activations.recompute_layers,
-                          .sequence_parallel = o.activations.sequence_parallel};
+                          .sequence_parallel = o.activations.sequence_parallel,
+                          .precision = o.activations.precision};
     absl::StatusOr<actors::MemoryParts> counted = actors::counted_memory(q);
     absl::StatusOr<actors::MemoryParts> paper = actors::paper_memory(q);
     if (!counted.ok()) return counted.status();

@@ -35,6 +35,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -85,9 +86,9 @@ struct Meta {
   int step = 0;                       // optimizer steps done
   std::int64_t consumed_samples = 0;  // training samples read
   int evaluations_done = 0;
-  // --fp16: the loss scaler's state and the steps it skipped (defaults in
-  // checkpoints of other precisions and of older troupes).
-  LossScaleState loss_scale;
+  // The loss scaler's state and the steps it skipped (none in checkpoints
+  // of older troupes: a resume then starts a fresh scaler).
+  std::optional<LossScaleState> loss_scale;
   TrainOptions options;  // the run's (model as the ranks held it)
   int tp = 1, pp = 1, dp = 1, virtual_stages = 1;
   std::string schedule = "1f1b";

@@ -281,12 +281,6 @@ std::string manifest_text(const Meta& m, const std::vector<TensorRecord>& record
             {"step", m.step},
             {"consumed_samples", m.consumed_samples},
             {"evaluations_done", m.evaluations_done},
-            {"loss_scaler",
-             {{"scale", m.loss_scale.scale},
-              {"growth_tracker", m.loss_scale.growth_tracker},
-              {"hysteresis_tracker", m.loss_scale.hysteresis_tracker},
-              {"skipped_iters", m.loss_scale.skipped_iters},
-              {"skipped_samples", m.loss_scale.skipped_samples}}},
             {"layout",
              {{"tp", m.tp},
               {"pp", m.pp},
@@ -296,6 +290,13 @@ std::string manifest_text(const Meta& m, const std::vector<TensorRecord>& record
             {"options", options_json(m.options)},
             {"rank_files", ranks},
             {"tensors", tensors}};
+  if (const std::optional<LossScaleState>& s = m.loss_scale) {
+    j["loss_scaler"] = {{"scale", s->scale},
+                        {"growth_tracker", s->growth_tracker},
+                        {"hysteresis_tracker", s->hysteresis_tracker},
+                        {"skipped_iters", s->skipped_iters},
+                        {"skipped_samples", s->skipped_samples}};
+  }
   return j.dump(1) + "\n";
 }
 
@@ -319,15 +320,15 @@ absl::Status parse_manifest(const std::string& text, const std::string& path, Me
   if (j.contains("loss_scaler")) {  // (older checkpoints: none)
     if (const json* l = r.object("loss_scaler")) {
       Reader lr(*l, absl::StrCat(path, ": loss_scaler"));
-      lr.get("scale", &m->loss_scale.scale);
-      lr.get("growth_tracker", &m->loss_scale.growth_tracker);
-      lr.get("hysteresis_tracker", &m->loss_scale.hysteresis_tracker);
-      lr.get("skipped_iters", &m->loss_scale.skipped_iters);
-      lr.get("skipped_samples", &m->loss_scale.skipped_samples);
+      LossScaleState& s = m->loss_scale.emplace();
+      lr.get("scale", &s.scale);
+      lr.get("growth_tracker", &s.growth_tracker);
+      lr.get("hysteresis_tracker", &s.hysteresis_tracker);
+      lr.get("skipped_iters", &s.skipped_iters);
+      lr.get("skipped_samples", &s.skipped_samples);
       if (!lr.status().ok()) r.fail(std::string(lr.status().message()));
       if (r.status().ok() &&
-          (!(m->loss_scale.scale > 0) || std::isinf(m->loss_scale.scale) ||
-           m->loss_scale.skipped_iters < 0 || m->loss_scale.skipped_samples < 0)) {
+          (!(s.scale > 0) || std::isinf(s.scale) || s.skipped_iters < 0 || s.skipped_samples < 0)) {
         r.fail("loss_scaler: the scale must be positive and finite, the skip counts not negative");
       }
     }

@@ -230,6 +230,11 @@ absl::Status Checkpoint::check_resume(const TrainOptions& o) const {
   cmp("--adam-eps", o.adam.eps, k.adam.eps);
   cmp("--weight-decay", o.adam.weight_decay, k.adam.weight_decay);
   cmp("--clip-grad", o.clip_grad, k.clip_grad);
+  if (o.activations.precision != k.activations.precision) {
+    diffs.push_back(absl::StrCat(
+        "the precision ", gpu::precision_name(o.activations.precision), " here (--bf16, --fp16), ",
+        gpu::precision_name(k.activations.precision), " in the checkpoint"));
+  }
   if (diffs.empty()) return absl::OkStatus();
   return absl::FailedPreconditionError(absl::StrCat(
       dir_, " was written by a run with other data or optimizer settings, so resuming would "

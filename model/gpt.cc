@@ -297,12 +297,15 @@ Tensor Gpt::gathered(gpu::Stream& s, const Tensor& x) {
 }
 
 Tensor Gpt::reduced(gpu::Stream& s, const Tensor& partial) {
-  if (!sequence_parallel()) {
+  if (tp_.slice.tp == 1) return partial;
+  const Tensor& sum = sequence_parallel() ? scratch_.rows : partial;
+  if (sequence_parallel()) {
+    tp_.reduce_scatter(s, partial, sum);
+  } else {
     all_reduce(s, partial);
-    return partial;
   }
-  tp_.reduce_scatter(s, partial, scratch_.rows);
-  return scratch_.rows;
+  store(s, sum);  // (mixed precision: a bf16 collective's output is bf16)
+  return sum;
 }
 
 void Gpt::layernorm_backward(gpu::Stream& s, const Tensor& dinp, const Tensor& dw, const Tensor& db,
@@ -432,8 +435,7 @@ void Gpt::layer_forward(gpu::Stream& s, const LayerActivations& x, const Tensor&
   const GptScratch& k = scratch_;
   const LayerParams& p = p_.h[static_cast<std::size_t>(l)];
   // (Mixed precision: each output stored rounded, as a bf16/fp16 kernel
-  // would store it; a row-parallel partial before its sum, which a bf16
-  // all-reduce adds.)
+  // would store it; a row-parallel partial before its sum, and the sum.)
   ops::layernorm_forward(s, x.ln1, x.ln1_mean, x.ln1_rstd, residual, p.ln1w, p.ln1b);
   store(s, x.ln1);
   ops::matmul_forward(s, x.qkv, gathered(s, x.ln1), p.qkvw, p.qkvb);

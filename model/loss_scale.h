@@ -55,6 +55,13 @@ struct StepDecision {
   float grad_scale = 1;  // what AdamW multiplies each gradient by: clip / loss scale
 };
 
+// dloss, each token's weight in the backward: the mean over the global
+// batch's `tokens`, times the loss scale (--fp16; a power of two unless
+// --loss-scale says otherwise, so the product is exact).
+inline float token_loss_weight(std::int64_t tokens, float loss_scale) {
+  return 1.0f / static_cast<float>(tokens) * loss_scale;
+}
+
 class LossScaler {
  public:
   LossScaler(gpu::Precision precision, const LossScaleOptions& options);
@@ -68,7 +75,13 @@ class LossScaler {
   StepDecision decide(double squared_norm, float clip_grad, int samples);
 
   const LossScaleState& state() const { return state_; }
-  void restore(const LossScaleState& s) { state_ = s; }
+  // A resume: the checkpoint's state (a fixed --loss-scale, or 1 outside
+  // fp16, stays as configured, as Megatron's constant scaler keeps none).
+  void restore(const LossScaleState& s) {
+    const float scale = state_.scale;
+    state_ = s;
+    if (!dynamic()) state_.scale = scale;
+  }
 
  private:
   gpu::Precision precision_;

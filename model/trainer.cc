@@ -106,8 +106,8 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::create(const TrainOptions& opt
   t->gpt_->round_params(*t->stream_);  // (mixed precision: loaded weights too)
   if (options.activations.precision != gpu::Precision::kFp32) {
     t->master_ = gpu::Tensor::empty(dev, gpu::DType::kF32, {t->gpt_->layout().total()});
-    gpu::ops::fill(*t->stream_, t->master_, 0.0f);
-    gpu::ops::axpy(*t->stream_, t->master_, 1.0f, t->gpt_->params());
+    const gpu::Precision copy = gpu::Precision::kFp32;  // (round_to in fp32 copies)
+    gpu::ops::round_to(*t->stream_, t->master_, t->gpt_->params(), copy);
   }
   t->scaler_ = std::make_unique<LossScaler>(options.activations.precision, options.loss_scale);
   t->adam_ = std::make_unique<AdamW>(t->gpt_->layout(), dev, *t->stream_);
@@ -139,9 +139,8 @@ absl::StatusOr<std::vector<double>> Trainer::run_batch(const data::SampleSource&
   // Per-micro-batch loss sums, each in token order.
   std::vector<double> loss_sums(static_cast<std::size_t>(m), 0.0);
   std::vector<float> losses_host(tok.size());
-  // (--fp16: times the loss scale, a power of two: exact.)
   const float dloss =
-      1.0f / static_cast<float>(static_cast<std::int64_t>(global_batch) * T) * scaler_->scale();
+      token_loss_weight(static_cast<std::int64_t>(global_batch) * T, scaler_->scale());
   for (int j = 0; j < m; j++) {
     const gpu::Tensor& tk = tokens_[static_cast<std::size_t>(j)];
     const gpu::Tensor& tg = targets_[static_cast<std::size_t>(j)];
@@ -231,23 +230,30 @@ absl::Status Trainer::load_checkpoint(const ckpt::Checkpoint& c, bool optimizer)
     // The master copy is the parameters: loaded as the master when there
     // is one, so a resume continues from the optimizer's own fp32 state.
     if (p.kind == ckpt::Kind::kMaster) continue;
-    if (p.kind == ckpt::Kind::kParam && optimizer && c.has(ckpt::Kind::kMaster)) {
-      p.kind = ckpt::Kind::kMaster;
-    }
-    // Mixed precision: into the master, and the parameters rounded from it.
-    if (p.kind == ckpt::Kind::kParam && master_.defined()) {
-      p.data = master_.data<float>() + (p.data - gpt_->params().data<float>());
+    const bool master = optimizer && c.has(ckpt::Kind::kMaster);
+    if (p.kind == ckpt::Kind::kParam) {
+      if (master) p.kind = ckpt::Kind::kMaster;
+      // Mixed precision: into the master; the parameters are it rounded.
+      if (master_.defined()) {
+        p.data = master_.data<float>() + (p.data - gpt_->params().data<float>());
+      }
     }
     if (absl::Status st = c.fill(p); !st.ok()) return st;
   }
   if (master_.defined()) {
-    gpu::ops::round_to(*stream_, gpt_->params(), master_, options_.activations.precision);
+    const gpu::Precision precision = options_.activations.precision;
+    // Parameters only (a fine-tune, or no master in the checkpoint): the
+    // master starts from them rounded, as a layout's partitions do.
+    if (!(optimizer && c.has(ckpt::Kind::kMaster))) {
+      gpu::ops::round_to(*stream_, master_, master_, precision);
+    }
+    gpu::ops::round_to(*stream_, gpt_->params(), master_, precision);
     if (absl::Status st = stream_->synchronize(); !st.ok()) return st;
   }
   if (optimizer) {
     steps_done_ = c.meta().step;
     evaluations_done_ = c.meta().evaluations_done;
-    scaler_->restore(c.meta().loss_scale);
+    if (c.meta().loss_scale) scaler_->restore(*c.meta().loss_scale);
   }
   return absl::OkStatus();
 }

@@ -28,6 +28,7 @@ TEST(MemoryPlan, CountedIsWhatTheRuntimeAllocates) {
   struct Case {
     ParallelOptions par;
     int L;
+    gpu::Precision precision = gpu::Precision::kFp32;
   };
   const std::vector<Case> cases = {
       {{}, 4},
@@ -36,16 +37,20 @@ TEST(MemoryPlan, CountedIsWhatTheRuntimeAllocates) {
       {{.tp = 2}, 4},
       {{.tp = 2, .pp = 2}, 4},
       {{.pp = 2, .virtual_stages = 2, .schedule = ScheduleKind::kInterleaved1F1B}, 4},
+      {{.tp = 2, .dp = 2}, 4, gpu::Precision::kBf16},  // the partitions' compute copies
   };
   for (const Case& c : cases) {
     model::TrainOptions o = cpu_small(2, 8);
     o.model.L = c.L;
+    o.activations.precision = c.precision;
     auto t = InProcessTrainer::create(o, c.par);
     ASSERT_TRUE(t.ok()) << t.status();
     for (int r = 0; r < c.par.world(); r++) {
       const comm::Coord at = (*t)->layout().coord(r);
-      absl::StatusOr<MemoryParts> want = counted_memory(
-          {.config = o.model, .parallel = c.par, .micro_batch = 2, .global_batch = 8, .stage = at.s});
+      MemoryQuery q{
+          .config = o.model, .parallel = c.par, .micro_batch = 2, .global_batch = 8, .stage = at.s};
+      q.precision = c.precision;
+      absl::StatusOr<MemoryParts> want = counted_memory(q);
       ASSERT_TRUE(want.ok()) << want.status();
       const double got = static_cast<double>((*t)->allocated_bytes(r));
       const std::string where = absl::StrCat("tp ", c.par.tp, " pp ", c.par.pp, " dp ", c.par.dp,

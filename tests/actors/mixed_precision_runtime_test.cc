@@ -76,6 +76,9 @@ struct Case {
   bool sequence_parallel = false;
 };
 
+// ctest shows the case by its name (not as bytes).
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
+
 class MixedPrecisionLayouts : public ::testing::TestWithParam<Case> {};
 
 // Every step's loss within 1e-4 relative and the grad norm within 1e-2 of

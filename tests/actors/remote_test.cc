@@ -14,6 +14,7 @@
 
 #include "actors/coordinator_host.h"
 #include "actors/messages.h"
+#include "actors/watch_feed.h"
 #include "comm/control_channel.h"
 
 namespace troupe::actors {
@@ -72,6 +73,25 @@ TEST_F(RemoteTest, DoublesAndFloatsArriveBitForBit) {
 
 // A byte vector's length is allocated before CAF 0.17 checks the bytes
 // left: a 33-byte frame could claim 4 GiB. Such types never decode.
+// troupe watch's feed carries --fp16's loss scale and skipped steps.
+TEST(WatchFeed, AStepCarriesTheLossScaleAndTheSkip) {
+  WatchEvent e;
+  e.kind = WatchEvent::Kind::kStep;
+  e.metrics.step = 4;
+  e.metrics.loss = 2.5;
+  e.metrics.loss_scale = 1024.0f;
+  e.metrics.skipped = true;
+  absl::StatusOr<WatchEvent> d = decode_watch_event(encode_watch_event(e));
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->metrics.step, 4);
+  EXPECT_EQ(d->metrics.loss_scale, 1024.0f);
+  EXPECT_TRUE(d->metrics.skipped);
+  e.metrics.skipped = false;
+  d = decode_watch_event(encode_watch_event(e));
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_FALSE(d->metrics.skipped);
+}
+
 TEST_F(RemoteTest, FramesWithOtherTypesAreRefusedByTheirTypeNames) {
   const std::string bytes = encode_envelope(
       *sys_, {.to = Target::kCoordinator, .content = caf::make_message(std::vector<char>(3, 'x'))});

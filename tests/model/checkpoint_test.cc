@@ -17,6 +17,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -138,7 +139,8 @@ struct Layout {
 // through parameters) of master, m and v; the last stage's wte is the
 // tied copy (not written) when there is more than one stage.
 absl::Status write_checkpoint(const std::string& dir, const GptConfig& cfg, Layout w, int step,
-                              int keep_last = 0) {
+                              int keep_last = 0,
+                              std::optional<LossScaleState> scaler = std::nullopt) {
   absl::StatusOr<std::string> tmp = begin_save(dir, step);
   if (!tmp.ok()) return tmp.status();
   std::vector<TensorRecord> all;
@@ -167,6 +169,7 @@ absl::Status write_checkpoint(const std::string& dir, const GptConfig& cfg, Layo
   meta.pp = w.pp;
   meta.dp = w.dp;
   meta.writer = writer_name();
+  meta.loss_scale = scaler;
   return commit(dir, *tmp, meta, all, keep_last);
 }
 
@@ -374,17 +377,38 @@ TEST_F(CheckpointTest, ResumeWithOtherOptimizerSettingsNamesEveryDifference) {
   o.adam.beta2 = 0.999f;
   o.adam.weight_decay = 0.5f;
   o.clip_grad = 2.0f;
+  o.activations.precision = gpu::Precision::kFp16;  // (its loss scale is the run's state)
   o.steps = 1000;  // (more steps alone are fine: the schedule is --lr-decay-iters')
   const absl::Status st = c->check_resume(o);
   EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition);
-  for (const char* diff : {"--lr 0.1 here", "--lr-warmup-iters 5 here",
-                           "--lr-decay-iters (default: --steps) 99 here", "--adam-beta2 0.999",
-                           "--weight-decay 0.5 here", "--clip-grad 2 here"}) {
+  for (const char* diff :
+       {"--lr 0.1 here", "--lr-warmup-iters 5 here", "--lr-decay-iters (default: --steps) 99 here",
+        "--adam-beta2 0.999", "--weight-decay 0.5 here", "--clip-grad 2 here",
+        "the precision fp16 here (--bf16, --fp16), fp32 in the checkpoint"}) {
     EXPECT_TRUE(absl::StrContains(st.message(), diff)) << diff << " not in: " << st;
   }
   o = c->meta().options;
   o.steps = 1000;
   EXPECT_TRUE(c->check_resume(o).ok());
+}
+
+// The loss scaler's state travels in the manifest; a manifest without it
+// (older troupes) gives none, so a resume starts a fresh scaler.
+TEST_F(CheckpointTest, LossScalerStateRoundTripsAndIsAbsentFromOlderManifests) {
+  const LossScaleState s{.scale = 0x1p20f,
+                         .growth_tracker = 7,
+                         .hysteresis_tracker = -1,
+                         .skipped_iters = 3,
+                         .skipped_samples = 24};
+  ASSERT_TRUE(write_checkpoint(dir_, small_model(8), {1, 1, 1}, 2, 0, s).ok());
+  absl::StatusOr<Checkpoint> c = Checkpoint::open(dir_);
+  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_TRUE(c->meta().loss_scale.has_value());
+  EXPECT_EQ(*c->meta().loss_scale, s);
+  ASSERT_TRUE(write_checkpoint(dir_, small_model(8), {1, 1, 1}, 3).ok());
+  c = Checkpoint::open(dir_);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_FALSE(c->meta().loss_scale.has_value());
 }
 
 // A manifest that claims a vast tensor is refused from what it says, before
