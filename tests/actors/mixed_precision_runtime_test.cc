@@ -83,10 +83,11 @@ class MixedPrecisionLayouts : public ::testing::TestWithParam<Case> {};
 
 // Every step's loss within 1e-4 relative and the grad norm within 1e-2 of
 // the single-rank run in the same precision (measured: 2e-5 and 1e-3), the
-// same steps skipped at the same scales, and every parameter within 4e-3
-// (measured: 2.1e-3). A sum in another order rounds the other way at a
-// tie; where a parameter's gradient is near 0 that can turn the sign of
-// Adam's step, lr (6e-4) a step, so a few steps' worth is the bound.
+// same steps skipped at the same scales, and the parameters within 2e-3
+// norm-wise (measured: 7e-4). A sum in another order rounds the other way at a tie; where a
+// parameter's gradient is near 0 that can turn the sign of Adam's step, so
+// single parameters may differ by up to two steps' worth a step: 2 lr x
+// 10 steps = 1.2e-2 (measured: 3.9e-3).
 TEST_P(MixedPrecisionLayouts, MatchSingleRankInTheSamePrecision) {
   const Case& c = GetParam();
   model::TrainOptions o = tiny4(c.precision);
@@ -112,19 +113,24 @@ TEST_P(MixedPrecisionLayouts, MatchSingleRankInTheSamePrecision) {
   EXPECT_LE(worst_loss, 1e-4);
   EXPECT_LE(worst_norm, 1e-2);
   ASSERT_EQ(got.params.size(), ref.params.size());
-  double worst = 0;
+  double worst = 0, diff2 = 0, ref2 = 0;
   for (std::size_t i = 0; i < ref.params.size(); i++) {
     ASSERT_EQ(gpu::round_to(got.params[i], c.precision), got.params[i]) << i;
-    worst = std::max(worst, static_cast<double>(std::abs(got.params[i] - ref.params[i])));
+    const double d = std::abs(got.params[i] - ref.params[i]);
+    worst = std::max(worst, d);
+    diff2 += d * d;
+    ref2 += static_cast<double>(ref.params[i]) * ref.params[i];
   }
-  EXPECT_LE(worst, 4e-3);
+  const double normwise = std::sqrt(diff2 / ref2);
+  EXPECT_LE(normwise, 2e-3);
+  EXPECT_LE(worst, 1.2e-2);
   if (c.precision == Precision::kFp16) {
     EXPECT_GE(skipped, 1);
     EXPECT_LE(skipped, 5);
   }
-  std::printf("%s: worst relative loss %.2g, grad norm %.2g; parameters %.2g absolute; %d "
-              "skipped\n",
-              c.name, worst_loss, worst_norm, worst, skipped);
+  std::printf("%s: worst relative loss %.2g, grad norm %.2g; parameters %.2g norm-wise, %.2g "
+              "absolute; %d skipped\n",
+              c.name, worst_loss, worst_norm, normwise, worst, skipped);
 }
 
 ParallelOptions par(int tp, int pp, int dp, ScheduleKind kind = ScheduleKind::k1F1B, int v = 1) {
