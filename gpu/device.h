@@ -13,6 +13,8 @@
 //   gpu::Device& dev = gpu::cpu_device();
 //   std::unique_ptr<gpu::Stream> s = dev.make_stream({.threads = 2});
 //   gpu::ops::gelu_forward(*s, out, inp);
+//   gpu::Tensor h = gpu::Tensor::empty_host(dev, gpu::DType::kF32, out.shape);
+//   gpu::ops::copy(*s, h, out);                 // device to host, in stream order
 //   s->host_callback([&] { notify(); });
 //   absl::Status st = s->synchronize();
 #pragma once
@@ -74,9 +76,17 @@ class Device {
   virtual int index() const = 0;
   virtual std::string name() const = 0;
 
+  // Whether the host may read this device's memory directly (Tensor::host):
+  // the CPU, yes; a GPU, no. Code that must run on both copies explicitly.
+  virtual bool host_visible() const = 0;
+
   // Storage of `bytes` bytes, freed when the last view of it goes away.
   // Throws std::bad_alloc when the device is out of memory, as `new` does.
   virtual std::shared_ptr<Storage> allocate(std::size_t bytes) = 0;
+  // Host memory this device's streams copy to and from (Storage::host):
+  // pinned on CUDA, so that ops::copy is asynchronous. Not counted in
+  // allocated_bytes().
+  virtual std::shared_ptr<Storage> allocate_host(std::size_t bytes) = 0;
   // Bytes of the storage allocate() has handed out that is still alive (as
   // asked for, before any rounding): memory accounting, e.g. what building
   // one component allocated.
@@ -84,8 +94,9 @@ class Device {
   virtual std::unique_ptr<Stream> make_stream(StreamOptions options) = 0;
   virtual std::unique_ptr<Event> make_event() = 0;
 
-  // Copies between this device's memory and host memory (synchronous on the
-  // device's default queue; CPU: memcpy).
+  // Copies between this device's memory and host memory, synchronous (CPU:
+  // memcpy; CUDA: on the device's own queue): for setup and checkpoints.
+  // Never from a host callback; a step's copies are ops::copy on its stream.
   virtual absl::Status copy_to_host(const Tensor& src, void* dst) = 0;
   virtual absl::Status copy_from_host(const void* src, const Tensor& dst) = 0;
 
@@ -95,5 +106,11 @@ class Device {
 
 // The process-wide CPU device (the reference backend).
 Device& cpu_device();
+
+// A CPU device whose memory the host may not read through Tensor::host(), as
+// a GPU's: the same ops, bitwise, but every host read of device data must be
+// an explicit ops::copy. Tests run device-aware code on it to show that it
+// makes no other, where no GPU is. Must outlive its streams and tensors.
+std::unique_ptr<Device> make_opaque_cpu_device();
 
 }  // namespace troupe::gpu

@@ -89,5 +89,6 @@ void Kernels::axpy(Stream& s, const Tensor&, float, const Tensor&) { unimplement
 void Kernels::round_to(Stream& s, const Tensor&, const Tensor&, Precision) {
   unimplemented(s, "round_to");
 }
+void Kernels::copy(Stream& s, const Tensor&, const Tensor&) { unimplemented(s, "copy"); }
 
 }  // namespace troupe::gpu

@@ -142,6 +142,9 @@ class Kernels {
   // out = in rounded to precision p's nearest value (gpu/precision.h);
   // out may be in.
   virtual void round_to(Stream& s, const Tensor& out, const Tensor& in, Precision p);
+  // dst = src, bytes of equal size, each in the device's memory or host
+  // memory of it (Storage::host): how data moves between host and device.
+  virtual void copy(Stream& s, const Tensor& dst, const Tensor& src);
 
  protected:
   void unimplemented(Stream& s, absl::string_view op);

@@ -26,6 +26,25 @@ class Check {
     } else if (t.device() != &s_.device()) {
       error_ =
           absl::StrCat(name, " is on ", t.device()->name(), ", the stream on ", s_.device().name());
+    } else if (t.storage->host) {
+      error_ = absl::StrCat(name, " is host memory (ops::copy moves it to the device)");
+    }
+    return *this;
+  }
+  // copy's operands: defined, contiguous, of the stream's device (its memory
+  // or host memory of it), `bytes` bytes when that is not negative.
+  Check& copyable(absl::string_view name, const Tensor& t) {
+    if (!error_.empty()) return *this;
+    if (!t.defined()) {
+      error_ = absl::StrCat(name, " is undefined");
+    } else if (!t.is_contiguous()) {
+      error_ = absl::StrCat(name, " is not contiguous");
+    } else if (t.device() != &s_.device()) {
+      error_ =
+          absl::StrCat(name, " is on ", t.device()->name(), ", the stream on ", s_.device().name());
+    } else if (static_cast<std::size_t>(t.offset) * dtype_size(t.dtype) + t.nbytes() >
+               t.storage->bytes) {
+      error_ = absl::StrCat(name, " ", t.describe(), " does not fit its storage");
     }
     return *this;
   }
@@ -324,6 +343,17 @@ void round_to(Stream& s, const Tensor& out, const Tensor& in, Precision p) {
   Check c(s, "round_to");
   c.f32("out", out, out.shape).f32("in", in, out.shape);
   if (c.ok()) s.device().kernels().round_to(s, out, in, p);
+}
+
+void copy(Stream& s, const Tensor& dst, const Tensor& src) {
+  Check c(s, "copy");
+  c.copyable("dst", dst).copyable("src", src);
+  if (c.ok()) {
+    c.that(dst.dtype == src.dtype && dst.numel() == src.numel(),
+           absl::StrCat("dst is ", dst.describe(), ", src ", src.describe(),
+                        ": want the same dtype and element count"));
+  }
+  if (c.ok() && dst.nbytes() > 0) s.device().kernels().copy(s, dst, src);
 }
 
 }  // namespace troupe::gpu::ops

@@ -48,5 +48,10 @@ void fill(Stream& s, const Tensor& x, float value);
 void axpy(Stream& s, const Tensor& y, float alpha, const Tensor& x);
 // out = in rounded to p (mixed precision's stores; out may be in).
 void round_to(Stream& s, const Tensor& out, const Tensor& in, Precision p);
+// dst = src in stream order: same dtype and element count, each contiguous
+// and either `s`'s device's memory or host memory of it (Tensor::
+// empty_host). The one way data moves between host and device in a step:
+//   ops::copy(s, host_losses, losses);  s.synchronize();  host_losses.host<float>()
+void copy(Stream& s, const Tensor& dst, const Tensor& src);
 
 }  // namespace troupe::gpu::ops

@@ -83,6 +83,27 @@ Tensor Tensor::wrap_host(void* data, DType dtype, const Shape& shape) {
   return t;
 }
 
+Tensor Tensor::empty_host(Device& device, DType dtype, const Shape& shape) {
+  Tensor t;
+  t.dtype = dtype;
+  t.shape = shape;
+  t.strides = contiguous_strides(shape);
+  t.storage = device.allocate_host(t.nbytes());
+  return t;
+}
+
+bool Tensor::host_readable() const {
+  return storage != nullptr &&
+         (storage->host || storage->device == nullptr || storage->device->host_visible());
+}
+
+void Tensor::throw_not_host_readable() const {
+  throw InvariantError(absl::StrCat(
+      "host read of ", defined() ? describe() : std::string("an undefined tensor"), " on ",
+      device() != nullptr ? device()->name() : std::string("no device"),
+      ", whose memory the host cannot read: copy it with ops::copy into an empty_host tensor"));
+}
+
 bool Tensor::is_contiguous() const { return strides == contiguous_strides(shape); }
 
 void check_invariant(const absl::Status& st, const char* where) {

@@ -7,7 +7,7 @@
 //   gpu::Device& cpu = gpu::cpu_device();
 //   gpu::Tensor x = gpu::Tensor::empty(cpu, gpu::DType::kF32, {B, T, C});
 //   gpu::Tensor row = x.view(/*offset=*/0, {T, C});   // x[0]
-//   float* p = x.data<float>();                        // host-visible on CPU
+//   float* p = x.host<float>();   // host code: the CPU's memory, or an empty_host tensor
 #pragma once
 
 #include <stdexcept>
@@ -43,6 +43,9 @@ struct Storage {
   std::size_t bytes = 0;
   Device* device = nullptr;
   std::shared_ptr<void> owner;  // releases `data`
+  // Host memory that `device`'s streams copy to and from (Device::
+  // allocate_host: pinned on CUDA). The host reads it; ops do not take it.
+  bool host = false;
 };
 
 struct Tensor {
@@ -56,6 +59,10 @@ struct Tensor {
   static Tensor empty(Device& device, DType dtype, const Shape& shape);
   // Wraps caller-owned host memory (no copy; the caller keeps it alive).
   static Tensor wrap_host(void* data, DType dtype, const Shape& shape);
+  // Allocates a contiguous host tensor that `device`'s streams copy to and
+  // from with ops::copy (pinned memory on CUDA, so the copy is
+  // asynchronous): how host code reads and writes device data.
+  static Tensor empty_host(Device& device, DType dtype, const Shape& shape);
 
   bool defined() const { return storage != nullptr; }
   int dim() const { return static_cast<int>(shape.size()); }
@@ -79,6 +86,20 @@ struct Tensor {
   absl::StatusOr<Tensor> try_reshape(const Shape& shape) const;
   Tensor reshape(const Shape& shape) const;
 
+  // True when host code may read and write the elements through host():
+  // host memory, or memory of a device the host sees (the CPU's).
+  bool host_readable() const;
+  // The elements, for host code. A tensor in memory the host cannot read (a
+  // GPU's) throws InvariantError naming it: such data reaches the host only
+  // through an explicit copy on a stream (ops::copy into an empty_host
+  // tensor), never by a read that would race the device.
+  template <typename T>
+  T* host() const {
+    if (!host_readable()) throw_not_host_readable();
+    return data<T>();
+  }
+  // The elements' address on their device: for kernels and for transports
+  // that take device memory. Host code uses host().
   template <typename T>
   T* data() const {
     return reinterpret_cast<T*>(static_cast<char*>(storage->data) +
@@ -88,6 +109,9 @@ struct Tensor {
 
   // "f32[4, 64, 512]"
   std::string describe() const;
+
+ private:
+  [[noreturn]] void throw_not_host_readable() const;
 };
 
 Shape contiguous_strides(const Shape& shape);

@@ -385,6 +385,11 @@ int run_launch(LaunchFlags& f) {
     return code;
   };
   if (absl::Status st = finish_train_flags(f.train); !st.ok()) return fail(std::string(st.message()));
+  // Its ranks are actors, which run on the CPU so far.
+  if (absl::StatusOr<api::RunDevice> d = api::open_device(f.train.device, /*runs_actors=*/true);
+      !d.ok()) {
+    return fail(std::string(d.status().message()));
+  }
   std::set<std::string> recipe_set;
   absl::StatusOr<model::TrainOptions> options = resolve(f.train, &recipe_set);
   if (!options.ok()) return fail(std::string(options.status().message()));

@@ -39,7 +39,9 @@ class SingleRankSaver {
     if (!error_.ok()) return error_;
     const auto t0 = std::chrono::steady_clock::now();
     if (!snapshot_) snapshot_ = std::make_shared<model::ckpt::Snapshot>();
-    snapshot_->retake(t.checkpoint_pieces(true));  // (the last write is done with it)
+    absl::StatusOr<std::vector<model::ckpt::Piece>> pieces = t.checkpoint_pieces(true);
+    if (!pieces.ok()) return pieces.status();
+    snapshot_->retake(*pieces);  // (the last write is done with it)
     std::shared_ptr<const model::ckpt::Snapshot> snap = snapshot_;
     const double stall =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -144,13 +146,15 @@ int run_train(const TrainFlags& flags) {
   // (--trace and --debug-op-cost need the actor runtime, even for one rank.)
   const bool one_rank = par.world() == 1 && par.virtual_stages == 1 && flags.trace.dir.empty() &&
                         flags.op_cost.empty();
+  absl::StatusOr<api::RunDevice> device = api::open_device(flags.device, !one_rank);
+  if (!device.ok()) return fail(device.status());
   Progress progress(o.steps, metrics.is_open() ? &metrics : nullptr, flags.log_interval);
   std::unique_ptr<model::Trainer> single;
   std::unique_ptr<actors::InProcessTrainer> multi;
   const model::data::SampleSource* train_data = nullptr;
   if (one_rank) {
     // One rank: the reference loop itself, no actors needed.
-    absl::StatusOr<std::unique_ptr<model::Trainer>> t = model::Trainer::create(o);
+    absl::StatusOr<std::unique_ptr<model::Trainer>> t = model::Trainer::create(o, *device->device);
     if (!t.ok()) return fail(t.status());
     single = std::move(*t);
     if (load != nullptr) {
@@ -187,8 +191,9 @@ int run_train(const TrainFlags& flags) {
   const model::data::SampleSource* valid_data = single ? single->valid_data() : multi->valid_data();
   if (valid_data != nullptr) std::printf("  valid data: %s\n", valid_data->describe().c_str());
   if (one_rank) {
-    std::printf("  micro-batch %d x %d accumulation = global batch %d; %d steps; 1 rank\n",
-                o.micro_batch, o.grad_accum(), o.global_batch, o.steps);
+    std::printf("  micro-batch %d x %d accumulation = global batch %d; %d steps; 1 rank on %s\n",
+                o.micro_batch, o.grad_accum(), o.global_batch, o.steps,
+                device->device->name().c_str());
     print_activations(o, {single->gpt().activation_bytes_per_slot()},
                       single->gpt().recompute_workspace_bytes());
   } else {

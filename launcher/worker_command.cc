@@ -85,6 +85,10 @@ int run(WorkerFlags& f) {
     return code;
   };
   if (absl::Status st = finish_train_flags(f.train); !st.ok()) return fail(st);
+  if (absl::StatusOr<api::RunDevice> d = api::open_device(f.train.device, /*runs_actors=*/true);
+      !d.ok()) {
+    return fail(d.status());
+  }
   if (f.train.print_config) {
     return fail(absl::InvalidArgumentError(
         "--print-config: ask troupe train or troupe launch, not a worker"));

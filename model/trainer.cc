@@ -82,7 +82,8 @@ absl::StatusOr<data::Datasets> build_run_datasets(const TrainOptions& options) {
   return data::build_datasets(d, train_samples, valid_samples);
 }
 
-absl::StatusOr<std::unique_ptr<Trainer>> Trainer::create(const TrainOptions& options) {
+absl::StatusOr<std::unique_ptr<Trainer>> Trainer::create(const TrainOptions& options,
+                                                         gpu::Device& dev) {
   absl::Status st = options.validate();
   if (!st.ok()) return st;
   std::unique_ptr<Trainer> t(new Trainer());
@@ -93,7 +94,6 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::create(const TrainOptions& opt
   if (!datasets.ok()) return datasets.status();
   t->data_ = std::move(*datasets);
 
-  gpu::Device& dev = gpu::cpu_device();
   t->stream_ = dev.make_stream({.threads = options.threads});
   t->gpt_ = std::make_unique<Gpt>(c, options.micro_batch, dev, StageSpec::whole(c), 1,
                                   TensorParallel{}, options.activations);
@@ -111,11 +111,16 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::create(const TrainOptions& opt
   }
   t->scaler_ = std::make_unique<LossScaler>(options.activations.precision, options.loss_scale);
   t->adam_ = std::make_unique<AdamW>(t->gpt_->layout(), dev, *t->stream_);
+  const gpu::Shape bt = {options.micro_batch, c.T};
   for (int j = 0; j < options.grad_accum(); j++) {
-    t->tokens_.push_back(gpu::Tensor::empty(dev, gpu::DType::kI32, {options.micro_batch, c.T}));
-    t->targets_.push_back(gpu::Tensor::empty(dev, gpu::DType::kI32, {options.micro_batch, c.T}));
+    t->tokens_.push_back(gpu::Tensor::empty(dev, gpu::DType::kI32, bt));
+    t->targets_.push_back(gpu::Tensor::empty(dev, gpu::DType::kI32, bt));
+    t->tokens_host_.push_back(gpu::Tensor::empty_host(dev, gpu::DType::kI32, bt));
+    t->targets_host_.push_back(gpu::Tensor::empty_host(dev, gpu::DType::kI32, bt));
+    t->losses_host_.push_back(gpu::Tensor::empty_host(dev, gpu::DType::kF32, bt));
   }
   t->norm_ = gpu::Tensor::empty(dev, gpu::DType::kF64, {1});
+  t->norm_host_ = gpu::Tensor::empty_host(dev, gpu::DType::kF64, {1});
   st = t->stream_->synchronize();
   if (!st.ok()) return st;
   return t;
@@ -126,35 +131,37 @@ absl::StatusOr<std::vector<double>> Trainer::run_batch(const data::SampleSource&
                                                        Pass pass) {
   const int B = options_.micro_batch, T = options_.model.T, m = global_batch / B;
   gpu::Stream& s = *stream_;
-  gpu::Device& dev = s.device();
-  // Micro-batch j is samples [first + j*B, +B) (one replica: d = 0, dp = 1).
-  std::vector<std::int32_t> tok(static_cast<std::size_t>(B) * T), tgt(tok.size());
+  // Micro-batch j is samples [first + j*B, +B) (one replica: d = 0, dp = 1),
+  // read into its host tensors (the last step's copies from them are done:
+  // it ended in a synchronize) and copied to the device in stream order.
   for (int j = 0; j < m; j++) {
+    const auto k = static_cast<std::size_t>(j);
     absl::Status st = data::load_batch(source, data::micro_batch_first_sample(first, 0, 1, j, B), B,
-                                       T, tok.data(), tgt.data());
+                                       T, tokens_host_[k].host<std::int32_t>(),
+                                       targets_host_[k].host<std::int32_t>());
     if (!st.ok()) return st;
-    (void)dev.copy_from_host(tok.data(), tokens_[static_cast<std::size_t>(j)]);
-    (void)dev.copy_from_host(tgt.data(), targets_[static_cast<std::size_t>(j)]);
+    gpu::ops::copy(s, tokens_[k], tokens_host_[k]);
+    gpu::ops::copy(s, targets_[k], targets_host_[k]);
   }
-  // Per-micro-batch loss sums, each in token order.
-  std::vector<double> loss_sums(static_cast<std::size_t>(m), 0.0);
-  std::vector<float> losses_host(tok.size());
   const float dloss =
       token_loss_weight(static_cast<std::int64_t>(global_batch) * T, scaler_->scale());
   for (int j = 0; j < m; j++) {
-    const gpu::Tensor& tk = tokens_[static_cast<std::size_t>(j)];
-    const gpu::Tensor& tg = targets_[static_cast<std::size_t>(j)];
-    gpt_->forward(s, tk, tg);
-    s.host_callback([&, j] {
-      if (!dev.copy_to_host(gpt_->acts().losses, losses_host.data()).ok()) return;
-      double sum = 0.0;
-      for (float l : losses_host) sum += l;
-      loss_sums[static_cast<std::size_t>(j)] = sum;
-    });
-    if (pass == Pass::kForwardBackward) gpt_->backward(s, tk, tg, dloss);
+    const auto k = static_cast<std::size_t>(j);
+    gpt_->forward(s, tokens_[k], targets_[k]);
+    gpu::ops::copy(s, losses_host_[k], gpt_->acts().losses);  // before the next forward's
+    if (pass == Pass::kForwardBackward) gpt_->backward(s, tokens_[k], targets_[k], dloss);
   }
   absl::Status st = s.synchronize();
   if (!st.ok()) return st;
+  // Per-micro-batch loss sums, each in token order.
+  std::vector<double> loss_sums(static_cast<std::size_t>(m), 0.0);
+  for (int j = 0; j < m; j++) {
+    const gpu::Tensor& l = losses_host_[static_cast<std::size_t>(j)];
+    const float* p = l.host<float>();
+    double sum = 0.0;
+    for (std::int64_t i = 0; i < l.numel(); i++) sum += p[i];
+    loss_sums[static_cast<std::size_t>(j)] = sum;
+  }
   return loss_sums;
 }
 
@@ -171,10 +178,10 @@ absl::Status Trainer::step(StepMetrics* metrics) {
       run_batch(*data_.train, batches_.consumed_before(step), global_batch, Pass::kForwardBackward);
   if (!loss_sums.ok()) return loss_sums.status();
   gpu::ops::squared_norm(s, norm_, gpt_->grads());
+  gpu::ops::copy(s, norm_host_, norm_);
   absl::Status st = s.synchronize();
   if (!st.ok()) return st;
-  double sq = 0.0;
-  (void)s.device().copy_to_host(norm_, &sq);
+  const double sq = norm_host_.host<double>()[0];
 
   const float loss_scale = scaler_->scale();
   const float lr = options_.lr_of_step(batches_, step, scaler_->state());
@@ -215,18 +222,69 @@ absl::Status Trainer::step(StepMetrics* metrics) {
   return absl::OkStatus();
 }
 
-std::vector<ckpt::Piece> Trainer::checkpoint_pieces(bool optimizer) {
-  const ParamLayout& lay = gpt_->layout();
-  float* params = gpt_->params().data<float>();
-  float* master = master_.defined() ? master_.data<float>() : params;
-  std::vector<ckpt::Piece> out;
-  ckpt::add_chunk_pieces(lay, /*tied_copy=*/false, /*params=*/true, 0, optimizer ? lay.total() : 0,
-                         params, master, adam_->m().data<float>(), adam_->v().data<float>(), &out);
+std::array<gpu::Tensor, 4> Trainer::state() const {
+  return {gpt_->params(), master_.defined() ? master_ : gpt_->params(), adam_->m(), adam_->v()};
+}
+
+absl::StatusOr<std::array<float*, 4>> Trainer::state_on_host() {
+  const std::array<gpu::Tensor, 4> st = state();
+  std::array<float*, 4> out{};
+  if (st[0].host_readable()) {
+    for (std::size_t i = 0; i < st.size(); i++) out[i] = st[i].host<float>();
+    return out;
+  }
+  gpu::Stream& s = *stream_;
+  for (std::size_t i = 0; i < st.size(); i++) {
+    // (fp32: the master is the parameters, and its copy theirs.)
+    if (i == 1 && !master_.defined()) {
+      staged_[i] = staged_[0];
+    } else {
+      if (!staged_[i].defined()) {
+        staged_[i] = gpu::Tensor::empty_host(s.device(), gpu::DType::kF32, st[i].shape);
+      }
+      gpu::ops::copy(s, staged_[i], st[i]);
+    }
+    out[i] = staged_[i].host<float>();
+  }
+  if (absl::Status e = s.synchronize(); !e.ok()) return e;
   return out;
 }
 
+absl::Status Trainer::state_to_device() {
+  if (!staged_[0].defined()) return absl::OkStatus();  // the host wrote the state itself
+  const std::array<gpu::Tensor, 4> st = state();
+  for (std::size_t i = 0; i < st.size(); i++) {
+    if (i == 1 && !master_.defined()) continue;
+    gpu::ops::copy(*stream_, st[i], staged_[i]);
+  }
+  return stream_->synchronize();
+}
+
+namespace {
+
+// The pieces of the one chunk whose state is at `h` (parameters, master, m, v).
+std::vector<ckpt::Piece> pieces_at(const ParamLayout& lay, const std::array<float*, 4>& h,
+                                   bool optimizer) {
+  std::vector<ckpt::Piece> out;
+  ckpt::add_chunk_pieces(lay, /*tied_copy=*/false, /*params=*/true, 0, optimizer ? lay.total() : 0,
+                         h[0], h[1], h[2], h[3], &out);
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<ckpt::Piece>> Trainer::checkpoint_pieces(bool optimizer) {
+  absl::StatusOr<std::array<float*, 4>> h = state_on_host();
+  if (!h.ok()) return h.status();
+  return pieces_at(gpt_->layout(), *h, optimizer);
+}
+
 absl::Status Trainer::load_checkpoint(const ckpt::Checkpoint& c, bool optimizer) {
-  for (ckpt::Piece& p : checkpoint_pieces(optimizer)) {
+  absl::StatusOr<std::array<float*, 4>> h = state_on_host();
+  if (!h.ok()) return h.status();
+  const float* params = (*h)[0];
+  float* master_data = (*h)[1];
+  for (ckpt::Piece& p : pieces_at(gpt_->layout(), *h, optimizer)) {
     // The master copy is the parameters: loaded as the master when there
     // is one, so a resume continues from the optimizer's own fp32 state.
     if (p.kind == ckpt::Kind::kMaster) continue;
@@ -234,12 +292,11 @@ absl::Status Trainer::load_checkpoint(const ckpt::Checkpoint& c, bool optimizer)
     if (p.kind == ckpt::Kind::kParam) {
       if (master) p.kind = ckpt::Kind::kMaster;
       // Mixed precision: into the master; the parameters are it rounded.
-      if (master_.defined()) {
-        p.data = master_.data<float>() + (p.data - gpt_->params().data<float>());
-      }
+      if (master_.defined()) p.data = master_data + (p.data - params);
     }
     if (absl::Status st = c.fill(p); !st.ok()) return st;
   }
+  if (absl::Status st = state_to_device(); !st.ok()) return st;
   if (master_.defined()) {
     const gpu::Precision precision = options_.activations.precision;
     // Parameters only (a fine-tune, or no master in the checkpoint): the

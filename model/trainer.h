@@ -9,6 +9,7 @@
 //   }
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -96,7 +97,11 @@ absl::StatusOr<data::Datasets> build_run_datasets(const TrainOptions& options);
 
 class Trainer {
  public:
-  static absl::StatusOr<std::unique_ptr<Trainer>> create(const TrainOptions& options);
+  // On `device` (outliving the trainer): the CPU, or a GPU. Its step reads
+  // nothing of the device's memory but what it copies to host tensors on
+  // its stream (the losses, the gradient norm), so any device runs it.
+  static absl::StatusOr<std::unique_ptr<Trainer>> create(const TrainOptions& options,
+                                                         gpu::Device& device = gpu::cpu_device());
 
   // One optimizer step: m micro-batches forward and backward, gradient norm,
   // clipping, AdamW. Fails on bad data or a stream error.
@@ -118,7 +123,9 @@ class Trainer {
   // Checkpoints (model/checkpoint.h): the state of this one rank, as the
   // pieces of its one chunk: parameters and (with `optimizer`) the fp32
   // master copy (in fp32 the parameters themselves) and Adam's m, v.
-  std::vector<ckpt::Piece> checkpoint_pieces(bool optimizer);
+  // On a device the host cannot read (a GPU), the pieces point into host
+  // copies taken here; load_checkpoint copies what it fills back.
+  absl::StatusOr<std::vector<ckpt::Piece>> checkpoint_pieces(bool optimizer);
   // Parameters from `c` (any layout's); with `optimizer`, Adam's moments
   // and the step and evaluation counts too (a resume; else a fine-tune
   // that begins at step 1 with fresh moments).
@@ -140,6 +147,17 @@ class Trainer {
   BatchSchedule batches_;
   std::vector<gpu::Tensor> tokens_, targets_;  // one (B, T) pair per micro-batch
   gpu::Tensor norm_;                           // f64[1]
+  // Host tensors the stream copies to and from (gpu::ops::copy): each
+  // micro-batch's tokens, targets and losses, and the norm.
+  std::vector<gpu::Tensor> tokens_host_, targets_host_, losses_host_;
+  gpu::Tensor norm_host_;
+  // The state as checkpoints read and write it: the parameters, the master
+  // (in fp32 the parameters), Adam's m and v; host copies of them on a
+  // device the host cannot read (staged_), else the tensors themselves.
+  std::array<gpu::Tensor, 4> state() const;
+  std::array<gpu::Tensor, 4> staged_;
+  absl::StatusOr<std::array<float*, 4>> state_on_host();
+  absl::Status state_to_device();
   int steps_done_ = 0;
   int evaluations_done_ = 0;
 

@@ -151,10 +151,21 @@ void CpuStream::run() {
 
 // ---- CpuDevice --------------------------------------------------------------
 
-CpuDevice::CpuDevice() : kernels_(make_cpu_kernels()) {}
+CpuDevice::CpuDevice(bool host_visible)
+    : host_visible_(host_visible), kernels_(make_cpu_kernels()) {}
 CpuDevice::~CpuDevice() = default;
 
 std::shared_ptr<Storage> CpuDevice::allocate(std::size_t bytes) {
+  return allocate_aligned(bytes, /*counted=*/true);
+}
+
+std::shared_ptr<Storage> CpuDevice::allocate_host(std::size_t bytes) {
+  std::shared_ptr<Storage> s = allocate_aligned(bytes, /*counted=*/false);
+  s->host = true;
+  return s;
+}
+
+std::shared_ptr<Storage> CpuDevice::allocate_aligned(std::size_t bytes, bool counted) {
   // 64-byte alignment: whole cache lines and AVX-512 vectors.
   const std::size_t rounded = (bytes + 63) / 64 * 64;
   void* p = rounded == 0 ? nullptr : std::aligned_alloc(64, rounded);
@@ -163,7 +174,7 @@ std::shared_ptr<Storage> CpuDevice::allocate(std::size_t bytes) {
   s->data = p;
   s->bytes = bytes;
   s->device = this;
-  const auto n = static_cast<std::int64_t>(bytes);
+  const auto n = counted ? static_cast<std::int64_t>(bytes) : 0;
   *live_bytes_ += n;
   s->owner = std::shared_ptr<void>(p, [live = live_bytes_, n](void* q) {
     std::free(q);
@@ -197,6 +208,10 @@ Kernels& CpuDevice::kernels() { return *kernels_; }
 Device& cpu_device() {
   static CpuDevice* device = new CpuDevice();  // never destroyed: outlives every stream
   return *device;
+}
+
+std::unique_ptr<Device> make_opaque_cpu_device() {
+  return std::make_unique<CpuDevice>(/*host_visible=*/false);
 }
 
 }  // namespace troupe::gpu

@@ -79,12 +79,15 @@ class CpuStream final : public Stream {
 
 class CpuDevice final : public Device {
  public:
-  CpuDevice();
+  // `host_visible` false: the opaque device of make_opaque_cpu_device().
+  explicit CpuDevice(bool host_visible = true);
   ~CpuDevice() override;
   DeviceKind kind() const override { return DeviceKind::kCpu; }
   int index() const override { return 0; }
-  std::string name() const override { return "cpu"; }
+  std::string name() const override { return host_visible_ ? "cpu" : "cpu (opaque)"; }
+  bool host_visible() const override { return host_visible_; }
   std::shared_ptr<Storage> allocate(std::size_t bytes) override;
+  std::shared_ptr<Storage> allocate_host(std::size_t bytes) override;
   std::int64_t allocated_bytes() const override { return live_bytes_->load(); }
   std::unique_ptr<Stream> make_stream(StreamOptions options) override;
   std::unique_ptr<Event> make_event() override;
@@ -93,6 +96,9 @@ class CpuDevice final : public Device {
   Kernels& kernels() override;
 
  private:
+  std::shared_ptr<Storage> allocate_aligned(std::size_t bytes, bool counted);
+
+  const bool host_visible_;
   std::unique_ptr<Kernels> kernels_;
   // Shared with every storage's deleter, which may outlive the device.
   std::shared_ptr<std::atomic<std::int64_t>> live_bytes_ =

@@ -1,6 +1,8 @@
 // The CPU backend's op table: each op is enqueued on the stream's worker and
 // calls the raw kernel of gpu/cpu/cpu_kernels.h. Lambdas capture tensors by
 // value, so their storage lives until the op has run.
+#include <cstring>
+
 #include "absl/strings/str_cat.h"
 #include "gpu/cpu/cpu_device.h"
 #include "gpu/cpu/cpu_kernels.h"
@@ -174,6 +176,10 @@ class CpuKernels final : public Kernels {
 
   void round_to(Stream& s, const Tensor& out, const Tensor& in, Precision p) override {
     on(s).enqueue_op("round_to", [=] { cpu::round_to(f(out), f(in), out.numel(), p); });
+  }
+
+  void copy(Stream& s, const Tensor& dst, const Tensor& src) override {
+    on(s).enqueue_op("copy", [=] { std::memcpy(dst.raw(), src.raw(), dst.nbytes()); });
   }
 
  private:

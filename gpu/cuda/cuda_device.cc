@@ -366,15 +366,17 @@ void CudaDevice::release_slot(int slot) {
 std::string CudaDevice::name() const { return absl::StrCat("cuda:", index_); }
 
 void CudaDevice::free_deferred() {
-  std::vector<void*> ptrs;
+  std::vector<void*> ptrs, host_ptrs;
   {
     std::lock_guard<std::mutex> lock(deferred_->mu);
     ptrs.swap(deferred_->ptrs);
+    host_ptrs.swap(deferred_->host_ptrs);
   }
-  if (ptrs.empty()) return;
+  if (ptrs.empty() && host_ptrs.empty()) return;
   std::lock_guard<std::mutex> lock(io_mu_);
   cudaSetDevice(index_);
   for (void* p : ptrs) cudaFreeAsync(p, io_stream_);
+  for (void* p : host_ptrs) cudaFreeHost(p);
 }
 
 std::shared_ptr<Storage> CudaDevice::allocate(std::size_t bytes) {
@@ -402,6 +404,28 @@ std::shared_ptr<Storage> CudaDevice::allocate(std::size_t bytes) {
     if (q == nullptr) return;
     std::lock_guard<std::mutex> lock(deferred->mu);
     deferred->ptrs.push_back(q);
+  });
+  return s;
+}
+
+std::shared_ptr<Storage> CudaDevice::allocate_host(std::size_t bytes) {
+  free_deferred();
+  void* p = nullptr;
+  if (bytes != 0) {
+    std::lock_guard<std::mutex> lock(io_mu_);
+    cudaSetDevice(index_);
+    if (cudaHostAlloc(&p, bytes, cudaHostAllocPortable) != cudaSuccess) throw std::bad_alloc();
+  }
+  auto s = std::make_shared<Storage>();
+  s->data = p;
+  s->bytes = bytes;
+  s->device = this;
+  s->host = true;
+  // As allocate()'s: the deleter may run on a CUDA callback thread.
+  s->owner = std::shared_ptr<void>(p, [deferred = deferred_](void* q) {
+    if (q == nullptr) return;
+    std::lock_guard<std::mutex> lock(deferred->mu);
+    deferred->host_ptrs.push_back(q);
   });
   return s;
 }

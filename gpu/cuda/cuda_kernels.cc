@@ -227,6 +227,16 @@ class CudaKernels final : public Kernels {
     });
   }
 
+  // Host memory is pinned (Device::allocate_host), so the copy is
+  // asynchronous; cudaMemcpyDefault tells the direction from the pointers.
+  void copy(Stream& s, const Tensor& dst, const Tensor& src) override {
+    on(s).run_op("copy", {&dst, &src}, [&](const Launch& at) {
+      return cuda_status(
+          cudaMemcpyAsync(dst.raw(), src.raw(), dst.nbytes(), cudaMemcpyDefault, at.stream),
+          "cudaMemcpyAsync");
+    });
+  }
+
  private:
   static CudaStream& on(Stream& s) { return static_cast<CudaStream&>(s); }
 };

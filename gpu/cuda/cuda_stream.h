@@ -117,7 +117,10 @@ class CudaDevice final : public Device {
   DeviceKind kind() const override { return DeviceKind::kCuda; }
   int index() const override { return index_; }
   std::string name() const override;
+  bool host_visible() const override { return false; }
   std::shared_ptr<Storage> allocate(std::size_t bytes) override;
+  // Pinned (cudaHostAlloc), freed as allocate()'s storage is: deferred.
+  std::shared_ptr<Storage> allocate_host(std::size_t bytes) override;
   std::int64_t allocated_bytes() const override { return live_bytes_->load(); }
   std::unique_ptr<Stream> make_stream(StreamOptions options) override;
   std::unique_ptr<Event> make_event() override;
@@ -139,6 +142,7 @@ class CudaDevice final : public Device {
   struct Deferred {
     std::mutex mu;
     std::vector<void*> ptrs;
+    std::vector<void*> host_ptrs;  // pinned host memory
   };
   absl::Status copy(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind,
                     absl::string_view what);

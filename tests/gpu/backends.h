@@ -1,5 +1,6 @@
-// The backends a test can run on: "cpu" always; "cuda" where the CUDA backend
-// is built and a GPU is visible (null otherwise, and the test skips saying so).
+// The backends a test can run on: "cpu" always, and "opaque" (the CPU device
+// whose memory the host may not read); "cuda" where the CUDA backend is
+// built and a GPU is visible (null otherwise, and the test skips saying so).
 #pragma once
 
 #include <memory>
@@ -14,6 +15,10 @@ namespace troupe::testing {
 
 inline gpu::Device* backend(const std::string& name) {
   if (name == "cpu") return &gpu::cpu_device();
+  if (name == "opaque") {  // the CPU's kernels, memory the host may not read
+    static std::unique_ptr<gpu::Device> opaque = gpu::make_opaque_cpu_device();
+    return opaque.get();
+  }
 #ifdef TROUPE_HAVE_CUDA
   static std::unique_ptr<gpu::Device> cuda = [] {
     auto d = gpu::make_cuda_device(0);
