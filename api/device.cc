@@ -24,13 +24,9 @@ int local_gpu() {
 
 absl::StatusOr<RunDevice> open_device(const std::string& flag, bool runs_actors) {
   RunDevice out;
+  // The default stays the CPU until the CUDA training path has run on a
+  // GPU (docs/CUDA.md): a run without --device never changes backend.
   if (flag.empty() || flag == "cpu") {
-#ifdef TROUPE_HAVE_CUDA
-    // The default: the GPU where one is visible and the run can use it.
-    if (flag.empty() && !runs_actors && gpu::cuda_device_count() > 0) {
-      return open_device("cuda", false);
-    }
-#endif
     out.device = &gpu::cpu_device();
     return out;
   }
@@ -46,7 +42,8 @@ absl::StatusOr<RunDevice> open_device(const std::string& flag, bool runs_actors)
 #ifdef TROUPE_HAVE_CUDA
   absl::StatusOr<std::unique_ptr<gpu::Device>> dev = gpu::make_cuda_device(local_gpu());
   if (!dev.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("--device cuda: ", dev.status().message()));
+    return absl::Status(dev.status().code(),
+                        absl::StrCat("--device cuda: ", dev.status().message()));
   }
   out.owned = std::move(*dev);
   out.device = out.owned.get();

@@ -29,6 +29,11 @@ absl::StatusOr<JobConfig> JobConfig::from_flags(const std::vector<std::string>& 
     }
   }
   if (absl::Status st = api::finish_train_flags(f); !st.ok()) return st;
+  // A job's ranks are actors, which run on the CPU so far.
+  if (absl::StatusOr<api::RunDevice> d = api::open_device(f.device, /*runs_actors=*/true);
+      !d.ok()) {
+    return d.status();
+  }
   std::set<std::string> recipe_set;
   absl::StatusOr<model::TrainOptions> o = api::resolve(f, &recipe_set);
   if (!o.ok()) return o.status();

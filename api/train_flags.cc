@@ -281,8 +281,7 @@ void add_train_flags(CLI::App* cmd, TrainFlags& f) {
                   "(default: every step up to 100 steps, then about 100 lines a run)");
   cmd->add_option("--threads", o.threads, "Compute threads (default: all cores)");
   cmd->add_option("--device", f.device,
-                  "cpu or cuda (default: cuda where a GPU is visible and the run is one rank, "
-                  "else cpu); the GPU is LOCAL_RANK's")
+                  "cpu (the default) or cuda (one rank so far); the GPU is LOCAL_RANK's")
       ->check(CLI::IsMember({"cpu", "cuda"}));
   cmd->add_option("--recompute-granularity", f.recompute_granularity,
                   "Activation recompute: full (a group of layers keeps only its input) or "

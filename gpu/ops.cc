@@ -31,8 +31,8 @@ class Check {
     }
     return *this;
   }
-  // copy's operands: defined, contiguous, of the stream's device (its memory
-  // or host memory of it), `bytes` bytes when that is not negative.
+  // copy's operands: defined, contiguous, inside their storage, of the
+  // stream's device (its memory or host memory of it).
   Check& copyable(absl::string_view name, const Tensor& t) {
     if (!error_.empty()) return *this;
     if (!t.defined()) {
@@ -352,6 +352,10 @@ void copy(Stream& s, const Tensor& dst, const Tensor& src) {
     c.that(dst.dtype == src.dtype && dst.numel() == src.numel(),
            absl::StrCat("dst is ", dst.describe(), ", src ", src.describe(),
                         ": want the same dtype and element count"));
+  }
+  if (c.ok() && dst.storage == src.storage) {
+    const std::int64_t a = dst.offset, b = src.offset, n = dst.numel();
+    c.that(a == b || a + n <= b || b + n <= a, "dst and src overlap");
   }
   if (c.ok() && dst.nbytes() > 0) s.device().kernels().copy(s, dst, src);
 }

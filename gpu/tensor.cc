@@ -98,8 +98,9 @@ bool Tensor::host_readable() const {
 }
 
 void Tensor::throw_not_host_readable() const {
+  if (!defined()) throw InvariantError("host read of an undefined tensor");
   throw InvariantError(absl::StrCat(
-      "host read of ", defined() ? describe() : std::string("an undefined tensor"), " on ",
+      "host read of ", describe(), " on ",
       device() != nullptr ? device()->name() : std::string("no device"),
       ", whose memory the host cannot read: copy it with ops::copy into an empty_host tensor"));
 }

@@ -134,12 +134,17 @@ absl::StatusOr<std::vector<double>> Trainer::run_batch(const data::SampleSource&
   // Micro-batch j is samples [first + j*B, +B) (one replica: d = 0, dp = 1),
   // read into its host tensors (the last step's copies from them are done:
   // it ended in a synchronize) and copied to the device in stream order.
+  // Every micro-batch is read before any copy is queued: a bad sample
+  // returns with no copy pending from the host tensors.
   for (int j = 0; j < m; j++) {
     const auto k = static_cast<std::size_t>(j);
     absl::Status st = data::load_batch(source, data::micro_batch_first_sample(first, 0, 1, j, B), B,
                                        T, tokens_host_[k].host<std::int32_t>(),
                                        targets_host_[k].host<std::int32_t>());
     if (!st.ok()) return st;
+  }
+  for (int j = 0; j < m; j++) {
+    const auto k = static_cast<std::size_t>(j);
     gpu::ops::copy(s, tokens_[k], tokens_host_[k]);
     gpu::ops::copy(s, targets_[k], targets_host_[k]);
   }

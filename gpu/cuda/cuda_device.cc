@@ -337,6 +337,11 @@ absl::Status CudaDevice::init() {
 CudaDevice::~CudaDevice() {
   cudaSetDevice(index_);
   free_deferred();
+  {
+    std::lock_guard<std::mutex> lock(deferred_->mu);
+    for (const auto& [p, bytes] : deferred_->host_free) cudaFreeHost(p);
+    deferred_->host_free.clear();
+  }
   if (io_stream_ != nullptr) {
     cudaStreamSynchronize(io_stream_);
     cudaStreamDestroy(io_stream_);
@@ -366,17 +371,15 @@ void CudaDevice::release_slot(int slot) {
 std::string CudaDevice::name() const { return absl::StrCat("cuda:", index_); }
 
 void CudaDevice::free_deferred() {
-  std::vector<void*> ptrs, host_ptrs;
+  std::vector<void*> ptrs;
   {
     std::lock_guard<std::mutex> lock(deferred_->mu);
     ptrs.swap(deferred_->ptrs);
-    host_ptrs.swap(deferred_->host_ptrs);
   }
-  if (ptrs.empty() && host_ptrs.empty()) return;
+  if (ptrs.empty()) return;
   std::lock_guard<std::mutex> lock(io_mu_);
   cudaSetDevice(index_);
   for (void* p : ptrs) cudaFreeAsync(p, io_stream_);
-  for (void* p : host_ptrs) cudaFreeHost(p);
 }
 
 std::shared_ptr<Storage> CudaDevice::allocate(std::size_t bytes) {
@@ -409,9 +412,19 @@ std::shared_ptr<Storage> CudaDevice::allocate(std::size_t bytes) {
 }
 
 std::shared_ptr<Storage> CudaDevice::allocate_host(std::size_t bytes) {
-  free_deferred();
   void* p = nullptr;
-  if (bytes != 0) {
+  {
+    std::lock_guard<std::mutex> lock(deferred_->mu);
+    auto& pool = deferred_->host_free;
+    for (auto it = pool.begin(); it != pool.end(); ++it) {
+      if (it->second == bytes) {
+        p = it->first;
+        pool.erase(it);
+        break;
+      }
+    }
+  }
+  if (p == nullptr && bytes != 0) {
     std::lock_guard<std::mutex> lock(io_mu_);
     cudaSetDevice(index_);
     if (cudaHostAlloc(&p, bytes, cudaHostAllocPortable) != cudaSuccess) throw std::bad_alloc();
@@ -422,10 +435,10 @@ std::shared_ptr<Storage> CudaDevice::allocate_host(std::size_t bytes) {
   s->device = this;
   s->host = true;
   // As allocate()'s: the deleter may run on a CUDA callback thread.
-  s->owner = std::shared_ptr<void>(p, [deferred = deferred_](void* q) {
+  s->owner = std::shared_ptr<void>(p, [deferred = deferred_, bytes](void* q) {
     if (q == nullptr) return;
     std::lock_guard<std::mutex> lock(deferred->mu);
-    deferred->host_ptrs.push_back(q);
+    deferred->host_free.emplace_back(q, bytes);
   });
   return s;
 }

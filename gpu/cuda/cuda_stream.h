@@ -41,6 +41,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -119,7 +120,9 @@ class CudaDevice final : public Device {
   std::string name() const override;
   bool host_visible() const override { return false; }
   std::shared_ptr<Storage> allocate(std::size_t bytes) override;
-  // Pinned (cudaHostAlloc), freed as allocate()'s storage is: deferred.
+  // Pinned (cudaHostAlloc). A freed buffer is kept for the next request of
+  // its size and returned to CUDA only by ~CudaDevice: cudaFreeHost
+  // synchronises the device, which no allocation or stream may do.
   std::shared_ptr<Storage> allocate_host(std::size_t bytes) override;
   std::int64_t allocated_bytes() const override { return live_bytes_->load(); }
   std::unique_ptr<Stream> make_stream(StreamOptions options) override;
@@ -142,7 +145,7 @@ class CudaDevice final : public Device {
   struct Deferred {
     std::mutex mu;
     std::vector<void*> ptrs;
-    std::vector<void*> host_ptrs;  // pinned host memory
+    std::vector<std::pair<void*, std::size_t>> host_free;  // pinned buffers to reuse
   };
   absl::Status copy(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind,
                     absl::string_view what);

@@ -69,6 +69,11 @@ TEST_P(CopyTest, BadCopiesFailTheStreamNamingTheProblem) {
   EXPECT_EQ(s2->synchronize().message(),
             "copy: dst is i32[4], src f32[4]: want the same dtype and element count");
 
+  auto s4 = dev_->make_stream({.threads = 1});
+  gpu::Tensor w = gpu::Tensor::empty(*dev_, gpu::DType::kF32, {20});
+  gpu::ops::copy(*s4, w.view(0, {10}), w.view(5, {10}));
+  EXPECT_EQ(s4->synchronize().message(), "copy: dst and src overlap");
+
   // Ops take device memory only: a host tensor is refused, on every backend.
   auto s3 = dev_->make_stream({.threads = 1});
   gpu::Tensor h = gpu::Tensor::empty_host(*dev_, gpu::DType::kF32, {4});
