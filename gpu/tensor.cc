@@ -62,20 +62,27 @@ Shape contiguous_strides(const Shape& shape) {
   return strides;
 }
 
-Tensor Tensor::empty(Device& device, DType dtype, const Shape& shape) {
+namespace {
+
+// A contiguous tensor of `shape`, with no storage yet.
+Tensor contiguous(DType dtype, const Shape& shape) {
   Tensor t;
   t.dtype = dtype;
   t.shape = shape;
   t.strides = contiguous_strides(shape);
+  return t;
+}
+
+}  // namespace
+
+Tensor Tensor::empty(Device& device, DType dtype, const Shape& shape) {
+  Tensor t = contiguous(dtype, shape);
   t.storage = device.allocate(t.nbytes());
   return t;
 }
 
 Tensor Tensor::wrap_host(void* data, DType dtype, const Shape& shape) {
-  Tensor t;
-  t.dtype = dtype;
-  t.shape = shape;
-  t.strides = contiguous_strides(shape);
+  Tensor t = contiguous(dtype, shape);
   t.storage = std::make_shared<Storage>();
   t.storage->data = data;
   t.storage->bytes = t.nbytes();
@@ -84,10 +91,7 @@ Tensor Tensor::wrap_host(void* data, DType dtype, const Shape& shape) {
 }
 
 Tensor Tensor::empty_host(Device& device, DType dtype, const Shape& shape) {
-  Tensor t;
-  t.dtype = dtype;
-  t.shape = shape;
-  t.strides = contiguous_strides(shape);
+  Tensor t = contiguous(dtype, shape);
   t.storage = device.allocate_host(t.nbytes());
   return t;
 }
