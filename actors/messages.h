@@ -32,7 +32,8 @@
 //   (op_done_atom, int op_id), (bucket_atom, int step, int chunk, int bucket),
 //   (recv_atom, int what, int id, std::string error), (sent_atom, int what, int id, std::string error),
 //   (reduced_atom, int step), (stepped_atom, int step),
-//   (added_atom, int step, int partition, int contribution)
+//   (added_atom, int step, int partition, int contribution),
+//   (params_in_atom, int step)   a shard's new parameters are on its device
 #pragma once
 
 #include <bit>
@@ -63,6 +64,7 @@ using tick_atom = caf::atom_constant<caf::atom("tick")>;
 using reduced_atom = caf::atom_constant<caf::atom("reduced")>;
 using stepped_atom = caf::atom_constant<caf::atom("stepped")>;
 using added_atom = caf::atom_constant<caf::atom("added")>;
+using params_in_atom = caf::atom_constant<caf::atom("paramsin")>;
 using save_atom = caf::atom_constant<caf::atom("save")>;
 using snapshot_atom = caf::atom_constant<caf::atom("snapshot")>;
 using saved_atom = caf::atom_constant<caf::atom("saved")>;

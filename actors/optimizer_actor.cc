@@ -48,6 +48,9 @@ Partition::Partition(const StageCompute& chunk, int dp, int d, bool count_replic
   staging_ = gpu::Tensor::empty(dev, gpu::DType::kF32, {window_ * n});
   if (precision_ != gpu::Precision::kFp32)
     compute_ = gpu::Tensor::empty(dev, gpu::DType::kF32, {n});
+  staging_host_ = gpu::HostMirror(staging_);
+  norm_host_ = gpu::HostMirror(norm_);
+  send_ = gpu::HostMirror(compute_.defined() ? compute_ : master_);
   if (range_.empty()) return;
   const gpu::Tensor master = view(master_, 0, range_.size());
   gpu::ops::fill(stream, master, 0.0f);
@@ -62,7 +65,7 @@ gpu::Tensor Partition::view(const gpu::Tensor& t, std::int64_t begin, std::int64
 
 float* Partition::slot(int k) const {
   const std::int64_t n = std::max<std::int64_t>(range_.size(), 1);
-  return staging_.data<float>() + (k % window_) * n;
+  return staging_host_.host_data<float>() + (k % window_) * n;
 }
 
 void Partition::begin_sum(gpu::Stream& s) const {
@@ -73,6 +76,7 @@ void Partition::add(gpu::Stream& s, int k) const {
   const std::int64_t n = k < dp_ ? range_.size() : tied_;  // a wte share: its first tied_
   if (n == 0) return;  // (a partition that begins in wte's padding gets only zeros)
   const std::int64_t at = (k % window_) * std::max<std::int64_t>(range_.size(), 1);
+  staging_host_.to_device(s, at, n);
   gpu::ops::axpy(s, view(sum_, 0, n), 1.0f, view(staging_, at, n));
 }
 
@@ -82,11 +86,13 @@ void Partition::end_sum(gpu::Stream& s) const {
     gpu::ops::squared_norm(s, norm_.view(static_cast<std::int64_t>(k), {1}),
                            view(sum_, counted_[k].begin - range_.begin, counted_[k].size()));
   }
+  norm_host_.to_host(s, 0, static_cast<std::int64_t>(counted_.size()));
 }
 
 double Partition::squared_norm() const {
   double sq = 0.0;  // ranges in layout order
-  for (std::size_t k = 0; k < counted_.size(); k++) sq += norm_.data<double>()[k];
+  const double* norms = norm_host_.host_data<double>();
+  for (std::size_t k = 0; k < counted_.size(); k++) sq += norms[k];
   return sq;
 }
 
@@ -100,6 +106,7 @@ void Partition::step(gpu::Stream& s, const model::AdamWConfig& c, float lr, int 
     gpu::ops::round_to(s, view(compute_, 0, range_.size()), view(master_, 0, range_.size()),
                        precision_);
   }
+  send_.to_host(s, 0, range_.size());
 }
 
 void Partition::adam(gpu::Stream& s, const model::AdamWConfig& c, float lr, int update,

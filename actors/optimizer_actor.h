@@ -28,6 +28,7 @@
 #include "comm/groups.h"
 #include "comm/transport.h"
 #include "gpu/device.h"
+#include "gpu/host_mirror.h"
 #include "model/optimizer.h"
 
 namespace troupe::actors {
@@ -44,6 +45,11 @@ namespace troupe::actors {
 // slots of range() elements, contribution k into slot k % window(): the
 // receive of k + window() is posted once k has been added, so staging is
 // O(range) and the optimizer side of a rank falls as 1/dp.
+//
+// What the host touches is in host memory (gpu/host_mirror.h): the slots
+// the transport receives into (copied to the device in front of their add),
+// the norms (copied back by end_sum), the new parameters the transport
+// sends (copied back by step). On the CPU these are the buffers themselves.
 class Partition {
  public:
   // Master copy initialised from `chunk`'s parameters (synchronously).
@@ -64,7 +70,7 @@ class Partition {
   // overlap, 1 for dp = 1) and where contribution k is received: a buffer
   // of range() elements, piece p at p.range.begin - range().begin.
   int window() const { return window_; }
-  float* slot(int k) const;
+  float* slot(int k) const;  // host memory
   // In stream order: sum = 0; sum += contribution k (k = 0, 1, ... in
   // order); the squared norm of the sum.
   void begin_sum(gpu::Stream& s) const;
@@ -72,17 +78,17 @@ class Partition {
   void end_sum(gpu::Stream& s) const;
   double squared_norm() const;  // after end_sum() has run
   // AdamW on the master (update: Adam's 1-based count; 0 skips it), then
-  // the compute copy rounded from the master.
+  // the compute copy rounded from the master, and its copy for the host.
   void step(gpu::Stream& s, const model::AdamWConfig& adam, float lr, int update,
             float grad_scale) const;
-  const float* master() const { return master_.data<float>(); }
-  // What the shards compute with: the master, or (mixed precision) it
-  // rounded, after step().
-  const float* compute() const { return (compute_.defined() ? compute_ : master_).data<float>(); }
-  // The state as a checkpoint holds it: range().size() floats each.
-  float* master_data() const { return master_.data<float>(); }
-  float* m_data() const { return m_.data<float>(); }
-  float* v_data() const { return v_.data<float>(); }
+  // What the shards compute with, in host memory for the transport: the
+  // master, or (mixed precision) it rounded, once step() has run.
+  const float* compute() const { return send_.host_data<float>(); }
+  // The state as a checkpoint holds it (device tensors of at least
+  // range().size() floats).
+  const gpu::Tensor& master() const { return master_; }
+  const gpu::Tensor& adam_m() const { return m_; }
+  const gpu::Tensor& adam_v() const { return v_; }
 
  private:
   gpu::Tensor view(const gpu::Tensor& t, std::int64_t begin, std::int64_t n) const;
@@ -99,6 +105,7 @@ class Partition {
   gpu::Tensor compute_;                       // mixed precision: the master rounded
   std::vector<Range> counted_;                // parts of range_ in the gradient norm
   gpu::Tensor staging_;  // (window, max(range, 1)): contribution k in slot k % window
+  gpu::HostMirror staging_host_, norm_host_, send_;  // send_: of compute_ or the master
 };
 
 struct OptimizerSetup {

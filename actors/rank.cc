@@ -82,7 +82,7 @@ absl::Status ParallelOptions::validate(const model::TrainOptions& o) const {
 
 absl::StatusOr<std::unique_ptr<RankUnit>> RankUnit::create(
     const RankSpec& spec, std::unique_ptr<comm::Transport> transport) {
-  gpu::Device& dev = gpu::cpu_device();
+  gpu::Device& dev = spec.parallel.device != nullptr ? *spec.parallel.device : gpu::cpu_device();
   const std::int64_t at_start = dev.allocated_bytes();
   std::unique_ptr<RankUnit> u(new RankUnit(spec));
   const ParallelOptions& par = spec.parallel;
@@ -137,11 +137,12 @@ absl::StatusOr<std::unique_ptr<RankUnit>> RankUnit::create(
   if (spec.load != nullptr && spec.load_optimizer) {
     // The partitions' master copies began as the parameters; now the
     // checkpoint's own state, wherever its old partitions put it.
-    if (absl::Status st = u->optimizer_stream_->synchronize(); !st.ok()) return st;
+    if (absl::Status st = u->state_to_host(); !st.ok()) return st;
     for (const model::ckpt::Piece& p : u->checkpoint_pieces()) {
       if (p.kind == model::ckpt::Kind::kParam) continue;
       if (absl::Status st = spec.load->fill(p); !st.ok()) return st;
     }
+    if (absl::Status st = u->state_to_device(); !st.ok()) return st;
   }
   if (absl::Status st = u->optimizer_stream_->synchronize(); !st.ok()) return st;
   u->allocated_bytes_ = dev.allocated_bytes() - at_start;
@@ -197,12 +198,14 @@ absl::Status RankUnit::init_params() {
   if (spec_.load != nullptr) {
     // Every chunk's slice, the tied head's wte copy included.
     for (auto& chunk : chunks_) {
-      const model::ckpt::Piece p = {.kind = model::ckpt::Kind::kParam,
-                                    .layout = &chunk->layout(),
-                                    .begin = 0,
-                                    .end = chunk->layout().total(),
-                                    .data = chunk->params().data<float>()};
-      if (absl::Status st = spec_.load->fill(p); !st.ok()) return st;
+      absl::Status st = with_host_copy(chunk->params(), /*write_back=*/true, [&](float* host) {
+        return spec_.load->fill({.kind = model::ckpt::Kind::kParam,
+                                 .layout = &chunk->layout(),
+                                 .begin = 0,
+                                 .end = chunk->layout().total(),
+                                 .data = host});
+      });
+      if (!st.ok()) return st;
     }
     return absl::OkStatus();
   }
@@ -212,8 +215,9 @@ absl::Status RankUnit::init_params() {
   }
   // From a file: each chunk reads its own tensors only.
   for (auto& chunk : chunks_) {
-    absl::Status st = model::load_weights_slice(o.init_weights, o.model, chunk->layout(),
-                                                chunk->params().data<float>());
+    absl::Status st = with_host_copy(chunk->params(), /*write_back=*/true, [&](float* host) {
+      return model::load_weights_slice(o.init_weights, o.model, chunk->layout(), host);
+    });
     if (!st.ok()) return st;
   }
   return absl::OkStatus();
@@ -310,17 +314,41 @@ void RankUnit::drain() {
 RankUnit::~RankUnit() { drain(); }
 
 std::vector<model::ckpt::Piece> RankUnit::checkpoint_pieces() {
+  if (state_.empty()) {
+    for (std::size_t c = 0; c < chunks_.size(); c++) {
+      const Partition& part = *partitions_[c];
+      state_.push_back({gpu::HostMirror(chunks_[c]->params()), gpu::HostMirror(part.master()),
+                        gpu::HostMirror(part.adam_m()), gpu::HostMirror(part.adam_v())});
+    }
+  }
   std::vector<CheckpointChunk> chunks;
   for (std::size_t c = 0; c < chunks_.size(); c++) {
-    const Partition& part = *partitions_[c];
+    const std::array<gpu::HostMirror, 4>& st = state_[c];
     chunks.push_back({.layout = &chunks_[c]->layout(),
                       .spec = chunks_[c]->spec(),
-                      .params = chunks_[c]->params().data<float>(),
-                      .master = part.master_data(),
-                      .adam_m = part.m_data(),
-                      .adam_v = part.v_data()});
+                      .params = st[0].host_data<float>(),
+                      .master = st[1].host_data<float>(),
+                      .adam_m = st[2].host_data<float>(),
+                      .adam_v = st[3].host_data<float>()});
   }
   return actors::checkpoint_pieces(chunks, coord_, spec_.parallel.dp);
+}
+
+absl::Status RankUnit::state_to_host() {
+  (void)checkpoint_pieces();  // (makes the mirrors)
+  if (absl::Status st = stream_->synchronize(); !st.ok()) return st;
+  for (const auto& st : state_) {
+    for (const gpu::HostMirror& m : st) m.to_host(*optimizer_stream_);
+  }
+  return optimizer_stream_->synchronize();
+}
+
+absl::Status RankUnit::state_to_device() {
+  (void)checkpoint_pieces();
+  for (const auto& st : state_) {
+    for (const gpu::HostMirror& m : st) m.to_device(*optimizer_stream_);
+  }
+  return optimizer_stream_->synchronize();
 }
 
 absl::Status RankUnit::save(const std::string& tmp_dir, SaveDone done) {
@@ -328,6 +356,7 @@ absl::Status RankUnit::save(const std::string& tmp_dir, SaveDone done) {
   // nothing of the next is queued; the syncs return at once.
   if (absl::Status st = stream_->synchronize(); !st.ok()) return st;
   if (absl::Status st = optimizer_stream_->synchronize(); !st.ok()) return st;
+  if (absl::Status st = state_to_host(); !st.ok()) return st;
   writer_.wait();  // (the coordinator has committed the save before)
   // (The writer is done with the last save's copy: its memory is reused.)
   if (!snapshot_) snapshot_ = std::make_shared<model::ckpt::Snapshot>();
@@ -399,7 +428,7 @@ absl::Status copy_slice_into_whole(const model::ParamLayout& layout, const float
       return absl::InvalidArgumentError(absl::StrCat(
           "gathering the weights: the model has no tensor ", spec.name, " of this size"));
     }
-    float* dst = whole.params().data<float>() + to->offset;
+    float* dst = whole.params().host<float>() + to->offset;
     const float* src = params + spec.offset;
     for (std::int64_t i = 0; i < spec.numel(); i++) dst[spec.global_index(i)] = src[i];
   }
@@ -408,10 +437,22 @@ absl::Status copy_slice_into_whole(const model::ParamLayout& layout, const float
 
 absl::Status copy_into_whole(const std::vector<const GptStage*>& chunks, model::Gpt& whole) {
   for (const GptStage* chunk : chunks) {
-    absl::Status st = copy_slice_into_whole(chunk->layout(), chunk->params().data<float>(), whole);
+    absl::Status st = with_host_copy(chunk->params(), /*write_back=*/false, [&](float* host) {
+      return copy_slice_into_whole(chunk->layout(), host, whole);
+    });
     if (!st.ok()) return st;
   }
   return absl::OkStatus();
+}
+
+absl::Status with_host_copy(const gpu::Tensor& t, bool write_back,
+                            const std::function<absl::Status(float*)>& use) {
+  if (t.host_readable()) return use(t.host<float>());
+  std::vector<float> host(static_cast<std::size_t>(t.numel()));
+  gpu::Device& dev = *t.device();
+  if (absl::Status st = dev.copy_to_host(t, host.data()); !st.ok()) return st;
+  if (absl::Status st = use(host.data()); !st.ok()) return st;
+  return write_back ? dev.copy_from_host(host.data(), t) : absl::OkStatus();
 }
 
 }  // namespace troupe::actors

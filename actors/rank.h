@@ -15,6 +15,7 @@
 //   RankUnit::Actors a = (*unit)->spawn(system, {.coordinator = c, .train = data});
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <functional>
 #include <memory>
@@ -34,6 +35,7 @@
 #include "comm/communicator.h"
 #include "comm/groups.h"
 #include "comm/transport.h"
+#include "gpu/host_mirror.h"
 #include "model/checkpoint.h"
 #include "model/data/datasets.h"
 #include "model/trainer.h"
@@ -48,6 +50,10 @@ struct ParallelOptions {
   ScheduleKind schedule = ScheduleKind::k1F1B;
   FailPoint fail = {};  // testing (--debug-fail-stage, --debug-stall-stage)
   double stall_timeout_s = 600;  // --stall-timeout: a run with no progress this long fails
+  // The device every rank of this process computes on (null: the CPU). A
+  // device the host cannot read works too (its transfers go through host
+  // mirrors; the opaque CPU device tests that path where no GPU is).
+  gpu::Device* device = nullptr;
 
   // Micro-batches per replica and step.
   int m(const model::TrainOptions& o) const { return o.global_batch / (o.micro_batch * dp); }
@@ -149,8 +155,12 @@ class RankUnit {
   void drain();
 
   // Checkpoints. The state this rank saves (replica 0 its parameters; every
-  // rank its partitions' master, m and v), in place.
+  // rank its partitions' master, m and v), in host memory: in place on the
+  // CPU; on a device, host copies that state_to_host() fills and
+  // state_to_device() puts back (each with the streams idle).
   std::vector<model::ckpt::Piece> checkpoint_pieces();
+  absl::Status state_to_host();
+  absl::Status state_to_device();
   // At a step boundary (every stream idle): copies the state to host
   // memory, then writes it into `tmp_dir` on a thread of its own and calls
   // `done` there with the file's records or the error. Returns once the
@@ -205,6 +215,8 @@ class RankUnit {
   std::vector<std::unique_ptr<Partition>> partitions_;  // by chunk
   std::int64_t optimizer_bytes_ = 0;                    // what making them allocated
   std::int64_t allocated_bytes_ = 0;                    // create + spawn, by the device
+  // By chunk: the parameters, the partition's master, m and v (made on first use).
+  std::vector<std::array<gpu::HostMirror, 4>> state_;
   std::shared_ptr<model::ckpt::Snapshot> snapshot_;     // the last save's copy (reused)
   model::ckpt::BackgroundWrite writer_;                  // a save's write (after the streams)
   // Last, so that they drain before the buffers above go away.
@@ -246,5 +258,10 @@ absl::Status copy_into_whole(const std::vector<const GptStage*>& chunks, model::
 // One slice: `params` laid out as `layout` (of a chunk of a TP rank).
 absl::Status copy_slice_into_whole(const model::ParamLayout& layout, const float* params,
                                    model::Gpt& whole);
+// Calls `use` with `t`'s f32 elements in host memory: in place where the
+// host can read them; else a synchronous copy (the streams idle), written
+// back after a successful `use` when `write_back`.
+absl::Status with_host_copy(const gpu::Tensor& t, bool write_back,
+                            const std::function<absl::Status(float*)>& use);
 
 }  // namespace troupe::actors

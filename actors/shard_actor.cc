@@ -1,6 +1,7 @@
 // ShardActor: a stage's schedule, driven by the arrival of its inputs.
 #include "actors/shard_actor.h"
 
+#include <algorithm>
 #include <stdexcept>
 
 #include "absl/strings/str_cat.h"
@@ -27,6 +28,22 @@ ShardActor::ShardActor(caf::actor_config& cfg, ShardSetup setup)
   }
   bool needs_data = false;
   for (StageCompute* sc : setup_.chunks) {
+    Mirrors mr;
+    for (int k = 0; k < sc->slots(); k++) {
+      if (!sc->spec().embedding) {
+        mr.input.emplace_back(sc->input(k));
+        mr.input_grad.emplace_back(sc->input_grad(k));
+      }
+      if (!sc->spec().head) {
+        mr.output.emplace_back(sc->output(k));
+        mr.output_grad.emplace_back(sc->output_grad(k));
+      } else {
+        mr.losses.emplace_back(sc->losses(k));
+      }
+    }
+    mr.params = gpu::HostMirror(sc->params());
+    mr.grads = gpu::HostMirror(sc->grads());
+    mirrors_.push_back(std::move(mr));
     ChunkState cs;
     for (int k = sc->slots() - 1; k >= 0; k--) cs.free.push_back(k);
     cs.holds.assign(static_cast<std::size_t>(sc->slots()), 0);
@@ -37,12 +54,9 @@ ShardActor::ShardActor(caf::actor_config& cfg, ShardSetup setup)
   if (needs_data) {
     gpu::Device& dev = setup_.stream->device();
     for (int j = 0; j < setup_.m; j++) {
-      tokens_.push_back(gpu::Tensor::empty(dev, gpu::DType::kI32, {setup_.B, setup_.T}));
-      targets_.push_back(gpu::Tensor::empty(dev, gpu::DType::kI32, {setup_.B, setup_.T}));
+      tokens_.emplace_back(gpu::Tensor::empty(dev, gpu::DType::kI32, {setup_.B, setup_.T}));
+      targets_.emplace_back(gpu::Tensor::empty(dev, gpu::DType::kI32, {setup_.B, setup_.T}));
     }
-    host_tokens_.resize(static_cast<std::size_t>(setup_.B) * setup_.T);
-    host_targets_.resize(host_tokens_.size());
-    host_losses_.resize(host_tokens_.size());
   }
   set_exception_handler([this](caf::scheduled_actor*, std::exception_ptr& e) -> caf::error {
     const std::string what = exception_text(e);
@@ -73,6 +87,7 @@ caf::behavior ShardActor::make_behavior() {
         begin(Pass::kEval, step, first_sample);
       },
       [this](op_done_atom, int op_id) { on_op_done(op_id); },
+      [this](params_in_atom, int step) { on_params_in(step); },
       [this](bucket_atom, int step, int chunk, int bucket) {
         if (step == step_) on_bucket(chunk, bucket);
       },
@@ -120,23 +135,28 @@ void ShardActor::begin(Pass pass, int step, std::int64_t first_sample) {
   input_.assign(ops_->size(), Arrival::kNone);
   params_posted_ = false;
   params_expected_ = params_arrived_ = 0;
+  params_state_ = Params::kArriving;
   for (ChunkState& cs : chunk_) {
     cs.backwards_fired = 0;
     cs.slot_of.assign(static_cast<std::size_t>(m_), -1);
   }
   // The micro-batches of this replica, as the single-rank loop reads them:
-  // replica d's micro-batch j is global micro-batch j*dp + d.
-  gpu::Device& dev = setup_.stream->device();
-  for (int j = 0; j < m_ && j < static_cast<int>(tokens_.size()); j++) {
+  // replica d's micro-batch j is global micro-batch j*dp + d. (The last
+  // step's ops are done, so their buffers are free.) All are read before a
+  // copy is queued: a bad sample leaves nothing behind on the stream.
+  const int loaded = std::min(m_, static_cast<int>(tokens_.size()));
+  for (int j = 0; j < loaded; j++) {
     const std::int64_t first = model::data::micro_batch_first_sample(first_sample, setup_.coord.d,
                                                                      setup_.shape.dp, j, setup_.B);
+    const auto k = static_cast<std::size_t>(j);
     absl::Status st = model::data::load_batch(*source, first, setup_.B, setup_.T,
-                                              host_tokens_.data(), host_targets_.data());
-    if (st.ok()) st = dev.copy_from_host(host_tokens_.data(), tokens_[static_cast<std::size_t>(j)]);
-    if (st.ok()) {
-      st = dev.copy_from_host(host_targets_.data(), targets_[static_cast<std::size_t>(j)]);
-    }
+                                              tokens_[k].host_data<std::int32_t>(),
+                                              targets_[k].host_data<std::int32_t>());
     if (!st.ok()) return fail(std::string(st.message()));
+  }
+  for (int j = 0; j < loaded; j++) {
+    tokens_[static_cast<std::size_t>(j)].to_device(*setup_.stream);
+    targets_[static_cast<std::size_t>(j)].to_device(*setup_.stream);
   }
   if (pass == Pass::kTrain) {
     for (StageCompute* sc : setup_.chunks) sc->zero_grad(*setup_.stream);
@@ -179,9 +199,12 @@ bool ShardActor::try_fire(const ScheduleOp& op) {
       const int src = rank_of(setup_.coord.d, stage_of(setup_.shape, vs - 1));
       if (in == Arrival::kNone) {
         in = Arrival::kPosted;
-        const gpu::Tensor& buf = sc.input(slot);
+        const gpu::Tensor& buf = mirrors_[static_cast<std::size_t>(op.chunk)]
+                                     .input[static_cast<std::size_t>(slot)]
+                                     .host();
         setup_.transport->recv(src, tag(MessageKind::kActivation, src, op.micro, op.chunk, 0),
-                               buf.data<float>(), buf.nbytes(), reply(Msg::kActivation, op.id));
+                               buf.host<float>(), buf.nbytes(),
+                               reply(Msg::kActivation, op.id, buf));
       }
       if (in != Arrival::kArrived) {
         wait_for(&op, absl::StrCat("the activation from rank ", src), src,
@@ -195,9 +218,11 @@ bool ShardActor::try_fire(const ScheduleOp& op) {
       const int src = rank_of(setup_.coord.d, stage_of(setup_.shape, vs + 1));
       if (in == Arrival::kNone) {
         in = Arrival::kPosted;
-        const gpu::Tensor& buf = sc.output_grad(slot);
+        const gpu::Tensor& buf = mirrors_[static_cast<std::size_t>(op.chunk)]
+                                     .output_grad[static_cast<std::size_t>(slot)]
+                                     .host();
         setup_.transport->recv(src, tag(MessageKind::kGradient, src, op.micro, op.chunk, 0),
-                               buf.data<float>(), buf.nbytes(), reply(Msg::kGradient, op.id));
+                               buf.host<float>(), buf.nbytes(), reply(Msg::kGradient, op.id, buf));
       }
       if (in != Arrival::kArrived) {
         wait_for(&op, absl::StrCat("the gradient from rank ", src), src, trace::What::kGradient);
@@ -211,17 +236,21 @@ bool ShardActor::try_fire(const ScheduleOp& op) {
 
 void ShardActor::fire_forward(const ScheduleOp& op, int slot) {
   StageCompute& sc = *setup_.chunks[static_cast<std::size_t>(op.chunk)];
+  const Mirrors& mr = mirrors_[static_cast<std::size_t>(op.chunk)];
   const auto j = static_cast<std::size_t>(op.micro);
+  const auto k = static_cast<std::size_t>(slot);
   mark_stream(
       setup_.trace, *setup_.stream, op_event(op),
       [&] {
-        sc.forward(*setup_.stream, slot, tokens_.empty() ? gpu::Tensor{} : tokens_[j],
-                   targets_.empty() ? gpu::Tensor{} : targets_[j]);
+        if (!sc.spec().embedding) mr.input[k].to_device(*setup_.stream);
+        sc.forward(*setup_.stream, slot, tokens_.empty() ? gpu::Tensor{} : tokens_[j].device(),
+                   targets_.empty() ? gpu::Tensor{} : targets_[j].device());
+        if (sc.spec().head) mr.losses[k].to_host(*setup_.stream);  // read at op_done
       },
       /*set_current=*/true);
   if (!sc.spec().head) {
     const int vs = virtual_stage(setup_.shape, setup_.coord.s, op.chunk);
-    stream_send(MessageKind::kActivation, vs + 1, sc.output(slot), op, slot);
+    stream_send(MessageKind::kActivation, vs + 1, mr.output[k], op, slot);
   }
   send_when_done(*setup_.stream, caf::actor_cast<caf::actor>(this),
                  caf::make_message(op_done_atom::value, op.id));
@@ -230,7 +259,9 @@ void ShardActor::fire_forward(const ScheduleOp& op, int slot) {
 void ShardActor::fire_backward(const ScheduleOp& op, int slot) {
   ChunkState& cs = chunk_[static_cast<std::size_t>(op.chunk)];
   StageCompute& sc = *setup_.chunks[static_cast<std::size_t>(op.chunk)];
+  const Mirrors& mr = mirrors_[static_cast<std::size_t>(op.chunk)];
   const auto j = static_cast<std::size_t>(op.micro);
+  const auto k = static_cast<std::size_t>(slot);
   // The step's last backward of this chunk finishes its gradients, bucket by
   // bucket; each bucket leaves as soon as the stream is past it.
   model::GradProgress progress;
@@ -238,7 +269,10 @@ void ShardActor::fire_backward(const ScheduleOp& op, int slot) {
     progress = [this, c = op.chunk](model::GradPoint point) {
       const auto& buckets = chunk_[static_cast<std::size_t>(c)].buckets;
       for (int b = 0; b < static_cast<int>(buckets.size()); b++) {
-        if (buckets[static_cast<std::size_t>(b)].ready != point) continue;
+        const GradBucket& bucket = buckets[static_cast<std::size_t>(b)];
+        if (bucket.ready != point) continue;
+        mirrors_[static_cast<std::size_t>(c)].grads.to_host(*setup_.stream, bucket.range.begin,
+                                                            bucket.range.size());
         send_when_done(*setup_.stream, caf::actor_cast<caf::actor>(this),
                        caf::make_message(bucket_atom::value, step_, c, b));
       }
@@ -249,34 +283,38 @@ void ShardActor::fire_backward(const ScheduleOp& op, int slot) {
   mark_stream(
       setup_.trace, *setup_.stream, op_event(op),
       [&] {
-        sc.backward(*setup_.stream, slot, tokens_.empty() ? gpu::Tensor{} : tokens_[j],
-                    targets_.empty() ? gpu::Tensor{} : targets_[j], dloss, progress);
+        if (!sc.spec().head) mr.output_grad[k].to_device(*setup_.stream);
+        sc.backward(*setup_.stream, slot, tokens_.empty() ? gpu::Tensor{} : tokens_[j].device(),
+                    targets_.empty() ? gpu::Tensor{} : targets_[j].device(), dloss, progress);
       },
       /*set_current=*/true);
   if (!sc.spec().embedding) {
     const int vs = virtual_stage(setup_.shape, setup_.coord.s, op.chunk);
-    stream_send(MessageKind::kGradient, vs - 1, sc.input_grad(slot), op, slot);
+    stream_send(MessageKind::kGradient, vs - 1, mr.input_grad[k], op, slot);
   }
   send_when_done(*setup_.stream, caf::actor_cast<caf::actor>(this),
                  caf::make_message(op_done_atom::value, op.id));
 }
 
-// The op's output leaves from the stream itself, right behind the op (as a
-// GPU stream would issue ncclSend), not after a round trip through this
-// actor's mailbox; the slot stays held until the bytes have left.
-void ShardActor::stream_send(MessageKind kind, int dst_vs, const gpu::Tensor& t,
+// The op's output leaves from the stream itself, right behind the op (and
+// its copy to the host), not after a round trip through this actor's
+// mailbox; the slot stays held until the bytes have left. The callback
+// calls the transport on host memory only: no device call runs in it.
+void ShardActor::stream_send(MessageKind kind, int dst_vs, const gpu::HostMirror& m,
                              const ScheduleOp& op, int slot) {
+  m.to_host(*setup_.stream);
   const int dst = rank_of(setup_.coord.d, stage_of(setup_.shape, dst_vs));
   chunk_[static_cast<std::size_t>(op.chunk)].holds[static_cast<std::size_t>(slot)]++;
   sends_pending_++;
-  comm::Callback done = [self = caf::actor_cast<caf::actor>(this), c = op.chunk,
-                         slot](absl::Status st) {
+  // (The host buffer is held until the transport is done with it.)
+  comm::Callback done = [self = caf::actor_cast<caf::actor>(this), c = op.chunk, slot,
+                         keep = m.host()](absl::Status st) {
     caf::anon_send(self, sent_atom::value, c, slot, status_text(st));
   };
   setup_.stream->host_callback(
       [stream = setup_.stream, transport = setup_.transport, dst,
        tag = tag(kind, setup_.rank, op.micro, chunk_of(setup_.shape, dst_vs), 0),
-       data = t.data<float>(), bytes = t.nbytes(), done = std::move(done)]() mutable {
+       data = m.host_data<float>(), bytes = m.host().nbytes(), done = std::move(done)]() mutable {
         if (absl::Status st = stream->status(); !st.ok()) {
           return done(absl::AbortedError("not sent: the stream failed"));
         }
@@ -296,15 +334,13 @@ void ShardActor::on_op_done(int op_id) {
   const int slot = cs.slot_of[static_cast<std::size_t>(op.micro)];
   if (op.kind == OpKind::kForward) {
     if (sc.spec().head) {
-      // The micro-batch's loss sum, in token order (as the single-rank loop).
-      if (absl::Status st =
-              setup_.stream->device().copy_to_host(sc.losses(slot), host_losses_.data());
-          !st.ok()) {
-        return fail(
-            absl::StrCat("reading the losses of micro-batch ", op.micro, ": ", st.message()));
-      }
+      // The micro-batch's loss sum, in token order (as the single-rank
+      // loop), from the copy the stream made behind the forward.
+      const gpu::HostMirror& losses =
+          mirrors_[static_cast<std::size_t>(op.chunk)].losses[static_cast<std::size_t>(slot)];
+      const float* l = losses.host_data<float>();
       double sum = 0.0;
-      for (float l : host_losses_) sum += l;
+      for (std::int64_t i = 0; i < losses.host().numel(); i++) sum += l[i];
       // Every TP rank has the same losses; rank t = 0 reports them.
       if (setup_.coord.t == 0) {
         send(setup_.coordinator, loss_atom::value, step_, setup_.coord.d, op.micro, sum);
@@ -324,18 +360,18 @@ void ShardActor::on_bucket(int chunk, int bucket) {
   if (absl::Status st = setup_.stream->status(); !st.ok()) {
     return fail(absl::StrCat("backward of chunk ", chunk, ": ", st.message()));
   }
-  const gpu::Tensor& grads = setup_.chunks[static_cast<std::size_t>(chunk)]->grads();
+  // (The stream copied the bucket to the host behind the backward.)
+  const float* grads = mirrors_[static_cast<std::size_t>(chunk)].grads.host_data<float>();
   auto self = caf::actor_cast<caf::actor>(this);
   for (const GradPiece& p : setup_.grad_pieces) {
     if (p.src_stage != setup_.coord.s || p.src_chunk != chunk || p.bucket != bucket) continue;
     const int dst = rank_of(p.dst_d, p.dst_stage);
     sends_pending_++;
-    setup_.transport->send(dst, tag(MessageKind::kGradSlice, setup_.rank, 0, chunk, bucket),
-                           grads.data<float>() + p.range.begin,
-                           static_cast<std::size_t>(p.range.size()) * sizeof(float),
-                           [self](absl::Status st) {
-                             caf::anon_send(self, sent_atom::value, -1, -1, status_text(st));
-                           });
+    setup_.transport->send(
+        dst, tag(MessageKind::kGradSlice, setup_.rank, 0, chunk, bucket), grads + p.range.begin,
+        static_cast<std::size_t>(p.range.size()) * sizeof(float), [self](absl::Status st) {
+          caf::anon_send(self, sent_atom::value, -1, -1, status_text(st));
+        });
   }
 }
 
@@ -345,12 +381,13 @@ void ShardActor::post_param_receives() {
   for (const ParamPiece& p : setup_.param_pieces) {
     if (p.dst_stage != setup_.coord.s) continue;
     const int src = rank_of(p.src_d, p.stage);
-    const gpu::Tensor& params = setup_.chunks[static_cast<std::size_t>(p.dst_chunk)]->params();
+    const gpu::Tensor& params = mirrors_[static_cast<std::size_t>(p.dst_chunk)].params.host();
     params_expected_++;
-    setup_.transport->recv(
-        src, tag(MessageKind::kParamSlice, src, 0, p.src_chunk, p.tied_wte ? 1 : 0),
-        params.data<float>() + p.range.begin,
-        static_cast<std::size_t>(p.range.size()) * sizeof(float), reply(Msg::kParams, id++));
+    setup_.transport->recv(src,
+                           tag(MessageKind::kParamSlice, src, 0, p.src_chunk, p.tied_wte ? 1 : 0),
+                           params.host<float>() + p.range.begin,
+                           static_cast<std::size_t>(p.range.size()) * sizeof(float),
+                           reply(Msg::kParams, id++, params));
   }
   wait_for(nullptr, "the new parameters from the optimizer partitions", -1, trace::What::kParams);
 }
@@ -388,6 +425,26 @@ void ShardActor::maybe_ready() {
       sends_pending_ > 0 || !params_posted_ || params_arrived_ < params_expected_) {
     return;
   }
+  if (params_state_ == Params::kCopying) return;
+  if (params_state_ == Params::kArriving) {
+    // The new parameters are in host memory; on a device, copied over
+    // before the shard is ready (its next step's ops come after them).
+    bool queued = false;
+    for (const ParamPiece& p : setup_.param_pieces) {
+      if (p.dst_stage != setup_.coord.s || pass_ != Pass::kTrain) continue;
+      const gpu::HostMirror& m = mirrors_[static_cast<std::size_t>(p.dst_chunk)].params;
+      if (!m.separate()) continue;
+      m.to_device(*setup_.stream, p.range.begin, p.range.size());
+      queued = true;
+    }
+    params_state_ = Params::kIn;
+    if (queued) {
+      params_state_ = Params::kCopying;
+      send_when_done(*setup_.stream, caf::actor_cast<caf::actor>(this),
+                     caf::make_message(params_in_atom::value, step_));
+      return;
+    }
+  }
   send(setup_.coordinator, ready_atom::value, step_, setup_.rank);
   step_ = 0;
   wait_for(nullptr, "", -1);
@@ -395,6 +452,15 @@ void ShardActor::maybe_ready() {
     setup_.trace->recorder->close(trace_step_);
     trace_step_ = trace::Recorder::kNone;
   }
+}
+
+void ShardActor::on_params_in(int step) {
+  if (failed_ || step != step_ || params_state_ != Params::kCopying) return;
+  if (absl::Status st = setup_.stream->status(); !st.ok()) {
+    return fail(absl::StrCat("copying the new parameters to the device: ", st.message()));
+  }
+  params_state_ = Params::kIn;
+  maybe_ready();
 }
 
 void ShardActor::fail(const std::string& what) {
@@ -465,8 +531,10 @@ WaitReport ShardActor::report() const {
   return r;
 }
 
-comm::Callback ShardActor::reply(Msg what, int id) {
-  return [self = caf::actor_cast<caf::actor>(this), what, id](absl::Status st) {
+// (`keep`: the receive buffer, held until the transport is done with it.)
+comm::Callback ShardActor::reply(Msg what, int id, gpu::Tensor keep) {
+  return [self = caf::actor_cast<caf::actor>(this), what, id,
+          keep = std::move(keep)](absl::Status st) {
     caf::anon_send(self, recv_atom::value, static_cast<int>(what), id, status_text(st));
   };
 }

@@ -15,6 +15,14 @@
 //
 // Buffers, stream and transport belong to the caller (actors/runtime.h) and
 // outlive the actor; nothing here blocks a scheduler thread.
+//
+// On a device the host cannot read (CUDA), what the transport and the loss
+// sum touch goes through host mirrors (gpu/host_mirror.h), copied on the
+// stream: a received activation or gradient to the device in front of the
+// op that reads it, an output to the host behind the op that made it (and
+// sent once the stream is past the copy), a gradient bucket to the host
+// when it is final, the new parameters to the device before the shard says
+// ready. On the CPU the mirrors are the buffers themselves and cost nothing.
 #pragma once
 
 #include <caf/all.hpp>
@@ -32,6 +40,7 @@
 #include "comm/groups.h"
 #include "comm/transport.h"
 #include "gpu/device.h"
+#include "gpu/host_mirror.h"
 #include "model/batch_schedule.h"
 #include "model/data/gpt_dataset.h"
 
@@ -83,13 +92,14 @@ class ShardActor : public caf::event_based_actor {
   bool try_fire(const ScheduleOp& op);
   void fire_forward(const ScheduleOp& op, int slot);
   void fire_backward(const ScheduleOp& op, int slot);
-  void stream_send(comm::MessageKind kind, int dst_vs, const gpu::Tensor& t, const ScheduleOp& op,
-                   int slot);
+  void stream_send(comm::MessageKind kind, int dst_vs, const gpu::HostMirror& m,
+                   const ScheduleOp& op, int slot);
   void on_op_done(int op_id);
   void on_bucket(int chunk, int bucket);
   void on_recv(Msg what, int id, const std::string& error);
   void on_sent(int chunk, int slot, const std::string& error);
   void post_param_receives();
+  void on_params_in(int step);
   void release(int chunk, int slot);
   void maybe_ready();
   void fail(const std::string& what);
@@ -99,7 +109,7 @@ class ShardActor : public caf::event_based_actor {
   comm::trace::Event op_event(const ScheduleOp& op) const;
   WaitReport report() const;
 
-  comm::Callback reply(Msg what, int id);
+  comm::Callback reply(Msg what, int id, gpu::Tensor keep);
   comm::Tag tag(comm::MessageKind kind, int source, int micro, int chunk, int layer) const;
   int rank_of(int d, int s) const { return setup_.layout.rank({d, s, setup_.coord.t}); }
   std::string describe(const ScheduleOp& op) const;
@@ -114,9 +124,20 @@ class ShardActor : public caf::event_based_actor {
   int m_ = 1;                                        // this step's micro-batches per replica
   int global_batch_ = 1;                             // and its global batch
   Pass pass_ = Pass::kTrain;
-  std::vector<gpu::Tensor> tokens_, targets_;  // per micro-batch, i32 (B, T)
-  std::vector<std::int32_t> host_tokens_, host_targets_;
-  std::vector<float> host_losses_;
+  std::vector<gpu::HostMirror> tokens_, targets_;  // per micro-batch, i32 (B, T)
+
+  // Per chunk, the host side of what crosses the transport (by slot: the
+  // received activation and output gradient, the sent output and input
+  // gradient, the losses), and of the parameters and gradients.
+  struct Mirrors {
+    std::vector<gpu::HostMirror> input, output_grad, output, input_grad, losses;
+    gpu::HostMirror params, grads;
+  };
+  std::vector<Mirrors> mirrors_;
+  // The step's new parameters: still arriving, being copied to the device
+  // (not on the CPU), there.
+  enum class Params { kArriving, kCopying, kIn };
+  Params params_state_ = Params::kIn;
 
   // Per chunk: free slots, the slot of each micro-batch (-1: none), how
   // many reasons each slot is held for, backwards fired this step.

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "gpu/host_mirror.h"
 
 namespace troupe::actors {
 namespace {
@@ -28,26 +29,41 @@ model::TensorParallel tensor_link(comm::Communicator* comm, model::TpSlice slice
   auto count = [counter = options.reduced_floats](std::int64_t n) {
     if (counter) *counter += n;
   };
+  // Each collective reads and writes host memory (gpu/host_mirror.h): the
+  // tensors themselves on the CPU; on a device, host copies made on the
+  // stream behind the ops before it, and copied back in front of the ops
+  // after it, so that the callback makes no device call.
   tp.all_reduce = [comm, count, runner = options.runner](gpu::Stream& s, const gpu::Tensor& x) {
     count(x.numel());
     const auto n = static_cast<std::size_t>(x.numel());
+    const gpu::HostMirror m(x);
+    m.to_host(s);
     in_stream_order(s, runner, What::kAllReduce, "all-reduce", n,
-                    [comm, x, n] { return comm->all_reduce_sync(x.data<float>(), n); });
+                    [comm, h = m.host(), n] { return comm->all_reduce_sync(h.host<float>(), n); });
+    m.to_device(s);
   };
   tp.all_gather = [comm, runner = options.runner](gpu::Stream& s, const gpu::Tensor& in,
                                                   const gpu::Tensor& out) {
     const auto n = static_cast<std::size_t>(out.numel());
-    in_stream_order(s, runner, What::kAllGather, "all-gather", n, [comm, in, out, n] {
-      return comm->all_gather_sync(in.data<float>(), out.data<float>(), n);
-    });
+    const gpu::HostMirror a(in), b(out);
+    a.to_host(s);
+    in_stream_order(s, runner, What::kAllGather, "all-gather", n,
+                    [comm, hin = a.host(), hout = b.host(), n] {
+                      return comm->all_gather_sync(hin.host<float>(), hout.host<float>(), n);
+                    });
+    b.to_device(s);
   };
   tp.reduce_scatter = [comm, count, runner = options.runner](gpu::Stream& s, const gpu::Tensor& in,
                                                              const gpu::Tensor& out) {
     count(in.numel());
     const auto n = static_cast<std::size_t>(in.numel());
-    in_stream_order(s, runner, What::kReduceScatter, "reduce-scatter", n, [comm, in, out, n] {
-      return comm->reduce_scatter_sync(in.data<float>(), out.data<float>(), n);
-    });
+    const gpu::HostMirror a(in), b(out);
+    a.to_host(s);
+    in_stream_order(s, runner, What::kReduceScatter, "reduce-scatter", n,
+                    [comm, hin = a.host(), hout = b.host(), n] {
+                      return comm->reduce_scatter_sync(hin.host<float>(), hout.host<float>(), n);
+                    });
+    b.to_device(s);
   };
   return tp;
 }

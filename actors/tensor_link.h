@@ -1,8 +1,12 @@
 // model::TensorParallel over a comm::Communicator: each collective is
 // enqueued on the stream as a host callback and runs, in stream order, on
-// the stream's thread, which waits while the peers take part (right for the
-// CPU streams; see the CUDA issue for device streams). A failed collective
-// fails the stream with Unavailable naming it.
+// the stream's thread, which waits while the peers take part. It works on
+// host memory: on a device the host cannot read, the operands are copied to
+// pinned host memory on the stream before it and the result back after it,
+// so no device call runs inside the callback (CUDA forbids them there).
+// NCCL on device buffers, issued when the op fires, is the fast path still
+// to come (docs/CUDA.md). A failed collective fails the stream with
+// Unavailable naming it.
 //
 //   model::TensorParallel tp = actors::tensor_link(comm.get(), {.tp = 2, .t = 1});
 //   model::Gpt gpt(config, B, device, stage, 1, tp);

@@ -14,7 +14,7 @@ TimedStage::TimedStage(const model::GptConfig& c, int B, const model::StageSpec&
       bwd_ms_(bwd_ms),
       busy_ns_(busy_ns) {
   gpt().init(1);
-  for (int k = 0; k < slots; k++) std::memset(losses(k).data<float>(), 0, losses(k).nbytes());
+  for (int k = 0; k < slots; k++) std::memset(losses(k).host<float>(), 0, losses(k).nbytes());
 }
 
 void TimedStage::forward(gpu::Stream& s, int, const gpu::Tensor&, const gpu::Tensor&) {

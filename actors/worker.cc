@@ -209,8 +209,10 @@ absl::Status gather_and_save_weights(RankUnit& unit, const RankSpec& spec, const
     if (unit.coord().d != 0) return absl::OkStatus();
     for (std::size_t ch = 0; ch < unit.chunks().size(); ch++) {
       const gpu::Tensor& p = unit.chunks()[ch]->params();
-      absl::Status st = send_sync(unit.transport(), 0, weights_tag(spec.rank, static_cast<int>(ch)),
-                                  p.data<float>(), static_cast<std::size_t>(p.numel()) * 4);
+      absl::Status st = with_host_copy(p, /*write_back=*/false, [&](float* host) {
+        return send_sync(unit.transport(), 0, weights_tag(spec.rank, static_cast<int>(ch)), host,
+                         static_cast<std::size_t>(p.numel()) * 4);
+      });
       if (!st.ok()) return absl::UnavailableError(absl::StrCat("sending the weights: ", st.message()));
     }
     return absl::OkStatus();
@@ -224,7 +226,7 @@ absl::Status gather_and_save_weights(RankUnit& unit, const RankSpec& spec, const
     for (int ch = 0; ch < par.virtual_stages; ch++) {
       if (r == 0) {
         const GptStage& mine = *unit.chunks()[static_cast<std::size_t>(ch)];
-        absl::Status st = copy_slice_into_whole(mine.layout(), mine.params().data<float>(), whole);
+        absl::Status st = copy_into_whole({&mine}, whole);
         if (!st.ok()) return st;
         continue;
       }

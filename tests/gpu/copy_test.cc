@@ -7,6 +7,7 @@
 #include <numeric>
 #include <vector>
 
+#include "gpu/host_mirror.h"
 #include "gpu/ops.h"
 #include "tests/gpu/backends.h"
 
@@ -105,6 +106,32 @@ TEST_P(CopyTest, HostReadsOnlyWhereTheHostSeesTheMemory) {
   const std::int64_t before = dev_->allocated_bytes();
   { gpu::Tensor big = gpu::Tensor::empty_host(*dev_, gpu::DType::kF32, {1024}); }
   EXPECT_EQ(dev_->allocated_bytes(), before);
+}
+
+// A mirror is the tensor itself where the host sees the memory (its copies
+// do nothing), else host memory of its own that the copies fill and empty,
+// a range at a time, in stream order.
+TEST_P(CopyTest, HostMirrorMovesRangesInStreamOrder) {
+  gpu::Tensor d = gpu::Tensor::empty(*dev_, gpu::DType::kF32, {2, 4});
+  gpu::HostMirror m(d);
+  EXPECT_EQ(m.separate(), !dev_->host_visible());
+  EXPECT_TRUE(m.host().host_readable());
+  EXPECT_EQ(m.host().shape, d.shape);
+  float* h = m.host_data<float>();
+  for (int i = 0; i < 8; i++) h[i] = static_cast<float>(i);
+  m.to_device(*s_);
+  gpu::ops::axpy(*s_, d.view(2, {3}), 10.0f, d.view(5, {3}));  // d[2..5) += 10 d[5..8)
+  m.to_host(*s_, 2, 3);                                        // only that range back
+  ASSERT_TRUE(s_->synchronize().ok());
+  const float want[8] = {0, 1, 2 + 50, 3 + 60, 4 + 70, 5, 6, 7};
+  for (int i = 0; i < 8; i++) EXPECT_EQ(h[i], want[i]) << i;
+  if (m.separate()) {
+    h[0] = -1;  // the host's copy alone: the device keeps 0 until copied
+    gpu::HostMirror back(d);
+    back.to_host(*s_);
+    ASSERT_TRUE(s_->synchronize().ok());
+    EXPECT_EQ(back.host_data<float>()[0], 0.0f);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, CopyTest, ::testing::Values("cpu", "opaque", "cuda"));
