@@ -22,22 +22,40 @@ int local_gpu() {
 
 }  // namespace
 
-absl::StatusOr<RunDevice> open_device(const std::string& flag, bool runs_actors) {
-  RunDevice out;
+absl::Status check_device(const TrainFlags& f) {
   // The default stays the CPU until the CUDA training path has run on a
   // GPU (docs/CUDA.md): a run without --device never changes backend.
-  if (flag.empty() || flag == "cpu") {
-    out.device = &gpu::cpu_device();
+  if (f.device.empty() || f.device == "cpu") return absl::OkStatus();
+  if (f.device != "cuda" && f.device != "opaque") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--device ", f.device, ": want cpu, cuda or opaque"));
+  }
+  if (!f.op_cost.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--device ", f.device,
+        " with --debug-op-cost: its fixed-cost model chunks are the CPU's; give --device cpu"));
+  }
+  if (f.device == "cuda" && f.parallel.tp > 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--device cuda with --tp ", f.parallel.tp,
+        ": the TP collectives wait for their peers inside stream callbacks, which CUDA forbids; "
+        "on GPUs they need NCCL issued from the ops, which is not built yet. Pipeline and data "
+        "parallelism (--pp, --dp) run on GPUs; or give --device cpu"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<RunDevice> open_device(const TrainFlags& f) {
+  if (absl::Status st = check_device(f); !st.ok()) return st;
+  RunDevice out;
+  if (f.device == "opaque") {
+    out.owned = gpu::make_opaque_cpu_device();
+    out.device = out.owned.get();
     return out;
   }
-  if (flag != "cuda") {
-    return absl::InvalidArgumentError(absl::StrCat("--device ", flag, ": want cpu or cuda"));
-  }
-  if (runs_actors) {
-    return absl::InvalidArgumentError(
-        "--device cuda: the actors' runtime (--tp, --pp, --dp, --virtual-stages, --trace, "
-        "--debug-op-cost, troupe launch) runs on the CPU so far; train one rank on the GPU, or "
-        "give --device cpu");
+  if (f.device != "cuda") {
+    out.device = &gpu::cpu_device();
+    return out;
   }
 #ifdef TROUPE_HAVE_CUDA
   absl::StatusOr<std::unique_ptr<gpu::Device>> dev = gpu::make_cuda_device(local_gpu());

@@ -29,11 +29,8 @@ absl::StatusOr<JobConfig> JobConfig::from_flags(const std::vector<std::string>& 
     }
   }
   if (absl::Status st = api::finish_train_flags(f); !st.ok()) return st;
-  // A job's ranks are actors, which run on the CPU so far.
-  if (absl::StatusOr<api::RunDevice> d = api::open_device(f.device, /*runs_actors=*/true);
-      !d.ok()) {
-    return d.status();
-  }
+  absl::StatusOr<api::RunDevice> device = api::open_device(f);
+  if (!device.ok()) return device.status();
   std::set<std::string> recipe_set;
   absl::StatusOr<model::TrainOptions> o = api::resolve(f, &recipe_set);
   if (!o.ok()) return o.status();
@@ -43,6 +40,8 @@ absl::StatusOr<JobConfig> JobConfig::from_flags(const std::vector<std::string>& 
   JobConfig c;
   c.options = *std::move(o);
   c.parallel = f.parallel;
+  c.device = std::move(device->owned);  // (null on the CPU, the process's own)
+  c.parallel.device = device->device;
   c.checkpoint = f.checkpoint;
   c.trace = f.trace;
   c.stage_factory = api::stage_factory(f);

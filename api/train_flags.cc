@@ -281,8 +281,10 @@ void add_train_flags(CLI::App* cmd, TrainFlags& f) {
                   "(default: every step up to 100 steps, then about 100 lines a run)");
   cmd->add_option("--threads", o.threads, "Compute threads (default: all cores)");
   cmd->add_option("--device", f.device,
-                  "cpu (the default) or cuda (one rank so far); the GPU is LOCAL_RANK's")
-      ->check(CLI::IsMember({"cpu", "cuda"}));
+                  "cpu (the default) or cuda (not with --tp > 1 yet); the GPU is LOCAL_RANK's. "
+                  "opaque: the CPU's kernels on memory the host may not read, which tests the "
+                  "device path where no GPU is")
+      ->check(CLI::IsMember({"cpu", "cuda", "opaque"}));
   cmd->add_option("--recompute-granularity", f.recompute_granularity,
                   "Activation recompute: full (a group of layers keeps only its input) or "
                   "selective (the attention scores are recomputed); default none");

@@ -50,7 +50,7 @@ struct TrainFlags {
   actors::TraceOptions trace;     // --trace, --trace-steps, --trace-buffer, --flight-dir
   std::string trace_steps;        // --trace-steps A:B
   std::int64_t trace_buffer = 0;  // --trace-buffer N (0: the default)
-  std::string device;             // --device cpu|cuda; empty: cpu
+  std::string device;             // --device cpu|cuda|opaque; empty: cpu
   std::string op_cost;            // --debug-op-cost FWD_MS:BWD_MS
   double fwd_ms = -1, bwd_ms = -1;
   // Every option add_train_flags registered, in order (to forward them).
@@ -62,11 +62,15 @@ struct RunDevice {
   gpu::Device* device = nullptr;
   std::unique_ptr<gpu::Device> owned;  // a GPU's; the CPU device is the process's
 };
-// --device `flag` (cpu, cuda; empty: cpu) for a run that does
-// (`runs_actors`) or does not run the actors' runtime, which is CPU-only so
-// far. A GPU is LOCAL_RANK's, else the first. An error naming the flag when
-// it cannot be had (InvalidArgument; Unavailable where no GPU is).
-absl::StatusOr<RunDevice> open_device(const std::string& flag, bool runs_actors);
+// --device (cpu, cuda, opaque; empty: cpu) as the other flags allow it:
+// cuda runs one rank, or pipeline and data parallelism, but not --tp > 1
+// (its collectives need NCCL issued from the ops, not built yet); neither
+// cuda nor opaque (gpu::make_opaque_cpu_device, for tests) takes
+// --debug-op-cost (CPU chunks). InvalidArgument naming the flags.
+absl::Status check_device(const TrainFlags& f);
+// check_device, then the device itself: a GPU is LOCAL_RANK's, else the
+// first; Unavailable naming the flag where there is none.
+absl::StatusOr<RunDevice> open_device(const TrainFlags& f);
 
 // Registers the training flags on `cmd`; `f` must outlive the parse.
 void add_train_flags(CLI::App* cmd, TrainFlags& f);

@@ -385,10 +385,9 @@ int run_launch(LaunchFlags& f) {
     return code;
   };
   if (absl::Status st = finish_train_flags(f.train); !st.ok()) return fail(std::string(st.message()));
-  // Its ranks are actors, which run on the CPU so far.
-  if (absl::StatusOr<api::RunDevice> d = api::open_device(f.train.device, /*runs_actors=*/true);
-      !d.ok()) {
-    return fail(std::string(d.status().message()));
+  // (Checked here; each worker opens its own device, LOCAL_RANK's GPU.)
+  if (absl::Status st = api::check_device(f.train); !st.ok()) {
+    return fail(std::string(st.message()));
   }
   std::set<std::string> recipe_set;
   absl::StatusOr<model::TrainOptions> options = resolve(f.train, &recipe_set);

@@ -146,8 +146,10 @@ int run_train(const TrainFlags& flags) {
   // (--trace and --debug-op-cost need the actor runtime, even for one rank.)
   const bool one_rank = par.world() == 1 && par.virtual_stages == 1 && flags.trace.dir.empty() &&
                         flags.op_cost.empty();
-  absl::StatusOr<api::RunDevice> device = api::open_device(flags.device, !one_rank);
+  absl::StatusOr<api::RunDevice> device = api::open_device(flags);
   if (!device.ok()) return fail(device.status());
+  actors::ParallelOptions on_device = par;
+  on_device.device = device->device;  // (every rank of this process)
   Progress progress(o.steps, metrics.is_open() ? &metrics : nullptr, flags.log_interval);
   std::unique_ptr<model::Trainer> single;
   std::unique_ptr<actors::InProcessTrainer> multi;
@@ -165,7 +167,7 @@ int run_train(const TrainFlags& flags) {
     train_data = &single->train_data();
   } else {
     absl::StatusOr<std::unique_ptr<actors::InProcessTrainer>> t = actors::InProcessTrainer::create(
-        o, par, stage_factory(flags),
+        o, on_device, stage_factory(flags),
         {.flags = ck,
          .loaded = load,
          .exit_requested = ck.exit_signal_handler ? exit_signal_received : nullptr,
@@ -199,9 +201,9 @@ int run_train(const TrainFlags& flags) {
   } else {
     const int m = par.m(o);
     std::printf(
-        "  %s: %d ranks as actors in this process; schedule %s%s, %d micro-batches of %d per "
-        "replica and step = global batch %d; %d steps\n",
-        multi->layout().describe().c_str(), multi->layout().world(),
+        "  %s: %d ranks as actors in this process on %s; schedule %s%s, %d micro-batches of %d "
+        "per replica and step = global batch %d; %d steps\n",
+        multi->layout().describe().c_str(), multi->layout().world(), device->device->name().c_str(),
         actors::schedule_name(par.schedule).c_str(),
         par.virtual_stages > 1
             ? absl::StrCat(" (", par.virtual_stages, " chunks per stage)").c_str()

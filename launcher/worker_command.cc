@@ -85,10 +85,10 @@ int run(WorkerFlags& f) {
     return code;
   };
   if (absl::Status st = finish_train_flags(f.train); !st.ok()) return fail(st);
-  if (absl::StatusOr<api::RunDevice> d = api::open_device(f.train.device, /*runs_actors=*/true);
-      !d.ok()) {
-    return fail(d.status());
-  }
+  // This rank's device (LOCAL_RANK's GPU with --device cuda), for the run.
+  absl::StatusOr<api::RunDevice> device = api::open_device(f.train);
+  if (!device.ok()) return fail(device.status());
+  f.train.parallel.device = device->device;
   if (f.train.print_config) {
     return fail(absl::InvalidArgumentError(
         "--print-config: ask troupe train or troupe launch, not a worker"));

@@ -8,7 +8,8 @@ happens when something goes wrong.
 Cases:
   equivalence FLAGS...  launch and train with FLAGS: losses, grad norms and
                         learning rates bitwise equal at every step, the saved
-                        weights byte for byte the same
+                        weights byte for byte the same (train runs on the
+                        CPU: a --device in FLAGS is the launch's alone)
   agents FLAGS...       the same through one agent per (pretend) host, started
                         by an --rsh template
   torchrun FLAGS...     workers started with torchrun's variables (RANK,
@@ -93,6 +94,9 @@ def remove(*paths):
 def reference(flags, tag):
     m, w = f"{WORK}/{tag}-train.jsonl", f"{WORK}/{tag}-train.safetensors"
     remove(m, w)
+    if "--device" in flags:  # the reference is the CPU's
+        at = flags.index("--device")
+        flags = flags[:at] + flags[at + 2:]
     r = run([TROUPE, "train", *flags, "--metrics-jsonl", m, "--save-weights", w])
     if r.returncode != 0:
         fail("troupe train: " + r.stdout)
