@@ -104,6 +104,14 @@ absl::StatusOr<std::unique_ptr<RankUnit>> RankUnit::create(
     u->transport_ = std::make_unique<comm::TracedTransport>(
         std::move(transport), u->recorder_.get(), u->trace_step_.get());
   }
+  if (par.tp > 1 && !dev.host_callbacks_may_wait()) {
+    // (tensor_link's collectives block in host callbacks; NCCL issued from
+    // the ops is what a GPU needs, and is not built yet.)
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--tp ", par.tp, " on ", dev.name(),
+        ": the TP collectives wait for their peers inside stream callbacks, which this device "
+        "forbids; tensor parallelism on it needs NCCL issued from the ops, not built yet"));
+  }
   model::TensorParallel tensor;
   tensor.slice = {par.tp, u->coord_.t};
   if (par.tp > 1) u->make_tensor_parallel(&tensor);
@@ -142,7 +150,7 @@ absl::StatusOr<std::unique_ptr<RankUnit>> RankUnit::create(
       if (p.kind == model::ckpt::Kind::kParam) continue;
       if (absl::Status st = spec.load->fill(p); !st.ok()) return st;
     }
-    if (absl::Status st = u->state_to_device(); !st.ok()) return st;
+    if (absl::Status st = u->state_to_device(/*params=*/false); !st.ok()) return st;
   }
   if (absl::Status st = u->optimizer_stream_->synchronize(); !st.ok()) return st;
   u->allocated_bytes_ = dev.allocated_bytes() - at_start;
@@ -337,25 +345,25 @@ std::vector<model::ckpt::Piece> RankUnit::checkpoint_pieces() {
 absl::Status RankUnit::state_to_host() {
   (void)checkpoint_pieces();  // (makes the mirrors)
   if (absl::Status st = stream_->synchronize(); !st.ok()) return st;
+  if (absl::Status st = optimizer_stream_->synchronize(); !st.ok()) return st;
   for (const auto& st : state_) {
     for (const gpu::HostMirror& m : st) m.to_host(*optimizer_stream_);
   }
   return optimizer_stream_->synchronize();
 }
 
-absl::Status RankUnit::state_to_device() {
+absl::Status RankUnit::state_to_device(bool params) {
   (void)checkpoint_pieces();
   for (const auto& st : state_) {
-    for (const gpu::HostMirror& m : st) m.to_device(*optimizer_stream_);
+    for (std::size_t i = params ? 0 : 1; i < st.size(); i++) st[i].to_device(*optimizer_stream_);
   }
   return optimizer_stream_->synchronize();
 }
 
 absl::Status RankUnit::save(const std::string& tmp_dir, SaveDone done) {
   // A step boundary: the last step's updates and parameters are in, and
-  // nothing of the next is queued; the syncs return at once.
-  if (absl::Status st = stream_->synchronize(); !st.ok()) return st;
-  if (absl::Status st = optimizer_stream_->synchronize(); !st.ok()) return st;
+  // nothing of the next is queued (state_to_host's syncs return at once on
+  // the CPU, where it copies nothing).
   if (absl::Status st = state_to_host(); !st.ok()) return st;
   writer_.wait();  // (the coordinator has committed the save before)
   // (The writer is done with the last save's copy: its memory is reused.)

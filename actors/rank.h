@@ -154,13 +154,6 @@ class RankUnit {
   // Waits for a checkpoint write still running, then for the streams.
   void drain();
 
-  // Checkpoints. The state this rank saves (replica 0 its parameters; every
-  // rank its partitions' master, m and v), in host memory: in place on the
-  // CPU; on a device, host copies that state_to_host() fills and
-  // state_to_device() puts back (each with the streams idle).
-  std::vector<model::ckpt::Piece> checkpoint_pieces();
-  absl::Status state_to_host();
-  absl::Status state_to_device();
   // At a step boundary (every stream idle): copies the state to host
   // memory, then writes it into `tmp_dir` on a thread of its own and calls
   // `done` there with the file's records or the error. Returns once the
@@ -197,6 +190,14 @@ class RankUnit {
   explicit RankUnit(const RankSpec& spec) : spec_(spec) {}
   absl::Status init_params();
   void make_tensor_parallel(model::TensorParallel* tensor);
+  // Checkpoints. The state this rank saves (replica 0 its parameters; every
+  // rank its partitions' master, m and v), in host memory: in place on the
+  // CPU; on a device, host copies (state_), current only right after
+  // state_to_host(), and put back by state_to_device() (of the optimizer
+  // state alone unless `params`), each with the streams idle.
+  std::vector<model::ckpt::Piece> checkpoint_pieces();
+  absl::Status state_to_host();
+  absl::Status state_to_device(bool params);
 
   RankSpec spec_;
   comm::Coord coord_;

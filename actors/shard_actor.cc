@@ -360,18 +360,21 @@ void ShardActor::on_bucket(int chunk, int bucket) {
   if (absl::Status st = setup_.stream->status(); !st.ok()) {
     return fail(absl::StrCat("backward of chunk ", chunk, ": ", st.message()));
   }
-  // (The stream copied the bucket to the host behind the backward.)
-  const float* grads = mirrors_[static_cast<std::size_t>(chunk)].grads.host_data<float>();
+  // (The stream copied the bucket to the host behind the backward; the
+  // sends hold the host buffer until the transport is done with it.)
+  const gpu::Tensor& host = mirrors_[static_cast<std::size_t>(chunk)].grads.host();
+  const float* grads = host.host<float>();
   auto self = caf::actor_cast<caf::actor>(this);
   for (const GradPiece& p : setup_.grad_pieces) {
     if (p.src_stage != setup_.coord.s || p.src_chunk != chunk || p.bucket != bucket) continue;
     const int dst = rank_of(p.dst_d, p.dst_stage);
     sends_pending_++;
-    setup_.transport->send(
-        dst, tag(MessageKind::kGradSlice, setup_.rank, 0, chunk, bucket), grads + p.range.begin,
-        static_cast<std::size_t>(p.range.size()) * sizeof(float), [self](absl::Status st) {
-          caf::anon_send(self, sent_atom::value, -1, -1, status_text(st));
-        });
+    setup_.transport->send(dst, tag(MessageKind::kGradSlice, setup_.rank, 0, chunk, bucket),
+                           grads + p.range.begin,
+                           static_cast<std::size_t>(p.range.size()) * sizeof(float),
+                           [self, keep = host](absl::Status st) {
+                             caf::anon_send(self, sent_atom::value, -1, -1, status_text(st));
+                           });
   }
 }
 
@@ -440,6 +443,7 @@ void ShardActor::maybe_ready() {
     params_state_ = Params::kIn;
     if (queued) {
       params_state_ = Params::kCopying;
+      wait_for(nullptr, "the new parameters' copy to the device", -1, trace::What::kParams);
       send_when_done(*setup_.stream, caf::actor_cast<caf::actor>(this),
                      caf::make_message(params_in_atom::value, step_));
       return;

@@ -12,8 +12,10 @@
 namespace troupe::api {
 namespace {
 
-// The GPU of this process: LOCAL_RANK's (as torchrun sets it), else the first.
-int local_gpu() {
+// The GPU of this process: `local_rank`'s, else LOCAL_RANK's (as troupe
+// launch and torchrun set it), else the first.
+int local_gpu(int local_rank) {
+  if (local_rank >= 0) return local_rank;
   const char* env = std::getenv("LOCAL_RANK");
   int local = 0;
   if (env != nullptr && absl::SimpleAtoi(env, &local) && local >= 0) return local;
@@ -30,6 +32,11 @@ absl::Status check_device(const TrainFlags& f) {
     return absl::InvalidArgumentError(
         absl::StrCat("--device ", f.device, ": want cpu, cuda or opaque"));
   }
+#ifndef TROUPE_HAVE_CUDA
+  if (f.device == "cuda") {
+    return absl::InvalidArgumentError("--device cuda: this troupe was built without CUDA");
+  }
+#endif
   if (!f.op_cost.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--device ", f.device,
@@ -45,7 +52,7 @@ absl::Status check_device(const TrainFlags& f) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<RunDevice> open_device(const TrainFlags& f) {
+absl::StatusOr<RunDevice> open_device(const TrainFlags& f, int local_rank) {
   if (absl::Status st = check_device(f); !st.ok()) return st;
   RunDevice out;
   if (f.device == "opaque") {
@@ -58,7 +65,7 @@ absl::StatusOr<RunDevice> open_device(const TrainFlags& f) {
     return out;
   }
 #ifdef TROUPE_HAVE_CUDA
-  absl::StatusOr<std::unique_ptr<gpu::Device>> dev = gpu::make_cuda_device(local_gpu());
+  absl::StatusOr<std::unique_ptr<gpu::Device>> dev = gpu::make_cuda_device(local_gpu(local_rank));
   if (!dev.ok()) {
     return absl::Status(dev.status().code(),
                         absl::StrCat("--device cuda: ", dev.status().message()));
@@ -68,7 +75,8 @@ absl::StatusOr<RunDevice> open_device(const TrainFlags& f) {
   return out;
 #else
   (void)local_gpu;
-  return absl::InvalidArgumentError("--device cuda: this troupe was built without CUDA");
+  return absl::InvalidArgumentError(
+      "--device cuda: this troupe was built without CUDA");  // (checked)
 #endif
 }
 

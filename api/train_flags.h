@@ -68,9 +68,10 @@ struct RunDevice {
 // cuda nor opaque (gpu::make_opaque_cpu_device, for tests) takes
 // --debug-op-cost (CPU chunks). InvalidArgument naming the flags.
 absl::Status check_device(const TrainFlags& f);
-// check_device, then the device itself: a GPU is LOCAL_RANK's, else the
-// first; Unavailable naming the flag where there is none.
-absl::StatusOr<RunDevice> open_device(const TrainFlags& f);
+// check_device, then the device itself: a GPU is `local_rank`'s (a worker's
+// place on its node, as its launcher or engine says), else LOCAL_RANK's,
+// else the first; Unavailable naming the flag where there is none.
+absl::StatusOr<RunDevice> open_device(const TrainFlags& f, int local_rank = -1);
 
 // Registers the training flags on `cmd`; `f` must outlive the parse.
 void add_train_flags(CLI::App* cmd, TrainFlags& f);

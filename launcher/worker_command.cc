@@ -85,10 +85,7 @@ int run(WorkerFlags& f) {
     return code;
   };
   if (absl::Status st = finish_train_flags(f.train); !st.ok()) return fail(st);
-  // This rank's device (LOCAL_RANK's GPU with --device cuda), for the run.
-  absl::StatusOr<api::RunDevice> device = api::open_device(f.train);
-  if (!device.ok()) return fail(device.status());
-  f.train.parallel.device = device->device;
+  if (absl::Status st = api::check_device(f.train); !st.ok()) return fail(st);
   if (f.train.print_config) {
     return fail(absl::InvalidArgumentError(
         "--print-config: ask troupe train or troupe launch, not a worker"));
@@ -98,6 +95,7 @@ int run(WorkerFlags& f) {
   const actors::ParallelOptions& par = f.train.parallel;
   if (absl::Status st = par.validate(*options); !st.ok()) return fail(st);
   bool engine = false;
+  int local_rank = -1;  // (from our launcher: LOCAL_RANK)
   if (f.rank < 0) {  // not from our launcher: the engine's variables
     absl::StatusOr<std::optional<WorldPosition>> where =
         world_from_env(::getenv, {.master_addr = f.master_addr, .master_port = f.master_port});
@@ -111,6 +109,7 @@ int run(WorkerFlags& f) {
     f.world = (*where)->world;
     f.master_addr = (*where)->master_addr;
     f.master_port = (*where)->master_port;
+    local_rank = (*where)->local_rank;
     engine = true;
     std::fprintf(stderr, "troupe worker: rank %d of %d (from %s), coordinator at %s:%d\n", f.rank,
                  f.world, (*where)->engine.c_str(), f.master_addr.c_str(), f.master_port);
@@ -123,6 +122,10 @@ int run(WorkerFlags& f) {
   if (f.rank < 0 || f.rank >= f.world) {
     return fail(absl::InvalidArgumentError(absl::StrCat("--rank ", f.rank, " outside the world of ", f.world)));
   }
+  // This rank's device (with --device cuda, its local rank's GPU), for the run.
+  absl::StatusOr<api::RunDevice> device = api::open_device(f.train, local_rank);
+  if (!device.ok()) return fail(device.status());
+  f.train.parallel.device = device->device;
   if (f.master_addr.empty() || f.master_port <= 0) {
     return fail(absl::InvalidArgumentError("--master-addr and --master-port are needed"));
   }

@@ -75,9 +75,9 @@ struct JobConfig {
   actors::CheckpointOptions checkpoint;  // --save, --save-interval, --load, ...
   actors::TraceOptions trace;            // --trace, --flight-dir
   actors::StageFactory stage_factory;    // nullptr: GPT stages (tests may time fake ones)
-  // The GPU parallel.device points at when from_flags opened one (--device
-  // cuda); null on the CPU. (A host that sets parallel.device itself keeps
-  // that device alive for the job's life.)
+  // The device parallel.device points at when from_flags made one (--device
+  // cuda or opaque; null for the CPU, the process's own). A host that sets
+  // parallel.device itself keeps that device alive for the job's life.
   std::shared_ptr<gpu::Device> device;
 
   // `troupe train`'s flags (without the program's and the command's names),

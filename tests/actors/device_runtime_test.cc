@@ -50,9 +50,14 @@ Trained train(const model::TrainOptions& o, ParallelOptions par, gpu::Device* de
               const RunCheckpoints& ck = {}) {
   Trained r;
   par.device = device;
+  const std::int64_t before = device != nullptr ? device->allocated_bytes() : 0;
   auto t = InProcessTrainer::create(o, par, nullptr, ck);
   EXPECT_TRUE(t.ok()) << t.status();
   if (!t.ok()) return r;
+  // The ranks' buffers are the given device's.
+  if (device != nullptr) {
+    EXPECT_GT(device->allocated_bytes(), before);
+  }
   absl::Status st = (*t)->run([&](const model::StepMetrics& m) { r.metrics.push_back(m); });
   EXPECT_TRUE(st.ok()) << st;
   model::Gpt whole((*t)->options().model, 1, gpu::cpu_device());
@@ -91,6 +96,7 @@ struct Case {
   Precision precision;
   ParallelOptions parallel;
   bool sequence_parallel = false;
+  model::RampUp rampup = {};
 };
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 
@@ -104,9 +110,10 @@ TEST_P(DeviceRuntime, OpaqueDeviceTrainsBitwiseAsTheCpu) {
   const Case& c = GetParam();
   model::TrainOptions o = tiny4(c.precision);
   o.activations.sequence_parallel = c.sequence_parallel;
+  o.rampup = c.rampup;
   const Trained want = train(o, c.parallel, nullptr);
   const std::int64_t before = opaque_->allocated_bytes();
-  const Trained got = train(o, c.parallel, opaque_.get());
+  const Trained got = train(o, c.parallel, opaque_.get());  // (it checks the device was used)
   expect_same(want, got);
   int skipped = 0, evaluated = 0;
   for (const model::StepMetrics& m : want.metrics) {
@@ -114,6 +121,9 @@ TEST_P(DeviceRuntime, OpaqueDeviceTrainsBitwiseAsTheCpu) {
     evaluated += m.val_loss ? 1 : 0;
   }
   EXPECT_EQ(evaluated, 2);
+  if (c.rampup.enabled()) {
+    EXPECT_LT(want.metrics.front().global_batch, want.metrics.back().global_batch);
+  }
   if (c.precision == Precision::kFp16) {
     EXPECT_GT(skipped, 0);  // the skip path ran
   }
@@ -132,7 +142,13 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"pp2_v2_interleaved", Precision::kFp32, interleaved()},
                       Case{"tp2_sequence_parallel", Precision::kFp32, {.tp = 2}, true},
                       Case{"tp2_pp2_dp2_bf16", Precision::kBf16, {.tp = 2, .pp = 2, .dp = 2}},
-                      Case{"pp2_dp2_fp16", Precision::kFp16, {.pp = 2, .dp = 2}}),
+                      Case{"pp2_dp2_fp16", Precision::kFp16, {.pp = 2, .dp = 2}},
+                      // Steps of 4 sequences, then 8: fewer micro-batches than buffers.
+                      Case{"pp2_dp2_rampup",
+                           Precision::kFp32,
+                           {.pp = 2, .dp = 2},
+                           false,
+                           {.start = 4, .increment = 4, .samples = 8}}),
     [](const ::testing::TestParamInfo<Case>& p) { return std::string(p.param.name); });
 
 // A checkpoint the opaque device saved (its state copied to the host) and
@@ -148,7 +164,8 @@ TEST(DeviceRuntimeCheckpoint, SaveAndResumeOnTheOpaqueDevice) {
   RunCheckpoints save;
   save.flags.save = dir;
   save.flags.save_interval = 2;
-  (void)train(o, par, opaque.get(), save);
+  const Trained saving = train(o, par, opaque.get(), save);
+  expect_same(straight, saving);
   absl::StatusOr<model::ckpt::Checkpoint> c = model::ckpt::Checkpoint::open(dir + "/iter_0000002");
   ASSERT_TRUE(c.ok()) << c.status();
   RunCheckpoints load;

@@ -97,6 +97,7 @@ def reference(flags, tag):
     if "--device" in flags:  # the reference is the CPU's
         at = flags.index("--device")
         flags = flags[:at] + flags[at + 2:]
+    flags = [a for a in flags if not a.startswith("--device=")]
     r = run([TROUPE, "train", *flags, "--metrics-jsonl", m, "--save-weights", w])
     if r.returncode != 0:
         fail("troupe train: " + r.stdout)
