@@ -14,6 +14,7 @@
 #include "actors/runtime.h"
 #include "gpu/device.h"
 #include "model/checkpoint.h"
+#include "tests/actors/runtime_fixtures.h"
 
 namespace troupe::actors {
 namespace {
@@ -21,51 +22,26 @@ namespace {
 namespace fs = std::filesystem;
 using gpu::Precision;
 
+using testing::Trained;
+
+// tiny4 for 4 steps, evaluated every 2; fp16 from a scale that overflows.
 model::TrainOptions tiny4(Precision p) {
-  model::TrainOptions o;
-  o.model = *model::preset("tiny");
-  o.model.L = 4;
-  o.micro_batch = 2;
-  o.global_batch = 8;
+  model::TrainOptions o = testing::tiny4(p);
   o.steps = 4;
   o.lr.decay_iters = 4;
   o.lr.warmup_iters = 1;
   o.eval_interval = 2;
   o.eval_iters = 1;
-  o.threads = 1;
-  o.activations.precision = p;
   if (p == Precision::kFp16) {
-    o.loss_scale.initial = 0x1p32f;  // overflows: the skip path runs
+    o.loss_scale.initial = 0x1p32f;  // the skip path runs
     o.loss_scale.hysteresis = 1;
   }
   return o;
 }
 
-struct Trained {
-  std::vector<model::StepMetrics> metrics;
-  std::vector<float> params;  // the whole model's, gathered after the last step
-};
-
-Trained train(const model::TrainOptions& o, ParallelOptions par, gpu::Device* device,
+Trained train(const model::TrainOptions& o, const ParallelOptions& par, gpu::Device* device,
               const RunCheckpoints& ck = {}) {
-  Trained r;
-  par.device = device;
-  const std::int64_t before = device != nullptr ? device->allocated_bytes() : 0;
-  auto t = InProcessTrainer::create(o, par, nullptr, ck);
-  EXPECT_TRUE(t.ok()) << t.status();
-  if (!t.ok()) return r;
-  // The ranks' buffers are the given device's.
-  if (device != nullptr) {
-    EXPECT_GT(device->allocated_bytes(), before);
-  }
-  absl::Status st = (*t)->run([&](const model::StepMetrics& m) { r.metrics.push_back(m); });
-  EXPECT_TRUE(st.ok()) << st;
-  model::Gpt whole((*t)->options().model, 1, gpu::cpu_device());
-  st = (*t)->gather_params(whole);
-  EXPECT_TRUE(st.ok()) << st;
-  const float* p = whole.params().host<float>();
-  r.params.assign(p, p + whole.params().numel());
-  return r;
+  return testing::train_layout(o, par, device, ck);
 }
 
 void expect_same(const model::StepMetrics& a, const model::StepMetrics& b) {

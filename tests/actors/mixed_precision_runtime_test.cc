@@ -12,30 +12,15 @@
 #include "absl/strings/str_cat.h"
 #include "actors/runtime.h"
 #include "model/trainer.h"
+#include "tests/actors/runtime_fixtures.h"
 
 namespace troupe::actors {
 namespace {
 
 using gpu::Precision;
 
-model::TrainOptions tiny4(Precision p) {
-  model::TrainOptions o;
-  o.model = *model::preset("tiny");
-  o.model.L = 4;
-  o.micro_batch = 2;
-  o.global_batch = 8;
-  o.steps = 10;
-  o.lr.decay_iters = 10;
-  o.lr.warmup_iters = 2;
-  o.threads = 1;
-  o.activations.precision = p;
-  return o;
-}
-
-struct Trained {
-  std::vector<model::StepMetrics> metrics;
-  std::vector<float> params;
-};
+using testing::tiny4;
+using testing::Trained;
 
 Trained single_rank(const model::TrainOptions& o) {
   Trained r;
@@ -55,18 +40,7 @@ Trained single_rank(const model::TrainOptions& o) {
 }
 
 Trained layout(const model::TrainOptions& o, const ParallelOptions& par) {
-  Trained r;
-  auto t = InProcessTrainer::create(o, par);
-  EXPECT_TRUE(t.ok()) << t.status();
-  if (!t.ok()) return r;
-  absl::Status st = (*t)->run([&](const model::StepMetrics& m) { r.metrics.push_back(m); });
-  EXPECT_TRUE(st.ok()) << st;
-  model::Gpt whole(o.model, 1, gpu::cpu_device());
-  st = (*t)->gather_params(whole);
-  EXPECT_TRUE(st.ok()) << st;
-  r.params.assign(whole.params().data<float>(),
-                  whole.params().data<float>() + whole.params().numel());
-  return r;
+  return testing::train_layout(o, par);
 }
 
 struct Case {

@@ -1,0 +1,61 @@
+// What the runtime tests share: the small model they train, and a layout's
+// run with what it ended with.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "actors/runtime.h"
+#include "gpu/device.h"
+#include "model/trainer.h"
+
+namespace troupe::actors::testing {
+
+// tiny with 4 layers (pp 2 with 2 chunks a stage splits it evenly),
+// micro-batches of 2, a global batch of 8, 10 steps, in `p`.
+inline model::TrainOptions tiny4(gpu::Precision p) {
+  model::TrainOptions o;
+  o.model = *model::preset("tiny");
+  o.model.L = 4;
+  o.micro_batch = 2;
+  o.global_batch = 8;
+  o.steps = 10;
+  o.lr.decay_iters = 10;
+  o.lr.warmup_iters = 2;
+  o.threads = 1;  // ctest runs two tests at once on two cores
+  o.activations.precision = p;
+  return o;
+}
+
+struct Trained {
+  std::vector<model::StepMetrics> metrics;
+  std::vector<float> params;  // the whole model's, gathered after the last step
+};
+
+// Runs `o` on the layout `par` (its ranks on `device`, null: the CPU), with
+// checkpoints `ck`.
+inline Trained train_layout(const model::TrainOptions& o, ParallelOptions par,
+                            gpu::Device* device = nullptr, const RunCheckpoints& ck = {}) {
+  Trained r;
+  par.device = device;
+  const std::int64_t before = device != nullptr ? device->allocated_bytes() : 0;
+  auto t = InProcessTrainer::create(o, par, nullptr, ck);
+  EXPECT_TRUE(t.ok()) << t.status();
+  if (!t.ok()) return r;
+  // The ranks' buffers are the given device's.
+  if (device != nullptr) {
+    EXPECT_GT(device->allocated_bytes(), before);
+  }
+  absl::Status st = (*t)->run([&](const model::StepMetrics& m) { r.metrics.push_back(m); });
+  EXPECT_TRUE(st.ok()) << st;
+  model::Gpt whole((*t)->options().model, 1, gpu::cpu_device());
+  st = (*t)->gather_params(whole);
+  EXPECT_TRUE(st.ok()) << st;
+  const float* p = whole.params().host<float>();
+  r.params.assign(p, p + whole.params().numel());
+  return r;
+}
+
+}  // namespace troupe::actors::testing
