@@ -163,7 +163,8 @@ Outcome run_attempt(LaunchContext& ctx, const AttemptPlan& plan) {
               ctx.token_source == "env" ? " with TROUPE_JOB_TOKEN"
                                         : absl::StrCat(" --token-file ", ctx.token_source).c_str());
   if (load != nullptr) std::printf("  %s\n", describe_load(train, *load).c_str());
-  std::printf("  %5s  %-9s  %-20s  %5s  %7s\n", "rank", "(d,s,t)", "host", "local", "threads");
+  std::printf("  %5s  %-9s  %-20s  %5s  %7s  %s\n", "rank", "(d,s,t)", "host", "local", "threads",
+              "device");
   std::vector<WorkerLaunch> launches;
   std::vector<std::pair<std::string, std::string>> logs;
   const std::vector<std::string> flags = worker_flags(f, plan);
@@ -180,9 +181,13 @@ Outcome run_attempt(LaunchContext& ctx, const AttemptPlan& plan) {
     const comm::Coord c = layout.coord(p.rank);
     const int local = per_host[p.host];
     const int threads = o.threads > 0 ? o.threads : std::max(1, cores / local);
-    std::printf("  %5d  (%d,%d,%d)%*s  %-20s  %5d  %7d\n", p.rank, c.d, c.s, c.t,
+    // (What the worker opens: with --device cuda, its local rank's GPU.)
+    const std::string device = f.train.device == "cuda"     ? absl::StrCat("cuda:", p.local_rank)
+                               : f.train.device == "opaque" ? "cpu (opaque)"
+                                                            : "cpu";
+    std::printf("  %5d  (%d,%d,%d)%*s  %-20s  %5d  %7d  %s\n", p.rank, c.d, c.s, c.t,
                 static_cast<int>(9 - absl::StrFormat("(%d,%d,%d)", c.d, c.s, c.t).size()), "",
-                p.host.c_str(), p.local_rank, threads);
+                p.host.c_str(), p.local_rank, threads, device.c_str());
     WorkerLaunch w{.rank = p.rank, .host = p.host};
     w.argv = {self_exe(), "worker"};
     w.argv.insert(w.argv.end(), flags.begin(), flags.end());
