@@ -150,7 +150,7 @@ absl::StatusOr<std::unique_ptr<RankUnit>> RankUnit::create(
       if (p.kind == model::ckpt::Kind::kParam) continue;
       if (absl::Status st = spec.load->fill(p); !st.ok()) return st;
     }
-    if (absl::Status st = u->state_to_device(/*params=*/false); !st.ok()) return st;
+    if (absl::Status st = u->optimizer_state_to_device(); !st.ok()) return st;
   }
   if (absl::Status st = u->optimizer_stream_->synchronize(); !st.ok()) return st;
   u->allocated_bytes_ = dev.allocated_bytes() - at_start;
@@ -352,10 +352,10 @@ absl::Status RankUnit::state_to_host() {
   return optimizer_stream_->synchronize();
 }
 
-absl::Status RankUnit::state_to_device(bool params) {
+absl::Status RankUnit::optimizer_state_to_device() {
   (void)checkpoint_pieces();
   for (const auto& st : state_) {
-    for (std::size_t i = params ? 0 : 1; i < st.size(); i++) st[i].to_device(*optimizer_stream_);
+    for (std::size_t i = 1; i < st.size(); i++) st[i].to_device(*optimizer_stream_);  // not [0]
   }
   return optimizer_stream_->synchronize();
 }

@@ -193,11 +193,11 @@ class RankUnit {
   // Checkpoints. The state this rank saves (replica 0 its parameters; every
   // rank its partitions' master, m and v), in host memory: in place on the
   // CPU; on a device, host copies (state_), current only right after
-  // state_to_host(), and put back by state_to_device() (of the optimizer
-  // state alone unless `params`), each with the streams idle.
+  // state_to_host(); optimizer_state_to_device() puts the master, m and v
+  // back (a --load), each with the streams idle.
   std::vector<model::ckpt::Piece> checkpoint_pieces();
   absl::Status state_to_host();
-  absl::Status state_to_device(bool params);
+  absl::Status optimizer_state_to_device();
 
   RankSpec spec_;
   comm::Coord coord_;

@@ -32,11 +32,6 @@ absl::Status check_device(const TrainFlags& f) {
     return absl::InvalidArgumentError(
         absl::StrCat("--device ", f.device, ": want cpu, cuda or opaque"));
   }
-#ifndef TROUPE_HAVE_CUDA
-  if (f.device == "cuda") {
-    return absl::InvalidArgumentError("--device cuda: this troupe was built without CUDA");
-  }
-#endif
   if (!f.op_cost.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--device ", f.device,
@@ -49,6 +44,11 @@ absl::Status check_device(const TrainFlags& f) {
         "on GPUs they need NCCL issued from the ops, which is not built yet. Pipeline and data "
         "parallelism (--pp, --dp) run on GPUs; or give --device cpu"));
   }
+#ifndef TROUPE_HAVE_CUDA
+  if (f.device == "cuda") {
+    return absl::InvalidArgumentError("--device cuda: this troupe was built without CUDA");
+  }
+#endif
   return absl::OkStatus();
 }
 
@@ -65,7 +65,10 @@ absl::StatusOr<RunDevice> open_device(const TrainFlags& f, int local_rank) {
     return out;
   }
 #ifdef TROUPE_HAVE_CUDA
-  absl::StatusOr<std::unique_ptr<gpu::Device>> dev = gpu::make_cuda_device(local_gpu(local_rank));
+  // A process that sees one GPU (srun --gpus-per-task, CUDA_VISIBLE_DEVICES
+  // per rank) uses it whatever its local rank.
+  const int index = gpu::cuda_device_count() == 1 ? 0 : local_gpu(local_rank);
+  absl::StatusOr<std::unique_ptr<gpu::Device>> dev = gpu::make_cuda_device(index);
   if (!dev.ok()) {
     return absl::Status(dev.status().code(),
                         absl::StrCat("--device cuda: ", dev.status().message()));
@@ -75,6 +78,7 @@ absl::StatusOr<RunDevice> open_device(const TrainFlags& f, int local_rank) {
   return out;
 #else
   (void)local_gpu;
+  (void)local_rank;
   return absl::InvalidArgumentError(
       "--device cuda: this troupe was built without CUDA");  // (checked)
 #endif

@@ -70,7 +70,8 @@ struct RunDevice {
 absl::Status check_device(const TrainFlags& f);
 // check_device, then the device itself: a GPU is `local_rank`'s (a worker's
 // place on its node, as its launcher or engine says), else LOCAL_RANK's,
-// else the first; Unavailable naming the flag where there is none.
+// else the first; the only one where the process sees one. Unavailable
+// naming the flag where there is none.
 absl::StatusOr<RunDevice> open_device(const TrainFlags& f, int local_rank = -1);
 
 // Registers the training flags on `cmd`; `f` must outlive the parse.

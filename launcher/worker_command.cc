@@ -122,10 +122,6 @@ int run(WorkerFlags& f) {
   if (f.rank < 0 || f.rank >= f.world) {
     return fail(absl::InvalidArgumentError(absl::StrCat("--rank ", f.rank, " outside the world of ", f.world)));
   }
-  // This rank's device (with --device cuda, its local rank's GPU), for the run.
-  absl::StatusOr<api::RunDevice> device = api::open_device(f.train, local_rank);
-  if (!device.ok()) return fail(device.status());
-  f.train.parallel.device = device->device;
   if (f.master_addr.empty() || f.master_port <= 0) {
     return fail(absl::InvalidArgumentError("--master-addr and --master-port are needed"));
   }
@@ -134,6 +130,10 @@ int run(WorkerFlags& f) {
   absl::StatusOr<std::optional<model::ckpt::Checkpoint>> loaded = open_load(f.train, *options);
   if (!loaded.ok()) return fail(loaded.status());
   const model::ckpt::Checkpoint* load = loaded->has_value() ? &**loaded : nullptr;
+  // This rank's device (with --device cuda, its local rank's GPU), for the run.
+  absl::StatusOr<api::RunDevice> device = api::open_device(f.train, local_rank);
+  if (!device.ok()) return fail(device.status());
+  f.train.parallel.device = device->device;
   const actors::CheckpointOptions& ck = f.train.checkpoint;
   // (Under SLURM every process of the job hears SIGTERM: a worker goes on
   // until the coordinator has saved and ends the run.)

@@ -22,11 +22,11 @@ namespace {
 namespace fs = std::filesystem;
 using gpu::Precision;
 
-using testing::Trained;
+using fixtures::Trained;
 
 // tiny4 for 4 steps, evaluated every 2; fp16 from a scale that overflows.
 model::TrainOptions tiny4(Precision p) {
-  model::TrainOptions o = testing::tiny4(p);
+  model::TrainOptions o = fixtures::tiny4(p);
   o.steps = 4;
   o.lr.decay_iters = 4;
   o.lr.warmup_iters = 1;
@@ -41,7 +41,7 @@ model::TrainOptions tiny4(Precision p) {
 
 Trained train(const model::TrainOptions& o, const ParallelOptions& par, gpu::Device* device,
               const RunCheckpoints& ck = {}) {
-  return testing::train_layout(o, par, device, ck);
+  return fixtures::train_layout(o, par, device, ck);
 }
 
 void expect_same(const model::StepMetrics& a, const model::StepMetrics& b) {

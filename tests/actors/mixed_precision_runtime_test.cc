@@ -19,8 +19,8 @@ namespace {
 
 using gpu::Precision;
 
-using testing::tiny4;
-using testing::Trained;
+using fixtures::tiny4;
+using fixtures::Trained;
 
 Trained single_rank(const model::TrainOptions& o) {
   Trained r;
@@ -40,7 +40,7 @@ Trained single_rank(const model::TrainOptions& o) {
 }
 
 Trained layout(const model::TrainOptions& o, const ParallelOptions& par) {
-  return testing::train_layout(o, par);
+  return fixtures::train_layout(o, par);
 }
 
 struct Case {

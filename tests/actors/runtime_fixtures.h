@@ -11,7 +11,7 @@
 #include "gpu/device.h"
 #include "model/trainer.h"
 
-namespace troupe::actors::testing {
+namespace troupe::actors::fixtures {
 
 // tiny with 4 layers (pp 2 with 2 chunks a stage splits it evenly),
 // micro-batches of 2, a global batch of 8, 10 steps, in `p`.
@@ -58,4 +58,4 @@ inline Trained train_layout(const model::TrainOptions& o, ParallelOptions par,
   return r;
 }
 
-}  // namespace troupe::actors::testing
+}  // namespace troupe::actors::fixtures
