@@ -20,6 +20,21 @@ void in_stream_order(gpu::Stream& s, const CollectiveRunner& runner, What op, co
   });
 }
 
+// A collective from `in` into `out` (all-gather, reduce-scatter) on host
+// copies: `in` to the host behind the ops before it, `out` back in front of
+// the ops after it.
+void in_to_out(gpu::Stream& s, const CollectiveRunner& runner, What op, const char* what,
+               std::size_t floats, const gpu::Tensor& in, const gpu::Tensor& out,
+               std::function<absl::Status(const float*, float*)> run) {
+  const gpu::HostMirror a(in), b(out);
+  a.to_host(s);
+  in_stream_order(s, runner, op, what, floats,
+                  [hin = a.host(), hout = b.host(), run = std::move(run)] {
+                    return run(hin.host<float>(), hout.host<float>());
+                  });
+  b.to_device(s);
+}
+
 }  // namespace
 
 model::TensorParallel tensor_link(comm::Communicator* comm, model::TpSlice slice,
@@ -45,25 +60,15 @@ model::TensorParallel tensor_link(comm::Communicator* comm, model::TpSlice slice
   tp.all_gather = [comm, runner = options.runner](gpu::Stream& s, const gpu::Tensor& in,
                                                   const gpu::Tensor& out) {
     const auto n = static_cast<std::size_t>(out.numel());
-    const gpu::HostMirror a(in), b(out);
-    a.to_host(s);
-    in_stream_order(s, runner, What::kAllGather, "all-gather", n,
-                    [comm, hin = a.host(), hout = b.host(), n] {
-                      return comm->all_gather_sync(hin.host<float>(), hout.host<float>(), n);
-                    });
-    b.to_device(s);
+    in_to_out(s, runner, What::kAllGather, "all-gather", n, in, out,
+              [comm, n](const float* a, float* b) { return comm->all_gather_sync(a, b, n); });
   };
   tp.reduce_scatter = [comm, count, runner = options.runner](gpu::Stream& s, const gpu::Tensor& in,
                                                              const gpu::Tensor& out) {
     count(in.numel());
     const auto n = static_cast<std::size_t>(in.numel());
-    const gpu::HostMirror a(in), b(out);
-    a.to_host(s);
-    in_stream_order(s, runner, What::kReduceScatter, "reduce-scatter", n,
-                    [comm, hin = a.host(), hout = b.host(), n] {
-                      return comm->reduce_scatter_sync(hin.host<float>(), hout.host<float>(), n);
-                    });
-    b.to_device(s);
+    in_to_out(s, runner, What::kReduceScatter, "reduce-scatter", n, in, out,
+              [comm, n](const float* a, float* b) { return comm->reduce_scatter_sync(a, b, n); });
   };
   return tp;
 }
