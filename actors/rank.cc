@@ -104,18 +104,12 @@ absl::StatusOr<std::unique_ptr<RankUnit>> RankUnit::create(
     u->transport_ = std::make_unique<comm::TracedTransport>(
         std::move(transport), u->recorder_.get(), u->trace_step_.get());
   }
-  if (par.tp > 1 && !dev.host_callbacks_may_wait()) {
-    // (tensor_link's collectives block in host callbacks; NCCL issued from
-    // the ops is what a GPU needs, and is not built yet.)
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--tp ", par.tp, " on ", dev.name(),
-        ": the TP collectives wait for their peers inside stream callbacks, which this device "
-        "forbids; tensor parallelism on it needs NCCL issued from the ops, not built yet"));
-  }
+  u->stream_ = dev.make_stream({.threads = std::max(1, spec.threads)});
   model::TensorParallel tensor;
   tensor.slice = {par.tp, u->coord_.t};
-  if (par.tp > 1) u->make_tensor_parallel(&tensor);
-  u->stream_ = dev.make_stream({.threads = std::max(1, spec.threads)});
+  if (par.tp > 1) {
+    if (absl::Status st = u->make_tensor_parallel(dev, &tensor); !st.ok()) return st;
+  }
   u->optimizer_stream_ = dev.make_stream({.threads = 1});
   absl::StatusOr<std::vector<ScheduleOp>> ops =
       make_schedule(par.schedule, par.pp, u->coord_.s, par.m(o), par.virtual_stages);
@@ -164,41 +158,6 @@ RankUnit::ActivationBytes RankUnit::activation_bytes() const {
     out.workspace += chunk->recompute_workspace_bytes();
   }
   return out;
-}
-
-// Runs one TP collective on the stream's thread, as an open collective
-// event of the op the stream is in (RankTrace::current) until it returns:
-// a rank hung inside collective #N shows it open, a peer that never
-// entered it does not.
-static absl::Status traced_collective(RankTrace* rt, comm::Communicator* comm, comm::trace::What op,
-                                      std::size_t floats,
-                                      const std::function<absl::Status()>& run) {
-  if (rt->recorder == nullptr) return run();
-  comm::trace::Event e = rt->current;
-  e.kind = comm::trace::Kind::kCollective;
-  e.what = op;
-  e.bytes = static_cast<std::int64_t>(floats * sizeof(float));
-  e.seq = rt->collective_seq++;
-  e.begin_ns = 0;
-  comm->set_trace_step(e.step);
-  const comm::trace::Recorder::Handle h = rt->recorder->open(e);
-  absl::Status st = run();
-  rt->recorder->close(h, !st.ok());
-  return st;
-}
-
-void RankUnit::make_tensor_parallel(model::TensorParallel* tensor) {
-  tensor_ = std::make_unique<comm::Communicator>(
-      *transport_, spec_.parallel.layout().tensor_group(spec_.rank), comm::GroupKind::kTensor);
-  tensor_->set_recorder(trace_->recorder);
-  TensorLinkOptions link;
-  link.reduced_floats = tp_floats_;
-  link.runner = [comm = tensor_.get(), rt = trace_.get()](
-                    comm::trace::What op, std::size_t floats,
-                    const std::function<absl::Status()>& run) {
-    return traced_collective(rt, comm, op, floats, run);
-  };
-  *tensor = tensor_link(tensor_.get(), tensor->slice, std::move(link));
 }
 
 absl::Status RankUnit::init_params() {
@@ -309,6 +268,7 @@ absl::Status RankUnit::write_trace(const std::string& dir, TraceHeader header) c
 void RankUnit::fail_pending(const absl::Status& why) {
   for (int peer = 0; peer < transport_->size(); peer++) transport_->fail_peer(peer, why);
   if (tensor_) tensor_->fail(why);  // a stream waiting in a TP collective goes on
+  if (nccl_) nccl_->fail(why);      // (NCCL's kernels end once it is aborted)
 }
 
 void RankUnit::drain() {
@@ -319,7 +279,10 @@ void RankUnit::drain() {
   if (optimizer_stream_) (void)optimizer_stream_->synchronize();
 }
 
-RankUnit::~RankUnit() { drain(); }
+RankUnit::~RankUnit() {
+  drain();
+  tp_device_.reset();  // its NCCL communicator, while the stream it fails is alive
+}
 
 std::vector<model::ckpt::Piece> RankUnit::checkpoint_pieces() {
   if (state_.empty()) {

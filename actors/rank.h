@@ -148,6 +148,12 @@ class RankUnit {
   struct Actors {
     caf::actor shard, optimizer;
   };
+  // Once the transport reaches every peer, before spawn: what needs the
+  // peers before the actors run. On CUDA with --tp > 1, the TP group's NCCL
+  // communicator (member 0 makes its id and broadcasts it through the TP
+  // group's Communicator); nothing elsewhere. A worker process calls it; the
+  // in-process runtime, whose layouts need none, need not.
+  absl::Status connect();
   Actors spawn(caf::actor_system& system, const Wiring& wiring);
   // Fails every pending transport operation and TP collective with `why`.
   void fail_pending(const absl::Status& why);
@@ -189,7 +195,10 @@ class RankUnit {
  private:
   explicit RankUnit(const RankSpec& spec) : spec_(spec) {}
   absl::Status init_params();
-  void make_tensor_parallel(model::TensorParallel* tensor);
+  // The TP link (actors/tensor_link.h): host callbacks where the host can
+  // read the device; else device calls, on CUDA through NCCL (made by
+  // connect()), on the opaque CPU device through the Communicator.
+  absl::Status make_tensor_parallel(gpu::Device& dev, model::TensorParallel* tensor);
   // Checkpoints. The state this rank saves (replica 0 its parameters; every
   // rank its partitions' master, m and v), in host memory: in place on the
   // CPU; on a device, host copies (state_), current only right after
@@ -210,6 +219,10 @@ class RankUnit {
   std::unique_ptr<RankTrace> trace_;
   std::unique_ptr<comm::Transport> transport_;
   std::unique_ptr<comm::Communicator> tensor_;  // the TP group's collectives (tp > 1)
+  // On a device the host cannot read: the TP link's collectives (tp > 1);
+  // on CUDA a forwarder to nccl_, which connect() makes.
+  std::unique_ptr<comm::StreamCollectives> tp_device_;
+  comm::Collectives* nccl_ = nullptr;  // the NCCL communicator, once made (owned by tp_device_)
   std::shared_ptr<std::atomic<std::int64_t>> tp_floats_ =
       std::make_shared<std::atomic<std::int64_t>>(0);
   std::vector<std::unique_ptr<GptStage>> chunks_;       // by chunk

@@ -16,6 +16,14 @@ absl::StatusOr<std::unique_ptr<InProcessTrainer>> InProcessTrainer::create(
     const StageFactory& factory, const RunCheckpoints& checkpoints,
     const TraceOptions& trace) {
   if (absl::Status st = parallel.validate(options); !st.ok()) return st;
+  if (parallel.tp > 1 && parallel.device != nullptr &&
+      parallel.device->kind() == gpu::DeviceKind::kCuda) {
+    // (Its ranks would share the one GPU, and NCCL takes a GPU per member.)
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--tp ", parallel.tp, " on ", parallel.device->name(),
+        " in one process: the TP group's NCCL communicator needs a GPU per rank; run it with "
+        "troupe launch (a process and a GPU per rank)"));
+  }
   std::unique_ptr<InProcessTrainer> t(new InProcessTrainer());
   t->options_ = options;
   t->options_.model = parallel.sliced_config(options.model);

@@ -1,4 +1,4 @@
-// The TP collectives as stream host callbacks (actors/tensor_link.h).
+// The TP collectives as stream host callbacks or device calls (actors/tensor_link.h).
 #include "actors/tensor_link.h"
 
 #include <utility>
@@ -35,7 +35,81 @@ void in_to_out(gpu::Stream& s, const CollectiveRunner& runner, What op, const ch
   b.to_device(s);
 }
 
+// A device call of a collective (`run`, given the native stream), holding
+// `held`; a failure fails the stream with Unavailable, naming `what`.
+void device_call(gpu::Stream& s, const CollectiveRunner& runner, What op, const char* what,
+                 std::size_t floats, std::vector<gpu::Tensor> held,
+                 std::function<absl::Status(void*)> run) {
+  s.device_call(what, std::move(held),
+                [runner, op, floats, run = std::move(run)](void* native) -> absl::Status {
+                  auto call = [&] { return run(native); };
+                  absl::Status st = runner ? runner(op, floats, call) : call();
+                  return st.ok() ? st : absl::UnavailableError(st.message());
+                });
+}
+
+class InStream final : public comm::StreamCollectives {
+ public:
+  explicit InStream(comm::Communicator* comm) : comm_(comm) {}
+  absl::Status all_reduce_on(void* stream, float* data, std::size_t n) override {
+    if (stream != nullptr) return not_cpu();
+    return comm_->all_reduce_sync(data, n);
+  }
+  absl::Status reduce_scatter_on(void* stream, const float* in, float* out,
+                                 std::size_t n) override {
+    if (stream != nullptr) return not_cpu();
+    return comm_->reduce_scatter_sync(in, out, n);
+  }
+  absl::Status all_gather_on(void* stream, const float* in, float* out, std::size_t n) override {
+    if (stream != nullptr) return not_cpu();
+    return comm_->all_gather_sync(in, out, n);
+  }
+
+ private:
+  static absl::Status not_cpu() {
+    return absl::InternalError("in_stream_collectives on a stream that is not the CPU's");
+  }
+  comm::Communicator* comm_;
+};
+
 }  // namespace
+
+std::unique_ptr<comm::StreamCollectives> in_stream_collectives(comm::Communicator* comm) {
+  return std::make_unique<InStream>(comm);
+}
+
+model::TensorParallel device_tensor_link(comm::StreamCollectives* comm, model::TpSlice slice,
+                                         TensorLinkOptions options) {
+  model::TensorParallel tp;
+  tp.slice = slice;
+  auto count = [counter = options.reduced_floats](std::int64_t n) {
+    if (counter) *counter += n;
+  };
+  tp.all_reduce = [comm, count, runner = options.runner](gpu::Stream& s, const gpu::Tensor& x) {
+    count(x.numel());
+    const auto n = static_cast<std::size_t>(x.numel());
+    device_call(s, runner, What::kAllReduce, "TP all-reduce", n, {x},
+                [comm, x, n](void* ns) { return comm->all_reduce_on(ns, x.data<float>(), n); });
+  };
+  tp.all_gather = [comm, runner = options.runner](gpu::Stream& s, const gpu::Tensor& in,
+                                                  const gpu::Tensor& out) {
+    const auto n = static_cast<std::size_t>(out.numel());
+    device_call(s, runner, What::kAllGather, "TP all-gather", n, {in, out},
+                [comm, in, out, n](void* ns) {
+                  return comm->all_gather_on(ns, in.data<float>(), out.data<float>(), n);
+                });
+  };
+  tp.reduce_scatter = [comm, count, runner = options.runner](gpu::Stream& s, const gpu::Tensor& in,
+                                                             const gpu::Tensor& out) {
+    count(in.numel());
+    const auto n = static_cast<std::size_t>(in.numel());
+    device_call(s, runner, What::kReduceScatter, "TP reduce-scatter", n, {in, out},
+                [comm, in, out, n](void* ns) {
+                  return comm->reduce_scatter_on(ns, in.data<float>(), out.data<float>(), n);
+                });
+  };
+  return tp;
+}
 
 model::TensorParallel tensor_link(comm::Communicator* comm, model::TpSlice slice,
                                   TensorLinkOptions options) {

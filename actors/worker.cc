@@ -329,6 +329,13 @@ absl::Status run_worker(const WorkerOptions& o) {
                                                              st.message()))}));
       return st;
     }
+    if (absl::Status st = (*unit)->connect(); !st.ok()) {
+      (void)sink(
+          encode_envelope(system, {.to = Target::kControl,
+                                   .content = caf::make_message(failed_atom::value, o.spec.rank,
+                                                                std::string(st.message()))}));
+      return st;
+    }
     caf::actor stand_in = system.spawn<CoordinatorStandIn>(sink);
     RankUnit::Actors a = (*unit)->spawn(
         system, {.coordinator = stand_in, .train = data->train.get(), .valid = data->valid.get()});

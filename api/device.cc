@@ -24,7 +24,7 @@ int local_gpu(int local_rank) {
 
 }  // namespace
 
-absl::Status check_device(const TrainFlags& f) {
+absl::Status check_device(const TrainFlags& f, bool process_per_rank) {
   // The default stays the CPU until the CUDA training path has run on a
   // GPU (docs/CUDA.md): a run without --device never changes backend.
   if (f.device.empty() || f.device == "cpu") return absl::OkStatus();
@@ -37,23 +37,29 @@ absl::Status check_device(const TrainFlags& f) {
         "--device ", f.device,
         " with --debug-op-cost: its fixed-cost model chunks are the CPU's; give --device cpu"));
   }
-  if (f.device == "cuda" && f.parallel.tp > 1) {
+  if (f.device == "cuda" && f.parallel.tp > 1 && !process_per_rank) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--device cuda with --tp ", f.parallel.tp,
-        ": the TP collectives wait for their peers inside stream callbacks, which CUDA forbids; "
-        "on GPUs they need NCCL issued from the ops, which is not built yet. Pipeline and data "
-        "parallelism (--pp, --dp) run on GPUs; or give --device cpu"));
+        " in one process: its ranks would share one GPU, and the TP group's NCCL communicator "
+        "needs a GPU per rank. Run it with troupe launch (a process and a GPU per rank), or "
+        "give --device cpu; pipeline and data parallelism (--pp, --dp) run here"));
   }
 #ifndef TROUPE_HAVE_CUDA
   if (f.device == "cuda") {
     return absl::InvalidArgumentError("--device cuda: this troupe was built without CUDA");
   }
+#elif !defined(TROUPE_HAVE_NCCL)
+  if (f.device == "cuda" && f.parallel.tp > 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--device cuda with --tp ", f.parallel.tp,
+        ": tensor parallelism on GPUs needs NCCL, and this troupe was built without it"));
+  }
 #endif
   return absl::OkStatus();
 }
 
-absl::StatusOr<RunDevice> open_device(const TrainFlags& f, int local_rank) {
-  if (absl::Status st = check_device(f); !st.ok()) return st;
+absl::StatusOr<RunDevice> open_device(const TrainFlags& f, int local_rank, bool process_per_rank) {
+  if (absl::Status st = check_device(f, process_per_rank); !st.ok()) return st;
   RunDevice out;
   if (f.device == "opaque") {
     out.owned = gpu::make_opaque_cpu_device();

@@ -63,16 +63,20 @@ struct RunDevice {
   std::unique_ptr<gpu::Device> owned;  // a GPU's; the CPU device is the process's
 };
 // --device (cpu, cuda, opaque; empty: cpu) as the other flags allow it:
-// cuda runs one rank, or pipeline and data parallelism, but not --tp > 1
-// (its collectives need NCCL issued from the ops, not built yet); neither
-// cuda nor opaque (gpu::make_opaque_cpu_device, for tests) takes
-// --debug-op-cost (CPU chunks). InvalidArgument naming the flags.
-absl::Status check_device(const TrainFlags& f);
+// cuda runs every layout with a process per rank (`process_per_rank`: troupe
+// launch and its workers), its TP groups through NCCL; in one process (troupe
+// train, an embedded job) it runs one rank, or pipeline and data
+// parallelism, but not --tp > 1 (every rank there shares the one GPU, and
+// NCCL takes a GPU per member). Neither cuda nor opaque
+// (gpu::make_opaque_cpu_device, for tests) takes --debug-op-cost (CPU
+// chunks). InvalidArgument naming the flags.
+absl::Status check_device(const TrainFlags& f, bool process_per_rank = false);
 // check_device, then the device itself: a GPU is `local_rank`'s (a worker's
 // place on its node, as its launcher or engine says), else LOCAL_RANK's,
 // else the first; the only one where the process sees one. Unavailable
 // naming the flag where there is none.
-absl::StatusOr<RunDevice> open_device(const TrainFlags& f, int local_rank = -1);
+absl::StatusOr<RunDevice> open_device(const TrainFlags& f, int local_rank = -1,
+                                      bool process_per_rank = false);
 
 // Registers the training flags on `cmd`; `f` must outlive the parse.
 void add_train_flags(CLI::App* cmd, TrainFlags& f);

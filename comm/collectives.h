@@ -1,11 +1,13 @@
-// The interface every collective backend offers: the Communicator built
-// from transport messages (CPU buffers) and the NCCL one (device buffers).
-// Calls are asynchronous and complete through a callback; every member of a
-// group issues the same calls in the same order.
+// The interfaces collective backends offer. Collectives: the Communicator
+// built from transport messages (CPU buffers) and the NCCL one (device
+// buffers); calls are asynchronous and complete through a callback.
+// StreamCollectives: the NCCL one's calls into a CUDA stream's order. Every
+// member of a group issues the same calls in the same order.
 #pragma once
 
 #include <cstddef>
 
+#include "absl/status/status.h"
 #include "comm/transport.h"
 
 namespace troupe::comm {
@@ -22,6 +24,22 @@ class Collectives {
   virtual void broadcast(float* data, std::size_t n, int root, Callback done) = 0;
   // Fails the pending and later calls with `why` (a member died).
   virtual void fail(absl::Status why) = 0;
+};
+
+// Collectives put into a device stream's own order, as NCCL's are: each call
+// enqueues the collective behind the work already on `stream` (the handle
+// gpu::Stream::device_call passes: a cudaStream_t) and returns once it is
+// enqueued, with the error of the enqueue; the collective then runs in the
+// stream's order, before the work enqueued after it. Every member makes the
+// same calls in the same order, one at a time. Sizes and parts as in
+// Collectives.
+class StreamCollectives {
+ public:
+  virtual ~StreamCollectives() = default;
+  virtual absl::Status all_reduce_on(void* stream, float* data, std::size_t n) = 0;
+  virtual absl::Status reduce_scatter_on(void* stream, const float* in, float* out,
+                                         std::size_t n) = 0;
+  virtual absl::Status all_gather_on(void* stream, const float* in, float* out, std::size_t n) = 0;
 };
 
 }  // namespace troupe::comm

@@ -600,4 +600,13 @@ absl::Status Communicator::broadcast_sync(float* data, std::size_t n, int root) 
   return run_now(broadcast_body(data, n, root));
 }
 
+// The bytes travel in floats that no one adds: copied, not converted.
+absl::Status broadcast_bytes(Communicator& group, std::string* bytes, int root) {
+  std::vector<float> buf((bytes->size() + sizeof(float) - 1) / sizeof(float), 0.0f);
+  std::memcpy(buf.data(), bytes->data(), bytes->size());
+  if (absl::Status st = group.broadcast_sync(buf.data(), buf.size(), root); !st.ok()) return st;
+  std::memcpy(bytes->data(), buf.data(), bytes->size());
+  return absl::OkStatus();
+}
+
 }  // namespace troupe::comm

@@ -29,6 +29,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -144,5 +145,9 @@ class Communicator final : public Collectives {
   int queued_ = 0;        // collectives issued and not finished (guarded by mu_)
   CallbackQueue worker_;  // last: its thread runs collectives that use the members above
 };
+
+// `*bytes` of member `root` to every member of `group`, byte for byte (every
+// member passes a string of the same size): a small blob, as NCCL's id.
+absl::Status broadcast_bytes(Communicator& group, std::string* bytes, int root);
 
 }  // namespace troupe::comm

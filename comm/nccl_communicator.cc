@@ -76,6 +76,24 @@ class NcclComm final : public NcclCommunicator {
               root}},
             data, data, std::move(done));
   }
+
+  absl::Status all_reduce_on(void* stream, float* data, std::size_t n) override {
+    return issue_on(
+        stream,
+        {{NcclCall::Op::kAllReduce, {NcclCall::Buffer::kIn, 0}, {NcclCall::Buffer::kIn, 0}, n}},
+        data, data);
+  }
+  absl::Status reduce_scatter_on(void* stream, const float* in, float* out,
+                                 std::size_t n) override {
+    return issue_on(stream, plan_reduce_scatter(n, size_, rank_), in, out);
+  }
+  absl::Status all_gather_on(void* stream, const float* in, float* out, std::size_t n) override {
+    return issue_on(stream, plan_all_gather(n, size_, rank_), in, out);
+  }
+  void on_failure(std::function<void(absl::Status)> failed) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    on_failure_ = std::move(failed);
+  }
   // Any thread. The abort itself runs on the issuing thread, between two of
   // its NCCL calls (a regression: an abort from here could land between the
   // issuing thread's check and its call, on a communicator being freed).
@@ -84,6 +102,7 @@ class NcclComm final : public NcclCommunicator {
       std::lock_guard<std::mutex> lock(mu_);
       if (!aborted_.ok()) return;
       aborted_ = why;
+      on_failure_ = nullptr;  // the caller knows
     }
     cv_.notify_all();
   }
@@ -101,6 +120,32 @@ class NcclComm final : public NcclCommunicator {
     Callback done;
   };
 
+  // A stream-ordered call, on the caller's thread. From the first one on,
+  // the issuing thread polls NCCL's asynchronous errors (the kernels of a
+  // call whose member died wait until the communicator is aborted).
+  absl::Status issue_on(void* stream, const std::vector<NcclCall>& calls, const float* in,
+                        float* out) {
+    std::lock_guard<std::mutex> call(call_mu_);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!aborted_.ok()) return aborted_;
+      watching_ = true;
+    }
+    cv_.notify_all();
+    cudaSetDevice(device_);
+    absl::Status st = issue(calls, in, out, static_cast<cudaStream_t>(stream));
+    if (!st.ok()) {
+      // As for the issuing thread's own calls: the communicator is aborted
+      // (by that thread, which takes call_mu_ once this call has let it go).
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (aborted_.ok()) aborted_ = st;
+      }
+      cv_.notify_all();
+    }
+    return st;
+  }
+
   void enqueue(std::vector<NcclCall> calls, const float* in, float* out, Callback done) {
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -116,13 +161,13 @@ class NcclComm final : public NcclCommunicator {
     std::unique_lock<std::mutex> lock(mu_);
     for (;;) {
       auto ready = [&] { return stop_ || !tasks_.empty() || (!aborted_.ok() && !abort_done_); };
-      if (in_flight_ > 0) {
+      if (in_flight_ > 0 || watching_) {
         cv_.wait_for(lock, kErrorPoll, ready);
       } else {
         cv_.wait(lock, ready);
       }
       if (!aborted_.ok() && !abort_done_) abort_locked(lock);
-      if (in_flight_ > 0 && !abort_done_) {
+      if ((in_flight_ > 0 || watching_) && !abort_done_) {
         lock.unlock();
         absl::Status err = async_error();
         lock.lock();
@@ -137,7 +182,10 @@ class NcclComm final : public NcclCommunicator {
         absl::Status st = aborted_;
         lock.unlock();
         if (st.ok()) {
-          st = issue(t);
+          {
+            std::lock_guard<std::mutex> call(call_mu_);
+            st = issue(t.calls, t.in, t.out, stream_);
+          }
           // NCCL says an error while enqueueing leaves the communicator to
           // be aborted; later calls fail with the same reason.
           if (!st.ok()) {
@@ -184,11 +232,15 @@ class NcclComm final : public NcclCommunicator {
   // the destructor's ncclCommDestroy only frees local resources.
   void finalize_locked(std::unique_lock<std::mutex>& lock) {
     lock.unlock();
-    ncclResult_t r = ncclCommFinalize(comm_);
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-    while (r == ncclInProgress && std::chrono::steady_clock::now() < deadline) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-      ncclCommGetAsyncError(comm_, &r);
+    ncclResult_t r;
+    {
+      std::lock_guard<std::mutex> call(call_mu_);
+      r = ncclCommFinalize(comm_);
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+      while (r == ncclInProgress && std::chrono::steady_clock::now() < deadline) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        ncclCommGetAsyncError(comm_, &r);
+      }
     }
     lock.lock();
     if (r != ncclSuccess) {
@@ -199,12 +251,22 @@ class NcclComm final : public NcclCommunicator {
   }
 
   // Holds mu_ (released around the call): frees kernels waiting on a dead
-  // member; the stream then runs on, and each pending callback reports the
-  // abort's reason.
+  // member; the streams then run on, each pending callback reports the
+  // abort's reason, and the owner of stream-ordered calls hears it through
+  // on_failure (once). Not while a call is being made: a stream-ordered call
+  // in progress sees aborted_ (set before this) and returns, letting
+  // call_mu_ go.
   void abort_locked(std::unique_lock<std::mutex>& lock) {
     abort_done_ = true;
+    const absl::Status why = aborted_;
+    std::function<void(absl::Status)> failed = watching_ ? std::move(on_failure_) : nullptr;
+    on_failure_ = nullptr;
     lock.unlock();
-    ncclCommAbort(comm_);
+    {
+      std::lock_guard<std::mutex> call(call_mu_);
+      ncclCommAbort(comm_);
+    }
+    if (failed) failed(why);
     lock.lock();
   }
 
@@ -230,34 +292,36 @@ class NcclComm final : public NcclCommunicator {
     return nccl_status(r, what);
   }
 
-  absl::Status issue(const Task& t) {
+  // Holds call_mu_: `calls` on `stream`, as one group when there are several.
+  absl::Status issue(const std::vector<NcclCall>& calls, const float* in, float* out,
+                     cudaStream_t stream) {
     auto ptr = [&](const NcclCall::Ref& ref) -> float* {
-      float* base = ref.buffer == NcclCall::Buffer::kIn ? const_cast<float*>(t.in) : t.out;
+      float* base = ref.buffer == NcclCall::Buffer::kIn ? const_cast<float*>(in) : out;
       return base + ref.offset;
     };
-    const bool group = t.calls.size() > 1;
+    const bool group = calls.size() > 1;
     if (group) {
       if (absl::Status st = nccl_status(ncclGroupStart(), "ncclGroupStart"); !st.ok()) return st;
     }
     ncclResult_t r = ncclSuccess;
-    for (const NcclCall& c : t.calls) {
+    for (const NcclCall& c : calls) {
       switch (c.op) {
         case NcclCall::Op::kAllReduce:
-          r = ncclAllReduce(ptr(c.send), ptr(c.recv), c.count, ncclFloat, ncclSum, comm_, stream_);
+          r = ncclAllReduce(ptr(c.send), ptr(c.recv), c.count, ncclFloat, ncclSum, comm_, stream);
           break;
         case NcclCall::Op::kReduceScatter:
           r = ncclReduceScatter(ptr(c.send), ptr(c.recv), c.count, ncclFloat, ncclSum, comm_,
-                                stream_);
+                                stream);
           break;
         case NcclCall::Op::kAllGather:
-          r = ncclAllGather(ptr(c.send), ptr(c.recv), c.count, ncclFloat, comm_, stream_);
+          r = ncclAllGather(ptr(c.send), ptr(c.recv), c.count, ncclFloat, comm_, stream);
           break;
         case NcclCall::Op::kReduce:
           r = ncclReduce(ptr(c.send), ptr(c.recv), c.count, ncclFloat, ncclSum, c.root, comm_,
-                         stream_);
+                         stream);
           break;
         case NcclCall::Op::kBroadcast:
-          r = ncclBroadcast(ptr(c.send), ptr(c.recv), c.count, ncclFloat, c.root, comm_, stream_);
+          r = ncclBroadcast(ptr(c.send), ptr(c.recv), c.count, ncclFloat, c.root, comm_, stream);
           break;
       }
       if (r != ncclSuccess && r != ncclInProgress) break;
@@ -318,6 +382,7 @@ class NcclComm final : public NcclCommunicator {
   ncclComm_t comm_;
   cudaStream_t stream_;
   const int rank_, size_, device_;
+  std::mutex call_mu_;  // held around every NCCL call on comm_ (taken before mu_)
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Task> tasks_;      // guarded by mu_
@@ -325,11 +390,15 @@ class NcclComm final : public NcclCommunicator {
   bool abort_done_ = false;     // guarded by mu_: ncclCommAbort has been called
   int in_flight_ = 0;           // guarded by mu_: operations on the stream
   bool stop_ = false;           // guarded by mu_
+  bool watching_ = false;       // guarded by mu_: a stream-ordered call was made
+  std::function<void(absl::Status)> on_failure_;  // guarded by mu_
   std::chrono::steady_clock::time_point stop_since_{};
   std::thread issuer_;
 };
 
 }  // namespace
+
+static_assert(sizeof(ncclUniqueId) == kNcclUniqueIdBytes);
 
 absl::StatusOr<std::string> nccl_unique_id() {
   ncclUniqueId id;

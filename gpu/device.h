@@ -23,6 +23,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "gpu/tensor.h"
@@ -62,6 +63,18 @@ class Stream {
   virtual void host_callback(std::function<void()> fn) = 0;
   // Blocks until all enqueued work is done; returns the stream's first error.
   virtual absl::Status synchronize() = 0;
+  // A library call that puts device work of its own on this stream (an NCCL
+  // collective): `call` gets the stream's native handle (cudaStream_t on
+  // CUDA, null on the CPU) and enqueues the work, which then runs after every
+  // earlier op and before every later one. On CUDA `call` runs now, on the
+  // caller's thread (never inside a host callback, where CUDA forbids it);
+  // on the CPU it runs on the stream's thread when the stream gets there, and
+  // may wait there for its peers. It is made even after the stream has
+  // failed, so that peers in a collective with it are not left waiting. An
+  // error it returns fails the stream, naming `name`. `held` stays alive
+  // until the work is done.
+  virtual void device_call(const char* name, std::vector<Tensor> held,
+                           std::function<absl::Status(void* native_stream)> call) = 0;
 
   // The first error recorded on this stream (OK if none).
   virtual absl::Status status() = 0;

@@ -391,7 +391,7 @@ int run_launch(LaunchFlags& f) {
   };
   if (absl::Status st = finish_train_flags(f.train); !st.ok()) return fail(std::string(st.message()));
   // (Checked here; each worker opens its own device, LOCAL_RANK's GPU.)
-  if (absl::Status st = api::check_device(f.train); !st.ok()) {
+  if (absl::Status st = api::check_device(f.train, /*process_per_rank=*/true); !st.ok()) {
     return fail(std::string(st.message()));
   }
   std::set<std::string> recipe_set;

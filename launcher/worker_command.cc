@@ -85,7 +85,9 @@ int run(WorkerFlags& f) {
     return code;
   };
   if (absl::Status st = finish_train_flags(f.train); !st.ok()) return fail(st);
-  if (absl::Status st = api::check_device(f.train); !st.ok()) return fail(st);
+  if (absl::Status st = api::check_device(f.train, /*process_per_rank=*/true); !st.ok()) {
+    return fail(st);
+  }
   if (f.train.print_config) {
     return fail(absl::InvalidArgumentError(
         "--print-config: ask troupe train or troupe launch, not a worker"));
@@ -131,7 +133,8 @@ int run(WorkerFlags& f) {
   if (!loaded.ok()) return fail(loaded.status());
   const model::ckpt::Checkpoint* load = loaded->has_value() ? &**loaded : nullptr;
   // This rank's device (with --device cuda, its local rank's GPU), for the run.
-  absl::StatusOr<api::RunDevice> device = api::open_device(f.train, local_rank);
+  absl::StatusOr<api::RunDevice> device = api::open_device(f.train, local_rank,
+                                                           /*process_per_rank=*/true);
   if (!device.ok()) return fail(device.status());
   f.train.parallel.device = device->device;
   const actors::CheckpointOptions& ck = f.train.checkpoint;

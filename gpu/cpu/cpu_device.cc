@@ -99,6 +99,15 @@ void CpuStream::wait(Event& event) {
 
 void CpuStream::host_callback(std::function<void()> fn) { enqueue({nullptr, std::move(fn)}); }
 
+// A control task (it runs after a failure too); the tensors go with it.
+void CpuStream::device_call(const char* name, std::vector<Tensor> held,
+                            std::function<absl::Status(void* native_stream)> call) {
+  enqueue({nullptr, [this, name, held = std::move(held), call = std::move(call)] {
+             absl::Status st = call(nullptr);
+             if (!st.ok()) fail(absl::Status(st.code(), absl::StrCat(name, ": ", st.message())));
+           }});
+}
+
 absl::Status CpuStream::synchronize() {
   std::mutex done_mu;
   std::condition_variable done_cv;

@@ -50,6 +50,8 @@ class CpuStream final : public Stream {
   void wait(Event& event) override;
   void host_callback(std::function<void()> fn) override;
   absl::Status synchronize() override;
+  void device_call(const char* name, std::vector<Tensor> held,
+                   std::function<absl::Status(void* native_stream)> call) override;
   absl::Status status() override;
   void fail(absl::Status error) override;
 

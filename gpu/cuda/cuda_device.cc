@@ -253,6 +253,27 @@ Tensor CudaStream::scratch(std::size_t bytes) {
 void CudaStream::run_op(const char* name, absl::Span<const Tensor* const> args,
                         const std::function<absl::Status(const Launch&)>& launch) {
   if (!status().ok()) return;
+  std::vector<std::shared_ptr<Storage>> held;
+  for (const Tensor* t : args) {
+    if (t->defined()) held.push_back(t->storage);
+  }
+  launch_held(name, std::move(held), launch);
+}
+
+// Made whatever the stream's state (gpu/device.h): a collective skipped on
+// one member would leave the others waiting in theirs.
+void CudaStream::device_call(const char* name, std::vector<Tensor> held,
+                             std::function<absl::Status(void* native_stream)> call) {
+  std::vector<std::shared_ptr<Storage>> storages;
+  for (const Tensor& t : held) {
+    if (t.defined()) storages.push_back(t.storage);
+  }
+  launch_held(name, std::move(storages),
+              [&call](const Launch& l) { return call(static_cast<void*>(l.stream)); });
+}
+
+void CudaStream::launch_held(const char* name, std::vector<std::shared_ptr<Storage>> held,
+                             const std::function<absl::Status(const Launch&)>& launch) {
   cudaSetDevice(index_);
   retire(/*all=*/false);
   (void)cudaGetLastError();  // a launch reports its own error, not an earlier call's
@@ -260,10 +281,7 @@ void CudaStream::run_op(const char* name, absl::Span<const Tensor* const> args,
   absl::Status st = launch(Launch{stream_, fault_});
   nvtxRangePop();
   if (!st.ok()) fail(absl::Status(st.code(), absl::StrCat(name, ": ", st.message())));
-  InFlight op{nullptr, {}};
-  for (const Tensor* t : args) {
-    if (t->defined()) op.held.push_back(t->storage);
-  }
+  InFlight op{nullptr, std::move(held)};
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!free_events_.empty()) {

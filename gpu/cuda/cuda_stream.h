@@ -67,6 +67,8 @@ class CudaStream final : public Stream {
   void wait(Event& event) override;
   void host_callback(std::function<void()> fn) override;
   absl::Status synchronize() override;
+  void device_call(const char* name, std::vector<Tensor> held,
+                   std::function<absl::Status(void* native_stream)> call) override;
   absl::Status status() override;
   void fail(absl::Status error) override;
 
@@ -89,6 +91,10 @@ class CudaStream final : public Stream {
     std::vector<std::shared_ptr<Storage>> held;
   };
   void check(cudaError_t err, absl::string_view what);
+  // run_op's and device_call's launch: `held` stays alive until an event
+  // recorded after the launch has completed.
+  void launch_held(const char* name, std::vector<std::shared_ptr<Storage>> held,
+                   const std::function<absl::Status(const Launch&)>& launch);
   // Releases what completed ops held; all of it when `all` (after a sync).
   void retire(bool all);
   // The fault the device reported, if the host copy of the word shows one.

@@ -135,6 +135,25 @@ TEST_P(Collectives, Broadcast) {
   }
 }
 
+// Bytes that are NaNs and denormals as floats (NCCL's id is any 128
+// bytes), and a size that is not a multiple of 4, arrive as they left.
+TEST_P(Collectives, BroadcastBytesCarriesEveryByteAsItIs) {
+  const int p = p_;
+  std::string blob;
+  for (int i = 0; i < 131; i++) blob.push_back(static_cast<char>((i * 97 + 255) % 256));
+  blob[3] = '\x7f';  // bytes 0-3: a signalling NaN in little-endian f32
+  blob[2] = '\x80';
+  blob[1] = blob[0] = '\x01';
+  on_ranks(
+      p,
+      [&](int r, Communicator& c) {
+        std::string mine = r == p - 1 ? blob : std::string(blob.size(), '\0');
+        ASSERT_TRUE(broadcast_bytes(c, &mine, p - 1).ok());
+        EXPECT_EQ(mine, blob) << "member " << r;
+      },
+      small_slices());
+}
+
 // Random floats: the sum order matters, and is fixed: every member gets the
 // same bits, and so does a second run.
 TEST_P(Collectives, AllReduceIsBitwiseIdenticalAcrossMembersAndRuns) {

@@ -50,6 +50,46 @@ TEST(Nccl, SingleRankCollectivesOnDeviceBuffers) {
   cudaFree(d_out);
 }
 
+// The stream-ordered calls (the TP link's on CUDA): each goes into the
+// caller's stream behind the work already there. With one member each is a
+// copy; a kernel-free check of the order: the input is written on the stream
+// just before, the output read just after.
+TEST(Nccl, StreamOrderedCallsRunInTheCallersStream) {
+  if (!have_gpu())
+    GTEST_SKIP() << "no CUDA device on this machine: NCCL tests run on a GPU machine";
+  auto id = nccl_unique_id();
+  ASSERT_TRUE(id.ok()) << id.status();
+  ASSERT_EQ(id->size(), kNcclUniqueIdBytes);
+  auto c = NcclCommunicator::create(*id, 0, 1, 0);
+  ASSERT_TRUE(c.ok()) << c.status();
+  bool failed = false;
+  (*c)->on_failure([&failed](absl::Status) { failed = true; });
+  cudaStream_t s = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  const std::size_t n = 1001;
+  std::vector<float> host(n), back(n, -1.0f);
+  for (std::size_t i = 0; i < n; i++) host[i] = static_cast<float>(i) * 0.5f;
+  float *a = nullptr, *b = nullptr;
+  ASSERT_EQ(cudaMalloc(&a, n * 4), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&b, n * 4), cudaSuccess);
+  ASSERT_EQ(cudaMemsetAsync(b, 0, n * 4, s), cudaSuccess);
+  ASSERT_EQ(cudaMemcpyAsync(a, host.data(), n * 4, cudaMemcpyHostToDevice, s), cudaSuccess);
+  EXPECT_TRUE((*c)->all_reduce_on(s, a, n).ok());
+  EXPECT_TRUE((*c)->reduce_scatter_on(s, a, b, n).ok());
+  EXPECT_TRUE((*c)->all_gather_on(s, b, a, n).ok());
+  ASSERT_EQ(cudaMemcpyAsync(back.data(), a, n * 4, cudaMemcpyDeviceToHost, s), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+  EXPECT_EQ(back, host);
+  // A failure the owner reports is not echoed back to it; later calls fail.
+  (*c)->fail(absl::CancelledError("the run has ended"));
+  EXPECT_EQ((*c)->all_reduce_on(s, a, n).message(), "the run has ended");
+  c->reset();
+  EXPECT_FALSE(failed);
+  cudaFree(a);
+  cudaFree(b);
+  cudaStreamDestroy(s);
+}
+
 }  // namespace
 }  // namespace troupe::comm
 #endif

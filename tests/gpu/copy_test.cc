@@ -4,12 +4,16 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstring>
 #include <numeric>
 #include <vector>
 
 #include "gpu/host_mirror.h"
 #include "gpu/ops.h"
 #include "tests/gpu/backends.h"
+#ifdef TROUPE_HAVE_CUDA
+#include <cuda_runtime.h>
+#endif
 
 namespace troupe::testing {
 namespace {
@@ -132,6 +136,67 @@ TEST_P(CopyTest, HostMirrorMovesRangesInStreamOrder) {
     ASSERT_TRUE(s_->synchronize().ok());
     EXPECT_EQ(back.host_data<float>()[0], 0.0f);
   }
+}
+
+// A library's device work (what NCCL's collectives are) put on the stream by
+// device_call: a device-to-device copy, by cudaMemcpyAsync on the native
+// stream on CUDA and by memcpy on the CPU's (null) one.
+absl::Status library_copy(void* native, const gpu::Tensor& dst, const gpu::Tensor& src) {
+#ifdef TROUPE_HAVE_CUDA
+  if (native != nullptr) {
+    return cudaMemcpyAsync(dst.raw(), src.raw(), dst.nbytes(), cudaMemcpyDeviceToDevice,
+                           static_cast<cudaStream_t>(native)) == cudaSuccess
+               ? absl::OkStatus()
+               : absl::InternalError("cudaMemcpyAsync");
+  }
+#else
+  (void)native;
+#endif
+  std::memcpy(dst.raw(), src.raw(), dst.nbytes());
+  return absl::OkStatus();
+}
+
+// The call's work runs after the ops before it and before the ops after it;
+// the stream's native handle is CUDA's stream there and null on the CPU.
+TEST_P(CopyTest, DeviceCallRunsInStreamOrder) {
+  const std::int64_t n = 4096;
+  gpu::Tensor d = gpu::Tensor::empty(*dev_, gpu::DType::kF32, {n});
+  gpu::Tensor e = gpu::Tensor::empty(*dev_, gpu::DType::kF32, {n});
+  gpu::Tensor h = gpu::Tensor::empty_host(*dev_, gpu::DType::kF32, {n});
+  bool native_null = false;
+  gpu::ops::fill(*s_, e, -1.0f);
+  gpu::ops::fill(*s_, d, 3.0f);
+  s_->device_call("library copy", {d, e}, [&native_null, d, e](void* native) {
+    native_null = native == nullptr;
+    return library_copy(native, e, d);
+  });
+  gpu::ops::axpy(*s_, e, 1.0f, e);  // 6 only if the copy ran first
+  gpu::ops::copy(*s_, h, e);
+  ASSERT_TRUE(s_->synchronize().ok());
+  for (std::int64_t i = 0; i < n; i++) ASSERT_EQ(h.host<float>()[i], 6.0f) << i;
+  EXPECT_EQ(native_null, dev_->kind() == gpu::DeviceKind::kCpu);
+}
+
+// Made even once the stream has failed (a peer in a collective must not be
+// left waiting); an error it returns fails the stream, naming it.
+TEST_P(CopyTest, DeviceCallIsMadeAfterAFailureAndFailsTheStreamNamingIt) {
+  gpu::Tensor h = gpu::Tensor::empty_host(*dev_, gpu::DType::kF32, {4});
+  gpu::ops::fill(*s_, h, 1.0f);  // fails the stream: ops take device memory
+  bool made = false;
+  s_->device_call("library call", {}, [&made](void*) {
+    made = true;
+    return absl::OkStatus();
+  });
+  EXPECT_EQ(s_->synchronize().message(),
+            "fill: x is host memory (ops::copy moves it to the device)");
+  EXPECT_TRUE(made);
+
+  auto s2 = dev_->make_stream({.threads = 1});
+  s2->device_call("TP all-reduce", {},
+                  [](void*) { return absl::UnavailableError("member 1 has gone"); });
+  absl::Status st = s2->synchronize();
+  EXPECT_EQ(st.code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(st.message(), "TP all-reduce: member 1 has gone");
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, CopyTest, ::testing::Values("cpu", "opaque", "cuda"));
