@@ -268,7 +268,11 @@ absl::Status RankUnit::write_trace(const std::string& dir, TraceHeader header) c
 void RankUnit::fail_pending(const absl::Status& why) {
   for (int peer = 0; peer < transport_->size(); peer++) transport_->fail_peer(peer, why);
   if (tensor_) tensor_->fail(why);  // a stream waiting in a TP collective goes on
-  if (nccl_) nccl_->fail(why);      // (NCCL's kernels end once it is aborted)
+  connect_cancelled_ = true;
+  if (comm::Collectives* nccl = nccl_.load(); nccl != nullptr) {
+    nccl->fail(why);     // its kernels end once it is aborted, their results garbage:
+    stream_->fail(why);  // the stream says so
+  }
 }
 
 void RankUnit::drain() {

@@ -149,10 +149,13 @@ class RankUnit {
     caf::actor shard, optimizer;
   };
   // Once the transport reaches every peer, before spawn: what needs the
-  // peers before the actors run. On CUDA with --tp > 1, the TP group's NCCL
-  // communicator (member 0 makes its id and broadcasts it through the TP
-  // group's Communicator); nothing elsewhere. A worker process calls it; the
-  // in-process runtime, whose layouts need none, need not.
+  // peers before the actors run. With --tp > 1 on a device the host cannot
+  // read, the TP group's collectives: on CUDA its NCCL communicator (member
+  // 0 makes NCCL's id and broadcasts it through the TP group's
+  // Communicator), on the opaque device the same exchange then the
+  // Communicator's; nothing elsewhere. Every member of a TP group calls it
+  // at once (a worker process after connecting its transport; the
+  // in-process runtime a thread per rank); fail_pending ends it.
   absl::Status connect();
   Actors spawn(caf::actor_system& system, const Wiring& wiring);
   // Fails every pending transport operation and TP collective with `why`.
@@ -222,7 +225,9 @@ class RankUnit {
   // On a device the host cannot read: the TP link's collectives (tp > 1);
   // on CUDA a forwarder to nccl_, which connect() makes.
   std::unique_ptr<comm::StreamCollectives> tp_device_;
-  comm::Collectives* nccl_ = nullptr;  // the NCCL communicator, once made (owned by tp_device_)
+  // The NCCL communicator once connect() made it (owned by tp_device_).
+  std::atomic<comm::Collectives*> nccl_{nullptr};
+  std::atomic<bool> connect_cancelled_{false};  // fail_pending: connect()'s NCCL init gives up
   std::shared_ptr<std::atomic<std::int64_t>> tp_floats_ =
       std::make_shared<std::atomic<std::int64_t>>(0);
   std::vector<std::unique_ptr<GptStage>> chunks_;       // by chunk

@@ -1,9 +1,11 @@
 // A rank's TP group: its link's collectives (actors/tensor_link.h) and, on
 // CUDA, the NCCL communicator they go through.
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "actors/rank.h"
 #include "actors/tensor_link.h"
@@ -34,9 +36,9 @@ absl::Status traced_collective(RankTrace* rt, comm::Communicator* comm, comm::tr
   return st;
 }
 
-// The TP link's collectives before connect() has made NCCL's communicator
-// (which needs the peers, reachable only once the transport is connected):
-// a call before then fails, naming the missing step.
+// The TP link's collectives on a device, which connect() makes (NCCL's
+// communicator needs the peers, reachable only once the transport is
+// connected): a call before then fails, naming the missing step.
 class Connected final : public comm::StreamCollectives {
  public:
   void set(std::unique_ptr<comm::StreamCollectives> to) { to_ = std::move(to); }
@@ -58,7 +60,7 @@ class Connected final : public comm::StreamCollectives {
  private:
   static absl::Status not_yet() {
     return absl::FailedPreconditionError(
-        "a TP collective before RankUnit::connect() made the NCCL communicator");
+        "a TP collective before RankUnit::connect() made the TP group's collectives");
   }
   std::unique_ptr<comm::StreamCollectives> to_;
 };
@@ -88,48 +90,87 @@ absl::Status RankUnit::make_tensor_parallel(gpu::Device& dev, model::TensorParal
     *tensor = tensor_link(tensor_.get(), tensor->slice, std::move(link));
     return absl::OkStatus();
   }
-  // The device's own buffers, each collective a device call.
+  // The device's own buffers, each collective a device call, through what
+  // connect() makes: NCCL's communicator on CUDA, the Communicator's
+  // collectives on the opaque CPU device (so that its tests run connect()).
   if (dev.kind() == gpu::DeviceKind::kCuda) {
-    tp_device_ = std::make_unique<Connected>();
     // Not traced: the call is made on the actor's thread when the op is
     // enqueued, not where the stream's marks set RankTrace::current (its
     // host functions), and NCCL's kernels would need an event pair to time.
     link.runner = nullptr;
-  } else {
-    tp_device_ = in_stream_collectives(tensor_.get());
   }
+  tp_device_ = std::make_unique<Connected>();
   *tensor = device_tensor_link(tp_device_.get(), tensor->slice, std::move(link));
   return absl::OkStatus();
 }
 
+namespace {
+
+// NCCL's id, and its size where NCCL is not built (the opaque device's
+// connect() sends one of the same size).
+constexpr std::size_t kIdBytes = 128;
+#ifdef TROUPE_HAVE_NCCL
+static_assert(kIdBytes == comm::kNcclUniqueIdBytes);
+#endif
+
+}  // namespace
+
 absl::Status RankUnit::connect() {
   auto* pending = dynamic_cast<Connected*>(tp_device_.get());
   if (pending == nullptr || pending->connected()) return absl::OkStatus();
-#ifdef TROUPE_HAVE_NCCL
   const ParallelOptions& par = spec_.parallel;
-  // Member 0 makes the id; the group's Communicator carries it as it is.
-  std::string id(comm::kNcclUniqueIdBytes, '\0');
+  const bool cuda = stream_->device().kind() == gpu::DeviceKind::kCuda;
+  // Member 0's id, behind a byte that says whether it could make one: the
+  // others learn of its failure instead of waiting for an id.
+  std::string msg(1 + kIdBytes, '\0');
+  absl::Status made = absl::OkStatus();
   if (tensor_->rank() == 0) {
-    absl::StatusOr<std::string> made = comm::nccl_unique_id();
-    if (!made.ok()) return made.status();
-    id = *std::move(made);
+#ifdef TROUPE_HAVE_NCCL
+    if (cuda) {
+      absl::StatusOr<std::string> id = comm::nccl_unique_id();
+      if (id.ok()) {
+        msg.replace(1, kIdBytes, *id);
+      } else {
+        made = id.status();
+      }
+    }
+#endif
+    msg[0] = made.ok() ? 1 : 0;
   }
-  if (absl::Status st = comm::broadcast_bytes(*tensor_, &id, /*root=*/0); !st.ok()) {
+  if (absl::Status st = comm::broadcast_bytes(*tensor_, &msg, /*root=*/0); !st.ok()) {
     return absl::UnavailableError(
         absl::StrCat("sharing NCCL's id in the TP group: ", st.message()));
   }
-  absl::StatusOr<std::unique_ptr<comm::NcclCommunicator>> nccl =
-      comm::NcclCommunicator::create(id, tensor_->rank(), par.tp, stream_->device().index());
-  if (!nccl.ok()) {
-    return absl::Status(
-        nccl.status().code(),
-        absl::StrCat("the TP group's NCCL communicator (rank ", spec_.rank, ", member ",
-                     tensor_->rank(), " of ", par.tp, "): ", nccl.status().message()));
+  if (!made.ok()) return made;
+  if (msg[0] != 1) {
+    return absl::UnavailableError(
+        "member 0 of the TP group could not make NCCL's id (its error is in its log)");
   }
-  // A member that dies with a collective in flight: NCCL says so
-  // asynchronously; the stream waiting for it fails, naming it.
-  (*nccl)->on_failure([stream = stream_.get()](absl::Status why) {
-    stream->fail(absl::UnavailableError(absl::StrCat("TP collective (NCCL): ", why.message())));
+  if (!cuda) {
+    pending->set(in_stream_collectives(tensor_.get()));
+    return absl::OkStatus();
+  }
+#ifdef TROUPE_HAVE_NCCL
+  // Every connection NCCL will use made now, in its init, not at a
+  // collective's first call (which would wait there for the peers).
+  ::setenv("NCCL_RUNTIME_CONNECT", "0", /*overwrite=*/0);
+  absl::StatusOr<std::unique_ptr<comm::NcclCommunicator>> nccl = comm::NcclCommunicator::create(
+      msg.substr(1), tensor_->rank(), par.tp, stream_->device().index(), &connect_cancelled_);
+  if (!nccl.ok()) {
+    return absl::Status(nccl.status().code(),
+                        absl::StrCat("the TP group's NCCL communicator (rank ", spec_.rank,
+                                     ", member ", tensor_->rank(), " of ", par.tp, ", ",
+                                     stream_->device().name(), "): ", nccl.status().message(),
+                                     absl::StrContains(nccl.status().message(), "invalid usage")
+                                         ? " (NCCL takes a GPU per member: do two share one?)"
+                                         : ""));
+  }
+  // A member that dies with a collective in flight, where NCCL notices
+  // (over the network; on NVLink and shared memory its kernels wait until
+  // the runtime's failure path aborts it): the stream fails, naming it.
+  (*nccl)->on_failure([stream = stream_.get(), rank = spec_.rank](absl::Status why) {
+    stream->fail(absl::UnavailableError(
+        absl::StrCat("TP collective (NCCL) on rank ", rank, ": ", why.message())));
   });
   nccl_ = nccl->get();
   pending->set(*std::move(nccl));

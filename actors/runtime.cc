@@ -58,6 +58,23 @@ absl::StatusOr<std::unique_ptr<InProcessTrainer>> InProcessTrainer::create(
     if (!unit.ok()) return unit.status();
     t->ranks_.push_back(*std::move(unit));
   }
+  // What needs the peers (RankUnit::connect): the members of a group meet
+  // in it, so a thread each; one that fails ends the others'.
+  std::vector<std::future<absl::Status>> connected;
+  for (auto& r : t->ranks_) {
+    connected.push_back(std::async(std::launch::async, [&t, unit = r.get()] {
+      absl::Status st = unit->connect();
+      if (!st.ok()) {
+        for (auto& other : t->ranks_) other->fail_pending(st);
+      }
+      return st;
+    }));
+  }
+  absl::Status first = absl::OkStatus();
+  for (auto& c : connected) {
+    if (absl::Status st = c.get(); !st.ok() && first.ok()) first = st;
+  }
+  if (!first.ok()) return first;
   return t;
 }
 

@@ -36,7 +36,7 @@ void in_to_out(gpu::Stream& s, const CollectiveRunner& runner, What op, const ch
 }
 
 // A device call of a collective (`run`, given the native stream), holding
-// `held`; a failure fails the stream with Unavailable, naming `what`.
+// `held`; a failure fails the stream, naming `what`.
 void device_call(gpu::Stream& s, const CollectiveRunner& runner, What op, const char* what,
                  std::size_t floats, std::vector<gpu::Tensor> held,
                  std::function<absl::Status(void*)> run) {
@@ -44,7 +44,7 @@ void device_call(gpu::Stream& s, const CollectiveRunner& runner, What op, const 
                 [runner, op, floats, run = std::move(run)](void* native) -> absl::Status {
                   auto call = [&] { return run(native); };
                   absl::Status st = runner ? runner(op, floats, call) : call();
-                  return st.ok() ? st : absl::UnavailableError(st.message());
+                  return st;
                 });
 }
 

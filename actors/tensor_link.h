@@ -12,8 +12,9 @@
 //   where no GPU is).
 // Every member enqueues the same collectives in the same order: the
 // rank's one compute stream runs its ops in the schedule's order, which
-// every member of a TP group shares. A failed collective fails the stream
-// with Unavailable naming it.
+// every member of a TP group shares. A failed collective fails the stream,
+// naming it (tensor_link: with Unavailable; device_tensor_link: with the
+// collective's own error, Unavailable when a member is gone).
 //
 //   model::TensorParallel tp = actors::tensor_link(comm.get(), {.tp = 2, .t = 1});
 //   model::Gpt gpt(config, B, device, stage, 1, tp);

@@ -244,6 +244,28 @@ absl::Status gather_and_save_weights(RankUnit& unit, const RankSpec& spec, const
   return model::save_weights(whole, path);
 }
 
+// RankUnit::connect() on a thread of its own, while this one watches the
+// job: a job that ends meanwhile (a peer failed) ends it.
+absl::Status connect_unit(RankUnit& unit, LinkState& state) {
+  std::promise<absl::Status> done;
+  std::future<absl::Status> result = done.get_future();
+  std::thread connecting([&] { done.set_value(unit.connect()); });
+  bool cancelled = false;
+  while (result.wait_for(std::chrono::milliseconds(20)) != std::future_status::ready) {
+    bool over;
+    {
+      std::lock_guard<std::mutex> lock(state.mu);
+      over = state.over();
+    }
+    if (over && !cancelled) {
+      cancelled = true;
+      unit.fail_pending(absl::CancelledError("the job stopped while the ranks connected"));
+    }
+  }
+  connecting.join();
+  return result.get();
+}
+
 absl::Status run_worker(const WorkerOptions& o) {
   auto log = o.log ? o.log : [](const std::string& m) {
     std::fprintf(stderr, "troupe worker: %s\n", m.c_str());
@@ -329,7 +351,7 @@ absl::Status run_worker(const WorkerOptions& o) {
                                                              st.message()))}));
       return st;
     }
-    if (absl::Status st = (*unit)->connect(); !st.ok()) {
+    if (absl::Status st = connect_unit(**unit, state); !st.ok()) {
       (void)sink(
           encode_envelope(system, {.to = Target::kControl,
                                    .content = caf::make_message(failed_atom::value, o.spec.rank,

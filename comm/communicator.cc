@@ -602,6 +602,7 @@ absl::Status Communicator::broadcast_sync(float* data, std::size_t n, int root) 
 
 // The bytes travel in floats that no one adds: copied, not converted.
 absl::Status broadcast_bytes(Communicator& group, std::string* bytes, int root) {
+  if (bytes->empty()) return absl::OkStatus();
   std::vector<float> buf((bytes->size() + sizeof(float) - 1) / sizeof(float), 0.0f);
   std::memcpy(buf.data(), bytes->data(), bytes->size());
   if (absl::Status st = group.broadcast_sync(buf.data(), buf.size(), root); !st.ok()) return st;

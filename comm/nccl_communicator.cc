@@ -270,6 +270,9 @@ class NcclComm final : public NcclCommunicator {
     lock.lock();
   }
 
+  // Without call_mu_: ncclCommGetAsyncError only reads the communicator's
+  // error state, and is made to be called from a watchdog thread while
+  // another thread issues (as PyTorch's does).
   absl::Status async_error() {
     ncclResult_t state = ncclSuccess;
     ncclResult_t r = ncclCommGetAsyncError(comm_, &state);
@@ -280,13 +283,19 @@ class NcclComm final : public NcclCommunicator {
 
   // A non-blocking communicator returns ncclInProgress until the call has
   // been enqueued; the next call may be made only once it has.
+  // (A stream-ordered call waits here on an actor's thread: it yields at
+  // first, then sleeps, so a long wait does not hold a core.)
   absl::Status settle(ncclResult_t r, absl::string_view what) {
-    while (r == ncclInProgress) {
+    for (int spins = 0; r == ncclInProgress; spins++) {
       {
         std::lock_guard<std::mutex> lock(mu_);
         if (!aborted_.ok()) return aborted_;
       }
-      std::this_thread::yield();
+      if (spins < 1000) {
+        std::this_thread::yield();
+      } else {
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+      }
       ncclCommGetAsyncError(comm_, &r);
     }
     return nccl_status(r, what);
@@ -382,7 +391,8 @@ class NcclComm final : public NcclCommunicator {
   ncclComm_t comm_;
   cudaStream_t stream_;
   const int rank_, size_, device_;
-  std::mutex call_mu_;  // held around every NCCL call on comm_ (taken before mu_)
+  // Held around every NCCL call on comm_ but the error polls (taken before mu_).
+  std::mutex call_mu_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Task> tasks_;      // guarded by mu_
@@ -408,7 +418,8 @@ absl::StatusOr<std::string> nccl_unique_id() {
 }
 
 absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::create(
-    const std::string& unique_id, int rank, int size, int device) {
+    const std::string& unique_id, int rank, int size, int device,
+    const std::atomic<bool>* cancelled) {
   if (unique_id.size() != sizeof(ncclUniqueId)) {
     return absl::InvalidArgumentError("NCCL unique id has the wrong size");
   }
@@ -430,9 +441,15 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::create(
   config.blocking = 0;
   ncclResult_t r = ncclCommInitRankConfig(&comm, size, id, rank, &config);
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(5);
-  while (r == ncclInProgress && std::chrono::steady_clock::now() < deadline) {
+  while (r == ncclInProgress && std::chrono::steady_clock::now() < deadline &&
+         !(cancelled != nullptr && cancelled->load())) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
     ncclCommGetAsyncError(comm, &r);
+  }
+  if (r == ncclInProgress && cancelled != nullptr && cancelled->load()) {
+    ncclCommAbort(comm);
+    cudaStreamDestroy(stream);
+    return absl::CancelledError("ncclCommInitRankConfig: cancelled (the job ended)");
   }
   if (r == ncclInProgress) {
     ncclCommAbort(comm);

@@ -6,7 +6,8 @@
 // finished it (cudaLaunchHostFunc). The *_on calls (StreamCollectives) are
 // issued at once on the caller's thread into the caller's stream; the
 // issuing thread then watches for NCCL's asynchronous errors. Both kinds
-// take one lock around their NCCL calls, and the abort takes it too. Uneven splits use grouped
+// take one lock around their NCCL calls, and the abort takes it too (the
+// error polls do not: they only read). Uneven splits use grouped
 // ncclReduce/ncclBroadcast per member; even ones ncclReduceScatter/AllGather.
 //
 //   std::string id = *comm::nccl_unique_id();           // on member 0, shared by bootstrap
@@ -15,6 +16,7 @@
 //   absl::Status st = (*c)->all_reduce_on(cuda_stream, device_ptr, n);  // in its order
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <functional>
 #include <memory>
@@ -32,8 +34,11 @@ absl::StatusOr<std::string> nccl_unique_id();
 
 class NcclCommunicator : public Collectives, public StreamCollectives {
  public:
-  static absl::StatusOr<std::unique_ptr<NcclCommunicator>> create(const std::string& unique_id,
-                                                                  int rank, int size, int device);
+  // Waits until every member has joined (NCCL's init), for at most 5
+  // minutes, or until `*cancelled` (if given) turns true.
+  static absl::StatusOr<std::unique_ptr<NcclCommunicator>> create(
+      const std::string& unique_id, int rank, int size, int device,
+      const std::atomic<bool>* cancelled = nullptr);
   // Called once, on the issuing thread, when NCCL reports an asynchronous
   // error (a member died) after a stream-ordered call: the communicator is
   // aborted (its kernels end, the stream goes on) and `failed` tells the

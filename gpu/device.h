@@ -92,11 +92,6 @@ class Device {
   // Whether the host may read this device's memory directly (Tensor::host):
   // the CPU, yes; a GPU, no. Code that must run on both copies explicitly.
   virtual bool host_visible() const = 0;
-  // Whether a stream's host callback may wait for work outside the stream's
-  // own order (a peer's callback, as a blocking collective does): the CPU's
-  // streams, each on its own thread, yes; CUDA, no (its host functions share
-  // one thread and may not wait on other CUDA work).
-  virtual bool host_callbacks_may_wait() const { return true; }
 
   // Storage of `bytes` bytes, freed when the last view of it goes away.
   // Throws std::bad_alloc when the device is out of memory, as `new` does.

@@ -125,7 +125,6 @@ class CudaDevice final : public Device {
   int index() const override { return index_; }
   std::string name() const override;
   bool host_visible() const override { return false; }
-  bool host_callbacks_may_wait() const override { return false; }
   std::shared_ptr<Storage> allocate(std::size_t bytes) override;
   // Pinned (cudaHostAlloc). A freed buffer is kept for the next request of
   // its size and returned to CUDA only by ~CudaDevice: cudaFreeHost

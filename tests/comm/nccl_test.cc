@@ -6,17 +6,20 @@
 #include <cuda_runtime.h>
 
 #include <future>
+#include <string>
 #include <vector>
 
+#include "comm/communicator.h"
 #include "comm/nccl_communicator.h"
 
 namespace troupe::comm {
 namespace {
 
-bool have_gpu() {
+int gpus() {
   int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
 }
+bool have_gpu() { return gpus() > 0; }
 
 absl::Status wait(const std::function<void(Callback)>& issue) {
   std::promise<absl::Status> p;
@@ -88,6 +91,66 @@ TEST(Nccl, StreamOrderedCallsRunInTheCallersStream) {
   cudaFree(a);
   cudaFree(b);
   cudaStreamDestroy(s);
+}
+
+// Two members, a GPU each, with sizes that do not split evenly (member i's
+// part is chunk_range(n, 2, i), as the CPU Communicator's): the TP link's
+// stream-ordered calls and the callback ones give the sums and gathers the
+// CPU computes. Integers in floats: every sum is exact.
+TEST(Nccl, TwoMembersOnTwoGpusAgreeWithTheCpuOnUnevenSplits) {
+  if (gpus() < 2) {
+    GTEST_SKIP() << "NCCL with two members needs two GPUs; this machine has " << gpus();
+  }
+  auto id = nccl_unique_id();
+  ASSERT_TRUE(id.ok()) << id.status();
+  auto member = [&](int t) -> std::string {  // empty: passed
+    if (cudaSetDevice(t) != cudaSuccess) return "cudaSetDevice";
+    auto c = NcclCommunicator::create(*id, t, 2, t);
+    if (!c.ok()) return std::string(c.status().message());
+    cudaStream_t s = nullptr;
+    if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) return "stream";
+    std::string why;
+    for (std::size_t n : {std::size_t{1}, std::size_t{1001}, std::size_t{4099}}) {
+      std::vector<float> x(n), part, whole(n);
+      for (std::size_t i = 0; i < n; i++) x[i] = static_cast<float>((t + 1) * (i % 97));
+      const auto [begin, end] = chunk_range(n, 2, t);
+      part.assign(end - begin, -1.0f);
+      float *d = nullptr, *p = nullptr, *g = nullptr;
+      cudaMalloc(&d, n * 4);
+      cudaMalloc(&p, (end - begin + 1) * 4);
+      cudaMalloc(&g, n * 4);
+      cudaMemcpyAsync(d, x.data(), n * 4, cudaMemcpyHostToDevice, s);
+      absl::Status st = (*c)->reduce_scatter_on(s, d, p, n);  // 3 (i % 97) on my part
+      if (st.ok()) st = (*c)->all_gather_on(s, p, g, n);      // 3 (i % 97) everywhere
+      if (st.ok()) st = (*c)->all_reduce_on(s, g, n);         // 6 (i % 97)
+      cudaMemcpyAsync(whole.data(), g, n * 4, cudaMemcpyDeviceToHost, s);
+      cudaMemcpyAsync(part.data(), p, (end - begin) * 4, cudaMemcpyDeviceToHost, s);
+      if (cudaStreamSynchronize(s) != cudaSuccess && st.ok()) st = absl::InternalError("sync");
+      // And a callback call on the communicator's own stream.
+      if (st.ok()) st = wait([&](Callback cb) { (*c)->all_reduce(d, n, cb); });
+      std::vector<float> summed(n);
+      cudaMemcpy(summed.data(), d, n * 4, cudaMemcpyDeviceToHost);
+      cudaFree(d);
+      cudaFree(p);
+      cudaFree(g);
+      if (!st.ok()) return std::string(st.message());
+      for (std::size_t i = 0; i < n && why.empty(); i++) {
+        const auto v = static_cast<float>(i % 97);
+        if (whole[i] != 6 * v) why = "all-reduce of the gather at " + std::to_string(i);
+        if (summed[i] != 3 * v) why = "callback all-reduce at " + std::to_string(i);
+        if (i >= begin && i < end && part[i - begin] != 3 * v) {
+          why = "reduce-scatter at " + std::to_string(i);
+        }
+      }
+      if (!why.empty()) break;
+    }
+    cudaStreamDestroy(s);
+    return why;
+  };
+  auto a = std::async(std::launch::async, member, 0);
+  auto b = std::async(std::launch::async, member, 1);
+  EXPECT_EQ(a.get(), "");
+  EXPECT_EQ(b.get(), "");
 }
 
 }  // namespace

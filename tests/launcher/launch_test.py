@@ -10,6 +10,11 @@ Cases:
                         learning rates bitwise equal at every step, the saved
                         weights byte for byte the same (train runs on the
                         CPU: a --device in FLAGS is the launch's alone)
+  gpus N FLAGS...       launch with --device cuda (FLAGS has it) where at least N
+                        GPUs are, against train on the CPU: losses and grad
+                        norms within 1e-4 relative (other sum orders; no
+                        TF32), learning rates equal; exit 77 (skipped) with
+                        fewer GPUs
   agents FLAGS...       the same through one agent per (pretend) host, started
                         by an --rsh template
   torchrun FLAGS...     workers started with torchrun's variables (RANK,
@@ -82,6 +87,50 @@ def compare(want_path, got_path, want_weights=None, got_weights=None):
             if f1.read() != f2.read():
                 fail(f"{got_weights} differs from {want_weights}")
     print(f"OK: {len(want)} steps bitwise equal" + (", weights byte for byte" if want_weights else ""))
+
+
+def compare_close(want_path, got_path, tolerance):
+    want, got = read_metrics(want_path), read_metrics(got_path)
+    if len(want) != len(got) or not want:
+        fail(f"{len(want)} steps in one-process run, {len(got)} in the distributed run")
+    worst = 0.0
+    for a, b in zip(want, got):
+        for k in ("lr", "global_batch_size", "consumed_samples"):
+            if a.get(k) != b.get(k):
+                fail(f"step {a['step']}: {k} {a[k]!r} on the CPU, {b[k]!r} on the GPUs")
+        for k in ("loss", "grad_norm"):
+            rel = abs(a[k] - b[k]) / max(abs(a[k]), 1e-30)
+            worst = max(worst, rel)
+            if rel > tolerance:
+                fail(f"step {a['step']}: {k} {a[k]!r} on the CPU, {b[k]!r} on the GPUs "
+                     f"({rel:.2e} relative, more than {tolerance})")
+    print(f"OK: {len(want)} steps within {tolerance} of the CPU (at most {worst:.2e} relative)")
+
+
+def gpu_count():
+    try:
+        r = subprocess.run(["nvidia-smi", "-L"], stdout=subprocess.PIPE,
+                           stderr=subprocess.DEVNULL, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    return sum(1 for line in r.stdout.splitlines() if line.startswith("GPU "))
+
+
+def on_gpus(need, flags):
+    have = gpu_count()
+    if have < need:
+        print(f"SKIP: needs {need} GPUs; this machine has {have}")
+        sys.exit(77)
+    tag = tag_of(flags)
+    want_m, _ = reference(flags, tag)
+    got_m = f"{WORK}/{tag}-launch.jsonl"
+    remove(got_m)
+    r = run([TROUPE, "launch", "--nproc-per-node", str(need), *flags, "--run-dir",
+             f"{WORK}/{tag}-run", "--metrics-jsonl", got_m])
+    print(r.stdout)
+    if r.returncode != 0:
+        fail(f"troupe launch exited {r.returncode}")
+    compare_close(want_m, got_m, 1e-4)
 
 
 def remove(*paths):
@@ -391,6 +440,8 @@ def intruders(agents):
 case, args = sys.argv[3], sys.argv[4:]
 if case == "equivalence":
     launch_and_compare(args, [])
+elif case == "gpus":
+    on_gpus(int(args[0]), args[1:])
 elif case == "agents":
     world = 1
     for k in ("--tp", "--pp", "--dp"):
