@@ -1,6 +1,5 @@
 // A rank's TP group: its link's collectives (actors/tensor_link.h) and, on
 // CUDA, the NCCL communicator they go through.
-#include <cstdlib>
 #include <memory>
 #include <string>
 #include <utility>
@@ -118,7 +117,6 @@ static_assert(kIdBytes == comm::kNcclUniqueIdBytes);
 absl::Status RankUnit::connect() {
   auto* pending = dynamic_cast<Connected*>(tp_device_.get());
   if (pending == nullptr || pending->connected()) return absl::OkStatus();
-  const ParallelOptions& par = spec_.parallel;
   const bool cuda = stream_->device().kind() == gpu::DeviceKind::kCuda;
   // Member 0's id, behind a byte that says whether it could make one: the
   // others learn of its failure instead of waiting for an id.
@@ -151,9 +149,7 @@ absl::Status RankUnit::connect() {
     return absl::OkStatus();
   }
 #ifdef TROUPE_HAVE_NCCL
-  // Every connection NCCL will use made now, in its init, not at a
-  // collective's first call (which would wait there for the peers).
-  ::setenv("NCCL_RUNTIME_CONNECT", "0", /*overwrite=*/0);
+  const ParallelOptions& par = spec_.parallel;
   absl::StatusOr<std::unique_ptr<comm::NcclCommunicator>> nccl = comm::NcclCommunicator::create(
       msg.substr(1), tensor_->rank(), par.tp, stream_->device().index(), &connect_cancelled_);
   if (!nccl.ok()) {
@@ -172,8 +168,15 @@ absl::Status RankUnit::connect() {
     stream->fail(absl::UnavailableError(
         absl::StrCat("TP collective (NCCL) on rank ", rank, ": ", why.message())));
   });
-  nccl_ = nccl->get();
-  pending->set(*std::move(nccl));
+  comm::NcclCommunicator* made_nccl = nccl->get();
+  pending->set(*std::move(nccl));  // (owned for the unit's life from here)
+  nccl_ = made_nccl;
+  // A cancel after create()'s last look, before fail_pending could see it.
+  if (connect_cancelled_) {
+    const absl::Status why = absl::CancelledError("the job stopped while the ranks connected");
+    made_nccl->fail(why);
+    return why;
+  }
   return absl::OkStatus();
 #else
   return absl::InternalError("RankUnit::connect: a CUDA TP link in a build without NCCL");

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <future>
+#include <system_error>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -58,24 +59,41 @@ absl::StatusOr<std::unique_ptr<InProcessTrainer>> InProcessTrainer::create(
     if (!unit.ok()) return unit.status();
     t->ranks_.push_back(*std::move(unit));
   }
-  // What needs the peers (RankUnit::connect): the members of a group meet
-  // in it, so a thread each; one that fails ends the others'.
+  if (absl::Status st = t->connect_ranks(); !st.ok()) return st;
+  return t;
+}
+
+// What needs the peers (RankUnit::connect): the members of a group meet
+// in it, so a thread each; one that fails (or cannot start) ends the
+// others', and every thread started is waited for.
+absl::Status InProcessTrainer::connect_ranks() {
+  auto fail_all = [this](const absl::Status& why) {
+    for (auto& r : ranks_) r->fail_pending(why);
+  };
   std::vector<std::future<absl::Status>> connected;
-  for (auto& r : t->ranks_) {
-    connected.push_back(std::async(std::launch::async, [&t, unit = r.get()] {
-      absl::Status st = unit->connect();
-      if (!st.ok()) {
-        for (auto& other : t->ranks_) other->fail_pending(st);
-      }
-      return st;
-    }));
-  }
   absl::Status first = absl::OkStatus();
+  try {
+    for (auto& r : ranks_) {
+      connected.push_back(std::async(std::launch::async, [&fail_all, unit = r.get()] {
+        absl::Status st;
+        try {
+          st = unit->connect();
+        } catch (const std::exception& e) {
+          st = absl::InternalError(absl::StrCat("connecting rank ", unit->rank(), ": ", e.what()));
+        }
+        if (!st.ok()) fail_all(st);
+        return st;
+      }));
+    }
+  } catch (const std::system_error& e) {  // no thread for one more rank
+    first = absl::ResourceExhaustedError(
+        absl::StrCat("a thread to connect rank ", connected.size(), ": ", e.what()));
+    fail_all(first);
+  }
   for (auto& c : connected) {
     if (absl::Status st = c.get(); !st.ok() && first.ok()) first = st;
   }
-  if (!first.ok()) return first;
-  return t;
+  return first;
 }
 
 InProcessTrainer::~InProcessTrainer() {

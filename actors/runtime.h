@@ -86,6 +86,7 @@ class InProcessTrainer {
 
  private:
   InProcessTrainer() = default;
+  absl::Status connect_ranks();  // RankUnit::connect() of every rank, at once
   void shut_down(caf::actor_system& system, const std::vector<caf::actor>& actors);
   absl::Status finish_traces(absl::Status st) const;
 

@@ -1,20 +1,16 @@
-// model::TensorParallel: the TP collectives of the model's ops, in the
-// stream's order. Two links:
-// - tensor_link, over a comm::Communicator, on host memory (the CPU): each
-//   collective is a host callback that runs on the stream's thread, which
-//   waits while the peers take part.
-// - device_tensor_link, over comm::StreamCollectives, on the device's own
-//   buffers: each collective is a device call (gpu::Stream::device_call)
-//   made when the op that needs it is enqueued. On CUDA that is NCCL,
-//   issued on the actor's thread into the compute stream, never inside a
-//   host callback; on the opaque CPU device, in_stream_collectives runs the
-//   Communicator's collective there in stream order (the same wiring, tested
-//   where no GPU is).
-// Every member enqueues the same collectives in the same order: the
-// rank's one compute stream runs its ops in the schedule's order, which
-// every member of a TP group shares. A failed collective fails the stream,
-// naming it (tensor_link: with Unavailable; device_tensor_link: with the
-// collective's own error, Unavailable when a member is gone).
+// model::TensorParallel: the TP collectives of the model's ops, each a
+// device call (gpu::Stream::device_call) in the stream's order, made when
+// the op that needs it is enqueued, on the tensors' own memory.
+// - tensor_link, over a comm::Communicator, for the CPU backend (opaque
+//   too): the call runs on the stream's thread, which waits there while the
+//   peers take part.
+// - device_tensor_link, over any comm::StreamCollectives: on CUDA NCCL's,
+//   made at once on the actor's thread into the compute stream (never
+//   inside a host callback, where CUDA forbids it).
+// Every member enqueues the same collectives in the same order: the rank's
+// one compute stream runs its ops in the schedule's order, which every
+// member of a TP group shares. A failed collective fails the stream,
+// naming it (Unavailable when a member is gone).
 //
 //   model::TensorParallel tp = actors::tensor_link(comm.get(), {.tp = 2, .t = 1});
 //   model::Gpt gpt(config, B, device, stage, 1, tp);
@@ -45,13 +41,13 @@ struct TensorLinkOptions {
 };
 
 // `comm` (the TP group, member t of slice.tp) must outlive the link.
+// `runner` wraps each device call: on a CPU stream, where it runs, the whole
+// collective.
 model::TensorParallel tensor_link(comm::Communicator* comm, model::TpSlice slice,
                                   TensorLinkOptions options = {});
-// The same on the device's buffers (`runner` wraps each device call: on a
-// CPU stream, where it runs, the whole collective).
 model::TensorParallel device_tensor_link(comm::StreamCollectives* comm, model::TpSlice slice,
                                          TensorLinkOptions options = {});
-// StreamCollectives over `comm` for a device whose device calls run on the
+// tensor_link's collectives, for a device whose device calls run on the
 // stream's thread (the CPU backend's, opaque or not): each call runs the
 // collective, waiting for the peers, and returns when it is done.
 std::unique_ptr<comm::StreamCollectives> in_stream_collectives(comm::Communicator* comm);

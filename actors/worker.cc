@@ -5,6 +5,7 @@
 
 #include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
 #include <future>
 #include <mutex>
 #include <optional>
@@ -271,6 +272,15 @@ absl::Status run_worker(const WorkerOptions& o) {
     std::fprintf(stderr, "troupe worker: %s\n", m.c_str());
   };
   const int world = o.spec.parallel.world();
+  if (o.spec.parallel.tp > 1 && o.spec.parallel.device != nullptr &&
+      o.spec.parallel.device->kind() == gpu::DeviceKind::kCuda) {
+    // TP through NCCL (RankUnit::connect): every connection it will use
+    // made in its init, not at a collective's first call, which would wait
+    // there for the peers on the actor's thread. Set before this process
+    // starts the threads of UCX and CAF (setenv is not safe beside getenv);
+    // a value the user gave stands.
+    ::setenv("NCCL_RUNTIME_CONNECT", "0", /*overwrite=*/0);
+  }
   absl::StatusOr<std::unique_ptr<comm::UcxTransport>> ucx =
       comm::UcxTransport::create(o.spec.rank, world);
   if (!ucx.ok()) return ucx.status();
@@ -351,13 +361,23 @@ absl::Status run_worker(const WorkerOptions& o) {
                                                              st.message()))}));
       return st;
     }
-    if (absl::Status st = connect_unit(**unit, state); !st.ok()) {
-      (void)sink(
-          encode_envelope(system, {.to = Target::kControl,
-                                   .content = caf::make_message(failed_atom::value, o.spec.rank,
-                                                                std::string(st.message()))}));
-      return st;
+  }
+  absl::Status connected = state.addresses ? connect_unit(**unit, state) : absl::OkStatus();
+  if (!connected.ok()) {
+    bool over;
+    {
+      std::lock_guard<std::mutex> lock(state.mu);
+      over = state.over();
     }
+    // Cancelled because the job ended: the ordinary end below says why.
+    if (!over) {
+      (void)sink(encode_envelope(system,
+                                 {.to = Target::kControl,
+                                  .content = caf::make_message(failed_atom::value, o.spec.rank,
+                                                               std::string(connected.message()))}));
+      return connected;
+    }
+  } else if (state.addresses) {
     caf::actor stand_in = system.spawn<CoordinatorStandIn>(sink);
     RankUnit::Actors a = (*unit)->spawn(
         system, {.coordinator = stand_in, .train = data->train.get(), .valid = data->valid.get()});

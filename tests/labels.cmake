@@ -4,6 +4,8 @@
 #   timing  timing-sensitive (deadlines, sleeps, killed processes): RUN_SERIAL,
 #           never run under sanitizers, whose slowdown breaks the deadlines
 #   root    needs root; scripts/test skips it otherwise
+#   gpu     needs GPUs (a CUDA build with NCCL registers it); skips, exit 77,
+#           where there are too few
 #   bench   a measurement, not a check; run by scripts/bench only
 #   tsan    what `scripts/test --sanitize thread` runs: the suites that do
 #           not run actors. Debian's CAF 0.17 library is not instrumented,

@@ -1,17 +1,23 @@
 // The actors' runtime on a device whose memory the host cannot read
 // (gpu::make_opaque_cpu_device: the CPU's kernels under a GPU's rule, where
 // a host read of device memory throws) trains bitwise as on the CPU device:
-// activations, gradients, parameters, losses, norms and TP collectives all
-// reach the host through host mirrors and copies on the streams, and
-// checkpoints through host copies of the state.
+// activations, gradients, parameters, losses and norms reach the host
+// through host mirrors and copies on the streams, checkpoints through host
+// copies of the state, and TP's collectives are device calls on the
+// device's own memory (as NCCL's are on a GPU).
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <filesystem>
+#include <future>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
+#include "actors/rank.h"
 #include "actors/runtime.h"
+#include "comm/inproc_transport.h"
 #include "gpu/device.h"
 #include "model/checkpoint.h"
 #include "tests/actors/runtime_fixtures.h"
@@ -152,6 +158,37 @@ TEST(DeviceRuntimeCheckpoint, SaveAndResumeOnTheOpaqueDevice) {
   expect_same(straight.metrics[3], resumed.metrics[1]);
   EXPECT_EQ(resumed.params, straight.params);
   fs::remove_all(dir);
+}
+
+// RankUnit::connect() meets the TP group's other members (on a GPU, to
+// make NCCL's communicator; on the opaque device, the same exchange). A
+// member that never comes would hold it for ever: fail_pending, which a
+// worker calls when the job ends meanwhile, ends it.
+TEST(DeviceRuntimeConnect, FailPendingEndsAConnectWhosePeerNeverComes) {
+  std::unique_ptr<gpu::Device> opaque = gpu::make_opaque_cpu_device();
+  const ParallelOptions par{.tp = 2, .device = opaque.get()};
+  model::TrainOptions o = fixtures::tiny4(Precision::kFp32);
+  o.model = par.sliced_config(o.model);
+  auto fabric = std::make_shared<comm::InProcFabric>(2);
+  std::vector<std::unique_ptr<RankUnit>> units;
+  for (int r = 0; r < 2; r++) {
+    RankSpec spec;
+    spec.options = o;
+    spec.parallel = par;
+    spec.rank = r;
+    auto u = RankUnit::create(spec, fabric->endpoint(r));
+    ASSERT_TRUE(u.ok()) << u.status();
+    units.push_back(*std::move(u));
+  }
+  // Member 1 waits for member 0's id; member 0 never sends it.
+  auto connecting = std::async(std::launch::async, [&] { return units[1]->connect(); });
+  EXPECT_EQ(connecting.wait_for(std::chrono::milliseconds(300)), std::future_status::timeout);
+  units[1]->fail_pending(absl::CancelledError("the job stopped"));
+  ASSERT_EQ(connecting.wait_for(std::chrono::seconds(10)), std::future_status::ready)
+      << "connect() still waits after fail_pending";
+  const absl::Status st = connecting.get();
+  EXPECT_EQ(st.code(), absl::StatusCode::kUnavailable) << st;
+  EXPECT_TRUE(absl::StrContains(st.message(), "the job stopped")) << st;
 }
 
 }  // namespace

@@ -108,12 +108,17 @@ def compare_close(want_path, got_path, tolerance):
 
 
 def gpu_count():
+    """The GPUs nvidia-smi lists, as many as CUDA_VISIBLE_DEVICES leaves."""
     try:
         r = subprocess.run(["nvidia-smi", "-L"], stdout=subprocess.PIPE,
                            stderr=subprocess.DEVNULL, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired):
         return 0
-    return sum(1 for line in r.stdout.splitlines() if line.startswith("GPU "))
+    n = sum(1 for line in r.stdout.splitlines() if line.startswith("GPU "))
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        n = min(n, len([d for d in visible.split(",") if d.strip()]))
+    return n
 
 
 def on_gpus(need, flags):
