@@ -250,7 +250,15 @@ absl::Status gather_and_save_weights(RankUnit& unit, const RankSpec& spec, const
 absl::Status connect_unit(RankUnit& unit, LinkState& state) {
   std::promise<absl::Status> done;
   std::future<absl::Status> result = done.get_future();
-  std::thread connecting([&] { done.set_value(unit.connect()); });
+  std::thread connecting([&] {
+    absl::Status st;
+    try {
+      st = unit.connect();
+    } catch (const std::exception& e) {  // (it would end the process from this thread)
+      st = absl::InternalError(absl::StrCat("connecting rank ", unit.rank(), ": ", e.what()));
+    }
+    done.set_value(st);
+  });
   bool cancelled = false;
   while (result.wait_for(std::chrono::milliseconds(20)) != std::future_status::ready) {
     bool over;

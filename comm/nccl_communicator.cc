@@ -270,10 +270,13 @@ class NcclComm final : public NcclCommunicator {
     lock.lock();
   }
 
-  // Without call_mu_: ncclCommGetAsyncError only reads the communicator's
-  // error state, and is made to be called from a watchdog thread while
-  // another thread issues (as PyTorch's does).
+  // Only when no call is being made: on a non-blocking communicator
+  // ncclCommGetAsyncError also completes a call's pending launch (it joins
+  // NCCL's launch thread), which the caller's settle() may be doing at the
+  // same moment. A call in progress reports its own errors (settle).
   absl::Status async_error() {
+    std::unique_lock<std::mutex> call(call_mu_, std::try_to_lock);
+    if (!call.owns_lock()) return absl::OkStatus();
     ncclResult_t state = ncclSuccess;
     ncclResult_t r = ncclCommGetAsyncError(comm_, &state);
     if (r != ncclSuccess) return nccl_status(r, "ncclCommGetAsyncError");
@@ -391,7 +394,8 @@ class NcclComm final : public NcclCommunicator {
   ncclComm_t comm_;
   cudaStream_t stream_;
   const int rank_, size_, device_;
-  // Held around every NCCL call on comm_ but the error polls (taken before mu_).
+  // Held around every NCCL call on comm_, the error polls' too (taken
+  // before mu_).
   std::mutex call_mu_;
   std::mutex mu_;
   std::condition_variable cv_;

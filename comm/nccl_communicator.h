@@ -6,8 +6,8 @@
 // finished it (cudaLaunchHostFunc). The *_on calls (StreamCollectives) are
 // issued at once on the caller's thread into the caller's stream; the
 // issuing thread then watches for NCCL's asynchronous errors. Both kinds
-// take one lock around their NCCL calls, and the abort takes it too (the
-// error polls do not: they only read). Uneven splits use grouped
+// take one lock around their NCCL calls, and the abort and the error polls
+// take it too (a poll may complete a pending call's launch). Uneven splits use grouped
 // ncclReduce/ncclBroadcast per member; even ones ncclReduceScatter/AllGather.
 //
 //   std::string id = *comm::nccl_unique_id();           // on member 0, shared by bootstrap
