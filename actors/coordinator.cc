@@ -217,6 +217,7 @@ void Coordinator::on_ready(int step, int rank) {
               .grad_norm = grad_norm_,
               .loss_scale = loss_scale_,
               .skipped = skipped_,
+              .skipped_steps = scaler_->state().skipped_iters,
               .lr = lr_,
               .step_s = secs,
               .tokens_per_s = tokens / secs,

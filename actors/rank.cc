@@ -265,10 +265,14 @@ absl::Status RankUnit::write_trace(const std::string& dir, TraceHeader header) c
   return write_trace_file(dir, header, *recorder_);
 }
 
-void RankUnit::fail_pending(const absl::Status& why) {
+void RankUnit::end_pending(const absl::Status& why) {
   for (int peer = 0; peer < transport_->size(); peer++) transport_->fail_peer(peer, why);
   if (tensor_) tensor_->fail(why);  // a stream waiting in a TP collective goes on
   connect_cancelled_ = true;
+}
+
+void RankUnit::fail_pending(const absl::Status& why) {
+  end_pending(why);
   if (comm::Collectives* nccl = nccl_.load(); nccl != nullptr) {
     nccl->fail(why);     // its kernels end once it is aborted, their results garbage:
     stream_->fail(why);  // the stream says so

@@ -7,8 +7,9 @@
 //
 // The buffers, streams and transport belong to this object and outlive the
 // actors, so a rank ends in a fixed order: fail_pending() (every transport
-// operation and collective ends with an error the actors hear), the actors
-// exit (stop_actors), drain() (the streams finish what they hold).
+// operation and collective ends with an error the actors hear; after a run
+// that went well, end_pending()), the actors exit (stop_actors), drain()
+// (the streams finish what they hold).
 //
 //   auto unit = actors::RankUnit::create({.options = sliced, .parallel = par, .rank = r,
 //                                         .threads = 1}, std::move(transport));
@@ -158,8 +159,15 @@ class RankUnit {
   // in-process runtime a thread per rank); fail_pending ends it.
   absl::Status connect();
   Actors spawn(caf::actor_system& system, const Wiring& wiring);
-  // Fails every pending transport operation and TP collective with `why`.
+  // Fails every pending transport operation and TP collective with `why`;
+  // a TP group's NCCL communicator is aborted (its kernels end, their
+  // results garbage) and the compute stream fails.
   void fail_pending(const absl::Status& why);
+  // The run went well and every rank is done: what is still posted ends
+  // with `why`, but the NCCL communicator, idle, is not aborted: it is
+  // finalized with its peers when the unit goes (within 30 s, else
+  // aborted).
+  void end_pending(const absl::Status& why);
   // Waits for a checkpoint write still running, then for the streams.
   void drain();
 

@@ -50,6 +50,7 @@ std::string encode_watch_event(const WatchEvent& e) {
       j["lr"] = m.lr;
       j["loss_scale"] = m.loss_scale;
       j["skipped"] = m.skipped;
+      j["skipped_steps"] = m.skipped_steps;
       j["step_s"] = m.step_s;
       j["tokens_per_s"] = m.tokens_per_s;
       if (m.val_loss) j["val_loss"] = *m.val_loss;
@@ -108,6 +109,7 @@ absl::StatusOr<WatchEvent> decode_watch_event(const std::string& frame) {
     // (Feeds of older troupes have neither: fp32, nothing skipped.)
     if (j.contains("loss_scale")) m.loss_scale = static_cast<float>(number("loss_scale"));
     if (j.contains("skipped")) m.skipped = j["skipped"].is_boolean() && j["skipped"].get<bool>();
+    if (j.contains("skipped_steps")) m.skipped_steps = static_cast<int>(integer("skipped_steps"));
     m.step_s = number("step_s");
     m.tokens_per_s = number("tokens_per_s");
     if (j.contains("val_loss")) m.val_loss = number("val_loss");

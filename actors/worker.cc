@@ -433,11 +433,19 @@ absl::Status run_worker(const WorkerOptions& o) {
   (void)sink(encode_envelope(system, {.to = Target::kControl,
                                       .content = caf::make_message(remote_done_atom::value,
                                                                    o.spec.rank)}));
+  bool bye = false;
   {
     std::unique_lock<std::mutex> lock(state.mu);
     state.cv.wait_for(lock, std::chrono::seconds(3600), [&] { return state.bye || state.lost; });
+    bye = state.bye;
   }
-  (*unit)->fail_pending(absl::CancelledError("the run has ended"));
+  // Every rank done: the NCCL communicator is finalized with its peers,
+  // not aborted (a run that failed, or lost the coordinator, aborts it).
+  if (outcome.ok() && bye) {
+    (*unit)->end_pending(absl::CancelledError("the run has ended"));
+  } else {
+    (*unit)->fail_pending(absl::CancelledError("the run has ended"));
+  }
   (*unit)->drain();
   link->reset();  // goodbye: the coordinator hears OK
   log(absl::StrCat("rank ", o.spec.rank, " on ", hello.host, ": single-copy bytes ",

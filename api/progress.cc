@@ -30,10 +30,11 @@ Progress::Progress(int steps, std::vector<std::ofstream*> metrics, int log_inter
 void Progress::print(const model::StepMetrics& m, double loss, double tokens_per_s, double step_s) {
   const double eta = elapsed_ / reported_ * (steps_ - m.step);
   const std::string val = m.val_loss ? absl::StrFormat(" | val loss %.4f", *m.val_loss) : "";
-  // --fp16 (Megatron's line has both): the scale, and the steps skipped.
+  // --fp16 (Megatron's line has both): the scale, and the run's steps
+  // skipped so far (the scaler's count: a resumed run's too).
   const std::string scale =
-      m.loss_scale != 1 || skipped_ > 0
-          ? absl::StrFormat(" | loss scale %.1f | skipped %d", m.loss_scale, skipped_)
+      m.loss_scale != 1 || m.skipped_steps > 0
+          ? absl::StrFormat(" | loss scale %.1f | skipped %d", m.loss_scale, m.skipped_steps)
           : "";
   std::printf(
       "%sstep %*d/%d | loss %.4f | lr %.3e | grad norm %.4f%s | %.0f tok/s | %.3f s/step | "
@@ -46,7 +47,6 @@ void Progress::print(const model::StepMetrics& m, double loss, double tokens_per
 void Progress::report(const model::StepMetrics& m) {
   elapsed_ += m.step_s;
   reported_++;  // (a resumed run's first step is not step 1)
-  if (m.skipped) skipped_++;
   window_++;
   window_loss_ += m.loss;
   window_s_ += m.step_s;
@@ -70,9 +70,9 @@ void Progress::report(const model::StepMetrics& m) {
       "{\"step\": %d, \"loss\": %.17g, \"grad_norm\": %.17g, \"lr\": %.17g, "
       "\"global_batch_size\": %d, \"consumed_samples\": %d, "
       "\"tokens_per_s\": %.9g, \"step_s\": %.9g, \"elapsed_s\": %.9g, \"loss_scale\": %.9g, "
-      "\"skipped\": %s%s}\n",
+      "\"skipped\": %s, \"skipped_steps\": %d%s}\n",
       m.step, m.loss, m.grad_norm, m.lr, m.global_batch, m.consumed_samples, m.tokens_per_s,
-      m.step_s, elapsed_, m.loss_scale, m.skipped ? "true" : "false",
+      m.step_s, elapsed_, m.loss_scale, m.skipped ? "true" : "false", m.skipped_steps,
       m.val_loss ? absl::StrFormat(", \"val_loss\": %.17g", *m.val_loss) : "");
   lines_.emplace_back(m.step, line);
   for (std::ofstream* out : metrics_) {

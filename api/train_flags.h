@@ -153,7 +153,6 @@ class Progress {
   bool live_ = false;  // a live line is showing (no newline yet)
   double elapsed_ = 0.0;
   int reported_ = 0;
-  int skipped_ = 0;  // steps skipped so far (--fp16)
   // Since the last line: steps, their loss sum, seconds and tokens.
   int window_ = 0;
   double window_loss_ = 0.0, window_s_ = 0.0, window_tokens_ = 0.0;

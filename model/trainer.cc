@@ -215,6 +215,7 @@ absl::Status Trainer::step(StepMetrics* metrics) {
               .grad_norm = d.grad_norm,
               .loss_scale = loss_scale,
               .skipped = d.skip,
+              .skipped_steps = scaler_->state().skipped_iters,
               .lr = lr,
               .step_s = secs,
               .tokens_per_s = static_cast<double>(tokens_per_step) / secs,

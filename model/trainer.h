@@ -84,6 +84,7 @@ struct StepMetrics {
   // gradients were not finite so it made no update (grad_norm then 0).
   float loss_scale = 1;
   bool skipped = false;
+  int skipped_steps = 0;  // the run's steps skipped so far, this one too (across resumes)
   float lr = 0;
   double step_s = 0;               // wall time of this step
   double tokens_per_s = 0;         // GBS*T / step_s

@@ -186,7 +186,7 @@ typename Inspector::result_type inspect(Inspector& f, StepMetrics& x) {
     return caf::none;
   });
   return f(caf::meta::type_name("troupe::StepMetrics"), x.step, x.global_batch, x.consumed_samples,
-           x.loss, x.grad_norm, x.loss_scale, x.skipped, x.lr, x.step_s, x.tokens_per_s, has_val,
-           val, load);
+           x.loss, x.grad_norm, x.loss_scale, x.skipped, x.skipped_steps, x.lr, x.step_s,
+           x.tokens_per_s, has_val, val, load);
 }
 }  // namespace troupe::model

@@ -104,6 +104,7 @@ CudaStream::~CudaStream() {
   cudaSetDevice(index_);
   if (stream_ != nullptr) cudaStreamSynchronize(stream_);
   retire(/*all=*/true);
+  kept_.clear();  // (the owner ended the libraries that used them before the stream)
   for (cudaEvent_t e : free_events_) cudaEventDestroy(e);
   workspace_.reset();
   if (slot_ >= 0) device_.release_slot(slot_);
@@ -280,7 +281,11 @@ void CudaStream::launch_held(const char* name, std::vector<std::shared_ptr<Stora
   nvtxRangePushA(name);
   absl::Status st = launch(Launch{stream_, fault_});
   nvtxRangePop();
-  if (!st.ok()) fail(absl::Status(st.code(), absl::StrCat(name, ": ", st.message())));
+  if (!st.ok()) {
+    fail(absl::Status(st.code(), absl::StrCat(name, ": ", st.message())));
+    std::lock_guard<std::mutex> lock(mu_);
+    kept_.insert(kept_.end(), held.begin(), held.end());
+  }
   InFlight op{nullptr, std::move(held)};
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -92,7 +92,10 @@ class CudaStream final : public Stream {
   };
   void check(cudaError_t err, absl::string_view what);
   // run_op's and device_call's launch: `held` stays alive until an event
-  // recorded after the launch has completed.
+  // recorded after the launch has completed; after a launch that failed,
+  // until the stream is destroyed (a library that gave up may still put
+  // its kernel on the stream behind that event: NCCL's launch thread after
+  // an abort).
   void launch_held(const char* name, std::vector<std::shared_ptr<Storage>> held,
                    const std::function<absl::Status(const Launch&)>& launch);
   // Releases what completed ops held; all of it when `all` (after a sync).
@@ -108,9 +111,10 @@ class CudaStream final : public Stream {
   unsigned* fault_host_ = nullptr;  // pinned host copy, updated on the stream
   std::shared_ptr<Storage> workspace_;
   bool sync_each_op_ = false;
-  std::mutex mu_;  // error_, in_flight_, recent_, free_events_, workspace_
+  std::mutex mu_;  // error_, in_flight_, kept_, recent_, free_events_, workspace_
   absl::Status error_;
   std::deque<InFlight> in_flight_;
+  std::vector<std::shared_ptr<Storage>> kept_;  // failed launches' tensors, until ~CudaStream
   std::vector<cudaEvent_t> free_events_;
   std::deque<std::string> recent_;  // ops since the last synchronisation
 };

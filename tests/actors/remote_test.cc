@@ -81,11 +81,13 @@ TEST(WatchFeed, AStepCarriesTheLossScaleAndTheSkip) {
   e.metrics.loss = 2.5;
   e.metrics.loss_scale = 1024.0f;
   e.metrics.skipped = true;
+  e.metrics.skipped_steps = 3;
   absl::StatusOr<WatchEvent> d = decode_watch_event(encode_watch_event(e));
   ASSERT_TRUE(d.ok()) << d.status();
   EXPECT_EQ(d->metrics.step, 4);
   EXPECT_EQ(d->metrics.loss_scale, 1024.0f);
   EXPECT_TRUE(d->metrics.skipped);
+  EXPECT_EQ(d->metrics.skipped_steps, 3);
   e.metrics.skipped = false;
   d = decode_watch_event(encode_watch_event(e));
   ASSERT_TRUE(d.ok()) << d.status();

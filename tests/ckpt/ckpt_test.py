@@ -8,9 +8,12 @@ Cases:
   resume N M [launch] [slow] FLAGS...
         N+M steps straight (no --save) against N+M steps with --save-interval
         N, then --load DIR/iter_N to N+M (with `launch`: both checkpointed
-        runs through `troupe launch`): loss, grad_norm, lr and val_loss of
-        every step bitwise equal, the final weights byte for byte, and the
-        checkpointed run itself equal to the straight one. `slow`: the
+        runs through `troupe launch`): loss, grad_norm, lr, val_loss and
+        --fp16's loss_scale, skipped and skipped_steps (the straight run's
+        the count of its skipped steps; a regression: the resumed run
+        counted only its own) of every step bitwise equal, the final
+        weights byte for byte, and the checkpointed run itself equal to
+        the straight one. `slow`: the
         saving run pauses 0.3 s at each point of a save
         (TROUPE_DEBUG_SAVE_DELAY), so that its commit comes after the next
         steps (and evaluations) have run
@@ -60,7 +63,7 @@ import zlib
 TROUPE, WORK = sys.argv[1], sys.argv[2]
 HERE = os.path.dirname(os.path.abspath(__file__))
 COMPARE = os.path.join(HERE, "..", "compare_metrics.py")
-KEYS = ("loss", "grad_norm", "lr", "val_loss")
+KEYS = ("loss", "grad_norm", "lr", "val_loss", "loss_scale", "skipped", "skipped_steps")
 os.makedirs(WORK, exist_ok=True)
 
 
@@ -125,6 +128,16 @@ def bitwise(want_path, got_path, first, last, want_w=None, got_w=None):
     return f"steps {first}..{last} bitwise ({vals} with val_loss)" + (", weights byte for byte" if want_w else "")
 
 
+def counted(path):
+    """Each step's skipped_steps is the count of skipped steps up to it."""
+    total = 0
+    for r in metrics(path):
+        total += 1 if r.get("skipped") else 0
+        if r.get("skipped_steps") != total:
+            fail(f"{path}: step {r['step']}: skipped_steps {r.get('skipped_steps')!r}, "
+                 f"but {total} steps so far say skipped")
+
+
 def case_resume(args):
     n, m, flags = int(args[0]), int(args[1]), args[2:]
     how, env = "train", None
@@ -137,6 +150,7 @@ def case_resume(args):
     tag = f"resume-{how}"
     ck = fresh(f"{WORK}/{tag}-ck")
     want_m, want_w = train(flags, f"{tag}-straight", n + m)
+    counted(want_m)
     saved_m, saved_w = train(flags, f"{tag}-saving", n + m, ["--save", ck, "--save-interval", str(n)],
                              how, env)
     what = bitwise(want_m, saved_m, 1, n + m, want_w, saved_w)
