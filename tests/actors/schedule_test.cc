@@ -167,6 +167,42 @@ TEST(Schedule, NeverDeadlocksAndTheBubbleIsMegatrons) {
   }
 }
 
+// Every link (a stage to another, activations or gradients) carries its
+// messages in the order the receiving stage consumes them: the sender's
+// list order of the ops that produce them equals the receiver's list order
+// of the ops that read them. (In-order channels, as NCCL's point-to-point
+// calls between two ranks, need this; tagged messages do not.) Brute force
+// over every list, from the chunk arithmetic alone.
+TEST(Schedule, EveryLinkCarriesItsMessagesInTheOrderTheyAreConsumed) {
+  using Link = std::tuple<int, int, int>;  // (kind 0 activation / 1 gradient, from, to)
+  using Msg = std::pair<int, int>;         // (micro-batch, the receiving global chunk)
+  for (const Case& c : cases()) {
+    const int chunks = c.pp * c.v;
+    std::map<Link, std::vector<Msg>> sent, consumed;
+    for (int s = 0; s < c.pp; s++) {
+      const absl::StatusOr<std::vector<ScheduleOp>> ops = make_schedule(c.kind, c.pp, s, c.m, c.v);
+      ASSERT_TRUE(ops.ok()) << ops.status();
+      for (const ScheduleOp& op : *ops) {
+        const int g = op.chunk * c.pp + s;
+        if (op.kind == OpKind::kForward) {
+          if (g + 1 < chunks) sent[{0, s, (g + 1) % c.pp}].emplace_back(op.micro, g + 1);
+          if (g > 0) consumed[{0, (g - 1) % c.pp, s}].emplace_back(op.micro, g);
+        } else {
+          if (g > 0) sent[{1, s, (g - 1) % c.pp}].emplace_back(op.micro, g - 1);
+          if (g + 1 < chunks) consumed[{1, (g + 1) % c.pp, s}].emplace_back(op.micro, g);
+        }
+      }
+    }
+    ASSERT_EQ(sent.size(), consumed.size());
+    for (const auto& [link, msgs] : sent) {
+      const auto [kind, from, to] = link;
+      EXPECT_EQ(msgs, consumed[link])
+          << schedule_name(c.kind) << " pp=" << c.pp << " m=" << c.m << " v=" << c.v << ": "
+          << (kind == 0 ? "activations" : "gradients") << " from stage " << from << " to " << to;
+    }
+  }
+}
+
 // Micro-batch chunks whose forward has run and backward has not, at most,
 // on one stage (all chunks together, or only `chunk`).
 int live_peak(const std::vector<ScheduleOp>& ops, int chunk = -1) {
