@@ -111,6 +111,7 @@ absl::StatusOr<std::unique_ptr<RankUnit>> RankUnit::create(
     if (absl::Status st = u->make_tensor_parallel(dev, &tensor); !st.ok()) return st;
   }
   u->optimizer_stream_ = dev.make_stream({.threads = 1});
+  u->make_links(dev);
   absl::StatusOr<std::vector<ScheduleOp>> ops =
       make_schedule(par.schedule, par.pp, u->coord_.s, par.m(o), par.virtual_stages);
   if (!ops.ok()) return ops.status();
@@ -209,6 +210,7 @@ RankUnit::Actors RankUnit::spawn(caf::actor_system& system, const Wiring& wiring
   for (auto& c : chunks_) ss.chunks.push_back(c.get());
   ss.stream = stream_.get();
   ss.transport = transport_.get();
+  ss.links = links_.get();
   ss.grad_pieces = grad_pieces_;
   ss.param_pieces = param_pieces_;
   ss.coordinator = wiring.coordinator;
@@ -277,6 +279,12 @@ void RankUnit::fail_pending(const absl::Status& why) {
     nccl->fail(why);     // its kernels end once it is aborted, their results garbage:
     stream_->fail(why);  // the stream says so
   }
+  std::lock_guard<std::mutex> lock(links_mu_);
+  if (!link_nccl_.empty()) {
+    for (comm::Collectives* nccl : link_nccl_) nccl->fail(why);  // (as the TP group's)
+    links_->fail(why);
+    stream_->fail(why);
+  }
 }
 
 void RankUnit::drain() {
@@ -284,12 +292,14 @@ void RankUnit::drain() {
   // first: its report must not reach an actor system that is gone.
   writer_.wait();
   if (stream_) (void)stream_->synchronize();
+  if (links_) links_->synchronize();
   if (optimizer_stream_) (void)optimizer_stream_->synchronize();
 }
 
 RankUnit::~RankUnit() {
   drain();
   tp_device_.reset();  // its NCCL communicator, while the stream it fails is alive
+  links_.reset();      // theirs too
 }
 
 std::vector<model::ckpt::Piece> RankUnit::checkpoint_pieces() {

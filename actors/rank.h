@@ -18,16 +18,17 @@
 
 #include <array>
 #include <atomic>
+#include <caf/all.hpp>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
-
-#include <caf/all.hpp>
 
 #include "absl/status/statusor.h"
 #include "actors/optimizer_actor.h"
 #include "actors/partition.h"
+#include "actors/pipeline_link.h"
 #include "actors/schedule.h"
 #include "actors/shard_actor.h"
 #include "actors/stage_compute.h"
@@ -130,7 +131,16 @@ struct RankSpec {
   const model::ckpt::Checkpoint* load = nullptr;
   bool load_optimizer = true;
   TraceOptions trace;
+  // This process holds this one rank, and its device is the rank's alone
+  // (troupe launch's workers): on CUDA its pipeline links go GPU to GPU
+  // through NCCL (actors/pipeline_link.h). Elsewhere a CUDA pipeline goes
+  // through host memory and the transport (ranks of one process share the
+  // GPU, and NCCL takes a GPU per member).
+  bool own_device = false;
 };
+
+// The size of the id connect() shares (NCCL's unique id).
+inline constexpr std::size_t kConnectIdBytes = 128;
 
 class RankUnit {
  public:
@@ -154,9 +164,12 @@ class RankUnit {
   // read, the TP group's collectives: on CUDA its NCCL communicator (member
   // 0 makes NCCL's id and broadcasts it through the TP group's
   // Communicator), on the opaque device the same exchange then the
-  // Communicator's; nothing elsewhere. Every member of a TP group calls it
-  // at once (a worker process after connecting its transport; the
-  // in-process runtime a thread per rank); fail_pending ends it.
+  // Communicator's. Then, on CUDA with a GPU of its own (own_device) and
+  // --pp > 1, a two-member NCCL communicator per pipeline link (the sender
+  // makes its id and sends it over the transport), made in the links'
+  // global order. Nothing elsewhere. Every rank calls it at once (a worker
+  // process after connecting its transport; the in-process runtime a
+  // thread per rank); fail_pending ends it.
   absl::Status connect();
   Actors spawn(caf::actor_system& system, const Wiring& wiring);
   // Fails every pending transport operation and TP collective with `why`;
@@ -210,6 +223,13 @@ class RankUnit {
   // read the device; else device calls, on CUDA through NCCL (made by
   // connect()), on the opaque CPU device through the Communicator.
   absl::Status make_tensor_parallel(gpu::Device& dev, model::TensorParallel* tensor);
+  // connect()'s two parts: the TP group's, then the pipeline links'.
+  absl::Status connect_tensor_parallel();
+  absl::Status connect_links();
+  // The pipeline links (actors/pipeline_link.h) where the device's
+  // activations go device to device: the opaque device's over the
+  // transport (made here), CUDA's through NCCL (connect_links).
+  void make_links(gpu::Device& dev);
   // Checkpoints. The state this rank saves (replica 0 its parameters; every
   // rank its partitions' master, m and v), in host memory: in place on the
   // CPU; on a device, host copies (state_), current only right after
@@ -236,6 +256,9 @@ class RankUnit {
   // The NCCL communicator once connect() made it (owned by tp_device_).
   std::atomic<comm::Collectives*> nccl_{nullptr};
   std::atomic<bool> connect_cancelled_{false};  // fail_pending: connect()'s NCCL init gives up
+  std::mutex links_mu_;
+  std::vector<comm::Collectives*>
+      link_nccl_;  // guarded by links_mu_: the links' NCCL communicators
   std::shared_ptr<std::atomic<std::int64_t>> tp_floats_ =
       std::make_shared<std::atomic<std::int64_t>>(0);
   std::vector<std::unique_ptr<GptStage>> chunks_;       // by chunk
@@ -248,6 +271,9 @@ class RankUnit {
   model::ckpt::BackgroundWrite writer_;                  // a save's write (after the streams)
   // Last, so that they drain before the buffers above go away.
   std::unique_ptr<gpu::Stream> stream_, optimizer_stream_;
+  // After the compute stream, which its streams' calls fail and wait for
+  // (so they go first).
+  std::unique_ptr<PipelineLinks> links_;
 };
 
 // One model chunk of a rank as a checkpoint sees it: its TP slice's layout,

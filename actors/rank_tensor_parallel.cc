@@ -107,14 +107,16 @@ namespace {
 
 // NCCL's id, and its size where NCCL is not built (the opaque device's
 // connect() sends one of the same size).
-constexpr std::size_t kIdBytes = 128;
-#ifdef TROUPE_HAVE_NCCL
-static_assert(kIdBytes == comm::kNcclUniqueIdBytes);
-#endif
+constexpr std::size_t kIdBytes = kConnectIdBytes;
 
 }  // namespace
 
 absl::Status RankUnit::connect() {
+  if (absl::Status st = connect_tensor_parallel(); !st.ok()) return st;
+  return connect_links();
+}
+
+absl::Status RankUnit::connect_tensor_parallel() {
   auto* pending = dynamic_cast<Connected*>(tp_device_.get());
   if (pending == nullptr || pending->connected()) return absl::OkStatus();
   const bool cuda = stream_->device().kind() == gpu::DeviceKind::kCuda;

@@ -30,14 +30,15 @@ ShardActor::ShardActor(caf::actor_config& cfg, ShardSetup setup)
   for (StageCompute* sc : setup_.chunks) {
     Mirrors mr;
     for (int k = 0; k < sc->slots(); k++) {
-      if (!sc->spec().embedding) {
+      // (With links, activations and gradients stay on the device.)
+      if (!sc->spec().embedding && setup_.links == nullptr) {
         mr.input.emplace_back(sc->input(k));
         mr.input_grad.emplace_back(sc->input_grad(k));
       }
-      if (!sc->spec().head) {
+      if (!sc->spec().head && setup_.links == nullptr) {
         mr.output.emplace_back(sc->output(k));
         mr.output_grad.emplace_back(sc->output_grad(k));
-      } else {
+      } else if (sc->spec().head) {
         mr.losses.emplace_back(sc->losses(k));
       }
     }
@@ -183,7 +184,8 @@ bool ShardActor::try_fire(const ScheduleOp& op) {
   StageCompute& sc = *setup_.chunks[static_cast<std::size_t>(op.chunk)];
   const int vs = virtual_stage(setup_.shape, setup_.coord.s, op.chunk);
   int& slot = cs.slot_of[static_cast<std::size_t>(op.micro)];
-  Arrival& in = input_[static_cast<std::size_t>(op.id)];
+  const Mirrors& mr = mirrors_[static_cast<std::size_t>(op.chunk)];
+  const bool links = setup_.links != nullptr;
   if (op.kind == OpKind::kForward) {
     if (slot < 0) {
       if (cs.free.empty()) {
@@ -197,16 +199,9 @@ bool ShardActor::try_fire(const ScheduleOp& op) {
     }
     if (!sc.spec().embedding) {
       const int src = rank_of(setup_.coord.d, stage_of(setup_.shape, vs - 1));
-      if (in == Arrival::kNone) {
-        in = Arrival::kPosted;
-        const gpu::Tensor& buf = mirrors_[static_cast<std::size_t>(op.chunk)]
-                                     .input[static_cast<std::size_t>(slot)]
-                                     .host();
-        setup_.transport->recv(src, tag(MessageKind::kActivation, src, op.micro, op.chunk, 0),
-                               buf.host<float>(), buf.nbytes(),
-                               reply(Msg::kActivation, op.id, buf));
-      }
-      if (in != Arrival::kArrived) {
+      const gpu::Tensor into =
+          links ? sc.input(slot) : mr.input[static_cast<std::size_t>(slot)].host();
+      if (!post_receive(op, MessageKind::kActivation, src, into)) {
         wait_for(&op, absl::StrCat("the activation from rank ", src), src,
                  trace::What::kActivation);
         return false;
@@ -216,15 +211,9 @@ bool ShardActor::try_fire(const ScheduleOp& op) {
   } else {
     if (!sc.spec().head) {
       const int src = rank_of(setup_.coord.d, stage_of(setup_.shape, vs + 1));
-      if (in == Arrival::kNone) {
-        in = Arrival::kPosted;
-        const gpu::Tensor& buf = mirrors_[static_cast<std::size_t>(op.chunk)]
-                                     .output_grad[static_cast<std::size_t>(slot)]
-                                     .host();
-        setup_.transport->recv(src, tag(MessageKind::kGradient, src, op.micro, op.chunk, 0),
-                               buf.host<float>(), buf.nbytes(), reply(Msg::kGradient, op.id, buf));
-      }
-      if (in != Arrival::kArrived) {
+      const gpu::Tensor into =
+          links ? sc.output_grad(slot) : mr.output_grad[static_cast<std::size_t>(slot)].host();
+      if (!post_receive(op, MessageKind::kGradient, src, into)) {
         wait_for(&op, absl::StrCat("the gradient from rank ", src), src, trace::What::kGradient);
         return false;
       }
@@ -232,6 +221,23 @@ bool ShardActor::try_fire(const ScheduleOp& op) {
     fire_backward(op, slot);
   }
   return true;
+}
+
+bool ShardActor::post_receive(const ScheduleOp& op, MessageKind kind, int src,
+                              const gpu::Tensor& into) {
+  Arrival& in = input_[static_cast<std::size_t>(op.id)];
+  if (in != Arrival::kNone) return in == Arrival::kArrived;
+  if (setup_.links != nullptr) {
+    // The compute stream waits for it in front of the op, which fires now.
+    setup_.links->recv(kind, src, *setup_.stream, into);
+    in = Arrival::kArrived;
+    return true;
+  }
+  in = Arrival::kPosted;
+  setup_.transport->recv(
+      src, tag(kind, src, op.micro, op.chunk, 0), into.host<float>(), into.nbytes(),
+      reply(kind == MessageKind::kActivation ? Msg::kActivation : Msg::kGradient, op.id, into));
+  return false;
 }
 
 void ShardActor::fire_forward(const ScheduleOp& op, int slot) {
@@ -242,16 +248,13 @@ void ShardActor::fire_forward(const ScheduleOp& op, int slot) {
   mark_stream(
       setup_.trace, *setup_.stream, op_event(op),
       [&] {
-        if (!sc.spec().embedding) mr.input[k].to_device(*setup_.stream);
+        if (!sc.spec().embedding && setup_.links == nullptr) mr.input[k].to_device(*setup_.stream);
         sc.forward(*setup_.stream, slot, tokens_.empty() ? gpu::Tensor{} : tokens_[j].device(),
                    targets_.empty() ? gpu::Tensor{} : targets_[j].device());
         if (sc.spec().head) mr.losses[k].to_host(*setup_.stream);  // read at op_done
       },
       /*set_current=*/true);
-  if (!sc.spec().head) {
-    const int vs = virtual_stage(setup_.shape, setup_.coord.s, op.chunk);
-    stream_send(MessageKind::kActivation, vs + 1, mr.output[k], op, slot);
-  }
+  if (!sc.spec().head) stream_send(MessageKind::kActivation, op, slot);
   send_when_done(*setup_.stream, caf::actor_cast<caf::actor>(this),
                  caf::make_message(op_done_atom::value, op.id));
 }
@@ -283,15 +286,14 @@ void ShardActor::fire_backward(const ScheduleOp& op, int slot) {
   mark_stream(
       setup_.trace, *setup_.stream, op_event(op),
       [&] {
-        if (!sc.spec().head) mr.output_grad[k].to_device(*setup_.stream);
+        if (!sc.spec().head && setup_.links == nullptr) {
+          mr.output_grad[k].to_device(*setup_.stream);
+        }
         sc.backward(*setup_.stream, slot, tokens_.empty() ? gpu::Tensor{} : tokens_[j].device(),
                     targets_.empty() ? gpu::Tensor{} : targets_[j].device(), dloss, progress);
       },
       /*set_current=*/true);
-  if (!sc.spec().embedding) {
-    const int vs = virtual_stage(setup_.shape, setup_.coord.s, op.chunk);
-    stream_send(MessageKind::kGradient, vs - 1, mr.input_grad[k], op, slot);
-  }
+  if (!sc.spec().embedding) stream_send(MessageKind::kGradient, op, slot);
   send_when_done(*setup_.stream, caf::actor_cast<caf::actor>(this),
                  caf::make_message(op_done_atom::value, op.id));
 }
@@ -300,12 +302,27 @@ void ShardActor::fire_backward(const ScheduleOp& op, int slot) {
 // its copy to the host), not after a round trip through this actor's
 // mailbox; the slot stays held until the bytes have left. The callback
 // calls the transport on host memory only: no device call runs in it.
-void ShardActor::stream_send(MessageKind kind, int dst_vs, const gpu::HostMirror& m,
-                             const ScheduleOp& op, int slot) {
-  m.to_host(*setup_.stream);
+void ShardActor::stream_send(MessageKind kind, const ScheduleOp& op, int slot) {
+  const int vs = virtual_stage(setup_.shape, setup_.coord.s, op.chunk);
+  const int dst_vs = kind == MessageKind::kActivation ? vs + 1 : vs - 1;
   const int dst = rank_of(setup_.coord.d, stage_of(setup_.shape, dst_vs));
   chunk_[static_cast<std::size_t>(op.chunk)].holds[static_cast<std::size_t>(slot)]++;
   sends_pending_++;
+  if (setup_.links != nullptr) {
+    const StageCompute& sc = *setup_.chunks[static_cast<std::size_t>(op.chunk)];
+    setup_.links->send(
+        kind, dst, *setup_.stream,
+        kind == MessageKind::kActivation ? sc.output(slot) : sc.input_grad(slot),
+        [self = caf::actor_cast<caf::actor>(this), c = op.chunk, slot](absl::Status st) {
+          caf::anon_send(self, sent_atom::value, c, slot, status_text(st));
+        });
+    return;
+  }
+  const Mirrors& mr = mirrors_[static_cast<std::size_t>(op.chunk)];
+  const gpu::HostMirror& m = kind == MessageKind::kActivation
+                                 ? mr.output[static_cast<std::size_t>(slot)]
+                                 : mr.input_grad[static_cast<std::size_t>(slot)];
+  m.to_host(*setup_.stream);
   // (The host buffer is held until the transport is done with it.)
   comm::Callback done = [self = caf::actor_cast<caf::actor>(this), c = op.chunk, slot,
                          keep = m.host()](absl::Status st) {

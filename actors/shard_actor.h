@@ -23,6 +23,11 @@
 // sent once the stream is past the copy), a gradient bucket to the host
 // when it is final, the new parameters to the device before the shard says
 // ready. On the CPU the mirrors are the buffers themselves and cost nothing.
+// With pipeline links (ShardSetup::links) activations and gradients go
+// device to device instead: the receive is posted, on its link's stream,
+// when the op that reads it fires (the compute stream waits for it there),
+// the send when the op that makes it fires (its link's stream waits for
+// the op), both in schedule order (the order rule of actors/pipeline_link.h).
 #pragma once
 
 #include <caf/all.hpp>
@@ -34,6 +39,7 @@
 
 #include "actors/messages.h"
 #include "actors/partition.h"
+#include "actors/pipeline_link.h"
 #include "actors/schedule.h"
 #include "actors/stage_compute.h"
 #include "actors/trace_marks.h"
@@ -70,6 +76,10 @@ struct ShardSetup {
   std::vector<StageCompute*> chunks;                 // chunk c: virtual stage c*pp + s
   gpu::Stream* stream = nullptr;
   comm::Transport* transport = nullptr;
+  // Where activations and gradients go device to device (the links' own
+  // streams and channels, actors/pipeline_link.h); null: through host
+  // mirrors and the transport.
+  PipelineLinks* links = nullptr;
   std::vector<GradPiece> grad_pieces;    // of the whole model (this actor sends its own)
   std::vector<ParamPiece> param_pieces;  // of the whole model (this actor receives its own)
   caf::actor coordinator;
@@ -92,8 +102,13 @@ class ShardActor : public caf::event_based_actor {
   bool try_fire(const ScheduleOp& op);
   void fire_forward(const ScheduleOp& op, int slot);
   void fire_backward(const ScheduleOp& op, int slot);
-  void stream_send(comm::MessageKind kind, int dst_vs, const gpu::HostMirror& m,
-                   const ScheduleOp& op, int slot);
+  // The op's output (kActivation: to virtual stage vs + 1) or input
+  // gradient (kGradient: to vs - 1), sent behind it.
+  void stream_send(comm::MessageKind kind, const ScheduleOp& op, int slot);
+  // Posts the receive op reads (its activation or output gradient) into
+  // `into` (a device buffer with links, else its host mirror); true when
+  // it is there, or will be when the stream gets to the op (links).
+  bool post_receive(const ScheduleOp& op, comm::MessageKind kind, int src, const gpu::Tensor& into);
   void on_op_done(int op_id);
   void on_bucket(int chunk, int bucket);
   void on_recv(Msg what, int id, const std::string& error);

@@ -295,7 +295,9 @@ absl::Status run_worker(const WorkerOptions& o) {
   comm::UcxTransport* transport = ucx->get();
   absl::StatusOr<model::data::Datasets> data = model::build_run_datasets(o.spec.options);
   if (!data.ok()) return data.status();
-  absl::StatusOr<std::unique_ptr<RankUnit>> unit = RankUnit::create(o.spec, *std::move(ucx));
+  RankSpec spec = o.spec;
+  spec.own_device = true;  // a process per rank, a GPU per process
+  absl::StatusOr<std::unique_ptr<RankUnit>> unit = RankUnit::create(spec, *std::move(ucx));
   if (!unit.ok()) return unit.status();
 
   caf::actor_system_config cfg;

@@ -3,6 +3,8 @@
 // buffers); calls are asynchronous and complete through a callback.
 // StreamCollectives: the NCCL one's calls into a CUDA stream's order. Every
 // member of a group issues the same calls in the same order.
+// StreamPointToPoint: in-order channels between two members, in a stream's
+// order (NCCL's; comm/stream_channel.h's over a transport for the CPU).
 #pragma once
 
 #include <cstddef>
@@ -40,6 +42,20 @@ class StreamCollectives {
   virtual absl::Status reduce_scatter_on(void* stream, const float* in, float* out,
                                          std::size_t n) = 0;
   virtual absl::Status all_gather_on(void* stream, const float* in, float* out, std::size_t n) = 0;
+};
+
+// Point-to-point calls in a device stream's order, as NCCL's ncclSend and
+// ncclRecv: each call enqueues its transfer behind the work on `stream` (as
+// StreamCollectives' calls) and returns once it is enqueued. A channel is
+// in order: the k-th send to a peer fills that peer's k-th receive from
+// this member, whatever the sizes, so both sides make their calls in one
+// agreed order; a call waits in the stream until its peer makes the match.
+// `peer` is an index in the group.
+class StreamPointToPoint {
+ public:
+  virtual ~StreamPointToPoint() = default;
+  virtual absl::Status send_on(void* stream, const float* data, std::size_t n, int peer) = 0;
+  virtual absl::Status recv_on(void* stream, float* data, std::size_t n, int peer) = 0;
 };
 
 }  // namespace troupe::comm

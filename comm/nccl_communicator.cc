@@ -78,17 +78,29 @@ class NcclComm final : public NcclCommunicator {
   }
 
   absl::Status all_reduce_on(void* stream, float* data, std::size_t n) override {
-    return issue_on(
+    return issue_calls_on(
         stream,
         {{NcclCall::Op::kAllReduce, {NcclCall::Buffer::kIn, 0}, {NcclCall::Buffer::kIn, 0}, n}},
         data, data);
   }
   absl::Status reduce_scatter_on(void* stream, const float* in, float* out,
                                  std::size_t n) override {
-    return issue_on(stream, plan_reduce_scatter(n, size_, rank_), in, out);
+    return issue_calls_on(stream, plan_reduce_scatter(n, size_, rank_), in, out);
   }
   absl::Status all_gather_on(void* stream, const float* in, float* out, std::size_t n) override {
-    return issue_on(stream, plan_all_gather(n, size_, rank_), in, out);
+    return issue_calls_on(stream, plan_all_gather(n, size_, rank_), in, out);
+  }
+  absl::Status send_on(void* stream, const float* data, std::size_t n, int peer) override {
+    if (peer < 0 || peer >= size_ || peer == rank_) return bad_peer(peer);
+    return issue_on(stream, [&](cudaStream_t s) {
+      return settle(ncclSend(data, n, ncclFloat, peer, comm_, s), "ncclSend");
+    });
+  }
+  absl::Status recv_on(void* stream, float* data, std::size_t n, int peer) override {
+    if (peer < 0 || peer >= size_ || peer == rank_) return bad_peer(peer);
+    return issue_on(stream, [&](cudaStream_t s) {
+      return settle(ncclRecv(data, n, ncclFloat, peer, comm_, s), "ncclRecv");
+    });
   }
   void on_failure(std::function<void(absl::Status)> failed) override {
     std::lock_guard<std::mutex> lock(mu_);
@@ -120,11 +132,20 @@ class NcclComm final : public NcclCommunicator {
     Callback done;
   };
 
-  // A stream-ordered call, on the caller's thread. From the first one on,
-  // the issuing thread polls NCCL's asynchronous errors (the kernels of a
-  // call whose member died wait until the communicator is aborted).
-  absl::Status issue_on(void* stream, const std::vector<NcclCall>& calls, const float* in,
-                        float* out) {
+  absl::Status bad_peer(int peer) const {
+    return absl::InvalidArgumentError(absl::StrCat("NCCL point-to-point with member ", peer,
+                                                   " from member ", rank_, " of ", size_));
+  }
+  absl::Status issue_calls_on(void* stream, const std::vector<NcclCall>& calls, const float* in,
+                              float* out) {
+    return issue_on(stream, [&](cudaStream_t s) { return issue(calls, in, out, s); });
+  }
+
+  // A stream-ordered call (`enqueue`, under call_mu_), on the caller's
+  // thread. From the first one on, the issuing thread polls NCCL's
+  // asynchronous errors (the kernels of a call whose member died wait
+  // until the communicator is aborted).
+  absl::Status issue_on(void* stream, const std::function<absl::Status(cudaStream_t)>& enqueue) {
     std::lock_guard<std::mutex> call(call_mu_);
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -133,7 +154,7 @@ class NcclComm final : public NcclCommunicator {
     }
     cv_.notify_all();
     cudaSetDevice(device_);
-    absl::Status st = issue(calls, in, out, static_cast<cudaStream_t>(stream));
+    absl::Status st = enqueue(static_cast<cudaStream_t>(stream));
     if (!st.ok()) {
       // As for the issuing thread's own calls: the communicator is aborted
       // (by that thread, which takes call_mu_ once this call has let it go).
@@ -346,16 +367,18 @@ class NcclComm final : public NcclCommunicator {
   }
 
   // The callback runs when the stream gets there, with the abort's reason
-  // if the communicator was aborted meanwhile (aborted kernels end early).
+  // if the communicator was aborted meanwhile (aborted kernels end early),
+  // or the device's fault (cudaStreamAddCallback runs it after one, where
+  // a host function would never run).
   absl::Status on_stream_done(Callback done) {
     auto* p = new Pending{this, std::move(done)};
     {
       std::lock_guard<std::mutex> lock(mu_);
       in_flight_++;
     }
-    cudaError_t e = cudaLaunchHostFunc(
+    cudaError_t e = cudaStreamAddCallback(
         stream_,
-        [](void* raw) {
+        [](cudaStream_t, cudaError_t status, void* raw) {
           std::unique_ptr<Pending> p(static_cast<Pending*>(raw));
           absl::Status st;
           {
@@ -363,10 +386,11 @@ class NcclComm final : public NcclCommunicator {
             st = p->comm->aborted_;
             p->comm->in_flight_--;
           }
+          if (st.ok() && status != cudaSuccess) st = cuda_status(status, "the NCCL stream");
           p->comm->cv_.notify_all();
           run_callback(p->done, std::move(st));  // no CUDA or NCCL calls in here
         },
-        p);
+        p, 0);
     if (e != cudaSuccess) {
       {
         std::lock_guard<std::mutex> lock(mu_);
@@ -374,7 +398,7 @@ class NcclComm final : public NcclCommunicator {
       }
       Callback d = std::move(p->done);
       delete p;
-      run_callback(d, cuda_status(e, "cudaLaunchHostFunc"));
+      run_callback(d, cuda_status(e, "cudaStreamAddCallback"));
     }
     return absl::OkStatus();
   }

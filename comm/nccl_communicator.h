@@ -3,7 +3,7 @@
 // One issuing thread per communicator puts the NCCL calls on its CUDA
 // stream in the order they were requested (every member requests the same
 // calls in the same order); each call's callback runs when the stream has
-// finished it (cudaLaunchHostFunc). The *_on calls (StreamCollectives) are
+// finished it (cudaStreamAddCallback). The *_on calls (StreamCollectives) are
 // issued at once on the caller's thread into the caller's stream; the
 // issuing thread then watches for NCCL's asynchronous errors. Both kinds
 // take one lock around their NCCL calls, and the abort and the error polls
@@ -14,6 +14,7 @@
 //   auto c = comm::NcclCommunicator::create(id, rank, size, /*device=*/local_rank);
 //   (*c)->all_reduce(device_ptr, n, [](absl::Status st) { ... });
 //   absl::Status st = (*c)->all_reduce_on(cuda_stream, device_ptr, n);  // in its order
+//   st = (*c)->send_on(cuda_stream, device_ptr, n, /*peer=*/1);         // ncclSend, in order
 #pragma once
 
 #include <atomic>
@@ -32,7 +33,7 @@ namespace troupe::comm {
 inline constexpr std::size_t kNcclUniqueIdBytes = 128;
 absl::StatusOr<std::string> nccl_unique_id();
 
-class NcclCommunicator : public Collectives, public StreamCollectives {
+class NcclCommunicator : public Collectives, public StreamCollectives, public StreamPointToPoint {
  public:
   // Waits until every member has joined (NCCL's init), for at most 5
   // minutes, or until `*cancelled` (if given) turns true.

@@ -34,6 +34,7 @@ enum class GroupKind : std::uint8_t {
   kPipeline = 2,
   kData = 3,
   kEmbedding = 4,
+  kChannel = 5,  // comm/stream_channel.h: in-order point-to-point (source, kind, sequence)
   kTest = 15
 };
 enum class MessageKind : std::uint8_t {

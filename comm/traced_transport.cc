@@ -19,8 +19,10 @@ trace::Recorder::Handle TracedTransport::open(trace::Kind kind, int peer, Tag ta
   e.tag = tag;
   e.bytes = static_cast<std::int64_t>(bytes);
   const int now = step_ != nullptr ? step_->load(std::memory_order_relaxed) : 0;
-  // A collective's tag holds its sequence number where a step would be.
-  const bool collective = f.kind == MessageKind::kCollective || f.kind == MessageKind::kControl;
+  // A collective's tag holds its sequence number where a step would be (a
+  // channel's, comm/stream_channel.h, its own).
+  const bool collective = f.kind == MessageKind::kCollective || f.kind == MessageKind::kControl ||
+                          f.group == GroupKind::kChannel;
   if (collective) {
     e.step = now;
     e.seq = static_cast<std::int32_t>(f.step);

@@ -23,18 +23,33 @@ namespace {
 constexpr std::size_t kWorkspaceBytes = 32u << 20;  // cuBLASLt's advice for Hopper
 constexpr std::size_t kRecentOps = 16;
 
+// Every call sets its device first: the threads that call (an actor's,
+// moving between CAF's scheduler threads) may have another current, and a
+// CUDA call there would make a context on it (GPU 0 by default).
 class CudaEvent final : public Event {
  public:
-  explicit CudaEvent(int device) {
+  explicit CudaEvent(int device) : device_(device) {
     cudaSetDevice(device);
     cudaEventCreateWithFlags(&event_, cudaEventDisableTiming);
   }
-  ~CudaEvent() override { cudaEventDestroy(event_); }
-  bool query() override { return cudaEventQuery(event_) == cudaSuccess; }
-  void synchronize() override { cudaEventSynchronize(event_); }
+  ~CudaEvent() override {
+    cudaSetDevice(device_);
+    cudaEventDestroy(event_);
+  }
+  // An error (a device fault) counts as done: the work will never complete,
+  // and a caller polling must not spin for ever (the stream says why).
+  bool query() override {
+    cudaSetDevice(device_);
+    return cudaEventQuery(event_) != cudaErrorNotReady;
+  }
+  void synchronize() override {
+    cudaSetDevice(device_);
+    cudaEventSynchronize(event_);
+  }
   cudaEvent_t get() const { return event_; }
 
  private:
+  int device_;
   cudaEvent_t event_ = nullptr;
 };
 
@@ -119,29 +134,49 @@ void CudaStream::check(cudaError_t err, absl::string_view what) {
 }
 
 void CudaStream::record(Event& event) {
+  if (stream_ == nullptr) return;  // (failed when it was made)
+  cudaSetDevice(index_);
   check(cudaEventRecord(static_cast<CudaEvent&>(event).get(), stream_), "cudaEventRecord");
 }
 
 void CudaStream::wait(Event& event) {
+  if (stream_ == nullptr) return;
+  cudaSetDevice(index_);
   check(cudaStreamWaitEvent(stream_, static_cast<CudaEvent&>(event).get(), 0),
         "cudaStreamWaitEvent");
+}
+
+absl::Status CudaStream::async_fault(cudaError_t err, absl::string_view where) {
+  std::string ops;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ops = absl::StrJoin(recent_, ", ");
+  }
+  return cuda_status(
+      err, absl::StrCat("an asynchronous CUDA error ", where,
+                        ", in an op since the last synchronisation (the last ", kRecentOps,
+                        " of this stream's: [", ops, "]; TROUPE_CUDA_SYNC=1 names the op)"));
 }
 
 // The fault word is copied to the host on the stream first, so the callback
 // can report a fault of an earlier op without a CUDA call. An exception out
 // of `fn` would end the process on CUDA's callback thread: it fails this
 // stream with Internal instead (the stream outlives its callbacks: its
-// destructor synchronizes).
+// destructor synchronizes). cudaStreamAddCallback, not cudaLaunchHostFunc:
+// it still runs the callback after a device fault (with the error, which
+// fails the stream), where a host function would never run and the actor
+// waiting for it would wait until the stall watchdog.
 void CudaStream::host_callback(std::function<void()> fn) {
   struct HostFn {
     CudaStream* stream;
     std::function<void()> fn;
   };
-  check(cudaMemcpyAsync(fault_host_, fault_, 2 * sizeof(unsigned), cudaMemcpyDeviceToHost, stream_),
-        "cudaMemcpyAsync(fault)");
   auto* heap = new HostFn{this, std::move(fn)};
-  auto run = [](void* p) {
+  auto run = [](cudaStream_t, cudaError_t status, void* p) {
     std::unique_ptr<HostFn> f(static_cast<HostFn*>(p));
+    if (status != cudaSuccess) {
+      f->stream->fail(f->stream->async_fault(status, "before a host callback"));
+    }
     f->stream->take_fault();
     try {
       f->fn();
@@ -152,16 +187,24 @@ void CudaStream::host_callback(std::function<void()> fn) {
           absl::InternalError("host callback: an exception that is not a std::exception"));
     }
   };
-  cudaError_t err = cudaLaunchHostFunc(stream_, run, heap);
+  if (stream_ == nullptr) {  // (failed when it was made)
+    run(nullptr, cudaSuccess, heap);
+    return;
+  }
+  cudaSetDevice(index_);
+  check(cudaMemcpyAsync(fault_host_, fault_, 2 * sizeof(unsigned), cudaMemcpyDeviceToHost, stream_),
+        "cudaMemcpyAsync(fault)");
+  cudaError_t err = cudaStreamAddCallback(stream_, run, heap, 0);
   if (err != cudaSuccess) {
     // Callbacks still run after errors (the CPU backend's contract): this
     // one now, on the caller's thread, with the failure on the stream.
-    check(err, "cudaLaunchHostFunc");
-    run(heap);
+    check(err, "cudaStreamAddCallback");
+    run(stream_, cudaSuccess, heap);
   }
 }
 
 void CudaStream::take_fault() {
+  if (fault_host_ == nullptr) return;  // (no slot: the stream failed when it was made)
   const auto code = static_cast<Fault>(*static_cast<volatile unsigned*>(fault_host_));
   if (code == Fault::kNone) return;
   const unsigned bound = static_cast<volatile unsigned*>(fault_host_)[1];
@@ -175,14 +218,7 @@ absl::Status CudaStream::synchronize() {
       cudaMemcpyAsync(fault_host_, fault_, 2 * sizeof(unsigned), cudaMemcpyDeviceToHost, stream_);
   if (err == cudaSuccess) err = cudaStreamSynchronize(stream_);
   if (err != cudaSuccess) {
-    std::string ops;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      ops = absl::StrJoin(recent_, ", ");
-    }
-    fail(cuda_status(err, absl::StrCat("an asynchronous CUDA error in one of the ops since the "
-                                       "last synchronisation [",
-                                       ops, "] (TROUPE_CUDA_SYNC=1 names the op)")));
+    fail(async_fault(err, "at a synchronisation"));
   } else {
     take_fault();
     retire(/*all=*/false);  // by event: ops other threads enqueued since stay held
@@ -275,9 +311,16 @@ void CudaStream::device_call(const char* name, std::vector<Tensor> held,
 
 void CudaStream::launch_held(const char* name, std::vector<std::shared_ptr<Storage>> held,
                              const std::function<absl::Status(const Launch&)>& launch) {
+  if (stream_ == nullptr) return;  // (failed when it was made; nothing launched, nothing held)
   cudaSetDevice(index_);
   retire(/*all=*/false);
   (void)cudaGetLastError();  // a launch reports its own error, not an earlier call's
+  // What is left is sticky: an earlier kernel's fault, which every launch
+  // would now return as its own. Said as what it is, and nothing launched.
+  if (const cudaError_t sticky = cudaPeekAtLastError(); sticky != cudaSuccess) {
+    fail(async_fault(sticky, absl::StrCat("before ", name)));
+    return;
+  }
   nvtxRangePushA(name);
   absl::Status st = launch(Launch{stream_, fault_});
   nvtxRangePop();

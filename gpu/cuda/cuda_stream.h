@@ -27,9 +27,10 @@
 //
 // Host callbacks run after every earlier op, failed or not, as on the CPU;
 // one that CUDA cannot enqueue runs at once on the caller's thread, after
-// the stream has been failed. After an asynchronous device fault CUDA runs no
-// further callbacks: the context is lost, and the fault reaches the host at
-// the next synchronize().
+// the stream has been failed. After an asynchronous device fault they still
+// run (cudaStreamAddCallback), and the fault fails the stream first; a
+// launch after it is not made, and fails the stream with the fault, not as
+// its own error.
 #pragma once
 
 #include <cublasLt.h>
@@ -91,6 +92,9 @@ class CudaStream final : public Stream {
     std::vector<std::shared_ptr<Storage>> held;
   };
   void check(cudaError_t err, absl::string_view what);
+  // An asynchronous error the stream found `where`, with the ops it may be
+  // in (no CUDA call: a host callback may make it).
+  absl::Status async_fault(cudaError_t err, absl::string_view where);
   // run_op's and device_call's launch: `held` stays alive until an event
   // recorded after the launch has completed; after a launch that failed,
   // until the stream is destroyed (a library that gave up may still put

@@ -90,9 +90,14 @@ absl::Status lt_gemm(const Launch& at, const Gemm& g, const Operand& a, const Op
                                                  &align_d, sizeof align_d));
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
-  TROUPE_LT(cublasLtMatmulAlgoGetHeuristic(g.lt, op.h, la.h, lb.h, ld.h, ld.h, pref.h, 1, &result,
-                                           &found));
-  if (found == 0) {
+  // No algorithm is either status: NOT_SUPPORTED (what cuBLASLt mostly
+  // says; PyTorch checks both) or success with none found.
+  const cublasStatus_t heuristic = cublasLtMatmulAlgoGetHeuristic(g.lt, op.h, la.h, lb.h, ld.h,
+                                                                  ld.h, pref.h, 1, &result, &found);
+  if (heuristic != CUBLAS_STATUS_NOT_SUPPORTED) {
+    TROUPE_LT(heuristic);
+  }
+  if (heuristic == CUBLAS_STATUS_NOT_SUPPORTED || found == 0) {
     return absl::NotFoundError(absl::StrCat("cuBLASLt has no algorithm for m=", m, " n=", n, " k=",
                                             k, bias != nullptr ? " with a bias epilogue" : ""));
   }
@@ -111,6 +116,7 @@ absl::Status launched(cudaError_t err, absl::string_view what) {
 
 // The bias goes in the GEMM's epilogue where cuBLASLt takes it (a 16-byte
 // aligned vector and an algorithm for it); otherwise a kernel adds it after.
+// (NotFound from the first try means nothing was enqueued.)
 absl::Status matmul_forward(const Launch& at, const Gemm& g, float* out, const float* inp,
                             const float* w, const float* bias, i64 N, i64 IC, i64 OC) {
   if (N == 0 || OC == 0) return absl::OkStatus();

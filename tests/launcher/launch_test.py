@@ -21,8 +21,10 @@ Cases:
                         WORLD_SIZE, MASTER_ADDR, MASTER_PORT), rank 0 hosting
                         the coordinator; compared with train
   mpirun FLAGS...       the same under Debian's OpenMPI
-  kill_worker           SIGKILL to a worker mid-run: the launcher exits
+  kill_worker [FLAGS...]  SIGKILL to a worker mid-run: the launcher exits
                         non-zero within 5 s naming it, and no process is left
+                        (FLAGS: more flags of the run, e.g. --device opaque,
+                        whose pipeline waits in its links' streams)
   kill_agent            SIGKILL to an agent mid-run: the same
   stop_worker           SIGSTOP to a worker (hung, its socket open): the
                         heartbeats find it within 10 s, named, and everything
@@ -291,9 +293,9 @@ def check_gone(pids, extra=()):
     print(f"OK: none of the job's {len(pids) + len(extra)} processes is left")
 
 
-def kill_worker():
+def kill_worker(extra):
     rd = f"{WORK}/kill-worker"
-    p, pids, seen = start_long(rd)
+    p, pids, seen = start_long(rd, extra)
     victim = pids[2]
     t0 = time.time()
     os.kill(victim, signal.SIGKILL)
@@ -460,7 +462,7 @@ elif case == "agents":
 elif case in ("torchrun", "mpirun"):
     engine_and_compare(args, case)
 elif case == "kill_worker":
-    kill_worker()
+    kill_worker(args)
 elif case == "stop_worker":
     stop_worker()
 elif case == "kill_agent":
