@@ -7,13 +7,30 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "gpu/ops.h"
 
 namespace troupe::actors {
 
 using comm::MessageKind;
 
-std::unique_ptr<PipelineLinks> PipelineLinks::create(gpu::Device& dev, const comm::Layout& layout,
-                                                     const PipelineShape& shape, int rank) {
+namespace {
+
+const char* kind_name(MessageKind kind) {
+  return kind == MessageKind::kActivation ? "activation" : "gradient";
+}
+
+absl::Status not_connected(const PipelineLinks::Key& k) {
+  return absl::FailedPreconditionError(
+      absl::StrCat("the pipeline link from rank ", k.from, " to rank ", k.to,
+                   " has no channel (RankUnit::connect() makes them)"));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<PipelineLinks>> PipelineLinks::create(gpu::Device& dev,
+                                                                     const comm::Layout& layout,
+                                                                     const PipelineShape& shape,
+                                                                     int rank) {
   std::unique_ptr<PipelineLinks> links(new PipelineLinks());
   links->rank_ = rank;
   const comm::Coord me = layout.coord(rank);
@@ -37,9 +54,32 @@ std::unique_ptr<PipelineLinks> PipelineLinks::create(gpu::Device& dev, const com
     l.key = k;
     l.stream = dev.make_stream({.threads = 1});
     l.event = dev.make_event();
+    if (absl::Status st = l.stream->status(); !st.ok()) {
+      return absl::Status(st.code(), absl::StrCat("the stream of the pipeline link from rank ",
+                                                  k.from, " to rank ", k.to, ": ", st.message()));
+    }
     links->links_.push_back(std::move(l));
   }
   return links;
+}
+
+absl::Status PipelineLinks::warm_up(gpu::Device& dev) {
+  for (Link& l : links_) {
+    const gpu::Tensor one = gpu::Tensor::empty(dev, gpu::DType::kF32, {1});
+    gpu::ops::fill(*l.stream, one, 0.0f);
+    const bool out = l.key.from == rank_;
+    l.stream->device_call(out ? "warm-up send" : "warm-up receive", {one},
+                          [ch = l.channel, peer = l.peer, key = l.key, one, out](void* native) {
+                            if (ch == nullptr) return not_connected(key);
+                            return out ? ch->send_on(native, one.data<float>(), 1, peer)
+                                       : ch->recv_on(native, one.data<float>(), 1, peer);
+                          });
+    if (absl::Status st = l.stream->synchronize(); !st.ok()) {
+      return absl::Status(st.code(), absl::StrCat("the pipeline link from rank ", l.key.from,
+                                                  " to rank ", l.key.to, ": ", st.message()));
+    }
+  }
+  return absl::OkStatus();
 }
 
 PipelineLinks::~PipelineLinks() { synchronize(); }
@@ -69,22 +109,8 @@ PipelineLinks::Link& PipelineLinks::find(const Key& key) {
   return *it;
 }
 
-namespace {
-
-const char* kind_name(MessageKind kind) {
-  return kind == MessageKind::kActivation ? "activation" : "gradient";
-}
-
-absl::Status not_connected(const PipelineLinks::Key& k) {
-  return absl::FailedPreconditionError(
-      absl::StrCat("the pipeline link from rank ", k.from, " to rank ", k.to,
-                   " has no channel (RankUnit::connect() makes them)"));
-}
-
-}  // namespace
-
-void PipelineLinks::recv(MessageKind kind, int from, gpu::Stream& compute,
-                         const gpu::Tensor& into) {
+void PipelineLinks::recv(MessageKind kind, int from, gpu::Stream& compute, const gpu::Tensor& into,
+                         std::function<void()> arrived) {
   Link& l = find({kind, from, rank_});
   const char* name = kind == MessageKind::kActivation ? "receive activation" : "receive gradient";
   l.stream->device_call(
@@ -103,6 +129,7 @@ void PipelineLinks::recv(MessageKind kind, int from, gpu::Stream& compute,
       });
   l.stream->record(*l.event);
   compute.wait(*l.event);
+  if (arrived) l.stream->host_callback(std::move(arrived));
 }
 
 void PipelineLinks::send(MessageKind kind, int to, gpu::Stream& compute, const gpu::Tensor& what,

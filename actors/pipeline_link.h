@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "actors/partition.h"
 #include "comm/collectives.h"
 #include "comm/groups.h"
@@ -50,9 +51,11 @@ class PipelineLinks {
   };
 
   // The links of `rank` in `layout` for `shape`'s chunks (none with one
-  // stage), each with a stream of `dev`.
-  static std::unique_ptr<PipelineLinks> create(gpu::Device& dev, const comm::Layout& layout,
-                                               const PipelineShape& shape, int rank);
+  // stage), each with a stream of `dev` (an error if one cannot be made).
+  static absl::StatusOr<std::unique_ptr<PipelineLinks>> create(gpu::Device& dev,
+                                                               const comm::Layout& layout,
+                                                               const PipelineShape& shape,
+                                                               int rank);
   ~PipelineLinks();  // waits for the links' streams
 
   // This rank's links, sorted (kind, from, to): the order in which every
@@ -63,10 +66,18 @@ class PipelineLinks {
   // be null) owns it for the links' life.
   void set_channel(const Key& key, comm::StreamPointToPoint* channel, int peer,
                    std::shared_ptr<void> keep);
+  // Link `key`'s stream (it outlives the channel's owner).
+  gpu::Stream* stream(const Key& key) { return find(key).stream.get(); }
+  // Each link's first transfer (one float), in the links' global order,
+  // waited for: what a channel sets up lazily (NCCL's connections) is set
+  // up here, before the actors run, and a link that cannot work fails here.
+  absl::Status warm_up(gpu::Device& dev);
 
   // The next message of `kind` from rank `from` into `into`, on that link's
   // stream; `compute` waits for it. A failed transfer fails `compute` too.
-  void recv(comm::MessageKind kind, int from, gpu::Stream& compute, const gpu::Tensor& into);
+  // `arrived` (may be null) runs on a host thread once it is done.
+  void recv(comm::MessageKind kind, int from, gpu::Stream& compute, const gpu::Tensor& into,
+            std::function<void()> arrived);
   // `what` to rank `to` once `compute` has made it; `sent` runs on a host
   // thread once the transfer is done, with the link stream's status.
   void send(comm::MessageKind kind, int to, gpu::Stream& compute, const gpu::Tensor& what,

@@ -111,7 +111,7 @@ absl::StatusOr<std::unique_ptr<RankUnit>> RankUnit::create(
     if (absl::Status st = u->make_tensor_parallel(dev, &tensor); !st.ok()) return st;
   }
   u->optimizer_stream_ = dev.make_stream({.threads = 1});
-  u->make_links(dev);
+  if (absl::Status st = u->make_links(dev); !st.ok()) return st;
   absl::StatusOr<std::vector<ScheduleOp>> ops =
       make_schedule(par.schedule, par.pp, u->coord_.s, par.m(o), par.virtual_stages);
   if (!ops.ok()) return ops.status();

@@ -223,13 +223,15 @@ class RankUnit {
   // read the device; else device calls, on CUDA through NCCL (made by
   // connect()), on the opaque CPU device through the Communicator.
   absl::Status make_tensor_parallel(gpu::Device& dev, model::TensorParallel* tensor);
-  // connect()'s two parts: the TP group's, then the pipeline links'.
+  // connect()'s two parts: the TP group's, then the pipeline links' (on
+  // CUDA their communicators; then every link's first transfer).
   absl::Status connect_tensor_parallel();
   absl::Status connect_links();
+  absl::Status make_link_communicators();
   // The pipeline links (actors/pipeline_link.h) where the device's
   // activations go device to device: the opaque device's over the
   // transport (made here), CUDA's through NCCL (connect_links).
-  void make_links(gpu::Device& dev);
+  absl::Status make_links(gpu::Device& dev);
   // Checkpoints. The state this rank saves (replica 0 its parameters; every
   // rank its partitions' master, m and v), in host memory: in place on the
   // CPU; on a device, host copies (state_), current only right after

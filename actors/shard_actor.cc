@@ -98,6 +98,11 @@ caf::behavior ShardActor::make_behavior() {
       [this](sent_atom, int chunk, int slot, const std::string& error) {
         on_sent(chunk, slot, error);
       },
+      [this](link_in_atom, int begin, int op_id) {
+        if (begin != begins_) return;  // an earlier pass's (its op ids are this one's too)
+        link_waits_.erase(op_id);
+        progress_++;
+      },
       [this](waiting_atom) { return report(); },
   };
 }
@@ -134,6 +139,8 @@ void ShardActor::begin(Pass pass, int step, std::int64_t first_sample) {
   cursor_ = 0;
   ops_done_ = 0;
   input_.assign(ops_->size(), Arrival::kNone);
+  link_waits_.clear();
+  begins_++;
   params_posted_ = false;
   params_expected_ = params_arrived_ = 0;
   params_state_ = Params::kArriving;
@@ -228,8 +235,13 @@ bool ShardActor::post_receive(const ScheduleOp& op, MessageKind kind, int src,
   Arrival& in = input_[static_cast<std::size_t>(op.id)];
   if (in != Arrival::kNone) return in == Arrival::kArrived;
   if (setup_.links != nullptr) {
-    // The compute stream waits for it in front of the op, which fires now.
-    setup_.links->recv(kind, src, *setup_.stream, into);
+    // The compute stream waits for it in front of the op, which fires now;
+    // until the link says it is there, a stall report names the peer.
+    link_waits_[op.id] = {kind, src};
+    setup_.links->recv(kind, src, *setup_.stream, into,
+                       [self = caf::actor_cast<caf::actor>(this), begin = begins_, id = op.id] {
+                         caf::anon_send(self, link_in_atom::value, begin, id);
+                       });
     in = Arrival::kArrived;
     return true;
   }
@@ -493,65 +505,6 @@ void ShardActor::fail(const std::string& what) {
                     "): ", what));
 }
 
-void ShardActor::wait_for(const ScheduleOp* op, std::string what, int peer, trace::What kind) {
-  const int op_id = op != nullptr ? op->id : -1;
-  if (op_id == wait_op_ && what == wait_what_) return;  // still the same wait
-  wait_op_ = op_id;
-  wait_what_ = std::move(what);
-  wait_peer_ = peer;
-  wait_since_ = std::chrono::steady_clock::now();
-  end_trace_wait();
-  if (kind != trace::What::kNone && setup_.trace != nullptr && setup_.trace->recorder != nullptr) {
-    trace::Event e;
-    e.kind = trace::Kind::kWait;
-    e.what = kind;
-    e.step = step_;
-    e.peer = peer;
-    if (op != nullptr) {
-      e.micro = op->micro;
-      e.chunk = op->chunk;
-    }
-    trace_wait_ = setup_.trace->recorder->open(e);
-  }
-}
-
-// The wait that was open ended (its op fired, or the step is done).
-void ShardActor::end_trace_wait() {
-  if (trace_wait_ == trace::Recorder::kNone) return;
-  setup_.trace->recorder->close(trace_wait_);
-  trace_wait_ = trace::Recorder::kNone;
-}
-
-trace::Event ShardActor::op_event(const ScheduleOp& op) const {
-  trace::Event e;
-  e.kind = op.kind == OpKind::kForward ? trace::Kind::kForward : trace::Kind::kBackward;
-  e.step = step_;
-  e.micro = op.micro;
-  e.chunk = op.chunk;
-  e.layer = virtual_stage(setup_.shape, setup_.coord.s, op.chunk);
-  e.eval = pass_ == Pass::kEval ? 1 : 0;
-  return e;
-}
-
-WaitReport ShardActor::report() const {
-  WaitReport r;
-  r.rank = setup_.rank;
-  r.actor = absl::StrCat("shard d=", setup_.coord.d, " s=", setup_.coord.s);
-  r.step = step_;
-  r.op_id = wait_op_;
-  if (wait_op_ >= 0) r.op = describe((*ops_)[static_cast<std::size_t>(wait_op_)]);
-  r.waiting = step_ > 0 ? wait_what_ : "";
-  r.peer = wait_peer_;
-  r.since_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - wait_since_).count();
-  r.progress = progress_;
-  // Ops complete in the order they fired (one stream): the oldest of those
-  // fired and not done is op ops_done_ of the schedule.
-  if (step_ > 0 && static_cast<std::size_t>(ops_done_) < cursor_) {
-    r.computing = describe((*ops_)[static_cast<std::size_t>(ops_done_)]);
-  }
-  return r;
-}
-
 // (`keep`: the receive buffer, held until the transport is done with it.)
 comm::Callback ShardActor::reply(Msg what, int id, gpu::Tensor keep) {
   return [self = caf::actor_cast<caf::actor>(this), what, id,
@@ -569,11 +522,6 @@ comm::Tag ShardActor::tag(MessageKind kind, int source, int micro, int chunk, in
                          .micro = static_cast<std::uint32_t>(micro),
                          .chunk = static_cast<std::uint32_t>(chunk),
                          .layer = static_cast<std::uint32_t>(layer)});
-}
-
-std::string ShardActor::describe(const ScheduleOp& op) const {
-  return absl::StrCat(op.kind == OpKind::kForward ? "forward" : "backward", " of micro-batch ",
-                      op.micro, " (chunk ", op.chunk, ")");
 }
 
 }  // namespace troupe::actors

@@ -140,6 +140,10 @@ class ShardActor : public caf::event_based_actor {
   int global_batch_ = 1;                             // and its global batch
   Pass pass_ = Pass::kTrain;
   std::vector<gpu::HostMirror> tokens_, targets_;  // per micro-batch, i32 (B, T)
+  // With links: the ops whose input a link is still receiving (by op id:
+  // what and from which rank), for stall reports.
+  std::map<int, std::pair<comm::MessageKind, int>> link_waits_;
+  int begins_ = 0;  // passes begun (a link's report names its pass)
 
   // Per chunk, the host side of what crosses the transport (by slot: the
   // received activation and output gradient, the sent output and input

@@ -386,7 +386,11 @@ class NcclComm final : public NcclCommunicator {
             st = p->comm->aborted_;
             p->comm->in_flight_--;
           }
-          if (st.ok() && status != cudaSuccess) st = cuda_status(status, "the NCCL stream");
+          if (st.ok() && status != cudaSuccess) {
+            // (Its number: no CUDA call, not even for a name, in a callback.)
+            st = absl::InternalError(
+                absl::StrCat("the NCCL stream: CUDA error ", static_cast<int>(status)));
+          }
           p->comm->cv_.notify_all();
           run_callback(p->done, std::move(st));  // no CUDA or NCCL calls in here
         },
@@ -437,6 +441,14 @@ class NcclComm final : public NcclCommunicator {
 }  // namespace
 
 static_assert(sizeof(ncclUniqueId) == kNcclUniqueIdBytes);
+static_assert(sizeof(cudaUUID_t) == kCudaUuidBytes);
+
+absl::StatusOr<std::string> cuda_device_uuid(int device) {
+  cudaDeviceProp prop{};
+  absl::Status st = cuda_status(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties");
+  if (!st.ok()) return st;
+  return std::string(reinterpret_cast<const char*>(&prop.uuid), sizeof prop.uuid);
+}
 
 absl::StatusOr<std::string> nccl_unique_id() {
   ncclUniqueId id;

@@ -32,6 +32,10 @@ namespace troupe::comm {
 // nccl_unique_id() returns and create() takes.
 inline constexpr std::size_t kNcclUniqueIdBytes = 128;
 absl::StatusOr<std::string> nccl_unique_id();
+// The UUID of CUDA device `device` (16 bytes): two processes on one GPU
+// (which NCCL refuses as members of one communicator) see the same.
+inline constexpr std::size_t kCudaUuidBytes = 16;
+absl::StatusOr<std::string> cuda_device_uuid(int device);
 
 class NcclCommunicator : public Collectives, public StreamCollectives, public StreamPointToPoint {
  public:

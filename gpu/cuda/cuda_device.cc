@@ -146,16 +146,17 @@ void CudaStream::wait(Event& event) {
         "cudaStreamWaitEvent");
 }
 
-absl::Status CudaStream::async_fault(cudaError_t err, absl::string_view where) {
+absl::Status CudaStream::async_fault(cudaError_t err, absl::string_view where, bool named) {
   std::string ops;
   {
     std::lock_guard<std::mutex> lock(mu_);
     ops = absl::StrJoin(recent_, ", ");
   }
-  return cuda_status(
-      err, absl::StrCat("an asynchronous CUDA error ", where,
-                        ", in an op since the last synchronisation (the last ", kRecentOps,
-                        " of this stream's: [", ops, "]; TROUPE_CUDA_SYNC=1 names the op)"));
+  const std::string what = absl::StrCat(
+      "an asynchronous CUDA error ", where, ", in an op since the last synchronisation (the last ",
+      kRecentOps, " of this stream's: [", ops, "]; TROUPE_CUDA_SYNC=1 names the op)");
+  if (named) return cuda_status(err, what);
+  return absl::InternalError(absl::StrCat(what, ": CUDA error ", static_cast<int>(err)));
 }
 
 // The fault word is copied to the host on the stream first, so the callback
@@ -175,7 +176,7 @@ void CudaStream::host_callback(std::function<void()> fn) {
   auto run = [](cudaStream_t, cudaError_t status, void* p) {
     std::unique_ptr<HostFn> f(static_cast<HostFn*>(p));
     if (status != cudaSuccess) {
-      f->stream->fail(f->stream->async_fault(status, "before a host callback"));
+      f->stream->fail(f->stream->async_fault(status, "before a host callback", /*named=*/false));
     }
     f->stream->take_fault();
     try {

@@ -93,8 +93,9 @@ class CudaStream final : public Stream {
   };
   void check(cudaError_t err, absl::string_view what);
   // An asynchronous error the stream found `where`, with the ops it may be
-  // in (no CUDA call: a host callback may make it).
-  absl::Status async_fault(cudaError_t err, absl::string_view where);
+  // in; `named` false: the error's number, not CUDA's name for it (a host
+  // callback makes no CUDA call, not even that one).
+  absl::Status async_fault(cudaError_t err, absl::string_view where, bool named = true);
   // run_op's and device_call's launch: `held` stays alive until an event
   // recorded after the launch has completed; after a launch that failed,
   // until the stream is destroyed (a library that gave up may still put

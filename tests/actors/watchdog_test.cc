@@ -85,5 +85,23 @@ TEST(StallWatchdog, AStageThatStopsIsStillReported) {
   EXPECT_LT(secs, 5.0);
 }
 
+// The same on a device whose pipeline goes through links (the opaque
+// device): stage 0's stream waits in its link for stage 1's gradient, and
+// the report follows that wait to stage 1 instead of blaming stage 0's
+// stream (a regression: a rank whose stream waited in a link was a root).
+TEST(StallWatchdog, AStageThatStopsIsReportedThroughThePipelineLinks) {
+  std::unique_ptr<gpu::Device> opaque = gpu::make_opaque_cpu_device();
+  ParallelOptions par{.pp = 2, .dp = 1, .schedule = ScheduleKind::k1F1B};
+  par.stall_timeout_s = 0.3;
+  par.fail = {.stage = 1, .step = 2, .kind = FailPoint::Kind::kStall};
+  par.device = opaque.get();
+  auto t = InProcessTrainer::create(small(2), par);
+  ASSERT_TRUE(t.ok()) << t.status();
+  absl::Status st = (*t)->run(nullptr);
+  EXPECT_TRUE(absl::IsDeadlineExceeded(st)) << st;
+  EXPECT_NE(st.message().find("has not begun step 2"), std::string::npos) << st;
+  EXPECT_EQ(st.message().find("its stream has not finished"), std::string::npos) << st;
+}
+
 }  // namespace
 }  // namespace troupe::actors
