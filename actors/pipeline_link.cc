@@ -109,8 +109,8 @@ PipelineLinks::Link& PipelineLinks::find(const Key& key) {
   return *it;
 }
 
-void PipelineLinks::recv(MessageKind kind, int from, gpu::Stream& compute, const gpu::Tensor& into,
-                         std::function<void()> arrived) {
+std::shared_ptr<gpu::Event> PipelineLinks::recv(MessageKind kind, int from, gpu::Stream& compute,
+                                                const gpu::Tensor& into) {
   Link& l = find({kind, from, rank_});
   const char* name = kind == MessageKind::kActivation ? "receive activation" : "receive gradient";
   l.stream->device_call(
@@ -127,9 +127,12 @@ void PipelineLinks::recv(MessageKind kind, int from, gpu::Stream& compute, const
         }
         return st;
       });
-  l.stream->record(*l.event);
-  compute.wait(*l.event);
-  if (arrived) l.stream->host_callback(std::move(arrived));
+  // An event of its own (not the link's, which the next receive records
+  // again): the shard asks it whether this receive is done.
+  std::shared_ptr<gpu::Event> done = l.stream->device().make_event();
+  l.stream->record(*done);
+  compute.wait(*done);
+  return done;
 }
 
 void PipelineLinks::send(MessageKind kind, int to, gpu::Stream& compute, const gpu::Tensor& what,

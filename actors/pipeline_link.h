@@ -16,7 +16,8 @@
 // Streams and events. send(): the link's stream waits (an event) for the
 // compute stream to have made the tensor, then sends it; `sent` runs behind
 // it. recv(): the link's stream receives into the tensor, and the compute
-// stream waits (an event) for it before the op that reads it. The compute
+// stream waits (an event, which the caller may query) for it before the op
+// that reads it. The compute
 // stream never blocks in a transfer, so a send waiting for its receiver
 // holds up nothing but its link (no schedule's sends and receives need to be
 // paired, as blocking calls on one stream would).
@@ -75,9 +76,9 @@ class PipelineLinks {
 
   // The next message of `kind` from rank `from` into `into`, on that link's
   // stream; `compute` waits for it. A failed transfer fails `compute` too.
-  // `arrived` (may be null) runs on a host thread once it is done.
-  void recv(comm::MessageKind kind, int from, gpu::Stream& compute, const gpu::Tensor& into,
-            std::function<void()> arrived);
+  // Returns an event that completes with the receive (to ask, not to wait).
+  std::shared_ptr<gpu::Event> recv(comm::MessageKind kind, int from, gpu::Stream& compute,
+                                   const gpu::Tensor& into);
   // `what` to rank `to` once `compute` has made it; `sent` runs on a host
   // thread once the transfer is done, with the link stream's status.
   void send(comm::MessageKind kind, int to, gpu::Stream& compute, const gpu::Tensor& what,

@@ -126,6 +126,9 @@ absl::Status RankUnit::make_link_communicators() {
         absl::StrCat("the pipeline links' hellos before NCCL's init: ", shared.message()));
   }
   if (!made.ok()) return made;
+  // Every link checked before any init: a rank that refuses one has made no
+  // communicator a peer would then wait in, and every end of a bad link
+  // says so itself.
   for (std::size_t i = 0; i < keys.size(); i++) {
     const PipelineLinks::Key& k = keys[i];
     const bool sender = k.from == spec_.rank;
@@ -145,6 +148,10 @@ absl::Status RankUnit::make_link_communicators() {
           "workers take GPU LOCAL_RANK: --nproc-per-node at most its GPUs), or run --pp in one "
           "process (troupe train), whose ranks share the GPU through host memory"));
     }
+  }
+  for (std::size_t i = 0; i < keys.size(); i++) {
+    const PipelineLinks::Key& k = keys[i];
+    const bool sender = k.from == spec_.rank;
     const std::string id = (sender ? out[i] : in[i]).substr(kIdAt, kConnectIdBytes);
     const int member = sender ? 0 : 1;
     absl::StatusOr<std::unique_ptr<comm::NcclCommunicator>> nccl =

@@ -98,11 +98,6 @@ caf::behavior ShardActor::make_behavior() {
       [this](sent_atom, int chunk, int slot, const std::string& error) {
         on_sent(chunk, slot, error);
       },
-      [this](link_in_atom, int begin, int op_id) {
-        if (begin != begins_) return;  // an earlier pass's (its op ids are this one's too)
-        link_waits_.erase(op_id);
-        progress_++;
-      },
       [this](waiting_atom) { return report(); },
   };
 }
@@ -140,7 +135,6 @@ void ShardActor::begin(Pass pass, int step, std::int64_t first_sample) {
   ops_done_ = 0;
   input_.assign(ops_->size(), Arrival::kNone);
   link_waits_.clear();
-  begins_++;
   params_posted_ = false;
   params_expected_ = params_arrived_ = 0;
   params_state_ = Params::kArriving;
@@ -237,11 +231,10 @@ bool ShardActor::post_receive(const ScheduleOp& op, MessageKind kind, int src,
   if (setup_.links != nullptr) {
     // The compute stream waits for it in front of the op, which fires now;
     // until the link says it is there, a stall report names the peer.
-    link_waits_[op.id] = {kind, src};
-    setup_.links->recv(kind, src, *setup_.stream, into,
-                       [self = caf::actor_cast<caf::actor>(this), begin = begins_, id = op.id] {
-                         caf::anon_send(self, link_in_atom::value, begin, id);
-                       });
+    link_waits_[op.id] = {.kind = kind,
+                          .from = src,
+                          .done = setup_.links->recv(kind, src, *setup_.stream, into),
+                          .since = std::chrono::steady_clock::now()};
     in = Arrival::kArrived;
     return true;
   }

@@ -140,10 +140,16 @@ class ShardActor : public caf::event_based_actor {
   int global_batch_ = 1;                             // and its global batch
   Pass pass_ = Pass::kTrain;
   std::vector<gpu::HostMirror> tokens_, targets_;  // per micro-batch, i32 (B, T)
-  // With links: the ops whose input a link is still receiving (by op id:
-  // what and from which rank), for stall reports.
-  std::map<int, std::pair<comm::MessageKind, int>> link_waits_;
-  int begins_ = 0;  // passes begun (a link's report names its pass)
+  // With links: the ops fired and not done whose input came by a link (by
+  // op id), for stall reports: what, from which rank, its receive's event
+  // and when it was posted.
+  struct LinkWait {
+    comm::MessageKind kind;
+    int from;
+    std::shared_ptr<gpu::Event> done;
+    std::chrono::steady_clock::time_point since;
+  };
+  std::map<int, LinkWait> link_waits_;
 
   // Per chunk, the host side of what crosses the transport (by slot: the
   // received activation and output gradient, the sent output and input

@@ -385,6 +385,9 @@ absl::Status run_worker(const WorkerOptions& o) {
                                  {.to = Target::kControl,
                                   .content = caf::make_message(failed_atom::value, o.spec.rank,
                                                                std::string(connected.message()))}));
+      // What connect made is aborted, not finalized with peers that will
+      // not come (that waits 30 s a communicator).
+      (*unit)->fail_pending(connected);
       return connected;
     }
   } else if (state.addresses) {
