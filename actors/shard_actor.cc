@@ -230,7 +230,7 @@ bool ShardActor::post_receive(const ScheduleOp& op, MessageKind kind, int src,
   if (in != Arrival::kNone) return in == Arrival::kArrived;
   if (setup_.links != nullptr) {
     // The compute stream waits for it in front of the op, which fires now;
-    // until the link says it is there, a stall report names the peer.
+    // until its receive's event says it is there, a stall report names the peer.
     link_waits_[op.id] = {.kind = kind,
                           .from = src,
                           .done = setup_.links->recv(kind, src, *setup_.stream, into),
