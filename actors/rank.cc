@@ -178,7 +178,9 @@ absl::Status RankUnit::init_params() {
     return absl::OkStatus();
   }
   if (o.init_weights.empty()) {
-    for (auto& chunk : chunks_) chunk->gpt().init(o.seed);  // counter-based: a slice alone
+    for (auto& chunk : chunks_) {
+      if (absl::Status st = chunk->gpt().init(o.seed); !st.ok()) return st;  // counter-based
+    }
     return absl::OkStatus();
   }
   // From a file: each chunk reads its own tensors only.

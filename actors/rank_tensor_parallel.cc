@@ -55,6 +55,16 @@ class Connected final : public comm::StreamCollectives {
     if (!to_) return not_yet();
     return to_->all_gather_on(stream, in, out, n);
   }
+  absl::Status reduce_on(void* stream, const float* in, float* out, std::size_t n,
+                         int root) override {
+    if (!to_) return not_yet();
+    return to_->reduce_on(stream, in, out, n, root);
+  }
+  absl::Status broadcast_on(void* stream, const float* in, float* out, std::size_t n,
+                            int root) override {
+    if (!to_) return not_yet();
+    return to_->broadcast_on(stream, in, out, n, root);
+  }
 
  private:
   static absl::Status not_yet() {

@@ -1,6 +1,7 @@
 // The TP collectives as device calls on the stream (actors/tensor_link.h).
 #include "actors/tensor_link.h"
 
+#include <cstring>
 #include <utility>
 #include <vector>
 
@@ -42,6 +43,17 @@ class InStream final : public comm::StreamCollectives {
     if (stream != nullptr) return not_cpu();
     return unavailable(comm_->all_gather_sync(in, out, n));
   }
+  absl::Status reduce_on(void* stream, const float* in, float* out, std::size_t n,
+                         int root) override {
+    if (stream != nullptr) return not_cpu();
+    return unavailable(comm_->reduce_sync(in, out, n, root));
+  }
+  absl::Status broadcast_on(void* stream, const float* in, float* out, std::size_t n,
+                            int root) override {
+    if (stream != nullptr) return not_cpu();
+    if (comm_->rank() == root && in != out && n > 0) std::memcpy(out, in, n * sizeof(float));
+    return unavailable(comm_->broadcast_sync(out, n, root));
+  }
 
  private:
   static absl::Status unavailable(const absl::Status& st) {
@@ -49,7 +61,7 @@ class InStream final : public comm::StreamCollectives {
   }
   static absl::Status not_cpu() {
     return absl::InternalError(
-        "the Communicator's TP collectives on a stream that is not the CPU's (a GPU's needs "
+        "the Communicator's collectives on a stream that is not the CPU's (a GPU's needs "
         "NCCL's)");
   }
   comm::Communicator* comm_;

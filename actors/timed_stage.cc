@@ -13,7 +13,7 @@ TimedStage::TimedStage(const model::GptConfig& c, int B, const model::StageSpec&
       fwd_ms_(fwd_ms),
       bwd_ms_(bwd_ms),
       busy_ns_(busy_ns) {
-  gpt().init(1);
+  gpu::check_invariant(gpt().init(1), "TimedStage");  // the CPU device
   for (int k = 0; k < slots; k++) std::memset(losses(k).host<float>(), 0, losses(k).nbytes());
 }
 

@@ -42,6 +42,15 @@ class StreamCollectives {
   virtual absl::Status reduce_scatter_on(void* stream, const float* in, float* out,
                                          std::size_t n) = 0;
   virtual absl::Status all_gather_on(void* stream, const float* in, float* out, std::size_t n) = 0;
+  // out[n] of member `root` = the members' `in` summed (NCCL's order on
+  // GPUs; member order, from zeros, on the CPU); the others' `out` is not
+  // used (may be null). The root's `in` may be its `out`.
+  virtual absl::Status reduce_on(void* stream, const float* in, float* out, std::size_t n,
+                                 int root) = 0;
+  // out[n] of every member = member `root`'s `in` (the others' `in` is not
+  // used; the root's may be its `out`).
+  virtual absl::Status broadcast_on(void* stream, const float* in, float* out, std::size_t n,
+                                    int root) = 0;
 };
 
 // Point-to-point calls in a device stream's order, as NCCL's ncclSend and

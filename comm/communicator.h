@@ -9,7 +9,7 @@
 // Algorithms (fp32 sum): rings for large buffers (reduce-scatter then
 // all-gather, each chunk sliced so that sends, receives and adds overlap),
 // direct exchange for small ones (every rank sums all contributions in rank
-// order), a sliced chain for broadcast. The order of every sum is fixed, and
+// order), a sliced chain for broadcast, a gather for reduce. The order of every sum is fixed, and
 // each element's sum is computed once and copied to the others, so results
 // are bitwise identical on every rank and on every run.
 //
@@ -74,11 +74,17 @@ class Communicator final : public Collectives {
   void all_gather(const float* in, float* out, std::size_t n, Callback done) override;
   // data[n] of member `root` to every member.
   void broadcast(float* data, std::size_t n, int root, Callback done) override;
+  // out[n] of member `root` = ((0 + in_0) + in_1) + ... + in_{p-1}, the
+  // members' `in` summed in member order (a ZeRO-1 partition's gradient:
+  // the replicas' pieces in replica order). `out` is the root's only (the
+  // others may pass null); the root's may be its `in`.
+  void reduce(const float* in, float* out, std::size_t n, int root, Callback done);
 
   absl::Status all_reduce_sync(float* data, std::size_t n);
   absl::Status reduce_scatter_sync(const float* in, float* out, std::size_t n);
   absl::Status all_gather_sync(const float* in, float* out, std::size_t n);
   absl::Status broadcast_sync(float* data, std::size_t n, int root);
+  absl::Status reduce_sync(const float* in, float* out, std::size_t n, int root);
 
   // Fails the current and every later collective with `why` (a member died;
   // called by the liveness check for every group containing that member).
@@ -103,6 +109,7 @@ class Communicator final : public Collectives {
   Body reduce_scatter_body(const float* in, float* out, std::size_t n);
   Body all_gather_body(const float* in, float* out, std::size_t n);
   Body broadcast_body(float* data, std::size_t n, int root);
+  Body reduce_body(const float* in, float* out, std::size_t n, int root);
   absl::Status phase(trace::What what, std::uint32_t op, std::size_t n,
                      const std::function<absl::Status()>& run);
 
@@ -114,6 +121,8 @@ class Communicator final : public Collectives {
   absl::Status ring_all_gather(float* data, std::size_t n, std::uint32_t op, std::uint32_t step0);
   absl::Status direct_all_reduce(float* data, std::size_t n, std::uint32_t op);
   absl::Status chain_broadcast(float* data, std::size_t n, int root, std::uint32_t op);
+  absl::Status gather_reduce(const float* in, float* out, std::size_t n, int root,
+                             std::uint32_t op);  // comm/communicator_reduce.cc
   // Sends `n` floats to member `to` and receives `m` from member `from` into
   // `dest` (added to it or copied), both sliced. The sends stay in flight,
   // tagged with `step`, until wait_sends. Before anything is written into

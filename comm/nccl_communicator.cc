@@ -90,6 +90,25 @@ class NcclComm final : public NcclCommunicator {
   absl::Status all_gather_on(void* stream, const float* in, float* out, std::size_t n) override {
     return issue_calls_on(stream, plan_all_gather(n, size_, rank_), in, out);
   }
+  absl::Status reduce_on(void* stream, const float* in, float* out, std::size_t n,
+                         int root) override {
+    if (root < 0 || root >= size_) return bad_root("reduce", root);
+    return issue_calls_on(
+        stream,
+        {{NcclCall::Op::kReduce, {NcclCall::Buffer::kIn, 0}, {NcclCall::Buffer::kOut, 0}, n, root}},
+        in, out);
+  }
+  absl::Status broadcast_on(void* stream, const float* in, float* out, std::size_t n,
+                            int root) override {
+    if (root < 0 || root >= size_) return bad_root("broadcast", root);
+    return issue_calls_on(stream,
+                          {{NcclCall::Op::kBroadcast,
+                            {NcclCall::Buffer::kIn, 0},
+                            {NcclCall::Buffer::kOut, 0},
+                            n,
+                            root}},
+                          in, out);
+  }
   absl::Status send_on(void* stream, const float* data, std::size_t n, int peer) override {
     if (peer < 0 || peer >= size_ || peer == rank_) return bad_peer(peer);
     return issue_on(stream, [&](cudaStream_t s) {
@@ -132,6 +151,10 @@ class NcclComm final : public NcclCommunicator {
     Callback done;
   };
 
+  absl::Status bad_root(const char* what, int root) const {
+    return absl::InvalidArgumentError(
+        absl::StrCat("NCCL ", what, " with root ", root, " in a group of ", size_));
+  }
   absl::Status bad_peer(int peer) const {
     return absl::InvalidArgumentError(absl::StrCat("NCCL point-to-point with member ", peer,
                                                    " from member ", rank_, " of ", size_));

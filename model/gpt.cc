@@ -363,7 +363,7 @@ Tensor Gpt::layer_input(const GptActivations& a, const Tensor& in, int l) const 
   return l == 0 ? in : a.layers[static_cast<std::size_t>(l - 1)].residual3;
 }
 
-void Gpt::init(std::uint64_t seed) {
+absl::Status Gpt::init(std::uint64_t seed) {
   std::vector<float> host(static_cast<std::size_t>(layout_.total()), 0.0f);
   for (const ParamSpec& spec : layout_.specs()) {
     init_values(
@@ -375,7 +375,9 @@ void Gpt::init(std::uint64_t seed) {
   // model the same way).
   for (float& x : host) x = gpu::round_to(x, act_.precision);
   absl::Status st = device_.copy_from_host(host.data(), params_flat_);
-  (void)st;  // same device by construction
+  if (!st.ok())
+    return absl::Status(st.code(), absl::StrCat("initialising the weights: ", st.message()));
+  return absl::OkStatus();
 }
 
 void Gpt::round_params(gpu::Stream& s) { store(s, params_flat_); }

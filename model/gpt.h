@@ -5,7 +5,7 @@
 // without it.
 //
 //   model::Gpt gpt(config, /*B=*/8, gpu::cpu_device());
-//   gpt.init(seed);
+//   if (absl::Status st = gpt.init(seed); !st.ok()) return st;
 //   gpt.zero_grad(stream);
 //   gpt.forward(stream, tokens, targets);          // tokens, targets: i32[B,T]
 //   gpt.backward(stream, tokens, targets, 1.0f / (m * B * T));
@@ -160,8 +160,9 @@ class Gpt {
   std::int64_t recompute_workspace_bytes() const { return workspace_bytes_; }
   std::int64_t scratch_bytes() const { return scratch_bytes_; }
 
-  // Counter-based GPT-2 initialisation (model/init.h); synchronous.
-  void init(std::uint64_t seed);
+  // Counter-based GPT-2 initialisation (model/init.h); synchronous. An
+  // error when the copy to the device fails.
+  absl::Status init(std::uint64_t seed);
 
   // Mixed precision (activation options' precision): the parameters
   // rounded to it in place, after they were loaded from outside (init()

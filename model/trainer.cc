@@ -98,11 +98,11 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::create(const TrainOptions& opt
   t->gpt_ = std::make_unique<Gpt>(c, options.micro_batch, dev, StageSpec::whole(c), 1,
                                   TensorParallel{}, options.activations);
   if (options.init_weights.empty()) {
-    t->gpt_->init(options.seed);
+    st = t->gpt_->init(options.seed);
   } else {
     st = load_weights(options.init_weights, *t->gpt_);
-    if (!st.ok()) return st;
   }
+  if (!st.ok()) return st;
   t->gpt_->round_params(*t->stream_);  // (mixed precision: loaded weights too)
   if (options.activations.precision != gpu::Precision::kFp32) {
     t->master_ = gpu::Tensor::empty(dev, gpu::DType::kF32, {t->gpt_->layout().total()});

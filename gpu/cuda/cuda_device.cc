@@ -4,6 +4,7 @@
 
 #include <nvtx3/nvToolsExt.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
@@ -122,6 +123,7 @@ CudaStream::~CudaStream() {
   kept_.clear();  // (the owner ended the libraries that used them before the stream)
   for (cudaEvent_t e : free_events_) cudaEventDestroy(e);
   workspace_.reset();
+  scratch_.storage.reset();
   if (slot_ >= 0) device_.release_slot(slot_);
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
   device_.free_deferred();
@@ -276,14 +278,23 @@ absl::StatusOr<Gemm> CudaStream::gemm() {
 }
 
 Tensor CudaStream::scratch(std::size_t bytes) {
-  const auto n = static_cast<std::int64_t>((bytes + sizeof(double) - 1) / sizeof(double));
+  std::int64_t n = static_cast<std::int64_t>((bytes + sizeof(double) - 1) / sizeof(double));
+  n = std::max<std::int64_t>(n, 1);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (scratch_.defined() && scratch_.numel() >= n) return scratch_.view(0, {n});
+  }
+  Tensor grown;
   try {
-    return Tensor::empty(device_, DType::kF64, {n > 0 ? n : 1});
+    grown = Tensor::empty(device_, DType::kF64, {n});
   } catch (const std::bad_alloc&) {
     fail(absl::ResourceExhaustedError(
         absl::StrCat("no device memory for ", bytes, " bytes of an op's scratch")));
     return Tensor{};  // the op is then skipped: the stream has failed
   }
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!scratch_.defined() || scratch_.numel() < n) scratch_ = grown;
+  return scratch_.view(0, {n});
 }
 
 // The op's tensors are held whatever its launch returned: a launch that

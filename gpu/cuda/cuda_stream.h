@@ -83,6 +83,12 @@ class CudaStream final : public Stream {
   // Device scratch of at least `bytes` for one op, held with the op's
   // tensors (so run_op must name it among `args`). Out of memory fails the
   // stream (ResourceExhausted) and returns an undefined tensor.
+  //
+  // One buffer per stream, reused by every op and grown when an op needs
+  // more: the stream runs its ops one after another, so an op's scratch is
+  // free once the op before it has run, and a buffer that was replaced
+  // stays alive while ops in flight hold it. No allocation (which orders
+  // itself with the device's other streams) per op on the hot path.
   Tensor scratch(std::size_t bytes);
   cudaStream_t get() const { return stream_; }
 
@@ -115,8 +121,9 @@ class CudaStream final : public Stream {
   unsigned* fault_ = nullptr;       // device: the fault word
   unsigned* fault_host_ = nullptr;  // pinned host copy, updated on the stream
   std::shared_ptr<Storage> workspace_;
+  Tensor scratch_;  // scratch()'s buffer (f64 elements)
   bool sync_each_op_ = false;
-  std::mutex mu_;  // error_, in_flight_, kept_, recent_, free_events_, workspace_
+  std::mutex mu_;  // error_, in_flight_, kept_, recent_, free_events_, workspace_, scratch_
   absl::Status error_;
   std::deque<InFlight> in_flight_;
   std::vector<std::shared_ptr<Storage>> kept_;  // failed launches' tensors, until ~CudaStream

@@ -36,7 +36,7 @@ class InferenceTest : public ::testing::Test {
              absl::StrCat("inference_test_", ::getpid(), ".safetensors"))
                 .string();
     gpt_ = std::make_unique<model::Gpt>(config(), 1, gpu::cpu_device());
-    gpt_->init(7);
+    EXPECT_TRUE(gpt_->init(7).ok());
     ASSERT_TRUE(model::save_weights(*gpt_, path_).ok());
     std::mt19937 rng(3);
     for (int i = 0; i < 40; i++) stream_.push_back(static_cast<std::int32_t>(rng() % config().V));

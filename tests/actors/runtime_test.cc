@@ -179,7 +179,7 @@ TEST(Runtime, WeightsFileInAndOutOf3DMatchesSingleRank) {
   o.lr.decay_iters = 3;
   {
     model::Gpt g(o.model, 1, gpu::cpu_device());
-    g.init(99);  // not the training seed: the file must be what is used
+    ASSERT_TRUE(g.init(99).ok());  // not the training seed: the file must be what is used
     ASSERT_TRUE(model::save_weights(g, init).ok());
   }
   o.init_weights = init;

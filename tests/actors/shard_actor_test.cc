@@ -30,7 +30,7 @@ TEST(ShardActor, ReportsWhatItWaitsForAndFailsWhenItsPeerDies) {
   auto fabric = std::make_shared<comm::InProcFabric>(2);
   std::unique_ptr<comm::Transport> transport = fabric->endpoint(1);
   GptStage stage(config, 2, chunk_spec(config, shape, 1), 2, dev);
-  stage.gpt().init(1);
+  ASSERT_TRUE(stage.gpt().init(1).ok());
 
   ShardSetup ss;
   ss.rank = 1;

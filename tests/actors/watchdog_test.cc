@@ -20,7 +20,7 @@ class SleepingStage : public GptStage {
   SleepingStage(const model::GptConfig& c, int B, const model::StageSpec& spec, int slots,
                 int backward_ms)
       : GptStage(c, B, spec, slots, gpu::cpu_device()), backward_ms_(backward_ms) {
-    gpt().init(1);
+    gpu::check_invariant(gpt().init(1), "StalledStage");
     for (int k = 0; k < slots; k++) std::memset(losses(k).data<float>(), 0, losses(k).nbytes());
   }
   void forward(gpu::Stream&, int, const gpu::Tensor&, const gpu::Tensor&) override {}

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <functional>
 #include <future>
@@ -133,6 +134,54 @@ TEST_P(Collectives, Broadcast) {
           small_slices());
     }
   }
+}
+
+// The reduce to one member sums in member order from zeros, as a ZeRO-1
+// partition's gradient is summed: ((0 + x_0) + x_1) + ..., bit for bit.
+// Values with many mantissa bits, so that another order would round
+// differently; the root's buffer in place too; other members' `out` null.
+TEST_P(Collectives, ReduceSumsInMemberOrderBitForBit) {
+  const int p = p_;
+  auto x = [](int r, std::size_t i) {  // 24 random bits in [-2^k, 2^k), k = r % 4
+    std::uint32_t h =
+        static_cast<std::uint32_t>(r) * 0x9E3779B1u ^ static_cast<std::uint32_t>(i) * 0x85EBCA77u;
+    h ^= h >> 15;
+    h *= 0x2C1B3C6Du;
+    h ^= h >> 12;
+    h *= 0x297A2D39u;
+    h ^= h >> 15;
+    return std::ldexp(static_cast<float>(h >> 8) * 0x1p-23f - 1.0f, r % 4);
+  };
+  for (std::size_t n : {0u, 1u, 7u, 1000u, 4099u}) {
+    for (int root : {0, p - 1}) {
+      for (bool in_place : {false, true}) {
+        on_ranks(
+            p,
+            [&](int r, Communicator& c) {
+              std::vector<float> in(n), out(n, -999.0f);
+              for (std::size_t i = 0; i < n; i++) in[i] = x(r, i);
+              float* dst = r != root ? nullptr : in_place ? in.data() : out.data();
+              ASSERT_TRUE(c.reduce_sync(in.data(), dst, n, root).ok());
+              if (r != root) return;
+              for (std::size_t i = 0; i < n; i++) {
+                float want = 0.0f;
+                for (int j = 0; j < p; j++) want = want + x(j, i);
+                ASSERT_EQ(dst[i], want) << "n=" << n << " root " << root << " i=" << i;
+              }
+            },
+            small_slices());
+      }
+    }
+  }
+}
+
+TEST(CollectivesReduce, ARootOutsideTheGroupIsAnError) {
+  on_ranks(2, [](int, Communicator& c) {
+    float x = 1.0f;
+    absl::Status st = c.reduce_sync(&x, &x, 1, 2);
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+    EXPECT_EQ(st.message(), "reduce: root 2 of 2 members");
+  });
 }
 
 // Bytes that are NaNs and denormals as floats (NCCL's id is any 128

@@ -153,6 +153,62 @@ TEST(Nccl, TwoMembersOnTwoGpusAgreeWithTheCpuOnUnevenSplits) {
   EXPECT_EQ(b.get(), "");
 }
 
+// The rooted stream calls (the ZeRO-1 pieces': a partition's gradient
+// reduced to its owner, its new parameters broadcast from it) on two GPUs,
+// each member the root in turn, the root's buffer in place on the second
+// round. Integers in floats: the sums are exact in any order.
+TEST(Nccl, ReduceAndBroadcastOnTwoGpusReachTheRootAndEveryMember) {
+  if (gpus() < 2) {
+    GTEST_SKIP() << "NCCL with two members needs two GPUs; this machine has " << gpus();
+  }
+  auto id = nccl_unique_id();
+  ASSERT_TRUE(id.ok()) << id.status();
+  auto member = [&](int t) -> std::string {  // empty: passed
+    if (cudaSetDevice(t) != cudaSuccess) return "cudaSetDevice";
+    auto c = NcclCommunicator::create(*id, t, 2, t);
+    if (!c.ok()) return std::string(c.status().message());
+    cudaStream_t s = nullptr;
+    if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) return "stream";
+    const std::size_t n = 1001;
+    std::vector<float> x(n), got(n), sent(n);
+    float *d = nullptr, *o = nullptr;
+    cudaMalloc(&d, n * 4);
+    cudaMalloc(&o, n * 4);
+    std::string why;
+    for (int root = 0; root < 2 && why.empty(); root++) {
+      for (bool in_place : {false, true}) {
+        for (std::size_t i = 0; i < n; i++) x[i] = static_cast<float>((t + 1) * (i % 89));
+        cudaMemcpyAsync(d, x.data(), n * 4, cudaMemcpyHostToDevice, s);
+        float* out = in_place ? d : o;
+        absl::Status st = (*c)->reduce_on(s, d, t == root ? out : nullptr, n, root);
+        cudaMemcpyAsync(got.data(), out, n * 4, cudaMemcpyDeviceToHost, s);
+        // Then the root's d to both (in place: its sum), into `out`.
+        if (st.ok()) st = (*c)->broadcast_on(s, d, out, n, root);
+        cudaMemcpyAsync(sent.data(), out, n * 4, cudaMemcpyDeviceToHost, s);
+        if (cudaStreamSynchronize(s) != cudaSuccess && st.ok()) st = absl::InternalError("sync");
+        if (!st.ok()) {
+          why = std::string(st.message());
+          break;
+        }
+        for (std::size_t i = 0; i < n && why.empty(); i++) {
+          const auto v = static_cast<float>(i % 89);
+          if (t == root && got[i] != 3 * v) why = "reduce at " + std::to_string(i);
+          const float want = in_place ? 3 * v : static_cast<float>(root + 1) * v;
+          if (sent[i] != want) why = "broadcast at " + std::to_string(i);
+        }
+      }
+    }
+    cudaFree(d);
+    cudaFree(o);
+    cudaStreamDestroy(s);
+    return why;
+  };
+  auto a = std::async(std::launch::async, member, 0);
+  auto b = std::async(std::launch::async, member, 1);
+  EXPECT_EQ(a.get(), "");
+  EXPECT_EQ(b.get(), "");
+}
+
 }  // namespace
 }  // namespace troupe::comm
 #endif

@@ -293,6 +293,19 @@ def check_gone(pids, extra=()):
     print(f"OK: none of the job's {len(pids) + len(extra)} processes is left")
 
 
+def check_stopped(run_dir, ranks, culprit):
+    """The survivors stopped by themselves, naming the lost rank: none was
+    killed by the launcher's grace period (a rank waiting in a transfer to
+    the lost one, a link's stream or a collective, must give up, not hang)."""
+    for r in ranks:
+        with open(f"{run_dir}/rank-{r:05d}.log", errors="replace") as f:
+            log = f.read()
+        if f"troupe worker: stopped: the job stopped: {culprit}" not in log:
+            fail(f"rank {r} did not stop by itself naming {culprit}; its log ends:\n"
+                 + log[-1500:])
+    print(f"OK: ranks {ranks} stopped by themselves, naming {culprit}")
+
+
 def kill_worker(extra):
     rd = f"{WORK}/kill-worker"
     p, pids, seen = start_long(rd, extra)
@@ -303,6 +316,7 @@ def kill_worker(extra):
     if p.returncode == 0 or "rank 2 (d=0 s=1 t=0)" not in out or "killed by SIGKILL" not in out:
         fail("the message does not name rank 2 (d=0 s=1 t=0) killed by SIGKILL")
     check_gone(pids)
+    check_stopped(rd, [0, 1, 3], "rank 2 (d=0 s=1 t=0)")
 
 
 def stop_worker():

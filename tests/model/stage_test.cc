@@ -31,7 +31,7 @@ TEST_P(StageTest, StagesInSequenceEqualTheWholeModel) {
   const float dloss = 1.0f / static_cast<float>(B * c.T);
 
   Gpt whole(c, B, gpu::cpu_device());
-  whole.init(11);
+  ASSERT_TRUE(whole.init(11).ok());
   whole.zero_grad(*s);
   whole.forward(*s, tokens, targets);
   whole.backward(*s, tokens, targets, dloss);
@@ -39,7 +39,7 @@ TEST_P(StageTest, StagesInSequenceEqualTheWholeModel) {
   std::vector<std::unique_ptr<Gpt>> stages;
   for (int k = 0; k < pp; k++) {
     stages.push_back(std::make_unique<Gpt>(c, B, gpu::cpu_device(), StageSpec::pipeline(c, pp, k)));
-    stages.back()->init(11);
+    ASSERT_TRUE(stages.back()->init(11).ok());
     stages.back()->zero_grad(*s);
   }
   for (int k = 0; k < pp; k++) {
@@ -111,8 +111,8 @@ TEST(StageSlots, TwoMicroBatchesInFlightEqualOneAtATime) {
   const float dloss = 1.0f / static_cast<float>(2 * B * c.T);
   Gpt serial(c, B, gpu::cpu_device(), StageSpec::whole(c), 1);
   Gpt inflight(c, B, gpu::cpu_device(), StageSpec::whole(c), 2);
-  serial.init(3);
-  inflight.init(3);
+  ASSERT_TRUE(serial.init(3).ok());
+  ASSERT_TRUE(inflight.init(3).ok());
   serial.zero_grad(*s);
   inflight.zero_grad(*s);
   for (int mb = 0; mb < 2; mb++) {

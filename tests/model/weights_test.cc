@@ -22,7 +22,7 @@ class WeightsTest : public ::testing::Test {
     config_.L = 2;
     config_.V = 500;  // padded to 512 inside
     gpt_ = std::make_unique<Gpt>(config_, 1, gpu::cpu_device());
-    gpt_->init(3);
+    EXPECT_TRUE(gpt_->init(3).ok());
     // ctest runs tests in parallel processes: every test its own files.
     name_ = ::testing::UnitTest::GetInstance()->current_test_info()->name();
     path_ = ::testing::TempDir() + "/troupe_weights_" + name_ + ".safetensors";
@@ -230,7 +230,7 @@ TEST_F(WeightsTest, ConcurrentSavesToOnePathDoNotCollide) {
   std::vector<std::unique_ptr<Gpt>> models;
   for (int i = 0; i < 4; i++) {
     models.push_back(std::make_unique<Gpt>(config_, 1, gpu::cpu_device()));
-    models.back()->init(10 + i);
+    ASSERT_TRUE(models.back()->init(10 + i).ok());
   }
   for (int round = 0; round < 5; round++) {
     std::vector<absl::Status> results(models.size());
