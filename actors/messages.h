@@ -19,7 +19,8 @@
 //                       (--fp16, gradients not finite), send the parameters unchanged
 //                   (waiting_atom) -> WaitReport
 //                   (save_atom, int step, std::string tmp_dir)   copy the state, write it behind
-//   Coordinator     (loss_atom, int step, int d, int j, double loss_sum)   head chunk, per micro-batch
+//   Coordinator     (loss_atom, int step, int d, int j, double loss_sum)   head chunk, per
+//   micro-batch
 //                   (norm_atom, int step, int rank, double squared_norm)   partitions of a rank
 //                   (ready_atom, int step, int rank)      a shard has its new parameters
 //                   (failed_atom, int rank, std::string what)
@@ -30,10 +31,17 @@
 //                   (save_now_atom)         a checkpoint after the step in progress (with --save)
 // Internal (an actor to itself, from stream and transport callbacks):
 //   (op_done_atom, int op_id), (bucket_atom, int step, int chunk, int bucket),
-//   (recv_atom, int what, int id, std::string error), (sent_atom, int what, int id, std::string error),
-//   (reduced_atom, int step), (stepped_atom, int step),
-//   (added_atom, int step, int partition, int contribution),
-//   (params_in_atom, int step)   a shard's new parameters are on its device
+//   (recv_atom, int what, int id, std::string error), (sent_atom, int what, int id, std::string
+//   error), (reduced_atom, int step), (stepped_atom, int step), (added_atom, int step, int
+//   partition, int contribution), (params_in_atom, int step)   a shard's new parameters are on its
+//   device
+// Between a rank's shard and optimizer, where the ZeRO-1 pieces go device to
+// device (actors/optimizer_actor.h):
+//   (shard_atom, caf::actor shard)   to the optimizer, once: whom to tell
+//   (dp_reduced_atom, int step)      the step's reduces are on the compute
+//                                    stream, behind the rank's reduced event
+//   (dp_params_atom, int step)       the broadcasts are on the optimizer's
+//                                    stream, behind the rank's params event
 #pragma once
 
 #include <bit>
@@ -65,6 +73,9 @@ using reduced_atom = caf::atom_constant<caf::atom("reduced")>;
 using stepped_atom = caf::atom_constant<caf::atom("stepped")>;
 using added_atom = caf::atom_constant<caf::atom("added")>;
 using params_in_atom = caf::atom_constant<caf::atom("paramsin")>;
+using shard_atom = caf::atom_constant<caf::atom("shard")>;
+using dp_reduced_atom = caf::atom_constant<caf::atom("dpreduced")>;
+using dp_params_atom = caf::atom_constant<caf::atom("dpparams")>;
 using save_atom = caf::atom_constant<caf::atom("save")>;
 using snapshot_atom = caf::atom_constant<caf::atom("snapshot")>;
 using saved_atom = caf::atom_constant<caf::atom("saved")>;

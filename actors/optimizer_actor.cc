@@ -69,7 +69,7 @@ float* Partition::slot(int k) const {
 }
 
 void Partition::begin_sum(gpu::Stream& s) const {
-  if (!range_.empty()) gpu::ops::fill(s, view(sum_, 0, range_.size()), 0.0f);
+  if (!range_.empty() && !pieces_on_device_) gpu::ops::fill(s, view(sum_, 0, range_.size()), 0.0f);
 }
 
 void Partition::add(gpu::Stream& s, int k) const {
@@ -106,7 +106,7 @@ void Partition::step(gpu::Stream& s, const model::AdamWConfig& c, float lr, int 
     gpu::ops::round_to(s, view(compute_, 0, range_.size()), view(master_, 0, range_.size()),
                        precision_);
   }
-  send_.to_host(s, 0, range_.size());
+  send_.to_host(s, 0, pieces_on_device_ ? tied_ : range_.size());
 }
 
 void Partition::adam(gpu::Stream& s, const model::AdamWConfig& c, float lr, int update,
@@ -143,6 +143,15 @@ caf::behavior OptimizerActor::make_behavior() {
   return {
       [this](begin_step_atom, int step, std::int64_t, float) { begin_step(step); },
       [this](recv_atom, int part, int k, const std::string& error) { on_recv(part, k, error); },
+      [this](shard_atom, caf::actor shard) { shard_ = shard.address(); },
+      [this](dp_reduced_atom, int step) {
+        progress_++;
+        if (step == step_) {
+          on_reduced_on_device();
+        } else if (step > step_) {
+          reduced_early_ = step;  // the shard got there before the coordinator's begin_step
+        }
+      },
       [this](added_atom, int step, int part, int k) {
         progress_++;
         if (step == step_) on_added(part, k);
@@ -184,22 +193,31 @@ caf::behavior OptimizerActor::make_behavior() {
 void OptimizerActor::begin_step(int step) {
   step_ = step;
   sums_done_ = 0;
+  reduced_in_ = false;
   int pieces = 0;
+  // With dp, contributions k < dp come by the shards' reduces: the sum
+  // starts past them, and only the tied wte's shares are received.
+  const int dp = setup_.shape.dp;
   for (std::size_t i = 0; i < sums_.size(); i++) {
     Sum& sum = sums_[i];
     const Partition& part = *setup_.partitions[i];
     sum.arrived.assign(static_cast<std::size_t>(sum.contributions), 0);
-    sum.posted = sum.enqueued = sum.added = 0;
+    const int first = setup_.dp != nullptr ? std::min(dp, sum.contributions) : 0;
+    sum.posted = sum.enqueued = sum.added = first;
     part.begin_sum(*setup_.stream);
-    for (int k = 0; k < std::min(part.window(), sum.contributions); k++)
+    for (int k = first; k < std::min(first + part.window(), sum.contributions); k++)
       post(static_cast<int>(i), k);
-    pieces += static_cast<int>(sum.main.size() + sum.tied.size()) * setup_.shape.dp;
+    pieces += static_cast<int>((setup_.dp != nullptr ? 0 : sum.main.size()) + sum.tied.size()) * dp;
     if (sum.contributions == 0) sums_done_++;
   }
-  phase_ = absl::StrCat("the gradients of step ", step, " (", pieces, " pieces)");
+  phase_ = setup_.dp != nullptr
+               ? absl::StrCat("the gradients of step ", step, " (the shard's reduces and ", pieces,
+                              " pieces)")
+               : absl::StrCat("the gradients of step ", step, " (", pieces, " pieces)");
   trace_wait(comm::trace::What::kGradients);
   since_ = std::chrono::steady_clock::now();
   if (sums_done_ == static_cast<int>(sums_.size())) on_recv(-1, 0, "");
+  if (reduced_early_ == step) on_reduced_on_device();
 }
 
 // The receives of contribution k of partition `part`, into its slot.
@@ -227,9 +245,16 @@ void OptimizerActor::on_recv(int part, int k, const std::string& error) {
   if (!error.empty()) return fail(absl::StrCat("receiving gradients: ", error));
   if (part < 0) return on_added(-1, 0);  // nothing to receive at all
   progress_++;
+  sums_[static_cast<std::size_t>(part)].arrived[static_cast<std::size_t>(k)]++;
+  enqueue_adds(part);
+}
+
+// With dp, not before the stream has waited for the reduces (the sum's
+// first contributions).
+void OptimizerActor::enqueue_adds(int part) {
+  if (setup_.dp != nullptr && !reduced_in_) return;
   Sum& sum = sums_[static_cast<std::size_t>(part)];
   const int dp = setup_.shape.dp;
-  sum.arrived[static_cast<std::size_t>(k)]++;
   const Partition& p = *setup_.partitions[static_cast<std::size_t>(part)];
   while (sum.enqueued < sum.posted) {
     const int next = sum.enqueued;
@@ -244,6 +269,25 @@ void OptimizerActor::on_recv(int part, int k, const std::string& error) {
   }
 }
 
+// The shard's reduces are on its stream: this stream waits for them, then
+// adds what has come of the tied shares; a sum without them is complete.
+void OptimizerActor::on_reduced_on_device() {
+  if (failed_ || setup_.dp == nullptr || reduced_in_) return;
+  reduced_early_ = -1;
+  setup_.stream->wait(*setup_.dp_reduced);
+  reduced_in_ = true;
+  for (std::size_t i = 0; i < sums_.size(); i++) {
+    const Sum& sum = sums_[i];
+    if (sum.contributions == 0) continue;  // (counted at begin_step)
+    if (sum.added == sum.contributions) {
+      finish_sum(static_cast<int>(i));
+    } else {
+      enqueue_adds(static_cast<int>(i));
+    }
+  }
+  maybe_reduced();
+}
+
 void OptimizerActor::on_added(int part, int k) {
   if (failed_) return;
   if (part >= 0) {
@@ -252,11 +296,22 @@ void OptimizerActor::on_added(int part, int k) {
     sum.added++;
     if (k + p.window() < sum.contributions) post(part, k + p.window());
     if (sum.added < sum.contributions) return;
-    mark_stream(setup_.trace, *setup_.stream, stream_event(comm::trace::What::kNorm, part),
-                [&] { p.end_sum(*setup_.stream); });
-    sums_done_++;
+    finish_sum(part);
   }
+  maybe_reduced();
+}
+
+void OptimizerActor::finish_sum(int part) {
+  const Partition& p = *setup_.partitions[static_cast<std::size_t>(part)];
+  mark_stream(setup_.trace, *setup_.stream, stream_event(comm::trace::What::kNorm, part),
+              [&] { p.end_sum(*setup_.stream); });
+  sums_done_++;
+}
+
+// Every sum is complete (with dp: and the reduces were waited for).
+void OptimizerActor::maybe_reduced() {
   if (sums_done_ < static_cast<int>(sums_.size())) return;
+  if (setup_.dp != nullptr && !reduced_in_) return;
   send_when_done(*setup_.stream, caf::actor_cast<caf::actor>(this),
                  caf::make_message(reduced_atom::value, step_));
 }
@@ -283,8 +338,36 @@ void OptimizerActor::update(float lr, float grad_scale, int count) {
                 stream_event(comm::trace::What::kAdam, static_cast<int>(i)),
                 [&] { p->step(*setup_.stream, setup_.adam, lr, count, grad_scale); });
   }
+  if (setup_.dp != nullptr) broadcast_params();
   send_when_done(*setup_.stream, caf::actor_cast<caf::actor>(this),
                  caf::make_message(stepped_atom::value, step_));
+}
+
+// Every piece of this stage from its owner (partition src_d: member src_d
+// of the DP group) into every replica's shard, in the pieces' order (the
+// same on every replica), behind AdamW; then the shard hears of it.
+void OptimizerActor::broadcast_params() {
+  gpu::Stream& s = *setup_.stream;
+  for (const ParamPiece& p : setup_.param_pieces) {
+    if (p.stage != setup_.coord.s || p.tied_wte) continue;
+    const Partition& part = *setup_.partitions[static_cast<std::size_t>(p.src_chunk)];
+    const gpu::Tensor params = part.chunk().params();
+    float* out = params.data<float>() + p.range.begin;
+    std::vector<gpu::Tensor> held{params};
+    const float* in = nullptr;
+    if (p.src_d == setup_.coord.d) {
+      const gpu::Tensor& compute = part.compute_on_device();
+      in = compute.data<float>() + (p.range.begin - part.range().begin);
+      held.push_back(compute);
+    }
+    const auto n = static_cast<std::size_t>(p.range.size());
+    s.device_call("DP broadcast of the new parameters", std::move(held),
+                  [dp = setup_.dp, in, out, n, root = p.src_d](void* native) {
+                    return dp->broadcast_on(native, in, out, n, root);
+                  });
+  }
+  s.record(*setup_.dp_params);
+  send(caf::actor_cast<caf::actor>(shard_), dp_params_atom::value, step_);
 }
 
 void OptimizerActor::on_stepped() {
@@ -296,6 +379,7 @@ void OptimizerActor::on_stepped() {
   auto self = caf::actor_cast<caf::actor>(this);
   for (const ParamPiece& p : setup_.param_pieces) {
     if (p.stage != setup_.coord.s || p.src_d != setup_.coord.d) continue;
+    if (setup_.dp != nullptr && !p.tied_wte) continue;  // broadcast on the device
     const Partition& part = *setup_.partitions[static_cast<std::size_t>(p.src_chunk)];
     const float* data = part.compute() + (p.range.begin - part.range().begin);
     for (int r = 0; r < setup_.shape.dp; r++) {

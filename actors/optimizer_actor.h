@@ -13,18 +13,31 @@
 //      contribution is in, report the squared norm to the coordinator;
 //   3. update (lr, clip scale): AdamW on the owned range, then send the new
 //      parameters to every replica's shard (all-gather as messages).
+//
+// On a device the host cannot read (OptimizerSetup::dp), the replicas'
+// pieces go device to device instead: each replica's shard reduces every
+// piece to its partition's owner on its compute stream when the piece's
+// bucket is final (StreamCollectives::reduce_on, into sum(): the replicas in
+// order from zeros on the CPU, NCCL's order on GPUs), and says so once its
+// step's ops are all on the stream (dp_reduced_atom, behind the rank's
+// reduced event, which this stream then waits for); after AdamW every
+// replica's optimizer broadcasts each piece from its owner into its own
+// shard's parameters, in the pieces' order, on this stream, and tells its
+// shard (dp_params_atom, behind the params event). Only the tied wte's
+// shares (contributions k >= dp) and its new values still travel as
+// messages through host memory.
 #pragma once
 
+#include <caf/all.hpp>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <vector>
 
-#include <caf/all.hpp>
-
 #include "actors/partition.h"
-#include "actors/trace_marks.h"
 #include "actors/stage_compute.h"
+#include "actors/trace_marks.h"
+#include "comm/collectives.h"
 #include "comm/groups.h"
 #include "comm/transport.h"
 #include "gpu/device.h"
@@ -82,8 +95,19 @@ class Partition {
   void step(gpu::Stream& s, const model::AdamWConfig& adam, float lr, int update,
             float grad_scale) const;
   // What the shards compute with, in host memory for the transport: the
-  // master, or (mixed precision) it rounded, once step() has run.
+  // master, or (mixed precision) it rounded, once step() has run. With the
+  // replicas' pieces on the device (set_pieces_on_device), only its first
+  // tied() elements are copied (the tied wte's, which still travel so).
   const float* compute() const { return send_.host_data<float>(); }
+  // The same on the device, and the sum (range().size() elements each).
+  const gpu::Tensor& compute_on_device() const { return compute_.defined() ? compute_ : master_; }
+  const gpu::Tensor& sum() const { return sum_; }
+  // The replicas' gradient pieces are reduced into sum() on the device by
+  // the shards' streams (every element of range(): the pieces tile it), so
+  // begin_sum() leaves it alone, and contributions k < dp are not
+  // received; the new parameters are broadcast from compute_on_device().
+  void set_pieces_on_device() { pieces_on_device_ = true; }
+  bool pieces_on_device() const { return pieces_on_device_; }
   // The state as a checkpoint holds it (device tensors of at least
   // range().size() floats).
   const gpu::Tensor& master() const { return master_; }
@@ -101,6 +125,7 @@ class Partition {
   int dp_ = 1;
   int window_ = 1;
   gpu::Precision precision_ = gpu::Precision::kFp32;
+  bool pieces_on_device_ = false;
   gpu::Tensor master_, m_, v_, sum_, norm_;  // norm_: one f64 per counted range
   gpu::Tensor compute_;                       // mixed precision: the master rounded
   std::vector<Range> counted_;                // parts of range_ in the gradient norm
@@ -124,6 +149,11 @@ struct OptimizerSetup {
   // temporary directory behind (RankUnit::save); returns once copied.
   std::function<absl::Status(int step, const std::string& tmp_dir)> save;
   RankTrace* trace = nullptr;  // the rank's recorder (may be null)
+  // The DP group's stream collectives where the pieces go device to device
+  // (null: as messages), and the rank's events that order them.
+  comm::StreamCollectives* dp = nullptr;
+  gpu::Event* dp_reduced = nullptr;  // recorded by the shard
+  gpu::Event* dp_params = nullptr;   // recorded here
 };
 
 class OptimizerActor : public caf::event_based_actor {
@@ -143,7 +173,12 @@ class OptimizerActor : public caf::event_based_actor {
   void begin_step(int step);
   void post(int part, int k);
   void on_recv(int part, int k, const std::string& error);
+  void enqueue_adds(int part);  // every complete contribution next in order
+  void on_reduced_on_device();
   void on_added(int part, int k);
+  void finish_sum(int part);
+  void maybe_reduced();
+  void broadcast_params();
   void on_reduced();
   // count: Adam's 1-based count of updates; 0 skips the step.
   void update(float lr, float grad_scale, int count);
@@ -157,6 +192,9 @@ class OptimizerActor : public caf::event_based_actor {
 
   OptimizerSetup setup_;
   std::vector<Sum> sums_;  // by partition (chunk)
+  caf::actor_addr shard_;  // the rank's shard (with dp; weak: no cycle of handles)
+  bool reduced_in_ = false;  // with dp: the step's reduces are waited for on the stream
+  int reduced_early_ = -1;   // a step whose dp_reduced_atom came before its begin_step
   int step_ = 0;
   int sums_done_ = 0, sends_pending_ = 0;
   bool failed_ = false;

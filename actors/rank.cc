@@ -112,6 +112,7 @@ absl::StatusOr<std::unique_ptr<RankUnit>> RankUnit::create(
   }
   u->optimizer_stream_ = dev.make_stream({.threads = 1});
   if (absl::Status st = u->make_links(dev); !st.ok()) return st;
+  if (absl::Status st = u->make_data_parallel(dev); !st.ok()) return st;
   absl::StatusOr<std::vector<ScheduleOp>> ops =
       make_schedule(par.schedule, par.pp, u->coord_.s, par.m(o), par.virtual_stages);
   if (!ops.ok()) return ops.status();
@@ -245,10 +246,23 @@ RankUnit::Actors RankUnit::spawn(caf::actor_system& system, const Wiring& wiring
       }
     });
   };
+  if (dp_device_) {  // the ZeRO-1 pieces device to device
+    for (auto& p : partitions_) {
+      p->set_pieces_on_device();
+      ss.partitions.push_back(p.get());
+    }
+    ss.dp = os.dp = dp_device_.get();
+    ss.dp_reduced = os.dp_reduced = dp_reduced_.get();
+    ss.dp_params = os.dp_params = dp_params_.get();
+  }
   // The shard's constructor allocates its micro-batches' token buffers.
   const std::int64_t before = stream_->device().allocated_bytes();
-  Actors spawned{system.spawn<ShardActor>(std::move(ss)),
-                 system.spawn<OptimizerActor>(std::move(os))};
+  Actors spawned;
+  spawned.optimizer = system.spawn<OptimizerActor>(std::move(os));
+  ss.optimizer = spawned.optimizer.address();
+  spawned.shard = system.spawn<ShardActor>(std::move(ss));
+  // (Before any step: the coordinator's first message comes after this.)
+  if (dp_device_) caf::anon_send(spawned.optimizer, shard_atom::value, spawned.shard);
   allocated_bytes_ += stream_->device().allocated_bytes() - before;
   return spawned;
 }
@@ -272,6 +286,7 @@ absl::Status RankUnit::write_trace(const std::string& dir, TraceHeader header) c
 void RankUnit::end_pending(const absl::Status& why) {
   for (int peer = 0; peer < transport_->size(); peer++) transport_->fail_peer(peer, why);
   if (tensor_) tensor_->fail(why);  // a stream waiting in a TP collective goes on
+  if (data_group_) data_group_->fail(why);  // or in a DP one
   connect_cancelled_ = true;
 }
 
@@ -280,6 +295,11 @@ void RankUnit::fail_pending(const absl::Status& why) {
   if (comm::Collectives* nccl = nccl_.load(); nccl != nullptr) {
     nccl->fail(why);     // its kernels end once it is aborted, their results garbage:
     stream_->fail(why);  // the stream says so
+  }
+  if (comm::Collectives* nccl = dp_nccl_.load(); nccl != nullptr) {
+    nccl->fail(why);  // the same for the DP group's, which both streams call
+    stream_->fail(why);
+    optimizer_stream_->fail(why);
   }
   std::lock_guard<std::mutex> lock(links_mu_);
   if (!link_nccl_.empty()) {
@@ -301,6 +321,7 @@ void RankUnit::drain() {
 RankUnit::~RankUnit() {
   drain();
   tp_device_.reset();  // its NCCL communicator, while the stream it fails is alive
+  dp_device_.reset();
   links_.reset();      // theirs too
 }
 

@@ -44,6 +44,8 @@
 
 namespace troupe::actors {
 
+class ConnectedCollectives;  // actors/connected_collectives.h
+
 struct ParallelOptions {
   int tp = 1;              // --tp: tensor-parallel ranks per stage (Megatron slicing)
   int pp = 1;              // --pp: pipeline stages
@@ -227,6 +229,17 @@ class RankUnit {
   // CUDA their communicators; then every link's first transfer).
   absl::Status connect_tensor_parallel();
   absl::Status connect_links();
+  // A group's stream collectives behind `pending` (null: none to make):
+  // member 0 makes NCCL's id and broadcasts it through `group`, then NCCL's
+  // communicator (its pointer in *made, for aborts); on the opaque device
+  // the same exchange, then `group`'s own collectives.
+  absl::Status connect_group(comm::Communicator* group, ConnectedCollectives* pending,
+                             const char* name, std::atomic<comm::Collectives*>* made);
+  // The ZeRO-1 pieces device to device (dp > 1 on a device the host cannot
+  // read; on CUDA with a GPU of its own and NCCL): the DP group's
+  // collectives, made by connect(), and the events that order the shard's
+  // reduces and the optimizer's broadcasts (actors/optimizer_actor.h).
+  absl::Status make_data_parallel(gpu::Device& dev);
   absl::Status make_link_communicators();
   // The pipeline links (actors/pipeline_link.h) where the device's
   // activations go device to device: the opaque device's over the
@@ -257,6 +270,11 @@ class RankUnit {
   std::unique_ptr<comm::StreamCollectives> tp_device_;
   // The NCCL communicator once connect() made it (owned by tp_device_).
   std::atomic<comm::Collectives*> nccl_{nullptr};
+  // The same for the DP group, where its pieces go device to device.
+  std::unique_ptr<comm::Communicator> data_group_;
+  std::unique_ptr<comm::StreamCollectives> dp_device_;
+  std::atomic<comm::Collectives*> dp_nccl_{nullptr};
+  std::unique_ptr<gpu::Event> dp_reduced_, dp_params_;
   std::atomic<bool> connect_cancelled_{false};  // fail_pending: connect()'s NCCL init gives up
   std::mutex links_mu_;
   std::vector<comm::Collectives*>

@@ -6,6 +6,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "actors/connected_collectives.h"
 #include "actors/rank.h"
 #include "actors/tensor_link.h"
 #ifdef TROUPE_HAVE_NCCL
@@ -34,45 +35,6 @@ absl::Status traced_collective(RankTrace* rt, comm::Communicator* comm, comm::tr
   rt->recorder->close(h, !st.ok());
   return st;
 }
-
-// The TP link's collectives on a device, which connect() makes (NCCL's
-// communicator needs the peers, reachable only once the transport is
-// connected): a call before then fails, naming the missing step.
-class Connected final : public comm::StreamCollectives {
- public:
-  void set(std::unique_ptr<comm::StreamCollectives> to) { to_ = std::move(to); }
-  bool connected() const { return to_ != nullptr; }
-  absl::Status all_reduce_on(void* stream, float* data, std::size_t n) override {
-    if (!to_) return not_yet();
-    return to_->all_reduce_on(stream, data, n);
-  }
-  absl::Status reduce_scatter_on(void* stream, const float* in, float* out,
-                                 std::size_t n) override {
-    if (!to_) return not_yet();
-    return to_->reduce_scatter_on(stream, in, out, n);
-  }
-  absl::Status all_gather_on(void* stream, const float* in, float* out, std::size_t n) override {
-    if (!to_) return not_yet();
-    return to_->all_gather_on(stream, in, out, n);
-  }
-  absl::Status reduce_on(void* stream, const float* in, float* out, std::size_t n,
-                         int root) override {
-    if (!to_) return not_yet();
-    return to_->reduce_on(stream, in, out, n, root);
-  }
-  absl::Status broadcast_on(void* stream, const float* in, float* out, std::size_t n,
-                            int root) override {
-    if (!to_) return not_yet();
-    return to_->broadcast_on(stream, in, out, n, root);
-  }
-
- private:
-  static absl::Status not_yet() {
-    return absl::FailedPreconditionError(
-        "a TP collective before RankUnit::connect() made the TP group's collectives");
-  }
-  std::unique_ptr<comm::StreamCollectives> to_;
-};
 
 }  // namespace
 
@@ -108,7 +70,7 @@ absl::Status RankUnit::make_tensor_parallel(gpu::Device& dev, model::TensorParal
     // host functions), and NCCL's kernels would need an event pair to time.
     link.runner = nullptr;
   }
-  tp_device_ = std::make_unique<Connected>();
+  tp_device_ = std::make_unique<ConnectedCollectives>("the TP group");
   *tensor = device_tensor_link(tp_device_.get(), tensor->slice, std::move(link));
   return absl::OkStatus();
 }
@@ -123,51 +85,61 @@ constexpr std::size_t kIdBytes = kConnectIdBytes;
 
 absl::Status RankUnit::connect() {
   if (absl::Status st = connect_tensor_parallel(); !st.ok()) return st;
+  if (absl::Status st =
+          connect_group(data_group_.get(), dynamic_cast<ConnectedCollectives*>(dp_device_.get()),
+                        "data-parallel group", &dp_nccl_);
+      !st.ok()) {
+    return st;
+  }
   return connect_links();
 }
 
 absl::Status RankUnit::connect_tensor_parallel() {
-  auto* pending = dynamic_cast<Connected*>(tp_device_.get());
+  return connect_group(tensor_.get(), dynamic_cast<ConnectedCollectives*>(tp_device_.get()),
+                       "TP group", &nccl_);
+}
+
+absl::Status RankUnit::connect_group(comm::Communicator* group, ConnectedCollectives* pending,
+                                     const char* name, std::atomic<comm::Collectives*>* made) {
   if (pending == nullptr || pending->connected()) return absl::OkStatus();
   const bool cuda = stream_->device().kind() == gpu::DeviceKind::kCuda;
   // Member 0's id, behind a byte that says whether it could make one: the
   // others learn of its failure instead of waiting for an id.
   std::string msg(1 + kIdBytes, '\0');
-  absl::Status made = absl::OkStatus();
-  if (tensor_->rank() == 0) {
+  absl::Status ok = absl::OkStatus();
+  if (group->rank() == 0) {
 #ifdef TROUPE_HAVE_NCCL
     if (cuda) {
       absl::StatusOr<std::string> id = comm::nccl_unique_id();
       if (id.ok()) {
         msg.replace(1, kIdBytes, *id);
       } else {
-        made = id.status();
+        ok = id.status();
       }
     }
 #endif
-    msg[0] = made.ok() ? 1 : 0;
+    msg[0] = ok.ok() ? 1 : 0;
   }
-  if (absl::Status st = comm::broadcast_bytes(*tensor_, &msg, /*root=*/0); !st.ok()) {
+  if (absl::Status st = comm::broadcast_bytes(*group, &msg, /*root=*/0); !st.ok()) {
     return absl::UnavailableError(
-        absl::StrCat("sharing NCCL's id in the TP group: ", st.message()));
+        absl::StrCat("sharing NCCL's id in the ", name, ": ", st.message()));
   }
-  if (!made.ok()) return made;
+  if (!ok.ok()) return ok;
   if (msg[0] != 1) {
-    return absl::UnavailableError(
-        "member 0 of the TP group could not make NCCL's id (its error is in its log)");
+    return absl::UnavailableError(absl::StrCat(
+        "member 0 of the ", name, " could not make NCCL's id (its error is in its log)"));
   }
   if (!cuda) {
-    pending->set(in_stream_collectives(tensor_.get()));
+    pending->set(in_stream_collectives(group));
     return absl::OkStatus();
   }
 #ifdef TROUPE_HAVE_NCCL
-  const ParallelOptions& par = spec_.parallel;
   absl::StatusOr<std::unique_ptr<comm::NcclCommunicator>> nccl = comm::NcclCommunicator::create(
-      msg.substr(1), tensor_->rank(), par.tp, stream_->device().index(), &connect_cancelled_);
+      msg.substr(1), group->rank(), group->size(), stream_->device().index(), &connect_cancelled_);
   if (!nccl.ok()) {
     return absl::Status(nccl.status().code(),
-                        absl::StrCat("the TP group's NCCL communicator (rank ", spec_.rank,
-                                     ", member ", tensor_->rank(), " of ", par.tp, ", ",
+                        absl::StrCat("the ", name, "'s NCCL communicator (rank ", spec_.rank,
+                                     ", member ", group->rank(), " of ", group->size(), ", ",
                                      stream_->device().name(), "): ", nccl.status().message(),
                                      absl::StrContains(nccl.status().message(), "invalid usage")
                                          ? " (NCCL takes a GPU per member: do two share one?)"
@@ -175,14 +147,18 @@ absl::Status RankUnit::connect_tensor_parallel() {
   }
   // A member that dies with a collective in flight, where NCCL notices
   // (over the network; on NVLink and shared memory its kernels wait until
-  // the runtime's failure path aborts it): the stream fails, naming it.
-  (*nccl)->on_failure([stream = stream_.get(), rank = spec_.rank](absl::Status why) {
-    stream->fail(absl::UnavailableError(
-        absl::StrCat("TP collective (NCCL) on rank ", rank, ": ", why.message())));
+  // the runtime's failure path aborts it): the streams that issue its
+  // calls fail, naming it.
+  (*nccl)->on_failure([streams = std::vector<gpu::Stream*>{stream_.get(), optimizer_stream_.get()},
+                       rank = spec_.rank, name](absl::Status why) {
+    for (gpu::Stream* s : streams) {
+      s->fail(absl::UnavailableError(
+          absl::StrCat("collective of the ", name, " (NCCL) on rank ", rank, ": ", why.message())));
+    }
   });
   comm::NcclCommunicator* made_nccl = nccl->get();
   pending->set(*std::move(nccl));  // (owned for the unit's life from here)
-  nccl_ = made_nccl;
+  *made = made_nccl;
   // A cancel after create()'s last look, before fail_pending could see it.
   if (connect_cancelled_) {
     const absl::Status why = absl::CancelledError("the job stopped while the ranks connected");
@@ -191,7 +167,9 @@ absl::Status RankUnit::connect_tensor_parallel() {
   }
   return absl::OkStatus();
 #else
-  return absl::InternalError("RankUnit::connect: a CUDA TP link in a build without NCCL");
+  (void)made;
+  return absl::InternalError(absl::StrCat("RankUnit::connect: the ", name,
+                                          "'s collectives on CUDA in a build without NCCL"));
 #endif
 }
 

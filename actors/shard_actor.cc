@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "actors/messages.h"
+#include "actors/optimizer_actor.h"
 #include "actors/stream_bridge.h"
 #include "model/loss_scale.h"
 
@@ -89,6 +90,13 @@ caf::behavior ShardActor::make_behavior() {
       },
       [this](op_done_atom, int op_id) { on_op_done(op_id); },
       [this](params_in_atom, int step) { on_params_in(step); },
+      [this](dp_params_atom, int step) {
+        if (failed_ || step != step_ || setup_.dp == nullptr) return;
+        setup_.stream->wait(*setup_.dp_params);  // the next step's ops come after them
+        progress_++;
+        params_arrived_++;
+        maybe_ready();
+      },
       [this](bucket_atom, int step, int chunk, int bucket) {
         if (step == step_) on_bucket(chunk, bucket);
       },
@@ -279,6 +287,7 @@ void ShardActor::fire_backward(const ScheduleOp& op, int slot) {
       for (int b = 0; b < static_cast<int>(buckets.size()); b++) {
         const GradBucket& bucket = buckets[static_cast<std::size_t>(b)];
         if (bucket.ready != point) continue;
+        if (setup_.dp != nullptr && !reduce_bucket(c, b)) continue;  // nothing tied in it
         mirrors_[static_cast<std::size_t>(c)].grads.to_host(*setup_.stream, bucket.range.begin,
                                                             bucket.range.size());
         send_when_done(*setup_.stream, caf::actor_cast<caf::actor>(this),
@@ -389,6 +398,7 @@ void ShardActor::on_bucket(int chunk, int bucket) {
   auto self = caf::actor_cast<caf::actor>(this);
   for (const GradPiece& p : setup_.grad_pieces) {
     if (p.src_stage != setup_.coord.s || p.src_chunk != chunk || p.bucket != bucket) continue;
+    if (setup_.dp != nullptr && !p.tied_wte) continue;  // reduced on the device
     const int dst = rank_of(p.dst_d, p.dst_stage);
     sends_pending_++;
     setup_.transport->send(dst, tag(MessageKind::kGradSlice, setup_.rank, 0, chunk, bucket),
@@ -400,11 +410,50 @@ void ShardActor::on_bucket(int chunk, int bucket) {
   }
 }
 
+// Each piece of the bucket to its partition's owner (member dst_d of the DP
+// group), in the pieces' order, which every replica's stream reaches at the
+// same point of the same schedule.
+bool ShardActor::reduce_bucket(int chunk, int bucket) {
+  bool tied = false;
+  const gpu::Tensor& grads = setup_.chunks[static_cast<std::size_t>(chunk)]->grads();
+  for (const GradPiece& p : setup_.grad_pieces) {
+    if (p.src_stage != setup_.coord.s || p.src_chunk != chunk || p.bucket != bucket) continue;
+    if (p.tied_wte) {
+      tied = true;
+      continue;
+    }
+    std::vector<gpu::Tensor> held{grads};
+    float* out = nullptr;
+    if (p.dst_d == setup_.coord.d) {
+      const Partition& part = *setup_.partitions[static_cast<std::size_t>(p.dst_chunk)];
+      out = part.sum().data<float>() + (p.range.begin - part.range().begin);
+      held.push_back(part.sum());
+    }
+    const float* in = grads.data<float>() + p.range.begin;
+    const auto n = static_cast<std::size_t>(p.range.size());
+    setup_.stream->device_call("DP reduce of a gradient piece", std::move(held),
+                               [dp = setup_.dp, in, out, n, root = p.dst_d](void* native) {
+                                 return dp->reduce_on(native, in, out, n, root);
+                               });
+  }
+  return tied;
+}
+
 void ShardActor::post_param_receives() {
   params_posted_ = true;
+  if (setup_.dp != nullptr) {
+    // Every reduce is on the stream, and every op of the step: the
+    // optimizer's stream waits for this event before it reads the sums, and
+    // its broadcasts overwrite the parameters only after the last op that
+    // reads them.
+    setup_.stream->record(*setup_.dp_reduced);
+    send(caf::actor_cast<caf::actor>(setup_.optimizer), dp_reduced_atom::value, step_);
+    params_expected_++;  // the optimizer's word that the broadcasts are queued
+  }
   int id = 0;
   for (const ParamPiece& p : setup_.param_pieces) {
     if (p.dst_stage != setup_.coord.s) continue;
+    if (setup_.dp != nullptr && !p.tied_wte) continue;  // broadcast on the device
     const int src = rank_of(p.src_d, p.stage);
     const gpu::Tensor& params = mirrors_[static_cast<std::size_t>(p.dst_chunk)].params.host();
     params_expected_++;
@@ -457,6 +506,7 @@ void ShardActor::maybe_ready() {
     bool queued = false;
     for (const ParamPiece& p : setup_.param_pieces) {
       if (p.dst_stage != setup_.coord.s || pass_ != Pass::kTrain) continue;
+      if (setup_.dp != nullptr && !p.tied_wte) continue;  // on the device already
       const gpu::HostMirror& m = mirrors_[static_cast<std::size_t>(p.dst_chunk)].params;
       if (!m.separate()) continue;
       m.to_device(*setup_.stream, p.range.begin, p.range.size());

@@ -43,6 +43,7 @@
 #include "actors/schedule.h"
 #include "actors/stage_compute.h"
 #include "actors/trace_marks.h"
+#include "comm/collectives.h"
 #include "comm/groups.h"
 #include "comm/transport.h"
 #include "gpu/device.h"
@@ -51,6 +52,8 @@
 #include "model/data/gpt_dataset.h"
 
 namespace troupe::actors {
+
+class Partition;  // actors/optimizer_actor.h
 
 // Testing: the shard(s) of stage `stage` throw at the begin of step `step`,
 // or (kStall) ignore that step, as a hung rank would.
@@ -82,6 +85,16 @@ struct ShardSetup {
   PipelineLinks* links = nullptr;
   std::vector<GradPiece> grad_pieces;    // of the whole model (this actor sends its own)
   std::vector<ParamPiece> param_pieces;  // of the whole model (this actor receives its own)
+  // Where the ZeRO-1 pieces go device to device (actors/optimizer_actor.h):
+  // the DP group's stream collectives (null: as messages), the rank's
+  // partitions by chunk (a reduce's root writes into its sum()), the
+  // rank's optimizer (weak: the optimizer knows the shard) and the events
+  // that order the two.
+  comm::StreamCollectives* dp = nullptr;
+  std::vector<const Partition*> partitions;
+  caf::actor_addr optimizer;
+  gpu::Event* dp_reduced = nullptr;  // recorded here
+  gpu::Event* dp_params = nullptr;   // recorded by the optimizer
   caf::actor coordinator;
   FailPoint fail;
   RankTrace* trace = nullptr;  // the rank's recorder (may be null)
@@ -111,6 +124,9 @@ class ShardActor : public caf::event_based_actor {
   bool post_receive(const ScheduleOp& op, comm::MessageKind kind, int src, const gpu::Tensor& into);
   void on_op_done(int op_id);
   void on_bucket(int chunk, int bucket);
+  // The bucket's pieces reduced to their partitions on the compute stream
+  // (with dp); true when it has tied ones, which still go as messages.
+  bool reduce_bucket(int chunk, int bucket);
   void on_recv(Msg what, int id, const std::string& error);
   void on_sent(int chunk, int slot, const std::string& error);
   void post_param_receives();
