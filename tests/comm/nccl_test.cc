@@ -5,7 +5,9 @@
 #ifdef TROUPE_HAVE_NCCL
 #include <cuda_runtime.h>
 
+#include <functional>
 #include <future>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -26,6 +28,28 @@ absl::Status wait(const std::function<void(Callback)>& issue) {
   auto f = p.get_future();
   issue([&](absl::Status st) { p.set_value(st); });
   return f.get();
+}
+
+// Runs member(t, its communicator, its stream) for t = 0, 1 on two GPUs at
+// once (a thread each); each returns "" when it passed, else why not.
+void on_two_gpus(const std::function<std::string(int, std::unique_ptr<NcclCommunicator>&,
+                                                 cudaStream_t)>& member) {
+  auto id = nccl_unique_id();
+  ASSERT_TRUE(id.ok()) << id.status();
+  auto run = [&](int t) -> std::string {
+    if (cudaSetDevice(t) != cudaSuccess) return "cudaSetDevice";
+    auto c = NcclCommunicator::create(*id, t, 2, t);
+    if (!c.ok()) return std::string(c.status().message());
+    cudaStream_t s = nullptr;
+    if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) return "stream";
+    std::string why = member(t, *c, s);
+    cudaStreamDestroy(s);
+    return why;
+  };
+  auto a = std::async(std::launch::async, run, 0);
+  auto b = std::async(std::launch::async, run, 1);
+  EXPECT_EQ(a.get(), "");
+  EXPECT_EQ(b.get(), "");
 }
 
 TEST(Nccl, SingleRankCollectivesOnDeviceBuffers) {
@@ -101,14 +125,7 @@ TEST(Nccl, TwoMembersOnTwoGpusAgreeWithTheCpuOnUnevenSplits) {
   if (gpus() < 2) {
     GTEST_SKIP() << "NCCL with two members needs two GPUs; this machine has " << gpus();
   }
-  auto id = nccl_unique_id();
-  ASSERT_TRUE(id.ok()) << id.status();
-  auto member = [&](int t) -> std::string {  // empty: passed
-    if (cudaSetDevice(t) != cudaSuccess) return "cudaSetDevice";
-    auto c = NcclCommunicator::create(*id, t, 2, t);
-    if (!c.ok()) return std::string(c.status().message());
-    cudaStream_t s = nullptr;
-    if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) return "stream";
+  on_two_gpus([&](int t, std::unique_ptr<NcclCommunicator>& c, cudaStream_t s) -> std::string {
     std::string why;
     for (std::size_t n : {std::size_t{1}, std::size_t{1001}, std::size_t{4099}}) {
       std::vector<float> x(n), part, whole(n);
@@ -120,14 +137,14 @@ TEST(Nccl, TwoMembersOnTwoGpusAgreeWithTheCpuOnUnevenSplits) {
       cudaMalloc(&p, (end - begin + 1) * 4);
       cudaMalloc(&g, n * 4);
       cudaMemcpyAsync(d, x.data(), n * 4, cudaMemcpyHostToDevice, s);
-      absl::Status st = (*c)->reduce_scatter_on(s, d, p, n);  // 3 (i % 97) on my part
-      if (st.ok()) st = (*c)->all_gather_on(s, p, g, n);      // 3 (i % 97) everywhere
-      if (st.ok()) st = (*c)->all_reduce_on(s, g, n);         // 6 (i % 97)
+      absl::Status st = c->reduce_scatter_on(s, d, p, n);  // 3 (i % 97) on my part
+      if (st.ok()) st = c->all_gather_on(s, p, g, n);      // 3 (i % 97) everywhere
+      if (st.ok()) st = c->all_reduce_on(s, g, n);         // 6 (i % 97)
       cudaMemcpyAsync(whole.data(), g, n * 4, cudaMemcpyDeviceToHost, s);
       cudaMemcpyAsync(part.data(), p, (end - begin) * 4, cudaMemcpyDeviceToHost, s);
       if (cudaStreamSynchronize(s) != cudaSuccess && st.ok()) st = absl::InternalError("sync");
       // And a callback call on the communicator's own stream.
-      if (st.ok()) st = wait([&](Callback cb) { (*c)->all_reduce(d, n, cb); });
+      if (st.ok()) st = wait([&](Callback cb) { c->all_reduce(d, n, cb); });
       std::vector<float> summed(n);
       cudaMemcpy(summed.data(), d, n * 4, cudaMemcpyDeviceToHost);
       cudaFree(d);
@@ -144,13 +161,8 @@ TEST(Nccl, TwoMembersOnTwoGpusAgreeWithTheCpuOnUnevenSplits) {
       }
       if (!why.empty()) break;
     }
-    cudaStreamDestroy(s);
     return why;
-  };
-  auto a = std::async(std::launch::async, member, 0);
-  auto b = std::async(std::launch::async, member, 1);
-  EXPECT_EQ(a.get(), "");
-  EXPECT_EQ(b.get(), "");
+  });
 }
 
 // The rooted stream calls (the ZeRO-1 pieces': a partition's gradient
@@ -161,14 +173,7 @@ TEST(Nccl, ReduceAndBroadcastOnTwoGpusReachTheRootAndEveryMember) {
   if (gpus() < 2) {
     GTEST_SKIP() << "NCCL with two members needs two GPUs; this machine has " << gpus();
   }
-  auto id = nccl_unique_id();
-  ASSERT_TRUE(id.ok()) << id.status();
-  auto member = [&](int t) -> std::string {  // empty: passed
-    if (cudaSetDevice(t) != cudaSuccess) return "cudaSetDevice";
-    auto c = NcclCommunicator::create(*id, t, 2, t);
-    if (!c.ok()) return std::string(c.status().message());
-    cudaStream_t s = nullptr;
-    if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) return "stream";
+  on_two_gpus([&](int t, std::unique_ptr<NcclCommunicator>& c, cudaStream_t s) -> std::string {
     const std::size_t n = 1001;
     std::vector<float> x(n), got(n), sent(n);
     float *d = nullptr, *o = nullptr;
@@ -180,10 +185,10 @@ TEST(Nccl, ReduceAndBroadcastOnTwoGpusReachTheRootAndEveryMember) {
         for (std::size_t i = 0; i < n; i++) x[i] = static_cast<float>((t + 1) * (i % 89));
         cudaMemcpyAsync(d, x.data(), n * 4, cudaMemcpyHostToDevice, s);
         float* out = in_place ? d : o;
-        absl::Status st = (*c)->reduce_on(s, d, t == root ? out : nullptr, n, root);
+        absl::Status st = c->reduce_on(s, d, t == root ? out : nullptr, n, root);
         cudaMemcpyAsync(got.data(), out, n * 4, cudaMemcpyDeviceToHost, s);
         // Then the root's d to both (in place: its sum), into `out`.
-        if (st.ok()) st = (*c)->broadcast_on(s, d, out, n, root);
+        if (st.ok()) st = c->broadcast_on(s, d, out, n, root);
         cudaMemcpyAsync(sent.data(), out, n * 4, cudaMemcpyDeviceToHost, s);
         if (cudaStreamSynchronize(s) != cudaSuccess && st.ok()) st = absl::InternalError("sync");
         if (!st.ok()) {
@@ -200,13 +205,8 @@ TEST(Nccl, ReduceAndBroadcastOnTwoGpusReachTheRootAndEveryMember) {
     }
     cudaFree(d);
     cudaFree(o);
-    cudaStreamDestroy(s);
     return why;
-  };
-  auto a = std::async(std::launch::async, member, 0);
-  auto b = std::async(std::launch::async, member, 1);
-  EXPECT_EQ(a.get(), "");
-  EXPECT_EQ(b.get(), "");
+  });
 }
 
 }  // namespace
