@@ -1,6 +1,8 @@
 // OptimizerActor: reduce, clip, step and all-gather one rank's partitions.
 #include "actors/optimizer_actor.h"
 
+#include <cstring>
+
 #include "absl/strings/str_cat.h"
 #include "actors/messages.h"
 #include "actors/stream_bridge.h"
@@ -51,6 +53,14 @@ Partition::Partition(const StageCompute& chunk, int dp, int d, bool count_replic
   staging_host_ = gpu::HostMirror(staging_);
   norm_host_ = gpu::HostMirror(norm_);
   send_ = gpu::HostMirror(compute_.defined() ? compute_ : master_);
+  // Zeros where no piece ever lands: a head chunk's range may begin in the
+  // alignment padding after its wte, whose bucket goes to the embedding
+  // chunk's partitions, yet the padding counts in the norm.
+  gpu::ops::fill(stream, sum_, 0.0f);
+  gpu::ops::fill(stream, staging_, 0.0f);
+  if (staging_host_.separate()) {
+    std::memset(staging_host_.host_data<float>(), 0, static_cast<std::size_t>(staging_.nbytes()));
+  }
   if (range_.empty()) return;
   const gpu::Tensor master = view(master_, 0, range_.size());
   gpu::ops::fill(stream, master, 0.0f);
@@ -332,6 +342,9 @@ void OptimizerActor::on_reduced() {
 void OptimizerActor::update(float lr, float grad_scale, int count) {
   if (failed_) return;
   trace_wait(comm::trace::What::kNone);
+  phase_ = setup_.dp != nullptr ? absl::StrCat("AdamW and the DP broadcasts of step ", step_)
+                                : absl::StrCat("AdamW of step ", step_);
+  since_ = std::chrono::steady_clock::now();
   for (std::size_t i = 0; i < setup_.partitions.size(); i++) {
     const Partition* p = setup_.partitions[i];
     mark_stream(setup_.trace, *setup_.stream,
@@ -366,14 +379,14 @@ void OptimizerActor::broadcast_params() {
                     return dp->broadcast_on(native, in, out, n, root);
                   });
   }
-  s.record(*setup_.dp_params);
-  send(caf::actor_cast<caf::actor>(shard_), dp_params_atom::value, step_);
+  s.record(*setup_.dp_params);  // (the shard hears of it once the stream is past it)
 }
 
 void OptimizerActor::on_stepped() {
   if (failed_) return;
   if (absl::Status st = setup_.stream->status(); !st.ok()) {
-    return fail(absl::StrCat("AdamW: ", st.message()));
+    return fail(absl::StrCat(setup_.dp != nullptr ? "AdamW and the DP broadcasts: " : "AdamW: ",
+                             st.message()));
   }
   // All-gather as messages: every replica's shard gets the new range.
   auto self = caf::actor_cast<caf::actor>(this);
@@ -394,6 +407,9 @@ void OptimizerActor::on_stepped() {
   }
   phase_ = sends_pending_ > 0 ? "the shards to take the new parameters" : "idle";
   since_ = std::chrono::steady_clock::now();
+  // With dp the broadcasts are done: the shard may go ready (a shard ready
+  // before would let the run end, or the next step begin, under them).
+  if (setup_.dp != nullptr) send(caf::actor_cast<caf::actor>(shard_), dp_params_atom::value, step_);
 }
 
 void OptimizerActor::on_sent(const std::string& error) {

@@ -103,9 +103,11 @@ class Partition {
   const gpu::Tensor& compute_on_device() const { return compute_.defined() ? compute_ : master_; }
   const gpu::Tensor& sum() const { return sum_; }
   // The replicas' gradient pieces are reduced into sum() on the device by
-  // the shards' streams (every element of range(): the pieces tile it), so
-  // begin_sum() leaves it alone, and contributions k < dp are not
-  // received; the new parameters are broadcast from compute_on_device().
+  // the shards' streams (every element of range() a piece covers; the
+  // rest, a head chunk's padding after its wte, stays the zeros it was
+  // made with), so begin_sum() leaves it alone, and contributions k < dp
+  // are not received; the new parameters are broadcast from
+  // compute_on_device().
   void set_pieces_on_device() { pieces_on_device_ = true; }
   bool pieces_on_device() const { return pieces_on_device_; }
   // The state as a checkpoint holds it (device tensors of at least

@@ -55,14 +55,18 @@ std::vector<RankState> index_ranks(const StallInput& in) {
   }
   // A stream that has not finished an op for the whole timeout: the rank is
   // a root cause (the op's inputs had all arrived when it fired), unless a
-  // TP peer is one (the op waits inside a TP collective for it).
+  // TP or DP peer is one (the op waits inside a TP collective, or in a DP
+  // reduce where the ZeRO-1 pieces go device to device, for it).
   std::vector<bool> computing(static_cast<std::size_t>(world), false);
   for (int rank = 0; rank < world; rank++) {
     const RankState& rs = ranks[static_cast<std::size_t>(rank)];
     if (rs.shard == nullptr || rs.shard->computing.empty() || rs.shard_not_begun) continue;
     bool peer_root = false;
-    for (int q : in.layout.tensor_group(rank)) {
-      peer_root = peer_root || (q != rank && !ranks[static_cast<std::size_t>(q)].root.empty());
+    for (const std::vector<int>& group :
+         {in.layout.tensor_group(rank), in.layout.data_group(rank)}) {
+      for (int q : group) {
+        peer_root = peer_root || (q != rank && !ranks[static_cast<std::size_t>(q)].root.empty());
+      }
     }
     computing[static_cast<std::size_t>(rank)] = !peer_root;
   }

@@ -280,9 +280,9 @@ absl::Status run_worker(const WorkerOptions& o) {
     std::fprintf(stderr, "troupe worker: %s\n", m.c_str());
   };
   const int world = o.spec.parallel.world();
-  if (o.spec.parallel.tp > 1 && o.spec.parallel.device != nullptr &&
+  if ((o.spec.parallel.tp > 1 || o.spec.parallel.dp > 1) && o.spec.parallel.device != nullptr &&
       o.spec.parallel.device->kind() == gpu::DeviceKind::kCuda) {
-    // TP through NCCL (RankUnit::connect): every connection it will use
+    // TP and DP through NCCL (RankUnit::connect): every connection they use
     // made in its init, not at a collective's first call, which would wait
     // there for the peers on the actor's thread. Set before this process
     // starts the threads of UCX and CAF (setenv is not safe beside getenv);
