@@ -40,8 +40,9 @@
 //   (shard_atom, caf::actor shard)   to the optimizer, once: whom to tell
 //   (dp_reduced_atom, int step)      the step's reduces are on the compute
 //                                    stream, behind the rank's reduced event
-//   (dp_params_atom, int step)       the broadcasts are on the optimizer's
-//                                    stream, behind the rank's params event
+//   (dp_params_atom, int step)       the optimizer's stream is past AdamW
+//                                    and the broadcasts (and the params
+//                                    event recorded behind them)
 #pragma once
 
 #include <bit>

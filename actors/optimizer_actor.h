@@ -22,8 +22,10 @@
 // step's ops are all on the stream (dp_reduced_atom, behind the rank's
 // reduced event, which this stream then waits for); after AdamW every
 // replica's optimizer broadcasts each piece from its owner into its own
-// shard's parameters, in the pieces' order, on this stream, and tells its
-// shard (dp_params_atom, behind the params event). Only the tied wte's
+// shard's parameters, in the pieces' order, on this stream, records the
+// params event, and tells its shard once the stream is past them and its
+// status is checked (dp_params_atom; a shard ready before would let the
+// run end, or the next step begin, under them). Only the tied wte's
 // shares (contributions k >= dp) and its new values still travel as
 // messages through host memory.
 #pragma once

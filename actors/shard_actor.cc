@@ -448,7 +448,7 @@ void ShardActor::post_param_receives() {
     // reads them.
     setup_.stream->record(*setup_.dp_reduced);
     send(caf::actor_cast<caf::actor>(setup_.optimizer), dp_reduced_atom::value, step_);
-    params_expected_++;  // the optimizer's word that the broadcasts are queued
+    params_expected_++;  // the optimizer's word that the broadcasts are done
   }
   int id = 0;
   for (const ParamPiece& p : setup_.param_pieces) {
