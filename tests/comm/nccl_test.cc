@@ -5,6 +5,7 @@
 #ifdef TROUPE_HAVE_NCCL
 #include <cuda_runtime.h>
 
+#include <array>
 #include <functional>
 #include <future>
 #include <memory>
@@ -31,11 +32,13 @@ absl::Status wait(const std::function<void(Callback)>& issue) {
 }
 
 // Runs member(t, its communicator, its stream) for t = 0, 1 on two GPUs at
-// once (a thread each); each returns "" when it passed, else why not.
-void on_two_gpus(const std::function<std::string(int, std::unique_ptr<NcclCommunicator>&,
-                                                 cudaStream_t)>& member) {
+// once (a thread each); each returns "" when it passed, else why not, and
+// so does this, by member.
+std::array<std::string, 2> on_two_gpus(
+    const std::function<std::string(int, std::unique_ptr<NcclCommunicator>&, cudaStream_t)>&
+        member) {
   auto id = nccl_unique_id();
-  ASSERT_TRUE(id.ok()) << id.status();
+  if (!id.ok()) return {std::string(id.status().message()), std::string(id.status().message())};
   auto run = [&](int t) -> std::string {
     if (cudaSetDevice(t) != cudaSuccess) return "cudaSetDevice";
     auto c = NcclCommunicator::create(*id, t, 2, t);
@@ -48,8 +51,7 @@ void on_two_gpus(const std::function<std::string(int, std::unique_ptr<NcclCommun
   };
   auto a = std::async(std::launch::async, run, 0);
   auto b = std::async(std::launch::async, run, 1);
-  EXPECT_EQ(a.get(), "");
-  EXPECT_EQ(b.get(), "");
+  return {a.get(), b.get()};
 }
 
 TEST(Nccl, SingleRankCollectivesOnDeviceBuffers) {
@@ -125,44 +127,47 @@ TEST(Nccl, TwoMembersOnTwoGpusAgreeWithTheCpuOnUnevenSplits) {
   if (gpus() < 2) {
     GTEST_SKIP() << "NCCL with two members needs two GPUs; this machine has " << gpus();
   }
-  on_two_gpus([&](int t, std::unique_ptr<NcclCommunicator>& c, cudaStream_t s) -> std::string {
-    std::string why;
-    for (std::size_t n : {std::size_t{1}, std::size_t{1001}, std::size_t{4099}}) {
-      std::vector<float> x(n), part, whole(n);
-      for (std::size_t i = 0; i < n; i++) x[i] = static_cast<float>((t + 1) * (i % 97));
-      const auto [begin, end] = chunk_range(n, 2, t);
-      part.assign(end - begin, -1.0f);
-      float *d = nullptr, *p = nullptr, *g = nullptr;
-      cudaMalloc(&d, n * 4);
-      cudaMalloc(&p, (end - begin + 1) * 4);
-      cudaMalloc(&g, n * 4);
-      cudaMemcpyAsync(d, x.data(), n * 4, cudaMemcpyHostToDevice, s);
-      absl::Status st = c->reduce_scatter_on(s, d, p, n);  // 3 (i % 97) on my part
-      if (st.ok()) st = c->all_gather_on(s, p, g, n);      // 3 (i % 97) everywhere
-      if (st.ok()) st = c->all_reduce_on(s, g, n);         // 6 (i % 97)
-      cudaMemcpyAsync(whole.data(), g, n * 4, cudaMemcpyDeviceToHost, s);
-      cudaMemcpyAsync(part.data(), p, (end - begin) * 4, cudaMemcpyDeviceToHost, s);
-      if (cudaStreamSynchronize(s) != cudaSuccess && st.ok()) st = absl::InternalError("sync");
-      // And a callback call on the communicator's own stream.
-      if (st.ok()) st = wait([&](Callback cb) { c->all_reduce(d, n, cb); });
-      std::vector<float> summed(n);
-      cudaMemcpy(summed.data(), d, n * 4, cudaMemcpyDeviceToHost);
-      cudaFree(d);
-      cudaFree(p);
-      cudaFree(g);
-      if (!st.ok()) return std::string(st.message());
-      for (std::size_t i = 0; i < n && why.empty(); i++) {
-        const auto v = static_cast<float>(i % 97);
-        if (whole[i] != 6 * v) why = "all-reduce of the gather at " + std::to_string(i);
-        if (summed[i] != 3 * v) why = "callback all-reduce at " + std::to_string(i);
-        if (i >= begin && i < end && part[i - begin] != 3 * v) {
-          why = "reduce-scatter at " + std::to_string(i);
+  const std::array<std::string, 2> failed =
+      on_two_gpus([&](int t, std::unique_ptr<NcclCommunicator>& c, cudaStream_t s) -> std::string {
+        std::string why;
+        for (std::size_t n : {std::size_t{1}, std::size_t{1001}, std::size_t{4099}}) {
+          std::vector<float> x(n), part, whole(n);
+          for (std::size_t i = 0; i < n; i++) x[i] = static_cast<float>((t + 1) * (i % 97));
+          const auto [begin, end] = chunk_range(n, 2, t);
+          part.assign(end - begin, -1.0f);
+          float *d = nullptr, *p = nullptr, *g = nullptr;
+          cudaMalloc(&d, n * 4);
+          cudaMalloc(&p, (end - begin + 1) * 4);
+          cudaMalloc(&g, n * 4);
+          cudaMemcpyAsync(d, x.data(), n * 4, cudaMemcpyHostToDevice, s);
+          absl::Status st = c->reduce_scatter_on(s, d, p, n);  // 3 (i % 97) on my part
+          if (st.ok()) st = c->all_gather_on(s, p, g, n);      // 3 (i % 97) everywhere
+          if (st.ok()) st = c->all_reduce_on(s, g, n);         // 6 (i % 97)
+          cudaMemcpyAsync(whole.data(), g, n * 4, cudaMemcpyDeviceToHost, s);
+          cudaMemcpyAsync(part.data(), p, (end - begin) * 4, cudaMemcpyDeviceToHost, s);
+          if (cudaStreamSynchronize(s) != cudaSuccess && st.ok()) st = absl::InternalError("sync");
+          // And a callback call on the communicator's own stream.
+          if (st.ok()) st = wait([&](Callback cb) { c->all_reduce(d, n, cb); });
+          std::vector<float> summed(n);
+          cudaMemcpy(summed.data(), d, n * 4, cudaMemcpyDeviceToHost);
+          cudaFree(d);
+          cudaFree(p);
+          cudaFree(g);
+          if (!st.ok()) return std::string(st.message());
+          for (std::size_t i = 0; i < n && why.empty(); i++) {
+            const auto v = static_cast<float>(i % 97);
+            if (whole[i] != 6 * v) why = "all-reduce of the gather at " + std::to_string(i);
+            if (summed[i] != 3 * v) why = "callback all-reduce at " + std::to_string(i);
+            if (i >= begin && i < end && part[i - begin] != 3 * v) {
+              why = "reduce-scatter at " + std::to_string(i);
+            }
+          }
+          if (!why.empty()) break;
         }
-      }
-      if (!why.empty()) break;
-    }
-    return why;
-  });
+        return why;
+      });
+  EXPECT_EQ(failed[0], "") << "member 0";
+  EXPECT_EQ(failed[1], "") << "member 1";
 }
 
 // The rooted stream calls (the ZeRO-1 pieces': a partition's gradient
@@ -173,40 +178,44 @@ TEST(Nccl, ReduceAndBroadcastOnTwoGpusReachTheRootAndEveryMember) {
   if (gpus() < 2) {
     GTEST_SKIP() << "NCCL with two members needs two GPUs; this machine has " << gpus();
   }
-  on_two_gpus([&](int t, std::unique_ptr<NcclCommunicator>& c, cudaStream_t s) -> std::string {
-    const std::size_t n = 1001;
-    std::vector<float> x(n), got(n), sent(n);
-    float *d = nullptr, *o = nullptr;
-    cudaMalloc(&d, n * 4);
-    cudaMalloc(&o, n * 4);
-    std::string why;
-    for (int root = 0; root < 2 && why.empty(); root++) {
-      for (bool in_place : {false, true}) {
-        for (std::size_t i = 0; i < n; i++) x[i] = static_cast<float>((t + 1) * (i % 89));
-        cudaMemcpyAsync(d, x.data(), n * 4, cudaMemcpyHostToDevice, s);
-        float* out = in_place ? d : o;
-        absl::Status st = c->reduce_on(s, d, t == root ? out : nullptr, n, root);
-        cudaMemcpyAsync(got.data(), out, n * 4, cudaMemcpyDeviceToHost, s);
-        // Then the root's d to both (in place: its sum), into `out`.
-        if (st.ok()) st = c->broadcast_on(s, d, out, n, root);
-        cudaMemcpyAsync(sent.data(), out, n * 4, cudaMemcpyDeviceToHost, s);
-        if (cudaStreamSynchronize(s) != cudaSuccess && st.ok()) st = absl::InternalError("sync");
-        if (!st.ok()) {
-          why = std::string(st.message());
-          break;
+  const std::array<std::string, 2> failed =
+      on_two_gpus([&](int t, std::unique_ptr<NcclCommunicator>& c, cudaStream_t s) -> std::string {
+        const std::size_t n = 1001;
+        std::vector<float> x(n), got(n), sent(n);
+        float *d = nullptr, *o = nullptr;
+        cudaMalloc(&d, n * 4);
+        cudaMalloc(&o, n * 4);
+        std::string why;
+        for (int root = 0; root < 2 && why.empty(); root++) {
+          for (bool in_place : {false, true}) {
+            for (std::size_t i = 0; i < n; i++) x[i] = static_cast<float>((t + 1) * (i % 89));
+            cudaMemcpyAsync(d, x.data(), n * 4, cudaMemcpyHostToDevice, s);
+            float* out = in_place ? d : o;
+            absl::Status st = c->reduce_on(s, d, t == root ? out : nullptr, n, root);
+            cudaMemcpyAsync(got.data(), out, n * 4, cudaMemcpyDeviceToHost, s);
+            // Then the root's d to both (in place: its sum), into `out`.
+            if (st.ok()) st = c->broadcast_on(s, d, out, n, root);
+            cudaMemcpyAsync(sent.data(), out, n * 4, cudaMemcpyDeviceToHost, s);
+            if (cudaStreamSynchronize(s) != cudaSuccess && st.ok())
+              st = absl::InternalError("sync");
+            if (!st.ok()) {
+              why = std::string(st.message());
+              break;
+            }
+            for (std::size_t i = 0; i < n && why.empty(); i++) {
+              const auto v = static_cast<float>(i % 89);
+              if (t == root && got[i] != 3 * v) why = "reduce at " + std::to_string(i);
+              const float want = in_place ? 3 * v : static_cast<float>(root + 1) * v;
+              if (sent[i] != want) why = "broadcast at " + std::to_string(i);
+            }
+          }
         }
-        for (std::size_t i = 0; i < n && why.empty(); i++) {
-          const auto v = static_cast<float>(i % 89);
-          if (t == root && got[i] != 3 * v) why = "reduce at " + std::to_string(i);
-          const float want = in_place ? 3 * v : static_cast<float>(root + 1) * v;
-          if (sent[i] != want) why = "broadcast at " + std::to_string(i);
-        }
-      }
-    }
-    cudaFree(d);
-    cudaFree(o);
-    return why;
-  });
+        cudaFree(d);
+        cudaFree(o);
+        return why;
+      });
+  EXPECT_EQ(failed[0], "") << "member 0";
+  EXPECT_EQ(failed[1], "") << "member 1";
 }
 
 }  // namespace
