@@ -278,11 +278,19 @@ absl::Status CoordinatorHost::run(const std::function<void(const model::StepMetr
                                   const OnJoined& on_joined) {
   if (wait_for_all(joined_, &Member::joined, "join")) {
     std::vector<std::string> addresses;
-    for (const Member& m : members()) addresses.push_back(m.hello.transport_address);
+    std::vector<RankHello> hellos;
+    for (const Member& m : members()) {
+      addresses.push_back(m.hello.transport_address);
+      hellos.push_back(m.hello);
+    }
     if (on_joined) on_joined(members());
-    broadcast({.to = Target::kControl,
-               .content = caf::make_message(remote_world_atom::value, std::move(addresses))});
-    if (wait_for_all(ready_, &Member::ready, "get ready")) (void)run_coordinator(on_step);
+    if (absl::Status st = check_same_device(hellos); !st.ok()) {
+      end(std::move(st));
+    } else {
+      broadcast({.to = Target::kControl,
+                 .content = caf::make_message(remote_world_atom::value, std::move(addresses))});
+      if (wait_for_all(ready_, &Member::ready, "get ready")) (void)run_coordinator(on_step);
+    }
   }
   absl::Status st;
   {

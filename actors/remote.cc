@@ -121,7 +121,8 @@ std::string encode_hello(caf::actor_system& system, const RankHello& h) {
   std::vector<char> buf;
   caf::binary_serializer sink{system, buf};
   RankHello x = h;
-  if (caf::error err = sink(x.host, x.pid, x.transport_address, x.has_valid, x.train_data)) {
+  if (caf::error err = sink(x.host, x.pid, x.transport_address, x.has_valid, x.train_data, x.device,
+                            x.device_name)) {
     throw gpu::InvariantError(absl::StrCat("cannot serialize a hello: ", system.render(err)));
   }
   return std::string(buf.data(), buf.size());
@@ -130,11 +131,31 @@ std::string encode_hello(caf::actor_system& system, const RankHello& h) {
 absl::StatusOr<RankHello> decode_hello(caf::actor_system& system, absl::string_view bytes) {
   caf::binary_deserializer source{system, bytes.data(), bytes.size()};
   RankHello h;
-  if (caf::error err = source(h.host, h.pid, h.transport_address, h.has_valid, h.train_data);
+  if (caf::error err = source(h.host, h.pid, h.transport_address, h.has_valid, h.train_data,
+                              h.device, h.device_name);
       err || source.remaining() != 0) {
     return absl::InvalidArgumentError("a hello that is not a troupe rank's");
   }
   return h;
+}
+
+std::string device_kind(const gpu::Device& d) {
+  if (d.kind() == gpu::DeviceKind::kCuda) return "cuda";
+  return d.host_visible() ? "cpu" : "opaque";
+}
+
+absl::Status check_same_device(const std::vector<RankHello>& ranks) {
+  for (std::size_t r = 1; r < ranks.size(); r++) {
+    if (ranks[r].device == ranks[0].device) continue;
+    auto on = [&](std::size_t i) {
+      return absl::StrCat("rank ", i, " on host ", ranks[i].host, " computes on ",
+                          ranks[i].device_name);
+    };
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the ranks' devices differ: ", on(0), ", ", on(r),
+        " (a job's ranks compute on one kind of device: give every rank the same --device)"));
+  }
+  return absl::OkStatus();
 }
 
 RemoteActor::RemoteActor(caf::actor_config& cfg, Target which, FrameSink sink)

@@ -19,16 +19,16 @@
 // Tensors never travel here; they go by the rank's transport (UCX).
 #pragma once
 
+#include <caf/all.hpp>
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <string>
 #include <vector>
 
-#include <caf/all.hpp>
-
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "gpu/device.h"
 
 namespace troupe::actors {
 
@@ -123,12 +123,19 @@ using remote_trace_atom = caf::atom_constant<caf::atom("rtrace")>;
 
 // What a rank says when it joins (the control channel's hello).
 struct RankHello {
-  std::string host;               // gethostname()
+  std::string host = {};  // gethostname()
   std::int32_t pid = 0;
-  std::string transport_address;  // UcxTransport::address()
+  std::string transport_address = {};  // UcxTransport::address()
   bool has_valid = false;         // it has validation data (--eval-interval)
   std::string train_data = {};    // SampleSource::describe(), for the launcher's banner
+  // Its device: the kind ("cpu", "opaque", "cuda"; every rank's must be the
+  // same, as the links and collectives take their path by it) and its name.
+  std::string device = {}, device_name = {};
 };
+// A rank's RankHello::device kind.
+std::string device_kind(const gpu::Device& d);
+// InvalidArgument naming two ranks whose device kinds differ, else OK.
+absl::Status check_same_device(const std::vector<RankHello>& ranks);
 std::string encode_hello(caf::actor_system& system, const RankHello& h);
 absl::StatusOr<RankHello> decode_hello(caf::actor_system& system, absl::string_view bytes);
 

@@ -305,11 +305,15 @@ absl::Status run_worker(const WorkerOptions& o) {
   caf::actor_system system{cfg};
   LinkState state;
   TraceDumps dumps;  // before the link: its thread may start one until it stops
+  const gpu::Device& device =
+      spec.parallel.device != nullptr ? *spec.parallel.device : gpu::cpu_device();
   const RankHello hello{.host = host_name(),
                         .pid = static_cast<std::int32_t>(::getpid()),
                         .transport_address = transport->address(),
                         .has_valid = data->valid != nullptr,
-                        .train_data = data->train->describe()};
+                        .train_data = data->train->describe(),
+                        .device = device_kind(device),
+                        .device_name = device.name()};
   comm::ControlOptions control = o.control;
   control.token = o.token;
   control.handshake = o.join_timeout;  // the coordinator may not listen yet

@@ -24,9 +24,44 @@ int local_gpu(int local_rank) {
 
 }  // namespace
 
+DefaultDevice default_device(const TrainFlags& f, bool process_per_rank, int gpus, int workers,
+                             bool pinned) {
+  auto cpu = [](std::string why) { return DefaultDevice{"cpu", std::move(why)}; };
+  if (gpus <= 0) return cpu("no GPU is visible");
+  if (!f.op_cost.empty()) return cpu("--debug-op-cost's fixed-cost chunks run on the CPU");
+  if (!process_per_rank && f.parallel.tp > 1) {
+    return cpu(absl::StrCat("a GPU is visible, but --tp ", f.parallel.tp,
+                            " in one process would put every rank on it (troupe launch gives "
+                            "each rank its own)"));
+  }
+#ifndef TROUPE_HAVE_NCCL
+  if (f.parallel.tp > 1) {
+    return cpu(absl::StrCat("a GPU is visible, but --tp ", f.parallel.tp,
+                            " on GPUs needs NCCL, and this troupe was built without it"));
+  }
+#endif
+  if (process_per_rank && workers > gpus && !(gpus == 1 && pinned)) {
+    return cpu(absl::StrCat(workers, " workers on this host but ", gpus, " GPU",
+                            gpus == 1 ? "" : "s", ": each rank needs a GPU of its own"));
+  }
+  return {"cuda", absl::StrCat(gpus, " GPU", gpus == 1 ? " is" : "s are", " visible")};
+}
+
+std::string resolve_device(TrainFlags& f, bool process_per_rank, int workers) {
+  if (!f.device.empty()) return "";
+#ifdef TROUPE_HAVE_CUDA
+  const int gpus = gpu::cuda_device_count();
+#else
+  const int gpus = 0;
+#endif
+  DefaultDevice d = default_device(f, process_per_rank, gpus, workers,
+                                   std::getenv("CUDA_VISIBLE_DEVICES") != nullptr);
+  f.device = d.device;
+  if (gpus == 0) return "";  // (the CPU, as always where no GPU is)
+  return absl::StrCat(d.device, " by default: ", d.why, " (give --device to choose)");
+}
+
 absl::Status check_device(const TrainFlags& f, bool process_per_rank) {
-  // The default stays the CPU until the CUDA training path has run on a
-  // GPU (docs/CUDA.md): a run without --device never changes backend.
   if (f.device.empty() || f.device == "cpu") return absl::OkStatus();
   if (f.device != "cuda" && f.device != "opaque") {
     return absl::InvalidArgumentError(

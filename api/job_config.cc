@@ -29,6 +29,7 @@ absl::StatusOr<JobConfig> JobConfig::from_flags(const std::vector<std::string>& 
     }
   }
   if (absl::Status st = api::finish_train_flags(f); !st.ok()) return st;
+  (void)api::resolve_device(f, /*process_per_rank=*/false);
   absl::StatusOr<api::RunDevice> device = api::open_device(f);
   if (!device.ok()) return device.status();
   std::set<std::string> recipe_set;

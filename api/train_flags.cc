@@ -281,10 +281,16 @@ void add_train_flags(CLI::App* cmd, TrainFlags& f) {
                   "(default: every step up to 100 steps, then about 100 lines a run)");
   cmd->add_option("--threads", o.threads, "Compute threads (default: all cores)");
   cmd->add_option("--device", f.device,
-                  "cpu (the default) or cuda (not with --tp > 1 yet); the GPU is LOCAL_RANK's. "
-                  "opaque: the CPU's kernels on memory the host may not read, which tests the "
-                  "device path where no GPU is")
-      ->check(CLI::IsMember({"cpu", "cuda", "opaque"}));
+                  "cpu or cuda (the GPU is LOCAL_RANK's); default: cuda where each rank has a "
+                  "GPU of its own, else cpu. opaque: the CPU's kernels on memory the host may "
+                  "not read, which tests the device path where no GPU is")
+      ->envname("TROUPE_DEVICE")
+      ->check(
+          [](const std::string& v) -> std::string {
+            if (v == "cpu" || v == "cuda" || v == "opaque") return "";
+            return v + " not in {cpu,cuda,opaque} (the flag's, else TROUPE_DEVICE's)";
+          },
+          "cpu|cuda|opaque");
   cmd->add_option("--recompute-granularity", f.recompute_granularity,
                   "Activation recompute: full (a group of layers keeps only its input) or "
                   "selective (the attention scores are recomputed); default none");

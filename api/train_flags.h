@@ -50,7 +50,7 @@ struct TrainFlags {
   actors::TraceOptions trace;     // --trace, --trace-steps, --trace-buffer, --flight-dir
   std::string trace_steps;        // --trace-steps A:B
   std::int64_t trace_buffer = 0;  // --trace-buffer N (0: the default)
-  std::string device;             // --device cpu|cuda|opaque; empty: cpu
+  std::string device;             // --device cpu|cuda|opaque; empty: resolve_device's
   std::string op_cost;            // --debug-op-cost FWD_MS:BWD_MS
   double fwd_ms = -1, bwd_ms = -1;
   // Every option add_train_flags registered, in order (to forward them).
@@ -62,6 +62,21 @@ struct RunDevice {
   gpu::Device* device = nullptr;
   std::unique_ptr<gpu::Device> owned;  // a GPU's; the CPU device is the process's
 };
+// Where a run computes when --device (or TROUPE_DEVICE) does not say: cuda
+// where every rank of this process has a GPU and the flags can use it, else
+// cpu. `gpus`: the GPUs this process sees; `workers`: the job's processes on
+// this host (1 for troupe train); `pinned`: CUDA_VISIBLE_DEVICES is set (a
+// process that sees one GPU was given its own). `why` is for the banner.
+struct DefaultDevice {
+  std::string device;  // "cuda" or "cpu"
+  std::string why;
+};
+DefaultDevice default_device(const TrainFlags& f, bool process_per_rank, int gpus, int workers,
+                             bool pinned);
+// Sets an empty f.device to default_device's for this process (its GPUs as
+// CUDA sees them; none in a build without CUDA). Returns the why where a
+// GPU is visible, else "" (and where the flag was given).
+std::string resolve_device(TrainFlags& f, bool process_per_rank, int workers = 1);
 // --device (cpu, cuda, opaque; empty: cpu) as the other flags allow it:
 // cuda runs every layout with a process per rank (`process_per_rank`: troupe
 // launch and its workers), its TP groups through NCCL; in one process (troupe

@@ -63,6 +63,7 @@ struct LaunchContext {
   model::TrainOptions options;  // resolved, the model unsliced
   std::string run_dir, token;
   std::string token_source;  // --token-file's path, "env" (TROUPE_JOB_TOKEN), or RUNDIR/token
+  std::string device_why;    // resolve_device's, where the launcher chose the device
   std::ofstream metrics, user_metrics;
   std::unique_ptr<Progress> progress;
   std::atomic<int> interrupted{0};
@@ -100,9 +101,13 @@ std::string failure_dir(const LaunchFlags& f, int index) {
 // The worker's command line: the training flags as given, but the layout
 // and the checkpoint to load as this start's plan says.
 std::vector<std::string> worker_flags(const LaunchFlags& f, const AttemptPlan& plan) {
-  std::vector<std::string> out = forwarded_train_flags(
-      f.train, {"--metrics-jsonl", "--dp", "--load", "--no-load-optim", "--trace", "--flight-dir"});
+  std::vector<std::string> out =
+      forwarded_train_flags(f.train, {"--metrics-jsonl", "--dp", "--load", "--no-load-optim",
+                                      "--trace", "--flight-dir", "--device"});
   out.insert(out.end(), {"--dp", std::to_string(plan.parallel.dp)});
+  // (Given, or this host's default for a job on this host alone; else
+  // each worker resolves its own.)
+  if (!f.train.device.empty()) out.insert(out.end(), {"--device", f.train.device});
   // (Absolute: a worker may run in another directory.)
   if (!f.train.trace.dir.empty()) out.insert(out.end(), {"--trace", f.train.trace.dir});
   out.insert(out.end(), {"--flight-dir", flight_dir(f, plan.index)});
@@ -163,6 +168,9 @@ Outcome run_attempt(LaunchContext& ctx, const AttemptPlan& plan) {
               ctx.token_source == "env" ? " with TROUPE_JOB_TOKEN"
                                         : absl::StrCat(" --token-file ", ctx.token_source).c_str());
   if (load != nullptr) std::printf("  %s\n", describe_load(train, *load).c_str());
+  if (plan.index == 0 && !ctx.device_why.empty()) {
+    std::printf("  device: %s\n", ctx.device_why.c_str());
+  }
   std::printf("  %5s  %-9s  %-20s  %5s  %7s  %s\n", "rank", "(d,s,t)", "host", "local", "threads",
               "device");
   std::vector<WorkerLaunch> launches;
@@ -181,10 +189,12 @@ Outcome run_attempt(LaunchContext& ctx, const AttemptPlan& plan) {
     const comm::Coord c = layout.coord(p.rank);
     const int local = per_host[p.host];
     const int threads = o.threads > 0 ? o.threads : std::max(1, cores / local);
-    // (What the worker opens: with --device cuda, its local rank's GPU.)
+    // (What the worker opens: with --device cuda, its local rank's GPU; on
+    // other hosts without --device, the default there.)
     const std::string device = f.train.device == "cuda"     ? absl::StrCat("cuda:", p.local_rank)
                                : f.train.device == "opaque" ? "cpu (opaque)"
-                                                            : "cpu";
+                               : f.train.device == "cpu"    ? "cpu"
+                                                            : "its host's default";
     std::printf("  %5d  (%d,%d,%d)%*s  %-20s  %5d  %7d  %s\n", p.rank, c.d, c.s, c.t,
                 static_cast<int>(9 - absl::StrFormat("(%d,%d,%d)", c.d, c.s, c.t).size()), "",
                 p.host.c_str(), p.local_rank, threads, device.c_str());
@@ -423,7 +433,14 @@ int run_launch(LaunchFlags& f) {
   }
   absl::StatusOr<Job> job = place(f, par.world());
   if (!job.ok()) return fail(std::string(job.status().message()));
+  // A job on this host alone: this host's default, for the table and the
+  // workers (on several hosts each worker resolves its own).
+  std::string default_why;
+  if (job->local) {
+    default_why = api::resolve_device(f.train, /*process_per_rank=*/true, par.world());
+  }
   LaunchContext ctx(f, *options);
+  ctx.device_why = std::move(default_why);
   absl::StatusOr<std::string> run_dir = make_run_dir(f.run_dir);
   if (!run_dir.ok()) return fail(std::string(run_dir.status().message()));
   ctx.run_dir = *run_dir;

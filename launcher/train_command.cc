@@ -105,7 +105,8 @@ void print_activations(const model::TrainOptions& o, const std::vector<std::int6
                     : "");
 }
 
-int run_train(const TrainFlags& flags) {
+// `default_why`: resolve_device's, where --device was not given.
+int run_train(const TrainFlags& flags, const std::string& default_why) {
   auto fail = [](const absl::Status& st) {
     std::fprintf(stderr, "troupe train: error: %s\n", std::string(st.message()).c_str());
     return 1;
@@ -190,6 +191,7 @@ int run_train(const TrainFlags& flags) {
   // (With --tp the vocabulary is padded to a multiple of 128 x tp.)
   std::printf("troupe train: %s\n", (multi ? multi->options().model : o.model).describe().c_str());
   std::printf("  train data: %s\n", train_data->describe().c_str());
+  if (!default_why.empty()) std::printf("  device: %s\n", default_why.c_str());
   const model::data::SampleSource* valid_data = single ? single->valid_data() : multi->valid_data();
   if (valid_data != nullptr) std::printf("  valid data: %s\n", valid_data->describe().c_str());
   if (one_rank) {
@@ -313,7 +315,8 @@ Command add_train_command(CLI::App& app) {
       std::fprintf(stderr, "troupe train: error: %s\n", std::string(st.message()).c_str());
       return 1;
     }
-    return run_train(*flags);
+    const std::string default_why = api::resolve_device(*flags, /*process_per_rank=*/false);
+    return run_train(*flags, default_why);
   };
 }
 

@@ -85,6 +85,12 @@ int run(WorkerFlags& f) {
     return code;
   };
   if (absl::Status st = finish_train_flags(f.train); !st.ok()) return fail(st);
+  // (Every rank resolves its own default; the coordinator checks they agree.)
+  if (const std::string why =
+          api::resolve_device(f.train, /*process_per_rank=*/true, local_workers());
+      !why.empty()) {
+    std::fprintf(stderr, "troupe worker: device: %s\n", why.c_str());
+  }
   if (absl::Status st = api::check_device(f.train, /*process_per_rank=*/true); !st.ok()) {
     return fail(st);
   }

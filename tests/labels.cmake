@@ -34,9 +34,10 @@
 # the sanitizers' run-time settings in a TROUPE_SANITIZE build.
 include(${CMAKE_CURRENT_LIST_DIR}/sanitizers/sanitizers.cmake)
 # (A failing run's flight recorder goes under build/flight-records, not into
-# each test's working directory.)
+# each test's working directory. TROUPE_DEVICE=cpu pins --device where a
+# test does not give it: the default would be a GPU where one is.)
 set(TROUPE_TEST_ENV OMP_WAIT_POLICY=passive TROUPE_FLIGHT_DIR=${CMAKE_BINARY_DIR}/flight-records
-  ${TROUPE_SANITIZER_ENV})
+  TROUPE_DEVICE=cpu ${TROUPE_SANITIZER_ENV})
 
 function(_troupe_discover target filter labels env)
   get_property(count GLOBAL PROPERTY _troupe_discover_count)

@@ -36,6 +36,45 @@ class RemoteTest : public ::testing::Test {
   std::unique_ptr<caf::actor_system> sys_;
 };
 
+TEST_F(RemoteTest, AHelloCarriesItsDevice) {
+  const RankHello h{.host = "h",
+                    .pid = 7,
+                    .transport_address = "x",
+                    .has_valid = true,
+                    .train_data = "d",
+                    .device = "cuda",
+                    .device_name = "cuda:3 (a GPU)"};
+  absl::StatusOr<RankHello> back = decode_hello(*sys_, encode_hello(*sys_, h));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->device, "cuda");
+  EXPECT_EQ(back->device_name, "cuda:3 (a GPU)");
+  EXPECT_EQ(back->pid, 7);
+  EXPECT_EQ(back->train_data, "d");
+}
+
+TEST(DeviceKind, NamesTheCpuTheOpaqueCpuApart) {
+  EXPECT_EQ(device_kind(gpu::cpu_device()), "cpu");
+  std::unique_ptr<gpu::Device> opaque = gpu::make_opaque_cpu_device();
+  EXPECT_EQ(device_kind(*opaque), "opaque");
+}
+
+TEST(CheckSameDevice, NamesTheFirstRankThatDiffersAndTheFirst) {
+  auto rank = [](std::string host, std::string kind, std::string name) {
+    return RankHello{
+        .host = std::move(host), .device = std::move(kind), .device_name = std::move(name)};
+  };
+  EXPECT_TRUE(check_same_device({}).ok());
+  EXPECT_TRUE(check_same_device({rank("a", "cuda", "cuda:0"), rank("b", "cuda", "cuda:1")}).ok());
+  const absl::Status st = check_same_device(
+      {rank("a", "cuda", "cuda:0"), rank("a", "cuda", "cuda:1"), rank("b", "cpu", "cpu")});
+  EXPECT_TRUE(absl::IsInvalidArgument(st)) << st;
+  EXPECT_NE(st.message().find("rank 0 on host a computes on cuda:0, rank 2 on host b computes "
+                              "on cpu"),
+            std::string::npos)
+      << st;
+  EXPECT_NE(st.message().find("the same --device"), std::string::npos) << st;
+}
+
 // CAF 0.17 packs doubles with a loop that never ends on an infinity (a
 // diverged loss) and turns NaN into a number; they travel as their bits.
 TEST_F(RemoteTest, DoublesAndFloatsArriveBitForBit) {

@@ -36,6 +36,9 @@ Cases:
                         within 5 s, nothing is left, exit 128 + the signal
   stall                 a stage that never starts a step: the stall table and
                         the culprit line name it
+  mixed_devices         two workers started as torchrun would, one with
+                        --device cpu, one with --device opaque: both exit
+                        non-zero within 60 s, naming both ranks' devices
   intruders [agents]    a worker without the token, random bytes and an absurd
                         length prefix at the coordinator's port (and the
                         agents' port): refused, and the run's result is the
@@ -153,7 +156,7 @@ def reference(flags, tag):
     if "--device" in flags:  # the reference is the CPU's
         at = flags.index("--device")
         flags = flags[:at] + flags[at + 2:]
-    flags = [a for a in flags if not a.startswith("--device=")]
+    flags = [a for a in flags if not a.startswith("--device=")] + ["--device", "cpu"]
     r = run([TROUPE, "train", *flags, "--metrics-jsonl", m, "--save-weights", w])
     if r.returncode != 0:
         fail("troupe train: " + r.stdout)
@@ -222,6 +225,38 @@ def engine_and_compare(flags, engine):
             if p.returncode != 0:
                 fail(f"rank {rank} exited {p.returncode}:\n{out}")
     compare(want_m, got_m, want_w, got_w)
+
+
+def mixed_devices():
+    port = free_port()
+    env = dict(os.environ, TROUPE_JOB_TOKEN="0123456789abcdef-test-token", WORLD_SIZE="2",
+               LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    env.pop("TROUPE_DEVICE", None)
+    start = time.time()
+    procs = [subprocess.Popen([TROUPE, "worker", *SMALL, "--pp", "2", "--steps", "3",
+                               "--device", device],
+                              env=dict(env, RANK=str(rank), LOCAL_RANK=str(rank)),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for rank, device in enumerate(["cpu", "opaque"])]
+    outs = []
+    for rank, p in enumerate(procs):
+        try:
+            out, _ = p.communicate(timeout=max(1, 60 - (time.time() - start)))
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            fail(f"rank {rank} still runs after 60 s")
+        print(f"rank {rank} (exit {p.returncode}):", out.strip()[-600:])
+        if p.returncode == 0:
+            fail(f"rank {rank} exited 0 on mixed devices")
+        outs.append(out)
+    want = ("the ranks' devices differ: rank 0 on host", "computes on cpu, rank 1 on host",
+            "computes on cpu (opaque)", "give every rank the same --device")
+    for rank, out in enumerate(outs):
+        missing = [w for w in want if w not in out]
+        if missing:
+            fail(f"rank {rank}'s output lacks {missing}")
+    print(f"OK: both ranks stopped in {time.time() - start:.1f} s, naming the devices")
 
 
 def pids_of(run_dir, timeout=60):
@@ -487,6 +522,8 @@ elif case == "interrupt":
     interrupt(args[0])
 elif case == "stall":
     stall()
+elif case == "mixed_devices":
+    mixed_devices()
 elif case == "intruders":
     intruders(args == ["agents"])
 else:

@@ -1,0 +1,84 @@
+// --device's default (api/train_flags.h, default_device): a GPU where every
+// rank of the process has one of its own and the flags can use it, else the
+// CPU, with the reason. The cases are the rules as docs/CUDA.md states them.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "api/train_flags.h"
+#ifdef TROUPE_HAVE_CUDA
+#include "gpu/cuda/cuda_device.h"
+#endif
+
+namespace troupe::api {
+namespace {
+
+TrainFlags layout(int tp, int pp, int dp) {
+  TrainFlags f;
+  f.parallel.tp = tp;
+  f.parallel.pp = pp;
+  f.parallel.dp = dp;
+  return f;
+}
+
+TEST(DefaultDevice, NoGpuIsTheCpu) {
+  for (bool per_rank : {false, true}) {
+    const DefaultDevice d = default_device(layout(1, 1, 1), per_rank, 0, 1, false);
+    EXPECT_EQ(d.device, "cpu");
+    EXPECT_EQ(d.why, "no GPU is visible");
+  }
+}
+
+TEST(DefaultDevice, OneProcessTakesTheGpuUnlessTensorParallel) {
+  EXPECT_EQ(default_device(layout(1, 1, 1), false, 1, 1, false).device, "cuda");
+  // (pipeline and data parallel ranks in one process share its GPU)
+  EXPECT_EQ(default_device(layout(1, 2, 2), false, 1, 1, false).device, "cuda");
+  const DefaultDevice tp = default_device(layout(2, 1, 1), false, 8, 1, false);
+  EXPECT_EQ(tp.device, "cpu");
+  EXPECT_NE(tp.why.find("--tp 2 in one process"), std::string::npos) << tp.why;
+  EXPECT_NE(tp.why.find("troupe launch"), std::string::npos) << tp.why;
+}
+
+TEST(DefaultDevice, TheFixedCostChunksAreTheCpus) {
+  TrainFlags f = layout(1, 2, 1);
+  f.op_cost = "1:2";
+  const DefaultDevice d = default_device(f, false, 1, 1, false);
+  EXPECT_EQ(d.device, "cpu");
+  EXPECT_NE(d.why.find("--debug-op-cost"), std::string::npos) << d.why;
+}
+
+TEST(DefaultDevice, AWorkerNeedsAGpuOfItsOwn) {
+  // Four workers on a host: four GPUs (or more) serve them, two do not.
+  EXPECT_EQ(default_device(layout(2, 2, 1), true, 4, 4, false).device, "cuda");
+  EXPECT_EQ(default_device(layout(2, 2, 1), true, 8, 4, false).device, "cuda");
+  const DefaultDevice few = default_device(layout(2, 2, 1), true, 2, 4, false);
+  EXPECT_EQ(few.device, "cpu");
+  EXPECT_EQ(few.why, "4 workers on this host but 2 GPUs: each rank needs a GPU of its own");
+  // One visible GPU: the worker's own where CUDA_VISIBLE_DEVICES gave it
+  // (srun --gpus-per-task), a shared one where not.
+  EXPECT_EQ(default_device(layout(1, 4, 1), true, 1, 4, true).device, "cuda");
+  const DefaultDevice shared = default_device(layout(1, 4, 1), true, 1, 4, false);
+  EXPECT_EQ(shared.device, "cpu");
+  EXPECT_EQ(shared.why, "4 workers on this host but 1 GPU: each rank needs a GPU of its own");
+}
+
+TEST(ResolveDevice, AGivenDeviceStays) {
+  for (const char* given : {"cpu", "cuda", "opaque"}) {
+    TrainFlags f = layout(1, 1, 1);
+    f.device = given;
+    EXPECT_EQ(resolve_device(f, false), "");
+    EXPECT_EQ(f.device, given);
+  }
+}
+
+TEST(ResolveDevice, WithoutAGpuTheDefaultIsTheCpuAndSaysNothing) {
+#ifdef TROUPE_HAVE_CUDA
+  if (gpu::cuda_device_count() > 0) GTEST_SKIP() << "a GPU is visible here";
+#endif
+  TrainFlags f = layout(1, 1, 1);
+  EXPECT_EQ(resolve_device(f, false), "");
+  EXPECT_EQ(f.device, "cpu");
+}
+
+}  // namespace
+}  // namespace troupe::api
