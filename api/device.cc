@@ -25,37 +25,46 @@ int local_gpu(int local_rank) {
 }  // namespace
 
 DefaultDevice default_device(const TrainFlags& f, bool process_per_rank, int gpus, int workers,
-                             bool pinned) {
+                             const std::string& unsupported_gpu) {
   auto cpu = [](std::string why) { return DefaultDevice{"cpu", std::move(why)}; };
   if (gpus <= 0) return cpu("no GPU is visible");
+  if (!unsupported_gpu.empty()) return cpu(unsupported_gpu);
   if (!f.op_cost.empty()) return cpu("--debug-op-cost's fixed-cost chunks run on the CPU");
-  if (!process_per_rank && f.parallel.tp > 1) {
-    return cpu(absl::StrCat("a GPU is visible, but --tp ", f.parallel.tp,
+  const int tp = f.parallel.tp;
+  if (!process_per_rank && tp > 1) {
+    return cpu(absl::StrCat("a GPU is visible, but --tp ", tp,
                             " in one process would put every rank on it (troupe launch gives "
                             "each rank its own)"));
   }
 #ifndef TROUPE_HAVE_NCCL
-  if (f.parallel.tp > 1) {
-    return cpu(absl::StrCat("a GPU is visible, but --tp ", f.parallel.tp,
+  if (tp > 1) {
+    return cpu(absl::StrCat("a GPU is visible, but --tp ", tp,
                             " on GPUs needs NCCL, and this troupe was built without it"));
   }
 #endif
-  if (process_per_rank && workers > gpus && !(gpus == 1 && pinned)) {
-    return cpu(absl::StrCat(workers, " workers on this host but ", gpus, " GPU",
-                            gpus == 1 ? "" : "s", ": each rank needs a GPU of its own"));
+  const std::string visible = absl::StrCat(gpus, " GPU", gpus == 1 ? " is" : "s are", " visible");
+  if (process_per_rank && workers > gpus) {
+    return cpu(absl::StrCat(workers, " workers on this host but ", visible,
+                            ": each worker needs a GPU of its own (give --device cuda where "
+                            "each was given one, as CUDA_VISIBLE_DEVICES per worker does)"));
   }
-  return {"cuda", absl::StrCat(gpus, " GPU", gpus == 1 ? " is" : "s are", " visible")};
+  const int world = f.parallel.world();
+  if (!process_per_rank && world > 1) {
+    return {"cuda", absl::StrCat(visible, "; the ", world, " ranks of this process share one")};
+  }
+  return {"cuda", visible};
 }
 
 std::string resolve_device(TrainFlags& f, bool process_per_rank, int workers) {
   if (!f.device.empty()) return "";
 #ifdef TROUPE_HAVE_CUDA
   const int gpus = gpu::cuda_device_count();
+  const std::string unsupported = gpus > 0 ? gpu::cuda_unsupported_device() : "";
 #else
   const int gpus = 0;
+  const std::string unsupported;
 #endif
-  DefaultDevice d = default_device(f, process_per_rank, gpus, workers,
-                                   std::getenv("CUDA_VISIBLE_DEVICES") != nullptr);
+  DefaultDevice d = default_device(f, process_per_rank, gpus, workers, unsupported);
   f.device = d.device;
   if (gpus == 0) return "";  // (the CPU, as always where no GPU is)
   return absl::StrCat(d.device, " by default: ", d.why, " (give --device to choose)");
@@ -64,8 +73,8 @@ std::string resolve_device(TrainFlags& f, bool process_per_rank, int workers) {
 absl::Status check_device(const TrainFlags& f, bool process_per_rank) {
   if (f.device.empty() || f.device == "cpu") return absl::OkStatus();
   if (f.device != "cuda" && f.device != "opaque") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--device ", f.device, ": want cpu, cuda or opaque"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--device ", f.device, ": want cpu, cuda or opaque (the flag's, else TROUPE_DEVICE's)"));
   }
   if (!f.op_cost.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -281,16 +281,14 @@ void add_train_flags(CLI::App* cmd, TrainFlags& f) {
                   "(default: every step up to 100 steps, then about 100 lines a run)");
   cmd->add_option("--threads", o.threads, "Compute threads (default: all cores)");
   cmd->add_option("--device", f.device,
-                  "cpu or cuda (the GPU is LOCAL_RANK's); default: cuda where each rank has a "
-                  "GPU of its own, else cpu. opaque: the CPU's kernels on memory the host may "
-                  "not read, which tests the device path where no GPU is")
+                  "cpu or cuda (the GPU is LOCAL_RANK's); default: cuda where this host has a "
+                  "GPU (compute capability 8.0 or newer) for each of its workers, else cpu "
+                  "(docs/CUDA.md). opaque: the CPU's kernels on memory the host may not read, "
+                  "which tests the device path where no GPU is")
+      // (Checked by check_device, not here: CLI11 reads the variable for
+      // every subcommand, and a bad one must not break `troupe ckpt`.)
       ->envname("TROUPE_DEVICE")
-      ->check(
-          [](const std::string& v) -> std::string {
-            if (v == "cpu" || v == "cuda" || v == "opaque") return "";
-            return v + " not in {cpu,cuda,opaque} (the flag's, else TROUPE_DEVICE's)";
-          },
-          "cpu|cuda|opaque");
+      ->type_name("cpu|cuda|opaque");
   cmd->add_option("--recompute-granularity", f.recompute_granularity,
                   "Activation recompute: full (a group of layers keeps only its input) or "
                   "selective (the attention scores are recomputed); default none");

@@ -65,14 +65,17 @@ struct RunDevice {
 // Where a run computes when --device (or TROUPE_DEVICE) does not say: cuda
 // where every rank of this process has a GPU and the flags can use it, else
 // cpu. `gpus`: the GPUs this process sees; `workers`: the job's processes on
-// this host (1 for troupe train); `pinned`: CUDA_VISIBLE_DEVICES is set (a
-// process that sees one GPU was given its own). `why` is for the banner.
+// this host (1 for troupe train; with more workers than GPUs, cpu: a worker
+// that was given its own GPU by CUDA_VISIBLE_DEVICES cannot be told from
+// workers that would share one); `unsupported_gpu`: "" or why a visible GPU
+// cannot run troupe's kernels (gpu::cuda_unsupported_device). In one
+// process the ranks share its GPU. `why` is for the banner.
 struct DefaultDevice {
   std::string device;  // "cuda" or "cpu"
   std::string why;
 };
 DefaultDevice default_device(const TrainFlags& f, bool process_per_rank, int gpus, int workers,
-                             bool pinned);
+                             const std::string& unsupported_gpu);
 // Sets an empty f.device to default_device's for this process (its GPUs as
 // CUDA sees them; none in a build without CUDA). Returns the why where a
 // GPU is visible, else "" (and where the flag was given).

@@ -17,9 +17,11 @@ a = NH, t = tp:
 
   bench/activation_memory.py [TROUPE]     (default build/launcher/troupe)
 """
+import os
 import re
 import subprocess
 import sys
+os.environ.setdefault("TROUPE_DEVICE", "cpu")  # troupe on the CPU (its default on a GPU host is cuda)
 
 TROUPE = sys.argv[1] if len(sys.argv) > 1 else "build/launcher/troupe"
 MODELS = {"cpu-small": (256, 1, 256, 4), "gpt2-124m": (1024, 1, 768, 12)}  # s, b, h, a

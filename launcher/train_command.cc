@@ -316,6 +316,10 @@ Command add_train_command(CLI::App& app) {
       return 1;
     }
     const std::string default_why = api::resolve_device(*flags, /*process_per_rank=*/false);
+    if (absl::Status st = api::check_device(*flags); !st.ok()) {  // (before anything is made)
+      std::fprintf(stderr, "troupe train: error: %s\n", std::string(st.message()).c_str());
+      return 1;
+    }
     return run_train(*flags, default_why);
   };
 }

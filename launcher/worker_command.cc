@@ -72,12 +72,7 @@ absl::StatusOr<std::string> read_token(const std::string& token_file) {
 }
 
 // How many workers share this host, as the engine says (1 if it does not).
-int local_workers() {
-  for (const char* v : {"LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_NTASKS_PER_NODE"}) {
-    if (const char* s = std::getenv(v); s != nullptr && std::atoi(s) > 0) return std::atoi(s);
-  }
-  return 1;
-}
+int local_workers() { return local_world_from_env(::getenv); }
 
 int run(WorkerFlags& f) {
   auto fail = [](const absl::Status& st, int code = 1) {

@@ -4,6 +4,7 @@
 
 #include <tuple>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -117,6 +118,55 @@ absl::StatusOr<std::vector<std::string>> expand_slurm_hostlist(absl::string_view
   if (depth != 0)
     return absl::InvalidArgumentError(absl::StrCat("host list '", list, "': unbalanced brackets"));
   return hosts;
+}
+
+namespace {
+
+// This node's entry of a SLURM tasks-per-node list ("4(x2),3": four tasks
+// on each of the first two nodes, three on the third); 0 where the list is
+// malformed or shorter.
+int tasks_on_node(absl::string_view list, int node) {
+  for (absl::string_view entry : absl::StrSplit(list, ',')) {
+    int tasks = 0, repeat = 1;
+    const std::size_t paren = entry.find("(x");
+    if (paren != absl::string_view::npos) {
+      if (!absl::EndsWith(entry, ")") ||
+          !absl::SimpleAtoi(entry.substr(paren + 2, entry.size() - paren - 3), &repeat) ||
+          repeat <= 0) {
+        return 0;
+      }
+      entry = entry.substr(0, paren);
+    }
+    if (!absl::SimpleAtoi(entry, &tasks) || tasks <= 0) return 0;
+    if (node < repeat) return tasks;
+    node -= repeat;
+  }
+  return 0;
+}
+
+}  // namespace
+
+int local_world_from_env(const GetEnv& getenv) {
+  auto positive = [](const char* v, int* out) {
+    return v != nullptr && absl::SimpleAtoi(v, out) && *out > 0;
+  };
+  int n = 0;
+  for (const char* v : {"LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"}) {
+    if (positive(getenv(v), &n)) return n;
+  }
+  // SLURM: the step's own list (an srun step inherits the job's
+  // SLURM_NTASKS_PER_NODE even where it runs fewer tasks a node).
+  int node = 0;
+  if (const char* id = getenv("SLURM_NODEID");
+      id != nullptr && absl::SimpleAtoi(id, &node) && node >= 0) {
+    for (const char* v : {"SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"}) {
+      if (const char* list = getenv(v); list != nullptr) {
+        if (const int tasks = tasks_on_node(list, node); tasks > 0) return tasks;
+      }
+    }
+  }
+  if (positive(getenv("SLURM_NTASKS_PER_NODE"), &n)) return n;
+  return 1;
 }
 
 absl::StatusOr<std::optional<WorldPosition>> world_from_env(const GetEnv& getenv,

@@ -41,6 +41,14 @@ using GetEnv = std::function<const char*(const char*)>;
 absl::StatusOr<std::optional<WorldPosition>> world_from_env(const GetEnv& getenv,
                                                             const MasterFlags& flags);
 
+// How many of the job's workers share this host, as the engine says:
+// LOCAL_WORLD_SIZE (torchrun, troupe launch), OMPI_COMM_WORLD_LOCAL_SIZE,
+// this node's entry (by SLURM_NODEID) of SLURM_STEP_TASKS_PER_NODE or
+// SLURM_TASKS_PER_NODE ("4(x2),3": four on each of the first two nodes,
+// three on the third), or SLURM_NTASKS_PER_NODE; 1 where none says (or
+// says nonsense).
+int local_world_from_env(const GetEnv& getenv);
+
 // SLURM's host list syntax ("node[01-03,7],gpu-a[1-2]-x"): the hosts in
 // order, zero padding kept. An error for unbalanced brackets, a bad range
 // or a list of more than `max_hosts`.

@@ -562,6 +562,25 @@ int cuda_device_count() {
   return n;
 }
 
+namespace {
+
+// "" where device `index` can run troupe's kernels, else why not.
+std::string unsupported(int index) {
+  cudaDeviceProp p{};
+  if (cudaGetDeviceProperties(&p, index) != cudaSuccess || p.major >= 8) return "";
+  return absl::StrCat("cuda:", index, " (", p.name, ") is compute capability ", p.major, ".",
+                      p.minor, "; troupe's kernels need 8.0 or newer");
+}
+
+}  // namespace
+
+std::string cuda_unsupported_device() {
+  for (int i = 0, n = cuda_device_count(); i < n; i++) {
+    if (std::string why = unsupported(i); !why.empty()) return why;
+  }
+  return "";
+}
+
 absl::StatusOr<std::unique_ptr<Device>> make_cuda_device(int index) {
   int n = 0;
   cudaError_t err = cudaGetDeviceCount(&n);
@@ -571,6 +590,7 @@ absl::StatusOr<std::unique_ptr<Device>> make_cuda_device(int index) {
   if (index < 0 || index >= n) {
     return absl::UnavailableError(absl::StrCat("no CUDA device ", index, " (", n, " present)"));
   }
+  if (std::string why = unsupported(index); !why.empty()) return absl::UnavailableError(why);
   auto dev = std::make_unique<cuda::CudaDevice>(index);
   absl::Status st = dev->init();
   if (!st.ok()) return absl::UnavailableError(absl::StrCat("cuda:", index, ": ", st.message()));

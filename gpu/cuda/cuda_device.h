@@ -8,6 +8,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 
 #include "absl/status/statusor.h"
 #include "gpu/device.h"
@@ -18,7 +19,13 @@ namespace troupe::gpu {
 // no driver).
 int cuda_device_count();
 
-// Device `index`, or Unavailable naming the reason (no driver, no such GPU).
+// "" where every visible GPU has a compute capability this build has kernels
+// for (8.0 and newer: sm_80 and sm_90 code, and their PTX for newer GPUs), else which one does not
+// ("cuda:1 (Tesla T4) is compute capability 7.5; troupe's kernels need 8.0 or newer").
+std::string cuda_unsupported_device();
+
+// Device `index`, or Unavailable naming the reason (no driver, no such GPU,
+// one older than compute capability 8.0).
 absl::StatusOr<std::unique_ptr<Device>> make_cuda_device(int index);
 
 }  // namespace troupe::gpu

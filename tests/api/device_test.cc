@@ -1,6 +1,6 @@
-// --device's default (api/train_flags.h, default_device): a GPU where every
-// rank of the process has one of its own and the flags can use it, else the
-// CPU, with the reason. The cases are the rules as docs/CUDA.md states them.
+// --device's default (api/train_flags.h, default_device): a GPU where the
+// process has one for each of its host's workers and the flags can use it,
+// else the CPU, with the reason. The cases are the rules as docs/CUDA.md states them.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -23,17 +23,21 @@ TrainFlags layout(int tp, int pp, int dp) {
 
 TEST(DefaultDevice, NoGpuIsTheCpu) {
   for (bool per_rank : {false, true}) {
-    const DefaultDevice d = default_device(layout(1, 1, 1), per_rank, 0, 1, false);
+    const DefaultDevice d = default_device(layout(1, 1, 1), per_rank, 0, 1, "");
     EXPECT_EQ(d.device, "cpu");
     EXPECT_EQ(d.why, "no GPU is visible");
   }
 }
 
 TEST(DefaultDevice, OneProcessTakesTheGpuUnlessTensorParallel) {
-  EXPECT_EQ(default_device(layout(1, 1, 1), false, 1, 1, false).device, "cuda");
-  // (pipeline and data parallel ranks in one process share its GPU)
-  EXPECT_EQ(default_device(layout(1, 2, 2), false, 1, 1, false).device, "cuda");
-  const DefaultDevice tp = default_device(layout(2, 1, 1), false, 8, 1, false);
+  const DefaultDevice one = default_device(layout(1, 1, 1), false, 1, 1, "");
+  EXPECT_EQ(one.device, "cuda");
+  EXPECT_EQ(one.why, "1 GPU is visible");
+  // Pipeline and data parallel ranks in one process share its GPU, and say so.
+  const DefaultDevice shared = default_device(layout(1, 2, 2), false, 8, 1, "");
+  EXPECT_EQ(shared.device, "cuda");
+  EXPECT_EQ(shared.why, "8 GPUs are visible; the 4 ranks of this process share one");
+  const DefaultDevice tp = default_device(layout(2, 1, 1), false, 8, 1, "");
   EXPECT_EQ(tp.device, "cpu");
   EXPECT_NE(tp.why.find("--tp 2 in one process"), std::string::npos) << tp.why;
   EXPECT_NE(tp.why.find("troupe launch"), std::string::npos) << tp.why;
@@ -42,24 +46,42 @@ TEST(DefaultDevice, OneProcessTakesTheGpuUnlessTensorParallel) {
 TEST(DefaultDevice, TheFixedCostChunksAreTheCpus) {
   TrainFlags f = layout(1, 2, 1);
   f.op_cost = "1:2";
-  const DefaultDevice d = default_device(f, false, 1, 1, false);
+  const DefaultDevice d = default_device(f, false, 1, 1, "");
   EXPECT_EQ(d.device, "cpu");
   EXPECT_NE(d.why.find("--debug-op-cost"), std::string::npos) << d.why;
 }
 
+TEST(DefaultDevice, AGpuTooOldForTheKernelsIsTheCpuSayingWhich) {
+  const std::string old = "cuda:0 (Tesla T4) is compute capability 7.5; troupe's kernels need 8.0";
+  for (bool per_rank : {false, true}) {
+    const DefaultDevice d = default_device(layout(1, 1, 1), per_rank, 1, 1, old);
+    EXPECT_EQ(d.device, "cpu");
+    EXPECT_EQ(d.why, old);
+  }
+}
+
 TEST(DefaultDevice, AWorkerNeedsAGpuOfItsOwn) {
-  // Four workers on a host: four GPUs (or more) serve them, two do not.
-  EXPECT_EQ(default_device(layout(2, 2, 1), true, 4, 4, false).device, "cuda");
-  EXPECT_EQ(default_device(layout(2, 2, 1), true, 8, 4, false).device, "cuda");
-  const DefaultDevice few = default_device(layout(2, 2, 1), true, 2, 4, false);
+  // Four workers on a host (pipeline parallel: the rule holds without NCCL
+  // too): four GPUs (or more) serve them, two do not.
+  EXPECT_EQ(default_device(layout(1, 4, 1), true, 4, 4, "").device, "cuda");
+  EXPECT_EQ(default_device(layout(1, 4, 1), true, 8, 4, "").device, "cuda");
+  const DefaultDevice few = default_device(layout(1, 4, 1), true, 2, 4, "");
   EXPECT_EQ(few.device, "cpu");
-  EXPECT_EQ(few.why, "4 workers on this host but 2 GPUs: each rank needs a GPU of its own");
-  // One visible GPU: the worker's own where CUDA_VISIBLE_DEVICES gave it
-  // (srun --gpus-per-task), a shared one where not.
-  EXPECT_EQ(default_device(layout(1, 4, 1), true, 1, 4, true).device, "cuda");
-  const DefaultDevice shared = default_device(layout(1, 4, 1), true, 1, 4, false);
-  EXPECT_EQ(shared.device, "cpu");
-  EXPECT_EQ(shared.why, "4 workers on this host but 1 GPU: each rank needs a GPU of its own");
+  EXPECT_EQ(few.why.rfind("4 workers on this host but 2 GPUs are visible: each worker needs a GPU "
+                          "of its own",
+                          0),
+            0u)
+      << few.why;
+  // One visible GPU for four workers: shared (CUDA_VISIBLE_DEVICES=0 for
+  // all), or each its own (one value per worker); the default cannot tell,
+  // and takes the CPU.
+  EXPECT_EQ(default_device(layout(1, 4, 1), true, 1, 4, "").device, "cpu");
+  // With a process per rank, TP takes the GPUs where NCCL is built in.
+#ifdef TROUPE_HAVE_NCCL
+  EXPECT_EQ(default_device(layout(2, 2, 1), true, 4, 4, "").device, "cuda");
+#else
+  EXPECT_EQ(default_device(layout(2, 2, 1), true, 4, 4, "").device, "cpu");
+#endif
 }
 
 TEST(ResolveDevice, AGivenDeviceStays) {

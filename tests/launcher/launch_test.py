@@ -36,6 +36,11 @@ Cases:
                         within 5 s, nothing is left, exit 128 + the signal
   stall                 a stage that never starts a step: the stall table and
                         the culprit line name it
+  default_device ON|OFF  a launch on this host with neither --device nor
+                        TROUPE_DEVICE: its workers get --device once, cuda
+                        where troupe was built with CUDA (ON) and nvidia-smi
+                        lists a GPU per worker, each of compute capability
+                        8.0 or newer, else cpu; the table says it
   mixed_devices         two workers started as torchrun would, one with
                         --device cpu, one with --device opaque: both exit
                         non-zero within 60 s, naming both ranks' devices
@@ -54,6 +59,7 @@ import socket
 import subprocess
 import sys
 import time
+os.environ.setdefault("TROUPE_DEVICE", "cpu")  # the tests pin the device, as ctest does
 
 TROUPE, WORK = sys.argv[1], sys.argv[2]
 os.makedirs(WORK, exist_ok=True)
@@ -225,6 +231,53 @@ def engine_and_compare(flags, engine):
             if p.returncode != 0:
                 fail(f"rank {rank} exited {p.returncode}:\n{out}")
     compare(want_m, got_m, want_w, got_w)
+
+
+def default_device(built_with_cuda):
+    run_dir = f"{WORK}/default-device-run"
+    shutil.rmtree(run_dir, ignore_errors=True)
+    env = dict(os.environ)
+    env.pop("TROUPE_DEVICE", None)
+    r = run([TROUPE, "launch", "--nproc-per-node", "2", "--pp", "2", *SMALL, "--steps", "1",
+             "--run-dir", run_dir], env=env)
+    print(r.stdout[-3000:])
+    if r.returncode != 0:
+        fail(f"troupe launch exited {r.returncode}")
+    want = "cpu"
+    if built_with_cuda and gpu_count() >= 2:
+        # Each GPU the workers may see (CUDA_VISIBLE_DEVICES by index only).
+        sm = subprocess.run(["nvidia-smi", "--query-gpu=index,compute_cap",
+                             "--format=csv,noheader"], stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True)
+        caps = {}
+        for line in sm.stdout.splitlines() if sm.returncode == 0 else []:
+            index, _, cap = line.partition(",")
+            try:
+                caps[index.strip()] = float(cap)
+            except ValueError:
+                pass
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        if visible is not None:
+            caps = {i: c for i, c in caps.items() if i in [v.strip() for v in visible.split(",")]}
+        # (Where nvidia-smi cannot say, either answer is taken; --device once still.)
+        want = None if len(caps) < 2 else ("cuda" if all(c >= 8.0 for c in caps.values())
+                                           else "cpu")
+    with open(f"{run_dir}/launch.json") as f:
+        ranks = json.load(f)["ranks"]
+    for r_ in ranks:
+        argv = r_["argv"]
+        at = [i for i, a in enumerate(argv) if a == "--device" or a.startswith("--device=")]
+        if len(at) != 1 or argv[at[0]] != "--device" or argv[at[0] + 1] not in ("cpu", "cuda") \
+                or (want is not None and argv[at[0] + 1] != want):
+            fail(f"rank {r_['rank']}'s argv has {[argv[i:i + 2] for i in at]}, want one "
+                 f"--device {want or 'cpu or cuda'}")
+        got = argv[at[0] + 1]
+    column = [line.split()[-1] for line in r.stdout.splitlines()
+              if line.strip().startswith(("0  (0,0,0)", "1  (0,1,0)"))]
+    want_column = ["cuda:0", "cuda:1"] if got == "cuda" else ["cpu", "cpu"]
+    if column != want_column:
+        fail(f"the table's device column says {column}, want {want_column}")
+    print(f"OK: both workers got --device {got} once; the table says {column}")
 
 
 def mixed_devices():
@@ -522,6 +575,8 @@ elif case == "interrupt":
     interrupt(args[0])
 elif case == "stall":
     stall()
+elif case == "default_device":
+    default_device(args == ["ON"])
 elif case == "mixed_devices":
     mixed_devices()
 elif case == "intruders":

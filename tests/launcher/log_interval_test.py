@@ -13,6 +13,7 @@ import pty
 import re
 import subprocess
 import sys
+os.environ.setdefault("TROUPE_DEVICE", "cpu")  # the tests pin the device, as ctest does
 
 TROUPE, WORK = sys.argv[1], sys.argv[2]
 os.makedirs(WORK, exist_ok=True)

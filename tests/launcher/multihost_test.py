@@ -50,6 +50,7 @@ import subprocess
 import sys
 import tempfile
 import time
+os.environ.setdefault("TROUPE_DEVICE", "cpu")  # the tests pin the device, as ctest does
 
 SKIP = 77
 HERE = os.path.dirname(os.path.abspath(__file__))

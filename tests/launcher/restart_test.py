@@ -29,6 +29,7 @@ import signal
 import subprocess
 import sys
 import time
+os.environ.setdefault("TROUPE_DEVICE", "cpu")  # the tests pin the device, as ctest does
 
 TROUPE, WORK = sys.argv[1], sys.argv[2]
 os.makedirs(WORK, exist_ok=True)

@@ -25,6 +25,7 @@ import stat
 import subprocess
 import sys
 import time
+os.environ.setdefault("TROUPE_DEVICE", "cpu")  # the tests pin the device, as ctest does
 
 TROUPE, ATTACH, WORK = sys.argv[1], sys.argv[2], sys.argv[3]
 shutil.rmtree(WORK, ignore_errors=True)

@@ -93,6 +93,47 @@ TEST(WorldEnv, BadValuesNameTheVariable) {
   }
 }
 
+TEST(LocalWorld, EachEnginesVariable) {
+  EXPECT_EQ(local_world_from_env(env({})), 1);
+  EXPECT_EQ(local_world_from_env(env({{"LOCAL_WORLD_SIZE", "8"}})), 8);
+  EXPECT_EQ(local_world_from_env(env({{"OMPI_COMM_WORLD_LOCAL_SIZE", "4"}})), 4);
+  EXPECT_EQ(local_world_from_env(env({{"SLURM_NTASKS_PER_NODE", "2"}})), 2);
+  EXPECT_EQ(local_world_from_env(env({{"LOCAL_WORLD_SIZE", "3"}, {"SLURM_NTASKS_PER_NODE", "2"}})),
+            3);
+  EXPECT_EQ(local_world_from_env(env({{"LOCAL_WORLD_SIZE", "0"}})), 1);
+  EXPECT_EQ(local_world_from_env(env({{"LOCAL_WORLD_SIZE", "x"}})), 1);
+}
+
+// srun -n 11 over three nodes without --ntasks-per-node: SLURM sets
+// SLURM_TASKS_PER_NODE=4(x2),3 (sbatch(1), "OUTPUT ENVIRONMENT VARIABLES").
+TEST(LocalWorld, SlurmsTasksPerNodeByNodeId) {
+  auto on = [](const char* node, const char* list = "4(x2),3") {
+    return local_world_from_env(env({{"SLURM_TASKS_PER_NODE", list}, {"SLURM_NODEID", node}}));
+  };
+  EXPECT_EQ(on("0"), 4);
+  EXPECT_EQ(on("1"), 4);
+  EXPECT_EQ(on("2"), 3);
+  EXPECT_EQ(on("3"), 1);  // (past the list)
+  EXPECT_EQ(on("0", "2"), 2);
+  EXPECT_EQ(on("1", "1,5(x2)"), 5);
+  EXPECT_EQ(on("0", "4(x"), 1);
+  EXPECT_EQ(on("0", "(x2)"), 1);
+  EXPECT_EQ(on("0", "4(x)"), 1);
+  EXPECT_EQ(on("2", "4(x2),"), 1);
+  EXPECT_EQ(local_world_from_env(env({{"SLURM_TASKS_PER_NODE", "4(x2)"}})), 1);  // no node id
+  // The step's list before the job's, and either before the job's
+  // --ntasks-per-node (sbatch --ntasks-per-node=8, then srun -n 4 on two nodes).
+  EXPECT_EQ(local_world_from_env(env({{"SLURM_NTASKS_PER_NODE", "8"},
+                                      {"SLURM_TASKS_PER_NODE", "8(x2)"},
+                                      {"SLURM_STEP_TASKS_PER_NODE", "2(x2)"},
+                                      {"SLURM_NODEID", "1"}})),
+            2);
+  EXPECT_EQ(local_world_from_env(env({{"SLURM_NTASKS_PER_NODE", "8"},
+                                      {"SLURM_TASKS_PER_NODE", "3,1"},
+                                      {"SLURM_NODEID", "1"}})),
+            1);
+}
+
 TEST(SlurmHostlist, ExpandsAsScontrol) {
   using V = std::vector<std::string>;
   struct Case {

@@ -21,6 +21,7 @@ import re
 import shutil
 import subprocess
 import sys
+os.environ.setdefault("TROUPE_DEVICE", "cpu")  # the tests pin the device, as ctest does
 
 TROUPE, WORK, CASE = sys.argv[1], sys.argv[2], sys.argv[3]
 LAUNCH = "launch" in sys.argv[4:]
