@@ -63,8 +63,8 @@ struct RunDevice {
   std::unique_ptr<gpu::Device> owned;  // a GPU's; the CPU device is the process's
 };
 // Where a run computes when --device (or TROUPE_DEVICE) does not say: cuda
-// where every rank of this process has a GPU and the flags can use it, else
-// cpu. `gpus`: the GPUs this process sees; `workers`: the job's processes on
+// where this host has a GPU for each of its workers and the flags can use
+// it, else cpu. `gpus`: the GPUs this process sees; `workers`: the job's processes on
 // this host (1 for troupe train; with more workers than GPUs, cpu: a worker
 // that was given its own GPU by CUDA_VISIBLE_DEVICES cannot be told from
 // workers that would share one); `unsupported_gpu`: "" or why a visible GPU

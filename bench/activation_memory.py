@@ -21,7 +21,7 @@ import os
 import re
 import subprocess
 import sys
-os.environ.setdefault("TROUPE_DEVICE", "cpu")  # troupe on the CPU (its default on a GPU host is cuda)
+os.environ.setdefault("TROUPE_DEVICE", "cpu")  # the CPU (a GPU host defaults to cuda)
 
 TROUPE = sys.argv[1] if len(sys.argv) > 1 else "build/launcher/troupe"
 MODELS = {"cpu-small": (256, 1, 256, 4), "gpt2-124m": (1024, 1, 768, 12)}  # s, b, h, a

@@ -28,7 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
-os.environ.setdefault("TROUPE_DEVICE", "cpu")  # troupe on the CPU (its default on a GPU host is cuda)
+os.environ.setdefault("TROUPE_DEVICE", "cpu")  # the CPU (a GPU host defaults to cuda)
 
 ap = argparse.ArgumentParser()
 ap.add_argument("troupe")

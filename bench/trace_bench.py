@@ -33,7 +33,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
-os.environ.setdefault("TROUPE_DEVICE", "cpu")  # troupe on the CPU (its default on a GPU host is cuda)
+os.environ.setdefault("TROUPE_DEVICE", "cpu")  # the CPU (a GPU host defaults to cuda)
 
 ap = argparse.ArgumentParser()
 ap.add_argument("troupe")

@@ -19,9 +19,10 @@ namespace troupe::gpu {
 // no driver).
 int cuda_device_count();
 
-// "" where every visible GPU has a compute capability this build has kernels
-// for (8.0 and newer: sm_80 and sm_90 code, and their PTX for newer GPUs), else which one does not
-// ("cuda:1 (Tesla T4) is compute capability 7.5; troupe's kernels need 8.0 or newer").
+// "" where every visible GPU has a compute capability this build has
+// kernels for (8.0 and newer: sm_80 and sm_90 code, and their PTX for newer
+// GPUs), else which one does not ("cuda:1 (Tesla T4) is compute capability
+// 7.5; troupe's kernels need 8.0 or newer").
 std::string cuda_unsupported_device();
 
 // Device `index`, or Unavailable naming the reason (no driver, no such GPU,
