@@ -11,14 +11,18 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
-
 #include <future>
 #include <thread>
+
+#include "tests/free_port.h"
 
 namespace troupe::comm {
 namespace {
 
-int port_for(int k) { return 21000 + static_cast<int>((::getpid() * 13 + k * 101) % 20000); }
+// A fresh port for rank 0 (the kernel's pick: one from the pid once fell
+// in the ephemeral range, held by another connection, and rank 0 could not
+// listen).
+int port_for(int /*case*/) { return troupe::testing::free_tcp_port(); }
 
 // A regression: rank 0's watcher once swallowed a rank's FIN, and finish()
 // waited for it forever when that rank finished first.

@@ -16,6 +16,8 @@
 #include <thread>
 #include <vector>
 
+#include "tests/free_port.h"
+
 extern char** environ;
 
 namespace {
@@ -28,8 +30,7 @@ struct Result {
 // Runs `n` ranks, waiting at most `timeout`; kills the stragglers.
 std::vector<Result> run_ranks(int n, const std::string& scenario, int victim,
                               std::chrono::seconds timeout) {
-  static int round = 0;
-  const int port = 20000 + static_cast<int>((::getpid() * 31 + 997 * ++round) % 30000);
+  const int port = troupe::testing::free_tcp_port();  // (not one from the pid: tests/free_port.h)
   std::vector<pid_t> pids;
   std::vector<std::string> logs;
   for (int r = 0; r < n; r++) {
