@@ -19,16 +19,16 @@
 namespace troupe::comm {
 namespace {
 
-// A fresh port for rank 0 (the kernel's pick: one from the pid once fell
-// in the ephemeral range, held by another connection, and rank 0 could not
-// listen).
-int port_for(int /*case*/) { return troupe::testing::free_tcp_port(); }
+// Rank 0's port is the kernel's pick (tests/free_port.h): one from the pid
+// once fell in the ephemeral range, held by another connection, and rank 0
+// could not listen.
+using troupe::testing::free_tcp_port;
 
 // A regression: rank 0's watcher once swallowed a rank's FIN, and finish()
 // waited for it forever when that rank finished first.
 TEST(Bootstrap, FinishInAnyOrderWhileWatching) {
   for (int first : {0, 1, 2}) {
-    const int size = 3, port = port_for(first);
+    const int size = 3, port = free_tcp_port();
     std::vector<std::future<absl::Status>> done;
     for (int r = 0; r < size; r++) {
       done.push_back(std::async(std::launch::async, [=] {
@@ -89,7 +89,7 @@ bool closed_by_peer(int fd) {
 // rendezvous goes on without them (a bad hello once failed the whole
 // rendezvous, and half a header blocked rank 0 for ever).
 TEST(Bootstrap, StrayConnectionsAreRefusedAndTheRendezvousGoesOn) {
-  const int size = 3, port = port_for(7);
+  const int size = 3, port = free_tcp_port();
   std::atomic<int> logged{0};
   auto zero = std::async(std::launch::async, [&] {
     return Bootstrap::start(0, size, "127.0.0.1", port, absl::Seconds(20),
@@ -131,7 +131,7 @@ TEST(Bootstrap, StrayConnectionsAreRefusedAndTheRendezvousGoesOn) {
 // finish end with an error naming it after the timeout (they once waited
 // for ever), and so does the waiting rank's all_gather.
 TEST(Bootstrap, StuckRankIsAnErrorNamingItNotAHang) {
-  const int size = 3, port = port_for(8);
+  const int size = 3, port = free_tcp_port();
   std::vector<std::future<absl::Status>> done;
   std::promise<void> release;
   auto released = release.get_future().share();
@@ -162,7 +162,7 @@ TEST(Bootstrap, StuckRankIsAnErrorNamingItNotAHang) {
   EXPECT_TRUE(done[2].get().ok());
 
   // finish(): rank 1 never arrives at the barrier.
-  const int port2 = port_for(9);
+  const int port2 = free_tcp_port();
   std::promise<void> release2;
   auto released2 = release2.get_future().share();
   auto one = std::async(std::launch::async, [=] {
@@ -183,7 +183,7 @@ TEST(Bootstrap, StuckRankIsAnErrorNamingItNotAHang) {
 // With a job token: a rank with another token is refused (and told so),
 // stray bytes are refused, and the ranks holding it meet.
 TEST(Bootstrap, JobTokenIsProvedBeforeAnythingIsRead) {
-  const int size = 2, port = port_for(10);
+  const int size = 2, port = free_tcp_port();
   const std::string token = "0123456789abcdef0123456789abcdef";
   std::atomic<int> logged{0};
   auto zero = std::async(std::launch::async, [&] {
