@@ -9,7 +9,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "actors/messages.h"
-#include "actors/stall_analysis.h"
+#include "actors/diagnostics/stall_analysis.h"
 #include "model/optimizer.h"
 
 namespace troupe::actors {
@@ -429,7 +429,7 @@ void Coordinator::judge_progress(std::uint64_t seen) {
 }
 
 // Who waits for what from whom, which shard never began the step, and the
-// likely culprit (actors/stall_analysis.h).
+// likely culprit (actors/diagnostics/stall_analysis.h).
 std::string Coordinator::stall_report() const {
   return analyze_stall({.reports = reports_,
                         .layout = setup_->layout,

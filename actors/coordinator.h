@@ -26,7 +26,7 @@
 #include "absl/status/status.h"
 #include "actors/messages.h"
 #include "actors/partition.h"
-#include "actors/rank.h"
+#include "actors/rank/rank.h"
 #include "comm/groups.h"
 #include "model/checkpoint.h"
 #include "model/trainer.h"

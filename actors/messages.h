@@ -120,7 +120,7 @@ typename Inspector::result_type inspect(Inspector& f, WaitReport& x) {
 // A double or float of a message as it crosses a process boundary: its
 // bits. CAF 0.17's binary serializer packs floating-point values with a
 // loop that never ends for an infinity (a diverged loss) and does not keep
-// NaN or subnormals; actors/remote.cc swaps these in for every double and
+// NaN or subnormals; actors/runtime/remote.cc swaps these in for every double and
 // float of a message on the way out, and back on the way in, so the
 // receiver gets the sender's value bit for bit.
 struct DoubleBits {

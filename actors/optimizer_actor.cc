@@ -5,7 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "actors/messages.h"
-#include "actors/stream_bridge.h"
+#include "actors/rank/stream_bridge.h"
 #include "gpu/ops.h"
 
 namespace troupe::actors {

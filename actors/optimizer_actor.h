@@ -37,8 +37,8 @@
 #include <vector>
 
 #include "actors/partition.h"
-#include "actors/stage_compute.h"
-#include "actors/trace_marks.h"
+#include "actors/rank/stage_compute.h"
+#include "actors/diagnostics/trace_marks.h"
 #include "comm/collectives.h"
 #include "comm/groups.h"
 #include "comm/transport.h"

@@ -7,7 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "actors/messages.h"
 #include "actors/optimizer_actor.h"
-#include "actors/stream_bridge.h"
+#include "actors/rank/stream_bridge.h"
 #include "model/loss_scale.h"
 
 namespace troupe::actors {

@@ -13,7 +13,7 @@
 // stream has finished it (overlapping the rest of the backward). When every
 // parameter piece of the new step has come back, the shard reports ready.
 //
-// Buffers, stream and transport belong to the caller (actors/runtime.h) and
+// Buffers, stream and transport belong to the caller (actors/runtime/in_process.h) and
 // outlive the actor; nothing here blocks a scheduler thread.
 //
 // On a device the host cannot read (CUDA), what the transport and the loss
@@ -27,7 +27,7 @@
 // device to device instead: the receive is posted, on its link's stream,
 // when the op that reads it fires (the compute stream waits for it there),
 // the send when the op that makes it fires (its link's stream waits for
-// the op), both in schedule order (the order rule of actors/pipeline_link.h).
+// the op), both in schedule order (the order rule of actors/rank/pipeline_link.h).
 #pragma once
 
 #include <caf/all.hpp>
@@ -39,10 +39,10 @@
 
 #include "actors/messages.h"
 #include "actors/partition.h"
-#include "actors/pipeline_link.h"
+#include "actors/rank/pipeline_link.h"
 #include "actors/schedule.h"
-#include "actors/stage_compute.h"
-#include "actors/trace_marks.h"
+#include "actors/rank/stage_compute.h"
+#include "actors/diagnostics/trace_marks.h"
 #include "comm/collectives.h"
 #include "comm/groups.h"
 #include "comm/transport.h"
@@ -80,7 +80,7 @@ struct ShardSetup {
   gpu::Stream* stream = nullptr;
   comm::Transport* transport = nullptr;
   // Where activations and gradients go device to device (the links' own
-  // streams and channels, actors/pipeline_link.h); null: through host
+  // streams and channels, actors/rank/pipeline_link.h); null: through host
   // mirrors and the transport.
   PipelineLinks* links = nullptr;
   std::vector<GradPiece> grad_pieces;    // of the whole model (this actor sends its own)

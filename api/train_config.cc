@@ -7,7 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "actors/memory_plan.h"
+#include "actors/rank/memory_plan.h"
 
 namespace troupe::api {
 namespace {

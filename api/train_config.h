@@ -40,7 +40,7 @@ std::vector<ConfigValue> describe_config(const TrainFlags& f, const model::Train
 
 // Prints the configuration and, per pipeline stage, the memory a rank of it
 // holds: counted (what troupe allocates, fp32) and Korthikanti et al.'s
-// 16-bit estimate (actors/memory_plan.h). A layout the runtime cannot run
+// 16-bit estimate (actors/rank/memory_plan.h). A layout the runtime cannot run
 // is printed too, then the error (the memory needs a runnable layout).
 absl::Status print_config(const TrainFlags& f, const model::TrainOptions& o,
                           const std::set<std::string>& recipe_set);

@@ -11,7 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "actors/timed_stage.h"
+#include "actors/rank/timed_stage.h"
 #include "api/train_config.h"
 #include "model/atomic_file.h"
 

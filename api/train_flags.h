@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "actors/rank.h"
+#include "actors/rank/rank.h"
 #include "model/checkpoint.h"
 #include "model/trainer.h"
 

@@ -1,11 +1,11 @@
 // JobWatcher: a `troupe launch` job's events, over its control channel
-// (actors/watch_feed.h has the frames), as the API's messages.
+// (actors/runtime/watch_feed.h has the frames), as the API's messages.
 #include <future>
 #include <mutex>
 #include <random>
 
 #include "absl/strings/str_cat.h"
-#include "actors/watch_feed.h"
+#include "actors/runtime/watch_feed.h"
 #include "comm/control_channel.h"
 #include "troupe/troupe.h"
 

@@ -26,8 +26,8 @@
 
 #include <CLI/CLI.hpp>
 
-#include "actors/runtime.h"
-#include "actors/timed_stage.h"
+#include "actors/runtime/in_process.h"
+#include "actors/rank/timed_stage.h"
 
 namespace troupe {
 namespace {

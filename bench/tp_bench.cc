@@ -18,7 +18,7 @@
 
 #include <CLI/CLI.hpp>
 
-#include "actors/runtime.h"
+#include "actors/runtime/in_process.h"
 
 namespace troupe {
 namespace {

@@ -8,7 +8,7 @@
 //                 marking: two callbacks, a handle, open + close)
 #include <benchmark/benchmark.h>
 
-#include "actors/trace_marks.h"
+#include "actors/diagnostics/trace_marks.h"
 #include "comm/trace.h"
 #include "gpu/device.h"
 

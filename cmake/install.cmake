@@ -8,7 +8,7 @@
 # (examples/out_of_tree does; tests: examples.out_of_tree). Headers go to
 # include/troupe/{gpu,comm,model,actors}/ and the public one to
 # include/troupe/troupe.h; a target's include directories are include/ and
-# include/troupe/, so troupe's own "actors/rank.h" style includes resolve.
+# include/troupe/, so troupe's own "actors/rank/rank.h" style includes resolve.
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 

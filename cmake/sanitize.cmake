@@ -21,7 +21,7 @@ endif()
 
 # GCC's manual on -fsanitize: "sanitizers tend to increase the rate of
 # false positive warnings, most notably those around -Wmaybe-uninitialized"
-# (here: in CAF's config_value variant, actors/runtime.cc). The ordinary
+# (here: in CAF's config_value variant, actors/runtime/in_process.cc). The ordinary
 # build keeps that warning as an error; the sanitizer builds drop it.
 list(APPEND TROUPE_WARNINGS -Wno-maybe-uninitialized)
 

@@ -10,7 +10,7 @@
 //
 // Times are nanoseconds of the steady clock (CLOCK_MONOTONIC, shared by the
 // processes of a host); a rank file's header carries the offset to the
-// coordinator's clock (actors/trace_file.h).
+// coordinator's clock (actors/diagnostics/trace_file.h).
 //
 // Thread safety: every method may be called from any thread (actors, the
 // stream's thread, the transport's threads); one mutex, held for a copy of

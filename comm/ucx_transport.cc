@@ -16,6 +16,7 @@
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
+#include "comm/ucx_internal.h"
 
 namespace troupe::comm {
 
@@ -155,15 +156,8 @@ absl::StatusOr<std::unique_ptr<UcxTransport>> UcxTransport::create(int rank, int
   return t;
 }
 
-namespace {
-// Set while this thread is inside progress_once (running callbacks): a
-// callback that polls must not try worker_mu_ again.
-thread_local bool in_progress = false;
-struct InProgress {
-  InProgress() { in_progress = true; }
-  ~InProgress() { in_progress = false; }
-};
-}  // namespace
+// (ucx_internal.h: the mark of a thread inside progress_once.)
+thread_local bool ucx_internal::in_progress = false;
 
 // Every operation still pending completes (Aborted) before UCX goes (a
 // regression: they were once dropped, their callbacks never run, and their
@@ -189,7 +183,7 @@ UcxTransport::~UcxTransport() {
   auto* worker = static_cast<ucp_worker_h>(worker_);
   if (worker != nullptr) {
     std::lock_guard<std::mutex> lock(worker_mu_);
-    InProgress mark;
+    ucx_internal::InProgress mark;
     auto drive = [&](std::chrono::milliseconds bound, auto done) {
       const auto deadline = std::chrono::steady_clock::now() + bound;
       for (bool idle = false; !idle && !done() && std::chrono::steady_clock::now() < deadline;) {
@@ -490,195 +484,6 @@ void UcxTransport::cancel(const std::shared_ptr<CancelToken>& token, absl::Statu
   // Live peers may still be moving data in or out of these buffers: report
   // when UCX has let go of them (the cancel completes them), or after 1 s.
   fail_where([&token](const Op& op) { return op.token == token; }, why, /*wait_for_ucx=*/true);
-}
-
-// One pass of progress: posts what callers queued, runs the callbacks of
-// operations failed outside UCX (cancelling their requests), polls the
-// worker. The caller holds worker_mu_. Returns whether anything happened;
-// `*idle` is set when nothing at all is pending.
-bool UcxTransport::progress_once(bool* idle) {
-  auto* worker = static_cast<ucp_worker_h>(worker_);
-  std::vector<Op*> queued;
-  std::vector<std::unique_ptr<Op>> failed;
-  std::vector<void*> cancel;
-  {
-    std::unique_lock<std::mutex> lock(mu_);
-    queued.swap(to_post_);
-    // Operations failed outside UCX (fail_peer, cancel, refused posts).
-    for (Op* op : to_fail_) {
-      auto it = ops_.find(op);
-      if (it == ops_.end()) continue;
-      if (op->in_ucx) {
-        // UCX still holds it: cancel; report now (dead peer) or when UCX
-        // lets go of the buffer (deferred, bounded by give_up_at). An
-        // operation held on cancel stays posted until it completes or the
-        // bound passes.
-        const bool hold = op->wait_for_ucx && op->hold_on_cancel && !op->peer_dead;
-        if (!hold && op->request != nullptr && !op->ucx_cancelled) {
-          cancel.push_back(op->request);
-          op->ucx_cancelled = true;  // once: a second cancel could touch a freed request
-        }
-        op->cancel_sent = true;
-        if (op->wait_for_ucx) {
-          op->give_up_at = std::chrono::steady_clock::now() + std::chrono::seconds(1);
-          deferred_.push_back(op);
-          continue;
-        }
-        op->callback_taken = true;
-        failed.push_back(std::make_unique<Op>(
-            Op{this, op->peer, op->is_send, op->bytes, std::move(op->done), nullptr}));
-      } else {
-        failed.push_back(std::move(it->second));
-        ops_.erase(it);
-      }
-    }
-    to_fail_.clear();
-    // Deferred cancellations that UCX has not finished within the bound.
-    const auto now = std::chrono::steady_clock::now();
-    std::erase_if(deferred_, [&](Op* op) {
-      if (ops_.count(op) == 0) return true;  // completed by UCX and reported
-      if (op->callback_taken || (now < op->give_up_at && !op->peer_dead)) return false;
-      if (op->request != nullptr && !op->ucx_cancelled) {
-        cancel.push_back(op->request);
-        op->ucx_cancelled = true;
-      }
-      op->callback_taken = true;
-      failed.push_back(std::make_unique<Op>(
-          Op{this, op->peer, op->is_send, op->bytes, std::move(op->done), nullptr}));
-      return true;
-    });
-    *idle = ops_.empty() && queued.empty() && failed.empty();
-    if (*idle) return false;
-  }
-  // Cancels first: a post may progress UCX, which could complete (and
-  // free) a request collected above.
-  for (void* req : cancel) ucp_request_cancel(worker, req);
-  post_queued(queued);
-  for (auto& op : failed) complete(op->done, absl::OkStatus());  // wrapped: reports the failure
-  return ucp_worker_progress(worker) != 0 || !queued.empty() || !failed.empty();
-}
-
-
-bool UcxTransport::poll() {
-  if (in_progress) return false;
-  std::unique_lock<std::mutex> lock(worker_mu_, std::try_to_lock);
-  if (!lock.owns_lock()) return false;  // another thread is progressing
-  InProgress mark;
-  bool idle = false;
-  return progress_once(&idle);
-}
-
-// Arms the worker's event descriptor and sleeps on it: woken by the next
-// message (UCX's shared-memory and TCP transports signal an armed worker),
-// or after `max`. Where ranks outnumber cores this lets a rank that waits
-// give its core to one that works, and be woken the moment its message comes,
-// where polling would wait for the scheduler to come round.
-bool UcxTransport::wait_for_event(std::chrono::microseconds max) {
-  if (event_fd_ < 0 || wake_fd_ < 0 || in_progress) return false;
-  {
-    // Another thread progressing will complete what we wait for and tell us
-    // (false: the caller sleeps on its own condition variable).
-    std::unique_lock<std::mutex> lock(worker_mu_, std::try_to_lock);
-    if (!lock.owns_lock()) return false;
-    const ucs_status_t st = ucp_worker_arm(static_cast<ucp_worker_h>(worker_));
-    if (st == UCS_ERR_BUSY) return true;  // events to progress first
-    if (st != UCS_OK) return false;
-  }
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!to_post_.empty() || !to_fail_.empty()) return true;  // work of our own
-    sleepers_++;  // from here on submit() and fail_where() wake us through wake_fd_
-  }
-  pollfd fds[2] = {{event_fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
-  const auto us = std::min<std::int64_t>(max.count(), 999999);
-  const timespec timeout{0, static_cast<long>(us) * 1000};
-  ::ppoll(fds, 2, &timeout, nullptr);
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    sleepers_--;
-    std::uint64_t drained = 0;
-    if (fds[1].revents & POLLIN) (void)!::read(wake_fd_, &drained, sizeof drained);
-  }
-  return true;
-}
-
-// Caller holds mu_: wakes whoever needs to see new work (the progress
-// thread, or a driver asleep in wait_for_event).
-void UcxTransport::wake_locked() {
-  if (sleepers_ > 0) {  // a driver, or the progress thread, asleep on the event fd
-    const std::uint64_t one = 1;
-    (void)!::write(wake_fd_, &one, sizeof one);
-  }
-  if (drivers_ == 0) cv_.notify_all();
-}
-
-void UcxTransport::drive_begin() {
-  std::lock_guard<std::mutex> lock(mu_);
-  drivers_++;
-}
-
-// The progress thread takes over only if something is still in flight: a
-// collective that just ended usually leaves nothing but its last
-// acknowledgements, which the poll below hands to UCX (waking the progress
-// thread after every collective cost ~10 us of context switches on this core).
-void UcxTransport::drive_end() {
-  poll();
-  bool wake = false;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    drivers_--;
-    wake = drivers_ == 0 && (!ops_.empty() || !to_post_.empty() || !to_fail_.empty());
-  }
-  if (wake) cv_.notify_all();
-}
-
-// Polls without an event before the progress thread sleeps on the event fd.
-constexpr int kQuietPolls = 200;
-
-void UcxTransport::progress_loop() {
-  int quiet = 0;
-  for (;;) {
-    {
-      // Stand down while callers drive progress themselves.
-      std::unique_lock<std::mutex> lock(mu_);
-      if (drivers_ != 0) {
-        cv_.wait(lock, [&] { return stop_ || drivers_ == 0; });
-        quiet = 0;
-      }
-    }
-    bool idle = false, moved = false;
-    {
-      std::lock_guard<std::mutex> lock(worker_mu_);
-      InProgress mark;
-      moved = progress_once(&idle);
-    }
-    if (stop_) return;
-    if (idle) {
-      std::unique_lock<std::mutex> lock(mu_);
-      if (to_post_.empty() && to_fail_.empty() && !stop_) {
-        cv_.wait_for(lock, std::chrono::milliseconds(100));  // idle: no core burnt
-      }
-      continue;
-    }
-    if (moved) {
-      quiet = 0;
-      continue;
-    }
-    // In flight but quiet: poll on for a moment, yielding the core to
-    // whoever wants it (the next message of a pipeline usually follows
-    // within microseconds); then sleep on UCX's event descriptor until a
-    // message arrives or new operations are queued (wake_fd_). Polling on
-    // through a long wait -- a compute phase of hundreds of ms with receives
-    // posted -- took a core's share from the compute threads of every
-    // process on the host (scripts/bench launch: 0.88 of the in-process
-    // speed at cpu-small pp=2 with yield-polling for 10 ms, then every 50 us).
-    if (++quiet < kQuietPolls) {
-      std::this_thread::yield();
-    } else if (!wait_for_event(std::chrono::milliseconds(5))) {
-      std::unique_lock<std::mutex> lock(mu_);
-      if (to_post_.empty() && to_fail_.empty()) cv_.wait_for(lock, std::chrono::microseconds(50));
-    }
-  }
 }
 
 }  // namespace troupe::comm

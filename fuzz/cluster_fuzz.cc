@@ -1,4 +1,4 @@
-// Fuzzes the planner's cluster files (launcher/plan_hardware.h): any bytes
+// Fuzzes the planner's cluster files (launcher/plan/hardware.h): any bytes
 // given as `troupe plan --cluster FILE.json`.
 //
 // Checks: a rejected file's error names the file; an accepted one has
@@ -10,7 +10,7 @@
 
 #include "absl/strings/match.h"
 #include "fuzz/fuzz_util.h"
-#include "launcher/plan_hardware.h"
+#include "launcher/plan/hardware.h"
 
 using namespace troupe::launcher::plan;
 

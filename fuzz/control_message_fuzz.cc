@@ -1,4 +1,4 @@
-// Fuzzes the decoding of control messages (actors/remote.h): the input is a
+// Fuzzes the decoding of control messages (actors/runtime/remote.h): the input is a
 // frame's body as a rank (or the coordinator) sent it, after the job-token
 // handshake: an Envelope with one CAF-serialized message, or a rank's hello.
 //
@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "actors/messages.h"
-#include "actors/remote.h"
+#include "actors/runtime/remote.h"
 #include "fuzz/fuzz_util.h"
 
 namespace {

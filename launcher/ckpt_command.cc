@@ -22,7 +22,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "actors/rank.h"
+#include "actors/rank/rank.h"
 #include "launcher/ckpt_convert.h"
 #include "launcher/commands.h"
 #include "model/checkpoint.h"

@@ -9,7 +9,7 @@
 #include <string>
 
 #include "absl/status/status.h"
-#include "actors/rank.h"
+#include "actors/rank/rank.h"
 #include "model/checkpoint.h"
 
 namespace troupe::launcher {

@@ -6,10 +6,18 @@
 
 #include <CLI/CLI.hpp>
 #include <functional>
+#include <string_view>
+
+#include "absl/status/status.h"
 
 namespace troupe::launcher {
 
 using Command = std::function<int()>;
+
+// Prints "troupe COMMAND: error: MESSAGE" on stderr and returns kExitFailed
+// (launcher/exit_codes.h), for a command's `return command_failed(...)`:
+//   if (!weights.ok()) return command_failed("eval", weights.status());
+int command_failed(std::string_view command, const absl::Status& st);
 
 Command add_train_command(CLI::App& app);
 Command add_data_command(CLI::App& app);

@@ -34,11 +34,6 @@ struct EvalFlags {
   bool json = false;
 };
 
-int fail(const absl::Status& st) {
-  std::fprintf(stderr, "troupe eval: error: %s\n", std::string(st.message()).c_str());
-  return 1;
-}
-
 // The dataset's documents in order as one stream, read a window at a time.
 absl::StatusOr<model::PerplexityResult> dataset_perplexity(const EvalFlags& f,
                                                            model::LanguageModel& lm, int stride) {
@@ -85,20 +80,20 @@ absl::StatusOr<std::vector<model::LambadaExample>> read_lambada(const std::strin
 
 int run(const EvalFlags& f) {
   if (f.task == "perplexity" && f.data_path.empty()) {
-    return fail(absl::InvalidArgumentError("--task perplexity needs --data-path PREFIX"));
+    return command_failed("eval", absl::InvalidArgumentError("--task perplexity needs --data-path PREFIX"));
   }
   if (f.task == "lambada" && f.data.empty()) {
-    return fail(absl::InvalidArgumentError("--task lambada needs --data FILE.jsonl"));
+    return command_failed("eval", absl::InvalidArgumentError("--task lambada needs --data FILE.jsonl"));
   }
   if (f.max_tokens < 0)
-    return fail(absl::InvalidArgumentError("--max-tokens must not be negative"));
+    return command_failed("eval", absl::InvalidArgumentError("--max-tokens must not be negative"));
   absl::StatusOr<LoadedModel> m = load_model(f.model);
-  if (!m.ok()) return fail(m.status());
+  if (!m.ok()) return command_failed("eval", m.status());
   std::fprintf(stderr, "troupe eval: %s\n", m->description.c_str());
   if (f.task == "perplexity") {
     const int stride = f.stride.value_or(std::min(32, m->lm->context()));
     absl::StatusOr<model::PerplexityResult> r = dataset_perplexity(f, *m->lm, stride);
-    if (!r.ok()) return fail(r.status());
+    if (!r.ok()) return command_failed("eval", r.status());
     if (f.json) {
       const nlohmann::json j = {{"task", "perplexity"},  {"perplexity", r->perplexity()},
                                 {"loss", r->loss()},     {"tokens", r->tokens},
@@ -114,9 +109,9 @@ int run(const EvalFlags& f) {
   }
   model::data::BpeEncoder encoder(*m->vocab);
   absl::StatusOr<std::vector<model::LambadaExample>> examples = read_lambada(f.data, encoder);
-  if (!examples.ok()) return fail(examples.status());
+  if (!examples.ok()) return command_failed("eval", examples.status());
   absl::StatusOr<model::LambadaResult> r = model::lambada(*m->lm, *examples);
-  if (!r.ok()) return fail(r.status());
+  if (!r.ok()) return command_failed("eval", r.status());
   if (f.json) {
     const nlohmann::json j = {{"task", "lambada"},
                               {"accuracy", r->accuracy()},

@@ -34,11 +34,6 @@ struct GenerateFlags {
   bool no_cache = false;
 };
 
-int fail(const absl::Status& st) {
-  std::fprintf(stderr, "troupe generate: error: %s\n", std::string(st.message()).c_str());
-  return 1;
-}
-
 // --prompt-file: one prompt per line (empty lines skipped); `where` says
 // where each came from.
 absl::Status read_prompts(const std::string& path, std::vector<std::string>* out,
@@ -81,25 +76,25 @@ int run(GenerateFlags& f) {
     where.push_back(absl::StrCat("--prompt ", k + 1));
   if (!f.prompt_file.empty()) {
     if (absl::Status st = read_prompts(f.prompt_file, &f.prompts, &where); !st.ok())
-      return fail(st);
+      return command_failed("generate", st);
   }
-  if (f.prompts.empty()) return fail(absl::InvalidArgumentError("give --prompt or --prompt-file"));
+  if (f.prompts.empty()) return command_failed("generate", absl::InvalidArgumentError("give --prompt or --prompt-file"));
   if (f.max_new_tokens < 0) {
-    return fail(absl::InvalidArgumentError("--max-new-tokens must not be negative"));
+    return command_failed("generate", absl::InvalidArgumentError("--max-new-tokens must not be negative"));
   }
-  if (absl::Status st = f.sampling.validate(); !st.ok()) return fail(st);
+  if (absl::Status st = f.sampling.validate(); !st.ok()) return command_failed("generate", st);
   absl::StatusOr<LoadedModel> m = load_model(f.model);
-  if (!m.ok()) return fail(m.status());
+  if (!m.ok()) return command_failed("generate", m.status());
   std::fprintf(stderr, "troupe generate: %s\n", m->description.c_str());
   model::data::BpeEncoder encoder(*m->vocab);
   for (std::size_t k = 0; k < f.prompts.size(); k++) {
     const std::string& prompt = f.prompts[k];
     std::vector<std::int32_t> ids;
     if (absl::Status st = encoder.encode(prompt, &ids); !st.ok()) {
-      return fail(absl::InvalidArgumentError(absl::StrCat(where[k], ": ", st.message())));
+      return command_failed("generate", absl::InvalidArgumentError(absl::StrCat(where[k], ": ", st.message())));
     }
     if (ids.empty()) {
-      return fail(absl::InvalidArgumentError(absl::StrCat(where[k], ": the prompt has no tokens")));
+      return command_failed("generate", absl::InvalidArgumentError(absl::StrCat(where[k], ": the prompt has no tokens")));
     }
     model::GenerateOptions o;
     o.max_new_tokens = f.max_new_tokens;
@@ -109,7 +104,7 @@ int run(GenerateFlags& f) {
     o.use_cache = !f.no_cache;
     if (ids.size() + static_cast<std::size_t>(f.max_new_tokens) >
         static_cast<std::size_t>(m->lm->context())) {
-      return fail(absl::InvalidArgumentError(
+      return command_failed("generate", absl::InvalidArgumentError(
           absl::StrCat("--max-new-tokens ", f.max_new_tokens, ": with the prompt's ", ids.size(),
                        " tokens it needs more than the model's context of ", m->lm->context())));
     }
@@ -123,14 +118,14 @@ int run(GenerateFlags& f) {
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (!g.ok()) {
-      return fail(absl::Status(
+      return command_failed("generate", absl::Status(
           g.status().code(),
           absl::StrCat("--max-new-tokens ", f.max_new_tokens, ": ", g.status().message())));
     }
     std::vector<std::int32_t> text_ids = g->tokens;
     if (g->stopped_at_eod) text_ids.pop_back();
     absl::StatusOr<std::string> text = m->vocab->decode(text_ids);
-    if (!text.ok()) return fail(text.status());
+    if (!text.ok()) return command_failed("generate", text.status());
     if (f.json) {
       nlohmann::json j = {{"prompt", prompt},
                           {"prompt_tokens", ids},

@@ -37,15 +37,17 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "actors/coordinator_host.h"
-#include "actors/trace_file.h"
+#include "actors/runtime/coordinator_host.h"
+#include "actors/diagnostics/trace_file.h"
 #include "comm/auth.h"
 #include "launcher/agent.h"
 #include "launcher/commands.h"
+#include "launcher/exit_codes.h"
 #include "launcher/fleet.h"
 #include "launcher/hostfile.h"
 #include "launcher/launch_restart.h"
 #include "launcher/launch_support.h"
+#include "launcher/launch_workers.h"
 #include "api/train_config.h"
 #include "api/train_flags.h"
 #include "model/atomic_file.h"
@@ -86,36 +88,6 @@ Outcome failed(std::string message, int code = 1) {
   return {.code = code, .message = std::move(message), .restartable = false, .lost_hosts = {}, .failed_at = {}};
 }
 
-// Where start `index` writes its flight recorder: --flight-dir (by default
-// RUNDIR/flight), RUNDIR/flight.restartK for restart K (as its logs).
-std::string flight_dir(const LaunchFlags& f, int index) {
-  return index == 0 ? f.train.trace.flight_dir
-                    : absl::StrCat(f.train.trace.flight_dir, ".restart", index);
-}
-
-// Where a failure of start `index` leaves its files (--trace DIR, or the above).
-std::string failure_dir(const LaunchFlags& f, int index) {
-  return f.train.trace.dir.empty() ? flight_dir(f, index) : f.train.trace.dir;
-}
-
-// The worker's command line: the training flags as given, but the layout
-// and the checkpoint to load as this start's plan says.
-std::vector<std::string> worker_flags(const LaunchFlags& f, const AttemptPlan& plan) {
-  std::vector<std::string> out =
-      forwarded_train_flags(f.train, {"--metrics-jsonl", "--dp", "--load", "--no-load-optim",
-                                      "--trace", "--flight-dir", "--device"});
-  out.insert(out.end(), {"--dp", std::to_string(plan.parallel.dp)});
-  // (Given, or this host's default for a job on this host alone; else
-  // each worker resolves its own.)
-  if (!f.train.device.empty()) out.insert(out.end(), {"--device", f.train.device});
-  // (Absolute: a worker may run in another directory.)
-  if (!f.train.trace.dir.empty()) out.insert(out.end(), {"--trace", f.train.trace.dir});
-  out.insert(out.end(), {"--flight-dir", flight_dir(f, plan.index)});
-  if (!plan.load.empty()) out.insert(out.end(), {"--load", plan.load});
-  if (!plan.load.empty() && !plan.load_optim) out.push_back("--no-load-optim");
-  return out;
-}
-
 Outcome run_attempt(LaunchContext& ctx, const AttemptPlan& plan) {
   const LaunchFlags& f = ctx.f;
   const actors::ParallelOptions& par = plan.parallel;
@@ -152,9 +124,6 @@ Outcome run_attempt(LaunchContext& ctx, const AttemptPlan& plan) {
 
   // The banner and the placement table.
   const comm::Layout layout = par.layout();
-  std::map<std::string, int> per_host;
-  for (const Placement& p : job.placement) per_host[p.host]++;
-  const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
   if (plan.index == 0) std::printf("troupe launch: %s\n", o.model.describe().c_str());
   std::printf("  %s: %d worker processes on %zu host(s); schedule %s, %d micro-batches of %d per "
               "replica and step = global batch %d; %d steps\n",
@@ -173,67 +142,14 @@ Outcome run_attempt(LaunchContext& ctx, const AttemptPlan& plan) {
   }
   std::printf("  %5s  %-9s  %-20s  %5s  %7s  %s\n", "rank", "(d,s,t)", "host", "local", "threads",
               "device");
-  std::vector<WorkerLaunch> launches;
-  std::vector<std::pair<std::string, std::string>> logs;
-  const std::vector<std::string> flags = worker_flags(f, plan);
-  std::vector<std::string> env_base;
-  if (!job.local) {
-    for (const std::string& kv : current_environment()) {
-      if (forwarded_var(kv)) env_base.push_back(kv);
-    }
-  }
-  std::error_code ec;
-  const std::string cwd = std::filesystem::current_path(ec).string();
-  const std::string attempt = plan.index == 0 ? "" : absl::StrCat(".restart", plan.index);
-  for (const Placement& p : job.placement) {
-    const comm::Coord c = layout.coord(p.rank);
-    const int local = per_host[p.host];
-    const int threads = o.threads > 0 ? o.threads : std::max(1, cores / local);
-    // (What the worker opens: with --device cuda, its local rank's GPU; on
-    // other hosts without --device, the default there.)
-    const std::string device = f.train.device == "cuda"     ? absl::StrCat("cuda:", p.local_rank)
-                               : f.train.device == "opaque" ? "cpu (opaque)"
-                               : f.train.device == "cpu"    ? "cpu"
-                                                            : "its host's default";
-    std::printf("  %5d  (%d,%d,%d)%*s  %-20s  %5d  %7d  %s\n", p.rank, c.d, c.s, c.t,
-                static_cast<int>(9 - absl::StrFormat("(%d,%d,%d)", c.d, c.s, c.t).size()), "",
-                p.host.c_str(), p.local_rank, threads, device.c_str());
-    WorkerLaunch w{.rank = p.rank, .host = p.host};
-    w.argv = {self_exe(), "worker"};
-    w.argv.insert(w.argv.end(), flags.begin(), flags.end());
-    for (const std::string& a :
-         {std::string("--rank"), std::to_string(p.rank), std::string("--world"),
-          std::to_string(world), std::string("--master-addr"), master, std::string("--master-port"),
-          std::to_string(coordinator.port()), std::string("--join-timeout"),
-          absl::StrCat(f.join_timeout_s)}) {
-      w.argv.push_back(a);
-    }
-    if (o.threads <= 0) {
-      w.argv.push_back("--threads");
-      w.argv.push_back(std::to_string(threads));
-    }
-    w.env = env_base;
-    w.env.push_back("TROUPE_TOKEN_STDIN=1");
-    w.env.push_back(absl::StrCat("LOCAL_RANK=", p.local_rank));
-    w.env.push_back(absl::StrCat("LOCAL_WORLD_SIZE=", local));
-    w.log = absl::StrFormat("%s/rank-%05d%s.log", ctx.run_dir, p.rank, attempt);
-    w.cwd = cwd;
-    logs.emplace_back(absl::StrFormat("rank %d (%d,%d,%d) %s", p.rank, c.d, c.s, c.t, p.host), w.log);
-    launches.push_back(std::move(w));
-  }
+  WorkerLaunches workers = worker_launches({.f = f, .plan = plan, .options = o,
+                                             .run_dir = ctx.run_dir, .master = master,
+                                             .port = coordinator.port()});
+  const std::vector<WorkerLaunch>& launches = workers.launches;
   std::fflush(stdout);
 
-  json record = {{"command", command_line()}, {"hosts", job.hosts}, {"world", world},
-                 {"layout", {{"tp", par.tp}, {"pp", par.pp}, {"dp", par.dp}}},
-                 {"coordinator", absl::StrCat(master, ":", coordinator.port())},
-                 {"restarts", ctx.restarts}, {"ranks", json::array()}};
-  for (const Placement& p : job.placement) {
-    const comm::Coord c = layout.coord(p.rank);
-    record["ranks"].push_back({{"rank", p.rank}, {"d", c.d}, {"s", c.s}, {"t", c.t}, {"host", p.host},
-                               {"local_rank", p.local_rank}, {"pid", nullptr},
-                               {"log", launches[static_cast<std::size_t>(p.rank)].log},
-                               {"argv", launches[static_cast<std::size_t>(p.rank)].argv}});
-  }
+  json record = launch_record(plan, workers, absl::StrCat(master, ":", coordinator.port()),
+                              ctx.restarts);
   const std::string record_path = ctx.run_dir + "/launch.json";
   if (absl::Status st = write_json(record_path, record); !st.ok()) return failed(std::string(st.message()));
 
@@ -248,7 +164,7 @@ Outcome run_attempt(LaunchContext& ctx, const AttemptPlan& plan) {
       ctx.current = nullptr;
     }
   } unregister{ctx};
-  if (ctx.interrupted.load() != 0) return failed("interrupted", 128 + ctx.interrupted.load());
+  if (ctx.interrupted.load() != 0) return failed("interrupted", exit_for_signal(ctx.interrupted.load()));
   std::unique_ptr<Fleet> fleet;
   if (job.local) {
     fleet = local_fleet(ctx.token);
@@ -260,7 +176,7 @@ Outcome run_attempt(LaunchContext& ctx, const AttemptPlan& plan) {
          .survive_sigterm = f.train.checkpoint.exit_signal_handler});
     if (!agents.ok()) {
       const int sig = ctx.interrupted.load();
-      return failed(std::string(agents.status().message()), sig ? 128 + sig : 1);
+      return failed(std::string(agents.status().message()), sig ? exit_for_signal(sig) : kExitFailed);
     }
     fleet = *std::move(agents);
   }
@@ -272,7 +188,7 @@ Outcome run_attempt(LaunchContext& ctx, const AttemptPlan& plan) {
     record["agent_port"] = fleet->port();
     (void)write_json(record_path, record);
   }
-  auto echo = std::make_unique<LogEcho>(logs);
+  auto echo = std::make_unique<LogEcho>(workers.logs);
 
   // Exits and losses, as they happen: a worker gone before the end ends the run.
   std::mutex mu;
@@ -302,7 +218,7 @@ Outcome run_attempt(LaunchContext& ctx, const AttemptPlan& plan) {
       dirty = true;
       if (ended.insert(e.rank).second) running--;
       const bool bad = e.kind == FleetEvent::Kind::kLost || !e.exit.ok();
-      if (bad && e.exit.code != 3 && !stopping.load()) {
+      if (bad && e.exit.code != kExitStopped && !stopping.load()) {
         std::lock_guard<std::mutex> lock(mu);
         exits.emplace(e.rank, e.what);
         if (e.kind == FleetEvent::Kind::kLost) {
@@ -383,7 +299,7 @@ Outcome run_attempt(LaunchContext& ctx, const AttemptPlan& plan) {
                                                     st.message());
     out.message = absl::StrCat(msg, "\n  logs: ", ctx.run_dir, "\n  ",
                                actors::flight_note(failure_dir(f, plan.index), absl::OkStatus()));
-    out.code = sig ? 128 + sig : 1;
+    out.code = sig ? exit_for_signal(sig) : kExitFailed;
     return out;
   }
   if (!causes.empty()) {

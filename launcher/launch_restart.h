@@ -9,7 +9,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "actors/rank.h"
+#include "actors/rank/rank.h"
 #include "launcher/launch_support.h"
 #include "model/checkpoint.h"
 #include "model/trainer.h"

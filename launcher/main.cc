@@ -8,6 +8,7 @@
 #include <string>
 
 #include "launcher/commands.h"
+#include "launcher/exit_codes.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"troupe: GPT training with tensor, pipeline and data parallelism on actors",
@@ -33,5 +34,5 @@ int main(int argc, char** argv) {
     return app.exit(e);
   }
   for (CLI::App* sub : app.get_subcommands()) return commands[sub->get_name()]();
-  return 2;
+  return troupe::launcher::kExitUsage;
 }

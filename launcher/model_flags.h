@@ -15,7 +15,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "actors/inference.h"
+#include "actors/runtime/inference.h"
 #include "model/data/bpe.h"
 
 namespace troupe::launcher {

@@ -1,5 +1,6 @@
 // Child processes in their own groups; see launcher/process.h.
 #include "launcher/process.h"
+#include "launcher/exit_codes.h"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -46,7 +47,7 @@ std::vector<std::string> with_overrides(std::vector<std::string> env,
 
 namespace {
 ExitStatus from_wait(int status) {
-  if (WIFSIGNALED(status)) return {128 + WTERMSIG(status), WTERMSIG(status)};
+  if (WIFSIGNALED(status)) return {exit_for_signal(WTERMSIG(status)), WTERMSIG(status)};
   return {WEXITSTATUS(status), 0};
 }
 }  // namespace
@@ -228,7 +229,7 @@ ExitStatus Child::stop(absl::Duration grace) {
   signal_group(SIGKILL);
   if (auto e = wait_for(absl::Seconds(10))) return *e;
   // Unkillable for now (uninterruptible sleep): said, and not waited for.
-  exit_ = ExitStatus{128 + SIGKILL, SIGKILL};
+  exit_ = ExitStatus{exit_for_signal(SIGKILL), SIGKILL};
   return *exit_;
 }
 

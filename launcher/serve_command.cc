@@ -267,20 +267,15 @@ class Api {
   std::atomic<int> in_flight_{0};
 };
 
-int fail(const absl::Status& st) {
-  std::fprintf(stderr, "troupe serve: error: %s\n", std::string(st.message()).c_str());
-  return 1;
-}
-
 int run(const ServeFlags& f) {
   if (f.port < 0 || f.port > 65535) {
-    return fail(absl::InvalidArgumentError("--port must be in [0, 65535] (0: any free port)"));
+    return command_failed("serve", absl::InvalidArgumentError("--port must be in [0, 65535] (0: any free port)"));
   }
   if (f.max_concurrent < 1 || f.max_concurrent > 1024) {
-    return fail(absl::InvalidArgumentError("--max-concurrent must be in [1, 1024]"));
+    return command_failed("serve", absl::InvalidArgumentError("--max-concurrent must be in [1, 1024]"));
   }
   if (f.max_request_tokens < 1 || f.max_request_bytes < 1) {
-    return fail(absl::InvalidArgumentError(
+    return command_failed("serve", absl::InvalidArgumentError(
         "--max-request-tokens and --max-request-bytes must be positive"));
   }
   // SIGINT and SIGTERM: blocked here, before any thread starts (the model's
@@ -315,7 +310,7 @@ int run(const ServeFlags& f) {
   };
 
   absl::StatusOr<LoadedModel> m = load_model(f.model);
-  if (!m.ok()) return finish(fail(m.status()));
+  if (!m.ok()) return finish(command_failed("serve", m.status()));
   if (stop_requested) return finish(0);
   Api api(f, std::move(*m));
   svr.new_task_queue = [n = f.max_concurrent] { return new httplib::ThreadPool(n + 4); };
@@ -347,7 +342,7 @@ int run(const ServeFlags& f) {
                                std::exception_ptr) { reply_error(res, 500, "internal error"); });
   const int port = f.port == 0 ? svr.bind_to_any_port(f.host) : f.port;
   if (port < 0 || (f.port != 0 && !svr.bind_to_port(f.host, f.port))) {
-    return finish(fail(absl::UnavailableError(
+    return finish(command_failed("serve", absl::UnavailableError(
         absl::StrCat("--host ", f.host, " --port ", f.port, ": cannot listen there"))));
   }
   std::fprintf(stderr, "troupe serve: %s\n", api.model().description.c_str());

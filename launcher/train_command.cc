@@ -1,6 +1,6 @@
 // `troupe train`: GPT training in this process: one rank runs the reference
 // loop (model/trainer.h); --pp/--dp run every rank as actors over the
-// in-process transport (actors/runtime.h). Megatron-style flags; one progress
+// in-process transport (actors/runtime/in_process.h). Megatron-style flags; one progress
 // line per step and, with --metrics-jsonl, one JSON object per step.
 #include <chrono>
 #include <cinttypes>
@@ -14,7 +14,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "actors/runtime.h"
+#include "actors/runtime/in_process.h"
 #include "launcher/commands.h"
 #include "launcher/trace_signal.h"
 #include "api/train_config.h"

@@ -1,16 +1,17 @@
-// `troupe worker`: one rank of a job in this process (actors/worker.h).
+// `troupe worker`: one rank of a job in this process (actors/runtime/worker.h).
 //
 // Where it stands in the job comes from --rank/--world (what `troupe
 // launch` and its agents pass), or from the variables of the engine that
 // started it: srun, mpirun, torchrun and the Kubernetes operators
 // (launcher/world_env.h). Then rank 0's process also hosts the coordinator
-// (actors/coordinator_host.h), prints the progress and writes the metrics.
+// (actors/runtime/coordinator_host.h), prints the progress and writes the metrics.
 //
 // The job token comes from standard input (TROUPE_TOKEN_STDIN=1: the
 // launcher's way), --token-file or TROUPE_JOB_TOKEN; never the command line.
 //
-// Exit codes: 0 the run succeeded; 3 the job stopped for another rank's
-// failure (or an interrupt); 1 this rank failed or lost the coordinator.
+// Exit codes (launcher/exit_codes.h): kExitOk, the run succeeded;
+// kExitStopped, the job stopped for another rank's failure (or an
+// interrupt); kExitFailed, this rank failed or lost the coordinator.
 #include <unistd.h>
 
 #include <cstdio>
@@ -23,10 +24,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
-#include "actors/coordinator_host.h"
-#include "actors/worker.h"
+#include "actors/runtime/coordinator_host.h"
+#include "actors/runtime/worker.h"
 #include "comm/auth.h"
 #include "launcher/commands.h"
+#include "launcher/exit_codes.h"
 #include "launcher/trace_signal.h"
 #include "api/train_flags.h"
 #include "launcher/launch_support.h"
@@ -209,7 +211,7 @@ int run(WorkerFlags& f) {
     // Another rank's failure or an interrupt: whoever started the job says
     // why (the reason is in this log, not repeated on the terminal).
     std::fprintf(stderr, "troupe worker: stopped: %s\n", std::string(st.message()).c_str());
-    return 3;
+    return kExitStopped;
   }
   if (!st.ok()) return fail(st, 1);
   if (f.rank == 0 && !f.train.save_weights.empty()) {

@@ -93,7 +93,7 @@ struct GptScratch {
 // Floats of one activation slot of `stage` (every GptActivations tensor the
 // recompute mode keeps, each rounded up to 16 floats as Gpt carves them)
 // for micro-batches of B and a TP slice of tp: what Gpt allocates per slot.
-// The planner's counted memory (actors/memory_plan.h) uses it.
+// The planner's counted memory (actors/rank/memory_plan.h) uses it.
 std::int64_t activation_floats_per_slot(const GptConfig& config, const StageSpec& stage,
                                         std::int64_t B, int tp,
                                         const ActivationOptions& activations = {});

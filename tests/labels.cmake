@@ -3,6 +3,12 @@
 # Every test carries exactly one speed label, `fast` or `slow`, and may add:
 #   timing  timing-sensitive (deadlines, sleeps, killed processes): RUN_SERIAL,
 #           never run under sanitizers, whose slowdown breaks the deadlines
+#   e2e     end to end: whole runs of several troupe processes (launch.*,
+#           ckpt.*'s resumes and reshards, trace.e2e_*) or of other
+#           programs (trace.render's Chromium), driven from Python. The
+#           ordinary build runs them; the sanitizer builds do not, as the
+#           library code they run is the unit and runtime tests' (which
+#           the sanitizers do run) at three times the cost (docs/CI.md)
 #   root    needs root; scripts/test skips it otherwise
 #   gpu     needs GPUs (a CUDA build with NCCL registers it); skips, exit 77,
 #           where there are too few

@@ -59,7 +59,7 @@
 
 #include "absl/status/statusor.h"
 #include "actors/messages.h"
-#include "actors/rank.h"
+#include "actors/rank/rank.h"
 #include "model/trainer.h"
 
 namespace troupe {
@@ -71,7 +71,7 @@ using model::StepMetrics;
 struct JobConfig {
   std::string name = "job";              // names the job in its events
   model::TrainOptions options;           // model, data, batch, schedule, steps (model/trainer.h)
-  actors::ParallelOptions parallel;      // tp, pp, dp, schedule, stall timeout (actors/rank.h)
+  actors::ParallelOptions parallel;      // tp, pp, dp, schedule, stall timeout (actors/rank/rank.h)
   actors::CheckpointOptions checkpoint;  // --save, --save-interval, --load, ...
   actors::TraceOptions trace;            // --trace, --flight-dir
   actors::StageFactory stage_factory;    // nullptr: GPT stages (tests may time fake ones)

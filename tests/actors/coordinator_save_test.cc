@@ -9,7 +9,7 @@
 
 #include "actors/coordinator.h"
 #include "actors/messages.h"
-#include "actors/rank.h"
+#include "actors/rank/rank.h"
 #include "model/checkpoint.h"
 
 namespace troupe::actors {

@@ -15,8 +15,8 @@
 #include <vector>
 
 #include "absl/strings/match.h"
-#include "actors/rank.h"
-#include "actors/runtime.h"
+#include "actors/rank/rank.h"
+#include "actors/runtime/in_process.h"
 #include "comm/inproc_transport.h"
 #include "gpu/device.h"
 #include "model/checkpoint.h"

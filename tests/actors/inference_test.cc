@@ -3,7 +3,7 @@
 // sequence, no cache) recomputed at every step, Megatron's window and mask
 // arithmetic written out literally, and one rank against every tp × pp
 // layout.
-#include "actors/inference.h"
+#include "actors/runtime/inference.h"
 
 #include <gtest/gtest.h>
 

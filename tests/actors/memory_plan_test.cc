@@ -5,8 +5,8 @@
 #include <gtest/gtest.h>
 
 #include "absl/strings/str_cat.h"
-#include "actors/memory_plan.h"
-#include "actors/runtime.h"
+#include "actors/rank/memory_plan.h"
+#include "actors/runtime/in_process.h"
 
 namespace troupe::actors {
 namespace {

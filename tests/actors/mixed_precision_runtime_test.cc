@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "actors/runtime.h"
+#include "actors/runtime/in_process.h"
 #include "model/trainer.h"
 #include "tests/actors/runtime_fixtures.h"
 

@@ -7,7 +7,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
-#include "actors/runtime.h"
+#include "actors/runtime/in_process.h"
 
 namespace troupe::actors {
 namespace {

@@ -7,8 +7,8 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "actors/memory_plan.h"
-#include "actors/runtime.h"
+#include "actors/rank/memory_plan.h"
+#include "actors/runtime/in_process.h"
 
 namespace troupe::actors {
 namespace {

@@ -1,8 +1,8 @@
-// Control messages across processes (actors/remote.h, coordinator_host.h):
+// Control messages across processes (actors/runtime/remote.h, coordinator_host.h):
 // values arrive bit for bit, frames that are not control messages are
 // refused before their values are read, and a rank that holds the token but
 // sends what it may not is cut off with an error naming it.
-#include "actors/remote.h"
+#include "actors/runtime/remote.h"
 
 #include <gtest/gtest.h>
 
@@ -12,9 +12,9 @@
 #include <limits>
 #include <thread>
 
-#include "actors/coordinator_host.h"
+#include "actors/runtime/coordinator_host.h"
 #include "actors/messages.h"
-#include "actors/watch_feed.h"
+#include "actors/runtime/watch_feed.h"
 #include "comm/control_channel.h"
 
 namespace troupe::actors {

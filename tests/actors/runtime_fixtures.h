@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "actors/runtime.h"
+#include "actors/runtime/in_process.h"
 #include "gpu/device.h"
 #include "model/trainer.h"
 

@@ -5,7 +5,7 @@
 // vocabulary that tp does not divide); a layout run twice is bitwise the
 // same; optimizer state per rank falls as 1/dp.
 
-#include "actors/runtime.h"
+#include "actors/runtime/in_process.h"
 
 #include <gtest/gtest.h>
 

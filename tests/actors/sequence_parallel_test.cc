@@ -8,8 +8,8 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
-#include "actors/memory_plan.h"
-#include "actors/runtime.h"
+#include "actors/rank/memory_plan.h"
+#include "actors/runtime/in_process.h"
 
 namespace troupe::actors {
 namespace {

@@ -1,7 +1,7 @@
-// Hang diagnosis (actors/stall_analysis.h): hand-built sets of WaitReports,
+// Hang diagnosis (actors/diagnostics/stall_analysis.h): hand-built sets of WaitReports,
 // each with its culprit worked out by hand from the wait-for graph drawn in
 // the comment above the test.
-#include "actors/stall_analysis.h"
+#include "actors/diagnostics/stall_analysis.h"
 
 #include <gtest/gtest.h>
 

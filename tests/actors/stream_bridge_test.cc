@@ -1,5 +1,5 @@
 // An actor enqueues work on a stream and is told, by message, when it is done.
-#include "actors/stream_bridge.h"
+#include "actors/rank/stream_bridge.h"
 
 #include <gtest/gtest.h>
 

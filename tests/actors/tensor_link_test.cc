@@ -1,7 +1,7 @@
-// The Communicator's collectives as stream calls (actors/tensor_link.h's
+// The Communicator's collectives as stream calls (actors/rank/tensor_link.h's
 // in_stream_collectives, what the CPU and opaque devices run where a GPU
 // runs NCCL's): the rooted ones, as the ZeRO-1 pieces will use them.
-#include "actors/tensor_link.h"
+#include "actors/rank/tensor_link.h"
 
 #include <gtest/gtest.h>
 

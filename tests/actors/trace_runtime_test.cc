@@ -1,4 +1,4 @@
-// What the runtime records (comm/trace.h, actors/trace_file.h): the rank
+// What the runtime records (comm/trace.h, actors/diagnostics/trace_file.h): the rank
 // files of a real pipeline run, checked against what a 1F1B step of pp = 4,
 // m = 8 must contain (worked out by hand below), and the flight recorder of
 // a planted stall.
@@ -15,7 +15,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "actors/runtime.h"
+#include "actors/runtime/in_process.h"
 
 namespace troupe::actors {
 namespace {

@@ -8,7 +8,7 @@
 #include <cstring>
 #include <thread>
 
-#include "actors/runtime.h"
+#include "actors/runtime/in_process.h"
 
 namespace troupe::actors {
 namespace {

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "actors/runtime.h"
+#include "actors/runtime/in_process.h"
 #include "troupe/troupe.h"
 
 namespace troupe {

@@ -19,7 +19,7 @@ Run 1, tiny with --tp 2 --pp 2, 2 workers per host, checks:
   - placement: a TP group on one host, every pipeline hop across the link;
   - the losses, grad norms and learning rates equal the in-process run's
     (`troupe train`, same flags) exactly (tests/compare_metrics.py --rtol 0);
-  - each worker's last log line (actors/worker.cc: UcxTransport::
+  - each worker's last log line (actors/runtime/worker.cc: UcxTransport::
     describe_lanes() and single_copy_bytes()): its hostname is its host's;
     every peer on the other host is reached by UCX's tcp over this host's
     veth only, with single copy off and 0 bytes by single copy;

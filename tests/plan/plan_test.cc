@@ -8,12 +8,12 @@
 #include <filesystem>
 
 #include "actors/schedule.h"
-#include "launcher/plan_calibrate.h"
-#include "launcher/plan_clusters.h"
-#include "launcher/plan_cost.h"
-#include "launcher/plan_hardware.h"
-#include "launcher/plan_report.h"
-#include "launcher/plan_sim.h"
+#include "launcher/plan/calibrate.h"
+#include "launcher/plan/clusters.h"
+#include "launcher/plan/cost.h"
+#include "launcher/plan/hardware.h"
+#include "launcher/plan/report.h"
+#include "launcher/plan/sim.h"
 
 namespace troupe::launcher::plan {
 namespace {

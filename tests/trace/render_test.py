@@ -19,7 +19,7 @@ import zlib
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TROUPE, WORK = sys.argv[1], sys.argv[2]
-FORWARD, BACKWARD = (47, 98, 178), (84, 160, 72)  # launcher/trace_svg.cc
+FORWARD, BACKWARD = (47, 98, 178), (84, 160, 72)  # launcher/trace/svg.cc
 
 
 def fail(msg):

@@ -7,8 +7,8 @@
 #include <fstream>
 
 #include "absl/strings/match.h"
-#include "launcher/trace_merge.h"
-#include "launcher/trace_messages.h"
+#include "launcher/trace/merge.h"
+#include "launcher/trace/messages.h"
 #include "tests/trace/trace_test_util.h"
 
 namespace troupe::launcher::trace {

@@ -1,10 +1,10 @@
 // The SVG pictures on their own (trace_svg.h: no trace involved, as the
 // planner will use them) and the interleaved schedule's theory.
-#include "launcher/trace_svg.h"
+#include "launcher/trace/svg.h"
 
 #include <gtest/gtest.h>
 
-#include "launcher/trace_summary.h"
+#include "launcher/trace/summary.h"
 #include "tests/trace/trace_test_util.h"
 
 namespace troupe::launcher::trace {

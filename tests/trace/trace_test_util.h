@@ -1,4 +1,4 @@
-// Hand-written rank trace files for the tests of launcher/trace_*.
+// Hand-written rank trace files for the tests of launcher/trace/.
 //
 //   RankFile f = rank_file({.rank = 1, .s = 1, .pp = 2, .m = 2});
 //   f.add(op("forward", 10, 20, /*step=*/1, /*mb=*/0));
@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "launcher/trace_files.h"
+#include "launcher/trace/files.h"
 
 namespace troupe::launcher::trace::testing {
 

@@ -1,0 +1,186 @@
+// Memory per rank: counted (what troupe allocates) and paper (Korthikanti et al.).
+#include "actors/rank/memory_plan.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "actors/partition.h"
+#include "actors/schedule.h"
+#include "model/gpt.h"
+#include "model/layout.h"
+
+namespace troupe::actors {
+
+absl::StatusOr<Recompute> parse_recompute(const std::string& name) {
+  if (name == "none") return Recompute::kNone;
+  if (name == "selective") return Recompute::kSelective;
+  if (name == "full") return Recompute::kFull;
+  return absl::InvalidArgumentError(
+      absl::StrCat("--recompute '", name, "': use none, selective or full"));
+}
+
+std::string memory_mode_name(MemoryMode m) {
+  return m == MemoryMode::kCounted ? "counted" : "paper";
+}
+
+namespace {
+
+// The stage's chunks with their schedule's in-flight peaks, as RankUnit
+// makes them.
+struct StageChunks {
+  model::GptConfig sliced;
+  comm::Coord coord;
+  std::vector<model::StageSpec> specs;
+  std::vector<int> in_flight;  // the schedule's peak per chunk
+  int m = 1;
+};
+
+absl::StatusOr<StageChunks> stage_chunks(const MemoryQuery& q) {
+  const ParallelOptions& par = q.parallel;
+  if (q.stage < 0 || q.stage >= par.pp) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("stage ", q.stage, " is not in 0..", par.pp - 1));
+  }
+  if (q.micro_batch < 1 || q.global_batch % (q.micro_batch * par.dp) != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--global-batch-size ", q.global_batch, " is not a multiple of ",
+                     "--micro-batch-size x dp = ", q.micro_batch * par.dp));
+  }
+  if (absl::Status st = check_layer_split(q.config.L, par.pp, par.virtual_stages); !st.ok()) {
+    return st;
+  }
+  StageChunks c;
+  c.sliced = par.sliced_config(q.config);
+  c.coord = {.d = 0, .s = q.stage, .t = par.tp - 1};
+  c.specs = rank_chunk_specs(c.sliced, par, c.coord);
+  c.m = q.global_batch / (q.micro_batch * par.dp);
+  absl::StatusOr<std::vector<ScheduleOp>> ops =
+      make_schedule(par.schedule, par.pp, q.stage, c.m, par.virtual_stages);
+  if (!ops.ok()) return ops.status();
+  for (int ch = 0; ch < par.virtual_stages; ch++) c.in_flight.push_back(peak_in_flight(*ops, ch));
+  return c;
+}
+
+constexpr double kF32 = 4;
+
+}  // namespace
+
+absl::StatusOr<MemoryParts> counted_memory(const MemoryQuery& q) {
+  if (q.sequence_parallel && q.parallel.tp < 2) {
+    return absl::InvalidArgumentError("--sequence-parallel needs --tp of at least 2");
+  }
+  if (absl::Status st = q.activations().validate(); !st.ok()) return st;
+  absl::StatusOr<StageChunks> sc = stage_chunks(q);
+  if (!sc.ok()) return sc.status();
+  const ParallelOptions& par = q.parallel;
+  const model::GptConfig& c = sc->sliced;
+  const double B = q.micro_batch, T = c.T, C = c.C;
+  const PipelineShape shape = par.shape();
+  MemoryParts out;
+  bool needs_data = false;
+  for (std::size_t ch = 0; ch < sc->specs.size(); ch++) {
+    const model::StageSpec& spec = sc->specs[ch];
+    const model::ParamLayout layout = model::ParamLayout::gpt(c, spec, {par.tp, sc->coord.t});
+    out.params += kF32 * static_cast<double>(layout.total());
+    out.grads += kF32 * static_cast<double>(layout.total());
+    // Slots: the schedule's peak, one more with neighbours (RankUnit).
+    const int slots = sc->in_flight[ch] + (shape.chunks() > 1 ? 1 : 0);
+    out.activations += kF32 * slots *
+                       static_cast<double>(model::activation_floats_per_slot(
+                           c, spec, q.micro_batch, par.tp, q.activations()));
+    out.activations += kF32 * static_cast<double>(model::recompute_workspace_floats(
+                                  c, spec, q.micro_batch, par.tp, q.activations()));
+    // GptStage: input and output gradient per slot (the rows: 1/tp of
+    // them with sequence parallelism).
+    out.buffers += kF32 * 2 * slots * B * T * C / (q.sequence_parallel ? par.tp : 1);
+    out.buffers += kF32 * static_cast<double>(
+                              model::scratch_floats(c, q.micro_batch, par.tp, q.activations()));
+    if (spec.embedding && sc->coord.t > 0) out.buffers += kF32 * T * C;  // the zero wpe
+    // Partition: master, m, v, the replicas' sum, and a staging window of
+    // two (one at dp = 1) contributions; a norm (f64) per counted range;
+    // mixed precision: the master rounded, which the shards get.
+    const double n =
+        std::max<double>(1, static_cast<double>(partition_range(layout, spec, par.dp, 0).size()));
+    const int mixed = q.precision != gpu::Precision::kFp32 ? 1 : 0;
+    out.optimizer += kF32 * n * (4 + (par.dp > 1 ? 2 : 1) + mixed) +
+                     8.0 * static_cast<double>(layout.specs().size());
+    needs_data = needs_data || spec.embedding || spec.head;
+  }
+  if (needs_data) out.buffers += 2 * 4.0 * sc->m * B * T;  // i32 tokens and targets per micro-batch
+  return out;
+}
+
+double paper_layer_activation_bytes(double s, double b, double h, double a, int t,
+                                    Recompute recompute, bool sequence_parallel) {
+  const double sbh = s * b * h, tp = t;
+  switch (recompute) {
+    case Recompute::kFull:
+      return 2 * sbh / (sequence_parallel ? tp : 1);
+    case Recompute::kSelective:
+      return sequence_parallel ? sbh * 34 / tp : sbh * (10 + 24 / tp);
+    case Recompute::kNone:
+      return sequence_parallel ? sbh * (34 + 5 * a * s / h) / tp
+                               : sbh * (10 + 24 / tp + 5 * a * s / (h * tp));
+  }
+  return 0;
+}
+
+absl::StatusOr<MemoryParts> paper_memory(const MemoryQuery& q) {
+  if (q.sequence_parallel && q.parallel.tp < 2) {
+    return absl::InvalidArgumentError("--sequence-parallel needs --tp of at least 2");
+  }
+  absl::StatusOr<StageChunks> sc = stage_chunks(q);
+  if (!sc.ok()) return sc.status();
+  const ParallelOptions& par = q.parallel;
+  const model::GptConfig& c = sc->sliced;
+  const double s = c.T, b = q.micro_batch, h = c.C, a = c.NH, v = c.Vp();
+  const double t = par.tp, sp = q.sequence_parallel ? t : 1;
+  MemoryParts out;
+  for (std::size_t ch = 0; ch < sc->specs.size(); ch++) {
+    const model::StageSpec& spec = sc->specs[ch];
+    const model::ParamLayout layout = model::ParamLayout::gpt(c, spec, {par.tp, sc->coord.t});
+    const double n = static_cast<double>(layout.total());
+    out.params += 2 * n;               // bf16 weights
+    out.grads += 4 * n;                // fp32 main gradients (Megatron accumulates in fp32)
+    out.optimizer += 12 * n / par.dp;  // fp32 master, Adam m and v, over dp
+    const double in_flight = sc->in_flight[ch];
+    auto layer = [&](Recompute r) {
+      return paper_layer_activation_bytes(s, b, h, a, par.tp, r, q.sequence_parallel);
+    };
+    const double L = spec.layers(), N = std::min<double>(q.recompute_layers, L);
+    double kept = L * layer(q.recompute);
+    if (q.recompute == Recompute::kFull) {
+      kept = q.recompute_method == model::RecomputeMethod::kBlock
+                 ? N * layer(Recompute::kFull) + (L - N) * layer(Recompute::kNone)
+                 : std::ceil(L / N) * layer(Recompute::kFull);
+    }
+    out.activations += in_flight * kept;
+    // The paper's "other" activations: the embedding's dropout mask (one
+    // byte an element) on the first stage, and on the last the final
+    // LayerNorm, the output projection and the fp32 cross-entropy,
+    // 4sbh/t (1 + v/h), for each micro-batch between its forward and
+    // backward there (one in 1F1B, all m in GPipe).
+    if (spec.embedding) out.activations += in_flight * s * b * h / sp;
+    if (spec.head) out.activations += in_flight * 4 * s * b * h / t * (1 + v / h);
+  }
+  // Full recompute rebuilds one group's activations at a time in the
+  // backward: a group of one micro-batch without recompute on top (one
+  // layer with the block method).
+  if (q.recompute == Recompute::kFull) {
+    const int group = q.recompute_method == model::RecomputeMethod::kBlock ? 1 : q.recompute_layers;
+    out.activations +=
+        std::min(group, c.L / (par.pp * par.virtual_stages)) *
+        paper_layer_activation_bytes(s, b, h, a, par.tp, Recompute::kNone, q.sequence_parallel);
+  }
+  // Point-to-point buffers: an activation and a gradient in 16 bits.
+  if (par.pp > 1) out.buffers += 2 * 2 * s * b * h;
+  return out;
+}
+
+absl::StatusOr<MemoryParts> memory_per_rank(MemoryMode mode, const MemoryQuery& q) {
+  return mode == MemoryMode::kCounted ? counted_memory(q) : paper_memory(q);
+}
+
+}  // namespace troupe::actors

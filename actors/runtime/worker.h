@@ -1,0 +1,72 @@
+// One rank of a multi-process run, in this process (`troupe worker`): its
+// RankUnit (actors/rank/rank.h) over the UCX transport, its ShardActor and
+// OptimizerActor in this process's actor system, and the coordinator
+// reached over the control channel (actors/runtime/coordinator_host.h) through a
+// CoordinatorStandIn (actors/runtime/remote.h).
+//
+// The rank joins with its hello (host, pid, UCX address), connects its
+// transport to every peer once the coordinator has sent the addresses,
+// says it is ready, and then runs until the coordinator says the run has
+// ended. The rank opens the datasets itself (the filesystem is shared, as
+// Megatron assumes). With save_weights, the replica-0 ranks send their
+// parameter slices to rank 0 over the transport at the end, and rank 0
+// writes the whole model's file (atomically).
+//
+// It returns OK when the run succeeded; an error when it failed anywhere
+// (Aborted, with the coordinator's reason), when the coordinator is lost
+// (Unavailable: no heartbeat for the channel's dead_after, or its socket
+// closed) or when joining took longer than join_timeout.
+//
+//   absl::Status st = actors::run_worker({.spec = spec, .master_addr = "10.0.0.1",
+//                                         .master_port = 29500, .token = token});
+#pragma once
+
+#include <functional>
+#include <mutex>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "actors/rank/rank.h"
+#include "comm/control_channel.h"
+
+namespace troupe::actors {
+
+// What SIGUSR1 does in a worker process: while run_worker runs, it points
+// this at "write this rank's trace now" (launcher/trace_signal.h calls it).
+class DumpHook {
+ public:
+  void set(std::function<void()> fn) {
+    std::lock_guard<std::mutex> lock(mu_);
+    fn_ = std::move(fn);
+  }
+  void call() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (fn_) fn_();
+  }
+
+ private:
+  std::mutex mu_;
+  std::function<void()> fn_;
+};
+
+struct WorkerOptions {
+  RankSpec spec;  // spec.options.model already sliced_config()
+  std::string master_addr;
+  int master_port = 0;
+  std::string token;
+  comm::ControlOptions control = {};  // heartbeats (the token is set from `token`)
+  absl::Duration join_timeout = absl::Seconds(120);
+  std::string save_weights = {};  // rank 0 writes the gathered model here
+  std::function<void(const std::string&)> log = nullptr;  // progress notes (stderr)
+  DumpHook* dump_hook = nullptr;                           // SIGUSR1 (may be null)
+};
+
+absl::Status run_worker(const WorkerOptions& options);
+
+// The end of a run with save_weights: replica 0's ranks send their slices
+// to rank 0, which writes the file. Every rank of the job calls it.
+absl::Status gather_and_save_weights(RankUnit& unit, const RankSpec& spec,
+                                     const std::string& path);
+
+}  // namespace troupe::actors
