@@ -8,8 +8,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "actors/messages.h"
 #include "actors/diagnostics/stall_analysis.h"
+#include "actors/messages.h"
 #include "model/optimizer.h"
 
 namespace troupe::actors {

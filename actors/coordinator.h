@@ -13,6 +13,7 @@
 // boundary, when a host asks (stop_atom; save_now_atom saves there).
 #pragma once
 
+#include <caf/all.hpp>
 #include <chrono>
 #include <functional>
 #include <limits>
@@ -20,8 +21,6 @@
 #include <optional>
 #include <string>
 #include <vector>
-
-#include <caf/all.hpp>
 
 #include "absl/status/status.h"
 #include "actors/messages.h"
@@ -37,10 +36,10 @@ struct CoordinatorSetup {
   model::TrainOptions options;
   comm::Layout layout;
   PipelineShape shape;
-  int m = 1;                          // micro-batches per replica at the full global batch
-  bool has_valid = false;             // validation data for --eval-interval
-  std::vector<caf::actor> shards;     // by rank
-  std::vector<caf::actor> optimizers; // by rank
+  int m = 1;                           // micro-batches per replica at the full global batch
+  bool has_valid = false;              // validation data for --eval-interval
+  std::vector<caf::actor> shards;      // by rank
+  std::vector<caf::actor> optimizers;  // by rank
   std::function<void(const model::StepMetrics&)> on_step;
   std::function<void(absl::Status)> on_finish;  // once, when the run ends
   // Every this long the coordinator asks every worker what it waits for and
@@ -117,11 +116,11 @@ class Coordinator : public caf::event_based_actor {
   int global_batch_ = 0;          // this step's (or the evaluation's)
   int step_ = 0;
   float lr_ = 0;
-  std::vector<double> loss_;    // by global micro-batch
+  std::vector<double> loss_;                 // by global micro-batch
   std::vector<bool> loss_seen_, norm_seen_;  // this step's arrivals (duplicates are errors)
-  std::vector<double> norms_;   // by rank
+  std::vector<double> norms_;                // by rank
   int losses_in_ = 0, norms_in_ = 0, ready_in_ = 0;
-  std::vector<bool> ready_;     // by rank: its shard is ready (the stall report's "done")
+  std::vector<bool> ready_;  // by rank: its shard is ready (the stall report's "done")
   double grad_norm_ = 0;
   // --fp16's loss scaling, and this step's outcome.
   std::unique_ptr<model::LossScaler> scaler_;
@@ -142,7 +141,7 @@ class Coordinator : public caf::event_based_actor {
     std::string tmp;
     int snapshots = 0, written = 0;
     std::vector<std::vector<model::ckpt::TensorRecord>> records;  // by rank
-    std::vector<bool> snapshotted, wrote;                          // by rank
+    std::vector<bool> snapshotted, wrote;                         // by rank
     std::chrono::steady_clock::time_point t0;
     double stall_s = 0;
   };

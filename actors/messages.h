@@ -46,11 +46,10 @@
 #pragma once
 
 #include <bit>
+#include <caf/all.hpp>
 #include <cstdint>
 #include <exception>
 #include <string>
-
-#include <caf/all.hpp>
 
 #include "absl/status/status.h"
 

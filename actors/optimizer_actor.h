@@ -36,9 +36,9 @@
 #include <memory>
 #include <vector>
 
+#include "actors/diagnostics/trace_marks.h"
 #include "actors/partition.h"
 #include "actors/rank/stage_compute.h"
-#include "actors/diagnostics/trace_marks.h"
 #include "comm/collectives.h"
 #include "comm/groups.h"
 #include "comm/transport.h"
@@ -131,8 +131,8 @@ class Partition {
   gpu::Precision precision_ = gpu::Precision::kFp32;
   bool pieces_on_device_ = false;
   gpu::Tensor master_, m_, v_, sum_, norm_;  // norm_: one f64 per counted range
-  gpu::Tensor compute_;                       // mixed precision: the master rounded
-  std::vector<Range> counted_;                // parts of range_ in the gradient norm
+  gpu::Tensor compute_;                      // mixed precision: the master rounded
+  std::vector<Range> counted_;               // parts of range_ in the gradient norm
   gpu::Tensor staging_;  // (window, max(range, 1)): contribution k in slot k % window
   gpu::HostMirror staging_host_, norm_host_, send_;  // send_: of compute_ or the master
 };
@@ -195,8 +195,8 @@ class OptimizerActor : public caf::event_based_actor {
   int rank_of(int d, int s) const { return setup_.layout.rank({d, s, setup_.coord.t}); }
 
   OptimizerSetup setup_;
-  std::vector<Sum> sums_;  // by partition (chunk)
-  caf::actor_addr shard_;  // the rank's shard (with dp; weak: no cycle of handles)
+  std::vector<Sum> sums_;    // by partition (chunk)
+  caf::actor_addr shard_;    // the rank's shard (with dp; weak: no cycle of handles)
   bool reduced_in_ = false;  // with dp: the step's reduces are waited for on the stream
   int reduced_early_ = -1;   // a step whose dp_reduced_atom came before its begin_step
   int step_ = 0;

@@ -146,9 +146,8 @@ absl::Status check_pipeline_shape(const model::GptConfig& config, const Pipeline
     return absl::InvalidArgumentError("--tp, --pp, --dp and --virtual-stages must be positive");
   }
   if (config.NH % p.tp != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("--heads ", config.NH,
-                                                   " does not divide among --tp ", p.tp,
-                                                   " tensor-parallel ranks"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--heads ", config.NH, " does not divide among --tp ", p.tp, " tensor-parallel ranks"));
   }
   if (p.v > 16) {
     return absl::InvalidArgumentError(

@@ -37,12 +37,12 @@
 #include <memory>
 #include <vector>
 
+#include "actors/diagnostics/trace_marks.h"
 #include "actors/messages.h"
 #include "actors/partition.h"
 #include "actors/rank/pipeline_link.h"
-#include "actors/schedule.h"
 #include "actors/rank/stage_compute.h"
-#include "actors/diagnostics/trace_marks.h"
+#include "actors/schedule.h"
 #include "comm/collectives.h"
 #include "comm/groups.h"
 #include "comm/transport.h"

@@ -21,8 +21,8 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "actors/runtime/in_process.h"
 #include "actors/diagnostics/trace_file.h"
+#include "actors/runtime/in_process.h"
 #include "api/train_flags.h"
 #include "troupe/troupe.h"
 

@@ -44,10 +44,11 @@ int main(int argc, char** argv) {
     }
     const double per =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / iters;
-    std::printf("{\"bench\": \"copy_add_bound\", \"bytes\": %zu, \"piece_bytes\": %zu, "
-                "\"time_us\": %.1f, \"busbw_GBps\": %.3f}\n",
-                n * sizeof(float), piece * sizeof(float), per * 1e6,
-                static_cast<double>(n * sizeof(float)) / per / 1e9);
+    std::printf(
+        "{\"bench\": \"copy_add_bound\", \"bytes\": %zu, \"piece_bytes\": %zu, "
+        "\"time_us\": %.1f, \"busbw_GBps\": %.3f}\n",
+        n * sizeof(float), piece * sizeof(float), per * 1e6,
+        static_cast<double>(n * sizeof(float)) / per / 1e9);
   }
   return 0;
 }

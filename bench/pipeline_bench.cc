@@ -16,6 +16,7 @@
 //            runtime's cost of a stage round trip
 //
 // One JSON object per measurement on stdout, then a table.
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -24,10 +25,8 @@
 #include <thread>
 #include <vector>
 
-#include <CLI/CLI.hpp>
-
-#include "actors/runtime/in_process.h"
 #include "actors/rank/timed_stage.h"
+#include "actors/runtime/in_process.h"
 
 namespace troupe {
 namespace {
@@ -65,8 +64,7 @@ Measured run(int pp, int m, actors::ScheduleKind kind, int v, double fwd_ms, dou
     std::exit(1);
   }
   Measured out;
-  absl::Status st =
-      (*t)->run([&](const model::StepMetrics& s) { out.step_s.push_back(s.step_s); });
+  absl::Status st = (*t)->run([&](const model::StepMetrics& s) { out.step_s.push_back(s.step_s); });
   if (!st.ok()) {
     std::fprintf(stderr, "pipeline_bench: %s\n", std::string(st.message()).c_str());
     std::exit(1);
@@ -116,7 +114,8 @@ int main(int argc, char** argv) {
     r.theory = static_cast<double>(pp - 1) / (r.v * m + pp - 1);
     std::printf(
         "{\"bench\": \"bubble\", \"schedule\": \"%s\", \"pp\": %d, \"m\": %d, \"v\": %d, "
-        "\"op_ms\": %.3f, \"op_s_per_stage\": %.6f, \"step_s\": %.6f, \"bubble\": %.6f, \"theory\": %.6f}\n",
+        "\"op_ms\": %.3f, \"op_s_per_stage\": %.6f, \"step_s\": %.6f, \"bubble\": %.6f, "
+        "\"theory\": %.6f}\n",
         r.name, pp, m, r.v, chunk_ms, work, step, r.measured, r.theory);
     std::fflush(stdout);
   }
@@ -140,8 +139,9 @@ int main(int argc, char** argv) {
   }
   const double n = static_cast<double>(hops.size());
   const double slope = (n * sxy - sx * sy) / (n * sxx - sx * sx);
-  std::printf("{\"bench\": \"hop_cost\", \"us_per_stage_round_trip\": %.2f, \"us_per_hop\": %.2f}\n",
-              slope, slope / 2);
+  std::printf(
+      "{\"bench\": \"hop_cost\", \"us_per_stage_round_trip\": %.2f, \"us_per_hop\": %.2f}\n", slope,
+      slope / 2);
 
   std::printf("\n%-12s %6s %10s %10s %8s\n", "schedule", "v", "bubble", "theory", "diff");
   for (const Row& r : rows) {
@@ -149,8 +149,9 @@ int main(int argc, char** argv) {
     std::printf("%-12s %6d %9.2f%% %9.2f%% %+7.2fpp%s\n", r.name, r.v, 100 * r.measured,
                 100 * r.theory, diff, std::abs(diff) <= 2.0 ? "" : "  (target: within 2pp)");
   }
-  std::printf("\nruntime cost per pipeline stage (activation forward + gradient back): %.1f us "
-              "(%.1f us per hop)\n",
-              slope, slope / 2);
+  std::printf(
+      "\nruntime cost per pipeline stage (activation forward + gradient back): %.1f us "
+      "(%.1f us per hop)\n",
+      slope, slope / 2);
   return 0;
 }

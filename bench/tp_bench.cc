@@ -11,12 +11,11 @@
 //            equally among the ranks' streams
 //
 // One JSON object per measurement, then a table.
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdio>
 #include <string>
 #include <vector>
-
-#include <CLI/CLI.hpp>
 
 #include "actors/runtime/in_process.h"
 
@@ -40,7 +39,10 @@ struct Result {
 };
 
 Result run(const model::TrainOptions& o, int tp) {
-  auto t = actors::InProcessTrainer::create(o, {.tp = tp, .pp = 1, .dp = 1, .virtual_stages = 1,
+  auto t = actors::InProcessTrainer::create(o, {.tp = tp,
+                                                .pp = 1,
+                                                .dp = 1,
+                                                .virtual_stages = 1,
                                                 .schedule = actors::ScheduleKind::k1F1B,
                                                 .fail = {}});
   if (!t.ok()) {
@@ -83,9 +85,10 @@ int main(int argc, char** argv) {
     const double per_layer = static_cast<double>(long_run.floats - short_run.floats) / (2.0 * m);
     const double formula = 4.0 * B * c.T * c.C;
     volumes.push_back({tp, per_layer, formula});
-    std::printf("{\"bench\": \"tp_volume\", \"tp\": %d, \"B\": %d, \"T\": %d, \"C\": %d, "
-                "\"floats_per_layer_per_micro_batch\": %.0f, \"megatron\": %.0f}\n",
-                tp, B, c.T, c.C, per_layer, formula);
+    std::printf(
+        "{\"bench\": \"tp_volume\", \"tp\": %d, \"B\": %d, \"T\": %d, \"C\": %d, "
+        "\"floats_per_layer_per_micro_batch\": %.0f, \"megatron\": %.0f}\n",
+        tp, B, c.T, c.C, per_layer, formula);
     std::fflush(stdout);
   }
 
@@ -96,9 +99,10 @@ int main(int argc, char** argv) {
     std::sort(r.step_s.begin(), r.step_s.end());
     const double median = r.step_s[r.step_s.size() / 2];
     steps_s.emplace_back(tp, median);
-    std::printf("{\"bench\": \"tp_step\", \"model\": \"cpu-small\", \"tp\": %d, \"B\": %d, "
-                "\"step_s\": %.6f, \"tokens_per_s\": %.1f}\n",
-                tp, B, median, B * 256 / median);
+    std::printf(
+        "{\"bench\": \"tp_step\", \"model\": \"cpu-small\", \"tp\": %d, \"B\": %d, "
+        "\"step_s\": %.6f, \"tokens_per_s\": %.1f}\n",
+        tp, B, median, B * 256 / median);
     std::fflush(stdout);
   }
 

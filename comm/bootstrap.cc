@@ -52,8 +52,8 @@ absl::Status recv_msg(int fd, Header* h, std::string* payload, Clock::time_point
   if (absl::Status st = read_full(fd, h, sizeof *h, deadline); !st.ok()) return st;
   if (h->magic != kMagic) return absl::DataLossError("not a troupe bootstrap message");
   if (h->len > kMaxPayload)
-    return absl::DataLossError(absl::StrCat("a message of ", h->len, " bytes (at most ",
-                                            kMaxPayload, ")"));
+    return absl::DataLossError(
+        absl::StrCat("a message of ", h->len, " bytes (at most ", kMaxPayload, ")"));
   payload->resize(h->len);
   return read_full(fd, payload->data(), h->len, deadline);
 }
@@ -167,8 +167,9 @@ absl::Status Bootstrap::accept_ranks(Clock::time_point deadline) {
     p.got.append(buf, static_cast<std::size_t>(n));
     if (!p.proved && p.got.size() >= kAnswerBytes) {
       auto proof = answer_proof(token_, p.nonce, absl::string_view(p.got).substr(0, kAnswerBytes));
-      if (!proof.ok()) return absl::PermissionDeniedError(absl::StrCat(
-                           "no proof of the job token: ", proof.status().message()));
+      if (!proof.ok())
+        return absl::PermissionDeniedError(
+            absl::StrCat("no proof of the job token: ", proof.status().message()));
       if (absl::Status st = write_full(p.fd, proof->data(), proof->size(), p.until); !st.ok())
         return st;
       p.got.erase(0, kAnswerBytes);
@@ -271,9 +272,9 @@ absl::Status Bootstrap::gather(std::vector<int> from, std::uint32_t type,
     if (n < 0 && errno != EINTR)
       return absl::InternalError(absl::StrCat("bootstrap: poll: ", std::strerror(errno)));
     if (n == 0) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "bootstrap: ", rank_list(from), " sent no ", what, " within ",
-          absl::FormatDuration(timeout_), " (alive but not taking part?)"));
+      return absl::DeadlineExceededError(
+          absl::StrCat("bootstrap: ", rank_list(from), " sent no ", what, " within ",
+                       absl::FormatDuration(timeout_), " (alive but not taking part?)"));
     }
     std::vector<int> left;
     for (std::size_t i = 0; i < fds.size(); i++) {
@@ -327,9 +328,10 @@ absl::StatusOr<std::vector<std::string>> Bootstrap::all_gather(const std::string
   if (st.ok()) st = recv_msg(fds_[0], &h, &table, deadline);
   if (st.ok() && h.type != kTable) st = absl::DataLossError("an unexpected message");
   if (!st.ok()) {
-    return absl::Status(st.code(),
-                        absl::StrCat("bootstrap: rank ", rank_, " waiting for rank 0's address "
-                                     "table: ", st.message()));
+    return absl::Status(st.code(), absl::StrCat("bootstrap: rank ", rank_,
+                                                " waiting for rank 0's address "
+                                                "table: ",
+                                                st.message()));
   }
   std::size_t pos = 0;
   for (auto& s : all) {
@@ -386,10 +388,11 @@ void Bootstrap::watch_loop() {
           recv_msg(fds[i].fd, &h, &payload, Clock::now() + absl::ToChronoNanoseconds(timeout_));
       if (!st.ok()) {
         if (finishing_) return;
-        declare(peer, rank_ == 0 ? absl::StrCat("rank ", peer, " died (its bootstrap connection: ",
-                                                st.message(), ")")
-                                 : absl::StrCat("rank 0 died (the bootstrap connection: ",
-                                                st.message(), ")"));
+        declare(peer,
+                rank_ == 0
+                    ? absl::StrCat("rank ", peer, " died (its bootstrap connection: ", st.message(),
+                                   ")")
+                    : absl::StrCat("rank 0 died (the bootstrap connection: ", st.message(), ")"));
         if (rank_ != 0) return;
         continue;
       }

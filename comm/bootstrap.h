@@ -49,8 +49,7 @@ class Bootstrap {
   };
   static absl::StatusOr<std::unique_ptr<Bootstrap>> start(int rank, int size,
                                                           const std::string& host, int port,
-                                                          absl::Duration timeout,
-                                                          Options options);
+                                                          absl::Duration timeout, Options options);
   static absl::StatusOr<std::unique_ptr<Bootstrap>> start(int rank, int size,
                                                           const std::string& host, int port,
                                                           absl::Duration timeout) {

@@ -76,7 +76,8 @@ class CallbackQueue {
   }
 
   void record(const std::string& what) {
-    const absl::Status st = absl::InternalError(absl::StrCat("a completion callback threw: ", what));
+    const absl::Status st =
+        absl::InternalError(absl::StrCat("a completion callback threw: ", what));
     bool first = false;
     {
       std::lock_guard<std::mutex> lock(mu_);

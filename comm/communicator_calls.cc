@@ -42,8 +42,8 @@ Communicator::Body Communicator::all_reduce_body(float* data, std::size_t n) {
     }
     if (std::has_single_bit(static_cast<unsigned>(size())) &&
         n * sizeof(float) <= options_.halving_max_bytes) {
-      absl::Status st = phase(What::kReduceScatter, op, n,
-                              [&] { return halving_reduce_scatter(data, n, op); });
+      absl::Status st =
+          phase(What::kReduceScatter, op, n, [&] { return halving_reduce_scatter(data, n, op); });
       if (!st.ok()) return st;
       return phase(What::kAllGather, op, n, [&] {
         return doubling_all_gather(

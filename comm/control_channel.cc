@@ -7,9 +7,9 @@
 #include "comm/control_channel.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
-#include <fcntl.h>
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
@@ -46,8 +46,8 @@ struct Conn {
   int fd = -1;
   int rank = -1;
   State state = State::kOpen;
-  std::string nonce;  // the hub's challenge, while kAnswer
-  std::string got;    // bytes received and not yet parsed
+  std::string nonce;                       // the hub's challenge, while kAnswer
+  std::string got;                         // bytes received and not yet parsed
   Clock::time_point heard = Clock::now();  // the loop's thread only
   std::atomic<Clock::rep> sent{Clock::now().time_since_epoch().count()};  // any sender
   Clock::time_point until = {};
@@ -150,9 +150,7 @@ using control_internal::Clock;
 using control_internal::Conn;
 using control_internal::Kind;
 
-Clock::time_point after(absl::Duration d) {
-  return Clock::now() + absl::ToChronoNanoseconds(d);
-}
+Clock::time_point after(absl::Duration d) { return Clock::now() + absl::ToChronoNanoseconds(d); }
 
 absl::StatusOr<sockaddr_in> resolve(const std::string& host, int port) {
   sockaddr_in addr{};
@@ -236,7 +234,8 @@ absl::Status ControlHub::send(int rank, absl::string_view frame) {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = ranks_.find(rank);
     if (it == ranks_.end())
-      return absl::UnavailableError(absl::StrCat(options_.peer_name, " ", rank, " is not connected"));
+      return absl::UnavailableError(
+          absl::StrCat(options_.peer_name, " ", rank, " is not connected"));
     c = it->second;
   }
   absl::Status st = c->send(Kind::kData, frame, after(options_.dead_after));
@@ -275,8 +274,8 @@ void ControlHub::lose(int rank, absl::Status why) {
 // on its way (or has joined), false to refuse it.
 bool ControlHub::advance_pending(Conn& c) {
   auto refuse = [&](const std::string& why) {
-    options_.log(absl::StrCat("troupe control: refused a connection from ", peer_name(c.fd), ": ",
-                              why));
+    options_.log(
+        absl::StrCat("troupe control: refused a connection from ", peer_name(c.fd), ": ", why));
     refused_++;
     return false;
   };
@@ -293,8 +292,10 @@ bool ControlHub::advance_pending(Conn& c) {
   if (absl::Status st = c.receive(due); !st.ok()) return refuse(std::string(st.message()));
   if (c.state == Conn::State::kAnswer) {
     if (c.got.size() < kAnswerBytes) return true;
-    auto proof = answer_proof(options_.token, c.nonce, absl::string_view(c.got).substr(0, kAnswerBytes));
-    if (!proof.ok()) return refuse(absl::StrCat("no proof of the job token: ", proof.status().message()));
+    auto proof =
+        answer_proof(options_.token, c.nonce, absl::string_view(c.got).substr(0, kAnswerBytes));
+    if (!proof.ok())
+      return refuse(absl::StrCat("no proof of the job token: ", proof.status().message()));
     if (!write_full(c.fd, proof->data(), proof->size(), c.until).ok())
       return refuse("gone during the handshake");
     c.got.erase(0, kAnswerBytes);
@@ -314,7 +315,8 @@ bool ControlHub::advance_pending(Conn& c) {
   c.heard = Clock::now();
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (ranks_.count(rank)) return refuse(absl::StrCat(options_.peer_name, " ", rank, " is already connected"));
+    if (ranks_.count(rank))
+      return refuse(absl::StrCat(options_.peer_name, " ", rank, " is already connected"));
     ranks_[rank] = pending_[c.fd];  // before on_join, which may send() to it
   }
   if (handlers_.on_join && !handlers_.on_join(rank, body.substr(4))) {
@@ -352,7 +354,8 @@ void ControlHub::loop() {
     for (int i = 0; i < 64 && (fds[1].revents & POLLIN); i++) {
       const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
       if (fd < 0) break;
-      if (pending_.size() >= control_internal::kMaxPending) {  // a flood of connections: refuse the excess
+      if (pending_.size() >=
+          control_internal::kMaxPending) {  // a flood of connections: refuse the excess
         ::close(fd);
         refused_++;
         continue;
@@ -381,12 +384,13 @@ void ControlHub::loop() {
       Conn& c = *it->second;
       bool keep = fds[k].revents == 0 || advance_pending(c);
       if (keep && c.state != Conn::State::kOpen && Clock::now() > c.until) {
-        options_.log(absl::StrCat("troupe control: refused a connection from ",
-                                  peer_name(c.fd), ": no hello in time"));
+        options_.log(absl::StrCat("troupe control: refused a connection from ", peer_name(c.fd),
+                                  ": no hello in time"));
         refused_++;
         keep = false;
       }
-      if (!keep || c.state == Conn::State::kOpen) leaving.push_back(it->first);  // joined: in ranks_
+      if (!keep || c.state == Conn::State::kOpen)
+        leaving.push_back(it->first);  // joined: in ranks_
     }
     for (int fd : leaving) pending_.erase(fd);
     // Frames of joined ranks.
@@ -399,8 +403,8 @@ void ControlHub::loop() {
         std::string body;
         auto whole = c.next(&kind, &body, kMaxFrame);
         if (!whole.ok()) {
-          options_.log(absl::StrCat("troupe control: cut off ", options_.peer_name, " ", c.rank, ": ",
-                                    whole.status().message()));
+          options_.log(absl::StrCat("troupe control: cut off ", options_.peer_name, " ", c.rank,
+                                    ": ", whole.status().message()));
           st = whole.status();
           break;
         }
@@ -413,15 +417,16 @@ void ControlHub::loop() {
         }
       }
       if (!st.ok()) {
-        lose(c.rank, absl::Status(st.code(), absl::StrCat(options_.peer_name, " ", c.rank, "'s control channel: ",
-                                                          st.message())));
+        lose(c.rank, absl::Status(st.code(), absl::StrCat(options_.peer_name, " ", c.rank,
+                                                          "'s control channel: ", st.message())));
       } else if (now - c.heard > dead_after) {
-        lose(c.rank, absl::DeadlineExceededError(absl::StrCat(
-                         options_.peer_name, " ", c.rank, " sent nothing for ",
-                         absl::FormatDuration(options_.dead_after), " (hung, or its link is cut)")));
+        lose(c.rank,
+             absl::DeadlineExceededError(absl::StrCat(
+                 options_.peer_name, " ", c.rank, " sent nothing for ",
+                 absl::FormatDuration(options_.dead_after), " (hung, or its link is cut)")));
       } else if (c.since_sent(now) >= heartbeat && !c.heartbeat()) {
-        lose(c.rank, absl::UnavailableError(
-                         absl::StrCat(options_.peer_name, " ", c.rank, "'s control channel broke mid-frame")));
+        lose(c.rank, absl::UnavailableError(absl::StrCat(options_.peer_name, " ", c.rank,
+                                                         "'s control channel broke mid-frame")));
       }
     }
   }
@@ -447,8 +452,8 @@ absl::StatusOr<std::unique_ptr<ControlLink>> ControlLink::connect(
   for (int attempt = 0;; attempt++) {
     auto connected = connect_within(&*addr, deadline);
     if (!connected.ok()) {
-      return absl::DeadlineExceededError(absl::StrCat("control channel: ", options.peer_name, " ", rank,
-                                                      " cannot reach ", host, ":", port, ": ",
+      return absl::DeadlineExceededError(absl::StrCat("control channel: ", options.peer_name, " ",
+                                                      rank, " cannot reach ", host, ":", port, ": ",
                                                       connected.status().message()));
     }
     link.reset(new ControlLink());
@@ -459,8 +464,8 @@ absl::StatusOr<std::unique_ptr<ControlLink>> ControlLink::connect(
     if (st.ok()) break;
     const auto pause = std::chrono::milliseconds(200 << std::min(attempt, 3));
     if (attempt >= 4 || Clock::now() + pause >= deadline) {
-      return absl::Status(st.code(), absl::StrCat("control channel: ", options.peer_name, " ", rank, " at ", host,
-                                                  ":", port, ": ", st.message()));
+      return absl::Status(st.code(), absl::StrCat("control channel: ", options.peer_name, " ", rank,
+                                                  " at ", host, ":", port, ": ", st.message()));
     }
     link->conn_->close();  // (no goodbye on a connection that never opened)
     link.reset();
@@ -511,7 +516,8 @@ void ControlLink::loop() {
   while (!stop_) {
     pollfd fds[2] = {{wake_[0], POLLIN, 0}, {c.fd, POLLIN, 0}};
     if (::poll(fds, 2, 100) < 0 && errno != EINTR)
-      return lost(absl::InternalError(absl::StrCat("the control channel: poll: ", std::strerror(errno))));
+      return lost(
+          absl::InternalError(absl::StrCat("the control channel: poll: ", std::strerror(errno))));
     if (fds[0].revents) drain(wake_[0]);
     if (stop_) return;
     absl::Status st = fds[1].revents ? c.receive() : absl::OkStatus();
@@ -532,8 +538,8 @@ void ControlLink::loop() {
     const auto now = Clock::now();
     if (now - c.heard > dead_after) {
       return lost(absl::DeadlineExceededError(
-          absl::StrCat("the coordinator sent nothing for ", absl::FormatDuration(options_.dead_after),
-                       " (hung, or the link is cut)")));
+          absl::StrCat("the coordinator sent nothing for ",
+                       absl::FormatDuration(options_.dead_after), " (hung, or the link is cut)")));
     }
     if (c.since_sent(now) >= heartbeat && !c.heartbeat())
       return lost(absl::UnavailableError("the control channel broke mid-frame"));

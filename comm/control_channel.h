@@ -46,7 +46,7 @@ struct ControlOptions {
   std::string token = {};  // the job token; required (no unauthenticated channel)
   absl::Duration heartbeat = absl::Seconds(1);
   absl::Duration dead_after = absl::Seconds(5);
-  absl::Duration handshake = absl::Seconds(5);  // to prove the token and say hello
+  absl::Duration handshake = absl::Seconds(5);            // to prove the token and say hello
   std::function<void(const std::string&)> log = nullptr;  // refusals (default: stderr)
   std::string peer_name = "rank";  // what the hub's messages call a peer ("agent 1 sent nothing")
 };
@@ -102,7 +102,7 @@ class ControlHub {
   std::atomic<bool> stop_{false};
   std::atomic<int> refused_{0};
   std::mutex mu_;
-  std::map<int, std::shared_ptr<control_internal::Conn>> ranks_;  // joined (mu_)
+  std::map<int, std::shared_ptr<control_internal::Conn>> ranks_;    // joined (mu_)
   std::map<int, std::shared_ptr<control_internal::Conn>> pending_;  // by fd, hub thread only
   std::thread thread_;
 };
@@ -118,7 +118,7 @@ class ControlLink {
                                                               int rank, const std::string& hello,
                                                               ControlOptions options,
                                                               OnFrame on_frame, OnLost on_lost);
-  ~ControlLink();  // says goodbye; no callback runs after it returns
+  ~ControlLink();                              // says goodbye; no callback runs after it returns
   absl::Status send(absl::string_view frame);  // any thread
 
  private:

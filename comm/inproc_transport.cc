@@ -201,7 +201,9 @@ void InProcFabric::fail_everything(const absl::Status& why) {
       for (auto& f : row)
         if (f.ok()) f = why;
   }
-  for (int r = 0; r < size_; r++) fail_where(r, [](const Op&) { return true; }, why);
+  for (int r = 0; r < size_; r++)
+    fail_where(
+        r, [](const Op&) { return true; }, why);
 }
 
 void InProcFabric::fail_peer(int rank, int peer, absl::Status why) {

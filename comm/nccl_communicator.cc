@@ -72,7 +72,10 @@ class NcclComm final : public NcclCommunicator {
     enqueue(plan_all_gather(n, size_, rank_), in, out, std::move(done));
   }
   void broadcast(float* data, std::size_t n, int root, Callback done) override {
-    enqueue({{NcclCall::Op::kBroadcast, {NcclCall::Buffer::kIn, 0}, {NcclCall::Buffer::kIn, 0}, n,
+    enqueue({{NcclCall::Op::kBroadcast,
+              {NcclCall::Buffer::kIn, 0},
+              {NcclCall::Buffer::kIn, 0},
+              n,
               root}},
             data, data, std::move(done));
   }
@@ -260,9 +263,11 @@ class NcclComm final : public NcclCommunicator {
     if (stop_since_ == std::chrono::steady_clock::time_point{})
       stop_since_ = std::chrono::steady_clock::now();
     if (std::chrono::steady_clock::now() - stop_since_ > std::chrono::seconds(60)) {
-      if (aborted_.ok()) aborted_ = absl::DeadlineExceededError("NCCL operations still running "
-                                                                "60 s after the communicator was "
-                                                                "destroyed");
+      if (aborted_.ok())
+        aborted_ = absl::DeadlineExceededError(
+            "NCCL operations still running "
+            "60 s after the communicator was "
+            "destroyed");
       abort_locked(lock);
       return true;
     }
@@ -288,8 +293,8 @@ class NcclComm final : public NcclCommunicator {
     }
     lock.lock();
     if (r != ncclSuccess) {
-      if (aborted_.ok()) aborted_ = nccl_status(r == ncclInProgress ? ncclSystemError : r,
-                                                "ncclCommFinalize");
+      if (aborted_.ok())
+        aborted_ = nccl_status(r == ncclInProgress ? ncclSystemError : r, "ncclCommFinalize");
       abort_locked(lock);
     }
   }
@@ -450,12 +455,12 @@ class NcclComm final : public NcclCommunicator {
   std::mutex call_mu_;
   std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<Task> tasks_;      // guarded by mu_
-  absl::Status aborted_;        // guarded by mu_: why, once failed
-  bool abort_done_ = false;     // guarded by mu_: ncclCommAbort has been called
-  int in_flight_ = 0;           // guarded by mu_: operations on the stream
-  bool stop_ = false;           // guarded by mu_
-  bool watching_ = false;       // guarded by mu_: a stream-ordered call was made
+  std::deque<Task> tasks_;                        // guarded by mu_
+  absl::Status aborted_;                          // guarded by mu_: why, once failed
+  bool abort_done_ = false;                       // guarded by mu_: ncclCommAbort has been called
+  int in_flight_ = 0;                             // guarded by mu_: operations on the stream
+  bool stop_ = false;                             // guarded by mu_
+  bool watching_ = false;                         // guarded by mu_: a stream-ordered call was made
   std::function<void(absl::Status)> on_failure_;  // guarded by mu_
   std::chrono::steady_clock::time_point stop_since_{};
   std::thread issuer_;

@@ -28,7 +28,8 @@ std::vector<NcclCall> plan_all_gather(std::size_t n, int size, int rank) {
   std::vector<NcclCall> calls;
   for (int i = 0; i < size; i++) {
     auto [b, e] = chunk_range(n, size, i);
-    const NcclCall::Ref send = i == rank ? NcclCall::Ref{Buffer::kIn, 0} : NcclCall::Ref{Buffer::kOut, b};
+    const NcclCall::Ref send =
+        i == rank ? NcclCall::Ref{Buffer::kIn, 0} : NcclCall::Ref{Buffer::kOut, b};
     calls.push_back({Op::kBroadcast, send, {Buffer::kOut, b}, e - b, i});
   }
   return calls;

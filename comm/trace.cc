@@ -1,8 +1,9 @@
 // The per-rank event recorder (comm/trace.h).
 #include "comm/trace.h"
 
-#include <algorithm>
 #include <time.h>
+
+#include <algorithm>
 
 namespace troupe::comm::trace {
 
@@ -14,38 +15,64 @@ std::int64_t now_ns() {
 
 const char* kind_name(Kind k) {
   switch (k) {
-    case Kind::kForward: return "forward";
-    case Kind::kBackward: return "backward";
-    case Kind::kSend: return "send";
-    case Kind::kRecv: return "recv";
-    case Kind::kCollective: return "collective";
-    case Kind::kPhase: return "phase";
-    case Kind::kOptimizer: return "optimizer";
-    case Kind::kWait: return "wait";
-    case Kind::kStep: return "step";
+    case Kind::kForward:
+      return "forward";
+    case Kind::kBackward:
+      return "backward";
+    case Kind::kSend:
+      return "send";
+    case Kind::kRecv:
+      return "recv";
+    case Kind::kCollective:
+      return "collective";
+    case Kind::kPhase:
+      return "phase";
+    case Kind::kOptimizer:
+      return "optimizer";
+    case Kind::kWait:
+      return "wait";
+    case Kind::kStep:
+      return "step";
   }
   return "unknown";
 }
 
 const char* what_name(What w) {
   switch (w) {
-    case What::kNone: return "";
-    case What::kActivation: return "activation";
-    case What::kGradient: return "gradient";
-    case What::kSlot: return "slot";
-    case What::kParams: return "params";
-    case What::kGradients: return "gradients";
-    case What::kClip: return "clip";
-    case What::kAdd: return "add";
-    case What::kNorm: return "norm";
-    case What::kAdam: return "adam";
-    case What::kAllReduce: return "all_reduce";
-    case What::kAllGather: return "all_gather";
-    case What::kReduceScatter: return "reduce-scatter";
-    case What::kDirect: return "direct";
-    case What::kBroadcast: return "broadcast";
-    case What::kTrain: return "train";
-    case What::kEval: return "eval";
+    case What::kNone:
+      return "";
+    case What::kActivation:
+      return "activation";
+    case What::kGradient:
+      return "gradient";
+    case What::kSlot:
+      return "slot";
+    case What::kParams:
+      return "params";
+    case What::kGradients:
+      return "gradients";
+    case What::kClip:
+      return "clip";
+    case What::kAdd:
+      return "add";
+    case What::kNorm:
+      return "norm";
+    case What::kAdam:
+      return "adam";
+    case What::kAllReduce:
+      return "all_reduce";
+    case What::kAllGather:
+      return "all_gather";
+    case What::kReduceScatter:
+      return "reduce-scatter";
+    case What::kDirect:
+      return "direct";
+    case What::kBroadcast:
+      return "broadcast";
+    case What::kTrain:
+      return "train";
+    case What::kEval:
+      return "eval";
   }
   return "unknown";
 }
@@ -53,12 +80,18 @@ const char* what_name(What w) {
 const char* message_name(Tag tag) {
   const TagFields f = parse_tag(tag & ~kAckBit);
   switch (f.kind) {
-    case MessageKind::kActivation: return "activation";
-    case MessageKind::kGradient: return "gradient";
-    case MessageKind::kGradSlice: return "grad-piece";
-    case MessageKind::kParamSlice: return "param-piece";
-    case MessageKind::kCollective: return f.group == GroupKind::kTensor ? "tp" : "collective";
-    case MessageKind::kControl: return "control";
+    case MessageKind::kActivation:
+      return "activation";
+    case MessageKind::kGradient:
+      return "gradient";
+    case MessageKind::kGradSlice:
+      return "grad-piece";
+    case MessageKind::kParamSlice:
+      return "param-piece";
+    case MessageKind::kCollective:
+      return f.group == GroupKind::kTensor ? "tp" : "collective";
+    case MessageKind::kControl:
+      return "control";
   }
   return "unknown";
 }

@@ -33,9 +33,9 @@
 namespace troupe::comm::trace {
 
 enum class Kind : std::uint8_t {
-  kForward,     // a compute op: stream began .. finished it
+  kForward,  // a compute op: stream began .. finished it
   kBackward,
-  kSend,        // a transport message: posted .. completed
+  kSend,  // a transport message: posted .. completed
   kRecv,
   kCollective,  // a collective on the compute stream (TP)
   kPhase,       // a part of a collective (reduce-scatter, all-gather, ...)
@@ -48,31 +48,44 @@ enum class Kind : std::uint8_t {
 enum class What : std::uint8_t {
   kNone,
   // waits
-  kActivation, kGradient, kSlot, kParams, kGradients, kClip,
+  kActivation,
+  kGradient,
+  kSlot,
+  kParams,
+  kGradients,
+  kClip,
   // optimizer ops
-  kAdd, kNorm, kAdam,
+  kAdd,
+  kNorm,
+  kAdam,
   // collectives and their phases
-  kAllReduce, kAllGather, kReduceScatter, kDirect, kBroadcast,
+  kAllReduce,
+  kAllGather,
+  kReduceScatter,
+  kDirect,
+  kBroadcast,
   // steps
-  kTrain, kEval,
+  kTrain,
+  kEval,
 };
 
 struct Event {
   std::int64_t begin_ns = 0;
-  std::int64_t end_ns = 0;   // 0 while open
-  std::uint64_t tag = 0;     // messages: the transport tag
+  std::int64_t end_ns = 0;  // 0 while open
+  std::uint64_t tag = 0;    // messages: the transport tag
   std::int64_t bytes = 0;
   std::int32_t step = 0;
-  std::int32_t micro = -1;   // optimizer adds: the contribution
+  std::int32_t micro = -1;  // optimizer adds: the contribution
   std::int32_t chunk = -1;
-  std::int32_t layer = -1;   // messages: the tag's layer field (bucket, wte flag); ops: virtual stage
-  std::int32_t peer = -1;    // messages: the other rank; waits: whom for (-1: no one)
-  std::int32_t seq = -1;     // collectives and phases: the rank's collective count
+  std::int32_t layer =
+      -1;                  // messages: the tag's layer field (bucket, wte flag); ops: virtual stage
+  std::int32_t peer = -1;  // messages: the other rank; waits: whom for (-1: no one)
+  std::int32_t seq = -1;   // collectives and phases: the rank's collective count
   Kind kind = Kind::kForward;
   What what = What::kNone;
-  std::uint8_t actor = 0;    // waits: 0 shard, 1 optimizer
-  std::uint8_t failed = 0;   // messages: completed with an error
-  std::uint8_t eval = 0;     // forwards of an evaluation
+  std::uint8_t actor = 0;   // waits: 0 shard, 1 optimizer
+  std::uint8_t failed = 0;  // messages: completed with an error
+  std::uint8_t eval = 0;    // forwards of an evaluation
 };
 
 std::int64_t now_ns();
@@ -107,10 +120,10 @@ class Recorder {
   void close(Handle h, bool failed = false);
 
   struct Contents {
-    std::vector<Event> events;  // the ring, oldest first
-    std::vector<Event> open;    // begun, not ended (end_ns = 0)
-    std::uint64_t recorded = 0; // over the run
-    std::uint64_t dropped = 0;  // overwritten by newer ones
+    std::vector<Event> events;   // the ring, oldest first
+    std::vector<Event> open;     // begun, not ended (end_ns = 0)
+    std::uint64_t recorded = 0;  // over the run
+    std::uint64_t dropped = 0;   // overwritten by newer ones
     std::size_t capacity = 0;
   };
   Contents contents() const;

@@ -6,7 +6,8 @@
 namespace troupe::comm {
 
 int unwrap_step(std::uint32_t low16, int near) {
-  const int diff = static_cast<std::int16_t>(static_cast<std::uint16_t>(low16 - static_cast<std::uint32_t>(near)));
+  const int diff = static_cast<std::int16_t>(
+      static_cast<std::uint16_t>(low16 - static_cast<std::uint32_t>(near)));
   return std::max(0, near + diff);
 }
 

@@ -83,7 +83,6 @@ bool UcxTransport::progress_once(bool* idle) {
   return ucp_worker_progress(worker) != 0 || !queued.empty() || !failed.empty();
 }
 
-
 bool UcxTransport::poll() {
   if (in_progress) return false;
   std::unique_lock<std::mutex> lock(worker_mu_, std::try_to_lock);

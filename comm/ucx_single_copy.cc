@@ -130,9 +130,11 @@ class SingleCopySource final : public Arrival::Source {
         peer, ack_tag(tag_, t->rank_), ack.get(), sizeof *ack,
         [t, peer](absl::Status st) {
           if (st.ok()) return;
-          t->fail_peer(peer, absl::UnavailableError(absl::StrCat(
-                                 "rank ", peer, " cannot be told that its single-copy message "
-                                 "was read (the acknowledgement failed: ", st.message(), ")")));
+          t->fail_peer(peer, absl::UnavailableError(
+                                 absl::StrCat("rank ", peer,
+                                              " cannot be told that its single-copy message "
+                                              "was read (the acknowledgement failed: ",
+                                              st.message(), ")")));
         },
         nullptr, UcxTransport::Kind::kCopyAck, ack);
   }
@@ -189,8 +191,9 @@ void UcxTransport::recv(int peer, Tag tag, void* data, std::size_t bytes, Callba
       done = [this, peer, tag, done = std::move(done)](absl::Status st) {
         if (absl::IsInvalidArgument(st)) {
           auto ack = std::make_shared<std::int64_t>(EMSGSIZE);
-          send_ucx(peer, ack_tag(tag, rank_), ack.get(), sizeof *ack, [ack](absl::Status) {},
-                   nullptr, Kind::kCopyAck, ack);
+          send_ucx(
+              peer, ack_tag(tag, rank_), ack.get(), sizeof *ack, [ack](absl::Status) {}, nullptr,
+              Kind::kCopyAck, ack);
         }
         done(std::move(st));
       };

@@ -260,8 +260,8 @@ absl::Status UcxTransport::connect(const std::vector<std::string>& addresses) {
 std::uint64_t UcxTransport::send_ucx(int peer, Tag tag, const void* data, std::size_t bytes,
                                      Callback done, std::shared_ptr<CancelToken> token, Kind kind,
                                      std::shared_ptr<void> keep) {
-  auto op = std::make_unique<Op>(Op{this, peer, true, bytes, std::move(done), std::move(token),
-                                    tag, const_cast<void*>(data)});
+  auto op = std::make_unique<Op>(
+      Op{this, peer, true, bytes, std::move(done), std::move(token), tag, const_cast<void*>(data)});
   op->kind = kind;
   op->keep = std::move(keep);
   return submit(std::move(op));
@@ -294,8 +294,8 @@ void UcxTransport::complete(Callback& done, absl::Status st) {
   } catch (...) {
     what = "an exception that is not a std::exception";
   }
-  const absl::Status why = absl::InternalError(
-      absl::StrCat("rank ", rank_, ": a completion callback threw: ", what));
+  const absl::Status why =
+      absl::InternalError(absl::StrCat("rank ", rank_, ": a completion callback threw: ", what));
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (auto& f : failed_)

@@ -76,9 +76,9 @@ class UcxTransport final : public Transport {
   }
   // Of those, the bytes read from `peer` (0 for a peer on another host).
   std::uint64_t single_copy_bytes_from(int peer) const {
-    return peer >= 0 && peer < size_ ? single_copy_from_[static_cast<std::size_t>(peer)].load(
-                                           std::memory_order_relaxed)
-                                     : 0;
+    return peer >= 0 && peer < size_
+               ? single_copy_from_[static_cast<std::size_t>(peer)].load(std::memory_order_relaxed)
+               : 0;
   }
   // Which UCX transports reach each peer, and whether the single-copy
   // protocol applies to it, one entry per rank after connect():
@@ -142,7 +142,7 @@ class UcxTransport final : public Transport {
     bool cancel_sent = false;
     std::chrono::steady_clock::time_point give_up_at = {};
     Kind kind = Kind::kData;
-    std::uint64_t id = 0;        // unique per transport (addresses are reused)
+    std::uint64_t id = 0;                  // unique per transport (addresses are reused)
     std::shared_ptr<void> keep = nullptr;  // owner of `data`, kept until UCX lets go of it
   };
 
@@ -153,7 +153,7 @@ class UcxTransport final : public Transport {
         single_copy_from_(std::make_unique<std::atomic<std::uint64_t>[]>(
             static_cast<std::size_t>(std::max(size, 0)))) {}
   void progress_loop();
-  bool progress_once(bool* idle);  // holds worker_mu_
+  bool progress_once(bool* idle);                // holds worker_mu_
   std::uint64_t submit(std::unique_ptr<Op> op);  // returns the op's id
   // Straight through UCX (queued for the progress thread); the op's id.
   std::uint64_t send_ucx(int peer, Tag tag, const void* data, std::size_t bytes, Callback done,
@@ -205,8 +205,8 @@ class UcxTransport final : public Transport {
   std::vector<Op*> to_fail_;          // failed by fail_peer/cancel, callbacks not yet run
   std::vector<Op*> deferred_;         // cancelled, waiting for UCX to let go (bounded)
   std::vector<absl::Status> failed_;  // per peer
-  std::uint64_t next_id_ = 1;          // guarded by mu_
-  bool closing_ = false;               // destructor running: posts are refused (mu_)
+  std::uint64_t next_id_ = 1;         // guarded by mu_
+  bool closing_ = false;              // destructor running: posts are refused (mu_)
   std::atomic<int> fault_desc_{0}, fault_ack_{0};
   std::atomic<bool> stop_{false};
   std::atomic<std::uint64_t> single_copy_bytes_{0};

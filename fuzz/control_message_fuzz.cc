@@ -7,7 +7,6 @@
 // only control messages' types decode; what decodes encodes back to a frame
 // that decodes to the same message.
 #include <caf/all.hpp>
-
 #include <cstdint>
 #include <cstdlib>
 #include <fstream>
@@ -41,20 +40,26 @@ void write_seeds(caf::actor_system& sys) {
   auto put = [&](const std::string& name, char view, const std::string& frame) {
     std::ofstream(std::string(dir) + "/" + name, std::ios::binary) << view << frame;
   };
-  put("loss", 0, encode_envelope(sys, {.to = Target::kCoordinator,
-                                       .content = caf::make_message(loss_atom::value, 3, 1, 2, 1.5)}));
-  put("world", 1, encode_envelope(sys, {.to = Target::kControl,
-                                        .content = caf::make_message(
-                                            remote_world_atom::value,
-                                            std::vector<std::string>{"a", "bc"})}));
+  put("loss", 0,
+      encode_envelope(sys, {.to = Target::kCoordinator,
+                            .content = caf::make_message(loss_atom::value, 3, 1, 2, 1.5)}));
+  put("world", 1,
+      encode_envelope(sys, {.to = Target::kControl,
+                            .content = caf::make_message(remote_world_atom::value,
+                                                         std::vector<std::string>{"a", "bc"})}));
   WaitReport r;
   r.rank = 2;
   r.actor = "shard d=0 s=1";
   r.waiting = "the gradient from rank 3";
-  put("reply", 0, encode_envelope(sys, {.to = Target::kReply, .actor = 0, .request = 7,
-                                        .content = caf::make_message(r)}));
-  put("hello", 0, encode_hello(sys, {.host = "h1", .pid = 42, .transport_address = "ucx",
-                                     .has_valid = true, .train_data = "synthetic"}));
+  put("reply", 0,
+      encode_envelope(
+          sys, {.to = Target::kReply, .actor = 0, .request = 7, .content = caf::make_message(r)}));
+  put("hello", 0,
+      encode_hello(sys, {.host = "h1",
+                         .pid = 42,
+                         .transport_address = "ucx",
+                         .has_valid = true,
+                         .train_data = "synthetic"}));
 }
 
 }  // namespace
@@ -78,7 +83,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   auto h = decode_hello(sys, frame);
   if (h.ok()) {
     auto back = decode_hello(sys, encode_hello(sys, *h));
-    FUZZ_CHECK(back.ok() && back->host == h->host && back->transport_address == h->transport_address);
+    FUZZ_CHECK(back.ok() && back->host == h->host &&
+               back->transport_address == h->transport_address);
   }
   return 0;
 }

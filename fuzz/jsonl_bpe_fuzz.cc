@@ -56,8 +56,8 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
 }
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
-  const bool zst = size >= 4 && data[0] == 0x28 && data[1] == 0xB5 && data[2] == 0x2F &&
-                   data[3] == 0xFD;
+  const bool zst =
+      size >= 4 && data[0] == 0x28 && data[1] == 0xB5 && data[2] == 0x2F && data[3] == 0xFD;
   static const std::string plain = troupe::fuzz::scratch_path("in.jsonl");
   static const std::string packed = troupe::fuzz::scratch_path("in.jsonl.zst");
   const std::string& path = zst ? packed : plain;

@@ -5,6 +5,7 @@
 // and T = 4. Checks: whatever the file holds, build succeeds (a stale or
 // corrupt cache is rebuilt, never trusted) and every sample reads.
 #include <zlib.h>
+
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>

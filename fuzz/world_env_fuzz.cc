@@ -23,13 +23,12 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     FUZZ_CHECK(hosts->size() <= 4096);
     for (const std::string& h : *hosts) FUZZ_CHECK(!h.empty());
   }
-  std::map<std::string, std::string> vars = {{"SLURM_JOB_NODELIST", parts[0]},
-                                             {"SLURM_PROCID", parts[1]},
-                                             {"SLURM_NTASKS", parts[2]}};
+  std::map<std::string, std::string> vars = {
+      {"SLURM_JOB_NODELIST", parts[0]}, {"SLURM_PROCID", parts[1]}, {"SLURM_NTASKS", parts[2]}};
   auto getenv = [&](const char* name) -> const char* {
     auto it = vars.find(name);
     return it == vars.end() || it->second.find('\0') != std::string::npos ? nullptr
-                                                                           : it->second.c_str();
+                                                                          : it->second.c_str();
   };
   auto p = world_from_env(getenv, {});
   if (p.ok() && p->has_value()) {

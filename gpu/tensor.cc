@@ -124,8 +124,8 @@ absl::StatusOr<Tensor> Tensor::try_view(std::int64_t offset_elems, const Shape& 
   std::int64_t n = 1;
   for (std::int64_t d : new_shape) {
     if (d < 0 || (d > 0 && n > numel() / d)) {  // also keeps n from overflowing
-      return absl::InvalidArgumentError(absl::StrCat("view ", shape_string(new_shape), " of ",
-                                                     describe(), ": does not fit"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("view ", shape_string(new_shape), " of ", describe(), ": does not fit"));
     }
     n *= d;
   }
@@ -149,9 +149,8 @@ Tensor Tensor::view(std::int64_t offset_elems, const Shape& new_shape) const {
 
 absl::StatusOr<Tensor> Tensor::try_reshape(const Shape& new_shape) const {
   if (shape_numel(new_shape) != numel()) {
-    return absl::InvalidArgumentError(absl::StrCat("reshape of ", describe(), " to ",
-                                                   shape_string(new_shape),
-                                                   ": the element counts differ"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "reshape of ", describe(), " to ", shape_string(new_shape), ": the element counts differ"));
   }
   return try_view(0, new_shape);
 }

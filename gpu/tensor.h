@@ -10,12 +10,11 @@
 //   float* p = x.host<float>();   // host code: the CPU's memory, or an empty_host tensor
 #pragma once
 
-#include <stdexcept>
-
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
 #include <memory>
+#include <stdexcept>
 #include <string>
 
 #include "absl/container/inlined_vector.h"

@@ -3,15 +3,15 @@
 
 #include <signal.h>
 
+#include <algorithm>
 #include <condition_variable>
 #include <cstdio>
 #include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
-#include <stdexcept>
-#include <algorithm>
 #include <nlohmann/json.hpp>
+#include <stdexcept>
 
 #include "absl/strings/str_cat.h"
 #include "launcher/process.h"
@@ -94,7 +94,10 @@ int run_agent(const AgentOptions& options) {
   std::map<int, std::unique_ptr<Child>> workers;  // by rank, still running
   auto send = [&](const json& j) { (void)(*link)->send(j.dump()); };
   auto report_exit = [&](int rank, const ExitStatus& st) {
-    send({{"type", "exited"}, {"rank", rank}, {"code", st.code}, {"signal", st.signal},
+    send({{"type", "exited"},
+          {"rank", rank},
+          {"code", st.code},
+          {"signal", st.signal},
           {"status", st.describe()}});
   };
   // TERM to every worker at once, one grace for all, then KILL the rest.
@@ -114,7 +117,8 @@ int run_agent(const AgentOptions& options) {
   // One "start" entry: a worker, or an error saying why not.
   auto start_one = [&](const json& w) {
     if (!w.is_object()) return;
-    const int rank = w.contains("rank") && w["rank"].is_number_integer() ? w["rank"].get<int>() : -1;
+    const int rank =
+        w.contains("rank") && w["rank"].is_number_integer() ? w["rank"].get<int>() : -1;
     ProcessSpec spec;
     try {
       if (rank < 0) throw std::invalid_argument("a worker without a rank");
@@ -123,7 +127,8 @@ int run_agent(const AgentOptions& options) {
       // This host's own environment, with what the launcher forwards set
       // over it; the launcher's working directory (a shared filesystem).
       spec.env = current_environment();
-      if (w.contains("env")) spec.env = with_overrides(spec.env, w["env"].get<std::vector<std::string>>());
+      if (w.contains("env"))
+        spec.env = with_overrides(spec.env, w["env"].get<std::vector<std::string>>());
       if (w.contains("log")) spec.log_path = w["log"].get<std::string>();
       if (w.contains("cwd")) spec.cwd = w["cwd"].get<std::string>();
     } catch (const std::exception& e) {

@@ -80,10 +80,12 @@ absl::StatusOr<std::vector<model::LambadaExample>> read_lambada(const std::strin
 
 int run(const EvalFlags& f) {
   if (f.task == "perplexity" && f.data_path.empty()) {
-    return command_failed("eval", absl::InvalidArgumentError("--task perplexity needs --data-path PREFIX"));
+    return command_failed("eval",
+                          absl::InvalidArgumentError("--task perplexity needs --data-path PREFIX"));
   }
   if (f.task == "lambada" && f.data.empty()) {
-    return command_failed("eval", absl::InvalidArgumentError("--task lambada needs --data FILE.jsonl"));
+    return command_failed("eval",
+                          absl::InvalidArgumentError("--task lambada needs --data FILE.jsonl"));
   }
   if (f.max_tokens < 0)
     return command_failed("eval", absl::InvalidArgumentError("--max-tokens must not be negative"));

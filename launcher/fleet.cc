@@ -7,10 +7,9 @@
 #include <condition_variable>
 #include <map>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <thread>
-
-#include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
@@ -29,9 +28,12 @@ class LocalFleet final : public Fleet {
 
   absl::Status start(const std::vector<WorkerLaunch>& workers) override {
     for (const WorkerLaunch& w : workers) {
-      absl::StatusOr<std::unique_ptr<Child>> c = Child::spawn(
-          {.argv = w.argv, .env = with_overrides(current_environment(), w.env), .log_path = w.log,
-           .stdin_data = token_ + "\n", .cwd = w.cwd});
+      absl::StatusOr<std::unique_ptr<Child>> c =
+          Child::spawn({.argv = w.argv,
+                        .env = with_overrides(current_environment(), w.env),
+                        .log_path = w.log,
+                        .stdin_data = token_ + "\n",
+                        .cwd = w.cwd});
       if (!c.ok()) {
         return absl::Status(c.status().code(),
                             absl::StrCat("starting rank ", w.rank, ": ", c.status().message()));
@@ -45,7 +47,9 @@ class LocalFleet final : public Fleet {
   std::vector<FleetEvent> poll() override {
     for (auto it = running_.begin(); it != running_.end();) {
       if (std::optional<ExitStatus> st = it->second->poll()) {
-        events_.push_back({.kind = FleetEvent::Kind::kExited, .rank = it->first, .exit = *st,
+        events_.push_back({.kind = FleetEvent::Kind::kExited,
+                           .rank = it->first,
+                           .exit = *st,
                            .what = st->describe()});
         it = running_.erase(it);
       } else {
@@ -68,8 +72,8 @@ class LocalFleet final : public Fleet {
         c->signal_group(SIGKILL);
       }
       const ExitStatus st = c->stop(absl::ZeroDuration());
-      events_.push_back({.kind = FleetEvent::Kind::kExited, .rank = rank, .exit = st,
-                         .what = st.describe()});
+      events_.push_back(
+          {.kind = FleetEvent::Kind::kExited, .rank = rank, .exit = st, .what = st.describe()});
     }
     running_.clear();
   }
@@ -119,15 +123,16 @@ class AgentFleet final : public Fleet {
     std::unique_lock<std::mutex> lock(mu_);
     const auto deadline = std::chrono::steady_clock::now() + absl::ToChronoSeconds(o_.join_timeout);
     while (joined_.size() < o_.hosts.size() && std::chrono::steady_clock::now() < deadline) {
-      if (o_.interrupted && o_.interrupted()) return absl::CancelledError("interrupted while the agents were starting");
+      if (o_.interrupted && o_.interrupted())
+        return absl::CancelledError("interrupted while the agents were starting");
       cv_.wait_for(lock, std::chrono::milliseconds(100));
     }
     for (std::size_t i = 0; i < o_.hosts.size(); i++) {
       if (!joined_.count(static_cast<int>(i))) {
-        return absl::DeadlineExceededError(absl::StrCat(
-            "the agent on host ", o_.hosts[i], " did not connect within ",
-            absl::FormatDuration(o_.join_timeout), " (see ", o_.log_dir, "/agent-", o_.hosts[i],
-            ".log; the --rsh template is '", o_.rsh, "')"));
+        return absl::DeadlineExceededError(
+            absl::StrCat("the agent on host ", o_.hosts[i], " did not connect within ",
+                         absl::FormatDuration(o_.join_timeout), " (see ", o_.log_dir, "/agent-",
+                         o_.hosts[i], ".log; the --rsh template is '", o_.rsh, "')"));
       }
     }
     return absl::OkStatus();
@@ -148,7 +153,8 @@ class AgentFleet final : public Fleet {
     for (auto& [index, list] : per_host) {
       json msg = {{"type", "start"}, {"workers", list}};
       if (absl::Status st = hub_->send(index, msg.dump()); !st.ok()) {
-        return absl::UnavailableError(absl::StrCat("the agent on ", o_.hosts[static_cast<std::size_t>(index)], ": ", st.message()));
+        return absl::UnavailableError(absl::StrCat(
+            "the agent on ", o_.hosts[static_cast<std::size_t>(index)], ": ", st.message()));
       }
     }
     return absl::OkStatus();
@@ -166,7 +172,8 @@ class AgentFleet final : public Fleet {
   void stop(absl::Duration grace) override {
     if (!hub_) return;
     const json msg = {{"type", "stop"}, {"grace_ms", absl::ToInt64Milliseconds(grace)}};
-    for (std::size_t i = 0; i < o_.hosts.size(); i++) (void)hub_->send(static_cast<int>(i), msg.dump());
+    for (std::size_t i = 0; i < o_.hosts.size(); i++)
+      (void)hub_->send(static_cast<int>(i), msg.dump());
     {
       // Each agent reports its workers' exits and says goodbye.
       std::unique_lock<std::mutex> lock(mu_);
@@ -191,20 +198,24 @@ class AgentFleet final : public Fleet {
 
   void on_frame(int index, const std::string& frame) {
     json j = json::parse(frame, nullptr, /*allow_exceptions=*/false);
-    if (j.is_discarded() || !j.is_object() || !j.contains("rank") || !j["rank"].is_number_integer()) return;
+    if (j.is_discarded() || !j.is_object() || !j.contains("rank") || !j["rank"].is_number_integer())
+      return;
     const int rank = j["rank"].get<int>();
     const std::string type = j.value("type", "");
     std::lock_guard<std::mutex> lock(mu_);
     if (type == "started") {
-      events_.push_back({.kind = FleetEvent::Kind::kStarted, .rank = rank, .pid = j.value("pid", 0)});
+      events_.push_back(
+          {.kind = FleetEvent::Kind::kStarted, .rank = rank, .pid = j.value("pid", 0)});
     } else if (type == "exited") {
       ExitStatus st{.code = j.value("code", 0), .signal = j.value("signal", 0)};
-      events_.push_back({.kind = FleetEvent::Kind::kExited, .rank = rank, .exit = st,
-                         .what = st.describe()});
+      events_.push_back(
+          {.kind = FleetEvent::Kind::kExited, .rank = rank, .exit = st, .what = st.describe()});
     } else if (type == "error") {
-      events_.push_back({.kind = FleetEvent::Kind::kLost, .rank = rank,
-                         .what = absl::StrCat("the agent on ", o_.hosts[static_cast<std::size_t>(index)],
-                                              " could not start it: ", j.value("message", ""))});
+      events_.push_back(
+          {.kind = FleetEvent::Kind::kLost,
+           .rank = rank,
+           .what = absl::StrCat("the agent on ", o_.hosts[static_cast<std::size_t>(index)],
+                                " could not start it: ", j.value("message", ""))});
     }
   }
 
@@ -215,10 +226,11 @@ class AgentFleet final : public Fleet {
     if (why.ok()) return;
     for (const auto& [rank, host] : host_of_) {
       if (host != index) continue;
-      events_.push_back({.kind = FleetEvent::Kind::kLost, .rank = rank,
-                         .what = absl::StrCat("lost contact with the agent on host ",
-                                              o_.hosts[static_cast<std::size_t>(index)], ": ",
-                                              why.message())});
+      events_.push_back(
+          {.kind = FleetEvent::Kind::kLost,
+           .rank = rank,
+           .what = absl::StrCat("lost contact with the agent on host ",
+                                o_.hosts[static_cast<std::size_t>(index)], ": ", why.message())});
     }
   }
 

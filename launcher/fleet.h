@@ -28,7 +28,8 @@ struct WorkerLaunch {
   int rank = 0;
   std::string host;
   std::vector<std::string> argv = {};
-  std::vector<std::string> env = {};  // set over the host's environment (the launcher's, or the agent's)
+  std::vector<std::string> env =
+      {};                // set over the host's environment (the launcher's, or the agent's)
   std::string cwd = {};  // its working directory
   std::string log = {};  // its output, appended
 };
@@ -37,8 +38,8 @@ struct FleetEvent {
   enum class Kind { kStarted, kExited, kLost };
   Kind kind = Kind::kStarted;
   int rank = 0;
-  int pid = 0;        // kStarted
-  ExitStatus exit = {};  // kExited
+  int pid = 0;            // kStarted
+  ExitStatus exit = {};   // kExited
   std::string what = {};  // kExited: exit.describe(); kLost: why
 };
 
@@ -63,7 +64,7 @@ struct AgentFleetOptions {
   std::string self;                // this program, as the hosts can run it
   std::string master_addr;         // where the agents reach this launcher
   std::string token;
-  std::string log_dir;             // agent-<host>.log here
+  std::string log_dir;  // agent-<host>.log here
   absl::Duration join_timeout = absl::Seconds(60);
   std::function<bool()> interrupted = nullptr;  // stops waiting for the agents when true
   // --exit-signal-handler: the agents outlive a SIGTERM (SLURM's, to every

@@ -78,9 +78,11 @@ int run(GenerateFlags& f) {
     if (absl::Status st = read_prompts(f.prompt_file, &f.prompts, &where); !st.ok())
       return command_failed("generate", st);
   }
-  if (f.prompts.empty()) return command_failed("generate", absl::InvalidArgumentError("give --prompt or --prompt-file"));
+  if (f.prompts.empty())
+    return command_failed("generate", absl::InvalidArgumentError("give --prompt or --prompt-file"));
   if (f.max_new_tokens < 0) {
-    return command_failed("generate", absl::InvalidArgumentError("--max-new-tokens must not be negative"));
+    return command_failed("generate",
+                          absl::InvalidArgumentError("--max-new-tokens must not be negative"));
   }
   if (absl::Status st = f.sampling.validate(); !st.ok()) return command_failed("generate", st);
   absl::StatusOr<LoadedModel> m = load_model(f.model);
@@ -91,10 +93,12 @@ int run(GenerateFlags& f) {
     const std::string& prompt = f.prompts[k];
     std::vector<std::int32_t> ids;
     if (absl::Status st = encoder.encode(prompt, &ids); !st.ok()) {
-      return command_failed("generate", absl::InvalidArgumentError(absl::StrCat(where[k], ": ", st.message())));
+      return command_failed("generate",
+                            absl::InvalidArgumentError(absl::StrCat(where[k], ": ", st.message())));
     }
     if (ids.empty()) {
-      return command_failed("generate", absl::InvalidArgumentError(absl::StrCat(where[k], ": the prompt has no tokens")));
+      return command_failed("generate", absl::InvalidArgumentError(
+                                            absl::StrCat(where[k], ": the prompt has no tokens")));
     }
     model::GenerateOptions o;
     o.max_new_tokens = f.max_new_tokens;
@@ -104,9 +108,10 @@ int run(GenerateFlags& f) {
     o.use_cache = !f.no_cache;
     if (ids.size() + static_cast<std::size_t>(f.max_new_tokens) >
         static_cast<std::size_t>(m->lm->context())) {
-      return command_failed("generate", absl::InvalidArgumentError(
-          absl::StrCat("--max-new-tokens ", f.max_new_tokens, ": with the prompt's ", ids.size(),
-                       " tokens it needs more than the model's context of ", m->lm->context())));
+      return command_failed(
+          "generate", absl::InvalidArgumentError(absl::StrCat(
+                          "--max-new-tokens ", f.max_new_tokens, ": with the prompt's ", ids.size(),
+                          " tokens it needs more than the model's context of ", m->lm->context())));
     }
     Streamer out(*m->vocab);
     if (!f.json) std::fwrite(prompt.data(), 1, prompt.size(), stdout);
@@ -118,9 +123,10 @@ int run(GenerateFlags& f) {
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (!g.ok()) {
-      return command_failed("generate", absl::Status(
-          g.status().code(),
-          absl::StrCat("--max-new-tokens ", f.max_new_tokens, ": ", g.status().message())));
+      return command_failed(
+          "generate",
+          absl::Status(g.status().code(), absl::StrCat("--max-new-tokens ", f.max_new_tokens, ": ",
+                                                       g.status().message())));
     }
     std::vector<std::int32_t> text_ids = g->tokens;
     if (g->stopped_at_eod) text_ids.pop_back();

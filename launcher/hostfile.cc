@@ -72,14 +72,14 @@ absl::StatusOr<std::vector<HostEntry>> read_hostfile(const std::string& path) {
   return parse_hostfile(ss.str(), path);
 }
 
-absl::StatusOr<std::vector<HostEntry>> hosts_from_list(absl::string_view list,
-                                                       int slots_per_host) {
+absl::StatusOr<std::vector<HostEntry>> hosts_from_list(absl::string_view list, int slots_per_host) {
   std::vector<HostEntry> hosts;
   int i = 0;
   for (absl::string_view h : absl::StrSplit(list, ',')) {
     i++;
     h = absl::StripAsciiWhitespace(h);
-    if (h.empty()) return absl::InvalidArgumentError(absl::StrCat("--hosts: entry ", i, " is empty"));
+    if (h.empty())
+      return absl::InvalidArgumentError(absl::StrCat("--hosts: entry ", i, " is empty"));
     for (const HostEntry& e : hosts)
       if (e.host == h)
         return absl::InvalidArgumentError(absl::StrCat("--hosts: '", h, "' is listed twice"));
@@ -141,18 +141,18 @@ absl::StatusOr<std::vector<HostSlots>> filter_slots(const std::vector<HostEntry>
     }
     if (!h.slots.empty()) out.push_back(std::move(h));
   }
-  if (out.empty()) return absl::InvalidArgumentError(absl::StrCat(flag, " ", spec, " leaves no slot"));
+  if (out.empty())
+    return absl::InvalidArgumentError(absl::StrCat(flag, " ", spec, " leaves no slot"));
   return out;
 }
 
-absl::StatusOr<std::vector<Placement>> place_ranks(const std::vector<HostSlots>& hosts,
-                                                   int world) {
+absl::StatusOr<std::vector<Placement>> place_ranks(const std::vector<HostSlots>& hosts, int world) {
   std::size_t total = 0;
   for (const HostSlots& h : hosts) total += h.slots.size();
   if (world < 1) return absl::InvalidArgumentError("a job needs at least one rank");
   if (total < static_cast<std::size_t>(world)) {
-    return absl::InvalidArgumentError(absl::StrCat("the hosts have ", total, " slots for ", world,
-                                                   " ranks (tp x pp x dp)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("the hosts have ", total, " slots for ", world, " ranks (tp x pp x dp)"));
   }
   std::vector<Placement> out;
   for (const HostSlots& h : hosts) {

@@ -36,8 +36,7 @@ absl::StatusOr<std::vector<HostEntry>> parse_hostfile(absl::string_view text,
                                                       absl::string_view source);
 absl::StatusOr<std::vector<HostEntry>> read_hostfile(const std::string& path);
 // "h1,h2" (--hosts): one slot each unless `slots_per_host` says otherwise.
-absl::StatusOr<std::vector<HostEntry>> hosts_from_list(absl::string_view list,
-                                                       int slots_per_host);
+absl::StatusOr<std::vector<HostEntry>> hosts_from_list(absl::string_view list, int slots_per_host);
 
 struct HostSlots {
   std::string host;
@@ -60,7 +59,6 @@ struct Placement {
 
 // Ranks 0..world-1 over the slots in order: the first host's slots first.
 // Fewer slots than ranks is an error that says how many of each.
-absl::StatusOr<std::vector<Placement>> place_ranks(const std::vector<HostSlots>& hosts,
-                                                   int world);
+absl::StatusOr<std::vector<Placement>> place_ranks(const std::vector<HostSlots>& hosts, int world);
 
 }  // namespace troupe::launcher

@@ -16,8 +16,8 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cstdio>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <ctime>
 #include <filesystem>
@@ -26,19 +26,20 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
 #include <thread>
-
-#include <nlohmann/json.hpp>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "actors/runtime/coordinator_host.h"
 #include "actors/diagnostics/trace_file.h"
+#include "actors/runtime/coordinator_host.h"
+#include "api/train_config.h"
+#include "api/train_flags.h"
 #include "comm/auth.h"
 #include "launcher/agent.h"
 #include "launcher/commands.h"
@@ -48,8 +49,6 @@
 #include "launcher/launch_restart.h"
 #include "launcher/launch_support.h"
 #include "launcher/launch_workers.h"
-#include "api/train_config.h"
-#include "api/train_flags.h"
 #include "model/atomic_file.h"
 
 namespace troupe::launcher {
@@ -85,7 +84,11 @@ absl::Status write_token(const std::string& path, const std::string& token) {
 }
 
 Outcome failed(std::string message, int code = 1) {
-  return {.code = code, .message = std::move(message), .restartable = false, .lost_hosts = {}, .failed_at = {}};
+  return {.code = code,
+          .message = std::move(message),
+          .restartable = false,
+          .lost_hosts = {},
+          .failed_at = {}};
 }
 
 Outcome run_attempt(LaunchContext& ctx, const AttemptPlan& plan) {
@@ -106,15 +109,20 @@ Outcome run_attempt(LaunchContext& ctx, const AttemptPlan& plan) {
   const std::string master =
       !f.master_addr.empty() ? f.master_addr : (job.local ? "127.0.0.1" : host_name());
   absl::StatusOr<std::unique_ptr<actors::CoordinatorHost>> host = actors::CoordinatorHost::listen(
-      {.options = o, .parallel = par, .listen_host = job.local ? "127.0.0.1" : "0.0.0.0",
-       .port = f.master_port, .token = ctx.token, .join_timeout = absl::Seconds(f.join_timeout_s),
+      {.options = o,
+       .parallel = par,
+       .listen_host = job.local ? "127.0.0.1" : "0.0.0.0",
+       .port = f.master_port,
+       .token = ctx.token,
+       .join_timeout = absl::Seconds(f.join_timeout_s),
        .checkpoints = {.flags = train.checkpoint,
                        .loaded = load,
                        .exit_requested = [&ctx] { return ctx.exit_signal.load(); },
-                       .log = [](const std::string& line) {
-                         std::printf("%s\n", line.c_str());
-                         std::fflush(stdout);
-                       }}});
+                       .log =
+                           [](const std::string& line) {
+                             std::printf("%s\n", line.c_str());
+                             std::fflush(stdout);
+                           }}});
   if (!host.ok()) return failed(std::string(host.status().message()));
   actors::CoordinatorHost& coordinator = **host;
   // This start's trace files only (an earlier start's ranks may differ).
@@ -125,33 +133,38 @@ Outcome run_attempt(LaunchContext& ctx, const AttemptPlan& plan) {
   // The banner and the placement table.
   const comm::Layout layout = par.layout();
   if (plan.index == 0) std::printf("troupe launch: %s\n", o.model.describe().c_str());
-  std::printf("  %s: %d worker processes on %zu host(s); schedule %s, %d micro-batches of %d per "
-              "replica and step = global batch %d; %d steps\n",
-              layout.describe().c_str(), world, job.hosts.size(),
-              actors::schedule_name(par.schedule).c_str(), par.m(o), o.micro_batch,
-              o.global_batch, o.steps);
-  std::printf("  run directory: %s\n  coordinator: %s:%d (watch it: troupe watch --master-addr %s "
-              "--master-port %d%s)\n",
-              ctx.run_dir.c_str(), master.c_str(), coordinator.port(), master.c_str(),
-              coordinator.port(),
-              ctx.token_source == "env" ? " with TROUPE_JOB_TOKEN"
-                                        : absl::StrCat(" --token-file ", ctx.token_source).c_str());
+  std::printf(
+      "  %s: %d worker processes on %zu host(s); schedule %s, %d micro-batches of %d per "
+      "replica and step = global batch %d; %d steps\n",
+      layout.describe().c_str(), world, job.hosts.size(),
+      actors::schedule_name(par.schedule).c_str(), par.m(o), o.micro_batch, o.global_batch,
+      o.steps);
+  std::printf(
+      "  run directory: %s\n  coordinator: %s:%d (watch it: troupe watch --master-addr %s "
+      "--master-port %d%s)\n",
+      ctx.run_dir.c_str(), master.c_str(), coordinator.port(), master.c_str(), coordinator.port(),
+      ctx.token_source == "env" ? " with TROUPE_JOB_TOKEN"
+                                : absl::StrCat(" --token-file ", ctx.token_source).c_str());
   if (load != nullptr) std::printf("  %s\n", describe_load(train, *load).c_str());
   if (plan.index == 0 && !ctx.device_why.empty()) {
     std::printf("  device: %s\n", ctx.device_why.c_str());
   }
   std::printf("  %5s  %-9s  %-20s  %5s  %7s  %s\n", "rank", "(d,s,t)", "host", "local", "threads",
               "device");
-  WorkerLaunches workers = worker_launches({.f = f, .plan = plan, .options = o,
-                                             .run_dir = ctx.run_dir, .master = master,
-                                             .port = coordinator.port()});
+  WorkerLaunches workers = worker_launches({.f = f,
+                                            .plan = plan,
+                                            .options = o,
+                                            .run_dir = ctx.run_dir,
+                                            .master = master,
+                                            .port = coordinator.port()});
   const std::vector<WorkerLaunch>& launches = workers.launches;
   std::fflush(stdout);
 
-  json record = launch_record(plan, workers, absl::StrCat(master, ":", coordinator.port()),
-                              ctx.restarts);
+  json record =
+      launch_record(plan, workers, absl::StrCat(master, ":", coordinator.port()), ctx.restarts);
   const std::string record_path = ctx.run_dir + "/launch.json";
-  if (absl::Status st = write_json(record_path, record); !st.ok()) return failed(std::string(st.message()));
+  if (absl::Status st = write_json(record_path, record); !st.ok())
+    return failed(std::string(st.message()));
 
   {
     std::lock_guard<std::mutex> lock(ctx.mu);
@@ -164,19 +177,26 @@ Outcome run_attempt(LaunchContext& ctx, const AttemptPlan& plan) {
       ctx.current = nullptr;
     }
   } unregister{ctx};
-  if (ctx.interrupted.load() != 0) return failed("interrupted", exit_for_signal(ctx.interrupted.load()));
+  if (ctx.interrupted.load() != 0)
+    return failed("interrupted", exit_for_signal(ctx.interrupted.load()));
   std::unique_ptr<Fleet> fleet;
   if (job.local) {
     fleet = local_fleet(ctx.token);
   } else {
-    absl::StatusOr<std::unique_ptr<Fleet>> agents = agent_fleet(
-        {.hosts = job.hosts, .rsh = f.rsh, .self = self_exe(), .master_addr = master,
-         .token = ctx.token, .log_dir = ctx.run_dir, .join_timeout = absl::Seconds(f.join_timeout_s),
-         .interrupted = [&ctx] { return ctx.interrupted.load() != 0; },
-         .survive_sigterm = f.train.checkpoint.exit_signal_handler});
+    absl::StatusOr<std::unique_ptr<Fleet>> agents =
+        agent_fleet({.hosts = job.hosts,
+                     .rsh = f.rsh,
+                     .self = self_exe(),
+                     .master_addr = master,
+                     .token = ctx.token,
+                     .log_dir = ctx.run_dir,
+                     .join_timeout = absl::Seconds(f.join_timeout_s),
+                     .interrupted = [&ctx] { return ctx.interrupted.load() != 0; },
+                     .survive_sigterm = f.train.checkpoint.exit_signal_handler});
     if (!agents.ok()) {
       const int sig = ctx.interrupted.load();
-      return failed(std::string(agents.status().message()), sig ? exit_for_signal(sig) : kExitFailed);
+      return failed(std::string(agents.status().message()),
+                    sig ? exit_for_signal(sig) : kExitFailed);
     }
     fleet = *std::move(agents);
   }
@@ -228,7 +248,8 @@ Outcome run_attempt(LaunchContext& ctx, const AttemptPlan& plan) {
         if (!failed_at) failed_at = std::chrono::steady_clock::now();
       }
       if (bad && !over.load()) {
-        coordinator.cancel(absl::UnavailableError(absl::StrCat(coordinator.who(e.rank), ": ", e.what)));
+        coordinator.cancel(
+            absl::UnavailableError(absl::StrCat(coordinator.who(e.rank), ": ", e.what)));
       }
     }
     if (dirty) (void)write_json(record_path, record);
@@ -245,10 +266,10 @@ Outcome run_attempt(LaunchContext& ctx, const AttemptPlan& plan) {
       [&](const model::StepMetrics& m) {
         ctx.progress->report(m);
         if (first_step && plan.failed_at) {
-          std::printf("troupe launch: training again at step %d, %.2f s after the failure\n", m.step,
-                      std::chrono::duration<double>(std::chrono::steady_clock::now() -
-                                                    *plan.failed_at)
-                          .count());
+          std::printf(
+              "troupe launch: training again at step %d, %.2f s after the failure\n", m.step,
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - *plan.failed_at)
+                  .count());
           std::fflush(stdout);
         }
         first_step = false;
@@ -294,16 +315,17 @@ Outcome run_attempt(LaunchContext& ctx, const AttemptPlan& plan) {
   const int sig = ctx.interrupted.load();
   if (sig != 0 || st.ok()) out.restartable = false;
   if (!st.ok()) {
-    std::string msg = causes.empty() ? std::string(st.message())
-                                     : absl::StrCat(absl::StrJoin(causes, "\n  "), "\n  the run: ",
-                                                    st.message());
+    std::string msg =
+        causes.empty() ? std::string(st.message())
+                       : absl::StrCat(absl::StrJoin(causes, "\n  "), "\n  the run: ", st.message());
     out.message = absl::StrCat(msg, "\n  logs: ", ctx.run_dir, "\n  ",
                                actors::flight_note(failure_dir(f, plan.index), absl::OkStatus()));
     out.code = sig ? exit_for_signal(sig) : kExitFailed;
     return out;
   }
   if (!causes.empty()) {
-    out.message = absl::StrCat("the run ended, but ", absl::StrJoin(causes, "; "), "\n  logs: ", ctx.run_dir);
+    out.message =
+        absl::StrCat("the run ended, but ", absl::StrJoin(causes, "; "), "\n  logs: ", ctx.run_dir);
     out.code = 1;
   }
   return out;
@@ -315,7 +337,8 @@ int run_launch(LaunchFlags& f) {
     std::fprintf(stderr, "troupe launch: error: %s\n", m.c_str());
     return code;
   };
-  if (absl::Status st = finish_train_flags(f.train); !st.ok()) return fail(std::string(st.message()));
+  if (absl::Status st = finish_train_flags(f.train); !st.ok())
+    return fail(std::string(st.message()));
   // (Checked here; each worker opens its own device, LOCAL_RANK's GPU.)
   if (absl::Status st = api::check_device(f.train, /*process_per_rank=*/true); !st.ok()) {
     return fail(std::string(st.message()));
@@ -366,14 +389,15 @@ int run_launch(LaunchFlags& f) {
   ctx.metrics.open(metrics_path, std::ios::trunc);
   if (!f.train.metrics_jsonl.empty()) {
     ctx.user_metrics.open(f.train.metrics_jsonl, std::ios::trunc);
-    if (!ctx.user_metrics) return fail(absl::StrCat("--metrics-jsonl ", f.train.metrics_jsonl, ": cannot open for writing"));
+    if (!ctx.user_metrics)
+      return fail(
+          absl::StrCat("--metrics-jsonl ", f.train.metrics_jsonl, ": cannot open for writing"));
   }
   auto metric_streams = [&ctx] {
     return std::vector<std::ofstream*>{&ctx.metrics,
                                        ctx.user_metrics.is_open() ? &ctx.user_metrics : nullptr};
   };
-  ctx.progress =
-      std::make_unique<Progress>(options->steps, metric_streams(), f.train.log_interval);
+  ctx.progress = std::make_unique<Progress>(options->steps, metric_streams(), f.train.log_interval);
   absl::StatusOr<std::optional<std::string>> given = read_job_token(f.token_file);
   if (!given.ok()) return fail(std::string(given.status().message()));
   if (given->has_value()) {
@@ -385,9 +409,9 @@ int run_launch(LaunchFlags& f) {
     ctx.token = *t;
   }
   if (ctx.token.size() < comm::kMinTokenLength) {
-    return fail(absl::StrCat("the job token (", f.token_file.empty() ? "TROUPE_JOB_TOKEN" : f.token_file,
-                             ") has ", ctx.token.size(), " characters; it must have at least ",
-                             comm::kMinTokenLength));
+    return fail(absl::StrCat(
+        "the job token (", f.token_file.empty() ? "TROUPE_JOB_TOKEN" : f.token_file, ") has ",
+        ctx.token.size(), " characters; it must have at least ", comm::kMinTokenLength));
   }
   // A token made here is written for `troupe watch --token-file
   // RUNDIR/token` (only its owner may read it); one the user gave is where
@@ -405,9 +429,10 @@ int run_launch(LaunchFlags& f) {
     if (sig == SIGUSR1) {
       std::lock_guard<std::mutex> lock(ctx.mu);
       if (ctx.current != nullptr) ctx.current->request_traces("signal");
-      std::printf("troupe launch: SIGUSR1: every rank writes its trace (%s; each rank's log "
-                  "says where)\n",
-                  ctx.f.train.trace.dir.empty() ? "the flight directory" : ctx.f.train.trace.dir.c_str());
+      std::printf(
+          "troupe launch: SIGUSR1: every rank writes its trace (%s; each rank's log "
+          "says where)\n",
+          ctx.f.train.trace.dir.empty() ? "the flight directory" : ctx.f.train.trace.dir.c_str());
       std::fflush(stdout);
       return;
     }
@@ -426,7 +451,8 @@ int run_launch(LaunchFlags& f) {
     }
   });
   if (!f.train.checkpoint.save.empty()) {
-    absl::StatusOr<model::ckpt::Checkpoint> there = model::ckpt::Checkpoint::open(f.train.checkpoint.save);
+    absl::StatusOr<model::ckpt::Checkpoint> there =
+        model::ckpt::Checkpoint::open(f.train.checkpoint.save);
     if (there.ok()) {
       ctx.memo.save_at_start = checkpoint_identity(*there);
       std::error_code ec;
@@ -434,7 +460,7 @@ int run_launch(LaunchFlags& f) {
           f.train.checkpoint.load.empty() ? absl::NotFoundError("")
                                           : model::ckpt::Checkpoint::open(f.train.checkpoint.load);
       ctx.memo.started_from_save = first.ok() && f.train.checkpoint.load_optim &&
-                              std::filesystem::equivalent(first->dir(), there->dir(), ec);
+                                   std::filesystem::equivalent(first->dir(), there->dir(), ec);
     }
   }
   AttemptPlan plan{.index = 0,
@@ -466,11 +492,14 @@ int run_launch(LaunchFlags& f) {
                                 : "the start",
                 next->parallel.dp != plan.parallel.dp
                     ? absl::StrCat(", now with --dp ", next->parallel.dp, " on ",
-                                   next->job.hosts.size(), " host(s)").c_str()
+                                   next->job.hosts.size(), " host(s)")
+                          .c_str()
                     : "");
     std::fflush(stdout);
-    ctx.restarts.push_back({{"restart", next->index}, {"cause", cause},
-                            {"resumed_from_step", resume_step}, {"dp", next->parallel.dp}});
+    ctx.restarts.push_back({{"restart", next->index},
+                            {"cause", cause},
+                            {"resumed_from_step", resume_step},
+                            {"dp", next->parallel.dp}});
     // The metrics of the steps after the checkpoint are run again.
     ctx.metrics.close();
     ctx.metrics.open(metrics_path, std::ios::trunc);
@@ -484,7 +513,8 @@ int run_launch(LaunchFlags& f) {
   if (absl::Status st = write_trace_metrics(f.train, *ctx.progress); !st.ok()) {
     return fail(absl::StrCat("--trace: ", st.message()));
   }
-  if (!f.train.save_weights.empty()) std::printf("saved weights to %s\n", f.train.save_weights.c_str());
+  if (!f.train.save_weights.empty())
+    std::printf("saved weights to %s\n", f.train.save_weights.c_str());
   if (!f.train.trace.dir.empty()) {
     std::printf("trace: %s (read it with `troupe trace %s`)\n", f.train.trace.dir.c_str(),
                 f.train.trace.dir.c_str());
@@ -510,7 +540,8 @@ Command add_launch_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--master-addr", f->master_addr, "The address workers reach this launcher at");
   cmd->add_option("--master-port", f->master_port, "The coordinator's port (default: any free)");
-  cmd->add_option("--run-dir", f->run_dir, "Logs, launch.json, metrics (default runs/<date>-<time>)");
+  cmd->add_option("--run-dir", f->run_dir,
+                  "Logs, launch.json, metrics (default runs/<date>-<time>)");
   cmd->add_option("--token-file", f->token_file,
                   "The job token's file (default: TROUPE_JOB_TOKEN, or a new random one)");
   cmd->add_option("--join-timeout", f->join_timeout_s, "Seconds for the job to assemble")
@@ -532,7 +563,8 @@ Command add_agent_command(CLI::App& app) {
   cmd->add_option("--master-addr", o->master_addr, "The launcher's address")->required();
   cmd->add_option("--master-port", o->master_port, "The launcher's agent port")->required();
   cmd->add_option("--index", o->index, "Which host of the job")->required();
-  cmd->add_flag("--exit-signal-handler", o->survive_sigterm, "Outlive SIGTERM (the job saves, then ends)");
+  cmd->add_flag("--exit-signal-handler", o->survive_sigterm,
+                "Outlive SIGTERM (the job saves, then ends)");
   return [o] {
     std::string token;
     std::getline(std::cin, token);  // the launcher writes it on our stdin

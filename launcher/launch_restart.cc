@@ -14,7 +14,8 @@ std::string checkpoint_identity(const model::ckpt::Checkpoint& c) {
   return absl::StrCat(c.meta().step, "@", ec ? 0 : t.time_since_epoch().count());
 }
 
-int largest_dp(const actors::ParallelOptions& par, const model::TrainOptions& o, int slots, int dp) {
+int largest_dp(const actors::ParallelOptions& par, const model::TrainOptions& o, int slots,
+               int dp) {
   for (int d = std::min(dp, slots / (par.tp * par.pp)); d >= 1; d--) {
     actors::ParallelOptions p = par;
     p.dp = d;
@@ -38,7 +39,8 @@ absl::StatusOr<AttemptPlan> next_plan(const LaunchFlags& f, const model::TrainOp
   }
   // (Another run's checkpoint in --save, there before this job began and
   // not what it started from, is not this job's to resume.)
-  if (newest.ok() && checkpoint_identity(*newest) == memo.save_at_start && !memo.started_from_save) {
+  if (newest.ok() && checkpoint_identity(*newest) == memo.save_at_start &&
+      !memo.started_from_save) {
     newest = absl::NotFoundError("not this job's");
   }
   if (newest.ok()) {
@@ -63,9 +65,11 @@ absl::StatusOr<AttemptPlan> next_plan(const LaunchFlags& f, const model::TrainOp
     }
     const int dp = largest_dp(last.parallel, options, total, f.train.parallel.dp);
     if (dp == 0) {
-      return absl::UnavailableError(absl::StrCat(
-          "--elastic: the ", total, " slots left on the reachable hosts fit no data-parallel size "
-          "of --tp ", last.parallel.tp, " x --pp ", last.parallel.pp));
+      return absl::UnavailableError(
+          absl::StrCat("--elastic: the ", total,
+                       " slots left on the reachable hosts fit no data-parallel size "
+                       "of --tp ",
+                       last.parallel.tp, " x --pp ", last.parallel.pp));
     }
     next.parallel.dp = dp;
     absl::StatusOr<Job> job = place_on(std::move(slots), next.parallel.world(), last.job.local);

@@ -27,8 +27,8 @@ struct AttemptPlan {
 };
 
 struct Outcome {
-  int code = 0;             // the launcher's exit status, if this start is the last
-  std::string message;      // its error ("" when the run succeeded)
+  int code = 0;              // the launcher's exit status, if this start is the last
+  std::string message;       // its error ("" when the run succeeded)
   bool restartable = false;  // a rank or host failed while the job ran
   std::set<std::string> lost_hosts;
   std::chrono::steady_clock::time_point failed_at;

@@ -1,10 +1,9 @@
 // Child processes in their own groups; see launcher/process.h.
 #include "launcher/process.h"
-#include "launcher/exit_codes.h"
 
 #include <fcntl.h>
-#include <signal.h>
 #include <pthread.h>
+#include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -16,6 +15,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "launcher/exit_codes.h"
 
 extern char** environ;
 

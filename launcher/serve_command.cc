@@ -269,14 +269,17 @@ class Api {
 
 int run(const ServeFlags& f) {
   if (f.port < 0 || f.port > 65535) {
-    return command_failed("serve", absl::InvalidArgumentError("--port must be in [0, 65535] (0: any free port)"));
+    return command_failed(
+        "serve", absl::InvalidArgumentError("--port must be in [0, 65535] (0: any free port)"));
   }
   if (f.max_concurrent < 1 || f.max_concurrent > 1024) {
-    return command_failed("serve", absl::InvalidArgumentError("--max-concurrent must be in [1, 1024]"));
+    return command_failed("serve",
+                          absl::InvalidArgumentError("--max-concurrent must be in [1, 1024]"));
   }
   if (f.max_request_tokens < 1 || f.max_request_bytes < 1) {
-    return command_failed("serve", absl::InvalidArgumentError(
-        "--max-request-tokens and --max-request-bytes must be positive"));
+    return command_failed("serve",
+                          absl::InvalidArgumentError(
+                              "--max-request-tokens and --max-request-bytes must be positive"));
   }
   // SIGINT and SIGTERM: blocked here, before any thread starts (the model's
   // streams, the server's pool inherit the mask), and taken by `stopper`,
@@ -342,8 +345,9 @@ int run(const ServeFlags& f) {
                                std::exception_ptr) { reply_error(res, 500, "internal error"); });
   const int port = f.port == 0 ? svr.bind_to_any_port(f.host) : f.port;
   if (port < 0 || (f.port != 0 && !svr.bind_to_port(f.host, f.port))) {
-    return finish(command_failed("serve", absl::UnavailableError(
-        absl::StrCat("--host ", f.host, " --port ", f.port, ": cannot listen there"))));
+    return finish(command_failed(
+        "serve", absl::UnavailableError(absl::StrCat("--host ", f.host, " --port ", f.port,
+                                                     ": cannot listen there"))));
   }
   std::fprintf(stderr, "troupe serve: %s\n", api.model().description.c_str());
   std::fprintf(stderr, "troupe serve: listening on http://%s:%d (PUT /api, GET /health)\n",

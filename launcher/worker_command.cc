@@ -26,12 +26,12 @@
 #include "absl/strings/strip.h"
 #include "actors/runtime/coordinator_host.h"
 #include "actors/runtime/worker.h"
+#include "api/train_flags.h"
 #include "comm/auth.h"
 #include "launcher/commands.h"
 #include "launcher/exit_codes.h"
-#include "launcher/trace_signal.h"
-#include "api/train_flags.h"
 #include "launcher/launch_support.h"
+#include "launcher/trace_signal.h"
 #include "launcher/world_env.h"
 
 namespace troupe::launcher {
@@ -54,7 +54,8 @@ absl::StatusOr<std::string> read_token(const std::string& token_file) {
     std::getline(std::cin, token);
   } else if (!token_file.empty()) {
     std::ifstream in(token_file);
-    if (!in) return absl::InvalidArgumentError(absl::StrCat("--token-file ", token_file, ": cannot read"));
+    if (!in)
+      return absl::InvalidArgumentError(absl::StrCat("--token-file ", token_file, ": cannot read"));
     std::getline(in, token);
   } else if (const char* env = std::getenv("TROUPE_JOB_TOKEN"); env != nullptr) {
     token = env;
@@ -66,9 +67,9 @@ absl::StatusOr<std::string> read_token(const std::string& token_file) {
         "TROUPE_JOB_TOKEN) to the same secret on every rank");
   }
   if (token.size() < comm::kMinTokenLength) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the job token is ", token.size(), " characters; it must have at least ",
-        comm::kMinTokenLength, " (e.g. `openssl rand -hex 32`)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("the job token is ", token.size(), " characters; it must have at least ",
+                     comm::kMinTokenLength, " (e.g. `openssl rand -hex 32`)"));
   }
   return token;
 }
@@ -101,7 +102,7 @@ int run(WorkerFlags& f) {
   if (absl::Status st = par.validate(*options); !st.ok()) return fail(st);
   bool engine = false;
   int local_rank = -1;  // (from our launcher: LOCAL_RANK)
-  if (f.rank < 0) {  // not from our launcher: the engine's variables
+  if (f.rank < 0) {     // not from our launcher: the engine's variables
     absl::StatusOr<std::optional<WorldPosition>> where =
         world_from_env(::getenv, {.master_addr = f.master_addr, .master_port = f.master_port});
     if (!where.ok()) return fail(where.status());
@@ -120,12 +121,13 @@ int run(WorkerFlags& f) {
                  f.world, (*where)->engine.c_str(), f.master_addr.c_str(), f.master_port);
   }
   if (f.world != par.world()) {
-    return fail(absl::InvalidArgumentError(absl::StrCat(
-        "the job has ", f.world, " ranks but --tp ", par.tp, " x --pp ", par.pp, " x --dp ", par.dp,
-        " = ", par.world())));
+    return fail(absl::InvalidArgumentError(absl::StrCat("the job has ", f.world, " ranks but --tp ",
+                                                        par.tp, " x --pp ", par.pp, " x --dp ",
+                                                        par.dp, " = ", par.world())));
   }
   if (f.rank < 0 || f.rank >= f.world) {
-    return fail(absl::InvalidArgumentError(absl::StrCat("--rank ", f.rank, " outside the world of ", f.world)));
+    return fail(absl::InvalidArgumentError(
+        absl::StrCat("--rank ", f.rank, " outside the world of ", f.world)));
   }
   if (f.master_addr.empty() || f.master_port <= 0) {
     return fail(absl::InvalidArgumentError("--master-addr and --master-port are needed"));
@@ -156,7 +158,9 @@ int run(WorkerFlags& f) {
   if (engine && f.rank == 0) {
     if (!f.train.metrics_jsonl.empty()) {
       metrics.open(f.train.metrics_jsonl, std::ios::trunc);
-      if (!metrics) return fail(absl::InvalidArgumentError(absl::StrCat("--metrics-jsonl ", f.train.metrics_jsonl, ": cannot open for writing")));
+      if (!metrics)
+        return fail(absl::InvalidArgumentError(
+            absl::StrCat("--metrics-jsonl ", f.train.metrics_jsonl, ": cannot open for writing")));
     }
     absl::StatusOr<std::unique_ptr<actors::CoordinatorHost>> h = actors::CoordinatorHost::listen(
         {.options = o,
@@ -164,7 +168,10 @@ int run(WorkerFlags& f) {
          .port = f.master_port,
          .token = *token,
          .join_timeout = join,
-         .log = [](const std::string& line) { std::fprintf(stderr, "troupe worker: %s\n", line.c_str()); },
+         .log =
+             [](const std::string& line) {
+               std::fprintf(stderr, "troupe worker: %s\n", line.c_str());
+             },
          .checkpoints = {.flags = ck,
                          .loaded = load,
                          .exit_requested = ck.exit_signal_handler ? exit_signal_received : nullptr,
@@ -201,7 +208,8 @@ int run(WorkerFlags& f) {
       .log = nullptr,
       .dump_hook = &dump_hook};
   absl::Status st = actors::run_worker(w);
-  if (host && !st.ok()) host->cancel(absl::Status(st.code(), absl::StrCat("rank 0: ", st.message())));
+  if (host && !st.ok())
+    host->cancel(absl::Status(st.code(), absl::StrCat("rank 0: ", st.message())));
   if (host) {
     coordinating.join();
     host.reset();

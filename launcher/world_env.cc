@@ -62,7 +62,8 @@ absl::Status expand_one(absl::string_view expr, std::size_t max, std::vector<std
     for (auto& h : hosts) h.append(literal.data(), literal.size());
     if (open == absl::string_view::npos) break;
     const std::size_t close = expr.find(']', open);
-    if (close == absl::string_view::npos) return absl::InvalidArgumentError("a '[' without its ']'");
+    if (close == absl::string_view::npos)
+      return absl::InvalidArgumentError("a '[' without its ']'");
     std::vector<std::string> members;
     for (absl::string_view range : absl::StrSplit(expr.substr(open + 1, close - open - 1), ',')) {
       std::vector<absl::string_view> ends = absl::StrSplit(range, absl::MaxSplits('-', 1));
@@ -99,7 +100,7 @@ absl::Status expand_one(absl::string_view expr, std::size_t max, std::vector<std
 }  // namespace
 
 absl::StatusOr<std::vector<std::string>> expand_slurm_hostlist(absl::string_view list,
-                                                              std::size_t max_hosts) {
+                                                               std::size_t max_hosts) {
   std::vector<std::string> hosts;
   std::size_t start = 0;
   int depth = 0;
@@ -108,7 +109,8 @@ absl::StatusOr<std::vector<std::string>> expand_slurm_hostlist(absl::string_view
     if (c == '[') depth++;
     if (c == ']') depth--;
     if (depth < 0 || depth > 1)
-      return absl::InvalidArgumentError(absl::StrCat("host list '", list, "': unbalanced brackets"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("host list '", list, "': unbalanced brackets"));
     if (c != ',' || depth != 0) continue;
     absl::Status st = expand_one(list.substr(start, i - start), max_hosts, &hosts);
     if (!st.ok())
@@ -192,20 +194,23 @@ absl::StatusOr<std::optional<WorldPosition>> world_from_env(const GetEnv& getenv
     p->master_addr = flags.master_addr;
   } else if (const char* nodes = getenv("SLURM_JOB_NODELIST"); nodes != nullptr) {
     auto hosts = expand_slurm_hostlist(nodes);
-    if (!hosts.ok()) return absl::InvalidArgumentError(absl::StrCat("SLURM_JOB_NODELIST: ",
-                                                                    hosts.status().message()));
+    if (!hosts.ok())
+      return absl::InvalidArgumentError(
+          absl::StrCat("SLURM_JOB_NODELIST: ", hosts.status().message()));
     if (!hosts->empty()) p->master_addr = hosts->front();
   }
   if (p->master_addr.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        p->engine, " started this worker without a master address: pass --master-addr (the host "
-                   "of rank 0) or set MASTER_ADDR"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(p->engine,
+                     " started this worker without a master address: pass --master-addr (the host "
+                     "of rank 0) or set MASTER_ADDR"));
   }
   auto port = int_var(getenv, "MASTER_PORT");
   if (!port.ok()) return port.status();
   p->master_port = port->value_or(flags.master_port > 0 ? flags.master_port : kDefaultMasterPort);
   if (p->master_port < 1 || p->master_port > 65535)
-    return absl::InvalidArgumentError(absl::StrCat("master port ", p->master_port, " out of range"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("master port ", p->master_port, " out of range"));
   return p;
 }
 

@@ -53,6 +53,6 @@ int local_world_from_env(const GetEnv& getenv);
 // order, zero padding kept. An error for unbalanced brackets, a bad range
 // or a list of more than `max_hosts`.
 absl::StatusOr<std::vector<std::string>> expand_slurm_hostlist(absl::string_view list,
-                                                              std::size_t max_hosts = 1 << 16);
+                                                               std::size_t max_hosts = 1 << 16);
 
 }  // namespace troupe::launcher

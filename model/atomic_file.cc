@@ -48,8 +48,8 @@ absl::StatusOr<AtomicFile> AtomicFile::create(const std::string& path, unsigned 
   f.path_ = path;
   for (int attempt = 0; attempt < 100; attempt++) {
     f.tmp_ = temp_name(path);
-    f.fd_ = ::open(f.tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC,
-                   static_cast<mode_t>(mode));
+    f.fd_ =
+        ::open(f.tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, static_cast<mode_t>(mode));
     if (f.fd_ >= 0) break;
     if (errno != EEXIST) {
       const int code = errno;
@@ -60,7 +60,7 @@ absl::StatusOr<AtomicFile> AtomicFile::create(const std::string& path, unsigned 
         return absl::PermissionDeniedError(what);
       }
       return code == ENOENT || code == ENOTDIR ? absl::NotFoundError(what)
-                                                : absl::InternalError(what);
+                                               : absl::InternalError(what);
     }
   }
   if (f.fd_ < 0) {
@@ -167,7 +167,8 @@ absl::Status AtomicFile::commit() {
   if (dfd < 0 || ::fsync(dfd) != 0) {
     const std::string why = reason();
     if (dfd >= 0) ::close(dfd);
-    error_ = absl::DataLossError(absl::StrCat(path_, ": cannot fsync its directory ", dir, ": ", why));
+    error_ =
+        absl::DataLossError(absl::StrCat(path_, ": cannot fsync its directory ", dir, ": ", why));
     return error_;
   }
   ::close(dfd);

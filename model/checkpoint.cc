@@ -2,8 +2,8 @@
 #include "model/checkpoint.h"
 
 #include <fcntl.h>
-#include <sys/file.h>
 #include <stdio.h>
+#include <sys/file.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -82,7 +82,6 @@ absl::Status fsync_path(const std::string& path) {
   return absl::OkStatus();
 }
 
-
 // TROUPE_DEBUG_SAVE_DELAY=SECONDS, for tests only (tests/ckpt/ckpt_test.py
 // kills a run inside a save): at each point of a save -- its temporary made,
 // a rank's file written, the manifest written, the directory renamed (the
@@ -149,8 +148,9 @@ absl::Status move_into_place(const std::string& dir, const std::string& tmp_dir,
     if (named == step) {
       std::vector<int> others = complete_steps(dir);
       others.erase(std::remove(others.begin(), others.end(), step), others.end());
-      absl::Status st = others.empty() ? (fs::remove(tracker, ec), fsync_path(dir))
-                                       : write_file_atomically(tracker, absl::StrCat(others.back(), "\n"));
+      absl::Status st = others.empty()
+                            ? (fs::remove(tracker, ec), fsync_path(dir))
+                            : write_file_atomically(tracker, absl::StrCat(others.back(), "\n"));
       if (!st.ok()) return st;
     }
     const std::string old = absl::StrCat(final_dir, ".tmp-replaced-", ::getpid());
@@ -179,16 +179,17 @@ absl::Status lock_save_dir(const std::string& dir) {
   const std::string path = absl::StrCat(dir, "/.troupe-save.lock");
   const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666);
   if (fd < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("--save ", dir, ": cannot open ", path, ": ", reason()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--save ", dir, ": cannot open ", path, ": ", reason()));
   }
   if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
     const bool busy = errno == EWOULDBLOCK;
     const std::string why = reason();
     ::close(fd);
     return absl::FailedPreconditionError(absl::StrCat(
-        "--save ", dir, busy ? ": another run is saving checkpoints there (it holds "
-                             : ": cannot lock ",
-        path, busy ? ")" : absl::StrCat(": ", why)));
+        "--save ", dir,
+        busy ? ": another run is saving checkpoints there (it holds " : ": cannot lock ", path,
+        busy ? ")" : absl::StrCat(": ", why)));
   }
   (*held)[key] = fd;  // held until the process ends
   return absl::OkStatus();
@@ -214,8 +215,8 @@ absl::StatusOr<std::string> begin_save(const std::string& dir, int step) {
   const std::string tmp =
       absl::StrCat(dir, "/", iter_name(step), ".tmp-", ::getpid(), "-", random() % 1000000000);
   if (!fs::create_directory(tmp, ec) || ec) {
-    return absl::InternalError(absl::StrCat("--save ", dir, ": cannot make ", tmp, ": ",
-                                            ec ? ec.message() : "it exists"));
+    return absl::InternalError(
+        absl::StrCat("--save ", dir, ": cannot make ", tmp, ": ", ec ? ec.message() : "it exists"));
   }
   debug_save_point("temporary made", tmp);
   return tmp;
@@ -283,8 +284,8 @@ absl::Status commit(const std::string& dir, const std::string& tmp_dir, const Me
   if (absl::Status st = fsync_path(dir); !st.ok()) return st;
   debug_save_point("renamed", final_dir);
   // The tracker last: it names a complete checkpoint, the old or the new.
-  if (absl::Status st = write_file_atomically(absl::StrCat(dir, "/", kTracker),
-                                              absl::StrCat(meta.step, "\n"));
+  if (absl::Status st =
+          write_file_atomically(absl::StrCat(dir, "/", kTracker), absl::StrCat(meta.step, "\n"));
       !st.ok()) {
     return st;
   }
@@ -297,7 +298,8 @@ absl::Status commit(const std::string& dir, const std::string& tmp_dir, const Me
       if (old == meta.step) continue;  // the tracker's: never
       // Renamed to a temporary's name first: a crash in the middle of the
       // removal leaves no partial checkpoint that looks complete.
-      const std::string doomed = absl::StrCat(dir, "/", iter_name(old), ".tmp-removing-", ::getpid());
+      const std::string doomed =
+          absl::StrCat(dir, "/", iter_name(old), ".tmp-removing-", ::getpid());
       fs::rename(absl::StrCat(dir, "/", iter_name(old)), doomed, ec);
       if (!ec) fs::remove_all(doomed, ec);
     }

@@ -92,7 +92,7 @@ struct Meta {
   TrainOptions options;  // the run's (model as the ranks held it)
   int tp = 1, pp = 1, dp = 1, virtual_stages = 1;
   std::string schedule = "1f1b";
-  std::string writer;                 // "troupe 0.1.0"
+  std::string writer;  // "troupe 0.1.0"
   int world() const { return tp * pp * dp; }
   std::string describe_layout() const;  // "tp=2 pp=2 dp=1 1f1b"
 };

@@ -61,8 +61,8 @@ absl::StatusOr<Checkpoint> Checkpoint::open(const std::string& path) {
     const std::string tracker = absl::StrCat(dir, "/", kTracker);
     absl::StatusOr<std::string> text = read_text(tracker);
     if (!text.ok()) {
-      return absl::NotFoundError(absl::StrCat(
-          path, ": not a checkpoint (no manifest.json) and no ", kTracker, " naming one"));
+      return absl::NotFoundError(absl::StrCat(path, ": not a checkpoint (no manifest.json) and no ",
+                                              kTracker, " naming one"));
     }
     int step = 0;
     if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(*text), &step) || step < 0) {
@@ -71,8 +71,8 @@ absl::StatusOr<Checkpoint> Checkpoint::open(const std::string& path) {
     }
     dir = absl::StrCat(dir, "/", iter_name(step));
     if (!fs::exists(absl::StrCat(dir, "/manifest.json"), ec)) {
-      return absl::NotFoundError(
-          absl::StrCat(tracker, " names iteration ", step, " but ", dir, " is not a complete checkpoint"));
+      return absl::NotFoundError(absl::StrCat(tracker, " names iteration ", step, " but ", dir,
+                                              " is not a complete checkpoint"));
     }
   }
   Checkpoint c;
@@ -133,8 +133,8 @@ absl::StatusOr<const SafetensorsFile*> Checkpoint::file(const std::string& name)
   auto it = cache_->files.find(name);
   if (it != cache_->files.end()) return &it->second;
   if (name.find('/') != std::string::npos || name.empty() || name[0] == '.') {
-    return absl::InvalidArgumentError(absl::StrCat(dir_, ": a record names the file \"", name,
-                                                   "\", which is not a rank file"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(dir_, ": a record names the file \"", name, "\", which is not a rank file"));
   }
   absl::StatusOr<SafetensorsFile> f =
       SafetensorsFile::open(absl::StrCat(dir_, "/", name), SafetensorsFile::Read::kHeader);
@@ -152,7 +152,8 @@ absl::StatusOr<const SafetensorsFile*> Checkpoint::file(const std::string& name)
   }
   auto it_rank = f->metadata().find("rank");
   if (rank < 0 || it_rank == f->metadata().end() || it_rank->second != std::to_string(rank)) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": not rank ", rank, "'s checkpoint file"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": not rank ", rank, "'s checkpoint file"));
   }
   for (const TensorRecord& r : records_) {
     if (r.file != name) continue;
@@ -171,7 +172,8 @@ absl::Status Checkpoint::check_model(const GptConfig& c) const {
   const GptConfig& k = meta_.options.model;
   std::vector<std::string> diffs;
   auto cmp = [&](const char* flag, int here, int there) {
-    if (here != there) diffs.push_back(absl::StrCat(flag, " ", here, " here, ", there, " in the checkpoint"));
+    if (here != there)
+      diffs.push_back(absl::StrCat(flag, " ", here, " here, ", there, " in the checkpoint"));
   };
   cmp("--layers", c.L, k.L);
   cmp("--channels", c.C, k.C);
@@ -179,8 +181,8 @@ absl::Status Checkpoint::check_model(const GptConfig& c) const {
   cmp("--seq-len", c.T, k.T);
   cmp("--vocab-size", c.V, k.V);
   if (diffs.empty()) return absl::OkStatus();
-  return absl::FailedPreconditionError(absl::StrCat(dir_, " holds another model: ",
-                                                    absl::StrJoin(diffs, "; ")));
+  return absl::FailedPreconditionError(
+      absl::StrCat(dir_, " holds another model: ", absl::StrJoin(diffs, "; ")));
 }
 
 absl::Status Checkpoint::check_resume(const TrainOptions& o) const {
@@ -237,7 +239,8 @@ absl::Status Checkpoint::check_resume(const TrainOptions& o) const {
   }
   if (diffs.empty()) return absl::OkStatus();
   return absl::FailedPreconditionError(absl::StrCat(
-      dir_, " was written by a run with other data or optimizer settings, so resuming would "
+      dir_,
+      " was written by a run with other data or optimizer settings, so resuming would "
       "not continue it: ",
       absl::StrJoin(diffs, "; "), " (--no-load-optim starts a new run from its parameters)"));
 }
@@ -252,8 +255,9 @@ absl::Status Checkpoint::read_piece(const TensorRecord& r, std::vector<char>* by
   if (!f.ok()) return f.status();
   if (absl::Status st = (*f)->read(*(*f)->find(r.name), bytes); !st.ok()) return st;
   if (crc_of(bytes->data(), bytes->size()) != r.crc32) {
-    return absl::DataLossError(absl::StrCat(dir_, "/", r.file, ": tensor ", r.name,
-                                            " is damaged (its CRC-32 differs from the manifest's)"));
+    return absl::DataLossError(
+        absl::StrCat(dir_, "/", r.file, ": tensor ", r.name,
+                     " is damaged (its CRC-32 differs from the manifest's)"));
   }
   return absl::OkStatus();
 }
@@ -295,7 +299,8 @@ absl::StatusOr<const std::vector<float>*> Checkpoint::assemble(
   // allocated below is no more than the files hold (open() has checked
   // that the pieces cover the tensor).
   for (std::size_t i : it->second) {
-    if (absl::StatusOr<const SafetensorsFile*> f = file(records_[i].file); !f.ok()) return f.status();
+    if (absl::StatusOr<const SafetensorsFile*> f = file(records_[i].file); !f.ok())
+      return f.status();
   }
   std::vector<float> out(static_cast<std::size_t>(n), 0.0f);
   std::vector<bool> seen(static_cast<std::size_t>(n), false);
@@ -303,7 +308,8 @@ absl::StatusOr<const std::vector<float>*> Checkpoint::assemble(
   for (std::size_t i : it->second) {
     const TensorRecord& r = records_[i];
     if (r.global_shape != gshape) {
-      return absl::InvalidArgumentError(absl::StrCat(dir_, ": ", key, " has pieces of different global shapes"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(dir_, ": ", key, " has pieces of different global shapes"));
     }
     // A replicated parameter is on every TP rank (the same values): t = 0's.
     if (r.split == Split::kNone && r.t != 0) continue;
@@ -336,7 +342,8 @@ namespace {
 bool may_overlap(const TensorRecord& r, const ParamSpec& spec, std::int64_t lb, std::int64_t le) {
   const Split split = spec.replicated() ? Split::kNone : spec.split;
   if (r.split != split || r.tp != (split == Split::kNone ? r.tp : spec.slice.tp)) return true;
-  if (!std::equal(r.slice_shape.begin(), r.slice_shape.end(), spec.shape.begin(), spec.shape.end())) {
+  if (!std::equal(r.slice_shape.begin(), r.slice_shape.end(), spec.shape.begin(),
+                  spec.shape.end())) {
     return true;  // (another vocabulary padding: other rows in each slice)
   }
   if (split != Split::kNone && r.t != spec.slice.t) return false;
@@ -364,11 +371,11 @@ absl::Status Checkpoint::fill(const Piece& p) const {
     for (std::int64_t d : g) g_numel *= d;
     const bool rows_only = g.size() == spec.full_shape.size() &&
                            std::equal(g.begin() + 1, g.end(), spec.full_shape.begin() + 1);
-    if (!rows_only || (g[0] != spec.full_shape[0] &&
-                       (spec.name != "wte.weight" || g[0] < spec.real_rows))) {
-      return absl::FailedPreconditionError(absl::StrCat(dir_, ": ", spec.name, " is ",
-                                                        absl::StrJoin(g, "x"), " there, ",
-                                                        absl::StrJoin(spec.full_shape, "x"), " here"));
+    if (!rows_only ||
+        (g[0] != spec.full_shape[0] && (spec.name != "wte.weight" || g[0] < spec.real_rows))) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(dir_, ": ", spec.name, " is ", absl::StrJoin(g, "x"), " there, ",
+                       absl::StrJoin(spec.full_shape, "x"), " here"));
     }
     const std::int64_t lb = b - spec.offset, le = e - spec.offset;
     float* dst = p.data + (b - p.begin);
@@ -397,8 +404,8 @@ absl::Status Checkpoint::fill(const Piece& p) const {
       }
     }
     if (missing > 0) {
-      return absl::DataLossError(absl::StrCat(dir_, ": ", missing, " elements of ", key,
-                                              " are in no rank's file"));
+      return absl::DataLossError(
+          absl::StrCat(dir_, ": ", missing, " elements of ", key, " are in no rank's file"));
     }
   }
   return absl::OkStatus();

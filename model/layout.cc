@@ -119,11 +119,12 @@ const ParamSpec* ParamLayout::find_or_null(const std::string& name) const {
 absl::StatusOr<const ParamSpec*> ParamLayout::lookup(const std::string& name) const {
   const ParamSpec* s = find_or_null(name);
   if (s == nullptr) {
-    return absl::NotFoundError(
-        absl::StrCat("no parameter '", name, "' in this layout (", specs_.size(), " parameters",
-                     specs_.empty() ? "" : absl::StrCat(", '", specs_.front().name, "' to '",
-                                                        specs_.back().name, "'"),
-                     ")"));
+    return absl::NotFoundError(absl::StrCat(
+        "no parameter '", name, "' in this layout (", specs_.size(), " parameters",
+        specs_.empty()
+            ? ""
+            : absl::StrCat(", '", specs_.front().name, "' to '", specs_.back().name, "'"),
+        ")"));
   }
   return s;
 }

@@ -47,7 +47,7 @@ class SafetensorsFile {
 
  private:
   std::string path_;
-  std::vector<char> data_;  // the data section (kWhole)
+  std::vector<char> data_;        // the data section (kWhole)
   std::uint64_t data_start_ = 0;  // its offset in the file
   std::vector<SafetensorsEntry> entries_;
   std::map<std::string, std::string> metadata_;

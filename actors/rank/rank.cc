@@ -285,7 +285,7 @@ absl::Status RankUnit::write_trace(const std::string& dir, TraceHeader header) c
 
 void RankUnit::end_pending(const absl::Status& why) {
   for (int peer = 0; peer < transport_->size(); peer++) transport_->fail_peer(peer, why);
-  if (tensor_) tensor_->fail(why);  // a stream waiting in a TP collective goes on
+  if (tensor_) tensor_->fail(why);          // a stream waiting in a TP collective goes on
   if (data_group_) data_group_->fail(why);  // or in a DP one
   connect_cancelled_ = true;
 }
@@ -322,7 +322,7 @@ RankUnit::~RankUnit() {
   drain();
   tp_device_.reset();  // its NCCL communicator, while the stream it fails is alive
   dp_device_.reset();
-  links_.reset();      // theirs too
+  links_.reset();  // theirs too
 }
 
 std::vector<model::ckpt::Piece> RankUnit::checkpoint_pieces() {

@@ -26,14 +26,14 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "actors/diagnostics/trace_file.h"
+#include "actors/diagnostics/trace_marks.h"
 #include "actors/optimizer_actor.h"
 #include "actors/partition.h"
 #include "actors/rank/pipeline_link.h"
+#include "actors/rank/stage_compute.h"
 #include "actors/schedule.h"
 #include "actors/shard_actor.h"
-#include "actors/rank/stage_compute.h"
-#include "actors/diagnostics/trace_file.h"
-#include "actors/diagnostics/trace_marks.h"
 #include "comm/communicator.h"
 #include "comm/groups.h"
 #include "comm/transport.h"
@@ -52,7 +52,7 @@ struct ParallelOptions {
   int dp = 1;              // --dp: data-parallel replicas
   int virtual_stages = 1;  // --virtual-stages: model chunks per stage (interleaved)
   ScheduleKind schedule = ScheduleKind::k1F1B;
-  FailPoint fail = {};  // testing (--debug-fail-stage, --debug-stall-stage)
+  FailPoint fail = {};           // testing (--debug-fail-stage, --debug-stall-stage)
   double stall_timeout_s = 600;  // --stall-timeout: a run with no progress this long fails
   // The device every rank of this process computes on (null: the CPU). A
   // device the host cannot read works too (its transfers go through host
@@ -81,7 +81,8 @@ struct CheckpointOptions {
   std::string load;       // save directory (its newest) or DIR/iter_NNNNNNN; "" none
   bool load_optim = true;
   bool exit_signal_handler = false;  // SIGTERM: save after this step and end
-  int exit_interval = 0;  // --exit-interval: save (with --save) and end after a step that is a multiple
+  int exit_interval =
+      0;  // --exit-interval: save (with --save) and end after a step that is a multiple
 };
 
 // What a run does with checkpoints: the flags, the one --load opened, and
@@ -101,12 +102,12 @@ struct RunCheckpoints {
 struct TraceOptions {
   static constexpr std::size_t kTraceEvents = std::size_t{1} << 18;  // 16 MiB a rank
   static constexpr std::size_t kFlightEvents = 4096;
-  std::string dir;          // --trace DIR: written at the end, on failure, on SIGUSR1
-  int first_step = 0;       // --trace-steps A:B records steps A..B only
+  std::string dir;     // --trace DIR: written at the end, on failure, on SIGUSR1
+  int first_step = 0;  // --trace-steps A:B records steps A..B only
   int last_step = 1 << 30;
-  std::size_t events = 0;   // --trace-buffer: events a rank keeps (0: the defaults above)
-  std::string flight_dir;   // where a failure writes without --trace ("": default_flight_dir())
-  bool off = false;         // --debug-trace-off: record nothing (to measure what recording costs)
+  std::size_t events = 0;  // --trace-buffer: events a rank keeps (0: the defaults above)
+  std::string flight_dir;  // where a failure writes without --trace ("": default_flight_dir())
+  bool off = false;        // --debug-trace-off: record nothing (to measure what recording costs)
   std::size_t capacity() const {
     return events > 0 ? events : dir.empty() ? kFlightEvents : kTraceEvents;
   }
@@ -287,8 +288,8 @@ class RankUnit {
   std::int64_t allocated_bytes_ = 0;                    // create + spawn, by the device
   // By chunk: the parameters, the partition's master, m and v (made on first use).
   std::vector<std::array<gpu::HostMirror, 4>> state_;
-  std::shared_ptr<model::ckpt::Snapshot> snapshot_;     // the last save's copy (reused)
-  model::ckpt::BackgroundWrite writer_;                  // a save's write (after the streams)
+  std::shared_ptr<model::ckpt::Snapshot> snapshot_;  // the last save's copy (reused)
+  model::ckpt::BackgroundWrite writer_;              // a save's write (after the streams)
   // Last, so that they drain before the buffers above go away.
   std::unique_ptr<gpu::Stream> stream_, optimizer_stream_;
   // After the compute stream, which its streams' calls fail and wait for
@@ -311,7 +312,8 @@ struct CheckpointChunk {
 // The model chunks rank `coord` of `par` runs (by chunk index), as
 // RankUnit::create builds them. `config` is already sliced_config().
 std::vector<model::StageSpec> rank_chunk_specs(const model::GptConfig& config,
-                                               const ParallelOptions& par, const comm::Coord& coord);
+                                               const ParallelOptions& par,
+                                               const comm::Coord& coord);
 // The checkpoint pieces of rank `coord` of a dp-way layout: replica 0 its
 // parameters, every replica its ZeRO-1 partitions' state (partition_range,
 // as the Partition computes it). The one definition of what a rank saves

@@ -14,8 +14,7 @@ namespace troupe::actors {
 
 absl::StatusOr<std::unique_ptr<InProcessTrainer>> InProcessTrainer::create(
     const model::TrainOptions& options, const ParallelOptions& parallel,
-    const StageFactory& factory, const RunCheckpoints& checkpoints,
-    const TraceOptions& trace) {
+    const StageFactory& factory, const RunCheckpoints& checkpoints, const TraceOptions& trace) {
   if (absl::Status st = parallel.validate(options); !st.ok()) return st;
   if (parallel.tp > 1 && parallel.device != nullptr &&
       parallel.device->kind() == gpu::DeviceKind::kCuda) {
@@ -127,9 +126,9 @@ absl::Status InProcessTrainer::run(caf::actor_system& system, const StepCallback
 
   std::vector<caf::actor> all{coordinator};
   for (auto& r : ranks_) {
-    RankUnit::Actors a =
-        r->spawn(system, {.coordinator = coordinator, .train = data_.train.get(),
-                          .valid = data_.valid.get()});
+    RankUnit::Actors a = r->spawn(
+        system,
+        {.coordinator = coordinator, .train = data_.train.get(), .valid = data_.valid.get()});
     setup->shards.push_back(a.shard);
     setup->optimizers.push_back(a.optimizer);
     all.push_back(a.shard);
@@ -162,7 +161,8 @@ absl::Status InProcessTrainer::finish_traces(absl::Status st) const {
   if (st.ok()) {
     if (trace_.dir.empty()) return st;
     absl::Status written = write_traces(trace_.dir, "end");
-    if (!written.ok()) return absl::Status(written.code(), absl::StrCat("--trace: ", written.message()));
+    if (!written.ok())
+      return absl::Status(written.code(), absl::StrCat("--trace: ", written.message()));
     return st;
   }
   const std::string dir = trace_.failure_dir();

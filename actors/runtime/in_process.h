@@ -4,9 +4,8 @@
 // and the Coordinator. This is what `troupe train --pp P --dp D` runs.
 //
 // Each rank is a RankUnit (actors/rank/rank.h), the same unit a worker process
-// runs; its buffers, streams and transports outlive the actors, so a run ends in a fixed order: the coordinator
-// finishes, the transports fail what is pending, the actors exit, the
-// streams drain.
+// runs; its buffers, streams and transports outlive the actors, so a run ends in a fixed order: the
+// coordinator finishes, the transports fail what is pending, the actors exit, the streams drain.
 //
 //   auto t = actors::InProcessTrainer::create(options, {.pp = 2, .dp = 2});
 //   RETURN_IF_ERROR((*t)->run([](const model::StepMetrics& m) { ... }));
@@ -14,19 +13,18 @@
 #pragma once
 
 #include <atomic>
+#include <caf/all.hpp>
 #include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
-#include <caf/all.hpp>
-
 #include "absl/status/statusor.h"
 #include "actors/rank/rank.h"
-#include "actors/schedule.h"
 #include "actors/rank/stage_compute.h"
-#include "comm/groups.h"
+#include "actors/schedule.h"
 #include "comm/communicator.h"
+#include "comm/groups.h"
 #include "comm/inproc_transport.h"
 #include "model/data/datasets.h"
 #include "model/trainer.h"

@@ -86,8 +86,9 @@ absl::Status check_types(caf::actor_system& system, absl::string_view frame,
                         type == "troupe::f64" || type == "troupe::f32" ||
                         type == "troupe::WaitReport";
     if (!scalar && !(allow_string_lists && type == "@strvec")) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "a control frame with a value of type '", type.substr(0, 64), "', not a control message's"));
+      return absl::InvalidArgumentError(absl::StrCat("a control frame with a value of type '",
+                                                     type.substr(0, 64),
+                                                     "', not a control message's"));
     }
   }
   return absl::OkStatus();
@@ -205,12 +206,15 @@ void RemoteActor::lost(const std::string& why) {
 
 CoordinatorStandIn::CoordinatorStandIn(caf::actor_config& cfg, FrameSink sink)
     : caf::event_based_actor(cfg), sink_(std::move(sink)) {
-  set_default_handler([this](caf::scheduled_actor*, caf::message_view& x) -> caf::result<caf::message> {
-    Envelope e{.to = Target::kCoordinator, .actor = 0, .request = 0,
-               .content = x.move_content_to_message()};
-    (void)sink_(encode_envelope(home_system(), e));
-    return caf::message{};
-  });
+  set_default_handler(
+      [this](caf::scheduled_actor*, caf::message_view& x) -> caf::result<caf::message> {
+        Envelope e{.to = Target::kCoordinator,
+                   .actor = 0,
+                   .request = 0,
+                   .content = x.move_content_to_message()};
+        (void)sink_(encode_envelope(home_system(), e));
+        return caf::message{};
+      });
 }
 
 caf::behavior CoordinatorStandIn::make_behavior() {
@@ -233,10 +237,10 @@ caf::behavior RequestRelay::make_behavior() {
         request(dest, std::chrono::seconds(30), std::move(content))
             .then(
                 [this, target, id](const WaitReport& r) {
-                  (void)sink_(encode_envelope(
-                      home_system(),
-                      {.to = Target::kReply, .actor = target, .request = id,
-                       .content = caf::make_message(r)}));
+                  (void)sink_(encode_envelope(home_system(), {.to = Target::kReply,
+                                                              .actor = target,
+                                                              .request = id,
+                                                              .content = caf::make_message(r)}));
                 },
                 [](caf::error&) {});  // the asker's own timeout says it
       },

@@ -126,8 +126,8 @@ struct RankHello {
   std::string host = {};  // gethostname()
   std::int32_t pid = 0;
   std::string transport_address = {};  // UcxTransport::address()
-  bool has_valid = false;         // it has validation data (--eval-interval)
-  std::string train_data = {};    // SampleSource::describe(), for the launcher's banner
+  bool has_valid = false;              // it has validation data (--eval-interval)
+  std::string train_data = {};         // SampleSource::describe(), for the launcher's banner
   // Its device: the kind ("cpu", "opaque", "cuda"; every rank's must be the
   // same, as the links and collectives take their path by it) and its name.
   std::string device = {}, device_name = {};

@@ -36,11 +36,11 @@ struct LinkState {
   std::optional<std::vector<std::string>> addresses;  // the world message
   std::optional<absl::Status> ended;                  // the end message
   std::optional<absl::Status> lost;                   // the coordinator is gone
-  bool bye = false;  // every rank is done: the transport may go
+  bool bye = false;                                   // every rank is done: the transport may go
   // Set once the actors are up; frames for them before that are dropped.
   caf::actor shard, optimizer, relay;
   std::optional<std::pair<std::int64_t, std::int64_t>> clock;  // a probe's answer (t0, tc)
-  std::function<void(const std::string&)> write_trace;          // the coordinator asks (SIGUSR1)
+  std::function<void(const std::string&)> write_trace;         // the coordinator asks (SIGUSR1)
 
   bool over() const { return ended.has_value() || lost.has_value(); }
 };
@@ -58,11 +58,12 @@ void on_frame(caf::actor_system& system, LinkState& s, const std::string& frame,
       const auto code = static_cast<absl::StatusCode>(m.get_as<int>(1));
       // (An OK code with a message would be no Status; a code CAF's peer
       // made up is Unknown.)
-      s.ended = code == absl::StatusCode::kOk
-                    ? absl::OkStatus()
-                    : absl::Status(code > absl::StatusCode::kUnauthenticated ? absl::StatusCode::kUnknown
-                                                                           : code,
-                                   m.get_as<std::string>(2));
+      s.ended =
+          code == absl::StatusCode::kOk
+              ? absl::OkStatus()
+              : absl::Status(
+                    code > absl::StatusCode::kUnauthenticated ? absl::StatusCode::kUnknown : code,
+                    m.get_as<std::string>(2));
     } else if (m.match_elements<remote_bye_atom>()) {
       s.bye = true;
     } else if (m.match_elements<remote_clock_atom, std::int64_t, std::int64_t>()) {
@@ -98,7 +99,8 @@ struct ClockSync {
   std::int64_t uncertainty_ns = -1;  // -1: not measured (no answer)
 };
 
-ClockSync probe_clock(caf::actor_system& system, const FrameSink& sink, LinkState& state, int rank) {
+ClockSync probe_clock(caf::actor_system& system, const FrameSink& sink, LinkState& state,
+                      int rank) {
   constexpr int kProbes = 8;
   ClockSync best;
   for (int i = 0; i < kProbes; i++) {
@@ -106,16 +108,15 @@ ClockSync probe_clock(caf::actor_system& system, const FrameSink& sink, LinkStat
     state.clock.reset();
     lock.unlock();
     const std::int64_t t0 = comm::trace::now_ns();
-    if (!sink(encode_envelope(system, {.to = Target::kControl,
-                                       .content = caf::make_message(remote_clock_atom::value, rank,
-                                                                    t0)}))
+    if (!sink(encode_envelope(system,
+                              {.to = Target::kControl,
+                               .content = caf::make_message(remote_clock_atom::value, rank, t0)}))
              .ok()) {
       break;
     }
     lock.lock();
-    state.cv.wait_for(lock, std::chrono::seconds(1), [&] {
-      return (state.clock && state.clock->first == t0) || state.over();
-    });
+    state.cv.wait_for(lock, std::chrono::seconds(1),
+                      [&] { return (state.clock && state.clock->first == t0) || state.over(); });
     if (!state.clock || state.clock->first != t0) break;
     const std::int64_t t1 = comm::trace::now_ns();
     const std::int64_t half = (t1 - t0) / 2;
@@ -180,14 +181,16 @@ absl::Status send_sync(comm::Transport& t, int peer, comm::Tag tag, const void* 
                        std::size_t bytes) {
   auto p = std::make_shared<std::promise<absl::Status>>();
   std::future<absl::Status> f = p->get_future();
-  t.send(peer, tag, data, bytes, [p](absl::Status st) { p->set_value(std::move(st)); }, nullptr);
+  t.send(
+      peer, tag, data, bytes, [p](absl::Status st) { p->set_value(std::move(st)); }, nullptr);
   return finish_within(t, peer, f);
 }
 
 absl::Status recv_sync(comm::Transport& t, int peer, comm::Tag tag, void* data, std::size_t bytes) {
   auto p = std::make_shared<std::promise<absl::Status>>();
   std::future<absl::Status> f = p->get_future();
-  t.recv(peer, tag, data, bytes, [p](absl::Status st) { p->set_value(std::move(st)); }, nullptr);
+  t.recv(
+      peer, tag, data, bytes, [p](absl::Status st) { p->set_value(std::move(st)); }, nullptr);
   return finish_within(t, peer, f);
 }
 
@@ -203,7 +206,8 @@ comm::Tag weights_tag(int source, int chunk) {
 
 }  // namespace
 
-absl::Status gather_and_save_weights(RankUnit& unit, const RankSpec& spec, const std::string& path) {
+absl::Status gather_and_save_weights(RankUnit& unit, const RankSpec& spec,
+                                     const std::string& path) {
   const ParallelOptions& par = spec.parallel;
   const comm::Layout layout = par.layout();
   if (spec.rank != 0) {
@@ -214,7 +218,8 @@ absl::Status gather_and_save_weights(RankUnit& unit, const RankSpec& spec, const
         return send_sync(unit.transport(), 0, weights_tag(spec.rank, static_cast<int>(ch)), host,
                          static_cast<std::size_t>(p.numel()) * 4);
       });
-      if (!st.ok()) return absl::UnavailableError(absl::StrCat("sending the weights: ", st.message()));
+      if (!st.ok())
+        return absl::UnavailableError(absl::StrCat("sending the weights: ", st.message()));
     }
     return absl::OkStatus();
   }
@@ -234,7 +239,8 @@ absl::Status gather_and_save_weights(RankUnit& unit, const RankSpec& spec, const
       const model::ParamLayout slice = model::ParamLayout::gpt(
           c, chunk_spec(c, shape, virtual_stage(shape, at.s, ch)), {par.tp, at.t});
       std::vector<float> buf(static_cast<std::size_t>(slice.total()));
-      absl::Status st = recv_sync(unit.transport(), r, weights_tag(r, ch), buf.data(), buf.size() * 4);
+      absl::Status st =
+          recv_sync(unit.transport(), r, weights_tag(r, ch), buf.data(), buf.size() * 4);
       if (!st.ok()) {
         return absl::UnavailableError(
             absl::StrCat("receiving the weights of rank ", r, ": ", st.message()));
@@ -334,7 +340,8 @@ absl::Status run_worker(const WorkerOptions& o) {
   const TraceOptions& trace = o.spec.trace;
   {
     std::lock_guard<std::mutex> lock(state.mu);
-    state.write_trace = [&dumps, &trace, &log, clock, unit = unit->get()](const std::string& reason) {
+    state.write_trace = [&dumps, &trace, &log, clock,
+                         unit = unit->get()](const std::string& reason) {
       dumps.start([&trace, &log, clock, unit, reason] {
         write_rank_trace(*unit, trace.failure_dir(), reason, "", clock, log);
       });
@@ -361,18 +368,18 @@ absl::Status run_worker(const WorkerOptions& o) {
     const auto deadline = std::chrono::steady_clock::now() + absl::ToChronoSeconds(o.join_timeout);
     state.cv.wait_until(lock, deadline, [&] { return state.addresses || state.over(); });
     if (!state.addresses && !state.over()) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "the job did not assemble within ", absl::FormatDuration(o.join_timeout),
-          " (the coordinator never sent the ranks' addresses)"));
+      return absl::DeadlineExceededError(
+          absl::StrCat("the job did not assemble within ", absl::FormatDuration(o.join_timeout),
+                       " (the coordinator never sent the ranks' addresses)"));
     }
   }
   if (state.addresses) {
     if (absl::Status st = transport->connect(*state.addresses); !st.ok()) {
-      (void)sink(encode_envelope(
-          system, {.to = Target::kControl,
-                   .content = caf::make_message(failed_atom::value, o.spec.rank,
-                                                absl::StrCat("connecting its transport: ",
-                                                             st.message()))}));
+      (void)sink(
+          encode_envelope(system, {.to = Target::kControl,
+                                   .content = caf::make_message(
+                                       failed_atom::value, o.spec.rank,
+                                       absl::StrCat("connecting its transport: ", st.message()))}));
       return st;
     }
   }
@@ -416,9 +423,9 @@ absl::Status run_worker(const WorkerOptions& o) {
     std::unique_lock<std::mutex> lock(state.mu);
     state.cv.wait(lock, [&] { return state.over(); });
     outcome = state.ended ? *state.ended
-                          : absl::UnavailableError(absl::StrCat(
-                                "lost contact with the coordinator at ", o.master_addr, ":",
-                                o.master_port, ": ", state.lost->message()));
+                          : absl::UnavailableError(
+                                absl::StrCat("lost contact with the coordinator at ", o.master_addr,
+                                             ":", o.master_port, ": ", state.lost->message()));
     state.shard = state.optimizer = state.relay = caf::actor{};
   }
   if (o.dump_hook != nullptr) o.dump_hook->set(nullptr);
@@ -439,9 +446,9 @@ absl::Status run_worker(const WorkerOptions& o) {
   }
   // Done: wait until every rank is (a peer's last message to this rank may
   // still wait for this transport's acknowledgement), then go.
-  (void)sink(encode_envelope(system, {.to = Target::kControl,
-                                      .content = caf::make_message(remote_done_atom::value,
-                                                                   o.spec.rank)}));
+  (void)sink(encode_envelope(system,
+                             {.to = Target::kControl,
+                              .content = caf::make_message(remote_done_atom::value, o.spec.rank)}));
   bool bye = false;
   {
     std::unique_lock<std::mutex> lock(state.mu);
@@ -460,7 +467,8 @@ absl::Status run_worker(const WorkerOptions& o) {
   log(absl::StrCat("rank ", o.spec.rank, " on ", hello.host, ": single-copy bytes ",
                    transport->single_copy_bytes(), "; lanes: ", transport->describe_lanes()));
   if (!outcome.ok()) {
-    if (state.ended) return absl::AbortedError(absl::StrCat("the job stopped: ", outcome.message()));
+    if (state.ended)
+      return absl::AbortedError(absl::StrCat("the job stopped: ", outcome.message()));
     return outcome;
   }
   return saved;

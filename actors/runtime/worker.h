@@ -57,16 +57,15 @@ struct WorkerOptions {
   std::string token;
   comm::ControlOptions control = {};  // heartbeats (the token is set from `token`)
   absl::Duration join_timeout = absl::Seconds(120);
-  std::string save_weights = {};  // rank 0 writes the gathered model here
+  std::string save_weights = {};                          // rank 0 writes the gathered model here
   std::function<void(const std::string&)> log = nullptr;  // progress notes (stderr)
-  DumpHook* dump_hook = nullptr;                           // SIGUSR1 (may be null)
+  DumpHook* dump_hook = nullptr;                          // SIGUSR1 (may be null)
 };
 
 absl::Status run_worker(const WorkerOptions& options);
 
 // The end of a run with save_weights: replica 0's ranks send their slices
 // to rank 0, which writes the file. Every rank of the job calls it.
-absl::Status gather_and_save_weights(RankUnit& unit, const RankSpec& spec,
-                                     const std::string& path);
+absl::Status gather_and_save_weights(RankUnit& unit, const RankSpec& spec, const std::string& path);
 
 }  // namespace troupe::actors

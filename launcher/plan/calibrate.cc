@@ -11,6 +11,7 @@
 #include <fstream>
 #include <functional>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -21,7 +22,6 @@
 #include "gpu/device.h"
 #include "gpu/ops.h"
 #include "gpu/tensor.h"
-#include <nlohmann/json.hpp>
 
 namespace troupe::launcher::plan {
 
@@ -85,13 +85,17 @@ gpu::Tensor filled(gpu::Stream& s, const gpu::Shape& shape, float value) {
 gpu::Tensor ids(std::int64_t n, int below) {
   gpu::Tensor t = gpu::Tensor::empty(gpu::cpu_device(), gpu::DType::kI32, {n});
   std::vector<std::int32_t> host(static_cast<std::size_t>(n));
-  for (std::size_t i = 0; i < host.size(); i++) host[i] = static_cast<std::int32_t>((i * 7919) % below);
+  for (std::size_t i = 0; i < host.size(); i++)
+    host[i] = static_cast<std::int32_t>((i * 7919) % below);
   (void)gpu::cpu_device().copy_from_host(host.data(), t);
   return t;
 }
 
 json gemm_curve_json(const GemmFit& f) {
-  return {{"peak_gflops", f.peak_flops / 1e9}, {"m0", f.m0}, {"n0", f.n0}, {"k0", f.k0},
+  return {{"peak_gflops", f.peak_flops / 1e9},
+          {"m0", f.m0},
+          {"n0", f.n0},
+          {"k0", f.k0},
           {"rms_log_error", f.rms_log_error}};
 }
 
@@ -115,11 +119,13 @@ json calibrate_threads(const CalibrateOptions& o, int threads, std::ostream& log
       gpu::Tensor inp = filled(*s, {N, I}, 0.01f), w = filled(*s, {O, I}, 0.02f);
       gpu::Tensor out = filled(*s, {N, O}, 0), bias = filled(*s, {O}, 0);
       gpu::Tensor dinp = filled(*s, {N, I}, 0), dw = filled(*s, {O, I}, 0);
-      const double tf = time_op(*s, o.reps, [&] { gpu::ops::matmul_forward(*s, out, inp, w, bias); });
+      const double tf =
+          time_op(*s, o.reps, [&] { gpu::ops::matmul_forward(*s, out, inp, w, bias); });
       const double tb = time_op(*s, o.reps, [&] {
         gpu::ops::matmul_backward(*s, dinp, dw, bias, out, inp, w, gpu::Accumulate::kNo);
       });
-      const double M = static_cast<double>(N), Nn = static_cast<double>(O), K = static_cast<double>(I);
+      const double M = static_cast<double>(N), Nn = static_cast<double>(O),
+                   K = static_cast<double>(I);
       fwd.push_back({M, Nn, K, tf});
       bwd.push_back({M, Nn, K, tb});
       points.push_back({{"M", M}, {"N", Nn}, {"K", K}, {"fwd_s", tf}, {"bwd_s", tb}});
@@ -136,7 +142,8 @@ json calibrate_threads(const CalibrateOptions& o, int threads, std::ostream& log
     gpu::Tensor out = filled(*s, {B, T, Cl}, 0), dqkv = filled(*s, {B, T, 3 * Cl}, 0);
     gpu::Tensor datt = filled(*s, {B, NHl, T, T}, 0);
     att_f += time_op(*s, o.reps, [&] { gpu::ops::attention_forward(*s, out, att, qkv); });
-    att_b += time_op(*s, o.reps, [&] { gpu::ops::attention_backward(*s, dqkv, datt, out, qkv, att); });
+    att_b +=
+        time_op(*s, o.reps, [&] { gpu::ops::attention_backward(*s, dqkv, datt, out, qkv, att); });
     att_flops += 4.0 * static_cast<double>(B * NHl * T * T * c.HS());
   }
 
@@ -147,7 +154,8 @@ json calibrate_threads(const CalibrateOptions& o, int threads, std::ostream& log
   };
   const double f4 = 4;
   {
-    gpu::Tensor x = filled(*s, {N, C}, 0.5f), y = filled(*s, {N, C}, 0), dy = filled(*s, {N, C}, 0.1f);
+    gpu::Tensor x = filled(*s, {N, C}, 0.5f), y = filled(*s, {N, C}, 0),
+                dy = filled(*s, {N, C}, 0.1f);
     gpu::Tensor w = filled(*s, {C}, 1), b = filled(*s, {C}, 0), mean = filled(*s, {N}, 0),
                 rstd = filled(*s, {N}, 0), dw = filled(*s, {C}, 0), db = filled(*s, {C}, 0);
     family("layernorm_fwd", 2 * N * C * f4 + 8 * N,
@@ -157,7 +165,8 @@ json calibrate_threads(const CalibrateOptions& o, int threads, std::ostream& log
     family("residual", 3 * N * C * f4, [&] { gpu::ops::residual_forward(*s, y, x, dy); });
     family("axpy", 3 * N * C * f4, [&] { gpu::ops::axpy(*s, y, 0.5f, x); });
     family("fill", N * C * f4, [&] { gpu::ops::fill(*s, y, 0); });
-    gpu::Tensor tokens = ids(N, c.V), wte = filled(*s, {Vp, C}, 0.01f), wpe = filled(*s, {T, C}, 0.01f);
+    gpu::Tensor tokens = ids(N, c.V), wte = filled(*s, {Vp, C}, 0.01f),
+                wpe = filled(*s, {T, C}, 0.01f);
     gpu::Tensor e = filled(*s, {B, T, C}, 0);
     gpu::Tensor tok2 = tokens.reshape({B, T});
     family("embedding_fwd", 3 * N * C * f4,
@@ -175,17 +184,15 @@ json calibrate_threads(const CalibrateOptions& o, int threads, std::ostream& log
     gpu::Tensor logits = filled(*s, {N, Vp}, 0.01f), losses = filled(*s, {N}, 0),
                 lse = filled(*s, {N}, 0);
     gpu::Tensor targets = ids(N, c.V);
-    family("crossentropy_fwd", N * Vp * f4, [&] {
-      gpu::ops::crossentropy_forward(*s, losses, lse, logits, targets, c.V);
-    });
+    family("crossentropy_fwd", N * Vp * f4,
+           [&] { gpu::ops::crossentropy_forward(*s, losses, lse, logits, targets, c.V); });
     // Vocab-parallel (tp 2): each rank's max, sum-exp and target over its half.
     gpu::Tensor half = logits.view(0, {N, Vp / 2}), stats = filled(*s, {N, 3}, 0);
     family("crossentropy_partial", N * (Vp / 2) * f4, [&] {
       gpu::ops::crossentropy_partial(*s, stats, half, targets, c.V, {.begin = 0, .total = c.V});
     });
-    family("crossentropy_bwd", 2 * N * Vp * f4, [&] {
-      gpu::ops::crossentropy_backward(*s, logits, logits, lse, targets, 1e-6f, c.V);
-    });
+    family("crossentropy_bwd", 2 * N * Vp * f4,
+           [&] { gpu::ops::crossentropy_backward(*s, logits, logits, lse, targets, 1e-6f, c.V); });
   }
   {
     // The optimizer's ops over a model-sized buffer (the head's weights).
@@ -215,7 +222,8 @@ json calibrate_threads(const CalibrateOptions& o, int threads, std::ostream& log
 }
 
 // One-way time of a message of `bytes` between two transports (ping-pong / 2).
-absl::StatusOr<double> one_way(comm::Transport& a, comm::Transport& b, std::size_t bytes, int reps) {
+absl::StatusOr<double> one_way(comm::Transport& a, comm::Transport& b, std::size_t bytes,
+                               int reps) {
   std::vector<char> x(bytes, 1), y(bytes, 0);
   std::mutex mu;
   std::condition_variable cv;
@@ -287,7 +295,8 @@ absl::StatusOr<std::string> calibrate(const CalibrateOptions& o, std::ostream& l
   absl::StatusOr<json> ucx = link_json(**u0, **u1);
   if (!ucx.ok()) return ucx.status();
   log << absl::StrFormat("  messages: in-process %.1f us + %.2f GB/s; UCX %.1f us + %.2f GB/s\n",
-                         (*inproc)["latency_us"].get<double>(), (*inproc)["gbytes_per_s"].get<double>(),
+                         (*inproc)["latency_us"].get<double>(),
+                         (*inproc)["gbytes_per_s"].get<double>(),
                          (*ucx)["latency_us"].get<double>(), (*ucx)["gbytes_per_s"].get<double>());
 
   char host[256] = {};

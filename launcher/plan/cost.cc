@@ -116,15 +116,20 @@ double CostModel::layer_backward(double* tp) const {
   const double ln = k.memory_seconds((4 * N * C * e_ + 8 * N) / sp, "layernorm_bwd");
   const double ar = tp_all_reduce_seconds(N * C * e_);
   *tp += 2 * ar;
-  double s = 2 * ln + 2 * ar                                                  //
+  double s = 2 * ln + 2 * ar  //
              + k.gemm_seconds(N, C, F, bwd) + k.memory_seconds(3 * N * F * e_, "gelu_bwd") +
-             k.gemm_seconds(N, F, C, bwd)                                     //
+             k.gemm_seconds(N, F, C, bwd)  //
              + k.gemm_seconds(N, C, C / t, bwd) + attention_core(true) +
              k.gemm_seconds(N, 3 * C / t, C, bwd);
   switch (in_.recompute) {
-    case actors::Recompute::kFull: s += layer_forward(tp); break;
-    case actors::Recompute::kSelective: s += attention_core(false); break;
-    case actors::Recompute::kNone: break;
+    case actors::Recompute::kFull:
+      s += layer_forward(tp);
+      break;
+    case actors::Recompute::kSelective:
+      s += attention_core(false);
+      break;
+    case actors::Recompute::kNone:
+      break;
   }
   return s;
 }
@@ -148,12 +153,13 @@ ChunkCost CostModel::chunk(const model::StageSpec& spec) const {
     emb_b = k.memory_seconds(4 * N * C * e_, "embedding_bwd");
   }
   if (spec.head) {
-    const double gather = par.tp > 1 ? half_collective(12 * N * par.tp, par.tp, link(0, par.tp - 1))
-                                     : 0;
-    c.fwd += k.memory_seconds(2 * N * C * e_ + 8 * N, "layernorm_fwd") +
-             k.gemm_seconds(N, Vl, C, GemmPass::kForward) +
-             k.memory_seconds(N * Vl * e_, par.tp > 1 ? "crossentropy_partial" : "crossentropy_fwd") +
-             gather;
+    const double gather =
+        par.tp > 1 ? half_collective(12 * N * par.tp, par.tp, link(0, par.tp - 1)) : 0;
+    c.fwd +=
+        k.memory_seconds(2 * N * C * e_ + 8 * N, "layernorm_fwd") +
+        k.gemm_seconds(N, Vl, C, GemmPass::kForward) +
+        k.memory_seconds(N * Vl * e_, par.tp > 1 ? "crossentropy_partial" : "crossentropy_fwd") +
+        gather;
     c.tp_fwd += gather;
     head_b = k.memory_seconds(N * C * e_, "fill") +
              k.memory_seconds(2 * N * Vl * e_, "crossentropy_bwd") +

@@ -21,8 +21,8 @@
 // alpha + 2(p-1)/p n/B for an all-reduce, half of it for reduce-scatter
 // or all-gather, NCCL's bus-bandwidth factors) and tree (a chain of the
 // p/nodes GPUs inside each node and a tree across nodes: 2((p/nodes - 1)
-// alpha_intra + log2(nodes) alpha_inter) + 2 n/B); on this-machine they are troupe's Communicator's: direct
-// exchange up to 32 KiB, recursive halving-doubling for powers of two, ring
+// alpha_intra + log2(nodes) alpha_inter) + 2 n/B); on this-machine they are troupe's
+// Communicator's: direct exchange up to 32 KiB, recursive halving-doubling for powers of two, ring
 // otherwise, the sums at the measured add rate; the DP pieces go directly
 // to the partitions, which add them on their stream.
 #pragma once

@@ -4,12 +4,12 @@
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "launcher/plan/clusters.h"
-#include <nlohmann/json.hpp>
 
 namespace troupe::launcher::plan {
 
@@ -26,10 +26,14 @@ absl::StatusOr<Precision> parse_precision(const std::string& name) {
 
 std::string precision_name(Precision p) {
   switch (p) {
-    case Precision::kBf16: return "bf16";
-    case Precision::kFp16: return "fp16";
-    case Precision::kTf32: return "tf32";
-    case Precision::kFp32: return "fp32";
+    case Precision::kBf16:
+      return "bf16";
+    case Precision::kFp16:
+      return "fp16";
+    case Precision::kTf32:
+      return "tf32";
+    case Precision::kFp32:
+      return "fp32";
   }
   return "?";
 }
@@ -53,9 +57,9 @@ absl::StatusOr<Device> Cluster::device(int ranks_on_node, Precision precision,
   Device d;
   if (calibrated) {
     if (precision != Precision::kFp32) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--precision ", precision_name(precision), ": ", name,
-          " computes in fp32 only (troupe's CPU backend); use --precision fp32"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("--precision ", precision_name(precision), ": ", name,
+                       " computes in fp32 only (troupe's CPU backend); use --precision fp32"));
     }
     // The runtime gives each rank cores / ranks threads (at least one).
     const int threads = std::max(1, cores / std::max(1, ranks_on_node));
@@ -216,8 +220,7 @@ void read_calibration(Reader& r, const json& j, Cluster& c) {
     const json* fam = r.at(e, "family_gbytes_per_s");
     if (fam != nullptr && fam->is_object()) {
       for (auto it = fam->begin(); it != fam->end(); ++it) {
-        k.family_bytes_per_s[it.key()] =
-            r.number(*fam, it.key(), 1e-3, 1e6) * 1e9;
+        k.family_bytes_per_s[it.key()] = r.number(*fam, it.key(), 1e-3, 1e6) * 1e9;
       }
     }
     if (const json* pts = r.at(e, "gemm_points"); pts != nullptr && pts->is_array()) {
@@ -256,9 +259,10 @@ absl::StatusOr<Cluster> parse_cluster(const std::string& text, const std::string
     read_calibration(r, j, c);
     c.assumptions = "measured on this machine by troupe plan calibrate";
   } else {
-    const std::vector<std::pair<Precision, std::string>> precisions = {
-        {Precision::kBf16, "bf16"}, {Precision::kFp16, "fp16"},
-        {Precision::kTf32, "tf32"}, {Precision::kFp32, "fp32"}};
+    const std::vector<std::pair<Precision, std::string>> precisions = {{Precision::kBf16, "bf16"},
+                                                                       {Precision::kFp16, "fp16"},
+                                                                       {Precision::kTf32, "tf32"},
+                                                                       {Precision::kFp32, "fp32"}};
     for (const auto& [p, key] : precisions) {
       c.peak_tflops[p] = r.number(j, "gpu.peak_tflops." + key, 1e-3, 1e6);
     }
@@ -291,9 +295,9 @@ absl::StatusOr<Cluster> load_cluster(const std::string& name_or_path) {
   const bool looks_like_file = this_machine || name_or_path.find('/') != std::string::npos ||
                                name_or_path.ends_with(".json");
   if (!looks_like_file) {
-    return absl::NotFoundError(absl::StrCat("--cluster '", name_or_path, "': unknown; known: ",
-                                            absl::StrJoin(cluster_names(), ", "),
-                                            ", or a cluster file's path"));
+    return absl::NotFoundError(absl::StrCat(
+        "--cluster '", name_or_path, "': unknown; known: ", absl::StrJoin(cluster_names(), ", "),
+        ", or a cluster file's path"));
   }
   std::ifstream in(path);
   if (!in) {

@@ -64,10 +64,10 @@ struct Link {
 // their family (GPU: one HBM rate; this-machine: each family measured).
 struct Compute {
   GemmCurve gemm_fwd, gemm_bwd;
-  bool fused_attention = false;  // this-machine's CPU kernel
+  bool fused_attention = false;                             // this-machine's CPU kernel
   double attention_fwd_flops = 0, attention_bwd_flops = 0;  // FLOP/s when fused
-  double memory_bytes_per_s = 1;                             // any family not listed below
-  std::map<std::string, double> family_bytes_per_s;          // measured families
+  double memory_bytes_per_s = 1;                            // any family not listed below
+  std::map<std::string, double> family_bytes_per_s;         // measured families
   double slowdown = 1;  // more ranks than cores on this-machine: they share
   // this-machine: GEMMs timed at exactly these (M, N, K) are taken as
   // measured (seconds forward, backward); the curve is for other shapes.
@@ -81,9 +81,10 @@ struct Compute {
 
 struct Device {
   Compute compute;
-  Compute optimizer;  // the optimizer partitions' stream (this-machine: one thread, as RankUnit makes it)
-  Link intra;  // to a rank on the same node
-  Link inter;  // to a rank on another node (this GPU's share of the NICs)
+  Compute optimizer;  // the optimizer partitions' stream (this-machine: one thread, as RankUnit
+                      // makes it)
+  Link intra;         // to a rank on the same node
+  Link inter;         // to a rank on another node (this GPU's share of the NICs)
   double memory_bytes = 0;  // per GPU (this-machine: the RAM's share of a rank)
   double peak_flops = 0;    // dense, at the chosen precision (this-machine: the fitted GEMM peak)
 };

@@ -70,10 +70,9 @@ std::string step_svg(const plan::Plan& p) {
                         .pass = op.backward ? trace::Pass::kBackward : trace::Pass::kForward,
                         .chunk = op.chunk,
                         .label = absl::StrCat(op.micro + 1),
-                        .tooltip = absl::StrFormat("%s mb %d chunk %d: %.3f-%.3f ms",
-                                                   op.backward ? "backward" : "forward",
-                                                   op.micro + 1, op.chunk, op.begin * 1e3,
-                                                   op.end * 1e3)});
+                        .tooltip = absl::StrFormat(
+                            "%s mb %d chunk %d: %.3f-%.3f ms", op.backward ? "backward" : "forward",
+                            op.micro + 1, op.chunk, op.begin * 1e3, op.end * 1e3)});
   }
   for (const plan::SimMessage& m : p.sim.messages) {
     s.arrows.push_back({.from_row = m.from_stage,
@@ -88,24 +87,30 @@ std::string step_svg(const plan::Plan& p) {
 int run_calibrate(const PlanFlags& f) {
   absl::StatusOr<model::GptConfig> c = model_of(f);
   if (!c.ok()) return command_failed("plan", c.status());
-  if (f.micro_batch < 1) return command_failed("plan", absl::InvalidArgumentError("--micro-batch-size must be positive"));
-  if (f.reps < 1) return command_failed("plan", absl::InvalidArgumentError("--reps must be positive"));
+  if (f.micro_batch < 1)
+    return command_failed("plan",
+                          absl::InvalidArgumentError("--micro-batch-size must be positive"));
+  if (f.reps < 1)
+    return command_failed("plan", absl::InvalidArgumentError("--reps must be positive"));
   for (int k : f.threads) {
-    if (k < 1) return command_failed("plan", absl::InvalidArgumentError("--threads: each count must be positive"));
+    if (k < 1)
+      return command_failed("plan",
+                            absl::InvalidArgumentError("--threads: each count must be positive"));
   }
   const std::string out = f.output.empty() ? plan::this_machine_path() : f.output;
   std::error_code ec;
   std::filesystem::create_directories(std::filesystem::path(out).parent_path(), ec);
   if (ec) {
-    return command_failed("plan", absl::InvalidArgumentError(
-        absl::StrCat("--output ", out, ": cannot make its directory: ", ec.message())));
+    return command_failed(
+        "plan", absl::InvalidArgumentError(
+                    absl::StrCat("--output ", out, ": cannot make its directory: ", ec.message())));
   }
   absl::StatusOr<std::string> text = plan::calibrate(
-      {.model = *c, .micro_batch = f.micro_batch, .threads = f.threads, .reps = f.reps},
-      std::cerr);
+      {.model = *c, .micro_batch = f.micro_batch, .threads = f.threads, .reps = f.reps}, std::cerr);
   if (!text.ok()) return command_failed("plan", text.status());
   if (absl::Status st = model::write_file_atomically(out, *text); !st.ok()) {
-    return command_failed("plan", absl::InvalidArgumentError(absl::StrCat("--output ", st.message())));
+    return command_failed("plan",
+                          absl::InvalidArgumentError(absl::StrCat("--output ", st.message())));
   }
   std::fprintf(stderr, "troupe plan calibrate: wrote %s (use --cluster this-machine)\n",
                out.c_str());
@@ -113,7 +118,8 @@ int run_calibrate(const PlanFlags& f) {
 }
 
 int run_plan(const PlanFlags& f) {
-  if (f.cluster.empty()) return command_failed("plan", absl::InvalidArgumentError("--cluster is required"));
+  if (f.cluster.empty())
+    return command_failed("plan", absl::InvalidArgumentError("--cluster is required"));
   absl::StatusOr<plan::Cluster> cluster = plan::load_cluster(f.cluster);
   if (!cluster.ok()) return command_failed("plan", cluster.status());
   absl::StatusOr<model::GptConfig> c = model_of(f);
@@ -131,40 +137,49 @@ int run_plan(const PlanFlags& f) {
   if (!rc.ok()) return command_failed("plan", rc.status());
   in.recompute = *rc;
   in.sequence_parallel = f.sequence_parallel;
-  const std::string precision = !f.precision.empty() ? f.precision
+  const std::string precision = !f.precision.empty()  ? f.precision
                                 : cluster->calibrated ? "fp32"
                                                       : "bf16";
   absl::StatusOr<plan::Precision> prec = plan::parse_precision(precision);
   if (!prec.ok()) return command_failed("plan", prec.status());
   in.precision = *prec;
   if (f.transport != "inproc" && f.transport != "ucx") {
-    return command_failed("plan", absl::InvalidArgumentError(
-        absl::StrCat("--transport '", f.transport, "': use inproc (troupe train) or ucx (troupe launch)")));
+    return command_failed("plan", absl::InvalidArgumentError(absl::StrCat(
+                                      "--transport '", f.transport,
+                                      "': use inproc (troupe train) or ucx (troupe launch)")));
   }
   in.ucx = f.transport == "ucx";
-  const std::string memory =
-      !f.memory.empty() ? f.memory : cluster->calibrated ? "counted" : "paper";
+  const std::string memory = !f.memory.empty()     ? f.memory
+                             : cluster->calibrated ? "counted"
+                                                   : "paper";
   if (memory != "counted" && memory != "paper") {
-    return command_failed("plan", absl::InvalidArgumentError(absl::StrCat("--memory '", memory, "': use counted or paper")));
+    return command_failed("plan", absl::InvalidArgumentError(absl::StrCat(
+                                      "--memory '", memory, "': use counted or paper")));
   }
   const actors::MemoryMode mode =
       memory == "counted" ? actors::MemoryMode::kCounted : actors::MemoryMode::kPaper;
   // Each size on its own first (the errors name the flag given), then
   // their products in 64 bits.
   for (const auto& [flag, value] : std::vector<std::pair<const char*, std::optional<int>>>{
-           {"--tp", f.tp}, {"--pp", f.pp}, {"--dp", f.dp}, {"--gpus", f.gpus},
-           {"--micro-batch-size", f.micro_batch}, {"--global-batch-size", f.global_batch},
-           {"--virtual-stages", f.virtual_stages}, {"--top", f.top}}) {
+           {"--tp", f.tp},
+           {"--pp", f.pp},
+           {"--dp", f.dp},
+           {"--gpus", f.gpus},
+           {"--micro-batch-size", f.micro_batch},
+           {"--global-batch-size", f.global_batch},
+           {"--virtual-stages", f.virtual_stages},
+           {"--top", f.top}}) {
     if (value && *value < 1) {
-      return command_failed("plan", absl::InvalidArgumentError(absl::StrCat(flag, " must be positive, is ", *value)));
+      return command_failed(
+          "plan", absl::InvalidArgumentError(absl::StrCat(flag, " must be positive, is ", *value)));
     }
   }
   const std::int64_t tp_pp = static_cast<std::int64_t>(f.tp) * f.pp;
   const std::int64_t asked = f.gpus ? *f.gpus : tp_pp * f.dp.value_or(1);
   if (asked > 32768) {
-    return command_failed("plan", absl::InvalidArgumentError(
-        absl::StrCat(f.gpus ? "--gpus " : "--tp x --pp x --dp = ", asked,
-                     ": troupe runs at most 32768 ranks")));
+    return command_failed("plan", absl::InvalidArgumentError(absl::StrCat(
+                                      f.gpus ? "--gpus " : "--tp x --pp x --dp = ", asked,
+                                      ": troupe runs at most 32768 ranks")));
   }
   const int gpus = static_cast<int>(asked);
   in.global_batch = f.global_batch.value_or(f.micro_batch);
@@ -174,14 +189,16 @@ int run_plan(const PlanFlags& f) {
         plan::search(in, gpus, *cluster, mode, /*any_recompute=*/!f.recompute.has_value(), f.top);
     if (!r.ok()) return command_failed("plan", r.status());
     if (f.json) {
-      nlohmann::json j = {{"simulated", r->simulated}, {"rejected", r->rejected},
+      nlohmann::json j = {{"simulated", r->simulated},
+                          {"rejected", r->rejected},
                           {"best", nlohmann::json::array()}};
       for (const plan::Plan& p : r->best) j["best"].push_back(plan::plan_json(p));
       std::cout << j.dump(2) << "\n";
       return r->best.empty() ? 1 : 0;
     }
-    std::cout << absl::StrFormat("troupe plan --search: %s on %d GPUs of %s: %d layouts simulated\n",
-                                 in.model.describe(), gpus, cluster->name, r->simulated);
+    std::cout << absl::StrFormat(
+        "troupe plan --search: %s on %d GPUs of %s: %d layouts simulated\n", in.model.describe(),
+        gpus, cluster->name, r->simulated);
     int rank = 1;
     for (const plan::Plan& p : r->best) {
       std::cout << absl::StrFormat(
@@ -196,20 +213,23 @@ int run_plan(const PlanFlags& f) {
     }
     std::cout << "rejected:\n";
     for (const std::string& why : r->rejected) std::cout << "  " << why << "\n";
-    if (r->best.empty()) return command_failed("plan", absl::FailedPreconditionError("no layout fits"));
+    if (r->best.empty())
+      return command_failed("plan", absl::FailedPreconditionError("no layout fits"));
     return 0;
   }
 
   if (f.dp) {
     in.parallel.dp = *f.dp;
     if (f.gpus && *f.gpus != tp_pp * *f.dp) {
-      return command_failed("plan", absl::InvalidArgumentError(absl::StrCat(
-          "--gpus ", *f.gpus, " is not --tp x --pp x --dp = ", tp_pp * *f.dp)));
+      return command_failed(
+          "plan", absl::InvalidArgumentError(absl::StrCat(
+                      "--gpus ", *f.gpus, " is not --tp x --pp x --dp = ", tp_pp * *f.dp)));
     }
   } else {
     if (gpus % tp_pp != 0) {
-      return command_failed("plan", absl::InvalidArgumentError(
-          absl::StrCat("--gpus ", gpus, " is not a multiple of --tp x --pp = ", tp_pp)));
+      return command_failed("plan",
+                            absl::InvalidArgumentError(absl::StrCat(
+                                "--gpus ", gpus, " is not a multiple of --tp x --pp = ", tp_pp)));
     }
     in.parallel.dp = static_cast<int>(gpus / tp_pp);
   }
@@ -218,7 +238,8 @@ int run_plan(const PlanFlags& f) {
   if (!p.ok()) return command_failed("plan", p.status());
   if (!f.svg.empty()) {
     if (absl::Status st = model::write_file_atomically(f.svg, step_svg(*p)); !st.ok()) {
-      return command_failed("plan", absl::InvalidArgumentError(absl::StrCat("--svg ", st.message())));
+      return command_failed("plan",
+                            absl::InvalidArgumentError(absl::StrCat("--svg ", st.message())));
     }
   }
   if (f.json) {
@@ -278,10 +299,12 @@ Command add_plan_command(CLI::App& app) {
   cmd->add_option("--top", f->top, "Layouts --search prints")->capture_default_str();
   cmd->add_option("--svg", f->svg, "Draw the simulated step");
 
-  CLI::App* cal = cmd->add_subcommand("calibrate", "Measure this machine as --cluster this-machine");
+  CLI::App* cal =
+      cmd->add_subcommand("calibrate", "Measure this machine as --cluster this-machine");
   model_flags(cal);
   cal->add_option("--threads", f->threads, "Thread counts (default: 1, 2, 4, ... and the cores)");
-  cal->add_option("--reps", f->reps, "Timed runs of each kernel (the fastest counts)")->capture_default_str();
+  cal->add_option("--reps", f->reps, "Timed runs of each kernel (the fastest counts)")
+      ->capture_default_str();
   cal->add_option("--output", f->output, "Where (default: " + plan::this_machine_path() + ")");
   return [f, cal]() { return cal->parsed() ? run_calibrate(*f) : run_plan(*f); };
 }

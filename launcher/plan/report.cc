@@ -48,8 +48,8 @@ absl::Status check_layout(const PlanInput& in, const Cluster& cluster) {
   if (c.L > 100000 || c.C > (1 << 20) || c.T > (1 << 20) || c.V > (1 << 24)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "model too large to plan: at most 100000 layers, 2^20 channels and sequence length, "
-        "2^24 vocabulary; have --layers ", c.L, " --channels ", c.C, " --seq-len ", c.T,
-        " --vocab-size ", c.V));
+        "2^24 vocabulary; have --layers ",
+        c.L, " --channels ", c.C, " --seq-len ", c.T, " --vocab-size ", c.V));
   }
   const std::int64_t world = static_cast<std::int64_t>(par.tp) * par.pp * par.dp;
   if (world > 32768) {
@@ -57,8 +57,8 @@ absl::Status check_layout(const PlanInput& in, const Cluster& cluster) {
         absl::StrCat("--tp x --pp x --dp = ", world, ": troupe runs at most 32768 ranks"));
   }
   if (!cluster.calibrated && world > cluster.max_gpus()) {
-    return absl::InvalidArgumentError(absl::StrCat("--gpus ", world, ": ", cluster.name, " has ",
-                                                   cluster.max_gpus()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--gpus ", world, ": ", cluster.name, " has ", cluster.max_gpus()));
   }
   if (!cluster.calibrated && par.tp > cluster.gpus_per_node) {
     return absl::InvalidArgumentError(absl::StrCat("--tp ", par.tp, " is more than the ",
@@ -68,8 +68,8 @@ absl::Status check_layout(const PlanInput& in, const Cluster& cluster) {
   const std::int64_t replica_batch = static_cast<std::int64_t>(in.micro_batch) * par.dp;
   if (in.global_batch % replica_batch != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "--global-batch-size ", in.global_batch, " is not a multiple of --micro-batch-size x dp = ",
-        in.micro_batch, " x ", par.dp));
+        "--global-batch-size ", in.global_batch,
+        " is not a multiple of --micro-batch-size x dp = ", in.micro_batch, " x ", par.dp));
   }
   if (in.sequence_parallel && par.tp < 2) {
     return absl::InvalidArgumentError("--sequence-parallel needs --tp of at least 2");
@@ -86,8 +86,8 @@ absl::Status check_layout(const PlanInput& in, const Cluster& cluster) {
 }
 
 absl::StatusOr<std::pair<actors::MemoryParts, int>> worst_memory(const PlanInput& in,
-                                                                  actors::MemoryMode mode,
-                                                                  bool all_stages) {
+                                                                 actors::MemoryMode mode,
+                                                                 bool all_stages) {
   std::set<int> stages{0, std::min(1, in.parallel.pp - 1), in.parallel.pp - 1};
   if (all_stages) {
     for (int s = 0; s < in.parallel.pp; s++) stages.insert(s);
@@ -108,13 +108,14 @@ absl::StatusOr<std::pair<actors::MemoryParts, int>> worst_memory(const PlanInput
   return worst;
 }
 
-absl::StatusOr<Plan> make_plan(const PlanInput& in, const Cluster& cluster,
-                               actors::MemoryMode mode, bool record) {
+absl::StatusOr<Plan> make_plan(const PlanInput& in, const Cluster& cluster, actors::MemoryMode mode,
+                               bool record) {
   if (absl::Status st = check_layout(in, cluster); !st.ok()) return st;
   if (mode == actors::MemoryMode::kPaper && element_bytes(in.precision) != 2) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--memory paper is Korthikanti et al.'s accounting of 16-bit training: use --precision "
-        "bf16 or fp16 with it, or --memory counted (not ", precision_name(in.precision), ")"));
+        "bf16 or fp16 with it, or --memory counted (not ",
+        precision_name(in.precision), ")"));
   }
   absl::StatusOr<Device> device = cluster.device(ranks_on_node(in, cluster), in.precision, in.ucx);
   if (!device.ok()) return device.status();
@@ -152,7 +153,9 @@ nlohmann::json stages_json(const SimResult& r) {
   for (std::size_t s = 0; s < r.chunks.size(); s++) {
     nlohmann::json chunks = nlohmann::json::array();
     for (const SimResult::ChunkTimes& c : r.chunks[s]) {
-      chunks.push_back({{"fwd_s", c.fwd_s}, {"bwd_s", c.bwd_s}, {"tp_fwd_s", c.tp_fwd_s},
+      chunks.push_back({{"fwd_s", c.fwd_s},
+                        {"bwd_s", c.bwd_s},
+                        {"tp_fwd_s", c.tp_fwd_s},
                         {"tp_bwd_s", c.tp_bwd_s}});
     }
     out.push_back({{"stage", s}, {"busy_s", r.busy_s[s]}, {"chunks", chunks}});
@@ -187,21 +190,23 @@ nlohmann::json plan_json(const Plan& p) {
           {"peak_fraction", p.peak_fraction},
           {"bubble", p.sim.bubble},
           {"exposed_comm_s", p.sim.exposed_comm_s},
-          {"exposed_comm", {{"stage", p.sim.exposed_stage},
-                            {"tp_s", p.sim.tp_comm_s},
-                            {"pipeline_s", p.sim.p2p_exposed_s},
-                            {"dp_s", p.sim.dp_exposed_s}}},
+          {"exposed_comm",
+           {{"stage", p.sim.exposed_stage},
+            {"tp_s", p.sim.tp_comm_s},
+            {"pipeline_s", p.sim.p2p_exposed_s},
+            {"dp_s", p.sim.dp_exposed_s}}},
           {"optimizer_s", p.sim.optimizer_s},
           {"stages", stages_json(p.sim)},
           {"memory_gib_per_gpu", m.total() / kGiB},
-          {"memory", {{"mode", actors::memory_mode_name(p.memory_mode)},
-                      {"stage", p.memory_stage},
-                      {"params_gib", m.params / kGiB},
-                      {"grads_gib", m.grads / kGiB},
-                      {"optimizer_gib", m.optimizer / kGiB},
-                      {"activations_gib", m.activations / kGiB},
-                      {"buffers_gib", m.buffers / kGiB},
-                      {"bytes", m.total()}}},
+          {"memory",
+           {{"mode", actors::memory_mode_name(p.memory_mode)},
+            {"stage", p.memory_stage},
+            {"params_gib", m.params / kGiB},
+            {"grads_gib", m.grads / kGiB},
+            {"optimizer_gib", m.optimizer / kGiB},
+            {"activations_gib", m.activations / kGiB},
+            {"buffers_gib", m.buffers / kGiB},
+            {"bytes", m.total()}}},
           {"memory_capacity_gib", p.memory_capacity / kGiB},
           {"fits", p.fits},
           {"simulate_s", p.simulate_s}};
@@ -213,18 +218,17 @@ std::string plan_text(const Plan& p) {
   std::string out = absl::StrFormat(
       "layout       tp %d x pp %d x dp %d = %d GPUs on %s, micro-batch %d, global batch %d "
       "(%d micro-batches a replica), %s%s, recompute %s%s, %s\n",
-      par.tp, par.pp, par.dp, p.in.gpus(), p.cluster, p.in.micro_batch, p.in.global_batch,
-      p.in.m(), actors::schedule_name(par.schedule),
+      par.tp, par.pp, par.dp, p.in.gpus(), p.cluster, p.in.micro_batch, p.in.global_batch, p.in.m(),
+      actors::schedule_name(par.schedule),
       par.virtual_stages > 1 ? absl::StrCat(" v=", par.virtual_stages) : "",
-      actors::recompute_name(p.in.recompute),
-      p.in.sequence_parallel ? ", sequence parallel" : "", precision_name(p.in.precision));
+      actors::recompute_name(p.in.recompute), p.in.sequence_parallel ? ", sequence parallel" : "",
+      precision_name(p.in.precision));
   absl::StrAppendFormat(
       &out,
       "step         %.4g s (pipeline %.4g s, bubble %.1f%%; exposed communication %.3g s on "
       "stage %d: TP %.3g, pipeline %.3g, DP %.3g; optimizer %.3g s)\n",
-      p.sim.step_s, p.sim.pipeline_s, 100 * p.sim.bubble, p.sim.exposed_comm_s,
-      p.sim.exposed_stage, p.sim.tp_comm_s, p.sim.p2p_exposed_s, p.sim.dp_exposed_s,
-      p.sim.optimizer_s);
+      p.sim.step_s, p.sim.pipeline_s, 100 * p.sim.bubble, p.sim.exposed_comm_s, p.sim.exposed_stage,
+      p.sim.tp_comm_s, p.sim.p2p_exposed_s, p.sim.dp_exposed_s, p.sim.optimizer_s);
   absl::StrAppendFormat(&out,
                         "throughput   %.0f tokens/s, %.4g TFLOP/s per GPU (%.1f%% of peak) by %s\n",
                         p.tokens_per_s, p.tflops_per_gpu, 100 * p.peak_fraction, p.flops_formula);
@@ -253,10 +257,11 @@ std::vector<int> divisors(int n) {
 absl::StatusOr<SearchResult> search(const PlanInput& base, int gpus, const Cluster& cluster,
                                     actors::MemoryMode mode, bool any_recompute, int top) {
   if (gpus < 1 || gpus > 32768 || (!cluster.calibrated && gpus > cluster.max_gpus())) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--gpus ", gpus, ": ", cluster.name, " has ",
-        cluster.calibrated ? std::int64_t{32768} : std::min<std::int64_t>(cluster.max_gpus(), 32768),
-        " (troupe runs at most 32768 ranks)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--gpus ", gpus, ": ", cluster.name, " has ",
+                     cluster.calibrated ? std::int64_t{32768}
+                                        : std::min<std::int64_t>(cluster.max_gpus(), 32768),
+                     " (troupe runs at most 32768 ranks)"));
   }
   if (base.global_batch < 1) {
     return absl::InvalidArgumentError("--global-batch-size must be positive");
@@ -267,7 +272,8 @@ absl::StatusOr<SearchResult> search(const PlanInput& base, int gpus, const Clust
   const model::GptConfig& c = base.model;
   std::vector<actors::Recompute> recomputes{base.recompute};
   if (any_recompute) {
-    recomputes = {actors::Recompute::kNone, actors::Recompute::kSelective, actors::Recompute::kFull};
+    recomputes = {actors::Recompute::kNone, actors::Recompute::kSelective,
+                  actors::Recompute::kFull};
   }
   for (int tp : divisors(gpus)) {
     for (int pp : divisors(gpus / tp)) {
@@ -276,8 +282,8 @@ absl::StatusOr<SearchResult> search(const PlanInput& base, int gpus, const Clust
       if (!cluster.calibrated && tp > cluster.gpus_per_node) continue;  // said once below
       if (c.NH % tp != 0) continue;
       if (c.L % pp != 0) {
-        r.rejected.push_back(absl::StrCat(family, ": ", c.L, " layers do not split into ", pp,
-                                          " stages"));
+        r.rejected.push_back(
+            absl::StrCat(family, ": ", c.L, " layers do not split into ", pp, " stages"));
         continue;
       }
       std::string why;

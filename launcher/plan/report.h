@@ -5,6 +5,7 @@
 //   std::cout << plan::plan_json(*p).dump(2);
 #pragma once
 
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -13,7 +14,6 @@
 #include "launcher/plan/cost.h"
 #include "launcher/plan/hardware.h"
 #include "launcher/plan/sim.h"
-#include <nlohmann/json.hpp>
 
 namespace troupe::launcher::plan {
 
@@ -24,7 +24,7 @@ struct Plan {
   double tokens_per_s = 0;
   double tflops_per_gpu = 0;  // Megatron's formula (see model_flops)
   std::string flops_formula;
-  double peak_fraction = 0;   // of the device's dense peak at the precision
+  double peak_fraction = 0;  // of the device's dense peak at the precision
   actors::MemoryMode memory_mode = actors::MemoryMode::kPaper;
   actors::MemoryParts memory;  // the stage that needs the most
   int memory_stage = 0;
@@ -43,10 +43,10 @@ absl::Status check_layout(const PlanInput& in, const Cluster& cluster);
 // The memory of the stage that needs the most (stages 0, 1 and the last
 // are the only different ones unless `all_stages`).
 absl::StatusOr<std::pair<actors::MemoryParts, int>> worst_memory(const PlanInput& in,
-                                                                  actors::MemoryMode mode,
-                                                                  bool all_stages);
-absl::StatusOr<Plan> make_plan(const PlanInput& in, const Cluster& cluster,
-                               actors::MemoryMode mode, bool record);
+                                                                 actors::MemoryMode mode,
+                                                                 bool all_stages);
+absl::StatusOr<Plan> make_plan(const PlanInput& in, const Cluster& cluster, actors::MemoryMode mode,
+                               bool record);
 
 nlohmann::json plan_json(const Plan& p);
 std::string plan_text(const Plan& p);

@@ -27,8 +27,8 @@ struct Event {
 
 struct Stage {
   std::vector<ScheduleOp> ops;
-  std::vector<const ChunkCost*> chunk;  // by chunk
-  std::vector<int> last_backward;       // op index of each chunk's last backward
+  std::vector<const ChunkCost*> chunk;           // by chunk
+  std::vector<int> last_backward;                // op index of each chunk's last backward
   std::vector<double> fwd_arrival, bwd_arrival;  // by chunk * m + micro; < 0: not yet
   std::vector<double> fwd_transfer, bwd_transfer;
   std::size_t next = 0;
@@ -75,7 +75,8 @@ absl::Status Simulation::build() {
   stages_.resize(static_cast<std::size_t>(pp_));
   for (int s = 0; s < pp_; s++) {
     Stage& st = stages_[static_cast<std::size_t>(s)];
-    absl::StatusOr<std::vector<ScheduleOp>> ops = actors::make_schedule(par.schedule, pp_, s, m_, v_);
+    absl::StatusOr<std::vector<ScheduleOp>> ops =
+        actors::make_schedule(par.schedule, pp_, s, m_, v_);
     if (!ops.ok()) return ops.status();
     st.ops = *std::move(ops);
     st.last_backward.assign(static_cast<std::size_t>(v_), -1);
@@ -85,7 +86,8 @@ absl::Status Simulation::build() {
       }
     }
     for (int c = 0; c < v_; c++) {
-      const model::StageSpec spec = actors::chunk_spec(sliced, shape, actors::virtual_stage(shape, s, c));
+      const model::StageSpec spec =
+          actors::chunk_spec(sliced, shape, actors::virtual_stage(shape, s, c));
       const auto key = std::make_tuple(spec.embedding, spec.head, spec.layers());
       auto it = costs_.find(key);
       if (it == costs_.end()) it = costs_.emplace(key, cost_.chunk(spec)).first;
@@ -195,7 +197,8 @@ absl::StatusOr<SimResult> Simulation::run() {
     busy_sum += st.busy;
     out_.busy_s.push_back(st.busy);
     out_.chunks.emplace_back();
-    for (const ChunkCost* c : st.chunk) out_.chunks.back().push_back({c->fwd, c->bwd, c->tp_fwd, c->tp_bwd});
+    for (const ChunkCost* c : st.chunk)
+      out_.chunks.back().push_back({c->fwd, c->bwd, c->tp_fwd, c->tp_bwd});
     double dp_exposed = std::max(0.0, st.dp_free - st.free_at) + gather;
     if (dp_exposed < 1e-12 * out_.step_s) dp_exposed = 0;  // rounding, not time
     const double exposed = st.tp + st.p2p_exposed + dp_exposed;

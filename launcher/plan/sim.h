@@ -55,7 +55,7 @@ struct SimResult {
     double fwd_s = 0, bwd_s = 0, tp_fwd_s = 0, tp_bwd_s = 0;
   };
   std::vector<std::vector<ChunkTimes>> chunks;
-  std::vector<SimOp> ops;      // with record
+  std::vector<SimOp> ops;  // with record
   std::vector<SimMessage> messages;
 };
 

@@ -98,9 +98,10 @@ absl::StatusOr<Header> parse_header(const json& o, const Where& w) {
   constexpr int kMax = 1 << 16;
   if (h.tp > kMax || h.pp > kMax || h.dp > kMax || h.v > kMax || h.m < 1 || h.m > kMax ||
       static_cast<std::int64_t>(h.tp) * h.pp * h.dp > (std::int64_t{1} << 24)) {
-    return w.error(absl::StrFormat("layout tp=%d pp=%d dp=%d v=%d m=%d is out of range (each at "
-                                   "most %d, m at least 1, at most 2^24 ranks)",
-                                   h.tp, h.pp, h.dp, h.v, h.m, kMax));
+    return w.error(
+        absl::StrFormat("layout tp=%d pp=%d dp=%d v=%d m=%d is out of range (each at "
+                        "most %d, m at least 1, at most 2^24 ranks)",
+                        h.tp, h.pp, h.dp, h.v, h.m, kMax));
   }
   TRY(need(o, "reason", &h.reason, w));
   TRY(maybe(o, "message", &h.message, w));

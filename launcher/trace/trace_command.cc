@@ -35,7 +35,9 @@ struct TraceFlags {
 
 int write(const std::string& flag, const std::string& path, const std::string& bytes) {
   absl::Status st = model::write_file_atomically(path, bytes);
-  if (!st.ok()) return command_failed("trace", absl::InvalidArgumentError(absl::StrCat(flag, " ", st.message())));
+  if (!st.ok())
+    return command_failed("trace",
+                          absl::InvalidArgumentError(absl::StrCat(flag, " ", st.message())));
   std::fprintf(stderr, "troupe trace: wrote %s\n", path.c_str());
   return 0;
 }
@@ -73,7 +75,8 @@ int html(const TraceFlags& f, const trace::Trace& t, const std::vector<trace::Me
   } else {
     absl::StatusOr<std::vector<trace::MetricsRow>> m = trace::read_metrics(path);
     if (!m.ok())
-      return command_failed("trace", absl::InvalidArgumentError(absl::StrCat("--metrics ", m.status().message())));
+      return command_failed(
+          "trace", absl::InvalidArgumentError(absl::StrCat("--metrics ", m.status().message())));
     rows = std::move(*m);
     note = absl::StrCat("From ", path, ".");
   }
@@ -91,8 +94,8 @@ int run(const TraceFlags& f) {
     return 0;
   }
   if (f.step && !has_step(*t, *f.step)) {
-    return command_failed("trace", absl::InvalidArgumentError(
-        absl::StrCat("--step ", *f.step, ": no event of that step in ", f.dir)));
+    return command_failed("trace", absl::InvalidArgumentError(absl::StrCat(
+                                       "--step ", *f.step, ": no event of that step in ", f.dir)));
   }
   const trace::Summary s = trace::summarize(*t, ms, f.step);  // --step: that step alone
   const trace::FailureAnalysis a = trace::analyze_failure(*t, ms);
@@ -128,8 +131,8 @@ Command add_trace_command(CLI::App& app) {
   cmd->add_flag("--arrows", f->arrows, "Draw each activation and gradient message in --svg");
   cmd->add_option("--html", f->html, "Write a self-contained HTML report");
   cmd->add_option("--metrics", f->metrics, "Metrics JSONL for --html (default DIR/metrics.jsonl)");
-  CLI::Option* messages =
-      cmd->add_flag("--messages", f->messages, "Print every message in time order instead of the summary");
+  CLI::Option* messages = cmd->add_flag("--messages", f->messages,
+                                        "Print every message in time order instead of the summary");
   cmd->add_option("--rank", f->rank, "--messages: only those to or from this global rank")
       ->needs(messages);
   cmd->add_option("--micro-batch", f->micro_batch, "--messages: only this micro-batch (0-based)")

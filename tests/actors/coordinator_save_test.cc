@@ -25,8 +25,8 @@ caf::behavior fake_optimizer(caf::event_based_actor* self, caf::actor coordinato
       [=](update_atom, int, float, float, int) {},
       [=](save_atom, int step, const std::string&) {
         self->send(coordinator, saved_atom::value, step, 0, std::string("[]"), std::string());
-        self->delayed_send(coordinator, std::chrono::milliseconds(50), snapshot_atom::value, step, 0,
-                           std::string());
+        self->delayed_send(coordinator, std::chrono::milliseconds(50), snapshot_atom::value, step,
+                           0, std::string());
       },
   };
 }
@@ -70,7 +70,8 @@ TEST(CoordinatorSave, AFileReportedBeforeItsCopyStillCommitsAndTheRunEnds) {
       << "the run never ended (a snapshot after its file was dropped)";
   EXPECT_TRUE(f.get().ok());
   for (int step = 1; step <= 3; step++) {
-    EXPECT_TRUE(std::filesystem::exists(dir + "/" + model::ckpt::iter_name(step) + "/manifest.json"))
+    EXPECT_TRUE(
+        std::filesystem::exists(dir + "/" + model::ckpt::iter_name(step) + "/manifest.json"))
         << "step " << step;
   }
   for (const caf::actor& a : {shard, optimizer}) {

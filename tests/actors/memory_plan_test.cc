@@ -2,10 +2,11 @@
 // allocates (the device's byte count, an independent measurement), and the
 // paper mode's per-layer formulas against Korthikanti et al.'s Table 2,
 // worked out by hand.
+#include "actors/rank/memory_plan.h"
+
 #include <gtest/gtest.h>
 
 #include "absl/strings/str_cat.h"
-#include "actors/rank/memory_plan.h"
 #include "actors/runtime/in_process.h"
 
 namespace troupe::actors {
@@ -55,15 +56,15 @@ TEST(MemoryPlan, CountedIsWhatTheRuntimeAllocates) {
       const double got = static_cast<double>((*t)->allocated_bytes(r));
       const std::string where = absl::StrCat("tp ", c.par.tp, " pp ", c.par.pp, " dp ", c.par.dp,
                                              " v ", c.par.virtual_stages, " rank ", r);
-      EXPECT_NEAR(want->total() / got, 1.0, 0.01) << where << ": counted " << want->total()
-                                                  << " bytes, allocated " << got;
+      EXPECT_NEAR(want->total() / got, 1.0, 0.01)
+          << where << ": counted " << want->total() << " bytes, allocated " << got;
     }
   }
 }
 
 TEST(MemoryPlan, CountedRefusesWhatTheRuntimeCannotDo) {
-  MemoryQuery q{.config = *model::preset("cpu-small"), .parallel = {}, .micro_batch = 2,
-                .global_batch = 8};
+  MemoryQuery q{
+      .config = *model::preset("cpu-small"), .parallel = {}, .micro_batch = 2, .global_batch = 8};
   q.sequence_parallel = true;  // needs tp > 1
   EXPECT_EQ(counted_memory(q).status().code(), absl::StatusCode::kInvalidArgument);
   q.sequence_parallel = false;
@@ -98,8 +99,8 @@ TEST(MemoryPlan, PaperCountsTheSchedulesInFlightMicroBatches) {
   model::GptConfig c = *model::preset("gpt2-124m");
   ParallelOptions par{.pp = 4};
   auto acts = [&](int stage) {
-    absl::StatusOr<MemoryParts> m = paper_memory({.config = c, .parallel = par, .micro_batch = 1,
-                                                  .global_batch = 16, .stage = stage});
+    absl::StatusOr<MemoryParts> m = paper_memory(
+        {.config = c, .parallel = par, .micro_batch = 1, .global_batch = 16, .stage = stage});
     EXPECT_TRUE(m.ok()) << m.status();
     return m->activations;
   };

@@ -102,9 +102,10 @@ TEST_P(MixedPrecisionLayouts, MatchSingleRankInTheSamePrecision) {
     EXPECT_GE(skipped, 1);
     EXPECT_LE(skipped, 5);
   }
-  std::printf("%s: worst relative loss %.2g, grad norm %.2g; parameters %.2g norm-wise, %.2g "
-              "absolute; %d skipped\n",
-              c.name, worst_loss, worst_norm, normwise, worst, skipped);
+  std::printf(
+      "%s: worst relative loss %.2g, grad norm %.2g; parameters %.2g norm-wise, %.2g "
+      "absolute; %d skipped\n",
+      c.name, worst_loss, worst_norm, normwise, worst, skipped);
 }
 
 ParallelOptions par(int tp, int pp, int dp, ScheduleKind kind = ScheduleKind::k1F1B, int v = 1) {

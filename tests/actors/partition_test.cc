@@ -85,18 +85,17 @@ TEST_P(PiecesTest, EveryGradientOnceToItsOwnerEveryParameterOnceBack) {
   // replica sends the same pieces).
   std::map<int, std::vector<int>> sent;  // vs -> count per element
   for (int vs = 0; vs < p.chunks(); vs++) {
-    sent[vs].assign(static_cast<std::size_t>(
-                        model::ParamLayout::gpt(c, chunk_spec(c, p, vs)).total()),
-                    0);
+    sent[vs].assign(
+        static_cast<std::size_t>(model::ParamLayout::gpt(c, chunk_spec(c, p, vs)).total()), 0);
   }
   for (const GradPiece& g : grad_pieces(c, p)) {
     const int vs = virtual_stage(p, g.src_stage, g.src_chunk);
-    for (std::int64_t i = g.range.begin; i < g.range.end; i++) sent[vs][static_cast<std::size_t>(i)]++;
+    for (std::int64_t i = g.range.begin; i < g.range.end; i++)
+      sent[vs][static_cast<std::size_t>(i)]++;
     // The receiving partition owns it.
     const int dvs = virtual_stage(p, g.dst_stage, g.dst_chunk);
     const model::StageSpec dspec = chunk_spec(c, p, dvs);
-    const Range own =
-        partition_range(model::ParamLayout::gpt(c, dspec), dspec, p.dp, g.dst_d);
+    const Range own = partition_range(model::ParamLayout::gpt(c, dspec), dspec, p.dp, g.dst_d);
     EXPECT_EQ(g.range.intersect(own), g.range);
     EXPECT_EQ(g.tied_wte, dvs != vs);
   }
@@ -109,7 +108,8 @@ TEST_P(PiecesTest, EveryGradientOnceToItsOwnerEveryParameterOnceBack) {
   for (auto& [vs, counts] : sent) got[vs].assign(counts.size(), 0);
   for (const ParamPiece& q : param_pieces(c, p)) {
     const int vs = virtual_stage(p, q.dst_stage, q.dst_chunk);
-    for (std::int64_t i = q.range.begin; i < q.range.end; i++) got[vs][static_cast<std::size_t>(i)]++;
+    for (std::int64_t i = q.range.begin; i < q.range.end; i++)
+      got[vs][static_cast<std::size_t>(i)]++;
   }
   for (auto& [vs, counts] : got) {
     for (int n : counts) ASSERT_EQ(n, 1) << "chunk " << vs;

@@ -12,8 +12,8 @@
 #include <limits>
 #include <thread>
 
-#include "actors/runtime/coordinator_host.h"
 #include "actors/messages.h"
+#include "actors/runtime/coordinator_host.h"
 #include "actors/runtime/watch_feed.h"
 #include "comm/control_channel.h"
 
@@ -86,10 +86,12 @@ TEST_F(RemoteTest, DoublesAndFloatsArriveBitForBit) {
                            std::numeric_limits<double>::denorm_min(),
                            6.2505836877971888};
   for (double v : values) {
-    Envelope e = round_trip({.to = Target::kCoordinator,
-                             .content = caf::make_message(loss_atom::value, 3, 1, 2, v)});
-    ASSERT_TRUE((e.content.match_elements<loss_atom, int, int, int, double>())) << to_string(e.content);
-    EXPECT_EQ(std::bit_cast<std::uint64_t>(e.content.get_as<double>(4)), std::bit_cast<std::uint64_t>(v));
+    Envelope e = round_trip(
+        {.to = Target::kCoordinator, .content = caf::make_message(loss_atom::value, 3, 1, 2, v)});
+    ASSERT_TRUE((e.content.match_elements<loss_atom, int, int, int, double>()))
+        << to_string(e.content);
+    EXPECT_EQ(std::bit_cast<std::uint64_t>(e.content.get_as<double>(4)),
+              std::bit_cast<std::uint64_t>(v));
     EXPECT_EQ(e.content.get_as<int>(2), 1);
   }
   const float inf = std::numeric_limits<float>::infinity();
@@ -102,8 +104,8 @@ TEST_F(RemoteTest, DoublesAndFloatsArriveBitForBit) {
   r.rank = 2;
   r.since_s = std::numeric_limits<double>::infinity();
   r.progress = 99;
-  Envelope w = round_trip({.to = Target::kReply, .actor = 0, .request = 7,
-                           .content = caf::make_message(r)});
+  Envelope w =
+      round_trip({.to = Target::kReply, .actor = 0, .request = 7, .content = caf::make_message(r)});
   ASSERT_TRUE(w.content.match_elements<WaitReport>());
   EXPECT_EQ(w.content.get_as<WaitReport>(0).since_s, r.since_s);
   EXPECT_EQ(w.content.get_as<WaitReport>(0).progress, 99u);
@@ -141,9 +143,9 @@ TEST_F(RemoteTest, FramesWithOtherTypesAreRefusedByTheirTypeNames) {
   EXPECT_NE(e.status().message().find("'@charbuf'"), absl::string_view::npos) << e.status();
   // Lists of strings only where asked for (the world message to a rank).
   const std::string world = encode_envelope(
-      *sys_, {.to = Target::kControl,
-              .content = caf::make_message(remote_world_atom::value,
-                                           std::vector<std::string>{"a", "b"})});
+      *sys_,
+      {.to = Target::kControl,
+       .content = caf::make_message(remote_world_atom::value, std::vector<std::string>{"a", "b"})});
   EXPECT_FALSE(decode_envelope(*sys_, world).ok());
   EXPECT_TRUE(decode_envelope(*sys_, world, /*allow_string_lists=*/true).ok());
   EXPECT_FALSE(decode_envelope(*sys_, bytes.substr(0, 5)).ok());
@@ -171,9 +173,9 @@ TEST_F(RemoteTest, ARankThatSendsWhatItMayNotIsCutOff) {
       [](std::string) {}, [](absl::Status) {});
   ASSERT_TRUE(link.ok()) << link.status();
   ASSERT_TRUE((*link)
-                  ->send(encode_envelope(
-                      *sys_, {.to = Target::kCoordinator,
-                              .content = caf::make_message(loss_atom::value, 1, 100000000, 0, 1.0)}))
+                  ->send(encode_envelope(*sys_, {.to = Target::kCoordinator,
+                                                 .content = caf::make_message(loss_atom::value, 1,
+                                                                              100000000, 0, 1.0)}))
                   .ok());
   ASSERT_EQ(ran.wait_for(std::chrono::seconds(20)), std::future_status::ready);
   const absl::Status st = ran.get();

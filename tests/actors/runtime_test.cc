@@ -5,8 +5,6 @@
 // vocabulary that tp does not divide); a layout run twice is bitwise the
 // same; optimizer state per rank falls as 1/dp.
 
-#include "actors/runtime/in_process.h"
-
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -16,6 +14,7 @@
 #include <map>
 
 #include "absl/strings/str_cat.h"
+#include "actors/runtime/in_process.h"
 #include "model/weights.h"
 
 namespace troupe::actors {
@@ -108,8 +107,8 @@ void PrintTo(const Case& c, std::ostream* os) {
 
 std::string case_name(const ::testing::TestParamInfo<Case>& info) {
   const Case& c = info.param;
-  return absl::StrCat(c.tp > 1 ? absl::StrCat("tp", c.tp, "_") : "", "pp", c.pp, "_dp", c.dp,
-                      "_", schedule_name(c.kind), c.v > 1 ? absl::StrCat("_v", c.v) : "",
+  return absl::StrCat(c.tp > 1 ? absl::StrCat("tp", c.tp, "_") : "", "pp", c.pp, "_dp", c.dp, "_",
+                      schedule_name(c.kind), c.v > 1 ? absl::StrCat("_v", c.v) : "",
                       c.V != 512 ? absl::StrCat("_V", c.V) : "");
 }
 
@@ -140,9 +139,10 @@ TEST_P(Equivalence, MatchesSingleRankTraining) {
   }
   EXPECT_LE(worst, 1e-4);
   // The figures docs/ARCHITECTURE.md quotes.
-  std::printf("worst relative difference over %zu steps: loss %.2g, grad norm %.2g; "
-              "parameters %.2g absolute\n",
-              ref.metrics.size(), worst_loss, worst_norm, worst);
+  std::printf(
+      "worst relative difference over %zu steps: loss %.2g, grad norm %.2g; "
+      "parameters %.2g absolute\n",
+      ref.metrics.size(), worst_loss, worst_norm, worst);
 }
 
 std::vector<Case> all_layouts() {
@@ -214,17 +214,17 @@ TEST(Runtime, WeightsFileInAndOutOf3DMatchesSingleRank) {
   ASSERT_TRUE(st.ok()) << st;
   double worst = 0.0;
   for (std::int64_t i = 0; i < a.params().numel(); i++) {
-    worst = std::max(worst, static_cast<double>(
-                                std::abs(a.params().data<float>()[i] - b.params().data<float>()[i])));
+    worst = std::max(worst, static_cast<double>(std::abs(a.params().data<float>()[i] -
+                                                         b.params().data<float>()[i])));
   }
   EXPECT_LE(worst, 1e-4);
   EXPECT_EQ(std::filesystem::file_size(single_out), std::filesystem::file_size(multi_out));
 }
 
 TEST(Runtime, ALayoutRunTwiceIsBitwiseTheSame) {
-  for (const Case& c : {Case{2, 2, ScheduleKind::k1F1B, 1},
-                        Case{4, 2, ScheduleKind::kInterleaved1F1B, 2},
-                        Case{2, 1, ScheduleKind::k1F1B, 1, 4}}) {
+  for (const Case& c :
+       {Case{2, 2, ScheduleKind::k1F1B, 1}, Case{4, 2, ScheduleKind::kInterleaved1F1B, 2},
+        Case{2, 1, ScheduleKind::k1F1B, 1, 4}}) {
     const ParallelOptions par = c.parallel();
     const Trained a = run_actors(tiny8(), par), b = run_actors(tiny8(), par);
     ASSERT_EQ(a.metrics.size(), b.metrics.size());
@@ -285,8 +285,8 @@ TEST(Runtime, RunsInTheHostProgramsOwnActorSystem) {
   // The host's system lives on, usable after the run.
   auto echo = system.spawn([]() -> caf::behavior { return {[](int x) { return x + 1; }}; });
   caf::scoped_actor self{system};
-  self->request(echo, caf::infinite, 41).receive([](int y) { EXPECT_EQ(y, 42); },
-                                                 [](caf::error&) { FAIL(); });
+  self->request(echo, caf::infinite, 41)
+      .receive([](int y) { EXPECT_EQ(y, 42); }, [](caf::error&) { FAIL(); });
   self->send_exit(echo, caf::exit_reason::user_shutdown);
 }
 
@@ -328,9 +328,9 @@ TEST(Runtime, OptimizerMemoryPerRankFallsAsOneOverDp) {
             state1[static_cast<std::size_t>(s)] = st;
             all1[static_cast<std::size_t>(s)] = all;
           }
-          const std::string where = absl::StrCat("pp ", pp, " dp ", dp, " rank ", r, ": ", all,
-                                                 " bytes, ", all1[static_cast<std::size_t>(s)],
-                                                 " at dp 1");
+          const std::string where =
+              absl::StrCat("pp ", pp, " dp ", dp, " rank ", r, ": ", all, " bytes, ",
+                           all1[static_cast<std::size_t>(s)], " at dp 1");
           EXPECT_NEAR(static_cast<double>(st),
                       static_cast<double>(state1[static_cast<std::size_t>(s)]) / dp, 12.0 * 16)
               << where;

@@ -9,13 +9,13 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <condition_variable>
-#include <future>
-#include <cstring>
 #include <atomic>
+#include <condition_variable>
+#include <cstring>
+#include <future>
 #include <map>
-#include <thread>
 #include <mutex>
+#include <thread>
 
 #include "comm/auth.h"
 
@@ -66,12 +66,12 @@ std::unique_ptr<ControlHub> hub(Heard& heard, ControlOptions o = {}) {
 }
 
 std::unique_ptr<ControlLink> link(int port, int rank, ControlLink::OnFrame on_frame = nullptr,
-                                  ControlLink::OnLost on_lost = nullptr,
-                                  std::string token = kToken, ControlOptions o = {}) {
+                                  ControlLink::OnLost on_lost = nullptr, std::string token = kToken,
+                                  ControlOptions o = {}) {
   o.token = std::move(token);
-  auto l = ControlLink::connect("127.0.0.1", port, rank, "hello from " + std::to_string(rank), o,
-                                on_frame ? on_frame : [](std::string) {},
-                                on_lost ? on_lost : [](absl::Status) {});
+  auto l = ControlLink::connect(
+      "127.0.0.1", port, rank, "hello from " + std::to_string(rank), o,
+      on_frame ? on_frame : [](std::string) {}, on_lost ? on_lost : [](absl::Status) {});
   return l.ok() ? std::move(*l) : nullptr;
 }
 
@@ -151,9 +151,9 @@ TEST(ControlChannel, WrongTokenJunkAndAbsurdLengthsAreRefusedWhileTheHubGoesOn) 
   (void)!::send(junk, noise.data(), noise.size(), MSG_NOSIGNAL);
   // The token proved, then a hello claiming 2^40 bytes.
   const int huge_hello = raw_connect(h->port());
-  ASSERT_TRUE(prove_token(huge_hello, kToken, std::chrono::steady_clock::now() +
-                                                   std::chrono::seconds(5))
-                  .ok());
+  ASSERT_TRUE(
+      prove_token(huge_hello, kToken, std::chrono::steady_clock::now() + std::chrono::seconds(5))
+          .ok());
   const std::string absurd = frame(3, std::uint64_t{1} << 40, "");
   (void)!::send(huge_hello, absurd.data(), absurd.size(), MSG_NOSIGNAL);
   // A joined rank that then sends an absurd length is cut off.
@@ -182,7 +182,8 @@ TEST(ControlChannel, WrongTokenJunkAndAbsurdLengthsAreRefusedWhileTheHubGoesOn) 
 
 TEST(ControlChannel, HeartbeatsTellAHungPeerFromALiveOne) {
   Heard heard;
-  auto h = hub(heard, {.heartbeat = absl::Milliseconds(100), .dead_after = absl::Milliseconds(700)});
+  auto h =
+      hub(heard, {.heartbeat = absl::Milliseconds(100), .dead_after = absl::Milliseconds(700)});
   auto live = link(h->port(), 0, nullptr, nullptr, kToken,
                    {.heartbeat = absl::Milliseconds(100), .dead_after = absl::Milliseconds(700)});
   ASSERT_NE(live, nullptr);
@@ -213,7 +214,8 @@ TEST(ControlChannel, APeerThatStopsReadingDoesNotStallTheHub) {
                             .dead_after = absl::Milliseconds(800)};
   auto h = hub(heard, fast);
   std::atomic<bool> live_lost{false};
-  auto live = link(h->port(), 0, nullptr, [&](absl::Status) { live_lost = true; }, kToken, fast);
+  auto live = link(
+      h->port(), 0, nullptr, [&](absl::Status) { live_lost = true; }, kToken, fast);
   ASSERT_NE(live, nullptr);
   const int stuck = raw_connect(h->port());
   ASSERT_TRUE(

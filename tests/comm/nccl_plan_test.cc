@@ -22,11 +22,16 @@ struct Member {
 std::pair<std::size_t, std::size_t> extents(const NcclCall& c, int p, int member) {
   const auto P = static_cast<std::size_t>(p);
   switch (c.op) {
-    case NcclCall::Op::kReduceScatter: return {c.count * P, c.count};
-    case NcclCall::Op::kAllGather: return {c.count, c.count * P};
-    case NcclCall::Op::kReduce: return {c.count, member == c.root ? c.count : 0};
-    case NcclCall::Op::kBroadcast: return {member == c.root ? c.count : 0, c.count};
-    case NcclCall::Op::kAllReduce: return {c.count, c.count};
+    case NcclCall::Op::kReduceScatter:
+      return {c.count * P, c.count};
+    case NcclCall::Op::kAllGather:
+      return {c.count, c.count * P};
+    case NcclCall::Op::kReduce:
+      return {c.count, member == c.root ? c.count : 0};
+    case NcclCall::Op::kBroadcast:
+      return {member == c.root ? c.count : 0, c.count};
+    case NcclCall::Op::kAllReduce:
+      return {c.count, c.count};
   }
   return {0, 0};
 }

@@ -206,9 +206,13 @@ TEST(TracedTransport, StepsPast65535AreRecordedWhole) {
   r0.set_steps(70000, 70000);
   std::atomic<int> step{70000};
   TracedTransport t0(fabric->endpoint(0), &r0, &step);
-  const Tag tag = make_tag({.source = 0, .group = GroupKind::kPipeline,
-                            .kind = MessageKind::kActivation, .step = 70000, .micro = 1,
-                            .chunk = 0, .layer = 0});
+  const Tag tag = make_tag({.source = 0,
+                            .group = GroupKind::kPipeline,
+                            .kind = MessageKind::kActivation,
+                            .step = 70000,
+                            .micro = 1,
+                            .chunk = 0,
+                            .layer = 0});
   std::vector<float> buf(4);
   std::promise<absl::Status> first, second;
   t0.send(1, tag, buf.data(), 16, [&](absl::Status st) { first.set_value(st); });

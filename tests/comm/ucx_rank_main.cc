@@ -167,7 +167,8 @@ int main(int argc, char** argv) {
   app.add_option("--rank", rank)->required();
   app.add_option("--size", size)->required();
   app.add_option("--port", port)->required();
-  app.add_option("--scenario", scenario)->check(CLI::IsMember({"collectives", "kill", "kill_reader"}));
+  app.add_option("--scenario", scenario)
+      ->check(CLI::IsMember({"collectives", "kill", "kill_reader"}));
   app.add_option("--victim", victim);
   CLI11_PARSE(app, argc, argv);
   setvbuf(stdout, nullptr, _IOLBF, 0);

@@ -114,11 +114,12 @@ TEST_F(UcxSingleCopy, PlainReceiveIsNotReadOnTheProgressThread) {
   std::vector<char> a(kBig, 'y'), b(kBig, 0);
   char sa = 1, sb = 0;
   std::promise<std::thread::id> small_on, big_on;
-  at(p, 1).recv(0, 1, &sb, 1, [&](absl::Status) { small_on.set_value(std::this_thread::get_id()); });
+  at(p, 1).recv(0, 1, &sb, 1,
+                [&](absl::Status) { small_on.set_value(std::this_thread::get_id()); });
   at(p, 0).send(1, 1, &sa, 1, [](absl::Status) {});
   const std::thread::id progress = small_on.get_future().get();
   at(p, 1).recv(0, 2, b.data(), kBig,
-               [&](absl::Status) { big_on.set_value(std::this_thread::get_id()); });
+                [&](absl::Status) { big_on.set_value(std::this_thread::get_id()); });
   at(p, 0).send(1, 2, a.data(), kBig, [](absl::Status) {});
   EXPECT_NE(big_on.get_future().get(), progress);
   EXPECT_EQ(a, b);
@@ -152,7 +153,8 @@ TEST_F(UcxSingleCopy, CancelledSendWaitsForTheReceiversAcknowledgement) {
   std::promise<Arrival> got;
   auto sf = s.get_future();
   at(p, 1).recv_pull(0, 41, kBig, nullptr, [&](Arrival m) { got.set_value(std::move(m)); });
-  at(p, 0).send(1, 41, a.data(), kBig, [&](absl::Status st) { s.set_value(st); }, token);
+  at(p, 0).send(
+      1, 41, a.data(), kBig, [&](absl::Status st) { s.set_value(st); }, token);
   Arrival m = got.get_future().get();  // the receiver holds the descriptor, not yet read
   ASSERT_TRUE(m.status().ok()) << m.status();
   p.t[0]->cancel(token, absl::CancelledError("the collective was aborted"));
@@ -204,7 +206,8 @@ TEST(UcxTransportLifetime, DestructionCompletesPendingOperations) {
   auto rf = r.get_future(), sf = s.get_future(), r2f = r2.get_future();
   at(p, 0).recv(1, 11, b.data(), b.size(), [&](absl::Status st) { r.set_value(st); });
   at(p, 0).recv_pull(1, 12, kBig, nullptr, [&](Arrival m) { r2.set_value(m.status()); });
-  at(p, 0).send(1, 13, a.data(), kBig, [&](absl::Status st) { s.set_value(st); });  // never received
+  at(p, 0).send(1, 13, a.data(), kBig,
+                [&](absl::Status st) { s.set_value(st); });  // never received
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
   p.t[0].reset();
   for (auto* f : {&rf, &sf, &r2f}) {

@@ -58,8 +58,12 @@ TEST_F(TensorView, UncheckedViewPastTheEndIsAnInvariantErrorInEveryBuild) {
     }
     return std::string("nothing thrown");
   };
-  EXPECT_EQ(message([&] { (void)x_.view(25, {8}); }).rfind("internal error in Tensor::view: view [8] at offset 25", 0), 0u);
-  EXPECT_EQ(message([&] { (void)x_.reshape({33}); }).rfind("internal error in Tensor::reshape", 0), 0u);
+  EXPECT_EQ(message([&] {
+              (void)x_.view(25, {8});
+            }).rfind("internal error in Tensor::view: view [8] at offset 25", 0),
+            0u);
+  EXPECT_EQ(message([&] { (void)x_.reshape({33}); }).rfind("internal error in Tensor::reshape", 0),
+            0u);
 }
 
 }  // namespace

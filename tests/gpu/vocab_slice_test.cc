@@ -94,7 +94,8 @@ TEST_P(VocabSlices, CrossEntropyFromSlicesMatchesTheWholeVocabulary) {
   ops::crossentropy_combine(*s, plosses, plse, stats);
   ASSERT_TRUE(s->synchronize().ok());
   for (int n = 0; n < N; n++) {
-    EXPECT_NEAR(plse.data<float>()[n], lse.data<float>()[n], 1e-5f * std::abs(lse.data<float>()[n]));
+    EXPECT_NEAR(plse.data<float>()[n], lse.data<float>()[n],
+                1e-5f * std::abs(lse.data<float>()[n]));
     EXPECT_NEAR(plosses.data<float>()[n], losses.data<float>()[n], 1e-5f);
   }
   // Backward with the combined lse: each slice's part of the whole gradient.
@@ -107,8 +108,8 @@ TEST_P(VocabSlices, CrossEntropyFromSlicesMatchesTheWholeVocabulary) {
     ASSERT_TRUE(s->synchronize().ok());
     for (int n = 0; n < N; n++) {
       for (int j = 0; j < rows; j++) {
-        ASSERT_NEAR(mine.data<float>()[n * rows + j],
-                    logits.data<float>()[n * kVp + p * rows + j], 1e-6f)
+        ASSERT_NEAR(mine.data<float>()[n * rows + j], logits.data<float>()[n * kVp + p * rows + j],
+                    1e-6f)
             << "slice " << p << " row " << n << " column " << j;
       }
     }

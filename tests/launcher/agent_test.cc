@@ -2,7 +2,6 @@
 // workers started with the token on stdin, their pids and exits reported,
 // stopped when told, and stopped when the launcher is lost.
 #include "launcher/agent.h"
-#include "launcher/process.h"
 
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -12,6 +11,8 @@
 #include <future>
 #include <nlohmann/json.hpp>
 #include <thread>
+
+#include "launcher/process.h"
 
 namespace troupe::launcher {
 namespace {
@@ -27,20 +28,20 @@ struct FakeLauncher {
   std::unique_ptr<comm::ControlHub> hub;
 
   FakeLauncher() {
-    auto h = comm::ControlHub::listen(
-        "127.0.0.1", 0, {.token = kToken, .log = [](const std::string&) {}},
-        {[this](int, const std::string& hello) {
-           std::lock_guard<std::mutex> l(mu);
-           joined = hello == "agent";
-           cv.notify_all();
-           return true;
-         },
-         [this](int, std::string f) {
-           std::lock_guard<std::mutex> l(mu);
-           heard.push_back(json::parse(f));
-           cv.notify_all();
-         },
-         [](int, absl::Status) {}});
+    auto h = comm::ControlHub::listen("127.0.0.1", 0,
+                                      {.token = kToken, .log = [](const std::string&) {}},
+                                      {[this](int, const std::string& hello) {
+                                         std::lock_guard<std::mutex> l(mu);
+                                         joined = hello == "agent";
+                                         cv.notify_all();
+                                         return true;
+                                       },
+                                       [this](int, std::string f) {
+                                         std::lock_guard<std::mutex> l(mu);
+                                         heard.push_back(json::parse(f));
+                                         cv.notify_all();
+                                       },
+                                       [](int, absl::Status) {}});
     EXPECT_TRUE(h.ok()) << h.status();
     hub = std::move(*h);
   }
@@ -76,13 +77,16 @@ TEST(Agent, StartsReportsAndStopsWorkers) {
   const std::string out = ::testing::TempDir() + "/agent_token.txt";
   std::remove(out.c_str());
   auto agent = std::async(std::launch::async, [&] {
-    return run_agent({.master_addr = "127.0.0.1", .master_port = launcher.hub->port(), .index = 0,
+    return run_agent({.master_addr = "127.0.0.1",
+                      .master_port = launcher.hub->port(),
+                      .index = 0,
                       .token = kToken});
   });
   launcher.wait_joined();
   json start = {{"type", "start"},
                 {"workers",
-                 {{{"rank", 0}, {"argv", {"sh", "-c", "read t; echo \"$t\" > " + out + "; exit 4"}},
+                 {{{"rank", 0},
+                   {"argv", {"sh", "-c", "read t; echo \"$t\" > " + out + "; exit 4"}},
                    {"env", env()}},
                   {{"rank", 1}, {"argv", {"sleep", "100"}}, {"env", env()}},
                   {{"rank", 2}, {"argv", {"/nonexistent/worker"}}, {"env", env()}}}}};
@@ -90,7 +94,8 @@ TEST(Agent, StartsReportsAndStopsWorkers) {
   EXPECT_GT(launcher.await("started", 0).value("pid", 0), 0);
   const int sleeper = launcher.await("started", 1).value("pid", 0);
   EXPECT_TRUE(alive(sleeper));
-  EXPECT_NE(launcher.await("error", 2).value("message", "").find("cannot run it"), std::string::npos);
+  EXPECT_NE(launcher.await("error", 2).value("message", "").find("cannot run it"),
+            std::string::npos);
   json exited = launcher.await("exited", 0);
   EXPECT_EQ(exited.value("code", -1), 4);
   std::ifstream in(out);
@@ -111,14 +116,18 @@ TEST(Agent, LosingTheLauncherStopsEveryWorker) {
   const std::string ready = ::testing::TempDir() + "/agent_worker_ready";
   std::remove(ready.c_str());
   auto agent = std::async(std::launch::async, [&] {
-    return run_agent({.master_addr = "127.0.0.1", .master_port = launcher.hub->port(), .index = 0,
-                      .token = kToken, .stop_grace = absl::Milliseconds(500)});
+    return run_agent({.master_addr = "127.0.0.1",
+                      .master_port = launcher.hub->port(),
+                      .index = 0,
+                      .token = kToken,
+                      .stop_grace = absl::Milliseconds(500)});
   });
   launcher.wait_joined();
   json start = {{"type", "start"},
-                {"workers", {{{"rank", 4},
-                              {"argv", {"sh", "-c", "trap '' TERM; echo > " + ready + "; sleep 100"}},
-                              {"env", env()}}}}};
+                {"workers",
+                 {{{"rank", 4},
+                   {"argv", {"sh", "-c", "trap '' TERM; echo > " + ready + "; sleep 100"}},
+                   {"env", env()}}}}};
   ASSERT_TRUE(launcher.hub->send(0, start.dump()).ok());
   const int pid = launcher.await("started", 4).value("pid", 0);
   ASSERT_GT(pid, 0);

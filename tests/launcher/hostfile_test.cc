@@ -30,7 +30,8 @@ TEST(Hostfile, BadLinesAreErrorsNamingFileAndLine) {
     const char* text;
     const char* error;
   } cases[] = {
-      {"a slots=2\nb slots=1\na slots=3\n", "hostfile:3: host 'a' is listed again (first at line 1)"},
+      {"a slots=2\nb slots=1\na slots=3\n",
+       "hostfile:3: host 'a' is listed again (first at line 1)"},
       {"a slots=2\nb\n", "hostfile:2: 'b' is not a hostfile entry (HOST slots=N)"},
       {"a slots=x\n", "hostfile:1: slots=x: not a positive integer"},
       {"a slots=0\n", "hostfile:1: slots=0: not a positive integer"},

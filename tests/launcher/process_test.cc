@@ -71,16 +71,17 @@ TEST(Child, MissingProgramIsAnErrorNamingIt) {
   auto c = Child::spawn({.argv = {"/nonexistent/troupe"}, .env = {}});
   ASSERT_FALSE(c.ok());
   EXPECT_NE(c.status().message().find("/nonexistent/troupe: cannot run it"), std::string::npos);
-  EXPECT_FALSE(Child::spawn({.argv = {"true"}, .env = {}, .log_path = "/nonexistent/dir/log"}).ok());
+  EXPECT_FALSE(
+      Child::spawn({.argv = {"true"}, .env = {}, .log_path = "/nonexistent/dir/log"}).ok());
 }
 
 TEST(Child, StopEndsTheWholeGroup) {
   const std::string pidfile = ::testing::TempDir() + "/grandchild.pid";
   std::remove(pidfile.c_str());
   // The child starts a grandchild and waits for it; TERM is ignored by both.
-  auto c = Child::spawn({.argv = {"sh", "-c",
-                                  "trap '' TERM; sleep 100 & echo $! > " + pidfile + "; wait"},
-                         .env = current_environment()});
+  auto c = Child::spawn(
+      {.argv = {"sh", "-c", "trap '' TERM; sleep 100 & echo $! > " + pidfile + "; wait"},
+       .env = current_environment()});
   ASSERT_TRUE(c.ok()) << c.status();
   const pid_t grandchild = read_pid(pidfile);
   ASSERT_GT(grandchild, 0);

@@ -79,7 +79,8 @@ TEST(WorldEnv, BadValuesNameTheVariable) {
     const char* error;
   } cases[] = {
       {{{"RANK", "x"}, {"WORLD_SIZE", "2"}}, "RANK=x: not a non-negative integer"},
-      {{{"RANK", "2"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "a"}}, "RANK=2 is not a rank of WORLD_SIZE=2"},
+      {{{"RANK", "2"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "a"}},
+       "RANK=2 is not a rank of WORLD_SIZE=2"},
       {{{"RANK", "0"}, {"MASTER_ADDR", "a"}}, "WORLD_SIZE is not set but RANK is"},
       {{{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "1"}, {"SLURM_JOB_NODELIST", "n[1-"}},
        "SLURM_JOB_NODELIST: host list 'n[1-': unbalanced brackets"},

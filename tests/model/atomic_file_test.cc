@@ -3,8 +3,6 @@
 // path do not collide) and are never left behind; errors name the path.
 #include "model/atomic_file.h"
 
-#include "model/data/indexed_dataset.h"
-
 #include <gtest/gtest.h>
 #include <sys/resource.h>
 
@@ -16,6 +14,8 @@
 #include <sstream>
 #include <thread>
 #include <vector>
+
+#include "model/data/indexed_dataset.h"
 
 namespace troupe::model {
 namespace {
@@ -51,7 +51,7 @@ TEST_F(AtomicFileTest, CommitPutsTheWholeFileInPlaceAndLeavesNoTemporary) {
   absl::StatusOr<AtomicFile> f = AtomicFile::create(path);
   ASSERT_TRUE(f.ok()) << f.status();
   EXPECT_EQ(fs::path(f->temp_path()).parent_path(), dir_);  // same file system: rename works
-  std::string big(3 << 20, 'x');  // larger than the buffer
+  std::string big(3 << 20, 'x');                            // larger than the buffer
   ASSERT_TRUE(f->write("head:").ok());
   ASSERT_TRUE(f->write(big).ok());
   ASSERT_TRUE(f->commit().ok());

@@ -4,21 +4,23 @@
 // the reference values of every tensor, and a writer of whole checkpoints.
 #pragma once
 
-#include "model/checkpoint.h"
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 #include <unistd.h>
+
 #include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <thread>
 #include <vector>
+
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "model/checkpoint.h"
 #include "model/layout.h"
 
 namespace troupe::model::ckpt::checkpoint_fixture {
@@ -132,9 +134,9 @@ struct Layout {
 // if d = 0, and ZeRO partition d of the flat buffer (ranges that cut
 // through parameters) of master, m and v; the last stage's wte is the
 // tied copy (not written) when there is more than one stage.
-inline absl::Status write_checkpoint(const std::string& dir, const GptConfig& cfg, Layout w, int step,
-                              int keep_last = 0,
-                              std::optional<LossScaleState> scaler = std::nullopt) {
+inline absl::Status write_checkpoint(const std::string& dir, const GptConfig& cfg, Layout w,
+                                     int step, int keep_last = 0,
+                                     std::optional<LossScaleState> scaler = std::nullopt) {
   absl::StatusOr<std::string> tmp = begin_save(dir, step);
   if (!tmp.ok()) return tmp.status();
   std::vector<TensorRecord> all;

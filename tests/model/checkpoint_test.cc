@@ -221,8 +221,7 @@ TEST_F(CheckpointTest, AManifestClaimingAVastTensorIsAnErrorNotAnAllocation) {
   const absl::Status st = Checkpoint::open(dir_).status();
   EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss) << st;
   EXPECT_TRUE(absl::StrContains(st.message(), "manifest.json: ")) << st;
-  EXPECT_TRUE(absl::StrContains(st.message(), "/wte.weight are in no rank's file"))
-      << st;
+  EXPECT_TRUE(absl::StrContains(st.message(), "/wte.weight are in no rank's file")) << st;
   // A record naming a file that is not one of its rank files, too.
   std::ifstream(path) >> j;
   j["tensors"][0]["file"] = "../../etc/passwd";

@@ -1,6 +1,6 @@
 // Megatron indexed datasets and the sample loader.
-#include <zlib.h>
 #include <gtest/gtest.h>
+#include <zlib.h>
 
 #include <cstring>
 #include <filesystem>
@@ -367,9 +367,9 @@ TEST(GptDataset, CacheWithOtherIndicesIsRebuiltNotTrusted) {
     std::string f = good;
     std::memcpy(f.data() + at, &v, 8);
     if (fix_checksum) {
-      const std::uint64_t h = ::crc32(::crc32(0L, Z_NULL, 0),
-                                      reinterpret_cast<const Bytef*>(f.data() + 32),
-                                      static_cast<uInt>(f.size() - 32));
+      const std::uint64_t h =
+          ::crc32(::crc32(0L, Z_NULL, 0), reinterpret_cast<const Bytef*>(f.data() + 32),
+                  static_cast<uInt>(f.size() - 32));
       std::memcpy(f.data() + 24, &h, 8);
     }
     std::ofstream(file, std::ios::binary | std::ios::trunc) << f;

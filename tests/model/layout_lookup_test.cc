@@ -49,12 +49,14 @@ TEST(ParamLayoutLookup, FindOfAMissingNameIsAnInvariantErrorInEveryBuild) {
     }
     return std::string("nothing thrown");
   };
-  EXPECT_EQ(message([&] { (void)lay.find("h.99.ln_1.weight"); })
-                .rfind("internal error in ParamLayout::find: no parameter 'h.99.ln_1.weight'", 0),
+  EXPECT_EQ(message([&] {
+              (void)lay.find("h.99.ln_1.weight");
+            }).rfind("internal error in ParamLayout::find: no parameter 'h.99.ln_1.weight'", 0),
             0u);
   gpu::Tensor small = gpu::Tensor::empty(gpu::cpu_device(), gpu::DType::kF32, {16});
-  EXPECT_EQ(message([&] { (void)lay.view(small, "ln_f.bias"); }).rfind(
-                "internal error in ParamLayout::view", 0),
+  EXPECT_EQ(message([&] {
+              (void)lay.view(small, "ln_f.bias");
+            }).rfind("internal error in ParamLayout::view", 0),
             0u);
 }
 
@@ -94,9 +96,8 @@ TEST(ParamSpecIndex, LocalIndexInvertsGlobalIndexAndTheSlicesPartitionTheTensor)
         for (std::int64_t g = 0; g < w.numel(); g++) mine += p.local_index(g) >= 0;
         EXPECT_EQ(mine, p.numel()) << w.name << " tp " << tp << " t " << t;
       }
-      const int want = ParamLayout::gpt(s, StageSpec::whole(s), {tp, 0}).find(w.name).replicated()
-                           ? tp
-                           : 1;
+      const int want =
+          ParamLayout::gpt(s, StageSpec::whole(s), {tp, 0}).find(w.name).replicated() ? tp : 1;
       for (int n : owners) ASSERT_EQ(n, want) << w.name << " tp " << tp;
     }
   }

@@ -140,7 +140,8 @@ TEST(PlanCost, TensorParallelAllReduceIsNcclsRing) {
   ASSERT_TRUE(d.ok());
   CostModel cost(in, c, *d);
   for (double n : {1e3, 1e9}) {
-    EXPECT_NEAR(cost.tp_all_reduce_seconds(n), 14 * 5e-6 + 2 * 7.0 / 8 * n / 300e9, 1e-15 + 1e-12 * n)
+    EXPECT_NEAR(cost.tp_all_reduce_seconds(n), 14 * 5e-6 + 2 * 7.0 / 8 * n / 300e9,
+                1e-15 + 1e-12 * n)
         << n;
   }
 }
@@ -240,7 +241,8 @@ TEST(PlanClusters, BadFilesNameTheFileAndTheField) {
   text.replace(text.find(key), key.size(), "\"memory_gbytes_per_s\": -5");
   c = parse_cluster(text, "z.json");
   ASSERT_FALSE(c.ok());
-  EXPECT_NE(c.status().message().find("z.json: field 'gpu.memory_gbytes_per_s' is -5"), std::string::npos)
+  EXPECT_NE(c.status().message().find("z.json: field 'gpu.memory_gbytes_per_s' is -5"),
+            std::string::npos)
       << c.status();
   c = load_cluster("dgx-z100");
   ASSERT_FALSE(c.ok());
@@ -316,8 +318,8 @@ TEST(PlanReport, MegatronsMeasuredThroughputIsWithin15Percent) {
     int heads, hidden, layers, pp, gpus, batch;
     double tflops;
   };
-  for (const Row& r : {Row{96, 12288, 80, 8, 1536, 2304, 148},
-                       Row{128, 16384, 96, 16, 1920, 2160, 155}}) {
+  for (const Row& r :
+       {Row{96, 12288, 80, 8, 1536, 2304, 148}, Row{128, 16384, 96, 16, 1920, 2160, 155}}) {
     PlanInput in;
     in.model = *model::preset("gpt3-175b");
     in.model.NH = r.heads;

@@ -1,11 +1,10 @@
 // The summary, critical path and failure analysis of hand-written traces
 // whose expected figures are worked out by hand below.
-#include "launcher/trace/summary.h"
-
 #include <gtest/gtest.h>
 
 #include "launcher/trace/failure.h"
 #include "launcher/trace/messages.h"
+#include "launcher/trace/summary.h"
 #include "tests/trace/trace_test_util.h"
 
 namespace troupe::launcher::trace {

@@ -1,10 +1,9 @@
 // The SVG pictures on their own (trace_svg.h: no trace involved, as the
 // planner will use them) and the interleaved schedule's theory.
-#include "launcher/trace/svg.h"
-
 #include <gtest/gtest.h>
 
 #include "launcher/trace/summary.h"
+#include "launcher/trace/svg.h"
 #include "tests/trace/trace_test_util.h"
 
 namespace troupe::launcher::trace {
