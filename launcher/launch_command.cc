@@ -45,6 +45,7 @@
 #include "launcher/commands.h"
 #include "launcher/exit_codes.h"
 #include "launcher/fleet.h"
+#include "launcher/fleet_watch.h"
 #include "launcher/hostfile.h"
 #include "launcher/launch_restart.h"
 #include "launcher/launch_support.h"
@@ -89,6 +90,46 @@ Outcome failed(std::string message, int code = 1) {
           .restartable = false,
           .lost_hosts = {},
           .failed_at = {}};
+}
+
+// How a start ended, from the run's status and the workers that failed by
+// themselves (those come first: the coordinator may have heard of a
+// failure second-hand -- a peer's receive failing -- before the death).
+Outcome attempt_outcome(const LaunchContext& ctx, const AttemptPlan& plan, const absl::Status& st,
+                        const FleetWatch::Failures& failures,
+                        std::chrono::steady_clock::time_point run_ended,
+                        const std::function<std::string(int)>& who,
+                        const std::vector<WorkerLaunch>& launches) {
+  std::vector<std::string> causes;
+  for (const auto& [rank, what] : failures.exits) {
+    causes.push_back(absl::StrCat(who(rank), ": ", what,
+                                  log_tail(launches[static_cast<std::size_t>(rank)].log)));
+  }
+  Outcome out;
+  out.lost_hosts = failures.lost_hosts;
+  out.failed_at = failures.failed_at.value_or(run_ended);
+  // A rank killed, crashed or cut off, or one gone silent or hung (the
+  // heartbeats, the stall watchdog): a restart may help. Bad input, a full
+  // disk or a damaged checkpoint would fail again: they end the job.
+  out.restartable = failures.died || absl::IsUnavailable(st) || absl::IsDeadlineExceeded(st);
+  const int sig = ctx.interrupted.load();
+  if (sig != 0 || st.ok()) out.restartable = false;
+  if (!st.ok()) {
+    std::string msg =
+        causes.empty() ? std::string(st.message())
+                       : absl::StrCat(absl::StrJoin(causes, "\n  "), "\n  the run: ", st.message());
+    out.message =
+        absl::StrCat(msg, "\n  logs: ", ctx.run_dir, "\n  ",
+                     actors::flight_note(failure_dir(ctx.f, plan.index), absl::OkStatus()));
+    out.code = sig ? exit_for_signal(sig) : kExitFailed;
+    return out;
+  }
+  if (!causes.empty()) {
+    out.message =
+        absl::StrCat("the run ended, but ", absl::StrJoin(causes, "; "), "\n  logs: ", ctx.run_dir);
+    out.code = kExitFailed;
+  }
+  return out;
 }
 
 Outcome run_attempt(LaunchContext& ctx, const AttemptPlan& plan) {
@@ -211,56 +252,8 @@ Outcome run_attempt(LaunchContext& ctx, const AttemptPlan& plan) {
   auto echo = std::make_unique<LogEcho>(workers.logs);
 
   // Exits and losses, as they happen: a worker gone before the end ends the run.
-  std::mutex mu;
-  std::map<int, std::string> exits;  // rank -> how it ended
-  std::set<std::string> lost_hosts;
-  bool died = false;  // a process was killed (or crashed) or a host lost: worth a restart
-  std::atomic<bool> over{false};
-  std::atomic<int> running{world};
-  // Ranks that have exited or were lost (their agent's host cut off: no
-  // exit will ever be heard of them), each counted once: the end below does
-  // not wait for ranks it cannot hear from (a regression: it waited its 5 s
-  // for them, and a cut link took 10 s to end the job).
-  std::set<int> ended;
-  std::atomic<bool> stopping{false};  // from here on, exits are the launcher's own kills
-  std::optional<std::chrono::steady_clock::time_point> failed_at;
-  auto watch = [&] {
-    bool dirty = false;
-    for (const FleetEvent& e : fleet->poll()) {
-      if (e.rank < 0 || e.rank >= world) continue;  // (an agent's confusion)
-      auto& rank_record = record["ranks"][static_cast<std::size_t>(e.rank)];
-      if (e.kind == FleetEvent::Kind::kStarted) {
-        rank_record["pid"] = e.pid;
-        dirty = true;
-        continue;
-      }
-      rank_record["exit"] = e.what;
-      dirty = true;
-      if (ended.insert(e.rank).second) running--;
-      const bool bad = e.kind == FleetEvent::Kind::kLost || !e.exit.ok();
-      if (bad && e.exit.code != kExitStopped && !stopping.load()) {
-        std::lock_guard<std::mutex> lock(mu);
-        exits.emplace(e.rank, e.what);
-        if (e.kind == FleetEvent::Kind::kLost) {
-          lost_hosts.insert(job.placement[static_cast<std::size_t>(e.rank)].host);
-        }
-        died = died || e.kind == FleetEvent::Kind::kLost || e.exit.signal != 0;
-        if (!failed_at) failed_at = std::chrono::steady_clock::now();
-      }
-      if (bad && !over.load()) {
-        coordinator.cancel(
-            absl::UnavailableError(absl::StrCat(coordinator.who(e.rank), ": ", e.what)));
-      }
-    }
-    if (dirty) (void)write_json(record_path, record);
-  };
-  std::atomic<bool> stop_watch{false};
-  std::thread watcher([&] {
-    while (!stop_watch.load()) {
-      watch();
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-  });
+  FleetWatch watch(*fleet, coordinator,
+                   {.job = job, .world = world, .record = record, .record_path = record_path});
   bool first_step = true;
   absl::Status st = coordinator.run(
       [&](const model::StepMetrics& m) {
@@ -279,56 +272,17 @@ Outcome run_attempt(LaunchContext& ctx, const AttemptPlan& plan) {
         std::fflush(stdout);
       });
   const auto run_ended = std::chrono::steady_clock::now();
-  over = true;
+  watch.run_over();
   echo.reset();  // what the ranks say after the end is in their logs
   // Every worker is done (run() waits for that, or for its loss); they exit
   // by themselves. (After a failure a lost worker -- hung, cut off -- will
   // not: the wait is short, and the stop below ends it.)
-  const absl::Time until = absl::Now() + (st.ok() ? absl::Seconds(10) : absl::Seconds(2));
-  while (running.load() > 0 && absl::Now() < until && ctx.interrupted.load() == 0) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  stop_watch = true;
-  watcher.join();
-  watch();
-  stopping = true;
-  fleet->stop(absl::Seconds(3));
-  watch();
-  // The processes that failed by themselves (killed, crashed, lost) come
-  // first: the coordinator may have heard of the failure second-hand (a
-  // peer's receive failing) before it heard of the death.
-  std::vector<std::string> causes;
-  Outcome out;
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    for (const auto& [rank, what] : exits) {
-      causes.push_back(absl::StrCat(coordinator.who(rank), ": ", what,
-                                    log_tail(launches[static_cast<std::size_t>(rank)].log)));
-    }
-    out.lost_hosts = lost_hosts;
-    out.failed_at = failed_at.value_or(run_ended);
-    // A rank killed, crashed or cut off, or one gone silent or hung (the
-    // heartbeats, the stall watchdog): a restart may help. Bad input, a
-    // full disk or a damaged checkpoint would fail again: they end the job.
-    out.restartable = died || absl::IsUnavailable(st) || absl::IsDeadlineExceeded(st);
-  }
-  const int sig = ctx.interrupted.load();
-  if (sig != 0 || st.ok()) out.restartable = false;
-  if (!st.ok()) {
-    std::string msg =
-        causes.empty() ? std::string(st.message())
-                       : absl::StrCat(absl::StrJoin(causes, "\n  "), "\n  the run: ", st.message());
-    out.message = absl::StrCat(msg, "\n  logs: ", ctx.run_dir, "\n  ",
-                               actors::flight_note(failure_dir(f, plan.index), absl::OkStatus()));
-    out.code = sig ? exit_for_signal(sig) : kExitFailed;
-    return out;
-  }
-  if (!causes.empty()) {
-    out.message =
-        absl::StrCat("the run ended, but ", absl::StrJoin(causes, "; "), "\n  logs: ", ctx.run_dir);
-    out.code = 1;
-  }
-  return out;
+  watch.wait_for_exits(absl::Now() + (st.ok() ? absl::Seconds(10) : absl::Seconds(2)),
+                       [&ctx] { return ctx.interrupted.load() != 0; });
+  watch.stop_fleet(absl::Seconds(3));
+  return attempt_outcome(
+      ctx, plan, st, watch.failures(), run_ended, [&](int rank) { return coordinator.who(rank); },
+      launches);
 }
 
 int run_launch(LaunchFlags& f) {

@@ -4,7 +4,7 @@
 // this describes.
 //
 //   WorkerLaunches w = worker_launches({.f = f, .plan = plan, ...});
-//   nlohmann::json record = launch_record(ctx, plan, w, master, port);
+//   nlohmann::json record = launch_record(plan, w, "host:port", restarts);
 #pragma once
 
 #include <nlohmann/json.hpp>

@@ -1,5 +1,5 @@
 // `troupe plan calibrate`: this machine's kernels, GEMM curve and message
-// costs, measured (see plan_calibrate.h).
+// costs, measured (see launcher/plan/calibrate.h).
 #include "launcher/plan/calibrate.h"
 
 #include <unistd.h>
@@ -147,7 +147,7 @@ json calibrate_threads(const CalibrateOptions& o, int threads, std::ostream& log
     att_flops += 4.0 * static_cast<double>(B * NHl * T * T * c.HS());
   }
 
-  // Memory-bound families, bytes as plan_cost.cc counts them.
+  // Memory-bound families, bytes as launcher/plan/cost.cc counts them.
   json families = json::object();
   auto family = [&](const char* name, double bytes, const std::function<void()>& op) {
     families[name] = bytes / time_op(*s, o.reps, op) / 1e9;

@@ -4,7 +4,7 @@
 // times, on a CPU stream of that many threads, troupe's own kernels at the
 // model's shapes (tp 1 and 2), the fastest of --reps runs after a warm-up:
 //   - every GEMM of a layer and the LM head, forward and backward, and fits
-//     the GEMM curve of plan_hardware.h to them (least squares in log time);
+//     the GEMM curve of launcher/plan/hardware.h to them (least squares in log time);
 //   - the fused attention forward and backward (FLOP/s);
 //   - each memory-bound family (LayerNorm, GELU, residual, embedding,
 //     cross-entropy, axpy, fill, AdamW, norm) as bytes moved per second by

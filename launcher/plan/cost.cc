@@ -1,4 +1,4 @@
-// The planner's cost model (see plan_cost.h): a chunk's ops as model/gpt.cc
+// The planner's cost model (see launcher/plan/cost.h): a chunk's ops as model/gpt.cc
 // runs them, collectives by their algorithms' formulas.
 #include "launcher/plan/cost.h"
 

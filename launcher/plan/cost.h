@@ -2,7 +2,7 @@
 //
 //   compute   a model chunk's forward and backward as the runtime's op list
 //             (model/gpt.cc): per layer the qkv, projection, fc and fc-proj
-//             GEMMs (the curve of plan_hardware.h), attention, and the
+//             GEMMs (the curve of launcher/plan/hardware.h), attention, and the
 //             memory-bound ops (LayerNorm, GELU, residual, embedding,
 //             cross-entropy) by the bytes they move; recompute adds the
 //             forward (full) or the attention core (selective) to the

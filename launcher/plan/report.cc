@@ -1,4 +1,4 @@
-// A planned layout and the search over layouts (see plan_report.h).
+// A planned layout and the search over layouts (see launcher/plan/report.h).
 #include "launcher/plan/report.h"
 
 #include <algorithm>

@@ -1,4 +1,4 @@
-// Discrete-event simulation of one step (see plan_sim.h).
+// Discrete-event simulation of one step (see launcher/plan/sim.h).
 #include "launcher/plan/sim.h"
 
 #include <algorithm>

@@ -1,4 +1,4 @@
-// Failure and stall analysis of a trace (trace_failure.h).
+// Failure and stall analysis of a trace (launcher/trace/failure.h).
 #include "launcher/trace/failure.h"
 
 #include <algorithm>

@@ -1,4 +1,4 @@
-// Reading and checking rank trace files (trace_files.h).
+// Reading and checking rank trace files (launcher/trace/files.h).
 #include "launcher/trace/files.h"
 
 #include <algorithm>
@@ -163,7 +163,7 @@ absl::Status parse_fields(const json& o, Event* ev, const Where& w) {
   TRY(maybe(o, "pass", &ev->pass, w));
   TRY(maybe(o, "seq", &ev->seq, w));
   if (ev->kind == Kind::kSend || ev->kind == Kind::kRecv) {
-    // What matching needs (trace_messages.h): without them a message
+    // What matching needs (launcher/trace/messages.h): without them a message
     // cannot be paired, so the file is not one the runtime wrote.
     TRY(need(o, "peer", &ev->peer, w));
     TRY(need(o, "tag", &ev->tag, w));

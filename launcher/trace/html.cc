@@ -1,4 +1,4 @@
-// The schedule picture of a measured step and the HTML report (trace_html.h).
+// The schedule picture of a measured step and the HTML report (launcher/trace/html.h).
 #include "launcher/trace/html.h"
 
 #include <algorithm>

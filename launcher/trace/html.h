@@ -1,4 +1,4 @@
-// A trace's pictures: one step's schedule (trace_svg.h's drawing of the
+// A trace's pictures: one step's schedule (launcher/trace/svg.h's drawing of the
 // measured ops and messages) and the self-contained HTML report of
 // `troupe trace DIR --html FILE`: the schedule, the summary table and
 // plots of loss, learning rate, tokens/s and grad norm from the run's

@@ -1,4 +1,4 @@
-// The merged Chrome trace-event JSON (trace_merge.h).
+// The merged Chrome trace-event JSON (launcher/trace/merge.h).
 #include "launcher/trace/merge.h"
 
 #include <algorithm>

@@ -1,4 +1,4 @@
-// Pairing sends with receives, and the message log (trace_messages.h).
+// Pairing sends with receives, and the message log (launcher/trace/messages.h).
 #include "launcher/trace/messages.h"
 
 #include <algorithm>

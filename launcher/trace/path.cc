@@ -1,4 +1,4 @@
-// The critical path of a step (trace_summary.h: critical_path).
+// The critical path of a step (launcher/trace/summary.h: critical_path).
 //
 // Walks back from the compute op that finished last. An op started when
 // both its stream was free and its input had arrived, so what held it back

@@ -1,4 +1,4 @@
-// Busy, idle, communication and the bubble per stage (trace_summary.h).
+// Busy, idle, communication and the bubble per stage (launcher/trace/summary.h).
 #include "launcher/trace/summary.h"
 
 #include <algorithm>

@@ -1,4 +1,4 @@
-// Schedule pictures and line plots as SVG text (trace_svg.h).
+// Schedule pictures and line plots as SVG text (launcher/trace/svg.h).
 #include "launcher/trace/svg.h"
 
 #include <algorithm>

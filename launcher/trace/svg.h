@@ -3,7 +3,7 @@
 // backward blocks in two colors, model chunks in shades of them, each block
 // labelled with its micro-batch, idle time as gaps, arrows for messages),
 // and line plots with axes. They know nothing of traces: the caller turns
-// measured (trace_html.h) or simulated steps into blocks and arrows.
+// measured (launcher/trace/html.h) or simulated steps into blocks and arrows.
 //
 //   trace::ScheduleSvg s;
 //   s.rows = {"stage 0", "stage 1"};

@@ -30,14 +30,18 @@ using gpu::Precision;
 
 using fixtures::Trained;
 
-// tiny4 for 4 steps, evaluated every 2; fp16 from a scale that overflows.
-model::TrainOptions tiny4(Precision p) {
-  model::TrainOptions o = fixtures::tiny4(p);
-  o.steps = 4;
-  o.lr.decay_iters = 4;
-  o.lr.warmup_iters = 1;
-  o.eval_interval = 2;
-  o.eval_iters = 1;
+// tiny (4 layers) for 4 steps, evaluated every 2; fp16 from a scale that
+// overflows.
+model::TrainOptions device_tiny4(Precision p) {
+  model::TrainOptions o = fixtures::tiny({.layers = 4,
+                                          .micro_batch = 2,
+                                          .global_batch = 8,
+                                          .steps = 4,
+                                          .warmup_iters = 1,
+                                          .decay_iters = 4,
+                                          .eval_interval = 2,
+                                          .eval_iters = 1,
+                                          .activations = fixtures::in_precision(p)});
   if (p == Precision::kFp16) {
     o.loss_scale.initial = 0x1p32f;  // the skip path runs
     o.loss_scale.hysteresis = 1;
@@ -90,7 +94,7 @@ class DeviceRuntime : public ::testing::TestWithParam<Case> {
 
 TEST_P(DeviceRuntime, OpaqueDeviceTrainsBitwiseAsTheCpu) {
   const Case& c = GetParam();
-  model::TrainOptions o = tiny4(c.precision);
+  model::TrainOptions o = device_tiny4(c.precision);
   o.activations.sequence_parallel = c.sequence_parallel;
   o.rampup = c.rampup;
   const Trained want = train(o, c.parallel, nullptr);
@@ -138,7 +142,7 @@ INSTANTIATE_TEST_SUITE_P(
 // CPU: the parameters, the bf16 master and Adam's moments all round-trip.
 TEST(DeviceRuntimeCheckpoint, SaveAndResumeOnTheOpaqueDevice) {
   std::unique_ptr<gpu::Device> opaque = gpu::make_opaque_cpu_device();
-  const model::TrainOptions o = tiny4(Precision::kBf16);
+  const model::TrainOptions o = device_tiny4(Precision::kBf16);
   const ParallelOptions par{.pp = 2, .dp = 2};
   const Trained straight = train(o, par, nullptr);
   const std::string dir = ::testing::TempDir() + "device_runtime_ckpt";

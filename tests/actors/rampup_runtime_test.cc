@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "actors/runtime/in_process.h"
+#include "tests/tiny_model.h"
 
 namespace troupe::actors {
 namespace {
@@ -16,17 +17,12 @@ namespace {
 // samples in all: batches of 4 (at 0, 4, 8, 12 consumed), 8 (16, 24), 12
 // (32), then 16 from 44: the ramp's 7 steps and (120 - 44) / 16 = 4 more.
 model::TrainOptions ramped() {
-  model::TrainOptions o;
-  o.model = *model::preset("tiny");
-  o.model.L = 4;
-  o.micro_batch = 2;
-  o.global_batch = 16;
+  model::TrainOptions o = fixtures::tiny({.layers = 4, .micro_batch = 2, .global_batch = 16});
   o.train_samples = 120;
   o.rampup = {.start = 4, .increment = 4, .samples = 40};
   o.steps = *model::steps_for_samples(o.rampup, o.global_batch, o.train_samples);
   o.lr.warmup_samples = 24;
   o.lr.decay_samples = 120;
-  o.threads = 1;
   return o;
 }
 

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "actors/rank/memory_plan.h"
 #include "actors/runtime/in_process.h"
+#include "tests/tiny_model.h"
 
 namespace troupe::actors {
 namespace {
@@ -17,17 +18,13 @@ using model::ActivationOptions;
 using model::Recompute;
 using model::RecomputeMethod;
 
-model::TrainOptions tiny8(const ActivationOptions& a) {
-  model::TrainOptions o;
-  o.model = *model::preset("tiny");
-  o.model.L = 8;
-  o.micro_batch = 2;
-  o.global_batch = 8;
-  o.steps = 3;
-  o.lr.warmup_iters = 1;
-  o.threads = 1;
-  o.activations = a;
-  return o;
+model::TrainOptions recompute_tiny8(const ActivationOptions& a) {
+  return fixtures::tiny({.layers = 8,
+                         .micro_batch = 2,
+                         .global_batch = 8,
+                         .steps = 3,
+                         .warmup_iters = 1,
+                         .activations = a});
 }
 
 struct Trained {
@@ -37,7 +34,7 @@ struct Trained {
 
 Trained run(const ActivationOptions& a, const ParallelOptions& par) {
   Trained r;
-  auto t = InProcessTrainer::create(tiny8(a), par);
+  auto t = InProcessTrainer::create(recompute_tiny8(a), par);
   EXPECT_TRUE(t.ok()) << t.status();
   if (!t.ok()) return r;
   absl::Status st = (*t)->run([&](const model::StepMetrics& m) { r.metrics.push_back(m); });
@@ -91,7 +88,7 @@ TEST(RecomputeRuntime, ActivationsAllocatedAreTheCountedMemory) {
         .method = RecomputeMethod::kBlock,
         .recompute_layers = 1}}) {
     for (const ParallelOptions& par : {ParallelOptions{}, ParallelOptions{.tp = 2, .pp = 2}}) {
-      model::TrainOptions o = tiny8(a);
+      model::TrainOptions o = recompute_tiny8(a);
       o.model = *model::preset("cpu-small");
       o.steps = 0;
       auto t = InProcessTrainer::create(o, par);

@@ -10,23 +10,24 @@
 #include "actors/runtime/in_process.h"
 #include "gpu/device.h"
 #include "model/trainer.h"
+#include "tests/tiny_model.h"
 
 namespace troupe::actors::fixtures {
+
+using troupe::fixtures::in_precision;
+using troupe::fixtures::Tiny;
+using troupe::fixtures::tiny;
 
 // tiny with 4 layers (pp 2 with 2 chunks a stage splits it evenly),
 // micro-batches of 2, a global batch of 8, 10 steps, in `p`.
 inline model::TrainOptions tiny4(gpu::Precision p) {
-  model::TrainOptions o;
-  o.model = *model::preset("tiny");
-  o.model.L = 4;
-  o.micro_batch = 2;
-  o.global_batch = 8;
-  o.steps = 10;
-  o.lr.decay_iters = 10;
-  o.lr.warmup_iters = 2;
-  o.threads = 1;  // ctest runs two tests at once on two cores
-  o.activations.precision = p;
-  return o;
+  return fixtures::tiny({.layers = 4,
+                         .micro_batch = 2,
+                         .global_batch = 8,
+                         .steps = 10,
+                         .warmup_iters = 2,
+                         .decay_iters = 10,
+                         .activations = fixtures::in_precision(p)});
 }
 
 struct Trained {

@@ -16,22 +16,22 @@
 #include "absl/strings/str_cat.h"
 #include "actors/runtime/in_process.h"
 #include "model/weights.h"
+#include "tests/tiny_model.h"
 
 namespace troupe::actors {
 namespace {
 
-model::TrainOptions tiny8(int V = 512) {
-  model::TrainOptions o;
-  o.model = *model::preset("tiny");
-  o.model.L = 8;  // so that pp=4 with 2 chunks per stage splits evenly
-  o.model.V = V;
-  o.micro_batch = 2;
-  o.global_batch = 32;  // m = 16/dp: a multiple of pp for the interleaved schedule
-  o.steps = 10;
-  o.lr.decay_iters = 10;
-  o.lr.warmup_iters = 2;
-  o.threads = 1;  // ctest runs two tests at once on two cores
-  return o;
+// 8 layers, so that pp=4 with 2 chunks per stage splits evenly; a global
+// batch of 32, so that m = 16/dp is a multiple of pp for the interleaved
+// schedule.
+model::TrainOptions layouts_tiny8(int V = 512) {
+  return fixtures::tiny({.layers = 8,
+                         .vocab = V,
+                         .micro_batch = 2,
+                         .global_batch = 32,
+                         .steps = 10,
+                         .warmup_iters = 2,
+                         .decay_iters = 10});
 }
 
 struct Trained {
@@ -47,7 +47,7 @@ const Trained& reference(int V = 512) {
   static std::map<int, Trained> refs;
   if (auto it = refs.find(V); it != refs.end()) return it->second;
   Trained r;
-  model::TrainOptions o = tiny8(V);
+  model::TrainOptions o = layouts_tiny8(V);
   auto t = model::Trainer::create(o);
   EXPECT_TRUE(t.ok()) << t.status();
   for (int i = 0; t.ok() && i < o.steps; i++) {
@@ -117,8 +117,8 @@ class Equivalence : public ::testing::TestWithParam<Case> {};
 TEST_P(Equivalence, MatchesSingleRankTraining) {
   const Case& c = GetParam();
   const Trained& ref = reference(c.V);
-  const Trained got = run_actors(tiny8(c.V), c.parallel());
-  ASSERT_EQ(ref.metrics.size(), static_cast<std::size_t>(tiny8().steps));
+  const Trained got = run_actors(layouts_tiny8(c.V), c.parallel());
+  ASSERT_EQ(ref.metrics.size(), static_cast<std::size_t>(layouts_tiny8().steps));
   ASSERT_EQ(got.metrics.size(), ref.metrics.size());
   double worst_loss = 0.0, worst_norm = 0.0;
   for (std::size_t i = 0; i < ref.metrics.size(); i++) {
@@ -174,7 +174,7 @@ TEST(Runtime, WeightsFileInAndOutOf3DMatchesSingleRank) {
   const std::string dir = ::testing::TempDir();
   const std::string init = dir + "/init.safetensors", single_out = dir + "/single.safetensors",
                     multi_out = dir + "/multi.safetensors";
-  model::TrainOptions o = tiny8(500);  // V = 500: tp = 2 pads to 512
+  model::TrainOptions o = layouts_tiny8(500);  // V = 500: tp = 2 pads to 512
   o.steps = 3;
   o.lr.decay_iters = 3;
   {
@@ -226,7 +226,7 @@ TEST(Runtime, ALayoutRunTwiceIsBitwiseTheSame) {
        {Case{2, 2, ScheduleKind::k1F1B, 1}, Case{4, 2, ScheduleKind::kInterleaved1F1B, 2},
         Case{2, 1, ScheduleKind::k1F1B, 1, 4}}) {
     const ParallelOptions par = c.parallel();
-    const Trained a = run_actors(tiny8(), par), b = run_actors(tiny8(), par);
+    const Trained a = run_actors(layouts_tiny8(), par), b = run_actors(layouts_tiny8(), par);
     ASSERT_EQ(a.metrics.size(), b.metrics.size());
     for (std::size_t i = 0; i < a.metrics.size(); i++) {
       EXPECT_EQ(std::memcmp(&a.metrics[i].loss, &b.metrics[i].loss, sizeof(double)), 0);
@@ -238,7 +238,7 @@ TEST(Runtime, ALayoutRunTwiceIsBitwiseTheSame) {
 }
 
 TEST(Runtime, ValidationLossMatchesSingleRank) {
-  model::TrainOptions o = tiny8();
+  model::TrainOptions o = layouts_tiny8();
   o.steps = 4;
   o.lr.decay_iters = 4;
   o.eval_interval = 2;
@@ -274,7 +274,7 @@ TEST(Runtime, RunsInTheHostProgramsOwnActorSystem) {
   add_message_types(cfg);  // before the system starts (CAF 0.17)
   cfg.set("scheduler.max-threads", 2);
   caf::actor_system system{cfg};
-  model::TrainOptions o = tiny8();
+  model::TrainOptions o = layouts_tiny8();
   o.steps = 2;
   auto t = InProcessTrainer::create(o, {.pp = 2, .dp = 2});
   ASSERT_TRUE(t.ok()) << t.status();
@@ -291,7 +291,7 @@ TEST(Runtime, RunsInTheHostProgramsOwnActorSystem) {
 }
 
 TEST(Runtime, AStepCallbackThatThrowsEndsTheRunWithAnError) {
-  model::TrainOptions o = tiny8();
+  model::TrainOptions o = layouts_tiny8();
   o.steps = 3;
   auto t = InProcessTrainer::create(o, {.pp = 2, .dp = 1});
   ASSERT_TRUE(t.ok()) << t.status();
@@ -308,7 +308,7 @@ TEST(Runtime, AStepCallbackThatThrowsEndsTheRunWithAnError) {
 // range per replica. With pp = 2 the embedding chunk also stages the head's
 // wte shares.
 TEST(Runtime, OptimizerMemoryPerRankFallsAsOneOverDp) {
-  const model::TrainOptions o = tiny8();
+  const model::TrainOptions o = layouts_tiny8();
   const std::int64_t whole = 3 * model::ParamLayout::gpt(o.model).total() * 4;
   for (int pp : {1, 2}) {
     // Stage s's rank with dp = 1: its state, and every optimizer byte.
@@ -350,7 +350,7 @@ TEST(Runtime, OptimizerMemoryPerRankFallsAsOneOverDp) {
 TEST(Runtime, StashesOnlyWhatTheScheduleKeepsInFlight) {
   // 1F1B at pp=4: stage s keeps min(pp - s, m) micro-batches (+1 slot so a
   // gradient still leaving does not stall the next forward); GPipe keeps m.
-  model::TrainOptions o = tiny8();
+  model::TrainOptions o = layouts_tiny8();
   auto t = InProcessTrainer::create(o, {.pp = 4, .dp = 1, .schedule = ScheduleKind::k1F1B});
   ASSERT_TRUE(t.ok()) << t.status();
   for (int s = 0; s < 4; s++) EXPECT_EQ((*t)->slots(s, 0), 4 - s + 1) << "stage " << s;
@@ -371,7 +371,7 @@ TEST(Runtime, StashesOnlyWhatTheScheduleKeepsInFlight) {
 }
 
 TEST(Runtime, LayoutsThatDoNotFitAreClearErrors) {
-  model::TrainOptions o = tiny8();
+  model::TrainOptions o = layouts_tiny8();
   auto expect_error = [&](const ParallelOptions& par, const std::string& text) {
     auto t = InProcessTrainer::create(o, par);
     ASSERT_FALSE(t.ok());

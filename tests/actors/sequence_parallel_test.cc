@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "actors/rank/memory_plan.h"
 #include "actors/runtime/in_process.h"
+#include "tests/tiny_model.h"
 
 namespace troupe::actors {
 namespace {
@@ -17,18 +18,14 @@ namespace {
 using model::ActivationOptions;
 using model::Recompute;
 
-model::TrainOptions tiny8(const ActivationOptions& a) {
-  model::TrainOptions o;
-  o.model = *model::preset("tiny");
-  o.model.L = 8;
-  o.micro_batch = 2;
-  o.global_batch = 8;
-  o.steps = 10;
-  o.lr.warmup_iters = 2;
-  o.lr.decay_iters = 10;
-  o.threads = 1;
-  o.activations = a;
-  return o;
+model::TrainOptions sp_tiny8(const ActivationOptions& a) {
+  return fixtures::tiny({.layers = 8,
+                         .micro_batch = 2,
+                         .global_batch = 8,
+                         .steps = 10,
+                         .warmup_iters = 2,
+                         .decay_iters = 10,
+                         .activations = a});
 }
 
 std::vector<model::StepMetrics> run(const model::TrainOptions& o, const ParallelOptions& par) {
@@ -59,9 +56,9 @@ TEST(SequenceParallel, EqualsPlainTensorParallelismWithin1e5) {
     SCOPED_TRACE(absl::StrCat("tp ", c.par.tp, " pp ", c.par.pp, " dp ", c.par.dp, " v ",
                               c.par.virtual_stages, " recompute ",
                               model::recompute_name(c.recompute)));
-    const std::vector<model::StepMetrics> want = run(tiny8({.recompute = c.recompute}), c.par);
+    const std::vector<model::StepMetrics> want = run(sp_tiny8({.recompute = c.recompute}), c.par);
     const std::vector<model::StepMetrics> got =
-        run(tiny8({.recompute = c.recompute, .sequence_parallel = true}), c.par);
+        run(sp_tiny8({.recompute = c.recompute, .sequence_parallel = true}), c.par);
     ASSERT_EQ(got.size(), 10u);
     ASSERT_EQ(want.size(), 10u);
     for (std::size_t i = 0; i < want.size(); i++) {
@@ -102,7 +99,7 @@ TEST(SequenceParallel, TheRegionsActivationsFallByTp) {
 // What the chunks allocate with sequence parallelism is the counted memory
 // (which the planner and --print-config use).
 TEST(SequenceParallel, CountedMemoryIsWhatTheRanksAllocate) {
-  model::TrainOptions o = tiny8({.sequence_parallel = true});
+  model::TrainOptions o = sp_tiny8({.sequence_parallel = true});
   o.steps = 0;
   const ParallelOptions par{.tp = 2, .pp = 2};
   auto t = InProcessTrainer::create(o, par);
@@ -124,7 +121,7 @@ TEST(SequenceParallel, CountedMemoryIsWhatTheRanksAllocate) {
 }
 
 TEST(SequenceParallel, NeedsTensorParallelism) {
-  const model::TrainOptions o = tiny8({.sequence_parallel = true});
+  const model::TrainOptions o = sp_tiny8({.sequence_parallel = true});
   EXPECT_EQ(ParallelOptions{.pp = 2}.validate(o).message(),
             "--sequence-parallel needs --tp of at least 2");
 }

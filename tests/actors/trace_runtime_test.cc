@@ -16,6 +16,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "actors/runtime/in_process.h"
+#include "tests/tiny_model.h"
 
 namespace troupe::actors {
 namespace {
@@ -23,15 +24,8 @@ namespace {
 using nlohmann::json;
 namespace fs = std::filesystem;
 
-model::TrainOptions tiny(int m, int steps) {
-  model::TrainOptions o;
-  o.model = *model::preset("tiny");
-  o.model.L = 4;
-  o.micro_batch = 1;
-  o.global_batch = m;
-  o.steps = steps;
-  o.threads = 1;
-  return o;
+model::TrainOptions traced_tiny(int m, int steps) {
+  return fixtures::tiny({.layers = 4, .micro_batch = 1, .global_batch = m, .steps = steps});
 }
 
 struct RankFile {
@@ -82,7 +76,7 @@ TEST(TraceRuntime, A1F1BRunRecordsEveryOpInOrderAndEveryMessageOnBothSides) {
   const std::string dir = fresh_dir("1f1b");
   TraceOptions trace;
   trace.dir = dir;
-  auto t = InProcessTrainer::create(tiny(m, steps), {.pp = pp}, nullptr, {}, trace);
+  auto t = InProcessTrainer::create(traced_tiny(m, steps), {.pp = pp}, nullptr, {}, trace);
   ASSERT_TRUE(t.ok()) << t.status();
   ASSERT_TRUE((*t)->run([](const model::StepMetrics&) {}).ok());
   const std::vector<RankFile> files = read_dir(dir, pp);
@@ -155,7 +149,7 @@ TEST(TraceRuntime, TraceStepsKeepsOnlyThatWindow) {
   TraceOptions trace;
   trace.dir = dir;
   trace.first_step = trace.last_step = 2;
-  auto t = InProcessTrainer::create(tiny(4, 3), {.tp = 2, .pp = 2}, nullptr, {}, trace);
+  auto t = InProcessTrainer::create(traced_tiny(4, 3), {.tp = 2, .pp = 2}, nullptr, {}, trace);
   ASSERT_TRUE(t.ok()) << t.status();
   ASSERT_TRUE((*t)->run([](const model::StepMetrics&) {}).ok());
   for (const RankFile& f : read_dir(dir, 4)) {
@@ -197,7 +191,7 @@ TEST(TraceRuntime, AStallWritesTheFlightRecorderAndItShowsWhoWaitsForWhom) {
   ParallelOptions par{.pp = 4};
   par.fail = {.stage = 2, .step = 2, .kind = FailPoint::Kind::kStall};
   par.stall_timeout_s = 1;
-  auto t = InProcessTrainer::create(tiny(8, 3), par, nullptr, {}, trace);
+  auto t = InProcessTrainer::create(traced_tiny(8, 3), par, nullptr, {}, trace);
   ASSERT_TRUE(t.ok()) << t.status();
   const absl::Status st = (*t)->run([](const model::StepMetrics&) {});
   ASSERT_TRUE(absl::IsDeadlineExceeded(st)) << st;

@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "actors/runtime/in_process.h"
+#include "tests/tiny_model.h"
 
 namespace troupe::actors {
 namespace {
@@ -40,14 +41,7 @@ class SleepingStage : public GptStage {
 };
 
 model::TrainOptions small(int m) {
-  model::TrainOptions o;
-  o.model = *model::preset("tiny");
-  o.model.L = 2;
-  o.micro_batch = 1;
-  o.global_batch = m;
-  o.steps = 2;
-  o.threads = 1;
-  return o;
+  return fixtures::tiny({.layers = 2, .micro_batch = 1, .global_batch = m, .steps = 2});
 }
 
 // GPipe at pp = 1: the m forwards report their losses at once, then the m

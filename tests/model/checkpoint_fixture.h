@@ -55,8 +55,8 @@ inline Rule rule_of(const std::string& name) {
 
 // Rank t of tp's slice of `full` (row-major, `shape`; a 1-D tensor is a
 // column), built by copying the rows and columns it keeps in order.
-std::vector<float> megatron_slice(const std::vector<float>& full, const Shape& shape, Rule rule,
-                                  int tp, int t) {
+inline std::vector<float> megatron_slice(const std::vector<float>& full, const Shape& shape,
+                                         Rule rule, int tp, int t) {
   const std::int64_t rows = shape[0], cols = shape.size() > 1 ? shape[1] : 1;
   std::vector<float> out;
   auto copy_rows = [&](std::int64_t first, std::int64_t n) {
@@ -83,8 +83,8 @@ std::vector<float> megatron_slice(const std::vector<float>& full, const Shape& s
 // kind*1e6 + index*1e4 + e + 1 (exact in f32), wte's rows from V on zero
 // (the padding, in every layout). Row-major numbering does not depend on
 // the padding, so this is the reference for any Vp.
-std::vector<float> reference_tensor(Kind kind, int index, const GptConfig& cfg,
-                                    const std::string& name, const Shape& shape) {
+inline std::vector<float> reference_tensor(Kind kind, int index, const GptConfig& cfg,
+                                           const std::string& name, const Shape& shape) {
   std::int64_t n = 1;
   for (std::int64_t d : shape) n *= d;
   std::vector<float> v(static_cast<std::size_t>(n));

@@ -15,6 +15,7 @@
 #include "gpu/ops.h"
 #include "model/checkpoint.h"
 #include "model/trainer.h"
+#include "tests/tiny_model.h"
 
 namespace troupe::model {
 namespace {
@@ -22,18 +23,16 @@ namespace {
 namespace fs = std::filesystem;
 using gpu::Precision;
 
-TrainOptions tiny(int steps, Precision p) {
-  TrainOptions o;
-  o.model = *preset("tiny");
-  o.micro_batch = 2;
-  o.global_batch = 4;  // two micro-batches: accumulation
-  o.steps = steps;
-  o.lr.warmup_iters = 1;
-  o.lr.decay_iters = steps;
-  o.threads = 2;
-  o.eval_interval = 2;
-  o.eval_iters = 1;
-  o.activations.precision = p;
+TrainOptions device_tiny(int steps, Precision p) {
+  TrainOptions o = fixtures::tiny({.micro_batch = 2,
+                                   .global_batch = 4,  // two micro-batches: accumulation
+                                   .steps = steps,
+                                   .warmup_iters = 1,
+                                   .decay_iters = steps,
+                                   .eval_interval = 2,
+                                   .eval_iters = 1,
+                                   .threads = 2,
+                                   .activations = fixtures::in_precision(p)});
   if (p == Precision::kFp16) {
     o.loss_scale.initial = 0x1p32f;  // the first steps overflow: skips
     o.loss_scale.hysteresis = 1;
@@ -70,7 +69,7 @@ class OpaqueDevice : public ::testing::TestWithParam<Precision> {
 };
 
 TEST_P(OpaqueDevice, TrainsBitwiseAsTheCpuDevice) {
-  const TrainOptions o = tiny(4, GetParam());
+  const TrainOptions o = device_tiny(4, GetParam());
   auto cpu = Trainer::create(o);
   auto opq = Trainer::create(o, *opaque_);
   ASSERT_TRUE(cpu.ok()) << cpu.status();
@@ -98,7 +97,7 @@ TEST_P(OpaqueDevice, TrainsBitwiseAsTheCpuDevice) {
 // bitwise as the straight run on the CPU device: the state went to the host
 // and back by copies.
 TEST_P(OpaqueDevice, SavesAndResumesThroughCopies) {
-  const TrainOptions o = tiny(4, GetParam());
+  const TrainOptions o = device_tiny(4, GetParam());
   const std::string dir =
       (fs::temp_directory_path() / ("troupe_device_test_" + std::to_string(::getpid()) + "_" +
                                     std::string(gpu::precision_name(GetParam()))))

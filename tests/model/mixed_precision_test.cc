@@ -11,6 +11,7 @@
 #include "model/loss_scale.h"
 #include "model/optimizer.h"
 #include "model/trainer.h"
+#include "tests/tiny_model.h"
 
 namespace troupe::model {
 namespace {
@@ -112,16 +113,13 @@ TEST(LossScaler, SkippedStepsHoldTheLearningRate) {
   EXPECT_EQ(o.lr_of_step(b, 8, skipped), lr_at_samples(o.lr, 7 * 4 - 12));
 }
 
-TrainOptions tiny(int steps, Precision p) {
-  TrainOptions o;
-  o.model = *preset("tiny");
-  o.micro_batch = 4;
-  o.global_batch = 8;
-  o.steps = steps;
-  o.lr.decay_iters = steps;
-  o.threads = 2;
-  o.activations.precision = p;
-  return o;
+TrainOptions precision_tiny(int steps, Precision p) {
+  return fixtures::tiny({.micro_batch = 4,
+                         .global_batch = 8,
+                         .steps = steps,
+                         .decay_iters = steps,
+                         .threads = 2,
+                         .activations = fixtures::in_precision(p)});
 }
 
 struct Trained {
@@ -159,13 +157,13 @@ double mean_loss(const Trained& r, int first, int n) {
 // are bf16 values; it is not fp32 (the rounding happened); and it is
 // bitwise repeatable.
 const Trained& fp32_reference() {
-  static const Trained f = run(tiny(200, Precision::kFp32));
+  static const Trained f = run(precision_tiny(200, Precision::kFp32));
   return f;
 }
 
 TEST(MixedPrecision, Bf16TracksFp32Over200Steps) {
   const Trained& f = fp32_reference();
-  const Trained b = run(tiny(200, Precision::kBf16));
+  const Trained b = run(precision_tiny(200, Precision::kBf16));
   ASSERT_EQ(b.metrics.size(), 200u);
   double worst = 0;
   bool differs = false;
@@ -184,7 +182,8 @@ TEST(MixedPrecision, Bf16TracksFp32Over200Steps) {
       "bf16 vs fp32 over 200 steps: worst step loss %.2g relative; last 20 steps %.5f vs "
       "%.5f\n",
       worst, mean_loss(b, 180, 20), mean_loss(f, 180, 20));
-  const Trained x = run(tiny(5, Precision::kBf16)), y = run(tiny(5, Precision::kBf16));
+  const Trained x = run(precision_tiny(5, Precision::kBf16)),
+                y = run(precision_tiny(5, Precision::kBf16));
   for (std::size_t i = 0; i < 5; i++) {
     EXPECT_EQ(std::memcmp(&x.metrics[i].loss, &y.metrics[i].loss, sizeof(double)), 0);
     EXPECT_EQ(std::memcmp(&x.metrics[i].grad_norm, &y.metrics[i].grad_norm, sizeof(double)), 0);
@@ -199,7 +198,7 @@ TEST(MixedPrecision, Bf16TracksFp32Over200Steps) {
 // updates).
 TEST(MixedPrecision, Fp16SkipsItsOverflowsAndThenTracksFp32) {
   const Trained& f = fp32_reference();
-  const Trained h = run(tiny(200, Precision::kFp16));
+  const Trained h = run(precision_tiny(200, Precision::kFp16));
   ASSERT_EQ(h.metrics.size(), 200u);
   int skipped = 0;
   for (const StepMetrics& m : h.metrics) skipped += m.skipped ? 1 : 0;
@@ -216,13 +215,13 @@ TEST(MixedPrecision, Fp16SkipsItsOverflowsAndThenTracksFp32) {
 // before it), grad_norm is 0, the scale halves (hysteresis 1) or holds for
 // one overflow (hysteresis 2), and the learning rate waits.
 TEST(MixedPrecision, Fp16OverflowSkipsTheStepAndHalvesTheScale) {
-  TrainOptions o = tiny(3, Precision::kFp16);
+  TrainOptions o = precision_tiny(3, Precision::kFp16);
   o.lr.warmup_iters = 2;
   o.loss_scale.initial = 0x1p32f;
   o.loss_scale.hysteresis = 1;
   const Trained one = run(o, /*keep_params=*/true);
   ASSERT_EQ(one.metrics.size(), 3u);
-  auto t0 = Trainer::create(tiny(1, Precision::kFp16));
+  auto t0 = Trainer::create(precision_tiny(1, Precision::kFp16));
   ASSERT_TRUE(t0.ok());
   const gpu::Tensor& p0 = (*t0)->gpt().params();
   const std::vector<float> initial(p0.data<float>(), p0.data<float>() + p0.numel());

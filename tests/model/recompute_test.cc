@@ -9,21 +9,19 @@
 
 #include "absl/strings/str_cat.h"
 #include "model/trainer.h"
+#include "tests/tiny_model.h"
 
 namespace troupe::model {
 namespace {
 
-TrainOptions tiny6(const ActivationOptions& a) {
-  TrainOptions o;
-  o.model = *preset("tiny");
-  o.model.L = 6;  // uniform groups of 4 leave a shorter last group of 2
-  o.micro_batch = 2;
-  o.global_batch = 4;
-  o.steps = 3;
-  o.lr.warmup_iters = 1;
-  o.threads = 1;
-  o.activations = a;
-  return o;
+// 6 layers: uniform groups of 4 leave a shorter last group of 2.
+TrainOptions recompute_tiny6(const ActivationOptions& a) {
+  return fixtures::tiny({.layers = 6,
+                         .micro_batch = 2,
+                         .global_batch = 4,
+                         .steps = 3,
+                         .warmup_iters = 1,
+                         .activations = a});
 }
 
 struct Trained {
@@ -33,7 +31,7 @@ struct Trained {
 
 Trained train(const ActivationOptions& a) {
   Trained r;
-  const TrainOptions o = tiny6(a);
+  const TrainOptions o = recompute_tiny6(a);
   auto t = Trainer::create(o);
   EXPECT_TRUE(t.ok()) << t.status();
   if (!t.ok()) return r;
@@ -119,7 +117,7 @@ TEST(Recompute, EachModeKeepsWhatItSays) {
 TEST(Recompute, BadOptionsAreClearErrors) {
   ActivationOptions a{.recompute = Recompute::kFull, .recompute_layers = 0};
   EXPECT_EQ(a.validate().message(), "--recompute-num-layers must be at least 1, is 0");
-  EXPECT_FALSE(Trainer::create(tiny6(a)).ok());
+  EXPECT_FALSE(Trainer::create(recompute_tiny6(a)).ok());
   EXPECT_EQ(parse_recompute_granularity("most").status().message(),
             "--recompute-granularity 'most': use full or selective (none: off)");
   EXPECT_EQ(parse_recompute_method("random").status().message(),

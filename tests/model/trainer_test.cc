@@ -10,19 +10,14 @@
 #include "model/data/indexed_dataset.h"
 #include "model/data/synthetic.h"
 #include "model/optimizer.h"
+#include "tests/tiny_model.h"
 
 namespace troupe::model {
 namespace {
 
-TrainOptions tiny(int steps) {
-  TrainOptions o;
-  o.model = *preset("tiny");
-  o.micro_batch = 4;
-  o.global_batch = 4;
-  o.steps = steps;
-  o.lr.decay_iters = steps;
-  o.threads = 2;
-  return o;
+TrainOptions trainer_tiny(int steps) {
+  return fixtures::tiny(
+      {.micro_batch = 4, .global_batch = 4, .steps = steps, .decay_iters = steps, .threads = 2});
 }
 
 std::vector<StepMetrics> run(const TrainOptions& o) {
@@ -41,7 +36,7 @@ std::vector<StepMetrics> run(const TrainOptions& o) {
 // `troupe train --model tiny --steps 50` with its defaults learns the
 // synthetic phrases: the loss falls well below log V.
 TEST(Trainer, LossFallsOnTheSyntheticCorpus) {
-  auto m = run(tiny(50));
+  auto m = run(trainer_tiny(50));
   double first = 0, last = 0;
   for (int i = 0; i < 5; i++) {
     first += m[i].loss / 5;
@@ -57,7 +52,7 @@ TEST(Trainer, LossFallsOnTheSyntheticCorpus) {
 }
 
 TEST(Trainer, TwoRunsAreBitwiseIdentical) {
-  auto a = run(tiny(4)), b = run(tiny(4));
+  auto a = run(trainer_tiny(4)), b = run(trainer_tiny(4));
   for (int i = 0; i < 4; i++) {
     EXPECT_EQ(std::memcmp(&a[i].loss, &b[i].loss, sizeof(double)), 0);
     EXPECT_EQ(std::memcmp(&a[i].grad_norm, &b[i].grad_norm, sizeof(double)), 0);
@@ -65,7 +60,7 @@ TEST(Trainer, TwoRunsAreBitwiseIdentical) {
 }
 
 TEST(Trainer, GradientAccumulationEqualsOneBigBatch) {
-  TrainOptions big = tiny(3), accum = tiny(3);
+  TrainOptions big = trainer_tiny(3), accum = trainer_tiny(3);
   big.micro_batch = big.global_batch = 8;
   accum.micro_batch = 2;
   accum.global_batch = 8;
@@ -77,7 +72,7 @@ TEST(Trainer, GradientAccumulationEqualsOneBigBatch) {
 }
 
 TEST(Trainer, VocabularyPaddingDoesNotChangeResults) {
-  TrainOptions unpadded = tiny(3), padded = tiny(3);
+  TrainOptions unpadded = trainer_tiny(3), padded = trainer_tiny(3);
   unpadded.model.V = padded.model.V = 500;
   unpadded.model.vocab_multiple = 1;  // Vp = 500
   padded.model.vocab_multiple = 128;  // Vp = 512
@@ -89,12 +84,12 @@ TEST(Trainer, VocabularyPaddingDoesNotChangeResults) {
 }
 
 TEST(Trainer, BadOptionsNameTheFlag) {
-  TrainOptions o = tiny(1);
+  TrainOptions o = trainer_tiny(1);
   o.global_batch = 6;
   o.micro_batch = 4;
   EXPECT_EQ(Trainer::create(o).status().message(),
             "--global-batch-size 6 must be a positive multiple of --micro-batch-size 4");
-  o = tiny(1);
+  o = trainer_tiny(1);
   o.data_path = {"/nonexistent/corpus"};
   EXPECT_TRUE(absl::IsNotFound(Trainer::create(o).status()));
 }
@@ -136,7 +131,7 @@ TEST(Trainer, BlendWithValidation) {
                                             data::phrase_corpus(c), data::TokenDType::kU16)
                     .ok());
   }
-  TrainOptions o = tiny(4);
+  TrainOptions o = trainer_tiny(4);
   o.data_path = {"0.25", dir + "/blend_0", "0.75", dir + "/blend_1"};
   o.split = "90,10,0";
   o.data_cache_path = dir + "/blend_cache";
@@ -188,14 +183,14 @@ TEST(LrSchedule, WarmupThenCosineToMinimum) {
 // decay over 4 steps to 0.1 of lr 1: num_steps 0, 1, 2 warm up (0, 0.5, 1),
 // then cosine with ratio (3 - 2) / (4 - 2) = 0.5: 0.1 + 0.9 * 0.5 = 0.55.
 TEST(LrSchedule, EachStepUsesMegatronsRateForTheUpdatesBeforeIt) {
-  TrainOptions o = tiny(4);
+  TrainOptions o = trainer_tiny(4);
   o.lr = {.lr = 1.0f, .min_lr = 0.1f, .warmup_iters = 2, .decay_iters = 4};
   auto m = run(o);
   const float want[] = {0.0f, 0.5f, 1.0f, 0.55f};
   for (int k = 0; k < 4; k++) EXPECT_FLOAT_EQ(m[static_cast<std::size_t>(k)].lr, want[k]) << k;
   // A one-step run that decays over its one step trains at the full rate
   // (it once used min_lr, 0, and did nothing).
-  TrainOptions one = tiny(1);
+  TrainOptions one = trainer_tiny(1);
   one.lr.min_lr = 0.0f;
   EXPECT_FLOAT_EQ(run(one)[0].lr, one.lr.lr);
 }

@@ -1,4 +1,4 @@
-// The SVG pictures on their own (trace_svg.h: no trace involved, as the
+// The SVG pictures on their own (launcher/trace/svg.h: no trace involved, as the
 // planner will use them) and the interleaved schedule's theory.
 #include <gtest/gtest.h>
 
