@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "gpu/cuda/cublaslt.h"
 #include "gpu/cuda/cuda_stream.h"
 #include "gpu/kernels.h"
 
@@ -403,13 +404,12 @@ absl::Status CudaDevice::init() {
     }
     for (int i = kMaxStreams - 1; i >= 0; i--) free_slots_.push_back(i);
   }
-  if (st.ok()) {
-    cublasStatus_t bs = cublasLtCreate(&lt_);
-    if (bs != CUBLAS_STATUS_SUCCESS) {
-      st = absl::InternalError(absl::StrCat("cublasLtCreate: ", cublasLtGetStatusString(bs)));
-    }
-  }
-  return st;
+  if (!st.ok()) return st;
+  absl::StatusOr<const CublasLt*> lt = load_cublaslt();  // (opened here: gpu/cuda/cublaslt.h)
+  if (!lt.ok()) return lt.status();
+  const cublasStatus_t bs = (*lt)->Create(&lt_);
+  if (bs == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat("cublasLtCreate: ", (*lt)->GetStatusString(bs)));
 }
 
 CudaDevice::~CudaDevice() {
@@ -424,7 +424,7 @@ CudaDevice::~CudaDevice() {
     cudaStreamSynchronize(io_stream_);
     cudaStreamDestroy(io_stream_);
   }
-  if (lt_ != nullptr) cublasLtDestroy(lt_);
+  if (lt_ != nullptr) cublaslt().Destroy(lt_);
   if (fault_words_ != nullptr) cudaFree(fault_words_);
   if (fault_words_host_ != nullptr) cudaFreeHost(fault_words_host_);
   // A pool with live allocations (tensors that outlive their device) stays.

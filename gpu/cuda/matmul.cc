@@ -9,6 +9,7 @@
 #include <memory>
 
 #include "absl/strings/str_cat.h"
+#include "gpu/cuda/cublaslt.h"
 #include "gpu/cuda/cuda_matmul.h"
 
 namespace troupe::gpu::cuda {
@@ -16,8 +17,8 @@ namespace {
 
 absl::Status blas_status(cublasStatus_t st, absl::string_view what) {
   if (st == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
-  return absl::InternalError(
-      absl::StrCat(what, ": ", cublasLtGetStatusName(st), " (", cublasLtGetStatusString(st), ")"));
+  return absl::InternalError(absl::StrCat(what, ": ", cublaslt().GetStatusName(st), " (",
+                                          cublaslt().GetStatusString(st), ")"));
 }
 
 #define TROUPE_LT(call)                                  \
@@ -34,16 +35,16 @@ std::uint32_t alignment(const void* p) {
   return al;
 }
 
-template <typename T, auto Destroy>
+template <typename T, auto Destroy>  // Destroy: a member of CublasLt
 struct LtHandle {
   T h = nullptr;
   ~LtHandle() {
-    if (h != nullptr) Destroy(h);
+    if (h != nullptr) (cublaslt().*Destroy)(h);
   }
 };
-using OpDesc = LtHandle<cublasLtMatmulDesc_t, cublasLtMatmulDescDestroy>;
-using Layout = LtHandle<cublasLtMatrixLayout_t, cublasLtMatrixLayoutDestroy>;
-using Pref = LtHandle<cublasLtMatmulPreference_t, cublasLtMatmulPreferenceDestroy>;
+using OpDesc = LtHandle<cublasLtMatmulDesc_t, &CublasLt::MatmulDescDestroy>;
+using Layout = LtHandle<cublasLtMatrixLayout_t, &CublasLt::MatrixLayoutDestroy>;
+using Pref = LtHandle<cublasLtMatmulPreference_t, &CublasLt::MatmulPreferenceDestroy>;
 
 struct Operand {
   const float* data;
@@ -56,44 +57,46 @@ struct Operand {
 absl::Status lt_gemm(const Launch& at, const Gemm& g, const Operand& a, const Operand& b, i64 m,
                      i64 n, i64 k, float beta, float* d, i64 ldd, const float* bias) {
   OpDesc op;
-  TROUPE_LT(cublasLtMatmulDescCreate(&op.h, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-  TROUPE_LT(cublasLtMatmulDescSetAttribute(op.h, CUBLASLT_MATMUL_DESC_TRANSA, &a.op, sizeof a.op));
-  TROUPE_LT(cublasLtMatmulDescSetAttribute(op.h, CUBLASLT_MATMUL_DESC_TRANSB, &b.op, sizeof b.op));
+  TROUPE_LT(cublaslt().MatmulDescCreate(&op.h, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  TROUPE_LT(
+      cublaslt().MatmulDescSetAttribute(op.h, CUBLASLT_MATMUL_DESC_TRANSA, &a.op, sizeof a.op));
+  TROUPE_LT(
+      cublaslt().MatmulDescSetAttribute(op.h, CUBLASLT_MATMUL_DESC_TRANSB, &b.op, sizeof b.op));
   if (bias != nullptr) {
     const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
     TROUPE_LT(
-        cublasLtMatmulDescSetAttribute(op.h, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
-    TROUPE_LT(cublasLtMatmulDescSetAttribute(op.h, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
-                                             sizeof bias));
+        cublaslt().MatmulDescSetAttribute(op.h, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
+    TROUPE_LT(cublaslt().MatmulDescSetAttribute(op.h, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+                                                sizeof bias));
   }
   Layout la, lb, ld;
-  TROUPE_LT(cublasLtMatrixLayoutCreate(&la.h, CUDA_R_32F, static_cast<std::uint64_t>(a.rows),
-                                       static_cast<std::uint64_t>(a.cols), a.ld));
-  TROUPE_LT(cublasLtMatrixLayoutCreate(&lb.h, CUDA_R_32F, static_cast<std::uint64_t>(b.rows),
-                                       static_cast<std::uint64_t>(b.cols), b.ld));
-  TROUPE_LT(cublasLtMatrixLayoutCreate(&ld.h, CUDA_R_32F, static_cast<std::uint64_t>(m),
-                                       static_cast<std::uint64_t>(n), ldd));
+  TROUPE_LT(cublaslt().MatrixLayoutCreate(&la.h, CUDA_R_32F, static_cast<std::uint64_t>(a.rows),
+                                          static_cast<std::uint64_t>(a.cols), a.ld));
+  TROUPE_LT(cublaslt().MatrixLayoutCreate(&lb.h, CUDA_R_32F, static_cast<std::uint64_t>(b.rows),
+                                          static_cast<std::uint64_t>(b.cols), b.ld));
+  TROUPE_LT(cublaslt().MatrixLayoutCreate(&ld.h, CUDA_R_32F, static_cast<std::uint64_t>(m),
+                                          static_cast<std::uint64_t>(n), ldd));
   Pref pref;
-  TROUPE_LT(cublasLtMatmulPreferenceCreate(&pref.h));
+  TROUPE_LT(cublaslt().MatmulPreferenceCreate(&pref.h));
   const std::uint64_t ws = g.workspace_bytes;
-  TROUPE_LT(cublasLtMatmulPreferenceSetAttribute(pref.h, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                 &ws, sizeof ws));
+  TROUPE_LT(cublaslt().MatmulPreferenceSetAttribute(
+      pref.h, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
   const std::uint32_t align_a = alignment(a.data), align_b = alignment(b.data),
                       align_d = alignment(d);
-  TROUPE_LT(cublasLtMatmulPreferenceSetAttribute(pref.h, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
-                                                 &align_a, sizeof align_a));
-  TROUPE_LT(cublasLtMatmulPreferenceSetAttribute(pref.h, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-                                                 &align_b, sizeof align_b));
-  TROUPE_LT(cublasLtMatmulPreferenceSetAttribute(pref.h, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
-                                                 &align_d, sizeof align_d));
-  TROUPE_LT(cublasLtMatmulPreferenceSetAttribute(pref.h, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
-                                                 &align_d, sizeof align_d));
+  TROUPE_LT(cublaslt().MatmulPreferenceSetAttribute(
+      pref.h, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a, sizeof align_a));
+  TROUPE_LT(cublaslt().MatmulPreferenceSetAttribute(
+      pref.h, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b, sizeof align_b));
+  TROUPE_LT(cublaslt().MatmulPreferenceSetAttribute(
+      pref.h, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_d, sizeof align_d));
+  TROUPE_LT(cublaslt().MatmulPreferenceSetAttribute(
+      pref.h, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_d, sizeof align_d));
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
   // No algorithm is either status: NOT_SUPPORTED (what cuBLASLt mostly
   // says; PyTorch checks both) or success with none found.
-  const cublasStatus_t heuristic = cublasLtMatmulAlgoGetHeuristic(g.lt, op.h, la.h, lb.h, ld.h,
-                                                                  ld.h, pref.h, 1, &result, &found);
+  const cublasStatus_t heuristic = cublaslt().MatmulAlgoGetHeuristic(
+      g.lt, op.h, la.h, lb.h, ld.h, ld.h, pref.h, 1, &result, &found);
   if (heuristic != CUBLAS_STATUS_NOT_SUPPORTED) {
     TROUPE_LT(heuristic);
   }
@@ -102,8 +105,8 @@ absl::Status lt_gemm(const Launch& at, const Gemm& g, const Operand& a, const Op
                                             k, bias != nullptr ? " with a bias epilogue" : ""));
   }
   const float alpha = 1.0f;
-  TROUPE_LT(cublasLtMatmul(g.lt, op.h, &alpha, a.data, la.h, b.data, lb.h, &beta, d, ld.h, d, ld.h,
-                           &result.algo, g.workspace, g.workspace_bytes, at.stream));
+  TROUPE_LT(cublaslt().Matmul(g.lt, op.h, &alpha, a.data, la.h, b.data, lb.h, &beta, d, ld.h, d,
+                              ld.h, &result.algo, g.workspace, g.workspace_bytes, at.stream));
   return absl::OkStatus();
 }
 
