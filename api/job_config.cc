@@ -1,10 +1,10 @@
 // JobConfig::from_flags: `troupe train`'s flag table (api/train_flags.h),
-// parsed from a vector and resolved as the command resolves it.
+// parsed from a vector and made a run as the commands make it
+// (api/prepare_run.h).
 #include <set>
 
 #include "absl/strings/str_cat.h"
-#include "api/train_config.h"
-#include "api/train_flags.h"
+#include "api/prepare_run.h"
 #include "troupe/troupe.h"
 
 namespace troupe {
@@ -28,18 +28,12 @@ absl::StatusOr<JobConfig> JobConfig::from_flags(const std::vector<std::string>& 
                        "its subscribers and stops on stop_atom"));
     }
   }
-  if (absl::Status st = api::finish_train_flags(f); !st.ok()) return st;
-  (void)api::resolve_device(f, /*process_per_rank=*/false);
+  absl::StatusOr<api::PreparedRun> run = api::prepare_run(f, {.runner = api::Runner::kEmbedded});
+  if (!run.ok()) return run.status();
   absl::StatusOr<api::RunDevice> device = api::open_device(f);
   if (!device.ok()) return device.status();
-  std::set<std::string> recipe_set;
-  absl::StatusOr<model::TrainOptions> o = api::resolve(f, &recipe_set);
-  if (!o.ok()) return o.status();
-  if (absl::Status st = f.parallel.validate(*o); !st.ok()) {
-    return api::explain_recipe(st, f.recipe, recipe_set);
-  }
   JobConfig c;
-  c.options = *std::move(o);
+  c.options = std::move(run->options);
   c.parallel = f.parallel;
   c.device = std::move(device->owned);  // (null on the CPU, the process's own)
   c.parallel.device = device->device;

@@ -1,186 +1,26 @@
-// The training flags, shared by train, worker and launch.
+// The flag table of `troupe train`, shared by train, worker, launch and
+// JobConfig::from_flags: the flags registered, checked after the parse, and
+// forwarded to a worker. What they resolve to: api/prepare_run.h.
 #include "api/train_flags.h"
 
-#include <unistd.h>
-
-#include <atomic>
 #include <cmath>
-#include <csignal>
 #include <cstdio>
-#include <filesystem>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
-#include "actors/rank/timed_stage.h"
-#include "api/train_config.h"
-#include "model/atomic_file.h"
+#include "api/flag_rules.h"
 
 namespace troupe::api {
 
-absl::Status check_writable(const std::string& path, const char* flag) {
-  absl::StatusOr<model::AtomicFile> probe = model::AtomicFile::create(path);
-  if (!probe.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(flag, " ", path, ": cannot write there (", probe.status().message(), ")"));
-  }
-  return absl::OkStatus();
-}
-
-namespace {
-
-// Makes directory `dir` (flag `flag`'s) and checks a file can be written in it.
-absl::Status make_writable_dir(const std::string& dir, const char* flag) {
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  if (ec || !std::filesystem::is_directory(dir)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        flag, " ", dir, ": cannot make the directory",
-        ec ? absl::StrCat(" (", ec.message(), ")") : std::string(" (a file is in the way)")));
-  }
-  return check_writable(dir + "/.probe", flag);
-}
-
-}  // namespace
-
-namespace {
-
-// Megatron's rules: a method and a layer count only with full recompute;
-// full without a method recomputes uniformly, a layer a group (what MT-NLG
-// and Megatron's older --checkpoint-activations did).
-absl::Status resolve_recompute(const TrainFlags& f, model::ActivationOptions* a) {
-  std::string granularity = f.recompute_granularity;
-  if (f.recompute_activations) {
-    if (!granularity.empty() && granularity != "selective") {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--recompute-activations means --recompute-granularity selective, not ", granularity));
-    }
-    granularity = "selective";
-  }
-  if (!granularity.empty()) {
-    absl::StatusOr<model::Recompute> r = model::parse_recompute_granularity(granularity);
-    if (!r.ok()) return r.status();
-    a->recompute = *r;
-  }
-  if (a->recompute != model::Recompute::kFull &&
-      (!f.recompute_method.empty() || f.recompute_layers)) {
-    return absl::InvalidArgumentError(
-        "--recompute-method and --recompute-num-layers need --recompute-granularity full");
-  }
-  if (!f.recompute_method.empty()) {
-    absl::StatusOr<model::RecomputeMethod> m = model::parse_recompute_method(f.recompute_method);
-    if (!m.ok()) return m.status();
-    a->method = *m;
-  }
-  if (f.recompute_layers) a->recompute_layers = *f.recompute_layers;
-  return a->validate();
-}
-
 bool given(const CLI::Option* o) { return o != nullptr && o->count() > 0; }
 
-// --bf16 or --fp16 (Megatron: not both); the loss-scaling flags only with
-// --fp16, whose gradients they scale.
-absl::Status resolve_precision(const TrainFlags& f, model::TrainOptions* o) {
-  if (f.bf16 && f.fp16) return absl::InvalidArgumentError("--bf16 and --fp16: give one of them");
-  o->activations.precision = f.bf16   ? gpu::Precision::kBf16
-                             : f.fp16 ? gpu::Precision::kFp16
-                                      : gpu::Precision::kFp32;
-  if (!f.fp16) {
-    for (const CLI::Option* flag : f.loss_scale_flags) {
-      if (given(flag)) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            flag->get_name(), " needs --fp16 (loss scaling is fp16's; bf16 and fp32 need none)"));
-      }
+bool given(const TrainFlags& f, const std::string& name) {
+  for (const CLI::Option* o : f.registered) {
+    if (o->count() == 0) continue;
+    for (const std::string& n : o->get_lnames()) {
+      if ("--" + n == name) return true;
     }
   }
-  return absl::OkStatus();
-}
-
-// The run's length in steps or (--train-samples) samples, the ramp-up and
-// the learning-rate schedule's unit, by Megatron's rules: a ramp-up and the
-// sample-based schedule need --train-samples, which excludes the
-// iteration-based flags.
-absl::Status resolve_length(const TrainFlags& f, model::TrainOptions* o) {
-  if (!f.rampup.empty()) {
-    if (f.rampup.size() != 3 || f.rampup[0] > (1 << 30) || f.rampup[1] > (1 << 30)) {
-      return absl::InvalidArgumentError(
-          "--rampup-batch-size: expected START INCREMENT SAMPLES (e.g. 32 32 6000000)");
-    }
-    o->rampup = {.start = static_cast<int>(f.rampup[0]),
-                 .increment = static_cast<int>(f.rampup[1]),
-                 .samples = f.rampup[2]};
-    if (o->rampup.start <= 0) {
-      return absl::InvalidArgumentError("--rampup-batch-size: START must be positive");
-    }
-  }
-  if (o->train_samples > 0) {
-    if (given(f.steps_flag)) {
-      return absl::InvalidArgumentError(
-          "--train-samples and --steps (--train-iters) both set the run's length: give one");
-    }
-    if (given(f.warmup_iters_flag) || given(f.decay_iters_flag)) {
-      return absl::InvalidArgumentError(
-          "--train-samples counts the learning-rate schedule in samples: use "
-          "--lr-warmup-samples and --lr-decay-samples, not --lr-warmup-iters or "
-          "--lr-decay-iters");
-    }
-    if (absl::Status st = model::check_rampup(o->rampup, o->global_batch, o->micro_batch);
-        !st.ok()) {
-      return st;
-    }
-    absl::StatusOr<int> steps =
-        model::steps_for_samples(o->rampup, o->global_batch, o->train_samples);
-    if (!steps.ok()) return steps.status();
-    o->steps = *steps;
-    if (o->lr.decay_samples == 0) o->lr.decay_samples = o->train_samples;
-    return absl::OkStatus();
-  }
-  if (o->train_samples < 0) return absl::InvalidArgumentError("--train-samples must be positive");
-  if (o->rampup.enabled()) {
-    return absl::InvalidArgumentError(
-        "--rampup-batch-size needs --train-samples (a ramp-up counts samples; Megatron's rule)");
-  }
-  if (o->lr.warmup_samples > 0 || o->lr.decay_samples > 0) {
-    return absl::InvalidArgumentError(
-        "--lr-warmup-samples and --lr-decay-samples need --train-samples");
-  }
-  if (o->lr.decay_iters == 0) o->lr.decay_iters = o->steps;
-  return absl::OkStatus();
-}
-
-}  // namespace
-
-absl::StatusOr<model::TrainOptions> resolve(const TrainFlags& f,
-                                            std::set<std::string>* recipe_set) {
-  absl::StatusOr<model::GptConfig> config = model::preset(f.model);
-  if (!config.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("--model: ", config.status().message()));
-  }
-  if (f.layers) config->L = *f.layers;
-  if (f.channels) config->C = *f.channels;
-  if (f.heads) config->NH = *f.heads;
-  if (f.seq_len) config->T = *f.seq_len;
-  if (f.vocab_size) config->V = *f.vocab_size;
-  if (f.vocab_multiple) config->vocab_multiple = *f.vocab_multiple;
-  if (f.init_std) config->init_std = *f.init_std;
-  if (absl::Status st = check_recipe(f.recipe); !st.ok()) return st;
-  if (!f.recipe.empty() && given(f.steps_flag)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--recipe ", f.recipe,
-                     " schedules by samples (its batch ramp-up, warm-up and decay are "
-                     "in tokens): give the run's length with --train-samples, not --steps"));
-  }
-  model::TrainOptions o = f.options;
-  o.model = *config;
-  const std::set<std::string> set = apply_recipe(f.recipe, f, &o);
-  if (recipe_set != nullptr) *recipe_set = set;
-  if (absl::Status st = resolve_recompute(f, &o.activations); !st.ok()) return st;
-  if (absl::Status st = resolve_precision(f, &o); !st.ok()) return st;
-  if (o.global_batch == 0) o.global_batch = o.micro_batch;
-  if (absl::Status st = resolve_length(f, &o); !st.ok()) return st;
-  if (o.eval_interval > 0 && o.eval_iters == 0) o.eval_iters = 10;  // Megatron's default is 100
-  absl::Status st = o.validate();
-  if (!st.ok()) return st;
-  return o;
+  return false;
 }
 
 void add_train_flags(CLI::App* cmd, TrainFlags& f) {
@@ -367,115 +207,6 @@ void add_train_flags(CLI::App* cmd, TrainFlags& f) {
   f.registered.assign(all.begin() + static_cast<std::ptrdiff_t>(before), all.end());
 }
 
-namespace {
-
-std::atomic<bool> exit_signal{false};
-
-void on_exit_signal(int) { exit_signal.store(true); }
-
-}  // namespace
-
-void install_exit_signal_handler() {
-  struct sigaction sa = {};
-  sa.sa_handler = on_exit_signal;
-  sigemptyset(&sa.sa_mask);
-  sigaction(SIGTERM, &sa, nullptr);
-}
-
-bool exit_signal_received() { return exit_signal.load(); }
-
-absl::StatusOr<std::optional<model::ckpt::Checkpoint>> open_load(const TrainFlags& f,
-                                                                 const model::TrainOptions& o) {
-  return open_load(f.checkpoint, o);
-}
-
-absl::StatusOr<std::optional<model::ckpt::Checkpoint>> open_load(
-    const actors::CheckpointOptions& ck, const model::TrainOptions& o) {
-  if (ck.load.empty()) return std::nullopt;
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  if (!ck.save.empty() && fs::equivalent(ck.load, ck.save, ec) &&
-      !fs::exists(fs::path(ck.load) / model::ckpt::kTracker, ec) &&
-      !fs::exists(fs::path(ck.load) / "manifest.json", ec)) {
-    return std::nullopt;  // a job's first start: nothing saved yet
-  }
-  absl::StatusOr<model::ckpt::Checkpoint> c = model::ckpt::Checkpoint::open(ck.load);
-  absl::Status st = c.status();
-  if (st.ok()) st = c->check_model(o.model);
-  if (st.ok() && ck.load_optim) st = c->check_resume(o);
-  if (!st.ok()) return absl::Status(st.code(), absl::StrCat("--load: ", st.message()));
-  return std::optional<model::ckpt::Checkpoint>(*std::move(c));
-}
-
-std::string describe_load(const TrainFlags& f, const model::ckpt::Checkpoint& c) {
-  const model::ckpt::Meta& m = c.meta();
-  return absl::StrCat(f.checkpoint.load_optim ? "resuming from " : "parameters from ", c.dir(),
-                      " (step ", m.step, ", written with ", m.describe_layout(), " by ", m.writer,
-                      ")");
-}
-
-namespace {
-
-// --trace-steps, --debug-op-cost; --trace and --flight-dir made absolute (a
-// worker may run elsewhere).
-absl::Status finish_trace_flags(TrainFlags& f) {
-  actors::TraceOptions& tr = f.trace;
-  if (!f.trace_steps.empty()) {
-    int a = 0, b = 0;
-    char end = 0;
-    if (std::sscanf(f.trace_steps.c_str(), "%d:%d%c", &a, &b, &end) != 2 || a < 1 || b < a) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--trace-steps ", f.trace_steps, ": expected A:B with 1 <= A <= B (steps A to B)"));
-    }
-    if (tr.dir.empty()) return absl::InvalidArgumentError("--trace-steps needs --trace DIR");
-    tr.first_step = a;
-    tr.last_step = b;
-  }
-  // (64 bytes an event: 2^24 is 1 GiB a rank.)
-  if (f.trace_buffer < 0 || f.trace_buffer > (std::int64_t{1} << 24)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--trace-buffer ", f.trace_buffer, ": expected 1 to 16777216 events a rank (1 GiB)"));
-  }
-  tr.events = static_cast<std::size_t>(f.trace_buffer);
-  if (!f.op_cost.empty()) {
-    char end = 0;
-    if (std::sscanf(f.op_cost.c_str(), "%lf:%lf%c", &f.fwd_ms, &f.bwd_ms, &end) != 2 ||
-        !(f.fwd_ms >= 0) || !(f.bwd_ms >= 0) || f.fwd_ms > 1e5 || f.bwd_ms > 1e5) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--debug-op-cost ", f.op_cost, ": expected FWD_MS:BWD_MS (milliseconds, >= 0)"));
-    }
-  }
-  for (std::string* dir : {&tr.dir, &tr.flight_dir}) {
-    if (dir->empty()) continue;
-    std::error_code ec;
-    const std::filesystem::path abs = std::filesystem::absolute(*dir, ec);
-    if (!ec) *dir = abs.lexically_normal().string();
-  }
-  if (!tr.dir.empty()) return make_writable_dir(tr.dir, "--trace");
-  return absl::OkStatus();
-}
-
-}  // namespace
-
-absl::Status check_checkpoint_flags(const actors::CheckpointOptions& ck) {
-  if (ck.save_interval < 0) {
-    return absl::InvalidArgumentError("--save-interval must not be negative");
-  }
-  if (ck.exit_interval < 0) {
-    return absl::InvalidArgumentError("--exit-interval must not be negative");
-  }
-  if (ck.keep_last < 0) return absl::InvalidArgumentError("--keep-last must not be negative");
-  if (ck.save.empty() && (ck.save_interval > 0 || ck.keep_last > 0 || ck.exit_signal_handler)) {
-    return absl::InvalidArgumentError(
-        "--save-interval, --keep-last and --exit-signal-handler need --save DIR");
-  }
-  if (!ck.load_optim && ck.load.empty()) {
-    return absl::InvalidArgumentError("--no-load-optim needs --load DIR");
-  }
-  if (!ck.save.empty()) return make_writable_dir(ck.save, "--save");
-  return absl::OkStatus();
-}
-
 absl::Status finish_train_flags(TrainFlags& f) {
   if (f.log_interval < 0) return absl::InvalidArgumentError("--log-interval must not be negative");
   if (absl::Status st = check_checkpoint_flags(f.checkpoint); !st.ok()) return st;
@@ -495,11 +226,6 @@ absl::Status finish_train_flags(TrainFlags& f) {
     }
   }
   return finish_trace_flags(f);
-}
-
-actors::StageFactory stage_factory(const TrainFlags& f) {
-  if (f.op_cost.empty()) return nullptr;
-  return actors::timed_stage_factory(f.fwd_ms, f.bwd_ms);
 }
 
 std::vector<std::string> forwarded_train_flags(const TrainFlags& f,

@@ -109,11 +109,6 @@ actors::StageFactory stage_factory(const TrainFlags& f);
 // The flags as given, to pass on to a worker (those named in `skip` left out).
 std::vector<std::string> forwarded_train_flags(const TrainFlags& f,
                                                const std::vector<std::string>& skip);
-// The options the flags describe (--recipe applied where no flag says
-// otherwise, defaults filled in, validated); `recipe_set` gets the flags
-// the recipe set.
-absl::StatusOr<model::TrainOptions> resolve(const TrainFlags& f,
-                                            std::set<std::string>* recipe_set = nullptr);
 // --load's checkpoint, opened and checked against the run (its model; for a
 // resume its data too); nullopt without --load, or when --load names the
 // --save directory and it has no checkpoint yet (the first start of a job

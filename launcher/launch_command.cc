@@ -38,7 +38,6 @@
 #include "absl/strings/str_join.h"
 #include "actors/diagnostics/trace_file.h"
 #include "actors/runtime/coordinator_host.h"
-#include "api/train_config.h"
 #include "api/train_flags.h"
 #include "comm/auth.h"
 #include "launcher/agent.h"
@@ -291,39 +290,18 @@ int run_launch(LaunchFlags& f) {
     std::fprintf(stderr, "troupe launch: error: %s\n", m.c_str());
     return code;
   };
-  if (absl::Status st = finish_train_flags(f.train); !st.ok())
-    return fail(std::string(st.message()));
-  // (Checked here; each worker opens its own device, LOCAL_RANK's GPU.)
-  if (absl::Status st = api::check_device(f.train, /*process_per_rank=*/true); !st.ok()) {
-    return fail(std::string(st.message()));
-  }
-  std::set<std::string> recipe_set;
-  absl::StatusOr<model::TrainOptions> options = resolve(f.train, &recipe_set);
-  if (!options.ok()) return fail(std::string(options.status().message()));
-  if (f.train.print_config) {  // (no worker is started)
-    absl::Status st = print_config(f.train, *options, recipe_set);
-    return st.ok() ? 0 : fail(std::string(st.message()));
-  }
+  // (Each worker opens its own device, LOCAL_RANK's GPU; --device's default
+  // is resolved once the workers are placed.)
+  absl::StatusOr<PreparedRun> run = prepare_run(f.train, {.runner = Runner::kLaunch});
+  if (!run.ok()) return fail(std::string(run.status().message()));
+  if (run->printed) return 0;  // (--print-config: no worker is started)
+  const model::TrainOptions* options = &run->options;
   const actors::ParallelOptions& par = f.train.parallel;
-  if (absl::Status st = par.validate(*options); !st.ok()) {
-    return fail(std::string(explain_recipe(st, f.train.recipe, recipe_set).message()));
-  }
   if (f.max_restarts < 0) return fail("--max-restarts must not be negative");
   if (f.max_restarts > 0 && f.train.checkpoint.save.empty()) {
     return fail("--max-restarts needs --save DIR: a restart resumes from its newest checkpoint");
   }
   if (f.elastic && f.max_restarts == 0) return fail("--elastic needs --max-restarts K");
-  if (!f.train.checkpoint.save.empty()) {
-    // (This process commits every checkpoint of the job, over every restart.)
-    if (absl::Status st = model::ckpt::lock_save_dir(f.train.checkpoint.save); !st.ok()) {
-      return fail(std::string(st.message()));
-    }
-  }
-  if (!f.train.save_weights.empty()) {
-    if (absl::Status st = check_writable(f.train.save_weights, "--save-weights"); !st.ok()) {
-      return fail(std::string(st.message()));
-    }
-  }
   absl::StatusOr<Job> job = place(f, par.world());
   if (!job.ok()) return fail(std::string(job.status().message()));
   // A job on this host alone: this host's default, for the table and the

@@ -21,26 +21,25 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/string_view.h"
-#include "api/train_config.h"
+#include "api/prepare_run.h"
 #include "api/train_flags.h"
 #include "launcher/hostfile.h"
 
 namespace troupe::launcher {
 
-// The flag table and what reads it (api/train_flags.h, api/train_config.h).
+// The flag table and what turns it into a run (api/train_flags.h, api/prepare_run.h).
 using api::add_train_flags;
-using api::check_writable;
 using api::describe_load;
 using api::duration;
 using api::exit_signal_received;
-using api::explain_recipe;
-using api::finish_train_flags;
 using api::forwarded_train_flags;
 using api::install_exit_signal_handler;
 using api::open_load;
-using api::print_config;
+using api::prepare_run;
+using api::PreparedRun;
 using api::Progress;
-using api::resolve;
+using api::Runner;
+using api::RunRequest;
 using api::stage_factory;
 using api::TrainFlags;
 using api::write_trace_metrics;

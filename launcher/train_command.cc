@@ -15,7 +15,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "actors/runtime/in_process.h"
-#include "api/train_config.h"
 #include "api/train_flags.h"
 #include "launcher/commands.h"
 #include "launcher/launch_support.h"
@@ -105,27 +104,14 @@ void print_activations(const model::TrainOptions& o, const std::vector<std::int6
                     : "");
 }
 
-// `default_why`: resolve_device's, where --device was not given.
-int run_train(const TrainFlags& flags, const std::string& default_why) {
+int run_train(TrainFlags& flags) {
   auto fail = [](const absl::Status& st) {
     std::fprintf(stderr, "troupe train: error: %s\n", std::string(st.message()).c_str());
     return 1;
   };
-  std::set<std::string> recipe_set;
-  absl::StatusOr<model::TrainOptions> options = resolve(flags, &recipe_set);
-  if (!options.ok()) return fail(options.status());
-  if (flags.print_config) {
-    absl::Status st = print_config(flags, *options, recipe_set);
-    return st.ok() ? 0 : fail(st);
-  }
-  if (absl::Status st = flags.parallel.validate(*options); !st.ok()) {
-    return fail(explain_recipe(st, flags.recipe, recipe_set));
-  }
-  if (!flags.save_weights.empty()) {
-    if (absl::Status st = check_writable(flags.save_weights, "--save-weights"); !st.ok()) {
-      return fail(st);
-    }
-  }
+  absl::StatusOr<PreparedRun> run = prepare_run(flags, {.runner = Runner::kTrain});
+  if (!run.ok()) return fail(run.status());
+  if (run->printed) return 0;
   std::ofstream metrics;
   if (!flags.metrics_jsonl.empty()) {
     metrics.open(flags.metrics_jsonl, std::ios::trunc);
@@ -134,16 +120,12 @@ int run_train(const TrainFlags& flags, const std::string& default_why) {
           absl::StrCat("--metrics-jsonl ", flags.metrics_jsonl, ": cannot open for writing")));
     }
   }
-  const model::TrainOptions& o = *options;
+  const model::TrainOptions& o = run->options;
+  const std::string& default_why = run->device_why;
   const actors::ParallelOptions& par = flags.parallel;
   const actors::CheckpointOptions& ck = flags.checkpoint;
-  absl::StatusOr<std::optional<model::ckpt::Checkpoint>> loaded = open_load(flags, o);
-  if (!loaded.ok()) return fail(loaded.status());
-  const model::ckpt::Checkpoint* load = loaded->has_value() ? &**loaded : nullptr;
+  const model::ckpt::Checkpoint* load = run->load.has_value() ? &*run->load : nullptr;
   if (ck.exit_signal_handler) install_exit_signal_handler();
-  if (!ck.save.empty()) {
-    if (absl::Status st = model::ckpt::lock_save_dir(ck.save); !st.ok()) return fail(st);
-  }
   // (--trace and --debug-op-cost need the actor runtime, even for one rank.)
   const bool one_rank = par.world() == 1 && par.virtual_stages == 1 && flags.trace.dir.empty() &&
                         flags.op_cost.empty();
@@ -310,18 +292,7 @@ Command add_train_command(CLI::App& app) {
   auto flags = std::make_shared<TrainFlags>();
   CLI::App* cmd = app.add_subcommand("train", "Train a GPT (all ranks in this process)");
   add_train_flags(cmd, *flags);
-  return [flags] {
-    if (absl::Status st = finish_train_flags(*flags); !st.ok()) {
-      std::fprintf(stderr, "troupe train: error: %s\n", std::string(st.message()).c_str());
-      return 1;
-    }
-    const std::string default_why = api::resolve_device(*flags, /*process_per_rank=*/false);
-    if (absl::Status st = api::check_device(*flags); !st.ok()) {  // (before anything is made)
-      std::fprintf(stderr, "troupe train: error: %s\n", std::string(st.message()).c_str());
-      return 1;
-    }
-    return run_train(*flags, default_why);
-  };
+  return [flags] { return run_train(*flags); };
 }
 
 }  // namespace troupe::launcher

@@ -82,24 +82,14 @@ int run(WorkerFlags& f) {
     std::fprintf(stderr, "troupe worker: error: %s\n", std::string(st.message()).c_str());
     return code;
   };
-  if (absl::Status st = finish_train_flags(f.train); !st.ok()) return fail(st);
-  // (Every rank resolves its own default; the coordinator checks they agree.)
-  if (const std::string why =
-          api::resolve_device(f.train, /*process_per_rank=*/true, local_workers());
-      !why.empty()) {
-    std::fprintf(stderr, "troupe worker: device: %s\n", why.c_str());
+  // (Every rank resolves its own default device; the coordinator checks they agree.)
+  absl::StatusOr<PreparedRun> run =
+      prepare_run(f.train, {.runner = Runner::kWorker, .workers_here = local_workers()});
+  if (!run.ok()) return fail(run.status());
+  if (!run->device_why.empty()) {
+    std::fprintf(stderr, "troupe worker: device: %s\n", run->device_why.c_str());
   }
-  if (absl::Status st = api::check_device(f.train, /*process_per_rank=*/true); !st.ok()) {
-    return fail(st);
-  }
-  if (f.train.print_config) {
-    return fail(absl::InvalidArgumentError(
-        "--print-config: ask troupe train or troupe launch, not a worker"));
-  }
-  absl::StatusOr<model::TrainOptions> options = resolve(f.train);
-  if (!options.ok()) return fail(options.status());
   const actors::ParallelOptions& par = f.train.parallel;
-  if (absl::Status st = par.validate(*options); !st.ok()) return fail(st);
   bool engine = false;
   int local_rank = -1;  // (from our launcher: LOCAL_RANK)
   if (f.rank < 0) {     // not from our launcher: the engine's variables
@@ -134,9 +124,7 @@ int run(WorkerFlags& f) {
   }
   absl::StatusOr<std::string> token = read_token(f.token_file);
   if (!token.ok()) return fail(token.status());
-  absl::StatusOr<std::optional<model::ckpt::Checkpoint>> loaded = open_load(f.train, *options);
-  if (!loaded.ok()) return fail(loaded.status());
-  const model::ckpt::Checkpoint* load = loaded->has_value() ? &**loaded : nullptr;
+  const model::ckpt::Checkpoint* load = run->load.has_value() ? &*run->load : nullptr;
   // This rank's device (with --device cuda, its local rank's GPU), for the run.
   absl::StatusOr<api::RunDevice> device = api::open_device(f.train, local_rank,
                                                            /*process_per_rank=*/true);
@@ -146,7 +134,7 @@ int run(WorkerFlags& f) {
   // (Under SLURM every process of the job hears SIGTERM: a worker goes on
   // until the coordinator has saved and ends the run.)
   if (ck.exit_signal_handler) install_exit_signal_handler();
-  model::TrainOptions o = *options;
+  model::TrainOptions o = run->options;
   o.model = par.sliced_config(o.model);
   const absl::Duration join = absl::Seconds(f.join_timeout_s);
 

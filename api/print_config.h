@@ -1,6 +1,6 @@
-// Training recipes (--recipe) and the resolved configuration of a run
-// (--print-config): every value with where it came from, and what the run
-// would hold in memory, without training.
+// --print-config: the resolved configuration of a run, every value with
+// where it came from, and what the run would hold in memory, without
+// training.
 //
 //   troupe train --model gpt2-124m --recipe mt-nlg --tp 2 --micro-batch-size 8 --print-config
 #pragma once
@@ -14,18 +14,6 @@
 #include "model/trainer.h"
 
 namespace troupe::api {
-
-// "mt-nlg" (Smith et al. 2022); InvalidArgument naming the known ones.
-absl::Status check_recipe(const std::string& name);
-// Applies recipe `name`'s values to `o` wherever its flag was not given
-// (explicit flags win). Token counts become samples at o->model.T, so the
-// model's sequence length must be final. Returns the flags it set.
-std::set<std::string> apply_recipe(const std::string& name, const TrainFlags& f,
-                                   model::TrainOptions* o);
-
-// An error about a flag the recipe set (not the user) says so.
-absl::Status explain_recipe(const absl::Status& st, const std::string& recipe,
-                            const std::set<std::string>& recipe_set);
 
 // One line of --print-config.
 struct ConfigValue {
