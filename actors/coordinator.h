@@ -35,7 +35,7 @@ namespace troupe::actors {
 struct CoordinatorSetup {
   model::TrainOptions options;
   comm::Layout layout;
-  PipelineShape shape;
+  comm::Layout shape;
   int m = 1;                           // micro-batches per replica at the full global batch
   bool has_valid = false;              // validation data for --eval-interval
   std::vector<caf::actor> shards;      // by rank

@@ -17,7 +17,7 @@ Range Range::intersect(Range o) const {
   return r;
 }
 
-model::StageSpec chunk_spec(const model::GptConfig& config, const PipelineShape& p, int vs) {
+model::StageSpec chunk_spec(const model::GptConfig& config, const comm::Layout& p, int vs) {
   const int per = config.L / p.chunks();
   return {vs * per, (vs + 1) * per, vs == 0, vs == p.chunks() - 1};
 }
@@ -76,7 +76,7 @@ std::vector<GradBucket> grad_buckets(const model::ParamLayout& layout,
   return out;
 }
 
-std::vector<GradPiece> grad_pieces(const model::GptConfig& config, const PipelineShape& p) {
+std::vector<GradPiece> grad_pieces(const model::GptConfig& config, const comm::Layout& p) {
   std::vector<GradPiece> out;
   const model::StageSpec emb_spec = chunk_spec(config, p, 0);
   const model::ParamLayout emb_layout = model::ParamLayout::gpt(config, emb_spec, {p.tp, 0});
@@ -93,11 +93,11 @@ std::vector<GradPiece> grad_pieces(const model::GptConfig& config, const Pipelin
                                 : partition_range(layout, spec, p.dp, d);
         const Range piece = r.intersect(part);
         if (piece.empty()) continue;
-        out.push_back({.src_stage = stage_of(p, vs),
-                       .src_chunk = chunk_of(p, vs),
+        out.push_back({.src_stage = p.stage_of(vs),
+                       .src_chunk = p.chunk_of(vs),
                        .bucket = b,
-                       .dst_stage = tied ? 0 : stage_of(p, vs),
-                       .dst_chunk = tied ? 0 : chunk_of(p, vs),
+                       .dst_stage = tied ? 0 : p.stage_of(vs),
+                       .dst_chunk = tied ? 0 : p.chunk_of(vs),
                        .dst_d = d,
                        .range = piece,
                        .tied_wte = tied});
@@ -107,13 +107,13 @@ std::vector<GradPiece> grad_pieces(const model::GptConfig& config, const Pipelin
   return out;
 }
 
-std::vector<ParamPiece> param_pieces(const model::GptConfig& config, const PipelineShape& p) {
+std::vector<ParamPiece> param_pieces(const model::GptConfig& config, const comm::Layout& p) {
   std::vector<ParamPiece> out;
   const int head_vs = p.chunks() - 1;
   for (int vs = 0; vs < p.chunks(); vs++) {
     const model::StageSpec spec = chunk_spec(config, p, vs);
     const model::ParamLayout layout = model::ParamLayout::gpt(config, spec, {p.tp, 0});
-    const int s = stage_of(p, vs), c = chunk_of(p, vs);
+    const int s = p.stage_of(vs), c = p.chunk_of(vs);
     for (int d = 0; d < p.dp; d++) {
       const Range part = partition_range(layout, spec, p.dp, d);
       if (!part.empty()) {
@@ -131,8 +131,8 @@ std::vector<ParamPiece> param_pieces(const model::GptConfig& config, const Pipel
         out.push_back({.stage = s,
                        .src_chunk = c,
                        .src_d = d,
-                       .dst_stage = stage_of(p, head_vs),
-                       .dst_chunk = chunk_of(p, head_vs),
+                       .dst_stage = p.stage_of(head_vs),
+                       .dst_chunk = p.chunk_of(head_vs),
                        .range = tied,
                        .tied_wte = true});
       }
@@ -141,17 +141,17 @@ std::vector<ParamPiece> param_pieces(const model::GptConfig& config, const Pipel
   return out;
 }
 
-absl::Status check_pipeline_shape(const model::GptConfig& config, const PipelineShape& p, int m) {
-  if (p.pp < 1 || p.dp < 1 || p.v < 1 || p.tp < 1) {
+absl::Status check_pipeline_shape(const model::GptConfig& config, const comm::Layout& p, int m) {
+  if (p.pp < 1 || p.dp < 1 || p.virtual_stages < 1 || p.tp < 1) {
     return absl::InvalidArgumentError("--tp, --pp, --dp and --virtual-stages must be positive");
   }
   if (config.NH % p.tp != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--heads ", config.NH, " does not divide among --tp ", p.tp, " tensor-parallel ranks"));
   }
-  if (p.v > 16) {
+  if (p.virtual_stages > 16) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--virtual-stages ", p.v, ": at most 16 model chunks per stage"));
+        absl::StrCat("--virtual-stages ", p.virtual_stages, ": at most 16 model chunks per stage"));
   }
   if (p.tp * p.pp * p.dp > 32768) {
     return absl::InvalidArgumentError("--tp x --pp x --dp: at most 32768 ranks");

@@ -14,7 +14,7 @@
 // new wte to both copies. wte is first in every layout that has it, so its
 // offsets are the same in both chunks.
 //
-//   std::vector<GradPiece> pieces = grad_pieces(config, {.pp = 2, .v = 1, .dp = 4});
+//   std::vector<GradPiece> pieces = grad_pieces(config, {.pp = 2, .dp = 4, .virtual_stages = 1});
 //   for (const GradPiece& p : pieces) if (p.src_stage == s) { ... send p.range to p.dst_d ... }
 #pragma once
 
@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "comm/groups.h"
 #include "model/config.h"
 #include "model/gpt.h"
 #include "model/layout.h"
@@ -36,21 +37,11 @@ struct Range {
   bool operator==(const Range&) const = default;
 };
 
-struct PipelineShape {
-  int pp = 1;
-  int v = 1;  // model chunks per stage
-  int dp = 1;
-  int tp = 1;  // every TP rank's slice has the same layout sizes
-  int chunks() const { return pp * v; }
-};
-
-// Stage and chunk of virtual stage vs, and back.
-inline int stage_of(const PipelineShape& p, int vs) { return vs % p.pp; }
-inline int chunk_of(const PipelineShape& p, int vs) { return vs / p.pp; }
-inline int virtual_stage(const PipelineShape& p, int s, int c) { return c * p.pp + s; }
+// A pipeline's chunks, stages and virtual stages are the layout's
+// (comm::Layout: chunks(), stage_of, chunk_of, virtual_stage).
 
 // The part of the model that virtual stage vs holds (L must split evenly).
-model::StageSpec chunk_spec(const model::GptConfig& config, const PipelineShape& p, int vs);
+model::StageSpec chunk_spec(const model::GptConfig& config, const comm::Layout& p, int vs);
 
 // True when this chunk's wte is a copy whose optimizer state lives with the
 // embedding chunk.
@@ -92,11 +83,11 @@ struct ParamPiece {
   bool tied_wte = false;  // the new wte, to the head chunk's copy
 };
 
-std::vector<GradPiece> grad_pieces(const model::GptConfig& config, const PipelineShape& p);
-std::vector<ParamPiece> param_pieces(const model::GptConfig& config, const PipelineShape& p);
+std::vector<GradPiece> grad_pieces(const model::GptConfig& config, const comm::Layout& p);
+std::vector<ParamPiece> param_pieces(const model::GptConfig& config, const comm::Layout& p);
 
 // The layout fits the tags (comm/tag.h): chunks, buckets and micro-batches
 // within their fields. InvalidArgument naming the flag otherwise.
-absl::Status check_pipeline_shape(const model::GptConfig& config, const PipelineShape& p, int m);
+absl::Status check_pipeline_shape(const model::GptConfig& config, const comm::Layout& p, int m);
 
 }  // namespace troupe::actors

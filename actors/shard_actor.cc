@@ -69,8 +69,8 @@ ShardActor::ShardActor(caf::actor_config& cfg, ShardSetup setup)
 
 const std::vector<ScheduleOp>* ShardActor::train_ops(int m) {
   if (auto it = train_ops_.find(m); it != train_ops_.end()) return &it->second;
-  absl::StatusOr<std::vector<ScheduleOp>> ops =
-      make_schedule(setup_.schedule, setup_.shape.pp, setup_.coord.s, m, setup_.shape.v);
+  absl::StatusOr<std::vector<ScheduleOp>> ops = make_schedule(
+      setup_.schedule, setup_.shape.pp, setup_.coord.s, m, setup_.shape.virtual_stages);
   if (!ops.ok()) {
     setup_error_ = absl::StrCat("no schedule: ", ops.status().message());
     return nullptr;
@@ -191,7 +191,7 @@ void ShardActor::advance() {
 bool ShardActor::try_fire(const ScheduleOp& op) {
   ChunkState& cs = chunk_[static_cast<std::size_t>(op.chunk)];
   StageCompute& sc = *setup_.chunks[static_cast<std::size_t>(op.chunk)];
-  const int vs = virtual_stage(setup_.shape, setup_.coord.s, op.chunk);
+  const int vs = setup_.shape.virtual_stage(setup_.coord.s, op.chunk);
   int& slot = cs.slot_of[static_cast<std::size_t>(op.micro)];
   const Mirrors& mr = mirrors_[static_cast<std::size_t>(op.chunk)];
   const bool links = setup_.links != nullptr;
@@ -207,7 +207,7 @@ bool ShardActor::try_fire(const ScheduleOp& op) {
       cs.holds[static_cast<std::size_t>(slot)] = 1;  // until its backward is done
     }
     if (!sc.spec().embedding) {
-      const int src = rank_of(setup_.coord.d, stage_of(setup_.shape, vs - 1));
+      const int src = rank_of(setup_.coord.d, setup_.shape.stage_of(vs - 1));
       const gpu::Tensor into =
           links ? sc.input(slot) : mr.input[static_cast<std::size_t>(slot)].host();
       if (!post_receive(op, MessageKind::kActivation, src, into)) {
@@ -219,7 +219,7 @@ bool ShardActor::try_fire(const ScheduleOp& op) {
     fire_forward(op, slot);
   } else {
     if (!sc.spec().head) {
-      const int src = rank_of(setup_.coord.d, stage_of(setup_.shape, vs + 1));
+      const int src = rank_of(setup_.coord.d, setup_.shape.stage_of(vs + 1));
       const gpu::Tensor into =
           links ? sc.output_grad(slot) : mr.output_grad[static_cast<std::size_t>(slot)].host();
       if (!post_receive(op, MessageKind::kGradient, src, into)) {
@@ -317,9 +317,9 @@ void ShardActor::fire_backward(const ScheduleOp& op, int slot) {
 // mailbox; the slot stays held until the bytes have left. The callback
 // calls the transport on host memory only: no device call runs in it.
 void ShardActor::stream_send(MessageKind kind, const ScheduleOp& op, int slot) {
-  const int vs = virtual_stage(setup_.shape, setup_.coord.s, op.chunk);
+  const int vs = setup_.shape.virtual_stage(setup_.coord.s, op.chunk);
   const int dst_vs = kind == MessageKind::kActivation ? vs + 1 : vs - 1;
-  const int dst = rank_of(setup_.coord.d, stage_of(setup_.shape, dst_vs));
+  const int dst = rank_of(setup_.coord.d, setup_.shape.stage_of(dst_vs));
   chunk_[static_cast<std::size_t>(op.chunk)].holds[static_cast<std::size_t>(slot)]++;
   sends_pending_++;
   if (setup_.links != nullptr) {
@@ -344,7 +344,7 @@ void ShardActor::stream_send(MessageKind kind, const ScheduleOp& op, int slot) {
   };
   setup_.stream->host_callback(
       [stream = setup_.stream, transport = setup_.transport, dst,
-       tag = tag(kind, setup_.rank, op.micro, chunk_of(setup_.shape, dst_vs), 0),
+       tag = tag(kind, setup_.rank, op.micro, setup_.shape.chunk_of(dst_vs), 0),
        data = m.host_data<float>(), bytes = m.host().nbytes(), done = std::move(done)]() mutable {
         if (absl::Status st = stream->status(); !st.ok()) {
           return done(absl::AbortedError("not sent: the stream failed"));

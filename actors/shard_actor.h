@@ -68,7 +68,7 @@ struct ShardSetup {
   int rank = 0;
   comm::Coord coord;
   comm::Layout layout;
-  PipelineShape shape;
+  comm::Layout shape;
   ScheduleKind schedule = ScheduleKind::k1F1B;
   int m = 1;                     // micro-batches per replica at the full global batch
   int B = 1, T = 1;              // micro-batch size, sequence length

@@ -43,7 +43,7 @@ trace::Event ShardActor::op_event(const ScheduleOp& op) const {
   e.step = step_;
   e.micro = op.micro;
   e.chunk = op.chunk;
-  e.layer = virtual_stage(setup_.shape, setup_.coord.s, op.chunk);
+  e.layer = setup_.shape.virtual_stage(setup_.coord.s, op.chunk);
   e.eval = pass_ == Pass::kEval ? 1 : 0;
   return e;
 }

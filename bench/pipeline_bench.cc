@@ -57,8 +57,8 @@ Measured run(int pp, int m, actors::ScheduleKind kind, int v, double fwd_ms, dou
   const model::TrainOptions o = options(pp * v, m, steps);
   std::atomic<std::int64_t> busy_ns{0};
   const actors::StageFactory factory = actors::timed_stage_factory(fwd_ms, bwd_ms, &busy_ns);
-  auto t = actors::InProcessTrainer::create(
-      o, {.pp = pp, .dp = 1, .virtual_stages = v, .schedule = kind, .fail = {}}, factory);
+  auto t = actors::InProcessTrainer::create(o, {{.pp = pp, .dp = 1, .virtual_stages = v}, kind},
+                                            factory);
   if (!t.ok()) {
     std::fprintf(stderr, "pipeline_bench: %s\n", std::string(t.status().message()).c_str());
     std::exit(1);

@@ -39,12 +39,7 @@ struct Result {
 };
 
 Result run(const model::TrainOptions& o, int tp) {
-  auto t = actors::InProcessTrainer::create(o, {.tp = tp,
-                                                .pp = 1,
-                                                .dp = 1,
-                                                .virtual_stages = 1,
-                                                .schedule = actors::ScheduleKind::k1F1B,
-                                                .fail = {}});
+  auto t = actors::InProcessTrainer::create(o, {{.tp = tp}});
   if (!t.ok()) {
     std::fprintf(stderr, "tp_bench: %s\n", std::string(t.status().message()).c_str());
     std::exit(1);

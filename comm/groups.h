@@ -4,6 +4,11 @@
 // group is tp consecutive ranks (one node) and a pipeline stage is a block of
 // dp*tp ranks:  rank = s*(dp*tp) + d*tp + t.
 //
+// The one parallel layout of a job: everything that asks how many ranks,
+// which (d, s, t) a rank is, which chunks a stage holds or how many
+// micro-batches a step has asks a Layout (actors::ParallelOptions is one,
+// with how to run it).
+//
 //   comm::Layout layout{.tp = 8, .pp = 35, .dp = 16};
 //   comm::Coord c = layout.coord(rank);
 //   std::vector<int> tp_peers = layout.tensor_group(rank);    // in t order
@@ -23,8 +28,20 @@ struct Coord {
 
 struct Layout {
   int tp = 1, pp = 1, dp = 1;
+  int virtual_stages = 1;  // model chunks per pipeline stage (interleaved schedules)
 
   int world() const { return tp * pp * dp; }
+  // Model chunks in the pipeline; chunk c of stage s is virtual stage
+  // c * pp + s (Megatron's interleaving: stage s holds s, s + pp, ...).
+  int chunks() const { return pp * virtual_stages; }
+  int stage_of(int vs) const { return vs % pp; }
+  int chunk_of(int vs) const { return vs / pp; }
+  int virtual_stage(int s, int c) const { return c * pp + s; }
+  // Micro-batches per replica and step: a global batch over dp replicas
+  // of micro_batch samples each (the layout's validation checks it divides).
+  int micro_batches(int global_batch, int micro_batch) const {
+    return global_batch / (micro_batch * dp);
+  }
   Coord coord(int rank) const;
   int rank(Coord c) const { return c.s * (dp * tp) + c.d * tp + c.t; }
 
@@ -40,6 +57,7 @@ struct Layout {
 
   absl::Status validate() const;  // every size positive
   std::string describe() const;   // "tp=2 pp=4 dp=1 (8 ranks)"
+  bool operator==(const Layout&) const = default;
 };
 
 }  // namespace troupe::comm

@@ -55,7 +55,7 @@ absl::StatusOr<StageChunks> stage_chunks(const MemoryQuery& q) {
   c.sliced = par.sliced_config(q.config);
   c.coord = {.d = 0, .s = q.stage, .t = par.tp - 1};
   c.specs = rank_chunk_specs(c.sliced, par, c.coord);
-  c.m = q.global_batch / (q.micro_batch * par.dp);
+  c.m = par.micro_batches(q.global_batch, q.micro_batch);
   absl::StatusOr<std::vector<ScheduleOp>> ops =
       make_schedule(par.schedule, par.pp, q.stage, c.m, par.virtual_stages);
   if (!ops.ok()) return ops.status();
@@ -77,7 +77,7 @@ absl::StatusOr<MemoryParts> counted_memory(const MemoryQuery& q) {
   const ParallelOptions& par = q.parallel;
   const model::GptConfig& c = sc->sliced;
   const double B = q.micro_batch, T = c.T, C = c.C;
-  const PipelineShape shape = par.shape();
+  const comm::Layout shape = par.layout();
   MemoryParts out;
   bool needs_data = false;
   for (std::size_t ch = 0; ch < sc->specs.size(); ch++) {

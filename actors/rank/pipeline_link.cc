@@ -29,17 +29,17 @@ absl::Status not_connected(const PipelineLinks::Key& k) {
 
 absl::StatusOr<std::unique_ptr<PipelineLinks>> PipelineLinks::create(gpu::Device& dev,
                                                                      const comm::Layout& layout,
-                                                                     const PipelineShape& shape,
+                                                                     const comm::Layout& shape,
                                                                      int rank) {
   std::unique_ptr<PipelineLinks> links(new PipelineLinks());
   links->rank_ = rank;
   const comm::Coord me = layout.coord(rank);
-  auto rank_of = [&](int vs) { return layout.rank({me.d, stage_of(shape, vs), me.t}); };
+  auto rank_of = [&](int vs) { return layout.rank({me.d, shape.stage_of(vs), me.t}); };
   // Every chunk's neighbours: its forward's input and output, its
   // backward's the other way.
   std::set<Key> keys;
-  for (int c = 0; c < shape.v; c++) {
-    const int vs = virtual_stage(shape, me.s, c);
+  for (int c = 0; c < shape.virtual_stages; c++) {
+    const int vs = shape.virtual_stage(me.s, c);
     if (vs > 0) {
       keys.insert({MessageKind::kActivation, rank_of(vs - 1), rank});
       keys.insert({MessageKind::kGradient, rank, rank_of(vs - 1)});

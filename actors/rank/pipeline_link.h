@@ -55,8 +55,7 @@ class PipelineLinks {
   // stage), each with a stream of `dev` (an error if one cannot be made).
   static absl::StatusOr<std::unique_ptr<PipelineLinks>> create(gpu::Device& dev,
                                                                const comm::Layout& layout,
-                                                               const PipelineShape& shape,
-                                                               int rank);
+                                                               const comm::Layout& shape, int rank);
   ~PipelineLinks();  // waits for the links' streams
 
   // This rank's links, sorted (kind, from, to): the order in which every

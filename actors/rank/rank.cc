@@ -34,7 +34,7 @@ absl::Status ParallelOptions::validate(const model::TrainOptions& o) const {
         "--global-batch-size ", o.global_batch, " must be a multiple of --micro-batch-size ",
         o.micro_batch, " x --dp ", dp, " = ", o.micro_batch * dp));
   }
-  if (absl::Status st = check_pipeline_shape(o.model, shape(), m(o)); !st.ok()) return st;
+  if (absl::Status st = check_pipeline_shape(o.model, layout(), m(o)); !st.ok()) return st;
   if (tp > 1) {
     // Each TP rank's vocabulary slice must hold a real row (the last ones
     // hold the padding).
@@ -90,7 +90,7 @@ absl::StatusOr<std::unique_ptr<RankUnit>> RankUnit::create(
   const model::GptConfig& c = o.model;
   const comm::Layout layout = par.layout();
   u->coord_ = layout.coord(spec.rank);
-  u->shape_ = par.shape();
+  u->shape_ = par.layout();
   u->grad_pieces_ = grad_pieces(c, u->shape_);
   u->param_pieces_ = param_pieces(c, u->shape_);
   u->recorder_ = std::make_unique<comm::trace::Recorder>(spec.trace.capacity());
@@ -389,10 +389,10 @@ std::int64_t RankUnit::optimizer_state_bytes() const {
 std::vector<model::StageSpec> rank_chunk_specs(const model::GptConfig& config,
                                                const ParallelOptions& par,
                                                const comm::Coord& coord) {
-  const PipelineShape shape = par.shape();
+  const comm::Layout shape = par.layout();
   std::vector<model::StageSpec> out;
   for (int ch = 0; ch < par.virtual_stages; ch++) {
-    out.push_back(chunk_spec(config, shape, virtual_stage(shape, coord.s, ch)));
+    out.push_back(chunk_spec(config, shape, shape.virtual_stage(coord.s, ch)));
   }
   return out;
 }

@@ -46,11 +46,10 @@ namespace troupe::actors {
 
 class ConnectedCollectives;  // actors/rank/connected_collectives.h
 
-struct ParallelOptions {
-  int tp = 1;              // --tp: tensor-parallel ranks per stage (Megatron slicing)
-  int pp = 1;              // --pp: pipeline stages
-  int dp = 1;              // --dp: data-parallel replicas
-  int virtual_stages = 1;  // --virtual-stages: model chunks per stage (interleaved)
+// The layout (--tp, --pp, --dp, --virtual-stages: comm::Layout, which
+// answers world(), a rank's (d, s, t), the chunks and the micro-batches)
+// and how to run it.
+struct ParallelOptions : comm::Layout {
   ScheduleKind schedule = ScheduleKind::k1F1B;
   FailPoint fail = {};           // testing (--debug-fail-stage, --debug-stall-stage)
   double stall_timeout_s = 600;  // --stall-timeout: a run with no progress this long fails
@@ -59,11 +58,9 @@ struct ParallelOptions {
   // mirrors; the opaque CPU device tests that path where no GPU is).
   gpu::Device* device = nullptr;
 
+  const comm::Layout& layout() const { return *this; }
   // Micro-batches per replica and step.
-  int m(const model::TrainOptions& o) const { return o.global_batch / (o.micro_batch * dp); }
-  int world() const { return tp * pp * dp; }
-  comm::Layout layout() const { return {.tp = tp, .pp = pp, .dp = dp}; }
-  PipelineShape shape() const { return {pp, virtual_stages, dp, tp}; }
+  int m(const model::TrainOptions& o) const { return micro_batches(o.global_batch, o.micro_batch); }
   // The model as the ranks hold it: the vocabulary padded to a multiple of
   // --make-vocab-size-divisible-by x tp (as Megatron), so it slices evenly.
   model::GptConfig sliced_config(const model::GptConfig& c) const;
@@ -257,7 +254,7 @@ class RankUnit {
 
   RankSpec spec_;
   comm::Coord coord_;
-  PipelineShape shape_;
+  comm::Layout shape_;
   std::vector<GradPiece> grad_pieces_;
   std::vector<ParamPiece> param_pieces_;
   // Before the transport (it records into it) and every stream callback.

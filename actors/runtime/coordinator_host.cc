@@ -343,7 +343,7 @@ absl::Status CoordinatorHost::run_coordinator(
   auto setup = std::make_shared<CoordinatorSetup>();
   setup->options = options_.options;
   setup->layout = options_.parallel.layout();
-  setup->shape = options_.parallel.shape();
+  setup->shape = options_.parallel.layout();
   setup->m = options_.parallel.m(options_.options);
   setup->stall_timeout_s = options_.parallel.stall_timeout_s;
   setup->on_finish = [this](absl::Status st) { end(std::move(st)); };

@@ -35,6 +35,7 @@
 #include "absl/time/time.h"
 #include "actors/rank/rank.h"
 #include "actors/runtime/remote.h"
+#include "actors/runtime/remote_actor.h"
 #include "actors/runtime/watch_feed.h"
 #include "comm/control_channel.h"
 #include "model/trainer.h"

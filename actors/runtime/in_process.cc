@@ -31,7 +31,7 @@ absl::StatusOr<std::unique_ptr<InProcessTrainer>> InProcessTrainer::create(
   t->checkpoints_ = checkpoints;
   t->trace_ = trace;
   t->layout_ = parallel.layout();
-  t->shape_ = parallel.shape();
+  t->shape_ = parallel.layout();
 
   auto datasets = model::build_run_datasets(t->options_);
   if (!datasets.ok()) return datasets.status();

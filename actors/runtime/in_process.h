@@ -93,7 +93,7 @@ class InProcessTrainer {
   RunCheckpoints checkpoints_;
   TraceOptions trace_;
   comm::Layout layout_;
-  PipelineShape shape_;
+  comm::Layout shape_;
   model::data::Datasets data_;
   std::shared_ptr<comm::InProcFabric> fabric_;
   std::vector<std::unique_ptr<RankUnit>> ranks_;

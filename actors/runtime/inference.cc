@@ -27,8 +27,12 @@ struct ShardedModel::Shard {
 
 namespace {
 
-absl::Status check_layout(const model::GptConfig& c, InferenceLayout l) {
+absl::Status check_layout(const model::GptConfig& c, comm::Layout l) {
   if (l.tp < 1 || l.pp < 1) return absl::InvalidArgumentError("--tp and --pp must be positive");
+  if (l.dp != 1 || l.virtual_stages != 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("inference runs one replica of one chunk a stage, not ", l.describe()));
+  }
   if (c.NH % l.tp != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("--tp ", l.tp, " does not divide the model's ", c.NH, " heads"));
@@ -48,16 +52,15 @@ absl::Status check_layout(const model::GptConfig& c, InferenceLayout l) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ShardedModel>> ShardedModel::create(const model::GptConfig& config,
-                                                                   InferenceLayout layout,
+                                                                   comm::Layout layout,
                                                                    const ParamLoader& load,
                                                                    int threads) {
-  const model::GptConfig c =
-      ParallelOptions{.tp = layout.tp, .pp = layout.pp}.sliced_config(config);
+  const model::GptConfig c = ParallelOptions{layout}.sliced_config(config);
   if (absl::Status st = check_layout(c, layout); !st.ok()) return st;
   std::unique_ptr<ShardedModel> m(new ShardedModel());
   m->config_ = c;
   m->layout_ = layout;
-  const comm::Layout groups{.tp = layout.tp, .pp = layout.pp, .dp = 1};
+  const comm::Layout& groups = layout;
   auto fabric = std::make_shared<comm::InProcFabric>(groups.world());
   m->fabric_ = fabric;
   gpu::Device& device = gpu::cpu_device();
@@ -65,7 +68,7 @@ absl::StatusOr<std::unique_ptr<ShardedModel>> ShardedModel::create(const model::
   for (int s = 0; s < layout.pp; s++) {
     const model::StageSpec stage = model::StageSpec::pipeline(c, layout.pp, s);
     for (int t = 0; t < layout.tp; t++) {
-      const int rank = s * layout.tp + t;  // t fastest, then s (dp = 1)
+      const int rank = layout.rank({.d = 0, .s = s, .t = t});
       auto sh = std::make_unique<Shard>();
       sh->transport = fabric->endpoint(rank);
       model::TensorParallel tp;

@@ -20,17 +20,13 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "comm/groups.h"
 #include "gpu/device.h"
 #include "model/config.h"
 #include "model/generation.h"
 #include "model/layout.h"
 
 namespace troupe::actors {
-
-struct InferenceLayout {
-  int tp = 1;  // --tp
-  int pp = 1;  // --pp
-};
 
 // Fills one shard's parameters: layout.total() floats of host memory for
 // `layout` (a stage's TP slice of `config`, the model as the shards hold
@@ -44,7 +40,7 @@ class ShardedModel final : public model::LanguageModel {
   // it (actors::ParallelOptions::sliced_config). InvalidArgument naming
   // --tp or --pp when the layout does not fit the model.
   static absl::StatusOr<std::unique_ptr<ShardedModel>> create(const model::GptConfig& config,
-                                                              InferenceLayout layout,
+                                                              comm::Layout layout,
                                                               const ParamLoader& load,
                                                               int threads = 1);
   ~ShardedModel() override;
@@ -52,7 +48,7 @@ class ShardedModel final : public model::LanguageModel {
   int context() const override { return config_.T; }
   int vocab() const override { return config_.V; }
   const model::GptConfig& config() const { return config_; }
-  InferenceLayout layout() const { return layout_; }
+  comm::Layout layout() const { return layout_; }
 
   // One sequence (B = 1). Ids outside [0, V) and positions outside [0, T)
   // are InvalidArgument, and a pos past the positions fed so far (a gap in
@@ -66,7 +62,7 @@ class ShardedModel final : public model::LanguageModel {
   Shard& shard(int s, int t) { return *shards_[static_cast<std::size_t>(s * layout_.tp + t)]; }
 
   model::GptConfig config_;
-  InferenceLayout layout_;
+  comm::Layout layout_;
   std::shared_ptr<void> fabric_;  // the in-process transport's fabric (comm::InProcFabric)
   std::vector<std::unique_ptr<Shard>> shards_;  // s-major: (s, t) at s * tp + t
   std::vector<float> boundary_;                 // a stage's output on its way to the next (n × C)

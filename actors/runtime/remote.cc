@@ -1,4 +1,4 @@
-// Control messages as frames: envelopes and the stand-in actors.
+// Control messages as frames: envelopes, the hello, the device check.
 #include "actors/runtime/remote.h"
 
 #include <bit>
@@ -157,94 +157,6 @@ absl::Status check_same_device(const std::vector<RankHello>& ranks) {
         " (a job's ranks compute on one kind of device: give every rank the same --device)"));
   }
   return absl::OkStatus();
-}
-
-RemoteActor::RemoteActor(caf::actor_config& cfg, Target which, FrameSink sink)
-    : caf::event_based_actor(cfg), which_(which), sink_(std::move(sink)) {
-  set_default_handler([this](caf::scheduled_actor*, caf::message_view& x) { return forward(x); });
-}
-
-caf::behavior RemoteActor::make_behavior() {
-  return {
-      [this](remote_reply_atom, std::uint64_t request, caf::message& answer) {
-        auto it = pending_.find(request);
-        if (it == pending_.end()) return;  // answered late, after the rank was lost
-        it->second.deliver(std::move(answer));
-        pending_.erase(it);
-      },
-      [this](remote_lost_atom, const std::string& why) { lost(why); },
-  };
-}
-
-caf::result<caf::message> RemoteActor::forward(caf::message_view& x) {
-  const bool is_request = current_mailbox_element()->mid.is_request();
-  Envelope e{.to = which_, .actor = 0, .request = 0, .content = x.move_content_to_message()};
-  if (!is_request) {
-    if (!lost_) (void)sink_(encode_envelope(home_system(), e));
-    return caf::message{};
-  }
-  caf::response_promise rp = make_response_promise();
-  if (lost_) {
-    rp.deliver(caf::make_error(caf::sec::request_receiver_down));
-    return rp;
-  }
-  e.request = next_request_++;
-  if (absl::Status st = sink_(encode_envelope(home_system(), e)); !st.ok()) {
-    rp.deliver(caf::make_error(caf::sec::request_receiver_down));
-    return rp;
-  }
-  pending_.emplace(e.request, rp);
-  return rp;
-}
-
-void RemoteActor::lost(const std::string& why) {
-  (void)why;  // the coordinator hears it from the host, by name
-  lost_ = true;
-  for (auto& [id, rp] : pending_) rp.deliver(caf::make_error(caf::sec::request_receiver_down));
-  pending_.clear();
-}
-
-CoordinatorStandIn::CoordinatorStandIn(caf::actor_config& cfg, FrameSink sink)
-    : caf::event_based_actor(cfg), sink_(std::move(sink)) {
-  set_default_handler(
-      [this](caf::scheduled_actor*, caf::message_view& x) -> caf::result<caf::message> {
-        Envelope e{.to = Target::kCoordinator,
-                   .actor = 0,
-                   .request = 0,
-                   .content = x.move_content_to_message()};
-        (void)sink_(encode_envelope(home_system(), e));
-        return caf::message{};
-      });
-}
-
-caf::behavior CoordinatorStandIn::make_behavior() {
-  // Everything goes through the default handler.
-  return {[](remote_lost_atom, const std::string&) {}};
-}
-
-RequestRelay::RequestRelay(caf::actor_config& cfg, caf::actor shard, caf::actor optimizer,
-                           FrameSink sink)
-    : caf::event_based_actor(cfg),
-      shard_(std::move(shard)),
-      optimizer_(std::move(optimizer)),
-      sink_(std::move(sink)) {}
-
-caf::behavior RequestRelay::make_behavior() {
-  return {
-      [this](remote_request_atom, std::uint8_t target, std::uint64_t id, caf::message& content) {
-        const caf::actor& dest =
-            target == static_cast<std::uint8_t>(Target::kShard) ? shard_ : optimizer_;
-        request(dest, std::chrono::seconds(30), std::move(content))
-            .then(
-                [this, target, id](const WaitReport& r) {
-                  (void)sink_(encode_envelope(home_system(), {.to = Target::kReply,
-                                                              .actor = target,
-                                                              .request = id,
-                                                              .content = caf::make_message(r)}));
-                },
-                [](caf::error&) {});  // the asker's own timeout says it
-      },
-  };
 }
 
 }  // namespace troupe::actors

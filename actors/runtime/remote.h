@@ -8,11 +8,13 @@
 //   Coordinator --> RemoteActor(r, shard) ==frame==> ShardActor
 //               <-- (loss, norm, ready) <==frame== CoordinatorStandIn <-- ShardActor
 //
-// A RemoteActor stands for one actor of a remote rank: what it is sent goes
-// out as a frame (a request keeps its response promise until the answer's
+// A RemoteActor (remote_actor.h) stands for one actor of a remote rank:
+// what it is sent goes out as a frame (a request keeps its response promise until the answer's
 // frame comes back); when the rank's connection is lost it quits with the
 // reason, so whoever monitors it (the coordinator) sees it stop. A
-// CoordinatorStandIn sends everything it is sent to the coordinator.
+// CoordinatorStandIn (coordinator_stand_in.h) sends everything it is sent
+// to the coordinator; a RequestRelay (request_relay.h) answers the
+// coordinator's requests from a worker's actors.
 // CAF's own network layer (BASP) is not used: its handshake runs before any
 // check of ours, and its payload length is unbounded.
 //
@@ -65,41 +67,6 @@ using FrameSink = std::function<absl::Status(std::string frame)>;
 using remote_reply_atom = caf::atom_constant<caf::atom("rreply")>;
 using remote_lost_atom = caf::atom_constant<caf::atom("rlost")>;
 
-// Stands for actor `which` (kShard or kOptimizer) of a rank in another
-// process. Its messages:
-//   (remote_reply_atom, uint64 request, caf::message answer)  from the frame reader
-//   (remote_lost_atom, std::string why)        the rank is gone: requests fail
-// and anything else, which goes out as a frame. (It does not quit when the
-// rank is lost: the host tells the coordinator who was lost and why, and
-// stops the stand-ins when the run is over.)
-class RemoteActor : public caf::event_based_actor {
- public:
-  RemoteActor(caf::actor_config& cfg, Target which, FrameSink sink);
-  caf::behavior make_behavior() override;
-
- private:
-  caf::result<caf::message> forward(caf::message_view& x);
-  void lost(const std::string& why);
-  bool lost_ = false;
-
-  Target which_;
-  FrameSink sink_;
-  std::uint64_t next_request_ = 1;
-  std::map<std::uint64_t, caf::response_promise> pending_;
-};
-
-// Stands for the coordinator in a worker process: everything it is sent
-// goes out as a frame to the coordinator (a failed send is dropped: the
-// lost connection ends the worker by itself).
-class CoordinatorStandIn : public caf::event_based_actor {
- public:
-  CoordinatorStandIn(caf::actor_config& cfg, FrameSink sink);
-  caf::behavior make_behavior() override;
-
- private:
-  FrameSink sink_;
-};
-
 // The run's own frames (Target::kControl):
 //   coordinator -> rank  (remote_world_atom, vector<string> transport addresses by rank)
 //                        (remote_end_atom, int status code, std::string message)
@@ -140,19 +107,5 @@ std::string encode_hello(caf::actor_system& system, const RankHello& h);
 absl::StatusOr<RankHello> decode_hello(caf::actor_system& system, absl::string_view bytes);
 
 using remote_request_atom = caf::atom_constant<caf::atom("rrequest")>;
-
-// Delivers the requests that arrive as frames in a worker process:
-//   (remote_request_atom, uint8 target, uint64 request, caf::message) ->
-// asks the local actor and sends its answer back as a kReply frame. The
-// requests actors answer are the watchdog's (waiting_atom -> WaitReport).
-class RequestRelay : public caf::event_based_actor {
- public:
-  RequestRelay(caf::actor_config& cfg, caf::actor shard, caf::actor optimizer, FrameSink sink);
-  caf::behavior make_behavior() override;
-
- private:
-  caf::actor shard_, optimizer_;
-  FrameSink sink_;
-};
 
 }  // namespace troupe::actors

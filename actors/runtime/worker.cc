@@ -14,7 +14,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "actors/messages.h"
+#include "actors/runtime/coordinator_stand_in.h"
 #include "actors/runtime/remote.h"
+#include "actors/runtime/request_relay.h"
 #include "comm/tag.h"
 #include "comm/trace.h"
 #include "comm/ucx_transport.h"
@@ -224,7 +226,7 @@ absl::Status gather_and_save_weights(RankUnit& unit, const RankSpec& spec,
     return absl::OkStatus();
   }
   const model::GptConfig& c = spec.options.model;
-  const PipelineShape shape = par.shape();
+  const comm::Layout shape = par.layout();
   model::Gpt whole(c, 1, gpu::cpu_device());
   for (int r = 0; r < layout.world(); r++) {
     const comm::Coord at = layout.coord(r);
@@ -237,7 +239,7 @@ absl::Status gather_and_save_weights(RankUnit& unit, const RankSpec& spec,
         continue;
       }
       const model::ParamLayout slice = model::ParamLayout::gpt(
-          c, chunk_spec(c, shape, virtual_stage(shape, at.s, ch)), {par.tp, at.t});
+          c, chunk_spec(c, shape, shape.virtual_stage(at.s, ch)), {par.tp, at.t});
       std::vector<float> buf(static_cast<std::size_t>(slice.total()));
       absl::Status st =
           recv_sync(unit.transport(), r, weights_tag(r, ch), buf.data(), buf.size() * 4);

@@ -2,7 +2,7 @@
 // RankUnit (actors/rank/rank.h) over the UCX transport, its ShardActor and
 // OptimizerActor in this process's actor system, and the coordinator
 // reached over the control channel (actors/runtime/coordinator_host.h) through a
-// CoordinatorStandIn (actors/runtime/remote.h).
+// CoordinatorStandIn (actors/runtime/coordinator_stand_in.h).
 //
 // The rank joins with its hello (host, pid, UCX address), connects its
 // transport to every peer once the coordinator has sent the addresses,

@@ -112,7 +112,7 @@ json calibrate_threads(const CalibrateOptions& o, int threads, std::ostream& log
     if (NH % tp != 0) continue;
     // The runtime pads the vocabulary to a multiple of 128 x tp (and the
     // planner looks the LM head's GEMM up at that shape).
-    const std::int64_t Vl = actors::ParallelOptions{.tp = tp}.sliced_config(c).Vp() / tp;
+    const std::int64_t Vl = actors::ParallelOptions{{.tp = tp}}.sliced_config(c).Vp() / tp;
     const std::vector<std::pair<std::int64_t, std::int64_t>> shapes = {
         {3 * C / tp, C}, {C, C / tp}, {4 * C / tp, C}, {C, 4 * C / tp}, {Vl, C}};
     for (auto [O, I] : shapes) {

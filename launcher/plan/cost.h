@@ -47,7 +47,7 @@ struct PlanInput {
   bool sequence_parallel = false;
   bool ucx = false;  // this-machine: a process per rank (troupe launch), not threads
 
-  int m() const { return global_batch / (micro_batch * parallel.dp); }
+  int m() const { return parallel.micro_batches(global_batch, micro_batch); }
   int gpus() const { return parallel.world(); }
 };
 

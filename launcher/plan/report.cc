@@ -291,7 +291,7 @@ absl::StatusOr<SearchResult> search(const PlanInput& base, int gpus, const Clust
       bool any = false;
       for (int mb = 1; mb <= 8; mb *= 2) {
         if (base.global_batch % (mb * dp) != 0) continue;
-        const int m = base.global_batch / (mb * dp);
+        const int m = comm::Layout{.dp = dp}.micro_batches(base.global_batch, mb);
         std::vector<std::pair<actors::ScheduleKind, int>> schedules{
             {actors::ScheduleKind::k1F1B, 1}};
         if (pp > 1) schedules.push_back({actors::ScheduleKind::kGPipe, 1});  // one stage: the same

@@ -71,7 +71,7 @@ absl::Status Simulation::build() {
   v_ = par.virtual_stages;
   m_ = in_.m();
   const model::GptConfig sliced = par.sliced_config(in_.model);
-  const actors::PipelineShape shape = par.shape();
+  const comm::Layout shape = par.layout();
   stages_.resize(static_cast<std::size_t>(pp_));
   for (int s = 0; s < pp_; s++) {
     Stage& st = stages_[static_cast<std::size_t>(s)];
@@ -86,8 +86,7 @@ absl::Status Simulation::build() {
       }
     }
     for (int c = 0; c < v_; c++) {
-      const model::StageSpec spec =
-          actors::chunk_spec(sliced, shape, actors::virtual_stage(shape, s, c));
+      const model::StageSpec spec = actors::chunk_spec(sliced, shape, shape.virtual_stage(s, c));
       const auto key = std::make_tuple(spec.embedding, spec.head, spec.layers());
       auto it = costs_.find(key);
       if (it == costs_.end()) it = costs_.emplace(key, cost_.chunk(spec)).first;

@@ -118,21 +118,21 @@ TEST_P(DeviceRuntime, OpaqueDeviceTrainsBitwiseAsTheCpu) {
 }
 
 ParallelOptions interleaved() {
-  return {.pp = 2, .virtual_stages = 2, .schedule = ScheduleKind::kInterleaved1F1B};
+  return {{.pp = 2, .virtual_stages = 2}, ScheduleKind::kInterleaved1F1B};
 }
 
 INSTANTIATE_TEST_SUITE_P(
     Layouts, DeviceRuntime,
-    ::testing::Values(Case{"tp2", Precision::kFp32, {.tp = 2}},
-                      Case{"pp2_dp2", Precision::kFp32, {.pp = 2, .dp = 2}},
+    ::testing::Values(Case{"tp2", Precision::kFp32, {{.tp = 2}}},
+                      Case{"pp2_dp2", Precision::kFp32, {{.pp = 2, .dp = 2}}},
                       Case{"pp2_v2_interleaved", Precision::kFp32, interleaved()},
-                      Case{"tp2_sequence_parallel", Precision::kFp32, {.tp = 2}, true},
-                      Case{"tp2_pp2_dp2_bf16", Precision::kBf16, {.tp = 2, .pp = 2, .dp = 2}},
-                      Case{"pp2_dp2_fp16", Precision::kFp16, {.pp = 2, .dp = 2}},
+                      Case{"tp2_sequence_parallel", Precision::kFp32, {{.tp = 2}}, true},
+                      Case{"tp2_pp2_dp2_bf16", Precision::kBf16, {{.tp = 2, .pp = 2, .dp = 2}}},
+                      Case{"pp2_dp2_fp16", Precision::kFp16, {{.pp = 2, .dp = 2}}},
                       // Steps of 4 sequences, then 8: fewer micro-batches than buffers.
                       Case{"pp2_dp2_rampup",
                            Precision::kFp32,
-                           {.pp = 2, .dp = 2},
+                           {{.pp = 2, .dp = 2}},
                            false,
                            {.start = 4, .increment = 4, .samples = 8}}),
     [](const ::testing::TestParamInfo<Case>& p) { return std::string(p.param.name); });
@@ -143,7 +143,7 @@ INSTANTIATE_TEST_SUITE_P(
 TEST(DeviceRuntimeCheckpoint, SaveAndResumeOnTheOpaqueDevice) {
   std::unique_ptr<gpu::Device> opaque = gpu::make_opaque_cpu_device();
   const model::TrainOptions o = device_tiny4(Precision::kBf16);
-  const ParallelOptions par{.pp = 2, .dp = 2};
+  const ParallelOptions par{{.pp = 2, .dp = 2}};
   const Trained straight = train(o, par, nullptr);
   const std::string dir = ::testing::TempDir() + "device_runtime_ckpt";
   fs::remove_all(dir);
@@ -170,7 +170,8 @@ TEST(DeviceRuntimeCheckpoint, SaveAndResumeOnTheOpaqueDevice) {
 // worker calls when the job ends meanwhile, ends it.
 TEST(DeviceRuntimeConnect, FailPendingEndsAConnectWhosePeerNeverComes) {
   std::unique_ptr<gpu::Device> opaque = gpu::make_opaque_cpu_device();
-  const ParallelOptions par{.tp = 2, .device = opaque.get()};
+  ParallelOptions par{{.tp = 2}};
+  par.device = opaque.get();
   model::TrainOptions o = fixtures::tiny4(Precision::kFp32);
   o.model = par.sliced_config(o.model);
   auto fabric = std::make_shared<comm::InProcFabric>(2);

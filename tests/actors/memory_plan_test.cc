@@ -33,12 +33,12 @@ TEST(MemoryPlan, CountedIsWhatTheRuntimeAllocates) {
   };
   const std::vector<Case> cases = {
       {{}, 4},
-      {{.pp = 2}, 4},
-      {{.dp = 2}, 4},
-      {{.tp = 2}, 4},
-      {{.tp = 2, .pp = 2}, 4},
-      {{.pp = 2, .virtual_stages = 2, .schedule = ScheduleKind::kInterleaved1F1B}, 4},
-      {{.tp = 2, .dp = 2}, 4, gpu::Precision::kBf16},  // the partitions' compute copies
+      {{{.pp = 2}}, 4},
+      {{{.dp = 2}}, 4},
+      {{{.tp = 2}}, 4},
+      {{{.tp = 2, .pp = 2}}, 4},
+      {{{.pp = 2, .virtual_stages = 2}, ScheduleKind::kInterleaved1F1B}, 4},
+      {{{.tp = 2, .dp = 2}}, 4, gpu::Precision::kBf16},  // the partitions' compute copies
   };
   for (const Case& c : cases) {
     model::TrainOptions o = cpu_small(2, 8);
@@ -97,7 +97,7 @@ TEST(MemoryPlan, PaperLayerBytesAreTable2) {
 // activations in the paper mode scale with the schedule's in-flight count.
 TEST(MemoryPlan, PaperCountsTheSchedulesInFlightMicroBatches) {
   model::GptConfig c = *model::preset("gpt2-124m");
-  ParallelOptions par{.pp = 4};
+  ParallelOptions par{{.pp = 4}};
   auto acts = [&](int stage) {
     absl::StatusOr<MemoryParts> m = paper_memory(
         {.config = c, .parallel = par, .micro_batch = 1, .global_batch = 16, .stage = stage});

@@ -109,7 +109,7 @@ TEST_P(MixedPrecisionLayouts, MatchSingleRankInTheSamePrecision) {
 }
 
 ParallelOptions par(int tp, int pp, int dp, ScheduleKind kind = ScheduleKind::k1F1B, int v = 1) {
-  return {.tp = tp, .pp = pp, .dp = dp, .virtual_stages = v, .schedule = kind, .fail = {}};
+  return {{.tp = tp, .pp = pp, .dp = dp, .virtual_stages = v}, kind, {}};
 }
 
 INSTANTIATE_TEST_SUITE_P(

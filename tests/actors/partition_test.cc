@@ -9,12 +9,16 @@
 
 #include "comm/communicator.h"
 
-namespace troupe::actors {
+namespace troupe::comm {
 
 // gtest prints a layout by this (found by argument-dependent lookup).
-void PrintTo(const PipelineShape& p, std::ostream* os) {
-  *os << "pp=" << p.pp << " v=" << p.v << " dp=" << p.dp << " tp=" << p.tp;
+void PrintTo(const Layout& p, std::ostream* os) {
+  *os << "pp=" << p.pp << " v=" << p.virtual_stages << " dp=" << p.dp << " tp=" << p.tp;
 }
+
+}  // namespace troupe::comm
+
+namespace troupe::actors {
 
 namespace {
 
@@ -37,7 +41,7 @@ void expect_buckets_tile(const model::ParamLayout& lay, const model::StageSpec& 
 TEST(Partition, BucketsTileTheLayoutAndWteIsAlone) {
   const model::GptConfig c = tiny8();
   for (int vs = 0; vs < 4; vs++) {
-    const model::StageSpec spec = chunk_spec(c, {.pp = 2, .v = 2, .dp = 1}, vs);
+    const model::StageSpec spec = chunk_spec(c, {.pp = 2, .dp = 1, .virtual_stages = 2}, vs);
     const model::ParamLayout lay = model::ParamLayout::gpt(c, spec);
     expect_buckets_tile(lay, spec);
     if (spec.embedding || spec.head) {
@@ -50,13 +54,13 @@ TEST(Partition, BucketsCoverTheAlignmentPadding) {
   model::GptConfig c = tiny8();
   c.C = 8;  // LayerNorm tensors of 8 floats: 8 floats of padding after each
   c.NH = 1;
-  const model::StageSpec spec = chunk_spec(c, {.pp = 2, .v = 1, .dp = 1}, 1);
+  const model::StageSpec spec = chunk_spec(c, {.pp = 2, .dp = 1, .virtual_stages = 1}, 1);
   expect_buckets_tile(model::ParamLayout::gpt(c, spec), spec);
 }
 
 TEST(Partition, PartitionsSplitTheOwnedRegionEvenly) {
   const model::GptConfig c = tiny8();
-  const PipelineShape p{.pp = 2, .v = 1, .dp = 3};
+  const comm::Layout p{.pp = 2, .dp = 3, .virtual_stages = 1};
   const model::StageSpec head = chunk_spec(c, p, 1);
   const model::ParamLayout lay = model::ParamLayout::gpt(c, head);
   EXPECT_EQ(owned_region(lay, head).begin, wte_range(lay).end);  // the tied copy is not owned
@@ -76,11 +80,11 @@ TEST(Partition, PartitionsSplitTheOwnedRegionEvenly) {
 
 // For each (layout), count where every gradient element goes and where
 // every parameter element comes from.
-class PiecesTest : public ::testing::TestWithParam<PipelineShape> {};
+class PiecesTest : public ::testing::TestWithParam<comm::Layout> {};
 
 TEST_P(PiecesTest, EveryGradientOnceToItsOwnerEveryParameterOnceBack) {
   const model::GptConfig c = tiny8();
-  const PipelineShape p = GetParam();
+  const comm::Layout p = GetParam();
   // Gradients: per source chunk, each element sent to one partition (any
   // replica sends the same pieces).
   std::map<int, std::vector<int>> sent;  // vs -> count per element
@@ -89,11 +93,11 @@ TEST_P(PiecesTest, EveryGradientOnceToItsOwnerEveryParameterOnceBack) {
         static_cast<std::size_t>(model::ParamLayout::gpt(c, chunk_spec(c, p, vs)).total()), 0);
   }
   for (const GradPiece& g : grad_pieces(c, p)) {
-    const int vs = virtual_stage(p, g.src_stage, g.src_chunk);
+    const int vs = p.virtual_stage(g.src_stage, g.src_chunk);
     for (std::int64_t i = g.range.begin; i < g.range.end; i++)
       sent[vs][static_cast<std::size_t>(i)]++;
     // The receiving partition owns it.
-    const int dvs = virtual_stage(p, g.dst_stage, g.dst_chunk);
+    const int dvs = p.virtual_stage(g.dst_stage, g.dst_chunk);
     const model::StageSpec dspec = chunk_spec(c, p, dvs);
     const Range own = partition_range(model::ParamLayout::gpt(c, dspec), dspec, p.dp, g.dst_d);
     EXPECT_EQ(g.range.intersect(own), g.range);
@@ -107,7 +111,7 @@ TEST_P(PiecesTest, EveryGradientOnceToItsOwnerEveryParameterOnceBack) {
   std::map<int, std::vector<int>> got;
   for (auto& [vs, counts] : sent) got[vs].assign(counts.size(), 0);
   for (const ParamPiece& q : param_pieces(c, p)) {
-    const int vs = virtual_stage(p, q.dst_stage, q.dst_chunk);
+    const int vs = p.virtual_stage(q.dst_stage, q.dst_chunk);
     for (std::int64_t i = q.range.begin; i < q.range.end; i++)
       got[vs][static_cast<std::size_t>(i)]++;
   }
@@ -117,17 +121,21 @@ TEST_P(PiecesTest, EveryGradientOnceToItsOwnerEveryParameterOnceBack) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, PiecesTest,
-                         ::testing::Values(PipelineShape{1, 1, 1}, PipelineShape{1, 1, 4},
-                                           PipelineShape{2, 1, 3}, PipelineShape{4, 1, 2},
-                                           PipelineShape{2, 2, 2}, PipelineShape{1, 2, 4},
-                                           PipelineShape{4, 2, 1}, PipelineShape{2, 1, 7}));
+                         ::testing::Values(comm::Layout{.pp = 1, .dp = 1, .virtual_stages = 1},
+                                           comm::Layout{.pp = 1, .dp = 4, .virtual_stages = 1},
+                                           comm::Layout{.pp = 2, .dp = 3, .virtual_stages = 1},
+                                           comm::Layout{.pp = 4, .dp = 2, .virtual_stages = 1},
+                                           comm::Layout{.pp = 2, .dp = 2, .virtual_stages = 2},
+                                           comm::Layout{.pp = 1, .dp = 4, .virtual_stages = 2},
+                                           comm::Layout{.pp = 4, .dp = 1, .virtual_stages = 2},
+                                           comm::Layout{.pp = 2, .dp = 7, .virtual_stages = 1}));
 
 TEST(Partition, ShapesBeyondTheTagFieldsAreClearErrors) {
   const model::GptConfig c = tiny8();
-  EXPECT_TRUE(check_pipeline_shape(c, {.pp = 2, .v = 1, .dp = 2}, 256).ok());
-  absl::Status st = check_pipeline_shape(c, {.pp = 2, .v = 1, .dp = 2}, 257);
+  EXPECT_TRUE(check_pipeline_shape(c, {.pp = 2, .dp = 2, .virtual_stages = 1}, 256).ok());
+  absl::Status st = check_pipeline_shape(c, {.pp = 2, .dp = 2, .virtual_stages = 1}, 257);
   EXPECT_NE(st.message().find("at most 256"), absl::string_view::npos) << st;
-  st = check_pipeline_shape(c, {.pp = 1, .v = 17, .dp = 1}, 4);
+  st = check_pipeline_shape(c, {.pp = 1, .dp = 1, .virtual_stages = 17}, 4);
   EXPECT_NE(st.message().find("--virtual-stages 17"), absl::string_view::npos) << st;
 }
 

@@ -52,11 +52,11 @@ TEST(RampUpRuntime, EveryLayoutRunsTheSingleRanksRampedSteps) {
     bool sequence_parallel = false;
   };
   for (const Case& c : {
-           Case{{.pp = 2, .dp = 2}},
-           Case{{.tp = 2, .pp = 2}},
-           Case{{.pp = 2, .virtual_stages = 2, .schedule = ScheduleKind::kInterleaved1F1B}},
-           Case{{.pp = 2, .dp = 2, .schedule = ScheduleKind::kGPipe}},
-           Case{{.tp = 2, .dp = 2}, true},
+           Case{{{.pp = 2, .dp = 2}}},
+           Case{{{.tp = 2, .pp = 2}}},
+           Case{{{.pp = 2, .virtual_stages = 2}, ScheduleKind::kInterleaved1F1B}},
+           Case{{{.pp = 2, .dp = 2}, ScheduleKind::kGPipe}},
+           Case{{{.tp = 2, .dp = 2}}, true},
        }) {
     const ParallelOptions& par = c.par;
     SCOPED_TRACE(absl::StrCat("tp ", par.tp, " pp ", par.pp, " dp ", par.dp, " ",
@@ -99,14 +99,13 @@ TEST(RampUpRuntime, ARampedRunSeesTheFixedRunsRateAtTheSameSample) {
 
 TEST(RampUpRuntime, ARampTheLayoutCannotRunIsAClearError) {
   model::TrainOptions o = ramped();
-  const ParallelOptions dp4{.dp = 4};  // 4 is not a multiple of 2 x 4
+  const ParallelOptions dp4{{.dp = 4}};  // 4 is not a multiple of 2 x 4
   EXPECT_EQ(dp4.validate(o).message(),
             "--rampup-batch-size 4 4 40: START and INCREMENT must be multiples of "
             "--micro-batch-size x data-parallel size = 8");
   // Interleaved: every batch must be a multiple of pp micro-batches.
   o.rampup = {.start = 2, .increment = 2, .samples = 40};
-  const ParallelOptions inter{
-      .pp = 2, .virtual_stages = 2, .schedule = ScheduleKind::kInterleaved1F1B};
+  const ParallelOptions inter{{.pp = 2, .virtual_stages = 2}, ScheduleKind::kInterleaved1F1B};
   EXPECT_NE(inter.validate(o).message().find("the ramp's global batch 2 is 1 micro-batches"),
             std::string::npos)
       << inter.validate(o);

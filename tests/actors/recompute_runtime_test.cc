@@ -48,9 +48,8 @@ Trained run(const ActivationOptions& a, const ParallelOptions& par) {
 
 TEST(RecomputeRuntime, ATpPpLayoutIsBitwiseTheSameWithEveryMode) {
   for (const ParallelOptions& par :
-       {ParallelOptions{.tp = 2, .pp = 2},
-        ParallelOptions{
-            .tp = 2, .pp = 2, .virtual_stages = 2, .schedule = ScheduleKind::kInterleaved1F1B}}) {
+       {ParallelOptions{{.tp = 2, .pp = 2}},
+        ParallelOptions{{.tp = 2, .pp = 2, .virtual_stages = 2}, ScheduleKind::kInterleaved1F1B}}) {
     SCOPED_TRACE(absl::StrCat("tp 2 pp 2 v ", par.virtual_stages));
     const Trained want = run({}, par);
     for (const ActivationOptions& a :
@@ -87,7 +86,7 @@ TEST(RecomputeRuntime, ActivationsAllocatedAreTheCountedMemory) {
         ActivationOptions{.recompute = Recompute::kFull,
         .method = RecomputeMethod::kBlock,
         .recompute_layers = 1}}) {
-    for (const ParallelOptions& par : {ParallelOptions{}, ParallelOptions{.tp = 2, .pp = 2}}) {
+    for (const ParallelOptions& par : {ParallelOptions{}, ParallelOptions{{.tp = 2, .pp = 2}}}) {
       model::TrainOptions o = recompute_tiny8(a);
       o.model = *model::preset("cpu-small");
       o.steps = 0;

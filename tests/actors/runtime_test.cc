@@ -95,7 +95,7 @@ struct Case {
   int tp = 1;
   int V = 512;
   ParallelOptions parallel() const {
-    return {.tp = tp, .pp = pp, .dp = dp, .virtual_stages = v, .schedule = kind, .fail = {}};
+    return {{.tp = tp, .pp = pp, .dp = dp, .virtual_stages = v}, kind, {}};
   }
 };
 
@@ -194,7 +194,7 @@ TEST(Runtime, WeightsFileInAndOutOf3DMatchesSingleRank) {
     }
     ASSERT_TRUE(model::save_weights((*t)->gpt(), single_out).ok());
   }
-  auto t = InProcessTrainer::create(o, {.tp = 2, .pp = 2, .dp = 2});
+  auto t = InProcessTrainer::create(o, {{.tp = 2, .pp = 2, .dp = 2}});
   ASSERT_TRUE(t.ok()) << t.status();
   std::vector<model::StepMetrics> got;
   ASSERT_TRUE((*t)->run([&](const model::StepMetrics& m) { got.push_back(m); }).ok());
@@ -256,8 +256,8 @@ TEST(Runtime, ValidationLossMatchesSingleRank) {
   ASSERT_EQ(want.size(), 2u);
   for (const Case& c : {Case{2, 2, ScheduleKind::k1F1B, 1}, Case{1, 4, ScheduleKind::kGPipe, 1},
                         Case{4, 1, ScheduleKind::kInterleaved1F1B, 2}}) {
-    const Trained got = run_actors(
-        o, {.pp = c.pp, .dp = c.dp, .virtual_stages = c.v, .schedule = c.kind, .fail = {}});
+    const Trained got =
+        run_actors(o, {{.pp = c.pp, .dp = c.dp, .virtual_stages = c.v}, c.kind, {}});
     std::vector<double> val;
     for (const model::StepMetrics& m : got.metrics) {
       if (m.val_loss) val.push_back(*m.val_loss);
@@ -276,7 +276,7 @@ TEST(Runtime, RunsInTheHostProgramsOwnActorSystem) {
   caf::actor_system system{cfg};
   model::TrainOptions o = layouts_tiny8();
   o.steps = 2;
-  auto t = InProcessTrainer::create(o, {.pp = 2, .dp = 2});
+  auto t = InProcessTrainer::create(o, {{.pp = 2, .dp = 2}});
   ASSERT_TRUE(t.ok()) << t.status();
   int steps = 0;
   absl::Status st = (*t)->run(system, [&](const model::StepMetrics&) { steps++; });
@@ -293,7 +293,7 @@ TEST(Runtime, RunsInTheHostProgramsOwnActorSystem) {
 TEST(Runtime, AStepCallbackThatThrowsEndsTheRunWithAnError) {
   model::TrainOptions o = layouts_tiny8();
   o.steps = 3;
-  auto t = InProcessTrainer::create(o, {.pp = 2, .dp = 1});
+  auto t = InProcessTrainer::create(o, {{.pp = 2, .dp = 1}});
   ASSERT_TRUE(t.ok()) << t.status();
   absl::Status st = (*t)->run([](const model::StepMetrics&) {
     throw std::runtime_error("the host program's callback failed");
@@ -314,7 +314,7 @@ TEST(Runtime, OptimizerMemoryPerRankFallsAsOneOverDp) {
     // Stage s's rank with dp = 1: its state, and every optimizer byte.
     std::vector<std::int64_t> state1(static_cast<std::size_t>(pp)), all1(state1);
     for (int dp : {1, 2, 4}) {
-      auto t = InProcessTrainer::create(o, {.pp = pp, .dp = dp});
+      auto t = InProcessTrainer::create(o, {{.pp = pp, .dp = dp}});
       ASSERT_TRUE(t.ok()) << t.status();
       EXPECT_EQ((*t)->unpartitioned_state_bytes(), whole);
       std::int64_t state = 0;
@@ -351,10 +351,10 @@ TEST(Runtime, StashesOnlyWhatTheScheduleKeepsInFlight) {
   // 1F1B at pp=4: stage s keeps min(pp - s, m) micro-batches (+1 slot so a
   // gradient still leaving does not stall the next forward); GPipe keeps m.
   model::TrainOptions o = layouts_tiny8();
-  auto t = InProcessTrainer::create(o, {.pp = 4, .dp = 1, .schedule = ScheduleKind::k1F1B});
+  auto t = InProcessTrainer::create(o, {{.pp = 4, .dp = 1}, ScheduleKind::k1F1B});
   ASSERT_TRUE(t.ok()) << t.status();
   for (int s = 0; s < 4; s++) EXPECT_EQ((*t)->slots(s, 0), 4 - s + 1) << "stage " << s;
-  auto g = InProcessTrainer::create(o, {.pp = 4, .dp = 1, .schedule = ScheduleKind::kGPipe});
+  auto g = InProcessTrainer::create(o, {{.pp = 4, .dp = 1}, ScheduleKind::kGPipe});
   ASSERT_TRUE(g.ok()) << g.status();
   EXPECT_EQ((*g)->slots(0, 0), 16 + 1);
   // Interleaved, pp = 2, v = 2, m = 4: per chunk, the peaks counted by hand
@@ -362,7 +362,7 @@ TEST(Runtime, StashesOnlyWhatTheScheduleKeepsInFlight) {
   // stage 0 keeps 4 of chunk 0 and 2 of chunk 1, stage 1 keeps 3 and 1.
   o.global_batch = 8;
   auto v = InProcessTrainer::create(
-      o, {.pp = 2, .dp = 1, .virtual_stages = 2, .schedule = ScheduleKind::kInterleaved1F1B});
+      o, {{.pp = 2, .dp = 1, .virtual_stages = 2}, ScheduleKind::kInterleaved1F1B});
   ASSERT_TRUE(v.ok()) << v.status();
   EXPECT_EQ((*v)->slots(0, 0), 4 + 1);
   EXPECT_EQ((*v)->slots(0, 1), 2 + 1);
@@ -377,10 +377,10 @@ TEST(Runtime, LayoutsThatDoNotFitAreClearErrors) {
     ASSERT_FALSE(t.ok());
     EXPECT_NE(t.status().message().find(text), std::string::npos) << t.status();
   };
-  expect_error({.pp = 3}, "--layers 8 does not split into --pp 3");
-  expect_error({.tp = 3}, "--heads 4 does not divide among --tp 3 tensor-parallel ranks");
-  expect_error({.pp = 1, .dp = 3}, "--global-batch-size 32 must be a multiple of");
-  expect_error({.pp = 2, .virtual_stages = 2}, "--virtual-stages 2 needs --schedule interleaved");
+  expect_error({{.pp = 3}}, "--layers 8 does not split into --pp 3");
+  expect_error({{.tp = 3}}, "--heads 4 does not divide among --tp 3 tensor-parallel ranks");
+  expect_error({{.pp = 1, .dp = 3}}, "--global-batch-size 32 must be a multiple of");
+  expect_error({{.pp = 2, .virtual_stages = 2}}, "--virtual-stages 2 needs --schedule interleaved");
 }
 
 }  // namespace

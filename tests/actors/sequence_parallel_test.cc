@@ -44,13 +44,13 @@ TEST(SequenceParallel, EqualsPlainTensorParallelismWithin1e5) {
     Recompute recompute = Recompute::kNone;
   };
   const std::vector<Case> cases = {
-      {{.tp = 2}},
-      {{.tp = 4}},
-      {{.tp = 2, .pp = 2}},
-      {{.tp = 2, .dp = 2}},
-      {{.tp = 2, .pp = 2, .virtual_stages = 2, .schedule = ScheduleKind::kInterleaved1F1B}},
-      {{.tp = 2, .pp = 2}, Recompute::kFull},
-      {{.tp = 2, .pp = 2}, Recompute::kSelective},
+      {{{.tp = 2}}},
+      {{{.tp = 4}}},
+      {{{.tp = 2, .pp = 2}}},
+      {{{.tp = 2, .dp = 2}}},
+      {{{.tp = 2, .pp = 2, .virtual_stages = 2}, ScheduleKind::kInterleaved1F1B}},
+      {{{.tp = 2, .pp = 2}}, Recompute::kFull},
+      {{{.tp = 2, .pp = 2}}, Recompute::kSelective},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(absl::StrCat("tp ", c.par.tp, " pp ", c.par.pp, " dp ", c.par.dp, " v ",
@@ -101,7 +101,7 @@ TEST(SequenceParallel, TheRegionsActivationsFallByTp) {
 TEST(SequenceParallel, CountedMemoryIsWhatTheRanksAllocate) {
   model::TrainOptions o = sp_tiny8({.sequence_parallel = true});
   o.steps = 0;
-  const ParallelOptions par{.tp = 2, .pp = 2};
+  const ParallelOptions par{{.tp = 2, .pp = 2}};
   auto t = InProcessTrainer::create(o, par);
   ASSERT_TRUE(t.ok()) << t.status();
   for (int r = 0; r < par.world(); r++) {
@@ -122,7 +122,7 @@ TEST(SequenceParallel, CountedMemoryIsWhatTheRanksAllocate) {
 
 TEST(SequenceParallel, NeedsTensorParallelism) {
   const model::TrainOptions o = sp_tiny8({.sequence_parallel = true});
-  EXPECT_EQ(ParallelOptions{.pp = 2}.validate(o).message(),
+  EXPECT_EQ(ParallelOptions{{.pp = 2}}.validate(o).message(),
             "--sequence-parallel needs --tp of at least 2");
 }
 

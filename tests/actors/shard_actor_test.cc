@@ -19,7 +19,7 @@ TEST(ShardActor, ReportsWhatItWaitsForAndFailsWhenItsPeerDies) {
   caf::scoped_actor coordinator{sys};
 
   model::GptConfig config = *model::preset("tiny");
-  const PipelineShape shape{.pp = 2, .v = 1, .dp = 1};
+  const comm::Layout shape{.pp = 2, .dp = 1, .virtual_stages = 1};
   model::data::DataOptions options;  // the synthetic phrase corpus
   options.T = config.T;
   options.V = config.V;
@@ -98,7 +98,7 @@ TEST(ShardActor, AScheduleThatCannotBeMadeIsAnErrorToTheCoordinator) {
   caf::scoped_actor coordinator{sys};
 
   model::GptConfig config = *model::preset("tiny");
-  const PipelineShape shape{.pp = 2, .v = 2, .dp = 1};
+  const comm::Layout shape{.pp = 2, .dp = 1, .virtual_stages = 2};
   gpu::Device& dev = gpu::cpu_device();
   auto stream = dev.make_stream({.threads = 1});
   auto fabric = std::make_shared<comm::InProcFabric>(2);

@@ -76,7 +76,7 @@ TEST(TraceRuntime, A1F1BRunRecordsEveryOpInOrderAndEveryMessageOnBothSides) {
   const std::string dir = fresh_dir("1f1b");
   TraceOptions trace;
   trace.dir = dir;
-  auto t = InProcessTrainer::create(traced_tiny(m, steps), {.pp = pp}, nullptr, {}, trace);
+  auto t = InProcessTrainer::create(traced_tiny(m, steps), {{.pp = pp}}, nullptr, {}, trace);
   ASSERT_TRUE(t.ok()) << t.status();
   ASSERT_TRUE((*t)->run([](const model::StepMetrics&) {}).ok());
   const std::vector<RankFile> files = read_dir(dir, pp);
@@ -149,7 +149,7 @@ TEST(TraceRuntime, TraceStepsKeepsOnlyThatWindow) {
   TraceOptions trace;
   trace.dir = dir;
   trace.first_step = trace.last_step = 2;
-  auto t = InProcessTrainer::create(traced_tiny(4, 3), {.tp = 2, .pp = 2}, nullptr, {}, trace);
+  auto t = InProcessTrainer::create(traced_tiny(4, 3), {{.tp = 2, .pp = 2}}, nullptr, {}, trace);
   ASSERT_TRUE(t.ok()) << t.status();
   ASSERT_TRUE((*t)->run([](const model::StepMetrics&) {}).ok());
   for (const RankFile& f : read_dir(dir, 4)) {
@@ -188,7 +188,7 @@ TEST(TraceRuntime, AStallWritesTheFlightRecorderAndItShowsWhoWaitsForWhom) {
   const std::string dir = fresh_dir("stall");
   TraceOptions trace;
   trace.flight_dir = dir;
-  ParallelOptions par{.pp = 4};
+  ParallelOptions par{{.pp = 4}};
   par.fail = {.stage = 2, .step = 2, .kind = FailPoint::Kind::kStall};
   par.stall_timeout_s = 1;
   auto t = InProcessTrainer::create(traced_tiny(8, 3), par, nullptr, {}, trace);

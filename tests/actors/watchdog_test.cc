@@ -52,7 +52,7 @@ TEST(StallWatchdog, ALongComputePhaseWhoseOpsCompleteIsNotAHang) {
   auto factory = [](const model::GptConfig& c, int B, const model::StageSpec& spec, int slots) {
     return std::make_unique<SleepingStage>(c, B, spec, slots, 100);
   };
-  ParallelOptions par{.pp = 1, .dp = 1, .schedule = ScheduleKind::kGPipe};
+  ParallelOptions par{{.pp = 1, .dp = 1}, ScheduleKind::kGPipe};
   par.stall_timeout_s = 0.3;
   auto t = InProcessTrainer::create(small(m), par, factory);
   ASSERT_TRUE(t.ok()) << t.status();
@@ -64,7 +64,7 @@ TEST(StallWatchdog, ALongComputePhaseWhoseOpsCompleteIsNotAHang) {
 
 // A stage that never begins step 2 is still found, within two timeouts.
 TEST(StallWatchdog, AStageThatStopsIsStillReported) {
-  ParallelOptions par{.pp = 2, .dp = 1, .schedule = ScheduleKind::k1F1B};
+  ParallelOptions par{{.pp = 2, .dp = 1}, ScheduleKind::k1F1B};
   par.stall_timeout_s = 0.3;
   par.fail = {.stage = 1, .step = 2, .kind = FailPoint::Kind::kStall};
   auto t = InProcessTrainer::create(small(2), par);
@@ -84,7 +84,7 @@ TEST(StallWatchdog, AStageThatStopsIsStillReported) {
 // stream (a regression: a rank whose stream waited in a link was a root).
 TEST(StallWatchdog, AStageThatStopsIsReportedThroughThePipelineLinks) {
   std::unique_ptr<gpu::Device> opaque = gpu::make_opaque_cpu_device();
-  ParallelOptions par{.pp = 2, .dp = 1, .schedule = ScheduleKind::k1F1B};
+  ParallelOptions par{{.pp = 2, .dp = 1}, ScheduleKind::k1F1B};
   par.stall_timeout_s = 0.3;
   par.fail = {.stage = 1, .step = 2, .kind = FailPoint::Kind::kStall};
   par.device = opaque.get();
