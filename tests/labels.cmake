@@ -9,6 +9,14 @@
 #           ordinary build runs them; the sanitizer builds do not, as the
 #           library code they run is the unit and runtime tests' (which
 #           the sanitizers do run) at three times the cost (docs/CI.md)
+#   cli     runs the `troupe` executable (its commands, their output and
+#           exit codes): troupe_cli_test() below, which tests/CMakeLists.txt
+#           uses for every test whose command names the executable. The
+#           ordinary build runs them; a sanitizer build does not make the
+#           executable unless asked (`ninja troupe`) and scripts/test leaves
+#           them out there: the executable is a thin layer of flag parsing
+#           and printing over the libraries, whose own tests the sanitizers
+#           run (docs/CI.md)
 #   root    needs root; scripts/test skips it otherwise
 #   gpu     needs GPUs (a CUDA build with NCCL registers it); skips, exit 77,
 #           where there are too few
@@ -100,7 +108,8 @@ function(troupe_discover_tests target)
 endfunction()
 
 # Labels and environment of the tests added with add_test() in this
-# directory, at its end (deferred): TROUPE_TEST_ENV for all; `slow` for
+# directory, at its end (deferred): TROUPE_TEST_ENV for all; `cli` for
+# those troupe_cli_test() added; `slow` for
 # those named in TROUPE_SLOW_TESTS, `fast` for the others that have no speed
 # label yet; those in TROUPE_TIMING_TESTS also `timing` and RUN_SERIAL.
 function(troupe_label_added_tests)
@@ -112,8 +121,12 @@ function(troupe_label_added_tests)
       message(FATAL_ERROR "troupe_label_added_tests: no test named ${t}")
     endif()
   endforeach()
+  get_property(cli DIRECTORY PROPERTY TROUPE_CLI_TESTS)
   foreach(t IN LISTS tests)
     set_property(TEST ${t} APPEND PROPERTY ENVIRONMENT ${TROUPE_TEST_ENV})
+    if(t IN_LIST cli)
+      set_property(TEST ${t} APPEND PROPERTY LABELS cli)
+    endif()
     get_test_property(${t} LABELS labels)
     if(NOT labels MATCHES "(^|;)(fast|slow)(;|$)")
       if(t IN_LIST arg_SLOW)
@@ -129,3 +142,24 @@ function(troupe_label_added_tests)
   endforeach()
 endfunction()
 cmake_language(DEFER CALL troupe_label_added_tests)
+
+# add_test() for a test whose command names the troupe executable
+# ($<TARGET_FILE:troupe>, TROUPE_BIN): the same arguments, and label `cli`.
+function(troupe_cli_test)
+  cmake_parse_arguments(PARSE_ARGV 0 arg "" "NAME" "")
+  if(NOT arg_NAME)
+    message(FATAL_ERROR "troupe_cli_test: give NAME (add_test's signature)")
+  endif()
+  # add_test's arguments one by one, their semicolons escaped (a shell
+  # command's `;` would split an argument in two).
+  set(args "")
+  math(EXPR last "${ARGC} - 1")
+  foreach(i RANGE ${last})
+    string(REPLACE ";" "\\;" a "${ARGV${i}}")
+    list(APPEND args "${a}")
+  endforeach()
+  add_test(${args})
+  # (Labelled at the directory's end, troupe_label_added_tests: a later
+  # set_tests_properties(... LABELS ...) replaces the list.)
+  set_property(DIRECTORY APPEND PROPERTY TROUPE_CLI_TESTS ${arg_NAME})
+endfunction()

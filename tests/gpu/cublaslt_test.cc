@@ -1,11 +1,11 @@
 // cuBLASLt opened on first use (gpu/cuda/cublaslt.h): the library loads, every
 // entry resolves, and the table answers without a GPU. (That no executable
 // links it is tests.cublaslt_not_linked, tests/CMakeLists.txt.)
+#include "gpu/cuda/cublaslt.h"
+
 #include <gtest/gtest.h>
 
 #include <string>
-
-#include "gpu/cuda/cublaslt.h"
 
 namespace troupe::gpu::cuda {
 namespace {
