@@ -22,6 +22,26 @@ model::StageSpec chunk_spec(const model::GptConfig& config, const comm::Layout& 
   return {vs * per, (vs + 1) * per, vs == 0, vs == p.chunks() - 1};
 }
 
+std::vector<Chunk> pipeline_chunks(const model::GptConfig& config, const comm::Layout& p, int t) {
+  std::vector<Chunk> out;
+  for (int vs = 0; vs < p.chunks(); vs++) {
+    const model::StageSpec spec = chunk_spec(config, p, vs);
+    out.push_back({vs, spec, model::ParamLayout::gpt(config, spec, {p.tp, t})});
+  }
+  return out;
+}
+
+std::vector<Chunk> rank_chunks(const model::GptConfig& config, const comm::Layout& p,
+                               const comm::Coord& at) {
+  std::vector<Chunk> out;
+  for (int c = 0; c < p.virtual_stages; c++) {
+    const int vs = p.virtual_stage(at.s, c);
+    const model::StageSpec spec = chunk_spec(config, p, vs);
+    out.push_back({vs, spec, model::ParamLayout::gpt(config, spec, {p.tp, at.t})});
+  }
+  return out;
+}
+
 Range wte_range(const model::ParamLayout& layout) {
   const model::ParamSpec& w = layout.find("wte.weight");
   return {w.offset, w.offset + w.numel()};
@@ -76,13 +96,14 @@ std::vector<GradBucket> grad_buckets(const model::ParamLayout& layout,
   return out;
 }
 
-std::vector<GradPiece> grad_pieces(const model::GptConfig& config, const comm::Layout& p) {
+std::vector<GradPiece> grad_pieces(const std::vector<Chunk>& pipeline, const comm::Layout& p) {
   std::vector<GradPiece> out;
-  const model::StageSpec emb_spec = chunk_spec(config, p, 0);
-  const model::ParamLayout emb_layout = model::ParamLayout::gpt(config, emb_spec, {p.tp, 0});
-  for (int vs = 0; vs < p.chunks(); vs++) {
-    const model::StageSpec spec = chunk_spec(config, p, vs);
-    const model::ParamLayout layout = model::ParamLayout::gpt(config, spec, {p.tp, 0});
+  const model::StageSpec& emb_spec = pipeline.front().spec;
+  const model::ParamLayout& emb_layout = pipeline.front().params;
+  for (const Chunk& chunk : pipeline) {
+    const int vs = chunk.vs;
+    const model::StageSpec& spec = chunk.spec;
+    const model::ParamLayout& layout = chunk.params;
     const std::vector<GradBucket> buckets = grad_buckets(layout, spec);
     const Range wte = wte_elsewhere(spec) ? wte_range(layout) : Range{};
     for (int b = 0; b < static_cast<int>(buckets.size()); b++) {
@@ -107,12 +128,13 @@ std::vector<GradPiece> grad_pieces(const model::GptConfig& config, const comm::L
   return out;
 }
 
-std::vector<ParamPiece> param_pieces(const model::GptConfig& config, const comm::Layout& p) {
+std::vector<ParamPiece> param_pieces(const std::vector<Chunk>& pipeline, const comm::Layout& p) {
   std::vector<ParamPiece> out;
   const int head_vs = p.chunks() - 1;
-  for (int vs = 0; vs < p.chunks(); vs++) {
-    const model::StageSpec spec = chunk_spec(config, p, vs);
-    const model::ParamLayout layout = model::ParamLayout::gpt(config, spec, {p.tp, 0});
+  for (const Chunk& chunk : pipeline) {
+    const int vs = chunk.vs;
+    const model::StageSpec& spec = chunk.spec;
+    const model::ParamLayout& layout = chunk.params;
     const int s = p.stage_of(vs), c = p.chunk_of(vs);
     for (int d = 0; d < p.dp; d++) {
       const Range part = partition_range(layout, spec, p.dp, d);

@@ -43,6 +43,23 @@ struct Range {
 // The part of the model that virtual stage vs holds (L must split evenly).
 model::StageSpec chunk_spec(const model::GptConfig& config, const comm::Layout& p, int vs);
 
+// A model chunk as the pipeline places it: its virtual stage, what it
+// holds, and its flat buffer's parameter layout as TP rank t slices it (the
+// offsets and sizes are every TP rank's). Built once where a run, a memory
+// plan, a weights gather or a checkpoint conversion begins, and passed to
+// what needs it. (`config`: the model as the ranks hold it, sliced_config.)
+struct Chunk {
+  int vs = 0;
+  model::StageSpec spec;
+  model::ParamLayout params;
+};
+// Every chunk of the pipeline, by virtual stage, as TP rank t holds it.
+std::vector<Chunk> pipeline_chunks(const model::GptConfig& config, const comm::Layout& p,
+                                   int t = 0);
+// The chunks of the rank at `at` (stage at.s, TP rank at.t): chunk c at index c.
+std::vector<Chunk> rank_chunks(const model::GptConfig& config, const comm::Layout& p,
+                               const comm::Coord& at);
+
 // True when this chunk's wte is a copy whose optimizer state lives with the
 // embedding chunk.
 inline bool wte_elsewhere(const model::StageSpec& spec) { return spec.head && !spec.embedding; }
@@ -83,8 +100,9 @@ struct ParamPiece {
   bool tied_wte = false;  // the new wte, to the head chunk's copy
 };
 
-std::vector<GradPiece> grad_pieces(const model::GptConfig& config, const comm::Layout& p);
-std::vector<ParamPiece> param_pieces(const model::GptConfig& config, const comm::Layout& p);
+// Every piece of the pipeline (`pipeline`: pipeline_chunks, by virtual stage).
+std::vector<GradPiece> grad_pieces(const std::vector<Chunk>& pipeline, const comm::Layout& p);
+std::vector<ParamPiece> param_pieces(const std::vector<Chunk>& pipeline, const comm::Layout& p);
 
 // The layout fits the tags (comm/tag.h): chunks, buckets and micro-batches
 // within their fields. InvalidArgument naming the flag otherwise.

@@ -57,16 +57,16 @@ absl::StatusOr<PreparedRun> prepare_run(TrainFlags& f, const RunRequest& request
   if (absl::Status st = f.parallel.validate(run.options); !st.ok()) {
     return explain_recipe(st, f.recipe, run.recipe_set);
   }
-  if (commits && !f.save_weights.empty()) {
+  if (commits && !f.save_weights.empty()) {  // (not a worker: as before, its launcher checks)
     if (absl::Status st = check_writable(f.save_weights, "--save-weights"); !st.ok()) return st;
-  }
-  if (commits && !f.checkpoint.save.empty()) {
-    if (absl::Status st = model::ckpt::lock_save_dir(f.checkpoint.save); !st.ok()) return st;
   }
   if (runner == Runner::kTrain || runner == Runner::kWorker) {
     absl::StatusOr<std::optional<model::ckpt::Checkpoint>> load = open_load(f, run.options);
     if (!load.ok()) return load.status();
     run.load = *std::move(load);
+  }
+  if (commits && !f.checkpoint.save.empty()) {  // (last: a run that goes no further locks nothing)
+    if (absl::Status st = model::ckpt::lock_save_dir(f.checkpoint.save); !st.ok()) return st;
   }
   return run;
 }

@@ -13,10 +13,13 @@
 //      the batch, the run's length, validated;
 //   5. --print-config: printed (train, launch), and the run ends there;
 //   6. the layout against the model and the batch, naming a recipe's values;
-//   7. what the process itself will write: --save-weights writable, --save
-//      locked (train and launch commit checkpoints; a worker does not);
+//   7. --save-weights writable where this process writes it (train, launch);
 //   8. --load opened and checked where a start reads it once (train, worker;
-//      launch opens the newest at each start, an embedded job at its own).
+//      launch opens the newest at each start, an embedded job at its own);
+//   9. --save locked from the start by the process that commits every
+//      checkpoint of the job (train; launch, over its restarts). (An
+//      embedded job locks it when it starts; under srun or mpirun, rank 0's
+//      worker commits and takes the lock at its first save, begin_save.)
 #pragma once
 
 #include <optional>

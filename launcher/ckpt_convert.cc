@@ -32,8 +32,9 @@ absl::StatusOr<std::vector<ckpt::TensorRecord>> convert_rank(const ckpt::Checkpo
                                                              int rank, const std::string& tmp) {
   const comm::Coord coord = par.layout().coord(rank);
   NewRank r;
-  for (const model::StageSpec& spec : actors::rank_chunk_specs(config, par, coord)) {
-    r.layouts.push_back(model::ParamLayout::gpt(config, spec, {par.tp, coord.t}));
+  for (actors::Chunk& chunk : actors::rank_chunks(config, par, coord)) {
+    const model::StageSpec spec = chunk.spec;
+    r.layouts.push_back(std::move(chunk.params));
     const model::ParamLayout& lay = r.layouts.back();
     const std::int64_t part = actors::partition_range(lay, spec, par.dp, coord.d).size();
     r.chunks.push_back({.layout = &lay,

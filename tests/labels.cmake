@@ -109,7 +109,8 @@ endfunction()
 
 # Labels and environment of the tests added with add_test() in this
 # directory, at its end (deferred): TROUPE_TEST_ENV for all; `cli` for
-# those troupe_cli_test() added; `slow` for
+# those troupe_cli_test() added and those that need a fixture one of them
+# sets up; `slow` for
 # those named in TROUPE_SLOW_TESTS, `fast` for the others that have no speed
 # label yet; those in TROUPE_TIMING_TESTS also `timing` and RUN_SERIAL.
 function(troupe_label_added_tests)
@@ -122,6 +123,32 @@ function(troupe_label_added_tests)
     endif()
   endforeach()
   get_property(cli DIRECTORY PROPERTY TROUPE_CLI_TESTS)
+  # A test that needs a fixture a `cli` test sets up is `cli` too: ctest
+  # would run that setup for it, and the setup needs the executable.
+  set(changed TRUE)
+  while(changed)
+    set(changed FALSE)
+    set(cli_fixtures "")
+    foreach(t IN LISTS cli)
+      get_test_property(${t} FIXTURES_SETUP made)
+      if(made)
+        list(APPEND cli_fixtures ${made})
+      endif()
+    endforeach()
+    foreach(t IN LISTS tests)
+      if(t IN_LIST cli)
+        continue()
+      endif()
+      get_test_property(${t} FIXTURES_REQUIRED needs)
+      foreach(x IN LISTS needs)
+        if(x IN_LIST cli_fixtures)
+          list(APPEND cli ${t})
+          set(changed TRUE)
+          break()
+        endif()
+      endforeach()
+    endforeach()
+  endwhile()
   foreach(t IN LISTS tests)
     set_property(TEST ${t} APPEND PROPERTY ENVIRONMENT ${TROUPE_TEST_ENV})
     if(t IN_LIST cli)

@@ -32,7 +32,7 @@ namespace {
 struct StageChunks {
   model::GptConfig sliced;
   comm::Coord coord;
-  std::vector<model::StageSpec> specs;
+  std::vector<Chunk> chunks;   // the stage's, as its last TP rank holds them
   std::vector<int> in_flight;  // the schedule's peak per chunk
   int m = 1;
 };
@@ -54,7 +54,7 @@ absl::StatusOr<StageChunks> stage_chunks(const MemoryQuery& q) {
   StageChunks c;
   c.sliced = par.sliced_config(q.config);
   c.coord = {.d = 0, .s = q.stage, .t = par.tp - 1};
-  c.specs = rank_chunk_specs(c.sliced, par, c.coord);
+  c.chunks = rank_chunks(c.sliced, par, c.coord);
   c.m = par.micro_batches(q.global_batch, q.micro_batch);
   absl::StatusOr<std::vector<ScheduleOp>> ops =
       make_schedule(par.schedule, par.pp, q.stage, c.m, par.virtual_stages);
@@ -80,9 +80,9 @@ absl::StatusOr<MemoryParts> counted_memory(const MemoryQuery& q) {
   const comm::Layout shape = par.layout();
   MemoryParts out;
   bool needs_data = false;
-  for (std::size_t ch = 0; ch < sc->specs.size(); ch++) {
-    const model::StageSpec& spec = sc->specs[ch];
-    const model::ParamLayout layout = model::ParamLayout::gpt(c, spec, {par.tp, sc->coord.t});
+  for (std::size_t ch = 0; ch < sc->chunks.size(); ch++) {
+    const model::StageSpec& spec = sc->chunks[ch].spec;
+    const model::ParamLayout& layout = sc->chunks[ch].params;
     out.params += kF32 * static_cast<double>(layout.total());
     out.grads += kF32 * static_cast<double>(layout.total());
     // Slots: the schedule's peak, one more with neighbours (RankUnit).
@@ -138,9 +138,9 @@ absl::StatusOr<MemoryParts> paper_memory(const MemoryQuery& q) {
   const double s = c.T, b = q.micro_batch, h = c.C, a = c.NH, v = c.Vp();
   const double t = par.tp, sp = q.sequence_parallel ? t : 1;
   MemoryParts out;
-  for (std::size_t ch = 0; ch < sc->specs.size(); ch++) {
-    const model::StageSpec& spec = sc->specs[ch];
-    const model::ParamLayout layout = model::ParamLayout::gpt(c, spec, {par.tp, sc->coord.t});
+  for (std::size_t ch = 0; ch < sc->chunks.size(); ch++) {
+    const model::StageSpec& spec = sc->chunks[ch].spec;
+    const model::ParamLayout& layout = sc->chunks[ch].params;
     const double n = static_cast<double>(layout.total());
     out.params += 2 * n;               // bf16 weights
     out.grads += 4 * n;                // fp32 main gradients (Megatron accumulates in fp32)

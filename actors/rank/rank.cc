@@ -91,8 +91,11 @@ absl::StatusOr<std::unique_ptr<RankUnit>> RankUnit::create(
   const comm::Layout layout = par.layout();
   u->coord_ = layout.coord(spec.rank);
   u->shape_ = par.layout();
-  u->grad_pieces_ = grad_pieces(c, u->shape_);
-  u->param_pieces_ = param_pieces(c, u->shape_);
+  {
+    const std::vector<Chunk> pipeline = pipeline_chunks(c, u->shape_);
+    u->grad_pieces_ = grad_pieces(pipeline, u->shape_);
+    u->param_pieces_ = param_pieces(pipeline, u->shape_);
+  }
   u->recorder_ = std::make_unique<comm::trace::Recorder>(spec.trace.capacity());
   u->recorder_->set_steps(spec.trace.first_step, spec.trace.last_step);
   u->trace_ = std::make_unique<RankTrace>();
@@ -116,9 +119,9 @@ absl::StatusOr<std::unique_ptr<RankUnit>> RankUnit::create(
   absl::StatusOr<std::vector<ScheduleOp>> ops =
       make_schedule(par.schedule, par.pp, u->coord_.s, par.m(o), par.virtual_stages);
   if (!ops.ok()) return ops.status();
-  const std::vector<model::StageSpec> stages = rank_chunk_specs(c, par, u->coord_);
+  const std::vector<Chunk> mine = rank_chunks(c, u->shape_, u->coord_);
   for (int ch = 0; ch < par.virtual_stages; ch++) {
-    const model::StageSpec& stage = stages[static_cast<std::size_t>(ch)];
+    const model::StageSpec& stage = mine[static_cast<std::size_t>(ch)].spec;
     // One more slot than the schedule's peak when there are neighbours, so
     // a micro-batch whose gradient is still leaving does not hold up the
     // next forward.
@@ -384,17 +387,6 @@ std::int64_t RankUnit::optimizer_state_bytes() const {
   std::int64_t n = 0;
   for (const auto& p : partitions_) n += p->state_bytes();
   return n;
-}
-
-std::vector<model::StageSpec> rank_chunk_specs(const model::GptConfig& config,
-                                               const ParallelOptions& par,
-                                               const comm::Coord& coord) {
-  const comm::Layout shape = par.layout();
-  std::vector<model::StageSpec> out;
-  for (int ch = 0; ch < par.virtual_stages; ch++) {
-    out.push_back(chunk_spec(config, shape, shape.virtual_stage(coord.s, ch)));
-  }
-  return out;
 }
 
 std::vector<model::ckpt::Piece> checkpoint_pieces(const std::vector<CheckpointChunk>& chunks,

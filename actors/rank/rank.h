@@ -306,11 +306,6 @@ struct CheckpointChunk {
   float* adam_m = nullptr;
   float* adam_v = nullptr;
 };
-// The model chunks rank `coord` of `par` runs (by chunk index), as
-// RankUnit::create builds them. `config` is already sliced_config().
-std::vector<model::StageSpec> rank_chunk_specs(const model::GptConfig& config,
-                                               const ParallelOptions& par,
-                                               const comm::Coord& coord);
 // The checkpoint pieces of rank `coord` of a dp-way layout: replica 0 its
 // parameters, every replica its ZeRO-1 partitions' state (partition_range,
 // as the Partition computes it). The one definition of what a rank saves

@@ -31,7 +31,8 @@ absl::Status check_layout(const model::GptConfig& c, comm::Layout l) {
   if (l.tp < 1 || l.pp < 1) return absl::InvalidArgumentError("--tp and --pp must be positive");
   if (l.dp != 1 || l.virtual_stages != 1) {
     return absl::InvalidArgumentError(
-        absl::StrCat("inference runs one replica of one chunk a stage, not ", l.describe()));
+        absl::StrCat("inference runs one replica of one chunk a stage, not dp ", l.dp, " with ",
+                     l.virtual_stages, " chunks a stage"));
   }
   if (c.NH % l.tp != 0) {
     return absl::InvalidArgumentError(

@@ -226,11 +226,11 @@ absl::Status gather_and_save_weights(RankUnit& unit, const RankSpec& spec,
     return absl::OkStatus();
   }
   const model::GptConfig& c = spec.options.model;
-  const comm::Layout shape = par.layout();
   model::Gpt whole(c, 1, gpu::cpu_device());
   for (int r = 0; r < layout.world(); r++) {
     const comm::Coord at = layout.coord(r);
     if (at.d != 0) continue;
+    const std::vector<Chunk> theirs = r == 0 ? std::vector<Chunk>{} : rank_chunks(c, layout, at);
     for (int ch = 0; ch < par.virtual_stages; ch++) {
       if (r == 0) {
         const GptStage& mine = *unit.chunks()[static_cast<std::size_t>(ch)];
@@ -238,8 +238,7 @@ absl::Status gather_and_save_weights(RankUnit& unit, const RankSpec& spec,
         if (!st.ok()) return st;
         continue;
       }
-      const model::ParamLayout slice = model::ParamLayout::gpt(
-          c, chunk_spec(c, shape, shape.virtual_stage(at.s, ch)), {par.tp, at.t});
+      const model::ParamLayout& slice = theirs[static_cast<std::size_t>(ch)].params;
       std::vector<float> buf(static_cast<std::size_t>(slice.total()));
       absl::Status st =
           recv_sync(unit.transport(), r, weights_tag(r, ch), buf.data(), buf.size() * 4);

@@ -7,6 +7,7 @@
 
 #include <map>
 
+#include "absl/strings/str_cat.h"
 #include "comm/communicator.h"
 
 namespace troupe::comm {
@@ -36,6 +37,37 @@ void expect_buckets_tile(const model::ParamLayout& lay, const model::StageSpec& 
     at = b.range.end;
   }
   EXPECT_EQ(at, lay.total());
+}
+
+// A rank's chunks are its stage's virtual stages (s, s + pp, ...), each
+// laid out as its TP rank slices it; the pipeline's are every virtual stage.
+TEST(Partition, ARanksChunksAreItsVirtualStagesAsItsTpRankSlicesThem) {
+  const model::GptConfig c = tiny8();
+  const comm::Layout p{.tp = 2, .pp = 2, .dp = 1, .virtual_stages = 2};
+  const std::vector<Chunk> mine = rank_chunks(c, p, {.d = 0, .s = 1, .t = 1});
+  ASSERT_EQ(mine.size(), 2u);
+  for (int ch = 0; ch < 2; ch++) {
+    const Chunk& k = mine[static_cast<std::size_t>(ch)];
+    EXPECT_EQ(k.vs, 1 + 2 * ch);
+    // Layers [2 vs, 2 vs + 2) of 8 over 4 chunks; the head on the last.
+    EXPECT_EQ(k.spec.first_layer, 2 * k.vs);
+    EXPECT_EQ(k.spec.last_layer, 2 * k.vs + 2);
+    EXPECT_FALSE(k.spec.embedding);
+    EXPECT_EQ(k.spec.head, k.vs == 3);
+    const model::ParamSpec& qkv =
+        k.params.find(absl::StrCat("h.", 2 * k.vs, ".attn.c_attn.weight"));
+    EXPECT_EQ(qkv.slice.tp, 2);
+    EXPECT_EQ(qkv.slice.t, 1);
+    EXPECT_EQ(qkv.shape[0] * 2, qkv.full_shape[0]);
+  }
+  const std::vector<Chunk> all = pipeline_chunks(c, p);
+  ASSERT_EQ(all.size(), 4u);
+  for (int vs = 0; vs < 4; vs++) {
+    EXPECT_EQ(all[static_cast<std::size_t>(vs)].vs, vs);
+    EXPECT_EQ(all[static_cast<std::size_t>(vs)].spec.embedding, vs == 0);
+  }
+  // Every TP rank's layout has the same offsets and sizes.
+  EXPECT_EQ(all[3].params.total(), mine[1].params.total());
 }
 
 TEST(Partition, BucketsTileTheLayoutAndWteIsAlone) {
@@ -92,7 +124,7 @@ TEST_P(PiecesTest, EveryGradientOnceToItsOwnerEveryParameterOnceBack) {
     sent[vs].assign(
         static_cast<std::size_t>(model::ParamLayout::gpt(c, chunk_spec(c, p, vs)).total()), 0);
   }
-  for (const GradPiece& g : grad_pieces(c, p)) {
+  for (const GradPiece& g : grad_pieces(pipeline_chunks(c, p), p)) {
     const int vs = p.virtual_stage(g.src_stage, g.src_chunk);
     for (std::int64_t i = g.range.begin; i < g.range.end; i++)
       sent[vs][static_cast<std::size_t>(i)]++;
@@ -110,7 +142,7 @@ TEST_P(PiecesTest, EveryGradientOnceToItsOwnerEveryParameterOnceBack) {
   // included) is written exactly once.
   std::map<int, std::vector<int>> got;
   for (auto& [vs, counts] : sent) got[vs].assign(counts.size(), 0);
-  for (const ParamPiece& q : param_pieces(c, p)) {
+  for (const ParamPiece& q : param_pieces(pipeline_chunks(c, p), p)) {
     const int vs = p.virtual_stage(q.dst_stage, q.dst_chunk);
     for (std::int64_t i = q.range.begin; i < q.range.end; i++)
       got[vs][static_cast<std::size_t>(i)]++;

@@ -45,8 +45,8 @@ TEST(ShardActor, ReportsWhatItWaitsForAndFailsWhenItsPeerDies) {
   ss.chunks = {&stage};
   ss.stream = stream.get();
   ss.transport = transport.get();
-  ss.grad_pieces = grad_pieces(config, shape);
-  ss.param_pieces = param_pieces(config, shape);
+  ss.grad_pieces = grad_pieces(pipeline_chunks(config, shape), shape);
+  ss.param_pieces = param_pieces(pipeline_chunks(config, shape), shape);
   ss.coordinator = coordinator;
   caf::actor shard = sys.spawn<ShardActor>(ss);
   coordinator->monitor(shard);
