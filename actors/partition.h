@@ -14,7 +14,8 @@
 // new wte to both copies. wte is first in every layout that has it, so its
 // offsets are the same in both chunks.
 //
-//   std::vector<GradPiece> pieces = grad_pieces(config, {.pp = 2, .dp = 4, .virtual_stages = 1});
+//   const comm::Layout p{.pp = 2, .dp = 4};
+//   std::vector<GradPiece> pieces = grad_pieces(pipeline_chunks(config, p), p);
 //   for (const GradPiece& p : pieces) if (p.src_stage == s) { ... send p.range to p.dst_d ... }
 #pragma once
 
@@ -100,7 +101,8 @@ struct ParamPiece {
   bool tied_wte = false;  // the new wte, to the head chunk's copy
 };
 
-// Every piece of the pipeline (`pipeline`: pipeline_chunks, by virtual stage).
+// Every piece of the pipeline (`pipeline`: pipeline_chunks's, every virtual
+// stage in order from 0, not a rank's chunks).
 std::vector<GradPiece> grad_pieces(const std::vector<Chunk>& pipeline, const comm::Layout& p);
 std::vector<ParamPiece> param_pieces(const std::vector<Chunk>& pipeline, const comm::Layout& p);
 

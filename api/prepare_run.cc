@@ -57,7 +57,7 @@ absl::StatusOr<PreparedRun> prepare_run(TrainFlags& f, const RunRequest& request
   if (absl::Status st = f.parallel.validate(run.options); !st.ok()) {
     return explain_recipe(st, f.recipe, run.recipe_set);
   }
-  if (commits && !f.save_weights.empty()) {  // (not a worker: as before, its launcher checks)
+  if (commits && !f.save_weights.empty()) {  // (not a worker's: as before)
     if (absl::Status st = check_writable(f.save_weights, "--save-weights"); !st.ok()) return st;
   }
   if (runner == Runner::kTrain || runner == Runner::kWorker) {

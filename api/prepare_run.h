@@ -13,7 +13,9 @@
 //      the batch, the run's length, validated;
 //   5. --print-config: printed (train, launch), and the run ends there;
 //   6. the layout against the model and the batch, naming a recipe's values;
-//   7. --save-weights writable where this process writes it (train, launch);
+//   7. --save-weights writable, checked by the process that starts the run
+//      (train, which writes it; launch, whose rank 0 worker writes it; a
+//      worker an engine starts does not check it early);
 //   8. --load opened and checked where a start reads it once (train, worker;
 //      launch opens the newest at each start, an embedded job at its own);
 //   9. --save locked from the start by the process that commits every
