@@ -2,7 +2,6 @@
 
 #include <dlfcn.h>
 
-#include <cstdlib>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -79,11 +78,6 @@ const Loaded& loaded() {
 absl::StatusOr<const CublasLt*> load_cublaslt() {
   if (!loaded().status.ok()) return loaded().status;
   return &loaded().api;
-}
-
-const CublasLt& cublaslt() {
-  if (!loaded().status.ok()) std::abort();  // (a CudaDevice exists only after a load succeeded)
-  return loaded().api;
 }
 
 }  // namespace troupe::gpu::cuda

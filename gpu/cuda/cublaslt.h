@@ -31,11 +31,8 @@ struct CublasLt {
 
 // Opens libcublasLt.so.<the major version troupe was compiled against> once
 // per process (thread-safe) and resolves the table; an error names the
-// library and says why it could not be opened or what it lacks.
+// library and says why it could not be opened or what it lacks. The device
+// keeps the table and hands it to its streams' GEMMs (Gemm::api).
 absl::StatusOr<const CublasLt*> load_cublaslt();
-
-// The table load_cublaslt() filled. Only after it succeeded: every caller
-// holds a CudaDevice, whose init loaded it.
-const CublasLt& cublaslt();
 
 }  // namespace troupe::gpu::cuda

@@ -275,7 +275,7 @@ absl::StatusOr<Gemm> CudaStream::gemm() {
     if (workspace_ == nullptr) workspace_ = ws;
     ws = workspace_;
   }
-  return Gemm{device_.lt(), ws->data, kWorkspaceBytes};
+  return Gemm{device_.lt_api(), device_.lt(), ws->data, kWorkspaceBytes};
 }
 
 Tensor CudaStream::scratch(std::size_t bytes) {
@@ -407,9 +407,9 @@ absl::Status CudaDevice::init() {
   if (!st.ok()) return st;
   absl::StatusOr<const CublasLt*> lt = load_cublaslt();  // (opened here: gpu/cuda/cublaslt.h)
   if (!lt.ok()) return lt.status();
-  const cublasStatus_t bs = (*lt)->Create(&lt_);
+  const cublasStatus_t bs = (lt_api_ = *lt)->Create(&lt_);
   if (bs == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat("cublasLtCreate: ", (*lt)->GetStatusString(bs)));
+  return absl::InternalError(absl::StrCat("cublasLtCreate: ", lt_api_->GetStatusString(bs)));
 }
 
 CudaDevice::~CudaDevice() {
@@ -424,7 +424,7 @@ CudaDevice::~CudaDevice() {
     cudaStreamSynchronize(io_stream_);
     cudaStreamDestroy(io_stream_);
   }
-  if (lt_ != nullptr) cublaslt().Destroy(lt_);
+  if (lt_ != nullptr) lt_api_->Destroy(lt_);
   if (fault_words_ != nullptr) cudaFree(fault_words_);
   if (fault_words_host_ != nullptr) cudaFreeHost(fault_words_host_);
   // A pool with live allocations (tensors that outlive their device) stays.

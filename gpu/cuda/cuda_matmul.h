@@ -11,13 +11,15 @@
 #include <cstddef>
 
 #include "absl/status/status.h"
+#include "gpu/cuda/cublaslt.h"
 #include "gpu/cuda/cuda_launch.h"
 
 namespace troupe::gpu::cuda {
 
-// What a stream's GEMMs need: the device's cuBLASLt handle and the stream's
-// own workspace (a workspace is never shared by two streams).
+// What a stream's GEMMs need: the device's cuBLASLt table and handle and
+// the stream's own workspace (a workspace is never shared by two streams).
 struct Gemm {
+  const CublasLt* api = nullptr;
   cublasLtHandle_t lt = nullptr;
   void* workspace = nullptr;
   std::size_t workspace_bytes = 0;

@@ -153,6 +153,7 @@ class CudaDevice final : public Device {
   absl::Status copy_from_host(const void* src, const Tensor& dst) override;
   Kernels& kernels() override { return *kernels_; }
 
+  const CublasLt* lt_api() const { return lt_api_; }
   cublasLtHandle_t lt() const { return lt_; }
   // A fault-word slot (a device pair and its pinned host copy) for a new
   // stream, or -1 when all kMaxStreams are taken; given back by release_slot.
@@ -180,6 +181,7 @@ class CudaDevice final : public Device {
   unsigned* fault_words_host_ = nullptr;  // pinned: kMaxStreams pairs
   std::mutex slot_mu_;
   std::vector<int> free_slots_;
+  const CublasLt* lt_api_ = nullptr;  // gpu/cuda/cublaslt.h, opened by init
   cublasLtHandle_t lt_ = nullptr;
   std::unique_ptr<Kernels> kernels_;
   std::shared_ptr<Deferred> deferred_ = std::make_shared<Deferred>();

@@ -15,16 +15,17 @@
 namespace troupe::gpu::cuda {
 namespace {
 
-absl::Status blas_status(cublasStatus_t st, absl::string_view what) {
+absl::Status blas_status(const CublasLt& lt, cublasStatus_t st, absl::string_view what) {
   if (st == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat(what, ": ", cublaslt().GetStatusName(st), " (",
-                                          cublaslt().GetStatusString(st), ")"));
+  return absl::InternalError(
+      absl::StrCat(what, ": ", lt.GetStatusName(st), " (", lt.GetStatusString(st), ")"));
 }
 
-#define TROUPE_LT(call)                                  \
-  do {                                                   \
-    absl::Status troupe_st = blas_status((call), #call); \
-    if (!troupe_st.ok()) return troupe_st;               \
+// (`lt`: the CublasLt table in scope.)
+#define TROUPE_LT(call)                                      \
+  do {                                                       \
+    absl::Status troupe_st = blas_status(lt, (call), #call); \
+    if (!troupe_st.ok()) return troupe_st;                   \
   } while (0)
 
 // The largest power of two, up to 256, that divides the address.
@@ -37,9 +38,10 @@ std::uint32_t alignment(const void* p) {
 
 template <typename T, auto Destroy>  // Destroy: a member of CublasLt
 struct LtHandle {
+  const CublasLt& lt;
   T h = nullptr;
   ~LtHandle() {
-    if (h != nullptr) (cublaslt().*Destroy)(h);
+    if (h != nullptr) (lt.*Destroy)(h);
   }
 };
 using OpDesc = LtHandle<cublasLtMatmulDesc_t, &CublasLt::MatmulDescDestroy>;
@@ -56,47 +58,49 @@ struct Operand {
 // plus bias[m] in the epilogue when bias is not null.
 absl::Status lt_gemm(const Launch& at, const Gemm& g, const Operand& a, const Operand& b, i64 m,
                      i64 n, i64 k, float beta, float* d, i64 ldd, const float* bias) {
-  OpDesc op;
-  TROUPE_LT(cublaslt().MatmulDescCreate(&op.h, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-  TROUPE_LT(
-      cublaslt().MatmulDescSetAttribute(op.h, CUBLASLT_MATMUL_DESC_TRANSA, &a.op, sizeof a.op));
-  TROUPE_LT(
-      cublaslt().MatmulDescSetAttribute(op.h, CUBLASLT_MATMUL_DESC_TRANSB, &b.op, sizeof b.op));
+  if (g.api == nullptr) {
+    return absl::FailedPreconditionError(
+        "cuBLASLt is not open: the CUDA device was not initialised");
+  }
+  const CublasLt& lt = *g.api;
+  OpDesc op{lt};
+  TROUPE_LT(lt.MatmulDescCreate(&op.h, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  TROUPE_LT(lt.MatmulDescSetAttribute(op.h, CUBLASLT_MATMUL_DESC_TRANSA, &a.op, sizeof a.op));
+  TROUPE_LT(lt.MatmulDescSetAttribute(op.h, CUBLASLT_MATMUL_DESC_TRANSB, &b.op, sizeof b.op));
   if (bias != nullptr) {
     const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+    TROUPE_LT(lt.MatmulDescSetAttribute(op.h, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
     TROUPE_LT(
-        cublaslt().MatmulDescSetAttribute(op.h, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
-    TROUPE_LT(cublaslt().MatmulDescSetAttribute(op.h, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
-                                                sizeof bias));
+        lt.MatmulDescSetAttribute(op.h, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
   }
-  Layout la, lb, ld;
-  TROUPE_LT(cublaslt().MatrixLayoutCreate(&la.h, CUDA_R_32F, static_cast<std::uint64_t>(a.rows),
-                                          static_cast<std::uint64_t>(a.cols), a.ld));
-  TROUPE_LT(cublaslt().MatrixLayoutCreate(&lb.h, CUDA_R_32F, static_cast<std::uint64_t>(b.rows),
-                                          static_cast<std::uint64_t>(b.cols), b.ld));
-  TROUPE_LT(cublaslt().MatrixLayoutCreate(&ld.h, CUDA_R_32F, static_cast<std::uint64_t>(m),
-                                          static_cast<std::uint64_t>(n), ldd));
-  Pref pref;
-  TROUPE_LT(cublaslt().MatmulPreferenceCreate(&pref.h));
+  Layout la{lt}, lb{lt}, ld{lt};
+  TROUPE_LT(lt.MatrixLayoutCreate(&la.h, CUDA_R_32F, static_cast<std::uint64_t>(a.rows),
+                                  static_cast<std::uint64_t>(a.cols), a.ld));
+  TROUPE_LT(lt.MatrixLayoutCreate(&lb.h, CUDA_R_32F, static_cast<std::uint64_t>(b.rows),
+                                  static_cast<std::uint64_t>(b.cols), b.ld));
+  TROUPE_LT(lt.MatrixLayoutCreate(&ld.h, CUDA_R_32F, static_cast<std::uint64_t>(m),
+                                  static_cast<std::uint64_t>(n), ldd));
+  Pref pref{lt};
+  TROUPE_LT(lt.MatmulPreferenceCreate(&pref.h));
   const std::uint64_t ws = g.workspace_bytes;
-  TROUPE_LT(cublaslt().MatmulPreferenceSetAttribute(
-      pref.h, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+  TROUPE_LT(lt.MatmulPreferenceSetAttribute(pref.h, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
+                                            sizeof ws));
   const std::uint32_t align_a = alignment(a.data), align_b = alignment(b.data),
                       align_d = alignment(d);
-  TROUPE_LT(cublaslt().MatmulPreferenceSetAttribute(
-      pref.h, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a, sizeof align_a));
-  TROUPE_LT(cublaslt().MatmulPreferenceSetAttribute(
-      pref.h, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b, sizeof align_b));
-  TROUPE_LT(cublaslt().MatmulPreferenceSetAttribute(
-      pref.h, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_d, sizeof align_d));
-  TROUPE_LT(cublaslt().MatmulPreferenceSetAttribute(
-      pref.h, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_d, sizeof align_d));
+  TROUPE_LT(lt.MatmulPreferenceSetAttribute(pref.h, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+                                            &align_a, sizeof align_a));
+  TROUPE_LT(lt.MatmulPreferenceSetAttribute(pref.h, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                                            &align_b, sizeof align_b));
+  TROUPE_LT(lt.MatmulPreferenceSetAttribute(pref.h, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+                                            &align_d, sizeof align_d));
+  TROUPE_LT(lt.MatmulPreferenceSetAttribute(pref.h, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
+                                            &align_d, sizeof align_d));
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
   // No algorithm is either status: NOT_SUPPORTED (what cuBLASLt mostly
   // says; PyTorch checks both) or success with none found.
-  const cublasStatus_t heuristic = cublaslt().MatmulAlgoGetHeuristic(
-      g.lt, op.h, la.h, lb.h, ld.h, ld.h, pref.h, 1, &result, &found);
+  const cublasStatus_t heuristic =
+      lt.MatmulAlgoGetHeuristic(g.lt, op.h, la.h, lb.h, ld.h, ld.h, pref.h, 1, &result, &found);
   if (heuristic != CUBLAS_STATUS_NOT_SUPPORTED) {
     TROUPE_LT(heuristic);
   }
@@ -105,8 +109,8 @@ absl::Status lt_gemm(const Launch& at, const Gemm& g, const Operand& a, const Op
                                             k, bias != nullptr ? " with a bias epilogue" : ""));
   }
   const float alpha = 1.0f;
-  TROUPE_LT(cublaslt().Matmul(g.lt, op.h, &alpha, a.data, la.h, b.data, lb.h, &beta, d, ld.h, d,
-                              ld.h, &result.algo, g.workspace, g.workspace_bytes, at.stream));
+  TROUPE_LT(lt.Matmul(g.lt, op.h, &alpha, a.data, la.h, b.data, lb.h, &beta, d, ld.h, d, ld.h,
+                      &result.algo, g.workspace, g.workspace_bytes, at.stream));
   return absl::OkStatus();
 }
 
