@@ -241,20 +241,19 @@ void OptimizerActor::broadcast_params() {
   for (const ParamPiece& p : setup_.param_pieces) {
     if (p.stage != setup_.coord.s || p.tied_wte) continue;
     const Partition& part = *setup_.partitions[static_cast<std::size_t>(p.src_chunk)];
-    const gpu::Tensor params = part.chunk().params();
-    float* out = params.data<float>() + p.range.begin;
+    // (In the compute dtype: bf16 pieces with --bf16, as Megatron's
+    // distributed optimizer gathers them.)
+    const gpu::Tensor params = part.chunk().params().view(p.range.begin, {p.range.size()});
     std::vector<gpu::Tensor> held{params};
-    const float* in = nullptr;
+    const void* in = nullptr;
     if (p.src_d == setup_.coord.d) {
       const gpu::Tensor& compute = part.compute_on_device();
-      in = compute.data<float>() + (p.range.begin - part.range().begin);
+      in = compute.view(p.range.begin - part.range().begin, {p.range.size()}).raw();
       held.push_back(compute);
     }
-    const auto n = static_cast<std::size_t>(p.range.size());
     s.device_call("DP broadcast of the new parameters", std::move(held),
-                  [dp = setup_.dp, in, out, n, root = p.src_d](void* native) {
-                    return dp->broadcast_on(native, in, out, n, root);
-                  });
+                  [dp = setup_.dp, in, out = params.raw(), bytes = params.nbytes(), root = p.src_d](
+                      void* native) { return dp->broadcast_on(native, in, out, bytes, root); });
   }
   s.record(*setup_.dp_params);  // (the shard hears of it once the stream is past it)
 }
@@ -271,13 +270,14 @@ void OptimizerActor::on_stepped() {
     if (p.stage != setup_.coord.s || p.src_d != setup_.coord.d) continue;
     if (setup_.dp != nullptr && !p.tied_wte) continue;  // broadcast on the device
     const Partition& part = *setup_.partitions[static_cast<std::size_t>(p.src_chunk)];
-    const float* data = part.compute() + (p.range.begin - part.range().begin);
+    // (In the compute dtype: bf16 pieces with --bf16.)
+    const char* data = part.compute() + part.compute_bytes(p.range.begin - part.range().begin);
     for (int r = 0; r < setup_.shape.dp; r++) {
       sends_pending_++;
       setup_.transport->send(
           rank_of(r, p.dst_stage),
           tag(MessageKind::kParamSlice, setup_.rank, p.src_chunk, p.tied_wte ? 1 : 0), data,
-          static_cast<std::size_t>(p.range.size()) * sizeof(float), [self](absl::Status st) {
+          part.compute_bytes(p.range.size()), [self](absl::Status st) {
             caf::anon_send(self, sent_atom::value, 0, 0, status_text(st));
           });
     }

@@ -43,8 +43,9 @@ Partition::Partition(const StageCompute& chunk, int dp, int d, bool count_replic
                          {std::max<std::int64_t>(1, static_cast<std::int64_t>(counted_.size()))});
   window_ = dp > 1 ? 2 : 1;  // receive the next replica while adding this one
   staging_ = gpu::Tensor::empty(dev, gpu::DType::kF32, {window_ * n});
-  if (precision_ != gpu::Precision::kFp32)
-    compute_ = gpu::Tensor::empty(dev, gpu::DType::kF32, {n});
+  if (precision_ != gpu::Precision::kFp32) {
+    compute_ = gpu::Tensor::empty(dev, gpu::compute_dtype(precision_), {n});
+  }
   staging_host_ = gpu::HostMirror(staging_);
   norm_host_ = gpu::HostMirror(norm_);
   send_ = gpu::HostMirror(compute_.defined() ? compute_ : master_);
@@ -57,9 +58,9 @@ Partition::Partition(const StageCompute& chunk, int dp, int d, bool count_replic
     std::memset(staging_host_.host_data<float>(), 0, static_cast<std::size_t>(staging_.nbytes()));
   }
   if (range_.empty()) return;
-  const gpu::Tensor master = view(master_, 0, range_.size());
-  gpu::ops::fill(stream, master, 0.0f);
-  gpu::ops::axpy(stream, master, 1.0f, view(chunk.params(), range_.begin, range_.size()));
+  // The master from the chunk's parameters (bf16/fp16 ones widened: exact).
+  gpu::ops::convert(stream, view(master_, 0, range_.size()),
+                    view(chunk.params(), range_.begin, range_.size()));
   gpu::ops::fill(stream, view(m_, 0, range_.size()), 0.0f);
   gpu::ops::fill(stream, view(v_, 0, range_.size()), 0.0f);
 }
@@ -104,12 +105,11 @@ double Partition::squared_norm() const {
 void Partition::step(gpu::Stream& s, const model::AdamWConfig& c, float lr, int update,
                      float grad_scale) const {
   if (range_.empty()) return;
-  // (Rounded on skipped steps too: after a resume the master is the
+  // (Converted on skipped steps too: after a resume the master is the
   // checkpoint's, and the compute copy is made here first.)
   if (update > 0) adam(s, c, lr, update, grad_scale);
   if (compute_.defined()) {
-    gpu::ops::round_to(s, view(compute_, 0, range_.size()), view(master_, 0, range_.size()),
-                       precision_);
+    gpu::ops::convert(s, view(compute_, 0, range_.size()), view(master_, 0, range_.size()));
   }
   send_.to_host(s, 0, pieces_on_device_ ? tied_ : range_.size());
 }

@@ -37,7 +37,7 @@ class Partition {
   // Replicated parameters (the same on every TP rank) count towards the
   // gradient norm on TP rank 0 only (count_replicated).
   // Mixed precision (`precision` not fp32): the shards get the master
-  // rounded to it (compute()).
+  // converted to it (compute(): bf16/fp16, half the bytes).
   Partition(const StageCompute& chunk, int dp, int d, bool count_replicated, gpu::Stream& stream,
             gpu::Precision precision = gpu::Precision::kFp32);
 
@@ -59,14 +59,18 @@ class Partition {
   void end_sum(gpu::Stream& s) const;
   double squared_norm() const;  // after end_sum() has run
   // AdamW on the master (update: Adam's 1-based count; 0 skips it), then
-  // the compute copy rounded from the master, and its copy for the host.
+  // the compute copy converted from the master, and its copy for the host.
   void step(gpu::Stream& s, const model::AdamWConfig& adam, float lr, int update,
             float grad_scale) const;
   // What the shards compute with, in host memory for the transport: the
-  // master, or (mixed precision) it rounded, once step() has run. With the
-  // replicas' pieces on the device (set_pieces_on_device), only its first
-  // tied() elements are copied (the tied wte's, which still travel so).
-  const float* compute() const { return send_.host_data<float>(); }
+  // master, or (mixed precision) it in the compute dtype, once step() has
+  // run; compute_bytes(n) are n elements of it. With the replicas' pieces
+  // on the device (set_pieces_on_device), only its first tied() elements
+  // are copied (the tied wte's, which still travel so).
+  const char* compute() const { return send_.host_data<char>(); }
+  std::size_t compute_bytes(std::int64_t n) const {
+    return static_cast<std::size_t>(n) * gpu::dtype_size(send_.host().dtype);
+  }
   // The same on the device, and the sum (range().size() elements each).
   const gpu::Tensor& compute_on_device() const { return compute_.defined() ? compute_ : master_; }
   const gpu::Tensor& sum() const { return sum_; }
@@ -97,7 +101,7 @@ class Partition {
   gpu::Precision precision_ = gpu::Precision::kFp32;
   bool pieces_on_device_ = false;
   gpu::Tensor master_, m_, v_, sum_, norm_;  // norm_: one f64 per counted range
-  gpu::Tensor compute_;                      // mixed precision: the master rounded
+  gpu::Tensor compute_;                      // mixed precision: the master in bf16/fp16
   std::vector<Range> counted_;               // parts of range_ in the gradient norm
   gpu::Tensor staging_;  // (window, max(range, 1)): contribution k in slot k % window
   gpu::HostMirror staging_host_, norm_host_, send_;  // send_: of compute_ or the master

@@ -456,12 +456,11 @@ void ShardActor::post_param_receives() {
     if (setup_.dp != nullptr && !p.tied_wte) continue;  // broadcast on the device
     const int src = rank_of(p.src_d, p.stage);
     const gpu::Tensor& params = mirrors_[static_cast<std::size_t>(p.dst_chunk)].params.host();
+    const gpu::Tensor piece = params.view(p.range.begin, {p.range.size()});  // compute dtype
     params_expected_++;
     setup_.transport->recv(src,
                            tag(MessageKind::kParamSlice, src, 0, p.src_chunk, p.tied_wte ? 1 : 0),
-                           params.host<float>() + p.range.begin,
-                           static_cast<std::size_t>(p.range.size()) * sizeof(float),
-                           reply(Msg::kParams, id++, params));
+                           piece.raw(), piece.nbytes(), reply(Msg::kParams, id++, params));
   }
   wait_for(nullptr, "the new parameters from the optimizer partitions", -1, trace::What::kParams);
 }

@@ -91,6 +91,7 @@ std::vector<ConfigValue> describe_config(const TrainFlags& f, const model::Train
   add("--virtual-stages", absl::StrCat(par.virtual_stages), "default");
   out.push_back({"--bf16/--fp16", gpu::precision_name(o.activations.precision),
                  given(f, "--bf16") || given(f, "--fp16") ? "flag" : "default"});
+  add("--tf32", o.tf32 ? "on" : "off", "default");
   if (o.activations.precision == gpu::Precision::kFp16) {
     if (o.loss_scale.constant > 0) {
       add("--loss-scale", num(o.loss_scale.constant), "default");
@@ -156,8 +157,8 @@ absl::Status print_config(const TrainFlags& f, const model::TrainOptions& o,
                 counted->activations / kMiB, paper->total() / kMiB, paper->activations / kMiB);
   }
   std::printf(
-      "  counted: what troupe allocates (fp32 parameters, gradients, ZeRO-1 state, activations "
-      "of the micro-batches in flight, buffers);\n"
+      "  counted: what troupe allocates (parameters and activations in the run's precision, "
+      "fp32 gradients and ZeRO-1 state, activations of the micro-batches in flight, buffers);\n"
       "  16-bit: Korthikanti et al. 2022 for a Megatron bf16 run of the same layout (troupe "
       "plan --memory paper).\n");
   return absl::OkStatus();

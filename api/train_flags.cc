@@ -146,6 +146,9 @@ void add_train_flags(CLI::App* cmd, TrainFlags& f) {
   cmd->add_flag("--bf16", f.bf16,
                 "Mixed precision: bf16 activations and compute, fp32 master weights, Adam state, "
                 "gradients and their reduction");
+  cmd->add_flag("--tf32", o.tf32,
+                "CUDA: fp32 GEMMs may round their inputs to TF32 on the tensor cores (PyTorch's "
+                "allow_tf32); without it they are IEEE fp32");
   cmd->add_flag("--fp16", f.fp16,
                 "Mixed precision in fp16, with dynamic loss scaling: a step whose gradients "
                 "overflow is skipped and the scale halved");

@@ -1,9 +1,12 @@
 // troupe's CUDA ops at gpt2-124m's shapes (B 8, T 1024, C 768, 12 heads, a
 // vocabulary of 50257 padded to 50304): the milliseconds per call of each op,
-// one JSON object per line. bench/gpu_ops_torch.py times the same ops in
-// PyTorch on the same GPU; scripts/gpu-check runs both and reports the
-// ratios. Needs a GPU (exit 2 without one).
-//   build/bench/gpu_ops_bench [--reps N]
+// one JSON object per line. Activations and parameters in --dtype (bf16 by
+// default, as --bf16 trains; f32), the parameter gradients, LayerNorm
+// statistics, losses and AdamW's tensors in fp32, as the model keeps them.
+// bench/gpu_ops_torch.py times the same ops in PyTorch on the same GPU in
+// the same dtype; scripts/gpu-check runs both and reports the ratios. Needs
+// a GPU (exit 2 without one).
+//   build/bench/gpu_ops_bench [--reps N] [--dtype bf16|f32]
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -30,14 +33,24 @@ struct Bench {
   gpu::Device& dev;
   gpu::Stream& s;
   int reps;
+  gpu::DType dtype;  // of the activations and the parameters' compute copy
 
-  Tensor rnd(const gpu::Shape& shape, float scale = 0.02f) {
+  // N(0, scale^2) values in fp32 (rnd32) or the compute dtype (rnd).
+  Tensor rnd32(const gpu::Shape& shape, float scale = 0.02f) {
     Tensor h = Tensor::empty(gpu::cpu_device(), gpu::DType::kF32, shape);
     std::mt19937 rng(1);
     std::normal_distribution<float> d(0.0f, scale);
     for (i64 i = 0; i < h.numel(); i++) h.data<float>()[i] = d(rng);
     Tensor t = Tensor::empty(dev, gpu::DType::kF32, shape);
     if (!dev.copy_from_host(h.raw(), t).ok()) std::exit(1);
+    return t;
+  }
+  Tensor rnd(const gpu::Shape& shape, float scale = 0.02f) {
+    Tensor f = rnd32(shape, scale);
+    if (dtype == gpu::DType::kF32) return f;
+    Tensor t = Tensor::empty(dev, dtype, shape);
+    ops::convert(s, t, f);
+    if (!s.synchronize().ok()) std::exit(1);
     return t;
   }
   Tensor ids(const gpu::Shape& shape) {
@@ -81,8 +94,17 @@ struct Bench {
 
 int main(int argc, char** argv) {
   int reps = 20;
+  gpu::DType dtype = gpu::DType::kBF16;
   for (int i = 1; i + 1 < argc; i++) {
     if (std::strcmp(argv[i], "--reps") == 0) reps = std::atoi(argv[i + 1]);
+    if (std::strcmp(argv[i], "--dtype") == 0) {
+      if (std::strcmp(argv[i + 1], "f32") == 0) {
+        dtype = gpu::DType::kF32;
+      } else if (std::strcmp(argv[i + 1], "bf16") != 0) {
+        std::fprintf(stderr, "gpu_ops_bench: --dtype %s: use bf16 or f32\n", argv[i + 1]);
+        return 2;
+      }
+    }
   }
   auto dev = gpu::make_cuda_device(0);
   if (!dev.ok()) {
@@ -90,17 +112,18 @@ int main(int argc, char** argv) {
     return 2;
   }
   std::unique_ptr<gpu::Stream> s = (*dev)->make_stream({});
-  Bench b{**dev, *s, reps};
+  Bench b{**dev, *s, reps, dtype};
   const Tensor tokens = b.ids({B, T}), targets = b.ids({N});
   const Tensor wte = b.rnd({Vp, C}), wpe = b.rnd({T, C}), x = b.rnd({N, C}, 1.0f);
-  const Tensor lnw = b.rnd({C}), lnb = b.rnd({C}), mean = b.rnd({N}), rstd = b.rnd({N});
+  const Tensor lnw = b.rnd({C}), lnb = b.rnd({C}), mean = b.rnd32({N}), rstd = b.rnd32({N});
   const Tensor y = b.rnd({N, C}), qkv = b.rnd({B, T, 3 * C}, 1.0f), att = b.rnd({B, NH, T, T});
   const Tensor h = b.rnd({N, 4 * C}, 1.0f), g = b.rnd({N, 4 * C});
   const Tensor wqkv = b.rnd({3 * C, C}), bqkv = b.rnd({3 * C}), w4 = b.rnd({4 * C, C});
   const Tensor b4 = b.rnd({4 * C}), wp = b.rnd({C, 4 * C}), bp = b.rnd({C});
-  const Tensor logits = b.rnd({N, Vp}, 1.0f), losses = b.rnd({N}), lse = b.rnd({N});
+  const Tensor logits = b.rnd({N, Vp}, 1.0f), losses = b.rnd32({N}), lse = b.rnd32({N});
   const Tensor dqkv = b.rnd({B, T, 3 * C}), datt = b.rnd({B, NH, T, T});
-  const Tensor dx = b.rnd({N, C}), dw4 = b.rnd({4 * C, C}), db4 = b.rnd({4 * C});
+  // (dw4, db4: the fp32 main gradients the weight-gradient GEMM adds into.)
+  const Tensor dx = b.rnd({N, C}), dw4 = b.rnd32({4 * C, C}), db4 = b.rnd32({4 * C});
   const Tensor norm = Tensor::empty(**dev, gpu::DType::kF64, {1});
   const double bt = static_cast<double>(N);
 
@@ -127,12 +150,14 @@ int main(int argc, char** argv) {
   b.time("crossentropy_forward", 0,
          [&] { ops::crossentropy_forward(*s, losses, lse, logits, targets, static_cast<int>(V)); });
   b.time("residual_forward", 0, [&] { ops::residual_forward(*s, y, x, dx); });
-  b.time("squared_norm_wte", 0, [&] { ops::squared_norm(*s, norm, wte); });
+  const Tensor gwte = b.rnd32({Vp, C});  // a main gradient: the norm is of those
+  b.time("squared_norm_wte", 0, [&] { ops::squared_norm(*s, norm, gwte); });
 
   // AdamW over gpt2-124m's 148 tensors, one multi-tensor op.
   std::vector<gpu::AdamWTensor> params;
   auto add = [&](const gpu::Shape& shape) {
-    params.push_back({b.rnd(shape), b.rnd(shape), b.rnd(shape, 0.0f), b.rnd(shape, 0.0f), 0.1f});
+    params.push_back(
+        {b.rnd32(shape), b.rnd32(shape), b.rnd32(shape, 0.0f), b.rnd32(shape, 0.0f), 0.1f});
   };
   add({Vp, C});
   add({T, C});

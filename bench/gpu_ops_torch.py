@@ -1,10 +1,13 @@
 #!/usr/bin/env python3
 """PyTorch's time for the ops bench/gpu_ops_bench.cc times, at the same
-shapes on the same GPU, one JSON object per line (ms per call; 3 warm-ups,
-then --reps calls between two synchronisations). TF32 is off, as troupe's
-fp32 GEMMs. Attention is timed as troupe computes it (the T x T
-probabilities materialised) and, for reference, as PyTorch's fused
-scaled_dot_product_attention."""
+shapes on the same GPU and in the same --dtype (bf16 by default; f32),
+one JSON object per line (ms per call; 3 warm-ups, then --reps calls
+between two synchronisations). TF32 is off, as troupe's fp32 GEMMs. As
+troupe keeps them, LayerNorm statistics, the loss, the weight gradient the
+backward GEMM adds into and AdamW's tensors are fp32. Each line names the
+PyTorch call it times ("torch"). Attention is timed as troupe computes it
+(the T x T probabilities materialised) and, for reference, as PyTorch's
+fused scaled_dot_product_attention (its flash kernel in bf16)."""
 import argparse
 import json
 import time
@@ -19,16 +22,22 @@ N = B * T
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=20)
-    reps = ap.parse_args().reps
+    ap.add_argument("--dtype", choices=["bf16", "f32"], default="bf16")
+    args = ap.parse_args()
+    reps = args.reps
+    dt = torch.bfloat16 if args.dtype == "bf16" else torch.float32
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     dev = torch.device("cuda")
     g = torch.Generator(device=dev).manual_seed(1)
 
-    def rnd(*shape, scale=0.02):
+    def rnd32(*shape, scale=0.02):
         return torch.randn(*shape, device=dev, generator=g) * scale
 
-    def time_op(name, flop, fn):
+    def rnd(*shape, scale=0.02):
+        return rnd32(*shape, scale=scale).to(dt)
+
+    def time_op(name, flop, fn, torch_call):
         for _ in range(3):
             fn()
         torch.cuda.synchronize()
@@ -37,7 +46,7 @@ def main():
             fn()
         torch.cuda.synchronize()
         ms = (time.perf_counter() - t0) * 1e3 / reps
-        print(json.dumps({"op": name, "ms": round(ms, 4),
+        print(json.dumps({"op": name, "ms": round(ms, 4), "dtype": args.dtype, "torch": torch_call,
                           "tflops": round(flop / ms * 1e-9, 2) if flop else 0.0}), flush=True)
 
     tokens = torch.randint(0, V, (B, T), device=dev)
@@ -48,7 +57,8 @@ def main():
     h, gl = rnd(N, 4 * C, scale=1.0), rnd(N, 4 * C)
     wqkv, bqkv, w4, b4, wp, bp = rnd(3 * C, C), rnd(3 * C), rnd(4 * C, C), rnd(4 * C), rnd(C, 4 * C), rnd(C)
     logits = rnd(N, Vp, scale=1.0)
-    dx, dw4, db4 = rnd(N, C), rnd(4 * C, C), rnd(4 * C)
+    gwte = rnd32(Vp, C)  # a main gradient: the norm is of those
+    dx, dw4, db4 = rnd(N, C), rnd32(4 * C, C), rnd32(4 * C)  # dw4, db4: fp32 main gradients
     pos = torch.arange(T, device=dev)
     mask = torch.ones(T, T, device=dev, dtype=torch.bool).tril()
     hs = C // NH
@@ -69,35 +79,44 @@ def main():
 
     def matmul_backward():
         dinp = gl @ w4  # (N, 4C) . (4C, C)
-        dw4.addmm_(gl.t(), x)
-        db4.add_(gl.sum(0))
+        dw4.add_(gl.t() @ x)  # (PyTorch adds a bf16 product into the fp32 main gradient)
+        db4.add_(gl.sum(0, dtype=torch.float32))
         return dinp
 
     bt = float(N)
     with torch.no_grad():
-        time_op("embedding_forward", 0, lambda: F.embedding(tokens, wte) + wpe[pos])
-        time_op("layernorm_forward", 0, lambda: F.layer_norm(x, (C,), lnw, lnb))
-        time_op("matmul_forward_qkv", 2 * bt * C * 3 * C, lambda: F.linear(x, wqkv, bqkv))
-        time_op("matmul_forward_fc", 2 * bt * C * 4 * C, lambda: F.linear(x, w4, b4))
-        time_op("matmul_forward_proj", 2 * bt * C * 4 * C, lambda: F.linear(gl, wp, bp))
-        time_op("matmul_forward_lm_head", 2 * bt * C * Vp, lambda: F.linear(x, wte))
-        time_op("matmul_backward_fc", 4 * bt * C * 4 * C, matmul_backward)
-        time_op("gelu_forward", 0, lambda: F.gelu(h, approximate="tanh"))
-        time_op("attention_forward", 4.0 * B * T * T * C / 2, attention_materialised)
-        time_op("attention_forward_sdpa", 4.0 * B * T * T * C / 2, attention_sdpa)
-        time_op("crossentropy_forward", 0, lambda: F.cross_entropy(logits[:, :V], targets))
-        time_op("residual_forward", 0, lambda: x + dx)
-        time_op("squared_norm_wte", 0, lambda: wte.double().square().sum())
+        time_op("embedding_forward", 0, lambda: F.embedding(tokens, wte) + wpe[pos],
+                "F.embedding(tokens, wte) + wpe[pos] (two kernels)")
+        time_op("layernorm_forward", 0, lambda: F.layer_norm(x, (C,), lnw, lnb), "F.layer_norm")
+        time_op("matmul_forward_qkv", 2 * bt * C * 3 * C, lambda: F.linear(x, wqkv, bqkv),
+                "F.linear")
+        time_op("matmul_forward_fc", 2 * bt * C * 4 * C, lambda: F.linear(x, w4, b4), "F.linear")
+        time_op("matmul_forward_proj", 2 * bt * C * 4 * C, lambda: F.linear(gl, wp, bp),
+                "F.linear")
+        time_op("matmul_forward_lm_head", 2 * bt * C * Vp, lambda: F.linear(x, wte), "F.linear")
+        time_op("matmul_backward_fc", 4 * bt * C * 4 * C, matmul_backward,
+                "gl @ w4; dw4.add_(gl.t() @ x); db4.add_(gl.sum(0))")
+        time_op("gelu_forward", 0, lambda: F.gelu(h, approximate="tanh"),
+                "F.gelu(approximate='tanh')")
+        time_op("attention_forward", 4.0 * B * T * T * C / 2, attention_materialised,
+                "q @ k^T, masked_fill, softmax, @ v (T x T materialised)")
+        time_op("attention_forward_sdpa", 4.0 * B * T * T * C / 2, attention_sdpa,
+                "F.scaled_dot_product_attention(is_causal=True)")
+        time_op("crossentropy_forward", 0, lambda: F.cross_entropy(logits[:, :V].float(), targets),
+                "F.cross_entropy(logits[:, :V].float()) (fp32 loss, as troupe's)")
+        time_op("residual_forward", 0, lambda: x + dx, "x + dx")
+        time_op("squared_norm_wte", 0, lambda: gwte.double().square().sum(),
+                "g.double().square().sum() (fp32 main gradient)")
     shapes = [(Vp, C), (T, C)]
     for _ in range(L):
         shapes += [(C,), (C,), (3 * C, C), (3 * C,), (C, C), (C,), (C,), (C,), (4 * C, C), (4 * C,),
                    (C, 4 * C), (C,)]
     shapes += [(C,), (C,)]
-    params = [torch.nn.Parameter(rnd(*s)) for s in shapes]
+    params = [torch.nn.Parameter(rnd32(*s)) for s in shapes]  # fp32 master, as troupe's
     for p in params:
-        p.grad = rnd(*p.shape)
+        p.grad = rnd32(*p.shape)
     opt = torch.optim.AdamW(params, lr=1e-4, weight_decay=0.1, fused=True)
-    time_op("adamw_many_gpt2_124m", 0, opt.step)
+    time_op("adamw_many_gpt2_124m", 0, opt.step, "torch.optim.AdamW(fused=True).step")
 
 
 if __name__ == "__main__":

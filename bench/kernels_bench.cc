@@ -4,6 +4,7 @@
 #include <benchmark/benchmark.h>
 #include <omp.h>
 
+#include <cstdint>
 #include <vector>
 
 #include "gpu/cpu/cpu_kernels.h"
@@ -35,6 +36,27 @@ void BM_Sgemm(benchmark::State& s) {
   flops(s, 2.0 * m * n * k);
 }
 BENCHMARK(BM_Sgemm)
+    ->Args({2048, 2048, 2048})
+    ->Args({N, 3 * C, C})
+    ->Args({N, 4 * C, C})
+    ->Args({N, C, 4 * C})
+    ->Args({N, Vp, C})
+    ->UseRealTime();
+
+// The same linear layers' forward in bf16 (oneDNN's bf16 matmul; skipped
+// where it has only its reference loop): beside BM_Sgemm's fp32.
+void BM_MatmulForwardBf16(benchmark::State& s) {
+  if (!cpu::bf16_matmul_native()) {
+    s.SkipWithError("oneDNN has no native bf16 matmul on this CPU");
+    return;
+  }
+  const i64 m = s.range(0), n = s.range(1), k = s.range(2);
+  std::vector<std::uint16_t> a(static_cast<std::size_t>(m * k), 0x3f00),
+      b(static_cast<std::size_t>(n * k), 0x3e80), c(static_cast<std::size_t>(m * n));
+  for (auto _ : s) cpu::matmul_forward_bf16(c.data(), a.data(), b.data(), nullptr, m, k, n);
+  flops(s, 2.0 * m * n * k);
+}
+BENCHMARK(BM_MatmulForwardBf16)
     ->Args({2048, 2048, 2048})
     ->Args({N, 3 * C, C})
     ->Args({N, 4 * C, C})
@@ -91,7 +113,7 @@ BENCHMARK(BM_LayerNormBackward)->UseRealTime();
 
 void BM_Gelu(benchmark::State& s) {
   auto x = buf(N * 4 * C), out = buf(N * 4 * C);
-  for (auto _ : s) cpu::gelu_forward(out.data(), x.data(), N * 4 * C);
+  for (auto _ : s) cpu::gelu_forward(out.data(), x.data(), troupe::gpu::DType::kF32, N * 4 * C);
   bytes(s, 2.0 * 4 * N * 4 * C);
 }
 BENCHMARK(BM_Gelu)->UseRealTime();

@@ -47,9 +47,10 @@ class StreamCollectives {
   // used (may be null). The root's `in` may be its `out`.
   virtual absl::Status reduce_on(void* stream, const float* in, float* out, std::size_t n,
                                  int root) = 0;
-  // out[n] of every member = member `root`'s `in` (the others' `in` is not
-  // used; the root's may be its `out`).
-  virtual absl::Status broadcast_on(void* stream, const float* in, float* out, std::size_t n,
+  // out[bytes] of every member = member `root`'s `in` (the others' `in` is
+  // not used; the root's may be its `out`). Bytes, not floats: a copy needs
+  // no element type (ZeRO-1's bf16 parameter pieces travel so).
+  virtual absl::Status broadcast_on(void* stream, const void* in, void* out, std::size_t bytes,
                                     int root) = 0;
 };
 
@@ -59,12 +60,12 @@ class StreamCollectives {
 // in order: the k-th send to a peer fills that peer's k-th receive from
 // this member, whatever the sizes, so both sides make their calls in one
 // agreed order; a call waits in the stream until its peer makes the match.
-// `peer` is an index in the group.
+// `peer` is an index in the group; sizes are in bytes (a tensor of any dtype).
 class StreamPointToPoint {
  public:
   virtual ~StreamPointToPoint() = default;
-  virtual absl::Status send_on(void* stream, const float* data, std::size_t n, int peer) = 0;
-  virtual absl::Status recv_on(void* stream, float* data, std::size_t n, int peer) = 0;
+  virtual absl::Status send_on(void* stream, const void* data, std::size_t bytes, int peer) = 0;
+  virtual absl::Status recv_on(void* stream, void* data, std::size_t bytes, int peer) = 0;
 };
 
 }  // namespace troupe::comm

@@ -101,27 +101,23 @@ class NcclComm final : public NcclCommunicator {
         {{NcclCall::Op::kReduce, {NcclCall::Buffer::kIn, 0}, {NcclCall::Buffer::kOut, 0}, n, root}},
         in, out);
   }
-  absl::Status broadcast_on(void* stream, const float* in, float* out, std::size_t n,
+  absl::Status broadcast_on(void* stream, const void* in, void* out, std::size_t bytes,
                             int root) override {
     if (root < 0 || root >= size_) return bad_root("broadcast", root);
-    return issue_calls_on(stream,
-                          {{NcclCall::Op::kBroadcast,
-                            {NcclCall::Buffer::kIn, 0},
-                            {NcclCall::Buffer::kOut, 0},
-                            n,
-                            root}},
-                          in, out);
-  }
-  absl::Status send_on(void* stream, const float* data, std::size_t n, int peer) override {
-    if (peer < 0 || peer >= size_ || peer == rank_) return bad_peer(peer);
     return issue_on(stream, [&](cudaStream_t s) {
-      return settle(ncclSend(data, n, ncclFloat, peer, comm_, s), "ncclSend");
+      return settle(ncclBroadcast(in, out, bytes, ncclUint8, root, comm_, s), "ncclBroadcast");
     });
   }
-  absl::Status recv_on(void* stream, float* data, std::size_t n, int peer) override {
+  absl::Status send_on(void* stream, const void* data, std::size_t bytes, int peer) override {
     if (peer < 0 || peer >= size_ || peer == rank_) return bad_peer(peer);
     return issue_on(stream, [&](cudaStream_t s) {
-      return settle(ncclRecv(data, n, ncclFloat, peer, comm_, s), "ncclRecv");
+      return settle(ncclSend(data, bytes, ncclUint8, peer, comm_, s), "ncclSend");
+    });
+  }
+  absl::Status recv_on(void* stream, void* data, std::size_t bytes, int peer) override {
+    if (peer < 0 || peer >= size_ || peer == rank_) return bad_peer(peer);
+    return issue_on(stream, [&](cudaStream_t s) {
+      return settle(ncclRecv(data, bytes, ncclUint8, peer, comm_, s), "ncclRecv");
     });
   }
   void on_failure(std::function<void(absl::Status)> failed) override {

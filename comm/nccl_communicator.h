@@ -14,7 +14,7 @@
 //   auto c = comm::NcclCommunicator::create(id, rank, size, /*device=*/local_rank);
 //   (*c)->all_reduce(device_ptr, n, [](absl::Status st) { ... });
 //   absl::Status st = (*c)->all_reduce_on(cuda_stream, device_ptr, n);  // in its order
-//   st = (*c)->send_on(cuda_stream, device_ptr, n, /*peer=*/1);         // ncclSend, in order
+//   st = (*c)->send_on(cuda_stream, device_ptr, bytes, /*peer=*/1);     // ncclSend, in order
 #pragma once
 
 #include <atomic>

@@ -15,19 +15,17 @@ class TransportChannel final : public StreamPointToPoint {
  public:
   TransportChannel(Transport* t, MessageKind kind) : t_(t), kind_(kind) {}
 
-  absl::Status send_on(void* stream, const float* data, std::size_t n, int peer) override {
+  absl::Status send_on(void* stream, const void* data, std::size_t bytes, int peer) override {
     if (absl::Status st = check(stream, peer); !st.ok()) return st;
     const Tag tag = channel_tag(t_->rank(), next(&sent_, peer));
-    return wait(
-        [&](Callback done) { t_->send(peer, tag, data, n * sizeof(float), std::move(done)); },
-        "send", peer);
+    return wait([&](Callback done) { t_->send(peer, tag, data, bytes, std::move(done)); }, "send",
+                peer);
   }
-  absl::Status recv_on(void* stream, float* data, std::size_t n, int peer) override {
+  absl::Status recv_on(void* stream, void* data, std::size_t bytes, int peer) override {
     if (absl::Status st = check(stream, peer); !st.ok()) return st;
     const Tag tag = channel_tag(peer, next(&received_, peer));
-    return wait(
-        [&](Callback done) { t_->recv(peer, tag, data, n * sizeof(float), std::move(done)); },
-        "receive", peer);
+    return wait([&](Callback done) { t_->recv(peer, tag, data, bytes, std::move(done)); },
+                "receive", peer);
   }
 
  private:

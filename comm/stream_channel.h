@@ -11,7 +11,8 @@
 // size mismatch, exactly where NCCL would.
 //
 //   auto ch = comm::stream_channel(&transport, comm::MessageKind::kActivation);
-//   stream.device_call("send", {x}, [&](void* s) { return ch->send_on(s, x.data<float>(), n, peer);
+//   stream.device_call("send", {x}, [&](void* s) {
+//     return ch->send_on(s, x.raw(), x.nbytes(), peer);
 //   });
 #pragma once
 

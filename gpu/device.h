@@ -38,6 +38,10 @@ struct StreamOptions {
   // CPU: worker threads of this stream's op team (OpenMP); 0 = all cores.
   // Fixed per stream so that runs are repeatable. Ignored by CUDA.
   int threads = 0;
+  // CUDA: fp32 GEMMs may round their inputs to TF32 on the tensor cores
+  // (--tf32, PyTorch's allow_tf32); otherwise they are IEEE fp32. Ignored
+  // by the CPU, whose fp32 GEMMs are IEEE.
+  bool tf32 = false;
 };
 
 class Event {

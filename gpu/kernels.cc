@@ -86,9 +86,7 @@ void Kernels::adamw(Stream& s, const Tensor&, const Tensor&, const Tensor&, cons
 }
 void Kernels::fill(Stream& s, const Tensor&, float) { unimplemented(s, "fill"); }
 void Kernels::axpy(Stream& s, const Tensor&, float, const Tensor&) { unimplemented(s, "axpy"); }
-void Kernels::round_to(Stream& s, const Tensor&, const Tensor&, Precision) {
-  unimplemented(s, "round_to");
-}
+void Kernels::convert(Stream& s, const Tensor&, const Tensor&) { unimplemented(s, "convert"); }
 void Kernels::copy(Stream& s, const Tensor&, const Tensor&) { unimplemented(s, "copy"); }
 
 }  // namespace troupe::gpu

@@ -1,7 +1,17 @@
 // The op table a backend implements. Callers use gpu/ops.h, which checks
 // shapes, dtypes and devices and then dispatches here; implementations may
-// assume their arguments are valid, contiguous, fp32 (tokens/targets i32) and
-// on their device. Every op is enqueued on `s` and runs asynchronously.
+// assume their arguments are valid, contiguous and on their device. Every op
+// is enqueued on `s` and runs asynchronously.
+//
+// Dtypes (Megatron's mixed precision): an op's activations, their
+// gradients and the parameters it reads share one compute dtype A (f32,
+// bf16 or f16: the dtype of its activation input, or of wte for the
+// embedding); parameter gradients (dw, db,
+// dbias, dwte, dwpe: the fp32 main gradients, accumulated into), LayerNorm
+// statistics, the loss, log-sum-exp and cross-entropy statistics are f32;
+// AdamW and the squared norm work on f32; tokens and targets are i32. A
+// kernel reads A, computes in fp32 in registers and writes A rounded to
+// nearest even (gpu/precision.h).
 //
 // Shapes use the model's names: N = rows (B*T), C channels, OC/IC output and
 // input channels of a linear layer, NH heads, HS = C/NH, Vp padded vocab of
@@ -139,9 +149,8 @@ class Kernels {
   virtual void fill(Stream& s, const Tensor& x, float value);
   // y += alpha * x
   virtual void axpy(Stream& s, const Tensor& y, float alpha, const Tensor& x);
-  // out = in rounded to precision p's nearest value (gpu/precision.h);
-  // out may be in.
-  virtual void round_to(Stream& s, const Tensor& out, const Tensor& in, Precision p);
+  // out = in in out's dtype (f32, bf16, f16), rounded to nearest even.
+  virtual void convert(Stream& s, const Tensor& out, const Tensor& in);
   // dst = src, bytes of equal size, each in the device's memory or host
   // memory of it (Storage::host): how data moves between host and device.
   virtual void copy(Stream& s, const Tensor& dst, const Tensor& src);

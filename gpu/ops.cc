@@ -51,9 +51,20 @@ class Check {
   Check& f32(absl::string_view name, const Tensor& t, const Shape& want) {
     return tensor(name, t, DType::kF32, want);
   }
-  // As f32(), but an undefined tensor is allowed (an absent bias).
-  Check& optional_f32(absl::string_view name, const Tensor& t, const Shape& want) {
-    return t.defined() ? f32(name, t, want) : *this;
+  // As tensor(), but an undefined tensor is allowed (an absent bias).
+  Check& optional(absl::string_view name, const Tensor& t, DType dtype, const Shape& want) {
+    return t.defined() ? tensor(name, t, dtype, want) : *this;
+  }
+  // `t`, which sets the op's compute dtype, must be defined and f32, bf16
+  // or f16 (gpu/kernels.h: the dtypes of an op's tensors).
+  Check& compute(absl::string_view name, const Tensor& t) {
+    if (!error_.empty()) return *this;
+    if (!t.defined()) {
+      error_ = absl::StrCat(name, " is undefined");
+    } else if (!is_compute_dtype(t.dtype)) {
+      error_ = absl::StrCat(name, " is ", t.describe(), ", want f32, bf16 or f16");
+    }
+    return *this;
   }
   // `t` must have at least `rank` dimensions (for deriving sizes from it).
   Check& rank(absl::string_view name, const Tensor& t, int rank) {
@@ -101,9 +112,12 @@ void embedding_forward(Stream& s, const Tensor& out, const Tensor& tokens, const
   Check c(s, "embedding_forward");
   if (!c.rank("out", out, 3).rank("wte", wte, 2).rank("wpe", wpe, 2).ok()) return;
   const std::int64_t B = out.size(0), T = out.size(1), C = out.size(2);
-  c.tensor("tokens", tokens, DType::kI32, {B, T})
-      .f32("wte", wte, {wte.size(0), C})
-      .f32("wpe", wpe, {wpe.size(0), C})
+  const DType A = wte.dtype;
+  c.compute("wte", wte)
+      .tensor("out", out, A, {B, T, C})
+      .tensor("tokens", tokens, DType::kI32, {B, T})
+      .tensor("wte", wte, A, {wte.size(0), C})
+      .tensor("wpe", wpe, A, {wpe.size(0), C})
       .that(T <= wpe.size(0), "sequence is longer than wpe")
       .that(slice_ok(slice, wte.size(0)), "vocabulary slice outside its vocabulary");
   if (c.ok()) s.device().kernels().embedding_forward(s, out, tokens, wte, wpe, slice);
@@ -114,7 +128,9 @@ void embedding_backward(Stream& s, const Tensor& dwte, const Tensor& dwpe, const
   Check c(s, "embedding_backward");
   if (!c.rank("dout", dout, 3).rank("dwte", dwte, 2).rank("dwpe", dwpe, 2).ok()) return;
   const std::int64_t B = dout.size(0), T = dout.size(1), C = dout.size(2);
-  c.tensor("tokens", tokens, DType::kI32, {B, T})
+  c.compute("dout", dout)
+      .tensor("dout", dout, dout.dtype, {B, T, C})
+      .tensor("tokens", tokens, DType::kI32, {B, T})
       .f32("dwte", dwte, {dwte.size(0), C})
       .f32("dwpe", dwpe, {dwpe.size(0), C})
       .that(T <= dwpe.size(0), "sequence is longer than dwpe")
@@ -127,12 +143,14 @@ void layernorm_forward(Stream& s, const Tensor& out, const Tensor& mean, const T
   Check c(s, "layernorm_forward");
   if (!c.rank("inp", inp, 2).ok()) return;
   const std::int64_t C = inp.size(-1);
-  c.f32("inp", inp, inp.shape)
-      .f32("out", out, inp.shape)
+  const DType A = inp.dtype;
+  c.compute("inp", inp)
+      .tensor("inp", inp, A, inp.shape)
+      .tensor("out", out, A, inp.shape)
       .f32("mean", mean, row_shape(inp))
       .f32("rstd", rstd, row_shape(inp))
-      .f32("w", w, {C})
-      .f32("b", b, {C});
+      .tensor("w", w, A, {C})
+      .tensor("b", b, A, {C});
   if (c.ok()) s.device().kernels().layernorm_forward(s, out, mean, rstd, inp, w, b);
 }
 
@@ -142,12 +160,14 @@ void layernorm_backward(Stream& s, const Tensor& dinp, const Tensor& dw, const T
   Check c(s, "layernorm_backward");
   if (!c.rank("inp", inp, 2).ok()) return;
   const std::int64_t C = inp.size(-1);
-  c.f32("inp", inp, inp.shape)
-      .f32("dinp", dinp, inp.shape)
-      .f32("dout", dout, inp.shape)
+  const DType A = inp.dtype;
+  c.compute("inp", inp)
+      .tensor("inp", inp, A, inp.shape)
+      .tensor("dinp", dinp, A, inp.shape)
+      .tensor("dout", dout, A, inp.shape)
       .f32("dw", dw, {C})
       .f32("db", db, {C})
-      .f32("w", w, {C})
+      .tensor("w", w, A, {C})
       .f32("mean", mean, row_shape(inp))
       .f32("rstd", rstd, row_shape(inp));
   if (c.ok()) s.device().kernels().layernorm_backward(s, dinp, dw, db, dout, inp, w, mean, rstd);
@@ -160,10 +180,12 @@ void matmul_forward(Stream& s, const Tensor& out, const Tensor& inp, const Tenso
   const std::int64_t IC = inp.size(-1), OC = w.size(0);
   Shape out_shape = inp.shape;
   out_shape.back() = OC;
-  c.f32("inp", inp, inp.shape)
-      .f32("w", w, {OC, IC})
-      .f32("out", out, out_shape)
-      .optional_f32("bias", bias, {OC});
+  const DType A = inp.dtype;
+  c.compute("inp", inp)
+      .tensor("inp", inp, A, inp.shape)
+      .tensor("w", w, A, {OC, IC})
+      .tensor("out", out, A, out_shape)
+      .optional("bias", bias, A, {OC});
   if (c.ok()) s.device().kernels().matmul_forward(s, out, inp, w, bias);
 }
 
@@ -174,24 +196,29 @@ void matmul_backward(Stream& s, const Tensor& dinp, const Tensor& dw, const Tens
   const std::int64_t IC = inp.size(-1), OC = w.size(0);
   Shape out_shape = inp.shape;
   out_shape.back() = OC;
-  c.f32("inp", inp, inp.shape)
-      .f32("w", w, {OC, IC})
-      .f32("dout", dout, out_shape)
-      .f32("dinp", dinp, inp.shape)
+  const DType A = inp.dtype;
+  c.compute("inp", inp)
+      .tensor("inp", inp, A, inp.shape)
+      .tensor("w", w, A, {OC, IC})
+      .tensor("dout", dout, A, out_shape)
+      .tensor("dinp", dinp, A, inp.shape)
       .f32("dw", dw, {OC, IC})
-      .optional_f32("dbias", dbias, {OC});
+      .optional("dbias", dbias, DType::kF32, {OC});
   if (c.ok()) s.device().kernels().matmul_backward(s, dinp, dw, dbias, dout, inp, w, dinp_mode);
 }
 
 void gelu_forward(Stream& s, const Tensor& out, const Tensor& inp) {
   Check c(s, "gelu_forward");
-  c.f32("inp", inp, inp.shape).f32("out", out, inp.shape);
+  c.compute("inp", inp).tensor("out", out, inp.dtype, inp.shape);
   if (c.ok()) s.device().kernels().gelu_forward(s, out, inp);
 }
 
 void gelu_backward(Stream& s, const Tensor& dinp, const Tensor& inp, const Tensor& dout) {
   Check c(s, "gelu_backward");
-  c.f32("inp", inp, inp.shape).f32("dinp", dinp, inp.shape).f32("dout", dout, inp.shape);
+  c.compute("inp", inp)
+      .tensor("inp", inp, inp.dtype, inp.shape)
+      .tensor("dinp", dinp, inp.dtype, inp.shape)
+      .tensor("dout", dout, inp.dtype, inp.shape);
   if (c.ok()) s.device().kernels().gelu_backward(s, dinp, inp, dout);
 }
 
@@ -202,7 +229,11 @@ void attention_forward(Stream& s, const Tensor& out, const Tensor& att, const Te
   c.that(C3 % 3 == 0, "qkv's last dimension is not 3*C")
       .that(NH > 0 && (C3 / 3) % NH == 0, "C is not a multiple of the head count");
   if (!c.ok()) return;
-  c.f32("qkv", qkv, qkv.shape).f32("att", att, {B, NH, T, T}).f32("out", out, {B, T, C3 / 3});
+  const DType A = qkv.dtype;
+  c.compute("qkv", qkv)
+      .tensor("qkv", qkv, A, qkv.shape)
+      .tensor("att", att, A, {B, NH, T, T})
+      .tensor("out", out, A, {B, T, C3 / 3});
   if (c.ok()) s.device().kernels().attention_forward(s, out, att, qkv);
 }
 
@@ -214,11 +245,13 @@ void attention_backward(Stream& s, const Tensor& dqkv, const Tensor& datt, const
   c.that(C3 % 3 == 0, "qkv's last dimension is not 3*C")
       .that(NH > 0 && (C3 / 3) % NH == 0, "C is not a multiple of the head count");
   if (!c.ok()) return;
-  c.f32("qkv", qkv, qkv.shape)
-      .f32("dqkv", dqkv, qkv.shape)
-      .f32("att", att, {B, NH, T, T})
-      .f32("datt", datt, {B, NH, T, T})
-      .f32("dout", dout, {B, T, C3 / 3});
+  const DType A = qkv.dtype;
+  c.compute("qkv", qkv)
+      .tensor("qkv", qkv, A, qkv.shape)
+      .tensor("dqkv", dqkv, A, qkv.shape)
+      .tensor("att", att, A, {B, NH, T, T})
+      .tensor("datt", datt, A, {B, NH, T, T})
+      .tensor("dout", dout, A, {B, T, C3 / 3});
   if (c.ok()) s.device().kernels().attention_backward(s, dqkv, datt, dout, qkv, att);
 }
 
@@ -231,17 +264,22 @@ void attention_cached(Stream& s, const Tensor& out, const Tensor& att, const Ten
   c.that(C3 == 3 * NH * HS, "qkv's last dimension is not 3 * NH * HS of the cache")
       .that(pos >= 0 && pos + n <= Tc, "positions pos..pos+n-1 are outside the cache");
   if (!c.ok()) return;
-  c.f32("qkv", qkv, qkv.shape)
-      .f32("kcache", kcache, {B, NH, Tc, HS})
-      .f32("vcache", vcache, {B, NH, Tc, HS})
-      .f32("att", att, {B, NH, n, Tc})
-      .f32("out", out, {B, n, C3 / 3});
+  const DType A = qkv.dtype;
+  c.compute("qkv", qkv)
+      .tensor("qkv", qkv, A, qkv.shape)
+      .tensor("kcache", kcache, A, {B, NH, Tc, HS})
+      .tensor("vcache", vcache, A, {B, NH, Tc, HS})
+      .tensor("att", att, A, {B, NH, n, Tc})
+      .tensor("out", out, A, {B, n, C3 / 3});
   if (c.ok()) s.device().kernels().attention_cached(s, out, att, kcache, vcache, qkv, pos);
 }
 
 void residual_forward(Stream& s, const Tensor& out, const Tensor& a, const Tensor& b) {
   Check c(s, "residual_forward");
-  c.f32("a", a, a.shape).f32("b", b, a.shape).f32("out", out, a.shape);
+  c.compute("a", a)
+      .tensor("a", a, a.dtype, a.shape)
+      .tensor("b", b, a.dtype, a.shape)
+      .tensor("out", out, a.dtype, a.shape);
   if (c.ok()) s.device().kernels().residual_forward(s, out, a, b);
 }
 
@@ -250,7 +288,8 @@ void crossentropy_forward(Stream& s, const Tensor& losses, const Tensor& lse, co
   Check c(s, "crossentropy_forward");
   if (!c.rank("logits", logits, 2).ok()) return;
   const std::int64_t N = rows(logits), Vp = logits.size(-1);
-  c.f32("logits", logits, logits.shape)
+  c.compute("logits", logits)
+      .tensor("logits", logits, logits.dtype, logits.shape)
       .f32("losses", losses, {N})
       .f32("lse", lse, {N})
       .tensor("targets", targets, DType::kI32, {N})
@@ -264,8 +303,9 @@ void crossentropy_backward(Stream& s, const Tensor& dlogits, const Tensor& logit
   Check c(s, "crossentropy_backward");
   if (!c.rank("logits", logits, 2).ok()) return;
   const std::int64_t N = rows(logits), Vp = logits.size(-1);
-  c.f32("logits", logits, logits.shape)
-      .f32("dlogits", dlogits, logits.shape)
+  c.compute("logits", logits)
+      .tensor("logits", logits, logits.dtype, logits.shape)
+      .tensor("dlogits", dlogits, logits.dtype, logits.shape)
       .f32("lse", lse, {N})
       .tensor("targets", targets, DType::kI32, {N})
       .that(slice_ok(slice, Vp), "vocabulary slice outside its vocabulary")
@@ -280,7 +320,8 @@ void crossentropy_partial(Stream& s, const Tensor& stats, const Tensor& logits,
   Check c(s, "crossentropy_partial");
   if (!c.rank("logits", logits, 2).ok()) return;
   const std::int64_t N = rows(logits), Vl = logits.size(-1);
-  c.f32("logits", logits, logits.shape)
+  c.compute("logits", logits)
+      .tensor("logits", logits, logits.dtype, logits.shape)
       .f32("stats", stats, {N, 3})
       .tensor("targets", targets, DType::kI32, {N})
       .that(slice_ok(slice, Vl), "vocabulary slice outside its vocabulary")
@@ -329,20 +370,28 @@ void adamw_many(Stream& s, const std::vector<AdamWTensor>& tensors, const AdamWA
 
 void fill(Stream& s, const Tensor& x, float value) {
   Check c(s, "fill");
-  c.f32("x", x, x.shape);
+  c.compute("x", x).tensor("x", x, x.dtype, x.shape);
   if (c.ok()) s.device().kernels().fill(s, x, value);
 }
 
 void axpy(Stream& s, const Tensor& y, float alpha, const Tensor& x) {
   Check c(s, "axpy");
-  c.f32("y", y, y.shape).f32("x", x, y.shape);
+  c.compute("y", y).tensor("y", y, y.dtype, y.shape).tensor("x", x, y.dtype, y.shape);
   if (c.ok()) s.device().kernels().axpy(s, y, alpha, x);
 }
 
-void round_to(Stream& s, const Tensor& out, const Tensor& in, Precision p) {
-  Check c(s, "round_to");
-  c.f32("out", out, out.shape).f32("in", in, out.shape);
-  if (c.ok()) s.device().kernels().round_to(s, out, in, p);
+void convert(Stream& s, const Tensor& out, const Tensor& in) {
+  Check c(s, "convert");
+  c.compute("out", out)
+      .compute("in", in)
+      .tensor("out", out, out.dtype, out.shape)
+      .tensor("in", in, in.dtype, out.shape);
+  if (c.ok() && out.storage == in.storage && out.dtype != in.dtype) {
+    const std::size_t a = static_cast<std::size_t>(out.offset) * dtype_size(out.dtype);
+    const std::size_t b = static_cast<std::size_t>(in.offset) * dtype_size(in.dtype);
+    c.that(a + out.nbytes() <= b || b + in.nbytes() <= a, "out and in overlap");
+  }
+  if (c.ok()) s.device().kernels().convert(s, out, in);
 }
 
 void copy(Stream& s, const Tensor& dst, const Tensor& src) {

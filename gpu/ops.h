@@ -46,8 +46,10 @@ void adamw(Stream& s, const Tensor& p, const Tensor& g, const Tensor& m, const T
 void adamw_many(Stream& s, const std::vector<AdamWTensor>& tensors, const AdamWArgs& args);
 void fill(Stream& s, const Tensor& x, float value);
 void axpy(Stream& s, const Tensor& y, float alpha, const Tensor& x);
-// out = in rounded to p (mixed precision's stores; out may be in).
-void round_to(Stream& s, const Tensor& out, const Tensor& in, Precision p);
+// out = in converted to out's dtype, rounded to nearest even (fp32 master
+// weights to their bf16 compute copy, and back); out may be in when the
+// dtypes are equal, else they must not overlap.
+void convert(Stream& s, const Tensor& out, const Tensor& in);
 // dst = src in stream order: same dtype and element count, each contiguous
 // and either `s`'s device's memory or host memory of it (Tensor::
 // empty_host). The one way data moves between host and device in a step:

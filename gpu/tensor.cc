@@ -21,6 +21,7 @@ std::size_t dtype_size(DType dtype) {
     case DType::kU16:
       return 2;
     case DType::kBF16:
+    case DType::kF16:
       return 2;
   }
   return 0;
@@ -38,8 +39,32 @@ absl::string_view dtype_name(DType dtype) {
       return "u16";
     case DType::kBF16:
       return "bf16";
+    case DType::kF16:
+      return "f16";
   }
   return "?";
+}
+
+bool is_compute_dtype(DType dtype) {
+  return dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kF16;
+}
+
+DType compute_dtype(Precision p) {
+  switch (p) {
+    case Precision::kFp32:
+      return DType::kF32;
+    case Precision::kBf16:
+      return DType::kBF16;
+    case Precision::kFp16:
+      return DType::kF16;
+  }
+  return DType::kF32;
+}
+
+Precision dtype_precision(DType dtype) {
+  return dtype == DType::kBF16  ? Precision::kBf16
+         : dtype == DType::kF16 ? Precision::kFp16
+                                : Precision::kFp32;
 }
 
 std::string shape_string(const Shape& shape) {
@@ -145,6 +170,28 @@ Tensor Tensor::view(std::int64_t offset_elems, const Shape& new_shape) const {
   absl::StatusOr<Tensor> t = try_view(offset_elems, new_shape);
   check_invariant(t.status(), "Tensor::view");
   return *std::move(t);
+}
+
+Tensor Tensor::view_as(DType new_dtype, std::int64_t byte_offset, const Shape& new_shape) const {
+  const auto size = static_cast<std::int64_t>(dtype_size(new_dtype));
+  const std::int64_t n = shape_numel(new_shape);
+  absl::Status st;
+  if (!is_contiguous()) {
+    st = absl::InvalidArgumentError(absl::StrCat("view of ", describe(), ": not contiguous"));
+  } else if (byte_offset < 0 || byte_offset % size != 0 ||
+             (offset * static_cast<std::int64_t>(dtype_size(dtype))) % size != 0 || n < 0 ||
+             byte_offset + n * size > static_cast<std::int64_t>(nbytes())) {
+    st = absl::InvalidArgumentError(absl::StrCat("view ", dtype_name(new_dtype),
+                                                 shape_string(new_shape), " at byte ", byte_offset,
+                                                 " of ", describe(), ": does not fit"));
+  }
+  check_invariant(st, "Tensor::view_as");
+  Tensor t = *this;
+  t.dtype = new_dtype;
+  t.shape = new_shape;
+  t.strides = contiguous_strides(new_shape);
+  t.offset = (offset * static_cast<std::int64_t>(dtype_size(dtype)) + byte_offset) / size;
+  return t;
 }
 
 absl::StatusOr<Tensor> Tensor::try_reshape(const Shape& new_shape) const {

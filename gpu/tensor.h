@@ -20,15 +20,23 @@
 #include "absl/container/inlined_vector.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "gpu/precision.h"
 
 namespace troupe::gpu {
 
 class Device;
 
-enum class DType : std::uint8_t { kF32, kF64, kI32, kU16, kBF16 };
+// kBF16 and kF16 hold the 16-bit formats' bits (gpu/precision.h).
+enum class DType : std::uint8_t { kF32, kF64, kI32, kU16, kBF16, kF16 };
 
 std::size_t dtype_size(DType dtype);
 absl::string_view dtype_name(DType dtype);
+// The dtypes activations, their gradients and the compute copy of the
+// parameters are stored in: f32, bf16, f16.
+bool is_compute_dtype(DType dtype);
+// The dtype tensors are stored in when computing in `p`, and back.
+DType compute_dtype(Precision p);
+Precision dtype_precision(DType dtype);  // an is_compute_dtype dtype
 
 using Shape = absl::InlinedVector<std::int64_t, 4>;
 
@@ -80,6 +88,11 @@ struct Tensor {
   // not fit ends the process with try_view's message, in every build type
   // (never a view past the storage, which would be undefined behaviour).
   Tensor view(std::int64_t offset_elems, const Shape& shape) const;
+  // A contiguous view of `shape` in another dtype, `byte_offset` bytes into
+  // this (contiguous) tensor's data, which must be a multiple of the new
+  // dtype's size: how one allocation holds tensors of several dtypes
+  // (bf16 activations beside their f32 statistics). Checked as view is.
+  Tensor view_as(DType new_dtype, std::int64_t byte_offset, const Shape& shape) const;
   // The same elements with another contiguous shape of equal numel (checked
   // as view is).
   absl::StatusOr<Tensor> try_reshape(const Shape& shape) const;

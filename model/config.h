@@ -74,11 +74,11 @@ struct ActivationOptions {
   // reduce-scatters after, and their LayerNorm weights sum their gradients
   // over the TP group.
   bool sequence_parallel = false;
-  // --bf16, --fp16: each op's output and each activation gradient rounded
-  // to this precision where a bf16/fp16 kernel would store it, the
-  // parameters computed with rounded from the optimizer's fp32 master copy;
-  // parameter gradients, their reduction, the loss and the LayerNorm
-  // statistics stay fp32 (as Megatron's mixed precision). gpu/precision.h.
+  // --bf16, --fp16: the activations, their gradients and the parameters'
+  // compute copy (from the optimizer's fp32 master) are tensors in this
+  // precision (gpu::compute_dtype); parameter gradients, their reduction,
+  // the loss and the LayerNorm statistics stay fp32 (as Megatron's mixed
+  // precision). gpu/kernels.h has each op's dtypes.
   gpu::Precision precision = gpu::Precision::kFp32;
   // InvalidArgument naming the flag.
   absl::Status validate() const;

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "gpu/host_values.h"
 #include "gpu/ops.h"
 #include "model/init.h"
 
@@ -35,23 +36,33 @@ GptParams GptParams::carve(const ParamLayout& lay, const Tensor& flat, const Sta
 
 namespace {
 
-// Carves activations out of one allocation.
+// Carves tensors out of one allocation, counting its bytes: activations
+// and their gradients in the compute dtype (take), statistics in f32
+// (take32), each from a 64-byte boundary.
 class Carver {
  public:
-  explicit Carver(std::int64_t* total) : total_(total) {}
+  Carver(std::int64_t* total_bytes, gpu::DType act) : total_(total_bytes), act_(act) {}
   void bind(Tensor flat) { flat_ = std::move(flat); }
-  Tensor take(const gpu::Shape& shape) {
-    const std::int64_t n = (gpu::shape_numel(shape) + 15) / 16 * 16;
-    Tensor t;
-    if (flat_.defined()) t = flat_.view(*total_, shape);
-    *total_ += n;
-    return t;
-  }
+  Tensor take(const gpu::Shape& shape) { return take_as(act_, shape); }
+  Tensor take32(const gpu::Shape& shape) { return take_as(gpu::DType::kF32, shape); }
 
  private:
+  Tensor take_as(gpu::DType dtype, const gpu::Shape& shape) {
+    const auto bytes = gpu::shape_numel(shape) * static_cast<std::int64_t>(gpu::dtype_size(dtype));
+    Tensor t;
+    if (flat_.defined()) t = flat_.view_as(dtype, *total_, shape);
+    *total_ += (bytes + 63) / 64 * 64;
+    return t;
+  }
   std::int64_t* total_;
+  gpu::DType act_;
   Tensor flat_;
 };
+
+// One allocation of `bytes` (a multiple of 64) for a Carver.
+Tensor allocate_bytes(gpu::Device& device, std::int64_t bytes) {
+  return Tensor::empty(device, gpu::DType::kF32, {bytes / 4});
+}
 
 // How layer l of a chunk of L layers keeps its activations.
 struct LayerKeep {
@@ -116,15 +127,15 @@ LayerActivations carve_layer(const Dims& d, Take take, Carver& k) {
   if (take == Take::kAll || take == Take::kNoScores) {
     const std::int64_t B = d.B, T = d.T;
     x.ln1 = k.take(d.rows_c());
-    x.ln1_mean = k.take(d.rows());
-    x.ln1_rstd = k.take(d.rows());
+    x.ln1_mean = k.take32(d.rows());
+    x.ln1_rstd = k.take32(d.rows());
     x.qkv = k.take({B, T, 3 * d.Cl});
     if (take == Take::kAll) x.att = k.take({B, d.NHl, T, T});
     x.atty = k.take({B, T, d.Cl});
     x.residual2 = k.take(d.rows_c());
     x.ln2 = k.take(d.rows_c());
-    x.ln2_mean = k.take(d.rows());
-    x.ln2_rstd = k.take(d.rows());
+    x.ln2_mean = k.take32(d.rows());
+    x.ln2_rstd = k.take32(d.rows());
     x.fch = k.take({B, T, 4 * d.Cl});
     x.fch_gelu = k.take({B, T, 4 * d.Cl});
   }
@@ -157,13 +168,13 @@ GptActivations carve_activations(const GptConfig& c, const StageSpec& stage, std
     }
   }
   a.lnf = k.take(stage.head ? d.rows_c() : none);
-  a.lnf_mean = k.take(stage.head ? d.rows() : none);
-  a.lnf_rstd = k.take(stage.head ? d.rows() : none);
+  a.lnf_mean = k.take32(stage.head ? d.rows() : none);
+  a.lnf_rstd = k.take32(stage.head ? d.rows() : none);
   a.logits = k.take({H * B, T, Vl});
-  a.lse = k.take({H * B, T});
-  a.losses = k.take({H * B, T});
-  a.ce_stats = k.take({P * H * B * T, 3});
-  a.ce_gathered = k.take({tp, P * H * B * T, 3});
+  a.lse = k.take32({H * B, T});
+  a.losses = k.take32({H * B, T});
+  a.ce_stats = k.take32({P * H * B * T, 3});
+  a.ce_gathered = k.take32({tp, P * H * B * T, 3});
   a.dresidual = k.take(d.rows_c());
   return a;
 }
@@ -181,7 +192,7 @@ GptScratch carve_scratch(const GptConfig& c, std::int64_t B, int tp, const Activ
   if (d.sp) {
     x.gathered = k.take({B, d.T, d.C});
     x.rows = k.take(d.rows_c());
-    x.ln_grads = k.take({2, d.C});
+    x.ln_grads = k.take32({2, d.C});
     if (x.ln_grads.defined()) {
       x.ln_dw = x.ln_grads.view(0, {d.C});
       x.ln_db = x.ln_grads.view(d.C, {d.C});
@@ -209,26 +220,26 @@ std::vector<LayerActivations> carve_workspace(const GptConfig& c, const StageSpe
 
 }  // namespace
 
-std::int64_t activation_floats_per_slot(const GptConfig& config, const StageSpec& stage,
-                                        std::int64_t B, int tp, const ActivationOptions& o) {
+std::int64_t counted_slot_bytes(const GptConfig& config, const StageSpec& stage, std::int64_t B,
+                                int tp, const ActivationOptions& o) {
   std::int64_t total = 0;
-  Carver sizer(&total);
+  Carver sizer(&total, gpu::compute_dtype(o.precision));
   carve_activations(config, stage, B, tp, o, sizer);
   return total;
 }
 
-std::int64_t recompute_workspace_floats(const GptConfig& config, const StageSpec& stage,
-                                        std::int64_t B, int tp, const ActivationOptions& o) {
+std::int64_t counted_workspace_bytes(const GptConfig& config, const StageSpec& stage,
+                                     std::int64_t B, int tp, const ActivationOptions& o) {
   std::int64_t total = 0;
-  Carver sizer(&total);
+  Carver sizer(&total, gpu::compute_dtype(o.precision));
   carve_workspace(config, stage, B, tp, o, sizer);
   return total;
 }
 
-std::int64_t scratch_floats(const GptConfig& config, std::int64_t B, int tp,
-                            const ActivationOptions& o) {
+std::int64_t counted_scratch_bytes(const GptConfig& config, std::int64_t B, int tp,
+                                   const ActivationOptions& o) {
   std::int64_t total = 0;
-  Carver sizer(&total);
+  Carver sizer(&total, gpu::compute_dtype(o.precision));
   carve_scratch(config, B, tp, o, sizer);
   return total;
 }
@@ -246,42 +257,45 @@ Gpt::Gpt(const GptConfig& config, int B, gpu::Device& device, const StageSpec& s
       layout_(ParamLayout::gpt(config, stage, tp_.slice)),
       act_(activations) {
   const int P = tp_.slice.tp;
-  params_flat_ = Tensor::empty(device, gpu::DType::kF32, {layout_.total()});
+  const gpu::DType A = dtype();
+  // The compute copy of the parameters in the compute dtype; their
+  // gradients are the fp32 main gradients.
+  params_flat_ = Tensor::empty(device, A, {layout_.total()});
   grads_flat_ = Tensor::empty(device, gpu::DType::kF32, {layout_.total()});
   p_ = GptParams::carve(layout_, params_flat_, stage);
   g_ = GptParams::carve(layout_, grads_flat_, stage);
-  const std::int64_t per_slot = activation_floats_per_slot(config, stage, B, P, act_);
+  const std::int64_t per_slot = counted_slot_bytes(config, stage, B, P, act_);
   std::int64_t before = device.allocated_bytes();
-  Tensor flat = Tensor::empty(device, gpu::DType::kF32, {per_slot * slots});
+  Tensor flat = allocate_bytes(device, per_slot * slots);
   slot_bytes_ = slots > 0 ? (device.allocated_bytes() - before) / slots : 0;
   for (int k = 0; k < slots; k++) {
     std::int64_t used = per_slot * k;
-    Carver carver(&used);
+    Carver carver(&used, A);
     carver.bind(flat);
     slots_.push_back(carve_activations(config, stage, B, P, act_, carver));
   }
-  if (const std::int64_t n = recompute_workspace_floats(config, stage, B, P, act_); n > 0) {
+  if (const std::int64_t n = counted_workspace_bytes(config, stage, B, P, act_); n > 0) {
     before = device.allocated_bytes();
-    Tensor work = Tensor::empty(device, gpu::DType::kF32, {n});
+    Tensor work = allocate_bytes(device, n);
     workspace_bytes_ = device.allocated_bytes() - before;
     std::int64_t used = 0;
-    Carver carver(&used);
+    Carver carver(&used, A);
     carver.bind(work);
     work_ = carve_workspace(config, stage, B, P, act_, carver);
   }
   {
     before = device.allocated_bytes();
-    Tensor scratch = Tensor::empty(device, gpu::DType::kF32, {scratch_floats(config, B, P, act_)});
+    Tensor scratch = allocate_bytes(device, counted_scratch_bytes(config, B, P, act_));
     scratch_bytes_ = device.allocated_bytes() - before;
     std::int64_t used = 0;
-    Carver carver(&used);
+    Carver carver(&used, A);
     carver.bind(scratch);
     scratch_ = carve_scratch(config, B, P, act_, carver);
   }
   inputs_.resize(static_cast<std::size_t>(slots));
   if (stage.embedding && tp_.slice.t > 0) {
-    zero_wpe_ = Tensor::empty(device, gpu::DType::kF32, {config.T, config.C});
-    std::vector<float> zeros(static_cast<std::size_t>(zero_wpe_.numel()), 0.0f);
+    zero_wpe_ = Tensor::empty(device, A, {config.T, config.C});
+    std::vector<char> zeros(zero_wpe_.nbytes(), 0);  // +0 in every dtype
     (void)device.copy_from_host(zeros.data(), zero_wpe_);
   }
 }
@@ -304,7 +318,6 @@ Tensor Gpt::reduced(gpu::Stream& s, const Tensor& partial) {
   } else {
     all_reduce(s, partial);
   }
-  store(s, sum);  // (mixed precision: a bf16 collective's output is bf16)
   return sum;
 }
 
@@ -313,14 +326,12 @@ void Gpt::layernorm_backward(gpu::Stream& s, const Tensor& dinp, const Tensor& d
                              const Tensor& mean, const Tensor& rstd) {
   if (!sequence_parallel()) {
     ops::layernorm_backward(s, dinp, dw, db, dout, inp, w, mean, rstd);
-    store(s, dinp);  // the residual stream's gradient, with this branch's part added
     return;
   }
   // This rank's rows' part of dw and db, summed over the TP group, then
   // added (every peer adds the same sum).
   ops::fill(s, scratch_.ln_grads, 0.0f);
   ops::layernorm_backward(s, dinp, scratch_.ln_dw, scratch_.ln_db, dout, inp, w, mean, rstd);
-  store(s, dinp);
   all_reduce(s, scratch_.ln_grads);  // one collective for both
   ops::axpy(s, dw, 1.0f, scratch_.ln_dw);
   ops::axpy(s, db, 1.0f, scratch_.ln_db);
@@ -370,20 +381,21 @@ absl::Status Gpt::init(std::uint64_t seed) {
         config_, spec, seed, 0,
         std::span<float>(host.data() + spec.offset, static_cast<std::size_t>(spec.numel())));
   }
-  // Mixed precision computes with the rounded values; the optimizer's
-  // master starts from them (Megatron makes its fp32 copy of the bf16
-  // model the same way).
-  for (float& x : host) x = gpu::round_to(x, act_.precision);
-  absl::Status st = device_.copy_from_host(host.data(), params_flat_);
+  // Mixed precision computes with the values rounded to its dtype; the
+  // optimizer's master starts from them (Megatron makes its fp32 copy of
+  // the bf16 model the same way).
+  absl::Status st = copy_params_from_host(host);
   if (!st.ok())
     return absl::Status(st.code(), absl::StrCat("initialising the weights: ", st.message()));
   return absl::OkStatus();
 }
 
-void Gpt::round_params(gpu::Stream& s) { store(s, params_flat_); }
+absl::Status Gpt::copy_params_from_host(std::span<const float> values) {
+  return gpu::copy_values_to_device(values, params_flat_);
+}
 
-void Gpt::store(gpu::Stream& s, const Tensor& x) {
-  if (act_.precision != gpu::Precision::kFp32) ops::round_to(s, x, x, act_.precision);
+absl::Status Gpt::copy_params_to_host(std::span<float> values) const {
+  return gpu::copy_values_to_host(params_flat_, values);
 }
 
 void Gpt::zero_grad(gpu::Stream& s) { ops::fill(s, grads_flat_, 0.0f); }
@@ -405,7 +417,6 @@ void Gpt::forward(gpu::Stream& s, const Tensor& tokens, const Tensor& targets, c
       ops::embedding_forward(s, a.encoded, tokens, p_.wte, wpe, vocab_slice());
       all_reduce(s, a.encoded);
     }
-    store(s, a.encoded);
     in = a.encoded;
   } else {
     in = input;
@@ -415,9 +426,7 @@ void Gpt::forward(gpu::Stream& s, const Tensor& tokens, const Tensor& targets, c
   }
   if (!stage_.head) return;
   ops::layernorm_forward(s, a.lnf, a.lnf_mean, a.lnf_rstd, output(slot), p_.lnfw, p_.lnfb);
-  store(s, a.lnf);
   ops::matmul_forward(s, a.logits, gathered(s, a.lnf), p_.wte, Tensor{});
-  store(s, a.logits);  // (the loss reads them in fp32, as Megatron's cross-entropy)
   if (!targets.defined()) return;
   const std::int64_t N = static_cast<std::int64_t>(B_) * config_.T;
   const Tensor logits = a.logits.reshape({N, a.logits.size(-1)});
@@ -436,37 +445,19 @@ void Gpt::forward(gpu::Stream& s, const Tensor& tokens, const Tensor& targets, c
 void Gpt::layer_forward(gpu::Stream& s, const LayerActivations& x, const Tensor& residual, int l) {
   const GptScratch& k = scratch_;
   const LayerParams& p = p_.h[static_cast<std::size_t>(l)];
-  // (Mixed precision: each output stored rounded, as a bf16/fp16 kernel
-  // would store it; a row-parallel partial before its sum, and the sum.)
   ops::layernorm_forward(s, x.ln1, x.ln1_mean, x.ln1_rstd, residual, p.ln1w, p.ln1b);
-  store(s, x.ln1);
   ops::matmul_forward(s, x.qkv, gathered(s, x.ln1), p.qkvw, p.qkvb);
-  store(s, x.qkv);
-  attention_forward(s, x.atty, x.att, x.qkv);
+  ops::attention_forward(s, x.atty, x.att, x.qkv);
   // Row-parallel projections: partial sums, completed by the all-reduce; the
   // bias is added once (by rank 0).
   const bool bias = tp_.slice.t == 0;
   ops::matmul_forward(s, k.btc, x.atty, p.attprojw, bias ? p.attprojb : Tensor{});
-  store(s, k.btc);
   ops::residual_forward(s, x.residual2, residual, reduced(s, k.btc));
-  store(s, x.residual2);
   ops::layernorm_forward(s, x.ln2, x.ln2_mean, x.ln2_rstd, x.residual2, p.ln2w, p.ln2b);
-  store(s, x.ln2);
   ops::matmul_forward(s, x.fch, gathered(s, x.ln2), p.fcw, p.fcb);
-  store(s, x.fch);
   ops::gelu_forward(s, x.fch_gelu, x.fch);
-  store(s, x.fch_gelu);
   ops::matmul_forward(s, k.btc, x.fch_gelu, p.fcprojw, bias ? p.fcprojb : Tensor{});
-  store(s, k.btc);
   ops::residual_forward(s, x.residual3, x.residual2, reduced(s, k.btc));
-  store(s, x.residual3);
-}
-
-void Gpt::attention_forward(gpu::Stream& s, const Tensor& out, const Tensor& att,
-                            const Tensor& qkv) {
-  ops::attention_forward(s, out, att, qkv);
-  store(s, att);  // the softmax's probabilities, which the backward reads
-  store(s, out);
 }
 
 void Gpt::backward(gpu::Stream& s, const Tensor& tokens, const Tensor& targets, float dloss,
@@ -483,11 +474,9 @@ void Gpt::backward(gpu::Stream& s, const Tensor& tokens, const Tensor& targets, 
     Tensor logits = a.logits.reshape({N, a.logits.size(-1)});
     ops::crossentropy_backward(s, logits, logits, a.lse.reshape({N}), targets.reshape({N}), dloss,
                                config_.V, vocab_slice());
-    store(s, logits);  // dlogits
     // The LM head shares wte with the token embedding: both add into g_.wte.
     ops::matmul_backward(s, scratch_.dbtc, g_.wte, Tensor{}, a.logits, gathered(s, a.lnf), p_.wte,
                          Accumulate::kNo);
-    store(s, scratch_.dbtc);
     // Each rank's vocabulary slice contributed a part.
     layernorm_backward(s, a.dresidual, g_.lnfw, g_.lnfb, reduced(s, scratch_.dbtc), output(slot),
                        p_.lnfw, a.lnf_mean, a.lnf_rstd);
@@ -523,31 +512,27 @@ void Gpt::layer_backward(gpu::Stream& s, GptActivations& a, const LayerActivatio
   // gradient of the reduce-scattered projection; the LayerNorm outputs are
   // gathered again for the weight gradients, as Megatron does.)
   // MLP branch.
-  // (Mixed precision: each activation gradient stored rounded; parameter
-  // gradients accumulate in fp32.)
+  // (Mixed precision: activation gradients in the compute dtype, parameter
+  // gradients added into the fp32 main gradients.)
   ops::matmul_backward(s, scratch_.dfch, g.fcprojw, g.fcprojb, gathered(s, a.dresidual), x.fch_gelu,
                        p.fcprojw, Accumulate::kNo);
-  store(s, scratch_.dfch);
   ops::gelu_backward(s, scratch_.dfch, x.fch, scratch_.dfch);
-  store(s, scratch_.dfch);
   ops::matmul_backward(s, scratch_.dbtc, g.fcw, g.fcb, scratch_.dfch, gathered(s, x.ln2), p.fcw,
                        Accumulate::kNo);
-  store(s, scratch_.dbtc);
   // Column-parallel input: each rank's columns gave a part.
   layernorm_backward(s, a.dresidual, g.ln2w, g.ln2b, reduced(s, scratch_.dbtc), x.residual2, p.ln2w,
                      x.ln2_mean, x.ln2_rstd);
   // Attention branch.
   ops::matmul_backward(s, scratch_.datty, g.attprojw, g.attprojb, gathered(s, a.dresidual), x.atty,
                        p.attprojw, Accumulate::kNo);
-  store(s, scratch_.datty);
   // Selective recompute: the scores and softmax again, from the kept q, k,
   // v (the output, the same as the kept atty, goes to the workspace).
-  if (act_.recompute == Recompute::kSelective) attention_forward(s, work_[0].atty, x.att, x.qkv);
+  if (act_.recompute == Recompute::kSelective) {
+    ops::attention_forward(s, work_[0].atty, x.att, x.qkv);
+  }
   ops::attention_backward(s, scratch_.dqkv, scratch_.datt, scratch_.datty, x.qkv, x.att);
-  store(s, scratch_.dqkv);
   ops::matmul_backward(s, scratch_.dbtc, g.qkvw, g.qkvb, scratch_.dqkv, gathered(s, x.ln1), p.qkvw,
                        Accumulate::kNo);
-  store(s, scratch_.dbtc);
   layernorm_backward(s, a.dresidual, g.ln1w, g.ln1b, reduced(s, scratch_.dbtc), residual, p.ln1w,
                      x.ln1_mean, x.ln1_rstd);
 }

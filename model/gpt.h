@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <span>
 #include <vector>
 
 #include "gpu/device.h"
@@ -90,21 +91,20 @@ struct GptScratch {
   gpu::Tensor gathered, rows, ln_grads, ln_dw, ln_db;
 };
 
-// Floats of one activation slot of `stage` (every GptActivations tensor the
-// recompute mode keeps, each rounded up to 16 floats as Gpt carves them)
-// for micro-batches of B and a TP slice of tp: what Gpt allocates per slot.
+// Bytes of one activation slot of `stage` (every GptActivations tensor the
+// recompute mode keeps, in the compute dtype of activations.precision or
+// f32 for statistics, each rounded up to 64 bytes as Gpt carves them) for
+// micro-batches of B and a TP slice of tp: what Gpt allocates per slot.
 // The planner's counted memory (actors/rank/memory_plan.h) uses it.
-std::int64_t activation_floats_per_slot(const GptConfig& config, const StageSpec& stage,
-                                        std::int64_t B, int tp,
-                                        const ActivationOptions& activations = {});
-// Floats of the recompute workspace, shared by every slot: what the
+std::int64_t counted_slot_bytes(const GptConfig& config, const StageSpec& stage, std::int64_t B,
+                                int tp, const ActivationOptions& activations = {});
+// Bytes of the recompute workspace, shared by every slot: what the
 // backward rebuilds one group (full) or one layer's scores (selective) in.
 // And of the GptScratch, shared too.
-std::int64_t recompute_workspace_floats(const GptConfig& config, const StageSpec& stage,
-                                        std::int64_t B, int tp,
-                                        const ActivationOptions& activations);
-std::int64_t scratch_floats(const GptConfig& config, std::int64_t B, int tp,
-                            const ActivationOptions& activations = {});
+std::int64_t counted_workspace_bytes(const GptConfig& config, const StageSpec& stage,
+                                     std::int64_t B, int tp, const ActivationOptions& activations);
+std::int64_t counted_scratch_bytes(const GptConfig& config, std::int64_t B, int tp,
+                                   const ActivationOptions& activations = {});
 
 // Points of the backward after which a group of gradients is final for this
 // micro-batch: the head (ln_f and, tied, the LM head's share of wte), each
@@ -148,6 +148,10 @@ class Gpt {
   const GptConfig& config() const { return config_; }
   const ParamLayout& layout() const { return layout_; }
   int B() const { return B_; }
+  // The compute dtype (activations.precision's): of the activations, their
+  // gradients, the parameters' compute copy and what travels between stages.
+  gpu::DType dtype() const { return gpu::compute_dtype(act_.precision); }
+  // The parameters' compute copy (dtype()) and their fp32 main gradients.
   const gpu::Tensor& params() const { return params_flat_; }
   const gpu::Tensor& grads() const { return grads_flat_; }
   const GptActivations& acts(int slot = 0) const { return slots_[static_cast<std::size_t>(slot)]; }
@@ -164,10 +168,10 @@ class Gpt {
   // error when the copy to the device fails.
   absl::Status init(std::uint64_t seed);
 
-  // Mixed precision (activation options' precision): the parameters
-  // rounded to it in place, after they were loaded from outside (init()
-  // rounds its own).
-  void round_params(gpu::Stream& s);
+  // The parameters from (to) fp32 host values in layout order, converted
+  // to (from) the compute dtype; synchronous.
+  absl::Status copy_params_from_host(std::span<const float> values);
+  absl::Status copy_params_to_host(std::span<float> values) const;
 
   void zero_grad(gpu::Stream& s);
   // tokens, targets: i32 (B, T). Without targets only the logits are made.
@@ -203,12 +207,6 @@ class Gpt {
   void layer_backward(gpu::Stream& s, GptActivations& a, const LayerActivations& x,
                       const gpu::Tensor& residual, int l);
 
-  // x rounded in place to the compute precision, where a bf16/fp16 kernel
-  // would store it (nothing in fp32).
-  void store(gpu::Stream& s, const gpu::Tensor& x);
-  // Attention's output and probabilities, stored.
-  void attention_forward(gpu::Stream& s, const gpu::Tensor& out, const gpu::Tensor& att,
-                         const gpu::Tensor& qkv);
   // Sums a partial result over the TP peers (nothing when tp = 1).
   void all_reduce(gpu::Stream& s, const gpu::Tensor& x);
   bool sequence_parallel() const { return act_.sequence_parallel && tp_.slice.tp > 1; }

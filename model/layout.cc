@@ -70,7 +70,8 @@ void ParamLayout::add(std::string name, gpu::Shape shape, Decay decay, Init init
   s.transposed_in_file = transposed_in_file;
   s.real_rows = real_rows >= 0 ? real_rows : s.full_shape[0];
   s.layer = layer;
-  // Keep every tensor 16-float (64-byte) aligned in the flat buffer.
+  // Keep every tensor 16-element aligned in the flat buffer (64 bytes in
+  // fp32, 32 in bf16: whole 128-bit vectors either way).
   total_ += (s.numel() + 15) / 16 * 16;
   index_[s.name] = specs_.size();
   specs_.push_back(std::move(s));
@@ -132,11 +133,11 @@ absl::StatusOr<const ParamSpec*> ParamLayout::lookup(const std::string& name) co
 namespace {
 
 absl::Status check_flat(const gpu::Tensor& flat, std::int64_t total) {
-  if (!flat.defined() || flat.dtype != gpu::DType::kF32 || flat.numel() != total ||
+  if (!flat.defined() || !gpu::is_compute_dtype(flat.dtype) || flat.numel() != total ||
       !flat.is_contiguous()) {
     return absl::InvalidArgumentError(
         absl::StrCat("parameter view of ", flat.defined() ? flat.describe() : "an undefined tensor",
-                     ": want the layout's flat buffer, f32[", total, "]"));
+                     ": want the layout's flat buffer, f32, bf16 or f16 [", total, "]"));
   }
   return absl::OkStatus();
 }

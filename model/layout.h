@@ -95,7 +95,8 @@ class ParamLayout {
   const ParamSpec& find(const std::string& name) const;
   std::int64_t total() const { return total_; }
 
-  // Views of `flat` (contiguous f32 of total() elements) by parameter.
+  // Views of `flat` (contiguous, total() elements of f32, bf16 or f16: the
+  // parameters' compute copy, the fp32 gradients) by parameter.
   // try_view: InvalidArgument when `flat` is not such a buffer, NotFound
   // for an unknown name; view: the same checks, fatal (as Tensor::view).
   absl::StatusOr<gpu::Tensor> try_view(const gpu::Tensor& flat, const std::string& name) const;

@@ -94,7 +94,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::create(const TrainOptions& opt
   if (!datasets.ok()) return datasets.status();
   t->data_ = std::move(*datasets);
 
-  t->stream_ = dev.make_stream({.threads = options.threads});
+  t->stream_ = dev.make_stream({.threads = options.threads, .tf32 = options.tf32});
   t->gpt_ = std::make_unique<Gpt>(c, options.micro_batch, dev, StageSpec::whole(c), 1,
                                   TensorParallel{}, options.activations);
   if (options.init_weights.empty()) {
@@ -103,11 +103,10 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::create(const TrainOptions& opt
     st = load_weights(options.init_weights, *t->gpt_);
   }
   if (!st.ok()) return st;
-  t->gpt_->round_params(*t->stream_);  // (mixed precision: loaded weights too)
   if (options.activations.precision != gpu::Precision::kFp32) {
+    // The master starts from the bf16/fp16 parameters, widened (exact).
     t->master_ = gpu::Tensor::empty(dev, gpu::DType::kF32, {t->gpt_->layout().total()});
-    const gpu::Precision copy = gpu::Precision::kFp32;  // (round_to in fp32 copies)
-    gpu::ops::round_to(*t->stream_, t->master_, t->gpt_->params(), copy);
+    gpu::ops::convert(*t->stream_, t->master_, t->gpt_->params());
   }
   t->scaler_ = std::make_unique<LossScaler>(options.activations.precision, options.loss_scale);
   t->adam_ = std::make_unique<AdamW>(t->gpt_->layout(), dev, *t->stream_);
@@ -196,7 +195,7 @@ absl::Status Trainer::step(StepMetrics* metrics) {
     const int update = step - scaler_->state().skipped_iters;
     if (master_.defined()) {
       adam_->step(s, master_, gpt_->grads(), options_.adam, lr, update, d.grad_scale);
-      gpu::ops::round_to(s, gpt_->params(), master_, options_.activations.precision);
+      gpu::ops::convert(s, gpt_->params(), master_);  // the compute copy
     } else {
       adam_->step(s, gpt_->params(), gpt_->grads(), options_.adam, lr, update, d.grad_scale);
     }
@@ -235,33 +234,37 @@ std::array<gpu::Tensor, 4> Trainer::state() const {
 absl::StatusOr<std::array<float*, 4>> Trainer::state_on_host() {
   const std::array<gpu::Tensor, 4> st = state();
   std::array<float*, 4> out{};
-  if (st[0].host_readable()) {
-    for (std::size_t i = 0; i < st.size(); i++) out[i] = st[i].host<float>();
-    return out;
-  }
   gpu::Stream& s = *stream_;
+  if (absl::Status e = s.synchronize(); !e.ok()) return e;
   for (std::size_t i = 0; i < st.size(); i++) {
-    // (fp32: the master is the parameters, and its copy theirs.)
-    if (i == 1 && !master_.defined()) {
-      staged_[i] = staged_[0];
+    if (i == 0 && st[0].dtype != gpu::DType::kF32) {
+      // bf16/fp16 parameters, widened: what a checkpoint's parameters hold
+      // (a restore makes them from the master).
+      param_values_.resize(static_cast<std::size_t>(st[0].numel()));
+      if (absl::Status e = gpt_->copy_params_to_host(param_values_); !e.ok()) return e;
+      out[0] = param_values_.data();
+    } else if (i == 1 && !master_.defined()) {
+      out[1] = out[0];  // (fp32: the master is the parameters)
+    } else if (st[i].host_readable()) {
+      out[i] = st[i].host<float>();  // (fp32 where the host reads it: in place)
     } else {
       if (!staged_[i].defined()) {
         staged_[i] = gpu::Tensor::empty_host(s.device(), gpu::DType::kF32, st[i].shape);
       }
       gpu::ops::copy(s, staged_[i], st[i]);
+      out[i] = staged_[i].host<float>();
     }
-    out[i] = staged_[i].host<float>();
   }
   if (absl::Status e = s.synchronize(); !e.ok()) return e;
   return out;
 }
 
+// What state_on_host staged goes back to the device (the rest the host
+// wrote in place; bf16/fp16 parameters the caller makes from the master).
 absl::Status Trainer::state_to_device() {
-  if (!staged_[0].defined()) return absl::OkStatus();  // the host wrote the state itself
   const std::array<gpu::Tensor, 4> st = state();
   for (std::size_t i = 0; i < st.size(); i++) {
-    if (i == 1 && !master_.defined()) continue;
-    gpu::ops::copy(*stream_, st[i], staged_[i]);
+    if (staged_[i].defined()) gpu::ops::copy(*stream_, st[i], staged_[i]);
   }
   return stream_->synchronize();
 }
@@ -304,13 +307,12 @@ absl::Status Trainer::load_checkpoint(const ckpt::Checkpoint& c, bool optimizer)
   }
   if (absl::Status st = state_to_device(); !st.ok()) return st;
   if (master_.defined()) {
-    const gpu::Precision precision = options_.activations.precision;
+    gpu::ops::convert(*stream_, gpt_->params(), master_);  // the compute copy
     // Parameters only (a fine-tune, or no master in the checkpoint): the
     // master starts from them rounded, as a layout's partitions do.
     if (!(optimizer && c.has(ckpt::Kind::kMaster))) {
-      gpu::ops::round_to(*stream_, master_, master_, precision);
+      gpu::ops::convert(*stream_, master_, gpt_->params());
     }
-    gpu::ops::round_to(*stream_, gpt_->params(), master_, precision);
     if (absl::Status st = stream_->synchronize(); !st.ok()) return st;
   }
   if (optimizer) {

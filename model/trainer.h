@@ -58,6 +58,7 @@ struct TrainOptions {
   int eval_iters = 0;        // --eval-iters: global batches per evaluation
   std::string init_weights;  // safetensors to start from; empty: initialise from seed
   int threads = 0;           // compute stream's threads; 0 = all cores
+  bool tf32 = false;         // --tf32: fp32 GEMMs may use TF32 on CUDA (gpu::StreamOptions)
   // --recompute-granularity, --recompute-method, --recompute-num-layers.
   ActivationOptions activations;
 
@@ -140,8 +141,8 @@ class Trainer {
   std::unique_ptr<Gpt> gpt_;
   std::unique_ptr<AdamW> adam_;
   // Mixed precision: the fp32 master copy AdamW updates (the model's
-  // parameters are it rounded); undefined in fp32, where the parameters are
-  // their own master.
+  // bf16/fp16 parameters are it converted); undefined in fp32, where the
+  // parameters are their own master.
   gpu::Tensor master_;
   std::unique_ptr<LossScaler> scaler_;
   data::Datasets data_;
@@ -153,10 +154,12 @@ class Trainer {
   std::vector<gpu::Tensor> tokens_host_, targets_host_, losses_host_;
   gpu::Tensor norm_host_;
   // The state as checkpoints read and write it: the parameters, the master
-  // (in fp32 the parameters), Adam's m and v; host copies of them on a
-  // device the host cannot read (staged_), else the tensors themselves.
+  // (in fp32 the parameters), Adam's m and v; host copies of them where
+  // the host cannot read them (staged_; the bf16/fp16 parameters widened
+  // into param_values_), else the tensors themselves.
   std::array<gpu::Tensor, 4> state() const;
   std::array<gpu::Tensor, 4> staged_;
+  std::vector<float> param_values_;
   absl::StatusOr<std::array<float*, 4>> state_on_host();
   absl::Status state_to_device();
   int steps_done_ = 0;

@@ -122,7 +122,7 @@ absl::Status load_param(const SafetensorsFile& f, const SafetensorsEntry& e, con
 absl::Status save_weights(const Gpt& gpt, const std::string& path) {
   const ParamLayout& lay = gpt.layout();
   std::vector<float> host(static_cast<std::size_t>(lay.total()));
-  absl::Status st = gpt.params().device()->copy_to_host(gpt.params(), host.data());
+  absl::Status st = gpt.copy_params_to_host(host);  // (bf16/fp16 ones widened)
   if (!st.ok()) return st;
   std::vector<std::vector<float>> transposed;
   transposed.reserve(lay.specs().size());
@@ -198,7 +198,7 @@ absl::Status load_weights(const std::string& path, Gpt& gpt) {
           path, ": tensor '", lm_head->name, "' differs from wte.weight; troupe ties them"));
     }
   }
-  return gpt.params().device()->copy_from_host(host.data(), gpt.params());
+  return gpt.copy_params_from_host(host);  // (rounded to bf16/fp16 ones)
 }
 
 absl::Status load_weights_slice(const std::string& path, const GptConfig& config,

@@ -37,10 +37,10 @@ class ConnectedCollectives final : public comm::StreamCollectives {
     if (!to_) return not_yet();
     return to_->reduce_on(stream, in, out, n, root);
   }
-  absl::Status broadcast_on(void* stream, const float* in, float* out, std::size_t n,
+  absl::Status broadcast_on(void* stream, const void* in, void* out, std::size_t bytes,
                             int root) override {
     if (!to_) return not_yet();
-    return to_->broadcast_on(stream, in, out, n, root);
+    return to_->broadcast_on(stream, in, out, bytes, root);
   }
 
  private:

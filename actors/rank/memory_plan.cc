@@ -80,35 +80,43 @@ absl::StatusOr<MemoryParts> counted_memory(const MemoryQuery& q) {
   const comm::Layout shape = par.layout();
   MemoryParts out;
   bool needs_data = false;
+  // The compute dtype's bytes: parameters' compute copy, activations and
+  // what travels between stages; master, moments and main gradients f32.
+  const bool mixed = q.precision != gpu::Precision::kFp32;
+  const double A = static_cast<double>(gpu::dtype_size(gpu::compute_dtype(q.precision)));
+  model::ActivationOptions acts = q.activations();
+  acts.precision = q.precision;
   for (std::size_t ch = 0; ch < sc->chunks.size(); ch++) {
     const model::StageSpec& spec = sc->chunks[ch].spec;
     const model::ParamLayout& layout = sc->chunks[ch].params;
-    out.params += kF32 * static_cast<double>(layout.total());
+    out.params += A * static_cast<double>(layout.total());
     out.grads += kF32 * static_cast<double>(layout.total());
     // Slots: the schedule's peak, one more with neighbours (RankUnit).
     const int slots = sc->in_flight[ch] + (shape.chunks() > 1 ? 1 : 0);
-    out.activations += kF32 * slots *
-                       static_cast<double>(model::activation_floats_per_slot(
-                           c, spec, q.micro_batch, par.tp, q.activations()));
-    out.activations += kF32 * static_cast<double>(model::recompute_workspace_floats(
-                                  c, spec, q.micro_batch, par.tp, q.activations()));
+    out.activations += slots * static_cast<double>(
+                                   model::counted_slot_bytes(c, spec, q.micro_batch, par.tp, acts));
+    out.activations +=
+        static_cast<double>(model::counted_workspace_bytes(c, spec, q.micro_batch, par.tp, acts));
     // GptStage: input and output gradient per slot (the rows: 1/tp of
     // them with sequence parallelism).
-    out.buffers += kF32 * 2 * slots * B * T * C / (q.sequence_parallel ? par.tp : 1);
-    out.buffers += kF32 * static_cast<double>(
-                              model::scratch_floats(c, q.micro_batch, par.tp, q.activations()));
-    if (spec.embedding && sc->coord.t > 0) out.buffers += kF32 * T * C;  // the zero wpe
+    out.buffers += A * 2 * slots * B * T * C / (q.sequence_parallel ? par.tp : 1);
+    out.buffers +=
+        static_cast<double>(model::counted_scratch_bytes(c, q.micro_batch, par.tp, acts));
+    if (spec.embedding && sc->coord.t > 0) out.buffers += A * T * C;  // the zero wpe
     // Partition: master, m, v, the replicas' sum, and a staging window of
     // two (one at dp = 1) contributions; a norm (f64) per counted range;
-    // mixed precision: the master rounded, which the shards get.
+    // mixed precision: the master in the compute dtype, which the shards get.
     const double n =
         std::max<double>(1, static_cast<double>(partition_range(layout, spec, par.dp, 0).size()));
-    const int mixed = q.precision != gpu::Precision::kFp32 ? 1 : 0;
-    out.optimizer += kF32 * n * (4 + (par.dp > 1 ? 2 : 1) + mixed) +
+    out.optimizer += kF32 * n * (4 + (par.dp > 1 ? 2 : 1)) + (mixed ? A * n : 0.0) +
                      8.0 * static_cast<double>(layout.specs().size());
     needs_data = needs_data || spec.embedding || spec.head;
   }
   if (needs_data) out.buffers += 2 * 4.0 * sc->m * B * T;  // i32 tokens and targets per micro-batch
+  // Mixed precision with TP: the collectives sum in fp32 buffers of the
+  // stream (actors/rank/tensor_link.cc): a (B, T, C) all-reduce, and with
+  // sequence parallelism a second for the gathered side.
+  if (mixed && par.tp > 1) out.buffers += kF32 * B * T * C * (q.sequence_parallel ? 2 : 1);
   return out;
 }
 

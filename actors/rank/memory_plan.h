@@ -62,7 +62,7 @@ struct MemoryQuery {
   model::RecomputeMethod recompute_method = model::RecomputeMethod::kUniform;  // full only
   int recompute_layers = 1;                                                    // full only
   bool sequence_parallel = false;
-  gpu::Precision precision = gpu::Precision::kFp32;  // --bf16/--fp16: a compute copy per partition
+  gpu::Precision precision = gpu::Precision::kFp32;  // --bf16/--fp16: the tensors' dtype
   model::ActivationOptions activations() const {
     return {.recompute = recompute,
             .method = recompute_method,

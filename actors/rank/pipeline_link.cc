@@ -71,8 +71,8 @@ absl::Status PipelineLinks::warm_up(gpu::Device& dev) {
     l.stream->device_call(out ? "warm-up send" : "warm-up receive", {one},
                           [ch = l.channel, peer = l.peer, key = l.key, one, out](void* native) {
                             if (ch == nullptr) return not_connected(key);
-                            return out ? ch->send_on(native, one.data<float>(), 1, peer)
-                                       : ch->recv_on(native, one.data<float>(), 1, peer);
+                            return out ? ch->send_on(native, one.raw(), one.nbytes(), peer)
+                                       : ch->recv_on(native, one.raw(), one.nbytes(), peer);
                           });
     if (absl::Status st = l.stream->synchronize(); !st.ok()) {
       return absl::Status(st.code(), absl::StrCat("the pipeline link from rank ", l.key.from,
@@ -116,8 +116,7 @@ std::shared_ptr<gpu::Event> PipelineLinks::recv(MessageKind kind, int from, gpu:
   l.stream->device_call(
       name, {into}, [ch = l.channel, peer = l.peer, key = l.key, into, &compute](void* native) {
         absl::Status st = ch == nullptr ? not_connected(key)
-                                        : ch->recv_on(native, into.data<float>(),
-                                                      static_cast<std::size_t>(into.numel()), peer);
+                                        : ch->recv_on(native, into.raw(), into.nbytes(), peer);
         // The compute stream waits for this receive; what it would read is
         // not there.
         if (!st.ok()) {
@@ -144,8 +143,7 @@ void PipelineLinks::send(MessageKind kind, int to, gpu::Stream& compute, const g
   l.stream->device_call(name, {what},
                         [ch = l.channel, peer = l.peer, key = l.key, what](void* native) {
                           if (ch == nullptr) return not_connected(key);
-                          return ch->send_on(native, what.data<float>(),
-                                             static_cast<std::size_t>(what.numel()), peer);
+                          return ch->send_on(native, what.raw(), what.nbytes(), peer);
                         });
   l.stream->host_callback([s = l.stream.get(), sent = std::move(sent)] { sent(s->status()); });
 }

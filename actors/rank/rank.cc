@@ -9,6 +9,7 @@
 #include "actors/messages.h"
 #include "actors/rank/tensor_link.h"
 #include "comm/traced_transport.h"
+#include "gpu/host_values.h"
 #include "model/weights.h"
 
 namespace troupe::actors {
@@ -107,7 +108,7 @@ absl::StatusOr<std::unique_ptr<RankUnit>> RankUnit::create(
     u->transport_ = std::make_unique<comm::TracedTransport>(
         std::move(transport), u->recorder_.get(), u->trace_step_.get());
   }
-  u->stream_ = dev.make_stream({.threads = std::max(1, spec.threads)});
+  u->stream_ = dev.make_stream({.threads = std::max(1, spec.threads), .tf32 = o.tf32});
   model::TensorParallel tensor;
   tensor.slice = {par.tp, u->coord_.t};
   if (par.tp > 1) {
@@ -130,10 +131,9 @@ absl::StatusOr<std::unique_ptr<RankUnit>> RankUnit::create(
                                       : std::make_unique<GptStage>(c, o.micro_batch, stage, slots,
                                                                    dev, tensor, o.activations));
   }
+  // (Mixed precision: the parameters, loaded or made, are bf16/fp16; the
+  // partitions' masters start from them, as the single-rank loop's.)
   if (absl::Status st = u->init_params(); !st.ok()) return st;
-  // Mixed precision: loaded parameters rounded (init()'s are); the
-  // partitions' masters then start from them, as the single-rank loop's.
-  for (const auto& chunk : u->chunks_) chunk->gpt().round_params(*u->optimizer_stream_);
   const std::int64_t before = dev.allocated_bytes();
   for (const auto& chunk : u->chunks_) {
     u->partitions_.push_back(std::make_unique<Partition>(*chunk, par.dp, u->coord_.d,
@@ -334,17 +334,22 @@ std::vector<model::ckpt::Piece> RankUnit::checkpoint_pieces() {
       const Partition& part = *partitions_[c];
       state_.push_back({gpu::HostMirror(chunks_[c]->params()), gpu::HostMirror(part.master()),
                         gpu::HostMirror(part.adam_m()), gpu::HostMirror(part.adam_v())});
+      // bf16/fp16 parameters reach the checkpoint widened (state_to_host).
+      const gpu::Tensor& p = chunks_[c]->params();
+      param_values_.emplace_back(p.dtype == gpu::DType::kF32 ? 0
+                                                             : static_cast<std::size_t>(p.numel()));
     }
   }
   std::vector<CheckpointChunk> chunks;
   for (std::size_t c = 0; c < chunks_.size(); c++) {
     const std::array<gpu::HostMirror, 4>& st = state_[c];
-    chunks.push_back({.layout = &chunks_[c]->layout(),
-                      .spec = chunks_[c]->spec(),
-                      .params = st[0].host_data<float>(),
-                      .master = st[1].host_data<float>(),
-                      .adam_m = st[2].host_data<float>(),
-                      .adam_v = st[3].host_data<float>()});
+    chunks.push_back(
+        {.layout = &chunks_[c]->layout(),
+         .spec = chunks_[c]->spec(),
+         .params = param_values_[c].empty() ? st[0].host_data<float>() : param_values_[c].data(),
+         .master = st[1].host_data<float>(),
+         .adam_m = st[2].host_data<float>(),
+         .adam_v = st[3].host_data<float>()});
   }
   return actors::checkpoint_pieces(chunks, coord_, spec_.parallel.dp);
 }
@@ -355,6 +360,11 @@ absl::Status RankUnit::state_to_host() {
   if (absl::Status st = optimizer_stream_->synchronize(); !st.ok()) return st;
   for (const auto& st : state_) {
     for (const gpu::HostMirror& m : st) m.to_host(*optimizer_stream_);
+  }
+  for (std::size_t c = 0; c < chunks_.size(); c++) {
+    if (param_values_[c].empty()) continue;
+    absl::Status st = gpu::copy_values_to_host(chunks_[c]->params(), param_values_[c]);
+    if (!st.ok()) return st;
   }
   return optimizer_stream_->synchronize();
 }
@@ -451,12 +461,11 @@ absl::Status copy_into_whole(const std::vector<const GptStage*>& chunks, model::
 
 absl::Status with_host_copy(const gpu::Tensor& t, bool write_back,
                             const std::function<absl::Status(float*)>& use) {
-  if (t.host_readable()) return use(t.host<float>());
+  if (t.host_readable() && t.dtype == gpu::DType::kF32) return use(t.host<float>());
   std::vector<float> host(static_cast<std::size_t>(t.numel()));
-  gpu::Device& dev = *t.device();
-  if (absl::Status st = dev.copy_to_host(t, host.data()); !st.ok()) return st;
+  if (absl::Status st = gpu::copy_values_to_host(t, host); !st.ok()) return st;
   if (absl::Status st = use(host.data()); !st.ok()) return st;
-  return write_back ? dev.copy_from_host(host.data(), t) : absl::OkStatus();
+  return write_back ? gpu::copy_values_to_device(host, t) : absl::OkStatus();
 }
 
 }  // namespace troupe::actors

@@ -285,6 +285,8 @@ class RankUnit {
   std::int64_t allocated_bytes_ = 0;                    // create + spawn, by the device
   // By chunk: the parameters, the partition's master, m and v (made on first use).
   std::vector<std::array<gpu::HostMirror, 4>> state_;
+  // By chunk: bf16/fp16 parameters widened for a checkpoint (empty in fp32).
+  std::vector<std::vector<float>> param_values_;
   std::shared_ptr<model::ckpt::Snapshot> snapshot_;  // the last save's copy (reused)
   model::ckpt::BackgroundWrite writer_;              // a save's write (after the streams)
   // Last, so that they drain before the buffers above go away.
@@ -325,9 +327,10 @@ absl::Status copy_into_whole(const std::vector<const GptStage*>& chunks, model::
 // One slice: `params` laid out as `layout` (of a chunk of a TP rank).
 absl::Status copy_slice_into_whole(const model::ParamLayout& layout, const float* params,
                                    model::Gpt& whole);
-// Calls `use` with `t`'s f32 elements in host memory: in place where the
-// host can read them; else a synchronous copy (the streams idle), written
-// back after a successful `use` when `write_back`.
+// Calls `use` with `t`'s elements as f32 in host memory: in place where the
+// host can read an f32 tensor; else a synchronous copy (the streams idle;
+// bf16/fp16 widened, and rounded when written back) written back after a
+// successful `use` when `write_back`.
 absl::Status with_host_copy(const gpu::Tensor& t, bool write_back,
                             const std::function<absl::Status(float*)>& use);
 

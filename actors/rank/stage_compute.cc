@@ -16,7 +16,8 @@ GptStage::GptStage(const model::GptConfig& config, int B, const model::StageSpec
   const std::int64_t n = gpu::shape_numel(btc);
   // Chunks that receive nothing (first, last) need no boundary buffers.
   const bool needs_input = !spec.embedding, needs_dout = !spec.head;
-  boundary_ = gpu::Tensor::empty(device, gpu::DType::kF32, {2 * slots * n});
+  // (In the compute dtype: what travels between stages is bf16 with --bf16.)
+  boundary_ = gpu::Tensor::empty(device, gpt_.dtype(), {2 * slots * n});
   for (int k = 0; k < slots; k++) {
     input_.push_back(needs_input ? boundary_.view(2 * k * n, btc) : gpu::Tensor{});
     output_grad_.push_back(needs_dout ? boundary_.view((2 * k + 1) * n, btc) : gpu::Tensor{});

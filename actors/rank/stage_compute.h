@@ -26,7 +26,9 @@ class StageCompute {
   virtual const model::StageSpec& spec() const = 0;
   virtual const model::ParamLayout& layout() const = 0;
   virtual int slots() const = 0;
-  // Flat parameter and gradient buffers (layout().total() f32 each).
+  // Flat parameter and gradient buffers (layout().total() elements each):
+  // the parameters' compute copy (f32, bf16 or f16) and the fp32 main
+  // gradients.
   virtual const gpu::Tensor& params() const = 0;
   virtual const gpu::Tensor& grads() const = 0;
 

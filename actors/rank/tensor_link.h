@@ -16,6 +16,7 @@
 //   model::Gpt gpt(config, B, device, stage, 1, tp);
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <cstddef>
 #include <functional>
@@ -38,6 +39,12 @@ struct TensorLinkOptions {
   CollectiveRunner runner;  // default: run the collective as it is
   // Counts the floats all-reduced and reduce-scattered (tests); may be null.
   std::shared_ptr<std::atomic<std::int64_t>> reduced_floats;
+  // bf16/fp16 tensors are summed in two fp32 buffers of the stream they
+  // are enqueued on; these sizes (floats) are allocated on `stream` when
+  // the link is made, so that they count with the rank's memory (0: on
+  // first use).
+  gpu::Stream* stream = nullptr;
+  std::array<std::int64_t, 2> reserve_floats{0, 0};
 };
 
 // `comm` (the TP group, member t of slice.tp) must outlive the link.

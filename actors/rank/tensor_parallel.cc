@@ -52,6 +52,15 @@ absl::Status RankUnit::make_tensor_parallel(gpu::Device& dev, model::TensorParal
   tensor_->set_recorder(trace_->recorder);
   TensorLinkOptions link;
   link.reduced_floats = tp_floats_;
+  // bf16/fp16: the collectives' fp32 buffers, made now (memory_plan.cc
+  // counts them): a (B, T, C) sum, and with sequence parallelism the
+  // gathered side.
+  const model::TrainOptions& o = spec_.options;
+  if (o.activations.precision != gpu::Precision::kFp32) {
+    const std::int64_t btc = std::int64_t{o.micro_batch} * o.model.T * o.model.C;
+    link.stream = stream_.get();
+    link.reserve_floats = {btc, o.activations.sequence_parallel ? btc : 0};
+  }
   link.runner = [comm = tensor_.get(), rt = trace_.get()](
                     comm::trace::What op, std::size_t floats,
                     const std::function<absl::Status()>& run) {

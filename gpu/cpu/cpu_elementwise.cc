@@ -1,10 +1,12 @@
-// Elementwise kernels (GELU, residual, fill, axpy, rounding, AdamW) and the
-// squared norm.
+// Elementwise kernels (GELU, residual, fill, axpy: in any compute dtype,
+// converted in registers; AdamW in fp32) and the squared norm.
 // Work is cut into fixed chunks so every element's arithmetic, and the order
 // of the norm's partial sums, are independent of the thread count.
 #include <cmath>
+#include <cstdint>
 #include <vector>
 
+#include "gpu/cpu/cpu_convert.h"
 #include "gpu/cpu/cpu_kernels.h"
 #include "gpu/cpu/vec_math.h"
 
@@ -21,43 +23,80 @@ void for_chunks(i64 n, F&& f) {
 
 constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2/pi)
 
-TROUPE_CLONES void gelu_forward_range(float* out, const float* inp, i64 i0, i64 i1) {
+template <typename S>
+TROUPE_INLINE void gelu_forward_body(void* out_, const void* inp_, i64 i0, i64 i1) {
+  auto* out = static_cast<typename S::T*>(out_);
+  const auto* inp = static_cast<const typename S::T*>(inp_);
   for (i64 i = i0; i < i1; i++) {
-    float x = inp[i];
+    float x = S::load(inp[i]);
     float u = kGeluScale * (x + 0.044715f * x * x * x);
-    out[i] = 0.5f * x * (1.0f + tanh_approx(u));
+    out[i] = S::store(0.5f * x * (1.0f + tanh_approx(u)));
   }
 }
 
-TROUPE_CLONES void gelu_backward_range(float* dinp, const float* inp, const float* dout, i64 i0,
-                                       i64 i1) {
+template <typename S>
+TROUPE_INLINE void gelu_backward_body(void* dinp_, const void* inp_, const void* dout_, i64 i0,
+                                      i64 i1) {
+  auto* dinp = static_cast<typename S::T*>(dinp_);
+  const auto* inp = static_cast<const typename S::T*>(inp_);
+  const auto* dout = static_cast<const typename S::T*>(dout_);
   for (i64 i = i0; i < i1; i++) {
-    float x = inp[i];
+    float x = S::load(inp[i]);
     float u = kGeluScale * (x + 0.044715f * x * x * x);
     float th = tanh_approx(u);
     float sech2 = 1.0f - th * th;
     float du = kGeluScale * (1.0f + 3.0f * 0.044715f * x * x);
-    dinp[i] = (0.5f * (1.0f + th) + 0.5f * x * sech2 * du) * dout[i];
+    dinp[i] = S::store((0.5f * (1.0f + th) + 0.5f * x * sech2 * du) * S::load(dout[i]));
   }
 }
 
-TROUPE_CLONES void add_range(float* out, const float* a, const float* b, i64 i0, i64 i1) {
-  for (i64 i = i0; i < i1; i++) out[i] = a[i] + b[i];
+template <typename S>
+TROUPE_INLINE void add_body(void* out_, const void* a_, const void* b_, i64 i0, i64 i1) {
+  auto* out = static_cast<typename S::T*>(out_);
+  const auto* a = static_cast<const typename S::T*>(a_);
+  const auto* b = static_cast<const typename S::T*>(b_);
+  for (i64 i = i0; i < i1; i++) out[i] = S::store(S::load(a[i]) + S::load(b[i]));
 }
 
-TROUPE_CLONES void axpy_range(float* y, float alpha, const float* x, i64 i0, i64 i1) {
-  for (i64 i = i0; i < i1; i++) y[i] += alpha * x[i];
+template <typename S>
+TROUPE_INLINE void axpy_body(void* y_, float alpha, const void* x_, i64 i0, i64 i1) {
+  auto* y = static_cast<typename S::T*>(y_);
+  const auto* x = static_cast<const typename S::T*>(x_);
+  for (i64 i = i0; i < i1; i++) y[i] = S::store(S::load(y[i]) + alpha * S::load(x[i]));
 }
 
-TROUPE_CLONES void round_range(float* out, const float* in, Precision p, i64 i0, i64 i1) {
-  if (p == Precision::kBf16) {
-    for (i64 i = i0; i < i1; i++) out[i] = round_bf16(in[i]);
-  } else if (p == Precision::kFp16) {
-    for (i64 i = i0; i < i1; i++) out[i] = round_fp16(in[i]);
-  } else if (out != in) {
-    for (i64 i = i0; i < i1; i++) out[i] = in[i];
+// One vectorized clone set per storage format.
+#define TROUPE_ELEMENTWISE(S)                                                                 \
+  TROUPE_CLONES void gelu_forward_##S(void* out, const void* inp, i64 i0, i64 i1) {           \
+    gelu_forward_body<S>(out, inp, i0, i1);                                                   \
+  }                                                                                           \
+  TROUPE_CLONES void gelu_backward_##S(void* dinp, const void* inp, const void* dout, i64 i0, \
+                                       i64 i1) {                                              \
+    gelu_backward_body<S>(dinp, inp, dout, i0, i1);                                           \
+  }                                                                                           \
+  TROUPE_CLONES void add_##S(void* out, const void* a, const void* b, i64 i0, i64 i1) {       \
+    add_body<S>(out, a, b, i0, i1);                                                           \
+  }                                                                                           \
+  TROUPE_CLONES void axpy_##S(void* y, float alpha, const void* x, i64 i0, i64 i1) {          \
+    axpy_body<S>(y, alpha, x, i0, i1);                                                        \
   }
-}
+TROUPE_ELEMENTWISE(F32)
+TROUPE_ELEMENTWISE(BF16)
+TROUPE_ELEMENTWISE(F16)
+#undef TROUPE_ELEMENTWISE
+
+// Runs fn_<format>(args..., i0, i1) over fixed chunks for dtype dt.
+#define TROUPE_DISPATCH(dt, fn, n, ...)                                       \
+  switch (dt) {                                                               \
+    case DType::kBF16:                                                        \
+      for_chunks(n, [&](i64 i0, i64 i1) { fn##_BF16(__VA_ARGS__, i0, i1); }); \
+      break;                                                                  \
+    case DType::kF16:                                                         \
+      for_chunks(n, [&](i64 i0, i64 i1) { fn##_F16(__VA_ARGS__, i0, i1); });  \
+      break;                                                                  \
+    default:                                                                  \
+      for_chunks(n, [&](i64 i0, i64 i1) { fn##_F32(__VA_ARGS__, i0, i1); });  \
+  }
 
 TROUPE_CLONES double squares_range(const float* x, i64 i0, i64 i1) {
   double s = 0.0;
@@ -87,30 +126,35 @@ TROUPE_CLONES void adamw_range(float* p, const float* g, float* m, float* v, Ada
 
 }  // namespace
 
-void gelu_forward(float* out, const float* inp, i64 n) {
-  for_chunks(n, [&](i64 i0, i64 i1) { gelu_forward_range(out, inp, i0, i1); });
+void gelu_forward(void* out, const void* inp, DType dt, i64 n) {
+  TROUPE_DISPATCH(dt, gelu_forward, n, out, inp)
 }
 
-void gelu_backward(float* dinp, const float* inp, const float* dout, i64 n) {
-  for_chunks(n, [&](i64 i0, i64 i1) { gelu_backward_range(dinp, inp, dout, i0, i1); });
+void gelu_backward(void* dinp, const void* inp, const void* dout, DType dt, i64 n) {
+  TROUPE_DISPATCH(dt, gelu_backward, n, dinp, inp, dout)
 }
 
-void residual_forward(float* out, const float* a, const float* b, i64 n) {
-  for_chunks(n, [&](i64 i0, i64 i1) { add_range(out, a, b, i0, i1); });
+void residual_forward(void* out, const void* a, const void* b, DType dt, i64 n) {
+  TROUPE_DISPATCH(dt, add, n, out, a, b)
 }
 
-void fill(float* x, float value, i64 n) {
+void axpy(void* y, float alpha, const void* x, DType dt, i64 n) {
+  TROUPE_DISPATCH(dt, axpy, n, y, alpha, x)
+}
+
+void fill(void* x, float value, DType dt, i64 n) {
+  if (dt == DType::kF32) {
+    auto* f = static_cast<float*>(x);
+    for_chunks(n, [&](i64 i0, i64 i1) {
+      for (i64 i = i0; i < i1; i++) f[i] = value;
+    });
+    return;
+  }
+  const std::uint16_t h = dt == DType::kBF16 ? f32_to_bf16(value) : f32_to_f16(value);
+  auto* p = static_cast<std::uint16_t*>(x);
   for_chunks(n, [&](i64 i0, i64 i1) {
-    for (i64 i = i0; i < i1; i++) x[i] = value;
+    for (i64 i = i0; i < i1; i++) p[i] = h;
   });
-}
-
-void axpy(float* y, float alpha, const float* x, i64 n) {
-  for_chunks(n, [&](i64 i0, i64 i1) { axpy_range(y, alpha, x, i0, i1); });
-}
-
-void round_to(float* out, const float* in, i64 n, Precision p) {
-  for_chunks(n, [&](i64 i0, i64 i1) { round_range(out, in, p, i0, i1); });
 }
 
 double squared_norm(const float* x, i64 n) {

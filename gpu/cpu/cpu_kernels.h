@@ -1,4 +1,5 @@
-// The CPU backend's kernels on raw pointers (fp32, row-major, contiguous).
+// The CPU backend's kernels on raw pointers (row-major, contiguous; fp32
+// unless a dtype is given: cpu_convert.h stages the others).
 // Each runs on the calling thread's OpenMP team (a stream's worker thread
 // sets its team size) and is deterministic for a given thread count; every
 // reduction whose order could depend on the team size is done in a fixed
@@ -10,7 +11,7 @@
 
 #include <cstdint>
 
-#include "gpu/precision.h"
+#include "gpu/tensor.h"
 
 namespace troupe::gpu::cpu {
 
@@ -20,6 +21,10 @@ using i64 = std::int64_t;
 // [begin, begin + rows) of ids valid in [0, total). False: an id out of range.
 bool embedding_forward(float* out, const std::int32_t* tokens, const float* wte, const float* wpe,
                        i64 B, i64 T, i64 C, i64 rows, i64 begin, i64 total);
+// The same on bf16/f16 tables and output (`dt`), converting each row in
+// registers (no widened copy of the table).
+bool embedding_forward(void* out, DType dt, const std::int32_t* tokens, const void* wte,
+                       const void* wpe, i64 B, i64 T, i64 C, i64 rows, i64 begin, i64 total);
 bool embedding_backward(float* dwte, float* dwpe, const float* dout, const std::int32_t* tokens,
                         i64 B, i64 T, i64 C, i64 rows, i64 begin, i64 total);
 
@@ -33,8 +38,12 @@ void matmul_forward(float* out, const float* inp, const float* w, const float* b
 void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp,
                      const float* w, i64 N, i64 IC, i64 OC, bool accumulate_dinp);
 
-void gelu_forward(float* out, const float* inp, i64 n);
-void gelu_backward(float* dinp, const float* inp, const float* dout, i64 n);
+// Elementwise ops on tensors of one compute dtype `dt` (fp32 arithmetic).
+void gelu_forward(void* out, const void* inp, DType dt, i64 n);
+void gelu_backward(void* dinp, const void* inp, const void* dout, DType dt, i64 n);
+void residual_forward(void* out, const void* a, const void* b, DType dt, i64 n);
+void fill(void* x, float value, DType dt, i64 n);
+void axpy(void* y, float alpha, const void* x, DType dt, i64 n);
 
 void attention_forward(float* out, float* att, const float* qkv, i64 B, i64 T, i64 C, i64 NH);
 void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv,
@@ -42,8 +51,6 @@ void attention_backward(float* dqkv, float* datt, const float* dout, const float
 // qkv[B,n,3C] at positions pos..; caches [B,NH,Tc,HS]; att[B,NH,n,Tc].
 void attention_cached(float* out, float* att, float* kcache, float* vcache, const float* qkv, i64 B,
                       i64 n, i64 C, i64 NH, i64 Tc, i64 pos);
-
-void residual_forward(float* out, const float* a, const float* b, i64 n);
 
 bool crossentropy_forward(float* losses, float* lse, const float* logits,
                           const std::int32_t* targets, i64 N, i64 V, i64 Vp);
@@ -58,9 +65,21 @@ void crossentropy_combine(float* losses, float* lse, const float* stats, i64 P, 
 double squared_norm(const float* x, i64 n);
 void adamw(float* p, const float* g, float* m, float* v, i64 n, float lr, float beta1, float beta2,
            float eps, float weight_decay, int step, float grad_scale);
-void fill(float* x, float value, i64 n);
-void axpy(float* y, float alpha, const float* x, i64 n);
-void round_to(float* out, const float* in, i64 n, Precision p);  // out may be in
+
+// bf16 linear layers on oneDNN's bf16 matmul (bf16 inputs, fp32
+// accumulation, out and dinp bf16, dw and dbias fp32 added into), as
+// matmul_forward/backward. Only where bf16_matmul_native(): elsewhere the
+// caller widens to fp32.
+void matmul_forward_bf16(void* out, const void* inp, const void* w, const void* bias, i64 N, i64 IC,
+                         i64 OC);
+void matmul_backward_bf16(void* dinp, float* dw, float* dbias, const void* dout, const void* inp,
+                          const void* w, i64 N, i64 IC, i64 OC, bool accumulate_dinp);
+// Whether oneDNN has a bf16 matmul for this CPU other than its reference
+// loop (AVX512-BF16 or AMX instructions, or its AVX-512 emulation of them)
+// for the layouts the linear layers use; decided once. ONEDNN_MAX_CPU_ISA
+// limits what it may use; TROUPE_CPU_BF16_GEMM=fp32 says no (the fallback:
+// widened to fp32, sgemm, rounded), so one machine tests both.
+bool bf16_matmul_native();
 
 // C[M,N] = alpha * op(A) . op(B) + beta * C through oneDNN (row-major).
 void sgemm(char transa, char transb, i64 M, i64 N, i64 K, float alpha, const float* A, i64 lda,

@@ -1,9 +1,14 @@
-// Linear layers on oneDNN's sgemm (it dispatches on the CPU's ISA and runs
-// on the calling thread's OpenMP team).
+// Linear layers on oneDNN: fp32 through its sgemm, bf16 through its bf16
+// matmul primitive (it dispatches on the CPU's ISA: AMX, AVX512-BF16, or
+// its AVX-512 emulation; both run on the calling thread's OpenMP team).
 #include <oneapi/dnnl/dnnl.h>
 
 #include <cstdio>
+#include <cstdlib>
+#include <oneapi/dnnl/dnnl.hpp>
 #include <stdexcept>
+#include <string>
+#include <unordered_map>
 
 #include "gpu/cpu/cpu_kernels.h"
 #include "gpu/cpu/vec_math.h"
@@ -26,7 +31,117 @@ TROUPE_CLONES void broadcast_rows(float* out, const float* bias, i64 rows, i64 O
   }
 }
 
+// dbias[o] += sum_n dout[n, o] over bf16 dout, rows in order.
+TROUPE_CLONES void colsum_bf16_range(float* dbias, const std::uint16_t* dout, i64 N, i64 OC, i64 o0,
+                                     i64 o1) {
+  for (i64 n = 0; n < N; n++) {
+    const std::uint16_t* row = dout + n * OC;
+    for (i64 o = o0; o < o1; o++) dbias[o] += bf16_to_f32(row[o]);
+  }
+}
+
+using dnnl::memory;
+
+dnnl::engine& engine() {
+  static dnnl::engine e(dnnl::engine::kind::cpu, 0);
+  return e;
+}
+
+// A [rows, cols] matrix at `data` whose element (i, j) is at i * rs + j * cs.
+struct Operand {
+  const void* data;
+  i64 rows, cols, rs, cs;
+  memory::data_type dt;
+  memory::desc desc() const { return memory::desc({rows, cols}, dt, {rs, cs}); }
+};
+
+// C (=|+=) A . B (+ bias[1, N]) on oneDNN's matmul: fp32 accumulation, C
+// rounded once. The primitive comes from oneDNN's own cache by shape.
+dnnl::matmul::primitive_desc gemm_desc(const Operand& a, const Operand& b, const Operand& c,
+                                       memory::data_type bias_dt, bool accumulate) {
+  dnnl::primitive_attr attr;
+  if (accumulate) {
+    dnnl::post_ops po;
+    po.append_sum(1.0f);
+    attr.set_post_ops(po);
+  }
+  const memory::desc bias_md = bias_dt == memory::data_type::undef
+                                   ? memory::desc()
+                                   : memory::desc({1, c.cols}, bias_dt, {c.cols, 1});
+  return dnnl::matmul::primitive_desc(dnnl::matmul::desc(a.desc(), b.desc(), bias_md, c.desc()),
+                                      attr, engine());
+}
+
+void gemm(const Operand& a, const Operand& b, const Operand& c, const void* bias, bool accumulate) {
+  if (c.rows == 0 || c.cols == 0) return;
+  const memory::data_type bias_dt = bias != nullptr ? a.dt : memory::data_type::undef;
+  const dnnl::matmul::primitive_desc pd = gemm_desc(a, b, c, bias_dt, accumulate);
+  auto mem = [](const memory::desc& md, const void* p) {
+    return memory(md, engine(), const_cast<void*>(p));
+  };
+  std::unordered_map<int, memory> args = {{DNNL_ARG_SRC, mem(pd.src_desc(), a.data)},
+                                          {DNNL_ARG_WEIGHTS, mem(pd.weights_desc(), b.data)},
+                                          {DNNL_ARG_DST, mem(pd.dst_desc(), c.data)}};
+  if (bias != nullptr) args.emplace(DNNL_ARG_BIAS, mem(pd.bias_desc(), bias));
+  dnnl::stream strm(engine());
+  dnnl::matmul(pd).execute(strm, args);
+  strm.wait();
+}
+
+constexpr memory::data_type kBf16 = memory::data_type::bf16;
+constexpr memory::data_type kF32 = memory::data_type::f32;
+
 }  // namespace
+
+bool bf16_matmul_native() {
+  static const bool native = [] {
+    const char* force = std::getenv("TROUPE_CPU_BF16_GEMM");
+    if (force != nullptr && std::string(force) == "fp32") return false;  // (tests the fallback)
+    // The three layouts the linear layers use (transposed weights with a
+    // bias; plain; a transposed source into f32, added to): each must have
+    // an implementation other than oneDNN's reference loop.
+    const i64 n = 64;
+    const Operand plain{nullptr, n, n, n, 1, kBf16}, transposed{nullptr, n, n, 1, n, kBf16};
+    const Operand out{nullptr, n, n, n, 1, kBf16}, main_grad{nullptr, n, n, n, 1, kF32};
+    auto not_ref = [](const dnnl::matmul::primitive_desc& pd) {
+      return std::string(pd.impl_info_str()).find("ref") == std::string::npos;
+    };
+    const memory::data_type none = memory::data_type::undef;
+    try {
+      return not_ref(gemm_desc(plain, transposed, out, kBf16, false)) &&
+             not_ref(gemm_desc(plain, plain, out, none, true)) &&
+             not_ref(gemm_desc(transposed, plain, main_grad, none, true));
+    } catch (const dnnl::error&) {
+      return false;
+    }
+  }();
+  return native;
+}
+
+void matmul_forward_bf16(void* out, const void* inp, const void* w, const void* bias, i64 N, i64 IC,
+                         i64 OC) {
+  // out[N,OC] = inp[N,IC] . w^T, w^T[IC,OC] read from w[OC,IC] by strides.
+  gemm({inp, N, IC, IC, 1, kBf16}, {w, IC, OC, 1, IC, kBf16}, {out, N, OC, OC, 1, kBf16}, bias,
+       false);
+}
+
+void matmul_backward_bf16(void* dinp, float* dw, float* dbias, const void* dout, const void* inp,
+                          const void* w, i64 N, i64 IC, i64 OC, bool accumulate_dinp) {
+  // dinp[N,IC] (=|+=) dout[N,OC] . w[OC,IC]
+  gemm({dout, N, OC, OC, 1, kBf16}, {w, OC, IC, IC, 1, kBf16}, {dinp, N, IC, IC, 1, kBf16}, nullptr,
+       accumulate_dinp);
+  // dw[OC,IC] += dout^T . inp: the fp32 main gradient, added into.
+  gemm({dout, OC, N, 1, OC, kBf16}, {inp, N, IC, IC, 1, kBf16}, {dw, OC, IC, IC, 1, kF32}, nullptr,
+       true);
+  if (dbias != nullptr) {
+    const auto* d = static_cast<const std::uint16_t*>(dout);
+    constexpr i64 kCols = 64;
+#pragma omp parallel for schedule(static)
+    for (i64 o0 = 0; o0 < OC; o0 += kCols) {
+      colsum_bf16_range(dbias, d, N, OC, o0, o0 + kCols < OC ? o0 + kCols : OC);
+    }
+  }
+}
 
 void sgemm(char transa, char transb, i64 M, i64 N, i64 K, float alpha, const float* A, i64 lda,
            const float* B, i64 ldb, float beta, float* C, i64 ldc) {

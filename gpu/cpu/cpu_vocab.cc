@@ -3,6 +3,7 @@
 // part, so the padding never changes a result).
 #include <cmath>
 
+#include "gpu/cpu/cpu_convert.h"
 #include "gpu/cpu/cpu_kernels.h"
 #include "gpu/cpu/vec_math.h"
 
@@ -70,6 +71,41 @@ bool embedding_forward(float* out, const std::int32_t* tokens, const float* wte,
     } else {
       copy_row(out + bt * C, p, C);  // another rank's token: its row adds in the all-reduce
     }
+  }
+  return true;
+}
+
+namespace {
+
+template <typename S>
+void embedding_rows(void* out_, const std::int32_t* tokens, const void* wte_, const void* wpe_,
+                    i64 B, i64 T, i64 C, i64 rows, i64 begin) {
+  auto* out = static_cast<typename S::T*>(out_);
+  const auto* wte = static_cast<const typename S::T*>(wte_);
+  const auto* wpe = static_cast<const typename S::T*>(wpe_);
+#pragma omp parallel for schedule(static)
+  for (i64 bt = 0; bt < B * T; bt++) {
+    const i64 row = static_cast<i64>(tokens[bt]) - begin;
+    const typename S::T* p = wpe + (bt % T) * C;
+    typename S::T* o = out + bt * C;
+    if (row >= 0 && row < rows) {
+      const typename S::T* w = wte + row * C;
+      for (i64 i = 0; i < C; i++) o[i] = S::store(S::load(w[i]) + S::load(p[i]));
+    } else {
+      for (i64 i = 0; i < C; i++) o[i] = p[i];  // another rank's token: wpe alone
+    }
+  }
+}
+
+}  // namespace
+
+bool embedding_forward(void* out, DType dt, const std::int32_t* tokens, const void* wte,
+                       const void* wpe, i64 B, i64 T, i64 C, i64 rows, i64 begin, i64 total) {
+  if (!tokens_in_range(tokens, B * T, total)) return false;
+  if (dt == DType::kBF16) {
+    embedding_rows<BF16>(out, tokens, wte, wpe, B, T, C, rows, begin);
+  } else {
+    embedding_rows<F16>(out, tokens, wte, wpe, B, T, C, rows, begin);
   }
   return true;
 }

@@ -1,15 +1,32 @@
 // Causal multi-head self-attention: forward, backward and the KV-cached step
-// of generation. Kernels, then launchers.
+// of generation. Kernels, then launchers. qkv, att, out, their gradients
+// and the caches are in the compute dtype (stored as S); scores and sums are
+// fp32 in registers and shared memory.
 //
-// The forward is fused per query row: one block computes the row's scores,
-// its causal softmax and the row of the output, keeping the probabilities in
-// att (the backward's input, as gpu/kernels.h asks). The backward is three
-// kernels, each writing every element it owns exactly once (no atomics):
-//   rows i:    datt = dy_i . v_j; dpre = att * (datt - rowsum(att * datt)) / sqrt(HS)
+// The forward is fused per query row: one block of 128 threads (4 warps)
+// computes the row's scores (warp w takes keys w, w + 4, ..., its lanes
+// split the head's HS dimensions and reduce by shuffles) into fp32 shared
+// memory (T floats), its causal softmax there (block trees), stores the
+// probabilities in att (the backward's input, as gpu/kernels.h asks;
+// rounded to S) and computes the row of the output from the fp32
+// probabilities (thread d sums over the keys). It reads q once, each k_j
+// and v_j row once per query (from L2), and writes T elements of att and
+// HS of out.
+//
+// The backward is three kernels, each writing every element it owns exactly
+// once (no atomics):
+//   rows i:    datt = dy_i . v_j (fp32 in shared memory);
+//              dpre = att * (datt - rowsum(att * datt)) / sqrt(HS), stored in datt (S)
 //   columns j: dv_j = sum_i att[i,j] dy_i;  dk_j = sum_i dpre[i,j] q_i   (i >= j)
 //   rows i:    dq_i = sum_j dpre[i,j] k_j                                  (j <= i)
+// A block per row (or column) of one head; thread d owns dimension d of the
+// head (dv, dk, dq). In 16 bits dk and dq read dpre as stored (rounded once;
+// the CPU uses its fp32 dpre).
+//
 // Heads are strided views into qkv[B,T,3C]: q at h*HS, k at C + h*HS, v at
 // 2C + h*HS of each position's row.
+#include <climits>
+
 #include "gpu/cuda/cuda_common.cuh"
 
 namespace troupe::gpu::cuda {
@@ -18,17 +35,19 @@ namespace {
 constexpr int kBlock = 128;
 constexpr int kWarps = kBlock / kWarp;
 
-// Scores of one query row against keys 0..keys-1 (a row of `keys` rows of
-// stride `kstride`), the causal softmax over them, zeros up to `width`, then
-// out[d] = sum_j a[j] v_j[d]. Called by the whole block.
-__device__ void attend_row(float* a, float* out, const float* q, const float* k, i64 kstride,
-                           const float* v, i64 vstride, i64 keys, i64 width, i64 HS, float scale) {
+// Scores of one query row against keys 0..keys-1 (rows of stride `kstride`)
+// into `a` (shared, keys floats), the causal softmax over them, stored in
+// att_row (zeros from keys up to `width`), then out[d] = sum_j a[j] v_j[d]
+// with the fp32 probabilities. Called by the whole block.
+template <typename S>
+__device__ void attend_row(float* a, S* att_row, S* out, const S* q, const S* k, i64 kstride,
+                           const S* v, i64 vstride, i64 keys, i64 width, i64 HS, float scale) {
   __shared__ float shared[kWarp];
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
   for (i64 j = warp; j < keys; j += kWarps) {
-    const float* kj = k + j * kstride;
+    const S* kj = k + j * kstride;
     float dot = 0.0f;
-    for (i64 d = lane; d < HS; d += kWarp) dot += q[d] * kj[d];
+    for (i64 d = lane; d < HS; d += kWarp) dot += to_float(q[d]) * to_float(kj[d]);
     dot = warp_sum(dot);
     if (lane == 0) a[j] = dot * scale;
   }
@@ -43,105 +62,115 @@ __device__ void attend_row(float* a, float* out, const float* q, const float* k,
     s += e;
   }
   const float inv = 1.0f / block_sum(s, shared);  // syncs: every a[j] is written
-  for (i64 j = threadIdx.x; j < width; j += blockDim.x) a[j] = j < keys ? a[j] * inv : 0.0f;
+  for (i64 j = threadIdx.x; j < width; j += blockDim.x) {
+    float pj = 0.0f;
+    if (j < keys) a[j] = pj = a[j] * inv;
+    att_row[j] = from_float<S>(pj);
+  }
   __syncthreads();
   for (i64 d = threadIdx.x; d < HS; d += blockDim.x) {
     float acc = 0.0f;
-    for (i64 j = 0; j < keys; j++) acc += a[j] * v[j * vstride + d];
-    out[d] = acc;
+    for (i64 j = 0; j < keys; j++) acc += a[j] * to_float(v[j * vstride + d]);
+    out[d] = from_float<S>(acc);
   }
 }
 
-// Block (bh, i): query row i of head h of batch b.
-__global__ void attention_forward_kernel(const unsigned* fault, float* out, float* att,
-                                         const float* qkv, i64 T, i64 C, i64 NH) {
+// Block (bh, i): query row i of head h of batch b. Shared: T floats.
+template <typename S>
+__global__ void attention_forward_kernel(const unsigned* fault, S* out, S* att, const S* qkv, i64 T,
+                                         i64 C, i64 NH) {
   if (faulted(fault)) return;
+  extern __shared__ float scores[];
   const i64 row = blockIdx.x, bh = row / T, i = row % T, b = bh / NH, h = bh % NH;
   const i64 HS = C / NH, C3 = 3 * C;
-  const float* base = qkv + b * T * C3 + h * HS;
-  attend_row(att + row * T, out + (b * T + i) * C + h * HS, base + i * C3, base + C, C3,
+  const S* base = qkv + b * T * C3 + h * HS;
+  attend_row(scores, att + row * T, out + (b * T + i) * C + h * HS, base + i * C3, base + C, C3,
              base + 2 * C, C3, i + 1, T, HS, rsqrtf(static_cast<float>(HS)));
 }
 
-__global__ void attention_backward_rows_kernel(const unsigned* fault, float* datt,
-                                               const float* dout, const float* qkv,
-                                               const float* att, i64 T, i64 C, i64 NH) {
+// Block (bh, i). Shared: T floats (the row's datt).
+template <typename S>
+__global__ void attention_backward_rows_kernel(const unsigned* fault, S* datt, const S* dout,
+                                               const S* qkv, const S* att, i64 T, i64 C, i64 NH) {
   if (faulted(fault)) return;
+  extern __shared__ float da[];
   __shared__ float shared[kWarp];
   const i64 row = blockIdx.x, bh = row / T, i = row % T, b = bh / NH, h = bh % NH;
   const i64 HS = C / NH, C3 = 3 * C;
-  const float* v = qkv + b * T * C3 + 2 * C + h * HS;
-  const float* dy = dout + (b * T + i) * C + h * HS;
-  const float* a = att + row * T;
-  float* da = datt + row * T;
+  const S* v = qkv + b * T * C3 + 2 * C + h * HS;
+  const S* dy = dout + (b * T + i) * C + h * HS;
+  const S* a = att + row * T;
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
   for (i64 j = warp; j <= i; j += kWarps) {
     float dot = 0.0f;
-    for (i64 d = lane; d < HS; d += kWarp) dot += dy[d] * v[j * C3 + d];
+    for (i64 d = lane; d < HS; d += kWarp) dot += to_float(dy[d]) * to_float(v[j * C3 + d]);
     dot = warp_sum(dot);
     if (lane == 0) da[j] = dot;
   }
   __syncthreads();
   float s = 0.0f;
-  for (i64 j = threadIdx.x; j <= i; j += blockDim.x) s += a[j] * da[j];
+  for (i64 j = threadIdx.x; j <= i; j += blockDim.x) s += to_float(a[j]) * da[j];
   const float dot = block_sum(s, shared);
   const float scale = rsqrtf(static_cast<float>(HS));
+  S* dpre = datt + row * T;
   for (i64 j = threadIdx.x; j < T; j += blockDim.x) {
-    da[j] = j <= i ? a[j] * (da[j] - dot) * scale : 0.0f;
+    dpre[j] = from_float<S>(j <= i ? to_float(a[j]) * (da[j] - dot) * scale : 0.0f);
   }
 }
 
 // Block (bh, j): dv_j and dk_j.
-__global__ void attention_backward_keys_kernel(const unsigned* fault, float* dqkv,
-                                               const float* dpre, const float* dout,
-                                               const float* qkv, const float* att, i64 T, i64 C,
-                                               i64 NH) {
+template <typename S>
+__global__ void attention_backward_keys_kernel(const unsigned* fault, S* dqkv, const S* dpre,
+                                               const S* dout, const S* qkv, const S* att, i64 T,
+                                               i64 C, i64 NH) {
   if (faulted(fault)) return;
   const i64 col = blockIdx.x, bh = col / T, j = col % T, b = bh / NH, h = bh % NH;
   const i64 HS = C / NH, C3 = 3 * C;
-  const float* q = qkv + b * T * C3 + h * HS;
-  const float* dy = dout + b * T * C + h * HS;
-  const float* a = att + bh * T * T;
-  const float* p = dpre + bh * T * T;
-  float* dk = dqkv + (b * T + j) * C3 + C + h * HS;
-  float* dv = dk + C;
+  const S* q = qkv + b * T * C3 + h * HS;
+  const S* dy = dout + b * T * C + h * HS;
+  const S* a = att + bh * T * T;
+  const S* p = dpre + bh * T * T;
+  S* dk = dqkv + (b * T + j) * C3 + C + h * HS;
+  S* dv = dk + C;
   for (i64 d = threadIdx.x; d < HS; d += blockDim.x) {
     float acc_v = 0.0f, acc_k = 0.0f;
     for (i64 i = j; i < T; i++) {
-      acc_v += a[i * T + j] * dy[i * C + d];
-      acc_k += p[i * T + j] * q[i * C3 + d];
+      acc_v += to_float(a[i * T + j]) * to_float(dy[i * C + d]);
+      acc_k += to_float(p[i * T + j]) * to_float(q[i * C3 + d]);
     }
-    dv[d] = acc_v;
-    dk[d] = acc_k;
+    dv[d] = from_float<S>(acc_v);
+    dk[d] = from_float<S>(acc_k);
   }
 }
 
 // Block (bh, i): dq_i.
-__global__ void attention_backward_queries_kernel(const unsigned* fault, float* dqkv,
-                                                  const float* dpre, const float* qkv, i64 T, i64 C,
-                                                  i64 NH) {
+template <typename S>
+__global__ void attention_backward_queries_kernel(const unsigned* fault, S* dqkv, const S* dpre,
+                                                  const S* qkv, i64 T, i64 C, i64 NH) {
   if (faulted(fault)) return;
   const i64 row = blockIdx.x, bh = row / T, i = row % T, b = bh / NH, h = bh % NH;
   const i64 HS = C / NH, C3 = 3 * C;
-  const float* k = qkv + b * T * C3 + C + h * HS;
-  const float* p = dpre + row * T;
-  float* dq = dqkv + (b * T + i) * C3 + h * HS;
+  const S* k = qkv + b * T * C3 + C + h * HS;
+  const S* p = dpre + row * T;
+  S* dq = dqkv + (b * T + i) * C3 + h * HS;
   for (i64 d = threadIdx.x; d < HS; d += blockDim.x) {
     float acc = 0.0f;
-    for (i64 j = 0; j <= i; j++) acc += p[j] * k[j * C3 + d];
-    dq[d] = acc;
+    for (i64 j = 0; j <= i; j++) acc += to_float(p[j]) * to_float(k[j * C3 + d]);
+    dq[d] = from_float<S>(acc);
   }
 }
 
-// k and v of positions pos..pos+n-1 into the caches [B,NH,Tc,HS].
-__global__ void cache_store_kernel(const unsigned* fault, float* kcache, float* vcache,
-                                   const float* qkv, i64 B, i64 n, i64 C, i64 NH, i64 Tc, i64 pos) {
+// k and v of positions pos..pos+n-1 into the caches [B,NH,Tc,HS] (copies
+// of S: no rounding).
+template <typename S>
+__global__ void cache_store_kernel(const unsigned* fault, S* kcache, S* vcache, const S* qkv, i64 B,
+                                   i64 n, i64 C, i64 NH, i64 Tc, i64 pos) {
   if (faulted(fault)) return;
   const i64 HS = C / NH, total = B * n * C;
   for (i64 e = blockIdx.x * static_cast<i64>(blockDim.x) + threadIdx.x; e < total;
        e += static_cast<i64>(gridDim.x) * blockDim.x) {
     const i64 b = e / (n * C), i = e / C % n, c = e % C, h = c / HS, d = c % HS;
-    const float* row = qkv + (b * n + i) * 3 * C;
+    const S* row = qkv + (b * n + i) * 3 * C;
     const i64 at = ((b * NH + h) * Tc + pos + i) * HS + d;
     kcache[at] = row[C + c];
     vcache[at] = row[2 * C + c];
@@ -149,55 +178,99 @@ __global__ void cache_store_kernel(const unsigned* fault, float* kcache, float* 
 }
 
 // Block (bh, i): query i (position pos + i) against cache rows 0..pos+i.
-__global__ void attention_cached_kernel(const unsigned* fault, float* out, float* att,
-                                        const float* kcache, const float* vcache, const float* qkv,
-                                        i64 n, i64 C, i64 NH, i64 Tc, i64 pos) {
+// Shared: pos + n floats.
+template <typename S>
+__global__ void attention_cached_kernel(const unsigned* fault, S* out, S* att, const S* kcache,
+                                        const S* vcache, const S* qkv, i64 n, i64 C, i64 NH, i64 Tc,
+                                        i64 pos) {
   if (faulted(fault)) return;
+  extern __shared__ float scores[];
   const i64 row = blockIdx.x, bh = row / n, i = row % n, b = bh / NH, h = bh % NH;
   const i64 HS = C / NH;
-  attend_row(att + row * Tc, out + (b * n + i) * C + h * HS, qkv + (b * n + i) * 3 * C + h * HS,
-             kcache + bh * Tc * HS, HS, vcache + bh * Tc * HS, HS, pos + i + 1, Tc, HS,
-             rsqrtf(static_cast<float>(HS)));
+  attend_row(scores, att + row * Tc, out + (b * n + i) * C + h * HS,
+             qkv + (b * n + i) * 3 * C + h * HS, kcache + bh * Tc * HS, HS, vcache + bh * Tc * HS,
+             HS, pos + i + 1, Tc, HS, rsqrtf(static_cast<float>(HS)));
+}
+
+// The dynamic shared memory of `floats` floats for `kernel`: past 32 KB
+// (the default limit is 48 KB, static shared included) the kernel opts in
+// to more, up to the device's limit (227 KB on H100, 163 KB on A100);
+// beyond it this fails, and so the op.
+template <typename Kernel>
+cudaError_t shared_floats(Kernel* kernel, i64 floats, std::size_t* bytes) {
+  *bytes = static_cast<std::size_t>(floats) * sizeof(float);
+  if (*bytes <= (32u << 10)) return cudaSuccess;
+  if (*bytes > static_cast<std::size_t>(INT_MAX)) return cudaErrorInvalidValue;
+  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              static_cast<int>(*bytes));
 }
 
 }  // namespace
 
-cudaError_t attention_forward(const Launch& at, float* out, float* att, const float* qkv, i64 B,
-                              i64 T, i64 C, i64 NH) {
+cudaError_t attention_forward(const Launch& at, Precision p, void* out, void* att, const void* qkv,
+                              i64 B, i64 T, i64 C, i64 NH) {
   const i64 rows = B * NH * T;
   if (rows == 0) return cudaSuccess;
-  attention_forward_kernel<<<static_cast<unsigned>(rows), kBlock, 0, at.stream>>>(
-      at.fault, out, att, qkv, T, C, NH);
-  return cudaGetLastError();
+  return with_storage(p, [&](auto s) {
+    using S = typename decltype(s)::type;
+    std::size_t smem = 0;
+    const cudaError_t err = shared_floats(attention_forward_kernel<S>, T, &smem);
+    if (err != cudaSuccess) return err;
+    attention_forward_kernel<<<static_cast<unsigned>(rows), kBlock, smem, at.stream>>>(
+        at.fault, static_cast<S*>(out), static_cast<S*>(att), static_cast<const S*>(qkv), T, C, NH);
+    return cudaGetLastError();
+  });
 }
 
-cudaError_t attention_backward(const Launch& at, float* dqkv, float* datt, const float* dout,
-                               const float* qkv, const float* att, i64 B, i64 T, i64 C, i64 NH) {
+cudaError_t attention_backward(const Launch& at, Precision p, void* dqkv, void* datt,
+                               const void* dout, const void* qkv, const void* att, i64 B, i64 T,
+                               i64 C, i64 NH) {
   const auto rows = static_cast<unsigned>(B * NH * T);
   if (rows == 0) return cudaSuccess;
-  attention_backward_rows_kernel<<<rows, kBlock, 0, at.stream>>>(at.fault, datt, dout, qkv, att, T,
-                                                                 C, NH);
-  cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) return err;
-  attention_backward_keys_kernel<<<rows, kBlock, 0, at.stream>>>(at.fault, dqkv, datt, dout, qkv,
-                                                                 att, T, C, NH);
-  err = cudaGetLastError();
-  if (err != cudaSuccess) return err;
-  attention_backward_queries_kernel<<<rows, kBlock, 0, at.stream>>>(at.fault, dqkv, datt, qkv, T, C,
-                                                                    NH);
-  return cudaGetLastError();
+  return with_storage(p, [&](auto s) {
+    using S = typename decltype(s)::type;
+    S* dx = static_cast<S*>(dqkv);
+    S* dpre = static_cast<S*>(datt);
+    const S* dy = static_cast<const S*>(dout);
+    const S* x = static_cast<const S*>(qkv);
+    const S* a = static_cast<const S*>(att);
+    std::size_t smem = 0;
+    cudaError_t err = shared_floats(attention_backward_rows_kernel<S>, T, &smem);
+    if (err != cudaSuccess) return err;
+    attention_backward_rows_kernel<<<rows, kBlock, smem, at.stream>>>(at.fault, dpre, dy, x, a, T,
+                                                                      C, NH);
+    err = cudaGetLastError();
+    if (err != cudaSuccess) return err;
+    attention_backward_keys_kernel<<<rows, kBlock, 0, at.stream>>>(at.fault, dx, dpre, dy, x, a, T,
+                                                                   C, NH);
+    err = cudaGetLastError();
+    if (err != cudaSuccess) return err;
+    attention_backward_queries_kernel<<<rows, kBlock, 0, at.stream>>>(at.fault, dx, dpre, x, T, C,
+                                                                      NH);
+    return cudaGetLastError();
+  });
 }
 
-cudaError_t attention_cached(const Launch& at, float* out, float* att, float* kcache, float* vcache,
-                             const float* qkv, i64 B, i64 n, i64 C, i64 NH, i64 Tc, i64 pos) {
+cudaError_t attention_cached(const Launch& at, Precision p, void* out, void* att, void* kcache,
+                             void* vcache, const void* qkv, i64 B, i64 n, i64 C, i64 NH, i64 Tc,
+                             i64 pos) {
   if (B * n == 0) return cudaSuccess;
-  cache_store_kernel<<<grid_for(B * n * C, 256), 256, 0, at.stream>>>(at.fault, kcache, vcache, qkv,
-                                                                      B, n, C, NH, Tc, pos);
-  cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) return err;
-  attention_cached_kernel<<<static_cast<unsigned>(B * NH * n), kBlock, 0, at.stream>>>(
-      at.fault, out, att, kcache, vcache, qkv, n, C, NH, Tc, pos);
-  return cudaGetLastError();
+  return with_storage(p, [&](auto s) {
+    using S = typename decltype(s)::type;
+    S* kc = static_cast<S*>(kcache);
+    S* vc = static_cast<S*>(vcache);
+    const S* x = static_cast<const S*>(qkv);
+    cache_store_kernel<<<grid_for(B * n * C, 256), 256, 0, at.stream>>>(at.fault, kc, vc, x, B, n,
+                                                                        C, NH, Tc, pos);
+    cudaError_t err = cudaGetLastError();
+    if (err != cudaSuccess) return err;
+    std::size_t smem = 0;
+    err = shared_floats(attention_cached_kernel<S>, pos + n, &smem);
+    if (err != cudaSuccess) return err;
+    attention_cached_kernel<<<static_cast<unsigned>(B * NH * n), kBlock, smem, at.stream>>>(
+        at.fault, static_cast<S*>(out), static_cast<S*>(att), kc, vc, x, n, C, NH, Tc, pos);
+    return cudaGetLastError();
+  });
 }
 
 }  // namespace troupe::gpu::cuda

@@ -1,6 +1,8 @@
 // Column sums over many rows, deterministic and parallel: out[c] += sum over
-// n of value(n, c). The rows are cut into chunks whose size depends on N
-// alone (column_rows_per_chunk in cuda_launch.h); a block sums a tile of 32
+// n of value(n, c), an fp32 functor that reads the op's tensors in their
+// storage (the compute dtype, widened); out is an fp32 main gradient. The
+// rows are cut into chunks whose size depends on N alone
+// (column_rows_per_chunk in cuda_launch.h); a block sums a tile of 32
 // columns over one chunk (8 row lanes, then the lanes in order) into
 // partial[chunk, c], and a second kernel adds the chunks in order. Used for
 // the parameter gradients that are sums over all rows (LayerNorm's dw and

@@ -1,8 +1,14 @@
 // Cross-entropy of the LM head over a padded vocabulary (columns V..Vp-1 take
 // no part): the fused forward (softmax statistics and loss in one pass over a
 // row), the backward, and the vocab-parallel pair (partial statistics on a
-// slice, then their combination). Kernels, then launchers. A block per row;
-// every reduction is a fixed tree.
+// slice, then their combination). Kernels, then launchers. logits and
+// dlogits are in the compute dtype (stored as S); losses, lse and the
+// statistics are fp32.
+//
+// A block of 256 threads per row: thread t owns columns t, t + 256, ...
+// (coalesced); every reduction is a fixed tree. The forward and the partial
+// read a row twice (max, then the sum of exponentials), the backward reads
+// it once and writes it once.
 #include "gpu/cuda/cuda_common.cuh"
 
 namespace troupe::gpu::cuda {
@@ -11,30 +17,32 @@ namespace {
 constexpr int kBlock = 256;
 
 // The row's max and sum of exp(x - max) over its first `cols` columns.
-__device__ void row_stats(const float* x, i64 cols, float* max_out, float* sum_out) {
+template <typename S>
+__device__ void row_stats(const S* x, i64 cols, float* max_out, float* sum_out) {
   __shared__ float shared[kWarp];
   float m = -INFINITY;
-  for (i64 j = threadIdx.x; j < cols; j += blockDim.x) m = fmaxf(m, x[j]);
+  for (i64 j = threadIdx.x; j < cols; j += blockDim.x) m = fmaxf(m, to_float(x[j]));
   m = block_max(m, shared);
   float s = 0.0f;
-  for (i64 j = threadIdx.x; j < cols; j += blockDim.x) s += expf(x[j] - m);
+  for (i64 j = threadIdx.x; j < cols; j += blockDim.x) s += expf(to_float(x[j]) - m);
   s = block_sum(s, shared);
   *max_out = m;
   *sum_out = s;
 }
 
+template <typename S>
 __global__ void crossentropy_forward_kernel(const unsigned* fault, float* losses, float* lse,
-                                            const float* logits, const std::int32_t* targets, i64 V,
+                                            const S* logits, const std::int32_t* targets, i64 V,
                                             i64 Vp) {
   if (faulted(fault)) return;
   const i64 n = blockIdx.x;
-  const float* x = logits + n * Vp;
+  const S* x = logits + n * Vp;
   float m, s;
   row_stats(x, V, &m, &s);
   if (threadIdx.x == 0) {
     const float l = m + logf(s);
     lse[n] = l;
-    losses[n] = l - x[targets[n]];
+    losses[n] = l - to_float(x[targets[n]]);
   }
 }
 
@@ -44,33 +52,36 @@ __device__ __host__ i64 local_columns(i64 V, i64 Vp, i64 begin) {
   return n < 0 ? 0 : (n > Vp ? Vp : n);
 }
 
-__global__ void crossentropy_backward_kernel(const unsigned* fault, float* dlogits,
-                                             const float* logits, const float* lse,
-                                             const std::int32_t* targets, float dloss, i64 V,
-                                             i64 Vp, i64 begin) {
+// The target's column gets its -dloss before the store, so each element is
+// rounded once, as on the CPU (which rounds its fp32 row once).
+template <typename S>
+__global__ void crossentropy_backward_kernel(const unsigned* fault, S* dlogits, const S* logits,
+                                             const float* lse, const std::int32_t* targets,
+                                             float dloss, i64 V, i64 Vp, i64 begin) {
   if (faulted(fault)) return;
   const i64 n = blockIdx.x;
   const i64 valid = local_columns(V, Vp, begin);
   const float l = lse[n];
-  const float* x = logits + n * Vp;
-  float* d = dlogits + n * Vp;  // may alias x: each column is read, then written, by one thread
+  // The target's column (targets are below V, so one in [0, Vp) is below valid).
+  const i64 t = static_cast<i64>(targets[n]) - begin;
+  const S* x = logits + n * Vp;
+  S* d = dlogits + n * Vp;  // may alias x: each column is read, then written, by one thread
   for (i64 j = threadIdx.x; j < Vp; j += blockDim.x) {
-    d[j] = j < valid ? expf(x[j] - l) * dloss : 0.0f;
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    const i64 t = static_cast<i64>(targets[n]) - begin;
-    if (t >= 0 && t < Vp) d[t] -= dloss;
+    // (__fmul_rn: the product is rounded before the subtraction, as on the
+    // CPU, not fused into an fma with it.)
+    float g = j < valid ? __fmul_rn(expf(to_float(x[j]) - l), dloss) : 0.0f;
+    if (j == t) g -= dloss;
+    d[j] = from_float<S>(g);
   }
 }
 
-__global__ void crossentropy_partial_kernel(const unsigned* fault, float* stats,
-                                            const float* logits, const std::int32_t* targets, i64 V,
-                                            i64 Vp, i64 begin) {
+template <typename S>
+__global__ void crossentropy_partial_kernel(const unsigned* fault, float* stats, const S* logits,
+                                            const std::int32_t* targets, i64 V, i64 Vp, i64 begin) {
   if (faulted(fault)) return;
   const i64 n = blockIdx.x;
   const i64 valid = local_columns(V, Vp, begin);
-  const float* x = logits + n * Vp;
+  const S* x = logits + n * Vp;
   float m = -INFINITY, s = 0.0f;
   if (valid > 0) row_stats(x, valid, &m, &s);
   if (threadIdx.x == 0) {
@@ -78,7 +89,7 @@ __global__ void crossentropy_partial_kernel(const unsigned* fault, float* stats,
     st[0] = m;
     st[1] = s;
     const i64 t = static_cast<i64>(targets[n]) - begin;
-    st[2] = t >= 0 && t < valid ? x[t] : 0.0f;
+    st[2] = t >= 0 && t < valid ? to_float(x[t]) : 0.0f;
   }
 }
 
@@ -109,35 +120,46 @@ unsigned row_grid(i64 N) { return static_cast<unsigned>(N); }
 
 }  // namespace
 
-cudaError_t crossentropy_forward(const Launch& at, float* losses, float* lse, const float* logits,
-                                 const std::int32_t* targets, i64 N, i64 V, i64 Vp) {
+cudaError_t crossentropy_forward(const Launch& at, Precision p, float* losses, float* lse,
+                                 const void* logits, const std::int32_t* targets, i64 N, i64 V,
+                                 i64 Vp) {
   if (N == 0) return cudaSuccess;
   cudaError_t err = check_indices(at, Fault::kCrossEntropyForwardTarget, targets, N, V);
   if (err != cudaSuccess) return err;
-  crossentropy_forward_kernel<<<row_grid(N), kBlock, 0, at.stream>>>(at.fault, losses, lse, logits,
-                                                                     targets, V, Vp);
-  return cudaGetLastError();
+  return with_storage(p, [&](auto s) {
+    using S = typename decltype(s)::type;
+    crossentropy_forward_kernel<<<row_grid(N), kBlock, 0, at.stream>>>(
+        at.fault, losses, lse, static_cast<const S*>(logits), targets, V, Vp);
+    return cudaGetLastError();
+  });
 }
 
-cudaError_t crossentropy_backward(const Launch& at, float* dlogits, const float* logits,
+cudaError_t crossentropy_backward(const Launch& at, Precision p, void* dlogits, const void* logits,
                                   const float* lse, const std::int32_t* targets, float dloss, i64 N,
                                   i64 V, i64 Vp, i64 begin) {
   if (N == 0) return cudaSuccess;
   cudaError_t err = check_indices(at, Fault::kCrossEntropyBackwardTarget, targets, N, V);
   if (err != cudaSuccess) return err;
-  crossentropy_backward_kernel<<<row_grid(N), kBlock, 0, at.stream>>>(
-      at.fault, dlogits, logits, lse, targets, dloss, V, Vp, begin);
-  return cudaGetLastError();
+  return with_storage(p, [&](auto s) {
+    using S = typename decltype(s)::type;
+    crossentropy_backward_kernel<<<row_grid(N), kBlock, 0, at.stream>>>(
+        at.fault, static_cast<S*>(dlogits), static_cast<const S*>(logits), lse, targets, dloss, V,
+        Vp, begin);
+    return cudaGetLastError();
+  });
 }
 
-cudaError_t crossentropy_partial(const Launch& at, float* stats, const float* logits,
+cudaError_t crossentropy_partial(const Launch& at, Precision p, float* stats, const void* logits,
                                  const std::int32_t* targets, i64 N, i64 V, i64 Vp, i64 begin) {
   if (N == 0) return cudaSuccess;
   cudaError_t err = check_indices(at, Fault::kCrossEntropyPartialTarget, targets, N, V);
   if (err != cudaSuccess) return err;
-  crossentropy_partial_kernel<<<row_grid(N), kBlock, 0, at.stream>>>(at.fault, stats, logits,
-                                                                     targets, V, Vp, begin);
-  return cudaGetLastError();
+  return with_storage(p, [&](auto s) {
+    using S = typename decltype(s)::type;
+    crossentropy_partial_kernel<<<row_grid(N), kBlock, 0, at.stream>>>(
+        at.fault, stats, static_cast<const S*>(logits), targets, V, Vp, begin);
+    return cudaGetLastError();
+  });
 }
 
 cudaError_t crossentropy_combine(const Launch& at, float* losses, float* lse, const float* stats,

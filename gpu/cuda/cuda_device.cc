@@ -97,10 +97,10 @@ const char* fault_what(Fault f) {
 }
 
 // ---- CudaStream ----
-
-// The fault word is cleared on the stream itself (a plain cudaMemset would
-// go on the legacy stream, unordered with this non-blocking one).
-CudaStream::CudaStream(CudaDevice& device, int index) : device_(device), index_(index) {
+// The fault word is cleared on the stream itself (cudaMemset would use the
+// legacy stream, unordered with this non-blocking one).
+CudaStream::CudaStream(CudaDevice& device, int index, bool tf32)
+    : device_(device), index_(index), tf32_(tf32) {
   cudaSetDevice(index_);
   check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
   slot_ = device_.take_slot(&fault_, &fault_host_);
@@ -115,8 +115,7 @@ CudaStream::CudaStream(CudaDevice& device, int index) : device_(device), index_(
   sync_each_op_ = sync != nullptr && std::strcmp(sync, "1") == 0;
 }
 
-// Nothing here synchronises the device: the stream's buffers go back to the
-// pool and the slabs.
+// No device-wide sync: the stream's buffers go back to the pool and slabs.
 CudaStream::~CudaStream() {
   cudaSetDevice(index_);
   if (stream_ != nullptr) cudaStreamSynchronize(stream_);
@@ -275,7 +274,7 @@ absl::StatusOr<Gemm> CudaStream::gemm() {
     if (workspace_ == nullptr) workspace_ = ws;
     ws = workspace_;
   }
-  return Gemm{device_.lt_api(), device_.lt(), ws->data, kWorkspaceBytes};
+  return Gemm{device_.lt_api(), device_.lt(), ws->data, kWorkspaceBytes, tf32_};
 }
 
 Tensor CudaStream::scratch(std::size_t bytes) {
@@ -424,6 +423,7 @@ CudaDevice::~CudaDevice() {
     cudaStreamSynchronize(io_stream_);
     cudaStreamDestroy(io_stream_);
   }
+  if (lt_ != nullptr) forget_gemm_algorithms(lt_);  // (the algorithms cached for it)
   if (lt_ != nullptr) lt_api_->Destroy(lt_);
   if (fault_words_ != nullptr) cudaFree(fault_words_);
   if (fault_words_host_ != nullptr) cudaFreeHost(fault_words_host_);
@@ -521,8 +521,8 @@ std::shared_ptr<Storage> CudaDevice::allocate_host(std::size_t bytes) {
   return s;
 }
 
-std::unique_ptr<Stream> CudaDevice::make_stream(StreamOptions) {
-  return std::make_unique<CudaStream>(*this, index_);
+std::unique_ptr<Stream> CudaDevice::make_stream(StreamOptions o) {
+  return std::make_unique<CudaStream>(*this, index_, o.tf32);
 }
 
 std::unique_ptr<Event> CudaDevice::make_event() { return std::make_unique<CudaEvent>(index_); }

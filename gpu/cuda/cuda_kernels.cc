@@ -1,6 +1,9 @@
 // The CUDA backend's op table: each op passes its tensors' device pointers to
 // its launcher (gpu/cuda/<op>.cu) through CudaStream::run_op, which names it
 // in an NVTX range, checks the launch, and holds the tensors until it has run.
+// Tensors in the op's compute dtype go as raw pointers with the dtype's
+// Precision (the op's first input sets it: gpu/kernels.h), f32-only ones as
+// float*.
 #include "absl/strings/str_cat.h"
 #include "gpu/cuda/cuda_launch.h"
 #include "gpu/cuda/cuda_matmul.h"
@@ -11,6 +14,8 @@ namespace troupe::gpu::cuda {
 namespace {
 
 float* f(const Tensor& t) { return t.defined() ? t.data<float>() : nullptr; }
+void* raw(const Tensor& t) { return t.defined() ? t.raw() : nullptr; }
+Precision prec(const Tensor& t) { return dtype_precision(t.dtype); }
 const std::int32_t* i32(const Tensor& t) { return t.data<std::int32_t>(); }
 i64 rows(const Tensor& t) { return t.numel() / t.size(-1); }
 std::size_t column_scratch_bytes(i64 N, i64 C) {
@@ -29,9 +34,9 @@ class CudaKernels final : public Kernels {
                          const Tensor& wpe, VocabSlice v) override {
     const i64 total = v.whole() ? wte.size(0) : v.total;
     on(s).run_op("embedding_forward", {&out, &tokens, &wte, &wpe}, [&](const Launch& at) {
-      return launched(cuda::embedding_forward(at, f(out), i32(tokens), f(wte), f(wpe), out.size(0),
-                                              out.size(1), out.size(2), wte.size(0), v.begin,
-                                              total));
+      return launched(cuda::embedding_forward(at, prec(wte), raw(out), i32(tokens), raw(wte),
+                                              raw(wpe), out.size(0), out.size(1), out.size(2),
+                                              wte.size(0), v.begin, total));
     });
   }
 
@@ -39,17 +44,17 @@ class CudaKernels final : public Kernels {
                           const Tensor& tokens, VocabSlice v) override {
     const i64 total = v.whole() ? dwte.size(0) : v.total;
     on(s).run_op("embedding_backward", {&dwte, &dwpe, &dout, &tokens}, [&](const Launch& at) {
-      return launched(cuda::embedding_backward(at, f(dwte), f(dwpe), f(dout), i32(tokens),
-                                               dout.size(0), dout.size(1), dout.size(2),
-                                               dwte.size(0), v.begin, total));
+      return launched(cuda::embedding_backward(at, prec(dout), f(dwte), f(dwpe), raw(dout),
+                                               i32(tokens), dout.size(0), dout.size(1),
+                                               dout.size(2), dwte.size(0), v.begin, total));
     });
   }
 
   void layernorm_forward(Stream& s, const Tensor& out, const Tensor& mean, const Tensor& rstd,
                          const Tensor& inp, const Tensor& w, const Tensor& b) override {
     on(s).run_op("layernorm_forward", {&out, &mean, &rstd, &inp, &w, &b}, [&](const Launch& at) {
-      return launched(cuda::layernorm_forward(at, f(out), f(mean), f(rstd), f(inp), f(w), f(b),
-                                              rows(inp), inp.size(-1)));
+      return launched(cuda::layernorm_forward(at, prec(inp), raw(out), f(mean), f(rstd), raw(inp),
+                                              raw(w), raw(b), rows(inp), inp.size(-1)));
     });
   }
 
@@ -60,9 +65,9 @@ class CudaKernels final : public Kernels {
     const Tensor scratch = cs.scratch(column_scratch_bytes(rows(inp), inp.size(-1)));
     cs.run_op("layernorm_backward", {&dinp, &dw, &db, &dout, &inp, &w, &mean, &rstd, &scratch},
               [&](const Launch& at) {
-                return launched(cuda::layernorm_backward(at, f(dinp), f(dw), f(db), f(dout), f(inp),
-                                                         f(w), f(mean), f(rstd), rows(inp),
-                                                         inp.size(-1), scratch.data<float>()));
+                return launched(cuda::layernorm_backward(
+                    at, prec(inp), raw(dinp), f(dw), f(db), raw(dout), raw(inp), raw(w), f(mean),
+                    f(rstd), rows(inp), inp.size(-1), scratch.data<float>()));
               });
   }
 
@@ -72,8 +77,8 @@ class CudaKernels final : public Kernels {
     cs.run_op("matmul_forward", {&out, &inp, &w, &bias}, [&](const Launch& at) -> absl::Status {
       absl::StatusOr<Gemm> g = cs.gemm();
       if (!g.ok()) return g.status();
-      return cuda::matmul_forward(at, *g, f(out), f(inp), f(w), f(bias), rows(inp), inp.size(-1),
-                                  w.size(0));
+      return cuda::matmul_forward(at, *g, prec(inp), raw(out), raw(inp), raw(w), raw(bias),
+                                  rows(inp), inp.size(-1), w.size(0));
     });
   }
 
@@ -87,81 +92,84 @@ class CudaKernels final : public Kernels {
               [&](const Launch& at) -> absl::Status {
                 absl::StatusOr<Gemm> g = cs.gemm();
                 if (!g.ok()) return g.status();
-                return cuda::matmul_backward(at, *g, f(dinp), f(dw), f(dbias), f(dout), f(inp),
-                                             f(w), rows(inp), inp.size(-1), w.size(0),
-                                             dinp_mode == Accumulate::kYes, f(scratch));
+                return cuda::matmul_backward(at, *g, prec(inp), raw(dinp), f(dw), f(dbias),
+                                             raw(dout), raw(inp), raw(w), rows(inp), inp.size(-1),
+                                             w.size(0), dinp_mode == Accumulate::kYes, f(scratch));
               });
   }
 
   void gelu_forward(Stream& s, const Tensor& out, const Tensor& inp) override {
     on(s).run_op("gelu_forward", {&out, &inp}, [&](const Launch& at) {
-      return launched(cuda::gelu_forward(at, f(out), f(inp), inp.numel()));
+      return launched(cuda::gelu_forward(at, prec(inp), raw(out), raw(inp), inp.numel()));
     });
   }
 
   void gelu_backward(Stream& s, const Tensor& dinp, const Tensor& inp,
                      const Tensor& dout) override {
     on(s).run_op("gelu_backward", {&dinp, &inp, &dout}, [&](const Launch& at) {
-      return launched(cuda::gelu_backward(at, f(dinp), f(inp), f(dout), inp.numel()));
+      return launched(
+          cuda::gelu_backward(at, prec(inp), raw(dinp), raw(inp), raw(dout), inp.numel()));
     });
   }
 
   void attention_forward(Stream& s, const Tensor& out, const Tensor& att,
                          const Tensor& qkv) override {
     on(s).run_op("attention_forward", {&out, &att, &qkv}, [&](const Launch& at) {
-      return launched(cuda::attention_forward(at, f(out), f(att), f(qkv), qkv.size(0), qkv.size(1),
-                                              qkv.size(2) / 3, att.size(1)));
+      return launched(cuda::attention_forward(at, prec(qkv), raw(out), raw(att), raw(qkv),
+                                              qkv.size(0), qkv.size(1), qkv.size(2) / 3,
+                                              att.size(1)));
     });
   }
 
   void attention_backward(Stream& s, const Tensor& dqkv, const Tensor& datt, const Tensor& dout,
                           const Tensor& qkv, const Tensor& att) override {
     on(s).run_op("attention_backward", {&dqkv, &datt, &dout, &qkv, &att}, [&](const Launch& at) {
-      return launched(cuda::attention_backward(at, f(dqkv), f(datt), f(dout), f(qkv), f(att),
-                                               qkv.size(0), qkv.size(1), qkv.size(2) / 3,
-                                               att.size(1)));
+      return launched(cuda::attention_backward(at, prec(qkv), raw(dqkv), raw(datt), raw(dout),
+                                               raw(qkv), raw(att), qkv.size(0), qkv.size(1),
+                                               qkv.size(2) / 3, att.size(1)));
     });
   }
 
   void attention_cached(Stream& s, const Tensor& out, const Tensor& att, const Tensor& kcache,
                         const Tensor& vcache, const Tensor& qkv, std::int64_t pos) override {
     on(s).run_op("attention_cached", {&out, &att, &kcache, &vcache, &qkv}, [&](const Launch& at) {
-      return launched(cuda::attention_cached(at, f(out), f(att), f(kcache), f(vcache), f(qkv),
-                                             qkv.size(0), qkv.size(1), qkv.size(2) / 3,
-                                             kcache.size(1), kcache.size(2), pos));
+      return launched(cuda::attention_cached(at, prec(qkv), raw(out), raw(att), raw(kcache),
+                                             raw(vcache), raw(qkv), qkv.size(0), qkv.size(1),
+                                             qkv.size(2) / 3, kcache.size(1), kcache.size(2), pos));
     });
   }
 
   void residual_forward(Stream& s, const Tensor& out, const Tensor& a, const Tensor& b) override {
     on(s).run_op("residual_forward", {&out, &a, &b}, [&](const Launch& at) {
-      return launched(cuda::residual_forward(at, f(out), f(a), f(b), a.numel()));
+      return launched(cuda::residual_forward(at, prec(a), raw(out), raw(a), raw(b), a.numel()));
     });
   }
 
   void crossentropy_forward(Stream& s, const Tensor& losses, const Tensor& lse,
                             const Tensor& logits, const Tensor& targets, int V) override {
     on(s).run_op("crossentropy_forward", {&losses, &lse, &logits, &targets}, [&](const Launch& at) {
-      return launched(cuda::crossentropy_forward(at, f(losses), f(lse), f(logits), i32(targets),
-                                                 rows(logits), V, logits.size(-1)));
+      return launched(cuda::crossentropy_forward(at, prec(logits), f(losses), f(lse), raw(logits),
+                                                 i32(targets), rows(logits), V, logits.size(-1)));
     });
   }
 
   void crossentropy_backward(Stream& s, const Tensor& dlogits, const Tensor& logits,
                              const Tensor& lse, const Tensor& targets, float dloss, int V,
                              VocabSlice v) override {
-    on(s).run_op("crossentropy_backward", {&dlogits, &logits, &lse, &targets},
-                 [&](const Launch& at) {
-                   return launched(cuda::crossentropy_backward(at, f(dlogits), f(logits), f(lse),
-                                                               i32(targets), dloss, rows(logits), V,
-                                                               logits.size(-1), v.begin));
-                 });
+    on(s).run_op(
+        "crossentropy_backward", {&dlogits, &logits, &lse, &targets}, [&](const Launch& at) {
+          return launched(cuda::crossentropy_backward(at, prec(logits), raw(dlogits), raw(logits),
+                                                      f(lse), i32(targets), dloss, rows(logits), V,
+                                                      logits.size(-1), v.begin));
+        });
   }
 
   void crossentropy_partial(Stream& s, const Tensor& stats, const Tensor& logits,
                             const Tensor& targets, int V, VocabSlice v) override {
     on(s).run_op("crossentropy_partial", {&stats, &logits, &targets}, [&](const Launch& at) {
-      return launched(cuda::crossentropy_partial(at, f(stats), f(logits), i32(targets),
-                                                 rows(logits), V, logits.size(-1), v.begin));
+      return launched(cuda::crossentropy_partial(at, prec(logits), f(stats), raw(logits),
+                                                 i32(targets), rows(logits), V, logits.size(-1),
+                                                 v.begin));
     });
   }
 
@@ -211,19 +219,32 @@ class CudaKernels final : public Kernels {
 
   void fill(Stream& s, const Tensor& x, float value) override {
     on(s).run_op("fill", {&x}, [&](const Launch& at) {
-      return launched(cuda::fill(at, f(x), value, x.numel()));
+      return launched(cuda::fill(at, prec(x), raw(x), value, x.numel()));
     });
   }
 
   void axpy(Stream& s, const Tensor& y, float alpha, const Tensor& x) override {
     on(s).run_op("axpy", {&y, &x}, [&](const Launch& at) {
-      return launched(cuda::axpy(at, f(y), alpha, f(x), y.numel()));
+      return launched(cuda::axpy(at, prec(y), raw(y), alpha, raw(x), y.numel()));
     });
   }
 
-  void round_to(Stream& s, const Tensor& out, const Tensor& in, Precision p) override {
-    on(s).run_op("round_to", {&out, &in}, [&](const Launch& at) {
-      return launched(cuda::round_to(at, f(out), f(in), out.numel(), p));
+  // Tensors of one dtype that overlap without being the same elements (a
+  // memmove, ops.cc allows it) go through the stream's scratch.
+  void convert(Stream& s, const Tensor& out, const Tensor& in) override {
+    CudaStream& cs = on(s);
+    const bool apart = out.storage != in.storage || out.dtype != in.dtype ||
+                       out.offset == in.offset || out.offset + out.numel() <= in.offset ||
+                       in.offset + in.numel() <= out.offset;
+    const Tensor scratch = apart ? Tensor{} : cs.scratch(in.nbytes());
+    cs.run_op("convert", {&out, &in, &scratch}, [&](const Launch& at) {
+      const i64 n = out.numel();
+      if (apart) {
+        return launched(cuda::convert(at, out.raw(), prec(out), in.raw(), prec(in), n));
+      }
+      const cudaError_t err = cuda::convert(at, scratch.raw(), prec(in), in.raw(), prec(in), n);
+      if (err != cudaSuccess) return launched(err);
+      return launched(cuda::convert(at, out.raw(), prec(out), scratch.raw(), prec(in), n));
     });
   }
 

@@ -12,7 +12,9 @@
 // the host on the stream itself (at synchronize and before host callbacks) and
 // turns it into an error naming the op.
 //
-// Shapes and semantics as in gpu/kernels.h; pointers are device pointers.
+// Shapes, semantics and dtypes as in gpu/kernels.h; pointers are device
+// pointers. This header is host code (no CUDA half types in it): the .cc
+// files of the backend include it.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -61,34 +63,48 @@ inline i64 column_chunks(i64 N) {
   return (N + rows - 1) / rows;
 }
 
-cudaError_t embedding_forward(const Launch& at, float* out, const std::int32_t* tokens,
-                              const float* wte, const float* wpe, i64 B, i64 T, i64 C, i64 rows,
+// Dtypes (gpu/kernels.h): tensors in the op's compute dtype are `void*`,
+// stored as the launcher's `Precision p` says (kFp32: float, kBf16:
+// __nv_bfloat16, kFp16: __half); the f32-only ones (parameter gradients,
+// LayerNorm statistics, losses, lse, the loss statistics, the optimizer's
+// tensors) are float*.
+cudaError_t embedding_forward(const Launch& at, Precision p, void* out, const std::int32_t* tokens,
+                              const void* wte, const void* wpe, i64 B, i64 T, i64 C, i64 rows,
                               i64 begin, i64 total);
-cudaError_t embedding_backward(const Launch& at, float* dwte, float* dwpe, const float* dout,
-                               const std::int32_t* tokens, i64 B, i64 T, i64 C, i64 rows, i64 begin,
-                               i64 total);
-cudaError_t layernorm_forward(const Launch& at, float* out, float* mean, float* rstd,
-                              const float* inp, const float* w, const float* b, i64 N, i64 C);
+cudaError_t embedding_backward(const Launch& at, Precision p, float* dwte, float* dwpe,
+                               const void* dout, const std::int32_t* tokens, i64 B, i64 T, i64 C,
+                               i64 rows, i64 begin, i64 total);
+cudaError_t layernorm_forward(const Launch& at, Precision p, void* out, float* mean, float* rstd,
+                              const void* inp, const void* w, const void* b, i64 N, i64 C);
 // `scratch`: column_chunks(N) * C floats.
-cudaError_t layernorm_backward(const Launch& at, float* dinp, float* dw, float* db,
-                               const float* dout, const float* inp, const float* w,
-                               const float* mean, const float* rstd, i64 N, i64 C, float* scratch);
-cudaError_t gelu_forward(const Launch& at, float* out, const float* inp, i64 n);
-cudaError_t gelu_backward(const Launch& at, float* dinp, const float* inp, const float* dout,
-                          i64 n);
-cudaError_t attention_forward(const Launch& at, float* out, float* att, const float* qkv, i64 B,
-                              i64 T, i64 C, i64 NH);
-cudaError_t attention_backward(const Launch& at, float* dqkv, float* datt, const float* dout,
-                               const float* qkv, const float* att, i64 B, i64 T, i64 C, i64 NH);
-cudaError_t attention_cached(const Launch& at, float* out, float* att, float* kcache, float* vcache,
-                             const float* qkv, i64 B, i64 n, i64 C, i64 NH, i64 Tc, i64 pos);
-cudaError_t residual_forward(const Launch& at, float* out, const float* a, const float* b, i64 n);
-cudaError_t crossentropy_forward(const Launch& at, float* losses, float* lse, const float* logits,
-                                 const std::int32_t* targets, i64 N, i64 V, i64 Vp);
-cudaError_t crossentropy_backward(const Launch& at, float* dlogits, const float* logits,
+cudaError_t layernorm_backward(const Launch& at, Precision p, void* dinp, float* dw, float* db,
+                               const void* dout, const void* inp, const void* w, const float* mean,
+                               const float* rstd, i64 N, i64 C, float* scratch);
+cudaError_t gelu_forward(const Launch& at, Precision p, void* out, const void* inp, i64 n);
+cudaError_t gelu_backward(const Launch& at, Precision p, void* dinp, const void* inp,
+                          const void* dout, i64 n);
+// The attention kernels keep a row of scores in fp32 shared memory, T
+// floats (attention_cached: pos + n), opting in past 32 KB up to the
+// device's limit: T up to ~41K on A100 (163 KB), ~58K on H100 (227 KB);
+// past that the launch fails (cudaErrorInvalidValue).
+cudaError_t attention_forward(const Launch& at, Precision p, void* out, void* att, const void* qkv,
+                              i64 B, i64 T, i64 C, i64 NH);
+cudaError_t attention_backward(const Launch& at, Precision p, void* dqkv, void* datt,
+                               const void* dout, const void* qkv, const void* att, i64 B, i64 T,
+                               i64 C, i64 NH);
+cudaError_t attention_cached(const Launch& at, Precision p, void* out, void* att, void* kcache,
+                             void* vcache, const void* qkv, i64 B, i64 n, i64 C, i64 NH, i64 Tc,
+                             i64 pos);
+cudaError_t residual_forward(const Launch& at, Precision p, void* out, const void* a, const void* b,
+                             i64 n);
+cudaError_t crossentropy_forward(const Launch& at, Precision p, float* losses, float* lse,
+                                 const void* logits, const std::int32_t* targets, i64 N, i64 V,
+                                 i64 Vp);
+// dlogits may be logits.
+cudaError_t crossentropy_backward(const Launch& at, Precision p, void* dlogits, const void* logits,
                                   const float* lse, const std::int32_t* targets, float dloss, i64 N,
                                   i64 V, i64 Vp, i64 begin);
-cudaError_t crossentropy_partial(const Launch& at, float* stats, const float* logits,
+cudaError_t crossentropy_partial(const Launch& at, Precision p, float* stats, const void* logits,
                                  const std::int32_t* targets, i64 N, i64 V, i64 Vp, i64 begin);
 cudaError_t crossentropy_combine(const Launch& at, float* losses, float* lse, const float* stats,
                                  i64 P, i64 N);
@@ -111,17 +127,22 @@ struct AdamWPiece {
 // adamw over `count` tensors, in launches of up to 24 tensors each.
 cudaError_t adamw_many(const Launch& at, const AdamWPiece* pieces, int count, float lr, float beta1,
                        float beta2, float eps, int step, float grad_scale);
-cudaError_t fill(const Launch& at, float* x, float value, i64 n);
-cudaError_t axpy(const Launch& at, float* y, float alpha, const float* x, i64 n);
-// out = in rounded to bf16 or fp16 (or copied for fp32); out may be in.
-cudaError_t round_to(const Launch& at, float* out, const float* in, i64 n, Precision p);
+// x[:] = value (rounded to p's format); y += alpha * x.
+cudaError_t fill(const Launch& at, Precision p, void* x, float value, i64 n);
+cudaError_t axpy(const Launch& at, Precision p, void* y, float alpha, const void* x, i64 n);
+// out (stored as `to`) = in (stored as `from`), rounded to nearest even.
+// With to == from a copy: out may be in, but must not overlap it otherwise;
+// with to != from they must not overlap.
+cudaError_t convert(const Launch& at, void* out, Precision to, const void* in, Precision from,
+                    i64 n);
 
 // dbias[o] += sum over rows of dout[:, o] (matmul_bias.cu, a column sum;
 // `scratch`: column_chunks(N) * OC floats). The GEMMs themselves are cuBLASLt
 // calls, gpu/cuda/cuda_matmul.h.
-cudaError_t bias_grad(const Launch& at, float* dbias, const float* dout, i64 N, i64 OC,
+cudaError_t bias_grad(const Launch& at, Precision p, float* dbias, const void* dout, i64 N, i64 OC,
                       float* scratch);
-// out[n, o] += bias[o]: the bias where cuBLASLt's epilogue cannot take it.
-cudaError_t bias_add(const Launch& at, float* out, const float* bias, i64 N, i64 OC);
+// out[n, o] += bias[o] (both stored as p says): the bias where cuBLASLt's
+// epilogue cannot take it.
+cudaError_t bias_add(const Launch& at, Precision p, void* out, const void* bias, i64 N, i64 OC);
 
 }  // namespace troupe::gpu::cuda

@@ -1,8 +1,14 @@
 // Linear layers on cuBLASLt (gpu/cuda/matmul.cc), row-major as the CPU
 // backend's: out[N,OC] = inp[N,IC] . w[OC,IC]^T + bias (the bias in the
 // GEMM's epilogue); dinp (=|+=) dout . w; dw += dout^T . inp; dbias +=
-// colsum(dout) (matmul_bias.cu). fp32 in and out, computed in IEEE fp32
-// (CUBLAS_COMPUTE_32F: no TF32), so results compare with the CPU's.
+// colsum(dout) (matmul_bias.cu).
+//
+// Dtypes (gpu/kernels.h): inp, w, bias, out, dout and dinp are in the
+// compute dtype, stored as `p` says (fp32, bf16 or fp16); dw and dbias are
+// the fp32 main gradients, added into. Every GEMM accumulates in fp32
+// (CUBLAS_COMPUTE_32F, fp32 alpha and beta) and rounds its output once:
+// 16-bit operands run on the tensor cores; fp32 ones in IEEE fp32 (no TF32,
+// so results compare with the CPU's) unless Gemm::tf32 is set.
 #pragma once
 
 #include <cublasLt.h>
@@ -23,12 +29,21 @@ struct Gemm {
   cublasLtHandle_t lt = nullptr;
   void* workspace = nullptr;
   std::size_t workspace_bytes = 0;
+  // fp32 GEMMs on the tensor cores in TF32 (CUBLAS_COMPUTE_32F_FAST_TF32:
+  // 10-bit mantissas in the products, fp32 sums). Nothing sets it yet.
+  bool tf32 = false;
 };
 
-absl::Status matmul_forward(const Launch& at, const Gemm& g, float* out, const float* inp,
-                            const float* w, const float* bias, i64 N, i64 IC, i64 OC);
-absl::Status matmul_backward(const Launch& at, const Gemm& g, float* dinp, float* dw, float* dbias,
-                             const float* dout, const float* inp, const float* w, i64 N, i64 IC,
-                             i64 OC, bool accumulate_dinp, float* bias_scratch);
+absl::Status matmul_forward(const Launch& at, const Gemm& g, Precision p, void* out,
+                            const void* inp, const void* w, const void* bias, i64 N, i64 IC,
+                            i64 OC);
+absl::Status matmul_backward(const Launch& at, const Gemm& g, Precision p, void* dinp, float* dw,
+                             float* dbias, const void* dout, const void* inp, const void* w, i64 N,
+                             i64 IC, i64 OC, bool accumulate_dinp, float* bias_scratch);
+
+// Drops the algorithms matmul.cc chose for handle `lt` (see there): called
+// before the handle is destroyed, so a later handle at the same address
+// does not find them.
+void forget_gemm_algorithms(cublasLtHandle_t lt);
 
 }  // namespace troupe::gpu::cuda

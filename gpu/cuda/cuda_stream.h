@@ -60,7 +60,7 @@ class CudaDevice;
 
 class CudaStream final : public Stream {
  public:
-  CudaStream(CudaDevice& device, int index);
+  CudaStream(CudaDevice& device, int index, bool tf32);
   ~CudaStream() override;
 
   Device& device() override;
@@ -123,7 +123,8 @@ class CudaStream final : public Stream {
   std::shared_ptr<Storage> workspace_;
   Tensor scratch_;  // scratch()'s buffer (f64 elements)
   bool sync_each_op_ = false;
-  std::mutex mu_;  // error_, in_flight_, kept_, recent_, free_events_, workspace_, scratch_
+  bool tf32_ = false;  // StreamOptions::tf32, for its GEMMs
+  std::mutex mu_;      // error_, in_flight_, kept_, recent_, free_events_, workspace_, scratch_
   absl::Status error_;
   std::deque<InFlight> in_flight_;
   std::vector<std::shared_ptr<Storage>> kept_;  // failed launches' tensors, until ~CudaStream

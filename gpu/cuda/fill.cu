@@ -1,39 +1,31 @@
-// fill (x[:] = value) and axpy (y += alpha * x). Kernels, then launchers.
-#include "gpu/cuda/cuda_common.cuh"
+// fill (x[:] = value) and axpy (y += alpha * x) on tensors of the compute
+// dtype: elementwise maps (elementwise.cuh: a thread owns 16 bytes of each
+// operand per step, as Packed128 loads and stores). fill writes 1 element
+// per element of n, axpy moves 3 (y read and written in place, each element
+// by the one thread that owns it). Ops, then launchers.
+#include "gpu/cuda/elementwise.cuh"
 
 namespace troupe::gpu::cuda {
 namespace {
 
-constexpr int kBlock = 256;
+struct Fill {
+  float value;
+  __device__ float operator()() const { return value; }
+};
 
-__global__ void fill_kernel(const unsigned* fault, float* x, float value, i64 n) {
-  if (faulted(fault)) return;
-  for (i64 i = blockIdx.x * static_cast<i64>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<i64>(gridDim.x) * blockDim.x) {
-    x[i] = value;
-  }
-}
-
-__global__ void axpy_kernel(const unsigned* fault, float* y, float alpha, const float* x, i64 n) {
-  if (faulted(fault)) return;
-  for (i64 i = blockIdx.x * static_cast<i64>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<i64>(gridDim.x) * blockDim.x) {
-    y[i] = fmaf(alpha, x[i], y[i]);
-  }
-}
+struct Axpy {
+  float alpha;
+  __device__ float operator()(float y, float x) const { return fmaf(alpha, x, y); }
+};
 
 }  // namespace
 
-cudaError_t fill(const Launch& at, float* x, float value, i64 n) {
-  if (n == 0) return cudaSuccess;
-  fill_kernel<<<grid_for(n, kBlock), kBlock, 0, at.stream>>>(at.fault, x, value, n);
-  return cudaGetLastError();
+cudaError_t fill(const Launch& at, Precision p, void* x, float value, i64 n) {
+  return map(at, p, x, n, Fill{value});
 }
 
-cudaError_t axpy(const Launch& at, float* y, float alpha, const float* x, i64 n) {
-  if (n == 0) return cudaSuccess;
-  axpy_kernel<<<grid_for(n, kBlock), kBlock, 0, at.stream>>>(at.fault, y, alpha, x, n);
-  return cudaGetLastError();
+cudaError_t axpy(const Launch& at, Precision p, void* y, float alpha, const void* x, i64 n) {
+  return map(at, p, y, n, Axpy{alpha}, static_cast<const void*>(y), x);
 }
 
 }  // namespace troupe::gpu::cuda

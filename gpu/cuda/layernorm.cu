@@ -1,6 +1,14 @@
 // LayerNorm forward and backward (eps 1e-5, as GPT-2). Kernels, then
-// launchers. A warp per row for the row statistics and dinp; dw and db are
-// column sums over the rows (column_sum.cuh), in an order fixed by N.
+// launchers. inp, out, w, b, dout and dinp are in the compute dtype (stored
+// as S); mean and rstd are fp32, and so are dw and db (main gradients,
+// added into).
+//
+// A warp per row (8 rows per 256-thread block) for the row statistics and
+// dinp: lane l owns columns l, l + 32, ... (coalesced), reductions are warp
+// trees. The forward reads a row three times (mean, variance, output; the
+// later reads hit L1/L2) and writes it once; the backward's dinp reads inp,
+// dout and w twice and reads and writes dinp once. dw and db are column sums
+// over the rows (column_sum.cuh), in an order fixed by N.
 #include "gpu/cuda/column_sum.cuh"
 #include "gpu/cuda/cuda_common.cuh"
 
@@ -11,25 +19,27 @@ constexpr float kEps = 1e-5f;
 constexpr int kBlock = 256;  // 8 rows per block
 constexpr int kRowsPerBlock = kBlock / kWarp;
 
-__global__ void layernorm_forward_kernel(const unsigned* fault, float* out, float* mean,
-                                         float* rstd, const float* inp, const float* w,
-                                         const float* b, i64 N, i64 C) {
+template <typename S>
+__global__ void layernorm_forward_kernel(const unsigned* fault, S* out, float* mean, float* rstd,
+                                         const S* inp, const S* w, const S* b, i64 N, i64 C) {
   if (faulted(fault)) return;
   const i64 n = blockIdx.x * static_cast<i64>(kRowsPerBlock) + threadIdx.x / kWarp;
   if (n >= N) return;
   const int lane = threadIdx.x % kWarp;
-  const float* x = inp + n * C;
+  const S* x = inp + n * C;
   float s = 0.0f;
-  for (i64 i = lane; i < C; i += kWarp) s += x[i];
+  for (i64 i = lane; i < C; i += kWarp) s += to_float(x[i]);
   const float m = warp_sum(s) / static_cast<float>(C);
   float v = 0.0f;
   for (i64 i = lane; i < C; i += kWarp) {
-    const float d = x[i] - m;
+    const float d = to_float(x[i]) - m;
     v += d * d;
   }
   const float r = rsqrtf(warp_sum(v) / static_cast<float>(C) + kEps);
-  float* o = out + n * C;
-  for (i64 i = lane; i < C; i += kWarp) o[i] = (x[i] - m) * r * w[i] + b[i];
+  S* o = out + n * C;
+  for (i64 i = lane; i < C; i += kWarp) {
+    o[i] = from_float<S>((to_float(x[i]) - m) * r * to_float(w[i]) + to_float(b[i]));
+  }
   if (lane == 0) {
     mean[n] = m;
     rstd[n] = r;
@@ -38,43 +48,47 @@ __global__ void layernorm_forward_kernel(const unsigned* fault, float* out, floa
 
 // dinp += rstd * (dnorm - mean(dnorm) - norm * mean(dnorm * norm)), with
 // dnorm = w * dout.
-__global__ void layernorm_backward_dinp_kernel(const unsigned* fault, float* dinp,
-                                               const float* dout, const float* inp, const float* w,
-                                               const float* mean, const float* rstd, i64 N, i64 C) {
+template <typename S>
+__global__ void layernorm_backward_dinp_kernel(const unsigned* fault, S* dinp, const S* dout,
+                                               const S* inp, const S* w, const float* mean,
+                                               const float* rstd, i64 N, i64 C) {
   if (faulted(fault)) return;
   const i64 n = blockIdx.x * static_cast<i64>(kRowsPerBlock) + threadIdx.x / kWarp;
   if (n >= N) return;
   const int lane = threadIdx.x % kWarp;
-  const float* x = inp + n * C;
-  const float* d = dout + n * C;
+  const S* x = inp + n * C;
+  const S* d = dout + n * C;
   const float m = mean[n], s = rstd[n];
   float acc_d = 0.0f, acc_dn = 0.0f;
   for (i64 i = lane; i < C; i += kWarp) {
-    const float dnorm = w[i] * d[i];
+    const float dnorm = to_float(w[i]) * to_float(d[i]);
     acc_d += dnorm;
-    acc_dn += dnorm * ((x[i] - m) * s);
+    acc_dn += dnorm * ((to_float(x[i]) - m) * s);
   }
   const float dnorm_mean = warp_sum(acc_d) / static_cast<float>(C);
   const float dnorm_norm_mean = warp_sum(acc_dn) / static_cast<float>(C);
-  float* g = dinp + n * C;
+  S* g = dinp + n * C;
   for (i64 i = lane; i < C; i += kWarp) {
-    const float norm = (x[i] - m) * s;
-    const float dnorm = w[i] * d[i];
-    g[i] += (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s;
+    const float norm = (to_float(x[i]) - m) * s;
+    const float dnorm = to_float(w[i]) * to_float(d[i]);
+    g[i] = from_float<S>(to_float(g[i]) + (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s);
   }
 }
 
+template <typename S>
 struct NormTimesGrad {  // dw: ((x - mean) * rstd) * dout
-  const float *dout, *inp, *mean, *rstd;
+  const S *dout, *inp;
+  const float *mean, *rstd;
   i64 C;
   __device__ float operator()(i64 n, i64 c) const {
-    return (inp[n * C + c] - mean[n]) * rstd[n] * dout[n * C + c];
+    return (to_float(inp[n * C + c]) - mean[n]) * rstd[n] * to_float(dout[n * C + c]);
   }
 };
+template <typename S>
 struct Grad {  // db: dout
-  const float* dout;
+  const S* dout;
   i64 C;
-  __device__ float operator()(i64 n, i64 c) const { return dout[n * C + c]; }
+  __device__ float operator()(i64 n, i64 c) const { return to_float(dout[n * C + c]); }
 };
 
 unsigned row_blocks(i64 N) {
@@ -83,25 +97,34 @@ unsigned row_blocks(i64 N) {
 
 }  // namespace
 
-cudaError_t layernorm_forward(const Launch& at, float* out, float* mean, float* rstd,
-                              const float* inp, const float* w, const float* b, i64 N, i64 C) {
+cudaError_t layernorm_forward(const Launch& at, Precision p, void* out, float* mean, float* rstd,
+                              const void* inp, const void* w, const void* b, i64 N, i64 C) {
   if (N == 0) return cudaSuccess;
-  layernorm_forward_kernel<<<row_blocks(N), kBlock, 0, at.stream>>>(at.fault, out, mean, rstd, inp,
-                                                                    w, b, N, C);
-  return cudaGetLastError();
+  return with_storage(p, [&](auto s) {
+    using S = typename decltype(s)::type;
+    layernorm_forward_kernel<<<row_blocks(N), kBlock, 0, at.stream>>>(
+        at.fault, static_cast<S*>(out), mean, rstd, static_cast<const S*>(inp),
+        static_cast<const S*>(w), static_cast<const S*>(b), N, C);
+    return cudaGetLastError();
+  });
 }
 
-cudaError_t layernorm_backward(const Launch& at, float* dinp, float* dw, float* db,
-                               const float* dout, const float* inp, const float* w,
-                               const float* mean, const float* rstd, i64 N, i64 C, float* scratch) {
+cudaError_t layernorm_backward(const Launch& at, Precision p, void* dinp, float* dw, float* db,
+                               const void* dout, const void* inp, const void* w, const float* mean,
+                               const float* rstd, i64 N, i64 C, float* scratch) {
   if (N == 0) return cudaSuccess;
-  layernorm_backward_dinp_kernel<<<row_blocks(N), kBlock, 0, at.stream>>>(at.fault, dinp, dout, inp,
-                                                                          w, mean, rstd, N, C);
-  cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) return err;
-  err = column_sums(at, dw, scratch, N, C, NormTimesGrad{dout, inp, mean, rstd, C});
-  if (err != cudaSuccess) return err;
-  return column_sums(at, db, scratch, N, C, Grad{dout, C});  // after dw's: one scratch
+  return with_storage(p, [&](auto s) {
+    using S = typename decltype(s)::type;
+    const S* d = static_cast<const S*>(dout);
+    const S* x = static_cast<const S*>(inp);
+    layernorm_backward_dinp_kernel<<<row_blocks(N), kBlock, 0, at.stream>>>(
+        at.fault, static_cast<S*>(dinp), d, x, static_cast<const S*>(w), mean, rstd, N, C);
+    cudaError_t err = cudaGetLastError();
+    if (err != cudaSuccess) return err;
+    err = column_sums(at, dw, scratch, N, C, NormTimesGrad<S>{d, x, mean, rstd, C});
+    if (err != cudaSuccess) return err;
+    return column_sums(at, db, scratch, N, C, Grad<S>{d, C});  // after dw's: one scratch
+  });
 }
 
 }  // namespace troupe::gpu::cuda

@@ -5,8 +5,26 @@
 // column-major one (C = A . B^T row-major is C^T = B . A^T column-major).
 // Alignment is taken from the actual pointers (views may start anywhere), so
 // the heuristic never picks a kernel that assumes more.
+//
+// Types: A and B are in the compute dtype (CUDA_R_32F, CUDA_R_16BF or
+// CUDA_R_16F); D (= C, for beta) is too for out and dinp, and fp32 for dw,
+// the main gradient, so a 16-bit step accumulates its weight gradients in
+// fp32 without a rounding per micro-batch. Every GEMM computes in fp32
+// (CUBLAS_COMPUTE_32F, or ..._FAST_TF32 for fp32 operands when Gemm::tf32)
+// with fp32 alpha and beta; the bias epilogue's vector is in D's type.
+//
+// Algorithms: cuBLASLt's heuristic is asked once per problem (handle,
+// shape, operations, types, compute type, leading dimensions, alignments,
+// epilogue, whether beta is 0, workspace) and its answer, an algorithm or
+// none, is kept in a process-wide map: a training step's GEMMs repeat the
+// same few problems, and the query costs tens of microseconds of host time
+// each. One answer per problem also means every stream runs the same
+// algorithm for it.
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <mutex>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "gpu/cuda/cublaslt.h"
@@ -28,13 +46,28 @@ absl::Status blas_status(const CublasLt& lt, cublasStatus_t st, absl::string_vie
     if (!troupe_st.ok()) return troupe_st;                   \
   } while (0)
 
-// The largest power of two, up to 256, that divides the address.
+// The largest power of two, up to 256, that divides the address (a 16-bit
+// element's may be 2).
 std::uint32_t alignment(const void* p) {
   const auto a = reinterpret_cast<std::uintptr_t>(p);
   std::uint32_t al = 256;
-  while (al > 4 && a % al != 0) al /= 2;
+  while (al > 1 && a % al != 0) al /= 2;
   return al;
 }
+
+cudaDataType_t storage_type(Precision p) {
+  switch (p) {
+    case Precision::kBf16:
+      return CUDA_R_16BF;
+    case Precision::kFp16:
+      return CUDA_R_16F;
+    case Precision::kFp32:
+      break;
+  }
+  return CUDA_R_32F;
+}
+
+std::size_t storage_bytes(Precision p) { return p == Precision::kFp32 ? 4 : 2; }
 
 template <typename T, auto Destroy>  // Destroy: a member of CublasLt
 struct LtHandle {
@@ -49,68 +82,160 @@ using Layout = LtHandle<cublasLtMatrixLayout_t, &CublasLt::MatrixLayoutDestroy>;
 using Pref = LtHandle<cublasLtMatmulPreference_t, &CublasLt::MatmulPreferenceDestroy>;
 
 struct Operand {
-  const float* data;
+  const void* data;
   cublasOperation_t op;
   i64 rows, cols, ld;  // of the stored column-major matrix, before op
 };
 
 // D[m, n] (column-major, leading dimension ldd) = op(A) . op(B) + beta * D,
 // plus bias[m] in the epilogue when bias is not null.
-absl::Status lt_gemm(const Launch& at, const Gemm& g, const Operand& a, const Operand& b, i64 m,
-                     i64 n, i64 k, float beta, float* d, i64 ldd, const float* bias) {
-  if (g.api == nullptr) {
-    return absl::FailedPreconditionError(
-        "cuBLASLt is not open: the CUDA device was not initialised");
+struct GemmCall {
+  Operand a, b;  // stored as ab_type
+  i64 m, n, k;
+  cudaDataType_t ab_type;
+  cudaDataType_t d_type;  // D's, C's (D itself) and the bias's
+  float beta;
+  void* d;
+  i64 ldd;
+  const void* bias = nullptr;
+};
+
+// What the heuristic's answer depends on.
+struct AlgoKey {
+  std::uintptr_t lt;
+  i64 m, n, k, lda, ldb, ldd;
+  cublasOperation_t opa, opb;
+  cudaDataType_t ab_type, d_type;
+  cublasComputeType_t compute;
+  std::uint32_t align_a, align_b, align_d, align_bias;  // align_bias 0: no bias epilogue
+  bool beta;                                            // beta != 0
+  std::uint64_t workspace;
+
+  auto tied() const {
+    return std::tie(lt, m, n, k, lda, ldb, ldd, opa, opb, ab_type, d_type, compute, align_a,
+                    align_b, align_d, align_bias, beta, workspace);
   }
-  const CublasLt& lt = *g.api;
-  OpDesc op{lt};
-  TROUPE_LT(lt.MatmulDescCreate(&op.h, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-  TROUPE_LT(lt.MatmulDescSetAttribute(op.h, CUBLASLT_MATMUL_DESC_TRANSA, &a.op, sizeof a.op));
-  TROUPE_LT(lt.MatmulDescSetAttribute(op.h, CUBLASLT_MATMUL_DESC_TRANSB, &b.op, sizeof b.op));
-  if (bias != nullptr) {
-    const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
-    TROUPE_LT(lt.MatmulDescSetAttribute(op.h, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
-    TROUPE_LT(
-        lt.MatmulDescSetAttribute(op.h, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
-  }
-  Layout la{lt}, lb{lt}, ld{lt};
-  TROUPE_LT(lt.MatrixLayoutCreate(&la.h, CUDA_R_32F, static_cast<std::uint64_t>(a.rows),
-                                  static_cast<std::uint64_t>(a.cols), a.ld));
-  TROUPE_LT(lt.MatrixLayoutCreate(&lb.h, CUDA_R_32F, static_cast<std::uint64_t>(b.rows),
-                                  static_cast<std::uint64_t>(b.cols), b.ld));
-  TROUPE_LT(lt.MatrixLayoutCreate(&ld.h, CUDA_R_32F, static_cast<std::uint64_t>(m),
-                                  static_cast<std::uint64_t>(n), ldd));
+  bool operator<(const AlgoKey& o) const { return tied() < o.tied(); }
+};
+
+struct Algo {
+  bool found = false;  // false: cuBLASLt has none for the problem
+  cublasLtMatmulAlgo_t algo{};
+};
+
+// The chosen algorithms (never destroyed: a device may be destroyed during
+// static destruction and forget its handle's entries then).
+struct AlgoCache {
+  std::mutex mu;
+  std::map<AlgoKey, Algo> algos;
+};
+AlgoCache& algo_cache() {
+  static AlgoCache* cache = new AlgoCache;
+  return *cache;
+}
+
+// Asks the heuristic for the best algorithm of the problem the descriptors
+// describe (none: NOT_SUPPORTED, what cuBLASLt mostly says, PyTorch checks
+// both, or success with none found).
+absl::StatusOr<Algo> ask_heuristic(const CublasLt& lt, const Gemm& g, const AlgoKey& key,
+                                   cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t la,
+                                   cublasLtMatrixLayout_t lb, cublasLtMatrixLayout_t ld) {
   Pref pref{lt};
   TROUPE_LT(lt.MatmulPreferenceCreate(&pref.h));
   const std::uint64_t ws = g.workspace_bytes;
   TROUPE_LT(lt.MatmulPreferenceSetAttribute(pref.h, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
                                             sizeof ws));
-  const std::uint32_t align_a = alignment(a.data), align_b = alignment(b.data),
-                      align_d = alignment(d);
   TROUPE_LT(lt.MatmulPreferenceSetAttribute(pref.h, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
-                                            &align_a, sizeof align_a));
+                                            &key.align_a, sizeof key.align_a));
   TROUPE_LT(lt.MatmulPreferenceSetAttribute(pref.h, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-                                            &align_b, sizeof align_b));
+                                            &key.align_b, sizeof key.align_b));
   TROUPE_LT(lt.MatmulPreferenceSetAttribute(pref.h, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
-                                            &align_d, sizeof align_d));
+                                            &key.align_d, sizeof key.align_d));
   TROUPE_LT(lt.MatmulPreferenceSetAttribute(pref.h, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
-                                            &align_d, sizeof align_d));
+                                            &key.align_d, sizeof key.align_d));
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
-  // No algorithm is either status: NOT_SUPPORTED (what cuBLASLt mostly
-  // says; PyTorch checks both) or success with none found.
   const cublasStatus_t heuristic =
-      lt.MatmulAlgoGetHeuristic(g.lt, op.h, la.h, lb.h, ld.h, ld.h, pref.h, 1, &result, &found);
+      lt.MatmulAlgoGetHeuristic(g.lt, op, la, lb, ld, ld, pref.h, 1, &result, &found);
   if (heuristic != CUBLAS_STATUS_NOT_SUPPORTED) {
     TROUPE_LT(heuristic);
   }
-  if (heuristic == CUBLAS_STATUS_NOT_SUPPORTED || found == 0) {
-    return absl::NotFoundError(absl::StrCat("cuBLASLt has no algorithm for m=", m, " n=", n, " k=",
-                                            k, bias != nullptr ? " with a bias epilogue" : ""));
+  Algo a;
+  a.found = heuristic != CUBLAS_STATUS_NOT_SUPPORTED && found > 0;
+  if (a.found) a.algo = result.algo;
+  return a;
+}
+
+// The cached answer for `key`, asking the heuristic on a miss. Two streams
+// that miss together both ask; the first answer stored is the one used.
+absl::StatusOr<Algo> choose_algo(const CublasLt& lt, const Gemm& g, const AlgoKey& key,
+                                 cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t la,
+                                 cublasLtMatrixLayout_t lb, cublasLtMatrixLayout_t ld) {
+  AlgoCache& cache = algo_cache();
+  {
+    std::lock_guard<std::mutex> lock(cache.mu);
+    const auto it = cache.algos.find(key);
+    if (it != cache.algos.end()) return it->second;
+  }
+  absl::StatusOr<Algo> asked = ask_heuristic(lt, g, key, op, la, lb, ld);
+  if (!asked.ok()) return asked.status();
+  std::lock_guard<std::mutex> lock(cache.mu);
+  return cache.algos.try_emplace(key, *asked).first->second;
+}
+
+absl::Status lt_gemm(const Launch& at, const Gemm& g, const GemmCall& c) {
+  if (g.api == nullptr) {
+    return absl::FailedPreconditionError(
+        "cuBLASLt is not open: the CUDA device was not initialised");
+  }
+  const CublasLt& lt = *g.api;
+  const cublasComputeType_t compute =
+      c.ab_type == CUDA_R_32F && g.tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  OpDesc op{lt};
+  TROUPE_LT(lt.MatmulDescCreate(&op.h, compute, CUDA_R_32F));
+  TROUPE_LT(lt.MatmulDescSetAttribute(op.h, CUBLASLT_MATMUL_DESC_TRANSA, &c.a.op, sizeof c.a.op));
+  TROUPE_LT(lt.MatmulDescSetAttribute(op.h, CUBLASLT_MATMUL_DESC_TRANSB, &c.b.op, sizeof c.b.op));
+  if (c.bias != nullptr) {
+    const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+    TROUPE_LT(lt.MatmulDescSetAttribute(op.h, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
+    TROUPE_LT(
+        lt.MatmulDescSetAttribute(op.h, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &c.bias, sizeof c.bias));
+  }
+  Layout la{lt}, lb{lt}, ld{lt};
+  TROUPE_LT(lt.MatrixLayoutCreate(&la.h, c.ab_type, static_cast<std::uint64_t>(c.a.rows),
+                                  static_cast<std::uint64_t>(c.a.cols), c.a.ld));
+  TROUPE_LT(lt.MatrixLayoutCreate(&lb.h, c.ab_type, static_cast<std::uint64_t>(c.b.rows),
+                                  static_cast<std::uint64_t>(c.b.cols), c.b.ld));
+  TROUPE_LT(lt.MatrixLayoutCreate(&ld.h, c.d_type, static_cast<std::uint64_t>(c.m),
+                                  static_cast<std::uint64_t>(c.n), c.ldd));
+  const AlgoKey key{.lt = reinterpret_cast<std::uintptr_t>(g.lt),
+                    .m = c.m,
+                    .n = c.n,
+                    .k = c.k,
+                    .lda = c.a.ld,
+                    .ldb = c.b.ld,
+                    .ldd = c.ldd,
+                    .opa = c.a.op,
+                    .opb = c.b.op,
+                    .ab_type = c.ab_type,
+                    .d_type = c.d_type,
+                    .compute = compute,
+                    .align_a = alignment(c.a.data),
+                    .align_b = alignment(c.b.data),
+                    .align_d = alignment(c.d),
+                    .align_bias = c.bias != nullptr ? alignment(c.bias) : 0u,
+                    .beta = c.beta != 0.0f,
+                    .workspace = g.workspace_bytes};
+  absl::StatusOr<Algo> algo = choose_algo(lt, g, key, op.h, la.h, lb.h, ld.h);
+  if (!algo.ok()) return algo.status();
+  if (!algo->found) {
+    return absl::NotFoundError(absl::StrCat("cuBLASLt has no algorithm for m=", c.m, " n=", c.n,
+                                            " k=", c.k,
+                                            c.bias != nullptr ? " with a bias epilogue" : ""));
   }
   const float alpha = 1.0f;
-  TROUPE_LT(lt.Matmul(g.lt, op.h, &alpha, a.data, la.h, b.data, lb.h, &beta, d, ld.h, d, ld.h,
-                      &result.algo, g.workspace, g.workspace_bytes, at.stream));
+  TROUPE_LT(lt.Matmul(g.lt, op.h, &alpha, c.a.data, la.h, c.b.data, lb.h, &c.beta, c.d, ld.h, c.d,
+                      ld.h, &algo->algo, g.workspace, g.workspace_bytes, at.stream));
   return absl::OkStatus();
 }
 
@@ -124,39 +249,80 @@ absl::Status launched(cudaError_t err, absl::string_view what) {
 // The bias goes in the GEMM's epilogue where cuBLASLt takes it (a 16-byte
 // aligned vector and an algorithm for it); otherwise a kernel adds it after.
 // (NotFound from the first try means nothing was enqueued.)
-absl::Status matmul_forward(const Launch& at, const Gemm& g, float* out, const float* inp,
-                            const float* w, const float* bias, i64 N, i64 IC, i64 OC) {
+absl::Status matmul_forward(const Launch& at, const Gemm& g, Precision p, void* out,
+                            const void* inp, const void* w, const void* bias, i64 N, i64 IC,
+                            i64 OC) {
   if (N == 0 || OC == 0) return absl::OkStatus();
+  const cudaDataType_t t = storage_type(p);
   // out^T[OC, N] = w[OC, IC] . inp^T[IC, N]: w is stored as [IC, OC], inp as [IC, N].
-  const Operand a{w, CUBLAS_OP_T, IC, OC, IC}, b{inp, CUBLAS_OP_N, IC, N, IC};
+  GemmCall call{.a = {w, CUBLAS_OP_T, IC, OC, IC},
+                .b = {inp, CUBLAS_OP_N, IC, N, IC},
+                .m = OC,
+                .n = N,
+                .k = IC,
+                .ab_type = t,
+                .d_type = t,
+                .beta = 0.0f,
+                .d = out,
+                .ldd = OC};
   if (bias != nullptr && alignment(bias) >= 16) {
-    absl::Status st = lt_gemm(at, g, a, b, OC, N, IC, 0.0f, out, OC, bias);
+    call.bias = bias;
+    absl::Status st = lt_gemm(at, g, call);
     if (!absl::IsNotFound(st)) return st;
+    call.bias = nullptr;
   }
-  absl::Status st = lt_gemm(at, g, a, b, OC, N, IC, 0.0f, out, OC, nullptr);
+  absl::Status st = lt_gemm(at, g, call);
   if (!st.ok() || bias == nullptr) return st;
-  return launched(bias_add(at, out, bias, N, OC), "bias_add");
+  return launched(bias_add(at, p, out, bias, N, OC), "bias_add");
 }
 
-absl::Status matmul_backward(const Launch& at, const Gemm& g, float* dinp, float* dw, float* dbias,
-                             const float* dout, const float* inp, const float* w, i64 N, i64 IC,
-                             i64 OC, bool accumulate_dinp, float* bias_scratch) {
+absl::Status matmul_backward(const Launch& at, const Gemm& g, Precision p, void* dinp, float* dw,
+                             float* dbias, const void* dout, const void* inp, const void* w, i64 N,
+                             i64 IC, i64 OC, bool accumulate_dinp, float* bias_scratch) {
   if (N == 0) return absl::OkStatus();
   if (OC == 0) {  // an empty sum: dinp is 0 (or unchanged), dw and dbias are empty
     if (accumulate_dinp) return absl::OkStatus();
     return launched(
-        cudaMemsetAsync(dinp, 0, static_cast<std::size_t>(N * IC) * sizeof(float), at.stream),
+        cudaMemsetAsync(dinp, 0, static_cast<std::size_t>(N * IC) * storage_bytes(p), at.stream),
         "cudaMemsetAsync");
   }
-  // dinp^T[IC, N] = w^T[IC, OC] . dout^T[OC, N]
-  absl::Status st = lt_gemm(at, g, {w, CUBLAS_OP_N, IC, OC, IC}, {dout, CUBLAS_OP_N, OC, N, OC}, IC,
-                            N, OC, accumulate_dinp ? 1.0f : 0.0f, dinp, IC, nullptr);
+  const cudaDataType_t t = storage_type(p);
+  // dinp^T[IC, N] = w^T[IC, OC] . dout^T[OC, N], in the compute dtype
+  absl::Status st = lt_gemm(at, g,
+                            {.a = {w, CUBLAS_OP_N, IC, OC, IC},
+                             .b = {dout, CUBLAS_OP_N, OC, N, OC},
+                             .m = IC,
+                             .n = N,
+                             .k = OC,
+                             .ab_type = t,
+                             .d_type = t,
+                             .beta = accumulate_dinp ? 1.0f : 0.0f,
+                             .d = dinp,
+                             .ldd = IC});
   if (!st.ok()) return st;
-  // dw^T[IC, OC] += inp^T[IC, N] . dout[N, OC]
-  st = lt_gemm(at, g, {inp, CUBLAS_OP_N, IC, N, IC}, {dout, CUBLAS_OP_T, OC, N, OC}, IC, OC, N,
-               1.0f, dw, IC, nullptr);
+  // dw^T[IC, OC] += inp^T[IC, N] . dout[N, OC], into the fp32 main gradient
+  st = lt_gemm(at, g,
+               {.a = {inp, CUBLAS_OP_N, IC, N, IC},
+                .b = {dout, CUBLAS_OP_T, OC, N, OC},
+                .m = IC,
+                .n = OC,
+                .k = N,
+                .ab_type = t,
+                .d_type = CUDA_R_32F,
+                .beta = 1.0f,
+                .d = dw,
+                .ldd = IC});
   if (!st.ok() || dbias == nullptr) return st;
-  return launched(bias_grad(at, dbias, dout, N, OC, bias_scratch), "bias_grad");
+  return launched(bias_grad(at, p, dbias, dout, N, OC, bias_scratch), "bias_grad");
+}
+
+void forget_gemm_algorithms(cublasLtHandle_t lt) {
+  AlgoCache& cache = algo_cache();
+  const auto h = reinterpret_cast<std::uintptr_t>(lt);
+  std::lock_guard<std::mutex> lock(cache.mu);
+  for (auto it = cache.algos.begin(); it != cache.algos.end();) {
+    it = it->first.lt == h ? cache.algos.erase(it) : std::next(it);
+  }
 }
 
 }  // namespace troupe::gpu::cuda

@@ -59,7 +59,8 @@ absl::StatusOr<Device> Cluster::device(int ranks_on_node, Precision precision,
     if (precision != Precision::kFp32) {
       return absl::InvalidArgumentError(
           absl::StrCat("--precision ", precision_name(precision), ": ", name,
-                       " computes in fp32 only (troupe's CPU backend); use --precision fp32"));
+                       " is calibrated in fp32 only (`troupe plan calibrate` times fp32 "
+                       "GEMMs); use --precision fp32"));
     }
     // The runtime gives each rank cores / ranks threads (at least one).
     const int threads = std::max(1, cores / std::max(1, ranks_on_node));

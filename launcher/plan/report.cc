@@ -93,6 +93,10 @@ absl::StatusOr<std::pair<actors::MemoryParts, int>> worst_memory(const PlanInput
     for (int s = 0; s < in.parallel.pp; s++) stages.insert(s);
   }
   std::pair<actors::MemoryParts, int> worst{{}, -1};
+  // The runtime's tensors in the plan's precision (tf32 computes on fp32).
+  const gpu::Precision precision = in.precision == Precision::kBf16   ? gpu::Precision::kBf16
+                                   : in.precision == Precision::kFp16 ? gpu::Precision::kFp16
+                                                                      : gpu::Precision::kFp32;
   for (int s : stages) {
     actors::MemoryQuery q{.config = in.model,
                           .parallel = in.parallel,
@@ -100,7 +104,8 @@ absl::StatusOr<std::pair<actors::MemoryParts, int>> worst_memory(const PlanInput
                           .global_batch = in.global_batch,
                           .stage = s,
                           .recompute = in.recompute,
-                          .sequence_parallel = in.sequence_parallel};
+                          .sequence_parallel = in.sequence_parallel,
+                          .precision = precision};
     absl::StatusOr<actors::MemoryParts> m = actors::memory_per_rank(mode, q);
     if (!m.ok()) return m.status();
     if (worst.second < 0 || m->total() > worst.first.total()) worst = {*m, s};

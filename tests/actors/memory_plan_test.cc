@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "actors/runtime/in_process.h"
+#include "model/gpt.h"
 
 namespace troupe::actors {
 namespace {
@@ -38,7 +39,8 @@ TEST(MemoryPlan, CountedIsWhatTheRuntimeAllocates) {
       {{{.tp = 2}}, 4},
       {{{.tp = 2, .pp = 2}}, 4},
       {{{.pp = 2, .virtual_stages = 2}, ScheduleKind::kInterleaved1F1B}, 4},
-      {{{.tp = 2, .dp = 2}}, 4, gpu::Precision::kBf16},  // the partitions' compute copies
+      {{{.tp = 2, .dp = 2}}, 4, gpu::Precision::kBf16},  // bf16 tensors, fp32 collectives' buffers
+      {{{.pp = 2}}, 4, gpu::Precision::kFp16},
   };
   for (const Case& c : cases) {
     model::TrainOptions o = cpu_small(2, 8);
@@ -60,6 +62,22 @@ TEST(MemoryPlan, CountedIsWhatTheRuntimeAllocates) {
           << where << ": counted " << want->total() << " bytes, allocated " << got;
     }
   }
+}
+
+// bf16 halves what a micro-batch keeps between its forward and backward
+// (its LayerNorm statistics and losses stay fp32): the bytes the model
+// allocates, fp32 against bf16.
+TEST(MemoryPlan, Bf16HalvesTheActivationsOfAMicroBatch) {
+  const model::GptConfig c = *model::preset("cpu-small");
+  auto per_slot = [&](gpu::Precision p) {
+    model::ActivationOptions a;
+    a.precision = p;
+    model::Gpt g(c, 2, gpu::cpu_device(), model::StageSpec::whole(c), 1, {}, a);
+    return static_cast<double>(g.activation_bytes_per_slot());
+  };
+  const double ratio = per_slot(gpu::Precision::kBf16) / per_slot(gpu::Precision::kFp32);
+  EXPECT_GT(ratio, 0.5);
+  EXPECT_LT(ratio, 0.51) << "bf16 keeps " << ratio << " of fp32's activation bytes";
 }
 
 TEST(MemoryPlan, CountedRefusesWhatTheRuntimeCannotDo) {

@@ -33,8 +33,8 @@ Trained single_rank(const model::TrainOptions& o) {
     r.metrics.push_back(m);
   }
   if (t.ok()) {
-    const gpu::Tensor& p = (*t)->gpt().params();
-    r.params.assign(p.data<float>(), p.data<float>() + p.numel());
+    r.params.resize(static_cast<std::size_t>((*t)->gpt().params().numel()));
+    EXPECT_TRUE((*t)->gpt().copy_params_to_host(r.params).ok());
   }
   return r;
 }
@@ -89,7 +89,6 @@ TEST_P(MixedPrecisionLayouts, MatchSingleRankInTheSamePrecision) {
   ASSERT_EQ(got.params.size(), ref.params.size());
   double worst = 0, diff2 = 0, ref2 = 0;
   for (std::size_t i = 0; i < ref.params.size(); i++) {
-    ASSERT_EQ(gpu::round_to(got.params[i], c.precision), got.params[i]) << i;
     const double d = std::abs(got.params[i] - ref.params[i]);
     worst = std::max(worst, d);
     diff2 += d * d;
@@ -114,10 +113,10 @@ ParallelOptions par(int tp, int pp, int dp, ScheduleKind kind = ScheduleKind::k1
 
 INSTANTIATE_TEST_SUITE_P(
     Layouts, MixedPrecisionLayouts,
-    ::testing::Values(Case{"bf16_tp2_pp2_dp2", Precision::kBf16, par(2, 2, 2)},
+    ::testing::Values(Case{"bf16_tp2_pp2_dp2_interleaved", Precision::kBf16,
+                           par(2, 2, 2, ScheduleKind::kInterleaved1F1B, 2)},
+                      Case{"bf16_pp2_dp2_zero1", Precision::kBf16, par(1, 2, 2)},
                       Case{"bf16_tp2_sp", Precision::kBf16, par(2, 1, 1), true},
-                      Case{"bf16_pp2_interleaved", Precision::kBf16,
-                           par(1, 2, 1, ScheduleKind::kInterleaved1F1B, 2)},
                       Case{"fp16_tp2_pp2_dp2", Precision::kFp16, par(2, 2, 2)}),
     [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
 

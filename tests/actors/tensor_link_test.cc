@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -55,11 +56,24 @@ TEST(InStreamCollectives, BroadcastOnCopiesTheRootsInToEveryOut) {
     if (r == 2) {
       for (std::size_t i = 0; i < n; i++) in[i] = x(5, i);
     }
-    ASSERT_TRUE(s.broadcast_on(nullptr, in.data(), out.data(), n, 2).ok());
+    ASSERT_TRUE(s.broadcast_on(nullptr, in.data(), out.data(), n * 4, 2).ok());
     for (std::size_t i = 0; i < n; i++) ASSERT_EQ(out[i], x(5, i)) << "rank " << r << " " << i;
     if (r == 2) {
       EXPECT_EQ(in[0], x(5, 0));  // the root's in is left as it was
     }
+  });
+}
+
+// Bytes that are not whole floats (a piece of bf16 parameters, at an odd
+// element) arrive whole, and nothing past them is written.
+TEST(InStreamCollectives, BroadcastOnCopiesBytesThatAreNotWholeFloats) {
+  on_ranks(3, [&](int r, comm::StreamCollectives& s) {
+    std::vector<std::uint16_t> in(9), out(9, 0xffff);
+    for (std::size_t i = 0; i < in.size(); i++) in[i] = static_cast<std::uint16_t>(r == 1 ? i : 0);
+    ASSERT_TRUE(s.broadcast_on(nullptr, in.data() + 1, out.data() + 1, 7 * 2, 1).ok());
+    EXPECT_EQ(out.front(), 0xffff);
+    for (std::size_t i = 1; i < 8; i++) ASSERT_EQ(out[i], i) << "rank " << r;
+    EXPECT_EQ(out.back(), 0xffff);
   });
 }
 
@@ -69,7 +83,7 @@ TEST(InStreamCollectives, ADeviceStreamOrABadRootIsAnError) {
     int native = 0;  // any non-null handle: a GPU's stream
     absl::Status st = s.reduce_on(&native, &v, &v, 1, 0);
     EXPECT_EQ(st.code(), absl::StatusCode::kInternal) << st;
-    st = s.broadcast_on(&native, &v, &v, 1, 0);
+    st = s.broadcast_on(&native, &v, &v, 4, 0);
     EXPECT_EQ(st.code(), absl::StatusCode::kInternal) << st;
     st = s.reduce_on(nullptr, &v, &v, 1, 5);
     EXPECT_NE(std::string(st.message()).find("root 5 of 2"), std::string::npos) << st;

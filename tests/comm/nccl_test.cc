@@ -194,7 +194,7 @@ TEST(Nccl, ReduceAndBroadcastOnTwoGpusReachTheRootAndEveryMember) {
             absl::Status st = c->reduce_on(s, d, t == root ? out : nullptr, n, root);
             cudaMemcpyAsync(got.data(), out, n * 4, cudaMemcpyDeviceToHost, s);
             // Then the root's d to both (in place: its sum), into `out`.
-            if (st.ok()) st = c->broadcast_on(s, d, out, n, root);
+            if (st.ok()) st = c->broadcast_on(s, d, out, n * 4, root);
             cudaMemcpyAsync(sent.data(), out, n * 4, cudaMemcpyDeviceToHost, s);
             if (cudaStreamSynchronize(s) != cudaSuccess && st.ok())
               st = absl::InternalError("sync");

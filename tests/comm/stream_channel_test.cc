@@ -33,20 +33,20 @@ TEST(StreamChannel, TheKthSendFillsTheKthReceive) {
   std::thread sender([&] {
     for (std::size_t k = 0; k < sizes.size(); k++) {
       const std::vector<float> v = iota(sizes[k], 100.0f * static_cast<float>(k));
-      EXPECT_TRUE(a0->send_on(nullptr, v.data(), v.size(), 1).ok());
+      EXPECT_TRUE(a0->send_on(nullptr, v.data(), v.size() * 4, 1).ok());
     }
   });
   std::thread gradient_sender([&] {
     const std::vector<float> g = iota(5, -9.0f);
-    EXPECT_TRUE(g0->send_on(nullptr, g.data(), g.size(), 1).ok());
+    EXPECT_TRUE(g0->send_on(nullptr, g.data(), g.size() * 4, 1).ok());
   });
   // The gradient first: a channel of another kind is not in the way.
   std::vector<float> g(5);
-  ASSERT_TRUE(g1->recv_on(nullptr, g.data(), g.size(), 0).ok());
+  ASSERT_TRUE(g1->recv_on(nullptr, g.data(), g.size() * 4, 0).ok());
   EXPECT_EQ(g, iota(5, -9.0f));
   for (std::size_t k = 0; k < sizes.size(); k++) {
     std::vector<float> got(sizes[k], -1.0f);
-    ASSERT_TRUE(a1->recv_on(nullptr, got.data(), got.size(), 0).ok()) << "message " << k;
+    ASSERT_TRUE(a1->recv_on(nullptr, got.data(), got.size() * 4, 0).ok()) << "message " << k;
     EXPECT_EQ(got, iota(sizes[k], 100.0f * static_cast<float>(k))) << "message " << k;
   }
   sender.join();
@@ -64,7 +64,7 @@ TEST(StreamChannel, FailuresAreErrorsNotHangs) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
     t1->fail_peer(0, absl::UnavailableError("rank 0 died"));
   });
-  const absl::Status st = a1->recv_on(nullptr, buf.data(), buf.size(), 0);
+  const absl::Status st = a1->recv_on(nullptr, buf.data(), buf.size() * 4, 0);
   failer.join();
   EXPECT_EQ(st.code(), absl::StatusCode::kUnavailable) << st;
   EXPECT_NE(st.message().find("rank 0"), absl::string_view::npos) << st;

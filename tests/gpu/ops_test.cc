@@ -1,64 +1,117 @@
 // The cross-backend op test: every backend present computes each op on the
-// same random inputs; forwards are compared with the double references of
+// same random inputs, in each compute dtype (f32, bf16, f16: the test's
+// name says which); forwards are compared with the double references of
 // reference_ops.h, backwards with central finite differences of them (in
-// double). A backend that lacks an op is reported as skipped, never passed.
+// double), within a tolerance of the dtype. Inputs are drawn representable
+// in the dtype, so the reference sees exactly what the op reads. A backend
+// that lacks an op is reported as skipped, never passed.
 #include "gpu/ops.h"
 
 #include <gtest/gtest.h>
 
 #include <random>
+#include <tuple>
 
+#include "absl/strings/str_cat.h"
+#include "gpu/precision.h"
 #include "tests/gpu/backends.h"
 #include "tests/gpu/reference_ops.h"
 #include "tests/test_util.h"
+
+namespace troupe::gpu {
+// ctest names the dtype of a case ("bf16"), not its byte.
+void PrintTo(DType d, std::ostream* os) { *os << dtype_name(d); }
+}  // namespace troupe::gpu
 
 namespace troupe::testing {
 namespace {
 
 using gpu::Accumulate;
+using gpu::DType;
 using gpu::Tensor;
 namespace ops = gpu::ops;
 
-constexpr double kFwdTol = 1e-5;  // fp32 op vs double reference, norm-wise
-constexpr double kBwdTol = 1e-4;  // fp32 backward vs double finite differences
+// Norm-wise tolerances against double: fp32 ops; bf16/f16 ops, whose every
+// stored value is rounded to 8 (bf16) or 11 (f16) significant bits (relative
+// error up to 2^-9 and 2^-12 each, a few roundings per op).
+double fwd_tol(DType d) { return d == DType::kBF16 ? 1e-2 : d == DType::kF16 ? 2e-3 : 1e-5; }
+double bwd_tol(DType d) { return d == DType::kBF16 ? 3e-2 : d == DType::kF16 ? 5e-3 : 1e-4; }
 
-class OpsTest : public ::testing::TestWithParam<std::string> {
+// A host copy of the device tensor `t` in f32, after `s` has finished:
+// bf16/f16 tensors are converted on the device first (exact).
+absl::StatusOr<Tensor> host_f32(gpu::Device& dev, gpu::Stream& s, const Tensor& t) {
+  Tensor f = t;
+  if (t.dtype != DType::kF32) {
+    f = Tensor::empty(dev, DType::kF32, t.shape);
+    ops::convert(s, f, t);
+  }
+  if (absl::Status st = s.synchronize(); !st.ok()) return st;
+  Tensor h = Tensor::empty(gpu::cpu_device(), DType::kF32, t.shape);
+  if (absl::Status st = dev.copy_to_host(f, h.raw()); !st.ok()) return st;
+  return h;
+}
+
+class OpsTest : public ::testing::TestWithParam<std::tuple<std::string, DType>> {
  protected:
   void SetUp() override {
-    dev_ = backend(GetParam());
-    if (dev_ == nullptr) GTEST_SKIP() << GetParam() << ": " << no_cuda_reason();
+    dev_ = backend(std::get<0>(GetParam()));
+    A_ = std::get<1>(GetParam());
+    if (dev_ == nullptr) GTEST_SKIP() << std::get<0>(GetParam()) << ": " << no_cuda_reason();
     stream_ = dev_->make_stream({.threads = 2});
   }
-  // A copy of host tensor `t` on the backend's device.
-  Tensor on(const Tensor& t) {
+  // A host f32 tensor of N(0, scale^2) values representable in the dtype.
+  Tensor rnd(const gpu::Shape& shape, float scale = 1.0f) {
+    Tensor t = random_tensor(rng_, shape, scale);
+    const gpu::Precision p = gpu::dtype_precision(A_);
+    for (std::int64_t i = 0; i < t.numel(); i++) {
+      t.data<float>()[i] = gpu::round_to(t.data<float>()[i], p);
+    }
+    return t;
+  }
+  // A copy of host f32 tensor `t` on the device, in the dtype (on) or f32
+  // (on32); i32 tensors as they are.
+  Tensor on32(const Tensor& t) {
     Tensor d = Tensor::empty(*dev_, t.dtype, t.shape);
     EXPECT_TRUE(dev_->copy_from_host(t.raw(), d).ok());
     return d;
   }
+  Tensor on(const Tensor& t) {
+    Tensor f = on32(t);
+    if (t.dtype != DType::kF32 || A_ == DType::kF32) return f;
+    Tensor d = Tensor::empty(*dev_, A_, t.shape);
+    ops::convert(*stream_, d, f);
+    return d;
+  }
   Tensor zeros(const gpu::Shape& shape) { return on(filled(shape, 0.0f)); }
+  Tensor zeros32(const gpu::Shape& shape) { return on32(filled(shape, 0.0f)); }
   // Host doubles of a device tensor, after the stream has finished. Skips
   // the test when the backend lacks an op that ran.
   Vec host(const Tensor& t) {
-    absl::Status st = stream_->synchronize();
-    if (absl::IsUnimplemented(st)) {
-      skipped_ = std::string(st.message());
+    absl::StatusOr<Tensor> h = host_f32(*dev_, *stream_, t);
+    if (!h.ok() && absl::IsUnimplemented(h.status())) {
+      skipped_ = std::string(h.status().message());
       return Vec(static_cast<std::size_t>(t.numel()), 0.0);
     }
-    EXPECT_TRUE(st.ok()) << st;
-    Tensor h = Tensor::empty(gpu::cpu_device(), t.dtype, t.shape);
-    EXPECT_TRUE(dev_->copy_to_host(t, h.raw()).ok());
-    return to_double(h);
+    EXPECT_TRUE(h.ok()) << h.status();
+    return h.ok() ? to_double(*h) : Vec(static_cast<std::size_t>(t.numel()), 0.0);
   }
   bool unsupported() {
     if (skipped_.empty()) return false;
     std::cout << "[ UNSUPPORTED ] " << skipped_ << "\n";
     return true;
   }
+  double fwd_tol() const { return testing::fwd_tol(A_); }
+  double bwd_tol() const { return testing::bwd_tol(A_); }
   gpu::Device* dev_ = nullptr;
+  DType A_ = DType::kF32;
   std::unique_ptr<gpu::Stream> stream_;
   std::mt19937 rng_{42};
   std::string skipped_;
 };
+
+// The optimizer's ops (fp32 master, moments, main gradients) and the
+// argument checks' messages, in f32 only.
+class Fp32OpsTest : public OpsTest {};
 
 #define SKIP_IF_UNSUPPORTED() \
   if (unsupported()) GTEST_SKIP() << skipped_
@@ -66,20 +119,20 @@ class OpsTest : public ::testing::TestWithParam<std::string> {
 TEST_P(OpsTest, Embedding) {
   const int B = 2, T = 5, C = 8, Vp = 11;
   std::vector<std::int32_t> tok = {0, 3, 3, 10, 7, 1, 2, 3, 9, 3};
-  Tensor wte = random_tensor(rng_, {Vp, C}), wpe = random_tensor(rng_, {T + 2, C});
-  Tensor r = random_tensor(rng_, {B, T, C});
-  Tensor out = zeros({B, T, C}), dwte = zeros({Vp, C}), dwpe = zeros({T + 2, C});
+  Tensor wte = rnd({Vp, C}), wpe = rnd({T + 2, C});
+  Tensor r = rnd({B, T, C});
+  Tensor out = zeros({B, T, C}), dwte = zeros32({Vp, C}), dwpe = zeros32({T + 2, C});
   Tensor tokens = on(int_tensor(tok, {B, T}));
   ops::embedding_forward(*stream_, out, tokens, on(wte), on(wpe));
   ops::embedding_backward(*stream_, dwte, dwpe, on(r), tokens);
   Vec y = host(out), gte = host(dwte), gpe = host(dwpe);
   SKIP_IF_UNSUPPORTED();
   Vec wte_d = to_double(wte), wpe_d = to_double(wpe), r_d = to_double(r);
-  EXPECT_LT(rel_error(y, embedding_ref(tok, wte_d, wpe_d, B, T, C)), kFwdTol);
+  EXPECT_LT(rel_error(y, embedding_ref(tok, wte_d, wpe_d, B, T, C)), fwd_tol());
   auto f_te = [&](const Vec& x) { return embedding_ref(tok, x, wpe_d, B, T, C); };
   auto f_pe = [&](const Vec& x) { return embedding_ref(tok, wte_d, x, B, T, C); };
-  EXPECT_LT(rel_error(gte, numeric_grad(f_te, wte_d, r_d)), kBwdTol);
-  EXPECT_LT(rel_error(gpe, numeric_grad(f_pe, wpe_d, r_d)), kBwdTol);
+  EXPECT_LT(rel_error(gte, numeric_grad(f_te, wte_d, r_d)), bwd_tol());
+  EXPECT_LT(rel_error(gpe, numeric_grad(f_pe, wpe_d, r_d)), bwd_tol());
 }
 
 TEST_P(OpsTest, EmbeddingRejectsTokenOutOfRange) {
@@ -94,39 +147,36 @@ TEST_P(OpsTest, EmbeddingRejectsTokenOutOfRange) {
 
 TEST_P(OpsTest, LayerNorm) {
   const int N = 6, C = 40;
-  Tensor x = random_tensor(rng_, {N, C}, 2.0f), w = random_tensor(rng_, {C}),
-         b = random_tensor(rng_, {C}), r = random_tensor(rng_, {N, C});
-  Tensor out = zeros({N, C}), mean = zeros({N}), rstd = zeros({N});
-  Tensor dx0 = random_tensor(rng_, {N, C});  // the backward adds to what is there
-  Tensor dx = on(dx0), dw = zeros({C}), db = zeros({C});
+  Tensor x = rnd({N, C}, 2.0f), w = rnd({C}), b = rnd({C}), r = rnd({N, C});
+  Tensor out = zeros({N, C}), mean = zeros32({N}), rstd = zeros32({N});
+  Tensor dx0 = rnd({N, C});  // the backward adds to what is there
+  Tensor dx = on(dx0), dw = zeros32({C}), db = zeros32({C});
   ops::layernorm_forward(*stream_, out, mean, rstd, on(x), on(w), on(b));
   ops::layernorm_backward(*stream_, dx, dw, db, on(r), on(x), on(w), mean, rstd);
   Vec y = host(out), gx = host(dx), gw = host(dw), gb = host(db);
   SKIP_IF_UNSUPPORTED();
   Vec xd = to_double(x), wd = to_double(w), bd = to_double(b), rd = to_double(r);
-  EXPECT_LT(rel_error(y, layernorm_ref(xd, wd, bd, N, C)), kFwdTol);
+  EXPECT_LT(rel_error(y, layernorm_ref(xd, wd, bd, N, C)), fwd_tol());
   Vec want_dx = numeric_grad([&](const Vec& v) { return layernorm_ref(v, wd, bd, N, C); }, xd, rd);
   Vec dx0d = to_double(dx0);
   for (std::size_t i = 0; i < want_dx.size(); i++) want_dx[i] += dx0d[i];
-  EXPECT_LT(rel_error(gx, want_dx), kBwdTol);
+  EXPECT_LT(rel_error(gx, want_dx), bwd_tol());
   EXPECT_LT(rel_error(gw, numeric_grad([&](const Vec& v) { return layernorm_ref(xd, v, bd, N, C); },
                                        wd, rd)),
-            kBwdTol);
+            bwd_tol());
   EXPECT_LT(rel_error(gb, numeric_grad([&](const Vec& v) { return layernorm_ref(xd, wd, v, N, C); },
                                        bd, rd)),
-            kBwdTol);
+            bwd_tol());
 }
 
 TEST_P(OpsTest, MatmulSmall) {
   const int N = 7, IC = 12, OC = 10;
-  std::mt19937& rng = rng_;
-  Tensor x = random_tensor(rng, {N, IC}), w = random_tensor(rng, {OC, IC}),
-         bias = random_tensor(rng, {OC}), r = random_tensor(rng, {N, OC});
-  Tensor dx0 = random_tensor(rng, {N, IC}), dw0 = random_tensor(rng, {OC, IC}),
-         db0 = random_tensor(rng, {OC});
+  Tensor x = rnd({N, IC}), w = rnd({OC, IC}), bias = rnd({OC}), r = rnd({N, OC});
+  Tensor dx0 = rnd({N, IC}), dw0 = rnd({OC, IC}), db0 = rnd({OC});
   for (Accumulate mode : {Accumulate::kNo, Accumulate::kYes}) {
     for (bool has_bias : {true, false}) {
-      Tensor out = zeros({N, OC}), dx = on(dx0), dw = on(dw0), db = on(db0);
+      // dw and db are the fp32 main gradients, added into.
+      Tensor out = zeros({N, OC}), dx = on(dx0), dw = on32(dw0), db = on32(db0);
       Tensor bias_d = has_bias ? on(bias) : Tensor{};
       ops::matmul_forward(*stream_, out, on(x), on(w), bias_d);
       ops::matmul_backward(*stream_, dx, dw, has_bias ? db : Tensor{}, on(r), on(x), on(w), mode);
@@ -134,7 +184,7 @@ TEST_P(OpsTest, MatmulSmall) {
       SKIP_IF_UNSUPPORTED();
       Vec xd = to_double(x), wd = to_double(w), bd = has_bias ? to_double(bias) : Vec{},
           rd = to_double(r);
-      EXPECT_LT(rel_error(y, matmul_ref(xd, wd, bd, N, IC, OC)), kFwdTol);
+      EXPECT_LT(rel_error(y, matmul_ref(xd, wd, bd, N, IC, OC)), fwd_tol());
       Vec want_dx =
           numeric_grad([&](const Vec& v) { return matmul_ref(v, wd, bd, N, IC, OC); }, xd, rd);
       Vec want_dw =
@@ -144,13 +194,13 @@ TEST_P(OpsTest, MatmulSmall) {
         if (mode == Accumulate::kYes) want_dx[i] += dx0d[i];
       }
       for (std::size_t i = 0; i < want_dw.size(); i++) want_dw[i] += dw0d[i];  // always adds
-      EXPECT_LT(rel_error(gx, want_dx), kBwdTol);
-      EXPECT_LT(rel_error(gw, want_dw), kBwdTol);
+      EXPECT_LT(rel_error(gx, want_dx), bwd_tol());
+      EXPECT_LT(rel_error(gw, want_dw), bwd_tol());
       if (has_bias) {
         Vec want_db =
             numeric_grad([&](const Vec& v) { return matmul_ref(xd, wd, v, N, IC, OC); }, bd, rd);
         for (std::size_t i = 0; i < want_db.size(); i++) want_db[i] += db0d[i];
-        EXPECT_LT(rel_error(gb, want_db), kBwdTol);
+        EXPECT_LT(rel_error(gb, want_db), bwd_tol());
       }
     }
   }
@@ -159,37 +209,36 @@ TEST_P(OpsTest, MatmulSmall) {
 TEST_P(OpsTest, MatmulLargerThanChunks) {
   // Sizes past the kernels' row/column chunks, forward and dbias only.
   const int N = 130, IC = 70, OC = 150;
-  Tensor x = random_tensor(rng_, {N, IC}), w = random_tensor(rng_, {OC, IC}),
-         bias = random_tensor(rng_, {OC}), r = random_tensor(rng_, {N, OC});
-  Tensor out = zeros({N, OC}), dx = zeros({N, IC}), dw = zeros({OC, IC}), db = zeros({OC});
+  Tensor x = rnd({N, IC}), w = rnd({OC, IC}), bias = rnd({OC}), r = rnd({N, OC});
+  Tensor out = zeros({N, OC}), dx = zeros({N, IC}), dw = zeros32({OC, IC}), db = zeros32({OC});
   ops::matmul_forward(*stream_, out, on(x), on(w), on(bias));
   ops::matmul_backward(*stream_, dx, dw, db, on(r), on(x), on(w), Accumulate::kNo);
   Vec y = host(out), gb = host(db);
   SKIP_IF_UNSUPPORTED();
   EXPECT_LT(rel_error(y, matmul_ref(to_double(x), to_double(w), to_double(bias), N, IC, OC)),
-            kFwdTol);
+            fwd_tol());
   Vec want(OC, 0.0), rd = to_double(r);
   for (int n = 0; n < N; n++)
     for (int o = 0; o < OC; o++) want[o] += rd[n * OC + o];
-  EXPECT_LT(rel_error(gb, want), kFwdTol);
+  EXPECT_LT(rel_error(gb, want), testing::fwd_tol(DType::kF32));  // sums of exact values
 }
 
 TEST_P(OpsTest, Gelu) {
   const int n = 1000;
-  Tensor x = random_tensor(rng_, {n}, 3.0f), r = random_tensor(rng_, {n});
+  Tensor x = rnd({n}, 3.0f), r = rnd({n});
   Tensor out = zeros({n}), dx = zeros({n});
   ops::gelu_forward(*stream_, out, on(x));
   ops::gelu_backward(*stream_, dx, on(x), on(r));
   Vec y = host(out), gx = host(dx);
   SKIP_IF_UNSUPPORTED();
   Vec xd = to_double(x);
-  EXPECT_LT(rel_error(y, gelu_ref(xd)), kFwdTol);
-  EXPECT_LT(rel_error(gx, numeric_grad(gelu_ref, xd, to_double(r))), kBwdTol);
+  EXPECT_LT(rel_error(y, gelu_ref(xd)), fwd_tol());
+  EXPECT_LT(rel_error(gx, numeric_grad(gelu_ref, xd, to_double(r))), bwd_tol());
 }
 
 TEST_P(OpsTest, Attention) {
   const int B = 2, T = 6, C = 8, NH = 2;
-  Tensor qkv = random_tensor(rng_, {B, T, 3 * C}), r = random_tensor(rng_, {B, T, C});
+  Tensor qkv = rnd({B, T, 3 * C}), r = rnd({B, T, C});
   Tensor out = zeros({B, T, C}), att = zeros({B, NH, T, T});
   Tensor dqkv = zeros({B, T, 3 * C}), datt = zeros({B, NH, T, T});
   Tensor qkv_d = on(qkv);
@@ -198,10 +247,10 @@ TEST_P(OpsTest, Attention) {
   Vec y = host(out), a = host(att), g = host(dqkv);
   SKIP_IF_UNSUPPORTED();
   Vec qd = to_double(qkv), want_att;
-  EXPECT_LT(rel_error(y, attention_ref(qd, B, T, C, NH, &want_att)), kFwdTol);
-  EXPECT_LT(rel_error(a, want_att), kFwdTol);
+  EXPECT_LT(rel_error(y, attention_ref(qd, B, T, C, NH, &want_att)), fwd_tol());
+  EXPECT_LT(rel_error(a, want_att), fwd_tol());
   auto f = [&](const Vec& v) { return attention_ref(v, B, T, C, NH); };
-  EXPECT_LT(rel_error(g, numeric_grad(f, qd, to_double(r))), kBwdTol);
+  EXPECT_LT(rel_error(g, numeric_grad(f, qd, to_double(r))), bwd_tol());
 }
 
 // Generation's KV-cached attention, fed the positions in chunks (a prompt
@@ -209,7 +258,7 @@ TEST_P(OpsTest, Attention) {
 // sequence, and leaves every position's k and v in the caches.
 TEST_P(OpsTest, AttentionCachedEqualsCausalAttentionInChunks) {
   const int B = 2, T = 7, C = 8, NH = 2, HS = C / NH, Tc = 9;
-  Tensor qkv = random_tensor(rng_, {B, T, 3 * C});
+  Tensor qkv = rnd({B, T, 3 * C});
   Tensor kc = zeros({B, NH, Tc, HS}), vc = zeros({B, NH, Tc, HS});
   const float* q = qkv.data<float>();
   Vec got(static_cast<std::size_t>(B) * T * C, 0.0);
@@ -226,7 +275,7 @@ TEST_P(OpsTest, AttentionCachedEqualsCausalAttentionInChunks) {
         got[static_cast<std::size_t>((b * T + pos) * C + i)] =
             y[static_cast<std::size_t>(b * n * C + i)];
   }
-  EXPECT_LT(rel_error(got, attention_ref(to_double(qkv), B, T, C, NH)), kFwdTol);
+  EXPECT_LT(rel_error(got, attention_ref(to_double(qkv), B, T, C, NH)), fwd_tol());
   const Vec k = host(kc), v = host(vc);
   for (int b = 0; b < B; b++)
     for (int h = 0; h < NH; h++)
@@ -250,23 +299,23 @@ TEST_P(OpsTest, AttentionCachedRejectsPositionsPastTheCache) {
 }
 
 TEST_P(OpsTest, Residual) {
-  Tensor a = random_tensor(rng_, {3, 50}), b = random_tensor(rng_, {3, 50}), out = zeros({3, 50});
+  Tensor a = rnd({3, 50}), b = rnd({3, 50}), out = zeros({3, 50});
   ops::residual_forward(*stream_, out, on(a), on(b));
   Vec y = host(out);
   SKIP_IF_UNSUPPORTED();
   Vec want = to_double(a), bd = to_double(b);
   for (std::size_t i = 0; i < want.size(); i++) want[i] += bd[i];
-  EXPECT_LT(rel_error(y, want), 1e-7);
+  EXPECT_LT(rel_error(y, want), A_ == DType::kF32 ? 1e-7 : fwd_tol());
 }
 
 TEST_P(OpsTest, CrossEntropyIgnoresVocabularyPadding) {
   const int N = 5, V = 13, Vp = 16;
-  Tensor logits = random_tensor(rng_, {N, Vp}, 2.0f);
+  Tensor logits = rnd({N, Vp}, 2.0f);
   for (int n = 0; n < N; n++)
     for (int j = V; j < Vp; j++) logits.data<float>()[n * Vp + j] = 1e4f;  // must not matter
   std::vector<std::int32_t> tg = {0, 12, 5, 5, 7};
   Tensor targets = on(int_tensor(tg, {N}));
-  Tensor losses = zeros({N}), lse = zeros({N}), lg = on(logits);
+  Tensor losses = zeros32({N}), lse = zeros32({N}), lg = on(logits);
   const float dloss = 0.37f;
   ops::crossentropy_forward(*stream_, losses, lse, lg, targets, V);
   Vec l = host(losses);
@@ -274,25 +323,25 @@ TEST_P(OpsTest, CrossEntropyIgnoresVocabularyPadding) {
   Vec d = host(lg);
   SKIP_IF_UNSUPPORTED();
   Vec xd = to_double(logits);
-  EXPECT_LT(rel_error(l, crossentropy_ref(xd, tg, N, V, Vp)), kFwdTol);
+  EXPECT_LT(rel_error(l, crossentropy_ref(xd, tg, N, V, Vp)), fwd_tol());
   Vec r(N, dloss);
   Vec want = numeric_grad([&](const Vec& v) { return crossentropy_ref(v, tg, N, V, Vp); }, xd, r);
-  EXPECT_LT(rel_error(d, want), kBwdTol);
+  EXPECT_LT(rel_error(d, want), bwd_tol());
   for (int n = 0; n < N; n++)
     for (int j = V; j < Vp; j++) EXPECT_EQ(d[n * Vp + j], 0.0);
 }
 
 TEST_P(OpsTest, CrossEntropyRejectsTargetInPadding) {
-  Tensor losses = zeros({1}), lse = zeros({1});
+  Tensor losses = zeros32({1}), lse = zeros32({1});
   ops::crossentropy_forward(*stream_, losses, lse, zeros({1, 16}), on(int_tensor({13}, {1})), 13);
   absl::Status st = stream_->synchronize();
   if (absl::IsUnimplemented(st)) GTEST_SKIP() << st;
   EXPECT_TRUE(absl::IsInvalidArgument(st)) << st;
 }
 
-TEST_P(OpsTest, SquaredNorm) {
+TEST_P(Fp32OpsTest, SquaredNorm) {
   const int n = 3 * 16384 + 5;  // across the fixed chunks
-  Tensor x = random_tensor(rng_, {n});
+  Tensor x = rnd({n});
   Tensor out = Tensor::empty(*dev_, gpu::DType::kF64, {1});
   ops::squared_norm(*stream_, out, on(x));
   absl::Status st = stream_->synchronize();
@@ -304,9 +353,9 @@ TEST_P(OpsTest, SquaredNorm) {
   EXPECT_NEAR(got, want, 1e-9 * want);
 }
 
-TEST_P(OpsTest, AdamWMatchesTheFormula) {
+TEST_P(Fp32OpsTest, AdamWMatchesTheFormula) {
   const int n = 37;
-  Tensor p = random_tensor(rng_, {n}), g = random_tensor(rng_, {n});
+  Tensor p = rnd({n}), g = rnd({n});
   Tensor pd = on(p), m = zeros({n}), v = zeros({n});
   gpu::AdamWArgs a{.lr = 0.01f,
                    .beta1 = 0.9f,
@@ -336,11 +385,11 @@ TEST_P(OpsTest, AdamWMatchesTheFormula) {
 // Many tensors at once (more than one CUDA launch's table of 24, one of them
 // larger than a block's chunk, each with its own decay) equal adamw per
 // tensor, bit for bit.
-TEST_P(OpsTest, AdamWManyEqualsAdamWPerTensor) {
+TEST_P(Fp32OpsTest, AdamWManyEqualsAdamWPerTensor) {
   std::vector<gpu::AdamWTensor> many, one;
   for (int i = 0; i < 30; i++) {
     const int n = i == 3 ? 5000 : 1 + i * 7;
-    Tensor p = random_tensor(rng_, {n}), g = random_tensor(rng_, {n});
+    Tensor p = rnd({n}), g = rnd({n});
     const float decay = i % 2 == 0 ? 0.1f : 0.0f;
     many.push_back({on(p), on(g), zeros({n}), zeros({n}), decay});
     one.push_back({on(p), on(g), zeros({n}), zeros({n}), decay});
@@ -366,7 +415,7 @@ TEST_P(OpsTest, AdamWManyEqualsAdamWPerTensor) {
   }
 }
 
-TEST_P(OpsTest, AdamWManyNamesTheTensorWithTheBadShape) {
+TEST_P(Fp32OpsTest, AdamWManyNamesTheTensorWithTheBadShape) {
   std::vector<gpu::AdamWTensor> t = {{zeros({4}), zeros({4}), zeros({4}), zeros({4}), 0.0f},
                                      {zeros({4}), zeros({3}), zeros({4}), zeros({4}), 0.0f}};
   gpu::AdamWArgs a;
@@ -378,18 +427,31 @@ TEST_P(OpsTest, AdamWManyNamesTheTensorWithTheBadShape) {
 }
 
 TEST_P(OpsTest, FillAndAxpy) {
-  Tensor y = zeros({100}), x = random_tensor(rng_, {100});
+  Tensor y = zeros({100}), x = rnd({100});
   ops::fill(*stream_, y, 2.0f);
   ops::axpy(*stream_, y, -3.0f, on(x));
   Vec got = host(y);
   SKIP_IF_UNSUPPORTED();
   Vec want = to_double(x);
   for (double& w : want) w = 2.0 - 3.0 * static_cast<float>(w);
-  EXPECT_LT(rel_error(got, want), 1e-7);
+  EXPECT_LT(rel_error(got, want), A_ == DType::kF32 ? 1e-7 : fwd_tol());
+}
+
+// An op's tensors share its compute dtype; the error names the one that
+// does not (here an f32 LayerNorm weight with bf16/f16 activations).
+TEST_P(OpsTest, ATensorOfAnotherDtypeIsNamed) {
+  if (A_ == DType::kF32) GTEST_SKIP() << "needs a 16-bit compute dtype";
+  Tensor x = zeros({4, 8});
+  ops::layernorm_forward(*stream_, zeros({4, 8}), zeros32({4}), zeros32({4}), x, zeros32({8}),
+                         zeros({8}));
+  const absl::Status st = stream_->synchronize();
+  EXPECT_TRUE(absl::IsInvalidArgument(st)) << st;
+  EXPECT_EQ(st.message(),
+            absl::StrCat("layernorm_forward: w is f32[8], want ", gpu::dtype_name(A_), "[8]"));
 }
 
 // A zero-width last dimension is an error, not a division by zero (regression).
-TEST_P(OpsTest, EmptyLastDimensionIsAnError) {
+TEST_P(Fp32OpsTest, EmptyLastDimensionIsAnError) {
   Tensor x = zeros({4, 1}).view(0, {4, 0});
   ops::layernorm_forward(*stream_, x, zeros({4}), zeros({4}), x, zeros({1}).view(0, {0}),
                          zeros({1}).view(0, {0}));
@@ -398,7 +460,7 @@ TEST_P(OpsTest, EmptyLastDimensionIsAnError) {
   EXPECT_NE(st.message().find("empty last dimension"), absl::string_view::npos) << st;
 }
 
-TEST_P(OpsTest, BadShapeIsAStickyErrorNamingTheOp) {
+TEST_P(Fp32OpsTest, BadShapeIsAStickyErrorNamingTheOp) {
   Tensor out = zeros({4, 8}), mean = zeros({4}), rstd = zeros({4});
   ops::layernorm_forward(*stream_, out, mean, rstd, zeros({4, 8}), zeros({7}), zeros({8}));
   ops::fill(*stream_, out, 1.0f);  // skipped: the stream has failed
@@ -407,7 +469,20 @@ TEST_P(OpsTest, BadShapeIsAStickyErrorNamingTheOp) {
   EXPECT_EQ(st.message(), "layernorm_forward: w is f32[7], want f32[8]");
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, OpsTest, ::testing::Values("cpu", "cuda"));
+// "cpu_bf16", "cuda_f32", ...: gtest_list_tests names each backend and dtype.
+std::string param_name(const ::testing::TestParamInfo<std::tuple<std::string, DType>>& info) {
+  return absl::StrCat(std::get<0>(info.param), "_", gpu::dtype_name(std::get<1>(info.param)));
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, OpsTest,
+                         ::testing::Combine(::testing::Values("cpu", "cuda"),
+                                            ::testing::Values(DType::kF32, DType::kBF16,
+                                                              DType::kF16)),
+                         param_name);
+INSTANTIATE_TEST_SUITE_P(Backends, Fp32OpsTest,
+                         ::testing::Combine(::testing::Values("cpu", "cuda"),
+                                            ::testing::Values(DType::kF32)),
+                         param_name);
 
 }  // namespace
 }  // namespace troupe::testing

@@ -1,4 +1,4 @@
-// round_to on every backend against a brute-force reference: every finite
+// convert on every backend against a brute-force reference: every finite
 // bf16 and fp16 value is listed from its bits (by the formula of the
 // format, not by conversion code), and each input's expected result is the
 // nearest of them, found in double, ties to the even bit pattern; past the
@@ -102,92 +102,130 @@ std::vector<float> probes(const Grid& g, std::mt19937& rng) {
 }
 
 // What one check found: values checked, and those where the op's result
-// is not the nearest value, the in-place result differs from it, or the
-// host function (what Gpt::init uses) differs from it.
+// is not the nearest value, or its bits differ from the host conversion's
+// (gpu/precision.h, what Gpt::init uses).
 struct Outcome {
-  int checked = 0, wrong = 0, in_place_differs = 0, host_differs = 0;
+  int checked = 0, wrong = 0, host_differs = 0;
 };
 
-class RoundTest : public ::testing::TestWithParam<std::string> {
+bool same_value(double want, float got) {
+  return std::isnan(want) ? std::isnan(got)
+                          : got == want && std::signbit(got) == std::signbit(want);
+}
+
+class ConvertTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
     dev_ = backend(GetParam());
     if (dev_ == nullptr) GTEST_SKIP() << GetParam() << ": " << no_cuda_reason();
   }
-  // Rounds the probes of `g` on the backend (out of place and in place);
-  // the first few wrong values are reported by name.
-  Outcome check(Precision p, const Grid& g) {
+  // Converts the probes of `g` from f32 to `to` and back on the backend
+  // (the way back is exact); the first few wrong values are reported.
+  Outcome check(gpu::DType to, const Grid& g) {
     Outcome o;
     std::unique_ptr<gpu::Stream> s = dev_->make_stream({.threads = 2});
     std::mt19937 rng(7);
     const std::vector<float> x = probes(g, rng);
     const std::int64_t n = static_cast<std::int64_t>(x.size());
     Tensor in = Tensor::empty(*dev_, gpu::DType::kF32, {n});
-    Tensor out = Tensor::empty(*dev_, gpu::DType::kF32, {n});
-    std::vector<float> got(x.size()), again(x.size());
+    Tensor half = Tensor::empty(*dev_, to, {n});
+    Tensor back = Tensor::empty(*dev_, gpu::DType::kF32, {n});
+    std::vector<float> got(x.size());
+    std::vector<std::uint16_t> bits(x.size());
     absl::Status st = dev_->copy_from_host(x.data(), in);
-    gpu::ops::round_to(*s, out, in, p);
-    gpu::ops::round_to(*s, in, in, p);  // in place
+    gpu::ops::convert(*s, half, in);
+    gpu::ops::convert(*s, back, half);
     if (st.ok()) st = s->synchronize();
-    if (st.ok()) st = dev_->copy_to_host(out, got.data());
-    if (st.ok()) st = dev_->copy_to_host(in, again.data());
+    if (st.ok()) st = dev_->copy_to_host(back, got.data());
+    if (st.ok()) st = dev_->copy_to_host(half, bits.data());
     if (!st.ok()) {
       ADD_FAILURE() << st;
       return o;
     }
+    const Precision p = gpu::dtype_precision(to);
     for (std::size_t i = 0; i < x.size(); i++) {
       o.checked++;
       const double want = nearest(g, x[i]);
-      const bool same = std::isnan(want)
-                            ? std::isnan(got[i])
-                            : got[i] == want && std::signbit(got[i]) == std::signbit(want);
-      if (!same && ++o.wrong <= 5) {
+      if (!same_value(want, got[i]) && ++o.wrong <= 5) {
         ADD_FAILURE() << gpu::precision_name(p) << " of " << std::hexfloat << x[i] << ": got "
                       << got[i] << ", want " << want;
       }
-      if (std::isnan(want)) continue;
-      if (gpu::float_bits(again[i]) != gpu::float_bits(got[i])) o.in_place_differs++;
-      if (gpu::float_bits(gpu::round_to(x[i], p)) != gpu::float_bits(got[i])) o.host_differs++;
+      const std::uint16_t host =
+          p == Precision::kBf16 ? gpu::f32_to_bf16(x[i]) : gpu::f32_to_f16(x[i]);
+      if (!std::isnan(want) && host != bits[i]) o.host_differs++;
     }
     return o;
   }
   gpu::Device* dev_ = nullptr;
 };
 
-TEST_P(RoundTest, Bf16IsTheNearestValueTiesToEven) {
-  const Outcome o = check(Precision::kBf16, make_grid(7, 8));
+TEST_P(ConvertTest, Bf16IsTheNearestValueTiesToEven) {
+  const Outcome o = check(gpu::DType::kBF16, make_grid(7, 8));
   EXPECT_GT(o.checked, 4000);
   EXPECT_EQ(o.wrong, 0);
-  EXPECT_EQ(o.in_place_differs, 0);
   EXPECT_EQ(o.host_differs, 0);
 }
 
-TEST_P(RoundTest, Fp16IsTheNearestValueTiesToEvenAndOverflowsToInf) {
-  const Outcome o = check(Precision::kFp16, make_grid(10, 5));
+TEST_P(ConvertTest, F16IsTheNearestValueTiesToEvenAndOverflowsToInf) {
+  const Outcome o = check(gpu::DType::kF16, make_grid(10, 5));
   EXPECT_GT(o.checked, 4000);
   EXPECT_EQ(o.wrong, 0);
-  EXPECT_EQ(o.in_place_differs, 0);
   EXPECT_EQ(o.host_differs, 0);
 }
 
-TEST_P(RoundTest, Fp32CopiesAndBadShapesNameTheOp) {
+// Every bf16 bit pattern converted to f16 is the f16 nearest its value
+// (bf16 has the wider range and f16 the finer steps: both ways round).
+TEST_P(ConvertTest, EveryBf16ToF16IsTheNearestF16) {
+  std::unique_ptr<gpu::Stream> s = dev_->make_stream({.threads = 2});
+  std::vector<std::uint16_t> all(65536), got(65536);
+  for (std::uint32_t i = 0; i < 65536; i++) all[i] = static_cast<std::uint16_t>(i);
+  Tensor b = Tensor::empty(*dev_, gpu::DType::kBF16, {65536});
+  Tensor h = Tensor::empty(*dev_, gpu::DType::kF16, {65536});
+  ASSERT_TRUE(dev_->copy_from_host(all.data(), b).ok());
+  gpu::ops::convert(*s, h, b);
+  ASSERT_TRUE(s->synchronize().ok());
+  ASSERT_TRUE(dev_->copy_to_host(h, got.data()).ok());
+  const Grid g = make_grid(10, 5);
+  int wrong = 0;
+  for (std::uint32_t i = 0; i < 65536; i++) {
+    const double want = nearest(g, gpu::bf16_to_f32(all[i]));
+    if (!same_value(want, gpu::f16_to_f32(got[i])) && ++wrong <= 5) {
+      ADD_FAILURE() << "bf16 " << std::hex << i << ": got f16 " << got[i] << ", want " << want;
+    }
+  }
+  EXPECT_EQ(wrong, 0);
+}
+
+TEST_P(ConvertTest, F32CopiesAndBadShapesNameTheOp) {
   gpu::Device* dev = dev_;
   std::unique_ptr<gpu::Stream> s = dev->make_stream({.threads = 1});
   const std::vector<float> x = {1.0f + 0x1p-20f, -3.5f, 1e-30f};
   Tensor in = Tensor::empty(*dev, gpu::DType::kF32, {3});
   Tensor out = Tensor::empty(*dev, gpu::DType::kF32, {3});
   ASSERT_TRUE(dev->copy_from_host(x.data(), in).ok());
-  gpu::ops::round_to(*s, out, in, Precision::kFp32);
+  gpu::ops::convert(*s, out, in);
   ASSERT_TRUE(s->synchronize().ok());
   std::vector<float> got(3);
   ASSERT_TRUE(dev->copy_to_host(out, got.data()).ok());
   EXPECT_EQ(got, x);
-  gpu::ops::round_to(*s, out, Tensor::empty(*dev, gpu::DType::kF32, {4}), Precision::kBf16);
+  gpu::ops::convert(*s, Tensor::empty(*dev, gpu::DType::kBF16, {3}),
+                    Tensor::empty(*dev, gpu::DType::kF32, {4}));
   const absl::Status st = s->synchronize();
-  EXPECT_EQ(st.message(), "round_to: in is f32[4], want f32[3]");
+  EXPECT_EQ(st.message(), "convert: in is f32[4], want f32[3]");
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, RoundTest, ::testing::Values("cpu", "cuda"));
+TEST_P(ConvertTest, OverlappingDtypesAreRefused) {
+  std::unique_ptr<gpu::Stream> s = dev_->make_stream({.threads = 1});
+  Tensor f = Tensor::empty(*dev_, gpu::DType::kF32, {8});
+  Tensor h = f;  // the same bytes seen as bf16
+  h.dtype = gpu::DType::kBF16;
+  h.shape = {8};
+  h.strides = gpu::contiguous_strides(h.shape);
+  gpu::ops::convert(*s, h, f.view(0, {8}));
+  EXPECT_EQ(s->synchronize().message(), "convert: out and in overlap");
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, ConvertTest, ::testing::Values("cpu", "cuda"));
 
 }  // namespace
 }  // namespace troupe::testing
