@@ -14,6 +14,7 @@
 
 #include "comm/communicator.h"
 #include "comm/inproc_transport.h"
+#include "gpu/precision.h"
 
 namespace troupe::actors {
 namespace {
@@ -75,6 +76,34 @@ TEST(InStreamCollectives, BroadcastOnCopiesBytesThatAreNotWholeFloats) {
     for (std::size_t i = 1; i < 8; i++) ASSERT_EQ(out[i], i) << "rank " << r;
     EXPECT_EQ(out.back(), 0xffff);
   });
+}
+
+// A bf16 tensor's TP all-reduce sums the peers' values in fp32 and rounds
+// once: three peers' 1, 2^-8 and 2^-8 make 1 + 2^-7, a bf16 value, where
+// rounding after each add would give 1 (1 + 2^-8 is a tie, to even), and
+// every peer gets those bits.
+TEST(TensorLink, Bf16AllReduceSumsInFp32AndRoundsOnce) {
+  auto fabric = std::make_shared<comm::InProcFabric>(3);
+  const std::vector<int> ranks = {0, 1, 2};
+  std::vector<std::uint16_t> got(3 * 5);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 3; r++) {
+    threads.emplace_back([&, r] {
+      std::unique_ptr<comm::Transport> t = fabric->endpoint(r);
+      comm::Communicator c(*t, ranks, comm::GroupKind::kTensor);
+      model::TensorParallel tp = tensor_link(&c, {.tp = 3, .t = r});
+      std::unique_ptr<gpu::Stream> s = gpu::cpu_device().make_stream({.threads = 1});
+      gpu::Tensor x = gpu::Tensor::empty(gpu::cpu_device(), gpu::DType::kBF16, {5});
+      for (int i = 0; i < 5; i++)
+        x.data<std::uint16_t>()[i] = gpu::f32_to_bf16(r == 0 ? 1.0f : 0x1p-8f);
+      tp.all_reduce(*s, x);
+      ASSERT_TRUE(s->synchronize().ok());
+      for (int i = 0; i < 5; i++)
+        got[static_cast<std::size_t>(r * 5 + i)] = x.data<std::uint16_t>()[i];
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (std::uint16_t h : got) EXPECT_EQ(gpu::bf16_to_f32(h), 1.0f + 0x1p-7f);
 }
 
 TEST(InStreamCollectives, ADeviceStreamOrABadRootIsAnError) {

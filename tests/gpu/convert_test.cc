@@ -13,6 +13,7 @@
 #include <random>
 #include <vector>
 
+#include "gpu/host_values.h"
 #include "gpu/ops.h"
 #include "tests/gpu/backends.h"
 
@@ -223,6 +224,24 @@ TEST_P(ConvertTest, OverlappingDtypesAreRefused) {
   h.strides = gpu::contiguous_strides(h.shape);
   gpu::ops::convert(*s, h, f.view(0, {8}));
   EXPECT_EQ(s->synchronize().message(), "convert: out and in overlap");
+}
+
+// fp32 host values into a bf16 tensor are rounded to the nearest bf16
+// (the grid's), and come back exactly; a count that is not the tensor's
+// is an error naming the call.
+TEST_P(ConvertTest, HostValuesAreRoundedInAndWidenedOut) {
+  const Grid g = make_grid(7, 8);
+  const std::vector<float> x = {1.0f + 0x1p-9f, 1.0f + 3 * 0x1p-9f, -0.1f, 3e38f, 0.0f};
+  Tensor t = Tensor::empty(*dev_, gpu::DType::kBF16, {5});
+  ASSERT_TRUE(gpu::copy_values_to_device(x, t).ok());
+  std::vector<float> back(5);
+  ASSERT_TRUE(gpu::copy_values_to_host(t, back).ok());
+  for (std::size_t i = 0; i < x.size(); i++) {
+    EXPECT_TRUE(same_value(nearest(g, x[i]), back[i])) << x[i] << " came back as " << back[i];
+  }
+  const absl::Status st = gpu::copy_values_to_device(std::vector<float>(4), t);
+  EXPECT_TRUE(absl::IsInvalidArgument(st)) << st;
+  EXPECT_EQ(st.message(), "copy_values_to_device: 4 values for bf16[5]");
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, ConvertTest, ::testing::Values("cpu", "cuda"));
