@@ -145,6 +145,12 @@ void Recorder::close(Handle h, bool failed) {
   free_.push_back(h);
 }
 
+bool Recorder::has_open(Kind kind) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return std::any_of(open_.begin(), open_.end(),
+                     [kind](const Slot& s) { return s.used && s.e.kind == kind; });
+}
+
 Recorder::Contents Recorder::contents() const {
   std::lock_guard<std::mutex> lock(mu_);
   Contents c;

@@ -119,6 +119,9 @@ class Recorder {
   Handle open(Event e);
   void close(Handle h, bool failed = false);
 
+  // Whether an event of `kind` has begun and not ended.
+  bool has_open(Kind kind) const;
+
   struct Contents {
     std::vector<Event> events;   // the ring, oldest first
     std::vector<Event> open;     // begun, not ended (end_ns = 0)

@@ -4,6 +4,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "actors/messages.h"
@@ -283,6 +285,14 @@ absl::Status RankUnit::write_trace(const std::string& dir, TraceHeader header) c
     header.host = host;
   }
   if (header.pid == 0) header.pid = static_cast<int>(getpid());
+  // At a run's end every send has been received, but a sender's completion
+  // may still be on its way (the receiver's can come first): wait for it
+  // (briefly) so that the trace does not show it open.
+  if (header.reason == "end") {
+    for (int i = 0; i < 2000 && recorder_->has_open(comm::trace::Kind::kSend); i++) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
   return write_trace_file(dir, header, *recorder_);
 }
 
