@@ -61,6 +61,9 @@ Partition::Partition(const StageCompute& chunk, int dp, int d, bool count_replic
   // The master from the chunk's parameters (bf16/fp16 ones widened: exact).
   gpu::ops::convert(stream, view(master_, 0, range_.size()),
                     view(chunk.params(), range_.begin, range_.size()));
+  if (compute_.defined()) {  // the padding between tensors, which updates do not write
+    gpu::ops::convert(stream, view(compute_, 0, range_.size()), view(master_, 0, range_.size()));
+  }
   gpu::ops::fill(stream, view(m_, 0, range_.size()), 0.0f);
   gpu::ops::fill(stream, view(v_, 0, range_.size()), 0.0f);
 }
@@ -107,8 +110,10 @@ void Partition::step(gpu::Stream& s, const model::AdamWConfig& c, float lr, int 
   if (range_.empty()) return;
   // (Converted on skipped steps too: after a resume the master is the
   // checkpoint's, and the compute copy is made here first.)
-  if (update > 0) adam(s, c, lr, update, grad_scale);
-  if (compute_.defined()) {
+  // (An update writes the compute copy as it goes.)
+  if (update > 0) {
+    adam(s, c, lr, update, grad_scale);
+  } else if (compute_.defined()) {
     gpu::ops::convert(s, view(compute_, 0, range_.size()), view(master_, 0, range_.size()));
   }
   send_.to_host(s, 0, pieces_on_device_ ? tied_ : range_.size());
@@ -121,11 +126,13 @@ void Partition::adam(gpu::Stream& s, const model::AdamWConfig& c, float lr, int 
     const Range r = range_.intersect({spec.offset, spec.offset + spec.numel()});
     if (r.empty()) continue;
     const std::int64_t at = r.begin - range_.begin;
-    tensors.push_back({.p = view(master_, at, r.size()),
-                       .g = view(sum_, at, r.size()),
-                       .m = view(m_, at, r.size()),
-                       .v = view(v_, at, r.size()),
-                       .weight_decay = spec.decay == model::Decay::kYes ? c.weight_decay : 0.0f});
+    tensors.push_back(
+        {.p = view(master_, at, r.size()),
+         .g = view(sum_, at, r.size()),
+         .m = view(m_, at, r.size()),
+         .v = view(v_, at, r.size()),
+         .weight_decay = spec.decay == model::Decay::kYes ? c.weight_decay : 0.0f,
+         .compute = compute_.defined() ? view(compute_, at, r.size()) : gpu::Tensor{}});
   }
   gpu::ops::adamw_many(s, tensors, c.step_args(lr, update, grad_scale));  // one launch on CUDA
 }

@@ -141,6 +141,13 @@ int main(int argc, char** argv) {
   b.time("matmul_backward_fc", 4 * bt * C * 4 * C,
          [&] { ops::matmul_backward(*s, dx, dw4, db4, g, x, w4, gpu::Accumulate::kNo); });
   b.time("gelu_forward", 0, [&] { ops::gelu_forward(*s, g, h); });
+  // The MLP's fused pair: fc with its GELU (pre kept), and proj's backward
+  // through GELU with fc's bias gradient (dh, dwp, dbp: its outputs).
+  const Tensor dh = b.rnd({N, 4 * C}), dwp = b.rnd32({C, 4 * C}), dbp = b.rnd32({C});
+  b.time("matmul_gelu_forward_fc", 2 * bt * C * 4 * C,
+         [&] { ops::matmul_gelu_forward(*s, g, h, x, w4, b4); });
+  b.time("matmul_backward_gelu_proj", 4 * bt * C * 4 * C,
+         [&] { ops::matmul_backward_gelu(*s, dh, db4, dwp, dbp, dx, g, wp, h); });
   b.time("attention_forward", 4.0 * B * T * T * C / 2, [&] {
     ops::attention_forward(*s, y.reshape({B, T, C}), att, qkv);
   });
@@ -155,9 +162,12 @@ int main(int argc, char** argv) {
 
   // AdamW over gpt2-124m's 148 tensors, one multi-tensor op.
   std::vector<gpu::AdamWTensor> params;
+  // (In bf16: the fp32 master's bf16 compute copy written by the step, as
+  // the trainer's.)
   auto add = [&](const gpu::Shape& shape) {
+    const Tensor copy = dtype == gpu::DType::kF32 ? Tensor{} : Tensor::empty(**dev, dtype, shape);
     params.push_back(
-        {b.rnd32(shape), b.rnd32(shape), b.rnd32(shape, 0.0f), b.rnd32(shape, 0.0f), 0.1f});
+        {b.rnd32(shape), b.rnd32(shape), b.rnd32(shape, 0.0f), b.rnd32(shape, 0.0f), 0.1f, copy});
   };
   add({Vp, C});
   add({T, C});

@@ -83,6 +83,16 @@ def main():
         db4.add_(gl.sum(0, dtype=torch.float32))
         return dinp
 
+    dwp, dbp = rnd32(C, 4 * C), rnd32(C)  # fp32 main gradients
+
+    def matmul_backward_gelu():
+        dgl = dx @ wp  # (N, C) . (C, 4C)
+        dwp.add_(dx.t() @ gl)
+        dbp.add_(dx.sum(0, dtype=torch.float32))
+        dh = torch.ops.aten.gelu_backward(dgl, h, approximate="tanh")
+        db4.add_(dh.sum(0, dtype=torch.float32))
+        return dh
+
     bt = float(N)
     with torch.no_grad():
         time_op("embedding_forward", 0, lambda: F.embedding(tokens, wte) + wpe[pos],
@@ -98,6 +108,12 @@ def main():
                 "gl @ w4; dw4.add_(gl.t() @ x); db4.add_(gl.sum(0))")
         time_op("gelu_forward", 0, lambda: F.gelu(h, approximate="tanh"),
                 "F.gelu(approximate='tanh')")
+        time_op("matmul_gelu_forward_fc", 2 * bt * C * 4 * C,
+                lambda: F.gelu(F.linear(x, w4, b4), approximate="tanh"),
+                "F.linear, then F.gelu(approximate='tanh') (unfused: what eager runs)")
+        time_op("matmul_backward_gelu_proj", 4 * bt * C * 4 * C, matmul_backward_gelu,
+                "dx @ wp; dwp.add_(dx.t() @ gl); dbp.add_(dx.sum(0)); "
+                "aten.gelu_backward(tanh); db4.add_(dh.sum(0)) (unfused)")
         time_op("attention_forward", 4.0 * B * T * T * C / 2, attention_materialised,
                 "q @ k^T, masked_fill, softmax, @ v (T x T materialised)")
         time_op("attention_forward_sdpa", 4.0 * B * T * T * C / 2, attention_sdpa,
@@ -116,7 +132,19 @@ def main():
     for p in params:
         p.grad = rnd32(*p.shape)
     opt = torch.optim.AdamW(params, lr=1e-4, weight_decay=0.1, fused=True)
-    time_op("adamw_many_gpt2_124m", 0, opt.step, "torch.optim.AdamW(fused=True).step")
+    if dt == torch.float32:
+        time_op("adamw_many_gpt2_124m", 0, opt.step, "torch.optim.AdamW(fused=True).step")
+    else:
+        # troupe's bf16 step also writes the bf16 compute copy of the master
+        copies = [p.detach().to(dt) for p in params]
+
+        def step_and_copy():
+            opt.step()
+            with torch.no_grad():
+                torch._foreach_copy_(copies, [p.detach() for p in params])
+
+        time_op("adamw_many_gpt2_124m", 0, step_and_copy,
+                "torch.optim.AdamW(fused=True).step, then torch._foreach_copy_ into bf16 copies")
 
 
 if __name__ == "__main__":

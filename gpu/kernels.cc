@@ -1,4 +1,5 @@
-// Default op implementations: each records Unimplemented on the stream.
+// Default op implementations: each records Unimplemented on the stream,
+// except the fused ops, which run their unfused sequence.
 #include "gpu/kernels.h"
 
 #include "absl/strings/str_cat.h"
@@ -33,6 +34,21 @@ void Kernels::matmul_forward(Stream& s, const Tensor&, const Tensor&, const Tens
 void Kernels::matmul_backward(Stream& s, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                               const Tensor&, const Tensor&, Accumulate) {
   unimplemented(s, "matmul_backward");
+}
+void Kernels::bias_backward(Stream& s, const Tensor&, const Tensor&) {
+  unimplemented(s, "bias_backward");
+}
+void Kernels::matmul_gelu_forward(Stream& s, const Tensor& out, const Tensor& pre,
+                                  const Tensor& inp, const Tensor& w, const Tensor& bias) {
+  matmul_forward(s, pre, inp, w, bias);
+  gelu_forward(s, out, pre);
+}
+void Kernels::matmul_backward_gelu(Stream& s, const Tensor& dpre, const Tensor& dpre_bias,
+                                   const Tensor& dw, const Tensor& dbias, const Tensor& dout,
+                                   const Tensor& inp, const Tensor& w, const Tensor& pre) {
+  matmul_backward(s, dpre, dw, dbias, dout, inp, w, Accumulate::kNo);
+  gelu_backward(s, dpre, pre, dpre);
+  if (dpre_bias.defined()) bias_backward(s, dpre_bias, dpre);
 }
 void Kernels::gelu_forward(Stream& s, const Tensor&, const Tensor&) {
   unimplemented(s, "gelu_forward");
@@ -78,6 +94,7 @@ void Kernels::adamw_many(Stream& s, const std::vector<AdamWTensor>& tensors,
     AdamWArgs a = args;
     a.weight_decay = t.weight_decay;
     adamw(s, t.p, t.g, t.m, t.v, a);
+    if (t.compute.defined()) convert(s, t.compute, t.p);
   }
 }
 void Kernels::adamw(Stream& s, const Tensor&, const Tensor&, const Tensor&, const Tensor&,

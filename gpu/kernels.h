@@ -18,7 +18,8 @@
 // which the first V columns are real.
 //
 // Defaults: a method a backend does not override records Unimplemented on
-// the stream ("<op> is not implemented on <device>").
+// the stream ("<op> is not implemented on <device>"), except the fused ops
+// (matmul_gelu_forward, matmul_backward_gelu), which run the unfused ops.
 #pragma once
 
 #include <vector>
@@ -44,10 +45,13 @@ struct AdamWArgs {
 };
 
 // One tensor of a multi-tensor AdamW step: parameters, gradient and moments
-// of one shape, and the tensor's own weight decay.
+// of one shape, and the tensor's own weight decay. `compute`, when defined,
+// receives the updated p rounded to its dtype (the bf16/f16 compute copy
+// of an fp32 master), written as the step goes.
 struct AdamWTensor {
   Tensor p, g, m, v;
   float weight_decay = 0;
+  Tensor compute;
 };
 
 // The rows [begin, begin + rows) of a vocabulary of `total` ids that one
@@ -89,6 +93,27 @@ class Kernels {
   virtual void matmul_backward(Stream& s, const Tensor& dinp, const Tensor& dw, const Tensor& dbias,
                                const Tensor& dout, const Tensor& inp, const Tensor& w,
                                Accumulate dinp_mode);
+
+  // dbias[OC] += colsum(dout[N, OC]), rows in a fixed order: a bias's
+  // gradient on its own (matmul_backward makes it beside the GEMMs).
+  virtual void bias_backward(Stream& s, const Tensor& dbias, const Tensor& dout);
+
+  // The MLP's first linear layer with its GELU (Megatron's fc1):
+  // pre[N,OC] = inp . w^T + bias, kept for the backward; out = gelu(pre).
+  // CUDA fuses the GELU and the bias into the GEMM (cuBLASLt's
+  // GELU_AUX_BIAS epilogue: pre is its aux output); the default runs
+  // matmul_forward, then gelu_forward.
+  virtual void matmul_gelu_forward(Stream& s, const Tensor& out, const Tensor& pre,
+                                   const Tensor& inp, const Tensor& w, const Tensor& bias);
+  // The backward of the linear layer that reads inp = gelu(pre) (fc2):
+  // dpre = gelu'(pre) * (dout . w) (overwrites); dpre_bias += colsum(dpre)
+  // (fc1's bias gradient, may be undefined); dw += dout^T . inp; dbias +=
+  // colsum(dout). CUDA fuses GELU's derivative and dpre_bias into the
+  // input-gradient GEMM (DGELU_BGRAD); the default runs matmul_backward,
+  // gelu_backward and bias_backward.
+  virtual void matmul_backward_gelu(Stream& s, const Tensor& dpre, const Tensor& dpre_bias,
+                                    const Tensor& dw, const Tensor& dbias, const Tensor& dout,
+                                    const Tensor& inp, const Tensor& w, const Tensor& pre);
 
   // GPT-2's tanh approximation of GELU.
   virtual void gelu_forward(Stream& s, const Tensor& out, const Tensor& inp);
@@ -141,8 +166,9 @@ class Kernels {
   virtual void adamw(Stream& s, const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v,
                      const AdamWArgs& args);
   // adamw on each tensor, with its own weight decay (args.weight_decay is
-  // not used): one launch for many tensors on CUDA. The default calls adamw
-  // per tensor, in order (the CPU backend's, bitwise the same).
+  // not used), and the compute copies: one launch for many tensors on CUDA.
+  // The default calls adamw per tensor, in order, then convert into its
+  // copy (the CPU backend's, bitwise the same).
   virtual void adamw_many(Stream& s, const std::vector<AdamWTensor>& tensors,
                           const AdamWArgs& args);
   // x[:] = value

@@ -207,6 +207,55 @@ void matmul_backward(Stream& s, const Tensor& dinp, const Tensor& dw, const Tens
   if (c.ok()) s.device().kernels().matmul_backward(s, dinp, dw, dbias, dout, inp, w, dinp_mode);
 }
 
+void bias_backward(Stream& s, const Tensor& dbias, const Tensor& dout) {
+  Check c(s, "bias_backward");
+  if (!c.rank("dout", dout, 2).ok()) return;
+  c.compute("dout", dout).f32("dbias", dbias, {dout.size(-1)});
+  if (c.ok()) s.device().kernels().bias_backward(s, dbias, dout);
+}
+
+void matmul_gelu_forward(Stream& s, const Tensor& out, const Tensor& pre, const Tensor& inp,
+                         const Tensor& w, const Tensor& bias) {
+  Check c(s, "matmul_gelu_forward");
+  if (!c.rank("inp", inp, 2).rank("w", w, 2).ok()) return;
+  const std::int64_t IC = inp.size(-1), OC = w.size(0);
+  Shape out_shape = inp.shape;
+  out_shape.back() = OC;
+  const DType A = inp.dtype;
+  c.compute("inp", inp)
+      .tensor("inp", inp, A, inp.shape)
+      .tensor("w", w, A, {OC, IC})
+      .tensor("out", out, A, out_shape)
+      .tensor("pre", pre, A, out_shape)
+      .optional("bias", bias, A, {OC})
+      .that(!(out.defined() && pre.defined() && out.raw() == pre.raw()),
+            "out and pre are the same tensor (pre is kept)");
+  if (c.ok()) s.device().kernels().matmul_gelu_forward(s, out, pre, inp, w, bias);
+}
+
+void matmul_backward_gelu(Stream& s, const Tensor& dpre, const Tensor& dpre_bias, const Tensor& dw,
+                          const Tensor& dbias, const Tensor& dout, const Tensor& inp,
+                          const Tensor& w, const Tensor& pre) {
+  Check c(s, "matmul_backward_gelu");
+  if (!c.rank("inp", inp, 2).rank("w", w, 2).ok()) return;
+  const std::int64_t IC = inp.size(-1), OC = w.size(0);
+  Shape out_shape = inp.shape;
+  out_shape.back() = OC;
+  const DType A = inp.dtype;
+  c.compute("inp", inp)
+      .tensor("inp", inp, A, inp.shape)
+      .tensor("pre", pre, A, inp.shape)
+      .tensor("w", w, A, {OC, IC})
+      .tensor("dout", dout, A, out_shape)
+      .tensor("dpre", dpre, A, inp.shape)
+      .optional("dpre_bias", dpre_bias, DType::kF32, {IC})
+      .f32("dw", dw, {OC, IC})
+      .optional("dbias", dbias, DType::kF32, {OC});
+  if (c.ok()) {
+    s.device().kernels().matmul_backward_gelu(s, dpre, dpre_bias, dw, dbias, dout, inp, w, pre);
+  }
+}
+
 void gelu_forward(Stream& s, const Tensor& out, const Tensor& inp) {
   Check c(s, "gelu_forward");
   c.compute("inp", inp).tensor("out", out, inp.dtype, inp.shape);
@@ -356,6 +405,14 @@ void adamw(Stream& s, const Tensor& p, const Tensor& g, const Tensor& m, const T
 
 void adamw_many(Stream& s, const std::vector<AdamWTensor>& tensors, const AdamWArgs& args) {
   Check c(s, "adamw_many");
+  // The compute copies (where given) share one compute dtype: the first's.
+  DType copies = DType::kF32;
+  for (const AdamWTensor& t : tensors) {
+    if (t.compute.defined()) {
+      copies = t.compute.dtype;
+      break;
+    }
+  }
   for (std::size_t i = 0; i < tensors.size(); i++) {
     const AdamWTensor& t = tensors[i];
     const std::string n = absl::StrCat("[", i, "]");
@@ -363,6 +420,10 @@ void adamw_many(Stream& s, const std::vector<AdamWTensor>& tensors, const AdamWA
         .f32(absl::StrCat("g", n), t.g, t.p.shape)
         .f32(absl::StrCat("m", n), t.m, t.p.shape)
         .f32(absl::StrCat("v", n), t.v, t.p.shape);
+    if (t.compute.defined()) {
+      c.compute(absl::StrCat("compute", n), t.compute)
+          .tensor(absl::StrCat("compute", n), t.compute, copies, t.p.shape);
+    }
   }
   c.that(args.step >= 1, "step must be >= 1");
   if (c.ok() && !tensors.empty()) s.device().kernels().adamw_many(s, tensors, args);

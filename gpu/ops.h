@@ -24,6 +24,12 @@ void matmul_forward(Stream& s, const Tensor& out, const Tensor& inp, const Tenso
                     const Tensor& bias);
 void matmul_backward(Stream& s, const Tensor& dinp, const Tensor& dw, const Tensor& dbias,
                      const Tensor& dout, const Tensor& inp, const Tensor& w, Accumulate dinp_mode);
+void bias_backward(Stream& s, const Tensor& dbias, const Tensor& dout);
+void matmul_gelu_forward(Stream& s, const Tensor& out, const Tensor& pre, const Tensor& inp,
+                         const Tensor& w, const Tensor& bias);
+void matmul_backward_gelu(Stream& s, const Tensor& dpre, const Tensor& dpre_bias, const Tensor& dw,
+                          const Tensor& dbias, const Tensor& dout, const Tensor& inp,
+                          const Tensor& w, const Tensor& pre);
 void gelu_forward(Stream& s, const Tensor& out, const Tensor& inp);
 void gelu_backward(Stream& s, const Tensor& dinp, const Tensor& inp, const Tensor& dout);
 void attention_forward(Stream& s, const Tensor& out, const Tensor& att, const Tensor& qkv);

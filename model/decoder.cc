@@ -136,8 +136,7 @@ void Decoder::layer_forward(gpu::Stream& s, int l, std::int64_t pos, std::int64_
   all_reduce(s, proj);
   ops::residual_forward(s, res2, h, proj);
   ops::layernorm_forward(s, ln, mean, rstd, res2, p.ln2w, p.ln2b);
-  ops::matmul_forward(s, fch, ln, p.fcw, p.fcb);
-  ops::gelu_forward(s, fch_gelu, fch);
+  ops::matmul_gelu_forward(s, fch_gelu, fch, ln, p.fcw, p.fcb);
   ops::matmul_forward(s, proj, fch_gelu, p.fcprojw, bias ? p.fcprojb : Tensor{});
   all_reduce(s, proj);
   ops::residual_forward(s, h, res2, proj);

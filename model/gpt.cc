@@ -454,8 +454,7 @@ void Gpt::layer_forward(gpu::Stream& s, const LayerActivations& x, const Tensor&
   ops::matmul_forward(s, k.btc, x.atty, p.attprojw, bias ? p.attprojb : Tensor{});
   ops::residual_forward(s, x.residual2, residual, reduced(s, k.btc));
   ops::layernorm_forward(s, x.ln2, x.ln2_mean, x.ln2_rstd, x.residual2, p.ln2w, p.ln2b);
-  ops::matmul_forward(s, x.fch, gathered(s, x.ln2), p.fcw, p.fcb);
-  ops::gelu_forward(s, x.fch_gelu, x.fch);
+  ops::matmul_gelu_forward(s, x.fch_gelu, x.fch, gathered(s, x.ln2), p.fcw, p.fcb);
   ops::matmul_forward(s, k.btc, x.fch_gelu, p.fcprojw, bias ? p.fcprojb : Tensor{});
   ops::residual_forward(s, x.residual3, x.residual2, reduced(s, k.btc));
 }
@@ -514,10 +513,11 @@ void Gpt::layer_backward(gpu::Stream& s, GptActivations& a, const LayerActivatio
   // MLP branch.
   // (Mixed precision: activation gradients in the compute dtype, parameter
   // gradients added into the fp32 main gradients.)
-  ops::matmul_backward(s, scratch_.dfch, g.fcprojw, g.fcprojb, gathered(s, a.dresidual), x.fch_gelu,
-                       p.fcprojw, Accumulate::kNo);
-  ops::gelu_backward(s, scratch_.dfch, x.fch, scratch_.dfch);
-  ops::matmul_backward(s, scratch_.dbtc, g.fcw, g.fcb, scratch_.dfch, gathered(s, x.ln2), p.fcw,
+  // (GELU's backward and fc's bias gradient ride on fcproj's input-gradient
+  // GEMM: cuBLASLt's DGELU_BGRAD epilogue on CUDA.)
+  ops::matmul_backward_gelu(s, scratch_.dfch, g.fcb, g.fcprojw, g.fcprojb, gathered(s, a.dresidual),
+                            x.fch_gelu, p.fcprojw, x.fch);
+  ops::matmul_backward(s, scratch_.dbtc, g.fcw, Tensor{}, scratch_.dfch, gathered(s, x.ln2), p.fcw,
                        Accumulate::kNo);
   // Column-parallel input: each rank's columns gave a part.
   layernorm_backward(s, a.dresidual, g.ln2w, g.ln2b, reduced(s, scratch_.dbtc), x.residual2, p.ln2w,

@@ -48,7 +48,8 @@ AdamW::AdamW(const ParamLayout& layout, gpu::Device& device, gpu::Stream& s) : l
 }
 
 void AdamW::step(gpu::Stream& s, const gpu::Tensor& params, const gpu::Tensor& grads,
-                 const AdamWConfig& c, float lr, int step, float grad_scale) {
+                 const AdamWConfig& c, float lr, int step, float grad_scale,
+                 const gpu::Tensor& compute) {
   std::vector<gpu::AdamWTensor> tensors;
   tensors.reserve(layout_.specs().size());
   for (const ParamSpec& spec : layout_.specs()) {
@@ -56,7 +57,8 @@ void AdamW::step(gpu::Stream& s, const gpu::Tensor& params, const gpu::Tensor& g
                        .g = layout_.view(grads, spec),
                        .m = layout_.view(m_, spec),
                        .v = layout_.view(v_, spec),
-                       .weight_decay = spec.decay == Decay::kYes ? c.weight_decay : 0.0f});
+                       .weight_decay = spec.decay == Decay::kYes ? c.weight_decay : 0.0f,
+                       .compute = compute.defined() ? layout_.view(compute, spec) : gpu::Tensor{}});
   }
   gpu::ops::adamw_many(s, tensors, c.step_args(lr, step, grad_scale));  // one launch on CUDA
 }

@@ -70,9 +70,12 @@ class AdamW {
   AdamW(const ParamLayout& layout, gpu::Device& device, gpu::Stream& s);
 
   // One update of `params` from `grads` (flat buffers of layout.total()),
-  // the gradient first multiplied by `grad_scale`. `step` is 1-based.
+  // the gradient first multiplied by `grad_scale`. `step` is 1-based. With
+  // `compute` (a bf16/f16 buffer of layout.total()), the updated fp32
+  // params are also rounded into it in the same pass.
   void step(gpu::Stream& s, const gpu::Tensor& params, const gpu::Tensor& grads,
-            const AdamWConfig& config, float lr, int step, float grad_scale);
+            const AdamWConfig& config, float lr, int step, float grad_scale,
+            const gpu::Tensor& compute = {});
 
   const gpu::Tensor& m() const { return m_; }
   const gpu::Tensor& v() const { return v_; }

@@ -194,8 +194,9 @@ absl::Status Trainer::step(StepMetrics* metrics) {
     // Adam counts the updates made (a skipped step is not one).
     const int update = step - scaler_->state().skipped_iters;
     if (master_.defined()) {
-      adam_->step(s, master_, gpt_->grads(), options_.adam, lr, update, d.grad_scale);
-      gpu::ops::convert(s, gpt_->params(), master_);  // the compute copy
+      // (and the compute copy, rounded from the updated master in the same pass)
+      adam_->step(s, master_, gpt_->grads(), options_.adam, lr, update, d.grad_scale,
+                  gpt_->params());
     } else {
       adam_->step(s, gpt_->params(), gpt_->grads(), options_.adam, lr, update, d.grad_scale);
     }

@@ -10,14 +10,6 @@
 namespace troupe::gpu::cpu {
 namespace {
 
-constexpr i64 kChunk = 1 << 14;
-
-template <typename F>
-void for_chunks(i64 n, F&& f) {
-#pragma omp parallel for schedule(static)
-  for (i64 i0 = 0; i0 < n; i0 += kChunk) f(i0, i0 + kChunk < n ? i0 + kChunk : n);
-}
-
 TROUPE_CLONES void bf16_to_f32_range(float* out, const std::uint16_t* in, i64 i0, i64 i1) {
   for (i64 i = i0; i < i1; i++) out[i] = bf16_to_f32(in[i]);
 }

@@ -42,6 +42,17 @@ struct F16 {
   static inline __attribute__((always_inline)) T store(float x) { return f32_to_f16(x); }
 };
 
+// Elementwise work in fixed chunks of kChunk elements, in parallel on the
+// calling thread's OpenMP team: f(i0, i1) for each chunk [i0, i1). What an
+// element computes, and the order of per-chunk partial sums, do not depend
+// on the thread count.
+constexpr i64 kChunk = 1 << 14;
+template <typename F>
+void for_chunks(i64 n, F&& f) {
+#pragma omp parallel for schedule(static)
+  for (i64 i0 = 0; i0 < n; i0 += kChunk) f(i0, i0 + kChunk < n ? i0 + kChunk : n);
+}
+
 // out[i] = in[i] as fp32 (exact), for in of dtype `from` (any compute dtype).
 void widen(float* out, const void* in, DType from, i64 n);
 // out[i] = in[i] rounded to dtype `to`, nearest even.

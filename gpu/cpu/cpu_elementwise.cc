@@ -13,14 +13,6 @@
 namespace troupe::gpu::cpu {
 namespace {
 
-constexpr i64 kChunk = 1 << 14;
-
-template <typename F>
-void for_chunks(i64 n, F&& f) {
-#pragma omp parallel for schedule(static)
-  for (i64 i0 = 0; i0 < n; i0 += kChunk) f(i0, i0 + kChunk < n ? i0 + kChunk : n);
-}
-
 constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2/pi)
 
 template <typename S>

@@ -37,6 +37,8 @@ void matmul_forward(float* out, const float* inp, const float* w, const float* b
                     i64 OC);
 void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp,
                      const float* w, i64 N, i64 IC, i64 OC, bool accumulate_dinp);
+// dbias[OC] += column sums of dout[N, OC] (of dtype dt), rows in order.
+void bias_backward(float* dbias, const void* dout, DType dt, i64 N, i64 OC);
 
 // Elementwise ops on tensors of one compute dtype `dt` (fp32 arithmetic).
 void gelu_forward(void* out, const void* inp, DType dt, i64 n);

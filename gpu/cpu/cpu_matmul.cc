@@ -10,6 +10,7 @@
 #include <string>
 #include <unordered_map>
 
+#include "gpu/cpu/cpu_convert.h"
 #include "gpu/cpu/cpu_kernels.h"
 #include "gpu/cpu/vec_math.h"
 
@@ -17,26 +18,27 @@ namespace troupe::gpu::cpu {
 namespace {
 
 // dbias[o] += sum_n dout[n, o] for o in [o0, o1): rows in order, so the sum
-// does not depend on the thread count.
-TROUPE_CLONES void colsum_range(float* dbias, const float* dout, i64 N, i64 OC, i64 o0, i64 o1) {
+// does not depend on the thread count. One clone set per storage format.
+template <typename S>
+TROUPE_INLINE void colsum_body(float* dbias, const void* dout_, i64 N, i64 OC, i64 o0, i64 o1) {
+  const auto* dout = static_cast<const typename S::T*>(dout_);
   for (i64 n = 0; n < N; n++) {
-    const float* row = dout + n * OC;
-    for (i64 o = o0; o < o1; o++) dbias[o] += row[o];
+    const typename S::T* row = dout + n * OC;
+    for (i64 o = o0; o < o1; o++) dbias[o] += S::load(row[o]);
   }
 }
+#define TROUPE_COLSUM(S)                                                                         \
+  TROUPE_CLONES void colsum_##S(float* dbias, const void* dout, i64 N, i64 OC, i64 o0, i64 o1) { \
+    colsum_body<S>(dbias, dout, N, OC, o0, o1);                                                  \
+  }
+TROUPE_COLSUM(F32)
+TROUPE_COLSUM(BF16)
+TROUPE_COLSUM(F16)
+#undef TROUPE_COLSUM
 
 TROUPE_CLONES void broadcast_rows(float* out, const float* bias, i64 rows, i64 OC) {
   for (i64 n = 0; n < rows; n++) {
     for (i64 o = 0; o < OC; o++) out[n * OC + o] = bias[o];
-  }
-}
-
-// dbias[o] += sum_n dout[n, o] over bf16 dout, rows in order.
-TROUPE_CLONES void colsum_bf16_range(float* dbias, const std::uint16_t* dout, i64 N, i64 OC, i64 o0,
-                                     i64 o1) {
-  for (i64 n = 0; n < N; n++) {
-    const std::uint16_t* row = dout + n * OC;
-    for (i64 o = o0; o < o1; o++) dbias[o] += bf16_to_f32(row[o]);
   }
 }
 
@@ -133,12 +135,23 @@ void matmul_backward_bf16(void* dinp, float* dw, float* dbias, const void* dout,
   // dw[OC,IC] += dout^T . inp: the fp32 main gradient, added into.
   gemm({dout, OC, N, 1, OC, kBf16}, {inp, N, IC, IC, 1, kBf16}, {dw, OC, IC, IC, 1, kF32}, nullptr,
        true);
-  if (dbias != nullptr) {
-    const auto* d = static_cast<const std::uint16_t*>(dout);
-    constexpr i64 kCols = 64;
+  if (dbias != nullptr) bias_backward(dbias, dout, DType::kBF16, N, OC);
+}
+
+void bias_backward(float* dbias, const void* dout, DType dt, i64 N, i64 OC) {
+  constexpr i64 kCols = 64;  // a thread's columns: 256 bytes of each fp32 row
 #pragma omp parallel for schedule(static)
-    for (i64 o0 = 0; o0 < OC; o0 += kCols) {
-      colsum_bf16_range(dbias, d, N, OC, o0, o0 + kCols < OC ? o0 + kCols : OC);
+  for (i64 o0 = 0; o0 < OC; o0 += kCols) {
+    const i64 o1 = o0 + kCols < OC ? o0 + kCols : OC;
+    switch (dt) {
+      case DType::kBF16:
+        colsum_BF16(dbias, dout, N, OC, o0, o1);
+        break;
+      case DType::kF16:
+        colsum_F16(dbias, dout, N, OC, o0, o1);
+        break;
+      default:
+        colsum_F32(dbias, dout, N, OC, o0, o1);
     }
   }
 }
@@ -180,13 +193,7 @@ void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, co
   sgemm('N', 'N', N, IC, OC, 1.0f, dout, OC, w, IC, accumulate_dinp ? 1.0f : 0.0f, dinp, IC);
   // dw[OC,IC] += dout^T . inp
   sgemm('T', 'N', OC, IC, N, 1.0f, dout, OC, inp, IC, 1.0f, dw, IC);
-  if (dbias != nullptr) {
-    constexpr i64 kCols = 64;
-#pragma omp parallel for schedule(static)
-    for (i64 o0 = 0; o0 < OC; o0 += kCols) {
-      colsum_range(dbias, dout, N, OC, o0, o0 + kCols < OC ? o0 + kCols : OC);
-    }
-  }
+  if (dbias != nullptr) bias_backward(dbias, dout, DType::kF32, N, OC);
 }
 
 }  // namespace troupe::gpu::cpu

@@ -123,6 +123,12 @@ class CpuKernels final : public Kernels {
     });
   }
 
+  void bias_backward(Stream& s, const Tensor& dbias, const Tensor& dout) override {
+    on(s).enqueue_op("bias_backward", [=] {
+      cpu::bias_backward(f(dbias), dout.raw(), dout.dtype, rows(dout), dout.size(-1));
+    });
+  }
+
   void gelu_forward(Stream& s, const Tensor& out, const Tensor& inp) override {
     on(s).enqueue_op("gelu_forward",
                      [=] { cpu::gelu_forward(out.raw(), inp.raw(), inp.dtype, inp.numel()); });

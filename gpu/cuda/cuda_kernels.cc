@@ -98,6 +98,49 @@ class CudaKernels final : public Kernels {
               });
   }
 
+  void bias_backward(Stream& s, const Tensor& dbias, const Tensor& dout) override {
+    CudaStream& cs = on(s);
+    const Tensor scratch = cs.scratch(column_scratch_bytes(rows(dout), dout.size(-1)));
+    cs.run_op("bias_backward", {&dbias, &dout, &scratch}, [&](const Launch& at) {
+      return launched(cuda::bias_grad(at, prec(dout), f(dbias), raw(dout), rows(dout),
+                                      dout.size(-1), scratch.data<float>()));
+    });
+  }
+
+  void matmul_gelu_forward(Stream& s, const Tensor& out, const Tensor& pre, const Tensor& inp,
+                           const Tensor& w, const Tensor& bias) override {
+    CudaStream& cs = on(s);
+    cs.run_op("matmul_gelu_forward", {&out, &pre, &inp, &w, &bias},
+              [&](const Launch& at) -> absl::Status {
+                absl::StatusOr<Gemm> g = cs.gemm();
+                if (!g.ok()) return g.status();
+                return cuda::matmul_gelu_forward(at, *g, prec(inp), raw(out), raw(pre), raw(inp),
+                                                 raw(w), raw(bias), rows(inp), inp.size(-1),
+                                                 w.size(0));
+              });
+  }
+
+  // One scratch: the column sums' partials, then (256-byte aligned) the
+  // bias gradient cuBLASLt writes in the compute dtype.
+  void matmul_backward_gelu(Stream& s, const Tensor& dpre, const Tensor& dpre_bias,
+                            const Tensor& dw, const Tensor& dbias, const Tensor& dout,
+                            const Tensor& inp, const Tensor& w, const Tensor& pre) override {
+    CudaStream& cs = on(s);
+    const i64 N = rows(inp), IC = inp.size(-1), OC = w.size(0);
+    const std::size_t sums = (column_scratch_bytes(N, IC > OC ? IC : OC) + 255) / 256 * 256;
+    const Tensor scratch = cs.scratch(sums + static_cast<std::size_t>(IC) * sizeof(float));
+    cs.run_op(
+        "matmul_backward_gelu", {&dpre, &dpre_bias, &dw, &dbias, &dout, &inp, &w, &pre, &scratch},
+        [&](const Launch& at) -> absl::Status {
+          absl::StatusOr<Gemm> g = cs.gemm();
+          if (!g.ok()) return g.status();
+          char* base = static_cast<char*>(scratch.raw());
+          return cuda::matmul_backward_gelu(at, *g, prec(inp), raw(dpre), f(dpre_bias), f(dw),
+                                            f(dbias), raw(dout), raw(inp), raw(w), raw(pre), N, IC,
+                                            OC, reinterpret_cast<float*>(base), base + sums);
+        });
+  }
+
   void gelu_forward(Stream& s, const Tensor& out, const Tensor& inp) override {
     on(s).run_op("gelu_forward", {&out, &inp}, [&](const Launch& at) {
       return launched(cuda::gelu_forward(at, prec(inp), raw(out), raw(inp), inp.numel()));
@@ -203,17 +246,20 @@ class CudaKernels final : public Kernels {
     std::vector<AdamWPiece> pieces;
     pieces.reserve(tensors.size());
     CudaStream& cs = on(s);
+    Precision compute = Precision::kFp32;  // the copies' (gpu/ops.cc: one dtype)
     for (const AdamWTensor& t : tensors) {
-      pieces.push_back({f(t.p), f(t.g), f(t.m), f(t.v), t.p.numel(), t.weight_decay});
+      pieces.push_back(
+          {f(t.p), f(t.g), f(t.m), f(t.v), t.p.numel(), t.weight_decay, raw(t.compute)});
+      if (t.compute.defined()) compute = prec(t.compute);
     }
     std::vector<const Tensor*> held;  // every tensor's storages, held until the op has run
-    held.reserve(4 * tensors.size());
+    held.reserve(5 * tensors.size());
     for (const AdamWTensor& t : tensors) {
-      for (const Tensor* x : {&t.p, &t.g, &t.m, &t.v}) held.push_back(x);
+      for (const Tensor* x : {&t.p, &t.g, &t.m, &t.v, &t.compute}) held.push_back(x);
     }
     cs.run_op("adamw_many", held, [&](const Launch& at) {
-      return launched(cuda::adamw_many(at, pieces.data(), static_cast<int>(pieces.size()), a.lr,
-                                       a.beta1, a.beta2, a.eps, a.step, a.grad_scale));
+      return launched(cuda::adamw_many(at, pieces.data(), static_cast<int>(pieces.size()), compute,
+                                       a.lr, a.beta1, a.beta2, a.eps, a.step, a.grad_scale));
     });
   }
 

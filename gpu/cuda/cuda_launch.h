@@ -115,7 +115,8 @@ cudaError_t squared_norm(const Launch& at, double* out, const float* x, i64 n, d
 cudaError_t adamw(const Launch& at, float* p, const float* g, float* m, float* v, i64 n, float lr,
                   float beta1, float beta2, float eps, float weight_decay, int step,
                   float grad_scale);
-// One tensor of adamw_many: n elements of each, its own weight decay.
+// One tensor of adamw_many: n elements of each, its own weight decay, and
+// where it has one its compute copy (stored as adamw_many's `compute`).
 struct AdamWPiece {
   float* p;
   const float* g;
@@ -123,10 +124,12 @@ struct AdamWPiece {
   float* v;
   i64 n;
   float weight_decay;
+  void* compute = nullptr;
 };
-// adamw over `count` tensors, in launches of up to 24 tensors each.
-cudaError_t adamw_many(const Launch& at, const AdamWPiece* pieces, int count, float lr, float beta1,
-                       float beta2, float eps, int step, float grad_scale);
+// adamw over `count` tensors, in launches of up to 24 tensors each; the
+// updated p also rounded into each piece's compute copy.
+cudaError_t adamw_many(const Launch& at, const AdamWPiece* pieces, int count, Precision compute,
+                       float lr, float beta1, float beta2, float eps, int step, float grad_scale);
 // x[:] = value (rounded to p's format); y += alpha * x.
 cudaError_t fill(const Launch& at, Precision p, void* x, float value, i64 n);
 cudaError_t axpy(const Launch& at, Precision p, void* y, float alpha, const void* x, i64 n);

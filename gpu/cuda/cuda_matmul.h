@@ -30,7 +30,7 @@ struct Gemm {
   void* workspace = nullptr;
   std::size_t workspace_bytes = 0;
   // fp32 GEMMs on the tensor cores in TF32 (CUBLAS_COMPUTE_32F_FAST_TF32:
-  // 10-bit mantissas in the products, fp32 sums). Nothing sets it yet.
+  // 10-bit mantissas in the products, fp32 sums): StreamOptions::tf32.
   bool tf32 = false;
 };
 
@@ -40,6 +40,19 @@ absl::Status matmul_forward(const Launch& at, const Gemm& g, Precision p, void* 
 absl::Status matmul_backward(const Launch& at, const Gemm& g, Precision p, void* dinp, float* dw,
                              float* dbias, const void* dout, const void* inp, const void* w, i64 N,
                              i64 IC, i64 OC, bool accumulate_dinp, float* bias_scratch);
+
+// The MLP's fused pair (gpu/kernels.h matmul_gelu_forward and
+// matmul_backward_gelu): GELU and the biases in cuBLASLt's epilogues
+// (GELU_AUX_BIAS forward, DGELU_BGRAD backward) where it has them, the
+// unfused ops where not. `bias_scratch`: column_chunks(N) * max(IC, OC)
+// floats; `bgrad`: IC elements of the compute dtype, 16-byte aligned.
+absl::Status matmul_gelu_forward(const Launch& at, const Gemm& g, Precision p, void* out, void* pre,
+                                 const void* inp, const void* w, const void* bias, i64 N, i64 IC,
+                                 i64 OC);
+absl::Status matmul_backward_gelu(const Launch& at, const Gemm& g, Precision p, void* dpre,
+                                  float* dpre_bias, float* dw, float* dbias, const void* dout,
+                                  const void* inp, const void* w, const void* pre, i64 N, i64 IC,
+                                  i64 OC, float* bias_scratch, void* bgrad);
 
 // Drops the algorithms matmul.cc chose for handle `lt` (see there): called
 // before the handle is destroyed, so a later handle at the same address

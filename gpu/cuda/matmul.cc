@@ -87,17 +87,65 @@ struct Operand {
   i64 rows, cols, ld;  // of the stored column-major matrix, before op
 };
 
+// What the GEMM's epilogue does after D = op(A) . op(B) + beta * D
+// (column-major D[m, n]; the bias vectors have m elements, aux is [m, n]
+// with leading dimension m):
+//   kBias        D += bias
+//   kGeluAuxBias aux = D + bias; D = gelu(aux)          (fc1's forward)
+//   kGeluAux     aux = D;        D = gelu(aux)
+//   kDGeluBGrad  D = gelu'(aux) * D; bias = row sums of D (overwritten)
+//   kDGelu       D = gelu'(aux) * D
+enum class Epilogue { kNone, kBias, kGeluAuxBias, kGeluAux, kDGeluBGrad, kDGelu };
+
+cublasLtEpilogue_t lt_epilogue(Epilogue e) {
+  switch (e) {
+    case Epilogue::kBias:
+      return CUBLASLT_EPILOGUE_BIAS;
+    case Epilogue::kGeluAuxBias:
+      return CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+    case Epilogue::kGeluAux:
+      return CUBLASLT_EPILOGUE_GELU_AUX;
+    case Epilogue::kDGeluBGrad:
+      return CUBLASLT_EPILOGUE_DGELU_BGRAD;
+    case Epilogue::kDGelu:
+      return CUBLASLT_EPILOGUE_DGELU;
+    case Epilogue::kNone:
+      break;
+  }
+  return CUBLASLT_EPILOGUE_DEFAULT;
+}
+
+const char* epilogue_name(Epilogue e) {
+  switch (e) {
+    case Epilogue::kBias:
+      return " with a bias epilogue";
+    case Epilogue::kGeluAuxBias:
+      return " with a GELU_AUX_BIAS epilogue";
+    case Epilogue::kGeluAux:
+      return " with a GELU_AUX epilogue";
+    case Epilogue::kDGeluBGrad:
+      return " with a DGELU_BGRAD epilogue";
+    case Epilogue::kDGelu:
+      return " with a DGELU epilogue";
+    case Epilogue::kNone:
+      break;
+  }
+  return "";
+}
+
 // D[m, n] (column-major, leading dimension ldd) = op(A) . op(B) + beta * D,
-// plus bias[m] in the epilogue when bias is not null.
+// then the epilogue.
 struct GemmCall {
   Operand a, b;  // stored as ab_type
   i64 m, n, k;
   cudaDataType_t ab_type;
-  cudaDataType_t d_type;  // D's, C's (D itself) and the bias's
+  cudaDataType_t d_type;  // D's, C's (D itself), aux's and the bias's
   float beta;
   void* d;
   i64 ldd;
-  const void* bias = nullptr;
+  Epilogue epilogue = Epilogue::kNone;
+  const void* bias = nullptr;  // kBias, kGeluAuxBias: read; kDGeluBGrad: written
+  const void* aux = nullptr;   // the GELU epilogues' pre-activation [m, n], ld m
 };
 
 // What the heuristic's answer depends on.
@@ -107,13 +155,15 @@ struct AlgoKey {
   cublasOperation_t opa, opb;
   cudaDataType_t ab_type, d_type;
   cublasComputeType_t compute;
-  std::uint32_t align_a, align_b, align_d, align_bias;  // align_bias 0: no bias epilogue
-  bool beta;                                            // beta != 0
+  std::uint32_t align_a, align_b, align_d;
+  Epilogue epilogue;
+  std::uint32_t align_bias, align_aux;  // 0 where the epilogue has none
+  bool beta;                            // beta != 0
   std::uint64_t workspace;
 
   auto tied() const {
     return std::tie(lt, m, n, k, lda, ldb, ldd, opa, opb, ab_type, d_type, compute, align_a,
-                    align_b, align_d, align_bias, beta, workspace);
+                    align_b, align_d, epilogue, align_bias, align_aux, beta, workspace);
   }
   bool operator<(const AlgoKey& o) const { return tied() < o.tied(); }
 };
@@ -195,11 +245,20 @@ absl::Status lt_gemm(const Launch& at, const Gemm& g, const GemmCall& c) {
   TROUPE_LT(lt.MatmulDescCreate(&op.h, compute, CUDA_R_32F));
   TROUPE_LT(lt.MatmulDescSetAttribute(op.h, CUBLASLT_MATMUL_DESC_TRANSA, &c.a.op, sizeof c.a.op));
   TROUPE_LT(lt.MatmulDescSetAttribute(op.h, CUBLASLT_MATMUL_DESC_TRANSB, &c.b.op, sizeof c.b.op));
-  if (c.bias != nullptr) {
-    const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+  if (c.epilogue != Epilogue::kNone) {
+    const cublasLtEpilogue_t epi = lt_epilogue(c.epilogue);
     TROUPE_LT(lt.MatmulDescSetAttribute(op.h, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
+  }
+  if (c.bias != nullptr) {
     TROUPE_LT(
         lt.MatmulDescSetAttribute(op.h, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &c.bias, sizeof c.bias));
+  }
+  if (c.aux != nullptr) {
+    const std::int64_t aux_ld = c.m;
+    TROUPE_LT(lt.MatmulDescSetAttribute(op.h, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &c.aux,
+                                        sizeof c.aux));
+    TROUPE_LT(lt.MatmulDescSetAttribute(op.h, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld,
+                                        sizeof aux_ld));
   }
   Layout la{lt}, lb{lt}, ld{lt};
   TROUPE_LT(lt.MatrixLayoutCreate(&la.h, c.ab_type, static_cast<std::uint64_t>(c.a.rows),
@@ -223,15 +282,16 @@ absl::Status lt_gemm(const Launch& at, const Gemm& g, const GemmCall& c) {
                     .align_a = alignment(c.a.data),
                     .align_b = alignment(c.b.data),
                     .align_d = alignment(c.d),
+                    .epilogue = c.epilogue,
                     .align_bias = c.bias != nullptr ? alignment(c.bias) : 0u,
+                    .align_aux = c.aux != nullptr ? alignment(c.aux) : 0u,
                     .beta = c.beta != 0.0f,
                     .workspace = g.workspace_bytes};
   absl::StatusOr<Algo> algo = choose_algo(lt, g, key, op.h, la.h, lb.h, ld.h);
   if (!algo.ok()) return algo.status();
   if (!algo->found) {
     return absl::NotFoundError(absl::StrCat("cuBLASLt has no algorithm for m=", c.m, " n=", c.n,
-                                            " k=", c.k,
-                                            c.bias != nullptr ? " with a bias epilogue" : ""));
+                                            " k=", c.k, epilogue_name(c.epilogue)));
   }
   const float alpha = 1.0f;
   TROUPE_LT(lt.Matmul(g.lt, op.h, &alpha, c.a.data, la.h, c.b.data, lb.h, &c.beta, c.d, ld.h, c.d,
@@ -266,15 +326,57 @@ absl::Status matmul_forward(const Launch& at, const Gemm& g, Precision p, void* 
                 .d = out,
                 .ldd = OC};
   if (bias != nullptr && alignment(bias) >= 16) {
+    call.epilogue = Epilogue::kBias;
     call.bias = bias;
     absl::Status st = lt_gemm(at, g, call);
     if (!absl::IsNotFound(st)) return st;
+    call.epilogue = Epilogue::kNone;
     call.bias = nullptr;
   }
   absl::Status st = lt_gemm(at, g, call);
   if (!st.ok() || bias == nullptr) return st;
   return launched(bias_add(at, p, out, bias, N, OC), "bias_add");
 }
+
+namespace {
+
+// dinp^T[IC, N] = w^T[IC, OC] . dout^T[OC, N] (+ beta dinp), in the compute
+// dtype: the input gradient's GEMM.
+GemmCall dinp_call(cudaDataType_t t, void* dinp, const void* dout, const void* w, i64 N, i64 IC,
+                   i64 OC, float beta) {
+  return {.a = {w, CUBLAS_OP_N, IC, OC, IC},
+          .b = {dout, CUBLAS_OP_N, OC, N, OC},
+          .m = IC,
+          .n = N,
+          .k = OC,
+          .ab_type = t,
+          .d_type = t,
+          .beta = beta,
+          .d = dinp,
+          .ldd = IC};
+}
+
+// dw^T[IC, OC] += inp^T[IC, N] . dout[N, OC] into the fp32 main gradient,
+// and dbias += colsum(dout): the weight gradients.
+absl::Status weight_grads(const Launch& at, const Gemm& g, Precision p, float* dw, float* dbias,
+                          const void* dout, const void* inp, i64 N, i64 IC, i64 OC,
+                          float* bias_scratch) {
+  absl::Status st = lt_gemm(at, g,
+                            {.a = {inp, CUBLAS_OP_N, IC, N, IC},
+                             .b = {dout, CUBLAS_OP_T, OC, N, OC},
+                             .m = IC,
+                             .n = OC,
+                             .k = N,
+                             .ab_type = storage_type(p),
+                             .d_type = CUDA_R_32F,
+                             .beta = 1.0f,
+                             .d = dw,
+                             .ldd = IC});
+  if (!st.ok() || dbias == nullptr) return st;
+  return launched(bias_grad(at, p, dbias, dout, N, OC, bias_scratch), "bias_grad");
+}
+
+}  // namespace
 
 absl::Status matmul_backward(const Launch& at, const Gemm& g, Precision p, void* dinp, float* dw,
                              float* dbias, const void* dout, const void* inp, const void* w, i64 N,
@@ -286,34 +388,79 @@ absl::Status matmul_backward(const Launch& at, const Gemm& g, Precision p, void*
         cudaMemsetAsync(dinp, 0, static_cast<std::size_t>(N * IC) * storage_bytes(p), at.stream),
         "cudaMemsetAsync");
   }
-  const cudaDataType_t t = storage_type(p);
-  // dinp^T[IC, N] = w^T[IC, OC] . dout^T[OC, N], in the compute dtype
-  absl::Status st = lt_gemm(at, g,
-                            {.a = {w, CUBLAS_OP_N, IC, OC, IC},
-                             .b = {dout, CUBLAS_OP_N, OC, N, OC},
-                             .m = IC,
-                             .n = N,
-                             .k = OC,
-                             .ab_type = t,
-                             .d_type = t,
-                             .beta = accumulate_dinp ? 1.0f : 0.0f,
-                             .d = dinp,
-                             .ldd = IC});
+  absl::Status st = lt_gemm(
+      at, g, dinp_call(storage_type(p), dinp, dout, w, N, IC, OC, accumulate_dinp ? 1.0f : 0.0f));
   if (!st.ok()) return st;
-  // dw^T[IC, OC] += inp^T[IC, N] . dout[N, OC], into the fp32 main gradient
-  st = lt_gemm(at, g,
-               {.a = {inp, CUBLAS_OP_N, IC, N, IC},
-                .b = {dout, CUBLAS_OP_T, OC, N, OC},
-                .m = IC,
-                .n = OC,
-                .k = N,
-                .ab_type = t,
-                .d_type = CUDA_R_32F,
-                .beta = 1.0f,
-                .d = dw,
-                .ldd = IC});
-  if (!st.ok() || dbias == nullptr) return st;
-  return launched(bias_grad(at, p, dbias, dout, N, OC, bias_scratch), "bias_grad");
+  return weight_grads(at, g, p, dw, dbias, dout, inp, N, IC, OC, bias_scratch);
+}
+
+// GELU's epilogues need the aux matrix's leading dimension (OC forward, IC
+// backward) to be a multiple of 8 and, as the bias, 16-byte aligned
+// pointers; where cuBLASLt has no algorithm for the fused problem, the
+// unfused sequence runs instead (NotFound from the first try means nothing
+// was enqueued).
+absl::Status matmul_gelu_forward(const Launch& at, const Gemm& g, Precision p, void* out, void* pre,
+                                 const void* inp, const void* w, const void* bias, i64 N, i64 IC,
+                                 i64 OC) {
+  if (N == 0 || OC == 0) return absl::OkStatus();
+  if (OC % 8 == 0 && alignment(pre) >= 16 && (bias == nullptr || alignment(bias) >= 16)) {
+    // out^T[OC, N] = gelu(w[OC, IC] . inp^T[IC, N] + bias), pre^T the aux
+    absl::Status st =
+        lt_gemm(at, g,
+                {.a = {w, CUBLAS_OP_T, IC, OC, IC},
+                 .b = {inp, CUBLAS_OP_N, IC, N, IC},
+                 .m = OC,
+                 .n = N,
+                 .k = IC,
+                 .ab_type = storage_type(p),
+                 .d_type = storage_type(p),
+                 .beta = 0.0f,
+                 .d = out,
+                 .ldd = OC,
+                 .epilogue = bias != nullptr ? Epilogue::kGeluAuxBias : Epilogue::kGeluAux,
+                 .bias = bias,
+                 .aux = pre});
+    if (!absl::IsNotFound(st)) return st;
+  }
+  absl::Status st = matmul_forward(at, g, p, pre, inp, w, bias, N, IC, OC);
+  if (!st.ok()) return st;
+  return launched(gelu_forward(at, p, out, pre, N * OC), "gelu_forward");
+}
+
+absl::Status matmul_backward_gelu(const Launch& at, const Gemm& g, Precision p, void* dpre,
+                                  float* dpre_bias, float* dw, float* dbias, const void* dout,
+                                  const void* inp, const void* w, const void* pre, i64 N, i64 IC,
+                                  i64 OC, float* bias_scratch, void* bgrad) {
+  if (N == 0) return absl::OkStatus();
+  if (OC == 0) {  // dout . w is an empty sum: dpre is 0, and so is what it adds to dpre_bias
+    return launched(
+        cudaMemsetAsync(dpre, 0, static_cast<std::size_t>(N * IC) * storage_bytes(p), at.stream),
+        "cudaMemsetAsync");
+  }
+  absl::Status st = weight_grads(at, g, p, dw, dbias, dout, inp, N, IC, OC, bias_scratch);
+  if (!st.ok()) return st;
+  GemmCall call = dinp_call(storage_type(p), dpre, dout, w, N, IC, OC, 0.0f);
+  if (IC % 8 == 0 && alignment(pre) >= 16 && alignment(bgrad) >= 16) {
+    // dpre = gelu'(pre) * (dout . w) and, for dpre_bias, its column sums
+    // (cuBLASLt writes them in the compute dtype into bgrad; they are added
+    // into the fp32 main gradient after)
+    call.epilogue = dpre_bias != nullptr ? Epilogue::kDGeluBGrad : Epilogue::kDGelu;
+    call.aux = pre;
+    call.bias = dpre_bias != nullptr ? bgrad : nullptr;
+    st = lt_gemm(at, g, call);
+    if (st.ok() && dpre_bias != nullptr) {
+      return launched(bias_grad(at, p, dpre_bias, bgrad, 1, IC, bias_scratch), "bias_grad");
+    }
+    if (!absl::IsNotFound(st)) return st;
+    call.epilogue = Epilogue::kNone;
+    call.aux = nullptr;
+    call.bias = nullptr;
+  }
+  st = lt_gemm(at, g, call);
+  if (!st.ok()) return st;
+  st = launched(gelu_backward(at, p, dpre, pre, dpre, N * IC), "gelu_backward");
+  if (!st.ok() || dpre_bias == nullptr) return st;
+  return launched(bias_grad(at, p, dpre_bias, dpre, N, IC, bias_scratch), "bias_grad");
 }
 
 void forget_gemm_algorithms(cublasLtHandle_t lt) {

@@ -223,6 +223,62 @@ TEST_P(OpsTest, MatmulLargerThanChunks) {
   EXPECT_LT(rel_error(gb, want), testing::fwd_tol(DType::kF32));  // sums of exact values
 }
 
+// The MLP's fused pair (fc1 with GELU; fc2's backward through GELU) on two
+// shapes: odd sizes, and multiples of 8 (where CUDA takes cuBLASLt's GELU
+// epilogues), with and without fc1's bias gradient.
+TEST_P(OpsTest, MatmulGeluPairMatchesTheReference) {
+  struct Dims {
+    int N, IC, H, OC;
+  };
+  for (const Dims d : {Dims{7, 12, 10, 6}, Dims{16, 16, 24, 16}}) {
+    const int N = d.N, IC = d.IC, H = d.H, OC = d.OC;
+    SCOPED_TRACE(absl::StrCat("N=", N, " IC=", IC, " H=", H, " OC=", OC));
+    Tensor x = rnd({N, IC}), w1 = rnd({H, IC}, 0.5f), b1 = rnd({H});
+    Tensor pre_in = rnd({N, H}, 2.0f), a_in = rnd({N, H}), w2 = rnd({OC, H}), r = rnd({N, OC});
+    Tensor db1_0 = rnd({H}), dw2_0 = rnd({OC, H}), db2_0 = rnd({OC});
+    for (bool with_db1 : {true, false}) {
+      Tensor out = zeros({N, H}), pre = zeros({N, H}), dpre = zeros({N, H});
+      Tensor db1 = on32(db1_0), dw2 = on32(dw2_0), db2 = on32(db2_0);
+      ops::matmul_gelu_forward(*stream_, out, pre, on(x), on(w1), on(b1));
+      ops::matmul_backward_gelu(*stream_, dpre, with_db1 ? db1 : Tensor{}, dw2, db2, on(r),
+                                on(a_in), on(w2), on(pre_in));
+      Vec y = host(out), p = host(pre), gp = host(dpre), gb1 = host(db1), gw2 = host(dw2),
+          gb2 = host(db2);
+      SKIP_IF_UNSUPPORTED();
+      const Vec want_pre = matmul_ref(to_double(x), to_double(w1), to_double(b1), N, IC, H);
+      EXPECT_LT(rel_error(p, want_pre), fwd_tol());
+      EXPECT_LT(rel_error(y, gelu_ref(want_pre)), fwd_tol());
+      const Vec ad = to_double(a_in), w2d = to_double(w2), rd = to_double(r);
+      const Vec want_dpre =
+          numeric_grad([&](const Vec& v) { return matmul_ref(gelu_ref(v), w2d, {}, N, H, OC); },
+                       to_double(pre_in), rd);
+      EXPECT_LT(rel_error(gp, want_dpre), bwd_tol());
+      Vec want_db1 = to_double(db1_0), want_db2 = to_double(db2_0);
+      if (with_db1) {
+        for (int n = 0; n < N; n++)
+          for (int h = 0; h < H; h++) want_db1[h] += want_dpre[n * H + h];
+      }
+      EXPECT_LT(rel_error(gb1, want_db1), bwd_tol());
+      for (int n = 0; n < N; n++)
+        for (int o = 0; o < OC; o++) want_db2[o] += rd[n * OC + o];
+      EXPECT_LT(rel_error(gb2, want_db2), bwd_tol());
+      Vec want_dw2 =
+          numeric_grad([&](const Vec& v) { return matmul_ref(ad, v, {}, N, H, OC); }, w2d, rd);
+      const Vec dw2_0d = to_double(dw2_0);
+      for (std::size_t i = 0; i < want_dw2.size(); i++) want_dw2[i] += dw2_0d[i];
+      EXPECT_LT(rel_error(gw2, want_dw2), bwd_tol());
+    }
+  }
+}
+
+TEST_P(Fp32OpsTest, MatmulGeluForwardKeepsPreApartFromOut) {
+  Tensor x = zeros({4, 8}), w = zeros({8, 8}), y = zeros({4, 8});
+  ops::matmul_gelu_forward(*stream_, y, y, x, w, Tensor{});
+  const absl::Status st = stream_->synchronize();
+  EXPECT_TRUE(absl::IsInvalidArgument(st)) << st;
+  EXPECT_EQ(st.message(), "matmul_gelu_forward: out and pre are the same tensor (pre is kept)");
+}
+
 TEST_P(OpsTest, Gelu) {
   const int n = 1000;
   Tensor x = rnd({n}, 3.0f), r = rnd({n});
@@ -391,8 +447,8 @@ TEST_P(Fp32OpsTest, AdamWManyEqualsAdamWPerTensor) {
     const int n = i == 3 ? 5000 : 1 + i * 7;
     Tensor p = rnd({n}), g = rnd({n});
     const float decay = i % 2 == 0 ? 0.1f : 0.0f;
-    many.push_back({on(p), on(g), zeros({n}), zeros({n}), decay});
-    one.push_back({on(p), on(g), zeros({n}), zeros({n}), decay});
+    many.push_back({on(p), on(g), zeros({n}), zeros({n}), decay, Tensor{}});
+    one.push_back({on(p), on(g), zeros({n}), zeros({n}), decay, Tensor{}});
   }
   gpu::AdamWArgs a;
   a.lr = 0.01f;
@@ -415,9 +471,46 @@ TEST_P(Fp32OpsTest, AdamWManyEqualsAdamWPerTensor) {
   }
 }
 
+// The compute copies written by the step equal the updated fp32 params
+// rounded by ops::convert, in bf16 and f16, for tensors with and without a
+// copy in one call (30 tensors: two launches on CUDA).
+TEST_P(Fp32OpsTest, AdamWManyWritesTheComputeCopies) {
+  for (DType copy : {DType::kBF16, DType::kF16}) {
+    std::vector<gpu::AdamWTensor> many;
+    for (int i = 0; i < 30; i++) {
+      const int n = i == 3 ? 5000 : 1 + i * 7;
+      Tensor c = i % 3 == 2 ? Tensor{} : Tensor::empty(*dev_, copy, {n});
+      many.push_back({on(rnd({n})), on(rnd({n})), zeros({n}), zeros({n}), 0.1f, c});
+    }
+    gpu::AdamWArgs a;
+    a.lr = 0.01f;
+    ops::adamw_many(*stream_, many, a);
+    for (std::size_t i = 0; i < many.size(); i++) {
+      if (!many[i].compute.defined()) continue;
+      Tensor want = Tensor::empty(*dev_, copy, many[i].p.shape);
+      ops::convert(*stream_, want, many[i].p);
+      const Vec got_v = host(many[i].compute), want_v = host(want);
+      SKIP_IF_UNSUPPORTED();
+      ASSERT_TRUE(got_v == want_v) << gpu::dtype_name(copy) << " tensor " << i;
+    }
+  }
+}
+
+TEST_P(Fp32OpsTest, AdamWManyWantsOneDtypeOfComputeCopies) {
+  std::vector<gpu::AdamWTensor> t = {{zeros({4}), zeros({4}), zeros({4}), zeros({4}), 0.0f,
+                                      Tensor::empty(*dev_, DType::kBF16, {4})},
+                                     {zeros({4}), zeros({4}), zeros({4}), zeros({4}), 0.0f,
+                                      Tensor::empty(*dev_, DType::kF16, {4})}};
+  ops::adamw_many(*stream_, t, {});
+  const absl::Status st = stream_->synchronize();
+  EXPECT_TRUE(absl::IsInvalidArgument(st)) << st;
+  EXPECT_EQ(st.message(), "adamw_many: compute[1] is f16[4], want bf16[4]");
+}
+
 TEST_P(Fp32OpsTest, AdamWManyNamesTheTensorWithTheBadShape) {
-  std::vector<gpu::AdamWTensor> t = {{zeros({4}), zeros({4}), zeros({4}), zeros({4}), 0.0f},
-                                     {zeros({4}), zeros({3}), zeros({4}), zeros({4}), 0.0f}};
+  std::vector<gpu::AdamWTensor> t = {
+      {zeros({4}), zeros({4}), zeros({4}), zeros({4}), 0.0f, Tensor{}},
+      {zeros({4}), zeros({3}), zeros({4}), zeros({4}), 0.0f, Tensor{}}};
   gpu::AdamWArgs a;
   a.lr = 0.1f;
   ops::adamw_many(*stream_, t, a);
