@@ -7,10 +7,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <deque>
+#include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "actors/runtime/in_process.h"
+#include "actors/schedule.h"
 #include "model/trainer.h"
 #include "tests/actors/runtime_fixtures.h"
 
@@ -119,6 +122,38 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"bf16_tp2_sp", Precision::kBf16, par(2, 1, 1), true},
                       Case{"fp16_tp2_pp2_dp2", Precision::kFp16, par(2, 2, 2)}),
     [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
+
+// Every layout of tp, pp, dp in {1, 2, 4} up to 8 ranks, with each
+// schedule (interleaved where the 4 layers split into pp x 2 chunks and the
+// micro-batches into groups of pp), in
+// bf16 (labelled slow: tests/CMakeLists.txt).
+std::vector<Case> bf16_layouts() {
+  static std::deque<std::string> names;  // Case keeps a char* (a deque's stay put)
+  std::vector<Case> out;
+  for (int tp : {1, 2, 4}) {
+    for (int pp : {1, 2, 4}) {
+      for (int dp : {1, 2, 4}) {
+        if (tp * pp * dp > 8 || tp * pp * dp == 1) continue;
+        for (ScheduleKind kind :
+             {ScheduleKind::kGPipe, ScheduleKind::k1F1B, ScheduleKind::kInterleaved1F1B}) {
+          const bool interleaved = kind == ScheduleKind::kInterleaved1F1B;
+          // (Interleaving wants a replica's 8 / (2 dp) micro-batches in
+          // groups of pp, as Megatron does.)
+          if (interleaved && (4 % (pp * 2) != 0 || (4 / dp) % pp != 0)) continue;
+          names.push_back(absl::StrCat("tp", tp, "_pp", pp, "_dp", dp, "_", schedule_name(kind)));
+          out.push_back(
+              {names.back().c_str(), Precision::kBf16, par(tp, pp, dp, kind, interleaved ? 2 : 1)});
+        }
+      }
+    }
+  }
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(EveryLayout, MixedPrecisionLayouts, ::testing::ValuesIn(bf16_layouts()),
+                         [](const ::testing::TestParamInfo<Case>& info) {
+                           return std::string(info.param.name);
+                         });
 
 }  // namespace
 }  // namespace troupe::actors
