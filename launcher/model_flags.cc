@@ -22,6 +22,14 @@ void add_model_flags(CLI::App* cmd, ModelFlags& f) {
   cmd->add_option("--pp", f.pp, "Pipeline stages")->capture_default_str();
   cmd->add_option("--threads", f.threads,
                   "Threads per shard (default: the cores shared among the shards)");
+  cmd->add_option("--device", f.device,
+                  "cpu or cuda, as troupe train's (default: cuda where this host has a usable "
+                  "GPU and --tp is 1, else cpu)")
+      ->envname("TROUPE_DEVICE")
+      ->type_name("cpu|cuda|opaque");
+  cmd->add_flag("--bf16", f.bf16,
+                "Compute in bf16: parameters, KV cache, activations and logits (sampling in fp32)");
+  cmd->add_flag("--fp16", f.fp16, "Compute in fp16, as --bf16");
   cmd->add_option("--vocab-file", f.vocab_file, "GPT-2 BPE vocabulary: encoder.json or vocab.json")
       ->required();
   cmd->add_option("--merge-file", f.merge_file, "GPT-2 BPE merges: vocab.bpe or merges.txt")
@@ -42,7 +50,18 @@ absl::StatusOr<LoadedModel> load_model(const ModelFlags& f) {
   }
   if (f.tp < 1 || f.pp < 1) return absl::InvalidArgumentError("--tp and --pp must be positive");
   if (f.threads < 0) return absl::InvalidArgumentError("--threads must be positive");
+  if (f.bf16 && f.fp16) return absl::InvalidArgumentError("--bf16 and --fp16: give one of them");
   LoadedModel out;
+  // The device as troupe train picks and checks it, for this process's
+  // tp x pp shards (one replica).
+  api::TrainFlags device_flags;
+  device_flags.device = f.device;
+  device_flags.parallel.tp = f.tp;
+  device_flags.parallel.pp = f.pp;
+  const std::string device_note = api::resolve_device(device_flags, /*process_per_rank=*/false);
+  absl::StatusOr<api::RunDevice> dev = api::open_device(device_flags);
+  if (!dev.ok()) return dev.status();
+  out.device = std::move(*dev);
   absl::StatusOr<std::unique_ptr<model::data::Gpt2Vocab>> vocab =
       model::data::Gpt2Vocab::load(f.vocab_file, f.merge_file);
   if (!vocab.ok()) return vocab.status();
@@ -88,12 +107,21 @@ absl::StatusOr<LoadedModel> load_model(const ModelFlags& f) {
   const int shards = f.tp * f.pp;
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   const int threads = f.threads > 0 ? f.threads : std::max(1, cores / shards);
-  absl::StatusOr<std::unique_ptr<actors::ShardedModel>> lm =
-      actors::ShardedModel::create(config, {.tp = f.tp, .pp = f.pp}, loader, threads);
+  const gpu::Precision precision = f.bf16   ? gpu::Precision::kBf16
+                                   : f.fp16 ? gpu::Precision::kFp16
+                                            : gpu::Precision::kFp32;
+  absl::StatusOr<std::unique_ptr<actors::ShardedModel>> lm = actors::ShardedModel::create(
+      config, {.tp = f.tp, .pp = f.pp}, loader,
+      {.device = out.device.device, .precision = precision, .threads = threads});
   if (!lm.ok()) return lm.status();
   out.lm = std::move(*lm);
-  absl::StrAppend(&out.description, ", tp ", f.tp, " x pp ", f.pp, ", ", threads,
-                  threads == 1 ? " thread" : " threads", " per shard");
+  absl::StrAppend(&out.description, ", tp ", f.tp, " x pp ", f.pp, ", ",
+                  gpu::precision_name(precision), " on ", out.device.device->name());
+  if (out.device.device == &gpu::cpu_device()) {
+    absl::StrAppend(&out.description, ", ", threads, threads == 1 ? " thread" : " threads",
+                    " per shard");
+  }
+  if (!device_note.empty()) absl::StrAppend(&out.description, " (", device_note, ")");
   return out;
 }
 

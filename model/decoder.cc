@@ -7,6 +7,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "gpu/host_values.h"
 #include "gpu/ops.h"
 
 namespace troupe::model {
@@ -15,7 +16,7 @@ using gpu::Tensor;
 namespace ops = gpu::ops;
 
 Decoder::Decoder(const GptConfig& config, gpu::Device& device, const StageSpec& stage,
-                 TensorParallel tp, int B)
+                 TensorParallel tp, int B, gpu::DType dtype)
     : config_(config),
       stage_(stage),
       tp_(std::move(tp)),
@@ -23,7 +24,12 @@ Decoder::Decoder(const GptConfig& config, gpu::Device& device, const StageSpec& 
       layout_(ParamLayout::gpt(config, stage, tp_.slice)) {
   const std::int64_t T = config.T, C = config.C, P = tp_.slice.tp;
   const std::int64_t Cl = C / P, NHl = config.NH / P, HS = C / config.NH, Vl = config.Vp() / P;
-  auto empty = [&](const gpu::Shape& shape) {
+  gpu::check_invariant(gpu::is_compute_dtype(dtype) ? absl::OkStatus()
+                                                    : absl::InvalidArgumentError(absl::StrCat(
+                                                          "dtype ", gpu::dtype_name(dtype))),
+                       "Decoder: a compute dtype (f32, bf16, f16)");
+  auto empty = [&](const gpu::Shape& shape) { return Tensor::empty(device, dtype, shape); };
+  auto empty32 = [&](const gpu::Shape& shape) {
     return Tensor::empty(device, gpu::DType::kF32, shape);
   };
   params_flat_ = empty({layout_.total()});
@@ -35,8 +41,8 @@ Decoder::Decoder(const GptConfig& config, gpu::Device& device, const StageSpec& 
   h_ = empty({B, T, C});
   res2_ = empty({B, T, C});
   ln_ = empty({B, T, C});
-  mean_ = empty({B, T});
-  rstd_ = empty({B, T});
+  mean_ = empty32({B, T});
+  rstd_ = empty32({B, T});
   if (stage.layers() > 0) {
     qkv_ = empty({B, T, 3 * Cl});
     att_ = empty({B, NHl, T, T});
@@ -51,8 +57,8 @@ Decoder::Decoder(const GptConfig& config, gpu::Device& device, const StageSpec& 
   }
   if (stage.embedding && tp_.slice.t > 0) {
     zero_wpe_ = empty({T, C});
-    std::vector<float> zeros(static_cast<std::size_t>(zero_wpe_.numel()), 0.0f);
-    (void)device.copy_from_host(zeros.data(), zero_wpe_);  // same device by construction
+    const std::vector<float> zeros(static_cast<std::size_t>(zero_wpe_.numel()), 0.0f);
+    (void)gpu::copy_values_to_device(zeros, zero_wpe_);  // (a fresh tensor of the right size)
   }
 }
 

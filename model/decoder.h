@@ -5,7 +5,10 @@
 // The same parameters (ParamLayout::gpt of the stage and slice, so weights
 // and checkpoints fill it as they fill a Gpt) and the same ops as Gpt's
 // forward, with attention_cached in place of attention_forward; no
-// gradients, no sequence parallelism.
+// gradients, no sequence parallelism. In a 16-bit compute dtype (bf16 or
+// fp16, Megatron's inference in the trained precision) the parameters, the
+// KV cache, the activations and the logits are in it; the LayerNorm
+// statistics fp32.
 //
 //   model::Decoder dec(config, gpu::cpu_device(), StageSpec::whole(config));
 //   RETURN_IF_ERROR(load_weights_slice(path, config, dec.layout(), host));  // then copy in
@@ -32,16 +35,19 @@ enum class Logits { kLast, kAll };
 class Decoder {
  public:
   // Parameters, B sequences' KV caches of config.T positions and the
-  // buffers of a forward of up to T positions, on `device`.
+  // buffers of a forward of up to T positions, on `device`, in `dtype` (a
+  // compute dtype: f32, bf16 or f16).
   Decoder(const GptConfig& config, gpu::Device& device, const StageSpec& stage,
-          TensorParallel tp = {}, int B = 1);
+          TensorParallel tp = {}, int B = 1, gpu::DType dtype = gpu::DType::kF32);
 
   const GptConfig& config() const { return config_; }
   const StageSpec& stage() const { return stage_; }
   const ParamLayout& layout() const { return layout_; }
-  // layout().total() floats; fill before the first forward.
+  // layout().total() values of dtype(); fill before the first forward
+  // (gpu::copy_values_to_device rounds fp32 values into it).
   const gpu::Tensor& params() const { return params_flat_; }
   int B() const { return B_; }
+  gpu::DType dtype() const { return params_flat_.dtype; }
 
   // Positions pos..pos+n-1 of the B sequences: the embedding stage reads
   // tokens i32 (B, n), the others input(n), which the caller filled with

@@ -12,6 +12,7 @@
 #include "comm/groups.h"
 #include "comm/inproc_transport.h"
 #include "gpu/device.h"
+#include "gpu/host_values.h"
 #include "model/decoder.h"
 
 namespace troupe::actors {
@@ -52,19 +53,27 @@ absl::Status check_layout(const model::GptConfig& c, comm::Layout l) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<ShardedModel>> ShardedModel::create(const model::GptConfig& config,
-                                                                   comm::Layout layout,
-                                                                   const ParamLoader& load,
-                                                                   int threads) {
+absl::StatusOr<std::unique_ptr<ShardedModel>> ShardedModel::create(
+    const model::GptConfig& config, comm::Layout layout, const ParamLoader& load,
+    const InferenceOptions& options) {
   const model::GptConfig c = ParallelOptions{layout}.sliced_config(config);
   if (absl::Status st = check_layout(c, layout); !st.ok()) return st;
+  gpu::Device& device = options.device != nullptr ? *options.device : gpu::cpu_device();
+  if (&device != &gpu::cpu_device() && layout.tp > 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--tp ", layout.tp, " on ", device.name(),
+        ": the shards of one process share its device, and their TP collectives are the CPU's; "
+        "give --tp 1 (--pp splits the layers) or --device cpu"));
+  }
   std::unique_ptr<ShardedModel> m(new ShardedModel());
   m->config_ = c;
   m->layout_ = layout;
+  m->device_ = &device;
   const comm::Layout& groups = layout;
   auto fabric = std::make_shared<comm::InProcFabric>(groups.world());
   m->fabric_ = fabric;
-  gpu::Device& device = gpu::cpu_device();
+  const gpu::DType dtype = gpu::compute_dtype(options.precision);
+  const int threads = options.threads;
   std::vector<float> host;
   for (int s = 0; s < layout.pp; s++) {
     const model::StageSpec stage = model::StageSpec::pipeline(c, layout.pp, s);
@@ -80,11 +89,11 @@ absl::StatusOr<std::unique_ptr<ShardedModel>> ShardedModel::create(const model::
         tp = tensor_link(sh->tensor.get(), tp.slice);
       }
       sh->stream = device.make_stream({.threads = std::max(1, threads)});
-      sh->decoder = std::make_unique<model::Decoder>(c, device, stage, std::move(tp));
+      sh->decoder = std::make_unique<model::Decoder>(c, device, stage, std::move(tp), 1, dtype);
       if (stage.embedding) sh->tokens = gpu::Tensor::empty(device, gpu::DType::kI32, {1, c.T});
       host.assign(static_cast<std::size_t>(sh->decoder->layout().total()), 0.0f);
       if (absl::Status st = load(c, sh->decoder->layout(), host.data()); !st.ok()) return st;
-      if (absl::Status st = device.copy_from_host(host.data(), sh->decoder->params()); !st.ok()) {
+      if (absl::Status st = gpu::copy_values_to_device(host, sh->decoder->params()); !st.ok()) {
         return st;
       }
       m->shards_.push_back(std::move(sh));
@@ -115,7 +124,7 @@ absl::StatusOr<std::span<const float>> ShardedModel::forward(std::span<const std
           absl::StrCat("token id ", id, " is outside the vocabulary [0, ", config_.V, ")"));
     }
   }
-  gpu::Device& device = gpu::cpu_device();
+  gpu::Device& device = *device_;
   const int P = layout_.tp;
   for (int s = 0; s < layout_.pp; s++) {
     for (int t = 0; t < P; t++) {
@@ -124,7 +133,7 @@ absl::StatusOr<std::span<const float>> ShardedModel::forward(std::span<const std
       if (s == 0) {
         ids = sh.tokens.view(0, {1, n});
         if (absl::Status st = device.copy_from_host(tokens.data(), ids); !st.ok()) return st;
-      } else if (absl::Status st = device.copy_from_host(boundary_.data(), sh.decoder->input(n));
+      } else if (absl::Status st = gpu::copy_values_to_device(boundary_, sh.decoder->input(n));
                  !st.ok()) {
         return st;
       }
@@ -140,7 +149,8 @@ absl::StatusOr<std::span<const float>> ShardedModel::forward(std::span<const std
     if (s + 1 < layout_.pp) {
       const gpu::Tensor out = shard(s, 0).decoder->output();
       boundary_.resize(static_cast<std::size_t>(out.numel()));
-      if (absl::Status st = device.copy_to_host(out, boundary_.data()); !st.ok()) return st;
+      // (In 16 bits the values widen to fp32 here and round back exactly.)
+      if (absl::Status st = gpu::copy_values_to_host(out, boundary_); !st.ok()) return st;
     }
   }
   fed_ = pos + n;
@@ -150,7 +160,7 @@ absl::StatusOr<std::span<const float>> ShardedModel::forward(std::span<const std
   const gpu::Tensor mine = head.decoder->logits();
   const std::int64_t rows = mine.size(1), Vl = mine.size(2), V = config_.V;
   gathered_.resize(static_cast<std::size_t>(P * rows * Vl));
-  if (absl::Status st = device.copy_to_host(head.logits, gathered_.data()); !st.ok()) return st;
+  if (absl::Status st = gpu::copy_values_to_host(head.logits, gathered_); !st.ok()) return st;
   logits_.resize(static_cast<std::size_t>(rows * V));
   for (std::int64_t r = 0; r < rows; r++) {
     for (int t = 0; t < P; t++) {

@@ -22,11 +22,23 @@
 #include "absl/status/statusor.h"
 #include "comm/groups.h"
 #include "gpu/device.h"
+#include "gpu/precision.h"
 #include "model/config.h"
 #include "model/generation.h"
 #include "model/layout.h"
 
 namespace troupe::actors {
+
+// Where the shards compute: `device` (null: the CPU; a GPU's device must
+// outlive the model; tp = 1 there, as the in-process TP collectives are
+// the CPU's) in `precision` (Megatron's inference in the trained
+// precision: bf16/fp16 parameters, KV cache, activations and logits; the
+// logits are widened to fp32 for sampling).
+struct InferenceOptions {
+  gpu::Device* device = nullptr;
+  gpu::Precision precision = gpu::Precision::kFp32;
+  int threads = 1;  // per shard, on the CPU
+};
 
 // Fills one shard's parameters: layout.total() floats of host memory for
 // `layout` (a stage's TP slice of `config`, the model as the shards hold
@@ -42,7 +54,7 @@ class ShardedModel final : public model::LanguageModel {
   static absl::StatusOr<std::unique_ptr<ShardedModel>> create(const model::GptConfig& config,
                                                               comm::Layout layout,
                                                               const ParamLoader& load,
-                                                              int threads = 1);
+                                                              const InferenceOptions& options = {});
   ~ShardedModel() override;
 
   int context() const override { return config_.T; }
@@ -63,6 +75,7 @@ class ShardedModel final : public model::LanguageModel {
 
   model::GptConfig config_;
   comm::Layout layout_;
+  gpu::Device* device_ = nullptr;
   std::shared_ptr<void> fabric_;  // the in-process transport's fabric (comm::InProcFabric)
   std::vector<std::unique_ptr<Shard>> shards_;  // s-major: (s, t) at s * tp + t
   std::vector<float> boundary_;                 // a stage's output on its way to the next (n × C)

@@ -143,6 +143,28 @@ for layout in (["--tp", "1"], ["--tp", "2", "--pp", "2"]):
         fail(f"perplexity {layout}: {r} vs PyTorch's {want_ppl} over {scored} tokens")
 print(f"perplexity: {want_ppl:.3f} over {scored} tokens (stride {S}) as PyTorch's, 2 layouts")
 
+# In bf16 and fp16 (parameters, KV cache, activations and logits: the
+# banner says so), the perplexity within the format's error of PyTorch's
+# fp32 one; on the opaque device (memory the host may not read: the GPU's
+# path through copies) the fp32 one as the CPU's.
+for precision, tol in (("--bf16", 1e-3), ("--fp16", 2e-4)):  # (measured: 1.2e-4, 2.3e-5)
+    for layout in (["--tp", "1"], ["--tp", "2", "--pp", "2"]):
+        p = troupe("eval", *W, *layout, precision, "--task", "perplexity", "--data-path", prefix,
+                   "--stride", str(S), "--max-tokens", str(N), "--json")
+        r = json.loads(p.stdout)
+        if f"{precision[2:]} on cpu" not in p.stderr:
+            fail(f"eval {precision} {layout}: the banner does not say {precision[2:]}: {p.stderr!r}")
+        if r["tokens"] != scored or abs(r["perplexity"] - want_ppl) > tol * want_ppl:
+            fail(f"perplexity {precision} {layout}: {r} vs PyTorch's fp32 {want_ppl}")
+        print(f"perplexity {precision} {' '.join(layout)}: {r['perplexity']:.4f} "
+              f"({abs(r['perplexity'] - want_ppl) / want_ppl:.1e} from fp32)")
+r = json.loads(troupe("eval", *W, "--device", "opaque", "--pp", "2", "--task", "perplexity",
+                      "--data-path", prefix, "--stride", str(S), "--max-tokens", str(N),
+                      "--json").stdout)
+if abs(r["perplexity"] - want_ppl) > 1e-4 * want_ppl:
+    fail(f"perplexity --device opaque --pp 2: {r} vs PyTorch's {want_ppl}")
+print("perplexity --device opaque --pp 2: as PyTorch's")
+
 # Strict LAMBADA: split here, encoded by js-tiktoken, scored by PyTorch. To
 # the fixture's passages (a random model gets none right) add passages that
 # end with the word PyTorch's greedy step predicts after them, so that some
@@ -232,9 +254,12 @@ for args, want in [
     (["eval", *W, "--task", "perplexity", "--data-path", prefix, "--stride", "300"], "--stride"),
     (["eval", *W, "--task", "perplexity", "--data-path", prefix, "--stride", "-5"], "--stride"),
     (["generate", *W, "--prompt-file", bad_prompts], "prompts.txt:2: "),
+    (["generate", *W, "--prompt", "x", "--bf16", "--fp16"], "--bf16 and --fp16: give one"),
+    (["generate", *W, "--prompt", "x", "--device", "tpu"], "--device tpu: want cpu, cuda"),
+    (["generate", *W, "--prompt", "x", "--device", "opaque", "--tp", "2"], "--tp 2 on cpu (opaque)"),
 ]:
     p = troupe(*args, ok=False)
     if p.returncode == 0 or want not in p.stderr:
         fail(f"troupe {' '.join(args)}: exit {p.returncode}, stderr {p.stderr!r}; want {want!r}")
-print("bad input: 11 clear errors")
+print("bad input: 14 clear errors")
 print("OK: generate and eval agree with PyTorch on every layout")
