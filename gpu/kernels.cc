@@ -27,6 +27,12 @@ void Kernels::layernorm_backward(Stream& s, const Tensor&, const Tensor&, const 
                                  const Tensor&) {
   unimplemented(s, "layernorm_backward");
 }
+void Kernels::residual_layernorm_forward(Stream& s, const Tensor& residual, const Tensor& out,
+                                         const Tensor& mean, const Tensor& rstd, const Tensor& a,
+                                         const Tensor& b, const Tensor& w, const Tensor& bias) {
+  residual_forward(s, residual, a, b);
+  layernorm_forward(s, out, mean, rstd, residual, w, bias);
+}
 void Kernels::matmul_forward(Stream& s, const Tensor&, const Tensor&, const Tensor&,
                              const Tensor&) {
   unimplemented(s, "matmul_forward");

@@ -19,7 +19,8 @@
 //
 // Defaults: a method a backend does not override records Unimplemented on
 // the stream ("<op> is not implemented on <device>"), except the fused ops
-// (matmul_gelu_forward, matmul_backward_gelu), which run the unfused ops.
+// (matmul_gelu_forward, matmul_backward_gelu, residual_layernorm_forward),
+// which run the unfused ops.
 #pragma once
 
 #include <vector>
@@ -85,6 +86,15 @@ class Kernels {
   virtual void layernorm_backward(Stream& s, const Tensor& dinp, const Tensor& dw, const Tensor& db,
                                   const Tensor& dout, const Tensor& inp, const Tensor& w,
                                   const Tensor& mean, const Tensor& rstd);
+
+  // The residual connection and the LayerNorm after it, fused (one read of
+  // a and b, the sum kept in registers for the statistics): residual = a +
+  // b, then layernorm_forward(out, mean, rstd, residual, w, b) of the
+  // rounded sum, as the unfused pair computes it. The default runs
+  // residual_forward, then layernorm_forward.
+  virtual void residual_layernorm_forward(Stream& s, const Tensor& residual, const Tensor& out,
+                                          const Tensor& mean, const Tensor& rstd, const Tensor& a,
+                                          const Tensor& b, const Tensor& w, const Tensor& bias);
 
   // out[N,OC] = inp[N,IC] . w[OC,IC]^T + bias[OC]  (bias may be undefined)
   virtual void matmul_forward(Stream& s, const Tensor& out, const Tensor& inp, const Tensor& w,

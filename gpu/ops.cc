@@ -173,6 +173,29 @@ void layernorm_backward(Stream& s, const Tensor& dinp, const Tensor& dw, const T
   if (c.ok()) s.device().kernels().layernorm_backward(s, dinp, dw, db, dout, inp, w, mean, rstd);
 }
 
+void residual_layernorm_forward(Stream& s, const Tensor& residual, const Tensor& out,
+                                const Tensor& mean, const Tensor& rstd, const Tensor& a,
+                                const Tensor& b, const Tensor& w, const Tensor& bias) {
+  Check c(s, "residual_layernorm_forward");
+  if (!c.rank("a", a, 2).ok()) return;
+  const std::int64_t C = a.size(-1);
+  const DType A = a.dtype;
+  c.compute("a", a)
+      .tensor("a", a, A, a.shape)
+      .tensor("b", b, A, a.shape)
+      .tensor("residual", residual, A, a.shape)
+      .tensor("out", out, A, a.shape)
+      .f32("mean", mean, row_shape(a))
+      .f32("rstd", rstd, row_shape(a))
+      .tensor("w", w, A, {C})
+      .tensor("bias", bias, A, {C})
+      .that(!(out.defined() && residual.defined() && out.raw() == residual.raw()),
+            "out and residual are the same tensor (the residual is kept)");
+  if (c.ok()) {
+    s.device().kernels().residual_layernorm_forward(s, residual, out, mean, rstd, a, b, w, bias);
+  }
+}
+
 void matmul_forward(Stream& s, const Tensor& out, const Tensor& inp, const Tensor& w,
                     const Tensor& bias) {
   Check c(s, "matmul_forward");

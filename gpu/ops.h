@@ -20,6 +20,9 @@ void layernorm_forward(Stream& s, const Tensor& out, const Tensor& mean, const T
 void layernorm_backward(Stream& s, const Tensor& dinp, const Tensor& dw, const Tensor& db,
                         const Tensor& dout, const Tensor& inp, const Tensor& w, const Tensor& mean,
                         const Tensor& rstd);
+void residual_layernorm_forward(Stream& s, const Tensor& residual, const Tensor& out,
+                                const Tensor& mean, const Tensor& rstd, const Tensor& a,
+                                const Tensor& b, const Tensor& w, const Tensor& bias);
 void matmul_forward(Stream& s, const Tensor& out, const Tensor& inp, const Tensor& w,
                     const Tensor& bias);
 void matmul_backward(Stream& s, const Tensor& dinp, const Tensor& dw, const Tensor& dbias,

@@ -140,8 +140,7 @@ void Decoder::layer_forward(gpu::Stream& s, int l, std::int64_t pos, std::int64_
   const bool bias = tp_.slice.t == 0;
   ops::matmul_forward(s, proj, atty, p.attprojw, bias ? p.attprojb : Tensor{});
   all_reduce(s, proj);
-  ops::residual_forward(s, res2, h, proj);
-  ops::layernorm_forward(s, ln, mean, rstd, res2, p.ln2w, p.ln2b);
+  ops::residual_layernorm_forward(s, res2, ln, mean, rstd, h, proj, p.ln2w, p.ln2b);
   ops::matmul_gelu_forward(s, fch_gelu, fch, ln, p.fcw, p.fcb);
   ops::matmul_forward(s, proj, fch_gelu, p.fcprojw, bias ? p.fcprojb : Tensor{});
   all_reduce(s, proj);

@@ -452,8 +452,8 @@ void Gpt::layer_forward(gpu::Stream& s, const LayerActivations& x, const Tensor&
   // bias is added once (by rank 0).
   const bool bias = tp_.slice.t == 0;
   ops::matmul_forward(s, k.btc, x.atty, p.attprojw, bias ? p.attprojb : Tensor{});
-  ops::residual_forward(s, x.residual2, residual, reduced(s, k.btc));
-  ops::layernorm_forward(s, x.ln2, x.ln2_mean, x.ln2_rstd, x.residual2, p.ln2w, p.ln2b);
+  ops::residual_layernorm_forward(s, x.residual2, x.ln2, x.ln2_mean, x.ln2_rstd, residual,
+                                  reduced(s, k.btc), p.ln2w, p.ln2b);
   ops::matmul_gelu_forward(s, x.fch_gelu, x.fch, gathered(s, x.ln2), p.fcw, p.fcb);
   ops::matmul_forward(s, k.btc, x.fch_gelu, p.fcprojw, bias ? p.fcprojb : Tensor{});
   ops::residual_forward(s, x.residual3, x.residual2, reduced(s, k.btc));

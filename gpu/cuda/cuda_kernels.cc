@@ -58,6 +58,17 @@ class CudaKernels final : public Kernels {
     });
   }
 
+  void residual_layernorm_forward(Stream& s, const Tensor& residual, const Tensor& out,
+                                  const Tensor& mean, const Tensor& rstd, const Tensor& a,
+                                  const Tensor& b, const Tensor& w, const Tensor& bias) override {
+    on(s).run_op("residual_layernorm_forward", {&residual, &out, &mean, &rstd, &a, &b, &w, &bias},
+                 [&](const Launch& at) {
+                   return launched(cuda::residual_layernorm_forward(
+                       at, prec(a), raw(residual), raw(out), f(mean), f(rstd), raw(a), raw(b),
+                       raw(w), raw(bias), rows(a), a.size(-1)));
+                 });
+  }
+
   void layernorm_backward(Stream& s, const Tensor& dinp, const Tensor& dw, const Tensor& db,
                           const Tensor& dout, const Tensor& inp, const Tensor& w,
                           const Tensor& mean, const Tensor& rstd) override {

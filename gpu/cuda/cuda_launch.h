@@ -77,6 +77,10 @@ cudaError_t embedding_backward(const Launch& at, Precision p, float* dwte, float
 cudaError_t layernorm_forward(const Launch& at, Precision p, void* out, float* mean, float* rstd,
                               const void* inp, const void* w, const void* b, i64 N, i64 C);
 // `scratch`: column_chunks(N) * C floats.
+// residual = a + b, then layernorm_forward of it, in one pass over the rows.
+cudaError_t residual_layernorm_forward(const Launch& at, Precision p, void* residual, void* out,
+                                       float* mean, float* rstd, const void* a, const void* b,
+                                       const void* w, const void* bias, i64 N, i64 C);
 cudaError_t layernorm_backward(const Launch& at, Precision p, void* dinp, float* dw, float* db,
                                const void* dout, const void* inp, const void* w, const float* mean,
                                const float* rstd, i64 N, i64 C, float* scratch);

@@ -46,6 +46,41 @@ __global__ void layernorm_forward_kernel(const unsigned* fault, S* out, float* m
   }
 }
 
+// residual = a + b (rounded to S), then the forward above of the rounded
+// sum: each lane reads back only the columns it wrote.
+template <typename S>
+__global__ void residual_layernorm_forward_kernel(const unsigned* fault, S* residual, S* out,
+                                                  float* mean, float* rstd, const S* a, const S* b,
+                                                  const S* w, const S* bias, i64 N, i64 C) {
+  if (faulted(fault)) return;
+  const i64 n = blockIdx.x * static_cast<i64>(kRowsPerBlock) + threadIdx.x / kWarp;
+  if (n >= N) return;
+  const int lane = threadIdx.x % kWarp;
+  const S *xa = a + n * C, *xb = b + n * C;
+  S* x = residual + n * C;
+  float s = 0.0f;
+  for (i64 i = lane; i < C; i += kWarp) {
+    const S r = from_float<S>(to_float(xa[i]) + to_float(xb[i]));
+    x[i] = r;
+    s += to_float(r);
+  }
+  const float m = warp_sum(s) / static_cast<float>(C);
+  float v = 0.0f;
+  for (i64 i = lane; i < C; i += kWarp) {
+    const float d = to_float(x[i]) - m;
+    v += d * d;
+  }
+  const float r = rsqrtf(warp_sum(v) / static_cast<float>(C) + kEps);
+  S* o = out + n * C;
+  for (i64 i = lane; i < C; i += kWarp) {
+    o[i] = from_float<S>((to_float(x[i]) - m) * r * to_float(w[i]) + to_float(bias[i]));
+  }
+  if (lane == 0) {
+    mean[n] = m;
+    rstd[n] = r;
+  }
+}
+
 // dinp += rstd * (dnorm - mean(dnorm) - norm * mean(dnorm * norm)), with
 // dnorm = w * dout.
 template <typename S>
@@ -105,6 +140,20 @@ cudaError_t layernorm_forward(const Launch& at, Precision p, void* out, float* m
     layernorm_forward_kernel<<<row_blocks(N), kBlock, 0, at.stream>>>(
         at.fault, static_cast<S*>(out), mean, rstd, static_cast<const S*>(inp),
         static_cast<const S*>(w), static_cast<const S*>(b), N, C);
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t residual_layernorm_forward(const Launch& at, Precision p, void* residual, void* out,
+                                       float* mean, float* rstd, const void* a, const void* b,
+                                       const void* w, const void* bias, i64 N, i64 C) {
+  if (N == 0) return cudaSuccess;
+  return with_storage(p, [&](auto s) {
+    using S = typename decltype(s)::type;
+    residual_layernorm_forward_kernel<<<row_blocks(N), kBlock, 0, at.stream>>>(
+        at.fault, static_cast<S*>(residual), static_cast<S*>(out), mean, rstd,
+        static_cast<const S*>(a), static_cast<const S*>(b), static_cast<const S*>(w),
+        static_cast<const S*>(bias), N, C);
     return cudaGetLastError();
   });
 }

@@ -4,117 +4,16 @@
 // reference_ops.h, backwards with central finite differences of them (in
 // double), within a tolerance of the dtype. Inputs are drawn representable
 // in the dtype, so the reference sees exactly what the op reads. A backend
-// that lacks an op is reported as skipped, never passed.
+// that lacks an op is reported as skipped, never passed. The fused ops'
+// cases: fused_ops_test.cc.
 #include "gpu/ops.h"
 
 #include <gtest/gtest.h>
 
-#include <random>
-#include <tuple>
-
-#include "absl/strings/str_cat.h"
-#include "gpu/precision.h"
-#include "tests/gpu/backends.h"
-#include "tests/gpu/reference_ops.h"
-#include "tests/test_util.h"
-
-namespace troupe::gpu {
-// ctest names the dtype of a case ("bf16"), not its byte.
-void PrintTo(DType d, std::ostream* os) { *os << dtype_name(d); }
-}  // namespace troupe::gpu
+#include "tests/gpu/ops_fixture.h"
 
 namespace troupe::testing {
 namespace {
-
-using gpu::Accumulate;
-using gpu::DType;
-using gpu::Tensor;
-namespace ops = gpu::ops;
-
-// Norm-wise tolerances against double: fp32 ops; bf16/f16 ops, whose every
-// stored value is rounded to 8 (bf16) or 11 (f16) significant bits (relative
-// error up to 2^-9 and 2^-12 each, a few roundings per op).
-double fwd_tol(DType d) { return d == DType::kBF16 ? 1e-2 : d == DType::kF16 ? 2e-3 : 1e-5; }
-double bwd_tol(DType d) { return d == DType::kBF16 ? 3e-2 : d == DType::kF16 ? 5e-3 : 1e-4; }
-
-// A host copy of the device tensor `t` in f32, after `s` has finished:
-// bf16/f16 tensors are converted on the device first (exact).
-absl::StatusOr<Tensor> host_f32(gpu::Device& dev, gpu::Stream& s, const Tensor& t) {
-  Tensor f = t;
-  if (t.dtype != DType::kF32) {
-    f = Tensor::empty(dev, DType::kF32, t.shape);
-    ops::convert(s, f, t);
-  }
-  if (absl::Status st = s.synchronize(); !st.ok()) return st;
-  Tensor h = Tensor::empty(gpu::cpu_device(), DType::kF32, t.shape);
-  if (absl::Status st = dev.copy_to_host(f, h.raw()); !st.ok()) return st;
-  return h;
-}
-
-class OpsTest : public ::testing::TestWithParam<std::tuple<std::string, DType>> {
- protected:
-  void SetUp() override {
-    dev_ = backend(std::get<0>(GetParam()));
-    A_ = std::get<1>(GetParam());
-    if (dev_ == nullptr) GTEST_SKIP() << std::get<0>(GetParam()) << ": " << no_cuda_reason();
-    stream_ = dev_->make_stream({.threads = 2});
-  }
-  // A host f32 tensor of N(0, scale^2) values representable in the dtype.
-  Tensor rnd(const gpu::Shape& shape, float scale = 1.0f) {
-    Tensor t = random_tensor(rng_, shape, scale);
-    const gpu::Precision p = gpu::dtype_precision(A_);
-    for (std::int64_t i = 0; i < t.numel(); i++) {
-      t.data<float>()[i] = gpu::round_to(t.data<float>()[i], p);
-    }
-    return t;
-  }
-  // A copy of host f32 tensor `t` on the device, in the dtype (on) or f32
-  // (on32); i32 tensors as they are.
-  Tensor on32(const Tensor& t) {
-    Tensor d = Tensor::empty(*dev_, t.dtype, t.shape);
-    EXPECT_TRUE(dev_->copy_from_host(t.raw(), d).ok());
-    return d;
-  }
-  Tensor on(const Tensor& t) {
-    Tensor f = on32(t);
-    if (t.dtype != DType::kF32 || A_ == DType::kF32) return f;
-    Tensor d = Tensor::empty(*dev_, A_, t.shape);
-    ops::convert(*stream_, d, f);
-    return d;
-  }
-  Tensor zeros(const gpu::Shape& shape) { return on(filled(shape, 0.0f)); }
-  Tensor zeros32(const gpu::Shape& shape) { return on32(filled(shape, 0.0f)); }
-  // Host doubles of a device tensor, after the stream has finished. Skips
-  // the test when the backend lacks an op that ran.
-  Vec host(const Tensor& t) {
-    absl::StatusOr<Tensor> h = host_f32(*dev_, *stream_, t);
-    if (!h.ok() && absl::IsUnimplemented(h.status())) {
-      skipped_ = std::string(h.status().message());
-      return Vec(static_cast<std::size_t>(t.numel()), 0.0);
-    }
-    EXPECT_TRUE(h.ok()) << h.status();
-    return h.ok() ? to_double(*h) : Vec(static_cast<std::size_t>(t.numel()), 0.0);
-  }
-  bool unsupported() {
-    if (skipped_.empty()) return false;
-    std::cout << "[ UNSUPPORTED ] " << skipped_ << "\n";
-    return true;
-  }
-  double fwd_tol() const { return testing::fwd_tol(A_); }
-  double bwd_tol() const { return testing::bwd_tol(A_); }
-  gpu::Device* dev_ = nullptr;
-  DType A_ = DType::kF32;
-  std::unique_ptr<gpu::Stream> stream_;
-  std::mt19937 rng_{42};
-  std::string skipped_;
-};
-
-// The optimizer's ops (fp32 master, moments, main gradients) and the
-// argument checks' messages, in f32 only.
-class Fp32OpsTest : public OpsTest {};
-
-#define SKIP_IF_UNSUPPORTED() \
-  if (unsupported()) GTEST_SKIP() << skipped_
 
 TEST_P(OpsTest, Embedding) {
   const int B = 2, T = 5, C = 8, Vp = 11;
@@ -221,62 +120,6 @@ TEST_P(OpsTest, MatmulLargerThanChunks) {
   for (int n = 0; n < N; n++)
     for (int o = 0; o < OC; o++) want[o] += rd[n * OC + o];
   EXPECT_LT(rel_error(gb, want), testing::fwd_tol(DType::kF32));  // sums of exact values
-}
-
-// The MLP's fused pair (fc1 with GELU; fc2's backward through GELU) on two
-// shapes: odd sizes, and multiples of 8 (where CUDA takes cuBLASLt's GELU
-// epilogues), with and without fc1's bias gradient.
-TEST_P(OpsTest, MatmulGeluPairMatchesTheReference) {
-  struct Dims {
-    int N, IC, H, OC;
-  };
-  for (const Dims d : {Dims{7, 12, 10, 6}, Dims{16, 16, 24, 16}}) {
-    const int N = d.N, IC = d.IC, H = d.H, OC = d.OC;
-    SCOPED_TRACE(absl::StrCat("N=", N, " IC=", IC, " H=", H, " OC=", OC));
-    Tensor x = rnd({N, IC}), w1 = rnd({H, IC}, 0.5f), b1 = rnd({H});
-    Tensor pre_in = rnd({N, H}, 2.0f), a_in = rnd({N, H}), w2 = rnd({OC, H}), r = rnd({N, OC});
-    Tensor db1_0 = rnd({H}), dw2_0 = rnd({OC, H}), db2_0 = rnd({OC});
-    for (bool with_db1 : {true, false}) {
-      Tensor out = zeros({N, H}), pre = zeros({N, H}), dpre = zeros({N, H});
-      Tensor db1 = on32(db1_0), dw2 = on32(dw2_0), db2 = on32(db2_0);
-      ops::matmul_gelu_forward(*stream_, out, pre, on(x), on(w1), on(b1));
-      ops::matmul_backward_gelu(*stream_, dpre, with_db1 ? db1 : Tensor{}, dw2, db2, on(r),
-                                on(a_in), on(w2), on(pre_in));
-      Vec y = host(out), p = host(pre), gp = host(dpre), gb1 = host(db1), gw2 = host(dw2),
-          gb2 = host(db2);
-      SKIP_IF_UNSUPPORTED();
-      const Vec want_pre = matmul_ref(to_double(x), to_double(w1), to_double(b1), N, IC, H);
-      EXPECT_LT(rel_error(p, want_pre), fwd_tol());
-      EXPECT_LT(rel_error(y, gelu_ref(want_pre)), fwd_tol());
-      const Vec ad = to_double(a_in), w2d = to_double(w2), rd = to_double(r);
-      const Vec want_dpre =
-          numeric_grad([&](const Vec& v) { return matmul_ref(gelu_ref(v), w2d, {}, N, H, OC); },
-                       to_double(pre_in), rd);
-      EXPECT_LT(rel_error(gp, want_dpre), bwd_tol());
-      Vec want_db1 = to_double(db1_0), want_db2 = to_double(db2_0);
-      if (with_db1) {
-        for (int n = 0; n < N; n++)
-          for (int h = 0; h < H; h++) want_db1[h] += want_dpre[n * H + h];
-      }
-      EXPECT_LT(rel_error(gb1, want_db1), bwd_tol());
-      for (int n = 0; n < N; n++)
-        for (int o = 0; o < OC; o++) want_db2[o] += rd[n * OC + o];
-      EXPECT_LT(rel_error(gb2, want_db2), bwd_tol());
-      Vec want_dw2 =
-          numeric_grad([&](const Vec& v) { return matmul_ref(ad, v, {}, N, H, OC); }, w2d, rd);
-      const Vec dw2_0d = to_double(dw2_0);
-      for (std::size_t i = 0; i < want_dw2.size(); i++) want_dw2[i] += dw2_0d[i];
-      EXPECT_LT(rel_error(gw2, want_dw2), bwd_tol());
-    }
-  }
-}
-
-TEST_P(Fp32OpsTest, MatmulGeluForwardKeepsPreApartFromOut) {
-  Tensor x = zeros({4, 8}), w = zeros({8, 8}), y = zeros({4, 8});
-  ops::matmul_gelu_forward(*stream_, y, y, x, w, Tensor{});
-  const absl::Status st = stream_->synchronize();
-  EXPECT_TRUE(absl::IsInvalidArgument(st)) << st;
-  EXPECT_EQ(st.message(), "matmul_gelu_forward: out and pre are the same tensor (pre is kept)");
 }
 
 TEST_P(OpsTest, Gelu) {
@@ -471,42 +314,6 @@ TEST_P(Fp32OpsTest, AdamWManyEqualsAdamWPerTensor) {
   }
 }
 
-// The compute copies written by the step equal the updated fp32 params
-// rounded by ops::convert, in bf16 and f16, for tensors with and without a
-// copy in one call (30 tensors: two launches on CUDA).
-TEST_P(Fp32OpsTest, AdamWManyWritesTheComputeCopies) {
-  for (DType copy : {DType::kBF16, DType::kF16}) {
-    std::vector<gpu::AdamWTensor> many;
-    for (int i = 0; i < 30; i++) {
-      const int n = i == 3 ? 5000 : 1 + i * 7;
-      Tensor c = i % 3 == 2 ? Tensor{} : Tensor::empty(*dev_, copy, {n});
-      many.push_back({on(rnd({n})), on(rnd({n})), zeros({n}), zeros({n}), 0.1f, c});
-    }
-    gpu::AdamWArgs a;
-    a.lr = 0.01f;
-    ops::adamw_many(*stream_, many, a);
-    for (std::size_t i = 0; i < many.size(); i++) {
-      if (!many[i].compute.defined()) continue;
-      Tensor want = Tensor::empty(*dev_, copy, many[i].p.shape);
-      ops::convert(*stream_, want, many[i].p);
-      const Vec got_v = host(many[i].compute), want_v = host(want);
-      SKIP_IF_UNSUPPORTED();
-      ASSERT_TRUE(got_v == want_v) << gpu::dtype_name(copy) << " tensor " << i;
-    }
-  }
-}
-
-TEST_P(Fp32OpsTest, AdamWManyWantsOneDtypeOfComputeCopies) {
-  std::vector<gpu::AdamWTensor> t = {{zeros({4}), zeros({4}), zeros({4}), zeros({4}), 0.0f,
-                                      Tensor::empty(*dev_, DType::kBF16, {4})},
-                                     {zeros({4}), zeros({4}), zeros({4}), zeros({4}), 0.0f,
-                                      Tensor::empty(*dev_, DType::kF16, {4})}};
-  ops::adamw_many(*stream_, t, {});
-  const absl::Status st = stream_->synchronize();
-  EXPECT_TRUE(absl::IsInvalidArgument(st)) << st;
-  EXPECT_EQ(st.message(), "adamw_many: compute[1] is f16[4], want bf16[4]");
-}
-
 TEST_P(Fp32OpsTest, AdamWManyNamesTheTensorWithTheBadShape) {
   std::vector<gpu::AdamWTensor> t = {
       {zeros({4}), zeros({4}), zeros({4}), zeros({4}), 0.0f, Tensor{}},
@@ -560,11 +367,6 @@ TEST_P(Fp32OpsTest, BadShapeIsAStickyErrorNamingTheOp) {
   absl::Status st = stream_->synchronize();
   EXPECT_TRUE(absl::IsInvalidArgument(st)) << st;
   EXPECT_EQ(st.message(), "layernorm_forward: w is f32[7], want f32[8]");
-}
-
-// "cpu_bf16", "cuda_f32", ...: gtest_list_tests names each backend and dtype.
-std::string param_name(const ::testing::TestParamInfo<std::tuple<std::string, DType>>& info) {
-  return absl::StrCat(std::get<0>(info.param), "_", gpu::dtype_name(std::get<1>(info.param)));
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, OpsTest,

@@ -1,0 +1,138 @@
+// The fused ops (gpu/kernels.h: the MLP's GEMM pair with GELU, the
+// residual with its LayerNorm, AdamW writing the compute copies) against
+// double references and against the unfused ops, on every backend and
+// compute dtype (ops_fixture.h).
+#include <gtest/gtest.h>
+
+#include "gpu/ops.h"
+#include "tests/gpu/ops_fixture.h"
+
+namespace troupe::testing {
+namespace {
+
+class FusedOpsTest : public OpsTest {};
+class Fp32FusedOpsTest : public OpsTest {};  // the optimizer's ops and checks, in f32
+
+// The MLP's fused pair (fc1 with GELU; fc2's backward through GELU) on two
+// shapes: odd sizes, and multiples of 8 (where CUDA takes cuBLASLt's GELU
+// epilogues), with and without fc1's bias gradient.
+TEST_P(FusedOpsTest, MatmulGeluPairMatchesTheReference) {
+  struct Dims {
+    int N, IC, H, OC;
+  };
+  for (const Dims d : {Dims{7, 12, 10, 6}, Dims{16, 16, 24, 16}}) {
+    const int N = d.N, IC = d.IC, H = d.H, OC = d.OC;
+    SCOPED_TRACE(absl::StrCat("N=", N, " IC=", IC, " H=", H, " OC=", OC));
+    Tensor x = rnd({N, IC}), w1 = rnd({H, IC}, 0.5f), b1 = rnd({H});
+    Tensor pre_in = rnd({N, H}, 2.0f), a_in = rnd({N, H}), w2 = rnd({OC, H}), r = rnd({N, OC});
+    Tensor db1_0 = rnd({H}), dw2_0 = rnd({OC, H}), db2_0 = rnd({OC});
+    for (bool with_db1 : {true, false}) {
+      Tensor out = zeros({N, H}), pre = zeros({N, H}), dpre = zeros({N, H});
+      Tensor db1 = on32(db1_0), dw2 = on32(dw2_0), db2 = on32(db2_0);
+      ops::matmul_gelu_forward(*stream_, out, pre, on(x), on(w1), on(b1));
+      ops::matmul_backward_gelu(*stream_, dpre, with_db1 ? db1 : Tensor{}, dw2, db2, on(r),
+                                on(a_in), on(w2), on(pre_in));
+      Vec y = host(out), p = host(pre), gp = host(dpre), gb1 = host(db1), gw2 = host(dw2),
+          gb2 = host(db2);
+      SKIP_IF_UNSUPPORTED();
+      const Vec want_pre = matmul_ref(to_double(x), to_double(w1), to_double(b1), N, IC, H);
+      EXPECT_LT(rel_error(p, want_pre), fwd_tol());
+      EXPECT_LT(rel_error(y, gelu_ref(want_pre)), fwd_tol());
+      const Vec ad = to_double(a_in), w2d = to_double(w2), rd = to_double(r);
+      const Vec want_dpre =
+          numeric_grad([&](const Vec& v) { return matmul_ref(gelu_ref(v), w2d, {}, N, H, OC); },
+                       to_double(pre_in), rd);
+      EXPECT_LT(rel_error(gp, want_dpre), bwd_tol());
+      Vec want_db1 = to_double(db1_0), want_db2 = to_double(db2_0);
+      if (with_db1) {
+        for (int n = 0; n < N; n++)
+          for (int h = 0; h < H; h++) want_db1[h] += want_dpre[n * H + h];
+      }
+      EXPECT_LT(rel_error(gb1, want_db1), bwd_tol());
+      for (int n = 0; n < N; n++)
+        for (int o = 0; o < OC; o++) want_db2[o] += rd[n * OC + o];
+      EXPECT_LT(rel_error(gb2, want_db2), bwd_tol());
+      Vec want_dw2 =
+          numeric_grad([&](const Vec& v) { return matmul_ref(ad, v, {}, N, H, OC); }, w2d, rd);
+      const Vec dw2_0d = to_double(dw2_0);
+      for (std::size_t i = 0; i < want_dw2.size(); i++) want_dw2[i] += dw2_0d[i];
+      EXPECT_LT(rel_error(gw2, want_dw2), bwd_tol());
+    }
+  }
+}
+
+TEST_P(Fp32FusedOpsTest, MatmulGeluForwardKeepsPreApartFromOut) {
+  Tensor x = zeros({4, 8}), w = zeros({8, 8}), y = zeros({4, 8});
+  ops::matmul_gelu_forward(*stream_, y, y, x, w, Tensor{});
+  const absl::Status st = stream_->synchronize();
+  EXPECT_TRUE(absl::IsInvalidArgument(st)) << st;
+  EXPECT_EQ(st.message(), "matmul_gelu_forward: out and pre are the same tensor (pre is kept)");
+}
+
+// The fused pair against the double reference of LayerNorm over a + b; its
+// residual bitwise residual_forward's.
+TEST_P(FusedOpsTest, ResidualLayerNorm) {
+  const int N = 5, C = 40;
+  Tensor a = rnd({N, C}), b = rnd({N, C}), w = rnd({C}), bias = rnd({C});
+  Tensor residual = zeros({N, C}), out = zeros({N, C}), want_residual = zeros({N, C});
+  Tensor mean = zeros32({N}), rstd = zeros32({N});
+  ops::residual_layernorm_forward(*stream_, residual, out, mean, rstd, on(a), on(b), on(w),
+                                  on(bias));
+  ops::residual_forward(*stream_, want_residual, on(a), on(b));
+  const Vec y = host(out), r = host(residual), want_r = host(want_residual);
+  SKIP_IF_UNSUPPORTED();
+  EXPECT_TRUE(r == want_r);
+  Vec sum = to_double(a);
+  const Vec bd = to_double(b);
+  for (std::size_t i = 0; i < sum.size(); i++) sum[i] += bd[i];
+  EXPECT_LT(rel_error(y, layernorm_ref(sum, to_double(w), to_double(bias), N, C)), fwd_tol());
+}
+
+// The compute copies written by the step equal the updated fp32 params
+// rounded by ops::convert, in bf16 and f16, for tensors with and without a
+// copy in one call (30 tensors: two launches on CUDA).
+TEST_P(Fp32FusedOpsTest, AdamWManyWritesTheComputeCopies) {
+  for (DType copy : {DType::kBF16, DType::kF16}) {
+    std::vector<gpu::AdamWTensor> many;
+    for (int i = 0; i < 30; i++) {
+      const int n = i == 3 ? 5000 : 1 + i * 7;
+      Tensor c = i % 3 == 2 ? Tensor{} : Tensor::empty(*dev_, copy, {n});
+      many.push_back({on(rnd({n})), on(rnd({n})), zeros({n}), zeros({n}), 0.1f, c});
+    }
+    gpu::AdamWArgs a;
+    a.lr = 0.01f;
+    ops::adamw_many(*stream_, many, a);
+    for (std::size_t i = 0; i < many.size(); i++) {
+      if (!many[i].compute.defined()) continue;
+      Tensor want = Tensor::empty(*dev_, copy, many[i].p.shape);
+      ops::convert(*stream_, want, many[i].p);
+      const Vec got_v = host(many[i].compute), want_v = host(want);
+      SKIP_IF_UNSUPPORTED();
+      ASSERT_TRUE(got_v == want_v) << gpu::dtype_name(copy) << " tensor " << i;
+    }
+  }
+}
+
+TEST_P(Fp32FusedOpsTest, AdamWManyWantsOneDtypeOfComputeCopies) {
+  std::vector<gpu::AdamWTensor> t = {{zeros({4}), zeros({4}), zeros({4}), zeros({4}), 0.0f,
+                                      Tensor::empty(*dev_, DType::kBF16, {4})},
+                                     {zeros({4}), zeros({4}), zeros({4}), zeros({4}), 0.0f,
+                                      Tensor::empty(*dev_, DType::kF16, {4})}};
+  ops::adamw_many(*stream_, t, {});
+  const absl::Status st = stream_->synchronize();
+  EXPECT_TRUE(absl::IsInvalidArgument(st)) << st;
+  EXPECT_EQ(st.message(), "adamw_many: compute[1] is f16[4], want bf16[4]");
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, FusedOpsTest,
+                         ::testing::Combine(::testing::Values("cpu", "cuda"),
+                                            ::testing::Values(DType::kF32, DType::kBF16,
+                                                              DType::kF16)),
+                         param_name);
+INSTANTIATE_TEST_SUITE_P(Backends, Fp32FusedOpsTest,
+                         ::testing::Combine(::testing::Values("cpu", "cuda"),
+                                            ::testing::Values(DType::kF32)),
+                         param_name);
+
+}  // namespace
+}  // namespace troupe::testing
