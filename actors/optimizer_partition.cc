@@ -108,9 +108,9 @@ double Partition::squared_norm() const {
 void Partition::step(gpu::Stream& s, const model::AdamWConfig& c, float lr, int update,
                      float grad_scale) const {
   if (range_.empty()) return;
-  // (Converted on skipped steps too: after a resume the master is the
-  // checkpoint's, and the compute copy is made here first.)
-  // (An update writes the compute copy as it goes.)
+  // An update writes the compute copy as it goes; a skipped step converts
+  // it (after a resume the master is the checkpoint's, and the copy is
+  // made here first).
   if (update > 0) {
     adam(s, c, lr, update, grad_scale);
   } else if (compute_.defined()) {

@@ -58,8 +58,9 @@ class Partition {
   void add(gpu::Stream& s, int k) const;
   void end_sum(gpu::Stream& s) const;
   double squared_norm() const;  // after end_sum() has run
-  // AdamW on the master (update: Adam's 1-based count; 0 skips it), then
-  // the compute copy converted from the master, and its copy for the host.
+  // AdamW on the master (update: Adam's 1-based count; 0 skips it),
+  // writing the compute copy as it goes (a skipped step converts it from
+  // the master), and its copy for the host.
   void step(gpu::Stream& s, const model::AdamWConfig& adam, float lr, int update,
             float grad_scale) const;
   // What the shards compute with, in host memory for the transport: the

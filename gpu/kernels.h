@@ -87,10 +87,10 @@ class Kernels {
                                   const Tensor& dout, const Tensor& inp, const Tensor& w,
                                   const Tensor& mean, const Tensor& rstd);
 
-  // The residual connection and the LayerNorm after it, fused (one read of
-  // a and b, the sum kept in registers for the statistics): residual = a +
-  // b, then layernorm_forward(out, mean, rstd, residual, w, b) of the
-  // rounded sum, as the unfused pair computes it. The default runs
+  // The residual connection and the LayerNorm after it, fused (one pass
+  // over the rows, a and b read once): residual = a + b, then
+  // layernorm_forward(out, mean, rstd, residual, w, bias) of the rounded
+  // sum, bitwise as the unfused pair computes it. The default runs
   // residual_forward, then layernorm_forward.
   virtual void residual_layernorm_forward(Stream& s, const Tensor& residual, const Tensor& out,
                                           const Tensor& mean, const Tensor& rstd, const Tensor& a,
@@ -118,9 +118,10 @@ class Kernels {
   // The backward of the linear layer that reads inp = gelu(pre) (fc2):
   // dpre = gelu'(pre) * (dout . w) (overwrites); dpre_bias += colsum(dpre)
   // (fc1's bias gradient, may be undefined); dw += dout^T . inp; dbias +=
-  // colsum(dout). CUDA fuses GELU's derivative and dpre_bias into the
-  // input-gradient GEMM (DGELU_BGRAD); the default runs matmul_backward,
-  // gelu_backward and bias_backward.
+  // colsum(dout). CUDA fuses GELU's derivative into the input-gradient
+  // GEMM (cuBLASLt's DGELU epilogue; dpre_bias is bias_backward's fp32 sum);
+  // the default runs matmul_backward, gelu_backward and bias_backward.
+  // dpre may not be any of the inputs.
   virtual void matmul_backward_gelu(Stream& s, const Tensor& dpre, const Tensor& dpre_bias,
                                     const Tensor& dw, const Tensor& dbias, const Tensor& dout,
                                     const Tensor& inp, const Tensor& w, const Tensor& pre);

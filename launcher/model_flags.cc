@@ -24,7 +24,8 @@ void add_model_flags(CLI::App* cmd, ModelFlags& f) {
                   "Threads per shard (default: the cores shared among the shards)");
   cmd->add_option("--device", f.device,
                   "cpu or cuda, as troupe train's (default: cuda where this host has a usable "
-                  "GPU and --tp is 1, else cpu)")
+                  "GPU and --tp is 1, else cpu); opaque: the CPU's kernels on memory the host "
+                  "may not read, which tests the device path where no GPU is")
       ->envname("TROUPE_DEVICE")
       ->type_name("cpu|cuda|opaque");
   cmd->add_flag("--bf16", f.bf16,
@@ -59,6 +60,12 @@ absl::StatusOr<LoadedModel> load_model(const ModelFlags& f) {
   device_flags.parallel.tp = f.tp;
   device_flags.parallel.pp = f.pp;
   const std::string device_note = api::resolve_device(device_flags, /*process_per_rank=*/false);
+  if (device_flags.device == "cuda" && f.tp > 1) {  // (train's message speaks of troupe launch)
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--device cuda with --tp ", f.tp,
+        ": the shards of one process would share its GPU, and the in-process TP collectives are "
+        "the CPU's; give --tp 1 (--pp splits the layers) or --device cpu"));
+  }
   absl::StatusOr<api::RunDevice> dev = api::open_device(device_flags);
   if (!dev.ok()) return dev.status();
   out.device = std::move(*dev);

@@ -59,11 +59,11 @@ absl::StatusOr<std::unique_ptr<ShardedModel>> ShardedModel::create(
   const model::GptConfig c = ParallelOptions{layout}.sliced_config(config);
   if (absl::Status st = check_layout(c, layout); !st.ok()) return st;
   gpu::Device& device = options.device != nullptr ? *options.device : gpu::cpu_device();
-  if (&device != &gpu::cpu_device() && layout.tp > 1) {
+  if (device.kind() == gpu::DeviceKind::kCuda && layout.tp > 1) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--tp ", layout.tp, " on ", device.name(),
-        ": the shards of one process share its device, and their TP collectives are the CPU's; "
-        "give --tp 1 (--pp splits the layers) or --device cpu"));
+        ": the shards of one process share its GPU, and the in-process TP collectives are the "
+        "CPU's; give --tp 1 (--pp splits the layers) or --device cpu"));
   }
   std::unique_ptr<ShardedModel> m(new ShardedModel());
   m->config_ = c;

@@ -29,8 +29,8 @@
 
 namespace troupe::actors {
 
-// Where the shards compute: `device` (null: the CPU; a GPU's device must
-// outlive the model; tp = 1 there, as the in-process TP collectives are
+// Where the shards compute: `device` (null: the CPU; a device must
+// outlive the model; on a GPU tp = 1, as the in-process TP collectives are
 // the CPU's) in `precision` (Megatron's inference in the trained
 // precision: bf16/fp16 parameters, KV cache, activations and logits; the
 // logits are widened to fp32 for sampling).

@@ -131,25 +131,21 @@ class CudaKernels final : public Kernels {
               });
   }
 
-  // One scratch: the column sums' partials, then (256-byte aligned) the
-  // bias gradient cuBLASLt writes in the compute dtype.
   void matmul_backward_gelu(Stream& s, const Tensor& dpre, const Tensor& dpre_bias,
                             const Tensor& dw, const Tensor& dbias, const Tensor& dout,
                             const Tensor& inp, const Tensor& w, const Tensor& pre) override {
     CudaStream& cs = on(s);
     const i64 N = rows(inp), IC = inp.size(-1), OC = w.size(0);
-    const std::size_t sums = (column_scratch_bytes(N, IC > OC ? IC : OC) + 255) / 256 * 256;
-    const Tensor scratch = cs.scratch(sums + static_cast<std::size_t>(IC) * sizeof(float));
-    cs.run_op(
-        "matmul_backward_gelu", {&dpre, &dpre_bias, &dw, &dbias, &dout, &inp, &w, &pre, &scratch},
-        [&](const Launch& at) -> absl::Status {
-          absl::StatusOr<Gemm> g = cs.gemm();
-          if (!g.ok()) return g.status();
-          char* base = static_cast<char*>(scratch.raw());
-          return cuda::matmul_backward_gelu(at, *g, prec(inp), raw(dpre), f(dpre_bias), f(dw),
-                                            f(dbias), raw(dout), raw(inp), raw(w), raw(pre), N, IC,
-                                            OC, reinterpret_cast<float*>(base), base + sums);
-        });
+    const Tensor scratch = cs.scratch(column_scratch_bytes(N, IC > OC ? IC : OC));
+    cs.run_op("matmul_backward_gelu",
+              {&dpre, &dpre_bias, &dw, &dbias, &dout, &inp, &w, &pre, &scratch},
+              [&](const Launch& at) -> absl::Status {
+                absl::StatusOr<Gemm> g = cs.gemm();
+                if (!g.ok()) return g.status();
+                return cuda::matmul_backward_gelu(at, *g, prec(inp), raw(dpre), f(dpre_bias), f(dw),
+                                                  f(dbias), raw(dout), raw(inp), raw(w), raw(pre),
+                                                  N, IC, OC, f(scratch));
+              });
   }
 
   void gelu_forward(Stream& s, const Tensor& out, const Tensor& inp) override {

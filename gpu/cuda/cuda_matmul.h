@@ -15,6 +15,7 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <cstdint>
 
 #include "absl/status/status.h"
 #include "gpu/cuda/cublaslt.h"
@@ -42,17 +43,25 @@ absl::Status matmul_backward(const Launch& at, const Gemm& g, Precision p, void*
                              i64 IC, i64 OC, bool accumulate_dinp, float* bias_scratch);
 
 // The MLP's fused pair (gpu/kernels.h matmul_gelu_forward and
-// matmul_backward_gelu): GELU and the biases in cuBLASLt's epilogues
-// (GELU_AUX_BIAS forward, DGELU_BGRAD backward) where it has them, the
-// unfused ops where not. `bias_scratch`: column_chunks(N) * max(IC, OC)
-// floats; `bgrad`: IC elements of the compute dtype, 16-byte aligned.
+// matmul_backward_gelu): GELU in cuBLASLt's epilogues (GELU_AUX_BIAS
+// forward, its pre-activation the aux output; DGELU backward) where it has
+// them, the unfused ops where not; fc's bias gradient is bias_grad's fp32
+// column sum. `bias_scratch`: column_chunks(N) * max(IC, OC) floats.
 absl::Status matmul_gelu_forward(const Launch& at, const Gemm& g, Precision p, void* out, void* pre,
                                  const void* inp, const void* w, const void* bias, i64 N, i64 IC,
                                  i64 OC);
 absl::Status matmul_backward_gelu(const Launch& at, const Gemm& g, Precision p, void* dpre,
                                   float* dpre_bias, float* dw, float* dbias, const void* dout,
                                   const void* inp, const void* w, const void* pre, i64 N, i64 IC,
-                                  i64 OC, float* bias_scratch, void* bgrad);
+                                  i64 OC, float* bias_scratch);
+
+// Calls of the pair, since the process began, whose GELU ran in the GEMM's
+// epilogue (fused) or as a kernel after it (unfused): how a test on a GPU
+// sees which path ran.
+struct GeluEpilogueCounts {
+  std::int64_t forward_fused, forward_unfused, backward_fused, backward_unfused;
+};
+GeluEpilogueCounts gelu_epilogue_counts();
 
 // Drops the algorithms matmul.cc chose for handle `lt` (see there): called
 // before the handle is destroyed, so a later handle at the same address

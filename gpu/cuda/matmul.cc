@@ -20,6 +20,7 @@
 // same few problems, and the query costs tens of microseconds of host time
 // each. One answer per problem also means every stream runs the same
 // algorithm for it.
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -93,9 +94,8 @@ struct Operand {
 //   kBias        D += bias
 //   kGeluAuxBias aux = D + bias; D = gelu(aux)          (fc1's forward)
 //   kGeluAux     aux = D;        D = gelu(aux)
-//   kDGeluBGrad  D = gelu'(aux) * D; bias = row sums of D (overwritten)
 //   kDGelu       D = gelu'(aux) * D
-enum class Epilogue { kNone, kBias, kGeluAuxBias, kGeluAux, kDGeluBGrad, kDGelu };
+enum class Epilogue { kNone, kBias, kGeluAuxBias, kGeluAux, kDGelu };
 
 cublasLtEpilogue_t lt_epilogue(Epilogue e) {
   switch (e) {
@@ -105,8 +105,6 @@ cublasLtEpilogue_t lt_epilogue(Epilogue e) {
       return CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
     case Epilogue::kGeluAux:
       return CUBLASLT_EPILOGUE_GELU_AUX;
-    case Epilogue::kDGeluBGrad:
-      return CUBLASLT_EPILOGUE_DGELU_BGRAD;
     case Epilogue::kDGelu:
       return CUBLASLT_EPILOGUE_DGELU;
     case Epilogue::kNone:
@@ -123,14 +121,21 @@ const char* epilogue_name(Epilogue e) {
       return " with a GELU_AUX_BIAS epilogue";
     case Epilogue::kGeluAux:
       return " with a GELU_AUX epilogue";
-    case Epilogue::kDGeluBGrad:
-      return " with a DGELU_BGRAD epilogue";
     case Epilogue::kDGelu:
       return " with a DGELU epilogue";
     case Epilogue::kNone:
       break;
   }
   return "";
+}
+
+// How often the GELU epilogues ran fused and how often their unfused
+// sequence ran instead (gelu_epilogue_counts()).
+std::atomic<std::int64_t> gelu_fused[2], gelu_unfused[2];  // [0] forward, [1] backward
+
+void count_epilogue(Epilogue e, bool fused) {
+  const int k = e == Epilogue::kDGelu ? 1 : 0;
+  (fused ? gelu_fused : gelu_unfused)[k].fetch_add(1, std::memory_order_relaxed);
 }
 
 // D[m, n] (column-major, leading dimension ldd) = op(A) . op(B) + beta * D,
@@ -144,7 +149,7 @@ struct GemmCall {
   void* d;
   i64 ldd;
   Epilogue epilogue = Epilogue::kNone;
-  const void* bias = nullptr;  // kBias, kGeluAuxBias: read; kDGeluBGrad: written
+  const void* bias = nullptr;  // kBias, kGeluAuxBias
   const void* aux = nullptr;   // the GELU epilogues' pre-activation [m, n], ld m
 };
 
@@ -420,17 +425,28 @@ absl::Status matmul_gelu_forward(const Launch& at, const Gemm& g, Precision p, v
                  .epilogue = bias != nullptr ? Epilogue::kGeluAuxBias : Epilogue::kGeluAux,
                  .bias = bias,
                  .aux = pre});
-    if (!absl::IsNotFound(st)) return st;
+    if (!absl::IsNotFound(st)) {
+      if (st.ok()) count_epilogue(Epilogue::kGeluAuxBias, true);
+      return st;
+    }
   }
+  count_epilogue(Epilogue::kGeluAuxBias, false);
   absl::Status st = matmul_forward(at, g, p, pre, inp, w, bias, N, IC, OC);
   if (!st.ok()) return st;
   return launched(gelu_forward(at, p, out, pre, N * OC), "gelu_forward");
 }
 
+// fc's bias gradient is the fixed-order fp32 column sum of dpre (bias_grad),
+// not cuBLASLt's DGELU_BGRAD: that one writes it in the output's 16-bit
+// type (cublasLt.h, CUBLASLT_MATMUL_DESC_BIAS_POINTER) and sums in its
+// algorithm's order, where troupe's main gradients are fp32 and every
+// parameter gradient's sum has one fixed order (an fp16 sum of a
+// micro-batch's loss-scaled rows could overflow, too). It costs one more
+// read of dpre.
 absl::Status matmul_backward_gelu(const Launch& at, const Gemm& g, Precision p, void* dpre,
                                   float* dpre_bias, float* dw, float* dbias, const void* dout,
                                   const void* inp, const void* w, const void* pre, i64 N, i64 IC,
-                                  i64 OC, float* bias_scratch, void* bgrad) {
+                                  i64 OC, float* bias_scratch) {
   if (N == 0) return absl::OkStatus();
   if (OC == 0) {  // dout . w is an empty sum: dpre is 0, and so is what it adds to dpre_bias
     return launched(
@@ -440,27 +456,33 @@ absl::Status matmul_backward_gelu(const Launch& at, const Gemm& g, Precision p, 
   absl::Status st = weight_grads(at, g, p, dw, dbias, dout, inp, N, IC, OC, bias_scratch);
   if (!st.ok()) return st;
   GemmCall call = dinp_call(storage_type(p), dpre, dout, w, N, IC, OC, 0.0f);
-  if (IC % 8 == 0 && alignment(pre) >= 16 && alignment(bgrad) >= 16) {
-    // dpre = gelu'(pre) * (dout . w) and, for dpre_bias, its column sums
-    // (cuBLASLt writes them in the compute dtype into bgrad; they are added
-    // into the fp32 main gradient after)
-    call.epilogue = dpre_bias != nullptr ? Epilogue::kDGeluBGrad : Epilogue::kDGelu;
+  bool fused = false;
+  if (IC % 8 == 0 && alignment(pre) >= 16) {
+    // dpre = gelu'(pre) * (dout . w), GELU's derivative in the epilogue
+    call.epilogue = Epilogue::kDGelu;
     call.aux = pre;
-    call.bias = dpre_bias != nullptr ? bgrad : nullptr;
     st = lt_gemm(at, g, call);
-    if (st.ok() && dpre_bias != nullptr) {
-      return launched(bias_grad(at, p, dpre_bias, bgrad, 1, IC, bias_scratch), "bias_grad");
-    }
-    if (!absl::IsNotFound(st)) return st;
+    if (!st.ok() && !absl::IsNotFound(st)) return st;
+    fused = st.ok();
+  }
+  count_epilogue(Epilogue::kDGelu, fused);
+  if (!fused) {
     call.epilogue = Epilogue::kNone;
     call.aux = nullptr;
-    call.bias = nullptr;
+    st = lt_gemm(at, g, call);
+    if (!st.ok()) return st;
+    st = launched(gelu_backward(at, p, dpre, pre, dpre, N * IC), "gelu_backward");
+    if (!st.ok()) return st;
   }
-  st = lt_gemm(at, g, call);
-  if (!st.ok()) return st;
-  st = launched(gelu_backward(at, p, dpre, pre, dpre, N * IC), "gelu_backward");
-  if (!st.ok() || dpre_bias == nullptr) return st;
+  if (dpre_bias == nullptr) return absl::OkStatus();
   return launched(bias_grad(at, p, dpre_bias, dpre, N, IC, bias_scratch), "bias_grad");
+}
+
+GeluEpilogueCounts gelu_epilogue_counts() {
+  return {.forward_fused = gelu_fused[0].load(std::memory_order_relaxed),
+          .forward_unfused = gelu_unfused[0].load(std::memory_order_relaxed),
+          .backward_fused = gelu_fused[1].load(std::memory_order_relaxed),
+          .backward_unfused = gelu_unfused[1].load(std::memory_order_relaxed)};
 }
 
 void forget_gemm_algorithms(cublasLtHandle_t lt) {

@@ -1,11 +1,15 @@
 // The fused ops (gpu/kernels.h: the MLP's GEMM pair with GELU, the
 // residual with its LayerNorm, AdamW writing the compute copies) against
-// double references and against the unfused ops, on every backend and
-// compute dtype (ops_fixture.h).
+// double references (the GEMM pair) or bitwise against the unfused ops
+// (the others), on every backend and compute dtype (ops_fixture.h); on a
+// GPU, that cuBLASLt's GELU epilogues did run.
 #include <gtest/gtest.h>
 
 #include "gpu/ops.h"
 #include "tests/gpu/ops_fixture.h"
+#ifdef TROUPE_HAVE_CUDA
+#include "gpu/cuda/cuda_matmul.h"
+#endif
 
 namespace troupe::testing {
 namespace {
@@ -14,13 +18,13 @@ class FusedOpsTest : public OpsTest {};
 class Fp32FusedOpsTest : public OpsTest {};  // the optimizer's ops and checks, in f32
 
 // The MLP's fused pair (fc1 with GELU; fc2's backward through GELU) on two
-// shapes: odd sizes, and multiples of 8 (where CUDA takes cuBLASLt's GELU
-// epilogues), with and without fc1's bias gradient.
+// shapes: odd sizes, and distinct multiples of 8 (where CUDA takes
+// cuBLASLt's GELU epilogues), with and without fc1's bias gradient.
 TEST_P(FusedOpsTest, MatmulGeluPairMatchesTheReference) {
   struct Dims {
     int N, IC, H, OC;
   };
-  for (const Dims d : {Dims{7, 12, 10, 6}, Dims{16, 16, 24, 16}}) {
+  for (const Dims d : {Dims{7, 12, 10, 6}, Dims{40, 24, 32, 8}}) {
     const int N = d.N, IC = d.IC, H = d.H, OC = d.OC;
     SCOPED_TRACE(absl::StrCat("N=", N, " IC=", IC, " H=", H, " OC=", OC));
     Tensor x = rnd({N, IC}), w1 = rnd({H, IC}, 0.5f), b1 = rnd({H});
@@ -69,23 +73,36 @@ TEST_P(Fp32FusedOpsTest, MatmulGeluForwardKeepsPreApartFromOut) {
   EXPECT_EQ(st.message(), "matmul_gelu_forward: out and pre are the same tensor (pre is kept)");
 }
 
-// The fused pair against the double reference of LayerNorm over a + b; its
-// residual bitwise residual_forward's.
-TEST_P(FusedOpsTest, ResidualLayerNorm) {
+// The fused pair bitwise the unfused one (residual, output, mean, rstd),
+// and the output against the double reference of LayerNorm over a + b.
+TEST_P(FusedOpsTest, ResidualLayerNormIsTheUnfusedPair) {
   const int N = 5, C = 40;
   Tensor a = rnd({N, C}), b = rnd({N, C}), w = rnd({C}), bias = rnd({C});
-  Tensor residual = zeros({N, C}), out = zeros({N, C}), want_residual = zeros({N, C});
-  Tensor mean = zeros32({N}), rstd = zeros32({N});
+  Tensor residual = zeros({N, C}), out = zeros({N, C}), mean = zeros32({N}), rstd = zeros32({N});
+  Tensor want_residual = zeros({N, C}), want_out = zeros({N, C}), want_mean = zeros32({N}),
+         want_rstd = zeros32({N});
   ops::residual_layernorm_forward(*stream_, residual, out, mean, rstd, on(a), on(b), on(w),
                                   on(bias));
   ops::residual_forward(*stream_, want_residual, on(a), on(b));
-  const Vec y = host(out), r = host(residual), want_r = host(want_residual);
+  ops::layernorm_forward(*stream_, want_out, want_mean, want_rstd, want_residual, on(w), on(bias));
+  const Vec y = host(out), r = host(residual), m = host(mean), rs = host(rstd);
   SKIP_IF_UNSUPPORTED();
-  EXPECT_TRUE(r == want_r);
+  EXPECT_TRUE(r == host(want_residual));
+  EXPECT_TRUE(y == host(want_out));
+  EXPECT_TRUE(m == host(want_mean));
+  EXPECT_TRUE(rs == host(want_rstd));
   Vec sum = to_double(a);
   const Vec bd = to_double(b);
   for (std::size_t i = 0; i < sum.size(); i++) sum[i] += bd[i];
   EXPECT_LT(rel_error(y, layernorm_ref(sum, to_double(w), to_double(bias), N, C)), fwd_tol());
+}
+
+TEST_P(Fp32FusedOpsTest, MatmulBackwardGeluRefusesAnOutputThatIsAnInput) {
+  Tensor x = zeros({4, 8}), w = zeros({8, 8}), dout = zeros({4, 8}), dw = zeros32({8, 8});
+  ops::matmul_backward_gelu(*stream_, x, Tensor{}, dw, Tensor{}, dout, x, w, zeros({4, 8}));
+  const absl::Status st = stream_->synchronize();
+  EXPECT_TRUE(absl::IsInvalidArgument(st)) << st;
+  EXPECT_EQ(st.message(), "matmul_backward_gelu: dpre and inp are the same tensor");
 }
 
 // The compute copies written by the step equal the updated fp32 params
@@ -123,6 +140,39 @@ TEST_P(Fp32FusedOpsTest, AdamWManyWantsOneDtypeOfComputeCopies) {
   EXPECT_TRUE(absl::IsInvalidArgument(st)) << st;
   EXPECT_EQ(st.message(), "adamw_many: compute[1] is f16[4], want bf16[4]");
 }
+
+#ifdef TROUPE_HAVE_CUDA
+// On a GPU, at gpt2-124m's shapes (C 768, 4C 3072, 64 rows) in bf16 and
+// fp16, the pair runs fused: cuBLASLt's GELU_AUX_BIAS and DGELU epilogues,
+// not the unfused fallback (which the reference tests would pass too).
+TEST(CudaFused, GeluEpiloguesRunInTheGemmsIn16Bits) {
+  gpu::Device* dev = backend("cuda");
+  if (dev == nullptr) GTEST_SKIP() << "cuda: " << no_cuda_reason();
+  auto s = dev->make_stream({});
+  const std::int64_t N = 64, C = 768, H = 4 * C;
+  for (DType t : {DType::kBF16, DType::kF16}) {
+    SCOPED_TRACE(gpu::dtype_name(t));
+    auto zeros = [&](DType d, const gpu::Shape& shape) {
+      Tensor x = Tensor::empty(*dev, d, shape);
+      ops::fill(*s, x, 0.0f);
+      return x;
+    };
+    Tensor x = zeros(t, {N, C}), w1 = zeros(t, {H, C}), b1 = zeros(t, {H}), a = zeros(t, {N, H}),
+           pre = zeros(t, {N, H}), w2 = zeros(t, {C, H}), dout = zeros(t, {N, C}),
+           dpre = zeros(t, {N, H}), db1 = zeros(DType::kF32, {H}), dw2 = zeros(DType::kF32, {C, H}),
+           db2 = zeros(DType::kF32, {C});
+    const gpu::cuda::GeluEpilogueCounts before = gpu::cuda::gelu_epilogue_counts();
+    ops::matmul_gelu_forward(*s, a, pre, x, w1, b1);
+    ops::matmul_backward_gelu(*s, dpre, db1, dw2, db2, dout, a, w2, pre);
+    ASSERT_TRUE(s->synchronize().ok());
+    const gpu::cuda::GeluEpilogueCounts after = gpu::cuda::gelu_epilogue_counts();
+    EXPECT_EQ(after.forward_fused - before.forward_fused, 1);
+    EXPECT_EQ(after.backward_fused - before.backward_fused, 1);
+    EXPECT_EQ(after.forward_unfused, before.forward_unfused);
+    EXPECT_EQ(after.backward_unfused, before.backward_unfused);
+  }
+}
+#endif
 
 INSTANTIATE_TEST_SUITE_P(Backends, FusedOpsTest,
                          ::testing::Combine(::testing::Values("cpu", "cuda"),

@@ -158,12 +158,12 @@ for precision, tol in (("--bf16", 1e-3), ("--fp16", 2e-4)):  # (measured: 1.2e-4
             fail(f"perplexity {precision} {layout}: {r} vs PyTorch's fp32 {want_ppl}")
         print(f"perplexity {precision} {' '.join(layout)}: {r['perplexity']:.4f} "
               f"({abs(r['perplexity'] - want_ppl) / want_ppl:.1e} from fp32)")
-r = json.loads(troupe("eval", *W, "--device", "opaque", "--pp", "2", "--task", "perplexity",
+r = json.loads(troupe("eval", *W, "--device", "opaque", "--tp", "2", "--pp", "2", "--task", "perplexity",
                       "--data-path", prefix, "--stride", str(S), "--max-tokens", str(N),
                       "--json").stdout)
 if abs(r["perplexity"] - want_ppl) > 1e-4 * want_ppl:
-    fail(f"perplexity --device opaque --pp 2: {r} vs PyTorch's {want_ppl}")
-print("perplexity --device opaque --pp 2: as PyTorch's")
+    fail(f"perplexity --device opaque --tp 2 --pp 2: {r} vs PyTorch's {want_ppl}")
+print("perplexity --device opaque --tp 2 --pp 2: as PyTorch's")
 
 # Strict LAMBADA: split here, encoded by js-tiktoken, scored by PyTorch. To
 # the fixture's passages (a random model gets none right) add passages that
@@ -256,7 +256,7 @@ for args, want in [
     (["generate", *W, "--prompt-file", bad_prompts], "prompts.txt:2: "),
     (["generate", *W, "--prompt", "x", "--bf16", "--fp16"], "--bf16 and --fp16: give one"),
     (["generate", *W, "--prompt", "x", "--device", "tpu"], "--device tpu: want cpu, cuda"),
-    (["generate", *W, "--prompt", "x", "--device", "opaque", "--tp", "2"], "--tp 2 on cpu (opaque)"),
+    (["generate", *W, "--prompt", "x", "--device", "cuda", "--tp", "2"], "--device cuda"),
 ]:
     p = troupe(*args, ok=False)
     if p.returncode == 0 or want not in p.stderr:
