@@ -275,9 +275,11 @@ void matmul_backward_gelu(Stream& s, const Tensor& dpre, const Tensor& dpre_bias
       .f32("dw", dw, {OC, IC})
       .optional("dbias", dbias, DType::kF32, {OC});
   for (const auto& [name, t] : {std::pair{"inp", &inp}, std::pair{"pre", &pre},
-                                std::pair{"dout", &dout}, std::pair{"w", &w}}) {
-    c.that(!(dpre.defined() && t->defined() && dpre.raw() == t->raw()),
-           absl::StrCat("dpre and ", name, " are the same tensor"));
+                                std::pair{"dout", &dout}, std::pair{"w", &w}, std::pair{"dw", &dw},
+                                std::pair{"dbias", &dbias}, std::pair{"dpre_bias", &dpre_bias}}) {
+    if (dpre.defined() && t->defined() && dpre.raw() == t->raw()) {
+      c.that(false, absl::StrCat("dpre and ", name, " are the same tensor"));
+    }
   }
   if (c.ok()) {
     s.device().kernels().matmul_backward_gelu(s, dpre, dpre_bias, dw, dbias, dout, inp, w, pre);

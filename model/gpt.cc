@@ -514,7 +514,8 @@ void Gpt::layer_backward(gpu::Stream& s, GptActivations& a, const LayerActivatio
   // (Mixed precision: activation gradients in the compute dtype, parameter
   // gradients added into the fp32 main gradients.)
   // (GELU's backward rides on fcproj's input-gradient GEMM, cuBLASLt's
-  // DGELU epilogue on CUDA; fc's bias gradient is taken from it there.)
+  // DGELU epilogue on CUDA; fc's bias gradient is then dfch's fp32 column
+  // sum.)
   ops::matmul_backward_gelu(s, scratch_.dfch, g.fcb, g.fcprojw, g.fcprojb, gathered(s, a.dresidual),
                             x.fch_gelu, p.fcprojw, x.fch);
   ops::matmul_backward(s, scratch_.dbtc, g.fcw, Tensor{}, scratch_.dfch, gathered(s, x.ln2), p.fcw,

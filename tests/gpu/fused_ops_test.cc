@@ -5,6 +5,10 @@
 // GPU, that cuBLASLt's GELU epilogues did run.
 #include <gtest/gtest.h>
 
+#include <random>
+#include <vector>
+
+#include "gpu/host_values.h"
 #include "gpu/ops.h"
 #include "tests/gpu/ops_fixture.h"
 #ifdef TROUPE_HAVE_CUDA
@@ -143,33 +147,65 @@ TEST_P(Fp32FusedOpsTest, AdamWManyWantsOneDtypeOfComputeCopies) {
 
 #ifdef TROUPE_HAVE_CUDA
 // On a GPU, at gpt2-124m's shapes (C 768, 4C 3072, 64 rows) in bf16 and
-// fp16, the pair runs fused: cuBLASLt's GELU_AUX_BIAS and DGELU epilogues,
-// not the unfused fallback (which the reference tests would pass too).
+// fp16, the pair runs fused -- cuBLASLt's GELU_AUX_BIAS and DGELU
+// epilogues, not the unfused fallback (which the reference tests above
+// would pass too) -- and its outputs agree with the unfused ops' on the
+// same GPU, within the one rounding they differ by (GELU reads the
+// pre-activation before or after its rounding).
 TEST(CudaFused, GeluEpiloguesRunInTheGemmsIn16Bits) {
   gpu::Device* dev = backend("cuda");
   if (dev == nullptr) GTEST_SKIP() << "cuda: " << no_cuda_reason();
   auto s = dev->make_stream({});
   const std::int64_t N = 64, C = 768, H = 4 * C;
+  std::mt19937 rng(5);
   for (DType t : {DType::kBF16, DType::kF16}) {
     SCOPED_TRACE(gpu::dtype_name(t));
-    auto zeros = [&](DType d, const gpu::Shape& shape) {
+    auto make = [&](DType d, const gpu::Shape& shape, float scale) {
+      std::normal_distribution<float> normal(0.0f, scale);
+      std::vector<float> v(static_cast<std::size_t>(gpu::shape_numel(shape)));
+      for (float& x : v) x = scale == 0.0f ? 0.0f : normal(rng);
       Tensor x = Tensor::empty(*dev, d, shape);
-      ops::fill(*s, x, 0.0f);
+      EXPECT_TRUE(gpu::copy_values_to_device(v, x).ok());
       return x;
     };
-    Tensor x = zeros(t, {N, C}), w1 = zeros(t, {H, C}), b1 = zeros(t, {H}), a = zeros(t, {N, H}),
-           pre = zeros(t, {N, H}), w2 = zeros(t, {C, H}), dout = zeros(t, {N, C}),
-           dpre = zeros(t, {N, H}), db1 = zeros(DType::kF32, {H}), dw2 = zeros(DType::kF32, {C, H}),
-           db2 = zeros(DType::kF32, {C});
+    auto values = [&](const Tensor& x) {
+      std::vector<float> v(static_cast<std::size_t>(x.numel()));
+      EXPECT_TRUE(gpu::copy_values_to_host(x, v).ok());
+      return Vec(v.begin(), v.end());
+    };
+    const Tensor x = make(t, {N, C}, 1.0f), w1 = make(t, {H, C}, 0.05f), b1 = make(t, {H}, 0.1f),
+                 w2 = make(t, {C, H}, 0.05f), dout = make(t, {N, C}, 1.0f);
+    // fused: a = gelu(pre), then dpre, db1, dw2, db2
+    Tensor a = make(t, {N, H}, 0), pre = make(t, {N, H}, 0), dpre = make(t, {N, H}, 0);
+    Tensor db1 = make(DType::kF32, {H}, 0), dw2 = make(DType::kF32, {C, H}, 0),
+           db2 = make(DType::kF32, {C}, 0);
     const gpu::cuda::GeluEpilogueCounts before = gpu::cuda::gelu_epilogue_counts();
     ops::matmul_gelu_forward(*s, a, pre, x, w1, b1);
     ops::matmul_backward_gelu(*s, dpre, db1, dw2, db2, dout, a, w2, pre);
-    ASSERT_TRUE(s->synchronize().ok());
+    const absl::Status st = s->synchronize();
+    ASSERT_TRUE(st.ok()) << st;
     const gpu::cuda::GeluEpilogueCounts after = gpu::cuda::gelu_epilogue_counts();
     EXPECT_EQ(after.forward_fused - before.forward_fused, 1);
     EXPECT_EQ(after.backward_fused - before.backward_fused, 1);
     EXPECT_EQ(after.forward_unfused, before.forward_unfused);
     EXPECT_EQ(after.backward_unfused, before.backward_unfused);
+    // unfused, from the same inputs (the backward from the fused forward's a and pre)
+    Tensor a2 = make(t, {N, H}, 0), pre2 = make(t, {N, H}, 0), dpre2 = make(t, {N, H}, 0);
+    Tensor db1_2 = make(DType::kF32, {H}, 0), dw2_2 = make(DType::kF32, {C, H}, 0),
+           db2_2 = make(DType::kF32, {C}, 0);
+    ops::matmul_forward(*s, pre2, x, w1, b1);
+    ops::gelu_forward(*s, a2, pre2);
+    ops::matmul_backward(*s, dpre2, dw2_2, db2_2, dout, a, w2, Accumulate::kNo);
+    ops::gelu_backward(*s, dpre2, pre, dpre2);
+    ops::bias_backward(*s, db1_2, dpre2);
+    ASSERT_TRUE(s->synchronize().ok());
+    const double tol = t == DType::kBF16 ? 2e-2 : 4e-3;
+    EXPECT_LT(rel_error(values(pre), values(pre2)), tol);
+    EXPECT_LT(rel_error(values(a), values(a2)), tol);
+    EXPECT_LT(rel_error(values(dpre), values(dpre2)), tol);
+    EXPECT_LT(rel_error(values(db1), values(db1_2)), tol);
+    EXPECT_TRUE(values(dw2) == values(dw2_2));  // the same GEMM, the same algorithm
+    EXPECT_TRUE(values(db2) == values(db2_2));
   }
 }
 #endif

@@ -257,7 +257,8 @@ for args, want in [
     (["generate", *W, "--prompt-file", bad_prompts], "prompts.txt:2: "),
     (["generate", *W, "--prompt", "x", "--bf16", "--fp16"], "--bf16 and --fp16: give one"),
     (["generate", *W, "--prompt", "x", "--device", "tpu"], "--device tpu: want cpu, cuda"),
-    (["generate", *W, "--prompt", "x", "--device", "cuda", "--tp", "2"], "--device cuda"),
+    (["generate", *W, "--prompt", "x", "--device", "cuda", "--tp", "2"],
+     "--device cuda with --tp 2: the shards of one process would share its GPU"),
 ]:
     p = troupe(*args, ok=False)
     if p.returncode == 0 or want not in p.stderr:
