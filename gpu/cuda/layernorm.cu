@@ -19,17 +19,12 @@ constexpr float kEps = 1e-5f;
 constexpr int kBlock = 256;  // 8 rows per block
 constexpr int kRowsPerBlock = kBlock / kWarp;
 
+// Row n's statistics and output, by its warp, given `sum`: this lane's
+// part of the sum of x (the mean's first pass, which the callers make).
 template <typename S>
-__global__ void layernorm_forward_kernel(const unsigned* fault, S* out, float* mean, float* rstd,
-                                         const S* inp, const S* w, const S* b, i64 N, i64 C) {
-  if (faulted(fault)) return;
-  const i64 n = blockIdx.x * static_cast<i64>(kRowsPerBlock) + threadIdx.x / kWarp;
-  if (n >= N) return;
-  const int lane = threadIdx.x % kWarp;
-  const S* x = inp + n * C;
-  float s = 0.0f;
-  for (i64 i = lane; i < C; i += kWarp) s += to_float(x[i]);
-  const float m = warp_sum(s) / static_cast<float>(C);
+__device__ void normalize_row(S* out, float* mean, float* rstd, const S* x, const S* w, const S* b,
+                              i64 n, i64 C, int lane, float sum) {
+  const float m = warp_sum(sum) / static_cast<float>(C);
   float v = 0.0f;
   for (i64 i = lane; i < C; i += kWarp) {
     const float d = to_float(x[i]) - m;
@@ -46,8 +41,22 @@ __global__ void layernorm_forward_kernel(const unsigned* fault, S* out, float* m
   }
 }
 
+template <typename S>
+__global__ void layernorm_forward_kernel(const unsigned* fault, S* out, float* mean, float* rstd,
+                                         const S* inp, const S* w, const S* b, i64 N, i64 C) {
+  if (faulted(fault)) return;
+  const i64 n = blockIdx.x * static_cast<i64>(kRowsPerBlock) + threadIdx.x / kWarp;
+  if (n >= N) return;
+  const int lane = threadIdx.x % kWarp;
+  const S* x = inp + n * C;
+  float s = 0.0f;
+  for (i64 i = lane; i < C; i += kWarp) s += to_float(x[i]);
+  normalize_row(out, mean, rstd, x, w, b, n, C, lane, s);
+}
+
 // residual = a + b (rounded to S), then the forward above of the rounded
-// sum: each lane reads back only the columns it wrote.
+// sum (the same normalize_row: bitwise the unfused pair): each lane reads
+// back only the columns it wrote.
 template <typename S>
 __global__ void residual_layernorm_forward_kernel(const unsigned* fault, S* residual, S* out,
                                                   float* mean, float* rstd, const S* a, const S* b,
@@ -64,21 +73,7 @@ __global__ void residual_layernorm_forward_kernel(const unsigned* fault, S* resi
     x[i] = r;
     s += to_float(r);
   }
-  const float m = warp_sum(s) / static_cast<float>(C);
-  float v = 0.0f;
-  for (i64 i = lane; i < C; i += kWarp) {
-    const float d = to_float(x[i]) - m;
-    v += d * d;
-  }
-  const float r = rsqrtf(warp_sum(v) / static_cast<float>(C) + kEps);
-  S* o = out + n * C;
-  for (i64 i = lane; i < C; i += kWarp) {
-    o[i] = from_float<S>((to_float(x[i]) - m) * r * to_float(w[i]) + to_float(bias[i]));
-  }
-  if (lane == 0) {
-    mean[n] = m;
-    rstd[n] = r;
-  }
+  normalize_row(out, mean, rstd, x, w, bias, n, C, lane, s);
 }
 
 // dinp += rstd * (dnorm - mean(dnorm) - norm * mean(dnorm * norm)), with
