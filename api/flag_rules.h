@@ -24,6 +24,9 @@ bool given(const TrainFlags& f, const std::string& name);
 absl::StatusOr<model::GptConfig> resolve_model(const TrainFlags& f);
 // --recompute-*: Megatron's rules.
 absl::Status resolve_recompute(const TrainFlags& f, model::ActivationOptions* a);
+// --attention-kernel, or its default for f.device (flash; reference on
+// cuda, whose flash kernel has not passed gpu-check on a GPU yet).
+absl::Status resolve_attention(const TrainFlags& f, model::ActivationOptions* a);
 // --bf16 or --fp16; the loss-scaling flags only with --fp16.
 absl::Status resolve_precision(const TrainFlags& f, model::TrainOptions* o);
 // --steps or --train-samples, --rampup-batch-size, the schedule's unit.

@@ -37,6 +37,23 @@ absl::Status resolve_recompute(const TrainFlags& f, model::ActivationOptions* a)
   return a->validate();
 }
 
+// Set to true once scripts/gpu-check has run the CUDA flash kernels' op
+// suite on a GPU (docs/CUDA.md): until then --device cuda defaults to the
+// reference kernel, which has.
+constexpr bool kCudaFlashVerified = false;
+
+absl::Status resolve_attention(const TrainFlags& f, model::ActivationOptions* a) {
+  if (f.attention_kernel.empty()) {
+    a->attention = f.device == "cuda" && !kCudaFlashVerified ? model::AttentionKernel::kReference
+                                                             : model::AttentionKernel::kFlash;
+    return absl::OkStatus();
+  }
+  absl::StatusOr<model::AttentionKernel> k = model::parse_attention_kernel(f.attention_kernel);
+  if (!k.ok()) return k.status();
+  a->attention = *k;
+  return absl::OkStatus();
+}
+
 // --bf16 or --fp16 (Megatron: not both); the loss-scaling flags only with
 // --fp16, whose gradients they scale.
 absl::Status resolve_precision(const TrainFlags& f, model::TrainOptions* o) {

@@ -24,6 +24,7 @@ absl::StatusOr<model::TrainOptions> resolve(const TrainFlags& f,
   if (recipe_set != nullptr) *recipe_set = set;
   if (absl::Status st = resolve_recompute(f, &o.activations); !st.ok()) return st;
   if (absl::Status st = resolve_precision(f, &o); !st.ok()) return st;
+  if (absl::Status st = resolve_attention(f, &o.activations); !st.ok()) return st;
   if (o.global_batch == 0) o.global_batch = o.micro_batch;
   if (absl::Status st = resolve_length(f, &o); !st.ok()) return st;
   if (o.eval_interval > 0 && o.eval_iters == 0) o.eval_iters = 10;  // Megatron's default is 100

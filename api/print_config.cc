@@ -108,6 +108,8 @@ std::vector<ConfigValue> describe_config(const TrainFlags& f, const model::Train
                  given(f, "--recompute-granularity") || given(f, "--recompute-activations")
                      ? "flag"
                      : "default"});
+  out.push_back({"--attention-kernel", model::attention_kernel_name(o.activations.attention),
+                 given(f, "--attention-kernel") ? "flag" : "default"});
   if (o.activations.recompute == model::Recompute::kFull) {
     add("--recompute-method", model::recompute_method_name(o.activations.method), "default");
     add("--recompute-num-layers", absl::StrCat(o.activations.recompute_layers), "default");
@@ -147,7 +149,8 @@ absl::Status print_config(const TrainFlags& f, const model::TrainOptions& o,
                           .recompute_method = o.activations.method,
                           .recompute_layers = o.activations.recompute_layers,
                           .sequence_parallel = o.activations.sequence_parallel,
-                          .precision = o.activations.precision};
+                          .precision = o.activations.precision,
+                          .attention = o.activations.attention};
     absl::StatusOr<actors::MemoryParts> counted = actors::counted_memory(q);
     absl::StatusOr<actors::MemoryParts> paper = actors::paper_memory(q);
     if (!counted.ok()) return counted.status();

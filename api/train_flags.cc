@@ -132,6 +132,11 @@ void add_train_flags(CLI::App* cmd, TrainFlags& f) {
   cmd->add_option("--recompute-granularity", f.recompute_granularity,
                   "Activation recompute: full (a group of layers keeps only its input) or "
                   "selective (the attention scores are recomputed); default none");
+  cmd->add_option("--attention-kernel", f.attention_kernel,
+                  "flash (tiles with an online softmax: memory linear in the sequence length) or "
+                  "reference (the T x T probabilities kept); default flash, but reference with "
+                  "--device cuda until scripts/gpu-check has verified the CUDA flash kernel")
+      ->type_name("flash|reference");
   cmd->add_option("--recompute-method", f.recompute_method,
                   "Full recompute: uniform (groups of --recompute-num-layers layers; the default) "
                   "or block (only the first --recompute-num-layers layers of each chunk)");

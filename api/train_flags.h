@@ -31,6 +31,7 @@ struct TrainFlags {
   // --recompute-granularity, --recompute-method, --recompute-num-layers,
   // --recompute-activations (Megatron's shorthand for selective).
   std::string recompute_granularity, recompute_method;
+  std::string attention_kernel;  // --attention-kernel; empty: default_attention_kernel's
   std::optional<int> recompute_layers;
   bool recompute_activations = false;
   bool bf16 = false, fp16 = false;  // --bf16, --fp16

@@ -118,6 +118,27 @@ def main():
                 "q @ k^T, masked_fill, softmax, @ v (T x T materialised)")
         time_op("attention_forward_sdpa", 4.0 * B * T * T * C / 2, attention_sdpa,
                 "F.scaled_dot_product_attention(is_causal=True)")
+        # Flash attention's shapes (gpu_ops_bench.cc's names): SDPA, its flash
+        # kernel in bf16, forward and forward + backward.
+        for Ta in (1024, 4096, 8192):
+            for hs_a in (64, 128):
+                Ba, NHa = 8192 // Ta, 12 if hs_a == 64 else 16
+                q, k, v = (torch.randn(Ba, NHa, Ta, hs_a, device=dev, dtype=dt) for _ in range(3))
+                dy = torch.randn_like(q)
+                fwd = 4.0 * Ba * NHa * Ta * Ta * hs_a / 2
+                name = f"T{Ta}_hs{hs_a}"
+                time_op(f"attention_fwd_{name}", fwd,
+                        lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+                        "F.scaled_dot_product_attention(is_causal=True)")
+                qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
+
+                def fwd_bwd():
+                    with torch.enable_grad():
+                        y = F.scaled_dot_product_attention(qg, kg, vg, is_causal=True)
+                        y.backward(dy)
+
+                time_op(f"attention_fwdbwd_{name}", 3.5 * fwd, fwd_bwd,
+                        "SDPA(is_causal=True) forward, then backward")
         time_op("crossentropy_forward", 0, lambda: F.cross_entropy(logits[:, :V].float(), targets),
                 "F.cross_entropy(logits[:, :V].float()) (fp32 loss, as troupe's)")
         time_op("residual_forward", 0, lambda: x + dx, "x + dx")

@@ -62,6 +62,17 @@ void Kernels::gelu_forward(Stream& s, const Tensor&, const Tensor&) {
 void Kernels::gelu_backward(Stream& s, const Tensor&, const Tensor&, const Tensor&) {
   unimplemented(s, "gelu_backward");
 }
+void Kernels::flash_attention_forward(Stream& s, const Tensor&, const Tensor&, const Tensor&) {
+  unimplemented(s, "flash_attention_forward");
+}
+void Kernels::flash_attention_backward(Stream& s, const Tensor&, const Tensor&, const Tensor&,
+                                       const Tensor&, const Tensor&, const Tensor&) {
+  unimplemented(s, "flash_attention_backward");
+}
+void Kernels::flash_attention_cached(Stream& s, const Tensor&, const Tensor&, const Tensor&,
+                                     const Tensor&, std::int64_t) {
+  unimplemented(s, "flash_attention_cached");
+}
 void Kernels::attention_forward(Stream& s, const Tensor&, const Tensor&, const Tensor&) {
   unimplemented(s, "attention_forward");
 }

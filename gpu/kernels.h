@@ -131,9 +131,28 @@ class Kernels {
   // dinp = gelu'(inp) * dout
   virtual void gelu_backward(Stream& s, const Tensor& dinp, const Tensor& inp, const Tensor& dout);
 
-  // Causal self-attention. qkv[B,T,3C] holds q, k, v (each NH heads of HS);
-  // att[B,NH,T,T] keeps the softmax probabilities for the backward;
-  // out[B,T,C] the heads' outputs side by side.
+  // Causal self-attention, two kernel families (the model picks one,
+  // model::AttentionKernel). qkv[B,T,3C] holds q, k, v (each NH heads of
+  // HS); out[B,T,C] the heads' outputs side by side.
+  //
+  // Flash: tiles of q against tiles of k, v with an online softmax; lse[B,NH,T]
+  // (f32) keeps each query row's log-sum-exp of its scaled scores for the
+  // backward, nothing T x T. Deterministic (no atomics; fixed summation
+  // orders).
+  virtual void flash_attention_forward(Stream& s, const Tensor& out, const Tensor& lse,
+                                       const Tensor& qkv);
+  // dqkv = ... (overwrites) from dout, the forward's qkv, out and lse;
+  // delta[B,NH,T] (f32) is scratch (rowsum(dout * out)).
+  virtual void flash_attention_backward(Stream& s, const Tensor& dqkv, const Tensor& delta,
+                                        const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                                        const Tensor& lse);
+  // attention_cached's step (below) in the flash family: no probabilities'
+  // scratch.
+  virtual void flash_attention_cached(Stream& s, const Tensor& out, const Tensor& kcache,
+                                      const Tensor& vcache, const Tensor& qkv, std::int64_t pos);
+
+  // Reference: att[B,NH,T,T] keeps the softmax probabilities for the
+  // backward (memory quadratic in T).
   virtual void attention_forward(Stream& s, const Tensor& out, const Tensor& att,
                                  const Tensor& qkv);
   // dqkv = ...  (overwrites); datt is scratch of att's shape.

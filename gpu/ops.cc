@@ -301,6 +301,59 @@ void gelu_backward(Stream& s, const Tensor& dinp, const Tensor& inp, const Tenso
   if (c.ok()) s.device().kernels().gelu_backward(s, dinp, inp, dout);
 }
 
+void flash_attention_forward(Stream& s, const Tensor& out, const Tensor& lse, const Tensor& qkv) {
+  Check c(s, "flash_attention_forward");
+  if (!c.rank("qkv", qkv, 3).rank("lse", lse, 3).ok()) return;
+  const std::int64_t B = qkv.size(0), T = qkv.size(1), C3 = qkv.size(2), NH = lse.size(1);
+  c.that(C3 % 3 == 0, "qkv's last dimension is not 3*C")
+      .that(NH > 0 && (C3 / 3) % NH == 0, "C is not a multiple of the head count");
+  if (!c.ok()) return;
+  const DType A = qkv.dtype;
+  c.compute("qkv", qkv)
+      .tensor("qkv", qkv, A, qkv.shape)
+      .tensor("lse", lse, DType::kF32, {B, NH, T})
+      .tensor("out", out, A, {B, T, C3 / 3});
+  if (c.ok()) s.device().kernels().flash_attention_forward(s, out, lse, qkv);
+}
+
+void flash_attention_backward(Stream& s, const Tensor& dqkv, const Tensor& delta,
+                              const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                              const Tensor& lse) {
+  Check c(s, "flash_attention_backward");
+  if (!c.rank("qkv", qkv, 3).rank("lse", lse, 3).ok()) return;
+  const std::int64_t B = qkv.size(0), T = qkv.size(1), C3 = qkv.size(2), NH = lse.size(1);
+  c.that(C3 % 3 == 0, "qkv's last dimension is not 3*C")
+      .that(NH > 0 && (C3 / 3) % NH == 0, "C is not a multiple of the head count");
+  if (!c.ok()) return;
+  const DType A = qkv.dtype;
+  c.compute("qkv", qkv)
+      .tensor("qkv", qkv, A, qkv.shape)
+      .tensor("dqkv", dqkv, A, qkv.shape)
+      .tensor("out", out, A, {B, T, C3 / 3})
+      .tensor("dout", dout, A, {B, T, C3 / 3})
+      .tensor("lse", lse, DType::kF32, {B, NH, T})
+      .tensor("delta", delta, DType::kF32, {B, NH, T});
+  if (c.ok()) s.device().kernels().flash_attention_backward(s, dqkv, delta, dout, qkv, out, lse);
+}
+
+void flash_attention_cached(Stream& s, const Tensor& out, const Tensor& kcache,
+                            const Tensor& vcache, const Tensor& qkv, std::int64_t pos) {
+  Check c(s, "flash_attention_cached");
+  if (!c.rank("qkv", qkv, 3).rank("kcache", kcache, 4).ok()) return;
+  const std::int64_t B = qkv.size(0), n = qkv.size(1), C3 = qkv.size(2);
+  const std::int64_t NH = kcache.size(1), Tc = kcache.size(2), HS = kcache.size(3);
+  c.that(C3 == 3 * NH * HS, "qkv's last dimension is not 3 * NH * HS of the cache")
+      .that(pos >= 0 && pos + n <= Tc, "positions pos..pos+n-1 are outside the cache");
+  if (!c.ok()) return;
+  const DType A = qkv.dtype;
+  c.compute("qkv", qkv)
+      .tensor("qkv", qkv, A, qkv.shape)
+      .tensor("kcache", kcache, A, {B, NH, Tc, HS})
+      .tensor("vcache", vcache, A, {B, NH, Tc, HS})
+      .tensor("out", out, A, {B, n, C3 / 3});
+  if (c.ok()) s.device().kernels().flash_attention_cached(s, out, kcache, vcache, qkv, pos);
+}
+
 void attention_forward(Stream& s, const Tensor& out, const Tensor& att, const Tensor& qkv) {
   Check c(s, "attention_forward");
   if (!c.rank("qkv", qkv, 3).rank("att", att, 4).ok()) return;

@@ -35,6 +35,12 @@ void matmul_backward_gelu(Stream& s, const Tensor& dpre, const Tensor& dpre_bias
                           const Tensor& w, const Tensor& pre);
 void gelu_forward(Stream& s, const Tensor& out, const Tensor& inp);
 void gelu_backward(Stream& s, const Tensor& dinp, const Tensor& inp, const Tensor& dout);
+void flash_attention_forward(Stream& s, const Tensor& out, const Tensor& lse, const Tensor& qkv);
+void flash_attention_backward(Stream& s, const Tensor& dqkv, const Tensor& delta,
+                              const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                              const Tensor& lse);
+void flash_attention_cached(Stream& s, const Tensor& out, const Tensor& kcache,
+                            const Tensor& vcache, const Tensor& qkv, std::int64_t pos);
 void attention_forward(Stream& s, const Tensor& out, const Tensor& att, const Tensor& qkv);
 void attention_backward(Stream& s, const Tensor& dqkv, const Tensor& datt, const Tensor& dout,
                         const Tensor& qkv, const Tensor& att);

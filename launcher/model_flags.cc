@@ -5,6 +5,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "api/flag_rules.h"
 #include "model/checkpoint.h"
 #include "model/config.h"
 #include "model/weights.h"
@@ -31,6 +32,10 @@ void add_model_flags(CLI::App* cmd, ModelFlags& f) {
   cmd->add_flag("--bf16", f.bf16,
                 "Compute in bf16: parameters, KV cache, activations and logits (sampling in fp32)");
   cmd->add_flag("--fp16", f.fp16, "Compute in fp16, as --bf16");
+  cmd->add_option("--attention-kernel", f.attention_kernel,
+                  "flash (no T x T scratch) or reference, as troupe train's (default: flash, but "
+                  "reference on cuda until scripts/gpu-check has verified the flash kernel)")
+      ->type_name("flash|reference");
   cmd->add_option("--vocab-file", f.vocab_file, "GPT-2 BPE vocabulary: encoder.json or vocab.json")
       ->required();
   cmd->add_option("--merge-file", f.merge_file, "GPT-2 BPE merges: vocab.bpe or merges.txt")
@@ -66,6 +71,9 @@ absl::StatusOr<LoadedModel> load_model(const ModelFlags& f) {
         ": the shards of one process would share its GPU, and the in-process TP collectives are "
         "the CPU's; give --tp 1 (--pp splits the layers) or --device cpu"));
   }
+  device_flags.attention_kernel = f.attention_kernel;
+  model::ActivationOptions acts;
+  if (absl::Status st = api::resolve_attention(device_flags, &acts); !st.ok()) return st;
   absl::StatusOr<api::RunDevice> dev = api::open_device(device_flags);
   if (!dev.ok()) return dev.status();
   out.device = std::move(*dev);
@@ -117,13 +125,17 @@ absl::StatusOr<LoadedModel> load_model(const ModelFlags& f) {
   const gpu::Precision precision = f.bf16   ? gpu::Precision::kBf16
                                    : f.fp16 ? gpu::Precision::kFp16
                                             : gpu::Precision::kFp32;
-  absl::StatusOr<std::unique_ptr<actors::ShardedModel>> lm = actors::ShardedModel::create(
-      config, {.tp = f.tp, .pp = f.pp}, loader,
-      {.device = out.device.device, .precision = precision, .threads = threads});
+  absl::StatusOr<std::unique_ptr<actors::ShardedModel>> lm =
+      actors::ShardedModel::create(config, {.tp = f.tp, .pp = f.pp}, loader,
+                                   {.device = out.device.device,
+                                    .precision = precision,
+                                    .threads = threads,
+                                    .attention = acts.attention});
   if (!lm.ok()) return lm.status();
   out.lm = std::move(*lm);
-  absl::StrAppend(&out.description, ", tp ", f.tp, " x pp ", f.pp, ", ",
-                  gpu::precision_name(precision), " on ", out.device.device->name());
+  absl::StrAppend(
+      &out.description, ", tp ", f.tp, " x pp ", f.pp, ", ", gpu::precision_name(precision), ", ",
+      model::attention_kernel_name(acts.attention), " attention on ", out.device.device->name());
   if (out.device.device == &gpu::cpu_device()) {
     absl::StrAppend(&out.description, ", ", threads, threads == 1 ? " thread" : " threads",
                     " per shard");

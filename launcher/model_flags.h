@@ -30,6 +30,7 @@ struct ModelFlags {
   int threads = 0;     // per shard; 0: the cores shared among the shards
   std::string device;  // --device cpu|cuda|opaque; empty: train's default (api::resolve_device)
   bool bf16 = false, fp16 = false;
+  std::string attention_kernel;  // --attention-kernel; empty: train's default for the device
   std::string vocab_file, merge_file;
 };
 

@@ -114,6 +114,17 @@ std::string recompute_name(Recompute r) {
   return "?";
 }
 
+absl::StatusOr<AttentionKernel> parse_attention_kernel(absl::string_view name) {
+  if (name == "flash") return AttentionKernel::kFlash;
+  if (name == "reference") return AttentionKernel::kReference;
+  return absl::InvalidArgumentError(
+      absl::StrCat("--attention-kernel '", name, "': use flash or reference"));
+}
+
+std::string attention_kernel_name(AttentionKernel k) {
+  return k == AttentionKernel::kFlash ? "flash" : "reference";
+}
+
 std::string recompute_method_name(RecomputeMethod m) {
   return m == RecomputeMethod::kUniform ? "uniform" : "block";
 }
@@ -128,6 +139,9 @@ absl::Status ActivationOptions::validate() const {
 
 std::string ActivationOptions::describe() const {
   std::string out = recompute_name(recompute);
+  if (recompute == Recompute::kSelective && !recomputes_scores()) {
+    absl::StrAppend(&out, " (nothing to recompute: flash attention keeps no scores)");
+  }
   if (recompute == Recompute::kFull && method == RecomputeMethod::kUniform) {
     absl::StrAppend(&out, " (uniform: groups of ", recompute_layers, " layer",
                     recompute_layers == 1 ? "" : "s", ")");
@@ -136,6 +150,7 @@ std::string ActivationOptions::describe() const {
                     recompute_layers == 1 ? "" : "s", " of each chunk)");
   }
   if (sequence_parallel) absl::StrAppend(&out, ", sequence parallel");
+  absl::StrAppend(&out, ", ", attention_kernel_name(attention), " attention");
   if (precision != gpu::Precision::kFp32)
     absl::StrAppend(&out, ", ", gpu::precision_name(precision));
   return out;

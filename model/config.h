@@ -62,6 +62,19 @@ struct GptConfig {
 enum class Recompute { kNone, kSelective, kFull };
 enum class RecomputeMethod { kUniform, kBlock };
 
+// --attention-kernel: which kernel family computes causal self-attention
+// (gpu/kernels.h).
+//   flash      tiles with an online softmax; a layer keeps its q, k, v, its
+//              output and each query row's log-sum-exp (B·NH·T floats):
+//              memory linear in T, and selective recompute has nothing left
+//              to recompute (as Megatron says of flash attention)
+//   reference  the softmax probabilities materialised, B·NH·T² a layer
+// Both are deterministic; they differ in the order of their sums (within
+// ~1e-6 relative in fp32).
+enum class AttentionKernel { kFlash, kReference };
+absl::StatusOr<AttentionKernel> parse_attention_kernel(absl::string_view name);
+std::string attention_kernel_name(AttentionKernel k);
+
 struct ActivationOptions {
   Recompute recompute = Recompute::kNone;
   RecomputeMethod method = RecomputeMethod::kUniform;  // kFull only
@@ -80,6 +93,14 @@ struct ActivationOptions {
   // the loss and the LayerNorm statistics stay fp32 (as Megatron's mixed
   // precision). gpu/kernels.h has each op's dtypes.
   gpu::Precision precision = gpu::Precision::kFp32;
+  // --attention-kernel (the launcher's default: flash, but reference on
+  // CUDA until gpu-check has verified the flash kernel there).
+  AttentionKernel attention = AttentionKernel::kFlash;
+  // Whether selective recompute has anything to recompute: the reference
+  // kernel's probabilities. With flash attention it keeps everything.
+  bool recomputes_scores() const {
+    return recompute == Recompute::kSelective && attention == AttentionKernel::kReference;
+  }
   // InvalidArgument naming the flag.
   absl::Status validate() const;
   // "none", "selective", "full (uniform, 1 layer a group)", ...

@@ -16,7 +16,7 @@ using gpu::Tensor;
 namespace ops = gpu::ops;
 
 Decoder::Decoder(const GptConfig& config, gpu::Device& device, const StageSpec& stage,
-                 TensorParallel tp, int B, gpu::DType dtype)
+                 TensorParallel tp, int B, gpu::DType dtype, AttentionKernel attention)
     : config_(config),
       stage_(stage),
       tp_(std::move(tp)),
@@ -45,7 +45,7 @@ Decoder::Decoder(const GptConfig& config, gpu::Device& device, const StageSpec& 
   rstd_ = empty32({B, T});
   if (stage.layers() > 0) {
     qkv_ = empty({B, T, 3 * Cl});
-    att_ = empty({B, NHl, T, T});
+    if (attention == AttentionKernel::kReference) att_ = empty({B, NHl, T, T});
     atty_ = empty({B, T, Cl});
     proj_ = empty({B, T, C});
     fch_ = empty({B, T, 4 * Cl});
@@ -131,11 +131,16 @@ void Decoder::layer_forward(gpu::Stream& s, int l, std::int64_t pos, std::int64_
                qkv = first(qkv_, n), atty = first(atty_, n), fch = first(fch_, n),
                fch_gelu = first(fch_gelu_, n);
   const Tensor mean = mean_.view(0, {B_, n}), rstd = rstd_.view(0, {B_, n});
-  const Tensor att = att_.view(0, {B_, att_.size(1), n, config_.T});
   ops::layernorm_forward(s, ln, mean, rstd, h, p.ln1w, p.ln1b);
   ops::matmul_forward(s, qkv, ln, p.qkvw, p.qkvb);
-  ops::attention_cached(s, atty, att, kcache_[static_cast<std::size_t>(l)],
-                        vcache_[static_cast<std::size_t>(l)], qkv, pos);
+  const Tensor& kc = kcache_[static_cast<std::size_t>(l)];
+  const Tensor& vc = vcache_[static_cast<std::size_t>(l)];
+  if (att_.defined()) {
+    ops::attention_cached(s, atty, att_.view(0, {B_, att_.size(1), n, config_.T}), kc, vc, qkv,
+                          pos);
+  } else {
+    ops::flash_attention_cached(s, atty, kc, vc, qkv, pos);
+  }
   // Row-parallel projections: partial sums, the bias added once (rank 0).
   const bool bias = tp_.slice.t == 0;
   ops::matmul_forward(s, proj, atty, p.attprojw, bias ? p.attprojb : Tensor{});

@@ -36,9 +36,11 @@ class Decoder {
  public:
   // Parameters, B sequences' KV caches of config.T positions and the
   // buffers of a forward of up to T positions, on `device`, in `dtype` (a
-  // compute dtype: f32, bf16 or f16).
+  // compute dtype: f32, bf16 or f16). With flash attention nothing is T x T;
+  // the reference kernel keeps a (B, NH, T, T) scratch for its scores.
   Decoder(const GptConfig& config, gpu::Device& device, const StageSpec& stage,
-          TensorParallel tp = {}, int B = 1, gpu::DType dtype = gpu::DType::kF32);
+          TensorParallel tp = {}, int B = 1, gpu::DType dtype = gpu::DType::kF32,
+          AttentionKernel attention = AttentionKernel::kFlash);
 
   const GptConfig& config() const { return config_; }
   const StageSpec& stage() const { return stage_; }
@@ -90,7 +92,7 @@ class Decoder {
   gpu::Tensor ln_;              // (B, T, C)
   gpu::Tensor mean_, rstd_;     // (B, T)
   gpu::Tensor qkv_;             // (B, T, 3Cl)
-  gpu::Tensor att_;             // (B, NHl, T, T)
+  gpu::Tensor att_;             // (B, NHl, T, T): the reference kernel's only
   gpu::Tensor atty_;            // (B, T, Cl)
   gpu::Tensor proj_;            // (B, T, C): the row-parallel projections' partial sums
   gpu::Tensor fch_, fch_gelu_;  // (B, T, 4Cl)

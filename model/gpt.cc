@@ -79,7 +79,7 @@ LayerKeep layer_keep(const ActivationOptions& o, int L, int l) {
     case Recompute::kNone:
       return k;
     case Recompute::kSelective:
-      k.mode = LayerKeep::Mode::kNoScores;
+      if (o.recomputes_scores()) k.mode = LayerKeep::Mode::kNoScores;
       return k;
     case Recompute::kFull:
       break;
@@ -107,7 +107,8 @@ int workspace_layers(const ActivationOptions& o, int L) {
 struct Dims {
   std::int64_t B, T, C, Cl, NHl;
   int tp;
-  bool sp;  // sequence parallel
+  bool sp;     // sequence parallel
+  bool flash;  // flash attention (lse), or the reference kernel (att)
   // The LayerNorm and residual region: (B, T, C) and (B, T), or this
   // rank's B*T/tp rows of them.
   gpu::Shape rows_c() const { return sp ? gpu::Shape{B * T / tp, C} : gpu::Shape{B, T, C}; }
@@ -115,7 +116,14 @@ struct Dims {
 };
 
 Dims dims(const GptConfig& c, std::int64_t B, int tp, const ActivationOptions& o = {}) {
-  return {B, c.T, c.C, c.C / tp, c.NH / tp, tp, o.sequence_parallel && tp > 1};
+  return {B,
+          c.T,
+          c.C,
+          c.C / tp,
+          c.NH / tp,
+          tp,
+          o.sequence_parallel && tp > 1,
+          o.attention == AttentionKernel::kFlash};
 }
 
 // A layer's tensors: all of them, or without att (selective), or only the
@@ -130,7 +138,11 @@ LayerActivations carve_layer(const Dims& d, Take take, Carver& k) {
     x.ln1_mean = k.take32(d.rows());
     x.ln1_rstd = k.take32(d.rows());
     x.qkv = k.take({B, T, 3 * d.Cl});
-    if (take == Take::kAll) x.att = k.take({B, d.NHl, T, T});
+    if (d.flash) {
+      x.lse = k.take32({B, d.NHl, T});
+    } else if (take == Take::kAll) {
+      x.att = k.take({B, d.NHl, T, T});
+    }
     x.atty = k.take({B, T, d.Cl});
     x.residual2 = k.take(d.rows_c());
     x.ln2 = k.take(d.rows_c());
@@ -187,7 +199,11 @@ GptScratch carve_scratch(const GptConfig& c, std::int64_t B, int tp, const Activ
   x.dbtc = k.take({B, d.T, d.C});
   x.datty = k.take({B, d.T, d.Cl});
   x.dqkv = k.take({B, d.T, 3 * d.Cl});
-  x.datt = k.take({B, d.NHl, d.T, d.T});
+  if (d.flash) {
+    x.delta = k.take32({B, d.NHl, d.T});
+  } else {
+    x.datt = k.take({B, d.NHl, d.T, d.T});
+  }
   x.dfch = k.take({B, d.T, 4 * d.Cl});
   if (d.sp) {
     x.gathered = k.take({B, d.T, d.C});
@@ -206,7 +222,7 @@ std::vector<LayerActivations> carve_workspace(const GptConfig& c, const StageSpe
                                               Carver& k) {
   const Dims d = dims(c, B, tp, o);
   std::vector<LayerActivations> work;
-  if (o.recompute == Recompute::kSelective && stage.layers() > 0) {
+  if (o.recomputes_scores() && stage.layers() > 0) {
     LayerActivations x;
     x.att = k.take({B, d.NHl, d.T, d.T});
     x.atty = k.take({B, d.T, d.Cl});
@@ -447,7 +463,11 @@ void Gpt::layer_forward(gpu::Stream& s, const LayerActivations& x, const Tensor&
   const LayerParams& p = p_.h[static_cast<std::size_t>(l)];
   ops::layernorm_forward(s, x.ln1, x.ln1_mean, x.ln1_rstd, residual, p.ln1w, p.ln1b);
   ops::matmul_forward(s, x.qkv, gathered(s, x.ln1), p.qkvw, p.qkvb);
-  ops::attention_forward(s, x.atty, x.att, x.qkv);
+  if (act_.attention == AttentionKernel::kFlash) {
+    ops::flash_attention_forward(s, x.atty, x.lse, x.qkv);
+  } else {
+    ops::attention_forward(s, x.atty, x.att, x.qkv);
+  }
   // Row-parallel projections: partial sums, completed by the all-reduce; the
   // bias is added once (by rank 0).
   const bool bias = tp_.slice.t == 0;
@@ -528,10 +548,13 @@ void Gpt::layer_backward(gpu::Stream& s, GptActivations& a, const LayerActivatio
                        p.attprojw, Accumulate::kNo);
   // Selective recompute: the scores and softmax again, from the kept q, k,
   // v (the output, the same as the kept atty, goes to the workspace).
-  if (act_.recompute == Recompute::kSelective) {
-    ops::attention_forward(s, work_[0].atty, x.att, x.qkv);
+  if (act_.attention == AttentionKernel::kFlash) {
+    ops::flash_attention_backward(s, scratch_.dqkv, scratch_.delta, scratch_.datty, x.qkv, x.atty,
+                                  x.lse);
+  } else {
+    if (act_.recomputes_scores()) ops::attention_forward(s, work_[0].atty, x.att, x.qkv);
+    ops::attention_backward(s, scratch_.dqkv, scratch_.datt, scratch_.datty, x.qkv, x.att);
   }
-  ops::attention_backward(s, scratch_.dqkv, scratch_.datt, scratch_.datty, x.qkv, x.att);
   ops::matmul_backward(s, scratch_.dbtc, g.qkvw, g.qkvb, scratch_.dqkv, gathered(s, x.ln1), p.qkvw,
                        Accumulate::kNo);
   layernorm_backward(s, a.dresidual, g.ln1w, g.ln1b, reduced(s, scratch_.dbtc), residual, p.ln1w,

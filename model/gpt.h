@@ -52,7 +52,8 @@ struct GptParams {
 struct LayerActivations {
   gpu::Tensor ln1, ln1_mean, ln1_rstd;  // [rows]
   gpu::Tensor qkv;                      // (B, T, 3Cl)
-  gpu::Tensor att;                      // (B, NHl, T, T) softmax probabilities
+  gpu::Tensor att;                      // (B, NHl, T, T) softmax probabilities (reference)
+  gpu::Tensor lse;                      // (B, NHl, T) f32 log-sum-exp (flash)
   gpu::Tensor atty;                     // (B, T, Cl)
   gpu::Tensor residual2;                // [rows]
   gpu::Tensor ln2, ln2_mean, ln2_rstd;  // [rows]
@@ -62,8 +63,8 @@ struct LayerActivations {
 
 // What the forward keeps for the backward (per micro-batch slot). `layers` holds, per layer of the
 // stage, what the recompute mode keeps (model::ActivationOptions): everything; all but att
-// (selective); or only residual3 where it is a recompute group's output
-// (full). The head's tensors are empty on stages without the head; Vl =
+// (selective with the reference attention; with flash, everything); or only residual3 where it is a
+// recompute group's output (full). The head's tensors are empty on stages without the head; Vl =
 // Vp/tp.
 struct GptActivations {
   gpu::Tensor encoded;  // [rows]
@@ -82,7 +83,8 @@ struct GptScratch {
   gpu::Tensor dbtc;   // (B, T, C)
   gpu::Tensor datty;  // (B, T, Cl)
   gpu::Tensor dqkv;   // (B, T, 3Cl)
-  gpu::Tensor datt;   // (B, NHl, T, T)
+  gpu::Tensor datt;   // (B, NHl, T, T) (reference attention)
+  gpu::Tensor delta;  // (B, NHl, T) f32 (flash attention)
   gpu::Tensor dfch;   // (B, T, 4Cl)
   // Sequence parallelism only: a region's rows all-gathered (B, T, C), a
   // reduce-scatter's rows (B*T/tp, C), and a LayerNorm's weight and bias

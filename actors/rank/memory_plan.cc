@@ -65,6 +65,16 @@ absl::StatusOr<StageChunks> stage_chunks(const MemoryQuery& q) {
 
 constexpr double kF32 = 4;
 
+// Flash attention keeps no scores, softmax or its dropout mask: a layer
+// without recompute keeps what selective recompute keeps (the paper's
+// 5as/h term is gone; the per-row log-sum-exp, 4as/(h t) of sbh, is left
+// out as the paper leaves out its LayerNorm statistics).
+Recompute paper_mode(const MemoryQuery& q, Recompute r) {
+  return q.attention == model::AttentionKernel::kFlash && r == Recompute::kNone
+             ? Recompute::kSelective
+             : r;
+}
+
 }  // namespace
 
 absl::StatusOr<MemoryParts> counted_memory(const MemoryQuery& q) {
@@ -155,7 +165,8 @@ absl::StatusOr<MemoryParts> paper_memory(const MemoryQuery& q) {
     out.optimizer += 12 * n / par.dp;  // fp32 master, Adam m and v, over dp
     const double in_flight = sc->in_flight[ch];
     auto layer = [&](Recompute r) {
-      return paper_layer_activation_bytes(s, b, h, a, par.tp, r, q.sequence_parallel);
+      return paper_layer_activation_bytes(s, b, h, a, par.tp, paper_mode(q, r),
+                                          q.sequence_parallel);
     };
     const double L = spec.layers(), N = std::min<double>(q.recompute_layers, L);
     double kept = L * layer(q.recompute);
@@ -180,7 +191,8 @@ absl::StatusOr<MemoryParts> paper_memory(const MemoryQuery& q) {
     const int group = q.recompute_method == model::RecomputeMethod::kBlock ? 1 : q.recompute_layers;
     out.activations +=
         std::min(group, c.L / (par.pp * par.virtual_stages)) *
-        paper_layer_activation_bytes(s, b, h, a, par.tp, Recompute::kNone, q.sequence_parallel);
+        paper_layer_activation_bytes(s, b, h, a, par.tp, paper_mode(q, Recompute::kNone),
+                                     q.sequence_parallel);
   }
   // Point-to-point buffers: an activation and a gradient in 16 bits.
   if (par.pp > 1) out.buffers += 2 * 2 * s * b * h;

@@ -1,7 +1,8 @@
 // Memory per rank of a training layout, in two modes:
 //
-//   counted  what troupe allocates today (fp32; no dropout masks; llm.c-style
-//            buffers such as the B·NH·T² attention probabilities), from the
+//   counted  what troupe allocates today (in the run's precision; no dropout
+//            masks; with the reference attention kernel its B·NH·T²
+//            probabilities, with flash a B·NH·T log-sum-exp), from the
 //            same parameter layouts, activation slots, boundary buffers and
 //            ZeRO-1 partitions RankUnit builds. RankUnit::allocated_bytes()
 //            measures the same thing; tests/actors/memory_plan_test.cc holds
@@ -63,12 +64,14 @@ struct MemoryQuery {
   int recompute_layers = 1;                                                    // full only
   bool sequence_parallel = false;
   gpu::Precision precision = gpu::Precision::kFp32;  // --bf16/--fp16: the tensors' dtype
+  model::AttentionKernel attention = model::AttentionKernel::kFlash;
   model::ActivationOptions activations() const {
     return {.recompute = recompute,
             .method = recompute_method,
             .recompute_layers = recompute_layers,
             .sequence_parallel = sequence_parallel,
-            .precision = precision};
+            .precision = precision,
+            .attention = attention};
   }
 };
 
@@ -85,6 +88,8 @@ absl::StatusOr<MemoryParts> paper_memory(const MemoryQuery& q);
 // parallelism; tensor parallelism t divides the 24 + 5as/h part, sequence
 // parallelism the rest too; selective recompute drops 5as/h; full keeps
 // only the layer's 2sbh input (divided by t with sequence parallelism).
+// With flash attention (MemoryQuery::attention) paper_memory counts a
+// layer without recompute as a selective one: no 5as/h term.
 // paper_memory applies full recompute's method: uniform groups of N keep
 // one input a group; block keeps the inputs of its first N layers and
 // everything of the rest.

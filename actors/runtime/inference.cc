@@ -89,7 +89,8 @@ absl::StatusOr<std::unique_ptr<ShardedModel>> ShardedModel::create(
         tp = tensor_link(sh->tensor.get(), tp.slice);
       }
       sh->stream = device.make_stream({.threads = std::max(1, threads)});
-      sh->decoder = std::make_unique<model::Decoder>(c, device, stage, std::move(tp), 1, dtype);
+      sh->decoder = std::make_unique<model::Decoder>(c, device, stage, std::move(tp), 1, dtype,
+                                                     options.attention);
       if (stage.embedding) sh->tokens = gpu::Tensor::empty(device, gpu::DType::kI32, {1, c.T});
       host.assign(static_cast<std::size_t>(sh->decoder->layout().total()), 0.0f);
       if (absl::Status st = load(c, sh->decoder->layout(), host.data()); !st.ok()) return st;

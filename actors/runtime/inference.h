@@ -38,6 +38,7 @@ struct InferenceOptions {
   gpu::Device* device = nullptr;
   gpu::Precision precision = gpu::Precision::kFp32;
   int threads = 1;  // per shard, on the CPU
+  model::AttentionKernel attention = model::AttentionKernel::kFlash;
 };
 
 // Fills one shard's parameters: layout.total() floats of host memory for

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "gpu/cpu/attention_head.h"
 #include "gpu/cpu/cpu_kernels.h"
 #include "gpu/cpu/vec_math.h"
 
@@ -30,18 +31,6 @@ TROUPE_CLONES void softmax_backward_row(float* datt, const float* att, i64 i, i6
   const float dot = row_dot(att, datt, i + 1);
   for (i64 j = 0; j <= i; j++) datt[j] = att[j] * (datt[j] - dot) * scale;
   for (i64 j = i + 1; j < T; j++) datt[j] = 0.0f;
-}
-
-// Head h of batch b: q, k, v as strided views into qkv[B,T,3C] (leading
-// dimension 3C).
-struct Head {
-  const float* q;
-  const float* k;
-  const float* v;
-};
-Head head_of(const float* qkv, i64 b, i64 h, i64 T, i64 C, i64 HS) {
-  const float* q = qkv + b * T * 3 * C + h * HS;
-  return {q, q + C, q + 2 * C};
 }
 
 }  // namespace

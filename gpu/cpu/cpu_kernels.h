@@ -54,6 +54,17 @@ void attention_backward(float* dqkv, float* datt, const float* dout, const float
 void attention_cached(float* out, float* att, float* kcache, float* vcache, const float* qkv, i64 B,
                       i64 n, i64 C, i64 NH, i64 Tc, i64 pos);
 
+// Flash attention (cpu_flash_attention.cc): out[B,T,C] as attention_forward's,
+// lse[B,NH,T] each query row's log-sum-exp of its scaled scores instead of
+// the probabilities; the backward overwrites dqkv from dout, qkv, out, lse
+// (delta[B,NH,T]: scratch for rowsum(dout * out)).
+void flash_attention_forward(float* out, float* lse, const float* qkv, i64 B, i64 T, i64 C, i64 NH);
+void flash_attention_backward(float* dqkv, float* delta, const float* dout, const float* qkv,
+                              const float* out, const float* lse, i64 B, i64 T, i64 C, i64 NH);
+// attention_cached without the probabilities' scratch.
+void flash_attention_cached(float* out, float* kcache, float* vcache, const float* qkv, i64 B,
+                            i64 n, i64 C, i64 NH, i64 Tc, i64 pos);
+
 bool crossentropy_forward(float* losses, float* lse, const float* logits,
                           const std::int32_t* targets, i64 N, i64 V, i64 Vp);
 // Column j of the Vp logits is id begin + j; ids below V take part.

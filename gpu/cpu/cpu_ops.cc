@@ -141,6 +141,39 @@ class CpuKernels final : public Kernels {
     });
   }
 
+  void flash_attention_forward(Stream& s, const Tensor& out, const Tensor& lse,
+                               const Tensor& qkv) override {
+    on(s).enqueue_op("flash_attention_forward", [=] {
+      cpu::Staging st;
+      cpu::flash_attention_forward(st.out(out), st.out(lse), st.in(qkv), qkv.size(0), qkv.size(1),
+                                   qkv.size(2) / 3, lse.size(1));
+      st.commit();
+    });
+  }
+
+  void flash_attention_backward(Stream& s, const Tensor& dqkv, const Tensor& delta,
+                                const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                                const Tensor& lse) override {
+    on(s).enqueue_op("flash_attention_backward", [=] {
+      cpu::Staging st;
+      cpu::flash_attention_backward(st.out(dqkv), st.out(delta), st.in(dout), st.in(qkv),
+                                    st.in(out), st.in(lse), qkv.size(0), qkv.size(1),
+                                    qkv.size(2) / 3, lse.size(1));
+      st.commit();
+    });
+  }
+
+  void flash_attention_cached(Stream& s, const Tensor& out, const Tensor& kcache,
+                              const Tensor& vcache, const Tensor& qkv, std::int64_t pos) override {
+    on(s).enqueue_op("flash_attention_cached", [=] {
+      cpu::Staging st;
+      cpu::flash_attention_cached(st.out(out), st.inout(kcache), st.inout(vcache), st.in(qkv),
+                                  qkv.size(0), qkv.size(1), qkv.size(2) / 3, kcache.size(1),
+                                  kcache.size(2), pos);
+      st.commit();
+    });
+  }
+
   void attention_forward(Stream& s, const Tensor& out, const Tensor& att,
                          const Tensor& qkv) override {
     on(s).enqueue_op("attention_forward", [=] {

@@ -251,19 +251,29 @@ cudaError_t attention_backward(const Launch& at, Precision p, void* dqkv, void* 
   });
 }
 
+cudaError_t kv_cache_store(const Launch& at, Precision p, void* kcache, void* vcache,
+                           const void* qkv, i64 B, i64 n, i64 C, i64 NH, i64 Tc, i64 pos) {
+  if (B * n == 0) return cudaSuccess;
+  return with_storage(p, [&](auto s) {
+    using S = typename decltype(s)::type;
+    cache_store_kernel<<<grid_for(B * n * C, 256), 256, 0, at.stream>>>(
+        at.fault, static_cast<S*>(kcache), static_cast<S*>(vcache), static_cast<const S*>(qkv), B,
+        n, C, NH, Tc, pos);
+    return cudaGetLastError();
+  });
+}
+
 cudaError_t attention_cached(const Launch& at, Precision p, void* out, void* att, void* kcache,
                              void* vcache, const void* qkv, i64 B, i64 n, i64 C, i64 NH, i64 Tc,
                              i64 pos) {
   if (B * n == 0) return cudaSuccess;
+  cudaError_t err = kv_cache_store(at, p, kcache, vcache, qkv, B, n, C, NH, Tc, pos);
+  if (err != cudaSuccess) return err;
   return with_storage(p, [&](auto s) {
     using S = typename decltype(s)::type;
     S* kc = static_cast<S*>(kcache);
     S* vc = static_cast<S*>(vcache);
     const S* x = static_cast<const S*>(qkv);
-    cache_store_kernel<<<grid_for(B * n * C, 256), 256, 0, at.stream>>>(at.fault, kc, vc, x, B, n,
-                                                                        C, NH, Tc, pos);
-    cudaError_t err = cudaGetLastError();
-    if (err != cudaSuccess) return err;
     std::size_t smem = 0;
     err = shared_floats(attention_cached_kernel<S>, pos + n, &smem);
     if (err != cudaSuccess) return err;

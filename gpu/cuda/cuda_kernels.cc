@@ -162,6 +162,51 @@ class CudaKernels final : public Kernels {
     });
   }
 
+  // The flash kernels' warps hold at most 256 of a head's dimensions.
+  static bool flash_head_fits(Stream& s, const char* op, std::int64_t HS) {
+    if (HS <= 256) return true;
+    s.fail(absl::InvalidArgumentError(
+        absl::StrCat(op, ": head size ", HS,
+                     " is over the CUDA flash kernel's 256 (--attention-kernel "
+                     "reference has no such limit)")));
+    return false;
+  }
+
+  void flash_attention_forward(Stream& s, const Tensor& out, const Tensor& lse,
+                               const Tensor& qkv) override {
+    const std::int64_t C = qkv.size(2) / 3, NH = lse.size(1);
+    if (!flash_head_fits(s, "flash_attention_forward", C / NH)) return;
+    on(s).run_op("flash_attention_forward", {&out, &lse, &qkv}, [&](const Launch& at) {
+      return launched(cuda::flash_attention_forward(at, prec(qkv), raw(out),
+                                                    static_cast<float*>(raw(lse)), raw(qkv),
+                                                    qkv.size(0), qkv.size(1), C, NH));
+    });
+  }
+
+  void flash_attention_backward(Stream& s, const Tensor& dqkv, const Tensor& delta,
+                                const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                                const Tensor& lse) override {
+    const std::int64_t C = qkv.size(2) / 3, NH = lse.size(1);
+    if (!flash_head_fits(s, "flash_attention_backward", C / NH)) return;
+    on(s).run_op(
+        "flash_attention_backward", {&dqkv, &delta, &dout, &qkv, &out, &lse},
+        [&](const Launch& at) {
+          return launched(cuda::flash_attention_backward(
+              at, prec(qkv), raw(dqkv), static_cast<float*>(raw(delta)), raw(dout), raw(qkv),
+              raw(out), static_cast<const float*>(raw(lse)), qkv.size(0), qkv.size(1), C, NH));
+        });
+  }
+
+  void flash_attention_cached(Stream& s, const Tensor& out, const Tensor& kcache,
+                              const Tensor& vcache, const Tensor& qkv, std::int64_t pos) override {
+    if (!flash_head_fits(s, "flash_attention_cached", kcache.size(3))) return;
+    on(s).run_op("flash_attention_cached", {&out, &kcache, &vcache, &qkv}, [&](const Launch& at) {
+      return launched(cuda::flash_attention_cached(
+          at, prec(qkv), raw(out), raw(kcache), raw(vcache), raw(qkv), qkv.size(0), qkv.size(1),
+          qkv.size(2) / 3, kcache.size(1), kcache.size(2), pos));
+    });
+  }
+
   void attention_forward(Stream& s, const Tensor& out, const Tensor& att,
                          const Tensor& qkv) override {
     on(s).run_op("attention_forward", {&out, &att, &qkv}, [&](const Launch& at) {

@@ -99,6 +99,25 @@ cudaError_t attention_backward(const Launch& at, Precision p, void* dqkv, void* 
 cudaError_t attention_cached(const Launch& at, Precision p, void* out, void* att, void* kcache,
                              void* vcache, const void* qkv, i64 B, i64 n, i64 C, i64 NH, i64 Tc,
                              i64 pos);
+// The n new positions' k and v of qkv[B,n,3C] into rows pos.. of the caches.
+cudaError_t kv_cache_store(const Launch& at, Precision p, void* kcache, void* vcache,
+                           const void* qkv, i64 B, i64 n, i64 C, i64 NH, i64 Tc, i64 pos);
+// Flash attention (flash_attention.cu): no T x T memory; head sizes up to
+// 256 (cudaErrorInvalidValue past it).
+cudaError_t flash_attention_forward(const Launch& at, Precision p, void* out, float* lse,
+                                    const void* qkv, i64 B, i64 T, i64 C, i64 NH);
+// Its tensor-core forward (flash_attention_mma.cu), which
+// flash_attention_forward runs where it fits: bf16/fp16, head size 64 or
+// 128, qkv 16-byte aligned.
+bool flash_forward_mma_fits(Precision p, const void* qkv, i64 C, i64 NH);
+cudaError_t flash_forward_mma(const Launch& at, Precision p, void* out, float* lse, const void* qkv,
+                              i64 B, i64 T, i64 C, i64 NH);
+cudaError_t flash_attention_backward(const Launch& at, Precision p, void* dqkv, float* delta,
+                                     const void* dout, const void* qkv, const void* out,
+                                     const float* lse, i64 B, i64 T, i64 C, i64 NH);
+cudaError_t flash_attention_cached(const Launch& at, Precision p, void* out, void* kcache,
+                                   void* vcache, const void* qkv, i64 B, i64 n, i64 C, i64 NH,
+                                   i64 Tc, i64 pos);
 cudaError_t residual_forward(const Launch& at, Precision p, void* out, const void* a, const void* b,
                              i64 n);
 cudaError_t crossentropy_forward(const Launch& at, Precision p, float* losses, float* lse,

@@ -133,17 +133,19 @@ json calibrate_threads(const CalibrateOptions& o, int threads, std::ostream& log
   }
   const GemmFit ff = fit_gemm_curve(fwd, 2), fb = fit_gemm_curve(bwd, 4);
 
-  // Attention at tp = 1 and 2: FLOP/s against 4 B NH T^2 HS (x2 backward).
+  // Attention (the flash kernel, troupe train's default on the CPU) at tp =
+  // 1 and 2: FLOP/s against 4 B NH T^2 HS (x2 backward).
   double att_f = 0, att_b = 0, att_flops = 0;
   for (int tp : {1, 2}) {
     if (NH % tp != 0) continue;
     const std::int64_t NHl = NH / tp, Cl = C / tp;
-    gpu::Tensor qkv = filled(*s, {B, T, 3 * Cl}, 0.01f), att = filled(*s, {B, NHl, T, T}, 0);
+    gpu::Tensor qkv = filled(*s, {B, T, 3 * Cl}, 0.01f), lse = filled(*s, {B, NHl, T}, 0);
     gpu::Tensor out = filled(*s, {B, T, Cl}, 0), dqkv = filled(*s, {B, T, 3 * Cl}, 0);
-    gpu::Tensor datt = filled(*s, {B, NHl, T, T}, 0);
-    att_f += time_op(*s, o.reps, [&] { gpu::ops::attention_forward(*s, out, att, qkv); });
-    att_b +=
-        time_op(*s, o.reps, [&] { gpu::ops::attention_backward(*s, dqkv, datt, out, qkv, att); });
+    gpu::Tensor dout = filled(*s, {B, T, Cl}, 0.01f), delta = filled(*s, {B, NHl, T}, 0);
+    att_f += time_op(*s, o.reps, [&] { gpu::ops::flash_attention_forward(*s, out, lse, qkv); });
+    att_b += time_op(*s, o.reps, [&] {
+      gpu::ops::flash_attention_backward(*s, dqkv, delta, dout, qkv, out, lse);
+    });
     att_flops += 4.0 * static_cast<double>(B * NHl * T * T * c.HS());
   }
 

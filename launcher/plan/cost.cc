@@ -126,7 +126,7 @@ double CostModel::layer_backward(double* tp) const {
       s += layer_forward(tp);
       break;
     case actors::Recompute::kSelective:
-      s += attention_core(false);
+      if (in_.attention == model::AttentionKernel::kReference) s += attention_core(false);
       break;
     case actors::Recompute::kNone:
       break;

@@ -45,6 +45,9 @@ struct PlanInput {
   Precision precision = Precision::kBf16;
   actors::Recompute recompute = actors::Recompute::kNone;
   bool sequence_parallel = false;
+  // --attention-kernel: flash keeps no scores (selective recompute then
+  // recomputes nothing, and memory has no T^2 term).
+  model::AttentionKernel attention = model::AttentionKernel::kFlash;
   bool ucx = false;  // this-machine: a process per rank (troupe launch), not threads
 
   int m() const { return parallel.micro_batches(global_batch, micro_batch); }

@@ -31,6 +31,7 @@ struct PlanFlags {
   int micro_batch = 1;
   std::optional<int> global_batch;
   std::string schedule = "1f1b", memory, precision, transport = "inproc";
+  std::string attention_kernel = "flash";
   std::optional<std::string> recompute;  // --search tries every mode without it
   bool sequence_parallel = false, json = false, search = false;
   int top = 10;
@@ -137,6 +138,9 @@ int run_plan(const PlanFlags& f) {
   if (!rc.ok()) return command_failed("plan", rc.status());
   in.recompute = *rc;
   in.sequence_parallel = f.sequence_parallel;
+  absl::StatusOr<model::AttentionKernel> att = model::parse_attention_kernel(f.attention_kernel);
+  if (!att.ok()) return command_failed("plan", att.status());
+  in.attention = *att;
   const std::string precision = !f.precision.empty()  ? f.precision
                                 : cluster->calibrated ? "fp32"
                                                       : "bf16";
@@ -286,6 +290,10 @@ Command add_plan_command(CLI::App& app) {
                   "Activation recompute: none (default), selective, full; --search without it "
                   "tries all three");
   cmd->add_flag("--sequence-parallel", f->sequence_parallel, "Megatron's sequence parallelism");
+  cmd->add_option("--attention-kernel", f->attention_kernel,
+                  "flash (no T x T scores kept; selective recompute then recomputes nothing) or "
+                  "reference (troupe's materialised probabilities)")
+      ->capture_default_str();
   cmd->add_option("--precision", f->precision,
                   "bf16, fp16, tf32 or fp32 (default: bf16 on GPUs, fp32 on this-machine)");
   cmd->add_option("--memory", f->memory,

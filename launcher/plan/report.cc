@@ -105,7 +105,8 @@ absl::StatusOr<std::pair<actors::MemoryParts, int>> worst_memory(const PlanInput
                           .stage = s,
                           .recompute = in.recompute,
                           .sequence_parallel = in.sequence_parallel,
-                          .precision = precision};
+                          .precision = precision,
+                          .attention = in.attention};
     absl::StatusOr<actors::MemoryParts> m = actors::memory_per_rank(mode, q);
     if (!m.ok()) return m.status();
     if (worst.second < 0 || m->total() > worst.first.total()) worst = {*m, s};

@@ -116,9 +116,14 @@ TEST(MemoryPlan, PaperLayerBytesAreTable2) {
 TEST(MemoryPlan, PaperCountsTheSchedulesInFlightMicroBatches) {
   model::GptConfig c = *model::preset("gpt2-124m");
   ParallelOptions par{{.pp = 4}};
+  model::AttentionKernel kernel = model::AttentionKernel::kReference;  // the paper's 5as/h
   auto acts = [&](int stage) {
-    absl::StatusOr<MemoryParts> m = paper_memory(
-        {.config = c, .parallel = par, .micro_batch = 1, .global_batch = 16, .stage = stage});
+    absl::StatusOr<MemoryParts> m = paper_memory({.config = c,
+                                                  .parallel = par,
+                                                  .micro_batch = 1,
+                                                  .global_batch = 16,
+                                                  .stage = stage,
+                                                  .attention = kernel});
     EXPECT_TRUE(m.ok()) << m.status();
     return m->activations;
   };
@@ -126,6 +131,12 @@ TEST(MemoryPlan, PaperCountsTheSchedulesInFlightMicroBatches) {
   // Stage 1 has 3 layers and 3 micro-batches in flight; stage 2 two.
   EXPECT_DOUBLE_EQ(acts(1), 3 * 3 * layer);
   EXPECT_DOUBLE_EQ(acts(2), 2 * 3 * layer);
+  // Flash attention keeps no scores: a layer is the selective one's.
+  kernel = model::AttentionKernel::kFlash;
+  EXPECT_DOUBLE_EQ(
+      acts(1),
+      3 * 3 * paper_layer_activation_bytes(1024, 1, 768, 12, 1, Recompute::kSelective, false));
+  kernel = model::AttentionKernel::kReference;
   // GPipe's last stage holds all 16, each with the head's 4sbh(1 + v/h).
   par.schedule = ScheduleKind::kGPipe;
   const double head = 4.0 * 1024 * 768 * (1 + 50304.0 / 768);

@@ -86,6 +86,53 @@ inline Vec attention_ref(const Vec& qkv, int B, int T, int C, int NH, Vec* att_o
   return y;
 }
 
+// Causal attention's gradient: dqkv[B,T,3C] of sum(y * dy) at qkv, by the
+// textbook formulas (softmax's Jacobian) in double; lse[B,NH,T] (if asked)
+// each query row's log-sum-exp of its scaled scores.
+inline Vec attention_backward_ref(const Vec& qkv, const Vec& dy, int B, int T, int C, int NH,
+                                  Vec* lse = nullptr) {
+  const int HS = C / NH, C3 = 3 * C;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(HS));
+  Vec dqkv(qkv.size(), 0.0);
+  if (lse) lse->assign(static_cast<std::size_t>(B) * NH * T, 0.0);
+  auto at = [&](int b, int t, int part, int h, int e) {
+    return static_cast<std::size_t>((b * T + t) * C3 + part * C + h * HS + e);
+  };
+  for (int b = 0; b < B; b++)
+    for (int h = 0; h < NH; h++)
+      for (int i = 0; i < T; i++) {
+        std::vector<double> p(i + 1), dp(i + 1);
+        double mx = -1e300, z = 0, dot = 0;
+        for (int j = 0; j <= i; j++) {
+          double d = 0;
+          for (int e = 0; e < HS; e++) d += qkv[at(b, i, 0, h, e)] * qkv[at(b, j, 1, h, e)];
+          p[j] = d * scale;
+          mx = std::max(mx, p[j]);
+        }
+        for (int j = 0; j <= i; j++) z += (p[j] = std::exp(p[j] - mx));
+        if (lse) (*lse)[static_cast<std::size_t>((b * NH + h) * T + i)] = mx + std::log(z);
+        for (int j = 0; j <= i; j++) {
+          p[j] /= z;
+          double d = 0;  // dp_j = dy_i . v_j
+          for (int e = 0; e < HS; e++)
+            d +=
+                dy[static_cast<std::size_t>((b * T + i) * C + h * HS + e)] * qkv[at(b, j, 2, h, e)];
+          dp[j] = d;
+          dot += p[j] * d;
+        }
+        for (int j = 0; j <= i; j++) {
+          const double ds = p[j] * (dp[j] - dot) * scale;
+          for (int e = 0; e < HS; e++) {
+            dqkv[at(b, i, 0, h, e)] += ds * qkv[at(b, j, 1, h, e)];
+            dqkv[at(b, j, 1, h, e)] += ds * qkv[at(b, i, 0, h, e)];
+            dqkv[at(b, j, 2, h, e)] +=
+                p[j] * dy[static_cast<std::size_t>((b * T + i) * C + h * HS + e)];
+          }
+        }
+      }
+  return dqkv;
+}
+
 // Per-row cross-entropy over the first V of Vp columns.
 inline Vec crossentropy_ref(const Vec& logits, const std::vector<std::int32_t>& targets, int N,
                             int V, int Vp) {

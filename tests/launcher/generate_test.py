@@ -153,7 +153,7 @@ for precision, tol, layout in (("--bf16", 1e-3, ["--tp", "2", "--pp", "2"]),
     p = troupe("eval", *W, *layout, precision, "--task", "perplexity", "--data-path", prefix,
                "--stride", str(S), "--max-tokens", str(N), "--json")
     r = json.loads(p.stdout)
-    if f"{precision[2:]} on cpu" not in p.stderr:
+    if f"{precision[2:]}, flash attention on cpu" not in p.stderr:
         fail(f"eval {precision} {layout}: the banner does not say {precision[2:]}: {p.stderr!r}")
     if r["tokens"] != scored or abs(r["perplexity"] - want_ppl) > tol * want_ppl:
         fail(f"perplexity {precision} {layout}: {r} vs PyTorch's fp32 {want_ppl}")

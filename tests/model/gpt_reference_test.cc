@@ -1,6 +1,7 @@
 // troupe's GPT against PyTorch: the `tiny` model from the same safetensors
 // weights, one batch (logits, loss, every gradient), then 10 AdamW steps
-// (losses). The fixture is made by tests/reference/make_gpt_fixture.py.
+// (losses), with each attention kernel (flash and reference). The fixture is made by
+// tests/reference/make_gpt_fixture.py.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -40,7 +41,7 @@ std::vector<std::int32_t> int_values(const SafetensorsFile& f, const std::string
   return v;
 }
 
-class GptReferenceTest : public ::testing::Test {
+class GptReferenceTest : public ::testing::TestWithParam<model::AttentionKernel> {
  protected:
   void SetUp() override {
     auto fx = SafetensorsFile::open(fixture_dir() + "tiny_fixture.safetensors");
@@ -48,7 +49,9 @@ class GptReferenceTest : public ::testing::Test {
     fixture_ = std::make_unique<SafetensorsFile>(std::move(*fx));
     config_ = *model::preset("tiny");
     B_ = static_cast<int>(fixture_->find("inputs")->shape[0]);
-    gpt_ = std::make_unique<model::Gpt>(config_, B_, gpu::cpu_device());
+    gpt_ = std::make_unique<model::Gpt>(
+        config_, B_, gpu::cpu_device(), model::StageSpec::whole(config_), 1,
+        model::TensorParallel{}, model::ActivationOptions{.attention = GetParam()});
     absl::Status st = model::load_weights(fixture_dir() + "tiny_weights.safetensors", *gpt_);
     ASSERT_TRUE(st.ok()) << st;
     stream_ = gpu::cpu_device().make_stream({.threads = 2});
@@ -71,7 +74,7 @@ class GptReferenceTest : public ::testing::Test {
   gpu::Tensor tokens_, targets_;
 };
 
-TEST_F(GptReferenceTest, LogitsLossAndEveryGradient) {
+TEST_P(GptReferenceTest, LogitsLossAndEveryGradient) {
   gpt_->zero_grad(*stream_);
   gpt_->forward(*stream_, tokens_, targets_);
   ASSERT_TRUE(stream_->synchronize().ok());
@@ -101,7 +104,7 @@ TEST_F(GptReferenceTest, LogitsLossAndEveryGradient) {
   EXPECT_EQ(checked, 2 + 12 * config_.L + 2);
 }
 
-TEST_F(GptReferenceTest, TenAdamWStepsFollowPyTorch) {
+TEST_P(GptReferenceTest, TenAdamWStepsFollowPyTorch) {
   const auto& meta = fixture_->metadata();
   model::AdamWConfig adam{.beta1 = std::stof(meta.at("beta1")),
                           .beta2 = std::stof(meta.at("beta2")),
@@ -124,6 +127,13 @@ TEST_F(GptReferenceTest, TenAdamWStepsFollowPyTorch) {
   }
   ASSERT_TRUE(stream_->synchronize().ok());
 }
+
+INSTANTIATE_TEST_SUITE_P(Attention, GptReferenceTest,
+                         ::testing::Values(model::AttentionKernel::kFlash,
+                                           model::AttentionKernel::kReference),
+                         [](const ::testing::TestParamInfo<model::AttentionKernel>& info) {
+                           return model::attention_kernel_name(info.param);
+                         });
 
 // The norm-wise error the tests compare with tolerances: comparing nothing,
 // or vectors of different sizes, must not pass (it returned 0 for an empty

@@ -57,9 +57,19 @@ std::vector<ActivationOptions> every_mode() {
           {.recompute = kFull, .method = kBlock, .recompute_layers = 6}};
 }
 
+// With the reference attention kernel too: its selective recompute is the
+// one that recomputes (the scores).
 TEST(Recompute, EveryModeIsBitwiseTheRunWithout) {
   const Trained want = train({});
-  for (const ActivationOptions& a : every_mode()) {
+  std::vector<ActivationOptions> modes = every_mode();
+  modes.push_back({.recompute = Recompute::kSelective, .attention = AttentionKernel::kReference});
+  for (const ActivationOptions& a : modes) {
+    if (a.attention == AttentionKernel::kReference) {
+      const Trained ref = train({.attention = AttentionKernel::kReference});
+      const Trained got = train(a);
+      EXPECT_EQ(std::memcmp(got.params.data(), ref.params.data(), ref.params.size() * 4), 0);
+      continue;
+    }
     SCOPED_TRACE(a.describe());
     const Trained got = train(a);
     ASSERT_EQ(got.metrics.size(), want.metrics.size());
@@ -79,38 +89,53 @@ TEST(Recompute, EveryModeIsBitwiseTheRunWithout) {
 // tensors each mode keeps worked out by hand (in floats; every size here is
 // a multiple of the 16-float rounding). Per layer and token, no recompute
 // keeps ln1, residual2, ln2 and residual3 (4C), qkv (3C), atty (C), fch and
-// its GELU (8C), the two LayerNorms' mean and rstd (4), and the scores,
-// NH*T; selective drops the scores; full uniform keeps one C a group, full
-// block one C for each of its first N layers.
+// its GELU (8C), the two LayerNorms' mean and rstd (4), and with the
+// reference attention kernel the scores, NH*T (flash: each head's
+// log-sum-exp, NH); selective drops the reference's scores and keeps
+// everything with flash; full uniform keeps one C a group, full block one C
+// for each of its first N layers.
 TEST(Recompute, EachModeKeepsWhatItSays) {
-  for (const char* name : {"cpu-small", "gpt2-124m"}) {
-    SCOPED_TRACE(name);
-    GptConfig c = *preset(name);
-    const std::int64_t B = 2, T = c.T, C = c.C, NH = c.NH, L = c.L;
-    const std::int64_t scores = NH * T;
-    const std::int64_t layer = B * T * (16 * C + 4 + scores);
-    auto measure = [&](const ActivationOptions& a) {
-      Gpt g(c, static_cast<int>(B), gpu::cpu_device(), StageSpec::whole(c), 1, {}, a);
-      return std::pair<std::int64_t, std::int64_t>(g.activation_bytes_per_slot() / 4,
-                                                   g.recompute_workspace_bytes() / 4);
-    };
-    using enum Recompute;
-    using enum RecomputeMethod;
-    const auto [none, none_work] = measure({});
-    EXPECT_EQ(none_work, 0);
-    const auto [sel, sel_work] = measure({.recompute = kSelective});
-    EXPECT_EQ(none - sel, L * B * T * scores);
-    EXPECT_EQ(sel_work, B * T * scores + B * T * C);  // one layer's scores and output
-    const auto [full1, full1_work] = measure({.recompute = kFull});
-    EXPECT_EQ(none - full1, L * (layer - B * T * C));
-    EXPECT_EQ(full1_work, layer);
-    const auto [full4, full4_work] = measure({.recompute = kFull, .recompute_layers = 4});
-    EXPECT_EQ(none - full4, L * layer - (L + 3) / 4 * B * T * C);
-    EXPECT_EQ(full4_work, std::min<std::int64_t>(4, L) * layer);
-    const auto [block2, block2_work] =
-        measure({.recompute = kFull, .method = kBlock, .recompute_layers = 2});
-    EXPECT_EQ(none - block2, 2 * (layer - B * T * C));
-    EXPECT_EQ(block2_work, layer);
+  for (const AttentionKernel kernel : {AttentionKernel::kReference, AttentionKernel::kFlash}) {
+    for (const char* name : {"cpu-small", "gpt2-124m"}) {
+      SCOPED_TRACE(absl::StrCat(name, " ", attention_kernel_name(kernel)));
+      GptConfig c = *preset(name);
+      const std::int64_t B = 2, T = c.T, C = c.C, NH = c.NH, L = c.L;
+      const bool flash = kernel == AttentionKernel::kFlash;
+      const std::int64_t scores = flash ? NH : NH * T;
+      const std::int64_t layer = B * T * (16 * C + 4 + scores);
+      auto measure = [&](ActivationOptions a) {
+        a.attention = kernel;
+        Gpt g(c, static_cast<int>(B), gpu::cpu_device(), StageSpec::whole(c), 1, {}, a);
+        return std::pair<std::int64_t, std::int64_t>(g.activation_bytes_per_slot() / 4,
+                                                     g.recompute_workspace_bytes() / 4);
+      };
+      using enum Recompute;
+      using enum RecomputeMethod;
+      const auto [none, none_work] = measure({});
+      EXPECT_EQ(none_work, 0);
+      // Besides the layers: the embedding's output, the final LayerNorm and
+      // the running gradient (3C), its mean and rstd, lse and the losses (4),
+      // and the logits (Vp).
+      EXPECT_EQ(none, L * layer + B * T * (3 * C + 4 + c.Vp()));
+      const auto [sel, sel_work] = measure({.recompute = kSelective});
+      if (flash) {
+        EXPECT_EQ(sel, none);  // nothing to recompute
+        EXPECT_EQ(sel_work, 0);
+      } else {
+        EXPECT_EQ(none - sel, L * B * T * scores);
+        EXPECT_EQ(sel_work, B * T * scores + B * T * C);  // one layer's scores and output
+      }
+      const auto [full1, full1_work] = measure({.recompute = kFull});
+      EXPECT_EQ(none - full1, L * (layer - B * T * C));
+      EXPECT_EQ(full1_work, layer);
+      const auto [full4, full4_work] = measure({.recompute = kFull, .recompute_layers = 4});
+      EXPECT_EQ(none - full4, L * layer - (L + 3) / 4 * B * T * C);
+      EXPECT_EQ(full4_work, std::min<std::int64_t>(4, L) * layer);
+      const auto [block2, block2_work] =
+          measure({.recompute = kFull, .method = kBlock, .recompute_layers = 2});
+      EXPECT_EQ(none - block2, 2 * (layer - B * T * C));
+      EXPECT_EQ(block2_work, layer);
+    }
   }
 }
 

@@ -183,9 +183,14 @@ TEST(PlanCost, ChunkComputeIsTheModelsFlops) {
   EXPECT_NEAR(k.bwd / (2 * (L * layer + head) / peak), 1, 1e-3);
   in.recompute = actors::Recompute::kFull;
   EXPECT_NEAR(CostModel(in, *c, *d).chunk(whole).bwd - k.bwd, L * layer / peak, 1e-3 * k.bwd);
+  // Selective recompute: the reference kernel's scores again; flash keeps
+  // them all, so nothing.
   in.recompute = actors::Recompute::kSelective;
+  EXPECT_EQ(CostModel(in, *c, *d).chunk(whole).bwd, k.bwd);
+  in.attention = model::AttentionKernel::kReference;
   EXPECT_NEAR(CostModel(in, *c, *d).chunk(whole).bwd - k.bwd, L * 4 * B * NH * T * T * HS / peak,
               1e-3 * k.bwd);
+  in.attention = model::AttentionKernel::kFlash;
   // Buckets: the head's (ln_f) first, each layer's at the end of its
   // backward, wte and wpe last, at the backward's end; the bytes are every
   // parameter once, fp32.
@@ -282,11 +287,18 @@ TEST(PlanReport, MtNlgOnSeleneFitsAndReportsEveryField) {
   for (const char* k : {"params_gib", "grads_gib", "optimizer_gib", "activations_gib"}) {
     EXPECT_TRUE(j["memory"].contains(k)) << k;
   }
-  // Without recompute the activations of 35 in-flight micro-batches do not fit.
+  // Without recompute the activations of 35 in-flight micro-batches do not
+  // fit with the attention scores kept (MT-NLG's 2021 run, before flash
+  // attention); with flash attention (no 5as/h term) they do.
   in.recompute = actors::Recompute::kNone;
+  in.attention = model::AttentionKernel::kReference;
   p = make_plan(in, c, actors::MemoryMode::kPaper, false);
   ASSERT_TRUE(p.ok()) << p.status();
   EXPECT_FALSE(p->fits);
+  in.attention = model::AttentionKernel::kFlash;
+  p = make_plan(in, c, actors::MemoryMode::kPaper, false);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_TRUE(p->fits);
   // tp 16 leaves the node.
   in.parallel.tp = 16;
   in.parallel.dp = 4;
