@@ -42,6 +42,8 @@ absl::Status resolve_recompute(const TrainFlags& f, model::ActivationOptions* a)
 // reference kernel, which has.
 constexpr bool kCudaFlashVerified = false;
 
+bool cuda_flash_verified() { return kCudaFlashVerified; }
+
 absl::Status resolve_attention(const TrainFlags& f, model::ActivationOptions* a) {
   if (f.attention_kernel.empty()) {
     a->attention = f.device == "cuda" && !kCudaFlashVerified ? model::AttentionKernel::kReference

@@ -155,31 +155,6 @@ int main(int argc, char** argv) {
   b.time("attention_backward", 8.0 * B * T * T * C / 2, [&] {
     ops::attention_backward(*s, dqkv, datt, y.reshape({B, T, C}), qkv, att);
   });
-  // Flash attention at the shapes (B·T = 8192 tokens; head size 64
-  // with 12 heads, 128 with 16), forward and forward + backward, FLOPs as
-  // the causal half of 4·B·NH·T²·HS (x2.5 with the backward's, as
-  // FlashAttention's benchmarks count them); gpu_ops_torch.py times
-  // PyTorch's SDPA under the same names.
-  // (5 calls each: the CUDA-core backward at T 8192 takes a while.)
-  const int op_reps = b.reps;
-  b.reps = 5;
-  for (const std::int64_t Ta : {1024, 4096, 8192}) {
-    for (const std::int64_t hs : {64, 128}) {
-      const std::int64_t Ba = 8192 / Ta, NHa = hs == 64 ? 12 : 16, Ca = NHa * hs;
-      const Tensor aqkv = b.rnd({Ba, Ta, 3 * Ca}, 1.0f), ay = b.rnd({Ba, Ta, Ca});
-      const Tensor ady = b.rnd({Ba, Ta, Ca}), adqkv = b.rnd({Ba, Ta, 3 * Ca});
-      const Tensor alse = b.rnd32({Ba, NHa, Ta}), adelta = b.rnd32({Ba, NHa, Ta});
-      const double fwd = 4.0 * Ba * NHa * Ta * Ta * hs / 2;
-      const std::string name = absl::StrCat("T", Ta, "_hs", hs);
-      b.time(absl::StrCat("attention_fwd_", name).c_str(), fwd,
-             [&] { ops::flash_attention_forward(*s, ay, alse, aqkv); });
-      b.time(absl::StrCat("attention_fwdbwd_", name).c_str(), 3.5 * fwd, [&] {
-        ops::flash_attention_forward(*s, ay, alse, aqkv);
-        ops::flash_attention_backward(*s, adqkv, adelta, ady, aqkv, ay, alse);
-      });
-    }
-  }
-  b.reps = op_reps;
   b.time("crossentropy_forward", 0,
          [&] { ops::crossentropy_forward(*s, losses, lse, logits, targets, static_cast<int>(V)); });
   b.time("residual_forward", 0, [&] { ops::residual_forward(*s, y, x, dx); });
@@ -210,5 +185,31 @@ int main(int argc, char** argv) {
   gpu::AdamWArgs a;
   a.lr = 1e-4f;
   b.time("adamw_many_gpt2_124m", 0, [&] { ops::adamw_many(*s, params, a); });
+  // (Last: a slow kernel here must not cost the ops above their times.)
+  // Flash attention at the shapes (B·T = 8192 tokens; head size 64
+  // with 12 heads, 128 with 16), forward and forward + backward, FLOPs as
+  // the causal half of 4·B·NH·T²·HS (x2.5 with the backward's, as
+  // FlashAttention's benchmarks count them); gpu_ops_torch.py times
+  // PyTorch's SDPA under the same names.
+  // (5 calls each: the CUDA-core backward at T 8192 takes a while.)
+  const int op_reps = b.reps;
+  b.reps = 5;
+  for (const std::int64_t Ta : {1024, 4096, 8192}) {
+    for (const std::int64_t hs : {64, 128}) {
+      const std::int64_t Ba = 8192 / Ta, NHa = hs == 64 ? 12 : 16, Ca = NHa * hs;
+      const Tensor aqkv = b.rnd({Ba, Ta, 3 * Ca}, 1.0f), ay = b.rnd({Ba, Ta, Ca});
+      const Tensor ady = b.rnd({Ba, Ta, Ca}), adqkv = b.rnd({Ba, Ta, 3 * Ca});
+      const Tensor alse = b.rnd32({Ba, NHa, Ta}), adelta = b.rnd32({Ba, NHa, Ta});
+      const double fwd = 4.0 * Ba * NHa * Ta * Ta * hs / 2;
+      const std::string name = absl::StrCat("T", Ta, "_hs", hs);
+      b.time(absl::StrCat("attention_fwd_", name).c_str(), fwd,
+             [&] { ops::flash_attention_forward(*s, ay, alse, aqkv); });
+      b.time(absl::StrCat("attention_fwdbwd_", name).c_str(), 3.5 * fwd, [&] {
+        ops::flash_attention_forward(*s, ay, alse, aqkv);
+        ops::flash_attention_backward(*s, adqkv, adelta, ady, aqkv, ay, alse);
+      });
+    }
+  }
+  b.reps = op_reps;
   return 0;
 }

@@ -92,6 +92,42 @@ void BM_AttentionBackward(benchmark::State& s) {
 }
 BENCHMARK(BM_AttentionBackward)->UseRealTime();
 
+// The two attention kernel families side by side at 2048 tokens (B = 2048 /
+// T) and T = 256 (cpu-small's), 1024 and 2048; GFLOP/s against the causal
+// half of the score and value products (the reference kernel computes the
+// whole T x T, the flash one skips the blocks above the diagonal).
+void attention_pair(benchmark::State& s, bool flash, bool backward) {
+  const i64 Ta = s.range(0), Ba = 2048 / Ta, Na = Ba * Ta;
+  auto qkv = buf(Na * 3 * C), out = buf(Na * C), dout = buf(Na * C), dqkv = buf(Na * 3 * C);
+  auto lse = buf(Ba * NH * Ta), delta = buf(Ba * NH * Ta);
+  std::vector<float> att, datt;
+  if (!flash) att = buf(Ba * NH * Ta * Ta), datt = buf(Ba * NH * Ta * Ta);
+  for (auto _ : s) {
+    if (flash) {
+      cpu::flash_attention_forward(out.data(), lse.data(), qkv.data(), Ba, Ta, C, NH);
+      if (backward) {
+        cpu::flash_attention_backward(dqkv.data(), delta.data(), dout.data(), qkv.data(),
+                                      out.data(), lse.data(), Ba, Ta, C, NH);
+      }
+    } else {
+      cpu::attention_forward(out.data(), att.data(), qkv.data(), Ba, Ta, C, NH);
+      if (backward) {
+        cpu::attention_backward(dqkv.data(), datt.data(), dout.data(), qkv.data(), att.data(), Ba,
+                                Ta, C, NH);
+      }
+    }
+  }
+  flops(s, (backward ? 3.0 : 1.0) * 2.0 * Ba * Ta * Ta * C);
+}
+void BM_FlashAttentionForward(benchmark::State& s) { attention_pair(s, true, false); }
+void BM_ReferenceAttentionForward(benchmark::State& s) { attention_pair(s, false, false); }
+void BM_FlashAttentionForwardBackward(benchmark::State& s) { attention_pair(s, true, true); }
+void BM_ReferenceAttentionForwardBackward(benchmark::State& s) { attention_pair(s, false, true); }
+BENCHMARK(BM_FlashAttentionForward)->Arg(256)->Arg(1024)->Arg(2048)->UseRealTime();
+BENCHMARK(BM_ReferenceAttentionForward)->Arg(256)->Arg(1024)->Arg(2048)->UseRealTime();
+BENCHMARK(BM_FlashAttentionForwardBackward)->Arg(256)->Arg(1024)->Arg(2048)->UseRealTime();
+BENCHMARK(BM_ReferenceAttentionForwardBackward)->Arg(256)->Arg(1024)->Arg(2048)->UseRealTime();
+
 void BM_LayerNormForward(benchmark::State& s) {
   auto x = buf(N * C), out = buf(N * C), w = buf(C, 1.0f), b = buf(C), mean = buf(N), rstd = buf(N);
   for (auto _ : s)

@@ -80,8 +80,7 @@ void flash_rows(const float* q, i64 ldq, const float* k, const float* v, i64 ldk
     const i64 keys = pos + br;
     for (i64 j0 = 0; j0 < keys; j0 += kBc) {
       const i64 nc = std::min(kBc, keys - j0);
-      sgemm('N', 'T', br, nc, HS, scale, q + r0 * ldq, ldq, k + j0 * ldkv, ldkv, 0.0f, s,
-            kBc);
+      sgemm('N', 'T', br, nc, HS, scale, q + r0 * ldq, ldq, k + j0 * ldkv, ldkv, 0.0f, s, kBc);
       online_softmax_block(s, m, l, y, ldo, br, nc, pos, j0, HS);
       sgemm('N', 'N', br, HS, nc, 1.0f, s, kBc, v + j0 * ldkv, ldkv, 1.0f, y, ldo);
     }
@@ -95,8 +94,8 @@ void flash_rows(const float* q, i64 ldq, const float* k, const float* v, i64 ldk
 
 // P = exp(s - lse) in place (zeros past the causal limit), then, with dp =
 // dy . v^T, dp = P * (dp - D) * scale: the block's dS.
-TROUPE_CLONES void softmax_grad_block(float* p, float* dp, const float* lse, const float* D,
-                                      i64 nr, i64 nc, i64 p0, i64 j0, float scale) {
+TROUPE_CLONES void softmax_grad_block(float* p, float* dp, const float* lse, const float* D, i64 nr,
+                                      i64 nc, i64 p0, i64 j0, float scale) {
   for (i64 r = 0; r < nr; r++) {
     float* pr = p + r * kBc;
     float* dr = dp + r * kBc;
@@ -110,7 +109,6 @@ TROUPE_CLONES void softmax_grad_block(float* p, float* dp, const float* lse, con
   }
 }
 
-
 }  // namespace
 
 void flash_attention_forward(float* out, float* lse, const float* qkv, i64 B, i64 T, i64 C,
@@ -123,13 +121,13 @@ void flash_attention_forward(float* out, float* lse, const float* qkv, i64 B, i6
     const i64 bh = t / blocks, i0 = (t % blocks) * kBr, b = bh / NH, h = bh % NH;
     const i64 nr = std::min(kBr, T - i0);
     const auto [q, k, v] = head_of(qkv, b, h, T, C, HS);
-    flash_rows(q + i0 * C3, C3, k, v, C3, out + (b * T + i0) * C + h * HS, C, lse + bh * T + i0,
-               nr, i0, HS, scale);
+    flash_rows(q + i0 * C3, C3, k, v, C3, out + (b * T + i0) * C + h * HS, C, lse + bh * T + i0, nr,
+               i0, HS, scale);
   }
 }
 
-void flash_attention_backward(float* dqkv, float* delta, const float* dout, const float* qkv, const float* out,
-                              const float* lse, i64 B, i64 T, i64 C, i64 NH) {
+void flash_attention_backward(float* dqkv, float* delta, const float* dout, const float* qkv,
+                              const float* out, const float* lse, i64 B, i64 T, i64 C, i64 NH) {
   const i64 HS = C / NH, C3 = 3 * C;
   const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
 #pragma omp parallel for schedule(dynamic)
@@ -167,8 +165,8 @@ void flash_attention_backward(float* dqkv, float* delta, const float* dout, cons
   }
 }
 
-void flash_attention_cached(float* out, float* kcache, float* vcache, const float* qkv, i64 B, i64 n,
-                            i64 C, i64 NH, i64 Tc, i64 pos) {
+void flash_attention_cached(float* out, float* kcache, float* vcache, const float* qkv, i64 B,
+                            i64 n, i64 C, i64 NH, i64 Tc, i64 pos) {
   const i64 HS = C / NH, C3 = 3 * C;
   const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
 #pragma omp parallel for schedule(static)

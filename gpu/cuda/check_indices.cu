@@ -26,4 +26,37 @@ cudaError_t check_indices(const Launch& at, Fault code, const std::int32_t* ids,
   return cudaGetLastError();
 }
 
+const char* fault_op(Fault f) {
+  switch (f) {
+    case Fault::kEmbeddingForwardToken:
+      return "embedding_forward";
+    case Fault::kEmbeddingBackwardToken:
+      return "embedding_backward";
+    case Fault::kCrossEntropyForwardTarget:
+      return "crossentropy_forward";
+    case Fault::kCrossEntropyBackwardTarget:
+      return "crossentropy_backward";
+    case Fault::kCrossEntropyPartialTarget:
+      return "crossentropy_partial";
+    case Fault::kNone:
+      break;
+  }
+  return "an op";
+}
+
+const char* fault_what(Fault f) {
+  switch (f) {
+    case Fault::kEmbeddingForwardToken:
+    case Fault::kEmbeddingBackwardToken:
+      return "a token id";
+    case Fault::kCrossEntropyForwardTarget:
+    case Fault::kCrossEntropyBackwardTarget:
+    case Fault::kCrossEntropyPartialTarget:
+      return "a target";
+    case Fault::kNone:
+      break;
+  }
+  return "an index";
+}
+
 }  // namespace troupe::gpu::cuda

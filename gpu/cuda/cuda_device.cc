@@ -15,6 +15,7 @@
 #include "absl/strings/str_join.h"
 #include "gpu/cuda/cublaslt.h"
 #include "gpu/cuda/cuda_stream.h"
+#include "gpu/cuda/op_times.h"
 #include "gpu/kernels.h"
 
 namespace troupe::gpu {
@@ -63,39 +64,6 @@ absl::Status cuda_status(cudaError_t err, absl::string_view what) {
       absl::StrCat(what, ": ", cudaGetErrorName(err), " (", cudaGetErrorString(err), ")"));
 }
 
-const char* fault_op(Fault f) {
-  switch (f) {
-    case Fault::kEmbeddingForwardToken:
-      return "embedding_forward";
-    case Fault::kEmbeddingBackwardToken:
-      return "embedding_backward";
-    case Fault::kCrossEntropyForwardTarget:
-      return "crossentropy_forward";
-    case Fault::kCrossEntropyBackwardTarget:
-      return "crossentropy_backward";
-    case Fault::kCrossEntropyPartialTarget:
-      return "crossentropy_partial";
-    case Fault::kNone:
-      break;
-  }
-  return "an op";
-}
-
-const char* fault_what(Fault f) {
-  switch (f) {
-    case Fault::kEmbeddingForwardToken:
-    case Fault::kEmbeddingBackwardToken:
-      return "a token id";
-    case Fault::kCrossEntropyForwardTarget:
-    case Fault::kCrossEntropyBackwardTarget:
-    case Fault::kCrossEntropyPartialTarget:
-      return "a target";
-    case Fault::kNone:
-      break;
-  }
-  return "an index";
-}
-
 // ---- CudaStream ----
 // The fault word is cleared on the stream itself (cudaMemset would use the
 // legacy stream, unordered with this non-blocking one).
@@ -113,6 +81,7 @@ CudaStream::CudaStream(CudaDevice& device, int index, bool tf32)
   check(cudaMemsetAsync(fault_, 0, 2 * sizeof(unsigned), stream_), "cudaMemsetAsync(fault)");
   const char* sync = std::getenv("TROUPE_CUDA_SYNC");
   sync_each_op_ = sync != nullptr && std::strcmp(sync, "1") == 0;
+  times_ = OpTimes::from_env(index_);
 }
 
 // No device-wide sync: the stream's buffers go back to the pool and slabs.
@@ -120,7 +89,8 @@ CudaStream::~CudaStream() {
   cudaSetDevice(index_);
   if (stream_ != nullptr) cudaStreamSynchronize(stream_);
   retire(/*all=*/true);
-  kept_.clear();  // (the owner ended the libraries that used them before the stream)
+  times_.reset();  // (writes its line)
+  kept_.clear();   // (the owner ended the libraries that used them before the stream)
   for (cudaEvent_t e : free_events_) cudaEventDestroy(e);
   workspace_.reset();
   scratch_.storage.reset();
@@ -250,10 +220,14 @@ void CudaStream::retire(bool all) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     while (!in_flight_.empty() && (all || cudaEventQuery(in_flight_.front().done) == cudaSuccess)) {
-      free_events_.push_back(in_flight_.front().done);
+      if (in_flight_.front().start == nullptr) free_events_.push_back(in_flight_.front().done);
       done.push_back(std::move(in_flight_.front()));
       in_flight_.pop_front();
     }
+  }
+  // (Timed ops' events go to times_, which pools them.)
+  for (const InFlight& op : done) {
+    if (op.start != nullptr) times_->add(op.name, op.start, op.done);
   }
   // `done` drops its storages here, outside the lock.
 }
@@ -333,6 +307,8 @@ void CudaStream::launch_held(const char* name, std::vector<std::shared_ptr<Stora
     fail(async_fault(sticky, absl::StrCat("before ", name)));
     return;
   }
+  cudaEvent_t start = times_ ? times_->event() : nullptr;
+  if (start != nullptr && cudaEventRecord(start, stream_) != cudaSuccess) start = nullptr;
   nvtxRangePushA(name);
   absl::Status st = launch(Launch{stream_, fault_});
   nvtxRangePop();
@@ -341,10 +317,15 @@ void CudaStream::launch_held(const char* name, std::vector<std::shared_ptr<Stora
     std::lock_guard<std::mutex> lock(mu_);
     kept_.insert(kept_.end(), held.begin(), held.end());
   }
-  InFlight op{nullptr, std::move(held)};
+  InFlight op{nullptr, std::move(held), nullptr, {}};
+  if (start != nullptr) {  // timed: both events from times_, which pools them
+    op.start = start;
+    op.done = times_->event();
+    op.name = name;
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (!free_events_.empty()) {
+    if (op.done == nullptr && !free_events_.empty()) {
       op.done = free_events_.back();
       free_events_.pop_back();
     }
@@ -360,7 +341,9 @@ void CudaStream::launch_held(const char* name, std::vector<std::shared_ptr<Stora
   } else {
     // No event to wait for: wait for the op itself before its tensors go.
     check(cudaStreamSynchronize(stream_), name);
-    if (op.done != nullptr) {
+    if (op.start != nullptr) {
+      times_->add(op.name, op.start, op.done);
+    } else if (op.done != nullptr) {
       std::lock_guard<std::mutex> lock(mu_);
       free_events_.push_back(op.done);
     }

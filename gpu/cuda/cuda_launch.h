@@ -108,8 +108,8 @@ cudaError_t flash_attention_forward(const Launch& at, Precision p, void* out, fl
                                     const void* qkv, i64 B, i64 T, i64 C, i64 NH);
 // Its tensor-core forward (flash_attention_mma.cu), which
 // flash_attention_forward runs where it fits: bf16/fp16, head size 64 or
-// 128, qkv 16-byte aligned.
-bool flash_forward_mma_fits(Precision p, const void* qkv, i64 C, i64 NH);
+// 128, qkv 16-byte aligned, grid dimensions within CUDA's limits.
+bool flash_forward_mma_fits(Precision p, const void* qkv, i64 B, i64 T, i64 C, i64 NH);
 cudaError_t flash_forward_mma(const Launch& at, Precision p, void* out, float* lse, const void* qkv,
                               i64 B, i64 T, i64 C, i64 NH);
 cudaError_t flash_attention_backward(const Launch& at, Precision p, void* dqkv, float* delta,

@@ -57,6 +57,7 @@ namespace troupe::gpu::cuda {
 absl::Status cuda_status(cudaError_t err, absl::string_view what);
 
 class CudaDevice;
+class OpTimes;
 
 class CudaStream final : public Stream {
  public:
@@ -96,6 +97,8 @@ class CudaStream final : public Stream {
   struct InFlight {
     cudaEvent_t done;
     std::vector<std::shared_ptr<Storage>> held;
+    cudaEvent_t start = nullptr;  // with TROUPE_CUDA_OP_TIMES (op_times.h)
+    std::string name;
   };
   void check(cudaError_t err, absl::string_view what);
   // An asynchronous error the stream found `where`, with the ops it may be
@@ -123,8 +126,9 @@ class CudaStream final : public Stream {
   std::shared_ptr<Storage> workspace_;
   Tensor scratch_;  // scratch()'s buffer (f64 elements)
   bool sync_each_op_ = false;
-  bool tf32_ = false;  // StreamOptions::tf32, for its GEMMs
-  std::mutex mu_;      // error_, in_flight_, kept_, recent_, free_events_, workspace_, scratch_
+  std::unique_ptr<OpTimes> times_;  // TROUPE_CUDA_OP_TIMES: each op's GPU time
+  bool tf32_ = false;               // StreamOptions::tf32, for its GEMMs
+  std::mutex mu_;  // error_, in_flight_, kept_, recent_, free_events_, workspace_, scratch_
   absl::Status error_;
   std::deque<InFlight> in_flight_;
   std::vector<std::shared_ptr<Storage>> kept_;  // failed launches' tensors, until ~CudaStream

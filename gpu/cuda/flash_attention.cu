@@ -83,7 +83,8 @@ __device__ void flash_row(float* qs, S* out, float* lse, const S* q, const S* k,
 }
 
 // Warp w of block x: row `rows - 1 - (x * kRows + w)` of rows B*NH*T (the
-// longest rows first), or -1 past the end.
+// last rows first: the longest for the query-row kernels, the shortest for
+// the key-row one), or -1 past the end.
 __device__ i64 warp_row(i64 rows) {
   const i64 r = static_cast<i64>(blockIdx.x) * kRows + threadIdx.x / kWarp;
   return r < rows ? rows - 1 - r : -1;
@@ -142,7 +143,7 @@ __global__ void flash_backward_kv_kernel(const unsigned* fault, S* dqkv, const S
   const i64 bh = row / T, j = row % T, b = bh / NH, h = bh % NH;
   const int HS = static_cast<int>(C / NH), lane = threadIdx.x % kWarp;
   const i64 C3 = 3 * C;
-  const S* q = qkv + b * T * C3 + h * HS;  // row i at q + i * C3
+  const S* q = qkv + b * T * C3 + h * HS;   // row i at q + i * C3
   const S* dy = dout + b * T * C + h * HS;  // row i at dy + i * C
   float* ks = kvs[threadIdx.x / kWarp];
   float* vs = ks + kMaxHS;
@@ -259,8 +260,8 @@ __global__ void flash_cached_kernel(const unsigned* fault, S* out, const S* kcac
   if (row < 0) return;
   const i64 bh = row / n, i = row % n, b = bh / NH, h = bh % NH, HS = C / NH;
   flash_row(qs[threadIdx.x / kWarp], out + (b * n + i) * C + h * HS, static_cast<float*>(nullptr),
-            qkv + (b * n + i) * 3 * C + h * HS, kcache + bh * Tc * HS, HS, vcache + bh * Tc * HS, HS,
-            pos + i + 1, static_cast<int>(HS), rsqrtf(static_cast<float>(HS)));
+            qkv + (b * n + i) * 3 * C + h * HS, kcache + bh * Tc * HS, HS, vcache + bh * Tc * HS,
+            HS, pos + i + 1, static_cast<int>(HS), rsqrtf(static_cast<float>(HS)));
 }
 
 unsigned blocks_for(i64 rows) { return static_cast<unsigned>((rows + kRows - 1) / kRows); }
@@ -272,7 +273,7 @@ cudaError_t flash_attention_forward(const Launch& at, Precision p, void* out, fl
   const i64 rows = B * NH * T;
   if (rows == 0) return cudaSuccess;
   if (C / NH > kMaxHS) return cudaErrorInvalidValue;
-  if (flash_forward_mma_fits(p, qkv, C, NH)) {
+  if (flash_forward_mma_fits(p, qkv, B, T, C, NH)) {
     return flash_forward_mma(at, p, out, lse, qkv, B, T, C, NH);
   }
   return with_storage(p, [&](auto s) {

@@ -85,8 +85,9 @@ __global__ void __launch_bounds__(kThreadsMma)
   S* Qs = reinterpret_cast<S*>(smem);
   S* Ks = Qs + kBr * LD;
   S* Vs = Ks + kBc * LD;
-  const i64 blocks = (T + kBr - 1) / kBr, qb = blocks - 1 - blockIdx.x;
-  const i64 bh = blockIdx.y, b = bh / NH, h = bh % NH, C3 = 3 * C, q0 = qb * kBr;
+  // (Blocks go by x first: every head's last query block, the longest, first.)
+  const i64 blocks = (T + kBr - 1) / kBr, qb = blocks - 1 - blockIdx.y;
+  const i64 bh = blockIdx.x, b = bh / NH, h = bh % NH, C3 = 3 * C, q0 = qb * kBr;
   const S* base = qkv + b * T * C3 + h * D;
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp, g = lane / 4, t = lane % 4;
   load_tile<S, D, LD>(Qs, base, C3, q0, T);
@@ -153,10 +154,9 @@ __global__ void __launch_bounds__(kThreadsMma)
     }
 #pragma unroll
     for (int kk = 0; kk < kBc / 16; kk++) {
-      const unsigned a[4] = {pack<S>(s[2 * kk][0], s[2 * kk][1]),
-                             pack<S>(s[2 * kk][2], s[2 * kk][3]),
-                             pack<S>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                             pack<S>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+      const unsigned a[4] = {
+          pack<S>(s[2 * kk][0], s[2 * kk][1]), pack<S>(s[2 * kk][2], s[2 * kk][3]),
+          pack<S>(s[2 * kk + 1][0], s[2 * kk + 1][1]), pack<S>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
 #pragma unroll
       for (int dt = 0; dt < D / 8; dt++) {
         const S* vr = Vs + (kk * 16 + 2 * t) * LD + dt * 8 + g;
@@ -185,19 +185,22 @@ cudaError_t launch(const Launch& at, S* out, float* lse, const S* qkv, i64 B, i6
                    i64 NH) {
   constexpr int bytes = 3 * kBr * (D + 8) * static_cast<int>(sizeof(S));
   auto* kernel = flash_forward_mma_kernel<S, D>;
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  cudaError_t err =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
   if (err != cudaSuccess) return err;
-  const dim3 grid(static_cast<unsigned>((T + kBr - 1) / kBr), static_cast<unsigned>(B * NH));
+  // x: the B*NH heads (up to 2^31 - 1), y: the query blocks (T up to 4M).
+  const dim3 grid(static_cast<unsigned>(B * NH), static_cast<unsigned>((T + kBr - 1) / kBr));
   kernel<<<grid, kThreadsMma, bytes, at.stream>>>(at.fault, out, lse, qkv, T, C, NH);
   return cudaGetLastError();
 }
 
 }  // namespace
 
-bool flash_forward_mma_fits(Precision p, const void* qkv, i64 C, i64 NH) {
+bool flash_forward_mma_fits(Precision p, const void* qkv, i64 B, i64 T, i64 C, i64 NH) {
   const i64 HS = C / NH;
   return p != Precision::kFp32 && (HS == 64 || HS == 128) && C % 8 == 0 &&
-         reinterpret_cast<std::uintptr_t>(qkv) % 16 == 0;
+         reinterpret_cast<std::uintptr_t>(qkv) % 16 == 0 && B * NH < (i64{1} << 31) &&
+         (T + kBr - 1) / kBr <= 65535;
 }
 
 cudaError_t flash_forward_mma(const Launch& at, Precision p, void* out, float* lse, const void* qkv,

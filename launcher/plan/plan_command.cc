@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "actors/schedule.h"
+#include "api/flag_rules.h"
 #include "launcher/commands.h"
 #include "launcher/plan/calibrate.h"
 #include "launcher/plan/report.h"
@@ -31,8 +32,8 @@ struct PlanFlags {
   int micro_batch = 1;
   std::optional<int> global_batch;
   std::string schedule = "1f1b", memory, precision, transport = "inproc";
-  std::string attention_kernel = "flash";
-  std::optional<std::string> recompute;  // --search tries every mode without it
+  std::optional<std::string> attention_kernel;  // default: troupe train's on that hardware
+  std::optional<std::string> recompute;         // --search tries every mode without it
   bool sequence_parallel = false, json = false, search = false;
   int top = 10;
   std::string svg;
@@ -138,7 +139,11 @@ int run_plan(const PlanFlags& f) {
   if (!rc.ok()) return command_failed("plan", rc.status());
   in.recompute = *rc;
   in.sequence_parallel = f.sequence_parallel;
-  absl::StatusOr<model::AttentionKernel> att = model::parse_attention_kernel(f.attention_kernel);
+  // troupe train's default: flash on the CPU (this-machine), reference on
+  // GPUs until the CUDA flash kernel has passed gpu-check.
+  const std::string kernel = f.attention_kernel.value_or(
+      cluster->calibrated || api::cuda_flash_verified() ? "flash" : "reference");
+  absl::StatusOr<model::AttentionKernel> att = model::parse_attention_kernel(kernel);
   if (!att.ok()) return command_failed("plan", att.status());
   in.attention = *att;
   const std::string precision = !f.precision.empty()  ? f.precision
@@ -292,8 +297,9 @@ Command add_plan_command(CLI::App& app) {
   cmd->add_flag("--sequence-parallel", f->sequence_parallel, "Megatron's sequence parallelism");
   cmd->add_option("--attention-kernel", f->attention_kernel,
                   "flash (no T x T scores kept; selective recompute then recomputes nothing) or "
-                  "reference (troupe's materialised probabilities)")
-      ->capture_default_str();
+                  "reference (the T x T probabilities kept); default: troupe train's on that "
+                  "hardware (flash on this-machine, reference on GPUs until scripts/gpu-check "
+                  "has verified the CUDA flash kernel)");
   cmd->add_option("--precision", f->precision,
                   "bf16, fp16, tf32 or fp32 (default: bf16 on GPUs, fp32 on this-machine)");
   cmd->add_option("--memory", f->memory,

@@ -51,9 +51,13 @@ TEST(RecomputeRuntime, ATpPpLayoutIsBitwiseTheSameWithEveryMode) {
        {ParallelOptions{{.tp = 2, .pp = 2}},
         ParallelOptions{{.tp = 2, .pp = 2, .virtual_stages = 2}, ScheduleKind::kInterleaved1F1B}}) {
     SCOPED_TRACE(absl::StrCat("tp 2 pp 2 v ", par.virtual_stages));
-    const Trained want = run({}, par);
+    // (Selective recompute recomputes something with the reference attention
+    // kernel only: that run against the reference kernel's without.)
+    const Trained want_flash = run({}, par);
+    const Trained want_reference = run({.attention = model::AttentionKernel::kReference}, par);
     for (const ActivationOptions& a :
-         {ActivationOptions{.recompute = Recompute::kSelective},
+         {ActivationOptions{.recompute = Recompute::kSelective,
+         .attention = model::AttentionKernel::kReference},
           ActivationOptions{.recompute = Recompute::kFull},
           ActivationOptions{.recompute = Recompute::kFull, .recompute_layers = 2},
           ActivationOptions{.recompute = Recompute::kFull,
@@ -61,6 +65,8 @@ TEST(RecomputeRuntime, ATpPpLayoutIsBitwiseTheSameWithEveryMode) {
           .recompute_layers = 1}}) {
       SCOPED_TRACE(a.describe());
       const Trained got = run(a, par);
+      const Trained& want =
+          a.attention == model::AttentionKernel::kFlash ? want_flash : want_reference;
       ASSERT_EQ(got.metrics.size(), want.metrics.size());
       for (std::size_t i = 0; i < want.metrics.size(); i++) {
         EXPECT_EQ(std::memcmp(&got.metrics[i].loss, &want.metrics[i].loss, sizeof(double)), 0)
@@ -82,6 +88,9 @@ TEST(RecomputeRuntime, ATpPpLayoutIsBitwiseTheSameWithEveryMode) {
 TEST(RecomputeRuntime, ActivationsAllocatedAreTheCountedMemory) {
   for (const ActivationOptions& a :
        {ActivationOptions{}, ActivationOptions{.recompute = Recompute::kSelective},
+        ActivationOptions{.recompute = Recompute::kSelective,
+        .attention = model::AttentionKernel::kReference},
+        ActivationOptions{.attention = model::AttentionKernel::kReference},
         ActivationOptions{.recompute = Recompute::kFull},
         ActivationOptions{.recompute = Recompute::kFull,
         .method = RecomputeMethod::kBlock,
@@ -104,7 +113,8 @@ TEST(RecomputeRuntime, ActivationsAllocatedAreTheCountedMemory) {
                                                            .stage = at.s,
                                                            .recompute = a.recompute,
                                                            .recompute_method = a.method,
-                                                           .recompute_layers = a.recompute_layers});
+                                                           .recompute_layers = a.recompute_layers,
+                                                           .attention = a.attention});
         ASSERT_TRUE(want.ok()) << want.status();
         EXPECT_NEAR(want->activations / allocated, 1.0, 0.10)
             << a.describe() << ", tp " << par.tp << " pp " << par.pp << ", rank " << r;
@@ -121,6 +131,9 @@ TEST(RecomputeRuntime, Gpt2ShapesAllocateTheCountedMemory) {
   const model::GptConfig c = *model::preset("gpt2-124m");
   for (const ActivationOptions& a :
        {ActivationOptions{}, ActivationOptions{.recompute = Recompute::kSelective},
+        ActivationOptions{.recompute = Recompute::kSelective,
+        .attention = model::AttentionKernel::kReference},
+        ActivationOptions{.attention = model::AttentionKernel::kReference},
         ActivationOptions{.recompute = Recompute::kFull},
         ActivationOptions{.recompute = Recompute::kFull, .recompute_layers = 4},
         ActivationOptions{.recompute = Recompute::kFull,
@@ -136,7 +149,8 @@ TEST(RecomputeRuntime, Gpt2ShapesAllocateTheCountedMemory) {
                                                        .stage = 0,
                                                        .recompute = a.recompute,
                                                        .recompute_method = a.method,
-                                                       .recompute_layers = a.recompute_layers});
+                                                       .recompute_layers = a.recompute_layers,
+                                                       .attention = a.attention});
     ASSERT_TRUE(want.ok()) << want.status();
     EXPECT_NEAR(want->activations / allocated, 1.0, 0.10) << a.describe();
   }

@@ -5,6 +5,7 @@
 
 #include <string>
 
+#include "api/flag_rules.h"
 #include "api/train_flags.h"
 #ifdef TROUPE_HAVE_CUDA
 #include "gpu/cuda/cuda_device.h"
@@ -100,6 +101,33 @@ TEST(ResolveDevice, WithoutAGpuTheDefaultIsTheCpuAndSaysNothing) {
   TrainFlags f = layout(1, 1, 1);
   EXPECT_EQ(resolve_device(f, false), "");
   EXPECT_EQ(f.device, "cpu");
+}
+
+// --attention-kernel's default follows the device: flash on the CPU (and
+// the opaque device), the reference kernel on CUDA until gpu-check has
+// verified the flash one there; a given kernel stays; a bad one is named.
+TEST(ResolveAttention, TheDefaultIsFlashButOnCudaUntilVerified) {
+  auto kernel = [](const std::string& device, const std::string& flag) {
+    TrainFlags f;
+    f.device = device;
+    f.attention_kernel = flag;
+    model::ActivationOptions a;
+    EXPECT_TRUE(resolve_attention(f, &a).ok());
+    return a.attention;
+  };
+  using model::AttentionKernel;
+  EXPECT_EQ(kernel("cpu", ""), AttentionKernel::kFlash);
+  EXPECT_EQ(kernel("opaque", ""), AttentionKernel::kFlash);
+  EXPECT_EQ(kernel("", ""), AttentionKernel::kFlash);
+  EXPECT_EQ(kernel("cuda", ""),
+            cuda_flash_verified() ? AttentionKernel::kFlash : AttentionKernel::kReference);
+  EXPECT_EQ(kernel("cuda", "flash"), AttentionKernel::kFlash);
+  EXPECT_EQ(kernel("cpu", "reference"), AttentionKernel::kReference);
+  TrainFlags f;
+  f.attention_kernel = "fast";
+  model::ActivationOptions a;
+  EXPECT_EQ(resolve_attention(f, &a).message(),
+            "--attention-kernel 'fast': use flash or reference");
 }
 
 }  // namespace

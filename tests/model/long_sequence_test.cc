@@ -73,8 +73,7 @@ TEST(LongSequence, ActivationMemoryIsLinearInTWithFlashAttention) {
   auto bytes = [](int T, AttentionKernel k) {
     GptConfig c = *preset("tiny");
     c.T = T;
-    return static_cast<double>(
-        counted_slot_bytes(c, StageSpec::whole(c), 1, 1, {.attention = k}));
+    return static_cast<double>(counted_slot_bytes(c, StageSpec::whole(c), 1, 1, {.attention = k}));
   };
   const double flash = bytes(4096, AttentionKernel::kFlash) / bytes(512, AttentionKernel::kFlash);
   const double ref =
