@@ -26,8 +26,8 @@
 namespace troupe::gpu::cpu {
 namespace {
 
-constexpr i64 kBr = 64;  // query rows per block
-constexpr i64 kBc = 64;  // key rows per block
+constexpr i64 kBr = 128;  // query rows per block
+constexpr i64 kBc = 128;  // key rows per block
 
 // Keys 0..limit-1 of row r's block, clamped to the block: how many of the
 // block's nc columns starting at key j0 row r (at position pos) may see.

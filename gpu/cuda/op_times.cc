@@ -49,8 +49,9 @@ void OpTimes::add(const std::string& name, cudaEvent_t start, cudaEvent_t end) {
 OpTimes::~OpTimes() {
   float span = 0;
   if (first_ != nullptr && last_ != nullptr) (void)cudaEventElapsedTime(&span, first_, last_);
-  std::string line = absl::StrFormat(R"({"pid": %d, "device": %d, "span_ms": %.4f, "busy_ms": %.4f, "ops": {)",
-                                     static_cast<int>(getpid()), device_, span, busy_ms_);
+  std::string line =
+      absl::StrFormat(R"({"pid": %d, "device": %d, "span_ms": %.4f, "busy_ms": %.4f, "ops": {)",
+                      static_cast<int>(getpid()), device_, span, busy_ms_);
   bool first = true;
   for (const auto& [name, s] : ops_) {
     absl::StrAppend(&line, first ? "" : ", ",

@@ -23,12 +23,12 @@ class Fp32FlashAttentionTest : public OpsTest {};
 struct Shape {
   int B, T, C, NH;
 };
-// Tiles are 64 rows (the CPU's blocks, CUDA's tensor-core tiles; CUDA's
-// other kernels take keys 32 at a time): one, two and three of them with a
+// Tiles are 128 rows on the CPU, 64 on CUDA's tensor cores, and CUDA's
+// other kernels take keys 32 at a time: shapes of one to three tiles with a
 // partial last, at head sizes 8, 64 and 128 (the tensor-core forward's in
 // 16 bits) and 160 (MT-NLG's); a single row, and 17 rows (a tile whose
 // last warp has no rows).
-constexpr Shape kShapes[] = {{2, 70, 16, 2},  {2, 130, 128, 2}, {2, 67, 256, 2},
+constexpr Shape kShapes[] = {{2, 70, 16, 2},  {2, 130, 128, 2}, {2, 67, 256, 2}, {1, 300, 16, 2},
                              {1, 70, 320, 2}, {1, 1, 128, 2},   {2, 17, 128, 2}};
 // lse is fp32 from inputs representable in every dtype: close to double.
 constexpr double kLseTol = 1e-5;
@@ -117,7 +117,7 @@ TEST_P(FlashAttentionTest, AnUnalignedQkvView) {
 }
 
 // Generation's step in the flash family, fed a prompt longer than a tile,
-// one token, then 5 more: causal attention over the whole sequence, and
+// one token, then 9 more: causal attention over the whole sequence, and
 // every position's k and v left in the caches (head sizes 8 and 64).
 TEST_P(FlashAttentionTest, CachedStepsEqualCausalAttentionInChunks) {
   for (const int C : {16, 128}) {
@@ -128,12 +128,12 @@ TEST_P(FlashAttentionTest, CachedStepsEqualCausalAttentionInChunks) {
 }
 
 void FlashAttentionTest::cached_in_chunks(int C) {
-  const int B = 2, T = 76, NH = 2, HS = C / NH, Tc = 80;
+  const int B = 2, T = 140, NH = 2, HS = C / NH, Tc = 144;
   Tensor qkv = rnd({B, T, 3 * C});
   Tensor kc = zeros({B, NH, Tc, HS}), vc = zeros({B, NH, Tc, HS});
   const float* q = qkv.data<float>();
   Vec got(static_cast<std::size_t>(B) * T * C, 0.0);
-  for (auto [pos, n] : {std::pair{0, 70}, std::pair{70, 1}, std::pair{71, 5}}) {
+  for (auto [pos, n] : {std::pair{0, 130}, std::pair{130, 1}, std::pair{131, 9}}) {
     Tensor part = filled({B, n, 3 * C}, 0.0f);
     for (int b = 0; b < B; b++)
       std::copy_n(q + (b * T + pos) * 3 * C, n * 3 * C, part.data<float>() + b * n * 3 * C);
