@@ -25,11 +25,10 @@ absl::StatusOr<model::GptConfig> resolve_model(const TrainFlags& f);
 // --recompute-*: Megatron's rules.
 absl::Status resolve_recompute(const TrainFlags& f, model::ActivationOptions* a);
 // --attention-kernel, or its default for f.device (flash; reference on
-// cuda, whose flash kernel has not passed gpu-check on a GPU yet).
+// cuda while !model::cuda_flash_verified()); an empty device (troupe
+// launch, before its workers resolve theirs) counts as cuda where this
+// host has a GPU a worker would take.
 absl::Status resolve_attention(const TrainFlags& f, model::ActivationOptions* a);
-// Whether the CUDA flash attention kernel has passed scripts/gpu-check (and
-// is --device cuda's default).
-bool cuda_flash_verified();
 // --bf16 or --fp16; the loss-scaling flags only with --fp16.
 absl::Status resolve_precision(const TrainFlags& f, model::TrainOptions* o);
 // --steps or --train-samples, --rampup-batch-size, the schedule's unit.

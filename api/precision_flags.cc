@@ -37,17 +37,20 @@ absl::Status resolve_recompute(const TrainFlags& f, model::ActivationOptions* a)
   return a->validate();
 }
 
-// Set to true once scripts/gpu-check has run the CUDA flash kernels' op
-// suite on a GPU (docs/CUDA.md): until then --device cuda defaults to the
-// reference kernel, which has.
-constexpr bool kCudaFlashVerified = false;
-
-bool cuda_flash_verified() { return kCudaFlashVerified; }
-
 absl::Status resolve_attention(const TrainFlags& f, model::ActivationOptions* a) {
   if (f.attention_kernel.empty()) {
-    a->attention = f.device == "cuda" && !kCudaFlashVerified ? model::AttentionKernel::kReference
-                                                             : model::AttentionKernel::kFlash;
+    // (troupe launch resolves the device on each worker: here a host whose
+    // GPU a worker would take counts as cuda, for the banner and
+    // --print-config's memory.)
+    std::string device = f.device;
+    if (device.empty()) {
+      TrainFlags probe = f;
+      resolve_device(probe, /*process_per_rank=*/true);
+      device = probe.device;
+    }
+    a->attention = model::resolve_attention_kernel(
+        model::AttentionKernel::kDefault,
+        device == "cuda" ? gpu::DeviceKind::kCuda : gpu::DeviceKind::kCpu);
     return absl::OkStatus();
   }
   absl::StatusOr<model::AttentionKernel> k = model::parse_attention_kernel(f.attention_kernel);

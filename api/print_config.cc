@@ -108,13 +108,8 @@ std::vector<ConfigValue> describe_config(const TrainFlags& f, const model::Train
                  given(f, "--recompute-granularity") || given(f, "--recompute-activations")
                      ? "flag"
                      : "default"});
-  // (troupe launch resolves the device on each worker: its default is the
-  // CPU's here, and a worker on a GPU takes the reference kernel.)
   out.push_back({"--attention-kernel", model::attention_kernel_name(o.activations.attention),
-                 given(f, "--attention-kernel") ? "flag"
-                 : f.device.empty() && !cuda_flash_verified()
-                     ? "default; reference on a worker that computes on cuda"
-                     : "default"});
+                 given(f, "--attention-kernel") ? "flag" : "default"});
   if (o.activations.recompute == model::Recompute::kFull) {
     add("--recompute-method", model::recompute_method_name(o.activations.method), "default");
     add("--recompute-num-layers", absl::StrCat(o.activations.recompute_layers), "default");

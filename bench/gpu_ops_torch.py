@@ -123,22 +123,31 @@ def main():
         for Ta in (1024, 4096, 8192):
             for hs_a in (64, 128):
                 Ba, NHa = 8192 // Ta, 12 if hs_a == 64 else 16
-                q, k, v = (torch.randn(Ba, NHa, Ta, hs_a, device=dev, dtype=dt) for _ in range(3))
+                Ca = NHa * hs_a
+                # q, k, v as views of one (B, T, 3C) tensor, as troupe reads them
+                qkv_a = torch.randn(Ba, Ta, 3 * Ca, device=dev, dtype=dt)
+
+                def split(t, Ba=Ba, Ta=Ta, NHa=NHa, hs_a=hs_a, Ca=Ca):
+                    return [x.view(Ba, Ta, NHa, hs_a).transpose(1, 2) for x in t.split(Ca, dim=2)]
+
+                q, k, v = split(qkv_a)
                 dy = torch.randn_like(q)
                 fwd = 4.0 * Ba * NHa * Ta * Ta * hs_a / 2
                 name = f"T{Ta}_hs{hs_a}"
                 time_op(f"attention_fwd_{name}", fwd,
                         lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True),
                         "F.scaled_dot_product_attention(is_causal=True)")
-                qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
+                qkv_g = qkv_a.detach().requires_grad_()
 
-                def fwd_bwd():
+                def fwd_bwd(qkv_g=qkv_g, dy=dy, split=split):
                     with torch.enable_grad():
+                        qg, kg, vg = split(qkv_g)
                         y = F.scaled_dot_product_attention(qg, kg, vg, is_causal=True)
-                        y.backward(dy)
+                        # the gradient of qkv, not accumulated into .grad
+                        return torch.autograd.grad(y, qkv_g, dy)
 
                 time_op(f"attention_fwdbwd_{name}", 3.5 * fwd, fwd_bwd,
-                        "SDPA(is_causal=True) forward, then backward")
+                        "SDPA(is_causal=True) on views of one qkv, forward, then autograd.grad")
         time_op("crossentropy_forward", 0, lambda: F.cross_entropy(logits[:, :V].float(), targets),
                 "F.cross_entropy(logits[:, :V].float()) (fp32 loss, as troupe's)")
         time_op("residual_forward", 0, lambda: x + dx, "x + dx")

@@ -122,7 +122,28 @@ absl::StatusOr<AttentionKernel> parse_attention_kernel(absl::string_view name) {
 }
 
 std::string attention_kernel_name(AttentionKernel k) {
-  return k == AttentionKernel::kFlash ? "flash" : "reference";
+  switch (k) {
+    case AttentionKernel::kDefault:
+      return "default";
+    case AttentionKernel::kFlash:
+      return "flash";
+    case AttentionKernel::kReference:
+      return "reference";
+  }
+  return "?";
+}
+
+// Set to true once scripts/gpu-check has run the CUDA flash kernels' op
+// suite on a GPU (docs/CUDA.md); until then CUDA defaults to the reference
+// kernel, which has.
+constexpr bool kCudaFlashVerified = false;
+
+bool cuda_flash_verified() { return kCudaFlashVerified; }
+
+AttentionKernel resolve_attention_kernel(AttentionKernel k, gpu::DeviceKind kind) {
+  if (k != AttentionKernel::kDefault) return k;
+  return kind == gpu::DeviceKind::kCuda && !kCudaFlashVerified ? AttentionKernel::kReference
+                                                               : AttentionKernel::kFlash;
 }
 
 std::string recompute_method_name(RecomputeMethod m) {

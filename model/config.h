@@ -13,6 +13,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "gpu/device.h"
 #include "gpu/precision.h"
 
 namespace troupe::model {
@@ -70,10 +71,17 @@ enum class RecomputeMethod { kUniform, kBlock };
 //              to recompute (as Megatron says of flash attention)
 //   reference  the softmax probabilities materialised, B·NH·T² a layer
 // Both are deterministic; they differ in the order of their sums (within
-// ~1e-6 relative in fp32).
-enum class AttentionKernel { kFlash, kReference };
+// ~1e-6 relative in fp32). kDefault: the device's, resolved where the
+// device is known (model::Gpt, model::Decoder; api's flags for the banner):
+// flash, but reference on CUDA until cuda_flash_verified().
+enum class AttentionKernel { kDefault, kFlash, kReference };
 absl::StatusOr<AttentionKernel> parse_attention_kernel(absl::string_view name);
 std::string attention_kernel_name(AttentionKernel k);
+// Whether the CUDA flash kernels have passed scripts/gpu-check's op suite on
+// a GPU (docs/CUDA.md): until then CUDA's default is the reference kernel.
+bool cuda_flash_verified();
+// `k`, or for kDefault the kernel a device of `kind` takes.
+AttentionKernel resolve_attention_kernel(AttentionKernel k, gpu::DeviceKind kind);
 
 struct ActivationOptions {
   Recompute recompute = Recompute::kNone;
@@ -93,9 +101,10 @@ struct ActivationOptions {
   // the loss and the LayerNorm statistics stay fp32 (as Megatron's mixed
   // precision). gpu/kernels.h has each op's dtypes.
   gpu::Precision precision = gpu::Precision::kFp32;
-  // --attention-kernel (the launcher's default: flash, but reference on
-  // CUDA until gpu-check has verified the flash kernel there).
-  AttentionKernel attention = AttentionKernel::kFlash;
+  // --attention-kernel; kDefault: the device's (resolve_attention_kernel).
+  // Memory counts without a device (counted_slot_bytes) take kDefault as
+  // flash.
+  AttentionKernel attention = AttentionKernel::kDefault;
   // Whether selective recompute has anything to recompute: the reference
   // kernel's probabilities. With flash attention it keeps everything.
   bool recomputes_scores() const {

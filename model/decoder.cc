@@ -45,7 +45,9 @@ Decoder::Decoder(const GptConfig& config, gpu::Device& device, const StageSpec& 
   rstd_ = empty32({B, T});
   if (stage.layers() > 0) {
     qkv_ = empty({B, T, 3 * Cl});
-    if (attention == AttentionKernel::kReference) att_ = empty({B, NHl, T, T});
+    if (resolve_attention_kernel(attention, device.kind()) == AttentionKernel::kReference) {
+      att_ = empty({B, NHl, T, T});
+    }
     atty_ = empty({B, T, Cl});
     proj_ = empty({B, T, C});
     fch_ = empty({B, T, 4 * Cl});

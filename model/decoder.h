@@ -36,11 +36,12 @@ class Decoder {
  public:
   // Parameters, B sequences' KV caches of config.T positions and the
   // buffers of a forward of up to T positions, on `device`, in `dtype` (a
-  // compute dtype: f32, bf16 or f16). With flash attention nothing is T x T;
+  // compute dtype: f32, bf16 or f16). With flash attention (kDefault: the
+  // device's, resolve_attention_kernel) nothing is T x T;
   // the reference kernel keeps a (B, NH, T, T) scratch for its scores.
   Decoder(const GptConfig& config, gpu::Device& device, const StageSpec& stage,
           TensorParallel tp = {}, int B = 1, gpu::DType dtype = gpu::DType::kF32,
-          AttentionKernel attention = AttentionKernel::kFlash);
+          AttentionKernel attention = AttentionKernel::kDefault);
 
   const GptConfig& config() const { return config_; }
   const StageSpec& stage() const { return stage_; }

@@ -123,7 +123,7 @@ Dims dims(const GptConfig& c, std::int64_t B, int tp, const ActivationOptions& o
           c.NH / tp,
           tp,
           o.sequence_parallel && tp > 1,
-          o.attention == AttentionKernel::kFlash};
+          o.attention != AttentionKernel::kReference};
 }
 
 // A layer's tensors: all of them, or without att (selective), or only the
@@ -272,6 +272,7 @@ Gpt::Gpt(const GptConfig& config, int B, gpu::Device& device, const StageSpec& s
       device_(device),
       layout_(ParamLayout::gpt(config, stage, tp_.slice)),
       act_(activations) {
+  act_.attention = resolve_attention_kernel(act_.attention, device.kind());
   const int P = tp_.slice.tp;
   const gpu::DType A = dtype();
   // The compute copy of the parameters in the compute dtype; their
@@ -463,7 +464,7 @@ void Gpt::layer_forward(gpu::Stream& s, const LayerActivations& x, const Tensor&
   const LayerParams& p = p_.h[static_cast<std::size_t>(l)];
   ops::layernorm_forward(s, x.ln1, x.ln1_mean, x.ln1_rstd, residual, p.ln1w, p.ln1b);
   ops::matmul_forward(s, x.qkv, gathered(s, x.ln1), p.qkvw, p.qkvb);
-  if (act_.attention == AttentionKernel::kFlash) {
+  if (act_.attention != AttentionKernel::kReference) {
     ops::flash_attention_forward(s, x.atty, x.lse, x.qkv);
   } else {
     ops::attention_forward(s, x.atty, x.att, x.qkv);
@@ -548,7 +549,7 @@ void Gpt::layer_backward(gpu::Stream& s, GptActivations& a, const LayerActivatio
                        p.attprojw, Accumulate::kNo);
   // Selective recompute: the scores and softmax again, from the kept q, k,
   // v (the output, the same as the kept atty, goes to the workspace).
-  if (act_.attention == AttentionKernel::kFlash) {
+  if (act_.attention != AttentionKernel::kReference) {
     ops::flash_attention_backward(s, scratch_.dqkv, scratch_.delta, scratch_.datty, x.qkv, x.atty,
                                   x.lse);
   } else {

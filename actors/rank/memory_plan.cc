@@ -70,7 +70,7 @@ constexpr double kF32 = 4;
 // 5as/h term is gone; the per-row log-sum-exp, 4as/(h t) of sbh, is left
 // out as the paper leaves out its LayerNorm statistics).
 Recompute paper_mode(const MemoryQuery& q, Recompute r) {
-  return q.attention == model::AttentionKernel::kFlash && r == Recompute::kNone
+  return q.attention != model::AttentionKernel::kReference && r == Recompute::kNone
              ? Recompute::kSelective
              : r;
 }

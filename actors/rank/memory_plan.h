@@ -64,7 +64,7 @@ struct MemoryQuery {
   int recompute_layers = 1;                                                    // full only
   bool sequence_parallel = false;
   gpu::Precision precision = gpu::Precision::kFp32;  // --bf16/--fp16: the tensors' dtype
-  model::AttentionKernel attention = model::AttentionKernel::kFlash;
+  model::AttentionKernel attention = model::AttentionKernel::kDefault;  // (counted as flash)
   model::ActivationOptions activations() const {
     return {.recompute = recompute,
             .method = recompute_method,

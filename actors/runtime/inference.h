@@ -37,8 +37,8 @@ namespace troupe::actors {
 struct InferenceOptions {
   gpu::Device* device = nullptr;
   gpu::Precision precision = gpu::Precision::kFp32;
-  int threads = 1;  // per shard, on the CPU
-  model::AttentionKernel attention = model::AttentionKernel::kFlash;
+  int threads = 1;                                                      // per shard, on the CPU
+  model::AttentionKernel attention = model::AttentionKernel::kDefault;  // the device's
 };
 
 // Fills one shard's parameters: layout.total() floats of host memory for

@@ -3,6 +3,7 @@
 
 #include <cstring>
 #include <memory>
+#include <new>
 
 #include "gpu/cpu/vec_math.h"
 #include "gpu/precision.h"
@@ -26,13 +27,25 @@ TROUPE_CLONES void f32_to_f16_range(std::uint16_t* out, const float* in, i64 i0,
 // The calling thread's staging memory: one block, reused op after op, as
 // large as the most one op has taken. An op that needs more takes extra
 // blocks; when it ends they go, and the block grows to what it took.
+// 64-byte aligned blocks: oneDNN's GEMMs may take another path, and sum in
+// another order, for another alignment, and the allocator's alignment
+// differs from process to process (under ASan too); the device's tensors
+// are 64-byte aligned, and so are the staged copies.
+struct AlignedFree {
+  void operator()(float* p) const { ::operator delete[](p, std::align_val_t{64}); }
+};
+using Block = std::unique_ptr<float[], AlignedFree>;
+Block aligned_floats(i64 n) {
+  return Block(static_cast<float*>(
+      ::operator new[](static_cast<std::size_t>(n) * sizeof(float), std::align_val_t{64})));
+}
 struct Arena {
-  std::unique_ptr<float[]> block;
+  Block block;
   i64 size = 0;   // floats in block
   i64 used = 0;   // of block, by the op in progress
   i64 taken = 0;  // by the op in progress, extras included
   int depth = 0;  // Stagings alive (nested)
-  std::vector<std::unique_ptr<float[]>> extra;
+  std::vector<Block> extra;
 };
 thread_local Arena arena;
 
@@ -96,7 +109,7 @@ Staging::~Staging() {
   if (--arena.depth > 0) return;  // (an enclosing Staging is still using it)
   if (!arena.extra.empty()) {
     arena.extra.clear();
-    arena.block = std::make_unique<float[]>(static_cast<std::size_t>(arena.taken));
+    arena.block = aligned_floats(arena.taken);
     arena.size = arena.taken;
   }
   arena.taken = 0;
@@ -110,7 +123,7 @@ float* Staging::take(i64 n) {
     arena.used += n;
     return p;
   }
-  arena.extra.push_back(std::make_unique<float[]>(static_cast<std::size_t>(n)));
+  arena.extra.push_back(aligned_floats(n));
   return arena.extra.back().get();
 }
 

@@ -89,6 +89,7 @@ CudaStream::~CudaStream() {
   cudaSetDevice(index_);
   if (stream_ != nullptr) cudaStreamSynchronize(stream_);
   retire(/*all=*/true);
+  if (times_ != nullptr && stream_ != nullptr) times_->finish(stream_);
   times_.reset();  // (writes its line)
   kept_.clear();   // (the owner ended the libraries that used them before the stream)
   for (cudaEvent_t e : free_events_) cudaEventDestroy(e);
@@ -307,21 +308,34 @@ void CudaStream::launch_held(const char* name, std::vector<std::shared_ptr<Stora
     fail(async_fault(sticky, absl::StrCat("before ", name)));
     return;
   }
-  cudaEvent_t start = times_ ? times_->event() : nullptr;
-  if (start != nullptr && cudaEventRecord(start, stream_) != cudaSuccess) start = nullptr;
+  cudaEvent_t start = nullptr;
+  if (times_ != nullptr) {
+    times_->started(stream_);
+    start = times_->event();
+    if (start != nullptr && cudaEventRecord(start, stream_) != cudaSuccess) {
+      times_->give_back(start);
+      start = nullptr;
+    }
+  }
   nvtxRangePushA(name);
   absl::Status st = launch(Launch{stream_, fault_});
   nvtxRangePop();
   if (!st.ok()) {
+    if (start != nullptr) times_->give_back(start);  // (a failed launch is not timed)
+    start = nullptr;
     fail(absl::Status(st.code(), absl::StrCat(name, ": ", st.message())));
     std::lock_guard<std::mutex> lock(mu_);
     kept_.insert(kept_.end(), held.begin(), held.end());
   }
   InFlight op{nullptr, std::move(held), nullptr, {}};
   if (start != nullptr) {  // timed: both events from times_, which pools them
-    op.start = start;
     op.done = times_->event();
-    op.name = name;
+    if (op.done != nullptr) {
+      op.start = start;
+      op.name = name;
+    } else {
+      times_->give_back(start);
+    }
   }
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -16,6 +16,15 @@ std::unique_ptr<OpTimes> OpTimes::from_env(int device) {
   return std::unique_ptr<OpTimes>(new OpTimes(path, device));
 }
 
+void OpTimes::started(cudaStream_t s) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (span_start_ != nullptr) return;
+  if (cudaEventCreate(&span_start_) != cudaSuccess ||
+      cudaEventRecord(span_start_, s) != cudaSuccess) {
+    span_start_ = nullptr;
+  }
+}
+
 cudaEvent_t OpTimes::event() {
   std::lock_guard<std::mutex> lock(mu_);
   if (!pool_.empty()) {
@@ -27,35 +36,52 @@ cudaEvent_t OpTimes::event() {
   return cudaEventCreate(&e) == cudaSuccess ? e : nullptr;
 }
 
+void OpTimes::give_back(cudaEvent_t e) {
+  if (e == nullptr) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  pool_.push_back(e);
+}
+
 void OpTimes::add(const std::string& name, cudaEvent_t start, cudaEvent_t end) {
   float ms = 0;
   const bool timed = cudaEventElapsedTime(&ms, start, end) == cudaSuccess;
   std::lock_guard<std::mutex> lock(mu_);
   if (timed) {
-    Sum& s = ops_[name];
-    s.count++;
-    s.ms += ms;
+    Sum& sum = ops_[name];
+    sum.count++;
+    sum.ms += ms;
     busy_ms_ += ms;
   }
-  if (first_ == nullptr) {
-    first_ = start;
-  } else {
-    pool_.push_back(start);
+  pool_.push_back(start);
+  pool_.push_back(end);
+}
+
+void OpTimes::finish(cudaStream_t s) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (span_start_ == nullptr || span_end_ != nullptr) return;
+  if (cudaEventCreate(&span_end_) != cudaSuccess) {
+    span_end_ = nullptr;
+    return;
   }
-  if (last_ != nullptr) pool_.push_back(last_);
-  last_ = end;
+  if (cudaEventRecord(span_end_, s) != cudaSuccess ||
+      cudaEventSynchronize(span_end_) != cudaSuccess) {
+    cudaEventDestroy(span_end_);
+    span_end_ = nullptr;
+  }
 }
 
 OpTimes::~OpTimes() {
   float span = 0;
-  if (first_ != nullptr && last_ != nullptr) (void)cudaEventElapsedTime(&span, first_, last_);
+  if (span_start_ != nullptr && span_end_ != nullptr) {
+    (void)cudaEventElapsedTime(&span, span_start_, span_end_);
+  }
   std::string line =
       absl::StrFormat(R"({"pid": %d, "device": %d, "span_ms": %.4f, "busy_ms": %.4f, "ops": {)",
                       static_cast<int>(getpid()), device_, span, busy_ms_);
   bool first = true;
-  for (const auto& [name, s] : ops_) {
+  for (const auto& [name, sum] : ops_) {
     absl::StrAppend(&line, first ? "" : ", ",
-                    absl::StrFormat(R"("%s": {"count": %d, "ms": %.4f})", name, s.count, s.ms));
+                    absl::StrFormat(R"("%s": {"count": %d, "ms": %.4f})", name, sum.count, sum.ms));
     first = false;
   }
   absl::StrAppend(&line, "}}\n");
@@ -67,8 +93,8 @@ OpTimes::~OpTimes() {
     close(fd);
   }
   for (cudaEvent_t e : pool_) cudaEventDestroy(e);
-  if (first_ != nullptr) cudaEventDestroy(first_);
-  if (last_ != nullptr) cudaEventDestroy(last_);
+  if (span_start_ != nullptr) cudaEventDestroy(span_start_);
+  if (span_end_ != nullptr) cudaEventDestroy(span_end_);
 }
 
 }  // namespace troupe::gpu::cuda

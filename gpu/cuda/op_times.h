@@ -4,10 +4,14 @@
 // ends, one JSON line is appended to the file:
 //   {"pid": 1234, "device": 0, "span_ms": 812.4, "busy_ms": 760.1,
 //    "ops": {"matmul_forward": {"count": 480, "ms": 120.5}, ...}}
-// span_ms: from the first op's start to the last op's end; busy_ms: the
-// ops' own times summed, so span - busy is the stream's idle time between
-// ops (launch gaps, waits on the host or on other streams). Timing events
-// cost a little: a speed run leaves the variable unset.
+// span_ms: from an event recorded before the first timed op to one recorded
+// when the stream ends (after its last op); busy_ms: the ops' own times
+// summed, so span - busy is the stream's idle time between ops (launch
+// gaps, waits on the host or on other streams). Whole-run figures: a caller
+// divides by steps. Ops are timed as enqueued by one thread at a time (the
+// stream's owner, as troupe's streams are used); a failed launch is not
+// counted. Timing events cost a little: a speed run leaves the variable
+// unset.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -27,12 +31,17 @@ class OpTimes {
   static std::unique_ptr<OpTimes> from_env(int device);
   ~OpTimes();  // appends the line; the stream has finished every op
 
-  // A timing event for an op's start or end (from a pool).
+  // Before an op is enqueued on `s`: records the span's start the first time.
+  void started(cudaStream_t s);
+  // A timing event for an op's start or end (from a pool; null when CUDA
+  // cannot make one: the op is then not timed).
   cudaEvent_t event();
+  void give_back(cudaEvent_t e);  // an event that timed nothing
   // An op that ran from `start` to `end`, both complete: its time is added
-  // to its name's, and the events go back to the pool (the first start and
-  // the latest end are kept for the span).
+  // to its name's, and both events go back to the pool.
   void add(const std::string& name, cudaEvent_t start, cudaEvent_t end);
+  // When the stream `s` has finished: the span's end.
+  void finish(cudaStream_t s);
 
  private:
   explicit OpTimes(std::string path, int device) : path_(std::move(path)), device_(device) {}
@@ -45,7 +54,7 @@ class OpTimes {
   int device_;
   std::map<std::string, Sum> ops_;
   double busy_ms_ = 0;
-  cudaEvent_t first_ = nullptr, last_ = nullptr;
+  cudaEvent_t span_start_ = nullptr, span_end_ = nullptr;
   std::vector<cudaEvent_t> pool_;
 };
 

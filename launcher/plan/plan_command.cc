@@ -13,7 +13,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "actors/schedule.h"
-#include "api/flag_rules.h"
 #include "launcher/commands.h"
 #include "launcher/plan/calibrate.h"
 #include "launcher/plan/report.h"
@@ -142,7 +141,7 @@ int run_plan(const PlanFlags& f) {
   // troupe train's default: flash on the CPU (this-machine), reference on
   // GPUs until the CUDA flash kernel has passed gpu-check.
   const std::string kernel = f.attention_kernel.value_or(
-      cluster->calibrated || api::cuda_flash_verified() ? "flash" : "reference");
+      cluster->calibrated || model::cuda_flash_verified() ? "flash" : "reference");
   absl::StatusOr<model::AttentionKernel> att = model::parse_attention_kernel(kernel);
   if (!att.ok()) return command_failed("plan", att.status());
   in.attention = *att;

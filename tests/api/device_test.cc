@@ -118,9 +118,14 @@ TEST(ResolveAttention, TheDefaultIsFlashButOnCudaUntilVerified) {
   using model::AttentionKernel;
   EXPECT_EQ(kernel("cpu", ""), AttentionKernel::kFlash);
   EXPECT_EQ(kernel("opaque", ""), AttentionKernel::kFlash);
-  EXPECT_EQ(kernel("", ""), AttentionKernel::kFlash);
-  EXPECT_EQ(kernel("cuda", ""),
-            cuda_flash_verified() ? AttentionKernel::kFlash : AttentionKernel::kReference);
+  // (Pinned: when gpu-check has verified the CUDA kernel, this changes with
+  // model/config.cc's kCudaFlashVerified.)
+  EXPECT_EQ(kernel("cuda", ""), AttentionKernel::kReference);
+  // No device yet (troupe launch): this host's, as a worker would take it.
+  TrainFlags probe;
+  resolve_device(probe, /*process_per_rank=*/true);
+  EXPECT_EQ(kernel("", ""),
+            probe.device == "cuda" ? AttentionKernel::kReference : AttentionKernel::kFlash);
   EXPECT_EQ(kernel("cuda", "flash"), AttentionKernel::kFlash);
   EXPECT_EQ(kernel("cpu", "reference"), AttentionKernel::kReference);
   TrainFlags f;

@@ -80,6 +80,30 @@ TEST_P(FlashAttentionTest, IsBitwiseTheSameFromRunToRun) {
   EXPECT_TRUE(a.dqkv == b.dqkv);
 }
 
+// A stream of one thread and one of two: bitwise the same (the CPU's
+// tasks each sum in a fixed order whatever the team).
+TEST_P(FlashAttentionTest, OneThreadIsBitwiseTwo) {
+  const int B = 2, T = 140, C = 128, NH = 2;
+  Tensor qkv = rnd({B, T, 3 * C}), dy = rnd({B, T, C});
+  auto run = [&] {
+    Tensor out = zeros({B, T, C}), lse = zeros32({B, NH, T}), delta = zeros32({B, NH, T});
+    Tensor dqkv = zeros({B, T, 3 * C});
+    const Tensor qkv_d = on(qkv);
+    ops::flash_attention_forward(*stream_, out, lse, qkv_d);
+    ops::flash_attention_backward(*stream_, dqkv, delta, on(dy), qkv_d, out, lse);
+    return FlashRun{host(out), host(lse), host(dqkv)};
+  };
+  const FlashRun two = run();
+  std::unique_ptr<gpu::Stream> one = dev_->make_stream({.threads = 1});
+  std::swap(stream_, one);
+  const FlashRun single = run();
+  std::swap(stream_, one);
+  SKIP_IF_UNSUPPORTED();
+  EXPECT_TRUE(single.y == two.y);
+  EXPECT_TRUE(single.lse == two.lse);
+  EXPECT_TRUE(single.dqkv == two.dqkv);
+}
+
 // The two kernel families on one backend: the same attention, summed in
 // different orders.
 TEST_P(FlashAttentionTest, AgreesWithTheReferenceKernel) {

@@ -50,6 +50,26 @@ LossAndNorm one_batch(const GptConfig& c, AttentionKernel kernel) {
   return r;
 }
 
+// ActivationOptions' default kernel is the device's: flash on the CPU,
+// the reference kernel on CUDA until gpu-check has verified the flash one
+// (an embedded job or a library user gets what troupe train's flags give).
+TEST(AttentionKernelDefault, IsTheDevices) {
+  EXPECT_EQ(ActivationOptions{}.attention, AttentionKernel::kDefault);
+  EXPECT_EQ(resolve_attention_kernel(AttentionKernel::kDefault, gpu::DeviceKind::kCpu),
+            AttentionKernel::kFlash);
+  EXPECT_EQ(resolve_attention_kernel(AttentionKernel::kDefault, gpu::DeviceKind::kCuda),
+            AttentionKernel::kReference);  // (pinned: see model/config.cc)
+  EXPECT_EQ(resolve_attention_kernel(AttentionKernel::kFlash, gpu::DeviceKind::kCuda),
+            AttentionKernel::kFlash);
+  EXPECT_EQ(resolve_attention_kernel(AttentionKernel::kReference, gpu::DeviceKind::kCpu),
+            AttentionKernel::kReference);
+  const GptConfig c = *preset("tiny");
+  Gpt g(c, 1, gpu::cpu_device());
+  EXPECT_EQ(
+      g.activation_bytes_per_slot(),
+      counted_slot_bytes(c, StageSpec::whole(c), 1, 1, {.attention = AttentionKernel::kFlash}));
+}
+
 // The bounds of the single-rank model against PyTorch (2e-5 on the loss,
 // 1e-4 on the gradient norm, relative).
 TEST(LongSequence, FlashAtT4096EqualsTheReferenceKernel) {

@@ -67,6 +67,11 @@ TEST(Recompute, EveryModeIsBitwiseTheRunWithout) {
     if (a.attention == AttentionKernel::kReference) {
       const Trained ref = train({.attention = AttentionKernel::kReference});
       const Trained got = train(a);
+      ASSERT_EQ(got.params.size(), ref.params.size());
+      ASSERT_EQ(got.metrics.size(), ref.metrics.size());
+      for (std::size_t i = 0; i < ref.metrics.size(); i++) {
+        EXPECT_EQ(std::memcmp(&got.metrics[i].loss, &ref.metrics[i].loss, sizeof(double)), 0);
+      }
       EXPECT_EQ(std::memcmp(got.params.data(), ref.params.data(), ref.params.size() * 4), 0);
       continue;
     }
