@@ -133,9 +133,10 @@ json calibrate_threads(const CalibrateOptions& o, int threads, std::ostream& log
   }
   const GemmFit ff = fit_gemm_curve(fwd, 2), fb = fit_gemm_curve(bwd, 4);
 
-  // Attention (the flash kernel, troupe train's default on the CPU) at tp =
-  // 1 and 2: FLOP/s against 4 B NH T^2 HS (x2 backward).
-  double att_f = 0, att_b = 0, att_flops = 0;
+  // Attention, both kernels (flash: troupe train's default on the CPU; the
+  // reference one for --attention-kernel reference) at tp = 1 and 2: FLOP/s
+  // against 4 B NH T^2 HS (x2 backward).
+  double att_f = 0, att_b = 0, ref_f = 0, ref_b = 0, att_flops = 0;
   for (int tp : {1, 2}) {
     if (NH % tp != 0) continue;
     const std::int64_t NHl = NH / tp, Cl = C / tp;
@@ -146,6 +147,10 @@ json calibrate_threads(const CalibrateOptions& o, int threads, std::ostream& log
     att_b += time_op(*s, o.reps, [&] {
       gpu::ops::flash_attention_backward(*s, dqkv, delta, dout, qkv, out, lse);
     });
+    gpu::Tensor att = filled(*s, {B, NHl, T, T}, 0), datt = filled(*s, {B, NHl, T, T}, 0);
+    ref_f += time_op(*s, o.reps, [&] { gpu::ops::attention_forward(*s, out, att, qkv); });
+    ref_b +=
+        time_op(*s, o.reps, [&] { gpu::ops::attention_backward(*s, dqkv, datt, dout, qkv, att); });
     att_flops += 4.0 * static_cast<double>(B * NHl * T * T * c.HS());
   }
 
@@ -209,15 +214,19 @@ json calibrate_threads(const CalibrateOptions& o, int threads, std::ostream& log
   for (auto& [k, v] : families.items()) sum += v.get<double>();
   log << absl::StrFormat(
       "  %d thread%s: GEMM fwd %.1f GFLOP/s peak (m0 %.0f n0 %.0f k0 %.0f, fit %.1f%%), bwd "
-      "%.1f; attention %.1f/%.1f GFLOP/s; memory-bound %.1f GB/s on average\n",
+      "%.1f; attention %.1f/%.1f GFLOP/s (reference kernel %.1f/%.1f); memory-bound %.1f GB/s "
+      "on average\n",
       threads, threads == 1 ? "" : "s", ff.peak_flops / 1e9, ff.m0, ff.n0, ff.k0,
       100 * ff.rms_log_error, fb.peak_flops / 1e9, att_flops / att_f / 1e9,
-      2 * att_flops / att_b / 1e9, sum / static_cast<double>(families.size()));
+      2 * att_flops / att_b / 1e9, att_flops / ref_f / 1e9, 2 * att_flops / ref_b / 1e9,
+      sum / static_cast<double>(families.size()));
   return {{"threads", threads},
           {"gemm_fwd", gemm_curve_json(ff)},
           {"gemm_bwd", gemm_curve_json(fb)},
           {"attention_fwd_gflops", att_flops / att_f / 1e9},
           {"attention_bwd_gflops", 2 * att_flops / att_b / 1e9},
+          {"reference_attention_fwd_gflops", att_flops / ref_f / 1e9},
+          {"reference_attention_bwd_gflops", 2 * att_flops / ref_b / 1e9},
           {"memory_gbytes_per_s", sum / static_cast<double>(families.size())},
           {"family_gbytes_per_s", families},
           {"gemm_points", points}};

@@ -81,7 +81,11 @@ double CostModel::attention_core(bool backward) const {
   // is measured against this count).
   const double flops = heads * 4 * T * T * HS * (backward ? 2 : 1);
   if (k.fused_attention) {
-    return flops / (backward ? k.attention_bwd_flops : k.attention_fwd_flops) * k.slowdown;
+    const bool flash = in_.attention != model::AttentionKernel::kReference;
+    const double rate =
+        flash ? (backward ? k.attention_bwd_flops : k.attention_fwd_flops)
+              : (backward ? k.reference_attention_bwd_flops : k.reference_attention_fwd_flops);
+    return flops / rate * k.slowdown;
   }
   // Megatron's (unfused) core: batched GEMMs and a fused scale-mask-softmax.
   const GemmPass pass = backward ? GemmPass::kBackward : GemmPass::kForward;

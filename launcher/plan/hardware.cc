@@ -217,6 +217,16 @@ void read_calibration(Reader& r, const json& j, Cluster& c) {
     k.fused_attention = true;
     k.attention_fwd_flops = r.number(e, "attention_fwd_gflops", 1e-3, 1e9) * 1e9;
     k.attention_bwd_flops = r.number(e, "attention_bwd_gflops", 1e-3, 1e9) * 1e9;
+    // The reference kernel's rates (calibrations before flash attention
+    // timed only that kernel, under the names above: theirs serve both).
+    k.reference_attention_fwd_flops = k.attention_fwd_flops;
+    k.reference_attention_bwd_flops = k.attention_bwd_flops;
+    if (e.contains("reference_attention_fwd_gflops")) {
+      k.reference_attention_fwd_flops =
+          r.number(e, "reference_attention_fwd_gflops", 1e-3, 1e9) * 1e9;
+      k.reference_attention_bwd_flops =
+          r.number(e, "reference_attention_bwd_gflops", 1e-3, 1e9) * 1e9;
+    }
     k.memory_bytes_per_s = r.number(e, "memory_gbytes_per_s", 1e-3, 1e6) * 1e9;
     const json* fam = r.at(e, "family_gbytes_per_s");
     if (fam != nullptr && fam->is_object()) {

@@ -65,9 +65,10 @@ struct Link {
 struct Compute {
   GemmCurve gemm_fwd, gemm_bwd;
   bool fused_attention = false;                             // this-machine's CPU kernel
-  double attention_fwd_flops = 0, attention_bwd_flops = 0;  // FLOP/s when fused
-  double memory_bytes_per_s = 1;                            // any family not listed below
-  std::map<std::string, double> family_bytes_per_s;         // measured families
+  double attention_fwd_flops = 0, attention_bwd_flops = 0;  // FLOP/s when fused (flash)
+  double reference_attention_fwd_flops = 0, reference_attention_bwd_flops = 0;  // reference
+  double memory_bytes_per_s = 1;                     // any family not listed below
+  std::map<std::string, double> family_bytes_per_s;  // measured families
   double slowdown = 1;  // more ranks than cores on this-machine: they share
   // this-machine: GEMMs timed at exactly these (M, N, K) are taken as
   // measured (seconds forward, backward); the curve is for other shapes.

@@ -35,6 +35,23 @@ fam = c["calibration"]["threads"][0]["family_gbytes_per_s"]
 for f in ("layernorm_fwd", "gelu_bwd", "crossentropy_partial", "adamw"):
     assert fam[f] > 0, (f, fam)
 
+# Both attention kernels' rates; selective recompute reruns the reference
+# kernel's attention and has nothing to rerun with flash.
+rates = c["calibration"]["threads"][0]
+for k in ("attention_fwd_gflops", "attention_bwd_gflops", "reference_attention_fwd_gflops",
+          "reference_attention_bwd_gflops"):
+    assert rates[k] > 0, (k, rates)
+
+
+def step_s(kernel, recompute):
+    return json.loads(run("plan", "--model", "tiny", "--cluster", cluster, "--micro-batch-size",
+                          "2", "--global-batch-size", "8", "--attention-kernel", kernel,
+                          "--recompute", recompute, "--json"))["step_s"]
+
+
+assert step_s("flash", "selective") == step_s("flash", "none")
+assert step_s("reference", "selective") > step_s("reference", "none")
+
 svg = os.path.join(work, "step.svg")
 p = json.loads(run("plan", "--model", "tiny", "--cluster", cluster, "--pp", "2",
                    "--micro-batch-size", "2", "--global-batch-size", "8", "--json", "--svg", svg))
