@@ -45,7 +45,7 @@ absl::Status resolve_attention(const TrainFlags& f, model::ActivationOptions* a)
     std::string device = f.device;
     if (device.empty()) {
       TrainFlags probe = f;
-      resolve_device(probe, /*process_per_rank=*/true);
+      resolve_device(probe, /*process_per_rank=*/true, f.parallel.world());
       device = probe.device;
     }
     a->attention = model::resolve_attention_kernel(

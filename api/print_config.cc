@@ -108,8 +108,12 @@ std::vector<ConfigValue> describe_config(const TrainFlags& f, const model::Train
                  given(f, "--recompute-granularity") || given(f, "--recompute-activations")
                      ? "flag"
                      : "default"});
+  // (troupe launch: each worker resolves its own device, and with it the
+  // kernel; this is what this host's GPUs give.)
   out.push_back({"--attention-kernel", model::attention_kernel_name(o.activations.attention),
-                 given(f, "--attention-kernel") ? "flag" : "default"});
+                 given(f, "--attention-kernel") ? "flag"
+                 : f.device.empty() ? "default on this host; a worker takes its device's"
+                                    : "default"});
   if (o.activations.recompute == model::Recompute::kFull) {
     add("--recompute-method", model::recompute_method_name(o.activations.method), "default");
     add("--recompute-num-layers", absl::StrCat(o.activations.recompute_layers), "default");

@@ -89,7 +89,7 @@ CudaStream::~CudaStream() {
   cudaSetDevice(index_);
   if (stream_ != nullptr) cudaStreamSynchronize(stream_);
   retire(/*all=*/true);
-  if (times_ != nullptr && stream_ != nullptr) times_->finish(stream_);
+  if (times_ != nullptr) times_->finish();
   times_.reset();  // (writes its line)
   kept_.clear();   // (the owner ended the libraries that used them before the stream)
   for (cudaEvent_t e : free_events_) cudaEventDestroy(e);
@@ -349,7 +349,9 @@ void CudaStream::launch_held(const char* name, std::vector<std::shared_ptr<Stora
   if (op.done == nullptr) {
     check(cudaEventCreateWithFlags(&op.done, cudaEventDisableTiming), "cudaEventCreate");
   }
-  if (op.done != nullptr && cudaEventRecord(op.done, stream_) == cudaSuccess) {
+  const bool recorded = op.done != nullptr && cudaEventRecord(op.done, stream_) == cudaSuccess;
+  if (recorded && op.start != nullptr) times_->ended(stream_);
+  if (recorded) {
     std::lock_guard<std::mutex> lock(mu_);
     in_flight_.push_back(std::move(op));
   } else {

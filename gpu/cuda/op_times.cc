@@ -19,10 +19,21 @@ std::unique_ptr<OpTimes> OpTimes::from_env(int device) {
 void OpTimes::started(cudaStream_t s) {
   std::lock_guard<std::mutex> lock(mu_);
   if (span_start_ != nullptr) return;
-  if (cudaEventCreate(&span_start_) != cudaSuccess ||
-      cudaEventRecord(span_start_, s) != cudaSuccess) {
+  if (cudaEventCreate(&span_start_) != cudaSuccess) {
+    span_start_ = nullptr;
+  } else if (cudaEventRecord(span_start_, s) != cudaSuccess) {
+    cudaEventDestroy(span_start_);
     span_start_ = nullptr;
   }
+}
+
+void OpTimes::ended(cudaStream_t s) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (span_end_ == nullptr && cudaEventCreate(&span_end_) != cudaSuccess) {
+    span_end_ = nullptr;
+    return;
+  }
+  span_recorded_ = cudaEventRecord(span_end_, s) == cudaSuccess;
 }
 
 cudaEvent_t OpTimes::event() {
@@ -56,23 +67,16 @@ void OpTimes::add(const std::string& name, cudaEvent_t start, cudaEvent_t end) {
   pool_.push_back(end);
 }
 
-void OpTimes::finish(cudaStream_t s) {
+void OpTimes::finish() {
   std::lock_guard<std::mutex> lock(mu_);
-  if (span_start_ == nullptr || span_end_ != nullptr) return;
-  if (cudaEventCreate(&span_end_) != cudaSuccess) {
-    span_end_ = nullptr;
-    return;
-  }
-  if (cudaEventRecord(span_end_, s) != cudaSuccess ||
-      cudaEventSynchronize(span_end_) != cudaSuccess) {
-    cudaEventDestroy(span_end_);
-    span_end_ = nullptr;
+  if (span_end_ != nullptr && span_recorded_) {
+    span_recorded_ = cudaEventSynchronize(span_end_) == cudaSuccess;
   }
 }
 
 OpTimes::~OpTimes() {
   float span = 0;
-  if (span_start_ != nullptr && span_end_ != nullptr) {
+  if (span_start_ != nullptr && span_end_ != nullptr && span_recorded_) {
     (void)cudaEventElapsedTime(&span, span_start_, span_end_);
   }
   std::string line =

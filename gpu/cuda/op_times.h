@@ -4,8 +4,8 @@
 // ends, one JSON line is appended to the file:
 //   {"pid": 1234, "device": 0, "span_ms": 812.4, "busy_ms": 760.1,
 //    "ops": {"matmul_forward": {"count": 480, "ms": 120.5}, ...}}
-// span_ms: from an event recorded before the first timed op to one recorded
-// when the stream ends (after its last op); busy_ms: the ops' own times
+// span_ms: from an event recorded before the first timed op to one
+// recorded after the last; busy_ms: the ops' own times
 // summed, so span - busy is the stream's idle time between ops (launch
 // gaps, waits on the host or on other streams). Whole-run figures: a caller
 // divides by steps. Ops are timed as enqueued by one thread at a time (the
@@ -40,8 +40,10 @@ class OpTimes {
   // An op that ran from `start` to `end`, both complete: its time is added
   // to its name's, and both events go back to the pool.
   void add(const std::string& name, cudaEvent_t start, cudaEvent_t end);
-  // When the stream `s` has finished: the span's end.
-  void finish(cudaStream_t s);
+  // After a timed op is enqueued on `s`: the span's end, recorded again.
+  void ended(cudaStream_t s);
+  // When the stream has finished (the span's end has completed).
+  void finish();
 
  private:
   explicit OpTimes(std::string path, int device) : path_(std::move(path)), device_(device) {}
@@ -55,6 +57,7 @@ class OpTimes {
   std::map<std::string, Sum> ops_;
   double busy_ms_ = 0;
   cudaEvent_t span_start_ = nullptr, span_end_ = nullptr;
+  bool span_recorded_ = false;  // span_end_ recorded after the last timed op
   std::vector<cudaEvent_t> pool_;
 };
 
