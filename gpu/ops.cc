@@ -301,13 +301,39 @@ void gelu_backward(Stream& s, const Tensor& dinp, const Tensor& inp, const Tenso
   if (c.ok()) s.device().kernels().gelu_backward(s, dinp, inp, dout);
 }
 
+namespace {
+
+// Attention's heads: qkv's last dimension 3C, C a multiple of NH.
+bool heads_ok(Check& c, std::int64_t C3, std::int64_t NH) {
+  return c.that(C3 % 3 == 0, "qkv's last dimension is not 3*C")
+      .that(NH > 0 && (C3 / 3) % NH == 0, "C is not a multiple of the head count")
+      .ok();
+}
+
+// A KV-cached step's qkv (B, n, 3C) and caches (B, NH, Tc, HS), positions
+// pos..pos+n-1 inside them.
+bool cache_ok(Check& c, const Tensor& qkv, const Tensor& kcache, const Tensor& vcache,
+              std::int64_t pos) {
+  const std::int64_t B = qkv.size(0), n = qkv.size(1), C3 = qkv.size(2);
+  const std::int64_t NH = kcache.size(1), Tc = kcache.size(2), HS = kcache.size(3);
+  c.that(C3 == 3 * NH * HS, "qkv's last dimension is not 3 * NH * HS of the cache")
+      .that(pos >= 0 && pos + n <= Tc, "positions pos..pos+n-1 are outside the cache");
+  if (!c.ok()) return false;
+  const DType A = qkv.dtype;
+  return c.compute("qkv", qkv)
+      .tensor("qkv", qkv, A, qkv.shape)
+      .tensor("kcache", kcache, A, {B, NH, Tc, HS})
+      .tensor("vcache", vcache, A, {B, NH, Tc, HS})
+      .ok();
+}
+
+}  // namespace
+
 void flash_attention_forward(Stream& s, const Tensor& out, const Tensor& lse, const Tensor& qkv) {
   Check c(s, "flash_attention_forward");
   if (!c.rank("qkv", qkv, 3).rank("lse", lse, 3).ok()) return;
   const std::int64_t B = qkv.size(0), T = qkv.size(1), C3 = qkv.size(2), NH = lse.size(1);
-  c.that(C3 % 3 == 0, "qkv's last dimension is not 3*C")
-      .that(NH > 0 && (C3 / 3) % NH == 0, "C is not a multiple of the head count");
-  if (!c.ok()) return;
+  if (!heads_ok(c, C3, NH)) return;
   const DType A = qkv.dtype;
   c.compute("qkv", qkv)
       .tensor("qkv", qkv, A, qkv.shape)
@@ -322,9 +348,7 @@ void flash_attention_backward(Stream& s, const Tensor& dqkv, const Tensor& delta
   Check c(s, "flash_attention_backward");
   if (!c.rank("qkv", qkv, 3).rank("lse", lse, 3).ok()) return;
   const std::int64_t B = qkv.size(0), T = qkv.size(1), C3 = qkv.size(2), NH = lse.size(1);
-  c.that(C3 % 3 == 0, "qkv's last dimension is not 3*C")
-      .that(NH > 0 && (C3 / 3) % NH == 0, "C is not a multiple of the head count");
-  if (!c.ok()) return;
+  if (!heads_ok(c, C3, NH)) return;
   const DType A = qkv.dtype;
   c.compute("qkv", qkv)
       .tensor("qkv", qkv, A, qkv.shape)
@@ -340,17 +364,8 @@ void flash_attention_cached(Stream& s, const Tensor& out, const Tensor& kcache,
                             const Tensor& vcache, const Tensor& qkv, std::int64_t pos) {
   Check c(s, "flash_attention_cached");
   if (!c.rank("qkv", qkv, 3).rank("kcache", kcache, 4).ok()) return;
-  const std::int64_t B = qkv.size(0), n = qkv.size(1), C3 = qkv.size(2);
-  const std::int64_t NH = kcache.size(1), Tc = kcache.size(2), HS = kcache.size(3);
-  c.that(C3 == 3 * NH * HS, "qkv's last dimension is not 3 * NH * HS of the cache")
-      .that(pos >= 0 && pos + n <= Tc, "positions pos..pos+n-1 are outside the cache");
-  if (!c.ok()) return;
-  const DType A = qkv.dtype;
-  c.compute("qkv", qkv)
-      .tensor("qkv", qkv, A, qkv.shape)
-      .tensor("kcache", kcache, A, {B, NH, Tc, HS})
-      .tensor("vcache", vcache, A, {B, NH, Tc, HS})
-      .tensor("out", out, A, {B, n, C3 / 3});
+  if (!cache_ok(c, qkv, kcache, vcache, pos)) return;
+  c.tensor("out", out, qkv.dtype, {qkv.size(0), qkv.size(1), qkv.size(2) / 3});
   if (c.ok()) s.device().kernels().flash_attention_cached(s, out, kcache, vcache, qkv, pos);
 }
 
@@ -358,9 +373,7 @@ void attention_forward(Stream& s, const Tensor& out, const Tensor& att, const Te
   Check c(s, "attention_forward");
   if (!c.rank("qkv", qkv, 3).rank("att", att, 4).ok()) return;
   const std::int64_t B = qkv.size(0), T = qkv.size(1), C3 = qkv.size(2), NH = att.size(1);
-  c.that(C3 % 3 == 0, "qkv's last dimension is not 3*C")
-      .that(NH > 0 && (C3 / 3) % NH == 0, "C is not a multiple of the head count");
-  if (!c.ok()) return;
+  if (!heads_ok(c, C3, NH)) return;
   const DType A = qkv.dtype;
   c.compute("qkv", qkv)
       .tensor("qkv", qkv, A, qkv.shape)
@@ -374,9 +387,7 @@ void attention_backward(Stream& s, const Tensor& dqkv, const Tensor& datt, const
   Check c(s, "attention_backward");
   if (!c.rank("qkv", qkv, 3).rank("att", att, 4).ok()) return;
   const std::int64_t B = qkv.size(0), T = qkv.size(1), C3 = qkv.size(2), NH = att.size(1);
-  c.that(C3 % 3 == 0, "qkv's last dimension is not 3*C")
-      .that(NH > 0 && (C3 / 3) % NH == 0, "C is not a multiple of the head count");
-  if (!c.ok()) return;
+  if (!heads_ok(c, C3, NH)) return;
   const DType A = qkv.dtype;
   c.compute("qkv", qkv)
       .tensor("qkv", qkv, A, qkv.shape)
@@ -392,17 +403,10 @@ void attention_cached(Stream& s, const Tensor& out, const Tensor& att, const Ten
   Check c(s, "attention_cached");
   if (!c.rank("qkv", qkv, 3).rank("kcache", kcache, 4).ok()) return;
   const std::int64_t B = qkv.size(0), n = qkv.size(1), C3 = qkv.size(2);
-  const std::int64_t NH = kcache.size(1), Tc = kcache.size(2), HS = kcache.size(3);
-  c.that(C3 == 3 * NH * HS, "qkv's last dimension is not 3 * NH * HS of the cache")
-      .that(pos >= 0 && pos + n <= Tc, "positions pos..pos+n-1 are outside the cache");
-  if (!c.ok()) return;
+  const std::int64_t NH = kcache.size(1), Tc = kcache.size(2);
+  if (!cache_ok(c, qkv, kcache, vcache, pos)) return;
   const DType A = qkv.dtype;
-  c.compute("qkv", qkv)
-      .tensor("qkv", qkv, A, qkv.shape)
-      .tensor("kcache", kcache, A, {B, NH, Tc, HS})
-      .tensor("vcache", vcache, A, {B, NH, Tc, HS})
-      .tensor("att", att, A, {B, NH, n, Tc})
-      .tensor("out", out, A, {B, n, C3 / 3});
+  c.tensor("att", att, A, {B, NH, n, Tc}).tensor("out", out, A, {B, n, C3 / 3});
   if (c.ok()) s.device().kernels().attention_cached(s, out, att, kcache, vcache, qkv, pos);
 }
 

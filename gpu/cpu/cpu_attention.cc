@@ -57,9 +57,7 @@ void attention_backward(float* dqkv, float* datt, const float* dout, const float
   for (i64 bh = 0; bh < B * NH; bh++) {
     const i64 b = bh / NH, h = bh % NH;
     const auto [q, k, v] = head_of(qkv, b, h, T, C, HS);
-    float* dq = dqkv + b * T * C3 + h * HS;
-    float* dk = dq + C;
-    float* dv = dq + 2 * C;
+    const auto [dq, dk, dv] = head_grad_of(dqkv, b, h, T, C, HS);
     const float* dy = dout + b * T * C + h * HS;
     const float* a = att + bh * T * T;
     float* da = datt + bh * T * T;
@@ -81,13 +79,11 @@ void attention_cached(float* out, float* att, float* kcache, float* vcache, cons
 #pragma omp parallel for schedule(static)
   for (i64 bh = 0; bh < B * NH; bh++) {
     const i64 b = bh / NH, h = bh % NH;
-    const auto [q, k, v] = head_of(qkv, b, h, n, C, HS);
+    const Head head = head_of(qkv, b, h, n, C, HS);
+    const float* q = head.q;
     float* kc = kcache + bh * Tc * HS;
     float* vc = vcache + bh * Tc * HS;
-    for (i64 i = 0; i < n; i++) {
-      std::copy_n(k + i * C3, HS, kc + (pos + i) * HS);
-      std::copy_n(v + i * C3, HS, vc + (pos + i) * HS);
-    }
+    store_kv(kc, vc, head, n, pos, C, HS);
     float* a = att + bh * n * Tc;
     sgemm('N', 'T', n, keys, HS, scale, q, C3, kc, HS, 0.0f, a, Tc);
     for (i64 i = 0; i < n; i++) causal_softmax_row(a + i * Tc, pos + i, Tc);

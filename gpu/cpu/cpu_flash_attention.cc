@@ -134,9 +134,7 @@ void flash_attention_backward(float* dqkv, float* delta, const float* dout, cons
   for (i64 bh = 0; bh < B * NH; bh++) {
     const i64 b = bh / NH, h = bh % NH;
     const auto [q, k, v] = head_of(qkv, b, h, T, C, HS);
-    float* dq = dqkv + b * T * C3 + h * HS;
-    float* dk = dq + C;
-    float* dv = dq + 2 * C;
+    const auto [dq, dk, dv] = head_grad_of(dqkv, b, h, T, C, HS);
     const float* dy = dout + b * T * C + h * HS;
     const float* y = out + b * T * C + h * HS;
     const float* L = lse + bh * T;
@@ -172,13 +170,11 @@ void flash_attention_cached(float* out, float* kcache, float* vcache, const floa
 #pragma omp parallel for schedule(static)
   for (i64 bh = 0; bh < B * NH; bh++) {
     const i64 b = bh / NH, h = bh % NH;
-    const auto [q, k, v] = head_of(qkv, b, h, n, C, HS);
+    const Head head = head_of(qkv, b, h, n, C, HS);
+    const float* q = head.q;
     float* kc = kcache + bh * Tc * HS;
     float* vc = vcache + bh * Tc * HS;
-    for (i64 i = 0; i < n; i++) {
-      std::copy_n(k + i * C3, HS, kc + (pos + i) * HS);
-      std::copy_n(v + i * C3, HS, vc + (pos + i) * HS);
-    }
+    store_kv(kc, vc, head, n, pos, C, HS);
     flash_rows(q, C3, kc, vc, HS, out + b * n * C + h * HS, C, nullptr, n, pos, HS, scale);
   }
 }
