@@ -41,6 +41,9 @@ void Kernels::matmul_backward(Stream& s, const Tensor&, const Tensor&, const Ten
                               const Tensor&, const Tensor&, Accumulate) {
   unimplemented(s, "matmul_backward");
 }
+void Kernels::matmul_backward_weight(Stream& s, const Tensor&, const Tensor&, const Tensor&) {
+  unimplemented(s, "matmul_backward_weight");
+}
 void Kernels::bias_backward(Stream& s, const Tensor&, const Tensor&) {
   unimplemented(s, "bias_backward");
 }

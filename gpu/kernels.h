@@ -99,10 +99,16 @@ class Kernels {
   // out[N,OC] = inp[N,IC] . w[OC,IC]^T + bias[OC]  (bias may be undefined)
   virtual void matmul_forward(Stream& s, const Tensor& out, const Tensor& inp, const Tensor& w,
                               const Tensor& bias);
-  // dinp (=|+=) dout . w;  dw += dout^T . inp;  dbias += colsum(dout)
+  // dinp (=|+=) dout . w;  dw += dout^T . inp;  dbias += colsum(dout).
+  // dw (and dbias) may be undefined: the input gradient alone, with the
+  // weight's gradient left to matmul_backward_weight (a pipeline's B and W).
   virtual void matmul_backward(Stream& s, const Tensor& dinp, const Tensor& dw, const Tensor& dbias,
                                const Tensor& dout, const Tensor& inp, const Tensor& w,
                                Accumulate dinp_mode);
+  // dw[OC,IC] += dout[N,OC]^T . inp[N,IC]: the weight gradient alone, the
+  // same GEMM matmul_backward runs for it (bitwise the same sum).
+  virtual void matmul_backward_weight(Stream& s, const Tensor& dw, const Tensor& dout,
+                                      const Tensor& inp);
 
   // dbias[OC] += colsum(dout[N, OC]), rows in a fixed order: a bias's
   // gradient on its own (matmul_backward makes it beside the GEMMs).
@@ -121,7 +127,8 @@ class Kernels {
   // colsum(dout). CUDA fuses GELU's derivative into the input-gradient
   // GEMM (cuBLASLt's DGELU epilogue; dpre_bias is bias_backward's fp32 sum);
   // the default runs matmul_backward, gelu_backward and bias_backward.
-  // dpre may not be any of the inputs.
+  // dpre may not be any of the inputs; dw may be undefined (as in
+  // matmul_backward).
   virtual void matmul_backward_gelu(Stream& s, const Tensor& dpre, const Tensor& dpre_bias,
                                     const Tensor& dw, const Tensor& dbias, const Tensor& dout,
                                     const Tensor& inp, const Tensor& w, const Tensor& pre);

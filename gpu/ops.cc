@@ -225,9 +225,21 @@ void matmul_backward(Stream& s, const Tensor& dinp, const Tensor& dw, const Tens
       .tensor("w", w, A, {OC, IC})
       .tensor("dout", dout, A, out_shape)
       .tensor("dinp", dinp, A, inp.shape)
-      .f32("dw", dw, {OC, IC})
+      .optional("dw", dw, DType::kF32, {OC, IC})
       .optional("dbias", dbias, DType::kF32, {OC});
   if (c.ok()) s.device().kernels().matmul_backward(s, dinp, dw, dbias, dout, inp, w, dinp_mode);
+}
+
+void matmul_backward_weight(Stream& s, const Tensor& dw, const Tensor& dout, const Tensor& inp) {
+  Check c(s, "matmul_backward_weight");
+  if (!c.rank("inp", inp, 2).rank("dw", dw, 2).ok()) return;
+  const std::int64_t IC = inp.size(-1), OC = dw.size(0);
+  Shape out_shape = inp.shape;
+  out_shape.back() = OC;
+  c.compute("inp", inp)
+      .tensor("dout", dout, inp.dtype, out_shape)
+      .f32("dw", dw, {OC, IC});
+  if (c.ok()) s.device().kernels().matmul_backward_weight(s, dw, dout, inp);
 }
 
 void bias_backward(Stream& s, const Tensor& dbias, const Tensor& dout) {
@@ -272,7 +284,7 @@ void matmul_backward_gelu(Stream& s, const Tensor& dpre, const Tensor& dpre_bias
       .tensor("dout", dout, A, out_shape)
       .tensor("dpre", dpre, A, inp.shape)
       .optional("dpre_bias", dpre_bias, DType::kF32, {IC})
-      .f32("dw", dw, {OC, IC})
+      .optional("dw", dw, DType::kF32, {OC, IC})
       .optional("dbias", dbias, DType::kF32, {OC});
   for (const auto& [name, t] : {std::pair{"inp", &inp}, std::pair{"pre", &pre},
                                 std::pair{"dout", &dout}, std::pair{"w", &w}, std::pair{"dw", &dw},

@@ -27,6 +27,7 @@ void matmul_forward(Stream& s, const Tensor& out, const Tensor& inp, const Tenso
                     const Tensor& bias);
 void matmul_backward(Stream& s, const Tensor& dinp, const Tensor& dw, const Tensor& dbias,
                      const Tensor& dout, const Tensor& inp, const Tensor& w, Accumulate dinp_mode);
+void matmul_backward_weight(Stream& s, const Tensor& dw, const Tensor& dout, const Tensor& inp);
 void bias_backward(Stream& s, const Tensor& dbias, const Tensor& dout);
 void matmul_gelu_forward(Stream& s, const Tensor& out, const Tensor& pre, const Tensor& inp,
                          const Tensor& w, const Tensor& bias);

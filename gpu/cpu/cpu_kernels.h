@@ -37,6 +37,8 @@ void matmul_forward(float* out, const float* inp, const float* w, const float* b
                     i64 OC);
 void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp,
                      const float* w, i64 N, i64 IC, i64 OC, bool accumulate_dinp);
+// dw[OC,IC] += dout[N,OC]^T . inp[N,IC]: matmul_backward's weight GEMM alone.
+void matmul_backward_weight(float* dw, const float* dout, const float* inp, i64 N, i64 IC, i64 OC);
 // dbias[OC] += column sums of dout[N, OC] (of dtype dt), rows in order.
 void bias_backward(float* dbias, const void* dout, DType dt, i64 N, i64 OC);
 
@@ -87,6 +89,8 @@ void matmul_forward_bf16(void* out, const void* inp, const void* w, const void* 
                          i64 OC);
 void matmul_backward_bf16(void* dinp, float* dw, float* dbias, const void* dout, const void* inp,
                           const void* w, i64 N, i64 IC, i64 OC, bool accumulate_dinp);
+void matmul_backward_weight_bf16(float* dw, const void* dout, const void* inp, i64 N, i64 IC,
+                                 i64 OC);
 // Whether oneDNN has a bf16 matmul for this CPU other than its reference
 // loop (AVX512-BF16 or AMX instructions, or its AVX-512 emulation of them)
 // for the layouts the linear layers use; decided once. ONEDNN_MAX_CPU_ISA

@@ -132,10 +132,15 @@ void matmul_backward_bf16(void* dinp, float* dw, float* dbias, const void* dout,
   // dinp[N,IC] (=|+=) dout[N,OC] . w[OC,IC]
   gemm({dout, N, OC, OC, 1, kBf16}, {w, OC, IC, IC, 1, kBf16}, {dinp, N, IC, IC, 1, kBf16}, nullptr,
        accumulate_dinp);
+  if (dw != nullptr) matmul_backward_weight_bf16(dw, dout, inp, N, IC, OC);
+  if (dbias != nullptr) bias_backward(dbias, dout, DType::kBF16, N, OC);
+}
+
+void matmul_backward_weight_bf16(float* dw, const void* dout, const void* inp, i64 N, i64 IC,
+                                 i64 OC) {
   // dw[OC,IC] += dout^T . inp: the fp32 main gradient, added into.
   gemm({dout, OC, N, 1, OC, kBf16}, {inp, N, IC, IC, 1, kBf16}, {dw, OC, IC, IC, 1, kF32}, nullptr,
        true);
-  if (dbias != nullptr) bias_backward(dbias, dout, DType::kBF16, N, OC);
 }
 
 void bias_backward(float* dbias, const void* dout, DType dt, i64 N, i64 OC) {
@@ -191,9 +196,13 @@ void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, co
                      const float* w, i64 N, i64 IC, i64 OC, bool accumulate_dinp) {
   // dinp[N,IC] = dout[N,OC] . w[OC,IC]
   sgemm('N', 'N', N, IC, OC, 1.0f, dout, OC, w, IC, accumulate_dinp ? 1.0f : 0.0f, dinp, IC);
+  if (dw != nullptr) matmul_backward_weight(dw, dout, inp, N, IC, OC);
+  if (dbias != nullptr) bias_backward(dbias, dout, DType::kF32, N, OC);
+}
+
+void matmul_backward_weight(float* dw, const float* dout, const float* inp, i64 N, i64 IC, i64 OC) {
   // dw[OC,IC] += dout^T . inp
   sgemm('T', 'N', OC, IC, N, 1.0f, dout, OC, inp, IC, 1.0f, dw, IC);
-  if (dbias != nullptr) bias_backward(dbias, dout, DType::kF32, N, OC);
 }
 
 }  // namespace troupe::gpu::cpu

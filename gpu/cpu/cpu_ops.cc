@@ -123,6 +123,20 @@ class CpuKernels final : public Kernels {
     });
   }
 
+  void matmul_backward_weight(Stream& s, const Tensor& dw, const Tensor& dout,
+                              const Tensor& inp) override {
+    on(s).enqueue_op("matmul_backward_weight", [=] {
+      if (inp.dtype == DType::kBF16 && cpu::bf16_matmul_native()) {
+        cpu::matmul_backward_weight_bf16(f(dw), dout.raw(), inp.raw(), rows(inp), inp.size(-1),
+                                         dw.size(0));
+        return;
+      }
+      cpu::Staging st;
+      cpu::matmul_backward_weight(f(dw), st.in(dout), st.in(inp), rows(inp), inp.size(-1),
+                                  dw.size(0));
+    });
+  }
+
   void bias_backward(Stream& s, const Tensor& dbias, const Tensor& dout) override {
     on(s).enqueue_op("bias_backward", [=] {
       cpu::bias_backward(f(dbias), dout.raw(), dout.dtype, rows(dout), dout.size(-1));

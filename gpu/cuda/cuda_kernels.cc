@@ -109,6 +109,17 @@ class CudaKernels final : public Kernels {
               });
   }
 
+  void matmul_backward_weight(Stream& s, const Tensor& dw, const Tensor& dout,
+                              const Tensor& inp) override {
+    CudaStream& cs = on(s);
+    cs.run_op("matmul_backward_weight", {&dw, &dout, &inp}, [&](const Launch& at) -> absl::Status {
+      absl::StatusOr<Gemm> g = cs.gemm();
+      if (!g.ok()) return g.status();
+      return cuda::matmul_backward_weight(at, *g, prec(inp), f(dw), raw(dout), raw(inp), rows(inp),
+                                          inp.size(-1), dw.size(0));
+    });
+  }
+
   void bias_backward(Stream& s, const Tensor& dbias, const Tensor& dout) override {
     CudaStream& cs = on(s);
     const Tensor scratch = cs.scratch(column_scratch_bytes(rows(dout), dout.size(-1)));

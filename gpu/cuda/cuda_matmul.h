@@ -42,6 +42,10 @@ absl::Status matmul_backward(const Launch& at, const Gemm& g, Precision p, void*
                              float* dbias, const void* dout, const void* inp, const void* w, i64 N,
                              i64 IC, i64 OC, bool accumulate_dinp, float* bias_scratch);
 
+// dw += dout^T . inp alone: matmul_backward's weight GEMM (a pipeline's W).
+absl::Status matmul_backward_weight(const Launch& at, const Gemm& g, Precision p, float* dw,
+                                    const void* dout, const void* inp, i64 N, i64 IC, i64 OC);
+
 // The MLP's fused pair (gpu/kernels.h matmul_gelu_forward and
 // matmul_backward_gelu): GELU in cuBLASLt's epilogues (GELU_AUX_BIAS
 // forward, its pre-activation the aux output; DGELU backward) where it has

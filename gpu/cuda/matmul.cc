@@ -366,6 +366,10 @@ GemmCall dinp_call(cudaDataType_t t, void* dinp, const void* dout, const void* w
 absl::Status weight_grads(const Launch& at, const Gemm& g, Precision p, float* dw, float* dbias,
                           const void* dout, const void* inp, i64 N, i64 IC, i64 OC,
                           float* bias_scratch) {
+  if (dw == nullptr) {  // the input gradient alone (a pipeline's B): dbias only
+    if (dbias == nullptr) return absl::OkStatus();
+    return launched(bias_grad(at, p, dbias, dout, N, OC, bias_scratch), "bias_grad");
+  }
   absl::Status st = lt_gemm(at, g,
                             {.a = {inp, CUBLAS_OP_N, IC, N, IC},
                              .b = {dout, CUBLAS_OP_T, OC, N, OC},
@@ -476,6 +480,12 @@ absl::Status matmul_backward_gelu(const Launch& at, const Gemm& g, Precision p, 
   }
   if (dpre_bias == nullptr) return absl::OkStatus();
   return launched(bias_grad(at, p, dpre_bias, dpre, N, IC, bias_scratch), "bias_grad");
+}
+
+absl::Status matmul_backward_weight(const Launch& at, const Gemm& g, Precision p, float* dw,
+                                    const void* dout, const void* inp, i64 N, i64 IC, i64 OC) {
+  if (N == 0 || OC == 0) return absl::OkStatus();
+  return weight_grads(at, g, p, dw, nullptr, dout, inp, N, IC, OC, nullptr);
 }
 
 GeluEpilogueCounts gelu_epilogue_counts() {

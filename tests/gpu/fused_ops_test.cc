@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <random>
+#include <tuple>
 #include <vector>
 
 #include "gpu/host_values.h"
@@ -66,6 +67,45 @@ TEST_P(FusedOpsTest, MatmulGeluPairMatchesTheReference) {
       for (std::size_t i = 0; i < want_dw2.size(); i++) want_dw2[i] += dw2_0d[i];
       EXPECT_LT(rel_error(gw2, want_dw2), bwd_tol());
     }
+  }
+}
+
+// A pipeline's backward in two halves (B: the input gradient with the
+// bias's; W: matmul_backward_weight) gives bitwise what the one call gives,
+// for the plain linear layer and the one through GELU, and W's sum is
+// dout^T . inp (against the double reference).
+TEST_P(FusedOpsTest, TheBackwardSplitIntoInputAndWeightIsBitwiseTheWhole) {
+  for (const auto& [N, IC, OC] : {std::tuple{7, 12, 6}, std::tuple{40, 24, 32}}) {
+    SCOPED_TRACE(absl::StrCat("N=", N, " IC=", IC, " OC=", OC));
+    Tensor x = rnd({N, IC}), w = rnd({OC, IC}), dout = rnd({N, OC}), pre = rnd({N, IC}, 2.0f);
+    Tensor dw_0 = rnd({OC, IC}), db_0 = rnd({OC}), dpb_0 = rnd({IC});
+    // Whole: one call each.
+    Tensor dx = zeros({N, IC}), dw = on32(dw_0), db = on32(db_0);
+    Tensor dpre = zeros({N, IC}), dpb = on32(dpb_0), dw2 = on32(dw_0), db2 = on32(db_0);
+    ops::matmul_backward(*stream_, dx, dw, db, on(dout), on(x), on(w), gpu::Accumulate::kNo);
+    ops::matmul_backward_gelu(*stream_, dpre, dpb, dw2, db2, on(dout), on(x), on(w), on(pre));
+    // Split: B, then W.
+    Tensor sx = zeros({N, IC}), sw = on32(dw_0), sb = on32(db_0);
+    Tensor spre = zeros({N, IC}), spb = on32(dpb_0), sw2 = on32(dw_0), sb2 = on32(db_0);
+    ops::matmul_backward(*stream_, sx, Tensor{}, sb, on(dout), on(x), on(w), gpu::Accumulate::kNo);
+    ops::matmul_backward_gelu(*stream_, spre, spb, Tensor{}, sb2, on(dout), on(x), on(w), on(pre));
+    ops::matmul_backward_weight(*stream_, sw, on(dout), on(x));
+    ops::matmul_backward_weight(*stream_, sw2, on(dout), on(x));
+    const Vec got_w = host(sw);
+    SKIP_IF_UNSUPPORTED();
+    EXPECT_TRUE(host(sx) == host(dx));
+    EXPECT_TRUE(got_w == host(dw));
+    EXPECT_TRUE(host(sb) == host(db));
+    EXPECT_TRUE(host(spre) == host(dpre));
+    EXPECT_TRUE(host(spb) == host(dpb));
+    EXPECT_TRUE(host(sw2) == host(dw2));
+    EXPECT_TRUE(host(sb2) == host(db2));
+    const Vec xd = to_double(x), dd = to_double(dout);
+    Vec want = numeric_grad([&](const Vec& v) { return matmul_ref(xd, v, {}, N, IC, OC); },
+                            to_double(w), dd);
+    const Vec w0 = to_double(dw_0);
+    for (std::size_t i = 0; i < want.size(); i++) want[i] += w0[i];
+    EXPECT_LT(rel_error(got_w, want), bwd_tol());
   }
 }
 
