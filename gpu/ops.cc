@@ -236,9 +236,7 @@ void matmul_backward_weight(Stream& s, const Tensor& dw, const Tensor& dout, con
   const std::int64_t IC = inp.size(-1), OC = dw.size(0);
   Shape out_shape = inp.shape;
   out_shape.back() = OC;
-  c.compute("inp", inp)
-      .tensor("dout", dout, inp.dtype, out_shape)
-      .f32("dw", dw, {OC, IC});
+  c.compute("inp", inp).tensor("dout", dout, inp.dtype, out_shape).f32("dw", dw, {OC, IC});
   if (c.ok()) s.device().kernels().matmul_backward_weight(s, dw, dout, inp);
 }
 

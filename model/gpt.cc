@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "gpu/host_values.h"
 #include "gpu/ops.h"
+#include "model/gpt_buffers.h"
 #include "model/init.h"
 
 namespace troupe::model {
@@ -15,256 +16,15 @@ using gpu::Accumulate;
 using gpu::Tensor;
 namespace ops = gpu::ops;
 
-GptParams GptParams::carve(const ParamLayout& lay, const Tensor& flat, const StageSpec& stage) {
-  GptParams p;
-  if (stage.embedding || stage.head) p.wte = lay.view(flat, "wte.weight");
-  if (stage.embedding) p.wpe = lay.view(flat, "wpe.weight");
-  for (int l = stage.first_layer; l < stage.last_layer; l++) {
-    const std::string h = absl::StrCat("h.", l, ".");
-    auto v = [&](const char* n) { return lay.view(flat, h + n); };
-    p.h.push_back({v("ln_1.weight"), v("ln_1.bias"), v("attn.c_attn.weight"), v("attn.c_attn.bias"),
-                   v("attn.c_proj.weight"), v("attn.c_proj.bias"), v("ln_2.weight"), v("ln_2.bias"),
-                   v("mlp.c_fc.weight"), v("mlp.c_fc.bias"), v("mlp.c_proj.weight"),
-                   v("mlp.c_proj.bias")});
-  }
-  if (stage.head) {
-    p.lnfw = lay.view(flat, "ln_f.weight");
-    p.lnfb = lay.view(flat, "ln_f.bias");
-  }
-  return p;
-}
-
-namespace {
-
-// Carves tensors out of one allocation, counting its bytes: activations
-// and their gradients in the compute dtype (take), statistics in f32
-// (take32), each from a 64-byte boundary.
-class Carver {
- public:
-  Carver(std::int64_t* total_bytes, gpu::DType act) : total_(total_bytes), act_(act) {}
-  void bind(Tensor flat) { flat_ = std::move(flat); }
-  Tensor take(const gpu::Shape& shape) { return take_as(act_, shape); }
-  Tensor take32(const gpu::Shape& shape) { return take_as(gpu::DType::kF32, shape); }
-
- private:
-  Tensor take_as(gpu::DType dtype, const gpu::Shape& shape) {
-    const auto bytes = gpu::shape_numel(shape) * static_cast<std::int64_t>(gpu::dtype_size(dtype));
-    Tensor t;
-    if (flat_.defined()) t = flat_.view_as(dtype, *total_, shape);
-    *total_ += (bytes + 63) / 64 * 64;
-    return t;
-  }
-  std::int64_t* total_;
-  gpu::DType act_;
-  Tensor flat_;
-};
-
-// One allocation of `bytes` (a multiple of 64) for a Carver.
-Tensor allocate_bytes(gpu::Device& device, std::int64_t bytes) {
-  return Tensor::empty(device, gpu::DType::kF32, {bytes / 4});
-}
-
-// How layer l of a chunk of L layers keeps its activations.
-struct LayerKeep {
-  enum class Mode { kAll, kNoScores, kRecomputed };
-  Mode mode = Mode::kAll;
-  int pos = 0;               // kRecomputed: position in its group (the workspace layer)
-  int group_first = 0;       // kRecomputed: the group's first layer
-  bool keeps_output = true;  // kRecomputed: the group's last layer (its output is kept)
-};
-
-LayerKeep layer_keep(const ActivationOptions& o, int L, int l) {
-  LayerKeep k;
-  switch (o.recompute) {
-    case Recompute::kNone:
-      return k;
-    case Recompute::kSelective:
-      if (o.recomputes_scores()) k.mode = LayerKeep::Mode::kNoScores;
-      return k;
-    case Recompute::kFull:
-      break;
-  }
-  const int N = o.recompute_layers;
-  if (o.method == RecomputeMethod::kBlock) {
-    if (l >= N) return k;
-    k.mode = LayerKeep::Mode::kRecomputed;
-    k.group_first = l;
-    return k;
-  }
-  k.mode = LayerKeep::Mode::kRecomputed;
-  k.group_first = l / N * N;
-  k.pos = l - k.group_first;
-  k.keeps_output = l == std::min(k.group_first + N, L) - 1;
-  return k;
-}
-
-// Layers of the full-recompute workspace (the largest group).
-int workspace_layers(const ActivationOptions& o, int L) {
-  if (o.recompute != Recompute::kFull) return 0;
-  return o.method == RecomputeMethod::kBlock ? std::min(1, L) : std::min(o.recompute_layers, L);
-}
-
-struct Dims {
-  std::int64_t B, T, C, Cl, NHl;
-  int tp;
-  bool sp;     // sequence parallel
-  bool flash;  // flash attention (lse), or the reference kernel (att)
-  // The LayerNorm and residual region: (B, T, C) and (B, T), or this
-  // rank's B*T/tp rows of them.
-  gpu::Shape rows_c() const { return sp ? gpu::Shape{B * T / tp, C} : gpu::Shape{B, T, C}; }
-  gpu::Shape rows() const { return sp ? gpu::Shape{B * T / tp} : gpu::Shape{B, T}; }
-};
-
-Dims dims(const GptConfig& c, std::int64_t B, int tp, const ActivationOptions& o = {}) {
-  return {B,
-          c.T,
-          c.C,
-          c.C / tp,
-          c.NH / tp,
-          tp,
-          o.sequence_parallel && tp > 1,
-          o.attention != AttentionKernel::kReference};
-}
-
-// A layer's tensors: all of them, or without att (selective), or only the
-// output.
-enum class Take { kAll, kNoScores, kOutput, kNothing };
-
-LayerActivations carve_layer(const Dims& d, Take take, Carver& k) {
-  LayerActivations x;
-  if (take == Take::kAll || take == Take::kNoScores) {
-    const std::int64_t B = d.B, T = d.T;
-    x.ln1 = k.take(d.rows_c());
-    x.ln1_mean = k.take32(d.rows());
-    x.ln1_rstd = k.take32(d.rows());
-    x.qkv = k.take({B, T, 3 * d.Cl});
-    if (d.flash) {
-      x.lse = k.take32({B, d.NHl, T});
-    } else if (take == Take::kAll) {
-      x.att = k.take({B, d.NHl, T, T});
-    }
-    x.atty = k.take({B, T, d.Cl});
-    x.residual2 = k.take(d.rows_c());
-    x.ln2 = k.take(d.rows_c());
-    x.ln2_mean = k.take32(d.rows());
-    x.ln2_rstd = k.take32(d.rows());
-    x.fch = k.take({B, T, 4 * d.Cl});
-    x.fch_gelu = k.take({B, T, 4 * d.Cl});
-  }
-  if (take != Take::kNothing) x.residual3 = k.take(d.rows_c());
-  return x;
-}
-
-GptActivations carve_activations(const GptConfig& c, const StageSpec& stage, std::int64_t B, int tp,
-                                 const ActivationOptions& o, Carver& k) {
-  const Dims d = dims(c, B, tp, o);
-  const std::int64_t T = c.T, Vl = c.Vp() / tp;
-  const std::int64_t H = stage.head ? 1 : 0;  // the head's tensors are empty without it
-  const std::int64_t P = tp > 1 ? 1 : 0;      // vocab-parallel softmax buffers
-  const gpu::Shape none{0};
-  GptActivations a;
-  a.encoded = k.take(stage.embedding ? d.rows_c() : none);
-  const int L = stage.layers();
-  for (int l = 0; l < L; l++) {
-    const LayerKeep keep = layer_keep(o, L, l);
-    switch (keep.mode) {
-      case LayerKeep::Mode::kAll:
-        a.layers.push_back(carve_layer(d, Take::kAll, k));
-        break;
-      case LayerKeep::Mode::kNoScores:
-        a.layers.push_back(carve_layer(d, Take::kNoScores, k));
-        break;
-      case LayerKeep::Mode::kRecomputed:
-        a.layers.push_back(carve_layer(d, keep.keeps_output ? Take::kOutput : Take::kNothing, k));
-        break;
-    }
-  }
-  a.lnf = k.take(stage.head ? d.rows_c() : none);
-  a.lnf_mean = k.take32(stage.head ? d.rows() : none);
-  a.lnf_rstd = k.take32(stage.head ? d.rows() : none);
-  a.logits = k.take({H * B, T, Vl});
-  a.lse = k.take32({H * B, T});
-  a.losses = k.take32({H * B, T});
-  a.ce_stats = k.take32({P * H * B * T, 3});
-  a.ce_gathered = k.take32({tp, P * H * B * T, 3});
-  a.dresidual = k.take(d.rows_c());
-  return a;
-}
-
-GptScratch carve_scratch(const GptConfig& c, std::int64_t B, int tp, const ActivationOptions& o,
-                         Carver& k) {
-  const Dims d = dims(c, B, tp, o);
-  GptScratch x;
-  x.btc = k.take({B, d.T, d.C});
-  x.dbtc = k.take({B, d.T, d.C});
-  x.datty = k.take({B, d.T, d.Cl});
-  x.dqkv = k.take({B, d.T, 3 * d.Cl});
-  if (d.flash) {
-    x.delta = k.take32({B, d.NHl, d.T});
-  } else {
-    x.datt = k.take({B, d.NHl, d.T, d.T});
-  }
-  x.dfch = k.take({B, d.T, 4 * d.Cl});
-  if (d.sp) {
-    x.gathered = k.take({B, d.T, d.C});
-    x.rows = k.take(d.rows_c());
-    x.ln_grads = k.take32({2, d.C});
-    if (x.ln_grads.defined()) {
-      x.ln_dw = x.ln_grads.view(0, {d.C});
-      x.ln_db = x.ln_grads.view(d.C, {d.C});
-    }
-  }
-  return x;
-}
-
-std::vector<LayerActivations> carve_workspace(const GptConfig& c, const StageSpec& stage,
-                                              std::int64_t B, int tp, const ActivationOptions& o,
-                                              Carver& k) {
-  const Dims d = dims(c, B, tp, o);
-  std::vector<LayerActivations> work;
-  if (o.recomputes_scores() && stage.layers() > 0) {
-    LayerActivations x;
-    x.att = k.take({B, d.NHl, d.T, d.T});
-    x.atty = k.take({B, d.T, d.Cl});
-    work.push_back(x);
-  }
-  for (int p = 0; p < workspace_layers(o, stage.layers()); p++) {
-    work.push_back(carve_layer(d, Take::kAll, k));
-  }
-  return work;
-}
-
-}  // namespace
-
-std::int64_t counted_slot_bytes(const GptConfig& config, const StageSpec& stage, std::int64_t B,
-                                int tp, const ActivationOptions& o) {
-  std::int64_t total = 0;
-  Carver sizer(&total, gpu::compute_dtype(o.precision));
-  carve_activations(config, stage, B, tp, o, sizer);
-  return total;
-}
-
-std::int64_t counted_workspace_bytes(const GptConfig& config, const StageSpec& stage,
-                                     std::int64_t B, int tp, const ActivationOptions& o) {
-  std::int64_t total = 0;
-  Carver sizer(&total, gpu::compute_dtype(o.precision));
-  carve_workspace(config, stage, B, tp, o, sizer);
-  return total;
-}
-
-std::int64_t counted_scratch_bytes(const GptConfig& config, std::int64_t B, int tp,
-                                   const ActivationOptions& o) {
-  std::int64_t total = 0;
-  Carver sizer(&total, gpu::compute_dtype(o.precision));
-  carve_scratch(config, B, tp, o, sizer);
-  return total;
-}
+using buffers::Carver;
+using buffers::layer_keep;
+using buffers::LayerKeep;
 
 Gpt::Gpt(const GptConfig& config, int B, gpu::Device& device)
     : Gpt(config, B, device, StageSpec::whole(config)) {}
 
 Gpt::Gpt(const GptConfig& config, int B, gpu::Device& device, const StageSpec& stage, int slots,
-         TensorParallel tp, const ActivationOptions& activations)
+         TensorParallel tp, const ActivationOptions& activations, int stashes)
     : config_(config),
       stage_(stage),
       tp_(std::move(tp)),
@@ -283,31 +43,42 @@ Gpt::Gpt(const GptConfig& config, int B, gpu::Device& device, const StageSpec& s
   g_ = GptParams::carve(layout_, grads_flat_, stage);
   const std::int64_t per_slot = counted_slot_bytes(config, stage, B, P, act_);
   std::int64_t before = device.allocated_bytes();
-  Tensor flat = allocate_bytes(device, per_slot * slots);
+  Tensor flat = buffers::allocate_bytes(device, per_slot * slots);
   slot_bytes_ = slots > 0 ? (device.allocated_bytes() - before) / slots : 0;
   for (int k = 0; k < slots; k++) {
     std::int64_t used = per_slot * k;
     Carver carver(&used, A);
     carver.bind(flat);
-    slots_.push_back(carve_activations(config, stage, B, P, act_, carver));
+    slots_.push_back(buffers::carve_activations(config, stage, B, P, act_, carver));
   }
   if (const std::int64_t n = counted_workspace_bytes(config, stage, B, P, act_); n > 0) {
     before = device.allocated_bytes();
-    Tensor work = allocate_bytes(device, n);
+    Tensor work = buffers::allocate_bytes(device, n);
     workspace_bytes_ = device.allocated_bytes() - before;
     std::int64_t used = 0;
     Carver carver(&used, A);
     carver.bind(work);
-    work_ = carve_workspace(config, stage, B, P, act_, carver);
+    work_ = buffers::carve_workspace(config, stage, B, P, act_, carver);
   }
   {
     before = device.allocated_bytes();
-    Tensor scratch = allocate_bytes(device, counted_scratch_bytes(config, B, P, act_));
+    Tensor scratch = buffers::allocate_bytes(device, counted_scratch_bytes(config, B, P, act_));
     scratch_bytes_ = device.allocated_bytes() - before;
     std::int64_t used = 0;
     Carver carver(&used, A);
     carver.bind(scratch);
-    scratch_ = carve_scratch(config, B, P, act_, carver);
+    scratch_ = buffers::carve_scratch(config, B, P, act_, carver);
+  }
+  if (stashes > 0) {
+    const std::int64_t n = counted_stash_bytes(config, stage, B, P, act_);
+    before = device.allocated_bytes();
+    Tensor flat = buffers::allocate_bytes(device, n * stashes);
+    stash_bytes_ = (device.allocated_bytes() - before) / stashes;
+    for (int k = 0; k < stashes; k++) {
+      WeightStash w;
+      w.flat = flat.view_as(gpu::DType::kF32, n * k, {n / 4});
+      stashes_.push_back(std::move(w));
+    }
   }
   inputs_.resize(static_cast<std::size_t>(slots));
   if (stage.embedding && tp_.slice.t > 0) {
@@ -482,9 +253,73 @@ void Gpt::layer_forward(gpu::Stream& s, const LayerActivations& x, const Tensor&
 
 void Gpt::backward(gpu::Stream& s, const Tensor& tokens, const Tensor& targets, float dloss,
                    const Tensor& dout, int slot, const GradProgress& progress) {
-  auto reached = [&](GradPoint::Part part, int layer) {
-    if (progress) progress({part, layer});
-  };
+  backward_pass(s, tokens, targets, dloss, dout, slot, progress);
+}
+
+void Gpt::backward_input(gpu::Stream& s, const Tensor& tokens, const Tensor& targets, float dloss,
+                         const Tensor& dout, int slot, int stash) {
+  WeightStash& w = stashes_[static_cast<std::size_t>(stash)];
+  w.used = 0;
+  w.jobs.clear();
+  defer_ = &w;
+  backward_pass(s, tokens, targets, dloss, dout, slot, GradProgress{});
+  defer_ = nullptr;
+}
+
+void Gpt::backward_weight(gpu::Stream& s, int stash, const GradProgress& progress) {
+  const WeightStash& w = stashes_[static_cast<std::size_t>(stash)];
+  for (const WeightJob& j : w.jobs) {
+    switch (j.kind) {
+      case WeightJob::Kind::kMatmul:
+        ops::matmul_backward_weight(s, j.dw, j.dout, j.inp);
+        break;
+      case WeightJob::Kind::kEmbedding:
+        ops::embedding_backward(s, g_.wte, g_.wpe, j.dout, j.inp, vocab_slice());
+        break;
+      case WeightJob::Kind::kPoint:
+        if (progress) progress(j.point);
+        break;
+    }
+  }
+}
+
+Tensor Gpt::stashed(gpu::Stream& s, const Tensor& t) {
+  const std::int64_t bytes = (static_cast<std::int64_t>(t.nbytes()) + 63) / 64 * 64;
+  if (defer_->used + bytes > static_cast<std::int64_t>(defer_->flat.nbytes())) {
+    s.fail(absl::InternalError(absl::StrCat("backward_input: the weight stash's ",
+                                            defer_->flat.nbytes(), " bytes are too few")));
+    return Tensor{};
+  }
+  Tensor copy = defer_->flat.view_as(t.dtype, defer_->used, t.shape);
+  defer_->used += bytes;
+  ops::copy(s, copy, t);
+  return copy;
+}
+
+void Gpt::weight_grad(gpu::Stream& s, const Tensor& dw, const Tensor& dout, const Tensor& inp) {
+  if (defer_ == nullptr) {
+    ops::matmul_backward_weight(s, dw, dout, inp);
+    return;
+  }
+  const Tensor d = stashed(s, dout), x = stashed(s, inp);
+  WeightJob& j = defer_->jobs.emplace_back();
+  j.dw = dw;
+  j.dout = d;
+  j.inp = x;
+}
+
+void Gpt::point(const GradProgress& progress, GradPoint p) {
+  if (defer_ != nullptr) {
+    WeightJob& j = defer_->jobs.emplace_back();
+    j.kind = WeightJob::Kind::kPoint;
+    j.point = p;
+  } else if (progress) {
+    progress(p);
+  }
+}
+
+void Gpt::backward_pass(gpu::Stream& s, const Tensor& tokens, const Tensor& targets, float dloss,
+                        const Tensor& dout, int slot, const GradProgress& progress) {
   GptActivations& a = slots_[static_cast<std::size_t>(slot)];
   const Tensor& in = inputs_[static_cast<std::size_t>(slot)];
   const int L = stage_.layers();
@@ -495,12 +330,14 @@ void Gpt::backward(gpu::Stream& s, const Tensor& tokens, const Tensor& targets, 
     ops::crossentropy_backward(s, logits, logits, a.lse.reshape({N}), targets.reshape({N}), dloss,
                                config_.V, vocab_slice());
     // The LM head shares wte with the token embedding: both add into g_.wte.
-    ops::matmul_backward(s, scratch_.dbtc, g_.wte, Tensor{}, a.logits, gathered(s, a.lnf), p_.wte,
+    const Tensor lnf = gathered(s, a.lnf);
+    ops::matmul_backward(s, scratch_.dbtc, Tensor{}, Tensor{}, a.logits, lnf, p_.wte,
                          Accumulate::kNo);
+    weight_grad(s, g_.wte, a.logits, lnf);
     // Each rank's vocabulary slice contributed a part.
     layernorm_backward(s, a.dresidual, g_.lnfw, g_.lnfb, reduced(s, scratch_.dbtc), output(slot),
                        p_.lnfw, a.lnf_mean, a.lnf_rstd);
-    reached(GradPoint::Part::kHead, -1);
+    point(progress, {GradPoint::Part::kHead, -1});
   } else {
     ops::axpy(s, a.dresidual, 1.0f, dout);  // the next stage's gradient of our output
   }
@@ -513,17 +350,27 @@ void Gpt::backward(gpu::Stream& s, const Tensor& tokens, const Tensor& targets, 
       }
     }
     layer_backward(s, a, layer_acts(a, l, Pass::kBackward), layer_input(a, in, l), l);
-    reached(GradPoint::Part::kLayer, stage_.first_layer + l);
+    point(progress, {GradPoint::Part::kLayer, stage_.first_layer + l});
   }
   if (stage_.embedding) {
-    ops::embedding_backward(s, g_.wte, g_.wpe, gathered(s, a.dresidual), tokens, vocab_slice());
-    reached(GradPoint::Part::kEmbedding, -1);
+    const Tensor d = gathered(s, a.dresidual);
+    if (defer_ == nullptr) {
+      ops::embedding_backward(s, g_.wte, g_.wpe, d, tokens, vocab_slice());
+    } else {
+      const Tensor copy = stashed(s, d);
+      WeightJob& j = defer_->jobs.emplace_back();
+      j.kind = WeightJob::Kind::kEmbedding;
+      j.dout = copy;
+      j.inp = tokens;
+    }
+    point(progress, {GradPoint::Part::kEmbedding, -1});
   }
 }
 
 // On entry a.dresidual holds d(residual3[l]); on exit d(residual), the
 // layer's input. The residual connections pass it through unchanged; each
-// branch's LayerNorm backward adds its part.
+// branch's LayerNorm backward adds its part. Every linear layer's weight
+// gradient goes through weight_grad (now, or W's).
 void Gpt::layer_backward(gpu::Stream& s, GptActivations& a, const LayerActivations& x,
                          const Tensor& residual, int l) {
   const LayerParams& p = p_.h[static_cast<std::size_t>(l)];
@@ -537,16 +384,22 @@ void Gpt::layer_backward(gpu::Stream& s, GptActivations& a, const LayerActivatio
   // (GELU's backward rides on fcproj's input-gradient GEMM, cuBLASLt's
   // DGELU epilogue on CUDA; fc's bias gradient is then dfch's fp32 column
   // sum.)
-  ops::matmul_backward_gelu(s, scratch_.dfch, g.fcb, g.fcprojw, g.fcprojb, gathered(s, a.dresidual),
-                            x.fch_gelu, p.fcprojw, x.fch);
-  ops::matmul_backward(s, scratch_.dbtc, g.fcw, Tensor{}, scratch_.dfch, gathered(s, x.ln2), p.fcw,
+  const Tensor dmlp = gathered(s, a.dresidual);
+  ops::matmul_backward_gelu(s, scratch_.dfch, g.fcb, Tensor{}, g.fcprojb, dmlp, x.fch_gelu,
+                            p.fcprojw, x.fch);
+  weight_grad(s, g.fcprojw, dmlp, x.fch_gelu);
+  const Tensor ln2 = gathered(s, x.ln2);
+  ops::matmul_backward(s, scratch_.dbtc, Tensor{}, Tensor{}, scratch_.dfch, ln2, p.fcw,
                        Accumulate::kNo);
+  weight_grad(s, g.fcw, scratch_.dfch, ln2);
   // Column-parallel input: each rank's columns gave a part.
   layernorm_backward(s, a.dresidual, g.ln2w, g.ln2b, reduced(s, scratch_.dbtc), x.residual2, p.ln2w,
                      x.ln2_mean, x.ln2_rstd);
   // Attention branch.
-  ops::matmul_backward(s, scratch_.datty, g.attprojw, g.attprojb, gathered(s, a.dresidual), x.atty,
-                       p.attprojw, Accumulate::kNo);
+  const Tensor datt = gathered(s, a.dresidual);
+  ops::matmul_backward(s, scratch_.datty, Tensor{}, g.attprojb, datt, x.atty, p.attprojw,
+                       Accumulate::kNo);
+  weight_grad(s, g.attprojw, datt, x.atty);
   // Selective recompute: the scores and softmax again, from the kept q, k,
   // v (the output, the same as the kept atty, goes to the workspace).
   if (act_.attention != AttentionKernel::kReference) {
@@ -556,8 +409,10 @@ void Gpt::layer_backward(gpu::Stream& s, GptActivations& a, const LayerActivatio
     if (act_.recomputes_scores()) ops::attention_forward(s, work_[0].atty, x.att, x.qkv);
     ops::attention_backward(s, scratch_.dqkv, scratch_.datt, scratch_.datty, x.qkv, x.att);
   }
-  ops::matmul_backward(s, scratch_.dbtc, g.qkvw, g.qkvb, scratch_.dqkv, gathered(s, x.ln1), p.qkvw,
+  const Tensor ln1 = gathered(s, x.ln1);
+  ops::matmul_backward(s, scratch_.dbtc, Tensor{}, g.qkvb, scratch_.dqkv, ln1, p.qkvw,
                        Accumulate::kNo);
+  weight_grad(s, g.qkvw, scratch_.dqkv, ln1);
   layernorm_backward(s, a.dresidual, g.ln1w, g.ln1b, reduced(s, scratch_.dbtc), residual, p.ln1w,
                      x.ln1_mean, x.ln1_rstd);
 }

@@ -107,6 +107,12 @@ std::int64_t counted_workspace_bytes(const GptConfig& config, const StageSpec& s
                                      std::int64_t B, int tp, const ActivationOptions& activations);
 std::int64_t counted_scratch_bytes(const GptConfig& config, std::int64_t B, int tp,
                                    const ActivationOptions& activations = {});
+// Bytes of one weight stash (Gpt::backward_input): the operands of the
+// stage's weight-gradient GEMMs (each linear layer's input and output
+// gradient, the LM head's too) and the embedding's gradient, kept from a
+// micro-batch's B until its W.
+std::int64_t counted_stash_bytes(const GptConfig& config, const StageSpec& stage, std::int64_t B,
+                                 int tp, const ActivationOptions& activations = {});
 
 // Points of the backward after which a group of gradients is final for this
 // micro-batch: the head (ln_f and, tied, the LM head's share of wte), each
@@ -142,10 +148,11 @@ class Gpt {
   // `device`. The config must be valid.
   // `slots` sets of activations let that many micro-batches be between
   // their forward and their backward at once (a 1F1B stage keeps up to
-  // pp - s); each call names the slot of its micro-batch.
+  // pp - s); each call names the slot of its micro-batch. `stashes` weight
+  // stashes let that many be between backward_input and backward_weight.
   Gpt(const GptConfig& config, int B, gpu::Device& device);
   Gpt(const GptConfig& config, int B, gpu::Device& device, const StageSpec& stage, int slots = 1,
-      TensorParallel tp = {}, const ActivationOptions& activations = {});
+      TensorParallel tp = {}, const ActivationOptions& activations = {}, int stashes = 0);
 
   const GptConfig& config() const { return config_; }
   const ParamLayout& layout() const { return layout_; }
@@ -165,6 +172,8 @@ class Gpt {
   std::int64_t activation_bytes_per_slot() const { return slot_bytes_; }
   std::int64_t recompute_workspace_bytes() const { return workspace_bytes_; }
   std::int64_t scratch_bytes() const { return scratch_bytes_; }
+  int stashes() const { return static_cast<int>(stashes_.size()); }
+  std::int64_t stash_bytes() const { return stash_bytes_; }  // of one
 
   // Counter-based GPT-2 initialisation (model/init.h); synchronous. An
   // error when the copy to the device fails.
@@ -189,6 +198,20 @@ class Gpt {
   void backward(gpu::Stream& s, const gpu::Tensor& tokens, const gpu::Tensor& targets, float dloss,
                 const gpu::Tensor& dout = gpu::Tensor{}, int slot = 0,
                 const GradProgress& progress = {});
+  // The backward in its two halves, as zero-bubble pipelines run it (Qi et
+  // al., ICLR 2024). backward_input (B) is backward() without the weight
+  // gradients of the linear layers, the LM head and the embedding: it makes
+  // input_grad(slot) and the LayerNorm and bias gradients, and copies the
+  // operands of the rest into weight stash `stash`, so the slot is free when
+  // it is done. backward_weight (W) adds those gradients from the stash
+  // alone (no collective, so tensor-parallel peers may run it at different
+  // times) and calls `progress` as backward() does. B, then W (other
+  // micro-batches' ops between them or not), adds bitwise what backward()
+  // adds: each parameter's gradient gets the same sums in the same order.
+  // `tokens` must stay unchanged until W (the embedding's gradient reads it).
+  void backward_input(gpu::Stream& s, const gpu::Tensor& tokens, const gpu::Tensor& targets,
+                      float dloss, const gpu::Tensor& dout, int slot, int stash);
+  void backward_weight(gpu::Stream& s, int stash, const GradProgress& progress = {});
 
   const StageSpec& stage() const { return stage_; }
   const TpSlice& tp() const { return tp_.slice; }
@@ -227,6 +250,29 @@ class Gpt {
                           const gpu::Tensor& w, const gpu::Tensor& mean, const gpu::Tensor& rstd);
   gpu::VocabSlice vocab_slice() const;
 
+  // The backward; with defer_ set (backward_input), the weight gradients
+  // go into *defer_ instead of being added now.
+  void backward_pass(gpu::Stream& s, const gpu::Tensor& tokens, const gpu::Tensor& targets,
+                     float dloss, const gpu::Tensor& dout, int slot, const GradProgress& progress);
+  // dw += dout^T . inp, now or (B) from copies in the stash.
+  void weight_grad(gpu::Stream& s, const gpu::Tensor& dw, const gpu::Tensor& dout,
+                   const gpu::Tensor& inp);
+  // Tells `progress` that point p's gradients are final, now or after W's jobs so far.
+  void point(const GradProgress& progress, GradPoint p);
+  // A copy of t in the stash being filled (stream order).
+  gpu::Tensor stashed(gpu::Stream& s, const gpu::Tensor& t);
+  struct WeightJob {
+    enum class Kind { kMatmul, kEmbedding, kPoint };
+    Kind kind = Kind::kMatmul;
+    gpu::Tensor dw, dout, inp;  // kEmbedding: inp = the tokens
+    GradPoint point;
+  };
+  struct WeightStash {
+    gpu::Tensor flat;
+    std::int64_t used = 0;  // bytes
+    std::vector<WeightJob> jobs;
+  };
+
   GptConfig config_;
   StageSpec stage_;
   TensorParallel tp_;
@@ -241,7 +287,9 @@ class Gpt {
   // group; selective, [0].att and [0].atty only.
   std::vector<LayerActivations> work_;
   GptScratch scratch_;
-  std::int64_t slot_bytes_ = 0, workspace_bytes_ = 0, scratch_bytes_ = 0;
+  std::int64_t slot_bytes_ = 0, workspace_bytes_ = 0, scratch_bytes_ = 0, stash_bytes_ = 0;
+  std::vector<WeightStash> stashes_;
+  WeightStash* defer_ = nullptr;     // during backward_input
   std::vector<gpu::Tensor> inputs_;  // per slot: its encoded, or the previous stage's output
   gpu::Tensor zero_wpe_;             // (T, C) zeros: TP ranks t > 0 add wpe through rank 0
 };
