@@ -273,9 +273,6 @@ void Gpt::backward_weight(gpu::Stream& s, int stash, const GradProgress& progres
       case WeightJob::Kind::kMatmul:
         ops::matmul_backward_weight(s, j.dw, j.dout, j.inp);
         break;
-      case WeightJob::Kind::kEmbedding:
-        ops::embedding_backward(s, g_.wte, g_.wpe, j.dout, j.inp, vocab_slice());
-        break;
       case WeightJob::Kind::kPoint:
         if (progress) progress(j.point);
         break;
@@ -330,10 +327,10 @@ void Gpt::backward_pass(gpu::Stream& s, const Tensor& tokens, const Tensor& targ
     ops::crossentropy_backward(s, logits, logits, a.lse.reshape({N}), targets.reshape({N}), dloss,
                                config_.V, vocab_slice());
     // The LM head shares wte with the token embedding: both add into g_.wte.
-    const Tensor lnf = gathered(s, a.lnf);
-    ops::matmul_backward(s, scratch_.dbtc, Tensor{}, Tensor{}, a.logits, lnf, p_.wte,
+    // (Its weight gradient stays in B: W would need a copy of the (B, T, V)
+    // logits' gradient per pending micro-batch.)
+    ops::matmul_backward(s, scratch_.dbtc, g_.wte, Tensor{}, a.logits, gathered(s, a.lnf), p_.wte,
                          Accumulate::kNo);
-    weight_grad(s, g_.wte, a.logits, lnf);
     // Each rank's vocabulary slice contributed a part.
     layernorm_backward(s, a.dresidual, g_.lnfw, g_.lnfb, reduced(s, scratch_.dbtc), output(slot),
                        p_.lnfw, a.lnf_mean, a.lnf_rstd);
@@ -353,16 +350,9 @@ void Gpt::backward_pass(gpu::Stream& s, const Tensor& tokens, const Tensor& targ
     point(progress, {GradPoint::Part::kLayer, stage_.first_layer + l});
   }
   if (stage_.embedding) {
-    const Tensor d = gathered(s, a.dresidual);
-    if (defer_ == nullptr) {
-      ops::embedding_backward(s, g_.wte, g_.wpe, d, tokens, vocab_slice());
-    } else {
-      const Tensor copy = stashed(s, d);
-      WeightJob& j = defer_->jobs.emplace_back();
-      j.kind = WeightJob::Kind::kEmbedding;
-      j.dout = copy;
-      j.inp = tokens;
-    }
+    // (In B too: with the LM head's, on one stage, wte's gradient gets its
+    // parts in the whole backward's order.)
+    ops::embedding_backward(s, g_.wte, g_.wpe, gathered(s, a.dresidual), tokens, vocab_slice());
     point(progress, {GradPoint::Part::kEmbedding, -1});
   }
 }

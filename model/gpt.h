@@ -108,9 +108,8 @@ std::int64_t counted_workspace_bytes(const GptConfig& config, const StageSpec& s
 std::int64_t counted_scratch_bytes(const GptConfig& config, std::int64_t B, int tp,
                                    const ActivationOptions& activations = {});
 // Bytes of one weight stash (Gpt::backward_input): the operands of the
-// stage's weight-gradient GEMMs (each linear layer's input and output
-// gradient, the LM head's too) and the embedding's gradient, kept from a
-// micro-batch's B until its W.
+// layers' weight-gradient GEMMs (each linear layer's input and output
+// gradient), kept from a micro-batch's B until its W.
 std::int64_t counted_stash_bytes(const GptConfig& config, const StageSpec& stage, std::int64_t B,
                                  int tp, const ActivationOptions& activations = {});
 
@@ -200,15 +199,15 @@ class Gpt {
                 const GradProgress& progress = {});
   // The backward in its two halves, as zero-bubble pipelines run it (Qi et
   // al., ICLR 2024). backward_input (B) is backward() without the weight
-  // gradients of the linear layers, the LM head and the embedding: it makes
-  // input_grad(slot) and the LayerNorm and bias gradients, and copies the
-  // operands of the rest into weight stash `stash`, so the slot is free when
-  // it is done. backward_weight (W) adds those gradients from the stash
-  // alone (no collective, so tensor-parallel peers may run it at different
-  // times) and calls `progress` as backward() does. B, then W (other
-  // micro-batches' ops between them or not), adds bitwise what backward()
-  // adds: each parameter's gradient gets the same sums in the same order.
-  // `tokens` must stay unchanged until W (the embedding's gradient reads it).
+  // gradients of the layers' linear layers (qkv, attention projection, fc,
+  // fc projection): it makes input_grad(slot), the LayerNorm, bias, LM-head
+  // and embedding gradients, and copies the operands of the rest into weight
+  // stash `stash`, so the slot is free when it is done (the LM head's stays
+  // in B: deferring it would keep the (B, T, V) logits' gradient per stash). backward_weight (W)
+  // adds those gradients from the stash alone (no collective, so tensor-parallel peers may run it
+  // at different times) and calls `progress` as backward() does. B, then W (other micro-batches'
+  // ops between them or not), adds bitwise what backward() adds: each parameter's gradient gets the
+  // same sums in the same order.
   void backward_input(gpu::Stream& s, const gpu::Tensor& tokens, const gpu::Tensor& targets,
                       float dloss, const gpu::Tensor& dout, int slot, int stash);
   void backward_weight(gpu::Stream& s, int stash, const GradProgress& progress = {});
@@ -262,9 +261,9 @@ class Gpt {
   // A copy of t in the stash being filled (stream order).
   gpu::Tensor stashed(gpu::Stream& s, const gpu::Tensor& t);
   struct WeightJob {
-    enum class Kind { kMatmul, kEmbedding, kPoint };
+    enum class Kind { kMatmul, kPoint };
     Kind kind = Kind::kMatmul;
-    gpu::Tensor dw, dout, inp;  // kEmbedding: inp = the tokens
+    gpu::Tensor dw, dout, inp;
     GradPoint point;
   };
   struct WeightStash {

@@ -30,7 +30,6 @@ GptParams GptParams::carve(const ParamLayout& lay, const Tensor& flat, const Sta
   return p;
 }
 
-
 namespace buffers {
 
 // One allocation of `bytes` (a multiple of 64) for a Carver.
@@ -207,7 +206,6 @@ std::vector<LayerActivations> carve_workspace(const GptConfig& c, const StageSpe
 
 using buffers::Carver;
 
-
 std::int64_t counted_slot_bytes(const GptConfig& config, const StageSpec& stage, std::int64_t B,
                                 int tp, const ActivationOptions& o) {
   std::int64_t total = 0;
@@ -232,23 +230,17 @@ std::int64_t counted_scratch_bytes(const GptConfig& config, std::int64_t B, int 
   return total;
 }
 
-// What Gpt::backward_input copies, in its order: the LM head's output
-// gradient and (gathered) input; per layer, last first, fcproj's output
-// gradient and input, fc's, attproj's, qkv's (the inputs gathered with
-// sequence parallelism); the embedding's gradient (gathered).
+// What Gpt::backward_input copies, in its order: per layer, last first,
+// fcproj's output gradient and input, fc's, attproj's, qkv's (gathered
+// with sequence parallelism).
 std::int64_t counted_stash_bytes(const GptConfig& config, const StageSpec& stage, std::int64_t B,
                                  int tp, const ActivationOptions& o) {
   std::int64_t total = 0;
   Carver k(&total, gpu::compute_dtype(o.precision));
   const std::int64_t T = config.T, C = config.C, Cl = config.C / tp;
-  if (stage.head) {
-    k.take({B, T, config.Vp() / tp});
-    k.take({B, T, C});
-  }
   for (int l = 0; l < stage.layers(); l++) {
     for (const std::int64_t width : {C, 4 * Cl, 4 * Cl, C, C, Cl, 3 * Cl, C}) k.take({B, T, width});
   }
-  if (stage.embedding) k.take({B, T, C});
   return total;
 }
 

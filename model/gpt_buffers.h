@@ -40,7 +40,6 @@ class Carver {
   Tensor flat_;
 };
 
-
 // One allocation of `bytes` (a multiple of 64) for a Carver.
 Tensor allocate_bytes(gpu::Device& device, std::int64_t bytes);
 
