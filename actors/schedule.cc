@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "actors/schedule_zb.h"
 
 namespace troupe::actors {
 
@@ -11,8 +12,19 @@ absl::StatusOr<ScheduleKind> parse_schedule(const std::string& name) {
   if (name == "gpipe") return ScheduleKind::kGPipe;
   if (name == "1f1b") return ScheduleKind::k1F1B;
   if (name == "interleaved") return ScheduleKind::kInterleaved1F1B;
-  return absl::InvalidArgumentError(
-      absl::StrCat("--schedule '", name, "': choose gpipe, 1f1b or interleaved"));
+  if (name == "zb-h1") return ScheduleKind::kZbH1;
+  if (name == "zbv") return ScheduleKind::kZbV;
+  if (name == "zb-auto") return ScheduleKind::kZbAuto;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--schedule '", name, "': choose gpipe, 1f1b, interleaved, zb-h1, zbv or zb-auto"));
+}
+
+bool splits_backward(ScheduleKind kind) {
+  return kind == ScheduleKind::kZbH1 || kind == ScheduleKind::kZbV || kind == ScheduleKind::kZbAuto;
+}
+
+int chunks_per_stage(ScheduleKind kind, int virtual_stages) {
+  return kind == ScheduleKind::kZbV ? 2 : virtual_stages;
 }
 
 std::string schedule_name(ScheduleKind kind) {
@@ -23,6 +35,12 @@ std::string schedule_name(ScheduleKind kind) {
       return "1f1b";
     case ScheduleKind::kInterleaved1F1B:
       return "interleaved";
+    case ScheduleKind::kZbH1:
+      return "zb-h1";
+    case ScheduleKind::kZbV:
+      return "zbv";
+    case ScheduleKind::kZbAuto:
+      return "zb-auto";
   }
   return "?";
 }
@@ -41,7 +59,11 @@ int warmup_forwards(ScheduleKind kind, int pp, int s, int m, int v) {
     case ScheduleKind::kGPipe:
       return m;
     case ScheduleKind::k1F1B:
+    case ScheduleKind::kZbH1:
+    case ScheduleKind::kZbAuto:
       return std::min(pp - s - 1, m);
+    case ScheduleKind::kZbV:
+      return std::min(2 * (pp - s) - 1, m);
     case ScheduleKind::kInterleaved1F1B:
       // Megatron: all forwards first when m == pp; else enough to fill the
       // pipeline across the v chunks.
@@ -72,10 +94,18 @@ absl::StatusOr<std::vector<ScheduleOp>> make_schedule(ScheduleKind kind, int pp,
     return absl::InvalidArgumentError(
         absl::StrCat("schedule: pp=", pp, " s=", s, " m=", m, " v=", v, " out of range"));
   }
+  if (kind == ScheduleKind::kZbV) {
+    if (v != 2) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--schedule zbv runs 2 model chunks per stage, not ", v));
+    }
+    return zbv_schedule(pp, s, m);
+  }
   if (kind != ScheduleKind::kInterleaved1F1B && v != 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("--virtual-stages ", v, " needs --schedule interleaved"));
   }
+  if (kind == ScheduleKind::kZbH1 || kind == ScheduleKind::kZbAuto) return zbh1_schedule(pp, s, m);
   if (kind == ScheduleKind::kInterleaved1F1B && m % pp != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("interleaved schedule: the ", m,
@@ -103,14 +133,30 @@ absl::StatusOr<std::vector<ScheduleOp>> make_schedule(ScheduleKind kind, int pp,
   return ops;
 }
 
-int peak_in_flight(const std::vector<ScheduleOp>& ops, int chunk) {
+namespace {
+
+// Most of `chunk`'s micro-batches between an op of kind `from` and one of `to`.
+int peak_between(const std::vector<ScheduleOp>& ops, int chunk, OpKind from, OpKind to) {
   int now = 0, peak = 0;
   for (const ScheduleOp& op : ops) {
     if (op.chunk != chunk) continue;
-    now += op.kind == OpKind::kForward ? 1 : -1;
+    if (op.kind == from) now++;
+    if (op.kind == to) now--;
     peak = std::max(peak, now);
   }
   return peak;
+}
+
+}  // namespace
+
+int peak_in_flight(const std::vector<ScheduleOp>& ops, int chunk) {
+  return peak_between(ops, chunk, OpKind::kForward, OpKind::kBackward);
+}
+
+int peak_pending_weights(const std::vector<ScheduleOp>& ops, int chunk) {
+  const bool split = std::any_of(ops.begin(), ops.end(),
+                                 [](const ScheduleOp& op) { return op.kind == OpKind::kWeight; });
+  return split ? peak_between(ops, chunk, OpKind::kBackward, OpKind::kWeight) : 0;
 }
 
 }  // namespace troupe::actors

@@ -41,6 +41,11 @@ absl::Status Layout::validate() const {
     return absl::InvalidArgumentError(
         absl::StrCat("--tp, --pp and --dp must be positive (", describe(), ")"));
   }
+  if (v_shape && virtual_stages != 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a V placement holds 2 model chunks per stage, not ", virtual_stages, " (",
+                     describe(), ")"));
+  }
   return absl::OkStatus();
 }
 

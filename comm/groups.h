@@ -29,14 +29,18 @@ struct Coord {
 struct Layout {
   int tp = 1, pp = 1, dp = 1;
   int virtual_stages = 1;  // model chunks per pipeline stage (interleaved schedules)
+  // ZB-V's placement (virtual_stages = 2): stage s holds chunks s and
+  // 2pp-1-s, so the first stage holds the embedding and the head.
+  bool v_shape = false;
 
   int world() const { return tp * pp * dp; }
   // Model chunks in the pipeline; chunk c of stage s is virtual stage
-  // c * pp + s (Megatron's interleaving: stage s holds s, s + pp, ...).
+  // c * pp + s (Megatron's interleaving: stage s holds s, s + pp, ...), or
+  // in a V, s for c = 0 and 2pp-1-s for c = 1.
   int chunks() const { return pp * virtual_stages; }
-  int stage_of(int vs) const { return vs % pp; }
+  int stage_of(int vs) const { return v_shape && vs >= pp ? 2 * pp - 1 - vs : vs % pp; }
   int chunk_of(int vs) const { return vs / pp; }
-  int virtual_stage(int s, int c) const { return c * pp + s; }
+  int virtual_stage(int s, int c) const { return v_shape && c == 1 ? 2 * pp - 1 - s : c * pp + s; }
   // Micro-batches per replica and step: a global batch over dp replicas
   // of micro_batch samples each (the layout's validation checks it divides).
   int micro_batches(int global_batch, int micro_batch) const {
