@@ -45,6 +45,39 @@ std::string schedule_name(ScheduleKind kind) {
   return "?";
 }
 
+absl::Status place_for_schedule(ScheduleKind kind, comm::Layout* layout) {
+  if (kind == ScheduleKind::kZbV) {
+    if (layout->virtual_stages != 1 && layout->virtual_stages != 2) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--schedule zbv places 2 model chunks on each stage in a V; ",
+                       "--virtual-stages ", layout->virtual_stages, " does not fit it"));
+    }
+    layout->virtual_stages = 2;
+    layout->v_shape = true;
+    return absl::OkStatus();
+  }
+  layout->v_shape = false;
+  return check_placement(kind, *layout);
+}
+
+absl::Status check_placement(ScheduleKind kind, const comm::Layout& layout) {
+  if (kind == ScheduleKind::kZbV) {
+    if (layout.v_shape && layout.virtual_stages == 2) return absl::OkStatus();
+    return absl::InvalidArgumentError(
+        "--schedule zbv runs 2 model chunks per stage placed in a V "
+        "(actors::place_for_schedule sets the layout)");
+  }
+  if (layout.v_shape) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a V placement is zbv's, not --schedule ", schedule_name(kind), "'s"));
+  }
+  if (layout.virtual_stages > 1 && kind != ScheduleKind::kInterleaved1F1B) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--virtual-stages ", layout.virtual_stages, " needs --schedule interleaved"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status check_layer_split(int L, int pp, int v) {
   if (pp < 1 || v < 1 || L % (pp * v) != 0) {
     return absl::InvalidArgumentError(absl::StrCat("--layers ", L, " does not split into --pp ", pp,

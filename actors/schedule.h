@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "comm/groups.h"
 
 namespace troupe::actors {
 
@@ -63,6 +64,14 @@ int chunks_per_stage(ScheduleKind kind, int virtual_stages);
 // interleaved, 2 for ZbV). InvalidArgument for sizes out of range.
 absl::StatusOr<std::vector<ScheduleOp>> make_schedule(ScheduleKind kind, int pp, int s, int m,
                                                       int v);
+
+// The chunks per stage and their placement the schedule runs on: zbv
+// places 2 chunks per stage in a V (--virtual-stages 1 or 2 accepted), the
+// others as --virtual-stages says (more than 1 for interleaved only).
+// InvalidArgument naming the flags.
+absl::Status place_for_schedule(ScheduleKind kind, comm::Layout* layout);
+// Whether `layout` is what place_for_schedule makes for `kind`.
+absl::Status check_placement(ScheduleKind kind, const comm::Layout& layout);
 
 // L layers must split into pp*v equal model chunks.
 absl::Status check_layer_split(int L, int pp, int v);

@@ -48,6 +48,7 @@ ShardActor::ShardActor(caf::actor_config& cfg, ShardSetup setup)
     mirrors_.push_back(std::move(mr));
     ChunkState cs;
     for (int k = sc->slots() - 1; k >= 0; k--) cs.free.push_back(k);
+    for (int k = sc->stashes() - 1; k >= 0; k--) cs.free_stashes.push_back(k);
     cs.holds.assign(static_cast<std::size_t>(sc->slots()), 0);
     cs.buckets = grad_buckets(sc->layout(), sc->spec());
     chunk_.push_back(std::move(cs));
@@ -148,7 +149,17 @@ void ShardActor::begin(Pass pass, int step, std::int64_t first_sample) {
   params_state_ = Params::kArriving;
   for (ChunkState& cs : chunk_) {
     cs.backwards_fired = 0;
+    cs.weights_fired = 0;
     cs.slot_of.assign(static_cast<std::size_t>(m_), -1);
+    cs.stash_of.assign(static_cast<std::size_t>(m_), -1);
+  }
+  fired_.clear();
+  pending_w_.clear();
+  stash_wait_ = false;
+  weight_op_.assign(chunk_.size() * static_cast<std::size_t>(m_), -1);
+  for (const ScheduleOp& op : *ops_) {
+    if (op.kind == OpKind::kWeight)
+      weight_op_[static_cast<std::size_t>(op.chunk * m_ + op.micro)] = op.id;
   }
   // The micro-batches of this replica, as the single-rank loop reads them:
   // replica d's micro-batch j is global micro-batch j*dp + d. (The last
@@ -176,16 +187,38 @@ void ShardActor::begin(Pass pass, int step, std::int64_t first_sample) {
   advance();
 }
 
-// Fires ops in schedule order for as long as their inputs are there.
+// Fires ops in schedule order for as long as their inputs are there
+// (zb-auto: its W's by its own rule).
 void ShardActor::advance() {
-  while (!failed_ && cursor_ < ops_->size()) {
-    if (!try_fire((*ops_)[cursor_])) return;
-    end_trace_wait();
-    cursor_++;
+  const bool automatic = setup_.schedule == ScheduleKind::kZbAuto && pass_ == Pass::kTrain;
+  while (!failed_) {
+    while (!failed_ && cursor_ < ops_->size()) {
+      const ScheduleOp& op = (*ops_)[cursor_];
+      if (!(automatic && op.kind == OpKind::kWeight) && !try_fire(op)) break;
+      end_trace_wait();
+      cursor_++;
+    }
+    if (failed_ || !automatic || !auto_weights()) break;
   }
-  if (failed_) return;
+  if (failed_ || cursor_ < ops_->size() || !pending_w_.empty()) return;
   if (!params_posted_) post_param_receives();
   maybe_ready();
+}
+
+bool ShardActor::auto_weights() {
+  if (pending_w_.empty()) return false;
+  const bool ended = cursor_ >= ops_->size();
+  if (!ended && !stash_wait_ && !fired_.empty()) return false;  // the stream has work
+  PendingWeight& w = pending_w_.front();
+  const ScheduleOp& op = (*ops_)[static_cast<std::size_t>(w.op_id)];
+  const int pieces = setup_.chunks[static_cast<std::size_t>(op.chunk)]->weight_pieces();
+  // At the end or for a stash, the whole rest of it; else one piece.
+  const int count = ended || stash_wait_ ? pieces - w.next_piece : 1;
+  fire_weight(op, w.next_piece, count);
+  w.next_piece += count;
+  if (w.next_piece == pieces) pending_w_.pop_front();
+  stash_wait_ = false;
+  return true;
 }
 
 bool ShardActor::try_fire(const ScheduleOp& op) {
@@ -217,7 +250,19 @@ bool ShardActor::try_fire(const ScheduleOp& op) {
       }
     }
     fire_forward(op, slot);
+  } else if (op.kind == OpKind::kWeight) {
+    fire_weight(op, 0, -1);
   } else {
+    if (splits_backward(setup_.schedule) && cs.stash_of[static_cast<std::size_t>(op.micro)] < 0) {
+      if (cs.free_stashes.empty()) {
+        stash_wait_ = true;
+        wait_for(&op, absl::StrCat("a free weight stash (all ", sc.stashes(), " in use)"), -1,
+                 trace::What::kSlot);
+        return false;
+      }
+      cs.stash_of[static_cast<std::size_t>(op.micro)] = cs.free_stashes.back();
+      cs.free_stashes.pop_back();
+    }
     if (!sc.spec().head) {
       const int src = rank_of(setup_.coord.d, setup_.shape.stage_of(vs + 1));
       const gpu::Tensor into =
@@ -268,8 +313,25 @@ void ShardActor::fire_forward(const ScheduleOp& op, int slot) {
       },
       /*set_current=*/true);
   if (!sc.spec().head) stream_send(MessageKind::kActivation, op, slot);
+  fired_.push_back({op.id, true});
   send_when_done(*setup_.stream, caf::actor_cast<caf::actor>(this),
                  caf::make_message(op_done_atom::value, op.id));
+}
+
+// Each bucket of `chunk` leaves as soon as the stream is past its point.
+model::GradProgress ShardActor::bucket_progress(int chunk) {
+  return [this, c = chunk](model::GradPoint point) {
+    const auto& buckets = chunk_[static_cast<std::size_t>(c)].buckets;
+    for (int b = 0; b < static_cast<int>(buckets.size()); b++) {
+      const GradBucket& bucket = buckets[static_cast<std::size_t>(b)];
+      if (bucket.ready != point) continue;
+      if (setup_.dp != nullptr && !reduce_bucket(c, b)) continue;  // nothing tied in it
+      mirrors_[static_cast<std::size_t>(c)].grads.to_host(*setup_.stream, bucket.range.begin,
+                                                          bucket.range.size());
+      send_when_done(*setup_.stream, caf::actor_cast<caf::actor>(this),
+                     caf::make_message(bucket_atom::value, step_, c, b));
+    }
+  };
 }
 
 void ShardActor::fire_backward(const ScheduleOp& op, int slot) {
@@ -278,36 +340,56 @@ void ShardActor::fire_backward(const ScheduleOp& op, int slot) {
   const Mirrors& mr = mirrors_[static_cast<std::size_t>(op.chunk)];
   const auto j = static_cast<std::size_t>(op.micro);
   const auto k = static_cast<std::size_t>(slot);
-  // The step's last backward of this chunk finishes its gradients, bucket by
-  // bucket; each bucket leaves as soon as the stream is past it.
+  const bool split = splits_backward(setup_.schedule);
+  // The step's last backward of this chunk finishes its gradients (split:
+  // its last W does).
   model::GradProgress progress;
-  if (++cs.backwards_fired == m_) {
-    progress = [this, c = op.chunk](model::GradPoint point) {
-      const auto& buckets = chunk_[static_cast<std::size_t>(c)].buckets;
-      for (int b = 0; b < static_cast<int>(buckets.size()); b++) {
-        const GradBucket& bucket = buckets[static_cast<std::size_t>(b)];
-        if (bucket.ready != point) continue;
-        if (setup_.dp != nullptr && !reduce_bucket(c, b)) continue;  // nothing tied in it
-        mirrors_[static_cast<std::size_t>(c)].grads.to_host(*setup_.stream, bucket.range.begin,
-                                                            bucket.range.size());
-        send_when_done(*setup_.stream, caf::actor_cast<caf::actor>(this),
-                       caf::make_message(bucket_atom::value, step_, c, b));
-      }
-    };
-  }
+  if (++cs.backwards_fired == m_ && !split) progress = bucket_progress(op.chunk);
   const float dloss =
       model::token_loss_weight(static_cast<std::int64_t>(global_batch_) * setup_.T, loss_scale_);
+  const gpu::Tensor tokens = tokens_.empty() ? gpu::Tensor{} : tokens_[j].device();
+  const gpu::Tensor targets = targets_.empty() ? gpu::Tensor{} : targets_[j].device();
   mark_stream(
       setup_.trace, *setup_.stream, op_event(op),
       [&] {
         if (!sc.spec().head && setup_.links == nullptr) {
           mr.output_grad[k].to_device(*setup_.stream);
         }
-        sc.backward(*setup_.stream, slot, tokens_.empty() ? gpu::Tensor{} : tokens_[j].device(),
-                    targets_.empty() ? gpu::Tensor{} : targets_[j].device(), dloss, progress);
+        if (split) {
+          sc.backward_input(*setup_.stream, slot, cs.stash_of[j], tokens, targets, dloss);
+        } else {
+          sc.backward(*setup_.stream, slot, tokens, targets, dloss, progress);
+        }
       },
       /*set_current=*/true);
   if (!sc.spec().embedding) stream_send(MessageKind::kGradient, op, slot);
+  fired_.push_back({op.id, true});
+  send_when_done(*setup_.stream, caf::actor_cast<caf::actor>(this),
+                 caf::make_message(op_done_atom::value, op.id));
+  if (split && setup_.schedule == ScheduleKind::kZbAuto) {
+    pending_w_.push_back({weight_op_[static_cast<std::size_t>(op.chunk * m_ + op.micro)], 0});
+  }
+}
+
+void ShardActor::fire_weight(const ScheduleOp& op, int first, int count) {
+  ChunkState& cs = chunk_[static_cast<std::size_t>(op.chunk)];
+  StageCompute& sc = *setup_.chunks[static_cast<std::size_t>(op.chunk)];
+  const int pieces = sc.weight_pieces();
+  if (count < 0) count = pieces - first;
+  const bool last = first + count == pieces;
+  model::GradProgress progress;
+  if (last && ++cs.weights_fired == m_) progress = bucket_progress(op.chunk);
+  int& stash = cs.stash_of[static_cast<std::size_t>(op.micro)];
+  mark_stream(
+      setup_.trace, *setup_.stream, op_event(op),
+      [&] { sc.backward_weight(*setup_.stream, stash, first, count, progress); },
+      /*set_current=*/true);
+  if (last) {
+    // Free for any op after this one on the stream.
+    cs.free_stashes.push_back(stash);
+    stash = -1;
+  }
+  fired_.push_back({op.id, last});
   send_when_done(*setup_.stream, caf::actor_cast<caf::actor>(this),
                  caf::make_message(op_done_atom::value, op.id));
 }
@@ -360,6 +442,16 @@ void ShardActor::on_op_done(int op_id) {
     // The stream's error is sticky: it happened at or before this op.
     return fail(absl::StrCat("at or before the ", describe(op), ": ", st.message()));
   }
+  if (fired_.empty() || fired_.front().op_id != op_id) {
+    return fail(absl::StrCat("the ", describe(op), " finished out of the stream's order"));
+  }
+  const bool last = fired_.front().last;
+  fired_.pop_front();
+  if (!last) {  // a W piece with more to come
+    progress_++;
+    advance();
+    return;
+  }
   ChunkState& cs = chunk_[static_cast<std::size_t>(op.chunk)];
   StageCompute& sc = *setup_.chunks[static_cast<std::size_t>(op.chunk)];
   const int slot = cs.slot_of[static_cast<std::size_t>(op.micro)];
@@ -378,7 +470,7 @@ void ShardActor::on_op_done(int op_id) {
       }
     }
     if (pass_ == Pass::kEval) release(op.chunk, slot);  // no backward will need it
-  } else {
+  } else if (op.kind == OpKind::kBackward) {
     release(op.chunk, slot);  // the forward's hold: activations are free once sent
   }
   ops_done_++;

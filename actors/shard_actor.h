@@ -13,6 +13,17 @@
 // stream has finished it (overlapping the rest of the backward). When every
 // parameter piece of the new step has come back, the shard reports ready.
 //
+// Zero-bubble schedules (actors/schedule.h) split the backward: B frees
+// the slot and fills a weight stash, which its W frees (a stash is
+// reusable as soon as its W is on the stream); the buckets leave behind a
+// chunk's last W. zb-h1 and zbv fire W where their lists put it. zb-auto
+// walks its list's forwards and B's the same way and fires W's itself, the
+// oldest pending first, one piece (a layer's) at a time: when the stream
+// has run dry and the next F or B's input is not there, when a B waits
+// for a stash, and at the end of the list. A piece delays an input that
+// arrives while it runs by at most one layer's weight GEMMs; the pieces'
+// order per chunk is fixed, so the sums are 1F1B's bitwise.
+//
 // Buffers, stream and transport belong to the caller (actors/runtime/in_process.h) and
 // outlive the actor; nothing here blocks a scheduler thread.
 //
@@ -33,6 +44,7 @@
 #include <caf/all.hpp>
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
 #include <vector>
@@ -115,6 +127,12 @@ class ShardActor : public caf::event_based_actor {
   bool try_fire(const ScheduleOp& op);
   void fire_forward(const ScheduleOp& op, int slot);
   void fire_backward(const ScheduleOp& op, int slot);
+  // W's pieces [first, first + count) (count -1: the rest) of op's micro-batch.
+  void fire_weight(const ScheduleOp& op, int first, int count);
+  // zb-auto: fires pending W's by its rule (above); true when it fired one.
+  bool auto_weights();
+  // What the step's last backward (or W) of `chunk` tells the buckets.
+  model::GradProgress bucket_progress(int chunk);
   // The op's output (kActivation: to virtual stage vs + 1) or input
   // gradient (kGradient: to vs - 1), sent behind it.
   void stream_send(comm::MessageKind kind, const ScheduleOp& op, int slot);
@@ -188,8 +206,28 @@ class ShardActor : public caf::event_based_actor {
     std::vector<int> holds;
     int backwards_fired = 0;
     std::vector<GradBucket> buckets;
+    // Split backwards: free weight stashes, the stash of each micro-batch
+    // (-1: none), W's whose last piece has fired this step.
+    std::vector<int> free_stashes;
+    std::vector<int> stash_of;
+    int weights_fired = 0;
   };
   std::vector<ChunkState> chunk_;
+  // The ops on the stream, oldest first (W pieces one each: `last` is the
+  // W's final piece); each op_done is the first's.
+  struct Fired {
+    int op_id;
+    bool last;
+  };
+  std::deque<Fired> fired_;
+  // zb-auto: W's whose B has fired, oldest first, and the piece each is at.
+  struct PendingWeight {
+    int op_id;
+    int next_piece;
+  };
+  std::deque<PendingWeight> pending_w_;
+  std::vector<int> weight_op_;  // zb-auto: W's op id by chunk * m + micro
+  bool stash_wait_ = false;     // the op at the cursor waits for a free stash
 
   int step_ = 0;  // 0: between steps
   std::int64_t first_sample_ = 0;

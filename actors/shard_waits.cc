@@ -39,7 +39,9 @@ void ShardActor::end_trace_wait() {
 
 trace::Event ShardActor::op_event(const ScheduleOp& op) const {
   trace::Event e;
-  e.kind = op.kind == OpKind::kForward ? trace::Kind::kForward : trace::Kind::kBackward;
+  e.kind = op.kind == OpKind::kForward    ? trace::Kind::kForward
+           : op.kind == OpKind::kBackward ? trace::Kind::kBackward
+                                          : trace::Kind::kWeight;
   e.step = step_;
   e.micro = op.micro;
   e.chunk = op.chunk;
@@ -60,9 +62,9 @@ WaitReport ShardActor::report() const {
   r.since_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - wait_since_).count();
   r.progress = progress_;
   // Ops complete in the order they fired (one stream): the oldest of those
-  // fired and not done is op ops_done_ of the schedule.
-  if (step_ > 0 && static_cast<std::size_t>(ops_done_) < cursor_) {
-    const ScheduleOp& oldest = (*ops_)[static_cast<std::size_t>(ops_done_)];
+  // fired and not done is the first of fired_.
+  if (step_ > 0 && !fired_.empty()) {
+    const ScheduleOp& oldest = (*ops_)[static_cast<std::size_t>(fired_.front().op_id)];
     r.computing = describe(oldest);
     // Its stream waits for its input from a link: the wait is for the peer.
     if (auto it = link_waits_.find(oldest.id);
@@ -82,8 +84,12 @@ WaitReport ShardActor::report() const {
 }
 
 std::string ShardActor::describe(const ScheduleOp& op) const {
-  return absl::StrCat(op.kind == OpKind::kForward ? "forward" : "backward", " of micro-batch ",
-                      op.micro, " (chunk ", op.chunk, ")");
+  const bool split = splits_backward(setup_.schedule);
+  const char* what = op.kind == OpKind::kForward  ? "forward"
+                     : op.kind == OpKind::kWeight ? "weight gradients (W)"
+                     : split                      ? "input gradient (B)"
+                                                  : "backward";
+  return absl::StrCat(what, " of micro-batch ", op.micro, " (chunk ", op.chunk, ")");
 }
 
 }  // namespace troupe::actors

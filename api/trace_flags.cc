@@ -27,13 +27,23 @@ absl::Status finish_trace_flags(TrainFlags& f) {
         "--trace-buffer ", f.trace_buffer, ": expected 1 to 16777216 events a rank (1 GiB)"));
   }
   tr.events = static_cast<std::size_t>(f.trace_buffer);
+  if (!(f.op_jitter >= 0 && f.op_jitter < 1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--debug-op-jitter ", f.op_jitter, ": expected a fraction of each op's time in [0, 1)"));
+  }
+  if (f.op_jitter > 0 && f.op_cost.empty()) {
+    return absl::InvalidArgumentError("--debug-op-jitter needs --debug-op-cost");
+  }
   if (!f.op_cost.empty()) {
-    char end = 0;
-    if (std::sscanf(f.op_cost.c_str(), "%lf:%lf%c", &f.fwd_ms, &f.bwd_ms, &end) != 2 ||
-        !(f.fwd_ms >= 0) || !(f.bwd_ms >= 0) || f.fwd_ms > 1e5 || f.bwd_ms > 1e5) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--debug-op-cost ", f.op_cost, ": expected FWD_MS:BWD_MS (milliseconds, >= 0)"));
+    absl::StatusOr<std::vector<actors::OpCost>> costs =
+        actors::parse_op_costs(f.op_cost, "--debug-op-cost");
+    if (!costs.ok()) return costs.status();
+    if (costs->size() != 1 && static_cast<int>(costs->size()) != f.parallel.pp) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--debug-op-cost ", f.op_cost, ": ", costs->size(), " costs for --pp ",
+                       f.parallel.pp, " stages (give one, or one per stage)"));
     }
+    f.op_costs = {.stages = *std::move(costs), .jitter = f.op_jitter, .seed = 1};
   }
   for (std::string* dir : {&tr.dir, &tr.flight_dir}) {
     if (dir->empty()) continue;
@@ -47,7 +57,7 @@ absl::Status finish_trace_flags(TrainFlags& f) {
 
 actors::StageFactory stage_factory(const TrainFlags& f) {
   if (f.op_cost.empty()) return nullptr;
-  return actors::timed_stage_factory(f.fwd_ms, f.bwd_ms);
+  return actors::timed_stage_factory(f.op_costs);
 }
 
 }  // namespace troupe::api

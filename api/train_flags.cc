@@ -179,8 +179,13 @@ void add_train_flags(CLI::App* cmd, TrainFlags& f) {
       ->capture_default_str();
   cmd->add_option("--dp,--data-parallel-size", par.dp, "Data-parallel replicas (ZeRO-1)")
       ->capture_default_str();
-  cmd->add_option("--schedule", f.schedule, "Pipeline schedule: gpipe, 1f1b, interleaved")
+  cmd->add_option("--schedule", f.schedule,
+                  "Pipeline schedule: gpipe, 1f1b, interleaved, zb-h1, zbv (2 chunks per stage in "
+                  "a V), zb-auto (zero-bubble: W's fill the bubbles as the run goes)")
       ->capture_default_str();
+  cmd->add_option("--zb-max-pending-w", par.zb_max_pending_w,
+                  "zb-auto: most micro-batches whose weight gradients wait (each holds a weight "
+                  "stash; default ZB-H1's, s + 1 on stage s)");
   cmd->add_option("--virtual-stages", par.virtual_stages,
                   "Model chunks per stage (interleaved schedule)")
       ->capture_default_str();
@@ -209,7 +214,12 @@ void add_train_flags(CLI::App* cmd, TrainFlags& f) {
                 "Benchmarks: record nothing, not even the flight recorder")
       ->group("");
   cmd->add_option("--debug-op-cost", f.op_cost,
-                  "Testing: every forward and backward of a chunk only sleeps FWD_MS:BWD_MS")
+                  "Testing: a chunk's forward, B and W only sleep F:B:W ms (FWD:BWD: the backward "
+                  "split evenly); a comma-separated list gives one per stage")
+      ->group("");
+  cmd->add_option("--debug-op-jitter", f.op_jitter,
+                  "Testing: each --debug-op-cost op takes its time x (1 + u X), u uniform in "
+                  "[-1, 1], the same on every run")
       ->group("");
   const std::vector<CLI::Option*> all = cmd->get_options();
   f.registered.assign(all.begin() + static_cast<std::ptrdiff_t>(before), all.end());
@@ -221,6 +231,7 @@ absl::Status finish_train_flags(TrainFlags& f) {
   absl::StatusOr<actors::ScheduleKind> kind = actors::parse_schedule(f.schedule);
   if (!kind.ok()) return kind.status();
   f.parallel.schedule = *kind;
+  if (absl::Status st = actors::place_for_schedule(*kind, &f.parallel); !st.ok()) return st;
   if (!f.fail_at.empty() &&
       std::sscanf(f.fail_at.c_str(), "%d:%d", &f.parallel.fail.stage, &f.parallel.fail.step) != 2) {
     return absl::InvalidArgumentError("--debug-fail-stage " + f.fail_at + ": expected STAGE:STEP");

@@ -16,6 +16,7 @@
 
 #include "absl/status/statusor.h"
 #include "actors/rank/rank.h"
+#include "actors/rank/timed_stage.h"
 #include "model/checkpoint.h"
 #include "model/trainer.h"
 
@@ -52,8 +53,9 @@ struct TrainFlags {
   std::string trace_steps;        // --trace-steps A:B
   std::int64_t trace_buffer = 0;  // --trace-buffer N (0: the default)
   std::string device;             // --device cpu|cuda|opaque; empty: resolve_device's
-  std::string op_cost;            // --debug-op-cost FWD_MS:BWD_MS
-  double fwd_ms = -1, bwd_ms = -1;
+  std::string op_cost;            // --debug-op-cost F:B:W or FWD:BWD (a list: one per stage)
+  double op_jitter = 0;           // --debug-op-jitter X
+  actors::OpCosts op_costs;       // both, parsed
   // Every option add_train_flags registered, in order (to forward them).
   std::vector<CLI::Option*> registered;
 };

@@ -51,14 +51,17 @@ struct Measured {
   double busy_s = 0;  // all stages' op time over the run
 };
 
-// A run with op costs fwd/bwd ms per chunk.
-Measured run(int pp, int m, actors::ScheduleKind kind, int v, double fwd_ms, double bwd_ms,
-             int steps) {
-  const model::TrainOptions o = options(pp * v, m, steps);
+// A run with the given op costs per chunk.
+Measured run(int pp, int m, actors::ScheduleKind kind, int v, actors::OpCosts costs, int steps) {
   std::atomic<std::int64_t> busy_ns{0};
-  const actors::StageFactory factory = actors::timed_stage_factory(fwd_ms, bwd_ms, &busy_ns);
-  auto t = actors::InProcessTrainer::create(o, {{.pp = pp, .dp = 1, .virtual_stages = v}, kind},
-                                            factory);
+  const actors::StageFactory factory = actors::timed_stage_factory(std::move(costs), &busy_ns);
+  actors::ParallelOptions par{{.pp = pp, .dp = 1, .virtual_stages = v}, kind};
+  if (absl::Status st = actors::place_for_schedule(kind, &par); !st.ok()) {
+    std::fprintf(stderr, "pipeline_bench: %s\n", std::string(st.message()).c_str());
+    std::exit(1);
+  }
+  const model::TrainOptions o = options(pp * par.virtual_stages, m, steps);
+  auto t = actors::InProcessTrainer::create(o, par, factory);
   if (!t.ok()) {
     std::fprintf(stderr, "pipeline_bench: %s\n", std::string(t.status().message()).c_str());
     std::exit(1);
@@ -105,7 +108,8 @@ int main(int argc, char** argv) {
   for (Row& r : rows) {
     // Per-stage work is the same for every schedule: v chunks of op_ms/v.
     const double chunk_ms = op_ms / r.v;
-    const Measured got = run(pp, m, r.kind, r.v, chunk_ms, chunk_ms, steps);
+    const Measured got =
+        run(pp, m, r.kind, r.v, {.stages = {{chunk_ms, chunk_ms / 2, chunk_ms / 2}}}, steps);
     double total = 0;
     for (double x : got.step_s) total += x;
     const double step = total / static_cast<double>(got.step_s.size());
@@ -123,7 +127,8 @@ int main(int argc, char** argv) {
   // Zero-cost ops: step time against the number of stages.
   std::vector<std::pair<int, double>> hops;
   for (int stages : {1, 2, 4, 8}) {
-    std::vector<double> t = run(stages, 1, actors::ScheduleKind::k1F1B, 1, 0, 0, hop_steps).step_s;
+    std::vector<double> t =
+        run(stages, 1, actors::ScheduleKind::k1F1B, 1, {.stages = {{}}}, hop_steps).step_s;
     t.erase(t.begin(), t.begin() + std::min<std::size_t>(10, t.size() / 2));  // warm-up
     const double us = median(t) * 1e6;
     hops.emplace_back(stages, us);

@@ -33,6 +33,8 @@ const char* kind_name(Kind k) {
       return "wait";
     case Kind::kStep:
       return "step";
+    case Kind::kWeight:
+      return "weight";
   }
   return "unknown";
 }

@@ -42,6 +42,7 @@ enum class Kind : std::uint8_t {
   kOptimizer,   // work on the optimizer stream
   kWait,        // an actor waiting for something
   kStep,        // a shard's step: begin_step .. ready
+  kWeight,      // a compute op: a backward's weight gradients (W) alone
 };
 
 // What a wait is for, what an optimizer op or a collective phase is.

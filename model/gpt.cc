@@ -266,9 +266,16 @@ void Gpt::backward_input(gpu::Stream& s, const Tensor& tokens, const Tensor& tar
   defer_ = nullptr;
 }
 
-void Gpt::backward_weight(gpu::Stream& s, int stash, const GradProgress& progress) {
+void Gpt::backward_weight(gpu::Stream& s, int stash, const GradProgress& progress, int first,
+                          int count) {
   const WeightStash& w = stashes_[static_cast<std::size_t>(stash)];
+  const int last = count < 0 ? weight_pieces() : first + count;
+  int piece = 0;  // a layer's jobs and its point; the head's point goes with the first, the
+                  // embedding's with the last
   for (const WeightJob& j : w.jobs) {
+    const int at = std::min(piece, weight_pieces() - 1);
+    if (j.kind == WeightJob::Kind::kPoint && j.point.part == GradPoint::Part::kLayer) piece++;
+    if (at < first || at >= last) continue;
     switch (j.kind) {
       case WeightJob::Kind::kMatmul:
         ops::matmul_backward_weight(s, j.dw, j.dout, j.inp);

@@ -11,6 +11,7 @@
 //   gpt.backward(stream, tokens, targets, 1.0f / (m * B * T));
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <span>
@@ -210,7 +211,11 @@ class Gpt {
   // same sums in the same order.
   void backward_input(gpu::Stream& s, const gpu::Tensor& tokens, const gpu::Tensor& targets,
                       float dloss, const gpu::Tensor& dout, int slot, int stash);
-  void backward_weight(gpu::Stream& s, int stash, const GradProgress& progress = {});
+  // W in pieces, one a layer of the stage (one, if it has none): pieces
+  // [first, first + count) (count -1: the rest), in order.
+  void backward_weight(gpu::Stream& s, int stash, const GradProgress& progress = {}, int first = 0,
+                       int count = -1);
+  int weight_pieces() const { return std::max(1, stage_.layers()); }
 
   const StageSpec& stage() const { return stage_; }
   const TpSlice& tp() const { return tp_.slice; }

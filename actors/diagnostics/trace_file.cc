@@ -36,6 +36,7 @@ std::string trace_event_json(const trace::Event& e, bool open) {
   switch (e.kind) {
     case trace::Kind::kForward:
     case trace::Kind::kBackward:
+    case trace::Kind::kWeight:
       absl::StrAppend(&out, ",\"mb\":", e.micro, ",\"chunk\":", e.chunk, ",\"vs\":", e.layer);
       if (e.eval) absl::StrAppend(&out, ",\"eval\":true");
       break;

@@ -27,11 +27,18 @@ absl::Status ParallelOptions::validate(const model::TrainOptions& o) const {
   if (tp < 1 || pp < 1 || dp < 1 || virtual_stages < 1) {
     return absl::InvalidArgumentError("--tp, --pp, --dp and --virtual-stages must be positive");
   }
-  if (virtual_stages > 1 && schedule != ScheduleKind::kInterleaved1F1B) {
+  if (absl::Status st = check_placement(schedule, layout()); !st.ok()) return st;
+  if (schedule == ScheduleKind::kZbV && o.model.L % (2 * pp) != 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--virtual-stages ", virtual_stages, " needs --schedule interleaved"));
+        absl::StrCat("--schedule zbv: --layers ", o.model.L, " does not split into 2 equal chunks ",
+                     "on each of --pp ", pp, " stages (a multiple of ", 2 * pp, " is needed)"));
   }
   if (absl::Status st = check_layer_split(o.model.L, pp, virtual_stages); !st.ok()) return st;
+  if (zb_max_pending_w != 0 && (schedule != ScheduleKind::kZbAuto || zb_max_pending_w < 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--zb-max-pending-w ", zb_max_pending_w,
+                     ": a number of micro-batches (>= 1) for --schedule zb-auto"));
+  }
   if (o.global_batch % (o.micro_batch * dp) != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--global-batch-size ", o.global_batch, " must be a multiple of --micro-batch-size ",
@@ -83,6 +90,13 @@ absl::Status ParallelOptions::validate(const model::TrainOptions& o) const {
   return absl::OkStatus();
 }
 
+int stashes_for(const ParallelOptions& par, const std::vector<ScheduleOp>& ops, int chunk) {
+  if (par.schedule == ScheduleKind::kZbAuto && par.zb_max_pending_w > 0) {
+    return par.zb_max_pending_w;
+  }
+  return peak_pending_weights(ops, chunk);
+}
+
 absl::StatusOr<std::unique_ptr<RankUnit>> RankUnit::create(
     const RankSpec& spec, std::unique_ptr<comm::Transport> transport) {
   gpu::Device& dev = spec.parallel.device != nullptr ? *spec.parallel.device : gpu::cpu_device();
@@ -127,11 +141,18 @@ absl::StatusOr<std::unique_ptr<RankUnit>> RankUnit::create(
     const model::StageSpec& stage = mine[static_cast<std::size_t>(ch)].spec;
     // One more slot than the schedule's peak when there are neighbours, so
     // a micro-batch whose gradient is still leaving does not hold up the
-    // next forward.
+    // next forward. A stash is free once its W is on the stream.
     const int slots = peak_in_flight(*ops, ch) + (u->shape_.chunks() > 1 ? 1 : 0);
-    u->chunks_.push_back(spec.factory ? spec.factory(c, o.micro_batch, stage, slots)
-                                      : std::make_unique<GptStage>(c, o.micro_batch, stage, slots,
-                                                                   dev, tensor, o.activations));
+    const int stashes = stashes_for(par, *ops, ch);
+    u->chunks_.push_back(spec.factory
+                             ? spec.factory({.config = c,
+                                             .B = o.micro_batch,
+                                             .spec = stage,
+                                             .slots = slots,
+                                             .stashes = stashes,
+                                             .stage = u->coord_.s})
+                             : std::make_unique<GptStage>(c, o.micro_batch, stage, slots, dev,
+                                                          tensor, o.activations, stashes));
   }
   // (Mixed precision: the parameters, loaded or made, are bf16/fp16; the
   // partitions' masters start from them, as the single-rank loop's.)

@@ -51,6 +51,9 @@ class ConnectedCollectives;  // actors/rank/connected_collectives.h
 // and how to run it.
 struct ParallelOptions : comm::Layout {
   ScheduleKind schedule = ScheduleKind::k1F1B;
+  // --zb-max-pending-w: zb-auto's weight stashes per chunk, the most
+  // micro-batches between their B and their W (0: ZB-H1's, s + 1 on stage s).
+  int zb_max_pending_w = 0;
   FailPoint fail = {};           // testing (--debug-fail-stage, --debug-stall-stage)
   double stall_timeout_s = 600;  // --stall-timeout: a run with no progress this long fails
   // The device every rank of this process computes on (null: the CPU). A
@@ -68,6 +71,9 @@ struct ParallelOptions : comm::Layout {
   // or the batch.
   absl::Status validate(const model::TrainOptions& o) const;
 };
+
+// The weight stashes chunk `chunk` of a stage running `ops` needs.
+int stashes_for(const ParallelOptions& par, const std::vector<ScheduleOp>& ops, int chunk);
 
 // --save, --save-interval, --keep-last, --load, --no-load-optim,
 // --exit-signal-handler (Megatron's names).
@@ -114,10 +120,19 @@ struct TraceOptions {
   }
 };
 
+// What a model chunk is made for: its part of the model, the micro-batches
+// it holds between F and B (slots) and between B and W (stashes), and the
+// pipeline stage that runs it.
+struct StageRequest {
+  const model::GptConfig& config;
+  int B = 1;
+  const model::StageSpec& spec;
+  int slots = 1, stashes = 0;
+  int stage = 0;
+};
 // Makes a model chunk; the default makes a GptStage. (The pipeline
 // benchmark swaps in chunks whose ops take a fixed time.)
-using StageFactory = std::function<std::unique_ptr<GptStage>(
-    const model::GptConfig& config, int B, const model::StageSpec& spec, int slots)>;
+using StageFactory = std::function<std::unique_ptr<GptStage>(const StageRequest& request)>;
 
 struct RankSpec {
   model::TrainOptions options;  // options.model already sliced_config()

@@ -5,8 +5,8 @@ namespace troupe::actors {
 
 GptStage::GptStage(const model::GptConfig& config, int B, const model::StageSpec& spec, int slots,
                    gpu::Device& device, model::TensorParallel tp,
-                   const model::ActivationOptions& activations)
-    : gpt_(config, B, device, spec, slots, std::move(tp), activations) {
+                   const model::ActivationOptions& activations, int stashes)
+    : gpt_(config, B, device, spec, slots, std::move(tp), activations, stashes) {
   // A boundary tensor is the region's rows: with sequence parallelism this
   // rank's 1/tp of them (what Megatron sends between stages too).
   const int parts = activations.sequence_parallel ? gpt_.tp().tp : 1;
@@ -40,6 +40,16 @@ void GptStage::backward(gpu::Stream& s, int slot, const gpu::Tensor& tokens,
                         const gpu::Tensor& targets, float dloss,
                         const model::GradProgress& progress) {
   gpt_.backward(s, tokens, targets, dloss, output_grad(slot), slot, progress);
+}
+
+void GptStage::backward_input(gpu::Stream& s, int slot, int stash, const gpu::Tensor& tokens,
+                              const gpu::Tensor& targets, float dloss) {
+  gpt_.backward_input(s, tokens, targets, dloss, output_grad(slot), slot, stash);
+}
+
+void GptStage::backward_weight(gpu::Stream& s, int stash, int first, int count,
+                               const model::GradProgress& progress) {
+  gpt_.backward_weight(s, stash, progress, first, count);
 }
 
 }  // namespace troupe::actors

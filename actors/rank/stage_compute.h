@@ -59,6 +59,18 @@ class StageCompute {
   virtual void backward(gpu::Stream& s, int slot, const gpu::Tensor& tokens,
                         const gpu::Tensor& targets, float dloss,
                         const model::GradProgress& progress) = 0;
+  // The backward in two halves (the zero-bubble schedules; model::Gpt::
+  // backward_input and backward_weight): B frees the slot and fills weight
+  // stash `stash`; W runs pieces [first, first + count) of weight_pieces()
+  // (one a layer) from it, calling `progress` as backward() does. B, then
+  // every piece of W in order, adds bitwise what backward() adds.
+  virtual int stashes() const { return 0; }
+  virtual std::int64_t stash_bytes() const { return 0; }
+  virtual int weight_pieces() const { return 1; }
+  virtual void backward_input(gpu::Stream& s, int slot, int stash, const gpu::Tensor& tokens,
+                              const gpu::Tensor& targets, float dloss) = 0;
+  virtual void backward_weight(gpu::Stream& s, int stash, int first, int count,
+                               const model::GradProgress& progress) = 0;
 };
 
 // A GPT model chunk (model::Gpt with a StageSpec) and its slot buffers.
@@ -66,7 +78,7 @@ class GptStage : public StageCompute {
  public:
   GptStage(const model::GptConfig& config, int B, const model::StageSpec& spec, int slots,
            gpu::Device& device, model::TensorParallel tp = {},
-           const model::ActivationOptions& activations = {});
+           const model::ActivationOptions& activations = {}, int stashes = 0);
 
   model::Gpt& gpt() { return gpt_; }
   const model::StageSpec& spec() const override { return gpt_.stage(); }
@@ -92,6 +104,13 @@ class GptStage : public StageCompute {
                const gpu::Tensor& targets) override;
   void backward(gpu::Stream& s, int slot, const gpu::Tensor& tokens, const gpu::Tensor& targets,
                 float dloss, const model::GradProgress& progress) override;
+  int stashes() const override { return gpt_.stashes(); }
+  std::int64_t stash_bytes() const override { return gpt_.stash_bytes(); }
+  int weight_pieces() const override { return gpt_.weight_pieces(); }
+  void backward_input(gpu::Stream& s, int slot, int stash, const gpu::Tensor& tokens,
+                      const gpu::Tensor& targets, float dloss) override;
+  void backward_weight(gpu::Stream& s, int stash, int first, int count,
+                       const model::GradProgress& progress) override;
 
  private:
   model::Gpt gpt_;

@@ -2,33 +2,100 @@
 #include "actors/rank/timed_stage.h"
 
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+
 namespace troupe::actors {
 
-TimedStage::TimedStage(const model::GptConfig& c, int B, const model::StageSpec& spec, int slots,
-                       double fwd_ms, double bwd_ms, std::atomic<std::int64_t>* busy_ns)
-    : GptStage(c, B, spec, slots, gpu::cpu_device()),
-      fwd_ms_(fwd_ms),
-      bwd_ms_(bwd_ms),
+absl::StatusOr<std::vector<OpCost>> parse_op_costs(const std::string& text,
+                                                   const std::string& flag) {
+  std::vector<OpCost> out;
+  for (const absl::string_view part : absl::StrSplit(text, ',')) {
+    const std::string one(part);
+    OpCost c;
+    char end = 0;
+    const int n = std::sscanf(one.c_str(), "%lf:%lf:%lf%c", &c.f, &c.b, &c.w, &end);
+    if (n == 2) {  // FWD:BWD, the backward split evenly
+      c.w = c.b / 2;
+      c.b = c.w;
+    }
+    const bool ok = (n == 2 || n == 3) && c.f >= 0 && c.b >= 0 && c.w >= 0 && c.f <= 1e5 &&
+                    c.b <= 1e5 && c.w <= 1e5;
+    if (!ok) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(flag, " ", text, ": expected F:B:W or FWD:BWD in milliseconds (>= 0), ",
+                       "or a comma-separated list of one per pipeline stage"));
+    }
+    out.push_back(c);
+  }
+  return out;
+}
+
+TimedStage::TimedStage(const StageRequest& r, const OpCost& cost, double jitter, std::uint64_t seed,
+                       std::atomic<std::int64_t>* busy_ns)
+    : GptStage(r.config, r.B, r.spec, r.slots, gpu::cpu_device(), {}, {}, r.stashes),
+      cost_(cost),
+      jitter_(jitter),
+      // Each chunk draws its own sequence (its first layer tells it apart).
+      seed_(seed * 0x9E3779B97F4A7C15ull + static_cast<std::uint64_t>(r.spec.first_layer) + 1),
       busy_ns_(busy_ns) {
   gpu::check_invariant(gpt().init(1), "TimedStage");  // the CPU device
-  for (int k = 0; k < slots; k++) std::memset(losses(k).host<float>(), 0, losses(k).nbytes());
+  for (int k = 0; k < r.slots; k++) std::memset(losses(k).host<float>(), 0, losses(k).nbytes());
+}
+
+double TimedStage::draw(Kind kind, std::int64_t k) const {
+  const double base = kind == kF ? cost_.f : kind == kB ? cost_.b : cost_.w;
+  if (jitter_ <= 0) return base;
+  // SplitMix64 of (seed, kind, k): the same times on every run.
+  std::uint64_t z = seed_ + (static_cast<std::uint64_t>(k) * 3 + kind + 1) * 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  z ^= z >> 31;
+  const double u = static_cast<double>(z >> 11) * 0x1.0p-53 * 2 - 1;  // [-1, 1)
+  return base * (1 + u * jitter_);
 }
 
 void TimedStage::forward(gpu::Stream& s, int, const gpu::Tensor&, const gpu::Tensor&) {
-  sleep_on(s, fwd_ms_);
+  sleep_on(s, draw(kF, count_[kF]++));
 }
 
 void TimedStage::backward(gpu::Stream& s, int, const gpu::Tensor&, const gpu::Tensor&, float,
                           const model::GradProgress& progress) {
-  sleep_on(s, bwd_ms_);
+  const double b = draw(kB, count_[kB]++);
+  const double w = draw(kW, count_[kW] / weight_pieces());
+  count_[kW] += weight_pieces();
+  sleep_on(s, b + w);
+  points(0, weight_pieces(), progress);
+}
+
+void TimedStage::backward_input(gpu::Stream& s, int, int, const gpu::Tensor&, const gpu::Tensor&,
+                                float) {
+  sleep_on(s, draw(kB, count_[kB]++));
+}
+
+void TimedStage::backward_weight(gpu::Stream& s, int, int first, int count,
+                                 const model::GradProgress& progress) {
+  const int n = weight_pieces(), last = count < 0 ? n : first + count;
+  for (int p = first; p < last; p++) {
+    sleep_on(s, draw(kW, count_[kW] / n) / n);
+    count_[kW]++;
+  }
+  points(first, last, progress);
+}
+
+void TimedStage::points(int first, int last, const model::GradProgress& progress) const {
   if (!progress) return;
   using P = model::GradPoint::Part;
-  if (spec().head) progress({P::kHead, -1});
-  for (int l = spec().last_layer - 1; l >= spec().first_layer; l--) progress({P::kLayer, l});
-  if (spec().embedding) progress({P::kEmbedding, -1});
+  const int n = weight_pieces();
+  if (first == 0 && spec().head) progress({P::kHead, -1});
+  for (int p = first; p < last && p < spec().layers(); p++) {
+    progress({P::kLayer, spec().last_layer - 1 - p});
+  }
+  if (last == n && spec().embedding) progress({P::kEmbedding, -1});
 }
 
 void TimedStage::sleep_on(gpu::Stream& s, double ms) {
@@ -46,10 +113,9 @@ void TimedStage::sleep_on(gpu::Stream& s, double ms) {
   });
 }
 
-StageFactory timed_stage_factory(double fwd_ms, double bwd_ms, std::atomic<std::int64_t>* busy_ns) {
-  return [=](const model::GptConfig& c, int B, const model::StageSpec& spec,
-             int slots) -> std::unique_ptr<GptStage> {
-    return std::make_unique<TimedStage>(c, B, spec, slots, fwd_ms, bwd_ms, busy_ns);
+StageFactory timed_stage_factory(OpCosts costs, std::atomic<std::int64_t>* busy_ns) {
+  return [costs = std::move(costs), busy_ns](const StageRequest& r) -> std::unique_ptr<GptStage> {
+    return std::make_unique<TimedStage>(r, costs.of(r.stage), costs.jitter, costs.seed, busy_ns);
   };
 }
 

@@ -214,4 +214,10 @@ int InProcessTrainer::slots(int rank, int chunk) const {
   return ranks_[static_cast<std::size_t>(rank)]->chunks()[static_cast<std::size_t>(chunk)]->slots();
 }
 
+int InProcessTrainer::stashes(int rank, int chunk) const {
+  return ranks_[static_cast<std::size_t>(rank)]
+      ->chunks()[static_cast<std::size_t>(chunk)]
+      ->stashes();
+}
+
 }  // namespace troupe::actors

@@ -76,6 +76,7 @@ class InProcessTrainer {
   // replicas, the staging window, norms), as the device counted it.
   std::int64_t optimizer_bytes(int rank) const;
   int slots(int rank, int chunk) const;
+  int stashes(int rank, int chunk) const;  // weight stashes (zero-bubble schedules)
   RankUnit::ActivationBytes activation_bytes(int rank) const {
     return ranks_[static_cast<std::size_t>(rank)]->activation_bytes();
   }

@@ -135,7 +135,7 @@ const std::map<std::string, Kind>& kinds() {
   static const auto* m = [] {
     auto* out = new std::map<std::string, Kind>;
     for (Kind k : {Kind::kForward, Kind::kBackward, Kind::kSend, Kind::kRecv, Kind::kCollective,
-                   Kind::kPhase, Kind::kOptimizer, Kind::kWait, Kind::kStep}) {
+                   Kind::kPhase, Kind::kOptimizer, Kind::kWait, Kind::kStep, Kind::kWeight}) {
       (*out)[kind_name(k)] = k;
     }
     return out;

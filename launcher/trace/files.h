@@ -51,7 +51,9 @@ struct Event {
   int line = 0;  // line in its file (1-based), for messages
 
   std::int64_t duration() const { return e - b; }
-  bool compute() const { return kind == Kind::kForward || kind == Kind::kBackward; }
+  bool compute() const {
+    return kind == Kind::kForward || kind == Kind::kBackward || kind == Kind::kWeight;
+  }
 };
 
 struct Header {

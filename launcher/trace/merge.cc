@@ -26,6 +26,7 @@ std::string slice_name(const Event& ev, int chunks) {
   switch (ev.kind) {
     case Kind::kForward:
     case Kind::kBackward:
+    case Kind::kWeight:
       n = absl::StrCat(ev.eval ? "eval " : "", kind_name(ev.kind), " mb ", ev.mb);
       if (chunks > 1) absl::StrAppend(&n, " chunk ", std::max(ev.chunk, 0));
       break;
@@ -210,6 +211,7 @@ Track track_of(const Event& ev) {
   switch (ev.kind) {
     case Kind::kForward:
     case Kind::kBackward:
+    case Kind::kWeight:
     case Kind::kCollective:
     case Kind::kPhase:
       return Track::kCompute;

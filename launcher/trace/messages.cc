@@ -125,7 +125,7 @@ InputIndex::InputIndex(const Trace& t, const std::vector<Message>& ms) : t_(t) {
 }
 
 const Message* InputIndex::input_of(int rank_index, const Event& op) const {
-  if (!op.compute()) return nullptr;
+  if (!op.compute() || op.kind == Kind::kWeight) return nullptr;  // W reads no message
   auto it = by_key_.find({rank_index, op.kind == Kind::kBackward, op.step, op.mb});
   if (it == by_key_.end()) return nullptr;
   const Message* best = nullptr;

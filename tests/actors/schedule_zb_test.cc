@@ -78,7 +78,9 @@ StepSim simulate_step(ScheduleKind kind, int pp, int m, Costs c) {
           if (it == done.end()) break;
           start = std::max(start, it->second);
         }
-        const int cost = op.kind == OpKind::kForward ? c.f : op.kind == OpKind::kBackward ? c.b : c.w;
+        const int cost = op.kind == OpKind::kForward    ? c.f
+                         : op.kind == OpKind::kBackward ? c.b
+                                                        : c.w;
         free_at[su] = start + cost;
         done[{op.kind, op.micro, g}] = free_at[su];
         sim.makespan = std::max(sim.makespan, free_at[su]);

@@ -49,8 +49,8 @@ model::TrainOptions small(int m) {
 // until the norms: more than twice the 0.3 s timeout.
 TEST(StallWatchdog, ALongComputePhaseWhoseOpsCompleteIsNotAHang) {
   const int m = 8;
-  auto factory = [](const model::GptConfig& c, int B, const model::StageSpec& spec, int slots) {
-    return std::make_unique<SleepingStage>(c, B, spec, slots, 100);
+  auto factory = [](const StageRequest& r) {
+    return std::make_unique<SleepingStage>(r.config, r.B, r.spec, r.slots, 100);
   };
   ParallelOptions par{{.pp = 1, .dp = 1}, ScheduleKind::kGPipe};
   par.stall_timeout_s = 0.3;

@@ -1,0 +1,168 @@
+// The zero-bubble schedules in the runtime: zb-h1 and zb-auto (any
+// --zb-max-pending-w) give bitwise the 1F1B run of the same layout, on tp x
+// pp x dp layouts with recompute, sequence parallelism and bf16 (each
+// parameter's gradient gets its parts in micro-batch order; only when a W
+// runs changes); zbv, whose V places the layers differently, equals 1F1B
+// with the same --pp within 1e-5 (the cross-layout contract). Each stage
+// holds the slots and stashes its list needs; bad layouts are clear errors.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "actors/runtime/in_process.h"
+#include "tests/actors/runtime_fixtures.h"
+
+namespace troupe::actors {
+namespace {
+
+model::TrainOptions zb_tiny(const model::ActivationOptions& a = {}) {
+  return fixtures::tiny({.layers = 8,
+                         .micro_batch = 2,
+                         .global_batch = 16,
+                         .steps = 4,
+                         .warmup_iters = 1,
+                         .decay_iters = 4,
+                         .activations = a});
+}
+
+ParallelOptions with(ParallelOptions par, ScheduleKind kind, int max_pending = 0) {
+  par.schedule = kind;
+  par.zb_max_pending_w = max_pending;
+  EXPECT_TRUE(place_for_schedule(kind, &par).ok());
+  return par;
+}
+
+void expect_bitwise(const fixtures::Trained& got, const fixtures::Trained& want) {
+  ASSERT_EQ(got.metrics.size(), want.metrics.size());
+  for (std::size_t i = 0; i < want.metrics.size(); i++) {
+    EXPECT_EQ(std::memcmp(&got.metrics[i].loss, &want.metrics[i].loss, sizeof(double)), 0)
+        << "step " << i + 1 << ": " << got.metrics[i].loss << " vs " << want.metrics[i].loss;
+    EXPECT_EQ(std::memcmp(&got.metrics[i].grad_norm, &want.metrics[i].grad_norm, sizeof(double)),
+              0)
+        << "step " << i + 1;
+  }
+  ASSERT_EQ(got.params.size(), want.params.size());
+  EXPECT_EQ(std::memcmp(got.params.data(), want.params.data(), want.params.size() * 4), 0);
+}
+
+struct ZbCase {
+  const char* name;
+  comm::Layout layout;
+  model::ActivationOptions activations;
+};
+
+TEST(ZeroBubbleRuntime, ZbH1AndZbAutoAreBitwiseThe1F1BRunOfTheSameLayout) {
+  using enum model::Recompute;
+  const ZbCase cases[] = {
+      {"pp2", {.pp = 2}, {}},
+      {"pp4", {.pp = 4}, {}},
+      {"pp2 dp2", {.pp = 2, .dp = 2}, {}},
+      {"tp2 pp2", {.tp = 2, .pp = 2}, {}},
+      {"tp2 pp2 sequence parallel", {.tp = 2, .pp = 2}, {.sequence_parallel = true}},
+      {"pp2 full recompute",
+       {.pp = 2},
+       {.recompute = kFull, .method = model::RecomputeMethod::kUniform, .recompute_layers = 2}},
+      {"pp2 dp2 selective, reference attention",
+       {.pp = 2, .dp = 2},
+       {.recompute = kSelective, .attention = model::AttentionKernel::kReference}},
+      {"pp2 bf16", {.pp = 2}, {.precision = gpu::Precision::kBf16}},
+  };
+  for (const ZbCase& c : cases) {
+    SCOPED_TRACE(c.name);
+    const model::TrainOptions o = zb_tiny(c.activations);
+    const ParallelOptions base{c.layout, ScheduleKind::k1F1B};
+    const fixtures::Trained want = fixtures::train_layout(o, base);
+    {
+      SCOPED_TRACE("zb-h1");
+      expect_bitwise(fixtures::train_layout(o, with(base, ScheduleKind::kZbH1)), want);
+    }
+    {
+      SCOPED_TRACE("zb-auto");
+      expect_bitwise(fixtures::train_layout(o, with(base, ScheduleKind::kZbAuto)), want);
+    }
+  }
+  // zb-auto holding one W at a time (every B waits for the last W).
+  const model::TrainOptions o = zb_tiny();
+  const ParallelOptions base{{.pp = 4}, ScheduleKind::k1F1B};
+  expect_bitwise(fixtures::train_layout(o, with(base, ScheduleKind::kZbAuto, 1)),
+                 fixtures::train_layout(o, base));
+}
+
+TEST(ZeroBubbleRuntime, ZbvEquals1F1BWithTheSamePpWithin1e5) {
+  for (const comm::Layout l : {comm::Layout{.pp = 2}, comm::Layout{.pp = 4},
+                               comm::Layout{.tp = 2, .pp = 2}, comm::Layout{.pp = 2, .dp = 2}}) {
+    SCOPED_TRACE(l.describe());
+    const model::TrainOptions o = zb_tiny();
+    const fixtures::Trained want = fixtures::train_layout(o, {l, ScheduleKind::k1F1B});
+    const fixtures::Trained got =
+        fixtures::train_layout(o, with({l, ScheduleKind::k1F1B}, ScheduleKind::kZbV));
+    ASSERT_EQ(got.metrics.size(), want.metrics.size());
+    for (std::size_t i = 0; i < want.metrics.size(); i++) {
+      const double a = want.metrics[i].loss, b = got.metrics[i].loss;
+      const double na = want.metrics[i].grad_norm, nb = got.metrics[i].grad_norm;
+      EXPECT_LE(std::abs(b - a) / std::abs(a), 1e-5) << "step " << i + 1;
+      EXPECT_LE(std::abs(nb - na) / std::abs(na), 1e-5) << "step " << i + 1;
+    }
+    double worst = 0;
+    for (std::size_t i = 0; i < want.params.size(); i++) {
+      worst = std::max(worst, static_cast<double>(std::abs(got.params[i] - want.params[i])));
+    }
+    EXPECT_LE(worst, 1e-5);
+  }
+}
+
+// Slots (forward to B, + 1 where there are neighbours) and stashes (B to W)
+// as schedule_zb_test.cc counts them by hand: zb-h1 at pp 4, m 8: 1F1B's
+// pp - s slots and min(s + 1, m) stashes; zbv: chunk 0 holds 2pp - s, chunk
+// 1 s + 1; zb-auto with --zb-max-pending-w 2: 2 stashes everywhere.
+TEST(ZeroBubbleRuntime, EachStageHoldsTheSlotsAndStashesItsListNeeds) {
+  const model::TrainOptions o = zb_tiny();  // m = 8
+  const ParallelOptions base{{.pp = 4}, ScheduleKind::k1F1B};
+  auto h1 = InProcessTrainer::create(o, with(base, ScheduleKind::kZbH1));
+  ASSERT_TRUE(h1.ok()) << h1.status();
+  for (int s = 0; s < 4; s++) {
+    EXPECT_EQ((*h1)->slots(s, 0), 4 - s + 1) << s;
+    EXPECT_EQ((*h1)->stashes(s, 0), s + 1) << s;
+  }
+  auto one = InProcessTrainer::create(o, base);
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_EQ((*one)->stashes(3, 0), 0);  // 1F1B's backward is whole
+  auto v = InProcessTrainer::create(o, with(base, ScheduleKind::kZbV));
+  ASSERT_TRUE(v.ok()) << v.status();
+  for (int s = 0; s < 4; s++) {
+    EXPECT_EQ((*v)->slots(s, 0), 2 * 4 - s + 1) << s;
+    EXPECT_EQ((*v)->slots(s, 1), s + 1 + 1) << s;
+  }
+  auto a = InProcessTrainer::create(o, with(base, ScheduleKind::kZbAuto, 2));
+  ASSERT_TRUE(a.ok()) << a.status();
+  for (int s = 0; s < 4; s++) EXPECT_EQ((*a)->stashes(s, 0), 2) << s;
+}
+
+TEST(ZeroBubbleRuntime, LayoutsThatDoNotFitAreClearErrors) {
+  model::TrainOptions o = zb_tiny();
+  auto expect_error = [&](const ParallelOptions& par, const std::string& text) {
+    auto t = InProcessTrainer::create(o, par);
+    ASSERT_FALSE(t.ok());
+    EXPECT_NE(t.status().message().find(text), std::string::npos) << t.status();
+  };
+  o.model.L = 6;  // 2 stages x 2 chunks do not split 6 layers
+  expect_error(with({{.pp = 2}}, ScheduleKind::kZbV),
+               "--schedule zbv: --layers 6 does not split into 2 equal chunks on each of --pp 2");
+  o.model.L = 8;
+  expect_error({{.pp = 2}, ScheduleKind::kZbV}, "--schedule zbv runs 2 model chunks per stage");
+  expect_error({{.pp = 2, .virtual_stages = 2, .v_shape = true}, ScheduleKind::k1F1B},
+               "a V placement is zbv's, not --schedule 1f1b's");
+  ParallelOptions bad = with({{.pp = 2}}, ScheduleKind::kZbH1);
+  bad.zb_max_pending_w = 2;
+  expect_error(bad, "--zb-max-pending-w 2: a number of micro-batches (>= 1) for --schedule zb-auto");
+  comm::Layout three{.pp = 2, .virtual_stages = 3};
+  EXPECT_EQ(place_for_schedule(ScheduleKind::kZbV, &three).message(),
+            "--schedule zbv places 2 model chunks on each stage in a V; --virtual-stages 3 does "
+            "not fit it");
+}
+
+}  // namespace
+}  // namespace troupe::actors
