@@ -283,7 +283,7 @@ TEST(Schedule, BadSizesAreClearErrors) {
             "--layers 10 does not split into --pp 4 x --virtual-stages 1 = 4 equal model chunks");
   EXPECT_TRUE(check_layer_split(8, 2, 2).ok());
   EXPECT_EQ(parse_schedule("zb").status().message(),
-            "--schedule 'zb': choose gpipe, 1f1b or interleaved");
+            "--schedule 'zb': choose gpipe, 1f1b, interleaved, zb-h1, zbv or zb-auto");
 }
 
 }  // namespace

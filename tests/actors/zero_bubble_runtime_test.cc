@@ -40,8 +40,7 @@ void expect_bitwise(const fixtures::Trained& got, const fixtures::Trained& want)
   for (std::size_t i = 0; i < want.metrics.size(); i++) {
     EXPECT_EQ(std::memcmp(&got.metrics[i].loss, &want.metrics[i].loss, sizeof(double)), 0)
         << "step " << i + 1 << ": " << got.metrics[i].loss << " vs " << want.metrics[i].loss;
-    EXPECT_EQ(std::memcmp(&got.metrics[i].grad_norm, &want.metrics[i].grad_norm, sizeof(double)),
-              0)
+    EXPECT_EQ(std::memcmp(&got.metrics[i].grad_norm, &want.metrics[i].grad_norm, sizeof(double)), 0)
         << "step " << i + 1;
   }
   ASSERT_EQ(got.params.size(), want.params.size());
@@ -157,7 +156,8 @@ TEST(ZeroBubbleRuntime, LayoutsThatDoNotFitAreClearErrors) {
                "a V placement is zbv's, not --schedule 1f1b's");
   ParallelOptions bad = with({{.pp = 2}}, ScheduleKind::kZbH1);
   bad.zb_max_pending_w = 2;
-  expect_error(bad, "--zb-max-pending-w 2: a number of micro-batches (>= 1) for --schedule zb-auto");
+  expect_error(bad,
+               "--zb-max-pending-w 2: a number of micro-batches (>= 1) for --schedule zb-auto");
   comm::Layout three{.pp = 2, .virtual_stages = 3};
   EXPECT_EQ(place_for_schedule(ScheduleKind::kZbV, &three).message(),
             "--schedule zbv places 2 model chunks on each stage in a V; --virtual-stages 3 does "
