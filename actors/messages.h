@@ -30,7 +30,8 @@
 //                   (stop_atom, int step)   end after that step (or the one in progress, if later)
 //                   (save_now_atom)         a checkpoint after the step in progress (with --save)
 // Internal (an actor to itself, from stream and transport callbacks):
-//   (op_done_atom, int op_id), (bucket_atom, int step, int chunk, int bucket),
+//   (op_done_atom, int op_id), (recheck_atom, int step, int op), (bucket_atom, int step, int
+//   chunk, int bucket),
 //   (recv_atom, int what, int id, std::string error), (sent_atom, int what, int id, std::string
 //   error), (reduced_atom, int step), (stepped_atom, int step), (added_atom, int step, int
 //   partition, int contribution), (params_in_atom, int step)   a shard's new parameters are on its
@@ -69,6 +70,7 @@ using bucket_atom = caf::atom_constant<caf::atom("bucket")>;
 using recv_atom = caf::atom_constant<caf::atom("recvd")>;
 using sent_atom = caf::atom_constant<caf::atom("sent")>;
 using tick_atom = caf::atom_constant<caf::atom("tick")>;
+using recheck_atom = caf::atom_constant<caf::atom("recheck")>;  // (int step, int op): zb-auto
 using reduced_atom = caf::atom_constant<caf::atom("reduced")>;
 using stepped_atom = caf::atom_constant<caf::atom("stepped")>;
 using added_atom = caf::atom_constant<caf::atom("added")>;

@@ -178,9 +178,10 @@ absl::Status check_pipeline_shape(const model::GptConfig& config, const comm::La
   if (p.tp * p.pp * p.dp > 32768) {
     return absl::InvalidArgumentError("--tp x --pp x --dp: at most 32768 ranks");
   }
-  if (m > 256) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        m, " micro-batches per replica and step: at most 256 (raise --micro-batch-size)"));
+  if (static_cast<std::uint32_t>(m) > comm::kMaxMicroBatches) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(m, " micro-batches per replica and step: at most ", comm::kMaxMicroBatches,
+                     " (raise --micro-batch-size)"));
   }
   if (config.L % p.chunks() == 0 && config.L / p.chunks() + 3 > 4096) {
     return absl::InvalidArgumentError("more than 4093 layers in one model chunk");

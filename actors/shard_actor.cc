@@ -108,6 +108,11 @@ caf::behavior ShardActor::make_behavior() {
         on_sent(chunk, slot, error);
       },
       [this](waiting_atom) { return report(); },
+      [this](recheck_atom, int step, int op) {
+        if (step != step_ || op != recheck_op_) return;
+        recheck_op_ = -1;
+        advance();
+      },
   };
 }
 
@@ -156,6 +161,10 @@ void ShardActor::begin(Pass pass, int step, std::int64_t first_sample) {
   fired_.clear();
   pending_w_.clear();
   stash_wait_ = false;
+  if (pass == Pass::kTrain && input_gap_ms_.size() != ops_->size()) {
+    input_gap_ms_.assign(ops_->size(), -1.0);  // (a ramp-up's new m: its own list)
+  }
+  dry_op_ = timed_piece_ = recheck_op_ = -1;
   weight_op_.assign(chunk_.size() * static_cast<std::size_t>(m_), -1);
   for (const ScheduleOp& op : *ops_) {
     if (op.kind == OpKind::kWeight)
@@ -294,6 +303,7 @@ void ShardActor::on_op_done(int op_id) {
   }
   const bool last = fired_.front().last;
   fired_.pop_front();
+  note_done(op_id);
   if (!last) {  // a W piece with more to come
     progress_++;
     advance();
@@ -416,6 +426,7 @@ void ShardActor::on_recv(Msg what, int id, const std::string& error) {
     return maybe_ready();
   }
   input_[static_cast<std::size_t>(id)] = Arrival::kArrived;
+  note_input(id);
   if (cursor_ < ops_->size() && (*ops_)[cursor_].id == id) advance();
 }
 

@@ -20,8 +20,11 @@
 // walks its list's forwards and B's the same way and fires W's itself, the
 // oldest pending first, one piece (a layer's) at a time: when the stream
 // has run dry and the next F or B's input is not there, when a B waits
-// for a stash, and at the end of the list. A piece delays an input that
-// arrives while it runs by at most one layer's weight GEMMs; the pieces'
+// for a stash, and at the end of the list. A piece started just before an
+// input arrives delays that input's op, so the rule uses what it measured
+// in earlier steps: how long after the stream ran dry each op's input
+// came, and how long a piece takes; a piece that would not end before the
+// input is due waits, until the input comes or is overdue. The pieces'
 // order per chunk is fixed, so the sums are 1F1B's bitwise.
 //
 // Buffers, stream and transport belong to the caller (actors/runtime/in_process.h) and
@@ -131,6 +134,10 @@ class ShardActor : public caf::event_based_actor {
   void fire_weight(const ScheduleOp& op, int first, int count);
   // zb-auto: fires pending W's by its rule (above); true when it fired one.
   bool auto_weights();
+  // zb-auto's clock: the stream ran dry, an input came, a piece ended.
+  void note_dry();
+  void note_input(int op_id);
+  void note_done(int op_id);
   // What the step's last backward (or W) of `chunk` tells the buckets.
   model::GradProgress bucket_progress(int chunk);
   // The op's output (kActivation: to virtual stage vs + 1) or input
@@ -228,6 +235,20 @@ class ShardActor : public caf::event_based_actor {
   std::deque<PendingWeight> pending_w_;
   std::vector<int> weight_op_;  // zb-auto: W's op id by chunk * m + micro
   bool stash_wait_ = false;     // the op at the cursor waits for a free stash
+  // zb-auto's measurements, over the steps (reset when m changes): per op
+  // id, how long after the stream ran dry its input came (EWMA, ms; -1:
+  // not seen), and a W piece's time on an idle stream.
+  using Clock = std::chrono::steady_clock;
+  std::vector<double> input_gap_ms_;
+  double piece_ms_ = -1;
+  int dry_op_ = -1;  // the op whose input the dry stream waits for
+  Clock::time_point dry_since_;
+  int timed_piece_ = -1;  // the W piece being timed (its op id)
+  Clock::time_point piece_since_;
+  int recheck_op_ = -1;  // a recheck is due for this op's wait
+  // Whether a W piece would end before the input of the op at the cursor
+  // is due (true when nothing is known yet); else a recheck is asked for.
+  bool piece_fits();
 
   int step_ = 0;  // 0: between steps
   std::int64_t first_sample_ = 0;

@@ -1,5 +1,7 @@
 // ShardActor's ops: a forward, a B (or whole backward) and a W put on the
 // stream, zb-auto's choice of W, and an op's output sent from the stream.
+#include <cstdlib>
+
 #include "absl/strings/str_cat.h"
 #include "actors/messages.h"
 #include "actors/rank/stream_bridge.h"
@@ -14,7 +16,15 @@ namespace trace = comm::trace;
 bool ShardActor::auto_weights() {
   if (pending_w_.empty()) return false;
   const bool ended = cursor_ >= ops_->size();
-  if (!ended && !stash_wait_ && !fired_.empty()) return false;  // the stream has work
+  if (!ended && !stash_wait_) {
+    if (!fired_.empty()) return false;  // the stream has work
+    note_dry();
+    if (!piece_fits()) return false;
+  }
+  if (fired_.empty()) {
+    timed_piece_ = pending_w_.front().op_id;
+    piece_since_ = Clock::now();
+  }
   PendingWeight& w = pending_w_.front();
   const ScheduleOp& op = (*ops_)[static_cast<std::size_t>(w.op_id)];
   const int pieces = setup_.chunks[static_cast<std::size_t>(op.chunk)]->weight_pieces();
@@ -25,6 +35,47 @@ bool ShardActor::auto_weights() {
   if (w.next_piece == pieces) pending_w_.pop_front();
   stash_wait_ = false;
   return true;
+}
+
+void ShardActor::note_dry() {
+  const int op = (*ops_)[cursor_].id;
+  if (dry_op_ == op) return;
+  dry_op_ = op;
+  dry_since_ = Clock::now();
+}
+
+void ShardActor::note_input(int op_id) {
+  if (op_id != dry_op_) return;
+  const double gap = std::chrono::duration<double, std::milli>(Clock::now() - dry_since_).count();
+  double& g = input_gap_ms_[static_cast<std::size_t>(op_id)];
+  g = g < 0 ? gap : 0.5 * g + 0.5 * gap;
+  dry_op_ = -1;
+}
+
+void ShardActor::note_done(int op_id) {
+  if (op_id != timed_piece_) return;
+  const double ms = std::chrono::duration<double, std::milli>(Clock::now() - piece_since_).count();
+  piece_ms_ = piece_ms_ < 0 ? ms : 0.5 * piece_ms_ + 0.5 * ms;
+  timed_piece_ = -1;
+}
+
+bool ShardActor::piece_fits() {
+  const int op = (*ops_)[cursor_].id;
+  const double gap = input_gap_ms_[static_cast<std::size_t>(op)];
+  if (gap < 0 || piece_ms_ < 0 || std::getenv("ZB_GREEDY") != nullptr)
+    return true;  // nothing measured yet: greedy
+  const double waited =
+      std::chrono::duration<double, std::milli>(Clock::now() - dry_since_).count();
+  const double left = gap - waited;
+  // Overdue by a quarter piece: the estimate was wrong this time.
+  if (left >= piece_ms_ || left < -0.25 * piece_ms_) return true;
+  if (recheck_op_ != op) {
+    recheck_op_ = op;
+    const double after = std::max(0.0, left + 0.25 * piece_ms_);
+    delayed_send(this, std::chrono::microseconds(static_cast<std::int64_t>(after * 1e3) + 1),
+                 recheck_atom::value, step_, op);
+  }
+  return false;
 }
 
 void ShardActor::fire_forward(const ScheduleOp& op, int slot) {

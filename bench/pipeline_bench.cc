@@ -14,6 +14,14 @@
 //   hop      zero-cost ops, m=1, pp = 1, 2, 4, 8: the step time grows by one
 //            activation hop and one gradient hop per stage; the slope is the
 //            runtime's cost of a stage round trip
+//   zb       the zero-bubble schedules beside 1F1B and interleaved: at pp=4,
+//            m=8 with F = B = W, each one's bubble against its theory (ZB-H1's
+//            (p-1)(F+B-W) of idle, the V's least (p-1) chunk forwards);
+//            then at pp 4 and 8, m=16, each one's step time with equal
+//            stage costs, with unequal ones (stage s x (1 + s/(p-1)/2)) and
+//            with every op's time varied by +-50% (seeded), and zb-auto's
+//            speed against the best static schedule of the same run. Every
+//            schedule does the same work per stage (chunks of v cost 1/v).
 //
 // One JSON object per measurement on stdout, then a table.
 #include <CLI/CLI.hpp>
@@ -22,6 +30,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -60,7 +69,8 @@ Measured run(int pp, int m, actors::ScheduleKind kind, int v, actors::OpCosts co
     std::fprintf(stderr, "pipeline_bench: %s\n", std::string(st.message()).c_str());
     std::exit(1);
   }
-  const model::TrainOptions o = options(pp * par.virtual_stages, m, steps);
+  // Four layers a chunk: zb-auto runs a W a layer at a time.
+  const model::TrainOptions o = options(4 * pp * par.virtual_stages, m, steps);
   auto t = actors::InProcessTrainer::create(o, par, factory);
   if (!t.ok()) {
     std::fprintf(stderr, "pipeline_bench: %s\n", std::string(t.status().message()).c_str());
@@ -74,6 +84,102 @@ Measured run(int pp, int m, actors::ScheduleKind kind, int v, actors::OpCosts co
   }
   out.busy_s = static_cast<double>(busy_ns.load()) * 1e-9;
   return out;
+}
+
+// The mean step after the first (warm-up) one.
+double mean_step(const Measured& m) {
+  double total = 0;
+  for (std::size_t i = 1; i < m.step_s.size(); i++) total += m.step_s[i];
+  return total / static_cast<double>(m.step_s.size() - 1);
+}
+
+struct ZbSchedule {
+  const char* name;
+  actors::ScheduleKind kind;
+  int v;
+};
+const ZbSchedule kZbSchedules[] = {{"1f1b", actors::ScheduleKind::k1F1B, 1},
+                                   {"interleaved", actors::ScheduleKind::kInterleaved1F1B, 2},
+                                   {"zb-h1", actors::ScheduleKind::kZbH1, 1},
+                                   {"zbv", actors::ScheduleKind::kZbV, 2},
+                                   {"zb-auto", actors::ScheduleKind::kZbAuto, 1}};
+
+// Each stage's F:B:W for op_ms a third each, chunks of 1/v of it.
+actors::OpCosts zb_costs(int pp, int v, double op_ms, bool unequal, double jitter) {
+  actors::OpCosts c{.stages = {}, .jitter = jitter, .seed = 7};
+  for (int s = 0; s < pp; s++) {
+    const double x = op_ms / v * (unequal ? 1 + 0.5 * s / std::max(1, pp - 1) : 1.0);
+    c.stages.push_back({x, x, x});
+  }
+  return c;
+}
+
+// The schedule's bubble in theory with F = B = W (per chunk).
+double zb_theory(actors::ScheduleKind kind, int pp, int m, int v) {
+  const double p1 = pp - 1;
+  switch (kind) {
+    case actors::ScheduleKind::kZbH1:
+    case actors::ScheduleKind::kZbAuto:
+      return p1 / (3.0 * m + p1);  // (p-1)(F+B-W) / (m(F+B+W) + (p-1)(F+B-W))
+    case actors::ScheduleKind::kZbV:
+      return p1 / (6.0 * m + p1);  // (p-1)F / (2m(F+B+W) + (p-1)F)
+    default:
+      return p1 / (v * m + p1);
+  }
+}
+
+void zero_bubble(double op_ms, int steps) {
+  // Bubbles at pp 4, m 8, F = B = W.
+  std::printf("\n%-12s %9s %9s %8s\n", "schedule", "bubble", "theory", "diff");
+  for (const ZbSchedule& z : kZbSchedules) {
+    const int pp = 4, m = 8;
+    const Measured got = run(pp, m, z.kind, z.v, zb_costs(pp, z.v, op_ms, false, 0), steps);
+    const double step = mean_step(got);
+    const double work = got.busy_s / (pp * static_cast<double>(got.step_s.size()));
+    const double bubble = 1.0 - work / step, theory = zb_theory(z.kind, pp, m, z.v);
+    std::printf(
+        "{\"bench\": \"zb_bubble\", \"schedule\": \"%s\", \"pp\": %d, \"m\": %d, \"v\": %d, "
+        "\"op_ms\": %.3f, \"step_s\": %.6f, \"bubble\": %.6f, \"theory\": %.6f}\n",
+        z.name, pp, m, z.v, op_ms, step, bubble, theory);
+    std::printf("%-12s %8.2f%% %8.2f%% %+7.2fpp\n", z.name, 100 * bubble, 100 * theory,
+                100 * (bubble - theory));
+    std::fflush(stdout);
+  }
+  // Step times at m 16: equal, unequal and jittered stage costs.
+  struct Shape {
+    const char* name;
+    bool unequal;
+    double jitter;
+  };
+  const Shape shapes[] = {{"equal", false, 0}, {"unequal", true, 0}, {"jitter50", false, 0.5}};
+  std::printf("\n%-4s %-9s", "pp", "costs");
+  for (const ZbSchedule& z : kZbSchedules) std::printf(" %11s", z.name);
+  std::printf(" %16s\n", "zb-auto/best");
+  for (int pp : {4, 8}) {
+    for (const Shape& sh : shapes) {
+      const int m = 16;
+      double best_static = 0, automatic = 0;
+      std::printf("%-4d %-9s", pp, sh.name);
+      for (const ZbSchedule& z : kZbSchedules) {
+        const Measured got =
+            run(pp, m, z.kind, z.v, zb_costs(pp, z.v, op_ms, sh.unequal, sh.jitter), steps);
+        const double step = mean_step(got);
+        if (z.kind == actors::ScheduleKind::kZbAuto) {
+          automatic = step;
+        } else if (best_static == 0 || step < best_static) {
+          best_static = step;
+        }
+        std::printf(" %9.1fms", step * 1e3);
+        std::fflush(stdout);
+      }
+      std::printf(" %15.3fx\n", best_static / automatic);
+      std::printf(
+          "{\"bench\": \"zb_auto\", \"pp\": %d, \"m\": %d, \"costs\": \"%s\", "
+          "\"best_static_step_s\": %.6f, \"zb_auto_step_s\": %.6f, \"speed\": %.4f}\n",
+          pp, m, sh.name, best_static, automatic, best_static / automatic);
+      std::fflush(stdout);
+    }
+  }
 }
 
 double median(std::vector<double> v) {
@@ -93,7 +199,13 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--steps", steps, "Steps per bubble measurement")->capture_default_str();
   app.add_option("--hop-steps", hop_steps, "Steps per hop measurement")->capture_default_str();
+  std::string only;
+  app.add_option("--only", only, "Run one part: bubble, hop or zb");
   CLI11_PARSE(app, argc, argv);
+  if (only == "zb") {
+    zero_bubble(op_ms, std::max(steps, 2) + 1);
+    return 0;
+  }
 
   const int pp = 4, m = 16;
   struct Row {
@@ -158,5 +270,6 @@ int main(int argc, char** argv) {
       "\nruntime cost per pipeline stage (activation forward + gradient back): %.1f us "
       "(%.1f us per hop)\n",
       slope, slope / 2);
+  zero_bubble(op_ms, std::max(steps, 2) + 1);
   return 0;
 }

@@ -75,8 +75,8 @@ absl::Status check_layout(const PlanInput& in, const Cluster& cluster) {
     return absl::InvalidArgumentError("--sequence-parallel needs --tp of at least 2");
   }
   // The runtime's own checks of the layout (the one this simulates): the
-  // layer split, the schedule, at most 256 micro-batches (the tags' 8
-  // bits), the vocabulary slices.
+  // layer split, the schedule, at most comm::kMaxMicroBatches micro-batches
+  // (the tags' 20 bits), the vocabulary slices.
   model::TrainOptions o;
   o.model = c;
   o.micro_batch = in.micro_batch;

@@ -130,7 +130,9 @@ ScheduleSvg step_picture(const Trace& t, const std::vector<Message>& ms, int ste
       if (!e.compute() || e.eval || e.step != step) continue;
       const std::int64_t end = e.open ? e.b : e.e;
       s.blocks.push_back({row_of[r->header.rank], at(e.b), at(end),
-                          e.kind == Kind::kForward ? Pass::kForward : Pass::kBackward,
+                          e.kind == Kind::kForward    ? Pass::kForward
+                          : e.kind == Kind::kBackward ? Pass::kBackward
+                                                      : Pass::kWeight,
                           std::clamp(e.chunk, 0, s.chunks - 1), absl::StrCat(e.mb + 1),
                           absl::StrFormat("%s mb %d (1-based %d) chunk %d, rank %d: %.3f-%.3f ms",
                                           kind_name(e.kind), e.mb, e.mb + 1, std::max(e.chunk, 0),

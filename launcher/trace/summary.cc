@@ -140,6 +140,51 @@ void add_step(const Trace& t, const StepIndex& idx, const InputIndex& inputs, in
   }
 }
 
+// The zero-bubble schedules' theory from the measured mean op times (F, B
+// per op; W per forward, as zb-auto runs one W in pieces) of the
+// summarized steps. ZB-H1 (and zb-auto, which starts from it): Qi et al.'s
+// (p-1)(F+B-W) of idle in a step of m(F+B+W) + that. ZB-V: the least a V
+// can have, the last stage's wait for its first input, (p-1) chunk
+// forwards, in a step of 2m(F+B+W) + that (what its list reaches when F =
+// B = W).
+void zero_bubble_theory(const Trace& t, Summary* s) {
+  const Header& h = t.ranks.front().header;
+  double sum[3] = {0, 0, 0};
+  int forwards = 0, backwards = 0;
+  for (int k : s->steps) {
+    for (const RankTrace& r : t.ranks) {
+      for (const Event& e : r.events) {
+        if (!training_op(e, k)) continue;
+        const double d = static_cast<double>(e.e - e.b);
+        if (e.kind == Kind::kForward) {
+          sum[0] += d;
+          forwards++;
+        } else if (e.kind == Kind::kBackward) {
+          sum[1] += d;
+          backwards++;
+        } else {
+          sum[2] += d;
+        }
+      }
+    }
+  }
+  if (forwards == 0 || backwards == 0 || s->steps.empty()) return;
+  const double F = sum[0] / forwards, B = sum[1] / backwards, W = sum[2] / forwards;
+  const int p = h.pp, m = step_micro_batches(t, s->steps.back());
+  const std::string costs = absl::StrFormat("F %.3g B %.3g W %.3g ms", F / 1e6, B / 1e6, W / 1e6);
+  if (h.schedule == "zbv") {
+    const double idle = (p - 1) * F, step = 2 * m * (F + B + W) + idle;
+    s->theory = step > 0 ? idle / step : 0;
+    s->theory_formula =
+        absl::StrFormat("ZB-V's least (p-1)F/(2m(F+B+W)+(p-1)F), %s, m %d", costs, m);
+    return;
+  }
+  const double idle = std::max(0.0, (p - 1) * (F + B - W)), step = m * (F + B + W) + idle;
+  s->theory = step > 0 ? idle / step : 0;
+  s->theory_formula =
+      absl::StrFormat("ZB-H1's (p-1)(F+B-W)/(m(F+B+W)+(p-1)(F+B-W)), %s, m %d", costs, m);
+}
+
 void fill_stages(const Trace& t, Summary* s) {
   const Header& h = t.ranks.front().header;
   const double steps = static_cast<double>(s->steps.size());
@@ -172,6 +217,10 @@ void fill_stages(const Trace& t, Summary* s) {
   }
   for (const StageStats& st : s->stages) s->mean_bubble += st.bubble / s->stages.size();
   s->slowest_excess = least > 0 ? slowest / least - 1 : 0;
+  if (h.schedule == "zb-h1" || h.schedule == "zb-auto" || h.schedule == "zbv") {
+    zero_bubble_theory(t, s);
+    return;
+  }
   // Each step's own m (a ramp-up changes it), the theory their mean.
   const int p = h.pp, v = h.schedule == "interleaved" ? h.v : 1;
   int m_min = 0, m_max = 0, den = 0;

@@ -11,15 +11,17 @@ namespace troupe::launcher::trace {
 namespace {
 
 // Megatron's figures: forward passes blue, backward passes green; the
-// interleaved schedule's chunks are lighter shades of the same two.
+// interleaved schedule's chunks are lighter shades of the same two. A
+// zero-bubble schedule's W is orange.
 struct Rgb {
   int r, g, b;
 };
 constexpr Rgb kForward{47, 98, 178};
 constexpr Rgb kBackward{84, 160, 72};
+constexpr Rgb kWeight{224, 138, 30};
 
 Rgb shade(Pass p, int chunk, int chunks) {
-  const Rgb base = p == Pass::kForward ? kForward : kBackward;
+  const Rgb base = p == Pass::kForward ? kForward : p == Pass::kBackward ? kBackward : kWeight;
   // chunk 0 the full color, the last about halfway to white
   const double f = chunks > 1 ? 0.55 * chunk / (chunks - 1) : 0.0;
   auto mix = [f](int c) { return static_cast<int>(std::lround(c + (255 - c) * f)); };
@@ -61,9 +63,17 @@ void legend(const ScheduleSvg& s, const Frame& f, std::string* out) {
     swatch(shade(Pass::kForward, c, s.chunks),
            s.chunks > 1 ? absl::StrCat("forward, chunk ", c) : "forward");
   }
+  const bool split = std::any_of(s.blocks.begin(), s.blocks.end(),
+                                 [](const Block& b) { return b.pass == Pass::kWeight; });
+  const std::string backward = split ? "B" : "backward";
   for (int c = 0; c < s.chunks; c++) {
     swatch(shade(Pass::kBackward, c, s.chunks),
-           s.chunks > 1 ? absl::StrCat("backward, chunk ", c) : "backward");
+           s.chunks > 1 ? absl::StrCat(backward, ", chunk ", c) : backward);
+  }
+  if (split) {
+    for (int c = 0; c < s.chunks; c++) {
+      swatch(shade(Pass::kWeight, c, s.chunks), s.chunks > 1 ? absl::StrCat("W, chunk ", c) : "W");
+    }
   }
   swatch({255, 255, 255}, "idle");
   if (!s.arrows.empty()) {

@@ -18,7 +18,9 @@
 
 namespace troupe::launcher::trace {
 
-enum class Pass { kForward, kBackward };
+// kWeight: a zero-bubble schedule's W (the weight gradients alone); its
+// kBackward is then B, the input gradient.
+enum class Pass { kForward, kBackward, kWeight };
 
 struct Block {
   int row = 0;

@@ -12,6 +12,7 @@
 #include <functional>
 #include <future>
 #include <random>
+#include <set>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -423,20 +424,44 @@ TEST(Groups, MegatronRankOrder) {
 
 TEST(Tag, FieldsRoundTrip) {
   TagFields f{.source = 4479,
-              .group = GroupKind::kPipeline,
-              .kind = MessageKind::kGradient,
+              .group = GroupKind::kData,
+              .kind = MessageKind::kGradSlice,
               .step = 65535,
               .micro = 200,
               .chunk = 3,
               .layer = 104};
   TagFields g = parse_tag(make_tag(f));
   EXPECT_EQ(g.source, 4479u);
-  EXPECT_EQ(g.group, GroupKind::kPipeline);
-  EXPECT_EQ(g.kind, MessageKind::kGradient);
+  EXPECT_EQ(g.group, GroupKind::kData);
+  EXPECT_EQ(g.kind, MessageKind::kGradSlice);
   EXPECT_EQ(g.step, 65535u);
   EXPECT_EQ(g.micro, 200u);
   EXPECT_EQ(g.chunk, 3u);
   EXPECT_EQ(g.layer, 104u);
+  // Pipeline messages name up to 2^20 micro-batches (no layer): every one
+  // of them round-trips, and two micro-batches never share a tag.
+  for (const MessageKind k : {MessageKind::kActivation, MessageKind::kGradient}) {
+    for (const std::uint32_t micro : {0u, 255u, 256u, 300u, 65535u, 65536u, kMaxMicroBatches - 1}) {
+      const TagFields p{.source = 7,
+                        .group = GroupKind::kPipeline,
+                        .kind = k,
+                        .step = 3,
+                        .micro = micro,
+                        .chunk = 15,
+                        .layer = 0};
+      const TagFields q = parse_tag(make_tag(p));
+      EXPECT_EQ(q.micro, micro);
+      EXPECT_EQ(q.chunk, 15u);
+      EXPECT_EQ(q.step, 3u);
+      EXPECT_EQ(q.kind, k);
+    }
+    std::set<Tag> tags;
+    for (std::uint32_t micro = 0; micro < 70000; micro++) {
+      tags.insert(
+          make_tag({.source = 1, .group = GroupKind::kPipeline, .kind = k, .micro = micro}));
+    }
+    EXPECT_EQ(tags.size(), 70000u);
+  }
   EXPECT_NE(collective_tag(1, GroupKind::kData, 7, 0, 0),
             collective_tag(1, GroupKind::kData, 8, 0, 0));
 }

@@ -321,7 +321,7 @@ TEST(PlanReport, ModelFlopsAreMegatronsFormula) {
 // recompute: 145.6B (96 heads, hidden 12288, 80 layers) at tp 8, pp 8,
 // 1536 GPUs, batch 2304: 148 TFLOP/s per GPU; 310.1B (128 heads, 16384,
 // 96 layers) at tp 8, pp 16, 1920 GPUs, batch 2160: 155. (Their 530B and 1T
-// rows need more than the 256 micro-batches troupe's tags hold.) The cluster
+// rows are left to the planner issue's validation table.) The cluster
 // file's efficiencies were not fitted to these; the planner comes within
 // 15% (it predicts 10% more: no kernel launch gaps, no NCCL kernels
 // competing for the SMs, the p2p messages whole).
