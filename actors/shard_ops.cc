@@ -1,7 +1,5 @@
 // ShardActor's ops: a forward, a B (or whole backward) and a W put on the
 // stream, zb-auto's choice of W, and an op's output sent from the stream.
-#include <cstdlib>
-
 #include "absl/strings/str_cat.h"
 #include "actors/messages.h"
 #include "actors/rank/stream_bridge.h"
@@ -62,8 +60,7 @@ void ShardActor::note_done(int op_id) {
 bool ShardActor::piece_fits() {
   const int op = (*ops_)[cursor_].id;
   const double gap = input_gap_ms_[static_cast<std::size_t>(op)];
-  if (gap < 0 || piece_ms_ < 0 || std::getenv("ZB_GREEDY") != nullptr)
-    return true;  // nothing measured yet: greedy
+  if (gap < 0 || piece_ms_ < 0) return true;  // nothing measured yet: greedy
   const double waited =
       std::chrono::duration<double, std::milli>(Clock::now() - dry_since_).count();
   const double left = gap - waited;

@@ -34,6 +34,7 @@ struct StageChunks {
   comm::Coord coord;
   std::vector<Chunk> chunks;   // the stage's, as its last TP rank holds them
   std::vector<int> in_flight;  // the schedule's peak per chunk
+  std::vector<int> stashes;    // its weight stashes per chunk (zero-bubble schedules)
   int m = 1;
 };
 
@@ -59,7 +60,10 @@ absl::StatusOr<StageChunks> stage_chunks(const MemoryQuery& q) {
   absl::StatusOr<std::vector<ScheduleOp>> ops =
       make_schedule(par.schedule, par.pp, q.stage, c.m, par.virtual_stages);
   if (!ops.ok()) return ops.status();
-  for (int ch = 0; ch < par.virtual_stages; ch++) c.in_flight.push_back(peak_in_flight(*ops, ch));
+  for (int ch = 0; ch < par.virtual_stages; ch++) {
+    c.in_flight.push_back(peak_in_flight(*ops, ch));
+    c.stashes.push_back(stashes_for(par, *ops, ch));
+  }
   return c;
 }
 
@@ -107,6 +111,9 @@ absl::StatusOr<MemoryParts> counted_memory(const MemoryQuery& q) {
                                    model::counted_slot_bytes(c, spec, q.micro_batch, par.tp, acts));
     out.activations +=
         static_cast<double>(model::counted_workspace_bytes(c, spec, q.micro_batch, par.tp, acts));
+    // Weight stashes: what a W reads, kept from its B (zero-bubble schedules).
+    out.activations += sc->stashes[ch] * static_cast<double>(model::counted_stash_bytes(
+                                             c, spec, q.micro_batch, par.tp, acts));
     // GptStage: input and output gradient per slot (the rows: 1/tp of
     // them with sequence parallelism).
     out.buffers += A * 2 * slots * B * T * C / (q.sequence_parallel ? par.tp : 1);
@@ -183,6 +190,9 @@ absl::StatusOr<MemoryParts> paper_memory(const MemoryQuery& q) {
     // backward there (one in 1F1B, all m in GPipe).
     if (spec.embedding) out.activations += in_flight * s * b * h / sp;
     if (spec.head) out.activations += in_flight * 4 * s * b * h / t * (1 + v / h);
+    // A zero-bubble schedule's weight stashes, in 16 bits: per layer each
+    // linear layer's input and output gradient, 4h + 12h/t a token.
+    out.activations += sc->stashes[ch] * L * s * b * h * (8 + 24 / t);
   }
   // Full recompute rebuilds one group's activations at a time in the
   // backward: a group of one micro-batch without recompute on top (one

@@ -17,7 +17,8 @@
 //
 // Both count the in-flight micro-batches the schedule really holds on that
 // stage (actors::peak_in_flight of make_schedule's ops), so the first 1F1B
-// stage holds pp of them and the last one.
+// stage holds pp of them and the last one, and a zero-bubble schedule's
+// weight stashes (what a W reads, kept from its B: actors::stashes_for).
 //
 //   actors::MemoryQuery q{.config = *model::preset("gpt2-124m"), .parallel = par,
 //                         .micro_batch = 4, .global_batch = 64, .stage = 0};

@@ -41,6 +41,10 @@ TEST(MemoryPlan, CountedIsWhatTheRuntimeAllocates) {
       {{{.pp = 2, .virtual_stages = 2}, ScheduleKind::kInterleaved1F1B}, 4},
       {{{.tp = 2, .dp = 2}}, 4, gpu::Precision::kBf16},  // bf16 tensors, fp32 collectives' buffers
       {{{.pp = 2}}, 4, gpu::Precision::kFp16},
+      // Weight stashes (zero-bubble schedules).
+      {{{.pp = 2}, ScheduleKind::kZbH1}, 4},
+      {{{.pp = 2, .virtual_stages = 2, .v_shape = true}, ScheduleKind::kZbV}, 4},
+      {{{.tp = 2, .pp = 2}, ScheduleKind::kZbAuto, 3}, 4, gpu::Precision::kBf16},
   };
   for (const Case& c : cases) {
     model::TrainOptions o = cpu_small(2, 8);
