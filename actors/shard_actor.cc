@@ -110,7 +110,7 @@ caf::behavior ShardActor::make_behavior() {
       [this](waiting_atom) { return report(); },
       [this](recheck_atom, int step, int op) {
         if (step != step_ || op != recheck_op_) return;
-        recheck_op_ = -1;
+        overdue_op_ = op;
         advance();
       },
   };
@@ -164,7 +164,7 @@ void ShardActor::begin(Pass pass, int step, std::int64_t first_sample) {
   if (pass == Pass::kTrain && input_gap_ms_.size() != ops_->size()) {
     input_gap_ms_.assign(ops_->size(), -1.0);  // (a ramp-up's new m: its own list)
   }
-  dry_op_ = timed_piece_ = recheck_op_ = -1;
+  dry_op_ = timed_piece_ = recheck_op_ = overdue_op_ = -1;
   weight_op_.assign(chunk_.size() * static_cast<std::size_t>(m_), -1);
   for (const ScheduleOp& op : *ops_) {
     if (op.kind == OpKind::kWeight)

@@ -246,6 +246,7 @@ class ShardActor : public caf::event_based_actor {
   int timed_piece_ = -1;  // the W piece being timed (its op id)
   Clock::time_point piece_since_;
   int recheck_op_ = -1;  // a recheck is due for this op's wait
+  int overdue_op_ = -1;  // its recheck came: the input is overdue
   // Whether a W piece would end before the input of the op at the cursor
   // is due (true when nothing is known yet); else a recheck is asked for.
   bool piece_fits();

@@ -64,11 +64,12 @@ bool ShardActor::piece_fits() {
   const double waited =
       std::chrono::duration<double, std::milli>(Clock::now() - dry_since_).count();
   const double left = gap - waited;
-  // Overdue by a quarter piece: the estimate was wrong this time.
-  if (left >= piece_ms_ || left < -0.25 * piece_ms_) return true;
+  // Overdue by a quarter piece (its recheck came): the estimate was wrong
+  // this time.
+  if (left >= piece_ms_ || overdue_op_ == op) return true;
   if (recheck_op_ != op) {
     recheck_op_ = op;
-    const double after = std::max(0.0, left + 0.25 * piece_ms_);
+    const double after = std::max(0.0, left) + 0.25 * piece_ms_;
     delayed_send(this, std::chrono::microseconds(static_cast<std::int64_t>(after * 1e3) + 1),
                  recheck_atom::value, step_, op);
   }

@@ -230,8 +230,10 @@ int run_convert(const CkptFlags& f) {
   }
   absl::StatusOr<actors::ScheduleKind> kind = actors::parse_schedule(f.schedule);
   if (!kind.ok()) return fail("convert", kind.status());
-  const actors::ParallelOptions par = {
+  actors::ParallelOptions par = {
       {.tp = f.tp, .pp = f.pp, .dp = f.dp, .virtual_stages = f.virtual_stages}, *kind};
+  if (absl::Status st = actors::place_for_schedule(*kind, &par); !st.ok())
+    return fail("convert", st);
   if (absl::Status st = convert_checkpoint(*c, f.to, par); !st.ok()) return fail("convert", st);
   std::printf("converted %s (%s) to %s/%s (tp=%d pp=%d dp=%d %s%s)\n", c->dir().c_str(),
               c->meta().describe_layout().c_str(), f.to.c_str(),

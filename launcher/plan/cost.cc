@@ -145,7 +145,21 @@ ChunkCost CostModel::chunk(const model::StageSpec& spec) const {
   const double Vl = static_cast<double>(sliced_.Vp()) / par.tp;
   ChunkCost c;
   double tp_f = 0, tp_b = 0;
-  const double layer_f = layer_forward(&tp_f), layer_b = layer_backward(&tp_b);
+  const double layer_f = layer_forward(&tp_f);
+  double layer_b = layer_backward(&tp_b);
+  if (actors::splits_backward(par.schedule)) {
+    // B copies each linear layer's input and output gradient into the
+    // weight stash (4C + 12C/t a token); W runs the weight GEMMs, half of
+    // each linear layer's backward GEMMs.
+    const double t = par.tp, F = 4 * C / t;
+    const GemmPass bwd = GemmPass::kBackward;
+    const double w =
+        0.5 * (k.gemm_seconds(N, C, F, bwd) + k.gemm_seconds(N, F, C, bwd) +
+               k.gemm_seconds(N, C, C / t, bwd) + k.gemm_seconds(N, 3 * C / t, C, bwd));
+    layer_b += k.memory_seconds(2 * N * (4 * C + 12 * C / t) * e_, "copy");
+    c.bwd_w = spec.layers() * w;
+    c.w_pieces = std::max(1, spec.layers());
+  }
   c.fwd = spec.layers() * layer_f;
   c.tp_fwd = spec.layers() * tp_f;
   c.tp_bwd = spec.layers() * tp_b;

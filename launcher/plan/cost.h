@@ -58,6 +58,10 @@ struct PlanInput {
 struct ChunkCost {
   double fwd = 0, bwd = 0;        // seconds, TP collectives included
   double tp_fwd = 0, tp_bwd = 0;  // of which TP collectives
+  // Of bwd, a zero-bubble schedule's W (the layers' weight-gradient GEMMs;
+  // bwd - bwd_w is its B, with the stash copies), and W's pieces (a layer each).
+  double bwd_w = 0;
+  int w_pieces = 1;
   // Gradient buckets of the chunk's last backward: seconds into that op
   // when each is final, and its bytes (fp32, this rank's TP slice).
   struct Bucket {

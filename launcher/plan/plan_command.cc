@@ -65,15 +65,20 @@ std::string step_svg(const plan::Plan& p) {
   s.chunks = p.in.parallel.virtual_stages;
   s.label_note = "numbers: micro-batch (1-based, as in the paper); simulated";
   for (const plan::SimOp& op : p.sim.ops) {
-    s.blocks.push_back({.row = op.stage,
-                        .begin = op.begin * 1e3,
-                        .end = op.end * 1e3,
-                        .pass = op.backward ? trace::Pass::kBackward : trace::Pass::kForward,
-                        .chunk = op.chunk,
-                        .label = absl::StrCat(op.micro + 1),
-                        .tooltip = absl::StrFormat(
-                            "%s mb %d chunk %d: %.3f-%.3f ms", op.backward ? "backward" : "forward",
-                            op.micro + 1, op.chunk, op.begin * 1e3, op.end * 1e3)});
+    s.blocks.push_back(
+        {.row = op.stage,
+         .begin = op.begin * 1e3,
+         .end = op.end * 1e3,
+         .pass = op.weight     ? trace::Pass::kWeight
+                 : op.backward ? trace::Pass::kBackward
+                               : trace::Pass::kForward,
+         .chunk = op.chunk,
+         .label = absl::StrCat(op.micro + 1),
+         .tooltip = absl::StrFormat("%s mb %d chunk %d: %.3f-%.3f ms",
+                                    op.weight     ? "W"
+                                    : op.backward ? "backward"
+                                                  : "forward",
+                                    op.micro + 1, op.chunk, op.begin * 1e3, op.end * 1e3)});
   }
   for (const plan::SimMessage& m : p.sim.messages) {
     s.arrows.push_back({.from_row = m.from_stage,
@@ -134,6 +139,9 @@ int run_plan(const PlanFlags& f) {
   absl::StatusOr<actors::ScheduleKind> kind = actors::parse_schedule(f.schedule);
   if (!kind.ok()) return command_failed("plan", kind.status());
   in.parallel.schedule = *kind;
+  if (absl::Status st = actors::place_for_schedule(*kind, &in.parallel); !st.ok()) {
+    return command_failed("plan", st);
+  }
   absl::StatusOr<actors::Recompute> rc = actors::parse_recompute(f.recompute.value_or("none"));
   if (!rc.ok()) return command_failed("plan", rc.status());
   in.recompute = *rc;

@@ -2,11 +2,13 @@
 #include "launcher/plan/sim.h"
 
 #include <algorithm>
+#include <deque>
 #include <map>
 #include <queue>
 #include <tuple>
 
 #include "actors/partition.h"
+#include "actors/rank/rank.h"
 #include "actors/schedule.h"
 
 namespace troupe::launcher::plan {
@@ -19,7 +21,7 @@ using actors::ScheduleOp;
 struct Event {
   double time = 0;
   long seq = 0;  // ties in time: first scheduled, first handled
-  enum class Kind { kOpDone, kArrival } kind = Kind::kOpDone;
+  enum class Kind { kOpDone, kArrival, kRecheck } kind = Kind::kOpDone;
   int stage = 0;
   int index = 0;  // kArrival: slot in the stage's arrival table
   bool operator>(const Event& o) const { return std::tie(time, seq) > std::tie(o.time, o.seq); }
@@ -28,7 +30,7 @@ struct Event {
 struct Stage {
   std::vector<ScheduleOp> ops;
   std::vector<const ChunkCost*> chunk;           // by chunk
-  std::vector<int> last_backward;                // op index of each chunk's last backward
+  std::vector<int> last_backward;                // op index of each chunk's last backward (or W)
   std::vector<double> fwd_arrival, bwd_arrival;  // by chunk * m + micro; < 0: not yet
   std::vector<double> fwd_transfer, bwd_transfer;
   std::size_t next = 0;
@@ -37,6 +39,20 @@ struct Stage {
   double busy = 0, tp = 0, p2p_exposed = 0;
   double dp_free = 0;  // the stage's DP link
   double owned = 0;    // elements its partitions own
+  // zb-auto: the W's whose B has run (op index, pieces done), the stash
+  // cap, what the running op is (a W piece: its op index and whether it is
+  // the W's last), and the measured input gaps (by op index; < 0: none).
+  struct Pending {
+    int op = 0, done = 0;
+  };
+  std::deque<Pending> pending;
+  int cap = 1;
+  int piece_op = -1;
+  bool piece_last = false;
+  int dry_op = -1;
+  double dry_since = 0;
+  int recheck_op = -1, overdue_op = -1;  // a recheck asked for, and come
+  std::vector<double> gap;
 };
 
 class Simulation {
@@ -53,10 +69,25 @@ class Simulation {
   }
   void try_fire(int s, double now);
   void op_done(int s, double now);
+  // zb-auto's rule at stage s, now free; true when it started an op.
+  bool auto_fire(int s, double now);
+  void start(int s, double now, double dur, int index, const ScheduleOp& op, bool weight);
 
+ public:
+  // zb-auto: the input gaps a previous pass measured (per stage, by op).
+  std::vector<std::vector<double>> measured;
+  std::vector<std::vector<double>> gaps() const {
+    std::vector<std::vector<double>> out;
+    for (const Stage& st : stages_) out.push_back(st.gap);
+    return out;
+  }
+
+ private:
   const PlanInput& in_;
   const Costs& cost_;
   bool record_;
+  bool split_ = false, automatic_ = false;
+  comm::Layout shape_;
   int pp_ = 1, v_ = 1, m_ = 1;
   std::vector<Stage> stages_;
   std::map<std::tuple<bool, bool, int>, ChunkCost> costs_;  // by (embedding, head, layers)
@@ -70,8 +101,11 @@ absl::Status Simulation::build() {
   pp_ = par.pp;
   v_ = par.virtual_stages;
   m_ = in_.m();
+  split_ = actors::splits_backward(par.schedule);
+  automatic_ = par.schedule == actors::ScheduleKind::kZbAuto;
   const model::GptConfig sliced = par.sliced_config(in_.model);
   const comm::Layout shape = par.layout();
+  shape_ = shape;
   stages_.resize(static_cast<std::size_t>(pp_));
   for (int s = 0; s < pp_; s++) {
     Stage& st = stages_[static_cast<std::size_t>(s)];
@@ -80,11 +114,14 @@ absl::Status Simulation::build() {
     if (!ops.ok()) return ops.status();
     st.ops = *std::move(ops);
     st.last_backward.assign(static_cast<std::size_t>(v_), -1);
+    const OpKind last = split_ ? OpKind::kWeight : OpKind::kBackward;
     for (std::size_t i = 0; i < st.ops.size(); i++) {
-      if (st.ops[i].kind == OpKind::kBackward) {
+      if (st.ops[i].kind == last) {
         st.last_backward[static_cast<std::size_t>(st.ops[i].chunk)] = static_cast<int>(i);
       }
     }
+    st.cap = std::max(1, actors::stashes_for(par, st.ops, 0));
+    st.gap.assign(st.ops.size(), -1);
     for (int c = 0; c < v_; c++) {
       const model::StageSpec spec = actors::chunk_spec(sliced, shape, shape.virtual_stage(s, c));
       const auto key = std::make_tuple(spec.embedding, spec.head, spec.layers());
@@ -102,11 +139,36 @@ absl::Status Simulation::build() {
   return absl::OkStatus();
 }
 
+void Simulation::start(int s, double now, double dur, int index, const ScheduleOp& op,
+                       bool weight) {
+  Stage& st = stages_[static_cast<std::size_t>(s)];
+  const ChunkCost& c = *st.chunk[static_cast<std::size_t>(op.chunk)];
+  st.busy += dur;
+  if (op.kind == OpKind::kForward) st.tp += c.tp_fwd;
+  if (op.kind == OpKind::kBackward) st.tp += c.tp_bwd;
+  st.running = true;
+  if (record_) {
+    out_.ops.push_back(
+        {s, op.chunk, op.micro, op.kind != OpKind::kForward, weight, now, now + dur});
+  }
+  push(now + dur, Event::Kind::kOpDone, s, index);
+}
+
 void Simulation::try_fire(int s, double now) {
   Stage& st = stages_[static_cast<std::size_t>(s)];
-  if (st.running || st.next >= st.ops.size()) return;
+  if (st.running) return;
+  if (automatic_) {
+    auto_fire(s, now);
+    return;
+  }
+  if (st.next >= st.ops.size()) return;
   const ScheduleOp& op = st.ops[st.next];
-  const int vs = op.chunk * pp_ + s;
+  const ChunkCost& c = *st.chunk[static_cast<std::size_t>(op.chunk)];
+  if (op.kind == OpKind::kWeight) {
+    start(s, now, c.bwd_w, static_cast<int>(st.next), op, true);
+    return;
+  }
+  const int vs = shape_.virtual_stage(s, op.chunk);
   const std::size_t slot = static_cast<std::size_t>(op.chunk * m_ + op.micro);
   const bool forward = op.kind == OpKind::kForward;
   const bool needs_input = forward ? vs > 0 : vs < pp_ * v_ - 1;
@@ -119,41 +181,126 @@ void Simulation::try_fire(int s, double now) {
   // The wait beyond the stage's last op that the message's flight caused.
   const double idle = now - st.free_at;
   if (needs_input && idle > 0) st.p2p_exposed += std::min(idle, transfer);
+  const double dur = forward ? c.fwd : split_ ? c.bwd - c.bwd_w : c.bwd;
+  start(s, now, dur, static_cast<int>(st.next), op, false);
+}
+
+bool Simulation::auto_fire(int s, double now) {
+  Stage& st = stages_[static_cast<std::size_t>(s)];
+  while (st.next < st.ops.size() && st.ops[st.next].kind == OpKind::kWeight) st.next++;
+  auto piece = [&](bool whole) {
+    Stage::Pending& w = st.pending.front();
+    const ScheduleOp& op = st.ops[static_cast<std::size_t>(w.op)];
+    const ChunkCost& c = *st.chunk[static_cast<std::size_t>(op.chunk)];
+    const int n = whole ? c.w_pieces - w.done : 1;
+    w.done += n;
+    st.piece_op = w.op;
+    st.piece_last = w.done == c.w_pieces;
+    if (st.piece_last) st.pending.pop_front();
+    start(s, now, c.bwd_w * n / c.w_pieces, w.op, op, true);
+    return true;
+  };
+  if (st.next >= st.ops.size()) return !st.pending.empty() && piece(true);  // drain
+  const ScheduleOp& op = st.ops[st.next];
   const ChunkCost& c = *st.chunk[static_cast<std::size_t>(op.chunk)];
-  const double dur = forward ? c.fwd : c.bwd;
-  st.busy += dur;
-  st.tp += forward ? c.tp_fwd : c.tp_bwd;
-  st.running = true;
-  if (record_) out_.ops.push_back({s, op.chunk, op.micro, !forward, now, now + dur});
-  push(now + dur, Event::Kind::kOpDone, s, static_cast<int>(st.next));
+  const int vs = shape_.virtual_stage(s, op.chunk);
+  const std::size_t slot = static_cast<std::size_t>(op.chunk * m_ + op.micro);
+  const bool forward = op.kind == OpKind::kForward;
+  const bool needs_input = forward ? vs > 0 : vs < pp_ * v_ - 1;
+  const double arrived = !needs_input ? 0 : forward ? st.fwd_arrival[slot] : st.bwd_arrival[slot];
+  if (!forward && static_cast<int>(st.pending.size()) >= st.cap) return piece(true);  // a stash
+  if (arrived >= 0) {
+    if (st.dry_op == static_cast<int>(st.next)) {
+      st.gap[st.next] = std::max(0.0, arrived - st.dry_since);
+      st.dry_op = -1;
+    }
+    const double transfer = forward ? st.fwd_transfer[slot] : st.bwd_transfer[slot];
+    const double idle = now - st.free_at;
+    if (needs_input && idle > 0) st.p2p_exposed += std::min(idle, transfer);
+    st.piece_op = -1;
+    start(s, now, forward ? c.fwd : c.bwd - c.bwd_w, static_cast<int>(st.next), op, false);
+    return true;
+  }
+  if (st.dry_op != static_cast<int>(st.next)) {
+    st.dry_op = static_cast<int>(st.next);
+    st.dry_since = now;
+  }
+  if (st.pending.empty()) return false;
+  // The rule with the first pass's measurements: a piece that would not
+  // end before the input is due waits (until the input comes, or is a
+  // quarter piece overdue).
+  const std::vector<double>* known =
+      measured.empty() ? nullptr : &measured[static_cast<std::size_t>(s)];
+  if (known != nullptr && (*known)[st.next] >= 0) {
+    const ChunkCost& wc = *st.chunk[static_cast<std::size_t>(
+        st.ops[static_cast<std::size_t>(st.pending.front().op)].chunk)];
+    const double p = wc.bwd_w / wc.w_pieces;
+    const double left = (*known)[st.next] - (now - st.dry_since);
+    if (left < p && st.overdue_op != static_cast<int>(st.next)) {
+      if (st.recheck_op != static_cast<int>(st.next)) {
+        st.recheck_op = static_cast<int>(st.next);
+        push(now + std::max(0.0, left) + 0.25 * p, Event::Kind::kRecheck, s,
+             static_cast<int>(st.next));
+      }
+      return false;
+    }
+  }
+  return piece(false);
 }
 
 void Simulation::op_done(int s, double now) {
   Stage& st = stages_[static_cast<std::size_t>(s)];
+  st.running = false;
+  st.free_at = now;
+  if (automatic_ && st.piece_op >= 0) {  // a W piece
+    const ScheduleOp& w = st.ops[static_cast<std::size_t>(st.piece_op)];
+    const ChunkCost& c = *st.chunk[static_cast<std::size_t>(w.chunk)];
+    if (st.piece_last && st.last_backward[static_cast<std::size_t>(w.chunk)] == st.piece_op) {
+      const double begin = now - c.bwd_w;
+      for (const ChunkCost::Bucket& b : c.buckets) {
+        st.dp_free =
+            std::max(st.dp_free, begin + b.at / c.bwd * c.bwd_w) + cost_.dp_reduce_seconds(b.bytes);
+      }
+    }
+    st.piece_op = -1;
+    try_fire(s, now);
+    return;
+  }
   const std::size_t index = st.next;
   const ScheduleOp& op = st.ops[index];
   const bool forward = op.kind == OpKind::kForward;
-  const int vs = op.chunk * pp_ + s;
+  const int vs = shape_.virtual_stage(s, op.chunk);
   const ChunkCost& c = *st.chunk[static_cast<std::size_t>(op.chunk)];
-  st.running = false;
-  st.free_at = now;
   st.next++;
+  if (automatic_ && op.kind == OpKind::kBackward) {
+    // Its W, pending (the list's W for this micro-batch).
+    for (std::size_t i = index + 1; i < st.ops.size(); i++) {
+      if (st.ops[i].kind == OpKind::kWeight && st.ops[i].micro == op.micro &&
+          st.ops[i].chunk == op.chunk) {
+        st.pending.push_back({static_cast<int>(i), 0});
+        break;
+      }
+    }
+  }
   // The output leaves at once: to virtual stage vs + 1 (activation) or vs - 1 (gradient).
   const int to_vs = forward ? vs + 1 : vs - 1;
-  if (to_vs >= 0 && to_vs < pp_ * v_) {
-    const int to = to_vs % pp_;
+  if (op.kind != OpKind::kWeight && to_vs >= 0 && to_vs < pp_ * v_) {
+    const int to = shape_.stage_of(to_vs);
     const double hop = cost_.p2p_seconds(s, to);
     Stage& dst = stages_[static_cast<std::size_t>(to)];
-    const std::size_t slot = static_cast<std::size_t>((to_vs / pp_) * m_ + op.micro);
+    const std::size_t slot = static_cast<std::size_t>(shape_.chunk_of(to_vs) * m_ + op.micro);
     (forward ? dst.fwd_transfer : dst.bwd_transfer)[slot] = hop;
     push(now + hop, Event::Kind::kArrival, to, static_cast<int>(slot) * 2 + (forward ? 0 : 1));
     if (record_) out_.messages.push_back({s, to, !forward, now, now + hop});
   }
-  // The chunk's last backward: each bucket to the DP reduction as it is final.
-  if (!forward && st.last_backward[static_cast<std::size_t>(op.chunk)] == static_cast<int>(index)) {
-    const double begin = now - c.bwd;
+  // The chunk's last backward (split: last W): each bucket to the DP
+  // reduction as it is final.
+  if (st.last_backward[static_cast<std::size_t>(op.chunk)] == static_cast<int>(index)) {
+    const double dur = split_ ? c.bwd_w : c.bwd;
+    const double begin = now - dur;
     for (const ChunkCost::Bucket& b : c.buckets) {
-      st.dp_free = std::max(st.dp_free, begin + b.at) + cost_.dp_reduce_seconds(b.bytes);
+      st.dp_free =
+          std::max(st.dp_free, begin + b.at / c.bwd * dur) + cost_.dp_reduce_seconds(b.bytes);
     }
   }
   try_fire(s, now);
@@ -167,6 +314,10 @@ absl::StatusOr<SimResult> Simulation::run() {
     queue_.pop();
     if (e.kind == Event::Kind::kOpDone) {
       op_done(e.stage, e.time);
+    } else if (e.kind == Event::Kind::kRecheck) {
+      Stage& st = stages_[static_cast<std::size_t>(e.stage)];
+      if (st.recheck_op == e.index) st.overdue_op = e.index;
+      try_fire(e.stage, e.time);
     } else {
       Stage& st = stages_[static_cast<std::size_t>(e.stage)];
       const std::size_t slot = static_cast<std::size_t>(e.index / 2);
@@ -177,7 +328,7 @@ absl::StatusOr<SimResult> Simulation::run() {
   double reduced = 0;
   for (int s = 0; s < pp_; s++) {
     const Stage& st = stages_[static_cast<std::size_t>(s)];
-    if (st.next != st.ops.size()) {
+    if (st.next != st.ops.size() || !st.pending.empty()) {
       return absl::InternalError("plan: the simulated schedule deadlocked");  // make_schedule's bug
     }
     out_.pipeline_s = std::max(out_.pipeline_s, st.free_at);
@@ -218,8 +369,17 @@ absl::StatusOr<SimResult> Simulation::run() {
 }  // namespace
 
 absl::StatusOr<SimResult> simulate(const PlanInput& in, const Costs& cost, bool record) {
-  Simulation sim(in, cost, record);
-  return sim.run();
+  if (in.parallel.schedule != actors::ScheduleKind::kZbAuto) {
+    Simulation sim(in, cost, record);
+    return sim.run();
+  }
+  // zb-auto: a greedy pass measures the input gaps, the second uses them.
+  Simulation first(in, cost, false);
+  absl::StatusOr<SimResult> r = first.run();
+  if (!r.ok()) return r;
+  Simulation second(in, cost, record);
+  second.measured = first.gaps();
+  return second.run();
 }
 
 }  // namespace troupe::launcher::plan

@@ -13,6 +13,14 @@
 // the parameters are all-gathered: the step ends when the last stage has
 // its parameters back.
 //
+// Zero-bubble schedules run B and W as their lists say (buckets behind a
+// chunk's last W). zb-auto is simulated by its rule (actors/shard_actor.h):
+// the next F or B when its input is there, else the oldest pending W a
+// layer's piece at a time; the step is simulated twice, the first time
+// greedy (what the runtime does before it has measured), the second with
+// the first's input gaps as its measurements (a piece that would not end
+// before the input is due waits), and the second is the result.
+//
 //   plan::CostModel cost(in, cluster, device);
 //   absl::StatusOr<plan::SimResult> r = plan::simulate(in, cost, /*record=*/false);
 //   r->step_s, r->bubble, r->exposed_comm_s
@@ -27,7 +35,8 @@ namespace troupe::launcher::plan {
 
 struct SimOp {
   int stage = 0, chunk = 0, micro = 0;
-  bool backward = false;
+  bool backward = false;  // B (or the whole backward) or W
+  bool weight = false;    // W (or a piece of it)
   double begin = 0, end = 0;
 };
 
