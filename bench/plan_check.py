@@ -9,9 +9,10 @@ this-machine` predicts it:
   pp 2          two stages, 1F1B
   dp 2          two replicas, ZeRO-1 partitions
   tp 2          two tensor-parallel slices
+  pp 2 zb-h1    two stages, the zero-bubble ZB-H1 schedule (B and W apart)
 
   plan_check.py TROUPE [--model cpu-small] [--micro-batch-size 4]
-                [--global-batch-size 16] [--steps 5] [--layouts 1,pp2,dp2,tp2]
+                [--global-batch-size 16] [--steps 5] [--layouts 1,pp2,dp2,tp2,pp2-zbh1]
 
 Step time: the median of the metrics JSONL's step_s over the steps after the
 first (warm-up). Memory: the largest of what each rank allocated (`troupe
@@ -35,10 +36,11 @@ ap.add_argument("--model", default="cpu-small")
 ap.add_argument("--micro-batch-size", type=int, default=4)
 ap.add_argument("--global-batch-size", type=int, default=16)
 ap.add_argument("--steps", type=int, default=5)
-ap.add_argument("--layouts", default="1,pp2,dp2,tp2")
+ap.add_argument("--layouts", default="1,pp2,dp2,tp2,pp2-zbh1")
 args = ap.parse_args()
 
-LAYOUTS = {"1": [], "pp2": ["--pp", "2"], "dp2": ["--dp", "2"], "tp2": ["--tp", "2"]}
+LAYOUTS = {"1": [], "pp2": ["--pp", "2"], "dp2": ["--dp", "2"], "tp2": ["--tp", "2"],
+           "pp2-zbh1": ["--pp", "2", "--schedule", "zb-h1"]}
 common = ["--model", args.model, "--micro-batch-size", str(args.micro_batch_size),
           "--global-batch-size", str(args.global_batch_size)]
 

@@ -5,7 +5,8 @@ Debian's python3-torch) on cpu-small weights from PyTorch's own GPT-2 init:
 - greedy generation equals PyTorch eager's cached greedy loop
   (bench/generate_torch.py), token for token;
 - a seeded sampled generation gives the same tokens on every tp x pp layout;
-- --load (a checkpoint) generates what the run's saved weights do;
+- --load (a checkpoint, of tp 2 or of zbv's V) generates what the run's saved
+  weights do;
 - perplexity over an indexed dataset equals Megatron's overlapping windows
   computed in PyTorch from the .bin's ids;
 - strict LAMBADA on tests/reference/data/lambada_gpl3.jsonl: the context and
@@ -95,6 +96,19 @@ for layout in (["--tp", "1"], ["--pp", "2"]):
     if got != want:
         fail(f"--load {ck} {layout}: {got}, its weights file {want}")
 print("--load: a tp 2 checkpoint generates its weights' tokens at tp 1 and pp 2")
+# ... and one trained with zbv (its V places the chunks: stage 0 holds
+# layers 0 and 3), on pp 2's ordinary placement.
+ck, trained = f"{WORK}/ck-zbv", f"{WORK}/trained-zbv.safetensors"
+troupe("train", "--model", "cpu-small", "--pp", "2", "--schedule", "zbv", "--steps", "2",
+       "--micro-batch-size", "1", "--global-batch-size", "2", "--threads", "1", "--save", ck,
+       "--save-weights", trained)
+want = json.loads(troupe("generate", "--weights", trained, *MODEL, "--greedy", "--json",
+                         "--max-new-tokens", "12", "--prompt", prompts[1]).stdout)["tokens"]
+got = json.loads(troupe("generate", "--load", ck, *MODEL, "--pp", "2", "--greedy", "--json",
+                        "--max-new-tokens", "12", "--prompt", prompts[1]).stdout)["tokens"]
+if got != want:
+    fail(f"--load {ck} --pp 2: {got}, its weights file {want}")
+print("--load: a zbv checkpoint generates its weights' tokens at pp 2")
 
 # Sampling: one seed, the same tokens on every layout.
 sample = ["generate", *W, "--json", "--max-new-tokens", "30", "--temperature", "0.9",
