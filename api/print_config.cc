@@ -88,7 +88,17 @@ std::vector<ConfigValue> describe_config(const TrainFlags& f, const model::Train
   add("--pipeline-model-parallel-size", absl::StrCat(par.pp), "default");
   add("--data-parallel-size", absl::StrCat(par.dp), "default");
   add("--schedule", actors::schedule_name(par.schedule), "default");
-  add("--virtual-stages", absl::StrCat(par.virtual_stages), "default");
+  add("--virtual-stages",
+      par.v_shape
+          ? absl::StrCat(par.virtual_stages, " (zbv's V: stage s holds chunks s and 2pp-1-s)")
+          : absl::StrCat(par.virtual_stages),
+      "default");
+  if (par.schedule == actors::ScheduleKind::kZbAuto) {
+    add("--zb-max-pending-w",
+        par.zb_max_pending_w > 0 ? absl::StrCat(par.zb_max_pending_w)
+                                 : "ZB-H1's (s + 1 on stage s)",
+        "default");
+  }
   out.push_back({"--bf16/--fp16", gpu::precision_name(o.activations.precision),
                  given(f, "--bf16") || given(f, "--fp16") ? "flag" : "default"});
   add("--tf32", o.tf32 ? "on" : "off", "default");
