@@ -164,9 +164,13 @@ INSTANTIATE_TEST_SUITE_P(Layouts, PiecesTest,
 
 TEST(Partition, ShapesBeyondTheTagFieldsAreClearErrors) {
   const model::GptConfig c = tiny8();
-  EXPECT_TRUE(check_pipeline_shape(c, {.pp = 2, .dp = 2, .virtual_stages = 1}, 256).ok());
-  absl::Status st = check_pipeline_shape(c, {.pp = 2, .dp = 2, .virtual_stages = 1}, 257);
-  EXPECT_NE(st.message().find("at most 256"), absl::string_view::npos) << st;
+  // A pipeline message's micro-batch has 20 bits (comm/tag.h).
+  EXPECT_TRUE(check_pipeline_shape(c, {.pp = 2, .dp = 2, .virtual_stages = 1}, 257).ok());
+  EXPECT_TRUE(check_pipeline_shape(c, {.pp = 2, .dp = 2, .virtual_stages = 1}, 1 << 20).ok());
+  absl::Status st = check_pipeline_shape(c, {.pp = 2, .dp = 2, .virtual_stages = 1}, (1 << 20) + 1);
+  EXPECT_EQ(st.message(),
+            "1048577 micro-batches per replica and step: at most 1048576 (raise "
+            "--micro-batch-size)");
   st = check_pipeline_shape(c, {.pp = 1, .dp = 1, .virtual_stages = 17}, 4);
   EXPECT_NE(st.message().find("--virtual-stages 17"), absl::string_view::npos) << st;
 }
