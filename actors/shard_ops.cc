@@ -19,11 +19,12 @@ bool ShardActor::auto_weights() {
     note_dry();
     if (!piece_fits()) return false;
   }
-  if (fired_.empty()) {
-    timed_piece_ = pending_w_.front().op_id;
+  PendingWeight& w = pending_w_.front();
+  const bool single = !ended && !stash_wait_;
+  if (fired_.empty() && single) {  // a piece's time on an idle stream
+    timed_piece_ = w.op_id;
     piece_since_ = Clock::now();
   }
-  PendingWeight& w = pending_w_.front();
   const ScheduleOp& op = (*ops_)[static_cast<std::size_t>(w.op_id)];
   const int pieces = setup_.chunks[static_cast<std::size_t>(op.chunk)]->weight_pieces();
   // At the end or for a stash, the whole rest of it; else one piece.

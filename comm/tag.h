@@ -18,7 +18,7 @@
 //   micro   micro-batch (pipeline messages)
 //   chunk   model chunk / virtual stage (interleaved schedule)
 //   layer   layer (gradient buckets)
-// Pipeline messages (activations, gradients) have no layer: their
+// Pipeline messages (activations, gradients of the pipeline group) have no layer: their
 // micro-batch takes its 12 bits as its high part, 20 bits in all
 // (kMaxMicroBatches). Collectives reuse the low 24 bits (micro, chunk,
 // layer) as one field: the algorithm's step (12 bits) and the slice within
@@ -62,14 +62,15 @@ struct TagFields {
 // Micro-batches a pipeline message can name (per replica and step).
 constexpr std::uint32_t kMaxMicroBatches = 1u << 20;
 
-constexpr bool is_pipeline_message(MessageKind k) {
-  return k == MessageKind::kActivation || k == MessageKind::kGradient;
+constexpr bool is_pipeline_message(GroupKind g, MessageKind k) {
+  return g == GroupKind::kPipeline &&
+         (k == MessageKind::kActivation || k == MessageKind::kGradient);
 }
 
 constexpr Tag make_tag(const TagFields& f) {
   // (A pipeline message's micro-batch: its low 8 bits in the micro field,
   // its high 12 in the layer field.)
-  const std::uint32_t low = is_pipeline_message(f.kind) ? f.micro >> 8 : f.layer;
+  const std::uint32_t low = is_pipeline_message(f.group, f.kind) ? f.micro >> 8 : f.layer;
   return (static_cast<Tag>(f.source & 0x7FFF) << 48) |
          (static_cast<Tag>(static_cast<std::uint8_t>(f.group) & 0xF) << 44) |
          (static_cast<Tag>(static_cast<std::uint8_t>(f.kind) & 0xF) << 40) |
@@ -78,12 +79,13 @@ constexpr Tag make_tag(const TagFields& f) {
 }
 
 constexpr TagFields parse_tag(Tag t) {
+  const auto group = static_cast<GroupKind>((t >> 44) & 0xF);
   const auto kind = static_cast<MessageKind>((t >> 40) & 0xF);
   const auto micro = static_cast<std::uint32_t>((t >> 16) & 0xFF);
   const auto low = static_cast<std::uint32_t>(t & 0xFFF);
-  const bool pipeline = is_pipeline_message(kind);
+  const bool pipeline = is_pipeline_message(group, kind);
   return {static_cast<std::uint32_t>((t >> 48) & 0x7FFF),
-          static_cast<GroupKind>((t >> 44) & 0xF),
+          group,
           kind,
           static_cast<std::uint32_t>((t >> 24) & 0xFFFF),
           pipeline ? micro | (low << 8) : micro,

@@ -101,8 +101,11 @@ std::vector<int> wait_targets(const StallInput& in, const std::vector<RankState>
   const bool is_shard = &r == ranks[static_cast<std::size_t>(r.rank)].shard;
   if (is_shard && r.op_id >= 0) return {};
   std::vector<int> senders = l.data_group(r.rank);
-  const int tied_stage = is_shard ? 0 : l.pp - 1;
-  if (l.pp > 1 && c.s == (is_shard ? l.pp - 1 : 0)) {
+  // The tied wte's two copies: the embedding's stage (0) and the head's
+  // (the last; in zbv's V stage 0 holds both).
+  const int head_stage = l.stage_of(l.chunks() - 1);
+  const int tied_stage = is_shard ? 0 : head_stage;
+  if (head_stage != 0 && c.s == (is_shard ? head_stage : 0)) {
     for (int x : l.data_group(l.rank({c.d, tied_stage, c.t}))) senders.push_back(x);
   }
   std::vector<int> out;

@@ -17,9 +17,14 @@ absl::StatusOr<std::vector<OpCost>> parse_op_costs(const std::string& text,
   for (const absl::string_view part : absl::StrSplit(text, ',')) {
     const std::string one(part);
     OpCost c;
-    char end = 0;
-    const int n = std::sscanf(one.c_str(), "%lf:%lf:%lf%c", &c.f, &c.b, &c.w, &end);
-    if (n == 2) {  // FWD:BWD, the backward split evenly
+    int used = -1;
+    int n = std::sscanf(one.c_str(), "%lf:%lf:%lf%n", &c.f, &c.b, &c.w, &used);
+    if (n != 3) {
+      used = -1;
+      n = std::sscanf(one.c_str(), "%lf:%lf%n", &c.f, &c.b, &used);
+    }
+    if (used != static_cast<int>(one.size())) n = 0;  // trailing text
+    if (n == 2) {                                     // FWD:BWD, the backward split evenly
       c.w = c.b / 2;
       c.b = c.w;
     }

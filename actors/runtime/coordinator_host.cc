@@ -117,7 +117,9 @@ bool CoordinatorHost::allowed(int rank, const Envelope& e) const {
     case Target::kCoordinator:
       if (m.match_elements<loss_atom, int, int, int, double>()) {
         const int j = m.get_as<int>(3);
-        return m.get_as<int>(2) == c.d && c.s == options_.parallel.pp - 1 && j >= 0 &&
+        // (From the stage with the head: the last, or in zbv's V the first.)
+        const comm::Layout& l = options_.parallel.layout();
+        return m.get_as<int>(2) == c.d && c.s == l.stage_of(l.chunks() - 1) && j >= 0 &&
                j < options_.parallel.m(options_.options);
       }
       if (m.match_elements<norm_atom, int, int, double>() ||

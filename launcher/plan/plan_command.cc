@@ -295,7 +295,10 @@ Command add_plan_command(CLI::App& app) {
   cmd->add_option("--dp", f->dp, "Data-parallel replicas (default: gpus / (tp x pp))");
   cmd->add_option("--global-batch-size", f->global_batch,
                   "Sequences per step (default: micro-batch x dp)");
-  cmd->add_option("--schedule", f->schedule, "1f1b, interleaved or gpipe")->capture_default_str();
+  cmd->add_option("--schedule", f->schedule,
+                  "1f1b, interleaved, gpipe, zb-h1, zbv or zb-auto (--search tries 1f1b, gpipe "
+                  "and interleaved)")
+      ->capture_default_str();
   cmd->add_option("--virtual-stages", f->virtual_stages, "Model chunks per stage (interleaved)")
       ->capture_default_str();
   cmd->add_option("--recompute", f->recompute,

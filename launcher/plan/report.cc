@@ -314,6 +314,7 @@ absl::StatusOr<SearchResult> search(const PlanInput& base, int gpus, const Clust
             in.parallel.dp = dp;
             in.parallel.schedule = kind;
             in.parallel.virtual_stages = v;
+            in.parallel.v_shape = false;  // (the search's schedules keep Megatron's placement)
             in.micro_batch = mb;
             in.recompute = rc;
             in.sequence_parallel = base.sequence_parallel && tp > 1;

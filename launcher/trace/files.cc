@@ -96,7 +96,8 @@ absl::StatusOr<Header> parse_header(const json& o, const Where& w) {
   TRY(need(o, "m", &h.m, w));
   // (Bounds, so that no reader loop or product of them runs away.)
   constexpr int kMax = 1 << 16;
-  if (h.tp > kMax || h.pp > kMax || h.dp > kMax || h.v > kMax || h.m < 1 || h.m > kMax ||
+  constexpr int kMaxM = 1 << 20;  // a tag's micro-batches (comm::kMaxMicroBatches)
+  if (h.tp > kMax || h.pp > kMax || h.dp > kMax || h.v > kMax || h.m < 1 || h.m > kMaxM ||
       static_cast<std::int64_t>(h.tp) * h.pp * h.dp > (std::int64_t{1} << 24)) {
     return w.error(
         absl::StrFormat("layout tp=%d pp=%d dp=%d v=%d m=%d is out of range (each at "

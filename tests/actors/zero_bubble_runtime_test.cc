@@ -176,6 +176,19 @@ TEST(ZeroBubbleRuntime, LayoutsThatDoNotFitAreClearErrors) {
   bad.zb_max_pending_w = 2;
   expect_error(bad,
                "--zb-max-pending-w 2: a number of micro-batches (>= 1) for --schedule zb-auto");
+  // Device pipeline links cannot carry the V's hop from a rank to itself
+  // (not built yet): a clear error, not a hang.
+  {
+    std::unique_ptr<gpu::Device> opaque = gpu::make_opaque_cpu_device();
+    ParallelOptions par = with({{.pp = 2}}, ScheduleKind::kZbV);
+    par.device = opaque.get();
+    auto t = InProcessTrainer::create(o, par);
+    ASSERT_FALSE(t.ok());
+    EXPECT_TRUE(absl::IsUnimplemented(t.status())) << t.status();
+    EXPECT_NE(t.status().message().find("the V's hop between the last stage's two chunks"),
+              std::string::npos)
+        << t.status();
+  }
   comm::Layout three{.pp = 2, .virtual_stages = 3};
   EXPECT_EQ(place_for_schedule(ScheduleKind::kZbV, &three).message(),
             "--schedule zbv places 2 model chunks on each stage in a V; --virtual-stages 3 does "
