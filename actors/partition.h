@@ -3,7 +3,8 @@
 // that travel between shard actors and optimizer partitions.
 //
 // Virtual stage vs = c*pp + s is model chunk c of stage s (c = 0 unless the
-// schedule is interleaved); it holds L/(pp*v) consecutive layers, the
+// schedule is interleaved; in zbv's V chunk 1 is vs = 2pp-1-s:
+// comm::Layout::virtual_stage); it holds L/(pp*v) consecutive layers, the
 // embeddings when vs = 0, the final LayerNorm and LM head when vs is last.
 //
 // Partition d of a chunk (on the rank of replica d) owns one contiguous range

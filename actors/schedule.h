@@ -83,7 +83,8 @@ int peak_in_flight(const std::vector<ScheduleOp>& ops, int chunk);
 // stashes it needs (0 where the list has no W).
 int peak_pending_weights(const std::vector<ScheduleOp>& ops, int chunk);
 
-// Forwards a stage runs before its first backward (Megatron's warm-up).
+// Forwards a stage runs before its first backward (Megatron's warm-up; for
+// zbv, chunk 0's warm-up forwards only).
 int warmup_forwards(ScheduleKind kind, int pp, int s, int m, int v);
 
 }  // namespace troupe::actors

@@ -91,7 +91,7 @@ struct ShardSetup {
   model::BatchSchedule batches;  // each training step's global batch (empty: global_batch)
   const model::data::SampleSource* data = nullptr;   // training samples
   const model::data::SampleSource* valid = nullptr;  // validation samples (may be null)
-  std::vector<StageCompute*> chunks;                 // chunk c: virtual stage c*pp + s
+  std::vector<StageCompute*> chunks;  // chunk c: virtual stage layout.virtual_stage(s, c)
   gpu::Stream* stream = nullptr;
   comm::Transport* transport = nullptr;
   // Where activations and gradients go device to device (the links' own
