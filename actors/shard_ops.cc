@@ -17,7 +17,8 @@ bool ShardActor::auto_weights() {
   if (!ended && !stash_wait_) {
     if (!fired_.empty()) return false;  // the stream has work
     note_dry();
-    if (!piece_fits()) return false;
+    // (A W that must run before the next B anyway runs now, fit or not.)
+    if (!next_backward_waits_for_a_stash() && !piece_fits()) return false;
   }
   PendingWeight& w = pending_w_.front();
   const bool single = !ended && !stash_wait_;
@@ -34,6 +35,16 @@ bool ShardActor::auto_weights() {
   if (w.next_piece == pieces) pending_w_.pop_front();
   stash_wait_ = false;
   return true;
+}
+
+bool ShardActor::next_backward_waits_for_a_stash() const {
+  for (std::size_t i = cursor_; i < ops_->size(); i++) {
+    const ScheduleOp& op = (*ops_)[i];
+    if (op.kind != OpKind::kBackward) continue;
+    const ChunkState& cs = chunk_[static_cast<std::size_t>(op.chunk)];
+    return cs.stash_of[static_cast<std::size_t>(op.micro)] < 0 && cs.free_stashes.empty();
+  }
+  return false;
 }
 
 void ShardActor::note_dry() {
@@ -123,7 +134,8 @@ void ShardActor::fire_backward(const ScheduleOp& op, int slot) {
   // The step's last backward of this chunk finishes its gradients (split:
   // its last W does).
   model::GradProgress progress;
-  if (++cs.backwards_fired == m_ && !split) progress = bucket_progress(op.chunk);
+  const bool finishes = ++cs.backwards_fired == m_;
+  if (finishes && !split) progress = bucket_progress(op.chunk);
   const float dloss =
       model::token_loss_weight(static_cast<std::int64_t>(global_batch_) * setup_.T, loss_scale_);
   const gpu::Tensor tokens = tokens_.empty() ? gpu::Tensor{} : tokens_[j].device();
@@ -135,9 +147,9 @@ void ShardActor::fire_backward(const ScheduleOp& op, int slot) {
           mr.output_grad[k].to_device(*setup_.stream);
         }
         if (split) {
-          sc.backward_input(*setup_.stream, slot, cs.stash_of[j], tokens, targets, dloss);
+          sc.backward_input(*setup_.stream, slot, cs.stash_of[j], tokens, targets, dloss, finishes);
         } else {
-          sc.backward(*setup_.stream, slot, tokens, targets, dloss, progress);
+          sc.backward(*setup_.stream, slot, tokens, targets, dloss, progress, finishes);
         }
       },
       /*set_current=*/true);
@@ -156,8 +168,11 @@ void ShardActor::fire_weight(const ScheduleOp& op, int first, int count) {
   const int pieces = sc.weight_pieces();
   if (count < 0) count = pieces - first;
   const bool last = first + count == pieces;
+  // Every piece of the chunk's last W (W's fire in micro-batch order, one
+  // whole before the next) reports its buckets.
   model::GradProgress progress;
-  if (last && ++cs.weights_fired == m_) progress = bucket_progress(op.chunk);
+  if (cs.weights_fired == m_ - 1) progress = bucket_progress(op.chunk);
+  if (last) cs.weights_fired++;
   int& stash = cs.stash_of[static_cast<std::size_t>(op.micro)];
   mark_stream(
       setup_.trace, *setup_.stream, op_event(op),

@@ -62,12 +62,17 @@ Gpt::Gpt(const GptConfig& config, int B, gpu::Device& device, const StageSpec& s
   }
   {
     before = device.allocated_bytes();
-    Tensor scratch = buffers::allocate_bytes(device, counted_scratch_bytes(config, B, P, act_));
+    Tensor scratch =
+        buffers::allocate_bytes(device, counted_scratch_bytes(config, stage, B, P, act_));
     scratch_bytes_ = device.allocated_bytes() - before;
     std::int64_t used = 0;
     Carver carver(&used, A);
     carver.bind(scratch);
-    scratch_ = buffers::carve_scratch(config, B, P, act_, carver);
+    scratch_ = buffers::carve_scratch(config, stage, B, P, act_, carver);
+    if (scratch_.ln_parts.defined() && scratch_.ln_parts.numel() > 0) {
+      const std::vector<float> zeros(static_cast<std::size_t>(scratch_.ln_parts.numel()), 0.0f);
+      (void)device.copy_from_host(zeros.data(), scratch_.ln_parts);
+    }
   }
   if (stashes > 0) {
     const std::int64_t n = counted_stash_bytes(config, stage, B, P, act_);
@@ -110,19 +115,28 @@ Tensor Gpt::reduced(gpu::Stream& s, const Tensor& partial) {
 }
 
 void Gpt::layernorm_backward(gpu::Stream& s, const Tensor& dinp, const Tensor& dw, const Tensor& db,
-                             const Tensor& dout, const Tensor& inp, const Tensor& w,
+                             int part, const Tensor& dout, const Tensor& inp, const Tensor& w,
                              const Tensor& mean, const Tensor& rstd) {
   if (!sequence_parallel()) {
     ops::layernorm_backward(s, dinp, dw, db, dout, inp, w, mean, rstd);
     return;
   }
-  // This rank's rows' part of dw and db, summed over the TP group, then
-  // added (every peer adds the same sum).
-  ops::fill(s, scratch_.ln_grads, 0.0f);
-  ops::layernorm_backward(s, dinp, scratch_.ln_dw, scratch_.ln_db, dout, inp, w, mean, rstd);
-  all_reduce(s, scratch_.ln_grads);  // one collective for both
-  ops::axpy(s, dw, 1.0f, scratch_.ln_dw);
-  ops::axpy(s, db, 1.0f, scratch_.ln_db);
+  // This rank's rows' part of dw and db, added to the step's parts so far.
+  const std::int64_t C = config_.C;
+  ops::layernorm_backward(s, dinp, scratch_.ln_parts.view(part * C, {C}),
+                          scratch_.ln_parts.view((part + 1) * C, {C}), dout, inp, w, mean, rstd);
+}
+
+void Gpt::sum_ln_parts(gpu::Stream& s, int part, std::initializer_list<Tensor> grads) {
+  if (!sequence_parallel() || !finishes_step_) return;
+  // Every peer adds the same sum.
+  const std::int64_t C = config_.C;
+  const auto n = static_cast<std::int64_t>(grads.size());
+  const Tensor parts = scratch_.ln_parts.view(part * C, {n, C});
+  all_reduce(s, parts);  // one collective for the layer's LayerNorms
+  std::int64_t i = 0;
+  for (const Tensor& g : grads) ops::axpy(s, g, 1.0f, parts.view(i++ * C, {C}));
+  ops::fill(s, parts, 0.0f);
 }
 
 gpu::VocabSlice Gpt::vocab_slice() const {
@@ -186,7 +200,11 @@ absl::Status Gpt::copy_params_to_host(std::span<float> values) const {
   return gpu::copy_values_to_host(params_flat_, values);
 }
 
-void Gpt::zero_grad(gpu::Stream& s) { ops::fill(s, grads_flat_, 0.0f); }
+void Gpt::zero_grad(gpu::Stream& s) {
+  ops::fill(s, grads_flat_, 0.0f);
+  // (A step that failed part-way may have left parts behind.)
+  if (sequence_parallel() && scratch_.ln_parts.numel() > 0) ops::fill(s, scratch_.ln_parts, 0.0f);
+}
 
 void Gpt::forward(gpu::Stream& s, const Tensor& tokens, const Tensor& targets, const Tensor& input,
                   int slot) {
@@ -252,17 +270,21 @@ void Gpt::layer_forward(gpu::Stream& s, const LayerActivations& x, const Tensor&
 }
 
 void Gpt::backward(gpu::Stream& s, const Tensor& tokens, const Tensor& targets, float dloss,
-                   const Tensor& dout, int slot, const GradProgress& progress) {
+                   const Tensor& dout, int slot, const GradProgress& progress, bool finishes_step) {
+  finishes_step_ = finishes_step;
   backward_pass(s, tokens, targets, dloss, dout, slot, progress);
+  finishes_step_ = true;
 }
 
 void Gpt::backward_input(gpu::Stream& s, const Tensor& tokens, const Tensor& targets, float dloss,
-                         const Tensor& dout, int slot, int stash) {
+                         const Tensor& dout, int slot, int stash, bool finishes_step) {
   WeightStash& w = stashes_[static_cast<std::size_t>(stash)];
   w.used = 0;
   w.jobs.clear();
   defer_ = &w;
+  finishes_step_ = finishes_step;
   backward_pass(s, tokens, targets, dloss, dout, slot, GradProgress{});
+  finishes_step_ = true;
   defer_ = nullptr;
 }
 
@@ -339,8 +361,9 @@ void Gpt::backward_pass(gpu::Stream& s, const Tensor& tokens, const Tensor& targ
     ops::matmul_backward(s, scratch_.dbtc, g_.wte, Tensor{}, a.logits, gathered(s, a.lnf), p_.wte,
                          Accumulate::kNo);
     // Each rank's vocabulary slice contributed a part.
-    layernorm_backward(s, a.dresidual, g_.lnfw, g_.lnfb, reduced(s, scratch_.dbtc), output(slot),
-                       p_.lnfw, a.lnf_mean, a.lnf_rstd);
+    layernorm_backward(s, a.dresidual, g_.lnfw, g_.lnfb, 4 * L, reduced(s, scratch_.dbtc),
+                       output(slot), p_.lnfw, a.lnf_mean, a.lnf_rstd);
+    sum_ln_parts(s, 4 * L, {g_.lnfw, g_.lnfb});
     point(progress, {GradPoint::Part::kHead, -1});
   } else {
     ops::axpy(s, a.dresidual, 1.0f, dout);  // the next stage's gradient of our output
@@ -390,8 +413,8 @@ void Gpt::layer_backward(gpu::Stream& s, GptActivations& a, const LayerActivatio
                        Accumulate::kNo);
   weight_grad(s, g.fcw, scratch_.dfch, ln2);
   // Column-parallel input: each rank's columns gave a part.
-  layernorm_backward(s, a.dresidual, g.ln2w, g.ln2b, reduced(s, scratch_.dbtc), x.residual2, p.ln2w,
-                     x.ln2_mean, x.ln2_rstd);
+  layernorm_backward(s, a.dresidual, g.ln2w, g.ln2b, 4 * l + 2, reduced(s, scratch_.dbtc),
+                     x.residual2, p.ln2w, x.ln2_mean, x.ln2_rstd);
   // Attention branch.
   const Tensor datt = gathered(s, a.dresidual);
   ops::matmul_backward(s, scratch_.datty, Tensor{}, g.attprojb, datt, x.atty, p.attprojw,
@@ -410,8 +433,9 @@ void Gpt::layer_backward(gpu::Stream& s, GptActivations& a, const LayerActivatio
   ops::matmul_backward(s, scratch_.dbtc, Tensor{}, g.qkvb, scratch_.dqkv, ln1, p.qkvw,
                        Accumulate::kNo);
   weight_grad(s, g.qkvw, scratch_.dqkv, ln1);
-  layernorm_backward(s, a.dresidual, g.ln1w, g.ln1b, reduced(s, scratch_.dbtc), residual, p.ln1w,
-                     x.ln1_mean, x.ln1_rstd);
+  layernorm_backward(s, a.dresidual, g.ln1w, g.ln1b, 4 * l, reduced(s, scratch_.dbtc), residual,
+                     p.ln1w, x.ln1_mean, x.ln1_rstd);
+  sum_ln_parts(s, 4 * l, {g.ln1w, g.ln1b, g.ln2w, g.ln2b});
 }
 
 }  // namespace troupe::model

@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <span>
 #include <vector>
 
@@ -88,10 +89,12 @@ struct GptScratch {
   gpu::Tensor delta;  // (B, NHl, T) f32 (flash attention)
   gpu::Tensor dfch;   // (B, T, 4Cl)
   // Sequence parallelism only: a region's rows all-gathered (B, T, C), a
-  // reduce-scatter's rows (B*T/tp, C), and a LayerNorm's weight and bias
-  // gradients (2, C) before their sum over the TP group (ln_dw, ln_db its
-  // rows).
-  gpu::Tensor gathered, rows, ln_grads, ln_dw, ln_db;
+  // reduce-scatter's rows (B*T/tp, C), and this rank's rows' parts of the
+  // stage's LayerNorm gradients, f32, summed over the step's micro-batches
+  // before their one sum over the TP group (Gpt::layernorm_backward): per
+  // layer (ln1w, ln1b, ln2w, ln2b), then the head's (lnfw, lnfb). Unlike
+  // the rest, ln_parts keeps its values from one backward to the next.
+  gpu::Tensor gathered, rows, ln_parts;
 };
 
 // Bytes of one activation slot of `stage` (every GptActivations tensor the
@@ -106,8 +109,8 @@ std::int64_t counted_slot_bytes(const GptConfig& config, const StageSpec& stage,
 // And of the GptScratch, shared too.
 std::int64_t counted_workspace_bytes(const GptConfig& config, const StageSpec& stage,
                                      std::int64_t B, int tp, const ActivationOptions& activations);
-std::int64_t counted_scratch_bytes(const GptConfig& config, std::int64_t B, int tp,
-                                   const ActivationOptions& activations = {});
+std::int64_t counted_scratch_bytes(const GptConfig& config, const StageSpec& stage, std::int64_t B,
+                                   int tp, const ActivationOptions& activations = {});
 // Bytes of one weight stash (Gpt::backward_input): the operands of the
 // layers' weight-gradient GEMMs (each linear layer's input and output
 // gradient), kept from a micro-batch's B until its W.
@@ -195,9 +198,14 @@ class Gpt {
   // (1 / tokens in the global batch for a mean). Needs the forward before it.
   // The logits are overwritten by their gradient. A stage without the head
   // starts from `dout` (B, T, C), the next stage's input_grad().
+  // With sequence parallelism each TP rank's rows give a part of the
+  // LayerNorm gradients; the parts are summed over the micro-batches and
+  // then, in the backward that `finishes_step` (the step's last), once over
+  // the TP group, as Megatron's finalize_model_grads does. (Always true:
+  // each backward sums its own.)
   void backward(gpu::Stream& s, const gpu::Tensor& tokens, const gpu::Tensor& targets, float dloss,
                 const gpu::Tensor& dout = gpu::Tensor{}, int slot = 0,
-                const GradProgress& progress = {});
+                const GradProgress& progress = {}, bool finishes_step = true);
   // The backward in its two halves, as zero-bubble pipelines run it (Qi et
   // al., ICLR 2024). backward_input (B) is backward() without the weight
   // gradients of the layers' linear layers (qkv, attention projection, fc,
@@ -209,8 +217,11 @@ class Gpt {
   // at different times) and calls `progress` as backward() does. B, then W (other micro-batches'
   // ops between them or not), adds bitwise what backward() adds: each parameter's gradient gets the
   // same sums in the same order.
+  // The TP group's sum of the LayerNorm gradients is B's (finishes_step as
+  // backward()'s).
   void backward_input(gpu::Stream& s, const gpu::Tensor& tokens, const gpu::Tensor& targets,
-                      float dloss, const gpu::Tensor& dout, int slot, int stash);
+                      float dloss, const gpu::Tensor& dout, int slot, int stash,
+                      bool finishes_step = true);
   // W in pieces, one a layer of the stage (one, if it has none): pieces
   // [first, first + count) (count -1: the rest), in order.
   void backward_weight(gpu::Stream& s, int stash, const GradProgress& progress = {}, int first = 0,
@@ -247,11 +258,17 @@ class Gpt {
   // all-reduced x itself, or its reduce-scattered rows in the scratch
   // (Megatron's g-bar).
   gpu::Tensor reduced(gpu::Stream& s, const gpu::Tensor& partial);
-  // A LayerNorm's backward into dw, db: with sequence parallelism this
-  // rank's rows give a part, summed over the TP group before it is added.
+  // A LayerNorm's backward into dw, db; with sequence parallelism this
+  // rank's rows' part goes into scratch_.ln_parts rows part, part + 1
+  // instead (sum_ln_parts adds it).
   void layernorm_backward(gpu::Stream& s, const gpu::Tensor& dinp, const gpu::Tensor& dw,
-                          const gpu::Tensor& db, const gpu::Tensor& dout, const gpu::Tensor& inp,
-                          const gpu::Tensor& w, const gpu::Tensor& mean, const gpu::Tensor& rstd);
+                          const gpu::Tensor& db, int part, const gpu::Tensor& dout,
+                          const gpu::Tensor& inp, const gpu::Tensor& w, const gpu::Tensor& mean,
+                          const gpu::Tensor& rstd);
+  // Sequence parallelism, in the backward that finishes the step: the parts
+  // in ln_parts rows [part, part + grads.size()), summed over the TP group,
+  // added to grads (in row order), and zeroed for the next step.
+  void sum_ln_parts(gpu::Stream& s, int part, std::initializer_list<gpu::Tensor> grads);
   gpu::VocabSlice vocab_slice() const;
 
   // The backward; with defer_ set (backward_input), the weight gradients
@@ -294,6 +311,7 @@ class Gpt {
   std::int64_t slot_bytes_ = 0, workspace_bytes_ = 0, scratch_bytes_ = 0, stash_bytes_ = 0;
   std::vector<WeightStash> stashes_;
   WeightStash* defer_ = nullptr;     // during backward_input
+  bool finishes_step_ = true;        // during a backward
   std::vector<gpu::Tensor> inputs_;  // per slot: its encoded, or the previous stage's output
   gpu::Tensor zero_wpe_;             // (T, C) zeros: TP ranks t > 0 add wpe through rank 0
 };

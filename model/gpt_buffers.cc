@@ -159,8 +159,8 @@ GptActivations carve_activations(const GptConfig& c, const StageSpec& stage, std
   return a;
 }
 
-GptScratch carve_scratch(const GptConfig& c, std::int64_t B, int tp, const ActivationOptions& o,
-                         Carver& k) {
+GptScratch carve_scratch(const GptConfig& c, const StageSpec& stage, std::int64_t B, int tp,
+                         const ActivationOptions& o, Carver& k) {
   const Dims d = dims(c, B, tp, o);
   GptScratch x;
   x.btc = k.take({B, d.T, d.C});
@@ -176,11 +176,7 @@ GptScratch carve_scratch(const GptConfig& c, std::int64_t B, int tp, const Activ
   if (d.sp) {
     x.gathered = k.take({B, d.T, d.C});
     x.rows = k.take(d.rows_c());
-    x.ln_grads = k.take32({2, d.C});
-    if (x.ln_grads.defined()) {
-      x.ln_dw = x.ln_grads.view(0, {d.C});
-      x.ln_db = x.ln_grads.view(d.C, {d.C});
-    }
+    x.ln_parts = k.take32({4 * stage.layers() + (stage.head ? 2 : 0), d.C});
   }
   return x;
 }
@@ -222,11 +218,11 @@ std::int64_t counted_workspace_bytes(const GptConfig& config, const StageSpec& s
   return total;
 }
 
-std::int64_t counted_scratch_bytes(const GptConfig& config, std::int64_t B, int tp,
-                                   const ActivationOptions& o) {
+std::int64_t counted_scratch_bytes(const GptConfig& config, const StageSpec& stage, std::int64_t B,
+                                   int tp, const ActivationOptions& o) {
   std::int64_t total = 0;
   Carver sizer(&total, gpu::compute_dtype(o.precision));
-  carve_scratch(config, B, tp, o, sizer);
+  carve_scratch(config, stage, B, tp, o, sizer);
   return total;
 }
 

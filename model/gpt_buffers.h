@@ -56,8 +56,8 @@ LayerKeep layer_keep(const ActivationOptions& o, int L, int l);
 
 GptActivations carve_activations(const GptConfig& c, const StageSpec& stage, std::int64_t B, int tp,
                                  const ActivationOptions& o, Carver& k);
-GptScratch carve_scratch(const GptConfig& c, std::int64_t B, int tp, const ActivationOptions& o,
-                         Carver& k);
+GptScratch carve_scratch(const GptConfig& c, const StageSpec& stage, std::int64_t B, int tp,
+                         const ActivationOptions& o, Carver& k);
 std::vector<LayerActivations> carve_workspace(const GptConfig& c, const StageSpec& stage,
                                               std::int64_t B, int tp, const ActivationOptions& o,
                                               Carver& k);

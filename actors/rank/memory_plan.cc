@@ -118,7 +118,7 @@ absl::StatusOr<MemoryParts> counted_memory(const MemoryQuery& q) {
     // them with sequence parallelism).
     out.buffers += A * 2 * slots * B * T * C / (q.sequence_parallel ? par.tp : 1);
     out.buffers +=
-        static_cast<double>(model::counted_scratch_bytes(c, q.micro_batch, par.tp, acts));
+        static_cast<double>(model::counted_scratch_bytes(c, spec, q.micro_batch, par.tp, acts));
     if (spec.embedding && sc->coord.t > 0) out.buffers += A * T * C;  // the zero wpe
     // Partition: master, m, v, the replicas' sum, and a staging window of
     // two (one at dp = 1) contributions; a norm (f64) per counted range;

@@ -38,13 +38,13 @@ void GptStage::forward(gpu::Stream& s, int slot, const gpu::Tensor& tokens,
 
 void GptStage::backward(gpu::Stream& s, int slot, const gpu::Tensor& tokens,
                         const gpu::Tensor& targets, float dloss,
-                        const model::GradProgress& progress) {
-  gpt_.backward(s, tokens, targets, dloss, output_grad(slot), slot, progress);
+                        const model::GradProgress& progress, bool finishes_step) {
+  gpt_.backward(s, tokens, targets, dloss, output_grad(slot), slot, progress, finishes_step);
 }
 
 void GptStage::backward_input(gpu::Stream& s, int slot, int stash, const gpu::Tensor& tokens,
-                              const gpu::Tensor& targets, float dloss) {
-  gpt_.backward_input(s, tokens, targets, dloss, output_grad(slot), slot, stash);
+                              const gpu::Tensor& targets, float dloss, bool finishes_step) {
+  gpt_.backward_input(s, tokens, targets, dloss, output_grad(slot), slot, stash, finishes_step);
 }
 
 void GptStage::backward_weight(gpu::Stream& s, int stash, int first, int count,

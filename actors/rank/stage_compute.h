@@ -7,7 +7,8 @@
 //
 //   actors::GptStage stage(config, B, spec, /*slots=*/3, gpu::cpu_device());
 //   stage.forward(stream, slot, tokens, targets);        // input: stage.input(slot)
-//   stage.backward(stream, slot, tokens, targets, dloss, [](model::GradPoint p) { ... });
+//   stage.backward(stream, slot, tokens, targets, dloss, [](model::GradPoint p) { ... },
+//                  /*finishes_step=*/true);
 #pragma once
 
 #include <cstdint>
@@ -55,10 +56,12 @@ class StageCompute {
   virtual void forward(gpu::Stream& s, int slot, const gpu::Tensor& tokens,
                        const gpu::Tensor& targets) = 0;
   // Adds this micro-batch's gradients (each token's loss weighted by dloss);
-  // calls `progress` as groups of gradients become final.
+  // calls `progress` as groups of gradients become final. `finishes_step`:
+  // the step's last backward of the chunk, which sums what the TP peers
+  // keep apart until then (model::Gpt::backward).
   virtual void backward(gpu::Stream& s, int slot, const gpu::Tensor& tokens,
                         const gpu::Tensor& targets, float dloss,
-                        const model::GradProgress& progress) = 0;
+                        const model::GradProgress& progress, bool finishes_step) = 0;
   // The backward in two halves (the zero-bubble schedules; model::Gpt::
   // backward_input and backward_weight): B frees the slot and fills weight
   // stash `stash`; W runs pieces [first, first + count) of weight_pieces()
@@ -68,7 +71,7 @@ class StageCompute {
   virtual std::int64_t stash_bytes() const { return 0; }
   virtual int weight_pieces() const { return 1; }
   virtual void backward_input(gpu::Stream& s, int slot, int stash, const gpu::Tensor& tokens,
-                              const gpu::Tensor& targets, float dloss) = 0;
+                              const gpu::Tensor& targets, float dloss, bool finishes_step) = 0;
   virtual void backward_weight(gpu::Stream& s, int stash, int first, int count,
                                const model::GradProgress& progress) = 0;
 };
@@ -103,12 +106,12 @@ class GptStage : public StageCompute {
   void forward(gpu::Stream& s, int slot, const gpu::Tensor& tokens,
                const gpu::Tensor& targets) override;
   void backward(gpu::Stream& s, int slot, const gpu::Tensor& tokens, const gpu::Tensor& targets,
-                float dloss, const model::GradProgress& progress) override;
+                float dloss, const model::GradProgress& progress, bool finishes_step) override;
   int stashes() const override { return gpt_.stashes(); }
   std::int64_t stash_bytes() const override { return gpt_.stash_bytes(); }
   int weight_pieces() const override { return gpt_.weight_pieces(); }
   void backward_input(gpu::Stream& s, int slot, int stash, const gpu::Tensor& tokens,
-                      const gpu::Tensor& targets, float dloss) override;
+                      const gpu::Tensor& targets, float dloss, bool finishes_step) override;
   void backward_weight(gpu::Stream& s, int stash, int first, int count,
                        const model::GradProgress& progress) override;
 

@@ -69,7 +69,7 @@ void TimedStage::forward(gpu::Stream& s, int, const gpu::Tensor&, const gpu::Ten
 }
 
 void TimedStage::backward(gpu::Stream& s, int, const gpu::Tensor&, const gpu::Tensor&, float,
-                          const model::GradProgress& progress) {
+                          const model::GradProgress& progress, bool) {
   const double b = draw(kB, count_[kB]++);
   const double w = draw(kW, count_[kW] / weight_pieces());
   count_[kW] += weight_pieces();
@@ -78,7 +78,7 @@ void TimedStage::backward(gpu::Stream& s, int, const gpu::Tensor&, const gpu::Te
 }
 
 void TimedStage::backward_input(gpu::Stream& s, int, int, const gpu::Tensor&, const gpu::Tensor&,
-                                float) {
+                                float, bool) {
   sleep_on(s, draw(kB, count_[kB]++));
 }
 

@@ -52,9 +52,9 @@ class TimedStage : public GptStage {
   void forward(gpu::Stream& s, int slot, const gpu::Tensor& tokens,
                const gpu::Tensor& targets) override;
   void backward(gpu::Stream& s, int slot, const gpu::Tensor& tokens, const gpu::Tensor& targets,
-                float dloss, const model::GradProgress& progress) override;
+                float dloss, const model::GradProgress& progress, bool finishes_step) override;
   void backward_input(gpu::Stream& s, int slot, int stash, const gpu::Tensor& tokens,
-                      const gpu::Tensor& targets, float dloss) override;
+                      const gpu::Tensor& targets, float dloss, bool finishes_step) override;
   void backward_weight(gpu::Stream& s, int stash, int first, int count,
                        const model::GradProgress& progress) override;
   int weight_pieces() const override { return std::max(1, spec().layers()); }

@@ -2,12 +2,18 @@
 // without it within 1e-5 over 10 steps (the sums over the TP group run in
 // another order, so not bitwise), with recompute too; and the LayerNorm and
 // residual regions' activations fall by tp, by the device's byte count
-// against the tensors worked out by hand.
+// against the tensors worked out by hand; and the LayerNorm gradients are
+// summed over the TP group once a step, in its last backward.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
 
 #include "absl/strings/str_cat.h"
+#include "actors/diagnostics/trace_file.h"
 #include "actors/rank/memory_plan.h"
 #include "actors/runtime/in_process.h"
 #include "tests/tiny_model.h"
@@ -124,6 +130,58 @@ TEST(SequenceParallel, NeedsTensorParallelism) {
   const model::TrainOptions o = sp_tiny8({.sequence_parallel = true});
   EXPECT_EQ(ParallelOptions{{.pp = 2}}.validate(o).message(),
             "--sequence-parallel needs --tp of at least 2");
+}
+
+// Each rank's rows give a part of every LayerNorm's weight and bias
+// gradients. The parts are summed over the micro-batches and then once over
+// the TP group in the step's last backward (Megatron's finalize_model_grads):
+// one all-reduce of 4C floats per layer (ln1 and ln2) and one of 2C for the
+// head's final LayerNorm (on the last stage, or stage 0 in zbv's V), all in
+// micro-batch m - 1's backward; none in W.
+TEST(SequenceParallel, TheLayerNormGradientsAreSummedOverTheTpGroupOnceAStep) {
+  for (ScheduleKind schedule : {ScheduleKind::k1F1B, ScheduleKind::kZbH1, ScheduleKind::kZbV}) {
+    SCOPED_TRACE(schedule_name(schedule));
+    const std::string dir = (std::filesystem::temp_directory_path() /
+                             absl::StrCat("troupe-sp-ln-", schedule_name(schedule), "-", getpid()))
+                                .string();
+    std::filesystem::remove_all(dir);
+    const int m = 4;
+    model::TrainOptions o = fixtures::tiny({.layers = 4,
+                                            .micro_batch = 1,
+                                            .global_batch = m,
+                                            .steps = 2,
+                                            .activations = {.sequence_parallel = true}});
+    TraceOptions trace;
+    trace.dir = dir;
+    trace.first_step = trace.last_step = 2;
+    ParallelOptions par{{.tp = 2, .pp = 2}};
+    par.schedule = schedule;
+    ASSERT_TRUE(place_for_schedule(schedule, &par).ok());
+    const int head_stage = schedule == ScheduleKind::kZbV ? 0 : 1;
+    auto t = InProcessTrainer::create(o, par, nullptr, {}, trace);
+    ASSERT_TRUE(t.ok()) << t.status();
+    ASSERT_TRUE((*t)->run([](const model::StepMetrics&) {}).ok());
+    const std::int64_t C = o.model.C;
+    for (int r = 0; r < 4; r++) {
+      std::ifstream in(std::filesystem::path(dir) / trace_file_name(r));
+      ASSERT_TRUE(in) << "rank " << r;
+      std::string line;
+      std::getline(in, line);
+      const int s = nlohmann::json::parse(line)["s"];
+      int layer_sums = 0, head_sums = 0;
+      while (std::getline(in, line)) {
+        const nlohmann::json e = nlohmann::json::parse(line);
+        if (e["k"] != "collective" || e["op"] != "all_reduce") continue;
+        const std::int64_t bytes = e["bytes"];
+        if (bytes != 16 * C && bytes != 8 * C) continue;
+        EXPECT_EQ(e["mb"], m - 1) << e.dump();
+        (bytes == 16 * C ? layer_sums : head_sums)++;
+      }
+      EXPECT_EQ(layer_sums, 2) << "rank " << r;  // 2 layers a stage
+      EXPECT_EQ(head_sums, s == head_stage ? 1 : 0) << "rank " << r;
+    }
+    std::filesystem::remove_all(dir);
+  }
 }
 
 }  // namespace

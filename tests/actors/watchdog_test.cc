@@ -26,7 +26,7 @@ class SleepingStage : public GptStage {
   }
   void forward(gpu::Stream&, int, const gpu::Tensor&, const gpu::Tensor&) override {}
   void backward(gpu::Stream& s, int, const gpu::Tensor&, const gpu::Tensor&, float,
-                const model::GradProgress& progress) override {
+                const model::GradProgress& progress, bool) override {
     s.host_callback(
         [ms = backward_ms_] { std::this_thread::sleep_for(std::chrono::milliseconds(ms)); });
     if (!progress) return;
