@@ -46,7 +46,14 @@ std::string schedule_name(ScheduleKind kind) {
 }
 
 absl::Status place_for_schedule(ScheduleKind kind, comm::Layout* layout) {
-  if (kind == ScheduleKind::kZbV) {
+  if (kind == ScheduleKind::kZbAuto && layout->virtual_stages > 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--schedule zb-auto runs zb-h1's order on one model chunk per stage, or "
+                     "(--virtual-stages 2) zbv's on two in a V; --virtual-stages ",
+                     layout->virtual_stages, " does not fit it"));
+  }
+  if (kind == ScheduleKind::kZbV ||
+      (kind == ScheduleKind::kZbAuto && layout->virtual_stages == 2)) {
     if (layout->virtual_stages != 1 && layout->virtual_stages != 2) {
       return absl::InvalidArgumentError(
           absl::StrCat("--schedule zbv places 2 model chunks on each stage in a V; ",
@@ -61,6 +68,12 @@ absl::Status place_for_schedule(ScheduleKind kind, comm::Layout* layout) {
 }
 
 absl::Status check_placement(ScheduleKind kind, const comm::Layout& layout) {
+  if (kind == ScheduleKind::kZbAuto && layout.virtual_stages == 2) {
+    if (layout.v_shape) return absl::OkStatus();
+    return absl::InvalidArgumentError(
+        "--schedule zb-auto --virtual-stages 2 runs 2 model chunks per stage placed in a V "
+        "(actors::place_for_schedule sets the layout)");
+  }
   if (kind == ScheduleKind::kZbV) {
     if (layout.v_shape && layout.virtual_stages == 2) return absl::OkStatus();
     return absl::InvalidArgumentError(
@@ -69,7 +82,9 @@ absl::Status check_placement(ScheduleKind kind, const comm::Layout& layout) {
   }
   if (layout.v_shape) {
     return absl::InvalidArgumentError(
-        absl::StrCat("a V placement is zbv's, not --schedule ", schedule_name(kind), "'s"));
+        absl::StrCat("a V placement is zbv's (and zb-auto's with --virtual-stages 2), not "
+                     "--schedule ",
+                     schedule_name(kind), "'s"));
   }
   if (layout.virtual_stages > 1 && kind != ScheduleKind::kInterleaved1F1B) {
     return absl::InvalidArgumentError(
@@ -93,8 +108,9 @@ int warmup_forwards(ScheduleKind kind, int pp, int s, int m, int v) {
       return m;
     case ScheduleKind::k1F1B:
     case ScheduleKind::kZbH1:
-    case ScheduleKind::kZbAuto:
       return std::min(pp - s - 1, m);
+    case ScheduleKind::kZbAuto:
+      return v == 2 ? std::min(2 * (pp - s) - 1, m) : std::min(pp - s - 1, m);
     case ScheduleKind::kZbV:
       return std::min(2 * (pp - s) - 1, m);
     case ScheduleKind::kInterleaved1F1B:
@@ -127,6 +143,7 @@ absl::StatusOr<std::vector<ScheduleOp>> make_schedule(ScheduleKind kind, int pp,
     return absl::InvalidArgumentError(
         absl::StrCat("schedule: pp=", pp, " s=", s, " m=", m, " v=", v, " out of range"));
   }
+  if (kind == ScheduleKind::kZbAuto && v == 2) return zbv_schedule(pp, s, m);
   if (kind == ScheduleKind::kZbV) {
     if (v != 2) {
       return absl::InvalidArgumentError(

@@ -21,9 +21,10 @@
 //          then F/B/W of both chunks interleaved; with F = B = W the only
 //          idle time is the last stage's wait for its first input,
 //          (pp-1) chunk forwards (a bubble of (pp-1)/(6m+pp-1))
-//   ZbAuto ZbH1's list, as the order the stage starts from: the shard runs
-//          the next F or B when its input is there and otherwise the
-//          oldest pending W (actors/shard_actor.h), whatever the op times
+//   ZbAuto ZbH1's list (or, with --virtual-stages 2, ZbV's on its V), as
+//          the order the stage starts from: the shard runs the next F or B
+//          when its input is there and otherwise the oldest pending W
+//          (actors/shard_actor.h), whatever the op times
 // In the other schedules kBackward is the whole backward and no kWeight
 // op appears.
 //
@@ -61,14 +62,16 @@ bool splits_backward(ScheduleKind kind);
 int chunks_per_stage(ScheduleKind kind, int virtual_stages);
 
 // Stage s's ops for m micro-batches (v model chunks per stage; v = 1 unless
-// interleaved, 2 for ZbV). InvalidArgument for sizes out of range.
+// interleaved, 2 for ZbV, 1 or 2 (the V) for ZbAuto). InvalidArgument for
+// sizes out of range.
 absl::StatusOr<std::vector<ScheduleOp>> make_schedule(ScheduleKind kind, int pp, int s, int m,
                                                       int v);
 
 // The chunks per stage and their placement the schedule runs on: zbv
-// places 2 chunks per stage in a V (--virtual-stages 1 or 2 accepted), the
-// others as --virtual-stages says (more than 1 for interleaved only).
-// InvalidArgument naming the flags.
+// places 2 chunks per stage in a V (--virtual-stages 1 or 2 accepted),
+// zb-auto 1 chunk per stage or (--virtual-stages 2) zbv's V, the others as
+// --virtual-stages says (more than 1 for interleaved only). InvalidArgument
+// naming the flags.
 absl::Status place_for_schedule(ScheduleKind kind, comm::Layout* layout);
 // Whether `layout` is what place_for_schedule makes for `kind`.
 absl::Status check_placement(ScheduleKind kind, const comm::Layout& layout);

@@ -24,8 +24,10 @@
 // input arrives delays that input's op, so the rule uses what it measured
 // in earlier steps: how long after the stream ran dry each op's input
 // came, and how long a piece takes; a piece that would not end before the
-// input is due waits, until the input comes or is overdue. The pieces'
-// order per chunk is fixed, so the sums are 1F1B's bitwise.
+// input is due waits, until the input comes or is overdue, unless the
+// next B will find no free stash (a W must run before it anyway, and
+// sooner delays less). The pieces' order per chunk is fixed, so the sums
+// are 1F1B's bitwise.
 //
 // Buffers, stream and transport belong to the caller (actors/runtime/in_process.h) and
 // outlive the actor; nothing here blocks a scheduler thread.
@@ -134,6 +136,9 @@ class ShardActor : public caf::event_based_actor {
   void fire_weight(const ScheduleOp& op, int first, int count);
   // zb-auto: fires pending W's by its rule (above); true when it fired one.
   bool auto_weights();
+  // zb-auto: whether the list's next B has no stash to take (its chunk's
+  // are all held by pending W's), so a W must run before it.
+  bool next_backward_waits_for_a_stash() const;
   // zb-auto's clock: the stream ran dry, an input came, a piece ended.
   void note_dry();
   void note_input(int op_id);

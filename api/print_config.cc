@@ -89,13 +89,13 @@ std::vector<ConfigValue> describe_config(const TrainFlags& f, const model::Train
   add("--data-parallel-size", absl::StrCat(par.dp), "default");
   add("--schedule", actors::schedule_name(par.schedule), "default");
   add("--virtual-stages",
-      par.v_shape
-          ? absl::StrCat(par.virtual_stages, " (zbv's V: stage s holds chunks s and 2pp-1-s)")
-          : absl::StrCat(par.virtual_stages),
+      par.v_shape ? absl::StrCat(par.virtual_stages, " (a V: stage s holds chunks s and 2pp-1-s)")
+                  : absl::StrCat(par.virtual_stages),
       "default");
   if (par.schedule == actors::ScheduleKind::kZbAuto) {
     add("--zb-max-pending-w",
-        par.zb_max_pending_w > 0 ? absl::StrCat(par.zb_max_pending_w)
+        par.zb_max_pending_w > 0 ? absl::StrCat(par.zb_max_pending_w, " per chunk")
+        : par.v_shape            ? "ZB-V's (per chunk)"
                                  : "ZB-H1's (s + 1 on stage s)",
         "default");
   }

@@ -181,13 +181,15 @@ void add_train_flags(CLI::App* cmd, TrainFlags& f) {
       ->capture_default_str();
   cmd->add_option("--schedule", f.schedule,
                   "Pipeline schedule: gpipe, 1f1b, interleaved, zb-h1, zbv (2 chunks per stage in "
-                  "a V), zb-auto (zero-bubble: W's fill the bubbles as the run goes)")
+                  "a V), zb-auto (zero-bubble: W's fill the bubbles as the run goes; zb-h1's "
+                  "order, or zbv's V with --virtual-stages 2)")
       ->capture_default_str();
   cmd->add_option("--zb-max-pending-w", par.zb_max_pending_w,
-                  "zb-auto: most micro-batches whose weight gradients wait (each holds a weight "
-                  "stash; default ZB-H1's, s + 1 on stage s)");
+                  "zb-auto: most micro-batches per model chunk whose weight gradients wait (each "
+                  "holds a weight stash; default its list's: ZB-H1's s + 1 on stage s, on a V "
+                  "ZB-V's per chunk)");
   cmd->add_option("--virtual-stages", par.virtual_stages,
-                  "Model chunks per stage (interleaved schedule)")
+                  "Model chunks per stage (interleaved; 2 puts zb-auto on zbv's V)")
       ->capture_default_str();
   cmd->add_option("--stall-timeout", par.stall_timeout_s,
                   "Seconds without progress after which the run is hung: it stops and says what "

@@ -20,8 +20,11 @@
 //            then at pp 4 and 8, m=16, each one's step time with equal
 //            stage costs, with unequal ones (stage s x (1 + s/(p-1)/2)) and
 //            with every op's time varied by +-50% (seeded), and zb-auto's
-//            speed against the best static schedule of the same run. Every
-//            schedule does the same work per stage (chunks of v cost 1/v).
+//            speed (on 1F1B's stages, and on zbv's V: zb-auto-v) against
+//            the best static schedule of the same run. Every schedule does
+//            the same work per stage (chunks of v cost 1/v). Each runs
+//            max(--steps, 2pp + 4) steps and its step is the mean of the
+//            last half (zb-auto's steady state, once it has measured).
 //
 // One JSON object per measurement on stdout, then a table.
 #include <CLI/CLI.hpp>
@@ -86,12 +89,18 @@ Measured run(int pp, int m, actors::ScheduleKind kind, int v, actors::OpCosts co
   return out;
 }
 
-// The mean step after the first (warm-up) one.
-double mean_step(const Measured& m) {
+// The mean of the last half of the steps: zb-auto learns its input gaps
+// over the steps (a stage's choices change its neighbours' gaps, so it
+// takes about pp steps), and a long run sees its steady state.
+double steady_step(const Measured& m) {
+  const std::size_t n = m.step_s.size(), from = n / 2;
   double total = 0;
-  for (std::size_t i = 1; i < m.step_s.size(); i++) total += m.step_s[i];
-  return total / static_cast<double>(m.step_s.size() - 1);
+  for (std::size_t i = from; i < n; i++) total += m.step_s[i];
+  return total / static_cast<double>(n - from);
 }
+
+// Steps of a zero-bubble measurement at pp stages.
+int zb_steps(int steps, int pp) { return std::max(steps, 2 * pp + 4); }
 
 struct ZbSchedule {
   const char* name;
@@ -102,7 +111,8 @@ const ZbSchedule kZbSchedules[] = {{"1f1b", actors::ScheduleKind::k1F1B, 1},
                                    {"interleaved", actors::ScheduleKind::kInterleaved1F1B, 2},
                                    {"zb-h1", actors::ScheduleKind::kZbH1, 1},
                                    {"zbv", actors::ScheduleKind::kZbV, 2},
-                                   {"zb-auto", actors::ScheduleKind::kZbAuto, 1}};
+                                   {"zb-auto", actors::ScheduleKind::kZbAuto, 1},
+                                   {"zb-auto-v", actors::ScheduleKind::kZbAuto, 2}};
 
 // Each stage's F:B:W for op_ms a third each, chunks of 1/v of it.
 actors::OpCosts zb_costs(int pp, int v, double op_ms, bool unequal, double jitter) {
@@ -118,8 +128,10 @@ actors::OpCosts zb_costs(int pp, int v, double op_ms, bool unequal, double jitte
 double zb_theory(actors::ScheduleKind kind, int pp, int m, int v) {
   const double p1 = pp - 1;
   switch (kind) {
-    case actors::ScheduleKind::kZbH1:
     case actors::ScheduleKind::kZbAuto:
+      if (v == 2) return p1 / (6.0 * m + p1);  // on a V: ZB-V's
+      return p1 / (3.0 * m + p1);
+    case actors::ScheduleKind::kZbH1:
       return p1 / (3.0 * m + p1);  // (p-1)(F+B-W) / (m(F+B+W) + (p-1)(F+B-W))
     case actors::ScheduleKind::kZbV:
       return p1 / (6.0 * m + p1);  // (p-1)F / (2m(F+B+W) + (p-1)F)
@@ -133,8 +145,9 @@ void zero_bubble(double op_ms, int steps) {
   std::printf("\n%-12s %9s %9s %8s\n", "schedule", "bubble", "theory", "diff");
   for (const ZbSchedule& z : kZbSchedules) {
     const int pp = 4, m = 8;
-    const Measured got = run(pp, m, z.kind, z.v, zb_costs(pp, z.v, op_ms, false, 0), steps);
-    const double step = mean_step(got);
+    const Measured got =
+        run(pp, m, z.kind, z.v, zb_costs(pp, z.v, op_ms, false, 0), zb_steps(steps, pp));
+    const double step = steady_step(got);
     const double work = got.busy_s / (pp * static_cast<double>(got.step_s.size()));
     const double bubble = 1.0 - work / step, theory = zb_theory(z.kind, pp, m, z.v);
     std::printf(
@@ -154,29 +167,32 @@ void zero_bubble(double op_ms, int steps) {
   const Shape shapes[] = {{"equal", false, 0}, {"unequal", true, 0}, {"jitter50", false, 0.5}};
   std::printf("\n%-4s %-9s", "pp", "costs");
   for (const ZbSchedule& z : kZbSchedules) std::printf(" %11s", z.name);
-  std::printf(" %16s\n", "zb-auto/best");
+  std::printf(" %10s %10s\n", "auto/best", "autoV/best");
   for (int pp : {4, 8}) {
     for (const Shape& sh : shapes) {
       const int m = 16;
-      double best_static = 0, automatic = 0;
+      double best_static = 0, automatic = 0, automatic_v = 0;
       std::printf("%-4d %-9s", pp, sh.name);
       for (const ZbSchedule& z : kZbSchedules) {
         const Measured got =
-            run(pp, m, z.kind, z.v, zb_costs(pp, z.v, op_ms, sh.unequal, sh.jitter), steps);
-        const double step = mean_step(got);
+            run(pp, m, z.kind, z.v, zb_costs(pp, z.v, op_ms, sh.unequal, sh.jitter),
+                zb_steps(steps, pp));
+        const double step = steady_step(got);
         if (z.kind == actors::ScheduleKind::kZbAuto) {
-          automatic = step;
+          (z.v == 2 ? automatic_v : automatic) = step;
         } else if (best_static == 0 || step < best_static) {
           best_static = step;
         }
         std::printf(" %9.1fms", step * 1e3);
         std::fflush(stdout);
       }
-      std::printf(" %15.3fx\n", best_static / automatic);
+      std::printf(" %9.3fx %9.3fx\n", best_static / automatic, best_static / automatic_v);
       std::printf(
           "{\"bench\": \"zb_auto\", \"pp\": %d, \"m\": %d, \"costs\": \"%s\", "
-          "\"best_static_step_s\": %.6f, \"zb_auto_step_s\": %.6f, \"speed\": %.4f}\n",
-          pp, m, sh.name, best_static, automatic, best_static / automatic);
+          "\"best_static_step_s\": %.6f, \"zb_auto_step_s\": %.6f, \"speed\": %.4f, "
+          "\"zb_auto_v_step_s\": %.6f, \"speed_v\": %.4f}\n",
+          pp, m, sh.name, best_static, automatic, best_static / automatic, automatic_v,
+          best_static / automatic_v);
       std::fflush(stdout);
     }
   }

@@ -267,8 +267,10 @@ Command add_ckpt_command(CLI::App& app) {
   conv->add_option("--tp", f->tp, "Tensor-parallel size of the new layout");
   conv->add_option("--pp", f->pp, "Pipeline stages of the new layout");
   conv->add_option("--dp", f->dp, "Data-parallel replicas of the new layout");
-  conv->add_option("--schedule", f->schedule, "Pipeline schedule: gpipe, 1f1b, interleaved");
-  conv->add_option("--virtual-stages", f->virtual_stages, "Model chunks per stage (interleaved)");
+  conv->add_option("--schedule", f->schedule,
+                   "Pipeline schedule: gpipe, 1f1b, interleaved, zb-h1, zbv, zb-auto");
+  conv->add_option("--virtual-stages", f->virtual_stages,
+                   "Model chunks per stage (interleaved; 2 puts zb-auto on zbv's V)");
   return [f, info, exp] {
     if (info->parsed()) return run_info(*f);
     if (exp->parsed()) return run_export(*f);

@@ -30,22 +30,14 @@ absl::Status RankUnit::make_links(gpu::Device& dev) {
 #else
   if (cuda) return absl::OkStatus();  // no NCCL: host memory
 #endif
-  if (par.v_shape) {
-    // The V's turn (virtual stages pp-1 and pp on the last stage) is a hop
-    // from a rank to itself, which a link (an NCCL pair, a stream channel)
-    // cannot carry; a copy on the compute stream is not built yet.
-    return absl::UnimplementedError(absl::StrCat(
-        "--schedule zbv on ", cuda ? "GPUs with a rank each (NCCL pipeline links)" : dev.name(),
-        ": the V's hop between the last stage's two chunks through device pipeline links is not "
-        "built yet; use --schedule zb-h1 or zb-auto (or zbv with the ranks in one process)"));
-  }
   absl::StatusOr<std::unique_ptr<PipelineLinks>> links =
       PipelineLinks::create(dev, par.layout(), shape_, spec_.rank);
   if (!links.ok()) return links.status();
   links_ = *std::move(links);
   if (cuda) return absl::OkStatus();  // NCCL's channels: connect_links()
   // The opaque CPU device: in-order channels over the transport, one per
-  // kind (each link's peer is a global rank).
+  // kind (each link's peer is a global rank). (zbv's turn, a rank's link to
+  // itself, is a copy on the compute stream: PipelineLinks.)
   std::shared_ptr<comm::StreamPointToPoint> activations =
       comm::stream_channel(transport_.get(), MessageKind::kActivation);
   std::shared_ptr<comm::StreamPointToPoint> gradients =

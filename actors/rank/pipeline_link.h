@@ -22,6 +22,13 @@
 // holds up nothing but its link (no schedule's sends and receives need to be
 // paired, as blocking calls on one stream would).
 //
+// A rank's link to itself (a V's turn: its last stage holds virtual stages
+// pp - 1 and pp) has no channel and no stream: send() keeps the tensor and
+// its callback in a FIFO, and recv() copies the oldest into its tensor on
+// the compute stream and then runs the callback. The sender's slot stays
+// held until then (its `sent`), so the tensor is unchanged when it is read:
+// no staging buffer, one copy.
+//
 //   auto links = PipelineLinks::create(dev, layout, shape, rank);
 //   for (const PipelineLinks::Key& k : links->keys()) links->set_channel(k, ch, peer, nullptr);
 //   links->recv(MessageKind::kActivation, prev_rank, compute, input);   // before the forward
@@ -29,8 +36,10 @@
 #pragma once
 
 #include <compare>
+#include <deque>
 #include <functional>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -58,9 +67,9 @@ class PipelineLinks {
                                                                const comm::Layout& shape, int rank);
   ~PipelineLinks();  // waits for the links' streams
 
-  // This rank's links, sorted (kind, from, to): the order in which every
-  // rank makes their channels (a global order, so no two ranks wait for
-  // each other's first).
+  // This rank's links to other ranks, sorted (kind, from, to): the order in
+  // which every rank makes their channels (a global order, so no two ranks
+  // wait for each other's first). (A link to itself needs no channel.)
   std::vector<Key> keys() const;
   // Link `key`'s channel, `peer` the other end's index in it; `keep` (may
   // be null) owns it for the links' life.
@@ -96,6 +105,10 @@ class PipelineLinks {
     comm::StreamPointToPoint* channel = nullptr;
     int peer = -1;
     std::shared_ptr<void> keep;
+    // A link to itself: the messages sent and not yet received, oldest
+    // first, with their `sent`.
+    bool self = false;
+    std::deque<std::pair<gpu::Tensor, std::function<void(absl::Status)>>> queued;
   };
   PipelineLinks() = default;
   Link& find(const Key& key);

@@ -28,10 +28,11 @@ absl::Status ParallelOptions::validate(const model::TrainOptions& o) const {
     return absl::InvalidArgumentError("--tp, --pp, --dp and --virtual-stages must be positive");
   }
   if (absl::Status st = check_placement(schedule, layout()); !st.ok()) return st;
-  if (schedule == ScheduleKind::kZbV && o.model.L % (2 * pp) != 0) {
+  if (v_shape && o.model.L % (2 * pp) != 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--schedule zbv: --layers ", o.model.L, " does not split into 2 equal chunks ",
-                     "on each of --pp ", pp, " stages (a multiple of ", 2 * pp, " is needed)"));
+        absl::StrCat("--schedule ", schedule_name(schedule), ": --layers ", o.model.L,
+                     " does not split into 2 equal chunks on each of --pp ", pp,
+                     " stages (a multiple of ", 2 * pp, " is needed)"));
   }
   if (absl::Status st = check_layer_split(o.model.L, pp, virtual_stages); !st.ok()) return st;
   if (zb_max_pending_w != 0 && (schedule != ScheduleKind::kZbAuto || zb_max_pending_w < 1)) {

@@ -296,10 +296,11 @@ Command add_plan_command(CLI::App& app) {
   cmd->add_option("--global-batch-size", f->global_batch,
                   "Sequences per step (default: micro-batch x dp)");
   cmd->add_option("--schedule", f->schedule,
-                  "1f1b, interleaved, gpipe, zb-h1, zbv or zb-auto (--search tries 1f1b, gpipe "
-                  "and interleaved)")
+                  "1f1b, interleaved, gpipe, zb-h1, zbv or zb-auto (--search tries 1f1b, gpipe, "
+                  "interleaved, zb-h1 and zbv)")
       ->capture_default_str();
-  cmd->add_option("--virtual-stages", f->virtual_stages, "Model chunks per stage (interleaved)")
+  cmd->add_option("--virtual-stages", f->virtual_stages,
+                  "Model chunks per stage (interleaved; 2 puts zb-auto on zbv's V)")
       ->capture_default_str();
   cmd->add_option("--recompute", f->recompute,
                   "Activation recompute: none (default), selective, full; --search without it "

@@ -306,6 +306,10 @@ absl::StatusOr<SearchResult> search(const PlanInput& base, int gpus, const Clust
             schedules.push_back({actors::ScheduleKind::kInterleaved1F1B, v});
           }
         }
+        // The zero-bubble schedules (zb-auto is zb-h1 where stage times
+        // are as modelled).
+        if (pp > 1) schedules.push_back({actors::ScheduleKind::kZbH1, 1});
+        if (pp > 1 && c.L % (2 * pp) == 0) schedules.push_back({actors::ScheduleKind::kZbV, 2});
         for (auto [kind, v] : schedules) {
           for (actors::Recompute rc : recomputes) {
             PlanInput in = base;
@@ -314,7 +318,10 @@ absl::StatusOr<SearchResult> search(const PlanInput& base, int gpus, const Clust
             in.parallel.dp = dp;
             in.parallel.schedule = kind;
             in.parallel.virtual_stages = v;
-            in.parallel.v_shape = false;  // (the search's schedules keep Megatron's placement)
+            if (absl::Status st = actors::place_for_schedule(kind, &in.parallel); !st.ok()) {
+              why = std::string(st.message());
+              continue;
+            }
             in.micro_batch = mb;
             in.recompute = rc;
             in.sequence_parallel = base.sequence_parallel && tp > 1;

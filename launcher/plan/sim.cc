@@ -40,13 +40,13 @@ struct Stage {
   double dp_free = 0;  // the stage's DP link
   double owned = 0;    // elements its partitions own
   // zb-auto: the W's whose B has run (op index, pieces done), the stash
-  // cap, what the running op is (a W piece: its op index and whether it is
+  // cap per chunk, what the running op is (a W piece: its op index and whether it is
   // the W's last), and the measured input gaps (by op index; < 0: none).
   struct Pending {
     int op = 0, done = 0;
   };
   std::deque<Pending> pending;
-  int cap = 1;
+  std::vector<int> cap;
   int piece_op = -1;
   bool piece_last = false;
   int dry_op = -1;
@@ -120,7 +120,7 @@ absl::Status Simulation::build() {
         st.last_backward[static_cast<std::size_t>(st.ops[i].chunk)] = static_cast<int>(i);
       }
     }
-    st.cap = std::max(1, actors::stashes_for(par, st.ops, 0));
+    for (int c = 0; c < v_; c++) st.cap.push_back(std::max(1, actors::stashes_for(par, st.ops, c)));
     st.gap.assign(st.ops.size(), -1);
     for (int c = 0; c < v_; c++) {
       const model::StageSpec spec = actors::chunk_spec(sliced, shape, shape.virtual_stage(s, c));
@@ -208,7 +208,21 @@ bool Simulation::auto_fire(int s, double now) {
   const bool forward = op.kind == OpKind::kForward;
   const bool needs_input = forward ? vs > 0 : vs < pp_ * v_ - 1;
   const double arrived = !needs_input ? 0 : forward ? st.fwd_arrival[slot] : st.bwd_arrival[slot];
-  if (!forward && static_cast<int>(st.pending.size()) >= st.cap) return piece(true);  // a stash
+  // Whether the next B's chunk has all its stashes held: a W must run
+  // before that B whatever happens.
+  auto stashes_held = [&] {
+    std::size_t i = st.next;
+    while (i < st.ops.size() && st.ops[i].kind != OpKind::kBackward) i++;
+    if (i == st.ops.size()) return false;
+    int held = 0;
+    for (const Stage::Pending& w : st.pending) {
+      held += st.ops[static_cast<std::size_t>(w.op)].chunk == st.ops[i].chunk ? 1 : 0;
+    }
+    return held >= st.cap[static_cast<std::size_t>(st.ops[i].chunk)];
+  };
+  // A B whose chunk's stashes are all held: the oldest W, whole (as the
+  // shard does until one of this chunk's is free).
+  if (!forward && stashes_held()) return piece(true);
   if (arrived >= 0) {
     if (st.dry_op == static_cast<int>(st.next)) {
       st.gap[st.next] = std::max(0.0, arrived - st.dry_since);
@@ -231,7 +245,7 @@ bool Simulation::auto_fire(int s, double now) {
   // quarter piece overdue).
   const std::vector<double>* known =
       measured.empty() ? nullptr : &measured[static_cast<std::size_t>(s)];
-  if (known != nullptr && (*known)[st.next] >= 0) {
+  if (known != nullptr && (*known)[st.next] >= 0 && !stashes_held()) {
     const ChunkCost& wc = *st.chunk[static_cast<std::size_t>(
         st.ops[static_cast<std::size_t>(st.pending.front().op)].chunk)];
     const double p = wc.bwd_w / wc.w_pieces;
@@ -373,13 +387,32 @@ absl::StatusOr<SimResult> simulate(const PlanInput& in, const Costs& cost, bool 
     Simulation sim(in, cost, record);
     return sim.run();
   }
-  // zb-auto: a greedy pass measures the input gaps, the second uses them.
-  Simulation first(in, cost, false);
-  absl::StatusOr<SimResult> r = first.run();
-  if (!r.ok()) return r;
-  Simulation second(in, cost, record);
-  second.measured = first.gaps();
-  return second.run();
+  // zb-auto: a greedy pass measures the input gaps, and each further pass
+  // uses the latest measurement of each, until they hold still (the
+  // runtime's steady state: the shard averages its steps' measurements,
+  // whose costs vary; here they are fixed). What one stage learns changes
+  // its neighbours' gaps, so it takes about pp passes.
+  const int most = 2 * in.parallel.pp + 4;
+  std::vector<std::vector<double>> measured;
+  for (int pass = 0;; pass++) {
+    Simulation sim(in, cost, false);
+    sim.measured = measured;
+    absl::StatusOr<SimResult> r = sim.run();
+    if (!r.ok()) return r;
+    std::vector<std::vector<double>> next = sim.gaps();
+    for (std::size_t s = 0; s < next.size() && !measured.empty(); s++) {
+      for (std::size_t i = 0; i < next[s].size(); i++) {
+        if (next[s][i] < 0) next[s][i] = measured[s][i];
+      }
+    }
+    if (next == measured || pass + 1 == most) {
+      if (!record) return r;
+      Simulation recorded(in, cost, true);
+      recorded.measured = measured;
+      return recorded.run();
+    }
+    measured = std::move(next);
+  }
 }
 
 }  // namespace troupe::launcher::plan

@@ -16,10 +16,12 @@
 // Zero-bubble schedules run B and W as their lists say (buckets behind a
 // chunk's last W). zb-auto is simulated by its rule (actors/shard_actor.h):
 // the next F or B when its input is there, else the oldest pending W a
-// layer's piece at a time; the step is simulated twice, the first time
-// greedy (what the runtime does before it has measured), the second with
-// the first's input gaps as its measurements (a piece that would not end
-// before the input is due waits), and the second is the result.
+// layer's piece at a time (a piece that would not end before the input is
+// due waits, unless the next B's chunk has all its stashes held). The step
+// is simulated first greedy (what the runtime does before it has
+// measured), then again with the input gaps each pass measured, until they
+// hold still (the runtime's steady state; about pp passes), and the last
+// pass is the result.
 //
 //   plan::CostModel cost(in, cluster, device);
 //   absl::StatusOr<plan::SimResult> r = plan::simulate(in, cost, /*record=*/false);

@@ -142,7 +142,8 @@ void add_step(const Trace& t, const StepIndex& idx, const InputIndex& inputs, in
 
 // The zero-bubble schedules' theory from the measured mean op times (F, B
 // per op; W per forward, as zb-auto runs one W in pieces) of the
-// summarized steps. ZB-H1 (and zb-auto, which starts from it): Qi et al.'s
+// summarized steps. ZB-H1 (and zb-auto, which starts from it, or from
+// ZB-V's list on a V with --virtual-stages 2): Qi et al.'s
 // (p-1)(F+B-W) of idle in a step of m(F+B+W) + that. ZB-V: the least a V
 // can have, the last stage's wait for its first input, (p-1) chunk
 // forwards, in a step of 2m(F+B+W) + that (what its list reaches when F =
@@ -172,7 +173,7 @@ void zero_bubble_theory(const Trace& t, Summary* s) {
   const double F = sum[0] / forwards, B = sum[1] / backwards, W = sum[2] / forwards;
   const int p = h.pp, m = step_micro_batches(t, s->steps.back());
   const std::string costs = absl::StrFormat("F %.3g B %.3g W %.3g ms", F / 1e6, B / 1e6, W / 1e6);
-  if (h.schedule == "zbv") {
+  if (h.schedule == "zbv" || (h.schedule == "zb-auto" && h.v == 2)) {  // (zb-auto on a V)
     const double idle = (p - 1) * F, step = 2 * m * (F + B + W) + idle;
     s->theory = step > 0 ? idle / step : 0;
     s->theory_formula =

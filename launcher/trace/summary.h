@@ -26,8 +26,9 @@
 //   theory       (p-1)/(m+p-1) for 1F1B and GPipe, (p-1)/(v*m+p-1) for
 //                the interleaved schedule (Megatron, Narayanan et al. 2021);
 //                for zb-h1 and zb-auto ZB-H1's (p-1)(F+B-W) of idle in a
-//                step of m(F+B+W) plus it (Qi et al. 2024), for zbv the V's
-//                least, (p-1) chunk forwards, with F, B and W the measured
+//                step of m(F+B+W) plus it (Qi et al. 2024), for zbv and
+//                zb-auto on a V (v 2) the V's least, (p-1) chunk forwards,
+//                with F, B and W the measured
 //                mean op times (W per micro-batch).
 // Evaluation forwards are left out (they are not part of a training step).
 #pragma once

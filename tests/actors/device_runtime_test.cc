@@ -121,20 +121,41 @@ ParallelOptions interleaved() {
   return {{.pp = 2, .virtual_stages = 2}, ScheduleKind::kInterleaved1F1B};
 }
 
+// zbv's V: the last stage's two chunks pass their activation and gradient
+// through its link to itself.
+ParallelOptions zbv(comm::Layout l) {
+  ParallelOptions par{l, ScheduleKind::kZbV};
+  EXPECT_TRUE(place_for_schedule(par.schedule, &par).ok());
+  return par;
+}
+
+// zb-auto on the same V (--virtual-stages 2).
+ParallelOptions zb_auto_v(comm::Layout l) {
+  l.virtual_stages = 2;
+  ParallelOptions par{l, ScheduleKind::kZbAuto};
+  EXPECT_TRUE(place_for_schedule(par.schedule, &par).ok());
+  return par;
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Layouts, DeviceRuntime,
-    ::testing::Values(Case{"tp2", Precision::kFp32, {{.tp = 2}}},
-                      Case{"pp2_dp2", Precision::kFp32, {{.pp = 2, .dp = 2}}},
-                      Case{"pp2_v2_interleaved", Precision::kFp32, interleaved()},
-                      Case{"tp2_sequence_parallel", Precision::kFp32, {{.tp = 2}}, true},
-                      Case{"tp2_pp2_dp2_bf16", Precision::kBf16, {{.tp = 2, .pp = 2, .dp = 2}}},
-                      Case{"pp2_dp2_fp16", Precision::kFp16, {{.pp = 2, .dp = 2}}},
-                      // Steps of 4 sequences, then 8: fewer micro-batches than buffers.
-                      Case{"pp2_dp2_rampup",
-                           Precision::kFp32,
-                           {{.pp = 2, .dp = 2}},
-                           false,
-                           {.start = 4, .increment = 4, .samples = 8}}),
+    ::testing::Values(
+        Case{"tp2", Precision::kFp32, {{.tp = 2}}},
+        Case{"pp2_dp2", Precision::kFp32, {{.pp = 2, .dp = 2}}},
+        Case{"pp2_v2_interleaved", Precision::kFp32, interleaved()},
+        Case{"tp2_sequence_parallel", Precision::kFp32, {{.tp = 2}}, true},
+        Case{"tp2_pp2_dp2_bf16", Precision::kBf16, {{.tp = 2, .pp = 2, .dp = 2}}},
+        Case{"pp2_dp2_fp16", Precision::kFp16, {{.pp = 2, .dp = 2}}},
+        Case{"pp2_zbv", Precision::kFp32, zbv({.pp = 2})},
+        Case{"tp2_pp2_zbv_bf16", Precision::kBf16, zbv({.tp = 2, .pp = 2})},
+        Case{"pp2_dp2_zb_auto", Precision::kFp32, {{.pp = 2, .dp = 2}, ScheduleKind::kZbAuto}},
+        Case{"pp2_zb_auto_v", Precision::kFp32, zb_auto_v({.pp = 2})},
+        // Steps of 4 sequences, then 8: fewer micro-batches than buffers.
+        Case{"pp2_dp2_rampup",
+             Precision::kFp32,
+             {{.pp = 2, .dp = 2}},
+             false,
+             {.start = 4, .increment = 4, .samples = 8}}),
     [](const ::testing::TestParamInfo<Case>& p) { return std::string(p.param.name); });
 
 // A checkpoint the opaque device saved (its state copied to the host) and

@@ -3,7 +3,8 @@
 // pp x dp layouts with recompute, sequence parallelism and bf16 (each
 // parameter's gradient gets its parts in micro-batch order; only when a W
 // runs changes); zbv, whose V places the layers differently, equals 1F1B
-// with the same --pp within 1e-5 (the cross-layout contract). Each stage
+// with the same --pp within 1e-5 (the cross-layout contract), and zb-auto
+// on the V (--virtual-stages 2) is bitwise zbv. Each stage
 // holds the slots and stashes its list needs; bad layouts are clear errors.
 #include <gtest/gtest.h>
 
@@ -91,11 +92,15 @@ TEST(ZeroBubbleRuntime, ZbH1AndZbAutoAreBitwiseThe1F1BRunOfTheSameLayout) {
                  fixtures::train_layout(o, base));
 }
 
-TEST(ZeroBubbleRuntime, ZbvEquals1F1BWithTheSamePpWithin1e5) {
-  for (const comm::Layout l : {comm::Layout{.pp = 2}, comm::Layout{.pp = 4},
-                               comm::Layout{.tp = 2, .pp = 2}, comm::Layout{.pp = 2, .dp = 2}}) {
-    SCOPED_TRACE(l.describe());
-    const model::TrainOptions o = zb_tiny();
+TEST(ZeroBubbleRuntime, ZbvEquals1F1BWithTheSamePpWithin1e5AndZbAutoOnItsVBitwise) {
+  const std::pair<comm::Layout, bool> cases[] = {{{.pp = 2}, false},
+                                                 {{.pp = 4}, false},
+                                                 {{.tp = 2, .pp = 2}, false},
+                                                 {{.tp = 2, .pp = 2}, true},
+                                                 {{.pp = 2, .dp = 2}, false}};
+  for (const auto& [l, sp] : cases) {
+    SCOPED_TRACE(absl::StrCat(l.describe(), sp ? " sequence parallel" : ""));
+    const model::TrainOptions o = zb_tiny({.sequence_parallel = sp});
     const fixtures::Trained want = fixtures::train_layout(o, {l, ScheduleKind::k1F1B});
     const fixtures::Trained got =
         fixtures::train_layout(o, with({l, ScheduleKind::k1F1B}, ScheduleKind::kZbV));
@@ -111,6 +116,12 @@ TEST(ZeroBubbleRuntime, ZbvEquals1F1BWithTheSamePpWithin1e5) {
       worst = std::max(worst, static_cast<double>(std::abs(got.params[i] - want.params[i])));
     }
     EXPECT_LE(worst, 1e-5);
+    // zb-auto on the same V (--virtual-stages 2) is bitwise zbv.
+    SCOPED_TRACE("zb-auto on a V");
+    comm::Layout v2 = l;
+    v2.virtual_stages = 2;
+    expect_bitwise(
+        fixtures::train_layout(o, with({v2, ScheduleKind::k1F1B}, ScheduleKind::kZbAuto)), got);
   }
 }
 
@@ -171,28 +182,26 @@ TEST(ZeroBubbleRuntime, LayoutsThatDoNotFitAreClearErrors) {
   o.model.L = 8;
   expect_error({{.pp = 2}, ScheduleKind::kZbV}, "--schedule zbv runs 2 model chunks per stage");
   expect_error({{.pp = 2, .virtual_stages = 2, .v_shape = true}, ScheduleKind::k1F1B},
-               "a V placement is zbv's, not --schedule 1f1b's");
+               "a V placement is zbv's (and zb-auto's with --virtual-stages 2), not --schedule "
+               "1f1b's");
+  expect_error({{.pp = 2, .virtual_stages = 2}, ScheduleKind::kZbAuto},
+               "--schedule zb-auto --virtual-stages 2 runs 2 model chunks per stage placed in a V");
+  o.model.L = 6;
+  expect_error(
+      with({{.pp = 2, .virtual_stages = 2}}, ScheduleKind::kZbAuto),
+      "--schedule zb-auto: --layers 6 does not split into 2 equal chunks on each of --pp 2");
+  o.model.L = 8;
   ParallelOptions bad = with({{.pp = 2}}, ScheduleKind::kZbH1);
   bad.zb_max_pending_w = 2;
   expect_error(bad,
                "--zb-max-pending-w 2: a number of micro-batches (>= 1) for --schedule zb-auto");
-  // Device pipeline links cannot carry the V's hop from a rank to itself
-  // (not built yet): a clear error, not a hang.
-  {
-    std::unique_ptr<gpu::Device> opaque = gpu::make_opaque_cpu_device();
-    ParallelOptions par = with({{.pp = 2}}, ScheduleKind::kZbV);
-    par.device = opaque.get();
-    auto t = InProcessTrainer::create(o, par);
-    ASSERT_FALSE(t.ok());
-    EXPECT_TRUE(absl::IsUnimplemented(t.status())) << t.status();
-    EXPECT_NE(t.status().message().find("the V's hop between the last stage's two chunks"),
-              std::string::npos)
-        << t.status();
-  }
   comm::Layout three{.pp = 2, .virtual_stages = 3};
   EXPECT_EQ(place_for_schedule(ScheduleKind::kZbV, &three).message(),
             "--schedule zbv places 2 model chunks on each stage in a V; --virtual-stages 3 does "
             "not fit it");
+  EXPECT_EQ(place_for_schedule(ScheduleKind::kZbAuto, &three).message(),
+            "--schedule zb-auto runs zb-h1's order on one model chunk per stage, or "
+            "(--virtual-stages 2) zbv's on two in a V; --virtual-stages 3 does not fit it");
 }
 
 }  // namespace

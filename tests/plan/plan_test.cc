@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <tuple>
 
 #include "actors/schedule.h"
 #include "launcher/plan/calibrate.h"
@@ -74,6 +75,79 @@ TEST(PlanSim, StepTimesAreTheSchedulesClosedForms) {
     const double want = (c.m * c.v + c.pp - 1) * (F + B) / c.v;
     EXPECT_NEAR(r->step_s, want, 1e-9) << "L=" << c.L << " pp=" << c.pp << " m=" << c.m;
     EXPECT_NEAR(r->bubble, (c.pp - 1.0) / (c.v * c.m + c.pp - 1.0), 1e-12);
+  }
+}
+
+// Per layer f forward, b input gradient (B) and w weight gradient (W), in
+// pieces of a layer; nothing else costs anything.
+class SplitCosts final : public Costs {
+ public:
+  SplitCosts(double f, double b, double w) : f_(f), b_(b), w_(w) {}
+  ChunkCost chunk(const model::StageSpec& spec) const override {
+    ChunkCost c;
+    c.fwd = f_ * spec.layers();
+    c.bwd = (b_ + w_) * spec.layers();
+    c.bwd_w = w_ * spec.layers();
+    c.w_pieces = spec.layers();
+    return c;
+  }
+  double p2p_seconds(int, int) const override { return 0; }
+  double dp_reduce_seconds(double) const override { return 0; }
+  double dp_gather_seconds(double) const override { return 0; }
+  double optimizer_seconds(double) const override { return 0; }
+
+ private:
+  double f_, b_, w_;
+};
+
+// Qi et al. (ICLR 2024): ZB-H1's step is m(F + B + W) + (p - 1)(F + B - W)
+// with F, B, W a stage's (m >= p); ZB-V's, at F = B = W, 6m + p - 1 chunk
+// ops (m >= 2p - 1: the last stage waits p - 1 chunk forwards for its
+// first input, and then never). zb-auto, once its measurements hold
+// still, does no worse than ZB-H1, whose order it keeps for F and B, and
+// on the V it reaches ZB-V's least.
+TEST(PlanSim, ZeroBubbleStepTimesAreThePapersClosedForms) {
+  struct Case {
+    int L, pp, m;
+    double f, b, w;
+  };
+  const std::vector<Case> cases = {{4, 4, 8, 1, 1, 1},
+                                   {4, 4, 8, 1, 2, 1},
+                                   {8, 4, 16, 2, 3, 1},
+                                   {8, 8, 12, 1, 1, 1},
+                                   {4, 2, 5, 2, 2, 1}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(testing::Message() << "L " << c.L << " pp " << c.pp << " m " << c.m << " " << c.f
+                                    << ":" << c.b << ":" << c.w);
+    const SplitCosts cost(c.f, c.b, c.w);
+    const double layers = static_cast<double>(c.L) / c.pp;
+    const double F = c.f * layers, B = c.b * layers, W = c.w * layers;
+    absl::StatusOr<SimResult> h1 =
+        simulate(layout(c.L, c.pp, c.m, actors::ScheduleKind::kZbH1), cost, false);
+    ASSERT_TRUE(h1.ok()) << h1.status();
+    EXPECT_NEAR(h1->step_s, c.m * (F + B + W) + (c.pp - 1) * (F + B - W), 1e-9);
+    EXPECT_NEAR(h1->bubble, 1 - c.m * (F + B + W) / h1->pipeline_s, 1e-12);
+    absl::StatusOr<SimResult> z =
+        simulate(layout(c.L, c.pp, c.m, actors::ScheduleKind::kZbAuto), cost, false);
+    ASSERT_TRUE(z.ok()) << z.status();
+    EXPECT_LE(z->step_s, h1->step_s + 1e-9);
+  }
+  // ZB-V: 2pp chunks of L / 2pp layers, F = B = W.
+  for (const auto& [L, pp, m] : std::vector<std::tuple<int, int, int>>{{8, 4, 8}, {16, 8, 16}}) {
+    SCOPED_TRACE(testing::Message() << "zbv L " << L << " pp " << pp << " m " << m);
+    PlanInput in = layout(L, pp, m, actors::ScheduleKind::kZbV);
+    ASSERT_TRUE(actors::place_for_schedule(in.parallel.schedule, &in.parallel).ok());
+    absl::StatusOr<SimResult> v = simulate(in, SplitCosts(1, 1, 1), false);
+    ASSERT_TRUE(v.ok()) << v.status();
+    const double op = static_cast<double>(L) / (2 * pp);  // one chunk's F, B or W
+    EXPECT_NEAR(v->step_s, (6 * m + pp - 1) * op, 1e-9);
+    // zb-auto on the same V reaches the same least step.
+    PlanInput a = layout(L, pp, m, actors::ScheduleKind::kZbAuto, 2);
+    ASSERT_TRUE(actors::place_for_schedule(a.parallel.schedule, &a.parallel).ok());
+    ASSERT_TRUE(a.parallel.v_shape);
+    absl::StatusOr<SimResult> z = simulate(a, SplitCosts(1, 1, 1), false);
+    ASSERT_TRUE(z.ok()) << z.status();
+    EXPECT_NEAR(z->step_s, (6 * m + pp - 1) * op, 1e-9);
   }
 }
 
