@@ -54,6 +54,13 @@ absl::Status place_for_schedule(ScheduleKind kind, comm::Layout* layout) {
   }
   if (kind == ScheduleKind::kZbV ||
       (kind == ScheduleKind::kZbAuto && layout->virtual_stages == 2)) {
+    if (layout->pp < 2) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--schedule ", schedule_name(kind),
+          kind == ScheduleKind::kZbAuto ? " --virtual-stages 2" : "",
+          " places 2 model chunks per stage in a V across the pipeline's stages; --pp ", layout->pp,
+          " has none (use --pp 2 or more)"));
+    }
     if (layout->virtual_stages != 1 && layout->virtual_stages != 2) {
       return absl::InvalidArgumentError(
           absl::StrCat("--schedule zbv places 2 model chunks on each stage in a V; ",

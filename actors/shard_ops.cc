@@ -203,8 +203,12 @@ void ShardActor::stream_send(MessageKind kind, const ScheduleOp& op, int slot) {
     setup_.links->send(
         kind, dst, *setup_.stream,
         kind == MessageKind::kActivation ? sc.output(slot) : sc.input_grad(slot),
-        [self = caf::actor_cast<caf::actor>(this), c = op.chunk, slot](absl::Status st) {
-          caf::anon_send(self, sent_atom::value, c, slot, status_text(st));
+        // (Weak: a V's turn keeps it until its receive, which a failed
+        // step never makes, and the links outlive the actor system.)
+        [self = caf::actor_cast<caf::actor_addr>(this), c = op.chunk, slot](absl::Status st) {
+          if (auto a = caf::actor_cast<caf::actor>(self)) {
+            caf::anon_send(a, sent_atom::value, c, slot, status_text(st));
+          }
         });
     return;
   }

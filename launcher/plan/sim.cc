@@ -235,11 +235,12 @@ bool Simulation::auto_fire(int s, double now) {
     start(s, now, forward ? c.fwd : c.bwd - c.bwd_w, static_cast<int>(st.next), op, false);
     return true;
   }
+  // (The shard notes a dry stream only with a W pending.)
+  if (st.pending.empty()) return false;
   if (st.dry_op != static_cast<int>(st.next)) {
     st.dry_op = static_cast<int>(st.next);
     st.dry_since = now;
   }
-  if (st.pending.empty()) return false;
   // The rule with the first pass's measurements: a piece that would not
   // end before the input is due waits (until the input comes, or is a
   // quarter piece overdue).

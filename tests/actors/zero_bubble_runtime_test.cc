@@ -195,6 +195,10 @@ TEST(ZeroBubbleRuntime, LayoutsThatDoNotFitAreClearErrors) {
   bad.zb_max_pending_w = 2;
   expect_error(bad,
                "--zb-max-pending-w 2: a number of micro-batches (>= 1) for --schedule zb-auto");
+  comm::Layout one{.pp = 1};
+  EXPECT_EQ(place_for_schedule(ScheduleKind::kZbV, &one).message(),
+            "--schedule zbv places 2 model chunks per stage in a V across the pipeline's "
+            "stages; --pp 1 has none (use --pp 2 or more)");
   comm::Layout three{.pp = 2, .virtual_stages = 3};
   EXPECT_EQ(place_for_schedule(ScheduleKind::kZbV, &three).message(),
             "--schedule zbv places 2 model chunks on each stage in a V; --virtual-stages 3 does "
