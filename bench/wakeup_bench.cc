@@ -110,9 +110,10 @@ int main(int argc, char** argv) {
       us.push_back(kind == "eventfd" ? eventfd_one_way(iters) : futex_one_way(iters));
     }
     std::sort(us.begin(), us.end());
-    std::printf("{\"bench\": \"wakeup\", \"kind\": \"%s\", \"one_way_us\": %.3f, \"p10_us\": %.3f, "
-                "\"iters\": %d, \"rounds\": %d}\n",
-                kind.c_str(), us[us.size() / 2], us[us.size() / 10], iters, rounds);
+    std::printf(
+        "{\"bench\": \"wakeup\", \"kind\": \"%s\", \"one_way_us\": %.3f, \"p10_us\": %.3f, "
+        "\"iters\": %d, \"rounds\": %d}\n",
+        kind.c_str(), us[us.size() / 2], us[us.size() / 10], iters, rounds);
   }
   return 0;
 }
