@@ -36,7 +36,7 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from report import perftest  # noqa: E402  (ucx_perftest server and client)
+from report import perftest, slope  # noqa: E402  (ucx_perftest server and client)
 
 ap = argparse.ArgumentParser()
 ap.add_argument("troupe")
@@ -62,15 +62,6 @@ def median_step_us(cmd, metrics):
     with open(metrics) as f:
         rows = [json.loads(line) for line in f]
     return statistics.median(row["step_s"] for row in rows[SKIP:]) * 1e6
-
-
-def slope(points):
-    n = len(points)
-    sx = sum(x for x, _ in points)
-    sy = sum(y for _, y in points)
-    sxx = sum(x * x for x, _ in points)
-    sxy = sum(x * y for x, y in points)
-    return (n * sxy - sx * sy) / (n * sxx - sx * sx)
 
 
 def hop_us(command, size):

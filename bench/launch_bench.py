@@ -28,6 +28,9 @@ import subprocess
 import sys
 import tempfile
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from report import slope  # noqa: E402
 os.environ.setdefault("TROUPE_DEVICE", "cpu")  # the CPU (a GPU host defaults to cuda)
 
 ap = argparse.ArgumentParser()
@@ -63,15 +66,6 @@ def both(flags, steps, skip, tag, rounds=2):
         launch += step_times([T, "launch", *flags, "--steps", str(steps), "--metrics-jsonl", m,
                               "--run-dir", f"{WORK}/{tag}-{k}"], m, skip)
     return statistics.median(train), statistics.median(launch)
-
-
-def slope(points):
-    n = len(points)
-    sx = sum(x for x, _ in points)
-    sy = sum(y for _, y in points)
-    sxx = sum(x * x for x, _ in points)
-    sxy = sum(x * y for x, y in points)
-    return (n * sxy - sx * sy) / (n * sxx - sx * sx)
 
 
 summary = []

@@ -151,6 +151,16 @@ def preprocess(binary, workers):
     print("(whole command: process start, vocabulary load, tokenizing, writing)")
 
 
+def slope(points):
+    """The least-squares slope of (x, y) points."""
+    n = len(points)
+    sx = sum(x for x, _ in points)
+    sy = sum(y for _, y in points)
+    sxx = sum(x * x for x, _ in points)
+    sxy = sum(x * y for x, y in points)
+    return (n * sxy - sx * sy) / (n * sxx - sx * sx)
+
+
 def free_port():
     import socket
     with socket.socket() as s:
