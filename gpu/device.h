@@ -53,6 +53,10 @@ class Event {
   virtual void synchronize() = 0;
 };
 
+// Opens a gate (Stream::gate): once, from any thread. An error fails the
+// stream, so the ops behind the gate are skipped.
+using GateOpener = std::function<void(absl::Status)>;
+
 class Stream {
  public:
   virtual ~Stream() = default;
@@ -79,6 +83,16 @@ class Stream {
   // until the work is done.
   virtual void device_call(const char* name, std::vector<Tensor> held,
                            std::function<absl::Status(void* native_stream)> call) = 0;
+
+  // A gate at the current end of this stream: work enqueued after it starts
+  // only once the returned opener has been called, by whatever thread has
+  // what that work needs (a transport's completion). How an op is put on
+  // the stream before its input has arrived, so that its arrival starts it
+  // without a hop through the actor. Null where the stream cannot wait for
+  // the host without blocking a thread others need (CUDA: its host
+  // functions share one thread); has_gates() says.
+  virtual bool has_gates() { return false; }
+  virtual GateOpener gate() { return nullptr; }
 
   // The first error recorded on this stream (OK if none).
   virtual absl::Status status() = 0;

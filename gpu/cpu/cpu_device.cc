@@ -44,21 +44,66 @@ CpuStream::CpuStream(CpuDevice& device, StreamOptions options)
 
 CpuStream::~CpuStream() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard<std::mutex> lock(sync_->mu);
     stopping_ = true;
   }
-  cv_.notify_all();
+  sync_->cv.notify_all();
   worker_.join();
 }
 
 Device& CpuStream::device() { return device_; }
 
+// Wakes the worker only where the task lets it go on: it waits for work,
+// and the task is not a closed gate (whose opening wakes it).
 void CpuStream::enqueue(Task task) {
+  bool wake = false;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard<std::mutex> lock(sync_->mu);
+    wake = waiting_ == Waiting::kWork && queue_.empty() && !(task.gate && !task.gate->open);
     queue_.push_back(std::move(task));
   }
-  cv_.notify_all();
+  if (wake) sync_->cv.notify_one();
+}
+
+namespace {
+
+// What a gate's openers share: the first call opens the gate; if none is
+// ever made (a callback dropped uncalled), the last copy's end opens it
+// with Cancelled, so no stream waits for an opener that is gone.
+template <typename Sync, typename GateState>
+class Opener {
+ public:
+  Opener(std::shared_ptr<GateState> g, std::weak_ptr<Sync> sync)
+      : gate_(std::move(g)), sync_(std::move(sync)) {}
+  ~Opener() { open(absl::CancelledError("the input this op waited for will never come")); }
+  Opener(const Opener&) = delete;
+  Opener& operator=(const Opener&) = delete;
+  void open(absl::Status st) {
+    std::shared_ptr<Sync> sync = sync_.lock();
+    if (!sync) return;  // the stream is gone, and the work behind the gate with it
+    {
+      std::lock_guard<std::mutex> lock(sync->mu);
+      if (gate_->open) return;
+      gate_->open = true;
+      gate_->status = std::move(st);
+    }
+    // (Only the worker waits on it. A worker asleep for another reason
+    // looks again and sleeps on.)
+    sync->cv.notify_one();
+  }
+
+ private:
+  std::shared_ptr<GateState> gate_;
+  std::weak_ptr<Sync> sync_;
+};
+
+}  // namespace
+
+GateOpener CpuStream::gate() {
+  auto g = std::make_shared<GateState>();
+  enqueue(Task(g));
+  auto opener = std::make_shared<Opener<Sync, GateState>>(g, sync_);
+  return [opener](absl::Status st) { opener->open(std::move(st)); };
 }
 
 void CpuStream::enqueue_op(const char* name, std::function<void()> op) {
@@ -123,13 +168,19 @@ absl::Status CpuStream::synchronize() {
 }
 
 absl::Status CpuStream::status() {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<std::mutex> lock(sync_->mu);
   return error_;
 }
 
+// (A worker at a closed gate goes on: a failed stream skips the ops behind
+// it anyway, and runs the control tasks there at once.)
 void CpuStream::fail(absl::Status error) {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (error_.ok()) error_ = std::move(error);
+  {
+    std::lock_guard<std::mutex> lock(sync_->mu);
+    if (!error_.ok()) return;
+    error_ = std::move(error);
+  }
+  sync_->cv.notify_one();
 }
 
 void CpuStream::run() {
@@ -139,11 +190,30 @@ void CpuStream::run() {
   for (;;) {
     Task task;
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
-      if (queue_.empty()) return;  // stopping, and all work done
+      std::unique_lock<std::mutex> lock(sync_->mu);
+      for (;;) {
+        // A closed gate holds the worker, unless the stream has failed (the
+        // ops behind it are skipped) or is being destroyed (they are
+        // skipped, the control tasks run, as after an error).
+        const bool closed = !queue_.empty() && queue_.front().gate && !queue_.front().gate->open &&
+                            error_.ok() && !stopping_;
+        if (!queue_.empty() && !closed) break;
+        if (stopping_) return;  // all work done
+        waiting_ = closed ? Waiting::kGate : Waiting::kWork;
+        sync_->cv.wait(lock);
+        waiting_ = Waiting::kNo;
+      }
       task = std::move(queue_.front());
       queue_.pop_front();
+      if (task.gate) {  // an error it was opened with fails the stream
+        if (!task.gate->open && error_.ok()) {
+          error_ = absl::CancelledError("the stream was destroyed at a gate never opened");
+        }
+        if (task.gate->open && !task.gate->status.ok() && error_.ok()) {
+          error_ = task.gate->status;
+        }
+        continue;
+      }
       if (task.name != nullptr && !error_.ok()) continue;  // skip ops after an error
     }
     try {

@@ -3,7 +3,12 @@
 //
 // Work enqueued on a CpuStream runs on its worker in FIFO order. Ops are
 // skipped once the stream has failed; host callbacks and event records always
-// run, so whoever waits on them is told (and then reads the error).
+// run, so whoever waits on them is told (and then reads the error). The
+// worker sleeps when its queue is empty or its next task is a closed gate,
+// and is woken only by what lets it go on: work enqueued while it waits for
+// work, the gate it waits at opening (or the stream failing). A stream
+// failed, or destroyed, at a closed gate passes it: the ops behind it are
+// skipped and the control tasks run.
 #pragma once
 
 #include <atomic>
@@ -52,6 +57,8 @@ class CpuStream final : public Stream {
   absl::Status synchronize() override;
   void device_call(const char* name, std::vector<Tensor> held,
                    std::function<absl::Status(void* native_stream)> call) override;
+  bool has_gates() override { return true; }
+  GateOpener gate() override;
   absl::Status status() override;
   void fail(absl::Status error) override;
 
@@ -62,18 +69,33 @@ class CpuStream final : public Stream {
   int threads() const { return threads_; }
 
  private:
-  struct Task {
-    const char* name;  // op name, or nullptr for control tasks
-    std::function<void()> fn;
+  // The queue's lock and the worker's wake-up, shared with the gates'
+  // openers, which may outlive the stream.
+  struct Sync {
+    std::mutex mu;
+    std::condition_variable cv;
   };
+  struct GateState {  // under Sync::mu
+    bool open = false;
+    absl::Status status;
+  };
+  struct Task {
+    Task() = default;
+    Task(const char* n, std::function<void()> f) : name(n), fn(std::move(f)) {}
+    explicit Task(std::shared_ptr<GateState> g) : gate(std::move(g)) {}
+    const char* name = nullptr;  // op name, or nullptr for control tasks
+    std::function<void()> fn;
+    std::shared_ptr<GateState> gate;  // set: a gate (no fn)
+  };
+  enum class Waiting { kNo, kWork, kGate };  // what the worker sleeps for
   void enqueue(Task task);
   void run();
 
   CpuDevice& device_;
   const int threads_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Task> queue_;
+  std::shared_ptr<Sync> sync_ = std::make_shared<Sync>();
+  std::deque<Task> queue_;  // under sync_->mu, as the fields below
+  Waiting waiting_ = Waiting::kNo;
   bool stopping_ = false;
   absl::Status error_;
   std::thread worker_;

@@ -3,8 +3,11 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstring>
+#include <future>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "gpu/cpu/cpu_device.h"
@@ -91,6 +94,79 @@ TEST(CpuStream, ExceptionInAnOpBecomesAnError) {
   absl::Status st = s->synchronize();
   EXPECT_TRUE(absl::IsInternal(st));
   EXPECT_EQ(st.message(), "boom: bad");
+}
+
+// A gate holds back exactly the work behind it, whichever thread opens it.
+TEST(CpuStream, AGateHoldsTheWorkBehindItUntilAnotherThreadOpensIt) {
+  auto s = gpu::cpu_device().make_stream({.threads = 1});
+  std::promise<void> before;
+  std::atomic<bool> behind{false};
+  s->host_callback([&] { before.set_value(); });
+  gpu::GateOpener open = s->gate();
+  ASSERT_TRUE(s->has_gates());
+  s->host_callback([&] { behind = true; });
+  before.get_future().wait();  // the work before it ran
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_FALSE(behind.load());  // the work behind it did not
+  std::thread opener([&] { open(absl::OkStatus()); });
+  ASSERT_TRUE(s->synchronize().ok());
+  opener.join();
+  EXPECT_TRUE(behind.load());
+  open(absl::OkStatus());  // a second opening changes nothing
+}
+
+// Opened before the stream gets to it, it is no wait at all; opened with
+// an error, the ops behind it are skipped and callbacks still run.
+TEST(CpuStream, AGateOpenedWithAnErrorFailsTheStream) {
+  auto s = gpu::cpu_device().make_stream({.threads = 1});
+  Tensor x = filled({10}, 5.0f);
+  s->gate()(absl::OkStatus());
+  gpu::GateOpener open = s->gate();
+  ops::fill(*s, x, 0.0f);  // skipped
+  bool called = false;
+  s->host_callback([&] { called = true; });
+  open(absl::UnavailableError("receive from rank 3: gone"));
+  const absl::Status st = s->synchronize();
+  EXPECT_TRUE(absl::IsUnavailable(st)) << st;
+  EXPECT_EQ(st.message(), "receive from rank 3: gone");
+  EXPECT_TRUE(called);
+  EXPECT_EQ(x.data<float>()[0], 5.0f);
+}
+
+// A gate whose openers are all dropped uncalled (a receive's callback
+// destroyed without being run) opens as Cancelled: nothing waits forever.
+TEST(CpuStream, AGateWhoseOpenerIsDroppedUncalledIsCancelled) {
+  auto s = gpu::cpu_device().make_stream({.threads = 1});
+  gpu::GateOpener open = s->gate();
+  gpu::GateOpener copy = open;
+  open = nullptr;
+  s->host_callback([] {});
+  copy = nullptr;
+  EXPECT_TRUE(absl::IsCancelled(s->synchronize()));
+}
+
+// A stream that fails, or is destroyed, at a closed gate goes past it: its
+// ops are skipped, its control tasks (the actors' callbacks) run.
+TEST(CpuStream, AFailedOrDestroyedStreamPassesAClosedGate) {
+  auto failing = gpu::cpu_device().make_stream({.threads = 1});
+  gpu::GateOpener held = failing->gate();
+  bool told = false;
+  failing->host_callback([&] { told = true; });
+  failing->fail(absl::InternalError("a collective failed"));
+  EXPECT_EQ(failing->synchronize().message(), "a collective failed");
+  EXPECT_TRUE(told);
+
+  gpu::GateOpener late;
+  bool ran = false, called = false;
+  {
+    auto s = gpu::cpu_device().make_stream({.threads = 1});
+    late = s->gate();
+    static_cast<gpu::CpuStream&>(*s).enqueue_op("op", [&] { ran = true; });
+    s->host_callback([&] { called = true; });
+  }
+  EXPECT_FALSE(ran);
+  EXPECT_TRUE(called);
+  late(absl::OkStatus());  // the stream is gone: nothing to open
 }
 
 // Our own reductions (LayerNorm and embedding parameter gradients, the norm)
