@@ -148,7 +148,7 @@ void ShardActor::begin(Pass pass, int step, std::int64_t first_sample) {
   cursor_ = 0;
   ops_done_ = 0;
   input_.assign(ops_->size(), Arrival::kNone);
-  link_waits_.clear();
+  ahead_waits_.clear();
   params_posted_ = false;
   params_expected_ = params_arrived_ = 0;
   params_state_ = Params::kArriving;
@@ -277,18 +277,64 @@ bool ShardActor::post_receive(const ScheduleOp& op, MessageKind kind, int src,
   if (setup_.links != nullptr) {
     // The compute stream waits for it in front of the op, which fires now;
     // until its receive's event says it is there, a stall report names the peer.
-    link_waits_[op.id] = {.kind = kind,
-                          .from = src,
-                          .done = setup_.links->recv(kind, src, *setup_.stream, into),
-                          .since = std::chrono::steady_clock::now()};
+    std::shared_ptr<gpu::Event> done = setup_.links->recv(kind, src, *setup_.stream, into);
+    ahead_waits_[op.id] = {.kind = kind,
+                           .from = src,
+                           .link = true,
+                           .there = [done] { return done->query(); },
+                           .since = std::chrono::steady_clock::now()};
+    in = Arrival::kArrived;
+    return true;
+  }
+  const Msg what = kind == MessageKind::kActivation ? Msg::kActivation : Msg::kGradient;
+  const comm::Tag t = tag(kind, src, op.micro, op.chunk, 0);
+  if (fires_ahead() && setup_.stream->has_gates()) {
+    // The op fires now, behind the gate; the receive's completion opens it
+    // (an error fails the stream, and comes here too). A stall report names
+    // the peer until it is there; the trace shows the stream's wait at the
+    // gate, from when the stream gets there (if it is not there yet).
+    auto landing = std::make_shared<Landing>();
+    if (setup_.trace != nullptr && setup_.trace->recorder != nullptr &&
+        setup_.trace->recorder->wants(step_)) {
+      trace::Event e;
+      e.kind = trace::Kind::kWait;
+      e.actor = 2;  // the compute stream
+      e.what = kind == MessageKind::kActivation ? trace::What::kActivation : trace::What::kGradient;
+      e.step = step_;
+      e.peer = src;
+      e.micro = op.micro;
+      e.chunk = op.chunk;
+      setup_.stream->host_callback(
+          [landing, recorder = setup_.trace->recorder, e] { landing->wait(*recorder, e); });
+    }
+    gpu::GateOpener open = setup_.stream->gate();
+    setup_.transport->recv(
+        src, t, into.host<float>(), into.nbytes(),
+        [open = std::move(open), landing, self = caf::actor_cast<caf::actor>(this), what, src,
+         id = op.id, keep = into](absl::Status st) {
+          landing->arrive();
+          if (st.ok()) return open(std::move(st));
+          caf::anon_send(self, recv_atom::value, static_cast<int>(what), id, status_text(st));
+          // (The stream's error says what failed, for the ops it skips.)
+          const char* name = what == Msg::kActivation ? "activation" : "gradient";
+          open(absl::Status(st.code(), absl::StrCat("receiving the ", name, " from rank ", src,
+                                                    ": ", st.message())));
+        });
+    ahead_waits_[op.id] = {.kind = kind,
+                           .from = src,
+                           .link = false,
+                           .there = [landing] { return landing->there(); },
+                           .since = std::chrono::steady_clock::now()};
     in = Arrival::kArrived;
     return true;
   }
   in = Arrival::kPosted;
-  setup_.transport->recv(
-      src, tag(kind, src, op.micro, op.chunk, 0), into.host<float>(), into.nbytes(),
-      reply(kind == MessageKind::kActivation ? Msg::kActivation : Msg::kGradient, op.id, into));
+  setup_.transport->recv(src, t, into.host<float>(), into.nbytes(), reply(what, op.id, into));
   return false;
+}
+
+bool ShardActor::fires_ahead() const {
+  return pass_ == Pass::kEval || setup_.schedule != ScheduleKind::kZbAuto;
 }
 
 void ShardActor::on_op_done(int op_id) {

@@ -2,9 +2,10 @@
 // with its model chunks (v of them when interleaved) and its compute stream.
 //
 // It walks its stage's schedule (actors/schedule.h). An op fires when the
-// message carrying its input has arrived: the micro-batch (read from the
-// dataset on the chunks with the embedding or the head), the activation
-// from the previous virtual stage, the gradient from the next one. Firing
+// message carrying its input has arrived (or behind a gate, below): the
+// micro-batch (read from the dataset on the chunks with the embedding or
+// the head), the activation from the previous virtual stage, the gradient
+// from the next one. Firing
 // enqueues the op on the stream and moves on; the stream's completion comes
 // back as a message, and outputs leave through comm/ without waiting. A
 // micro-batch holds an activation slot from its forward until its backward
@@ -44,14 +45,23 @@
 // when the op that reads it fires (the compute stream waits for it there),
 // the send when the op that makes it fires (its link's stream waits for
 // the op), both in schedule order (the order rule of actors/rank/pipeline_link.h).
+//
+// Through the transport, an op whose input has not come fires all the same
+// where the stream has gates (gpu::Stream::gate: the CPU's), behind a gate
+// that the receive's completion opens: the arrival starts the op on the
+// stream's thread without a hop through this actor's mailbox, which hears
+// of it only by the op's completion (or the receive's error). zb-auto
+// keeps the message: it fires W's into the time an input is missing.
 #pragma once
 
 #include <caf/all.hpp>
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <vector>
 
 #include "actors/diagnostics/trace_marks.h"
@@ -186,16 +196,48 @@ class ShardActor : public caf::event_based_actor {
   int global_batch_ = 1;                             // and its global batch
   Pass pass_ = Pass::kTrain;
   std::vector<gpu::HostMirror> tokens_, targets_;  // per micro-batch, i32 (B, T)
-  // With links: the ops fired and not done whose input came by a link (by
-  // op id), for stall reports: what, from which rank, its receive's event
-  // and when it was posted.
-  struct LinkWait {
+  // The ops fired ahead of their input (by a link, or behind a gate the
+  // receive opens) this step, by op id, for stall reports: what, from which
+  // rank, whether it is there, since when it was posted.
+  struct AheadWait {
     comm::MessageKind kind;
     int from;
-    std::shared_ptr<gpu::Event> done;
+    bool link;
+    std::function<bool()> there;
     std::chrono::steady_clock::time_point since;
   };
-  std::map<int, LinkWait> link_waits_;
+  std::map<int, AheadWait> ahead_waits_;
+  // A receive posted ahead (shared with its completion): whether it has
+  // come, and the trace's wait for it, open until then.
+  class Landing {
+   public:
+    void wait(comm::trace::Recorder& recorder, const comm::trace::Event& e) {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (arrived_) return;
+      recorder_ = &recorder;
+      handle_ = recorder.open(e);
+    }
+    void arrive() {
+      std::lock_guard<std::mutex> lock(mu_);
+      arrived_ = true;
+      if (recorder_ != nullptr) recorder_->close(handle_);
+      recorder_ = nullptr;
+    }
+    bool there() {
+      std::lock_guard<std::mutex> lock(mu_);
+      return arrived_;
+    }
+
+   private:
+    std::mutex mu_;
+    bool arrived_ = false;
+    comm::trace::Recorder* recorder_ = nullptr;  // (the rank's: outlives its transport)
+    comm::trace::Recorder::Handle handle_ = comm::trace::Recorder::kNone;
+  };
+  // Whether this step's ops fire ahead of inputs that come through the
+  // transport: not zb-auto's training steps, whose rule needs to see the
+  // stream run dry while an input is missing.
+  bool fires_ahead() const;
 
   // Per chunk, the host side of what crosses the transport (by slot: the
   // received activation and output gradient, the sent output and input
@@ -266,7 +308,7 @@ class ShardActor : public caf::event_based_actor {
   bool params_posted_ = false;
   int params_expected_ = 0, params_arrived_ = 0;
   bool failed_ = false;
-  std::uint64_t progress_ = 0;  // ops completed and inputs arrived, over the run
+  std::uint64_t progress_ = 0;  // ops completed and inputs heard of, over the run
   std::string setup_error_;     // what makes the setup unusable ("" if nothing)
 
   // What the actor waits for (hang diagnosis).

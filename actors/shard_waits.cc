@@ -67,15 +67,14 @@ WaitReport ShardActor::report() const {
     const ScheduleOp& oldest = (*ops_)[static_cast<std::size_t>(fired_.front().op_id)];
     r.computing = describe(oldest);
     // Its stream waits for its input from a link: the wait is for the peer.
-    if (auto it = link_waits_.find(oldest.id);
-        it != link_waits_.end() && !it->second.done->query()) {
-      const LinkWait& w = it->second;
+    if (auto it = ahead_waits_.find(oldest.id); it != ahead_waits_.end() && !it->second.there()) {
+      const AheadWait& w = it->second;
       r.computing.clear();
       r.op_id = oldest.id;
       r.op = describe(oldest);
       r.waiting =
           absl::StrCat(w.kind == MessageKind::kActivation ? "the activation" : "the gradient",
-                       " from rank ", w.from, " (in its pipeline link)");
+                       " from rank ", w.from, w.link ? " (in its pipeline link)" : "");
       r.peer = w.from;
       r.since_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - w.since).count();
     }

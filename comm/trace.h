@@ -84,7 +84,7 @@ struct Event {
   std::int32_t seq = -1;   // collectives and phases: the rank's collective count
   Kind kind = Kind::kForward;
   What what = What::kNone;
-  std::uint8_t actor = 0;   // waits: 0 shard, 1 optimizer
+  std::uint8_t actor = 0;   // waits: 0 shard, 1 optimizer, 2 the compute stream (at a gate)
   std::uint8_t failed = 0;  // messages: completed with an error
   std::uint8_t eval = 0;    // forwards of an evaluation
 };

@@ -65,9 +65,12 @@ std::string trace_event_json(const trace::Event& e, bool open) {
       if (e.micro >= 0) absl::StrAppend(&out, ",\"contribution\":", e.micro);
       break;
     case trace::Kind::kWait:
-      absl::StrAppend(&out, ",\"actor\":\"", e.actor == 0 ? "shard" : "optimizer", "\",\"what\":\"",
-                      trace::what_name(e.what), "\",\"peer\":", e.peer, ",\"mb\":", e.micro,
-                      ",\"chunk\":", e.chunk);
+      absl::StrAppend(&out, ",\"actor\":\"",
+                      e.actor == 0   ? "shard"
+                      : e.actor == 1 ? "optimizer"
+                                     : "stream",
+                      "\",\"what\":\"", trace::what_name(e.what), "\",\"peer\":", e.peer,
+                      ",\"mb\":", e.micro, ",\"chunk\":", e.chunk);
       break;
     case trace::Kind::kStep:
       absl::StrAppend(&out, ",\"pass\":\"", trace::what_name(e.what), "\"");

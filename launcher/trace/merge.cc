@@ -222,7 +222,11 @@ Track track_of(const Event& ev) {
     case Kind::kOptimizer:
       return Track::kOptimizerStream;
     case Kind::kWait:
-      return ev.actor == "optimizer" ? Track::kOptimizerActor : Track::kShard;
+      // (The compute stream's waits at a gate, for an op's input, are on
+      // its own track, between its ops.)
+      return ev.actor == "optimizer" ? Track::kOptimizerActor
+             : ev.actor == "stream"  ? Track::kCompute
+                                     : Track::kShard;
     case Kind::kStep:
       return Track::kShard;
   }

@@ -227,5 +227,37 @@ TEST(TraceMerge, OverlappingMessagesGoToLanesSoSlicesNest) {
   EXPECT_EQ(flow_tid, (std::map<int, int>{{1, 5}, {2, 5001}, {3, 5}}));
 }
 
+// A wait is drawn on the track of whoever waits: the compute stream's at
+// an op's gate between its ops, the shard actor's and the optimizer
+// actor's on theirs.
+TEST(TraceMerge, AStreamsWaitAtAGateIsOnTheComputeTrack) {
+  RankFile r0{.h = {.rank = 0, .s = 0, .pp = 1}, .events = {}};
+  auto wait = [](const char* actor, double b, double e, const char* what) {
+    return json{{"k", "wait"},  {"b", b},    {"e", e},  {"step", 1}, {"actor", actor},
+                {"what", what}, {"peer", 1}, {"mb", 0}, {"chunk", 0}};
+  };
+  r0.add(wait("stream", 0, 4, "activation"));
+  r0.add(op("forward", 4, 10, 1, 0));
+  r0.add(wait("shard", 2, 12, "slot"));
+  r0.add(wait("optimizer", 1, 3, "gradients"));
+  Trace t = assemble({r0});
+  json j = json::parse(chrome_json(t, match_messages(t)));
+  std::map<std::string, int> tid;
+  std::map<int, std::string> thread_names;
+  for (const json& e : j["traceEvents"]) {
+    if (e["ph"] == "X") tid[e["name"]] = e["tid"];
+    if (e["ph"] == "M" && e["name"] == "thread_name") thread_names[e["tid"]] = e["args"]["name"];
+  }
+  ASSERT_EQ(tid.size(), 4u) << j.dump();
+  for (const auto& [name, id] : tid) {
+    const std::string expected =
+        name.find("forward") != std::string::npos || name.find("activation") != std::string::npos
+            ? "compute stream"
+        : name.find("slot") != std::string::npos ? "shard actor"
+                                                 : "optimizer actor";
+    EXPECT_EQ(thread_names[id], expected) << name;
+  }
+}
+
 }  // namespace
 }  // namespace troupe::launcher::trace
