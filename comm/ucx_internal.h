@@ -12,4 +12,13 @@ struct InProgress {
   ~InProgress() { in_progress = false; }
 };
 
+// Set while this thread posts its own operation from submit(): whatever
+// completes meanwhile (UCX may complete requests inside a post) is left for
+// the progress thread, never run inside the call that posted it.
+extern thread_local bool posting_here;
+struct PostingHere {
+  PostingHere() { posting_here = true; }
+  ~PostingHere() { posting_here = false; }
+};
+
 }  // namespace troupe::comm::ucx_internal

@@ -25,10 +25,12 @@ bool UcxTransport::progress_once(bool* idle) {
   auto* worker = static_cast<ucp_worker_h>(worker_);
   std::vector<Op*> queued;
   std::vector<std::unique_ptr<Op>> failed;
+  std::vector<std::pair<std::unique_ptr<Op>, absl::Status>> completed;
   std::vector<void*> cancel;
   {
     std::unique_lock<std::mutex> lock(mu_);
     queued.swap(to_post_);
+    completed.swap(to_complete_);  // while a caller posted
     // Operations failed outside UCX (fail_peer, cancel, refused posts).
     for (Op* op : to_fail_) {
       auto it = ops_.find(op);
@@ -72,15 +74,17 @@ bool UcxTransport::progress_once(bool* idle) {
           Op{this, op->peer, op->is_send, op->bytes, std::move(op->done), nullptr}));
       return true;
     });
-    *idle = ops_.empty() && queued.empty() && failed.empty();
+    *idle = ops_.empty() && queued.empty() && failed.empty() && completed.empty();
     if (*idle) return false;
   }
+  for (auto& [op, st] : completed) complete(op->done, std::move(st));
   // Cancels first: a post may progress UCX, which could complete (and
   // free) a request collected above.
   for (void* req : cancel) ucp_request_cancel(worker, req);
   post_queued(queued);
   for (auto& op : failed) complete(op->done, absl::OkStatus());  // wrapped: reports the failure
-  return ucp_worker_progress(worker) != 0 || !queued.empty() || !failed.empty();
+  return ucp_worker_progress(worker) != 0 || !queued.empty() || !failed.empty() ||
+         !completed.empty();
 }
 
 bool UcxTransport::poll() {
@@ -101,16 +105,16 @@ bool UcxTransport::wait_for_event(std::chrono::microseconds max) {
   if (event_fd_ < 0 || wake_fd_ < 0 || in_progress) return false;
   {
     // Another thread progressing will complete what we wait for and tell us
-    // (false: the caller sleeps on its own condition variable).
-    std::unique_lock<std::mutex> lock(worker_mu_, std::try_to_lock);
-    if (!lock.owns_lock()) return false;
+    // (false: the caller sleeps on its own condition variable). The worker
+    // stays ours until we are counted asleep: a caller posting its own
+    // operation (post_here) in between would not know to wake us.
+    std::unique_lock<std::mutex> worker(worker_mu_, std::try_to_lock);
+    if (!worker.owns_lock()) return false;
     const ucs_status_t st = ucp_worker_arm(static_cast<ucp_worker_h>(worker_));
     if (st == UCS_ERR_BUSY) return true;  // events to progress first
     if (st != UCS_OK) return false;
-  }
-  {
     std::lock_guard<std::mutex> lock(mu_);
-    if (!to_post_.empty() || !to_fail_.empty()) return true;  // work of our own
+    if (work_queued_locked()) return true;  // work of our own
     sleepers_++;  // from here on submit() and fail_where() wake us through wake_fd_
   }
   pollfd fds[2] = {{event_fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
@@ -151,7 +155,7 @@ void UcxTransport::drive_end() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     drivers_--;
-    wake = drivers_ == 0 && (!ops_.empty() || !to_post_.empty() || !to_fail_.empty());
+    wake = drivers_ == 0 && (!ops_.empty() || work_queued_locked());
   }
   if (wake) cv_.notify_all();
 }
@@ -179,7 +183,8 @@ void UcxTransport::progress_loop() {
     if (stop_) return;
     if (idle) {
       std::unique_lock<std::mutex> lock(mu_);
-      if (to_post_.empty() && to_fail_.empty() && !stop_) {
+      // (An operation a caller posted since is in ops_, not queued.)
+      if (ops_.empty() && !work_queued_locked() && !stop_) {
         cv_.wait_for(lock, std::chrono::milliseconds(100));  // idle: no core burnt
       }
       continue;
@@ -200,7 +205,7 @@ void UcxTransport::progress_loop() {
       std::this_thread::yield();
     } else if (!wait_for_event(std::chrono::milliseconds(5))) {
       std::unique_lock<std::mutex> lock(mu_);
-      if (to_post_.empty() && to_fail_.empty()) cv_.wait_for(lock, std::chrono::microseconds(50));
+      if (!work_queued_locked()) cv_.wait_for(lock, std::chrono::microseconds(50));
     }
   }
 }

@@ -50,7 +50,8 @@ bool single_copy_possible() {
 
 }  // namespace
 
-// UCX completion callbacks (progress thread, inside ucp_worker_progress).
+// UCX completion callbacks (inside ucp_worker_progress or a post, on the
+// worker's holder; finish() defers them while a caller posts its own).
 void ucx_send_done(void* request, int status, void* user) {
   auto* op = static_cast<UcxTransport::Op*>(user);
   ucp_request_free(request);
@@ -158,6 +159,7 @@ absl::StatusOr<std::unique_ptr<UcxTransport>> UcxTransport::create(int rank, int
 
 // (ucx_internal.h: the mark of a thread inside progress_once.)
 thread_local bool ucx_internal::in_progress = false;
+thread_local bool ucx_internal::posting_here = false;
 
 // Every operation still pending completes (Aborted) before UCX goes (a
 // regression: they were once dropped, their callbacks never run, and their
@@ -326,40 +328,80 @@ std::size_t UcxTransport::pending_operations() {
   return ops_.size();
 }
 
-// Callers only queue operations; whoever holds worker_mu_ (the progress
-// thread, or a caller driving progress) posts them to UCX, so the worker is
-// used by one thread at a time and no completion can race a cancel.
+// Operations are queued, and posted to UCX by whoever holds worker_mu_, so
+// the worker is used by one thread at a time and no completion can race a
+// cancel: the calling thread itself where it can take the worker at once
+// (a pipeline's send leaves without waking the progress thread first: that
+// wake-up was on every hop's path), else the progress thread or a caller
+// driving progress.
 std::uint64_t UcxTransport::submit(std::unique_ptr<Op> owned) {
   Op* op = owned.get();
-  std::lock_guard<std::mutex> lock(mu_);
-  op->id = next_id_++;
-  ops_[op] = std::move(owned);
-  absl::Status refuse;
-  if (closing_) {
-    refuse = absl::AbortedError(absl::StrCat("rank ", rank_, "'s UCX transport is shutting down"));
-  } else if (op->peer < 0 || op->peer >= size_ || eps_.empty()) {
-    refuse = absl::InvalidArgumentError(absl::StrCat(op->is_send ? "send to" : "receive from",
-                                                     " rank ", op->peer, ": no such rank"));
-  } else if (!failed_[static_cast<std::size_t>(op->peer)].ok()) {
-    refuse = failed_[static_cast<std::size_t>(op->peer)];
-  } else if (op->token && op->token->cancelled) {
-    refuse = absl::CancelledError("operation posted after its communicator was aborted");
+  std::uint64_t id = 0;
+  bool here = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    id = op->id = next_id_++;
+    ops_[op] = std::move(owned);
+    absl::Status refuse;
+    if (closing_) {
+      refuse =
+          absl::AbortedError(absl::StrCat("rank ", rank_, "'s UCX transport is shutting down"));
+    } else if (op->peer < 0 || op->peer >= size_ || eps_.empty()) {
+      refuse = absl::InvalidArgumentError(absl::StrCat(op->is_send ? "send to" : "receive from",
+                                                       " rank ", op->peer, ": no such rank"));
+    } else if (!failed_[static_cast<std::size_t>(op->peer)].ok()) {
+      refuse = failed_[static_cast<std::size_t>(op->peer)];
+    } else if (op->token && op->token->cancelled) {
+      refuse = absl::CancelledError("operation posted after its communicator was aborted");
+    }
+    if (!refuse.ok()) {
+      op->finished = true;
+      op->done = [d = std::move(op->done), refuse](absl::Status) { d(refuse); };
+      to_fail_.push_back(op);
+    } else {
+      to_post_.push_back(op);
+    }
+    // (Not from inside a callback, which holds the worker already, nor
+    // while callers drive progress: they post it at their next poll.)
+    here = refuse.ok() && drivers_ == 0 && !ucx_internal::in_progress;
+    // The progress thread needs waking only when no caller drives progress (a
+    // wake-up per operation of a driven collective cost ~5 us each in context
+    // switches on the driver's core); a driver only if it sleeps.
+    if (!here) wake_locked();
   }
-  if (!refuse.ok()) {
-    op->finished = true;
-    op->done = [d = std::move(op->done), refuse](absl::Status) { d(refuse); };
-    to_fail_.push_back(op);
-  } else {
-    to_post_.push_back(op);
-  }
-  // The progress thread needs waking only when no caller drives progress (a
-  // wake-up per operation of a driven collective cost ~5 us each in context
-  // switches on the driver's core); a driver only if it sleeps.
-  wake_locked();
-  return op->id;
+  if (here) post_here();
+  return id;
 }
 
-// Progress thread: hands queued operations to UCX.
+void UcxTransport::post_here() {
+  {
+    std::unique_lock<std::mutex> worker(worker_mu_, std::try_to_lock);
+    if (worker.owns_lock()) {
+      std::vector<Op*> queued;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        queued.swap(to_post_);
+      }
+      ucx_internal::PostingHere mark;
+      post_queued(queued);
+    }
+  }
+  // Its completion (and anything else) is the progress thread's to run.
+  std::lock_guard<std::mutex> lock(mu_);
+  wake_locked();
+}
+
+void UcxTransport::complete_or_defer(std::unique_ptr<Op> op, absl::Status st) {
+  if (ucx_internal::posting_here) {
+    std::lock_guard<std::mutex> lock(mu_);
+    to_complete_.emplace_back(std::move(op), std::move(st));
+    return;
+  }
+  complete(op->done, std::move(st));
+}
+
+// Hands queued operations to UCX (the worker's holder: the progress thread,
+// a driver, or a caller posting its own).
 void UcxTransport::post_queued(std::vector<Op*>& queued) {
   auto* worker = static_cast<ucp_worker_h>(worker_);
   for (Op* op : queued) {
@@ -411,12 +453,15 @@ void UcxTransport::post_queued(std::vector<Op*>& queued) {
         op->request = req;  // for ucp_request_cancel
       }
     }
-    if (completed) complete(completed->done, std::move(completed->post_status));
+    if (completed) {
+      absl::Status st = std::move(completed->post_status);
+      complete_or_defer(std::move(completed), std::move(st));
+    }
   }
 }
 
 // Called on the progress thread by UCX's completion callbacks.
-void UcxTransport::finish(Op* op, absl::Status st) {
+void UcxTransport::finish(Op* op, absl::Status st) {  // inside UCX's progress or a post
   std::unique_ptr<Op> owned;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -445,7 +490,8 @@ void UcxTransport::finish(Op* op, absl::Status st) {
     owned = std::move(it->second);
     ops_.erase(it);
   }
-  complete(owned->done, std::move(st));  // a failed op's callback ignores `st`, reports the failure
+  // (A failed op's callback ignores `st`: it reports the failure.)
+  complete_or_defer(std::move(owned), std::move(st));
 }
 
 // Marks the selected operations failed; the progress thread runs their

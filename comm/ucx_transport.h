@@ -26,7 +26,9 @@
 // pending and later (Internal, naming the exception), instead of ending the
 // process.
 //
-// Callers queue operations; a progress thread posts them, polls UCX while
+// A caller posts its own operation where it can take the worker at once
+// (what completes during that post is the progress thread's to report);
+// otherwise it queues it and a progress thread posts it. That thread polls UCX while
 // any are in flight (yielding the core between polls, then backing off after
 // ~10 ms of quiet) and sleeps on a condition variable when nothing is
 // pending, so an idle transport burns no core. A collective's thread may
@@ -179,7 +181,16 @@ class UcxTransport final : public Transport {
                         std::shared_ptr<CancelToken> token);
   friend class SingleCopySource;
   void post_queued(std::vector<Op*>& queued);
-  void finish(Op* op, absl::Status st);  // progress thread only
+  // Posts what is queued on the calling thread if it can take the worker
+  // at once (submit's fast path), then wakes the progress thread.
+  void post_here();
+  // Runs a completion's callback, or leaves it to the progress thread
+  // (posting_here).
+  void complete_or_defer(std::unique_ptr<Op> op, absl::Status st);
+  bool work_queued_locked() const {  // holds mu_
+    return !to_post_.empty() || !to_fail_.empty() || !to_complete_.empty();
+  }
+  void finish(Op* op, absl::Status st);  // the worker's holder, inside UCX
   template <typename Pred>
   void fail_where(Pred pred, const absl::Status& why, bool wait_for_ucx);
   friend void ucx_send_done(void*, int, void*);
@@ -201,8 +212,10 @@ class UcxTransport final : public Transport {
   int sleepers_ = 0;  // drivers asleep in wait_for_event (guarded by mu_)
   int wake_fd_ = -1;  // eventfd that wakes them
   std::unordered_map<Op*, std::unique_ptr<Op>> ops_;
-  std::vector<Op*> to_post_;          // queued for the progress thread to post
-  std::vector<Op*> to_fail_;          // failed by fail_peer/cancel, callbacks not yet run
+  std::vector<Op*> to_post_;  // queued for the progress thread to post
+  std::vector<Op*> to_fail_;  // failed by fail_peer/cancel, callbacks not yet run
+  // Completed while a caller posted (posting_here), callbacks not yet run.
+  std::vector<std::pair<std::unique_ptr<Op>, absl::Status>> to_complete_;
   std::vector<Op*> deferred_;         // cancelled, waiting for UCX to let go (bounded)
   std::vector<absl::Status> failed_;  // per peer
   std::uint64_t next_id_ = 1;         // guarded by mu_

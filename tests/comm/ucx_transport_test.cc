@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <future>
 #include <stdexcept>
 #include <thread>
@@ -195,6 +196,42 @@ TEST_F(UcxSingleCopy, BytesAreCountedPerPeerAndDescribed) {
   EXPECT_EQ(to_0.find('?'), std::string::npos) << lanes;
   EXPECT_EQ(lanes.find("single copy", copy + want_copy.size()), std::string::npos)
       << "rank 1's own entry says nothing of single copy: " << lanes;
+}
+
+// A caller posts its own operation to UCX (no hop through the progress
+// thread), yet its completion never runs inside the call that posted it,
+// even where UCX completes it inside the post: a receive of a message that
+// has already come, a small send. Many rounds, both orders.
+TEST(UcxTransportLifetime, ACompletionNeverRunsInsideThePostingCall) {
+  auto p = connected_pair();
+  thread_local bool posting = false;
+  std::atomic<int> inside{0}, done{0};
+  auto check = [&](absl::Status st) {
+    EXPECT_TRUE(st.ok()) << st;
+    if (posting) inside++;
+    done++;
+  };
+  auto post = [&](auto&& call) {
+    posting = true;
+    call();
+    posting = false;
+  };
+  constexpr int kRounds = 200;
+  std::vector<char> a(4096, 'q'), b(4096);
+  for (int i = 0; i < kRounds; i++) {
+    const Tag tag = 100 + static_cast<Tag>(i);
+    if (i % 2 == 0) {
+      post([&] { at(p, 0).send(1, tag, a.data(), a.size(), check); });
+      std::this_thread::sleep_for(std::chrono::microseconds(200));  // it has come
+      post([&] { at(p, 1).recv(0, tag, b.data(), b.size(), check); });
+    } else {
+      post([&] { at(p, 1).recv(0, tag, b.data(), b.size(), check); });
+      post([&] { at(p, 0).send(1, tag, a.data(), a.size(), check); });
+    }
+    while (done.load() < 2 * (i + 1)) std::this_thread::yield();
+  }
+  EXPECT_EQ(inside.load(), 0);
+  EXPECT_EQ(b[4095], 'q');
 }
 
 // Destroying a transport completes every pending operation (they were once
