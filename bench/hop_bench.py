@@ -14,6 +14,14 @@ the slope of the step time over pp, halved, is one hop. Measured
   cross_process_us  `troupe launch --pp P`: a worker process a stage, over UCX
 
 at pp 1, 2, 4 and 8, each point the median step of R runs' medians. The
+slope holds everything a stage adds to a step, not only its hops: its
+part of the step's start, its gradient buckets, its optimizer partition
+and the parameters' way back, which on a 2-core host are serialised with
+the hops. So the hop itself is also read from a trace of the pp 8 runs
+(`--trace`): the time from an op's end on one stage to the next stage's
+op's start, forwards and backwards, the median over every hop of R runs
+(`direct_in_process_us`, `direct_cross_process_us`, on a line of their
+own; the trace's own cost, a few recorder calls a hop, is in them). The
 floor, measured in the same run:
 
   ucx_one_way_us    UCX's own one-way tag latency for the same bytes between
@@ -64,14 +72,54 @@ def median_step_us(cmd, metrics):
     return statistics.median(row["step_s"] for row in rows[SKIP:]) * 1e6
 
 
-def hop_us(command, size):
+def flags_for(size, pp):
     T = size // (4 * C)
+    return ["--model", "tiny", "--layers", "8", "--channels", str(C), "--heads", "1",
+            "--seq-len", str(T), "--vocab-size", "16", "--make-vocab-size-divisible-by", "1",
+            "--micro-batch-size", "1", "--global-batch-size", "1", "--pp", str(pp),
+            "--debug-op-cost", "0:0:0", "--steps", str(args.steps)]
+
+
+def traced_hops_us(command, size, pp):
+    """Every hop of a traced run's steps after SKIP: an op's end on one
+    stage to the next stage's op's start (forward: s to s+1, backward:
+    s+1 to s), in us."""
+    tag = f"{command}-{size}-traced"
+    trace = f"{WORK}/{tag}-trace"
+    extra = ["--run-dir", f"{WORK}/{tag}"] if command == "launch" else []
+    r = subprocess.run([args.troupe, command, *flags_for(size, pp), "--trace", trace,
+                        "--trace-steps", f"{SKIP}:{args.steps}", *extra],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if r.returncode != 0:
+        sys.exit(f"hop_bench: failed: traced {command}\n{r.stdout[-3000:]}")
+    ops = {}
+    for rank in range(pp):
+        with open(f"{trace}/rank-{rank:05d}.trace.jsonl") as f:
+            for line in list(f)[1:]:
+                e = json.loads(line)
+                if e["k"] in ("forward", "backward"):
+                    ops[(rank, e["step"], e["k"])] = e
+    hops = []
+    for step in sorted({k[1] for k in ops}):
+        for s in range(pp - 1):
+            for kind, src, dst in (("forward", s, s + 1), ("backward", s + 1, s)):
+                a, b = ops.get((src, step, kind)), ops.get((dst, step, kind))
+                if a and b:
+                    hops.append((b["b"] - a["e"]) / 1e3)
+    return hops
+
+
+def direct_hop_us(command, size):
+    hops = []
+    for _ in range(args.reps):
+        hops += traced_hops_us(command, size, STAGES[-1])
+    return statistics.median(hops), statistics.quantiles(hops, n=10)
+
+
+def hop_us(command, size):
     points = []
     for pp in STAGES:
-        flags = ["--model", "tiny", "--layers", "8", "--channels", str(C), "--heads", "1",
-                 "--seq-len", str(T), "--vocab-size", "16", "--make-vocab-size-divisible-by", "1",
-                 "--micro-batch-size", "1", "--global-batch-size", "1", "--pp", str(pp),
-                 "--debug-op-cost", "0:0:0", "--steps", str(args.steps)]
+        flags = flags_for(size, pp)
         runs = []
         for k in range(args.reps):
             tag = f"{command}-{size}-pp{pp}-{k}"
@@ -97,17 +145,29 @@ for size in (int(s) for s in args.sizes.split(",")):
     in_process = hop_us("train", size)
     cross_process = hop_us("launch", size)
     ucx = statistics.median(perftest("tag_lat", size)[0] for _ in range(args.reps))
+    direct = {}
+    for command in ("train", "launch"):
+        median, deciles = direct_hop_us(command, size)
+        direct[command] = median
+        emit(bench="hop_direct", command=command, activation_bytes=size, pp=STAGES[-1],
+             median_us=round(median, 2), p10_us=round(deciles[0], 2), p90_us=round(deciles[-1], 2))
+    emit(bench="hop_direct", activation_bytes=size,
+         direct_in_process_us=round(direct["train"], 2),
+         direct_cross_process_us=round(direct["launch"], 2))
     row = {"hop_bytes": size, "in_process_us": round(in_process, 2),
            "cross_process_us": round(cross_process, 2), "ucx_one_way_us": round(ucx, 2),
            "wakeup_us": round(wakeup, 2)}
-    rows.append(row)
+    rows.append(dict(row, direct_in=direct["train"], direct_across=direct["launch"]))
     print(json.dumps(row), flush=True)
 
 print()
-print(f"{'bytes':>9s} {'in process':>11s} {'across':>8s} {'UCX 1-way':>10s} {'wake-up':>8s} "
-      f"{'across - floor':>15s}")
+print("slope: a stage's whole cost to a step, per hop; traced: the hop itself (median)")
+print(f"{'bytes':>9s} {'in process':>20s} {'across':>20s} {'UCX 1-way':>10s} {'wake-up':>8s} "
+      f"{'traced across - floor':>22s}")
+print(f"{'':9s} {'slope':>10s} {'traced':>9s} {'slope':>10s} {'traced':>9s}")
 for r in rows:
     floor = r["ucx_one_way_us"] + r["wakeup_us"]
-    print(f"{r['hop_bytes']:9d} {r['in_process_us']:9.1f}us {r['cross_process_us']:6.1f}us "
-          f"{r['ucx_one_way_us']:8.1f}us {r['wakeup_us']:6.1f}us {r['cross_process_us'] - floor:13.1f}us")
+    print(f"{r['hop_bytes']:9d} {r['in_process_us']:8.1f}us {r['direct_in']:7.1f}us "
+          f"{r['cross_process_us']:8.1f}us {r['direct_across']:7.1f}us "
+          f"{r['ucx_one_way_us']:8.1f}us {r['wakeup_us']:6.1f}us {r['direct_across'] - floor:20.1f}us")
 print("targets (4 KiB): in process < 20 us, across processes < 60 us")
