@@ -209,10 +209,10 @@ class UcxTransport final : public Transport {
   std::mutex mu_;
   std::condition_variable cv_;
   int drivers_ = 0;   // threads driving progress themselves (guarded by mu_)
-  int sleepers_ = 0;  // drivers asleep in wait_for_event (guarded by mu_)
+  int sleepers_ = 0;  // asleep in wait_for_event: drivers, the progress thread (mu_)
   int wake_fd_ = -1;  // eventfd that wakes them
   std::unordered_map<Op*, std::unique_ptr<Op>> ops_;
-  std::vector<Op*> to_post_;  // queued for the progress thread to post
+  std::vector<Op*> to_post_;  // queued for the worker's next holder to post
   std::vector<Op*> to_fail_;  // failed by fail_peer/cancel, callbacks not yet run
   // Completed while a caller posted (posting_here), callbacks not yet run.
   std::vector<std::pair<std::unique_ptr<Op>, absl::Status>> to_complete_;

@@ -90,7 +90,10 @@ class Stream {
   // the stream before its input has arrived, so that its arrival starts it
   // without a hop through the actor. Null where the stream cannot wait for
   // the host without blocking a thread others need (CUDA: its host
-  // functions share one thread); has_gates() says.
+  // functions share one thread); has_gates() says. A gate whose openers
+  // are all dropped uncalled opens as Cancelled; a stream that has failed,
+  // or is being destroyed, goes past a closed gate (skipping the ops
+  // behind it, running the rest), so nothing waits on it forever.
   virtual bool has_gates() { return false; }
   virtual GateOpener gate() { return nullptr; }
 

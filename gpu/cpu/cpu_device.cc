@@ -101,8 +101,8 @@ class Opener {
 
 GateOpener CpuStream::gate() {
   auto g = std::make_shared<GateState>();
+  auto opener = std::make_shared<Opener<Sync, GateState>>(g, sync_);  // (before: it may throw)
   enqueue(Task(g));
-  auto opener = std::make_shared<Opener<Sync, GateState>>(g, sync_);
   return [opener](absl::Status st) { opener->open(std::move(st)); };
 }
 

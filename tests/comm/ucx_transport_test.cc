@@ -222,13 +222,19 @@ TEST(UcxTransportLifetime, ACompletionNeverRunsInsideThePostingCall) {
     const Tag tag = 100 + static_cast<Tag>(i);
     if (i % 2 == 0) {
       post([&] { at(p, 0).send(1, tag, a.data(), a.size(), check); });
-      std::this_thread::sleep_for(std::chrono::microseconds(200));  // it has come
+      // It has come, and rank 1's worker has taken it in (unexpected).
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+      for (int k = 0; k < 3; k++) p.t[1]->poll();
       post([&] { at(p, 1).recv(0, tag, b.data(), b.size(), check); });
     } else {
       post([&] { at(p, 1).recv(0, tag, b.data(), b.size(), check); });
       post([&] { at(p, 0).send(1, tag, a.data(), a.size(), check); });
     }
-    while (done.load() < 2 * (i + 1)) std::this_thread::yield();
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (done.load() < 2 * (i + 1) && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::yield();
+    }
+    ASSERT_EQ(done.load(), 2 * (i + 1)) << "a completion never came, round " << i;
   }
   EXPECT_EQ(inside.load(), 0);
   EXPECT_EQ(b[4095], 'q');
