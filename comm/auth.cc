@@ -15,7 +15,7 @@
 namespace troupe::comm {
 namespace {
 
-constexpr std::uint32_t kMagic = 0x41505254;  // "TRPA"
+constexpr std::uint32_t kAuthMagic = 0x41505254;  // "TRPA"
 constexpr std::uint32_t kVersion = 1;
 using Nonce = std::array<unsigned char, 32>;
 using Mac = std::array<unsigned char, 32>;
@@ -59,7 +59,7 @@ absl::StatusOr<std::string> new_job_token() {
 }
 
 absl::StatusOr<std::string> send_challenge(int fd, SteadyTime deadline) {
-  Challenge c{kMagic, kVersion, {}};
+  Challenge c{kAuthMagic, kVersion, {}};
   if (absl::Status st = random_nonce(&c.nonce); !st.ok()) return st;
   if (absl::Status st = write_full(fd, &c, sizeof c, deadline); !st.ok()) return st;
   return std::string(reinterpret_cast<const char*>(c.nonce.data()), c.nonce.size());
@@ -74,7 +74,7 @@ absl::StatusOr<std::string> answer_proof(const std::string& token, const std::st
   std::memcpy(mine.data(), nonce.data(), mine.size());
   Answer a{};
   std::memcpy(&a, answer.data(), sizeof a);
-  if (a.magic != kMagic || a.version != kVersion)
+  if (a.magic != kAuthMagic || a.version != kVersion)
     return absl::PermissionDeniedError("not a troupe handshake");
   if (!equal(a.mac, mac_of(token, "troupe client", mine, a.nonce)))
     return absl::PermissionDeniedError("the job token does not match");
@@ -100,9 +100,9 @@ absl::Status accept_proof(int fd, const std::string& token, SteadyTime deadline)
 absl::Status prove_token(int fd, const std::string& token, SteadyTime deadline) {
   Challenge c{};
   if (absl::Status st = read_full(fd, &c, sizeof c, deadline); !st.ok()) return st;
-  if (c.magic != kMagic || c.version != kVersion)
+  if (c.magic != kAuthMagic || c.version != kVersion)
     return absl::PermissionDeniedError("the listener is not a troupe job");
-  Answer a{kMagic, kVersion, {}, {}};
+  Answer a{kAuthMagic, kVersion, {}, {}};
   if (absl::Status st = random_nonce(&a.nonce); !st.ok()) return st;
   a.mac = mac_of(token, "troupe client", c.nonce, a.nonce);
   if (absl::Status st = write_full(fd, &a, sizeof a, deadline); !st.ok()) return st;

@@ -27,7 +27,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 enum MsgType : std::uint32_t { kHello = 1, kTable = 2, kDead = 3, kFin = 4, kFinAck = 5 };
-constexpr std::uint32_t kMagic = 0x42505254;  // "TRPB"
+constexpr std::uint32_t kBootstrapMagic = 0x42505254;  // "TRPB"
 // Payloads are worker addresses and their table: far below this.
 constexpr std::uint64_t kMaxPayload = 64u << 20;
 // How long a new connection has to say its hello.
@@ -43,14 +43,14 @@ struct Header {
 
 absl::Status send_msg(int fd, MsgType type, int rank, Clock::time_point deadline,
                       const std::string& payload = "") {
-  Header h{kMagic, type, rank, 0, payload.size()};
+  Header h{kBootstrapMagic, type, rank, 0, payload.size()};
   absl::Status st = write_full(fd, &h, sizeof h, deadline);
   return st.ok() ? write_full(fd, payload.data(), payload.size(), deadline) : st;
 }
 
 absl::Status recv_msg(int fd, Header* h, std::string* payload, Clock::time_point deadline) {
   if (absl::Status st = read_full(fd, h, sizeof *h, deadline); !st.ok()) return st;
-  if (h->magic != kMagic) return absl::DataLossError("not a troupe bootstrap message");
+  if (h->magic != kBootstrapMagic) return absl::DataLossError("not a troupe bootstrap message");
   if (h->len > kMaxPayload)
     return absl::DataLossError(
         absl::StrCat("a message of ", h->len, " bytes (at most ", kMaxPayload, ")"));
@@ -178,7 +178,8 @@ absl::Status Bootstrap::accept_ranks(Clock::time_point deadline) {
     if (!p.proved || p.got.size() < sizeof(Header)) return absl::OkStatus();
     Header h{};
     std::memcpy(&h, p.got.data(), sizeof h);
-    if (h.magic != kMagic || h.type != kHello || h.len != 0 || h.rank <= 0 || h.rank >= size_) {
+    if (h.magic != kBootstrapMagic || h.type != kHello || h.len != 0 || h.rank <= 0 ||
+        h.rank >= size_) {
       return absl::InvalidArgumentError(
           absl::StrCat("bad hello (type ", h.type, ", rank ", h.rank, " of ", size_, ")"));
     }

@@ -30,7 +30,7 @@ namespace control_internal {
 using Clock = std::chrono::steady_clock;
 
 enum Kind : std::uint32_t { kData = 1, kHeartbeat = 2, kHello = 3, kBye = 4 };
-constexpr std::uint32_t kMagic = 0x43505254;  // "TRPC"
+constexpr std::uint32_t kControlMagic = 0x43505254;  // "TRPC"
 constexpr std::size_t kMaxHello = 64u << 10;
 // Connections still proving the token at once; more are closed at accept.
 constexpr std::size_t kMaxPending = 256;
@@ -65,7 +65,7 @@ struct Conn {
   // One whole frame, or an error (the connection is then useless).
   absl::Status send(Kind kind, absl::string_view payload, Clock::time_point deadline) {
     std::string buf(sizeof(Header) + payload.size(), '\0');
-    const Header h{kMagic, kind, payload.size()};
+    const Header h{kControlMagic, kind, payload.size()};
     std::memcpy(buf.data(), &h, sizeof h);
     if (!payload.empty()) std::memcpy(buf.data() + sizeof h, payload.data(), payload.size());
     std::lock_guard<std::mutex> lock(write_mu);
@@ -80,7 +80,7 @@ struct Conn {
   bool heartbeat() {
     std::unique_lock<std::mutex> lock(write_mu, std::try_to_lock);
     if (!lock.owns_lock() || closed) return true;  // a frame is being written: as good
-    const Header h{kMagic, kHeartbeat, 0};
+    const Header h{kControlMagic, kHeartbeat, 0};
     const ssize_t n = ::send(fd, &h, sizeof h, MSG_DONTWAIT | MSG_NOSIGNAL);
     if (n == static_cast<ssize_t>(sizeof h)) sent = Clock::now().time_since_epoch().count();
     return n < 0 ? errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR
@@ -133,7 +133,7 @@ absl::StatusOr<std::optional<ControlFrame>> take_control_frame(std::string* buff
   if (buffer->size() < sizeof(Header)) return std::optional<ControlFrame>();
   Header h{};
   std::memcpy(&h, buffer->data(), sizeof h);
-  if (h.magic != control_internal::kMagic || h.kind < control_internal::kData ||
+  if (h.magic != control_internal::kControlMagic || h.kind < control_internal::kData ||
       h.kind > control_internal::kBye)
     return absl::DataLossError("not a troupe control frame");
   if (h.len > max)

@@ -243,21 +243,26 @@ absl::Status load_weights_slice(const std::string& path, const GptConfig& config
     }
     const SafetensorsEntry& e = *entry[spec.name];
     if (absl::Status st = f->read(e, &bytes); !st.ok()) return st;
-    full.assign(static_cast<std::size_t>(w->numel()), 0.0f);
-    if (absl::Status st = load_param(*f, e, bytes.data(), *w, full.data()); !st.ok()) return st;
+    // An unsliced tensor is converted straight into its place; a TP slice
+    // takes its elements from the whole tensor.
+    float* dst = params + spec.offset;
+    const bool whole_tensor = spec.replicated();
+    full.resize(whole_tensor ? 0 : static_cast<std::size_t>(w->numel()));
+    float* into = whole_tensor ? dst : full.data();
+    if (absl::Status st = load_param(*f, e, bytes.data(), *w, into); !st.ok()) return st;
     if (spec.name == "wte.weight" && lm_head != nullptr) {
       // The LM head is tied to the token embedding; accept it only if equal.
-      std::vector<float> head(full.size());
+      std::vector<float> head(static_cast<std::size_t>(w->numel()));
       if (absl::Status st = f->read(*lm_head, &bytes); !st.ok()) return st;
       if (absl::Status st = load_param(*f, *lm_head, bytes.data(), *w, head.data()); !st.ok()) {
         return st;
       }
-      if (std::memcmp(head.data(), full.data(), head.size() * sizeof(float)) != 0) {
+      if (std::memcmp(head.data(), into, head.size() * sizeof(float)) != 0) {
         return absl::InvalidArgumentError(absl::StrCat(
             path, ": tensor '", lm_head->name, "' differs from wte.weight; troupe ties them"));
       }
     }
-    float* dst = params + spec.offset;
+    if (whole_tensor) continue;
     for (std::int64_t i = 0; i < spec.numel(); i++)
       dst[i] = full[static_cast<std::size_t>(spec.global_index(i))];
   }

@@ -132,7 +132,7 @@ troupe("preprocess", "--input", os.path.join(ROOT, "tests/data/mini_pile.jsonl")
        "--output-prefix", f"{WORK}/mini", "--vocab-file", f"{VOCAB}/encoder.json",
        "--merge-file", f"{VOCAB}/vocab.bpe", "--append-eod", "--workers", "1")
 prefix = f"{WORK}/mini_text_document"
-N, S, T = 1200, 64, 256
+N, S, T = 640, 64, 256
 ids = np.fromfile(prefix + ".bin", dtype=np.uint16)[:N].astype(np.int64)
 nll, scored = 0.0, 0
 targets = N - 1
