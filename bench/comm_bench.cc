@@ -101,14 +101,17 @@ int p2p(int rank, troupe::comm::Transport& t, std::size_t min_bytes, std::size_t
 }
 
 int allreduce(int rank, int size, troupe::comm::Transport& t, std::size_t min_bytes,
-              std::size_t max_bytes, const troupe::comm::CommunicatorOptions& options) {
+              std::size_t max_bytes, const troupe::comm::CommunicatorOptions& options,
+              int fixed_iters) {
   std::vector<int> ranks(static_cast<std::size_t>(size));
   for (int i = 0; i < size; i++) ranks[static_cast<std::size_t>(i)] = i;
   troupe::comm::Communicator c(t, ranks, troupe::comm::GroupKind::kWorld, options);
   std::vector<float> x(max_bytes / 4, 1.0f);
   for (std::size_t bytes = min_bytes; bytes <= max_bytes; bytes *= 4) {
     const std::size_t n = bytes / 4;
-    const int iters = static_cast<int>(std::clamp<std::size_t>((512u << 20) / bytes, 3, 200));
+    const int iters = fixed_iters > 0
+                          ? fixed_iters
+                          : static_cast<int>(std::clamp<std::size_t>((512u << 20) / bytes, 3, 200));
     if (!c.all_reduce_sync(x.data(), n).ok()) return 1;  // warm-up
     float one = 0;
     (void)c.all_reduce_sync(&one, 1);  // line up the ranks
@@ -148,11 +151,17 @@ int main(int argc, char** argv) {
   app.add_option("--min-bytes", min_bytes);
   app.add_option("--max-bytes", max_bytes);
   int bind_core = -1;
+  int iters = 0;
+  app.add_option("--iters", iters,
+                 "All-reduces timed at each size (0: 512 MiB worth, 3 to 200; more for a profile)");
   troupe::comm::CommunicatorOptions options;
   app.add_option("--slice-bytes", options.slice_bytes, "Ring/chain pipelining granularity")
       ->capture_default_str();
   app.add_option("--read-piece-bytes", options.read_piece_bytes,
                  "Pieces in which a received slice is read and added")
+      ->capture_default_str();
+  app.add_option("--direct-max-bytes", options.direct_max_bytes,
+                 "All-reduce by direct exchange up to this size")
       ->capture_default_str();
   app.add_option("--halving-max-bytes", options.halving_max_bytes,
                  "All-reduce by recursive halving/doubling up to this size (p a power of two)")
@@ -176,7 +185,7 @@ int main(int argc, char** argv) {
   }
   troupe::comm::Transport& t = *w->transport;
   const int rc = mode == "p2p" ? p2p(rank, t, min_bytes, max_bytes)
-                               : allreduce(rank, size, t, min_bytes, max_bytes, options);
+                               : allreduce(rank, size, t, min_bytes, max_bytes, options, iters);
   (void)w->bootstrap->finish();
   return rc;
 }
