@@ -75,7 +75,7 @@ absl::StatusOr<Device> Cluster::device(int ranks_on_node, Precision precision,
     d.compute = it->second;
     d.optimizer = by_threads.begin()->second;  // the fewest threads calibrated: 1 by default
     if (ranks_on_node > cores) {
-      d.compute.slowdown = d.optimizer.slowdown = static_cast<double>(ranks_on_node) / cores;
+      d.core_share = d.optimizer.slowdown = static_cast<double>(ranks_on_node) / cores;
     }
     d.intra = ucx_transport ? ucx : inproc;
     d.inter = ucx;

@@ -69,7 +69,7 @@ struct Compute {
   double reference_attention_fwd_flops = 0, reference_attention_bwd_flops = 0;  // reference
   double memory_bytes_per_s = 1;                     // any family not listed below
   std::map<std::string, double> family_bytes_per_s;  // measured families
-  double slowdown = 1;  // more ranks than cores on this-machine: they share
+  double slowdown = 1;  // the optimizer's with more ranks than cores (Device::core_share)
   // this-machine: GEMMs timed at exactly these (M, N, K) are taken as
   // measured (seconds forward, backward); the curve is for other shapes.
   // (oneDNN's sgemm is not smooth in the shape: here 1024x768x256 runs at
@@ -88,6 +88,12 @@ struct Device {
   Link inter;         // to a rank on another node (this GPU's share of the NICs)
   double memory_bytes = 0;  // per GPU (this-machine: the RAM's share of a rank)
   double peak_flops = 0;    // dense, at the chosen precision (this-machine: the fitted GEMM peak)
+  // this-machine with more ranks than cores: ranks / cores. The ranks take
+  // turns on the cores, so `compute` is a rank's speed alone on a core
+  // and make_plan bounds the pipeline by every rank's compute over the
+  // cores (one rank's bubble is another's compute); `optimizer` is slowed
+  // by it, as every rank steps at once.
+  double core_share = 1;
 };
 
 struct Cluster {

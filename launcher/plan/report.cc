@@ -141,6 +141,19 @@ absl::StatusOr<Plan> make_plan(const PlanInput& in, const Cluster& cluster, acto
   if (!sim.ok()) return sim.status();
   p.simulate_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   p.sim = *std::move(sim);
+  if (device->core_share > 1) {
+    // More ranks than cores: they take turns, so what one rank leaves idle
+    // (its bubble, its waits) another computes in. The pipeline takes the
+    // longer of its schedule at full speed and every rank's compute over
+    // the cores (a stage's busy time times the ranks per core); the
+    // reduction, optimizer and parameters' return follow it as simulated.
+    double busy = 0;
+    for (double b : p.sim.busy_s) busy += b;
+    const double shared = busy / static_cast<double>(p.sim.busy_s.size()) * device->core_share;
+    const double longer = std::max(0.0, shared - p.sim.pipeline_s);
+    p.sim.pipeline_s += longer;
+    p.sim.step_s += longer;
+  }
   const model::GptConfig sliced = in.parallel.sliced_config(in.model);
   const bool full = in.recompute == actors::Recompute::kFull;
   p.tokens_per_s = static_cast<double>(in.global_batch) * sliced.T / p.sim.step_s;
