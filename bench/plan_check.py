@@ -57,8 +57,10 @@ with tempfile.TemporaryDirectory() as tmp:
     for name in args.layouts.split(","):
         flags = LAYOUTS[name]
         metrics = os.path.join(tmp, f"{name}.jsonl")
-        extra = ["--trace", os.path.join(tmp, "trace")] if not flags else []
         command = "launch" if name.startswith("launch-") else "train"
+        extra = ["--trace", os.path.join(tmp, "trace")] if not flags else []
+        if command == "launch":
+            extra = ["--run-dir", os.path.join(tmp, f"{name}-run")]
         out = subprocess.run([args.troupe, command, *common, *flags, "--steps", str(args.steps),
                               "--metrics-jsonl", metrics, *extra],
                              env=env, check=True, capture_output=True, text=True).stdout

@@ -91,8 +91,9 @@ struct Device {
   // this-machine with more ranks than cores: ranks / cores. The ranks take
   // turns on the cores, so `compute` is a rank's speed alone on a core
   // and make_plan bounds the pipeline by every rank's compute over the
-  // cores (one rank's bubble is another's compute); `optimizer` is slowed
-  // by it, as every rank steps at once.
+  // cores (one rank's bubble is another's compute) and reports as bubble
+  // the cores' idle share; `optimizer` is slowed by it, as every rank
+  // steps at once.
   double core_share = 1;
 };
 

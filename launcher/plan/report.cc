@@ -153,6 +153,10 @@ absl::StatusOr<Plan> make_plan(const PlanInput& in, const Cluster& cluster, acto
     const double longer = std::max(0.0, shared - p.sim.pipeline_s);
     p.sim.pipeline_s += longer;
     p.sim.step_s += longer;
+    // The bubble is then the cores' idle share of the pipeline (0 where
+    // the compute over the cores decides it); busy_s and the exposed
+    // communication stay the schedule's at a rank's speed alone.
+    p.sim.bubble = std::max(0.0, 1 - shared / p.sim.pipeline_s);
   }
   const model::GptConfig sliced = in.parallel.sliced_config(in.model);
   const bool full = in.recompute == actors::Recompute::kFull;
