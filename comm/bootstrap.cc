@@ -446,12 +446,13 @@ absl::Status Bootstrap::finish() {
 }
 
 absl::StatusOr<UcxWorld> connect_ucx(int rank, int size, const std::string& host, int port,
-                                     absl::Duration timeout, Bootstrap::Options options) {
+                                     absl::Duration timeout, Bootstrap::Options options,
+                                     UcxOptions ucx) {
   UcxWorld w;
   auto b = Bootstrap::start(rank, size, host, port, timeout, std::move(options));
   if (!b.ok()) return b.status();
   w.bootstrap = std::move(*b);
-  auto t = UcxTransport::create(rank, size);
+  auto t = UcxTransport::create(rank, size, ucx);
   if (!t.ok()) return t.status();
   w.transport = std::move(*t);
   auto addresses = w.bootstrap->all_gather(w.transport->address());

@@ -35,6 +35,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "comm/ucx_transport.h"
 
 namespace troupe::comm {
 
@@ -89,8 +90,6 @@ class Bootstrap {
   std::thread watcher_;
 };
 
-class UcxTransport;
-
 // A rank's UCX transport connected to every other rank through a bootstrap
 // at host:port (rank 0 listens there). The bootstrap stays for liveness
 // (watch) and the final barrier (finish).
@@ -99,6 +98,7 @@ struct UcxWorld {
   std::unique_ptr<UcxTransport> transport;
 };
 absl::StatusOr<UcxWorld> connect_ucx(int rank, int size, const std::string& host, int port,
-                                     absl::Duration timeout, Bootstrap::Options options = {});
+                                     absl::Duration timeout, Bootstrap::Options options = {},
+                                     UcxOptions ucx = {});
 
 }  // namespace troupe::comm

@@ -89,8 +89,10 @@ void recv_cb(void* request, ucs_status_t status, const ucp_tag_recv_info_t* info
 }
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<UcxTransport>> UcxTransport::create(int rank, int size) {
+absl::StatusOr<std::unique_ptr<UcxTransport>> UcxTransport::create(int rank, int size,
+                                                                   UcxOptions options) {
   std::unique_ptr<UcxTransport> t(new UcxTransport(rank, size));
+  t->one_host_ = options.one_host;
   ucp_config_t* config = nullptr;
   ucs_status_t st = ucp_config_read(nullptr, nullptr, &config);
   if (st != UCS_OK) return ucs_error(st, "ucp_config_read");
@@ -99,7 +101,9 @@ absl::StatusOr<std::unique_ptr<UcxTransport>> UcxTransport::create(int rank, int
   // (seen in tests/comm/ucx_test.cc: process_vm_readv fails, UCX aborts the
   // survivor). Shared-memory FIFOs and TCP fail softly, so CMA stays off
   // unless UCX_TLS says otherwise.
-  if (std::getenv("UCX_TLS") == nullptr) ucp_config_modify(config, "TLS", "^cma");
+  // One host: no TCP either (UcxOptions::one_host).
+  if (std::getenv("UCX_TLS") == nullptr)
+    ucp_config_modify(config, "TLS", options.one_host ? "^cma,tcp" : "^cma");
   // With CMA off, UCX 1.13 runs the rendezvous of large messages between
   // processes of one host over TCP (ucx_perftest here: 4.2 GB/s, against
   // 10.9 GB/s eager over shared memory). Large messages on one host take our
@@ -247,6 +251,15 @@ absl::Status UcxTransport::connect(const std::vector<std::string>& addresses) {
       return absl::InvalidArgumentError(absl::StrCat("connect: bad address of rank ", r));
     same_host_[static_cast<std::size_t>(r)] =
         cma_allowed_ && a.substr(6, hlen) == my_host;  // see create()
+    // (The place is "HOST pidns=N cma|nocma".)
+    const std::string host = a.substr(6, hlen).substr(0, a.substr(6, hlen).rfind(" pidns="));
+    const std::string here = my_host.substr(0, my_host.rfind(" pidns="));
+    if (one_host_ && host != here) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "connect: rank ", r, " is on host ", host, ", not on ", here,
+          ", where every rank was said to be (LOCAL_WORLD_SIZE equal to the world's size) and "
+          "UCX was set up without TCP"));
+    }
     ucp_ep_params_t p{};
     p.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
     p.address = reinterpret_cast<const ucp_address_t*>(a.data() + 6 + hlen);

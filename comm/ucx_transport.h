@@ -60,9 +60,21 @@
 
 namespace troupe::comm {
 
+struct UcxOptions {
+  // Every rank of the world runs on this host (a launcher's
+  // LOCAL_WORLD_SIZE is its world size): UCX gets its shared-memory
+  // transports alone. Otherwise its TCP transport, which carries nothing
+  // between processes of one host, is polled by every progress call (two
+  // epoll_wait system calls: a third of a 2-process all-reduce of 64 KiB on
+  // this 2-core machine). connect() refuses a peer on another host, naming
+  // it. UCX_TLS, where set, stands.
+  bool one_host = false;
+};
+
 class UcxTransport final : public Transport {
  public:
-  static absl::StatusOr<std::unique_ptr<UcxTransport>> create(int rank, int size);
+  static absl::StatusOr<std::unique_ptr<UcxTransport>> create(int rank, int size,
+                                                              UcxOptions options = {});
   ~UcxTransport() override;
 
   // This rank's address (pid, host and UCX worker address), to be
@@ -203,6 +215,7 @@ class UcxTransport final : public Transport {
   std::vector<void*> eps_;   // ucp_ep_h per rank
   std::string address_;
   bool cma_allowed_ = false;     // peers may read our memory (Yama scope <= 1)
+  bool one_host_ = false;        // UcxOptions::one_host
   std::vector<bool> same_host_;  // per rank: the single-copy protocol applies
 
   std::mutex worker_mu_;  // whoever holds it may use the UCX worker

@@ -194,7 +194,8 @@ int run(WorkerFlags& f) {
       .join_timeout = join,
       .save_weights = f.train.save_weights,
       .log = nullptr,
-      .dump_hook = &dump_hook};
+      .dump_hook = &dump_hook,
+      .one_host = world_on_this_host(::getenv, par.world())};
   absl::Status st = actors::run_worker(w);
   if (host && !st.ok())
     host->cancel(absl::Status(st.code(), absl::StrCat("rank 0: ", st.message())));

@@ -171,6 +171,17 @@ int local_world_from_env(const GetEnv& getenv) {
   return 1;
 }
 
+bool world_on_this_host(const GetEnv& getenv, int world) {
+  int n = 0;
+  for (const char* v : {"LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"}) {
+    if (const char* s = getenv(v); s != nullptr) return absl::SimpleAtoi(s, &n) && n == world;
+  }
+  for (const char* v : {"SLURM_STEP_NUM_NODES", "SLURM_NNODES"}) {
+    if (const char* s = getenv(v); s != nullptr) return absl::SimpleAtoi(s, &n) && n == 1;
+  }
+  return false;
+}
+
 absl::StatusOr<std::optional<WorldPosition>> world_from_env(const GetEnv& getenv,
                                                             const MasterFlags& flags) {
   std::optional<WorldPosition> p;

@@ -297,7 +297,7 @@ absl::Status run_worker(const WorkerOptions& o) {
     ::setenv("NCCL_RUNTIME_CONNECT", "0", /*overwrite=*/0);
   }
   absl::StatusOr<std::unique_ptr<comm::UcxTransport>> ucx =
-      comm::UcxTransport::create(o.spec.rank, world);
+      comm::UcxTransport::create(o.spec.rank, world, {.one_host = o.one_host});
   if (!ucx.ok()) return ucx.status();
   comm::UcxTransport* transport = ucx->get();
   absl::StatusOr<model::data::Datasets> data = model::build_run_datasets(o.spec.options);

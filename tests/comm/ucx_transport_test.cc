@@ -7,6 +7,8 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cstdlib>
+#include <cstring>
 #include <future>
 #include <stdexcept>
 #include <thread>
@@ -298,6 +300,55 @@ TEST(UcxTransportLifetime, CallbackThatThrowsFailsTheTransportNotTheProcess) {
   absl::Status st = await(nf, std::chrono::seconds(10));
   EXPECT_TRUE(absl::IsInternal(st)) << st;
   EXPECT_NE(st.message().find("bug in a callback"), std::string::npos) << st;
+}
+
+// Every rank on one host (UcxOptions::one_host): UCX without TCP carries
+// small and single-copy messages alike, and its lanes name no tcp device.
+TEST(UcxOneHost, ShortAndSingleCopyMessagesGoWithoutTcp) {
+  Pair p;
+  for (int r = 0; r < 2; r++) {
+    auto t = UcxTransport::create(r, 2, {.one_host = true});
+    ASSERT_TRUE(t.ok()) << t.status();
+    p.t[r] = std::move(*t);
+  }
+  const std::vector<std::string> addresses = {p.t[0]->address(), p.t[1]->address()};
+  for (auto& t : p.t) ASSERT_TRUE(t->connect(addresses).ok());
+  for (const std::size_t bytes : {std::size_t{8}, kBig}) {
+    std::vector<char> a(bytes, 'q'), b(bytes, 0);
+    std::promise<absl::Status> s, r;
+    at(p, 1).recv(0, 31, b.data(), bytes, [&](absl::Status st) { r.set_value(st); });
+    at(p, 0).send(1, 31, a.data(), bytes, [&](absl::Status st) { s.set_value(st); });
+    auto rf = r.get_future(), sf = s.get_future();
+    EXPECT_TRUE(await(rf, std::chrono::seconds(10)).ok()) << bytes;
+    EXPECT_TRUE(await(sf, std::chrono::seconds(10)).ok()) << bytes;
+    EXPECT_EQ(a, b) << bytes;
+  }
+  if (std::getenv("UCX_TLS") == nullptr) {
+    EXPECT_EQ(p.t[0]->describe_lanes().find("tcp"), std::string::npos) << p.t[0]->describe_lanes();
+  }
+}
+
+// A peer whose address names another host is refused by name: without TCP
+// it could not be reached (a launcher that said every rank was here was
+// wrong).
+TEST(UcxOneHost, APeerOnAnotherHostIsRefusedNamingIt) {
+  auto t0 = UcxTransport::create(0, 2, {.one_host = true});
+  auto t1 = UcxTransport::create(1, 2);
+  ASSERT_TRUE(t0.ok() && t1.ok());
+  // Address: pid (4 bytes), the place's length (2), the place ("HOST
+  // pidns=N cma"), UCX's address. Rank 1's, moved to host "elsewhere".
+  std::string a = (*t1)->address();
+  std::uint16_t len = 0;
+  std::memcpy(&len, a.data() + 4, 2);
+  std::string place = a.substr(6, len);
+  place = "elsewhere" + place.substr(place.rfind(" pidns="));
+  const auto moved_len = static_cast<std::uint16_t>(place.size());
+  std::string moved = a.substr(0, 4);
+  moved.append(reinterpret_cast<const char*>(&moved_len), 2);
+  moved += place + a.substr(6 + len);
+  absl::Status st = (*t0)->connect({(*t0)->address(), moved});
+  EXPECT_TRUE(absl::IsFailedPrecondition(st)) << st;
+  EXPECT_NE(st.message().find("rank 1 is on host elsewhere"), std::string::npos) << st;
 }
 
 }  // namespace
