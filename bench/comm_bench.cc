@@ -180,7 +180,7 @@ int main(int argc, char** argv) {
   }
   // (Every rank on this host, as troupe launch runs them on one: UCX without TCP.)
   auto w = troupe::comm::connect_ucx(rank, size, "127.0.0.1", port, absl::Seconds(60), {},
-                                     {.one_host = true});
+                                     {.one_host = true, .because = "comm_bench's ranks"});
   if (!w.ok()) {
     std::fprintf(stderr, "rank %d: %s\n", rank, std::string(w.status().message()).c_str());
     return 1;

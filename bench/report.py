@@ -210,7 +210,7 @@ def comm(build, sizes_p2p, sizes_ar, ns, rounds):
     bench = os.path.join(build, "bench")
     # Point to point: troupe's UCX transport vs ucx_perftest (UCX's own
     # transport choice, CMA included, and the shared-memory transports troupe
-    # uses: UCX_TLS=^cma).
+    # uses with every rank on this host: UCX_TLS=^cma,tcp).
     port = free_port()
     out = run_ranks(lambda r: [f"{bench}/comm_bench", "--rank", str(r), "--size", "2", "--port", str(port),
                                "--mode", "p2p", "--min-bytes", str(sizes_p2p[0]), "--max-bytes", str(sizes_p2p[-1])], 2)
@@ -219,7 +219,7 @@ def comm(build, sizes_p2p, sizes_ar, ns, rounds):
     lat, _ = perftest("tag_lat", 8)
     emit({"impl": "ucx_perftest", "op": "p2p_lat", "n": 2, "bytes": 8, "time_us": lat})
     for size in sizes_p2p:
-        for tls, name in ((None, "ucx_perftest"), ("^cma", "ucx_perftest-nocma")):
+        for tls, name in ((None, "ucx_perftest"), ("^cma,tcp", "ucx_perftest-nocma")):
             _, bw = perftest("tag_bw", size, tls)
             emit({"impl": name, "op": "p2p_bw", "n": 2, "bytes": size, "bw_GBps": bw})
     # All-reduce: troupe vs OpenMPI vs Gloo, in `rounds` alternating rounds
@@ -260,7 +260,7 @@ def comm(build, sizes_p2p, sizes_ar, ns, rounds):
     # Tables.
     print()
     print("point to point, 2 processes on this host (GB/s)")
-    print(f"{'bytes':>10s} {'troupe':>8s} {'perftest':>9s} {'ratio':>6s} {'perftest^cma':>13s} {'ratio':>6s}")
+    print(f"{'bytes':>10s} {'troupe':>8s} {'perftest':>9s} {'ratio':>6s} {'perftest-shm':>13s} {'ratio':>6s}")
     for size in sizes_p2p:
         t = next(r["bw_GBps"] for r in rows if r["impl"] == "troupe-ucx" and r["op"] == "p2p_bw" and r["bytes"] == size)
         u = next(r["bw_GBps"] for r in rows if r["impl"] == "ucx_perftest" and r["bytes"] == size)

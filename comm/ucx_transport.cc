@@ -92,7 +92,8 @@ void recv_cb(void* request, ucs_status_t status, const ucp_tag_recv_info_t* info
 absl::StatusOr<std::unique_ptr<UcxTransport>> UcxTransport::create(int rank, int size,
                                                                    UcxOptions options) {
   std::unique_ptr<UcxTransport> t(new UcxTransport(rank, size));
-  t->one_host_ = options.one_host;
+  t->one_host_ = options.one_host && std::getenv("UCX_TLS") == nullptr;
+  t->one_host_because_ = options.because.empty() ? "comm::UcxOptions::one_host" : options.because;
   ucp_config_t* config = nullptr;
   ucs_status_t st = ucp_config_read(nullptr, nullptr, &config);
   if (st != UCS_OK) return ucs_error(st, "ucp_config_read");
@@ -103,7 +104,7 @@ absl::StatusOr<std::unique_ptr<UcxTransport>> UcxTransport::create(int rank, int
   // unless UCX_TLS says otherwise.
   // One host: no TCP either (UcxOptions::one_host).
   if (std::getenv("UCX_TLS") == nullptr)
-    ucp_config_modify(config, "TLS", options.one_host ? "^cma,tcp" : "^cma");
+    ucp_config_modify(config, "TLS", t->one_host_ ? "^cma,tcp" : "^cma");
   // With CMA off, UCX 1.13 runs the rendezvous of large messages between
   // processes of one host over TCP (ucx_perftest here: 4.2 GB/s, against
   // 10.9 GB/s eager over shared memory). Large messages on one host take our
@@ -252,13 +253,14 @@ absl::Status UcxTransport::connect(const std::vector<std::string>& addresses) {
     same_host_[static_cast<std::size_t>(r)] =
         cma_allowed_ && a.substr(6, hlen) == my_host;  // see create()
     // (The place is "HOST pidns=N cma|nocma".)
-    const std::string host = a.substr(6, hlen).substr(0, a.substr(6, hlen).rfind(" pidns="));
+    const std::string place = a.substr(6, hlen);
+    const std::string host = place.substr(0, place.rfind(" pidns="));
     const std::string here = my_host.substr(0, my_host.rfind(" pidns="));
     if (one_host_ && host != here) {
       return absl::FailedPreconditionError(absl::StrCat(
           "connect: rank ", r, " is on host ", host, ", not on ", here,
-          ", where every rank was said to be (LOCAL_WORLD_SIZE equal to the world's size) and "
-          "UCX was set up without TCP"));
+          ", where every rank was said to be (", one_host_because_,
+          "), so UCX was set up without TCP; give UCX_TLS to choose its transports yourself"));
     }
     ucp_ep_params_t p{};
     p.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;

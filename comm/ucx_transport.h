@@ -67,8 +67,9 @@ struct UcxOptions {
   // between processes of one host, is polled by every progress call (two
   // epoll_wait system calls: a third of a 2-process all-reduce of 64 KiB on
   // this 2-core machine). connect() refuses a peer on another host, naming
-  // it. UCX_TLS, where set, stands.
+  // it and `because`. UCX_TLS, where set, stands (and nothing is refused).
   bool one_host = false;
+  std::string because = "";  // what said so ("LOCAL_WORLD_SIZE=4"), for that error
 };
 
 class UcxTransport final : public Transport {
@@ -98,7 +99,8 @@ class UcxTransport final : public Transport {
   // protocol applies to it, one entry per rank after connect():
   //   "rank 0: sysv/memory tcp/eth0 tcp/lo; rank 1: sysv/memory tcp/eth0 tcp/lo
   //    (single copy on, 65536 bytes); rank 2: tcp/eth0 (single copy off, 0 bytes)"
-  // (on one line; here rank 0 is this one, 1 on this host, 2 on another).
+  // (on one line; here rank 0 is this one, 1 on this host, 2 on another;
+  // with UcxOptions::one_host a peer shows sysv/memory alone).
   // The transports are the endpoint's lanes as UCX chose them from the
   // peer's address (ucp_ep_print_info): a peer on another host shows tcp
   // alone. For logs and tests (tests/launcher/multihost_test.py).
@@ -214,8 +216,9 @@ class UcxTransport final : public Transport {
   int event_fd_ = -1;        // the worker's event descriptor (UCP_FEATURE_WAKEUP)
   std::vector<void*> eps_;   // ucp_ep_h per rank
   std::string address_;
-  bool cma_allowed_ = false;     // peers may read our memory (Yama scope <= 1)
-  bool one_host_ = false;        // UcxOptions::one_host
+  bool cma_allowed_ = false;  // peers may read our memory (Yama scope <= 1)
+  bool one_host_ = false;     // UcxOptions::one_host, UCX_TLS unset
+  std::string one_host_because_;
   std::vector<bool> same_host_;  // per rank: the single-copy protocol applies
 
   std::mutex worker_mu_;  // whoever holds it may use the UCX worker

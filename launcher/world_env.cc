@@ -171,15 +171,20 @@ int local_world_from_env(const GetEnv& getenv) {
   return 1;
 }
 
-bool world_on_this_host(const GetEnv& getenv, int world) {
+std::string world_on_this_host(const GetEnv& getenv, int world) {
   int n = 0;
+  auto said = [](const char* v, const char* s, bool yes) {
+    return yes ? absl::StrCat(v, "=", s) : std::string();
+  };
   for (const char* v : {"LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"}) {
-    if (const char* s = getenv(v); s != nullptr) return absl::SimpleAtoi(s, &n) && n == world;
+    if (const char* s = getenv(v); s != nullptr)
+      return said(v, s, absl::SimpleAtoi(s, &n) && n == world);
   }
   for (const char* v : {"SLURM_STEP_NUM_NODES", "SLURM_NNODES"}) {
-    if (const char* s = getenv(v); s != nullptr) return absl::SimpleAtoi(s, &n) && n == 1;
+    if (const char* s = getenv(v); s != nullptr)
+      return said(v, s, absl::SimpleAtoi(s, &n) && n == 1);
   }
-  return false;
+  return {};
 }
 
 absl::StatusOr<std::optional<WorldPosition>> world_from_env(const GetEnv& getenv,

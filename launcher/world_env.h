@@ -49,11 +49,12 @@ absl::StatusOr<std::optional<WorldPosition>> world_from_env(const GetEnv& getenv
 // says nonsense).
 int local_world_from_env(const GetEnv& getenv);
 
-// Whether the engine says all `world` workers of the job run on this host:
-// LOCAL_WORLD_SIZE or OMPI_COMM_WORLD_LOCAL_SIZE equal to `world` (the
-// first of them that is set decides), else SLURM_STEP_NUM_NODES or
-// SLURM_NNODES 1. False where none says (the UCX transport then keeps TCP).
-bool world_on_this_host(const GetEnv& getenv, int world);
+// What says all `world` workers of the job run on this host, as
+// "VARIABLE=value": LOCAL_WORLD_SIZE or OMPI_COMM_WORLD_LOCAL_SIZE equal to
+// `world` (the first of them that is set decides), else
+// SLURM_STEP_NUM_NODES or SLURM_NNODES 1. Empty where none says so (the
+// UCX transport then keeps TCP).
+std::string world_on_this_host(const GetEnv& getenv, int world);
 
 // SLURM's host list syntax ("node[01-03,7],gpu-a[1-2]-x"): the hosts in
 // order, zero padding kept. An error for unbalanced brackets, a bad range

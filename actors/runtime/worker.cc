@@ -296,8 +296,8 @@ absl::Status run_worker(const WorkerOptions& o) {
     // a value the user gave stands.
     ::setenv("NCCL_RUNTIME_CONNECT", "0", /*overwrite=*/0);
   }
-  absl::StatusOr<std::unique_ptr<comm::UcxTransport>> ucx =
-      comm::UcxTransport::create(o.spec.rank, world, {.one_host = o.one_host});
+  absl::StatusOr<std::unique_ptr<comm::UcxTransport>> ucx = comm::UcxTransport::create(
+      o.spec.rank, world, {.one_host = !o.one_host.empty(), .because = o.one_host});
   if (!ucx.ok()) return ucx.status();
   comm::UcxTransport* transport = ucx->get();
   absl::StatusOr<model::data::Datasets> data = model::build_run_datasets(o.spec.options);

@@ -60,7 +60,9 @@ struct WorkerOptions {
   std::string save_weights = {};                          // rank 0 writes the gathered model here
   std::function<void(const std::string&)> log = nullptr;  // progress notes (stderr)
   DumpHook* dump_hook = nullptr;                          // SIGUSR1 (may be null)
-  bool one_host = false;  // every rank on this host: comm::UcxOptions::one_host
+  // What says every rank is on this host ("LOCAL_WORLD_SIZE=4"; empty:
+  // nothing does): comm::UcxOptions::one_host.
+  std::string one_host = {};
 };
 
 absl::Status run_worker(const WorkerOptions& options);

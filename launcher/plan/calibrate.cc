@@ -296,7 +296,8 @@ absl::StatusOr<std::string> calibrate(const CalibrateOptions& o, std::ostream& l
   std::unique_ptr<comm::Transport> a = fabric->endpoint(0), b = fabric->endpoint(1);
   absl::StatusOr<json> inproc = link_json(*a, *b);
   if (!inproc.ok()) return inproc.status();
-  auto u0 = comm::UcxTransport::create(0, 2, {.one_host = true});  // as troupe launch on one host
+  // As troupe launch runs ranks on one host.
+  auto u0 = comm::UcxTransport::create(0, 2, {.one_host = true});
   if (!u0.ok()) return u0.status();
   auto u1 = comm::UcxTransport::create(1, 2, {.one_host = true});
   if (!u1.ok()) return u1.status();

@@ -326,12 +326,17 @@ TEST(UcxOneHost, ShortAndSingleCopyMessagesGoWithoutTcp) {
   if (std::getenv("UCX_TLS") == nullptr) {
     EXPECT_EQ(p.t[0]->describe_lanes().find("tcp"), std::string::npos) << p.t[0]->describe_lanes();
   }
+  if (single_copy_here()) {
+    EXPECT_GT(p.t[1]->single_copy_bytes(), 0u);
+  }
 }
 
 // A peer whose address names another host is refused by name: without TCP
 // it could not be reached (a launcher that said every rank was here was
 // wrong).
 TEST(UcxOneHost, APeerOnAnotherHostIsRefusedNamingIt) {
+  if (std::getenv("UCX_TLS") != nullptr)
+    GTEST_SKIP() << "UCX_TLS is set: it stands, with TCP if it says so, and nothing is refused";
   auto t0 = UcxTransport::create(0, 2, {.one_host = true});
   auto t1 = UcxTransport::create(1, 2);
   ASSERT_TRUE(t0.ok() && t1.ok());
@@ -349,6 +354,7 @@ TEST(UcxOneHost, APeerOnAnotherHostIsRefusedNamingIt) {
   absl::Status st = (*t0)->connect({(*t0)->address(), moved});
   EXPECT_TRUE(absl::IsFailedPrecondition(st)) << st;
   EXPECT_NE(st.message().find("rank 1 is on host elsewhere"), std::string::npos) << st;
+  EXPECT_NE(st.message().find("comm::UcxOptions::one_host"), std::string::npos) << st;
 }
 
 }  // namespace

@@ -108,15 +108,16 @@ TEST(LocalWorld, EachEnginesVariable) {
 // The UCX transport drops TCP only where the engine says every worker is
 // on this host; silence or nonsense keeps it.
 TEST(LocalWorld, TheWholeWorldOnThisHostOnlyWhereTheEngineSaysSo) {
-  EXPECT_FALSE(world_on_this_host(env({}), 4));
-  EXPECT_TRUE(world_on_this_host(env({{"LOCAL_WORLD_SIZE", "4"}}), 4));
-  EXPECT_FALSE(world_on_this_host(env({{"LOCAL_WORLD_SIZE", "2"}}), 4));  // two hosts of 2
-  EXPECT_FALSE(world_on_this_host(env({{"LOCAL_WORLD_SIZE", "x"}}), 4));
-  EXPECT_TRUE(world_on_this_host(env({{"OMPI_COMM_WORLD_LOCAL_SIZE", "3"}}), 3));
+  EXPECT_EQ(world_on_this_host(env({}), 4), "");
+  EXPECT_EQ(world_on_this_host(env({{"LOCAL_WORLD_SIZE", "4"}}), 4), "LOCAL_WORLD_SIZE=4");
+  EXPECT_EQ(world_on_this_host(env({{"LOCAL_WORLD_SIZE", "2"}}), 4), "");  // two hosts of 2
+  EXPECT_EQ(world_on_this_host(env({{"LOCAL_WORLD_SIZE", "x"}}), 4), "");
+  EXPECT_EQ(world_on_this_host(env({{"OMPI_COMM_WORLD_LOCAL_SIZE", "3"}}), 3),
+            "OMPI_COMM_WORLD_LOCAL_SIZE=3");
   // torchrun's variable decides before a SLURM allocation's node count.
-  EXPECT_FALSE(world_on_this_host(env({{"LOCAL_WORLD_SIZE", "2"}, {"SLURM_NNODES", "1"}}), 4));
-  EXPECT_TRUE(world_on_this_host(env({{"SLURM_NNODES", "1"}}), 8));
-  EXPECT_FALSE(world_on_this_host(env({{"SLURM_STEP_NUM_NODES", "2"}, {"SLURM_NNODES", "1"}}), 8));
+  EXPECT_EQ(world_on_this_host(env({{"LOCAL_WORLD_SIZE", "2"}, {"SLURM_NNODES", "1"}}), 4), "");
+  EXPECT_EQ(world_on_this_host(env({{"SLURM_NNODES", "1"}}), 8), "SLURM_NNODES=1");
+  EXPECT_EQ(world_on_this_host(env({{"SLURM_STEP_NUM_NODES", "2"}, {"SLURM_NNODES", "1"}}), 8), "");
 }
 
 // srun -n 11 over three nodes without --ntasks-per-node: SLURM sets
