@@ -92,7 +92,8 @@ void recv_cb(void* request, ucs_status_t status, const ucp_tag_recv_info_t* info
 absl::StatusOr<std::unique_ptr<UcxTransport>> UcxTransport::create(int rank, int size,
                                                                    UcxOptions options) {
   std::unique_ptr<UcxTransport> t(new UcxTransport(rank, size));
-  t->one_host_ = options.one_host && std::getenv("UCX_TLS") == nullptr;
+  const bool tls_given = std::getenv("UCX_TLS") != nullptr;
+  t->one_host_ = options.one_host && !tls_given;
   t->one_host_because_ = options.because.empty() ? "comm::UcxOptions::one_host" : options.because;
   ucp_config_t* config = nullptr;
   ucs_status_t st = ucp_config_read(nullptr, nullptr, &config);
@@ -103,8 +104,7 @@ absl::StatusOr<std::unique_ptr<UcxTransport>> UcxTransport::create(int rank, int
   // survivor). Shared-memory FIFOs and TCP fail softly, so CMA stays off
   // unless UCX_TLS says otherwise.
   // One host: no TCP either (UcxOptions::one_host).
-  if (std::getenv("UCX_TLS") == nullptr)
-    ucp_config_modify(config, "TLS", t->one_host_ ? "^cma,tcp" : "^cma");
+  if (!tls_given) ucp_config_modify(config, "TLS", t->one_host_ ? "^cma,tcp" : "^cma");
   // With CMA off, UCX 1.13 runs the rendezvous of large messages between
   // processes of one host over TCP (ucx_perftest here: 4.2 GB/s, against
   // 10.9 GB/s eager over shared memory). Large messages on one host take our
@@ -244,18 +244,17 @@ absl::Status UcxTransport::connect(const std::vector<std::string>& addresses) {
   std::uint16_t my_hlen = 0;
   std::memcpy(&my_hlen, address_.data() + 4, 2);
   const std::string my_host = address_.substr(6, my_hlen);
+  // (A place is "HOST pidns=N cma|nocma".)
+  const std::string here = my_host.substr(0, my_host.rfind(" pidns="));
   for (int r = 0; r < size_; r++) {
     const std::string& a = addresses[static_cast<std::size_t>(r)];
     std::uint16_t hlen = 0;
     if (a.size() >= 6) std::memcpy(&hlen, a.data() + 4, 2);
     if (a.size() < 6u + hlen)
       return absl::InvalidArgumentError(absl::StrCat("connect: bad address of rank ", r));
-    same_host_[static_cast<std::size_t>(r)] =
-        cma_allowed_ && a.substr(6, hlen) == my_host;  // see create()
-    // (The place is "HOST pidns=N cma|nocma".)
     const std::string place = a.substr(6, hlen);
+    same_host_[static_cast<std::size_t>(r)] = cma_allowed_ && place == my_host;  // see create()
     const std::string host = place.substr(0, place.rfind(" pidns="));
-    const std::string here = my_host.substr(0, my_host.rfind(" pidns="));
     if (one_host_ && host != here) {
       return absl::FailedPreconditionError(absl::StrCat(
           "connect: rank ", r, " is on host ", host, ", not on ", here,
