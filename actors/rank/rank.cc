@@ -151,7 +151,8 @@ absl::StatusOr<std::unique_ptr<RankUnit>> RankUnit::create(
                                              .spec = stage,
                                              .slots = slots,
                                              .stashes = stashes,
-                                             .stage = u->coord_.s})
+                                             .stage = u->coord_.s,
+                                             .tp = tensor.slice})
                              : std::make_unique<GptStage>(c, o.micro_batch, stage, slots, dev,
                                                           tensor, o.activations, stashes));
   }

@@ -129,6 +129,7 @@ struct StageRequest {
   const model::StageSpec& spec;
   int slots = 1, stashes = 0;
   int stage = 0;
+  model::TpSlice tp;  // the rank's tensor slice: its parameters' layout
 };
 // Makes a model chunk; the default makes a GptStage. (The pipeline
 // benchmark swaps in chunks whose ops take a fixed time.)

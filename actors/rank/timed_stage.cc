@@ -40,9 +40,19 @@ absl::StatusOr<std::vector<OpCost>> parse_op_costs(const std::string& text,
   return out;
 }
 
+namespace {
+// The rank's tensor slice without its collectives: the chunk's parameters
+// and gradients have the real layout, and no op of it communicates.
+model::TensorParallel layout_only(const model::TpSlice& slice) {
+  model::TensorParallel tp;
+  tp.slice = slice;
+  return tp;
+}
+}  // namespace
+
 TimedStage::TimedStage(const StageRequest& r, const OpCost& cost, double jitter, std::uint64_t seed,
                        std::atomic<std::int64_t>* busy_ns)
-    : GptStage(r.config, r.B, r.spec, r.slots, gpu::cpu_device(), {}, {}, r.stashes),
+    : GptStage(r.config, r.B, r.spec, r.slots, gpu::cpu_device(), layout_only(r.tp), {}, r.stashes),
       cost_(cost),
       jitter_(jitter),
       // Each chunk draws its own sequence (its first layer tells it apart).

@@ -14,6 +14,7 @@
 #include <map>
 
 #include "absl/strings/str_cat.h"
+#include "actors/rank/timed_stage.h"
 #include "actors/runtime/in_process.h"
 #include "model/weights.h"
 #include "tests/tiny_model.h"
@@ -300,6 +301,27 @@ TEST(Runtime, AStepCallbackThatThrowsEndsTheRunWithAnError) {
   });
   EXPECT_FALSE(st.ok());
   EXPECT_NE(st.message().find("the host program's callback failed"), std::string::npos) << st;
+}
+
+// --debug-op-cost's fixed-cost chunks are laid out by the rank's tensor
+// slice, as the real chunks: the partitions, the gradient buckets and the
+// gathered model are cut from that layout (a tp 2 layout once ran off the
+// end of the whole model's buffers).
+TEST(Runtime, FixedCostChunksTakeTheRanksTensorSlice) {
+  model::TrainOptions o = layouts_tiny8();
+  o.steps = 2;
+  auto t = InProcessTrainer::create(o, {{.tp = 2, .pp = 2, .dp = 2}},
+                                    timed_stage_factory({.stages = {{.f = 0.1, .b = 0.1}}}));
+  ASSERT_TRUE(t.ok()) << t.status();
+  int steps = 0;
+  absl::Status st = (*t)->run([&](const model::StepMetrics& m) {
+    steps++;
+    EXPECT_EQ(m.loss, 0.0f);  // the fixed-cost ops compute nothing
+  });
+  ASSERT_TRUE(st.ok()) << st;
+  EXPECT_EQ(steps, 2);
+  model::Gpt whole((*t)->options().model, 1, gpu::cpu_device());
+  EXPECT_TRUE((*t)->gather_params(whole).ok());
 }
 
 // ZeRO-1: every byte the optimizer side allocates (master, Adam m and v, the
