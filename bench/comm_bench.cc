@@ -3,6 +3,8 @@
 //                     flight) and ping-pong latency, per size
 //   --mode allreduce  all-reduce of fp32 buffers; busbw as nccl-tests:
 //                     bytes / time * 2(n-1)/n
+//   --inproc          the all-reduce among threads of one process instead
+//                     (the in-process transport, as `troupe train`'s TP groups)
 // Rank 0 prints one JSON object per measurement.
 #include <sched.h>
 
@@ -13,10 +15,12 @@
 #include <cstdlib>
 #include <future>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "comm/bootstrap.h"
 #include "comm/communicator.h"
+#include "comm/inproc_transport.h"
 #include "comm/ucx_transport.h"
 
 namespace {
@@ -102,7 +106,7 @@ int p2p(int rank, troupe::comm::Transport& t, std::size_t min_bytes, std::size_t
 
 int allreduce(int rank, int size, troupe::comm::Transport& t, std::size_t min_bytes,
               std::size_t max_bytes, const troupe::comm::CommunicatorOptions& options,
-              int fixed_iters) {
+              int fixed_iters, const char* impl) {
   std::vector<int> ranks(static_cast<std::size_t>(size));
   for (int i = 0; i < size; i++) ranks[static_cast<std::size_t>(i)] = i;
   troupe::comm::Communicator c(t, ranks, troupe::comm::GroupKind::kWorld, options);
@@ -127,10 +131,10 @@ int allreduce(int rank, int size, troupe::comm::Transport& t, std::size_t min_by
     if (rank == 0) {
       const double busbw = static_cast<double>(bytes) / per * 2.0 * (size - 1) / size / 1e9;
       std::printf(
-          "{\"impl\": \"troupe-ucx\", \"op\": \"allreduce\", \"n\": %d, \"bytes\": %zu, "
+          "{\"impl\": \"%s\", \"op\": \"allreduce\", \"n\": %d, \"bytes\": %zu, "
           "\"time_us\": %.3f, "
           "\"busbw_GBps\": %.4f}\n",
-          size, bytes, per * 1e6, busbw);
+          impl, size, bytes, per * 1e6, busbw);
       std::fflush(stdout);
     }
   }
@@ -166,6 +170,10 @@ int main(int argc, char** argv) {
   app.add_option("--halving-max-bytes", options.halving_max_bytes,
                  "All-reduce by recursive halving/doubling up to this size (p a power of two)")
       ->capture_default_str();
+  bool inproc = false;
+  app.add_flag("--inproc", inproc,
+               "All-reduce with every rank a thread of this process (comm/inproc_transport.h), "
+               "as a tensor-parallel group of `troupe train` runs; --rank and --port unused");
   app.add_option("--bind-core", bind_core,
                  "Pin this process (all its threads) to one core, as mpirun binds its ranks");
   CLI11_PARSE(app, argc, argv);
@@ -178,6 +186,23 @@ int main(int argc, char** argv) {
       return 1;
     }
   }
+  if (inproc) {
+    if (mode != "allreduce") {
+      std::fprintf(stderr, "comm_bench: --inproc measures --mode allreduce only\n");
+      return 1;
+    }
+    auto fabric = std::make_shared<troupe::comm::InProcFabric>(size);
+    std::vector<int> rcs(static_cast<std::size_t>(size));
+    std::vector<std::thread> threads;
+    for (int r = 0; r < size; r++) {
+      threads.emplace_back([&, r, t = fabric->endpoint(r)] {
+        rcs[static_cast<std::size_t>(r)] =
+            allreduce(r, size, *t, min_bytes, max_bytes, options, iters, "troupe-inproc");
+      });
+    }
+    for (auto& th : threads) th.join();
+    return *std::max_element(rcs.begin(), rcs.end());
+  }
   // (Every rank on this host, as troupe launch runs them on one: UCX without TCP.)
   auto w = troupe::comm::connect_ucx(rank, size, "127.0.0.1", port, absl::Seconds(60), {},
                                      {.one_host = true, .because = "comm_bench's ranks"});
@@ -186,8 +211,9 @@ int main(int argc, char** argv) {
     return 1;
   }
   troupe::comm::Transport& t = *w->transport;
-  const int rc = mode == "p2p" ? p2p(rank, t, min_bytes, max_bytes)
-                               : allreduce(rank, size, t, min_bytes, max_bytes, options, iters);
+  const int rc = mode == "p2p"
+                     ? p2p(rank, t, min_bytes, max_bytes)
+                     : allreduce(rank, size, t, min_bytes, max_bytes, options, iters, "troupe-ucx");
   (void)w->bootstrap->finish();
   return rc;
 }

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """The runtime's own cost per pipeline hop, beside the floor under it, in one run.
 
-  hop_bench.py TROUPE WAKEUP_BENCH [--steps N] [--reps R]
+  hop_bench.py TROUPE WAKEUP_BENCH COMM_BENCH EVENT_BENCH [--steps N] [--reps R]
 
 A hop is from the op that makes an activation (or gradient) finishing on one
 stage to the op that reads it starting on the next. Every op costs nothing
@@ -33,6 +33,25 @@ floor, measured in the same run:
 The activation is B x T x C fp32 with B = 1 and C = 8 (so the parameters,
 and the optimizer's work, stay negligible): T = 128 gives 4 KiB, T = 32768
 1 MiB. One JSON line per size with the keys above, then the details.
+
+The other hops on a step's critical path, each on a line of its own
+(`"bench": "hop_path"`), in one process and between processes:
+
+  step_loop        the coordinator's step loop: from a rank's step end (its
+                   ready message, the last of its step) to its next step's
+                   begin (the coordinator's begin_step), at pp 1, from the
+                   trace; a round trip (two messages and the coordinator's
+                   own work between: the step's metrics and progress line),
+                   halved for the per-hop figure
+  tp_all_reduce    a tensor-parallel group's all-reduce of a LayerNorm-sized
+                   tensor (4 KiB: C = 1024 fp32, GPT-2 medium's), 2 ranks:
+                   threads of one process over the in-process transport (as
+                   `troupe train --tp 2`), processes over UCX (as `troupe
+                   launch`); bench/comm_bench.cc, the mean of 5,000
+  api_event        the embedding API's metrics event (troupe/troupe.h): from
+                   the rank's step end to a subscriber's handler in the host
+                   program (bench/event_bench.cc; in one process only: a
+                   `troupe watch` feed is not on a step's path)
 """
 import argparse
 import json
@@ -44,13 +63,17 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from report import perftest, slope  # noqa: E402  (ucx_perftest server and client)
+from report import free_port, perftest, run_ranks, slope  # noqa: E402
 
 ap = argparse.ArgumentParser()
 ap.add_argument("troupe")
 ap.add_argument("wakeup_bench")
+ap.add_argument("comm_bench")
+ap.add_argument("event_bench")
 ap.add_argument("--steps", type=int, default=300, help="steps per run (the first 50 are left out)")
 ap.add_argument("--reps", type=int, default=3, help="runs per point (their medians' median)")
+ap.add_argument("--only", choices=["hops", "paths"],
+                help="the pipeline hops of each size, or the other paths (default both)")
 ap.add_argument("--sizes", default="4096,1048576", help="activation bytes")
 args = ap.parse_args()
 WORK = tempfile.mkdtemp(prefix="troupe-hop-bench-")
@@ -134,40 +157,116 @@ def hop_us(command, size):
     return slope(points) / 2
 
 
+def step_events(trace, rank=0):
+    with open(f"{trace}/rank-{rank:05d}.trace.jsonl") as f:
+        events = [json.loads(line) for line in list(f)[1:]]
+    return {e["step"]: e for e in events if e["k"] == "step"}
+
+
+def step_loop_us(command):
+    """A rank's step end to its next step's begin at pp 1, every step after
+    SKIP of R traced runs (us)."""
+    gaps = []
+    for k in range(args.reps):
+        tag = f"{command}-loop-{k}"
+        trace = f"{WORK}/{tag}-trace"
+        extra = ["--run-dir", f"{WORK}/{tag}"] if command == "launch" else []
+        r = subprocess.run([args.troupe, command, *flags_for(4096, 1), "--trace", trace,
+                            "--trace-steps", f"{SKIP}:{args.steps}", *extra],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        if r.returncode != 0:
+            sys.exit(f"hop_bench: failed: traced {command} at pp 1\n{r.stdout[-3000:]}")
+        steps = step_events(trace)
+        gaps += [(steps[s + 1]["b"] - steps[s]["e"]) / 1e3 for s in sorted(steps) if s + 1 in steps]
+    return gaps
+
+
+def tp_all_reduce_us(inproc):
+    """The mean of 5,000 all-reduces of 4 KiB between 2 ranks, the median of R runs."""
+    base = [args.comm_bench, "--size", "2", "--min-bytes", "4096", "--max-bytes", "4096",
+            "--iters", "5000"]
+    runs = []
+    for _ in range(args.reps):
+        if inproc:
+            out = subprocess.run([*base, "--inproc"], check=True, capture_output=True,
+                                 text=True).stdout
+        else:
+            port = str(free_port())
+            out = run_ranks(lambda r: [*base, "--rank", str(r), "--port", port], 2)
+        runs.append(json.loads(out.splitlines()[0])["time_us"])
+    return statistics.median(runs)
+
+
+def api_event_us():
+    """The rank's step end to the subscriber's handler, every step after SKIP of R runs."""
+    lags = []
+    for k in range(args.reps):
+        trace = f"{WORK}/event-{k}-trace"
+        out = subprocess.run([args.event_bench, "--trace", trace, "--steps", str(args.steps)],
+                             check=True, capture_output=True, text=True).stdout
+        got = {row["step"]: row["received_ns"] for row in map(json.loads, out.splitlines())}
+        steps = step_events(trace)
+        lags += [(got[s] - e["e"]) / 1e3 for s, e in steps.items() if s > SKIP and s in got]
+    return lags
+
+
+def path_row(path, in_process, cross_process, how):
+    emit(bench="hop_path", path=path, in_process_us=round(in_process, 2),
+         cross_process_us=None if cross_process is None else round(cross_process, 2), how=how)
+    return (path, in_process, cross_process)
+
+
 out = subprocess.run([args.wakeup_bench], check=True, capture_output=True, text=True).stdout
 wakeups = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
 for w in wakeups:
     emit(**w)
 wakeup = next(w["one_way_us"] for w in wakeups if w["kind"] == "eventfd")
 
-rows = []
-for size in (int(s) for s in args.sizes.split(",")):
-    in_process = hop_us("train", size)
-    cross_process = hop_us("launch", size)
-    ucx = statistics.median(perftest("tag_lat", size)[0] for _ in range(args.reps))
-    direct = {}
-    for command in ("train", "launch"):
-        median, deciles = direct_hop_us(command, size)
-        direct[command] = median
-        emit(bench="hop_direct", command=command, activation_bytes=size, pp=STAGES[-1],
-             median_us=round(median, 2), p10_us=round(deciles[0], 2), p90_us=round(deciles[-1], 2))
-    emit(bench="hop_direct", activation_bytes=size,
-         direct_in_process_us=round(direct["train"], 2),
-         direct_cross_process_us=round(direct["launch"], 2))
-    row = {"hop_bytes": size, "in_process_us": round(in_process, 2),
-           "cross_process_us": round(cross_process, 2), "ucx_one_way_us": round(ucx, 2),
-           "wakeup_us": round(wakeup, 2)}
-    rows.append(dict(row, direct_in=direct["train"], direct_across=direct["launch"]))
-    print(json.dumps(row), flush=True)
+if args.only != "paths":
+    rows = []
+    for size in (int(s) for s in args.sizes.split(",")):
+        in_process = hop_us("train", size)
+        cross_process = hop_us("launch", size)
+        ucx = statistics.median(perftest("tag_lat", size)[0] for _ in range(args.reps))
+        direct = {}
+        for command in ("train", "launch"):
+            median, deciles = direct_hop_us(command, size)
+            direct[command] = median
+            emit(bench="hop_direct", command=command, activation_bytes=size, pp=STAGES[-1],
+                 median_us=round(median, 2), p10_us=round(deciles[0], 2), p90_us=round(deciles[-1], 2))
+        emit(bench="hop_direct", activation_bytes=size,
+             direct_in_process_us=round(direct["train"], 2),
+             direct_cross_process_us=round(direct["launch"], 2))
+        row = {"hop_bytes": size, "in_process_us": round(in_process, 2),
+               "cross_process_us": round(cross_process, 2), "ucx_one_way_us": round(ucx, 2),
+               "wakeup_us": round(wakeup, 2)}
+        rows.append(dict(row, direct_in=direct["train"], direct_across=direct["launch"]))
+        print(json.dumps(row), flush=True)
 
-print()
-print("slope: a stage's whole cost to a step, per hop; traced: the hop itself (median)")
-print(f"{'bytes':>9s} {'in process':>20s} {'across':>20s} {'UCX 1-way':>10s} {'wake-up':>8s} "
-      f"{'traced across - floor':>22s}")
-print(f"{'':9s} {'slope':>10s} {'traced':>9s} {'slope':>10s} {'traced':>9s}")
-for r in rows:
-    floor = r["ucx_one_way_us"] + r["wakeup_us"]
-    print(f"{r['hop_bytes']:9d} {r['in_process_us']:8.1f}us {r['direct_in']:7.1f}us "
-          f"{r['cross_process_us']:8.1f}us {r['direct_across']:7.1f}us "
-          f"{r['ucx_one_way_us']:8.1f}us {r['wakeup_us']:6.1f}us {r['direct_across'] - floor:20.1f}us")
+    print()
+    print("slope: a stage's whole cost to a step, per hop; traced: the hop itself (median)")
+    print(f"{'bytes':>9s} {'in process':>20s} {'across':>20s} {'UCX 1-way':>10s} {'wake-up':>8s} "
+          f"{'traced across - floor':>22s}")
+    print(f"{'':9s} {'slope':>10s} {'traced':>9s} {'slope':>10s} {'traced':>9s}")
+    for r in rows:
+        floor = r["ucx_one_way_us"] + r["wakeup_us"]
+        print(f"{r['hop_bytes']:9d} {r['in_process_us']:8.1f}us {r['direct_in']:7.1f}us "
+              f"{r['cross_process_us']:8.1f}us {r['direct_across']:7.1f}us "
+              f"{r['ucx_one_way_us']:8.1f}us {r['wakeup_us']:6.1f}us {r['direct_across'] - floor:20.1f}us")
+
+if args.only != "hops":
+    paths = []
+    loops = {c: step_loop_us(c) for c in ("train", "launch")}
+    paths.append(path_row("step_loop", statistics.median(loops["train"]) / 2,
+                          statistics.median(loops["launch"]) / 2,
+                          "a rank's step end to its next begin at pp 1, halved (median)"))
+    paths.append(path_row("tp_all_reduce", tp_all_reduce_us(True), tp_all_reduce_us(False),
+                          "4 KiB all-reduce of 2 ranks (mean of 5,000, median of runs)"))
+    paths.append(path_row("api_event", statistics.median(api_event_us()), None,
+                          "the rank's step end to the subscriber's handler (median)"))
+    print()
+    print(f"{'other hops':>14s} {'in process':>11s} {'across':>9s}")
+    for path, inp, cross in paths:
+        across = "-" if cross is None else f"{cross:7.1f}us"
+        print(f"{path:>14s} {inp:9.1f}us {across:>9s}")
 print("targets (4 KiB): in process < 20 us, across processes < 60 us")

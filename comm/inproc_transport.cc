@@ -33,6 +33,13 @@ class InProcTransport final : public Transport {
   void cancel(const std::shared_ptr<CancelToken>& token, absl::Status why) override {
     fabric_->cancel(rank_, token, std::move(why));
   }
+  bool can_poll() const override { return true; }
+  bool poll() override { return fabric_->poll(rank_); }
+  bool wait_for_event(std::chrono::microseconds max) override {
+    return fabric_->wait_for_event(rank_, max);
+  }
+  void drive_begin() override { fabric_->drive_begin(rank_); }
+  void drive_end() override { fabric_->drive_end(rank_); }
 
  private:
   std::shared_ptr<InProcFabric> fabric_;
@@ -44,10 +51,81 @@ InProcFabric::InProcFabric(int size)
       sends_(static_cast<std::size_t>(size)),
       recvs_(static_cast<std::size_t>(size)),
       failed_(static_cast<std::size_t>(size),
-              std::vector<absl::Status>(static_cast<std::size_t>(size))) {}
+              std::vector<absl::Status>(static_cast<std::size_t>(size))),
+      driven_(static_cast<std::size_t>(size)) {}
 
 std::unique_ptr<Transport> InProcFabric::endpoint(int rank) {
   return std::make_unique<InProcTransport>(shared_from_this(), rank);
+}
+
+void InProcFabric::complete(int owner, std::function<void()> fn, bool here) {
+  Driven& d = driven_[static_cast<std::size_t>(owner)];
+  {
+    std::lock_guard<std::mutex> lock(d.mu);
+    if (d.drivers > 0) {
+      d.pending.push_back(std::move(fn));
+      if (d.sleepers > 0) d.cv.notify_all();
+      return;
+    }
+  }
+  if (here) {
+    run_inline(fn);
+    poke(owner);  // (a driver that began since waits for it)
+  } else {
+    callbacks_.post([this, owner, fn = std::move(fn)] {
+      fn();
+      poke(owner);
+    });
+  }
+}
+
+void InProcFabric::poke(int rank) {
+  Driven& d = driven_[static_cast<std::size_t>(rank)];
+  std::lock_guard<std::mutex> lock(d.mu);
+  if (d.sleepers == 0) return;
+  d.pokes++;
+  d.cv.notify_all();
+}
+
+bool InProcFabric::poll(int rank) {
+  std::deque<std::function<void()>> ready;
+  Driven& d = driven_[static_cast<std::size_t>(rank)];
+  {
+    std::lock_guard<std::mutex> lock(d.mu);
+    ready.swap(d.pending);
+  }
+  if (ready.empty()) return false;
+  for (auto& fn : ready) run_inline(fn);
+  poke(rank);  // another thread driving this rank may wait for one of them
+  return true;
+}
+
+bool InProcFabric::wait_for_event(int rank, std::chrono::microseconds max) {
+  Driven& d = driven_[static_cast<std::size_t>(rank)];
+  std::unique_lock<std::mutex> lock(d.mu);
+  if (!d.pending.empty()) return true;
+  const std::uint64_t seen = d.pokes;
+  d.sleepers++;
+  d.cv.wait_for(lock, max, [&] { return !d.pending.empty() || d.pokes != seen; });
+  d.sleepers--;
+  return true;
+}
+
+void InProcFabric::drive_begin(int rank) {
+  Driven& d = driven_[static_cast<std::size_t>(rank)];
+  std::lock_guard<std::mutex> lock(d.mu);
+  d.drivers++;
+}
+
+// The last driver runs what is left (the queue would otherwise never see it).
+void InProcFabric::drive_end(int rank) {
+  std::deque<std::function<void()>> left;
+  Driven& d = driven_[static_cast<std::size_t>(rank)];
+  {
+    std::lock_guard<std::mutex> lock(d.mu);
+    if (--d.drivers == 0) left.swap(d.pending);
+  }
+  for (auto& fn : left) run_inline(fn);
 }
 
 void InProcFabric::deliver(Op send, Op recv, bool send_posted_last) {
@@ -55,8 +133,10 @@ void InProcFabric::deliver(Op send, Op recv, bool send_posted_last) {
     absl::Status st = absl::InvalidArgumentError(
         absl::StrCat("message of ", send.bytes, " bytes from rank ", send.owner, " to rank ",
                      recv.owner, " for a receive of ", recv.bytes, " bytes (tag ", send.tag, ")"));
-    callbacks_.post([s = std::move(send.done), st] { s(st); });
-    callbacks_.post([r = std::move(recv.done), st] { r(st); });
+    complete(
+        send.owner, [s = std::move(send.done), st] { s(st); }, false);
+    complete(
+        recv.owner, [r = std::move(recv.done), st] { r(st); }, false);
     return;
   }
   if (recv.pulled) {
@@ -65,18 +145,18 @@ void InProcFabric::deliver(Op send, Op recv, bool send_posted_last) {
     // lets go at once must not complete the send inside its sender's call).
     auto arrival = std::make_shared<Arrival>(
         absl::OkStatus(), send.bytes,
-        std::make_unique<InPlaceSource>(
-            send.data, [this, d = std::move(send.done)](absl::Status st) {
-              callbacks_.post([d, st = std::move(st)] {
+        std::make_unique<InPlaceSource>(send.data, [this, owner = send.owner,
+                                                    d = std::move(send.done)](absl::Status st) {
+          complete(
+              owner,
+              [d, st = std::move(st)] {
                 d(st.ok() ? st : absl::Status(st.code(), absl::StrCat("receiver: ", st.message())));
-              });
-            }));
+              },
+              false);
+        }));
     auto run = [pulled = std::move(recv.pulled), arrival] { (*pulled)(std::move(*arrival)); };
-    if (send_posted_last && send.owner != recv.owner) {
-      run_inline(run);  // the receiver has been waiting: its callback runs here
-    } else {
-      callbacks_.post(std::move(run));
-    }
+    // The receiver has been waiting: its callback runs here.
+    complete(recv.owner, std::move(run), send_posted_last && send.owner != recv.owner);
     return;
   }
   if (send.bytes > 0) std::memcpy(recv.data, send.data, send.bytes);
@@ -85,12 +165,11 @@ void InProcFabric::deliver(Op send, Op recv, bool send_posted_last) {
   // here: one thread handoff less on the path of every pipeline message.
   Op& poster = send_posted_last ? send : recv;
   Op& waiter = send_posted_last ? recv : send;
-  callbacks_.post([d = std::move(poster.done)] { d(absl::OkStatus()); });
-  if (waiter.owner != poster.owner) {
-    run_inline([&] { waiter.done(absl::OkStatus()); });
-  } else {
-    callbacks_.post([d = std::move(waiter.done)] { d(absl::OkStatus()); });
-  }
+  complete(
+      poster.owner, [d = std::move(poster.done)] { d(absl::OkStatus()); }, false);
+  complete(
+      waiter.owner, [d = std::move(waiter.done)] { d(absl::OkStatus()); },
+      waiter.owner != poster.owner);
 }
 
 // Why `op` cannot be posted (caller holds mu_): no such peer, the peer has
@@ -114,7 +193,8 @@ void InProcFabric::post(Op op, bool is_send) {
   std::unique_lock<std::mutex> lock(mu_);
   if (absl::Status st = refusal(op); !st.ok()) {
     lock.unlock();
-    callbacks_.post([d = std::move(op.done), st] { d(st); });
+    complete(
+        op.owner, [d = std::move(op.done), st] { d(st); }, false);
     return;
   }
   auto& table = (is_send ? recvs_ : sends_)[static_cast<std::size_t>(dst)];  // where a match waits
@@ -162,14 +242,14 @@ std::size_t InProcFabric::pending_entries() {
 
 template <typename Pred>
 void InProcFabric::fail_where(int rank, Pred pred, const absl::Status& why) {
-  std::vector<Callback> failed;
+  std::vector<std::pair<int, Callback>> failed;
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto sweep = [&](std::map<Key, std::vector<Op>>& table) {
       for (auto entry = table.begin(); entry != table.end();) {
         std::erase_if(entry->second, [&](Op& op) {
           if (op.owner != rank || !pred(op)) return false;
-          failed.push_back(std::move(op.done));
+          failed.emplace_back(op.owner, std::move(op.done));
           return true;
         });
         entry = entry->second.empty() ? table.erase(entry) : std::next(entry);
@@ -178,7 +258,9 @@ void InProcFabric::fail_where(int rank, Pred pred, const absl::Status& why) {
     for (auto& table : recvs_) sweep(table);
     for (auto& table : sends_) sweep(table);
   }
-  for (auto& cb : failed) callbacks_.post([cb = std::move(cb), why] { cb(why); });
+  for (auto& [owner, cb] : failed)
+    complete(
+        owner, [cb = std::move(cb), why] { cb(why); }, false);
 }
 
 void InProcFabric::run_inline(const std::function<void()>& fn) {

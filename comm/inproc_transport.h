@@ -3,11 +3,20 @@
 // posted before its receive waits, without copying, until the receive comes).
 // A pulled receive (recv_pull) copies nothing: the receiver reads the
 // sender's buffer in place, and the send completes when it lets go.
+// A rank's operations complete on the callback queue's thread (the one a
+// rank posted last) or on the peer's thread that matched them (the one that
+// waited); while a thread drives the rank (drive_begin .. drive_end, as a
+// collective does), they wait for its poll() instead and run there, so a
+// collective's messages cost no hand-off to another thread (3 KiB
+// all-reduce of two threads: 46 us through the queue, see docs/ARCHITECTURE.md).
 //
 //   auto fabric = std::make_shared<comm::InProcFabric>(4);
 //   std::unique_ptr<comm::Transport> t0 = fabric->endpoint(0);   // rank 0's view
 #pragma once
 
+#include <condition_variable>
+#include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -32,6 +41,15 @@ class InProcFabric : public std::enable_shared_from_this<InProcFabric> {
 
  private:
   friend class InProcTransport;
+  // A rank driven by a thread of its own: its completions wait in
+  // `pending` for that thread's poll.
+  struct Driven {
+    std::mutex mu;
+    std::condition_variable cv;
+    int drivers = 0, sleepers = 0;
+    std::uint64_t pokes = 0;  // completions run elsewhere while a driver slept
+    std::deque<std::function<void()>> pending;
+  };
   struct Op {
     int owner;  // the rank that posted it
     int peer;
@@ -58,6 +76,14 @@ class InProcFabric : public std::enable_shared_from_this<InProcFabric> {
   // posted last through the callback queue, the one that waited (a peer's)
   // in the calling thread.
   void deliver(Op send, Op recv, bool send_posted_last);
+  // Completes an operation of `owner` with `fn`: in its driver's poll while
+  // one drives it; otherwise here (`here`, a waiting peer's) or on the queue.
+  void complete(int owner, std::function<void()> fn, bool here);
+  void poke(int rank);  // a completion of `rank` ran elsewhere: wake its sleeping drivers
+  bool poll(int rank);
+  bool wait_for_event(int rank, std::chrono::microseconds max);
+  void drive_begin(int rank);
+  void drive_end(int rank);
   // Removes `rank`'s pending ops that `pred` selects and fails them.
   template <typename Pred>
   void fail_where(int rank, Pred pred, const absl::Status& why);
@@ -67,6 +93,7 @@ class InProcFabric : public std::enable_shared_from_this<InProcFabric> {
   std::vector<std::map<Key, std::vector<Op>>> sends_;  // by destination: unmatched sends
   std::vector<std::map<Key, std::vector<Op>>> recvs_;  // by destination: posted receives
   std::vector<std::vector<absl::Status>> failed_;      // [rank][peer]: rank knows peer failed
+  std::deque<Driven> driven_;                          // by rank
   // A completion callback that threw (a bug of its owner): every pending
   // and later operation fails with it, so that whoever waits hears of it.
   void fail_everything(const absl::Status& why);
