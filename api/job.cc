@@ -35,8 +35,6 @@ using built_atom = caf::atom_constant<caf::atom("trp_jbuilt")>;
 using coordinator_atom = caf::atom_constant<caf::atom("trp_jcoord")>;
 using finished_atom = caf::atom_constant<caf::atom("trp_jend")>;
 using step_relay_atom = caf::atom_constant<caf::atom("trp_jstep")>;
-using log_relay_atom = caf::atom_constant<caf::atom("trp_jlog")>;
-using checkpoint_relay_atom = caf::atom_constant<caf::atom("trp_jckpt")>;
 
 constexpr int kNoStop = std::numeric_limits<int>::max();
 
@@ -73,6 +71,40 @@ void release_save_dir(const std::string& dir) {
   save_dirs.erase(save_key(dir));
 }
 
+// Who hears a job's events: the handle's subscribers, whom the run's
+// callbacks also tell straight from the coordinator's thread (a step's
+// metrics, log lines, checkpoints), one hand-off less than through the
+// handle (`scripts/bench hop`'s api_event). Events go in the order they are
+// told: one lock for the list and the sends.
+struct Audience {
+  explicit Audience(std::string name) : job(std::move(name)) {}
+  template <class Atom, class... Ts>
+  void tell(Atom a, const Ts&... xs) {
+    std::lock_guard<std::mutex> lock(mu);
+    for (const caf::actor& s : subscribers) caf::anon_send(s, a, job, xs...);
+  }
+  bool add(const caf::actor& who) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (!who || std::find(subscribers.begin(), subscribers.end(), who) != subscribers.end()) {
+      return false;
+    }
+    subscribers.push_back(who);
+    return true;
+  }
+  void remove(const caf::actor_addr& who) {
+    std::lock_guard<std::mutex> lock(mu);
+    subscribers.erase(std::remove(subscribers.begin(), subscribers.end(), who), subscribers.end());
+  }
+  void clear() {
+    std::lock_guard<std::mutex> lock(mu);
+    subscribers.clear();
+  }
+
+  const std::string job;
+  std::mutex mu;
+  std::vector<caf::actor> subscribers;
+};
+
 class JobActor : public caf::event_based_actor {
  public:
   JobActor(caf::actor_config& cfg, JobConfig config, caf::actor subscriber)
@@ -87,10 +119,7 @@ class JobActor : public caf::event_based_actor {
     status_.dp = config_.parallel.dp;
     status_.layout = config_.parallel.layout().describe();
     if (subscriber) subscribe(subscriber);
-    set_down_handler([this](caf::down_msg& dm) {
-      subscribers_.erase(std::remove(subscribers_.begin(), subscribers_.end(), dm.source),
-                         subscribers_.end());
-    });
+    set_down_handler([this](caf::down_msg& dm) { audience_->remove(dm.source); });
     // An exit message (other than normal, which CAF ignores too) stops the
     // job at its next step boundary; the handle ends once the job has.
     set_exit_handler([this](caf::exit_msg& em) {
@@ -113,10 +142,7 @@ class JobActor : public caf::event_based_actor {
           subscribe(who);
           answer(status_);
         },
-        [this](unsubscribe_atom, const caf::actor& who) {
-          subscribers_.erase(std::remove(subscribers_.begin(), subscribers_.end(), who),
-                             subscribers_.end());
-        },
+        [this](unsubscribe_atom, const caf::actor& who) { audience_->remove(who.address()); },
         [this](stop_atom) { request_stop(0); },
         [this](stop_atom, int step) { request_stop(std::max(step, 0)); },
         [this](save_now_atom) { save_now(); },
@@ -146,14 +172,7 @@ class JobActor : public caf::event_based_actor {
           tokens_ += m.tokens_per_s * m.step_s;
           seconds_ += m.step_s;
           status_.mean_tokens_per_s = seconds_ > 0 ? tokens_ / seconds_ : 0.0;
-          tell(metrics_atom::value, m);
-          if (m.val_loss) tell(validation_atom::value, m.step, *m.val_loss);
-        },
-        [this](log_relay_atom, std::uint64_t key, const std::string& line) {
-          if (key == key_) tell(log_atom::value, line);
-        },
-        [this](checkpoint_relay_atom, std::uint64_t key, int step, const std::string& dir) {
-          if (key == key_) tell(checkpoint_atom::value, step, dir);
+          // (The subscribers heard of the step from the run itself.)
         },
         [this](finished_atom, std::uint64_t key, const std::string& error, bool stalled) {
           if (key == key_) on_finished(error, stalled);
@@ -173,7 +192,7 @@ class JobActor : public caf::event_based_actor {
         thread_.detach();
       }
     }
-    subscribers_.clear();
+    audience_->clear();
     coordinator_ = nullptr;
   }
 
@@ -208,11 +227,7 @@ class JobActor : public caf::event_based_actor {
   }
 
   void subscribe(const caf::actor& who) {
-    if (!who || std::find(subscribers_.begin(), subscribers_.end(), who) != subscribers_.end()) {
-      return;
-    }
-    subscribers_.push_back(who);
-    monitor(who);
+    if (audience_->add(who)) monitor(who);
   }
 
   // 0: after the step in progress.
@@ -231,12 +246,12 @@ class JobActor : public caf::event_based_actor {
     auto keep = std::make_unique<caf::scoped_actor>(home_system());
     thread_ = std::thread([keep = std::move(keep), job = caf::actor_cast<caf::actor>(this),
                            system = &home_system(), config = config_, control = control_,
-                           key = key_]() mutable {
+                           audience = audience_, key = key_]() mutable {
       {
         caf::actor self = std::move(job);
         JobConfig c = std::move(config);
         const std::string save = c.checkpoint.save;
-        const absl::Status st = run_job(*system, self, key, std::move(c), control);
+        const absl::Status st = run_job(*system, self, key, std::move(c), control, audience);
         release_save_dir(save);
         caf::anon_send(
             self, finished_atom::value, key, actors::status_text(st),
@@ -250,7 +265,8 @@ class JobActor : public caf::event_based_actor {
   // The run's callbacks hold the job weakly: the run's actors may outlive
   // it by a little, and must not keep it alive (nor be kept by it).
   static absl::Status run_job(caf::actor_system& system, const caf::actor& job, std::uint64_t key,
-                              JobConfig config, const std::shared_ptr<Control>& control) {
+                              JobConfig config, const std::shared_ptr<Control>& control,
+                              const std::shared_ptr<Audience>& audience) {
     const caf::weak_actor_ptr self = caf::actor_cast<caf::weak_actor_ptr>(job);
     auto stopped = [&] { return absl::CancelledError("the job's handle was killed"); };
     if (control->killed) return stopped();
@@ -266,11 +282,10 @@ class JobActor : public caf::event_based_actor {
         {.flags = config.checkpoint,
          .loaded = load,
          .exit_requested = [control] { return control->killed.load(); },
-         .log = [self, key](
-                    const std::string& line) { tell_job(self, log_relay_atom::value, key, line); },
+         .log = [audience](const std::string& line) { audience->tell(log_atom::value, line); },
          .on_checkpoint =
-             [self, key](int step, const std::string& dir) {
-               tell_job(self, checkpoint_relay_atom::value, key, step, dir);
+             [audience](int step, const std::string& dir) {
+               audience->tell(checkpoint_atom::value, step, dir);
              }},
         config.trace);
     if (!t.ok()) return t.status();
@@ -278,7 +293,11 @@ class JobActor : public caf::event_based_actor {
     caf::anon_send(job, built_atom::value, key, (*t)->layout().describe());
     return (*t)->run(
         system,
-        [self, key](const StepMetrics& m) { tell_job(self, step_relay_atom::value, key, m); },
+        [self, key, audience](const StepMetrics& m) {
+          audience->tell(metrics_atom::value, m);
+          if (m.val_loss) audience->tell(validation_atom::value, m.step, *m.val_loss);
+          tell_job(self, step_relay_atom::value, key, m);  // the handle's status
+        },
         [self, key, control](const caf::actor& coordinator) {
           // (Before the run's start message, from this thread: a stop the
           // host asked for already is in the coordinator's mailbox first.)
@@ -304,23 +323,21 @@ class JobActor : public caf::event_based_actor {
       if (stalled) tell(stall_atom::value, error);
       tell(failure_atom::value, error);
     }
-    for (const caf::actor& s : subscribers_) {
-      send(s, ended_atom::value, config_.name, status_.step, status_.error);
-    }
+    tell(ended_atom::value, status_.step, status_.error);
     if (exiting_) quit(exit_reason_);
   }
 
   // Every event goes out with the job's name first.
   template <class Atom, class... Ts>
   void tell(Atom a, const Ts&... xs) {
-    for (const caf::actor& s : subscribers_) send(s, a, config_.name, xs...);
+    audience_->tell(a, xs...);
   }
 
   JobConfig config_;
   std::uint64_t key_ = 0;
   std::shared_ptr<Control> control_ = std::make_shared<Control>();
   JobStatus status_;
-  std::vector<caf::actor> subscribers_;
+  std::shared_ptr<Audience> audience_ = std::make_shared<Audience>(config_.name);
   caf::actor coordinator_;
   bool save_pending_ = false;
   bool ended_ = false;
@@ -336,6 +353,11 @@ void add_message_types(caf::actor_system_config& cfg) {
   actors::add_message_types(cfg);
   cfg.add_message_type<StepMetrics>("troupe::StepMetrics");
   cfg.add_message_type<JobStatus>("troupe::JobStatus");
+}
+
+void configure_actor_system(caf::actor_system_config& cfg) {
+  add_message_types(cfg);
+  cfg.set("work-stealing.moderate-poll-attempts", 0);  // (actors::configure_actor_system's)
 }
 
 absl::StatusOr<caf::actor> spawn_job(caf::actor_system& system, JobConfig config,

@@ -36,21 +36,45 @@ int main(int argc, char** argv) {
   app.add_option("--trace", trace, "The job's trace directory (the rank's step ends)")->required();
   app.add_option("--steps", steps)->check(CLI::Range(1, 100000));
   std::string op_cost = "0:0:0";
-  app.add_option("--op-cost", op_cost, "--debug-op-cost of the job's ops (ms)")->capture_default_str();
+  app.add_option("--op-cost", op_cost, "--debug-op-cost of the job's ops (ms)")
+      ->capture_default_str();
   bool caf_defaults = false;
   app.add_flag("--caf-defaults", caf_defaults,
                "Leave CAF's scheduler as it comes (an idle worker polls every 50 us for 25 ms)");
   CLI11_PARSE(app, argc, argv);
 
   caf::actor_system_config cfg;
-  troupe::add_message_types(cfg);
-  if (!caf_defaults) cfg.set("work-stealing.moderate-poll-attempts", 0);
+  if (caf_defaults) {
+    troupe::add_message_types(cfg);
+  } else {
+    troupe::configure_actor_system(cfg);
+  }
   caf::actor_system sys{cfg};
-  absl::StatusOr<troupe::JobConfig> config = troupe::JobConfig::from_flags(
-      {"--model", "tiny", "--layers", "2", "--channels", "8", "--heads", "1", "--seq-len", "128",
-       "--vocab-size", "16", "--make-vocab-size-divisible-by", "1", "--micro-batch-size", "1",
-       "--global-batch-size", "1", "--debug-op-cost", op_cost, "--steps", std::to_string(steps),
-       "--trace", trace});
+  absl::StatusOr<troupe::JobConfig> config =
+      troupe::JobConfig::from_flags({"--model",
+                                     "tiny",
+                                     "--layers",
+                                     "2",
+                                     "--channels",
+                                     "8",
+                                     "--heads",
+                                     "1",
+                                     "--seq-len",
+                                     "128",
+                                     "--vocab-size",
+                                     "16",
+                                     "--make-vocab-size-divisible-by",
+                                     "1",
+                                     "--micro-batch-size",
+                                     "1",
+                                     "--global-batch-size",
+                                     "1",
+                                     "--debug-op-cost",
+                                     op_cost,
+                                     "--steps",
+                                     std::to_string(steps),
+                                     "--trace",
+                                     trace});
   if (!config.ok()) {
     std::fprintf(stderr, "event_bench: %s\n", std::string(config.status().message()).c_str());
     return 1;

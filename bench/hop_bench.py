@@ -51,7 +51,9 @@ The other hops on a step's critical path, each on a line of its own
   api_event        the embedding API's metrics event (troupe/troupe.h): from
                    the rank's step end to a subscriber's handler in the host
                    program (bench/event_bench.cc; in one process only: a
-                   `troupe watch` feed is not on a step's path)
+                   `troupe watch` feed is not on a step's path), the host's
+                   actor system made with troupe::configure_actor_system;
+                   and with CAF's default scheduler (api_event_caf_defaults)
 """
 import argparse
 import json
@@ -197,13 +199,13 @@ def tp_all_reduce_us(inproc):
     return statistics.median(runs)
 
 
-def api_event_us():
+def api_event_us(*extra):
     """The rank's step end to the subscriber's handler, every step after SKIP of R runs."""
     lags = []
     for k in range(args.reps):
-        trace = f"{WORK}/event-{k}-trace"
-        out = subprocess.run([args.event_bench, "--trace", trace, "--steps", str(args.steps)],
-                             check=True, capture_output=True, text=True).stdout
+        trace = f"{WORK}/event-{k}{'-'.join(extra)}-trace"
+        out = subprocess.run([args.event_bench, "--trace", trace, "--steps", str(args.steps),
+                              *extra], check=True, capture_output=True, text=True).stdout
         got = {row["step"]: row["received_ns"] for row in map(json.loads, out.splitlines())}
         steps = step_events(trace)
         lags += [(got[s] - e["e"]) / 1e3 for s, e in steps.items() if s > SKIP and s in got]
@@ -263,10 +265,14 @@ if args.only != "hops":
     paths.append(path_row("tp_all_reduce", tp_all_reduce_us(True), tp_all_reduce_us(False),
                           "4 KiB all-reduce of 2 ranks (mean of 5,000, median of runs)"))
     paths.append(path_row("api_event", statistics.median(api_event_us()), None,
-                          "the rank's step end to the subscriber's handler (median)"))
+                          "the rank's step end to the subscriber's handler (median), "
+                          "the host's system made with troupe::configure_actor_system"))
+    paths.append(path_row("api_event_caf_defaults",
+                          statistics.median(api_event_us("--caf-defaults")), None,
+                          "the same, the host's system with CAF's default scheduler"))
     print()
-    print(f"{'other hops':>14s} {'in process':>11s} {'across':>9s}")
+    print(f"{'other hops':>22s} {'in process':>11s} {'across':>9s}")
     for path, inp, cross in paths:
         across = "-" if cross is None else f"{cross:7.1f}us"
-        print(f"{path:>14s} {inp:9.1f}us {across:>9s}")
+        print(f"{path:>22s} {inp:9.1f}us {across:>9s}")
 print("targets (4 KiB): in process < 20 us, across processes < 60 us")

@@ -23,7 +23,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   caf::actor_system_config cfg;
-  troupe::add_message_types(cfg);
+  troupe::configure_actor_system(cfg);
   caf::actor_system system{cfg};
   caf::scoped_actor self{system};
   absl::StatusOr<std::unique_ptr<troupe::JobWatcher>> watcher =

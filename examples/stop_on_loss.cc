@@ -82,7 +82,7 @@ int main(int argc, char** argv) {
   Outcome out;
   {
     caf::actor_system_config cfg;
-    troupe::add_message_types(cfg);
+    troupe::configure_actor_system(cfg);
     caf::actor_system system{cfg};
     system.spawn(host, *config, threshold, &out);
   }  // (the system waits for the host and the job)

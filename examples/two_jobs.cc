@@ -66,7 +66,7 @@ int main() {
   Race race;
   {
     caf::actor_system_config cfg;
-    troupe::add_message_types(cfg);
+    troupe::configure_actor_system(cfg);
     caf::actor_system system{cfg};
     system.spawn(host, jobs, &race);
   }

@@ -5,7 +5,7 @@
 // a running `troupe launch` job is here too (JobWatcher).
 //
 //   caf::actor_system_config cfg;
-//   troupe::add_message_types(cfg);            // before the system starts
+//   troupe::configure_actor_system(cfg);       // before the system starts
 //   caf::actor_system sys{cfg};
 //   absl::StatusOr<troupe::JobConfig> config =
 //       troupe::JobConfig::from_flags({"--model", "tiny", "--pp", "2", "--dp", "2", "--steps",
@@ -120,6 +120,16 @@ using ended_atom = caf::atom_constant<caf::atom("trp_ended")>;
 // Registers every message type of troupe's actors and of this API with
 // `cfg`; call it before the actor system is made from it.
 void add_message_types(caf::actor_system_config& cfg);
+
+// add_message_types, and CAF's scheduler as troupe's own programs set it: a
+// worker with nothing to do goes from its short busy poll straight to
+// sleeping on a condition variable that a new message wakes, instead of
+// waking every 50 us for 25 ms to look (CAF's default). A job's actors run
+// on the host's workers, so with the default each hop of the job's messages
+// that found the worker napping waited up to 50 us, and the naps took a
+// share of the cores. Leaves the number of workers to the host; a setting
+// the host makes after this call wins.
+void configure_actor_system(caf::actor_system_config& cfg);
 
 // Checks `config` (InvalidArgument naming the option), then spawns the job
 // in `system` and returns its handle; the job starts at once. `subscriber`
