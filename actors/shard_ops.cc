@@ -229,7 +229,13 @@ void ShardActor::stream_send(MessageKind kind, const ScheduleOp& op, int slot) {
         if (absl::Status st = stream->status(); !st.ok()) {
           return done(absl::AbortedError("not sent: the stream failed"));
         }
+        // This thread drives the transport through the send: a send that
+        // completes at once (the receive was waiting) completes here, in
+        // poll(), instead of waking the transport's thread for it.
+        transport->drive_begin();
         transport->send(dst, tag, data, bytes, std::move(done));
+        transport->poll();
+        transport->drive_end();
       });
 }
 
