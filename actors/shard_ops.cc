@@ -229,13 +229,20 @@ void ShardActor::stream_send(MessageKind kind, const ScheduleOp& op, int slot) {
         if (absl::Status st = stream->status(); !st.ok()) {
           return done(absl::AbortedError("not sent: the stream failed"));
         }
-        // This thread drives the transport through the send: a send that
-        // completes at once (the receive was waiting) completes here, in
-        // poll(), instead of waking the transport's thread for it.
-        transport->drive_begin();
+        // A small send completes at once (the receive is waiting, or UCX
+        // sends it eagerly): this thread drives the transport through it,
+        // so it completes here, in poll(), instead of waking the
+        // transport's thread for it. From 64 KiB a send between processes
+        // completes only once the receiver has read it (UCX's single-copy
+        // protocol), so a poll right after finds nothing, and the progress
+        // thread, stood down for it, would have to be woken again.
+        // (Only on a stream whose host callbacks have a thread of their own:
+        // a CUDA host function must not run a transport's completions.)
+        constexpr std::size_t kDriveMaxBytes = 64 << 10;
+        const bool drive = bytes < kDriveMaxBytes && stream->has_gates();
+        comm::DriveScope scope(drive ? transport : nullptr);
         transport->send(dst, tag, data, bytes, std::move(done));
-        transport->poll();
-        transport->drive_end();
+        if (drive) transport->poll();
       });
 }
 

@@ -294,9 +294,11 @@ class JobActor : public caf::event_based_actor {
     return (*t)->run(
         system,
         [self, key, audience](const StepMetrics& m) {
+          // The handle's status first: a status request a subscriber makes
+          // on this event is behind it in the handle's mailbox.
+          tell_job(self, step_relay_atom::value, key, m);
           audience->tell(metrics_atom::value, m);
           if (m.val_loss) audience->tell(validation_atom::value, m.step, *m.val_loss);
-          tell_job(self, step_relay_atom::value, key, m);  // the handle's status
         },
         [self, key, control](const caf::actor& coordinator) {
           // (Before the run's start message, from this thread: a stop the

@@ -174,14 +174,16 @@ absl::Status Communicator::execute(const Body& run) {
   // Where the transport lets this thread drive its progress, it does, for
   // the whole collective: no handoff between UCX's thread and this one.
   driver_ = transport_.can_poll() ? &transport_ : nullptr;
-  if (driver_ != nullptr) driver_->drive_begin();
-  absl::Status st = failure();
-  if (st.ok()) st = run();
-  if (!st.ok()) fail(st);                                    // cancels the sends still in flight
-  if (absl::Status sent = wait_sends(); st.ok()) st = sent;  // their buffers are the caller's
-  if (!st.ok()) fail(st);
-  if (absl::Status root = failure(); !root.ok()) st = root;
-  if (driver_ != nullptr) driver_->drive_end();
+  absl::Status st;
+  {
+    DriveScope drive(driver_);
+    st = failure();
+    if (st.ok()) st = run();
+    if (!st.ok()) fail(st);                                    // cancels the sends still in flight
+    if (absl::Status sent = wait_sends(); st.ok()) st = sent;  // their buffers are the caller's
+    if (!st.ok()) fail(st);
+    if (absl::Status root = failure(); !root.ok()) st = root;
+  }
   driver_ = nullptr;
   next_op_++;
   return st;

@@ -17,15 +17,15 @@ class InProcTransport final : public Transport {
   int size() const override { return fabric_->size(); }
   void send(int peer, Tag tag, const void* data, std::size_t bytes, Callback done,
             std::shared_ptr<CancelToken> token) override {
-    fabric_->send(rank_, peer, tag, data, bytes, std::move(done), std::move(token));
+    fabric_->send(rank_, peer, tag, data, bytes, std::move(done), std::move(token), driving());
   }
   void recv(int peer, Tag tag, void* data, std::size_t bytes, Callback done,
             std::shared_ptr<CancelToken> token) override {
-    fabric_->recv(rank_, peer, tag, data, bytes, std::move(done), std::move(token));
+    fabric_->recv(rank_, peer, tag, data, bytes, std::move(done), std::move(token), driving());
   }
   void recv_pull(int peer, Tag tag, std::size_t bytes, void* /*landing*/, ArrivalCallback done,
                  std::shared_ptr<CancelToken> token) override {
-    fabric_->recv_pull(rank_, peer, tag, bytes, std::move(done), std::move(token));
+    fabric_->recv_pull(rank_, peer, tag, bytes, std::move(done), std::move(token), driving());
   }
   void fail_peer(int peer, absl::Status why) override {
     fabric_->fail_peer(rank_, peer, std::move(why));
@@ -33,15 +33,68 @@ class InProcTransport final : public Transport {
   void cancel(const std::shared_ptr<CancelToken>& token, absl::Status why) override {
     fabric_->cancel(rank_, token, std::move(why));
   }
+
   bool can_poll() const override { return true; }
-  bool poll() override { return fabric_->poll(rank_); }
-  bool wait_for_event(std::chrono::microseconds max) override {
-    return fabric_->wait_for_event(rank_, max);
+  bool poll() override {
+    std::shared_ptr<Driver> d = driving();
+    if (!d) return false;
+    std::deque<std::function<void()>> ready;
+    {
+      std::lock_guard<std::mutex> lock(d->mu);
+      ready.swap(d->pending);
+    }
+    for (auto& fn : ready) fabric_->run_inline(fn);
+    return !ready.empty();
   }
-  void drive_begin() override { fabric_->drive_begin(rank_); }
-  void drive_end() override { fabric_->drive_end(rank_); }
+  bool wait_for_event(std::chrono::microseconds max) override {
+    std::shared_ptr<Driver> d = driving();
+    if (!d) return false;
+    std::unique_lock<std::mutex> lock(d->mu);
+    d->sleeping = true;
+    d->cv.wait_for(lock, max, [&] { return !d->pending.empty(); });
+    d->sleeping = false;
+    return true;
+  }
+  void drive_begin() override {
+    std::shared_ptr<Driver> d = driving();
+    if (!d) {
+      d = std::make_shared<Driver>();
+      drives().push_back({this, d});
+    }
+    std::lock_guard<std::mutex> lock(d->mu);
+    d->depth++;
+  }
+  // The last drive_end runs what is left (nothing else would).
+  void drive_end() override {
+    std::shared_ptr<Driver> d = driving();
+    if (!d) return;
+    std::deque<std::function<void()>> left;
+    {
+      std::lock_guard<std::mutex> lock(d->mu);
+      if (--d->depth > 0) return;
+      left.swap(d->pending);
+    }
+    std::erase_if(drives(), [this](const Drive& x) { return x.endpoint == this; });
+    for (auto& fn : left) fabric_->run_inline(fn);
+  }
 
  private:
+  using Driver = InProcFabric::Driver;
+  struct Drive {
+    const InProcTransport* endpoint;
+    std::shared_ptr<Driver> driver;
+  };
+  // The endpoints this thread drives.
+  static std::vector<Drive>& drives() {
+    thread_local std::vector<Drive> v;
+    return v;
+  }
+  std::shared_ptr<Driver> driving() const {
+    for (const Drive& x : drives())
+      if (x.endpoint == this) return x.driver;
+    return nullptr;
+  }
+
   std::shared_ptr<InProcFabric> fabric_;
   int rank_;
 };
@@ -51,81 +104,27 @@ InProcFabric::InProcFabric(int size)
       sends_(static_cast<std::size_t>(size)),
       recvs_(static_cast<std::size_t>(size)),
       failed_(static_cast<std::size_t>(size),
-              std::vector<absl::Status>(static_cast<std::size_t>(size))),
-      driven_(static_cast<std::size_t>(size)) {}
+              std::vector<absl::Status>(static_cast<std::size_t>(size))) {}
 
 std::unique_ptr<Transport> InProcFabric::endpoint(int rank) {
   return std::make_unique<InProcTransport>(shared_from_this(), rank);
 }
 
-void InProcFabric::complete(int owner, std::function<void()> fn, bool here) {
-  Driven& d = driven_[static_cast<std::size_t>(owner)];
-  {
-    std::lock_guard<std::mutex> lock(d.mu);
-    if (d.drivers > 0) {
-      d.pending.push_back(std::move(fn));
-      if (d.sleepers > 0) d.cv.notify_all();
+void InProcFabric::complete(const std::shared_ptr<Driver>& driver, std::function<void()> fn,
+                            bool here) {
+  if (driver) {
+    std::lock_guard<std::mutex> lock(driver->mu);
+    if (driver->depth > 0) {
+      driver->pending.push_back(std::move(fn));
+      if (driver->sleeping) driver->cv.notify_one();
       return;
     }
   }
   if (here) {
     run_inline(fn);
-    poke(owner);  // (a driver that began since waits for it)
   } else {
-    callbacks_.post([this, owner, fn = std::move(fn)] {
-      fn();
-      poke(owner);
-    });
+    callbacks_.post(std::move(fn));
   }
-}
-
-void InProcFabric::poke(int rank) {
-  Driven& d = driven_[static_cast<std::size_t>(rank)];
-  std::lock_guard<std::mutex> lock(d.mu);
-  if (d.sleepers == 0) return;
-  d.pokes++;
-  d.cv.notify_all();
-}
-
-bool InProcFabric::poll(int rank) {
-  std::deque<std::function<void()>> ready;
-  Driven& d = driven_[static_cast<std::size_t>(rank)];
-  {
-    std::lock_guard<std::mutex> lock(d.mu);
-    ready.swap(d.pending);
-  }
-  if (ready.empty()) return false;
-  for (auto& fn : ready) run_inline(fn);
-  poke(rank);  // another thread driving this rank may wait for one of them
-  return true;
-}
-
-bool InProcFabric::wait_for_event(int rank, std::chrono::microseconds max) {
-  Driven& d = driven_[static_cast<std::size_t>(rank)];
-  std::unique_lock<std::mutex> lock(d.mu);
-  if (!d.pending.empty()) return true;
-  const std::uint64_t seen = d.pokes;
-  d.sleepers++;
-  d.cv.wait_for(lock, max, [&] { return !d.pending.empty() || d.pokes != seen; });
-  d.sleepers--;
-  return true;
-}
-
-void InProcFabric::drive_begin(int rank) {
-  Driven& d = driven_[static_cast<std::size_t>(rank)];
-  std::lock_guard<std::mutex> lock(d.mu);
-  d.drivers++;
-}
-
-// The last driver runs what is left (the queue would otherwise never see it).
-void InProcFabric::drive_end(int rank) {
-  std::deque<std::function<void()>> left;
-  Driven& d = driven_[static_cast<std::size_t>(rank)];
-  {
-    std::lock_guard<std::mutex> lock(d.mu);
-    if (--d.drivers == 0) left.swap(d.pending);
-  }
-  for (auto& fn : left) run_inline(fn);
 }
 
 void InProcFabric::deliver(Op send, Op recv, bool send_posted_last) {
@@ -134,9 +133,9 @@ void InProcFabric::deliver(Op send, Op recv, bool send_posted_last) {
         absl::StrCat("message of ", send.bytes, " bytes from rank ", send.owner, " to rank ",
                      recv.owner, " for a receive of ", recv.bytes, " bytes (tag ", send.tag, ")"));
     complete(
-        send.owner, [s = std::move(send.done), st] { s(st); }, false);
+        send.driver, [s = std::move(send.done), st] { s(st); }, false);
     complete(
-        recv.owner, [r = std::move(recv.done), st] { r(st); }, false);
+        recv.driver, [r = std::move(recv.done), st] { r(st); }, false);
     return;
   }
   if (recv.pulled) {
@@ -145,10 +144,10 @@ void InProcFabric::deliver(Op send, Op recv, bool send_posted_last) {
     // lets go at once must not complete the send inside its sender's call).
     auto arrival = std::make_shared<Arrival>(
         absl::OkStatus(), send.bytes,
-        std::make_unique<InPlaceSource>(send.data, [this, owner = send.owner,
+        std::make_unique<InPlaceSource>(send.data, [this, driver = send.driver,
                                                     d = std::move(send.done)](absl::Status st) {
           complete(
-              owner,
+              driver,
               [d, st = std::move(st)] {
                 d(st.ok() ? st : absl::Status(st.code(), absl::StrCat("receiver: ", st.message())));
               },
@@ -156,19 +155,19 @@ void InProcFabric::deliver(Op send, Op recv, bool send_posted_last) {
         }));
     auto run = [pulled = std::move(recv.pulled), arrival] { (*pulled)(std::move(*arrival)); };
     // The receiver has been waiting: its callback runs here.
-    complete(recv.owner, std::move(run), send_posted_last && send.owner != recv.owner);
+    complete(recv.driver, std::move(run), send_posted_last && send.owner != recv.owner);
     return;
   }
   if (send.bytes > 0) std::memcpy(recv.data, send.data, send.bytes);
   // The poster's own completion goes through the queue (never inside its
-  // call). The other side, a peer that has been waiting, completes right
-  // here: one thread handoff less on the path of every pipeline message.
+  // call), or waits for its driver's poll. The other side, a peer that has been waiting, completes
+  // right here: one thread handoff less on the path of every pipeline message.
   Op& poster = send_posted_last ? send : recv;
   Op& waiter = send_posted_last ? recv : send;
   complete(
-      poster.owner, [d = std::move(poster.done)] { d(absl::OkStatus()); }, false);
+      poster.driver, [d = std::move(poster.done)] { d(absl::OkStatus()); }, false);
   complete(
-      waiter.owner, [d = std::move(waiter.done)] { d(absl::OkStatus()); },
+      waiter.driver, [d = std::move(waiter.done)] { d(absl::OkStatus()); },
       waiter.owner != poster.owner);
 }
 
@@ -194,7 +193,7 @@ void InProcFabric::post(Op op, bool is_send) {
   if (absl::Status st = refusal(op); !st.ok()) {
     lock.unlock();
     complete(
-        op.owner, [d = std::move(op.done), st] { d(st); }, false);
+        op.driver, [d = std::move(op.done), st] { d(st); }, false);
     return;
   }
   auto& table = (is_send ? recvs_ : sends_)[static_cast<std::size_t>(dst)];  // where a match waits
@@ -215,20 +214,25 @@ void InProcFabric::post(Op op, bool is_send) {
 }
 
 void InProcFabric::send(int src, int dst, Tag tag, const void* data, std::size_t bytes,
-                        Callback done, std::shared_ptr<CancelToken> token) {
-  post({src, dst, tag, const_cast<void*>(data), bytes, std::move(done), std::move(token)}, true);
+                        Callback done, std::shared_ptr<CancelToken> token,
+                        std::shared_ptr<Driver> driver) {
+  post({src, dst, tag, const_cast<void*>(data), bytes, std::move(done), std::move(token), nullptr,
+        std::move(driver)},
+       true);
 }
 
 void InProcFabric::recv(int dst, int src, Tag tag, void* data, std::size_t bytes, Callback done,
-                        std::shared_ptr<CancelToken> token) {
-  post({dst, src, tag, data, bytes, std::move(done), std::move(token)}, false);
+                        std::shared_ptr<CancelToken> token, std::shared_ptr<Driver> driver) {
+  post({dst, src, tag, data, bytes, std::move(done), std::move(token), nullptr, std::move(driver)},
+       false);
 }
 
 void InProcFabric::recv_pull(int dst, int src, Tag tag, std::size_t bytes, ArrivalCallback done,
-                             std::shared_ptr<CancelToken> token) {
+                             std::shared_ptr<CancelToken> token, std::shared_ptr<Driver> driver) {
   auto pulled = std::make_shared<ArrivalCallback>(std::move(done));
   Callback failed = [pulled, bytes](absl::Status st) { (*pulled)(Arrival(st, bytes, nullptr)); };
-  post({dst, src, tag, nullptr, bytes, std::move(failed), std::move(token), std::move(pulled)},
+  post({dst, src, tag, nullptr, bytes, std::move(failed), std::move(token), std::move(pulled),
+        std::move(driver)},
        false);
 }
 
@@ -242,14 +246,14 @@ std::size_t InProcFabric::pending_entries() {
 
 template <typename Pred>
 void InProcFabric::fail_where(int rank, Pred pred, const absl::Status& why) {
-  std::vector<std::pair<int, Callback>> failed;
+  std::vector<std::pair<std::shared_ptr<Driver>, Callback>> failed;
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto sweep = [&](std::map<Key, std::vector<Op>>& table) {
       for (auto entry = table.begin(); entry != table.end();) {
         std::erase_if(entry->second, [&](Op& op) {
           if (op.owner != rank || !pred(op)) return false;
-          failed.emplace_back(op.owner, std::move(op.done));
+          failed.emplace_back(op.driver, std::move(op.done));
           return true;
         });
         entry = entry->second.empty() ? table.erase(entry) : std::next(entry);

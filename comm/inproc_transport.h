@@ -5,10 +5,10 @@
 // sender's buffer in place, and the send completes when it lets go.
 // A rank's operations complete on the callback queue's thread (the one a
 // rank posted last) or on the peer's thread that matched them (the one that
-// waited); while a thread drives the rank (drive_begin .. drive_end, as a
-// collective does), they wait for its poll() instead and run there, so a
-// collective's messages cost no hand-off to another thread (3 KiB
-// all-reduce of two threads: 46 us through the queue, see docs/ARCHITECTURE.md).
+// waited); those a thread posts while it drives the rank (drive_begin ..
+// drive_end, as a collective does) wait for its poll() instead and run
+// there, so a collective's messages cost no hand-off to another thread (a
+// 4 KiB all-reduce of two threads: 46 us through the queue, 9 driven).
 //
 //   auto fabric = std::make_shared<comm::InProcFabric>(4);
 //   std::unique_ptr<comm::Transport> t0 = fabric->endpoint(0);   // rank 0's view
@@ -41,13 +41,14 @@ class InProcFabric : public std::enable_shared_from_this<InProcFabric> {
 
  private:
   friend class InProcTransport;
-  // A rank driven by a thread of its own: its completions wait in
-  // `pending` for that thread's poll.
-  struct Driven {
+  // A thread driving a rank (drive_begin .. drive_end): the completions of
+  // the operations it posts meanwhile wait in `pending` for its own poll()
+  // (the rank's other operations, a pipeline's receives, complete as ever).
+  struct Driver {
     std::mutex mu;
     std::condition_variable cv;
-    int drivers = 0, sleepers = 0;
-    std::uint64_t pokes = 0;  // completions run elsewhere while a driver slept
+    int depth = 0;  // drive_begin calls not yet ended; 0: done driving
+    bool sleeping = false;
     std::deque<std::function<void()>> pending;
   };
   struct Op {
@@ -59,15 +60,16 @@ class InProcFabric : public std::enable_shared_from_this<InProcFabric> {
     Callback done;  // for a pulled receive: reports failures only
     std::shared_ptr<CancelToken> token;
     std::shared_ptr<ArrivalCallback> pulled = nullptr;  // a pulled receive's callback
+    std::shared_ptr<Driver> driver = nullptr;           // the posting thread's, if it drives
   };
   using Key = std::pair<int, Tag>;  // (source rank, tag), per destination
 
   void send(int src, int dst, Tag tag, const void* data, std::size_t bytes, Callback done,
-            std::shared_ptr<CancelToken> token);
+            std::shared_ptr<CancelToken> token, std::shared_ptr<Driver> driver);
   void recv(int dst, int src, Tag tag, void* data, std::size_t bytes, Callback done,
-            std::shared_ptr<CancelToken> token);
+            std::shared_ptr<CancelToken> token, std::shared_ptr<Driver> driver);
   void recv_pull(int dst, int src, Tag tag, std::size_t bytes, ArrivalCallback done,
-                 std::shared_ptr<CancelToken> token);
+                 std::shared_ptr<CancelToken> token, std::shared_ptr<Driver> driver);
   void post(Op op, bool is_send);
   absl::Status refusal(const Op& op) const;
   void fail_peer(int rank, int peer, absl::Status why);
@@ -76,14 +78,10 @@ class InProcFabric : public std::enable_shared_from_this<InProcFabric> {
   // posted last through the callback queue, the one that waited (a peer's)
   // in the calling thread.
   void deliver(Op send, Op recv, bool send_posted_last);
-  // Completes an operation of `owner` with `fn`: in its driver's poll while
-  // one drives it; otherwise here (`here`, a waiting peer's) or on the queue.
-  void complete(int owner, std::function<void()> fn, bool here);
-  void poke(int rank);  // a completion of `rank` ran elsewhere: wake its sleeping drivers
-  bool poll(int rank);
-  bool wait_for_event(int rank, std::chrono::microseconds max);
-  void drive_begin(int rank);
-  void drive_end(int rank);
+  // Completes an operation with `fn`: in its driver's poll while that thread
+  // still drives; otherwise here (`here`: a waiting peer's, in the call that
+  // matched it) or on the callback queue.
+  void complete(const std::shared_ptr<Driver>& driver, std::function<void()> fn, bool here);
   // Removes `rank`'s pending ops that `pred` selects and fails them.
   template <typename Pred>
   void fail_where(int rank, Pred pred, const absl::Status& why);
@@ -93,7 +91,6 @@ class InProcFabric : public std::enable_shared_from_this<InProcFabric> {
   std::vector<std::map<Key, std::vector<Op>>> sends_;  // by destination: unmatched sends
   std::vector<std::map<Key, std::vector<Op>>> recvs_;  // by destination: posted receives
   std::vector<std::vector<absl::Status>> failed_;      // [rank][peer]: rank knows peer failed
-  std::deque<Driven> driven_;                          // by rank
   // A completion callback that threw (a bug of its owner): every pending
   // and later operation fails with it, so that whoever waits hears of it.
   void fail_everything(const absl::Status& why);

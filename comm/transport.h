@@ -153,6 +153,24 @@ class Transport {
   virtual void cancel(const std::shared_ptr<CancelToken>& token, absl::Status why) = 0;
 };
 
+// Drives `t` (null: nothing) for a scope: drive_begin() now, drive_end()
+// when the scope ends, also by an exception (a transport left driven would
+// hold its completions for a poll that never comes).
+class DriveScope {
+ public:
+  explicit DriveScope(Transport* t) : t_(t) {
+    if (t_ != nullptr) t_->drive_begin();
+  }
+  ~DriveScope() {
+    if (t_ != nullptr) t_->drive_end();
+  }
+  DriveScope(const DriveScope&) = delete;
+  DriveScope& operator=(const DriveScope&) = delete;
+
+ private:
+  Transport* t_;
+};
+
 // An Arrival whose bytes are in a buffer of this process.
 class InPlaceSource final : public Arrival::Source {
  public:

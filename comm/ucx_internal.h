@@ -2,6 +2,8 @@
 // not part of its interface.
 #pragma once
 
+#include <vector>
+
 namespace troupe::comm::ucx_internal {
 
 // Set while this thread is inside progress_once (running callbacks): a
@@ -20,5 +22,15 @@ struct PostingHere {
   PostingHere() { posting_here = true; }
   ~PostingHere() { posting_here = false; }
 };
+
+// The transports this thread drives (drive_begin .. drive_end, once per
+// open scope): an operation it submits to one of them meanwhile is posted at
+// its own next poll, so the progress thread need not be woken for it.
+std::vector<const void*>& driving();
+inline bool drives(const void* transport) {
+  for (const void* t : driving())
+    if (t == transport) return true;
+  return false;
+}
 
 }  // namespace troupe::comm::ucx_internal

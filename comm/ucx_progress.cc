@@ -6,6 +6,7 @@
 #include <ucp/api/ucp.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 
@@ -141,6 +142,7 @@ void UcxTransport::wake_locked() {
 }
 
 void UcxTransport::drive_begin() {
+  ucx_internal::driving().push_back(this);
   std::lock_guard<std::mutex> lock(mu_);
   drivers_++;
 }
@@ -151,11 +153,21 @@ void UcxTransport::drive_begin() {
 // thread after every collective cost ~10 us of context switches on this core).
 void UcxTransport::drive_end() {
   poll();
+  auto& mine = ucx_internal::driving();
+  if (auto it = std::find(mine.rbegin(), mine.rend(), this); it != mine.rend()) {
+    mine.erase(std::next(it).base());
+  }
   bool wake = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
     drivers_--;
-    wake = drivers_ == 0 && (!ops_.empty() || work_queued_locked());
+    if (work_queued_locked()) {
+      // What this thread submitted unannounced and its polls could not post
+      // (another thread had the worker): whoever sleeps must see it.
+      wake_locked();
+    } else {
+      wake = drivers_ == 0 && !ops_.empty();
+    }
   }
   if (wake) cv_.notify_all();
 }

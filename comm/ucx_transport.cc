@@ -165,6 +165,10 @@ absl::StatusOr<std::unique_ptr<UcxTransport>> UcxTransport::create(int rank, int
 // (ucx_internal.h: the mark of a thread inside progress_once.)
 thread_local bool ucx_internal::in_progress = false;
 thread_local bool ucx_internal::posting_here = false;
+std::vector<const void*>& ucx_internal::driving() {
+  thread_local std::vector<const void*> v;
+  return v;
+}
 
 // Every operation still pending completes (Aborted) before UCX goes (a
 // regression: they were once dropped, their callbacks never run, and their
@@ -380,8 +384,9 @@ std::uint64_t UcxTransport::submit(std::unique_ptr<Op> owned) {
     here = refuse.ok() && drivers_ == 0 && !ucx_internal::in_progress;
     // The progress thread needs waking only when no caller drives progress (a
     // wake-up per operation of a driven collective cost ~5 us each in context
-    // switches on the driver's core); a driver only if it sleeps.
-    if (!here) wake_locked();
+    // switches on the driver's core); a driver only if it sleeps, and not
+    // for what it submits itself (it posts that at its next poll).
+    if (!here && !ucx_internal::drives(this)) wake_locked();
   }
   if (here) post_here();
   return id;

@@ -322,6 +322,18 @@ TEST(Runtime, FixedCostChunksTakeTheRanksTensorSlice) {
   EXPECT_EQ(steps, 2);
   model::Gpt whole((*t)->options().model, 1, gpu::cpu_device());
   EXPECT_TRUE((*t)->gather_params(whole).ok());
+  // The chunk itself: rank t's slice of every parameter, as a real chunk's.
+  const model::GptConfig& c = (*t)->options().model;
+  const model::StageSpec first = model::StageSpec::pipeline(c, 2, 0);
+  for (int tp_rank : {0, 1}) {
+    const model::TpSlice slice{2, tp_rank};
+    std::unique_ptr<GptStage> chunk = timed_stage_factory({.stages = {{.f = 0, .b = 0}}})(
+        {.config = c, .B = 2, .spec = first, .slots = 1, .tp = slice});
+    const std::int64_t sliced = model::ParamLayout::gpt(c, first, slice).total();
+    EXPECT_EQ(chunk->params().numel(), sliced);
+    EXPECT_EQ(chunk->grads().numel(), sliced);
+    EXPECT_LT(sliced, model::ParamLayout::gpt(c, first).total());
+  }
 }
 
 // ZeRO-1: every byte the optimizer side allocates (master, Adam m and v, the

@@ -89,5 +89,82 @@ TEST(InProcCallbacks, OneThatThrowsFailsTheFabricNotTheProcess) {
   }
 }
 
+// A thread that drives its rank gets the completions of what it posted in
+// its own poll(), never inside the posting call; what another thread of the
+// same rank posted completes as before (inline on the matching peer's
+// thread), and the last drive_end() runs what is left.
+TEST(InProcDrive, ADriversOwnCompletionsRunInItsPollAndNowhereElse) {
+  auto fabric = std::make_shared<InProcFabric>(2);
+  auto t0 = fabric->endpoint(0), t1 = fabric->endpoint(1);
+  ASSERT_TRUE(t0->can_poll());
+  float a = 1, b = 0, c = 2, d = 0;
+  const std::thread::id me = std::this_thread::get_id();
+  std::thread::id sent_on, other_on;
+  bool in_call = false, ran_in_call = false;
+  bool received = false;
+  t1->recv(0, 1, &b, 4, [&](absl::Status st) { received = st.ok(); });  // waiting: completed inline
+  DriveScope drive(t0.get());
+  in_call = true;
+  t0->send(1, 1, &a, 4, [&](absl::Status st) {
+    ran_in_call = in_call;
+    if (st.ok()) sent_on = std::this_thread::get_id();
+  });
+  in_call = false;
+  EXPECT_TRUE(received);  // the peer's receive, inline in this call
+  EXPECT_EQ(b, 1.0f);
+  EXPECT_EQ(sent_on, std::thread::id());  // held for this thread's poll
+  // Another thread of rank 0 posts a receive; rank 1's send completes it.
+  std::promise<void> other_done;
+  std::thread other([&] {
+    t0->recv(1, 2, &d, 4, [&](absl::Status) {
+      other_on = std::this_thread::get_id();
+      other_done.set_value();
+    });
+  });
+  other.join();
+  t1->send(0, 2, &c, 4, [](absl::Status) {});
+  // Completed inside rank 1's matching send (on this thread), not held for
+  // this thread's poll: it is not the driver's.
+  ASSERT_EQ(other_done.get_future().wait_for(std::chrono::seconds(0)), std::future_status::ready);
+  EXPECT_EQ(other_on, me);
+  EXPECT_EQ(d, 2.0f);
+  EXPECT_TRUE(t0->poll());
+  EXPECT_EQ(sent_on, me);
+  EXPECT_FALSE(ran_in_call);
+  EXPECT_FALSE(t0->poll());  // nothing more
+  // Posted, completed, not polled: drive_end runs it.
+  std::thread::id left_on;
+  t1->recv(0, 3, &b, 4, [](absl::Status) {});
+  t0->send(1, 3, &a, 4, [&](absl::Status) { left_on = std::this_thread::get_id(); });
+  EXPECT_EQ(left_on, std::thread::id());
+  t0->drive_end();
+  EXPECT_EQ(left_on, me);
+  t0->drive_begin();  // (the scope's end)
+}
+
+// A driver asleep in wait_for_event() wakes when the peer's send completes
+// its receive, well before the bound it slept with.
+TEST(InProcDrive, ASleepingDriverWakesForItsCompletion) {
+  auto fabric = std::make_shared<InProcFabric>(2);
+  auto t0 = fabric->endpoint(0), t1 = fabric->endpoint(1);
+  float a = 3, b = 0;
+  DriveScope drive(t0.get());
+  bool got = false;
+  t0->recv(1, 1, &b, 4, [&](absl::Status st) { got = st.ok(); });
+  std::thread peer([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    t1->send(0, 1, &a, 4, [](absl::Status) {});
+  });
+  const auto t_start = std::chrono::steady_clock::now();
+  while (!got) {
+    if (!t0->poll()) t0->wait_for_event(std::chrono::seconds(10));
+  }
+  const double s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+  peer.join();
+  EXPECT_EQ(b, 3.0f);
+  EXPECT_LT(s, 5.0);  // woken, not timed out
+}
+
 }  // namespace
 }  // namespace troupe::comm
