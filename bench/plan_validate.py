@@ -51,10 +51,10 @@ MTNLG = "Smith et al. 2022 (MT-NLG), section 2.4"
 
 
 def run(name, source, heads, hidden, layers, tp, pp, gpus, batch, measured, unit, vocab=51200,
-        micro=1, recompute="full", sp=False, virtual=1, assumed=""):
+        micro=1, recompute="full", sp=False, virtual=1, dropout=0.1, assumed=""):
     return dict(name=name, source=source, heads=heads, hidden=hidden, layers=layers, tp=tp, pp=pp,
                 gpus=gpus, batch=batch, measured=measured, unit=unit, vocab=vocab, micro=micro,
-                recompute=recompute, sp=sp, virtual=virtual, assumed=assumed)
+                recompute=recompute, sp=sp, virtual=virtual, dropout=dropout, assumed=assumed)
 
 
 # (billions of parameters, heads, hidden, layers, tp, pp, GPUs, global batch,
@@ -95,7 +95,7 @@ RUNS.append(run("530B sel+sp dp8", KORTHIKANTI, 128, 20480, 105, 8, 35, 2240, 22
 # (servers, iteration seconds, measured TFLOP/s per GPU)
 MTNLG_RUNS = [(280, 60.1, 126), (350, 50.2, 121), (420, 44.4, 113)]
 RUNS += [run(f"MT-NLG {n * 8} GPUs", MTNLG, 128, 20480, 105, 8, 35, n * 8, 1920, m, "tflops",
-             vocab=50257, assumed="micro-batch 1, 1f1b")
+             vocab=50257, dropout=0, assumed="micro-batch 1, 1f1b, no dropout")
          for n, _, m in MTNLG_RUNS]
 
 rows = []
@@ -104,7 +104,8 @@ for r in RUNS:
            "--layers", str(r["layers"]), "--channels", str(r["hidden"]), "--heads", str(r["heads"]),
            "--seq-len", "2048", "--vocab-size", str(r["vocab"]), "--tp", str(r["tp"]),
            "--pp", str(r["pp"]), "--gpus", str(r["gpus"]), "--global-batch-size", str(r["batch"]),
-           "--micro-batch-size", str(r["micro"]), "--recompute", r["recompute"], "--json"]
+           "--micro-batch-size", str(r["micro"]), "--recompute", r["recompute"],
+           "--attention-kernel", "reference", "--dropout", str(r["dropout"]), "--json"]
     if r["sp"]:
         cmd.append("--sequence-parallel")
     if r["virtual"] > 1:
@@ -123,7 +124,7 @@ for r in RUNS:
     row = {"run": r["name"], "source": r["source"], "tp": r["tp"], "pp": r["pp"],
            "gpus": r["gpus"], "global_batch": r["batch"], "micro_batch": r["micro"],
            "schedule": schedule, "recompute": r["recompute"] + ("+sp" if r["sp"] else ""),
-           "assumed": r["assumed"], "unit": r["unit"], "measured": r["measured"],
+           "dropout": r["dropout"], "assumed": r["assumed"], "unit": r["unit"], "measured": r["measured"],
            "predicted": round(predicted, 2), "error": round(error, 4), "fits": plan["fits"]}
     rows.append(row)
     print(json.dumps(row), flush=True)

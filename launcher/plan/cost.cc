@@ -91,7 +91,22 @@ double CostModel::attention_core(bool backward) const {
   const GemmPass pass = backward ? GemmPass::kBackward : GemmPass::kForward;
   const double gemms = heads * (k.gemm_seconds(T, T, HS, pass) + k.gemm_seconds(T, HS, T, pass));
   const double softmax = k.memory_seconds((backward ? 3 : 2) * e_ * heads * T * T, "softmax");
-  return gemms + softmax;
+  // Dropout on the probabilities (a flash kernel fuses it): reads them and
+  // writes them and the mask (forward); reads the gradient and the mask and
+  // writes the gradient.
+  const bool masked = in_.dropout > 0 && in_.attention == model::AttentionKernel::kReference;
+  const double dropout = masked ? k.memory_seconds((2 * e_ + 1) * heads * T * T, "dropout") : 0;
+  return gemms + softmax + dropout;
+}
+
+double CostModel::residual_dropout(bool backward) const {
+  if (in_.dropout <= 0) return 0;
+  const double N = static_cast<double>(in_.micro_batch) * sliced_.T, C = sliced_.C;
+  const double sp = in_.sequence_parallel ? in_.parallel.tp : 1;
+  // Fused with the bias and the residual add (counted there): the mask's
+  // byte written, or read with the gradient it scales (read and written).
+  const double bytes = backward ? (2 * e_ + 1) * N * C : N * C;
+  return 2 * device_.compute.memory_seconds(bytes / sp, "dropout");
 }
 
 double CostModel::layer_forward(double* tp) const {
@@ -104,7 +119,7 @@ double CostModel::layer_forward(double* tp) const {
   const double residual = k.memory_seconds(3 * N * C * e_ / sp, "residual");
   const double ar = tp_all_reduce_seconds(N * C * e_);
   *tp += 2 * ar;
-  return 2 * ln + 2 * residual + 2 * ar                                  //
+  return 2 * ln + 2 * residual + 2 * ar + residual_dropout(false)        //
          + k.gemm_seconds(N, 3 * C / t, C, fwd) + attention_core(false)  //
          + k.gemm_seconds(N, C, C / t, fwd)                              //
          + k.gemm_seconds(N, F, C, fwd) + k.memory_seconds(2 * N * F * e_, "gelu_fwd") +
@@ -120,7 +135,7 @@ double CostModel::layer_backward(double* tp) const {
   const double ln = k.memory_seconds((4 * N * C * e_ + 8 * N) / sp, "layernorm_bwd");
   const double ar = tp_all_reduce_seconds(N * C * e_);
   *tp += 2 * ar;
-  double s = 2 * ln + 2 * ar  //
+  double s = 2 * ln + 2 * ar + residual_dropout(true)  //
              + k.gemm_seconds(N, C, F, bwd) + k.memory_seconds(3 * N * F * e_, "gelu_bwd") +
              k.gemm_seconds(N, F, C, bwd)  //
              + k.gemm_seconds(N, C, C / t, bwd) + attention_core(true) +

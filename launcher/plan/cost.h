@@ -4,7 +4,9 @@
 //             (model/gpt.cc): per layer the qkv, projection, fc and fc-proj
 //             GEMMs (the curve of launcher/plan/hardware.h), attention, and the
 //             memory-bound ops (LayerNorm, GELU, residual, embedding,
-//             cross-entropy) by the bytes they move; recompute adds the
+//             cross-entropy; with --dropout, Megatron's dropout masks on
+//             the attention probabilities and the two residual branches)
+//             by the bytes they move; recompute adds the
 //             forward (full) or the attention core (selective) to the
 //             backward.
 //   TP        inside every op, not overlapped (Megatron's and troupe's
@@ -49,6 +51,11 @@ struct PlanInput {
   // recomputes nothing, and memory has no T^2 term).
   model::AttentionKernel attention = model::AttentionKernel::kFlash;
   bool ucx = false;  // this-machine: a process per rank (troupe launch), not threads
+  // Megatron's attention and hidden dropout (its default 0.1; troupe's model
+  // has none): a byte mask per element on the unfused core's T x T
+  // probabilities and on the two residual branches, applied and read back.
+  // A flash kernel fuses the attention's.
+  double dropout = 0;
 
   int m() const { return parallel.micro_batches(global_batch, micro_batch); }
   int gpus() const { return parallel.world(); }
@@ -113,6 +120,7 @@ class CostModel final : public Costs {
   double layer_forward(double* tp) const;
   double layer_backward(double* tp) const;
   double attention_core(bool backward) const;
+  double residual_dropout(bool backward) const;  // the two residual branches' masks
 
   PlanInput in_;
   const Cluster& cluster_;

@@ -1,11 +1,13 @@
 // Cluster files: parsing, checking, and what one rank of them gets.
 #include "launcher/plan/hardware.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -38,13 +40,27 @@ std::string precision_name(Precision p) {
   return "?";
 }
 
+double GemmCurve::wave_quantisation(double M, double N) const {
+  if (sms <= 0) return 1;
+  double best = 0;
+  for (const auto& [a, b] :
+       {std::pair{tile_m, tile_n}, std::pair{tile_n, tile_m}, std::pair{tile_n, tile_n}}) {
+    const double tiles = std::ceil(M / a) * std::ceil(N / b);
+    const double q = tiles < sms ? 1 : std::ceil(tiles / sms) * sms * a * b / (M * N);
+    best = best == 0 ? q : std::min(best, q);
+  }
+  return best;
+}
+
 double Compute::gemm_seconds(double M, double N, double K, GemmPass pass) const {
   if (auto it = gemm_measured.find({M, N, K}); it != gemm_measured.end()) {
     return it->second[pass == GemmPass::kForward ? 0 : 1] * slowdown;
   }
-  const GemmCurve& c = pass == GemmPass::kForward ? gemm_fwd : gemm_bwd;
-  // The backward is two GEMMs of the forward's size (input and weight gradients).
-  return (pass == GemmPass::kForward ? 1 : 2) * c.seconds(M, N, K) * slowdown;
+  if (pass == GemmPass::kForward) return gemm_fwd.seconds(M, N, K) * slowdown;
+  // The backward: the input and the weight gradients.
+  if (transposed_backward)
+    return (gemm_bwd.seconds(M, K, N) + gemm_bwd.seconds(K, N, M)) * slowdown;
+  return 2 * gemm_bwd.seconds(M, N, K) * slowdown;
 }
 
 double Compute::memory_seconds(double bytes, const std::string& family) const {
@@ -92,6 +108,7 @@ absl::StatusOr<Device> Cluster::device(int ranks_on_node, Precision precision,
   d.compute.gemm_fwd = gemm;
   d.compute.gemm_fwd.peak_flops = d.peak_flops * gemm_max_efficiency;
   d.compute.gemm_bwd = d.compute.gemm_fwd;
+  d.compute.transposed_backward = true;
   d.compute.memory_bytes_per_s = memory_gbytes_per_s * 1e9 * memory_efficiency;
   d.optimizer = d.compute;
   d.intra = intra;
@@ -158,6 +175,14 @@ class Reader {
     const double x = number(j, path, lo, hi);
     if (x != std::floor(x)) fail(absl::StrCat("field '", path, "' must be a whole number, is ", x));
     return static_cast<int>(x);
+  }
+  bool has(const json& j, const std::string& path) const {
+    const json* cur = &j;
+    for (const std::string& key : split(path)) {
+      if (!cur->is_object() || !cur->contains(key)) return false;
+      cur = &(*cur)[key];
+    }
+    return true;
   }
   std::string text(const json& j, const std::string& path) {
     const json* v = at(j, path);
@@ -278,8 +303,14 @@ absl::StatusOr<Cluster> parse_cluster(const std::string& text, const std::string
       c.peak_tflops[p] = r.number(j, "gpu.peak_tflops." + key, 1e-3, 1e6);
     }
     c.memory_gbytes_per_s = r.number(j, "gpu.memory_gbytes_per_s", 1e-3, 1e7);
-    c.intra = {.latency_s = r.number(j, "intra_node.latency_us", 0, 1e6) * 1e-6,
-               .bytes_per_s = r.number(j, "intra_node.gbytes_per_s_per_gpu", 1e-3, 1e6) * 1e9};
+    // NCCL moves data at a share of the link's rate (its protocol's overhead);
+    // the file gives it where it is known.
+    const double achieved = r.has(j, "intra_node.achieved_fraction")
+                                ? r.number(j, "intra_node.achieved_fraction", 1e-3, 1)
+                                : 1.0;
+    c.intra = {
+        .latency_s = r.number(j, "intra_node.latency_us", 0, 1e6) * 1e-6,
+        .bytes_per_s = r.number(j, "intra_node.gbytes_per_s_per_gpu", 1e-3, 1e6) * 1e9 * achieved};
     c.nics_per_node = r.integer(j, "inter_node.nics_per_node", 1, 1024);
     const double nic = r.number(j, "inter_node.gbytes_per_s_per_nic", 1e-3, 1e6) * 1e9;
     // A GPU's share of its node's NICs (all GPUs talk across nodes at once).
@@ -289,6 +320,14 @@ absl::StatusOr<Cluster> parse_cluster(const std::string& text, const std::string
     c.gemm.m0 = r.number(j, "efficiency.gemm_half_m", 0, 1e6);
     c.gemm.n0 = r.number(j, "efficiency.gemm_half_n", 0, 1e6);
     c.gemm.k0 = r.number(j, "efficiency.gemm_half_k", 0, 1e6);
+    if (r.has(j, "efficiency.gemm_launch_us")) {
+      c.gemm.launch_s = r.number(j, "efficiency.gemm_launch_us", 0, 1e6) * 1e-6;
+    }
+    if (r.has(j, "gpu.sms")) c.gemm.sms = r.integer(j, "gpu.sms", 1, 100000);
+    if (r.has(j, "efficiency.gemm_tile")) {
+      c.gemm.tile_m = r.integer(j, "efficiency.gemm_tile.m", 1, 4096);
+      c.gemm.tile_n = r.integer(j, "efficiency.gemm_tile.n", 1, 4096);
+    }
     c.memory_efficiency = r.number(j, "efficiency.memory", 1e-3, 1);
     c.assumptions = r.text(j, "efficiency.note");
   }

@@ -34,20 +34,33 @@ inline double element_bytes(Precision p) {
 enum class GemmPass { kForward, kBackward };
 
 // GEMM efficiency as a function of shape (the documented curve):
-//   time(M, N, K) = 2MNK / (peak * e(M,N,K)),
+//   time(M, N, K) = launch + 2MNK / (peak * e(M,N,K)) * q(M,N),
 //   e(M,N,K)      = M/(M+m0) * N/(N+n0) * K/(K+k0)
 // peak is the best rate times the efficiency the hardware reaches at large
-// sizes; m0, n0, k0 are the sizes at which one dimension alone halves it.
-// For GPU clusters they are stated assumptions (each file's "efficiency");
-// for this-machine they are fitted to GEMMs timed at the model's shapes.
+// sizes; m0, n0, k0 are the sizes at which one dimension alone halves it;
+// launch is a kernel's fixed cost. q is the last wave's quantisation on a GPU
+// of `sms` multiprocessors (NVIDIA's "Matrix Multiplication Background" guide,
+// section 3): the output is cut into tiles of tile_m x tile_n, either way
+// round, or of tile_n x tile_n (whichever wastes least: cuBLAS's heuristics
+// pick among its tiles), and a GEMM of w waves pays for all w even
+// when its last is partly empty. Below one wave cuBLAS takes smaller tiles or
+// splits K, which the smooth curve covers (q = 1). For GPU clusters the figures
+// come from each file's "efficiency" (fitted to a measured sweep, or stated);
+// for this-machine they are fitted to GEMMs timed at the model's shapes, with
+// no launch cost or waves.
 struct GemmCurve {
   double peak_flops = 1;  // FLOP/s
   double m0 = 0, n0 = 0, k0 = 0;
+  double launch_s = 0;
+  int sms = 0;  // 0: no wave quantisation
+  double tile_m = 256, tile_n = 128;
   double efficiency(double M, double N, double K) const {
     return M / (M + m0) * N / (N + n0) * K / (K + k0);
   }
+  // q(M, N) >= 1: the tiles' padded area, whole waves of them, over M x N.
+  double wave_quantisation(double M, double N) const;
   double seconds(double M, double N, double K) const {
-    return 2 * M * N * K / (peak_flops * efficiency(M, N, K));
+    return launch_s + 2 * M * N * K / (peak_flops * efficiency(M, N, K)) * wave_quantisation(M, N);
   }
 };
 
@@ -64,7 +77,11 @@ struct Link {
 // their family (GPU: one HBM rate; this-machine: each family measured).
 struct Compute {
   GemmCurve gemm_fwd, gemm_bwd;
-  bool fused_attention = false;                             // this-machine's CPU kernel
+  bool fused_attention = false;  // this-machine's CPU kernel
+  // GPUs: the backward's two GEMMs as cuBLAS runs them, the input gradient
+  // (M x K, over N) and the weight gradient (K x N, over M); this-machine: twice
+  // the forward's shape (as calibrate times it).
+  bool transposed_backward = false;
   double attention_fwd_flops = 0, attention_bwd_flops = 0;  // FLOP/s when fused (flash)
   double reference_attention_fwd_flops = 0, reference_attention_bwd_flops = 0;  // reference
   double memory_bytes_per_s = 1;                     // any family not listed below
@@ -104,7 +121,7 @@ struct Cluster {
   std::string gpu_name;
   std::map<Precision, double> peak_tflops;
   double memory_gib = 0, memory_gbytes_per_s = 0;
-  Link intra, inter;  // per GPU, one direction
+  Link intra, inter;  // per GPU, one direction (intra at NCCL's achieved share of the link)
   int nics_per_node = 0;
   GemmCurve gemm;  // at peak_flops = 1 (scaled per precision)
   double gemm_max_efficiency = 1, memory_efficiency = 1;

@@ -34,6 +34,7 @@ struct PlanFlags {
   std::optional<std::string> attention_kernel;  // default: troupe train's on that hardware
   std::optional<std::string> recompute;         // --search tries every mode without it
   bool sequence_parallel = false, json = false, search = false;
+  double dropout = 0;
   int top = 10;
   std::string svg;
   // calibrate
@@ -146,6 +147,7 @@ int run_plan(const PlanFlags& f) {
   if (!rc.ok()) return command_failed("plan", rc.status());
   in.recompute = *rc;
   in.sequence_parallel = f.sequence_parallel;
+  in.dropout = f.dropout;
   // troupe train's default: flash on the CPU (this-machine), reference on
   // GPUs until the CUDA flash kernel has passed gpu-check.
   const std::string kernel = f.attention_kernel.value_or(
@@ -311,6 +313,11 @@ Command add_plan_command(CLI::App& app) {
                   "reference (the T x T probabilities kept); default: troupe train's on that "
                   "hardware (flash on this-machine, reference on GPUs until scripts/gpu-check "
                   "has verified the CUDA flash kernel)");
+  cmd->add_option("--dropout", f->dropout,
+                  "Megatron's attention and hidden dropout probability (its default is 0.1; "
+                  "troupe's model has none): the masks' memory traffic, to predict Megatron's "
+                  "runs")
+      ->capture_default_str();
   cmd->add_option("--precision", f->precision,
                   "bf16, fp16, tf32 or fp32 (default: bf16 on GPUs, fp32 on this-machine)");
   cmd->add_option("--memory", f->memory,

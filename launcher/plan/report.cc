@@ -71,6 +71,10 @@ absl::Status check_layout(const PlanInput& in, const Cluster& cluster) {
         "--global-batch-size ", in.global_batch,
         " is not a multiple of --micro-batch-size x dp = ", in.micro_batch, " x ", par.dp));
   }
+  if (!(in.dropout >= 0 && in.dropout < 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--dropout ", in.dropout, ": a probability in [0, 1)"));
+  }
   if (in.sequence_parallel && par.tp < 2) {
     return absl::InvalidArgumentError("--sequence-parallel needs --tp of at least 2");
   }
@@ -204,6 +208,7 @@ nlohmann::json plan_json(const Plan& p) {
           {"virtual_stages", par.virtual_stages},
           {"recompute", actors::recompute_name(p.in.recompute)},
           {"sequence_parallel", p.in.sequence_parallel},
+          {"dropout", p.in.dropout},
           {"precision", precision_name(p.in.precision)},
           {"step_s", p.sim.step_s},
           {"pipeline_s", p.sim.pipeline_s},
@@ -240,11 +245,12 @@ std::string plan_text(const Plan& p) {
   const actors::MemoryParts& m = p.memory;
   std::string out = absl::StrFormat(
       "layout       tp %d x pp %d x dp %d = %d GPUs on %s, micro-batch %d, global batch %d "
-      "(%d micro-batches a replica), %s%s, recompute %s%s, %s\n",
+      "(%d micro-batches a replica), %s%s, recompute %s%s%s, %s\n",
       par.tp, par.pp, par.dp, p.in.gpus(), p.cluster, p.in.micro_batch, p.in.global_batch, p.in.m(),
       actors::schedule_name(par.schedule),
       par.virtual_stages > 1 ? absl::StrCat(" v=", par.virtual_stages) : "",
       actors::recompute_name(p.in.recompute), p.in.sequence_parallel ? ", sequence parallel" : "",
+      p.in.dropout > 0 ? absl::StrCat(", dropout ", p.in.dropout) : "",
       precision_name(p.in.precision));
   absl::StrAppendFormat(
       &out,

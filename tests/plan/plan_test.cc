@@ -204,7 +204,8 @@ Cluster selene() {
 
 // NCCL's all-reduce on the 8 GPUs of a node: ring 2(p-1) alpha + 2(p-1)/p
 // n/B, or the tree, which inside one node is a chain: 2(p-1) alpha + 2n/B,
-// never faster; by hand for A100's NVLink (300 GB/s each way, 5 us).
+// never faster; by hand for A100's NVLink (300 GB/s each way, of which NCCL
+// moves 82%; 5 us).
 TEST(PlanCost, TensorParallelAllReduceIsNcclsRing) {
   const Cluster c = selene();
   PlanInput in = layout(4, 1, 1, actors::ScheduleKind::k1F1B);
@@ -214,15 +215,15 @@ TEST(PlanCost, TensorParallelAllReduceIsNcclsRing) {
   ASSERT_TRUE(d.ok());
   CostModel cost(in, c, *d);
   for (double n : {1e3, 1e9}) {
-    EXPECT_NEAR(cost.tp_all_reduce_seconds(n), 14 * 5e-6 + 2 * 7.0 / 8 * n / 300e9,
+    EXPECT_NEAR(cost.tp_all_reduce_seconds(n), 14 * 5e-6 + 2 * 7.0 / 8 * n / (0.82 * 300e9),
                 1e-15 + 1e-12 * n)
         << n;
   }
 }
 
 // A chunk's compute on a cluster whose GEMMs run at their peak whatever the
-// shape and whose memory is free: the forward is the FLOPs counted by hand
-// from GPT-2's matrices (per layer 2BT(3C^2 + C^2 + 4C^2 + 4C^2) for qkv,
+// shape (no launch cost, no partial waves) and whose memory is free: the forward is the FLOPs
+// counted by hand from GPT-2's matrices (per layer 2BT(3C^2 + C^2 + 4C^2 + 4C^2) for qkv,
 // projection, fc, fc-proj, and 4 B NH T^2 HS for q.k and att.v), the LM
 // head's 2BTVpC; the backward twice that; full recompute adds the layers'
 // forward to the backward, selective the attention core's.
@@ -238,6 +239,8 @@ TEST(PlanCost, ChunkComputeIsTheModelsFlops) {
   set("gemm_half_m", "0");
   set("gemm_half_n", "0");
   set("gemm_half_k", "0");
+  set("gemm_launch_us", "0");
+  set("sms", "100000");  // every GEMM here under one wave
   set("memory_gbytes_per_s", "1e7");
   absl::StatusOr<Cluster> c = parse_cluster(text, "flat.json");
   ASSERT_TRUE(c.ok()) << c.status();
@@ -277,7 +280,9 @@ TEST(PlanCost, ChunkComputeIsTheModelsFlops) {
   EXPECT_NEAR(bytes, 4.0 * model::ParamLayout::gpt(in.model, whole, {}).total(), 1);
 }
 
-// A GPU's share of its node's NICs, and the GEMM curve at a hand point.
+// A GPU's share of its node's NICs, and the GEMM curve at a hand point:
+// 2048 x 4096 in 128 x 128 tiles is 512 tiles, 5 waves of A100's 108 SMs
+// (540 tiles' time; 256 x 128 tiles would take 3 waves of 108 for 256).
 TEST(PlanCost, ClusterFiguresComeFromTheFile) {
   const Cluster c = selene();
   EXPECT_EQ(c.max_gpus(), 4480);
@@ -285,10 +290,76 @@ TEST(PlanCost, ClusterFiguresComeFromTheFile) {
   absl::StatusOr<Device> d = c.device(8, Precision::kBf16);
   ASSERT_TRUE(d.ok());
   EXPECT_DOUBLE_EQ(d->peak_flops, 312e12);
-  // 0.8 x 312 TFLOP/s x (2048/2176)(4096/4224)(4096/4224)
-  const double eff = 0.8 * 2048.0 / 2176 * 4096.0 / 4224 * 4096.0 / 4224;
+  // 5.63 us + 0.8 x 312 TFLOP/s x (2048/2140)(4096/4188)(4096/4152), x 540/512
+  const double eff = 0.8 * 2048.0 / 2140 * 4096.0 / 4188 * 4096.0 / 4152;
   EXPECT_NEAR(d->compute.gemm_seconds(2048, 4096, 4096, GemmPass::kForward),
-              2.0 * 2048 * 4096 * 4096 / (312e12 * eff), 1e-12);
+              5.63e-6 + 2.0 * 2048 * 4096 * 4096 / (312e12 * eff) * 540 / 512, 1e-12);
+  EXPECT_DOUBLE_EQ(d->intra.bytes_per_s, 0.82 * 300e9);  // NCCL's share of NVLink
+}
+
+// The last wave's quantisation (NVIDIA's matrix-multiplication guide,
+// section 3), by hand on 108 SMs with 256 x 128 tiles.
+TEST(PlanCost, ALastWavePartlyEmptyIsPaidInFull) {
+  const GemmCurve g{.peak_flops = 1, .sms = 108};
+  // 2048 x 2304: 144 tiles of 256 x 128 either way round (2 waves: 216
+  // tiles' time), 288 of 128 x 128 (3 waves: 324): 324 x 128^2 / (2048 x 2304).
+  EXPECT_DOUBLE_EQ(g.wave_quantisation(2048, 2304), 324.0 * 128 * 128 / (2048.0 * 2304));
+  // 6912 x 512: 27 x 4 = 108 tiles, one full wave.
+  EXPECT_DOUBLE_EQ(g.wave_quantisation(6912, 512), 1);
+  // Under one wave cuBLAS takes smaller tiles or splits K: the curve covers it.
+  EXPECT_DOUBLE_EQ(g.wave_quantisation(1024, 1024), 1);
+  // A ragged edge pads the tile: 2000 x 4096 is 8 x 32 = 256 tiles of 256 x 128
+  // (3 waves, 324), 16 x 16 of 128 x 256 (the same), 16 x 32 = 512 of 128 x 128
+  // (5 waves, 540 x 128^2).
+  EXPECT_DOUBLE_EQ(g.wave_quantisation(2000, 4096), 540.0 * 128 * 128 / (2000.0 * 4096));
+  EXPECT_DOUBLE_EQ(GemmCurve{}.wave_quantisation(2000, 4096), 1);  // no SMs given: none
+}
+
+// --dropout: Megatron's masks, by the bytes they move at the file's memory
+// rate (GEMMs free): per layer forward a byte written for each of the
+// reference core's B NH T^2 probabilities, which are also read and written
+// (2 bf16 bytes each way), and one for each of the two residual branches' B T C;
+// backward the gradient read and written with the mask, on both. Flash fuses
+// the attention's; full recompute runs the forward's again.
+TEST(PlanCost, DropoutIsItsMasksTraffic) {
+  std::string text = builtin_clusters()[0].json;
+  auto set = [&](const std::string& key, const std::string& value) {
+    const std::size_t at = text.find("\"" + key + "\"");
+    ASSERT_NE(at, std::string::npos) << key;
+    const std::size_t colon = text.find(':', at), end = text.find_first_of(",}", colon);
+    text.replace(colon + 1, end - colon - 1, " " + value);
+  };
+  set("bf16", "1e6");  // the peak: GEMMs all but free (the differences cancel them anyway)
+  set("gemm_launch_us", "0");
+  set("memory_gbytes_per_s", "1000");
+  absl::StatusOr<Cluster> c = parse_cluster(text, "dropout.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  absl::StatusOr<Device> d = c->device(1, Precision::kBf16);
+  ASSERT_TRUE(d.ok());
+  const double rate = 1000e9 * 0.8;  // the file's memory efficiency
+  PlanInput in;
+  in.model = *model::preset("gpt2-124m");  // L=12 C=768 NH=12 T=1024
+  in.micro_batch = 2;
+  in.global_batch = 2;
+  in.attention = model::AttentionKernel::kReference;
+  const double B = 2, T = 1024, C = 768, NH = 12, L = 12;
+  const double scores = B * NH * T * T, rows = B * T * C;
+  const model::StageSpec whole = model::StageSpec::whole(in.model);
+  const ChunkCost off = CostModel(in, *c, *d).chunk(whole);
+  in.dropout = 0.1;
+  const ChunkCost on = CostModel(in, *c, *d).chunk(whole);
+  EXPECT_NEAR(on.fwd - off.fwd, L * (5 * scores + 2 * rows) / rate, 1e-9);
+  EXPECT_NEAR(on.bwd - off.bwd, L * (5 * scores + 2 * 5 * rows) / rate, 1e-9);
+  in.attention = model::AttentionKernel::kFlash;
+  const ChunkCost flash = CostModel(in, *c, *d).chunk(whole);
+  in.dropout = 0;
+  const ChunkCost flash_off = CostModel(in, *c, *d).chunk(whole);
+  EXPECT_NEAR(flash.fwd - flash_off.fwd, L * 2 * rows / rate, 1e-9);
+  in.recompute = actors::Recompute::kFull;
+  const double full_off = CostModel(in, *c, *d).chunk(whole).bwd;
+  in.dropout = 0.1;
+  EXPECT_NEAR(CostModel(in, *c, *d).chunk(whole).bwd - full_off,
+              L * (2 * 5 * rows + 2 * rows) / rate, 1e-9);
 }
 
 TEST(PlanCalibrate, FitRecoversAKnownCurve) {
@@ -323,6 +394,17 @@ TEST(PlanClusters, BadFilesNameTheFileAndTheField) {
   EXPECT_NE(c.status().message().find("z.json: field 'gpu.memory_gbytes_per_s' is -5"),
             std::string::npos)
       << c.status();
+  for (const auto& [field, bad] :
+       {std::pair{"\"sms\": 108", "\"sms\": 0"},
+        std::pair{"\"achieved_fraction\": 0.82", "\"achieved_fraction\": 2"},
+        std::pair{"\"gemm_launch_us\": 5.63", "\"gemm_launch_us\": -1"}}) {
+    std::string t = builtin_clusters()[0].json;
+    ASSERT_NE(t.find(field), std::string::npos) << field;
+    t.replace(t.find(field), std::string(field).size(), bad);
+    c = parse_cluster(t, "w.json");
+    ASSERT_FALSE(c.ok()) << bad;
+    EXPECT_NE(c.status().message().find("w.json: field '"), std::string::npos) << c.status();
+  }
   c = load_cluster("dgx-z100");
   ASSERT_FALSE(c.ok());
   EXPECT_NE(c.status().message().find("known: dgx-a100-80gb-selene"), std::string::npos);

@@ -1,0 +1,153 @@
+#!/usr/bin/python3
+"""The GPU cluster files' GEMM curves, from measured sweeps (not assumed).
+
+  gemm_fit.py [--clusters launcher/plan/clusters]
+
+Fits launcher/plan/hardware.h's curve,
+
+  time(M, N, K) = launch + 2MNK / (peak * e(M,N,K)) * q(M,N),
+  e(M,N,K)      = M/(M+m0) * N/(N+n0) * K/(K+k0),
+
+with peak the datasheet's dense bf16 rate (the curve's asymptote: gemm_max 1)
+and q the last wave's quantisation over the GPU's SMs in 256 x 128, 128 x 256
+or 128 x 128 tiles (whichever wastes least), to
+bench/data/xla_sm90_bf16_matmul.csv: XLA's measured H100 table (125 shapes,
+each dimension 256 to 4096). The fit minimises the squared log error of the
+time; m0, n0, k0 and launch are the free parameters.
+
+Then it checks the result against figures it was not fitted to: the best
+matmul rate found by a shape search ("MAMF", Bekman's ML Engineering book,
+compute/accelerator/README.md, "Maximum Achievable Matmul FLOPS comparison
+table": H100 SXM 794.5 TFLOP/s at 2048x2048x13312, A100 SXM 271.2 at
+1024x10240x5120, both bf16), the A100 through the H100's curve with its
+half sizes scaled by the two GPUs' machine balance (H200, the H100's
+compute with faster HBM, takes its half sizes the same way) (peak FLOP/s over HBM
+bytes/s: a GEMM dimension must be that much larger on the GPU that computes
+more per byte to reach the same share of its peak).
+
+Prints the fit, its residuals, the checks, and each cluster file's values
+beside the fit's; exits 1 when a file's curve is not the fit's (within 1%).
+The files scale the curve by their "gemm_max", the share of it reached in
+training: an assumption (docs/PLAN.md says what it stands in for).
+"""
+import argparse
+import csv
+import json
+import math
+import os
+import sys
+
+import numpy as np
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--clusters", default="launcher/plan/clusters")
+ap.add_argument("--data", default="bench/data/xla_sm90_bf16_matmul.csv")
+args = ap.parse_args()
+
+
+def cluster(name):
+    with open(os.path.join(args.clusters, name + ".json")) as f:
+        return json.load(f)
+
+
+def read_sweep(path):
+    with open(path) as f:
+        rows = [r for r in csv.reader(line for line in f if not line.startswith("#"))]
+    head, body = rows[0], rows[1:]
+    assert head == ["m", "n", "k", "flops_per_s"], head
+    return np.array([[float(x) for x in r] for r in body])
+
+
+def quantisation(M, N, sms, tm, tn):
+    best = None
+    for a, b in ((tm, tn), (tn, tm), (tn, tn)):
+        tiles = np.ceil(M / a) * np.ceil(N / b)
+        q = np.where(tiles < sms, 1.0, np.ceil(tiles / sms) * sms * a * b / (M * N))
+        best = q if best is None else np.minimum(best, q)
+    return best
+
+
+def seconds(p, M, N, K, peak, sms, tm, tn):
+    m0, n0, k0, launch = p
+    e = M / (M + m0) * N / (N + n0) * K / (K + k0)
+    return launch + 2 * M * N * K / (peak * e) * quantisation(M, N, sms, tm, tn)
+
+
+h100 = cluster("dgx-h100")
+peak = h100["gpu"]["peak_tflops"]["bf16"] * 1e12
+sms = h100["gpu"]["sms"]
+tile = h100["efficiency"]["gemm_tile"]
+tm, tn = tile["m"], tile["n"]
+S = read_sweep(args.data)
+M, N, K, F = S.T
+T = 2 * M * N * K / F
+
+
+def loss(p):
+    r = np.log(seconds(p, M, N, K, peak, sms, tm, tn) / T)
+    return float(np.mean(r * r))
+
+
+# Deterministic pattern search in log space (numpy alone; no SciPy here).
+p = np.array([128.0, 128.0, 128.0, 5e-6])
+step = np.full(4, 0.5)
+while step.max() > 1e-5:
+    moved = False
+    for i in range(4):
+        for s in (1 + step[i], 1 / (1 + step[i])):
+            q = p.copy()
+            q[i] *= s
+            if loss(q) < loss(p):
+                p, moved = q, True
+    if not moved:
+        step *= 0.5
+res = np.log(seconds(p, M, N, K, peak, sms, tm, tn) / T)
+big = (M >= 1024) & (N >= 1024) & (K >= 1024)
+m0, n0, k0, launch = p
+print(f"H100 fit to {len(S)} shapes of {args.data}: m0 {m0:.0f}, n0 {n0:.0f}, k0 {k0:.0f}, "
+      f"launch {launch * 1e6:.2f} us (peak {peak / 1e12:.1f} TFLOP/s, {sms} SMs, "
+      f"{tm}x{tn} tiles)")
+print(f"  time residuals: rms {100 * math.sqrt(np.mean(res ** 2)):.1f}%, worst "
+      f"{100 * np.abs(res).max():.1f}%; shapes with every dimension >= 1024 ({int(big.sum())}): "
+      f"rms {100 * math.sqrt(np.mean(res[big] ** 2)):.1f}%, worst {100 * np.abs(res[big]).max():.1f}%")
+
+
+def check(label, c, half, M, N, K, measured):
+    pk = c["gpu"]["peak_tflops"]["bf16"] * 1e12
+    t = seconds((*half, launch), M, N, K, pk, c["gpu"]["sms"], tm, tn)
+    rate = 2 * M * N * K / t / 1e12
+    print(f"  {label}: {M:.0f}x{N:.0f}x{K:.0f} predicted {rate:.1f} TFLOP/s, MAMF measured "
+          f"{measured} ({100 * (rate / measured - 1):+.1f}%)")
+
+
+def balance(c):  # FLOP per byte of HBM at the bf16 peak
+    return c["gpu"]["peak_tflops"]["bf16"] * 1e3 / c["gpu"]["memory_gbytes_per_s"]
+
+
+def scaled(c, label):
+    r = balance(c) / balance(h100)
+    half = (m0 * r, n0 * r, k0 * r)
+    print(f"{label}: the H100's half sizes x {r:.3f} (machine balance {balance(c):.0f} against "
+          f"{balance(h100):.0f} FLOP/B): m0 {half[0]:.0f}, n0 {half[1]:.0f}, k0 {half[2]:.0f}")
+    return half
+
+
+a100 = cluster("dgx-a100-80gb-selene")
+a100_half = scaled(a100, "A100")
+h200_half = scaled(cluster("dgx-h200"), "H200")
+print("checks against measurements not fitted to:")
+check("H100", h100, (m0, n0, k0), 2048, 2048, 13312, 794.5)
+check("A100", a100, a100_half, 1024, 10240, 5120, 271.2)
+
+bad = False
+expect = {"dgx-h100": (m0, n0, k0), "dgx-h200": h200_half, "dgx-a100-80gb-selene": a100_half}
+for name, half in expect.items():
+    e = cluster(name)["efficiency"]
+    have = (e["gemm_half_m"], e["gemm_half_n"], e["gemm_half_k"], e.get("gemm_launch_us", 0))
+    want = (*half, launch * 1e6)
+    ok = all(abs(h - w) <= 0.01 * w + 0.5 for h, w in zip(have, want))
+    bad |= not ok
+    print(f"{name}.json: half m/n/k {have[0]}/{have[1]}/{have[2]}, launch {have[3]} us: "
+          f"{'the fit' if ok else 'NOT the fit (want %.0f/%.0f/%.0f, %.2f us)' % want}; "
+          f"in training {e['gemm_max']} of the curve (gemm_max, assumed)")
+sys.exit(1 if bad else 0)
