@@ -28,7 +28,7 @@ more per byte to reach the same share of its peak).
 Prints the fit, its residuals, the checks, and each cluster file's values
 beside the fit's; exits 1 when a file's curve is not the fit's (within 1%).
 The files scale the curve by their "gemm_max", the share of it reached in
-training: an assumption (docs/PLAN.md says what it stands in for).
+training (bench/plan_fit.py fits the A100's to a published layer time).
 """
 import argparse
 import csv
@@ -149,5 +149,5 @@ for name, half in expect.items():
     bad |= not ok
     print(f"{name}.json: half m/n/k {have[0]}/{have[1]}/{have[2]}, launch {have[3]} us: "
           f"{'the fit' if ok else 'NOT the fit (want %.0f/%.0f/%.0f, %.2f us)' % want}; "
-          f"in training {e['gemm_max']} of the curve (gemm_max, assumed)")
+          f"in training {e['gemm_max']} of the curve (gemm_max: bench/plan_fit.py)")
 sys.exit(1 if bad else 0)

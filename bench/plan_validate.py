@@ -7,9 +7,14 @@ Each row is a published run: its model, layout, cluster and measured
 throughput (TFLOP/s per GPU, or seconds an iteration), with its source. The
 planner predicts the same run (`troupe plan --json`, paper memory mode, bf16)
 and the error is predicted / measured throughput - 1 (for an iteration time:
-measured seconds / predicted seconds - 1). Nothing in the planner is fitted to
-these rows: the A100 cluster file's efficiencies are stated assumptions (see
-its "note"), so every row is a prediction. Prints one JSON line per row, then
+measured seconds / predicted seconds - 1). Every run is predicted as its
+system ran it: Megatron's unfused attention core, its default dropout (0.1;
+MT-NLG none), and the data-parallel reduction after the last backward (no
+overlap: Megatron then, DeepSpeed's pipeline engine). One parameter is
+fitted to a published measurement: the A100 file's "gemm_max", to the 22B
+layer of Korthikanti et al.'s Table 4 (bench/plan_fit.py), so the two 22B
+rows are marked fitted and left out of the predicted runs' error; docs/PLAN.md
+says what else was chosen with these rows in view. Prints one JSON line per row, then
 the table and the mean absolute and worst error (docs/PLAN.md keeps it).
 
 Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on
@@ -51,10 +56,11 @@ MTNLG = "Smith et al. 2022 (MT-NLG), section 2.4"
 
 
 def run(name, source, heads, hidden, layers, tp, pp, gpus, batch, measured, unit, vocab=51200,
-        micro=1, recompute="full", sp=False, virtual=1, dropout=0.1, assumed=""):
+        micro=1, recompute="full", sp=False, virtual=1, dropout=0.1, assumed="", fitted=False):
     return dict(name=name, source=source, heads=heads, hidden=hidden, layers=layers, tp=tp, pp=pp,
                 gpus=gpus, batch=batch, measured=measured, unit=unit, vocab=vocab, micro=micro,
-                recompute=recompute, sp=sp, virtual=virtual, dropout=dropout, assumed=assumed)
+                recompute=recompute, sp=sp, virtual=virtual, dropout=dropout, assumed=assumed,
+                fitted=fitted)
 
 
 # (billions of parameters, heads, hidden, layers, tp, pp, GPUs, global batch,
@@ -84,11 +90,14 @@ TABLE5 = [
     ("530B", 128, 20480, 105, 35, 280, 280, 1, 3, 49.05, 37.83),
     ("1T", 160, 25600, 128, 64, 512, 512, 1, 1, 94.42, 71.49),
 ]
+# The 22B's layer (Table 4) is what bench/plan_fit.py fits the A100 file's
+# gemm_max to: its two rows count as fitted.
 for size, h, c, l, pp, g, batch, micro, v, full_s, present_s in TABLE5:
+    fitted = size == "22B"
     RUNS.append(run(f"{size} full", KORTHIKANTI, h, c, l, 8, pp, g, batch, full_s, "s",
-                    micro=micro, virtual=v))
+                    micro=micro, virtual=v, fitted=fitted))
     RUNS.append(run(f"{size} sel+sp", KORTHIKANTI, h, c, l, 8, pp, g, batch, present_s, "s",
-                    micro=micro, virtual=v, recompute="selective", sp=True))
+                    micro=micro, virtual=v, recompute="selective", sp=True, fitted=fitted))
 RUNS.append(run("530B sel+sp dp8", KORTHIKANTI, 128, 20480, 105, 8, 35, 2240, 2240, 39.15, "s",
                 virtual=3, recompute="selective", sp=True))
 
@@ -105,7 +114,8 @@ for r in RUNS:
            "--seq-len", "2048", "--vocab-size", str(r["vocab"]), "--tp", str(r["tp"]),
            "--pp", str(r["pp"]), "--gpus", str(r["gpus"]), "--global-batch-size", str(r["batch"]),
            "--micro-batch-size", str(r["micro"]), "--recompute", r["recompute"],
-           "--attention-kernel", "reference", "--dropout", str(r["dropout"]), "--json"]
+           "--attention-kernel", "reference", "--dropout", str(r["dropout"]),
+           "--no-overlap-grad-reduce", "--json"]
     if r["sp"]:
         cmd.append("--sequence-parallel")
     if r["virtual"] > 1:
@@ -125,7 +135,8 @@ for r in RUNS:
            "gpus": r["gpus"], "global_batch": r["batch"], "micro_batch": r["micro"],
            "schedule": schedule, "recompute": r["recompute"] + ("+sp" if r["sp"] else ""),
            "dropout": r["dropout"], "assumed": r["assumed"], "unit": r["unit"], "measured": r["measured"],
-           "predicted": round(predicted, 2), "error": round(error, 4), "fits": plan["fits"]}
+           "predicted": round(predicted, 2), "error": round(error, 4), "fits": plan["fits"],
+           "fitted": r["fitted"]}
     rows.append(row)
     print(json.dumps(row), flush=True)
 
@@ -135,7 +146,8 @@ print(f"{'run':>18s} {'tp':>3s} {'pp':>3s} {'GPUs':>5s} {'batch':>6s} {'schedule
 for r in rows:
     print(f"{r['run']:>18s} {r['tp']:3d} {r['pp']:3d} {r['gpus']:5d} {r['global_batch']:6d} "
           f"{r['schedule']:>14s} {r['recompute']:>12s} {r['measured']:9.2f} "
-          f"{r['predicted']:10.2f} {r['unit']:>6s} {100 * r['error']:+6.1f}%")
+          f"{r['predicted']:10.2f} {r['unit']:>6s} {100 * r['error']:+6.1f}%"
+          f"{'  (fitted)' if r['fitted'] else ''}")
 
 
 def summary(label, subset):
@@ -144,6 +156,8 @@ def summary(label, subset):
           f"worst {100 * max(errors):.1f}%")
 
 
+predicted = [r for r in rows if not r["fitted"]]
 for source in (NARAYANAN, KORTHIKANTI, MTNLG):
-    summary(source, [r for r in rows if r["source"] == source])
-summary("all predicted runs (target: mean <= 10%, none over 20%)", rows)
+    summary(f"{source}, predicted", [r for r in predicted if r["source"] == source])
+summary("fitted runs", [r for r in rows if r["fitted"]])
+summary("all predicted runs (target: mean <= 10%, none over 20%)", predicted)

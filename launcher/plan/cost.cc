@@ -89,7 +89,9 @@ double CostModel::attention_core(bool backward) const {
   }
   // Megatron's (unfused) core: batched GEMMs and a fused scale-mask-softmax.
   const GemmPass pass = backward ? GemmPass::kBackward : GemmPass::kForward;
-  const double gemms = heads * (k.gemm_seconds(T, T, HS, pass) + k.gemm_seconds(T, HS, T, pass));
+  // Each a batched kernel over the heads (Megatron's baddbmm and bmm).
+  const double gemms =
+      k.gemm_seconds(T, T, HS, pass, heads) + k.gemm_seconds(T, HS, T, pass, heads);
   const double softmax = k.memory_seconds((backward ? 3 : 2) * e_ * heads * T * T, "softmax");
   // Dropout on the probabilities (a flash kernel fuses it): reads them and
   // writes them and the mask (forward); reads the gradient and the mask and
@@ -164,13 +166,10 @@ ChunkCost CostModel::chunk(const model::StageSpec& spec) const {
   double layer_b = layer_backward(&tp_b);
   if (actors::splits_backward(par.schedule)) {
     // B copies each linear layer's input and output gradient into the
-    // weight stash (4C + 12C/t a token); W runs the weight GEMMs, half of
-    // each linear layer's backward GEMMs.
+    // weight stash (4C + 12C/t a token); W runs the weight GEMMs.
     const double t = par.tp, F = 4 * C / t;
-    const GemmPass bwd = GemmPass::kBackward;
-    const double w =
-        0.5 * (k.gemm_seconds(N, C, F, bwd) + k.gemm_seconds(N, F, C, bwd) +
-               k.gemm_seconds(N, C, C / t, bwd) + k.gemm_seconds(N, 3 * C / t, C, bwd));
+    const double w = k.weight_grad_seconds(N, C, F) + k.weight_grad_seconds(N, F, C) +
+                     k.weight_grad_seconds(N, C, C / t) + k.weight_grad_seconds(N, 3 * C / t, C);
     layer_b += k.memory_seconds(2 * N * (4 * C + 12 * C / t) * e_, "copy");
     c.bwd_w = spec.layers() * w;
     c.w_pieces = std::max(1, spec.layers());
@@ -230,9 +229,22 @@ double CostModel::p2p_seconds(int stage_a, int stage_b) const {
   return link(stage_a * per_stage, stage_b * per_stage).seconds(activation_bytes());
 }
 
-double CostModel::dp_reduce_seconds(double bytes) const {
+Link CostModel::dp_link() const {
   const int dp = in_.parallel.dp, tp = in_.parallel.tp;
-  const Link& l = link(0, (dp - 1) * tp);
+  Link l = link(0, (dp - 1) * tp);
+  if (cluster_.calibrated || node_of(0) == node_of((dp - 1) * tp)) return l;
+  // Across nodes NCCL runs a ring per channel, each through its own NIC, so
+  // a group with k members on a node has k GPUs' shares of the node's NICs
+  // (the GPUs of the node in other groups reduce at the same time through
+  // the rest), up to what NVLink carries inside the node.
+  const int k = std::clamp(cluster_.gpus_per_node / tp, 1, dp);
+  l.bytes_per_s = std::min(k * l.bytes_per_s, device_.intra.bytes_per_s);
+  return l;
+}
+
+double CostModel::dp_reduce_seconds(double bytes) const {
+  const int dp = in_.parallel.dp;
+  const Link l = dp_link();
   if (cluster_.calibrated) {
     // Each replica sends every partition its piece; the partition adds the
     // dp contributions on its stream.
@@ -245,8 +257,8 @@ double CostModel::dp_reduce_seconds(double bytes) const {
 }
 
 double CostModel::dp_gather_seconds(double bytes) const {
-  const int dp = in_.parallel.dp, tp = in_.parallel.tp;
-  const Link& l = link(0, (dp - 1) * tp);
+  const int dp = in_.parallel.dp;
+  const Link l = dp_link();
   if (cluster_.calibrated && dp == 1) return device_.intra.seconds(bytes);
   return half_collective(bytes, dp, l);
 }

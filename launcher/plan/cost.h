@@ -16,8 +16,10 @@
 //   PP        an activation or gradient of B·T·C per hop over the link
 //             between the two stages' ranks (alpha-beta).
 //   DP        gradient buckets reduce-scattered over the replicas as the
-//             last backward of a chunk makes them final; then AdamW on the
-//             1/dp partition; then the parameters all-gathered.
+//             last backward of a chunk makes them final (or all after it:
+//             --no-overlap-grad-reduce); then AdamW on the 1/dp partition;
+//             then the parameters all-gathered. Across nodes a group with k
+//             members on a node gets k GPUs' shares of the node's NICs.
 //
 // Collectives on GPU clusters are NCCL's: the faster of ring (2(p-1)
 // alpha + 2(p-1)/p n/B for an all-reduce, half of it for reduce-scatter
@@ -56,6 +58,11 @@ struct PlanInput {
   // probabilities and on the two residual branches, applied and read back.
   // A flash kernel fuses the attention's.
   double dropout = 0;
+  // The DP reduction's buckets go as the last backward makes them final
+  // (troupe, Megatron's --overlap-grad-reduce); false: all of them after
+  // the stage's last op (Megatron's default before it, DeepSpeed's pipeline
+  // engine).
+  bool overlap_grad_reduce = true;
 
   int m() const { return parallel.micro_batches(global_batch, micro_batch); }
   int gpus() const { return parallel.world(); }
@@ -110,6 +117,7 @@ class CostModel final : public Costs {
  private:
   int node_of(int rank) const { return rank / cluster_.gpus_per_node; }
   const Link& link(int rank_a, int rank_b) const;
+  Link dp_link() const;  // what a DP group's collective runs at
   // Collectives over p ranks on `nodes` nodes, `l` the slowest link:
   // all-reduce, and one of reduce-scatter / all-gather.
   double all_reduce(double bytes, int p, int nodes, const Link& l) const;

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
+#include <initializer_list>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <utility>
@@ -40,27 +41,37 @@ std::string precision_name(Precision p) {
   return "?";
 }
 
-double GemmCurve::wave_quantisation(double M, double N) const {
+double GemmCurve::wave_quantisation(double M, double N, double batch) const {
   if (sms <= 0) return 1;
+  const double small = std::min(tile_m, tile_n);
   double best = 0;
   for (const auto& [a, b] :
-       {std::pair{tile_m, tile_n}, std::pair{tile_n, tile_m}, std::pair{tile_n, tile_n}}) {
-    const double tiles = std::ceil(M / a) * std::ceil(N / b);
-    const double q = tiles < sms ? 1 : std::ceil(tiles / sms) * sms * a * b / (M * N);
+       {std::pair{tile_m, tile_n}, std::pair{tile_n, tile_m}, std::pair{small, small}}) {
+    const double tiles = batch * std::ceil(M / a) * std::ceil(N / b);
+    const double q = tiles < sms ? 1 : std::ceil(tiles / sms) * sms * a * b / (batch * M * N);
     best = best == 0 ? q : std::min(best, q);
   }
   return best;
 }
 
-double Compute::gemm_seconds(double M, double N, double K, GemmPass pass) const {
+double Compute::gemm_seconds(double M, double N, double K, GemmPass pass, double batch) const {
   if (auto it = gemm_measured.find({M, N, K}); it != gemm_measured.end()) {
-    return it->second[pass == GemmPass::kForward ? 0 : 1] * slowdown;
+    return batch * it->second[pass == GemmPass::kForward ? 0 : 1] * slowdown;
   }
-  if (pass == GemmPass::kForward) return gemm_fwd.seconds(M, N, K) * slowdown;
+  if (pass == GemmPass::kForward) return gemm_fwd.seconds(M, N, K, batch) * slowdown;
   // The backward: the input and the weight gradients.
-  if (transposed_backward)
-    return (gemm_bwd.seconds(M, K, N) + gemm_bwd.seconds(K, N, M)) * slowdown;
-  return 2 * gemm_bwd.seconds(M, N, K) * slowdown;
+  if (transposed_backward) {
+    return (gemm_bwd.seconds(M, K, N, batch) + gemm_bwd.seconds(K, N, M, batch)) * slowdown;
+  }
+  return 2 * gemm_bwd.seconds(M, N, K, batch) * slowdown;
+}
+
+double Compute::weight_grad_seconds(double M, double N, double K) const {
+  if (auto it = gemm_measured.find({M, N, K}); it != gemm_measured.end()) {
+    return 0.5 * it->second[1] * slowdown;
+  }
+  if (transposed_backward) return gemm_bwd.seconds(K, N, M) * slowdown;
+  return gemm_bwd.seconds(M, N, K) * slowdown;
 }
 
 double Compute::memory_seconds(double bytes, const std::string& family) const {
@@ -192,6 +203,17 @@ class Reader {
       return "";
     }
     return v->get<std::string>();
+  }
+  // Every key of the object at `path` ("" the top) is one of `known`: a
+  // misspelt optional field is an error, not a silent default.
+  void only(const json& j, const std::string& path, std::initializer_list<const char*> known) {
+    const json* obj = path.empty() ? &j : (has(j, path) ? at(j, path) : nullptr);
+    if (obj == nullptr || !obj->is_object()) return;
+    for (auto it = obj->begin(); it != obj->end(); ++it) {
+      bool ok = false;
+      for (const char* k : known) ok = ok || it.key() == k;
+      if (!ok) fail(absl::StrCat("unknown field '", path.empty() ? "" : path + ".", it.key(), "'"));
+    }
   }
   void fail(const std::string& why) {
     if (status_.ok()) status_ = absl::InvalidArgumentError(absl::StrCat(file_, ": ", why));
@@ -329,6 +351,16 @@ absl::StatusOr<Cluster> parse_cluster(const std::string& text, const std::string
       c.gemm.tile_n = r.integer(j, "efficiency.gemm_tile.n", 1, 4096);
     }
     c.memory_efficiency = r.number(j, "efficiency.memory", 1e-3, 1);
+    r.only(j, "",
+           {"name", "description", "nodes", "gpus_per_node", "gpu", "intra_node", "inter_node",
+            "efficiency", "sources"});
+    r.only(j, "gpu", {"name", "peak_tflops", "memory_gib", "memory_gbytes_per_s", "sms"});
+    r.only(j, "intra_node", {"link", "gbytes_per_s_per_gpu", "latency_us", "achieved_fraction"});
+    r.only(j, "inter_node", {"link", "nics_per_node", "gbytes_per_s_per_nic", "latency_us"});
+    r.only(j, "efficiency",
+           {"gemm_tile", "gemm_max", "gemm_half_m", "gemm_half_n", "gemm_half_k", "gemm_launch_us",
+            "memory", "note"});
+    r.only(j, "efficiency.gemm_tile", {"m", "n"});
     c.assumptions = r.text(j, "efficiency.note");
   }
   if (!r.status().ok()) return r.status();

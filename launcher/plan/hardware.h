@@ -33,34 +33,39 @@ inline double element_bytes(Precision p) {
 
 enum class GemmPass { kForward, kBackward };
 
-// GEMM efficiency as a function of shape (the documented curve):
-//   time(M, N, K) = launch + 2MNK / (peak * e(M,N,K)) * q(M,N),
-//   e(M,N,K)      = M/(M+m0) * N/(N+n0) * K/(K+k0)
-// peak is the best rate times the efficiency the hardware reaches at large
-// sizes; m0, n0, k0 are the sizes at which one dimension alone halves it;
-// launch is a kernel's fixed cost. q is the last wave's quantisation on a GPU
-// of `sms` multiprocessors (NVIDIA's "Matrix Multiplication Background" guide,
-// section 3): the output is cut into tiles of tile_m x tile_n, either way
-// round, or of tile_n x tile_n (whichever wastes least: cuBLAS's heuristics
-// pick among its tiles), and a GEMM of w waves pays for all w even
-// when its last is partly empty. Below one wave cuBLAS takes smaller tiles or
-// splits K, which the smooth curve covers (q = 1). For GPU clusters the figures
-// come from each file's "efficiency" (fitted to a measured sweep, or stated);
-// for this-machine they are fitted to GEMMs timed at the model's shapes, with
-// no launch cost or waves.
+// GEMM efficiency as a function of shape (the documented curve): `batch`
+// GEMMs of M x N x K in one kernel (attention's batched GEMMs; 1 otherwise)
+// take
+//   time = fixed + batch * 2MNK / (peak * e(M,N,K)) * q,
+//   e(M,N,K) = M/(M+m0) * N/(N+n0) * K/(K+k0)
+// peak is the best rate times the share reached in training; m0, n0, k0 are
+// the sizes at which one dimension alone halves it; fixed is a kernel's
+// fixed cost (its ramp and tail, with the launch where it is not hidden).
+// q is the last wave's quantisation on a GPU of `sms` multiprocessors
+// (NVIDIA's "Matrix Multiplication Background" guide, section 3): each
+// output is cut into tiles of tile_m x tile_n, either way round, or squares
+// of the smaller side (whichever wastes least: cuBLAS's heuristics pick
+// among its tiles), and a kernel of w waves pays for all w even when its
+// last is partly empty. Under one wave cuBLAS takes smaller tiles or splits
+// K, which the smooth curve covers (q = 1); above, the step at each wave is
+// kept (no stream-K, as the cuBLAS of the published runs). For GPU clusters
+// the figures come from each file's "efficiency" (see bench/gemm_fit.py);
+// for this-machine they are fitted to GEMMs timed at the model's shapes,
+// with no fixed cost or waves.
 struct GemmCurve {
   double peak_flops = 1;  // FLOP/s
   double m0 = 0, n0 = 0, k0 = 0;
-  double launch_s = 0;
-  int sms = 0;  // 0: no wave quantisation
+  double launch_s = 0;  // the fixed cost ("gemm_launch_us")
+  int sms = 0;          // 0: no wave quantisation
   double tile_m = 256, tile_n = 128;
   double efficiency(double M, double N, double K) const {
     return M / (M + m0) * N / (N + n0) * K / (K + k0);
   }
-  // q(M, N) >= 1: the tiles' padded area, whole waves of them, over M x N.
-  double wave_quantisation(double M, double N) const;
-  double seconds(double M, double N, double K) const {
-    return launch_s + 2 * M * N * K / (peak_flops * efficiency(M, N, K)) * wave_quantisation(M, N);
+  // q >= 1: the tiles' padded area, whole waves of them, over batch x M x N.
+  double wave_quantisation(double M, double N, double batch = 1) const;
+  double seconds(double M, double N, double K, double batch = 1) const {
+    return launch_s + batch * 2 * M * N * K / (peak_flops * efficiency(M, N, K)) *
+                          wave_quantisation(M, N, batch);
   }
 };
 
@@ -93,7 +98,9 @@ struct Compute {
   // 40% of 1024x512x256's rate, which no monotone curve follows.)
   std::map<std::array<double, 3>, std::array<double, 2>> gemm_measured;
 
-  double gemm_seconds(double M, double N, double K, GemmPass pass) const;
+  double gemm_seconds(double M, double N, double K, GemmPass pass, double batch = 1) const;
+  // Of the backward, the weight gradient alone (a zero-bubble schedule's W).
+  double weight_grad_seconds(double M, double N, double K) const;
   double memory_seconds(double bytes, const std::string& family) const;
 };
 

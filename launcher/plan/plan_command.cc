@@ -35,6 +35,7 @@ struct PlanFlags {
   std::optional<std::string> recompute;         // --search tries every mode without it
   bool sequence_parallel = false, json = false, search = false;
   double dropout = 0;
+  bool no_overlap_grad_reduce = false;
   int top = 10;
   std::string svg;
   // calibrate
@@ -148,6 +149,7 @@ int run_plan(const PlanFlags& f) {
   in.recompute = *rc;
   in.sequence_parallel = f.sequence_parallel;
   in.dropout = f.dropout;
+  in.overlap_grad_reduce = !f.no_overlap_grad_reduce;
   // troupe train's default: flash on the CPU (this-machine), reference on
   // GPUs until the CUDA flash kernel has passed gpu-check.
   const std::string kernel = f.attention_kernel.value_or(
@@ -318,6 +320,10 @@ Command add_plan_command(CLI::App& app) {
                   "troupe's model has none): the masks' memory traffic, to predict Megatron's "
                   "runs")
       ->capture_default_str();
+  cmd->add_flag("--no-overlap-grad-reduce", f->no_overlap_grad_reduce,
+                "The DP reduction after a stage's last backward (Megatron before "
+                "--overlap-grad-reduce, DeepSpeed's pipeline engine), not bucket by bucket "
+                "during it (troupe)");
   cmd->add_option("--precision", f->precision,
                   "bf16, fp16, tf32 or fp32 (default: bf16 on GPUs, fp32 on this-machine)");
   cmd->add_option("--memory", f->memory,

@@ -209,6 +209,7 @@ nlohmann::json plan_json(const Plan& p) {
           {"recompute", actors::recompute_name(p.in.recompute)},
           {"sequence_parallel", p.in.sequence_parallel},
           {"dropout", p.in.dropout},
+          {"overlap_grad_reduce", p.in.overlap_grad_reduce},
           {"precision", precision_name(p.in.precision)},
           {"step_s", p.sim.step_s},
           {"pipeline_s", p.sim.pipeline_s},

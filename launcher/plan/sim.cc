@@ -270,7 +270,8 @@ void Simulation::op_done(int s, double now) {
   if (automatic_ && st.piece_op >= 0) {  // a W piece
     const ScheduleOp& w = st.ops[static_cast<std::size_t>(st.piece_op)];
     const ChunkCost& c = *st.chunk[static_cast<std::size_t>(w.chunk)];
-    if (st.piece_last && st.last_backward[static_cast<std::size_t>(w.chunk)] == st.piece_op) {
+    if (in_.overlap_grad_reduce && st.piece_last &&
+        st.last_backward[static_cast<std::size_t>(w.chunk)] == st.piece_op) {
       const double begin = now - c.bwd_w;
       for (const ChunkCost::Bucket& b : c.buckets) {
         st.dp_free =
@@ -310,7 +311,8 @@ void Simulation::op_done(int s, double now) {
   }
   // The chunk's last backward (split: last W): each bucket to the DP
   // reduction as it is final.
-  if (st.last_backward[static_cast<std::size_t>(op.chunk)] == static_cast<int>(index)) {
+  if (in_.overlap_grad_reduce &&
+      st.last_backward[static_cast<std::size_t>(op.chunk)] == static_cast<int>(index)) {
     const double dur = split_ ? c.bwd_w : c.bwd;
     const double begin = now - dur;
     for (const ChunkCost::Bucket& b : c.buckets) {
@@ -338,6 +340,15 @@ absl::StatusOr<SimResult> Simulation::run() {
       const std::size_t slot = static_cast<std::size_t>(e.index / 2);
       (e.index % 2 == 0 ? st.fwd_arrival : st.bwd_arrival)[slot] = e.time;
       try_fire(e.stage, e.time);
+    }
+  }
+  if (!in_.overlap_grad_reduce) {  // every bucket after the stage's last op
+    for (Stage& st : stages_) {
+      st.dp_free = st.free_at;
+      for (const ChunkCost* c : st.chunk) {
+        for (const ChunkCost::Bucket& b : c->buckets)
+          st.dp_free += cost_.dp_reduce_seconds(b.bytes);
+      }
     }
   }
   double reduced = 0;
