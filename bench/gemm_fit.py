@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """The GPU cluster files' GEMM curves, from measured sweeps (not assumed).
 
-  gemm_fit.py [--clusters launcher/plan/clusters]
+  gemm_fit.py [--clusters launcher/plan/clusters] [--data CSV --cluster NAME]
 
 Fits launcher/plan/hardware.h's curve,
 
@@ -25,6 +25,12 @@ compute with faster HBM, takes its half sizes the same way) (peak FLOP/s over HB
 bytes/s: a GEMM dimension must be that much larger on the GPU that computes
 more per byte to reach the same share of its peak).
 
+A cluster with a sweep of its own is fitted to it: XLA's table for dgx-h100,
+and with --data CSV --cluster NAME the sweep `scripts/gpu-check --run` writes
+(gemm-sweep.csv: troupe's own GEMM on the lent GPU, its name, date and commit
+in the header) for that cluster. The others take the H100's half sizes by
+the machine balance.
+
 Prints the fit, its residuals, the checks, and each cluster file's values
 beside the fit's; exits 1 when a file's curve is not the fit's (within 1%).
 The files scale the curve by their "gemm_max", the share of it reached in
@@ -41,8 +47,17 @@ import numpy as np
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--clusters", default="launcher/plan/clusters")
-ap.add_argument("--data", default="bench/data/xla_sm90_bf16_matmul.csv")
+ap.add_argument("--data", help="a measured sweep (m,n,k,flops_per_s) of --cluster's GPU")
+ap.add_argument("--cluster", help="the cluster file --data measured")
 args = ap.parse_args()
+if (args.data is None) != (args.cluster is None):
+    sys.exit("gemm_fit.py: --data and --cluster go together")
+
+# The measured sweeps, by cluster file.
+SWEEPS = {"dgx-h100": "bench/data/xla_sm90_bf16_matmul.csv"}
+if args.data:
+    SWEEPS[args.cluster] = args.data
+CLUSTERS = ["dgx-h100", "dgx-h200", "dgx-a100-80gb-selene"]
 
 
 def cluster(name):
@@ -54,100 +69,102 @@ def read_sweep(path):
     with open(path) as f:
         rows = [r for r in csv.reader(line for line in f if not line.startswith("#"))]
     head, body = rows[0], rows[1:]
-    assert head == ["m", "n", "k", "flops_per_s"], head
+    if head != ["m", "n", "k", "flops_per_s"]:
+        sys.exit(f"gemm_fit.py: {path}: the header is {head}, not m,n,k,flops_per_s")
     return np.array([[float(x) for x in r] for r in body])
 
 
 def quantisation(M, N, sms, tm, tn):
     best = None
-    for a, b in ((tm, tn), (tn, tm), (tn, tn)):
+    s = min(tm, tn)
+    for a, b in ((tm, tn), (tn, tm), (s, s)):
         tiles = np.ceil(M / a) * np.ceil(N / b)
         q = np.where(tiles < sms, 1.0, np.ceil(tiles / sms) * sms * a * b / (M * N))
         best = q if best is None else np.minimum(best, q)
     return best
 
 
-def seconds(p, M, N, K, peak, sms, tm, tn):
-    m0, n0, k0, launch = p
+def gpu(c):
+    t = c["efficiency"]["gemm_tile"]
+    return c["gpu"]["peak_tflops"]["bf16"] * 1e12, c["gpu"]["sms"], t["m"], t["n"]
+
+
+def seconds(p, M, N, K, c):
+    m0, n0, k0, fixed = p
+    peak, sms, tm, tn = gpu(c)
     e = M / (M + m0) * N / (N + n0) * K / (K + k0)
-    return launch + 2 * M * N * K / (peak * e) * quantisation(M, N, sms, tm, tn)
+    return fixed + 2 * M * N * K / (peak * e) * quantisation(M, N, sms, tm, tn)
 
 
-h100 = cluster("dgx-h100")
-peak = h100["gpu"]["peak_tflops"]["bf16"] * 1e12
-sms = h100["gpu"]["sms"]
-tile = h100["efficiency"]["gemm_tile"]
-tm, tn = tile["m"], tile["n"]
-S = read_sweep(args.data)
-M, N, K, F = S.T
-T = 2 * M * N * K / F
+def fit(name, path):
+    c = cluster(name)
+    S = read_sweep(path)
+    M, N, K, F = S.T
+    T = 2 * M * N * K / F
 
+    def loss(p):
+        r = np.log(seconds(p, M, N, K, c) / T)
+        return float(np.mean(r * r))
 
-def loss(p):
-    r = np.log(seconds(p, M, N, K, peak, sms, tm, tn) / T)
-    return float(np.mean(r * r))
-
-
-# Deterministic pattern search in log space (numpy alone; no SciPy here).
-p = np.array([128.0, 128.0, 128.0, 5e-6])
-step = np.full(4, 0.5)
-while step.max() > 1e-5:
-    moved = False
-    for i in range(4):
-        for s in (1 + step[i], 1 / (1 + step[i])):
-            q = p.copy()
-            q[i] *= s
-            if loss(q) < loss(p):
-                p, moved = q, True
-    if not moved:
-        step *= 0.5
-res = np.log(seconds(p, M, N, K, peak, sms, tm, tn) / T)
-big = (M >= 1024) & (N >= 1024) & (K >= 1024)
-m0, n0, k0, launch = p
-print(f"H100 fit to {len(S)} shapes of {args.data}: m0 {m0:.0f}, n0 {n0:.0f}, k0 {k0:.0f}, "
-      f"launch {launch * 1e6:.2f} us (peak {peak / 1e12:.1f} TFLOP/s, {sms} SMs, "
-      f"{tm}x{tn} tiles)")
-print(f"  time residuals: rms {100 * math.sqrt(np.mean(res ** 2)):.1f}%, worst "
-      f"{100 * np.abs(res).max():.1f}%; shapes with every dimension >= 1024 ({int(big.sum())}): "
-      f"rms {100 * math.sqrt(np.mean(res[big] ** 2)):.1f}%, worst {100 * np.abs(res[big]).max():.1f}%")
-
-
-def check(label, c, half, M, N, K, measured):
-    pk = c["gpu"]["peak_tflops"]["bf16"] * 1e12
-    t = seconds((*half, launch), M, N, K, pk, c["gpu"]["sms"], tm, tn)
-    rate = 2 * M * N * K / t / 1e12
-    print(f"  {label}: {M:.0f}x{N:.0f}x{K:.0f} predicted {rate:.1f} TFLOP/s, MAMF measured "
-          f"{measured} ({100 * (rate / measured - 1):+.1f}%)")
+    # Deterministic pattern search in log space (numpy alone; no SciPy here).
+    p = np.array([128.0, 128.0, 128.0, 5e-6])
+    step = np.full(4, 0.5)
+    while step.max() > 1e-5:
+        moved = False
+        for i in range(4):
+            for s in (1 + step[i], 1 / (1 + step[i])):
+                q = p.copy()
+                q[i] *= s
+                if loss(q) < loss(p):
+                    p, moved = q, True
+        if not moved:
+            step *= 0.5
+    res = np.log(seconds(p, M, N, K, c) / T)
+    big = (M >= 1024) & (N >= 1024) & (K >= 1024)
+    peak, sms, tm, tn = gpu(c)
+    print(f"{name}: fitted to {len(S)} shapes of {path}: m0 {p[0]:.0f}, n0 {p[1]:.0f}, "
+          f"k0 {p[2]:.0f}, fixed {p[3] * 1e6:.2f} us (peak {peak / 1e12:.1f} TFLOP/s, {sms} SMs, "
+          f"{tm}x{tn} tiles)")
+    print(f"  time residuals: rms {100 * math.sqrt(np.mean(res ** 2)):.1f}%, worst "
+          f"{100 * np.abs(res).max():.1f}%; shapes with every dimension >= 1024 "
+          f"({int(big.sum())}): rms {100 * math.sqrt(np.mean(res[big] ** 2)):.1f}%, worst "
+          f"{100 * np.abs(res[big]).max():.1f}%")
+    return p
 
 
 def balance(c):  # FLOP per byte of HBM at the bf16 peak
     return c["gpu"]["peak_tflops"]["bf16"] * 1e3 / c["gpu"]["memory_gbytes_per_s"]
 
 
-def scaled(c, label):
+curves = {name: fit(name, path) for name, path in SWEEPS.items()}
+h100 = cluster("dgx-h100")
+for name in CLUSTERS:
+    if name in curves:
+        continue
+    c = cluster(name)
     r = balance(c) / balance(h100)
-    half = (m0 * r, n0 * r, k0 * r)
-    print(f"{label}: the H100's half sizes x {r:.3f} (machine balance {balance(c):.0f} against "
-          f"{balance(h100):.0f} FLOP/B): m0 {half[0]:.0f}, n0 {half[1]:.0f}, k0 {half[2]:.0f}")
-    return half
+    m0, n0, k0, fixed = curves["dgx-h100"]
+    curves[name] = np.array([m0 * r, n0 * r, k0 * r, fixed])
+    print(f"{name}: the H100's half sizes x {r:.3f} (machine balance {balance(c):.0f} against "
+          f"{balance(h100):.0f} FLOP/B): m0 {m0 * r:.0f}, n0 {n0 * r:.0f}, k0 {k0 * r:.0f}")
 
-
-a100 = cluster("dgx-a100-80gb-selene")
-a100_half = scaled(a100, "A100")
-h200_half = scaled(cluster("dgx-h200"), "H200")
-print("checks against measurements not fitted to:")
-check("H100", h100, (m0, n0, k0), 2048, 2048, 13312, 794.5)
-check("A100", a100, a100_half, 1024, 10240, 5120, 271.2)
+print("checks against measurements not fitted to (MAMF: the best rate a shape search found):")
+for name, shape, measured in (("dgx-h100", (2048, 2048, 13312), 794.5),
+                              ("dgx-a100-80gb-selene", (1024, 10240, 5120), 271.2)):
+    M, N, K = (float(x) for x in shape)
+    rate = 2 * M * N * K / seconds(curves[name], M, N, K, cluster(name)) / 1e12
+    print(f"  {name}: {M:.0f}x{N:.0f}x{K:.0f} predicted {rate:.1f} TFLOP/s, measured {measured} "
+          f"({100 * (rate / measured - 1):+.1f}%)")
 
 bad = False
-expect = {"dgx-h100": (m0, n0, k0), "dgx-h200": h200_half, "dgx-a100-80gb-selene": a100_half}
-for name, half in expect.items():
+for name in CLUSTERS:
     e = cluster(name)["efficiency"]
     have = (e["gemm_half_m"], e["gemm_half_n"], e["gemm_half_k"], e.get("gemm_launch_us", 0))
-    want = (*half, launch * 1e6)
+    m0, n0, k0, fixed = curves[name]
+    want = (m0, n0, k0, fixed * 1e6)
     ok = all(abs(h - w) <= 0.01 * w + 0.5 for h, w in zip(have, want))
     bad |= not ok
-    print(f"{name}.json: half m/n/k {have[0]}/{have[1]}/{have[2]}, launch {have[3]} us: "
+    print(f"{name}.json: half m/n/k {have[0]}/{have[1]}/{have[2]}, fixed {have[3]} us: "
           f"{'the fit' if ok else 'NOT the fit (want %.0f/%.0f/%.0f, %.2f us)' % want}; "
           f"in training {e['gemm_max']} of the curve (gemm_max: bench/plan_fit.py)")
 sys.exit(1 if bad else 0)

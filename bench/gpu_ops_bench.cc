@@ -7,6 +7,13 @@
 // the same dtype; scripts/gpu-check runs both and reports the ratios. Needs
 // a GPU (exit 2 without one).
 //   build/bench/gpu_ops_bench [--reps N] [--dtype bf16|f32]
+//   build/bench/gpu_ops_bench --gemm-sweep
+//     instead: troupe's GEMM (ops::matmul_forward, bf16, no bias) at every
+//     M, N, K of 256 to 4096 (powers of two, 125 shapes) and at the planner's
+//     validation shapes, as bench/data/xla_sm90_bf16_matmul.csv's rows
+//     ("m,n,k,flops_per_s"), which bench/gemm_fit.py --data fits.
+#include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -91,11 +98,53 @@ struct Bench {
   }
 };
 
+// The GEMM sweep: each shape's FLOP/s, the best of three timings of 20 calls.
+int gemm_sweep(gpu::Device& dev, gpu::Stream& s) {
+  Bench b{dev, s, 20, gpu::DType::kBF16};
+  std::vector<std::array<i64, 3>> shapes;
+  for (i64 m = 256; m <= 4096; m *= 2) {
+    for (i64 n = 256; n <= 4096; n *= 2) {
+      for (i64 k = 256; k <= 4096; k *= 2) shapes.push_back({m, n, k});
+    }
+  }
+  // tp 8 slices of the published runs' layers (hidden 6144 to 25600, 2048
+  // tokens): qkv, projection, fc, fc-proj.
+  for (const i64 c : {6144, 12288, 20480, 25600}) {
+    for (const std::array<i64, 2> nk : {std::array<i64, 2>{3 * c / 8, c}, {c, c / 8}, {c / 2, c},
+                                        {c, c / 2}}) {
+      shapes.push_back({2048, nk[0], nk[1]});
+    }
+  }
+  std::printf("m,n,k,flops_per_s\n");
+  for (const auto& [m, n, k] : shapes) {
+    const Tensor x = b.rnd({m, k}), w = b.rnd({n, k}), out = Tensor::empty(dev, b.dtype, {m, n});
+    double best = 1e30;
+    for (int t = 0; t < 3; t++) {
+      for (int i = 0; i < 3; i++) ops::matmul_forward(s, out, x, w, Tensor{});
+      if (absl::Status st = s.synchronize(); !st.ok()) Bench::fail("gemm_sweep", st);
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int i = 0; i < b.reps; i++) ops::matmul_forward(s, out, x, w, Tensor{});
+      if (absl::Status st = s.synchronize(); !st.ok()) Bench::fail("gemm_sweep", st);
+      best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
+                                    .count() /
+                                b.reps);
+    }
+    std::printf("%lld,%lld,%lld,%.0f\n", static_cast<long long>(m), static_cast<long long>(n),
+                static_cast<long long>(k), 2.0 * m * n * k / best);
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   int reps = 20;
+  bool sweep = false;
   gpu::DType dtype = gpu::DType::kBF16;
+  for (int i = 1; i < argc; i++) {
+    if (std::strcmp(argv[i], "--gemm-sweep") == 0) sweep = true;
+  }
   for (int i = 1; i + 1 < argc; i++) {
     if (std::strcmp(argv[i], "--reps") == 0) reps = std::atoi(argv[i + 1]);
     if (std::strcmp(argv[i], "--dtype") == 0) {
@@ -113,6 +162,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   std::unique_ptr<gpu::Stream> s = (*dev)->make_stream({});
+  if (sweep) return gemm_sweep(**dev, *s);
   Bench b{**dev, *s, reps, dtype};
   const Tensor tokens = b.ids({B, T}), targets = b.ids({N});
   const Tensor wte = b.rnd({Vp, C}), wpe = b.rnd({T, C}), x = b.rnd({N, C}, 1.0f);
