@@ -110,8 +110,8 @@ int gemm_sweep(gpu::Device& dev, gpu::Stream& s) {
   // tp 8 slices of the published runs' layers (hidden 6144 to 25600, 2048
   // tokens): qkv, projection, fc, fc-proj.
   for (const i64 c : {6144, 12288, 20480, 25600}) {
-    for (const std::array<i64, 2> nk : {std::array<i64, 2>{3 * c / 8, c}, {c, c / 8}, {c / 2, c},
-                                        {c, c / 2}}) {
+    for (const std::array<i64, 2> nk :
+         {std::array<i64, 2>{3 * c / 8, c}, {c, c / 8}, {c / 2, c}, {c, c / 2}}) {
       shapes.push_back({2048, nk[0], nk[1]});
     }
   }
@@ -125,9 +125,9 @@ int gemm_sweep(gpu::Device& dev, gpu::Stream& s) {
       const auto t0 = std::chrono::steady_clock::now();
       for (int i = 0; i < b.reps; i++) ops::matmul_forward(s, out, x, w, Tensor{});
       if (absl::Status st = s.synchronize(); !st.ok()) Bench::fail("gemm_sweep", st);
-      best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
-                                    .count() /
-                                b.reps);
+      best = std::min(
+          best,
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / b.reps);
     }
     std::printf("%lld,%lld,%lld,%.0f\n", static_cast<long long>(m), static_cast<long long>(n),
                 static_cast<long long>(k), 2.0 * m * n * k / best);

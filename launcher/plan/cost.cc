@@ -108,7 +108,7 @@ double CostModel::residual_dropout(bool backward) const {
   // Fused with the bias and the residual add (counted there): the mask's
   // byte written, or read with the gradient it scales (read and written).
   const double bytes = backward ? (2 * e_ + 1) * N * C : N * C;
-  return 2 * device_.compute.memory_seconds(bytes / sp, "dropout");
+  return 2 * device_.compute.memory_seconds(bytes / sp, "dropout", /*own_kernel=*/false);
 }
 
 double CostModel::layer_forward(double* tp) const {

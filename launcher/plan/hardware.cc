@@ -74,9 +74,11 @@ double Compute::weight_grad_seconds(double M, double N, double K) const {
   return gemm_bwd.seconds(M, N, K) * slowdown;
 }
 
-double Compute::memory_seconds(double bytes, const std::string& family) const {
+double Compute::memory_seconds(double bytes, const std::string& family, bool own_kernel) const {
   auto it = family_bytes_per_s.find(family);
-  return bytes / (it != family_bytes_per_s.end() ? it->second : memory_bytes_per_s) * slowdown;
+  return ((own_kernel ? kernel_s : 0) +
+          bytes / (it != family_bytes_per_s.end() ? it->second : memory_bytes_per_s)) *
+         slowdown;
 }
 
 absl::StatusOr<Device> Cluster::device(int ranks_on_node, Precision precision,
@@ -120,6 +122,7 @@ absl::StatusOr<Device> Cluster::device(int ranks_on_node, Precision precision,
   d.compute.gemm_fwd.peak_flops = d.peak_flops * gemm_max_efficiency;
   d.compute.gemm_bwd = d.compute.gemm_fwd;
   d.compute.transposed_backward = true;
+  d.compute.kernel_s = gemm.launch_s;
   d.compute.memory_bytes_per_s = memory_gbytes_per_s * 1e9 * memory_efficiency;
   d.optimizer = d.compute;
   d.intra = intra;

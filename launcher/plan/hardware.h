@@ -89,7 +89,10 @@ struct Compute {
   bool transposed_backward = false;
   double attention_fwd_flops = 0, attention_bwd_flops = 0;  // FLOP/s when fused (flash)
   double reference_attention_fwd_flops = 0, reference_attention_bwd_flops = 0;  // reference
-  double memory_bytes_per_s = 1;                     // any family not listed below
+  double memory_bytes_per_s = 1;  // any family not listed below
+  // A memory-bound kernel's fixed cost (GPU clusters: the GEMM curve's,
+  // assumed the same; this-machine: none, the rates are of whole ops).
+  double kernel_s = 0;
   std::map<std::string, double> family_bytes_per_s;  // measured families
   double slowdown = 1;  // the optimizer's with more ranks than cores (Device::core_share)
   // this-machine: GEMMs timed at exactly these (M, N, K) are taken as
@@ -101,7 +104,9 @@ struct Compute {
   double gemm_seconds(double M, double N, double K, GemmPass pass, double batch = 1) const;
   // Of the backward, the weight gradient alone (a zero-bubble schedule's W).
   double weight_grad_seconds(double M, double N, double K) const;
-  double memory_seconds(double bytes, const std::string& family) const;
+  // `bytes` moved by a kernel of `family` (its own kernel, or fused into the
+  // one before: no fixed cost).
+  double memory_seconds(double bytes, const std::string& family, bool own_kernel = true) const;
 };
 
 struct Device {

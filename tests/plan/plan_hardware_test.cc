@@ -30,8 +30,8 @@ TEST(PlanCost, ClusterFiguresComeFromTheFile) {
   absl::StatusOr<Device> d = c.device(8, Precision::kBf16);
   ASSERT_TRUE(d.ok());
   EXPECT_DOUBLE_EQ(d->peak_flops, 312e12);
-  // 5.63 us + 0.819 x 312 TFLOP/s x (2048/2140)(4096/4188)(4096/4152), x 540/512
-  const double eff = 0.819 * 2048.0 / 2140 * 4096.0 / 4188 * 4096.0 / 4152;
+  // 5.63 us + 0.826 x 312 TFLOP/s x (2048/2140)(4096/4188)(4096/4152), x 540/512
+  const double eff = 0.826 * 2048.0 / 2140 * 4096.0 / 4188 * 4096.0 / 4152;
   EXPECT_NEAR(d->compute.gemm_seconds(2048, 4096, 4096, GemmPass::kForward),
               5.63e-6 + 2.0 * 2048 * 4096 * 4096 / (312e12 * eff) * 540 / 512, 1e-12);
   EXPECT_DOUBLE_EQ(d->intra.bytes_per_s, 0.73 * 300e9);  // NCCL's share of NVLink

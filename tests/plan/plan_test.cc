@@ -313,6 +313,41 @@ TEST(PlanCost, ChunkComputeIsTheModelsFlops) {
   EXPECT_NEAR(bytes, 4.0 * model::ParamLayout::gpt(in.model, whole, {}).total(), 1);
 }
 
+// Every kernel pays the file's fixed cost: on a cluster where compute and
+// memory are free, a chunk's time is its kernels counted by hand times it.
+// Per layer forward: LayerNorm 2, qkv / projection / fc / fc-proj GEMMs 4,
+// attention's two batched GEMMs and its softmax 3, GELU 1, residual adds 2 =
+// 12; the embedding 1; the head's LayerNorm, GEMM and cross-entropy 3.
+// Backward: LayerNorm 2, each linear GEMM two (input and weight gradients)
+// 8, attention's 4 and its softmax 1, GELU 1 = 16; the head's fill,
+// cross-entropy, two GEMMs and LayerNorm 5; the embedding's 1.
+TEST(PlanCost, EveryKernelPaysItsFixedCost) {
+  std::string text = builtin_clusters()[0].json;
+  auto set = [&](const std::string& key, const std::string& value) {
+    const std::size_t at = text.find("\"" + key + "\"");
+    ASSERT_NE(at, std::string::npos) << key;
+    const std::size_t colon = text.find(':', at), end = text.find_first_of(",}", colon);
+    text.replace(colon + 1, end - colon - 1, " " + value);
+  };
+  set("bf16", "1e6");
+  set("memory_gbytes_per_s", "1e7");
+  set("gemm_launch_us", "5");
+  absl::StatusOr<Cluster> c = parse_cluster(text, "fixed.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  absl::StatusOr<Device> d = c->device(1, Precision::kBf16);
+  ASSERT_TRUE(d.ok());
+  PlanInput in;
+  in.model = *model::preset("gpt2-124m");  // L = 12
+  in.micro_batch = 1;
+  in.global_batch = 1;
+  in.attention = model::AttentionKernel::kReference;
+  const ChunkCost k = CostModel(in, *c, *d).chunk(model::StageSpec::whole(in.model));
+  // (Within 2 us: the GEMMs and the bytes cost a little still; a kernel more
+  // or less is 5.)
+  EXPECT_NEAR(k.fwd, (12 * 12 + 1 + 3) * 5e-6, 2e-6);
+  EXPECT_NEAR(k.bwd, (12 * 16 + 5 + 1) * 5e-6, 2e-6);
+}
+
 // --dropout: Megatron's masks, by the bytes they move at the file's memory
 // rate (GEMMs free): per layer forward a byte written for each of the
 // reference core's B NH T^2 probabilities, which are also read and written
