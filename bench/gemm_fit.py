@@ -2,6 +2,7 @@
 """The GPU cluster files' GEMM curves, from measured sweeps (not assumed).
 
   gemm_fit.py [--clusters launcher/plan/clusters] [--data CSV --cluster NAME]
+  gemm_fit.py --self-test   fits a sweep made from known parameters
 
 Fits launcher/plan/hardware.h's curve,
 
@@ -49,6 +50,8 @@ ap = argparse.ArgumentParser()
 ap.add_argument("--clusters", default="launcher/plan/clusters")
 ap.add_argument("--data", help="a measured sweep (m,n,k,flops_per_s) of --cluster's GPU")
 ap.add_argument("--cluster", help="the cluster file --data measured")
+ap.add_argument("--self-test", action="store_true",
+                help="fit a sweep made from known parameters and check they come back")
 args = ap.parse_args()
 if (args.data is None) != (args.cluster is None):
     sys.exit("gemm_fit.py: --data and --cluster go together")
@@ -66,11 +69,20 @@ def cluster(name):
 
 
 def read_sweep(path):
+    """A sweep's rows; gpu_ops_bench's own end in "# complete: N rows" (one
+    cut short by its timeout has no such line, or fewer rows)."""
     with open(path) as f:
-        rows = [r for r in csv.reader(line for line in f if not line.startswith("#"))]
+        lines = f.read().splitlines()
+    rows = [r for r in csv.reader(line for line in lines if not line.startswith("#"))]
     head, body = rows[0], rows[1:]
     if head != ["m", "n", "k", "flops_per_s"]:
         sys.exit(f"gemm_fit.py: {path}: the header is {head}, not m,n,k,flops_per_s")
+    ours = any("gpu_ops_bench --gemm-sweep" in line for line in lines if line.startswith("#"))
+    if ours:
+        done = [line for line in lines if line.startswith("# complete: ")]
+        if not done or int(done[-1].split()[2]) != len(body):
+            end = done[-1] if done else 'no "# complete" line'
+            sys.exit(f"gemm_fit.py: {path}: the sweep was cut short ({len(body)} rows, {end})")
     return np.array([[float(x) for x in r] for r in body])
 
 
@@ -79,7 +91,7 @@ def quantisation(M, N, sms, tm, tn):
     s = min(tm, tn)
     for a, b in ((tm, tn), (tn, tm), (s, s)):
         tiles = np.ceil(M / a) * np.ceil(N / b)
-        q = np.where(tiles < sms, 1.0, np.ceil(tiles / sms) * sms * a * b / (M * N))
+        q = np.where(tiles < sms, 1.0, np.ceil(tiles / sms) * sms / tiles)
         best = q if best is None else np.minimum(best, q)
     return best
 
@@ -135,6 +147,28 @@ def fit(name, path):
 def balance(c):  # FLOP per byte of HBM at the bf16 peak
     return c["gpu"]["peak_tflops"]["bf16"] * 1e3 / c["gpu"]["memory_gbytes_per_s"]
 
+
+if args.self_test:
+    # The fit must give back the parameters a sweep was made from (dgx-h200's
+    # SMs and tiles; every shape of XLA's table).
+    import tempfile
+    known = np.array([150.0, 140.0, 90.0, 4e-6])
+    grid = np.array([(m, n, k) for m in (256, 512, 1024, 2048, 4096)
+                     for n in (256, 512, 1024, 2048, 4096) for k in (256, 512, 1024, 2048, 4096)],
+                    dtype=float)
+    M, N, K = grid.T
+    rate = 2 * M * N * K / seconds(known, M, N, K, cluster("dgx-h200"))
+    with tempfile.NamedTemporaryFile("w", suffix=".csv", delete=False) as f:
+        f.write("m,n,k,flops_per_s\n")
+        for (m, n, k), r in zip(grid, rate):
+            f.write(f"{m:.0f},{n:.0f},{k:.0f},{r:.6e}\n")
+    got = fit("dgx-h200", f.name)
+    os.unlink(f.name)
+    ok = bool(np.all(np.abs(got / known - 1) < 0.005))
+    print(f"self-test: made from m0/n0/k0/fixed {known[0]:.0f}/{known[1]:.0f}/{known[2]:.0f}/"
+          f"{known[3] * 1e6:.2f} us, fitted {got[0]:.1f}/{got[1]:.1f}/{got[2]:.1f}/"
+          f"{got[3] * 1e6:.3f} us: {'recovered' if ok else 'NOT recovered'} (within 0.5%)")
+    sys.exit(0 if ok else 1)
 
 curves = {name: fit(name, path) for name, path in SWEEPS.items()}
 h100 = cluster("dgx-h100")

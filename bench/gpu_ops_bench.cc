@@ -7,11 +7,12 @@
 // the same dtype; scripts/gpu-check runs both and reports the ratios. Needs
 // a GPU (exit 2 without one).
 //   build/bench/gpu_ops_bench [--reps N] [--dtype bf16|f32]
-//   build/bench/gpu_ops_bench --gemm-sweep
+//   build/bench/gpu_ops_bench --gemm-sweep [--reps N]
 //     instead: troupe's GEMM (ops::matmul_forward, bf16, no bias) at every
 //     M, N, K of 256 to 4096 (powers of two, 125 shapes) and at the planner's
 //     validation shapes, as bench/data/xla_sm90_bf16_matmul.csv's rows
-//     ("m,n,k,flops_per_s"), which bench/gemm_fit.py --data fits.
+//     ("m,n,k,flops_per_s") and a last "# complete: N rows", which
+//     bench/gemm_fit.py --data fits.
 #include <algorithm>
 #include <array>
 #include <chrono>
@@ -98,9 +99,14 @@ struct Bench {
   }
 };
 
-// The GEMM sweep: each shape's FLOP/s, the best of three timings of 20 calls.
-int gemm_sweep(gpu::Device& dev, gpu::Stream& s) {
-  Bench b{dev, s, 20, gpu::DType::kBF16};
+// The GEMM sweep: each shape's FLOP/s, the best of three timings of `reps`
+// calls (wall clock between two synchronisations: the kernel with its
+// launch, as a training step runs it). The operands are views of one device
+// pool filled with copies of a small random block (drawing every element on
+// the host took most of a minute); a last line counts the rows, so a sweep
+// cut short is not taken for a whole one (bench/gemm_fit.py checks it).
+int gemm_sweep(gpu::Device& dev, gpu::Stream& s, int reps) {
+  Bench b{dev, s, reps, gpu::DType::kBF16};
   std::vector<std::array<i64, 3>> shapes;
   for (i64 m = 256; m <= 4096; m *= 2) {
     for (i64 n = 256; n <= 4096; n *= 2) {
@@ -108,16 +114,33 @@ int gemm_sweep(gpu::Device& dev, gpu::Stream& s) {
     }
   }
   // tp 8 slices of the published runs' layers (hidden 6144 to 25600, 2048
-  // tokens): qkv, projection, fc, fc-proj.
-  for (const i64 c : {6144, 12288, 20480, 25600}) {
-    for (const std::array<i64, 2> nk :
-         {std::array<i64, 2>{3 * c / 8, c}, {c, c / 8}, {c / 2, c}, {c, c / 2}}) {
-      shapes.push_back({2048, nk[0], nk[1]});
+  // or 8192 tokens a micro-batch): qkv, projection, fc, fc-proj.
+  for (const i64 tokens : {2048, 8192}) {
+    for (const i64 c : {6144, 12288, 20480, 25600}) {
+      for (const std::array<i64, 2> nk :
+           {std::array<i64, 2>{3 * c / 8, c}, {c, c / 8}, {c / 2, c}, {c, c / 2}}) {
+        shapes.push_back({tokens, nk[0], nk[1]});
+      }
     }
   }
+  i64 in = 0, wt = 0, outs = 0;
+  for (const auto& [m, n, k] : shapes) {
+    in = std::max(in, m * k);
+    wt = std::max(wt, n * k);
+    outs = std::max(outs, m * n);
+  }
+  constexpr i64 kBlock = i64{1} << 22;
+  const Tensor block = b.rnd({kBlock}, 1.0f);
+  const Tensor pool = Tensor::empty(dev, b.dtype, {in + wt});
+  for (i64 at = 0; at < in + wt; at += kBlock) {
+    const i64 len = std::min(kBlock, in + wt - at);
+    ops::copy(s, pool.view(at, {len}), block.view(0, {len}));
+  }
+  const Tensor out_pool = Tensor::empty(dev, b.dtype, {outs});
   std::printf("m,n,k,flops_per_s\n");
   for (const auto& [m, n, k] : shapes) {
-    const Tensor x = b.rnd({m, k}), w = b.rnd({n, k}), out = Tensor::empty(dev, b.dtype, {m, n});
+    const Tensor x = pool.view(0, {m, k}), w = pool.view(in, {n, k});
+    const Tensor out = out_pool.view(0, {m, n});
     double best = 1e30;
     for (int t = 0; t < 3; t++) {
       for (int i = 0; i < 3; i++) ops::matmul_forward(s, out, x, w, Tensor{});
@@ -133,6 +156,7 @@ int gemm_sweep(gpu::Device& dev, gpu::Stream& s) {
                 static_cast<long long>(k), 2.0 * m * n * k / best);
     std::fflush(stdout);
   }
+  std::printf("# complete: %zu rows\n", shapes.size());
   return 0;
 }
 
@@ -162,7 +186,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   std::unique_ptr<gpu::Stream> s = (*dev)->make_stream({});
-  if (sweep) return gemm_sweep(**dev, *s);
+  if (sweep) return gemm_sweep(**dev, *s, reps);
   Bench b{**dev, *s, reps, dtype};
   const Tensor tokens = b.ids({B, T}), targets = b.ids({N});
   const Tensor wte = b.rnd({Vp, C}), wpe = b.rnd({T, C}), x = b.rnd({N, C}, 1.0f);

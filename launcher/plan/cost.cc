@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 
 #include "actors/partition.h"
 #include "comm/communicator.h"
@@ -137,7 +138,10 @@ double CostModel::layer_backward(double* tp) const {
   const double ln = k.memory_seconds((4 * N * C * e_ + 8 * N) / sp, "layernorm_bwd");
   const double ar = tp_all_reduce_seconds(N * C * e_);
   *tp += 2 * ar;
-  double s = 2 * ln + 2 * ar + residual_dropout(true)  //
+  // The residual stream's gradient takes each branch's input gradient:
+  // two adds (read two, write one).
+  const double residual = k.memory_seconds(3 * N * C * e_ / sp, "residual");
+  double s = 2 * ln + 2 * ar + 2 * residual + residual_dropout(true)  //
              + k.gemm_seconds(N, C, F, bwd) + k.memory_seconds(3 * N * F * e_, "gelu_bwd") +
              k.gemm_seconds(N, F, C, bwd)  //
              + k.gemm_seconds(N, C, C / t, bwd) + attention_core(true) +
@@ -170,7 +174,8 @@ ChunkCost CostModel::chunk(const model::StageSpec& spec) const {
     const double t = par.tp, F = 4 * C / t;
     const double w = k.weight_grad_seconds(N, C, F) + k.weight_grad_seconds(N, F, C) +
                      k.weight_grad_seconds(N, C, C / t) + k.weight_grad_seconds(N, 3 * C / t, C);
-    layer_b += k.memory_seconds(2 * N * (4 * C + 12 * C / t) * e_, "copy");
+    // (Eight copies: each linear layer's input and output gradient.)
+    layer_b += 8 * k.memory_seconds(2 * N * (4 * C + 12 * C / t) * e_ / 8, "copy");
     c.bwd_w = spec.layers() * w;
     c.w_pieces = std::max(1, spec.layers());
   }
@@ -229,22 +234,27 @@ double CostModel::p2p_seconds(int stage_a, int stage_b) const {
   return link(stage_a * per_stage, stage_b * per_stage).seconds(activation_bytes());
 }
 
-Link CostModel::dp_link() const {
+Link CostModel::dp_link(int stage) const {
   const int dp = in_.parallel.dp, tp = in_.parallel.tp;
-  Link l = link(0, (dp - 1) * tp);
-  if (cluster_.calibrated || node_of(0) == node_of((dp - 1) * tp)) return l;
+  const int first = stage * dp * tp;  // the group of (stage, t = 0): first + d tp
+  Link l = link(first, first + (dp - 1) * tp);
+  if (cluster_.calibrated || node_of(first) == node_of(first + (dp - 1) * tp)) return l;
   // Across nodes NCCL runs a ring per channel, each through its own NIC, so
-  // a group with k members on a node has k GPUs' shares of the node's NICs
-  // (the GPUs of the node in other groups reduce at the same time through
-  // the rest), up to what NVLink carries inside the node.
-  const int k = std::clamp(cluster_.gpus_per_node / tp, 1, dp);
+  // a node with k of the group's members gives it k GPUs' shares of its
+  // NICs (its other GPUs, in other groups, reduce at the same time through
+  // the rest), up to what NVLink carries inside the node; the ring runs at
+  // the pace of the node with the fewest.
+  std::map<int, int> members;
+  for (int d = 0; d < dp; d++) members[node_of(first + d * tp)]++;
+  int k = dp;
+  for (const auto& [node, n] : members) k = std::min(k, n);
   l.bytes_per_s = std::min(k * l.bytes_per_s, device_.intra.bytes_per_s);
   return l;
 }
 
-double CostModel::dp_reduce_seconds(double bytes) const {
+double CostModel::dp_reduce_seconds(int stage, double bytes) const {
   const int dp = in_.parallel.dp;
-  const Link l = dp_link();
+  const Link l = dp_link(stage);
   if (cluster_.calibrated) {
     // Each replica sends every partition its piece; the partition adds the
     // dp contributions on its stream.
@@ -256,9 +266,9 @@ double CostModel::dp_reduce_seconds(double bytes) const {
   return half_collective(bytes, dp, l);  // NCCL reduce-scatter
 }
 
-double CostModel::dp_gather_seconds(double bytes) const {
+double CostModel::dp_gather_seconds(int stage, double bytes) const {
   const int dp = in_.parallel.dp;
-  const Link l = dp_link();
+  const Link l = dp_link(stage);
   if (cluster_.calibrated && dp == 1) return device_.intra.seconds(bytes);
   return half_collective(bytes, dp, l);
 }

@@ -18,8 +18,9 @@
 //   DP        gradient buckets reduce-scattered over the replicas as the
 //             last backward of a chunk makes them final (or all after it:
 //             --no-overlap-grad-reduce); then AdamW on the 1/dp partition;
-//             then the parameters all-gathered. Across nodes a group with k
-//             members on a node gets k GPUs' shares of the node's NICs.
+//             then the parameters all-gathered. Across nodes a group gets
+//             k GPUs' shares of each node's NICs, k its fewest members on
+//             a node.
 //
 // Collectives on GPU clusters are NCCL's: the faster of ring (2(p-1)
 // alpha + 2(p-1)/p n/B for an all-reduce, half of it for reduce-scatter
@@ -92,10 +93,10 @@ class Costs {
   virtual ChunkCost chunk(const model::StageSpec& spec) const = 0;
   // One activation (or gradient) between the ranks of stages a and b.
   virtual double p2p_seconds(int stage_a, int stage_b) const = 0;
-  // The DP group's reduction of `bytes` of gradients (as a partition
-  // receives and sums them), and the parameters' return.
-  virtual double dp_reduce_seconds(double bytes) const = 0;
-  virtual double dp_gather_seconds(double bytes) const = 0;
+  // Stage `stage`'s DP group's reduction of `bytes` of gradients (as a
+  // partition receives and sums them), and the parameters' return.
+  virtual double dp_reduce_seconds(int stage, double bytes) const = 0;
+  virtual double dp_gather_seconds(int stage, double bytes) const = 0;
   // AdamW (and the norm) over `elements` of a partition.
   virtual double optimizer_seconds(double elements) const = 0;
 };
@@ -107,8 +108,8 @@ class CostModel final : public Costs {
   ChunkCost chunk(const model::StageSpec& spec) const override;
   double p2p_seconds(int stage_a, int stage_b) const override;
   double activation_bytes() const;
-  double dp_reduce_seconds(double bytes) const override;
-  double dp_gather_seconds(double bytes) const override;
+  double dp_reduce_seconds(int stage, double bytes) const override;
+  double dp_gather_seconds(int stage, double bytes) const override;
   double optimizer_seconds(double elements) const override;
   // A TP all-reduce of `bytes` (public for tests).
   double tp_all_reduce_seconds(double bytes) const;
@@ -117,7 +118,7 @@ class CostModel final : public Costs {
  private:
   int node_of(int rank) const { return rank / cluster_.gpus_per_node; }
   const Link& link(int rank_a, int rank_b) const;
-  Link dp_link() const;  // what a DP group's collective runs at
+  Link dp_link(int stage) const;  // what stage's DP group's collectives run at
   // Collectives over p ranks on `nodes` nodes, `l` the slowest link:
   // all-reduce, and one of reduce-scatter / all-gather.
   double all_reduce(double bytes, int p, int nodes, const Link& l) const;

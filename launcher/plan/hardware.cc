@@ -48,7 +48,9 @@ double GemmCurve::wave_quantisation(double M, double N, double batch) const {
   for (const auto& [a, b] :
        {std::pair{tile_m, tile_n}, std::pair{tile_n, tile_m}, std::pair{small, small}}) {
     const double tiles = batch * std::ceil(M / a) * std::ceil(N / b);
-    const double q = tiles < sms ? 1 : std::ceil(tiles / sms) * sms * a * b / (batch * M * N);
+    // Whole waves only: a tile's padding past a ragged edge is the curve's
+    // (e's M/(M+m0) and N/(N+n0) charge small dimensions already).
+    const double q = tiles < sms ? 1 : std::ceil(tiles / sms) * sms / tiles;
     best = best == 0 ? q : std::min(best, q);
   }
   return best;
@@ -358,6 +360,7 @@ absl::StatusOr<Cluster> parse_cluster(const std::string& text, const std::string
            {"name", "description", "nodes", "gpus_per_node", "gpu", "intra_node", "inter_node",
             "efficiency", "sources"});
     r.only(j, "gpu", {"name", "peak_tflops", "memory_gib", "memory_gbytes_per_s", "sms"});
+    r.only(j, "gpu.peak_tflops", {"bf16", "fp16", "tf32", "fp32"});
     r.only(j, "intra_node", {"link", "gbytes_per_s_per_gpu", "latency_us", "achieved_fraction"});
     r.only(j, "inter_node", {"link", "nics_per_node", "gbytes_per_s_per_nic", "latency_us"});
     r.only(j, "efficiency",

@@ -46,8 +46,9 @@ enum class GemmPass { kForward, kBackward };
 // output is cut into tiles of tile_m x tile_n, either way round, or squares
 // of the smaller side (whichever wastes least: cuBLAS's heuristics pick
 // among its tiles), and a kernel of w waves pays for all w even when its
-// last is partly empty. Under one wave cuBLAS takes smaller tiles or splits
-// K, which the smooth curve covers (q = 1); above, the step at each wave is
+// last is partly empty (whole waves only: a tile's padding at a ragged
+// edge is left to the curve, which charges small dimensions already). Under one wave cuBLAS takes
+// smaller tiles or splits K, which the smooth curve covers (q = 1); above, the step at each wave is
 // kept (no stream-K, as the cuBLAS of the published runs). For GPU clusters
 // the figures come from each file's "efficiency" (see bench/gemm_fit.py);
 // for this-machine they are fitted to GEMMs timed at the model's shapes,
@@ -61,7 +62,7 @@ struct GemmCurve {
   double efficiency(double M, double N, double K) const {
     return M / (M + m0) * N / (N + n0) * K / (K + k0);
   }
-  // q >= 1: the tiles' padded area, whole waves of them, over batch x M x N.
+  // q >= 1: whole waves of tiles over the tiles.
   double wave_quantisation(double M, double N, double batch = 1) const;
   double seconds(double M, double N, double K, double batch = 1) const {
     return launch_s + batch * 2 * M * N * K / (peak_flops * efficiency(M, N, K)) *

@@ -65,6 +65,11 @@ absl::Status check_layout(const PlanInput& in, const Cluster& cluster) {
                                                    cluster.gpus_per_node,
                                                    " GPUs of a node (TP stays inside one)"));
   }
+  if (!cluster.calibrated && cluster.gpus_per_node % par.tp != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--tp ", par.tp, " does not divide the ", cluster.gpus_per_node,
+                     " GPUs of a node: a TP group would span two nodes"));
+  }
   const std::int64_t replica_batch = static_cast<std::int64_t>(in.micro_batch) * par.dp;
   if (in.global_batch % replica_batch != 0) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -274,8 +274,8 @@ void Simulation::op_done(int s, double now) {
         st.last_backward[static_cast<std::size_t>(w.chunk)] == st.piece_op) {
       const double begin = now - c.bwd_w;
       for (const ChunkCost::Bucket& b : c.buckets) {
-        st.dp_free =
-            std::max(st.dp_free, begin + b.at / c.bwd * c.bwd_w) + cost_.dp_reduce_seconds(b.bytes);
+        st.dp_free = std::max(st.dp_free, begin + b.at / c.bwd * c.bwd_w) +
+                     cost_.dp_reduce_seconds(s, b.bytes);
       }
     }
     st.piece_op = -1;
@@ -317,7 +317,7 @@ void Simulation::op_done(int s, double now) {
     const double begin = now - dur;
     for (const ChunkCost::Bucket& b : c.buckets) {
       st.dp_free =
-          std::max(st.dp_free, begin + b.at / c.bwd * dur) + cost_.dp_reduce_seconds(b.bytes);
+          std::max(st.dp_free, begin + b.at / c.bwd * dur) + cost_.dp_reduce_seconds(s, b.bytes);
     }
   }
   try_fire(s, now);
@@ -343,11 +343,12 @@ absl::StatusOr<SimResult> Simulation::run() {
     }
   }
   if (!in_.overlap_grad_reduce) {  // every bucket after the stage's last op
-    for (Stage& st : stages_) {
+    for (int s = 0; s < pp_; s++) {
+      Stage& st = stages_[static_cast<std::size_t>(s)];
       st.dp_free = st.free_at;
       for (const ChunkCost* c : st.chunk) {
         for (const ChunkCost::Bucket& b : c->buckets)
-          st.dp_free += cost_.dp_reduce_seconds(b.bytes);
+          st.dp_free += cost_.dp_reduce_seconds(s, b.bytes);
       }
     }
   }
@@ -367,7 +368,7 @@ absl::StatusOr<SimResult> Simulation::run() {
   for (int s = 0; s < pp_; s++) {
     const Stage& st = stages_[static_cast<std::size_t>(s)];
     const double opt = cost_.optimizer_seconds(st.owned / dp);
-    const double gather = cost_.dp_gather_seconds(st.owned * element_bytes(in_.precision));
+    const double gather = cost_.dp_gather_seconds(s, st.owned * element_bytes(in_.precision));
     const double end = reduced + opt + gather;
     out_.step_s = std::max(out_.step_s, end);
     busy_sum += st.busy;

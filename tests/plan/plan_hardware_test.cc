@@ -30,40 +30,43 @@ TEST(PlanCost, ClusterFiguresComeFromTheFile) {
   absl::StatusOr<Device> d = c.device(8, Precision::kBf16);
   ASSERT_TRUE(d.ok());
   EXPECT_DOUBLE_EQ(d->peak_flops, 312e12);
-  // 5.63 us + 0.826 x 312 TFLOP/s x (2048/2140)(4096/4188)(4096/4152), x 540/512
-  const double eff = 0.826 * 2048.0 / 2140 * 4096.0 / 4188 * 4096.0 / 4152;
+  // 5.63 us + 0.813 x 312 TFLOP/s x (2048/2140)(4096/4188)(4096/4152), x 540/512
+  const double eff = 0.813 * 2048.0 / 2140 * 4096.0 / 4188 * 4096.0 / 4152;
   EXPECT_NEAR(d->compute.gemm_seconds(2048, 4096, 4096, GemmPass::kForward),
               5.63e-6 + 2.0 * 2048 * 4096 * 4096 / (312e12 * eff) * 540 / 512, 1e-12);
   EXPECT_DOUBLE_EQ(d->intra.bytes_per_s, 0.73 * 300e9);  // NCCL's share of NVLink
 }
 
 // The last wave's quantisation (NVIDIA's matrix-multiplication guide,
-// section 3), by hand on 108 SMs with 256 x 128 tiles.
+// section 3), by hand on 108 SMs with 256 x 128 tiles: whole waves over
+// the tiles.
 TEST(PlanCost, ALastWavePartlyEmptyIsPaidInFull) {
   const GemmCurve g{.peak_flops = 1, .sms = 108};
   // 2048 x 2304: 144 tiles of 256 x 128 either way round (2 waves: 216
   // tiles' time), 288 of 128 x 128 (3 waves: 324): 324 x 128^2 / (2048 x 2304).
-  EXPECT_DOUBLE_EQ(g.wave_quantisation(2048, 2304), 324.0 * 128 * 128 / (2048.0 * 2304));
+  EXPECT_DOUBLE_EQ(g.wave_quantisation(2048, 2304), 324.0 / 288);
   // 6912 x 512: 27 x 4 = 108 tiles, one full wave.
   EXPECT_DOUBLE_EQ(g.wave_quantisation(6912, 512), 1);
   // Under one wave cuBLAS takes smaller tiles or splits K: the curve covers it.
   EXPECT_DOUBLE_EQ(g.wave_quantisation(1024, 1024), 1);
-  // A ragged edge pads the tile: 2000 x 4096 is 8 x 32 = 256 tiles of 256 x 128
-  // (3 waves, 324), 16 x 16 of 128 x 256 (the same), 16 x 32 = 512 of 128 x 128
-  // (5 waves, 540 x 128^2).
-  EXPECT_DOUBLE_EQ(g.wave_quantisation(2000, 4096), 540.0 * 128 * 128 / (2000.0 * 4096));
+  // A ragged edge counts whole tiles, its padding left to the curve: 2000 x
+  // 4096 is 8 x 32 = 256 tiles of 256 x 128 (3 waves, 324), 16 x 16 of 128 x
+  // 256 (the same), 16 x 32 = 512 of 128 x 128 (5 waves, 540).
+  EXPECT_DOUBLE_EQ(g.wave_quantisation(2000, 4096), 540.0 / 512);
+  // A head size of 96 is one 128-wide tile, not a penalty of 128/96.
+  EXPECT_DOUBLE_EQ(g.wave_quantisation(2048, 96, 32), g.wave_quantisation(2048, 128, 32));
   EXPECT_DOUBLE_EQ(GemmCurve{}.wave_quantisation(2000, 4096), 1);  // no SMs given: none
   // The step at one wave (kept: the published runs' cuBLAS has no stream-K): on
   // 132 SMs 131 tiles of 256 x 128 are under a wave; 133 are 266 squares of 128
   // in 3 waves (396 squares' time), better than 2 waves of 132 big tiles.
   const GemmCurve h{.peak_flops = 1, .sms = 132};
   EXPECT_DOUBLE_EQ(h.wave_quantisation(131 * 256, 128), 1);
-  EXPECT_DOUBLE_EQ(h.wave_quantisation(133 * 256, 128), 396.0 * 128 * 128 / (133.0 * 256 * 128));
+  EXPECT_DOUBLE_EQ(h.wave_quantisation(133 * 256, 128), 396.0 / 266);
   // A batched kernel quantises its tiles together: 32 heads of 2048 x 2048 are
   // 32 x 128 = 4096 tiles, 38 waves of 108 (4104 tiles' time); one head alone
   // is 128 tiles in 2 waves (216 tiles' time) or 256 squares in 3 (324).
   EXPECT_DOUBLE_EQ(g.wave_quantisation(2048, 2048, 32), 4104.0 / 4096);
-  EXPECT_DOUBLE_EQ(g.wave_quantisation(2048, 2048), 324.0 * 128 * 128 / (2048.0 * 2048));
+  EXPECT_DOUBLE_EQ(g.wave_quantisation(2048, 2048), 324.0 / 256);
   // Tiles given the other way round: the square is still the smaller side.
   const GemmCurve t{.peak_flops = 1, .sms = 108, .tile_m = 128, .tile_n = 256};
   EXPECT_DOUBLE_EQ(t.wave_quantisation(2048, 2304), g.wave_quantisation(2048, 2304));

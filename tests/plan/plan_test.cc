@@ -31,8 +31,8 @@ class FixedCosts final : public Costs {
     return c;
   }
   double p2p_seconds(int, int) const override { return hop_; }
-  double dp_reduce_seconds(double) const override { return 0; }
-  double dp_gather_seconds(double) const override { return 0; }
+  double dp_reduce_seconds(int, double) const override { return 0; }
+  double dp_gather_seconds(int, double) const override { return 0; }
   double optimizer_seconds(double) const override { return 0; }
 
  private:
@@ -92,8 +92,8 @@ class SplitCosts final : public Costs {
     return c;
   }
   double p2p_seconds(int, int) const override { return 0; }
-  double dp_reduce_seconds(double) const override { return 0; }
-  double dp_gather_seconds(double) const override { return 0; }
+  double dp_reduce_seconds(int, double) const override { return 0; }
+  double dp_gather_seconds(int, double) const override { return 0; }
   double optimizer_seconds(double) const override { return 0; }
 
  private:
@@ -180,9 +180,11 @@ class BucketCosts final : public Costs {
     return c;
   }
   double p2p_seconds(int, int) const override { return 0; }
-  double dp_reduce_seconds(double bytes) const override { return bytes == 100 ? 3 : -1; }
-  double dp_gather_seconds(double) const override { return 0.5; }
-  double optimizer_seconds(double elements) const override { return elements == 5 ? 1 : -1; }
+  double dp_reduce_seconds(int, double bytes) const override { return bytes == 100 ? 3 : -1; }
+  double dp_gather_seconds(int, double) const override { return 0.5; }
+  double optimizer_seconds(double elements) const override {
+    return elements / 5;
+  }  // 1 s a chunk's partition
 };
 
 TEST(PlanSim, TheDataParallelReductionOverlapsAndEndsTheStep) {
@@ -202,6 +204,20 @@ TEST(PlanSim, TheDataParallelReductionOverlapsAndEndsTheStep) {
   EXPECT_DOUBLE_EQ(r->pipeline_s, 6);
   EXPECT_DOUBLE_EQ(r->step_s, 13.5);
   EXPECT_DOUBLE_EQ(r->dp_exposed_s, 6.5);
+  // On other schedules: the pipeline, then each stage's buckets one after
+  // another (a stage of L / pp = 4 layers has 4 buckets of 3 s), AdamW (1 s
+  // a chunk's partition: two chunks a stage interleaved, one in ZB-H1) and
+  // the gather (0.5 s).
+  for (const auto& [kind, v] : {std::pair{actors::ScheduleKind::kInterleaved1F1B, 2},
+                                std::pair{actors::ScheduleKind::kZbH1, 1}}) {
+    PlanInput p = layout(8, 2, 4, kind, v);
+    p.parallel.dp = 2;
+    p.overlap_grad_reduce = false;
+    ASSERT_TRUE(actors::place_for_schedule(kind, &p.parallel).ok());
+    absl::StatusOr<SimResult> q = simulate(p, BucketCosts(), false);
+    ASSERT_TRUE(q.ok()) << q.status();
+    EXPECT_DOUBLE_EQ(q->step_s, q->pipeline_s + 4 * 3 + v + 0.5) << actors::schedule_name(kind);
+  }
 }
 
 Cluster selene() {
@@ -229,29 +245,42 @@ TEST(PlanCost, TensorParallelAllReduceIsNcclsRing) {
   }
 }
 
-// A DP group across nodes: NCCL's rings run through every NIC, so a group
-// with k members on a node moves k GPUs' shares of the node's NICs (25 GB/s
-// each on Selene), up to NCCL's NVLink rate (0.73 x 300 GB/s). By hand, the
-// reduce-scatter's (p-1) alpha + (p-1)/p n/B over 16 replicas on 2 nodes.
+// A DP group across nodes: NCCL's rings run through every NIC, so a node
+// with k of the group's members gives it k GPUs' shares of its NICs (25
+// GB/s each on Selene), up to NCCL's NVLink rate (0.73 x 300 GB/s on
+// Selene, 0.82 x 450 on H100), the ring at the pace of the node with the
+// fewest. By hand, the reduce-scatter's (p-1) alpha + (p-1)/p n/B.
 TEST(PlanCost, ADataParallelGroupAcrossNodesUsesItsMembersNics) {
   const Cluster c = selene();
   absl::StatusOr<Device> d = c.device(8, Precision::kBf16);
   ASSERT_TRUE(d.ok());
   const double n = 1e9;
+  auto reduce = [&](const Cluster& cl, const Device& dev, int tp, int dp, int pp, int stage) {
+    PlanInput in = layout(4 * pp, pp, dp, actors::ScheduleKind::k1F1B);
+    in.parallel.tp = tp;
+    in.parallel.dp = dp;
+    in.model.NH = 8;
+    return CostModel(in, cl, dev).dp_reduce_seconds(stage, n);
+  };
+  // 16 replicas: tp 1 on 2 nodes (8 a node), tp 2 on 4 (4 a node), tp 8 on 16 (1).
   for (const auto& [tp, bw] :
        {std::pair{1, 8 * 25e9}, std::pair{2, 4 * 25e9}, std::pair{8, 25e9}}) {
-    PlanInput in = layout(4, 1, 16, actors::ScheduleKind::k1F1B);
-    in.parallel.tp = tp;
-    in.parallel.dp = 16;
-    in.model.NH = 8;
-    const CostModel cost(in, c, *d);
-    EXPECT_NEAR(cost.dp_reduce_seconds(n), 15 * 8e-6 + 15.0 / 16 * n / bw, 1e-12) << "tp " << tp;
+    EXPECT_NEAR(reduce(c, *d, tp, 16, 1, 0), 15 * 8e-6 + 15.0 / 16 * n / bw, 1e-12) << "tp " << tp;
   }
+  // 12 replicas of tp 1: 8 on one node, 4 on the next; the ring goes at 4's pace.
+  EXPECT_NEAR(reduce(c, *d, 1, 12, 1, 0), 11 * 8e-6 + 11.0 / 12 * n / (4 * 25e9), 1e-12);
   // Inside one node: NVLink.
-  PlanInput in = layout(4, 1, 8, actors::ScheduleKind::k1F1B);
-  in.parallel.dp = 8;
-  EXPECT_NEAR(CostModel(in, c, *d).dp_reduce_seconds(n), 7 * 5e-6 + 7.0 / 8 * n / (0.73 * 300e9),
-              1e-12);
+  EXPECT_NEAR(reduce(c, *d, 1, 8, 1, 0), 7 * 5e-6 + 7.0 / 8 * n / (0.73 * 300e9), 1e-12);
+  // Each stage its own group: tp 2, dp 3, pp 2 puts stage 0's ranks 0, 2, 4 on
+  // node 0 and stage 1's 6, 8, 10 across nodes 0 and 1 (2 and 1 members).
+  EXPECT_NEAR(reduce(c, *d, 2, 3, 2, 0), 2 * 5e-6 + 2.0 / 3 * n / (0.73 * 300e9), 1e-12);
+  EXPECT_NEAR(reduce(c, *d, 2, 3, 2, 1), 2 * 8e-6 + 2.0 / 3 * n / 25e9, 1e-12);
+  // H100: 8 members' shares (8 x 50 GB/s) pass NCCL's NVLink rate, which caps them.
+  absl::StatusOr<Cluster> h = load_cluster("dgx-h100");
+  ASSERT_TRUE(h.ok());
+  absl::StatusOr<Device> hd = h->device(8, Precision::kBf16);
+  ASSERT_TRUE(hd.ok());
+  EXPECT_NEAR(reduce(*h, *hd, 1, 16, 1, 0), 15 * 7e-6 + 15.0 / 16 * n / (0.82 * 450e9), 1e-12);
 }
 
 // A chunk's compute on a cluster whose GEMMs run at their peak whatever the
@@ -319,8 +348,9 @@ TEST(PlanCost, ChunkComputeIsTheModelsFlops) {
 // attention's two batched GEMMs and its softmax 3, GELU 1, residual adds 2 =
 // 12; the embedding 1; the head's LayerNorm, GEMM and cross-entropy 3.
 // Backward: LayerNorm 2, each linear GEMM two (input and weight gradients)
-// 8, attention's 4 and its softmax 1, GELU 1 = 16; the head's fill,
-// cross-entropy, two GEMMs and LayerNorm 5; the embedding's 1.
+// 8, attention's 4 and its softmax 1, GELU 1, the residual stream's two adds
+// = 18; the head's fill, cross-entropy, two GEMMs and LayerNorm 5; the
+// embedding's 1.
 TEST(PlanCost, EveryKernelPaysItsFixedCost) {
   std::string text = builtin_clusters()[0].json;
   auto set = [&](const std::string& key, const std::string& value) {
@@ -345,7 +375,7 @@ TEST(PlanCost, EveryKernelPaysItsFixedCost) {
   // (Within 2 us: the GEMMs and the bytes cost a little still; a kernel more
   // or less is 5.)
   EXPECT_NEAR(k.fwd, (12 * 12 + 1 + 3) * 5e-6, 2e-6);
-  EXPECT_NEAR(k.bwd, (12 * 16 + 5 + 1) * 5e-6, 2e-6);
+  EXPECT_NEAR(k.bwd, (12 * 18 + 5 + 1) * 5e-6, 2e-6);
 }
 
 // --dropout: Megatron's masks, by the bytes they move at the file's memory
