@@ -314,7 +314,7 @@ absl::StatusOr<SearchResult> search(const PlanInput& base, int gpus, const Clust
     for (int pp : divisors(gpus / tp)) {
       const int dp = gpus / (tp * pp);
       const std::string family = absl::StrCat("tp ", tp, " pp ", pp, " dp ", dp);
-      if (!cluster.calibrated && tp > cluster.gpus_per_node) continue;  // said once below
+      if (!cluster.calibrated && cluster.gpus_per_node % tp != 0) continue;  // said once below
       if (c.NH % tp != 0) continue;
       if (c.L % pp != 0) {
         r.rejected.push_back(
@@ -390,7 +390,7 @@ absl::StatusOr<SearchResult> search(const PlanInput& base, int gpus, const Clust
     }
   }
   if (!cluster.calibrated && gpus > cluster.gpus_per_node) {
-    r.rejected.push_back(absl::StrCat("tp above ", cluster.gpus_per_node,
+    r.rejected.push_back(absl::StrCat("tp not dividing ", cluster.gpus_per_node,
                                       ": TP stays inside a node of ", cluster.gpus_per_node,
                                       " GPUs"));
   }
