@@ -21,8 +21,11 @@ the hops. So the hop itself is also read from a trace of the pp 8 runs
 (`--trace`): the time from an op's end on one stage to the next stage's
 op's start, forwards and backwards, the median over every hop of R runs
 (`direct_in_process_us`, `direct_cross_process_us`, on a line of their
-own; the trace's own cost, a few recorder calls a hop, is in them). The
-floor, measured in the same run:
+own; the trace's own cost, a few recorder calls a hop, is in them), and
+its parts (`"bench": "hop_segment"`: the sending stream thread, the
+transport with the receiver's progress thread, the receive's callback,
+the receiving stream thread's wake-up). The floor, measured in the same
+run:
 
   ucx_one_way_us    UCX's own one-way tag latency for the same bytes between
                     two processes on this host (ucx_perftest tag_lat: half a
@@ -105,10 +108,18 @@ def flags_for(size, pp):
             "--debug-op-cost", "0:0:0", "--steps", str(args.steps)]
 
 
-def traced_hops_us(command, size, pp):
+SEGMENTS = ("op_to_send", "send_to_received", "received_to_gate", "gate_to_op")
+
+
+def traced_hops_us(command, size, pp, segments=None):
     """Every hop of a traced run's steps after SKIP: an op's end on one
     stage to the next stage's op's start (forward: s to s+1, backward:
-    s+1 to s), in us."""
+    s+1 to s), in us. With `segments` (a dict of lists), each hop's parts
+    too: the op's end to its send's start (the sending stream thread),
+    the send's start to the receive's completion on the other stage (the
+    transport, and across processes the receiver's progress thread), the
+    completion to the gate's opening (the receive's callback), and the
+    gate to the op's start (the receiving stream thread's wake-up)."""
     tag = f"{command}-{size}-traced"
     trace = f"{WORK}/{tag}-trace"
     extra = ["--run-dir", f"{WORK}/{tag}"] if command == "launch" else []
@@ -117,27 +128,48 @@ def traced_hops_us(command, size, pp):
                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if r.returncode != 0:
         sys.exit(f"hop_bench: failed: traced {command}\n{r.stdout[-3000:]}")
-    ops = {}
+    ops, msgs = {}, {}
     for rank in range(pp):
         with open(f"{trace}/rank-{rank:05d}.trace.jsonl") as f:
             for line in list(f)[1:]:
                 e = json.loads(line)
                 if e["k"] in ("forward", "backward"):
                     ops[(rank, e["step"], e["k"])] = e
+                elif e["k"] in ("send", "recv") and e.get("msg") in ("activation", "gradient"):
+                    msgs[(rank, e["step"], e["k"], e["msg"], e["peer"])] = e
+                elif e["k"] == "wait" and e.get("actor") == "stream":
+                    msgs[(rank, e["step"], "wait", e["what"], e["peer"])] = e
     hops = []
     for step in sorted({k[1] for k in ops}):
         for s in range(pp - 1):
             for kind, src, dst in (("forward", s, s + 1), ("backward", s + 1, s)):
                 a, b = ops.get((src, step, kind)), ops.get((dst, step, kind))
-                if a and b:
-                    hops.append((b["b"] - a["e"]) / 1e3)
+                if not (a and b):
+                    continue
+                hops.append((b["b"] - a["e"]) / 1e3)
+                msg = "activation" if kind == "forward" else "gradient"
+                send = msgs.get((src, step, "send", msg, dst))
+                recv = msgs.get((dst, step, "recv", msg, src))
+                gate = msgs.get((dst, step, "wait", msg, src))
+                if segments is not None and send and recv and gate:
+                    for name, t0, t1 in (("op_to_send", a["e"], send["b"]),
+                                         ("send_to_received", send["b"], recv["e"]),
+                                         ("received_to_gate", recv["e"], gate["e"]),
+                                         ("gate_to_op", gate["e"], b["b"])):
+                        segments[name].append((t1 - t0) / 1e3)
     return hops
 
 
 def direct_hop_us(command, size):
-    hops = []
+    hops, segments = [], {name: [] for name in SEGMENTS}
     for _ in range(args.reps):
-        hops += traced_hops_us(command, size, STAGES[-1])
+        hops += traced_hops_us(command, size, STAGES[-1], segments)
+    for name, v in segments.items():
+        if len(v) >= 2:
+            q = statistics.quantiles(v, n=10)
+            emit(bench="hop_segment", command=command, activation_bytes=size, pp=STAGES[-1],
+                 segment=name, median_us=round(statistics.median(v), 2), p10_us=round(q[0], 2),
+                 p90_us=round(q[-1], 2))
     return statistics.median(hops), statistics.quantiles(hops, n=10)
 
 
