@@ -10,21 +10,16 @@
 #include "launcher/plan/calibrate.h"
 #include "launcher/plan/clusters.h"
 #include "launcher/plan/hardware.h"
+#include "tests/plan/selene.h"
 
 namespace troupe::launcher::plan {
 namespace {
-
-Cluster selene_file() {
-  absl::StatusOr<Cluster> c = load_cluster("dgx-a100-80gb-selene");
-  EXPECT_TRUE(c.ok()) << c.status();
-  return *c;
-}
 
 // A GPU's share of its node's NICs, and the GEMM curve at a hand point:
 // 2048 x 4096 in 128 x 128 tiles is 512 tiles, 5 waves of A100's 108 SMs
 // (540 tiles' time; 256 x 128 tiles would take 3 waves of 108 for 256).
 TEST(PlanCost, ClusterFiguresComeFromTheFile) {
-  const Cluster c = selene_file();
+  const Cluster c = selene();
   EXPECT_EQ(c.max_gpus(), 4480);
   EXPECT_DOUBLE_EQ(c.inter.bytes_per_s, 25e9);  // 8 HDR NICs of 25 GB/s for 8 GPUs
   absl::StatusOr<Device> d = c.device(8, Precision::kBf16);

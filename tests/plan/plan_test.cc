@@ -15,6 +15,7 @@
 #include "launcher/plan/hardware.h"
 #include "launcher/plan/report.h"
 #include "launcher/plan/sim.h"
+#include "tests/plan/selene.h"
 
 namespace troupe::launcher::plan {
 namespace {
@@ -220,12 +221,6 @@ TEST(PlanSim, TheDataParallelReductionOverlapsAndEndsTheStep) {
   }
 }
 
-Cluster selene() {
-  absl::StatusOr<Cluster> c = load_cluster("dgx-a100-80gb-selene");
-  EXPECT_TRUE(c.ok()) << c.status();
-  return *c;
-}
-
 // NCCL's all-reduce on the 8 GPUs of a node: ring 2(p-1) alpha + 2(p-1)/p
 // n/B, or the tree, which inside one node is a chain: 2(p-1) alpha + 2n/B,
 // never faster; by hand for A100's NVLink (300 GB/s each way, of which NCCL
@@ -290,21 +285,17 @@ TEST(PlanCost, ADataParallelGroupAcrossNodesUsesItsMembersNics) {
 // head's 2BTVpC; the backward twice that; full recompute adds the layers'
 // forward to the backward, selective the attention core's.
 TEST(PlanCost, ChunkComputeIsTheModelsFlops) {
-  std::string text = builtin_clusters()[0].json;
-  auto set = [&](const std::string& key, const std::string& value) {
-    const std::size_t at = text.find("\"" + key + "\"");
-    ASSERT_NE(at, std::string::npos) << key;
-    const std::size_t colon = text.find(':', at), end = text.find_first_of(",}", colon);
-    text.replace(colon + 1, end - colon - 1, " " + value);
-  };
-  set("gemm_max", "1");
-  set("gemm_half_m", "0");
-  set("gemm_half_n", "0");
-  set("gemm_half_k", "0");
-  set("gemm_launch_us", "0");
-  set("sms", "100000");  // every GEMM here under one wave
-  set("memory_gbytes_per_s", "1e7");
-  absl::StatusOr<Cluster> c = parse_cluster(text, "flat.json");
+  absl::StatusOr<Cluster> c = selene_with(
+      {
+          {"gemm_max", "1"},
+          {"gemm_half_m", "0"},
+          {"gemm_half_n", "0"},
+          {"gemm_half_k", "0"},
+          {"gemm_launch_us", "0"},
+          {"sms", "100000"},  // every GEMM here under one wave
+          {"memory_gbytes_per_s", "1e7"},
+      },
+      "flat.json");
   ASSERT_TRUE(c.ok()) << c.status();
   absl::StatusOr<Device> d = c->device(1, Precision::kBf16);
   ASSERT_TRUE(d.ok());
@@ -352,17 +343,13 @@ TEST(PlanCost, ChunkComputeIsTheModelsFlops) {
 // = 18; the head's fill, cross-entropy, two GEMMs and LayerNorm 5; the
 // embedding's 1.
 TEST(PlanCost, EveryKernelPaysItsFixedCost) {
-  std::string text = builtin_clusters()[0].json;
-  auto set = [&](const std::string& key, const std::string& value) {
-    const std::size_t at = text.find("\"" + key + "\"");
-    ASSERT_NE(at, std::string::npos) << key;
-    const std::size_t colon = text.find(':', at), end = text.find_first_of(",}", colon);
-    text.replace(colon + 1, end - colon - 1, " " + value);
-  };
-  set("bf16", "1e6");
-  set("memory_gbytes_per_s", "1e7");
-  set("gemm_launch_us", "5");
-  absl::StatusOr<Cluster> c = parse_cluster(text, "fixed.json");
+  absl::StatusOr<Cluster> c = selene_with(
+      {
+          {"bf16", "1e6"},
+          {"memory_gbytes_per_s", "1e7"},
+          {"gemm_launch_us", "5"},
+      },
+      "fixed.json");
   ASSERT_TRUE(c.ok()) << c.status();
   absl::StatusOr<Device> d = c->device(1, Precision::kBf16);
   ASSERT_TRUE(d.ok());
@@ -385,17 +372,13 @@ TEST(PlanCost, EveryKernelPaysItsFixedCost) {
 // backward the gradient read and written with the mask, on both. Flash fuses
 // the attention's; full recompute runs the forward's again.
 TEST(PlanCost, DropoutIsItsMasksTraffic) {
-  std::string text = builtin_clusters()[0].json;
-  auto set = [&](const std::string& key, const std::string& value) {
-    const std::size_t at = text.find("\"" + key + "\"");
-    ASSERT_NE(at, std::string::npos) << key;
-    const std::size_t colon = text.find(':', at), end = text.find_first_of(",}", colon);
-    text.replace(colon + 1, end - colon - 1, " " + value);
-  };
-  set("bf16", "1e6");  // the peak: GEMMs all but free (the differences cancel them anyway)
-  set("gemm_launch_us", "0");
-  set("memory_gbytes_per_s", "1000");
-  absl::StatusOr<Cluster> c = parse_cluster(text, "dropout.json");
+  absl::StatusOr<Cluster> c = selene_with(
+      {
+          {"bf16", "1e6"},  // the peak: GEMMs all but free (the differences cancel them anyway)
+          {"gemm_launch_us", "0"},
+          {"memory_gbytes_per_s", "1000"},
+      },
+      "dropout.json");
   ASSERT_TRUE(c.ok()) << c.status();
   absl::StatusOr<Device> d = c->device(1, Precision::kBf16);
   ASSERT_TRUE(d.ok());
