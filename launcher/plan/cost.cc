@@ -22,7 +22,9 @@ CostModel::CostModel(const PlanInput& in, const Cluster& cluster, const Device& 
       cluster_(cluster),
       device_(device),
       sliced_(in.parallel.sliced_config(in.model)),
-      e_(element_bytes(in.precision)) {}
+      e_(element_bytes(in.precision)) {
+  for (int s = 0; s < in.parallel.pp; s++) dp_links_.push_back(make_dp_link(s));
+}
 
 const Link& CostModel::link(int rank_a, int rank_b) const {
   const bool same = cluster_.calibrated || node_of(rank_a) == node_of(rank_b);
@@ -234,7 +236,7 @@ double CostModel::p2p_seconds(int stage_a, int stage_b) const {
   return link(stage_a * per_stage, stage_b * per_stage).seconds(activation_bytes());
 }
 
-Link CostModel::dp_link(int stage) const {
+Link CostModel::make_dp_link(int stage) const {
   const int dp = in_.parallel.dp, tp = in_.parallel.tp;
   const int first = stage * dp * tp;  // the group of (stage, t = 0): first + d tp
   Link l = link(first, first + (dp - 1) * tp);
@@ -252,9 +254,13 @@ Link CostModel::dp_link(int stage) const {
   return l;
 }
 
+const Link& CostModel::dp_link(int stage) const {
+  return dp_links_[static_cast<std::size_t>(stage)];
+}
+
 double CostModel::dp_reduce_seconds(int stage, double bytes) const {
   const int dp = in_.parallel.dp;
-  const Link l = dp_link(stage);
+  const Link& l = dp_link(stage);
   if (cluster_.calibrated) {
     // Each replica sends every partition its piece; the partition adds the
     // dp contributions on its stream.
@@ -268,7 +274,7 @@ double CostModel::dp_reduce_seconds(int stage, double bytes) const {
 
 double CostModel::dp_gather_seconds(int stage, double bytes) const {
   const int dp = in_.parallel.dp;
-  const Link l = dp_link(stage);
+  const Link& l = dp_link(stage);
   if (cluster_.calibrated && dp == 1) return device_.intra.seconds(bytes);
   return half_collective(bytes, dp, l);
 }

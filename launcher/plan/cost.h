@@ -118,7 +118,10 @@ class CostModel final : public Costs {
  private:
   int node_of(int rank) const { return rank / cluster_.gpus_per_node; }
   const Link& link(int rank_a, int rank_b) const;
-  Link dp_link(int stage) const;  // what stage's DP group's collectives run at
+  // What stage's DP group's collectives run at (made once a stage: the
+  // simulation asks for every gradient bucket).
+  const Link& dp_link(int stage) const;
+  Link make_dp_link(int stage) const;
   // Collectives over p ranks on `nodes` nodes, `l` the slowest link:
   // all-reduce, and one of reduce-scatter / all-gather.
   double all_reduce(double bytes, int p, int nodes, const Link& l) const;
@@ -136,6 +139,7 @@ class CostModel final : public Costs {
   Device device_;
   model::GptConfig sliced_;
   double e_;  // bytes of an activation element
+  std::vector<Link> dp_links_;
 };
 
 }  // namespace troupe::launcher::plan

@@ -21,8 +21,8 @@ inline Cluster selene() {
 
 // Selene's file with some fields' values replaced (the first field of
 // each name), parsed as `file`.
-inline absl::StatusOr<Cluster> selene_with(const std::vector<std::pair<std::string, std::string>>& fields,
-                                    const std::string& file) {
+inline absl::StatusOr<Cluster> selene_with(
+    const std::vector<std::pair<std::string, std::string>>& fields, const std::string& file) {
   std::string text = builtin_clusters()[0].json;
   for (const auto& [key, value] : fields) {
     const std::size_t at = text.find("\"" + key + "\"");
