@@ -64,6 +64,16 @@ struct PlanInput {
   // the stage's last op (Megatron's default before it, DeepSpeed's pipeline
   // engine).
   bool overlap_grad_reduce = true;
+  // Point-to-point as Megatron's and DeepSpeed's pipelines ran it: a stage's
+  // send and its next receive are posted together when its op ends; a
+  // message goes once its receiver has posted the receive, and the sender
+  // waits for it before its next op (batch_isend_irecv, wait, synchronize).
+  // false: troupe's, which sends at once and goes on.
+  bool blocking_p2p = false;
+  // Megatron's scatter/gather of a pipeline message across TP ranks: each
+  // sends 1/tp and the receivers all-gather it over NVLink. false: troupe's,
+  // where every TP rank sends the whole activation.
+  bool scatter_gather_p2p = false;
 
   int m() const { return parallel.micro_batches(global_batch, micro_batch); }
   int gpus() const { return parallel.world(); }

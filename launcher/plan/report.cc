@@ -215,6 +215,8 @@ nlohmann::json plan_json(const Plan& p) {
           {"sequence_parallel", p.in.sequence_parallel},
           {"dropout", p.in.dropout},
           {"overlap_grad_reduce", p.in.overlap_grad_reduce},
+          {"blocking_p2p", p.in.blocking_p2p},
+          {"p2p_scatter_gather", p.in.scatter_gather_p2p},
           {"precision", precision_name(p.in.precision)},
           {"step_s", p.sim.step_s},
           {"pipeline_s", p.sim.pipeline_s},

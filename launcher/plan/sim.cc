@@ -21,9 +21,9 @@ using actors::ScheduleOp;
 struct Event {
   double time = 0;
   long seq = 0;  // ties in time: first scheduled, first handled
-  enum class Kind { kOpDone, kArrival, kRecheck } kind = Kind::kOpDone;
+  enum class Kind { kOpDone, kArrival, kRecheck, kSent } kind = Kind::kOpDone;
   int stage = 0;
-  int index = 0;  // kArrival: slot in the stage's arrival table
+  int index = 0;  // kArrival: slot in the stage's arrival table (x2, +1 for a gradient)
   bool operator>(const Event& o) const { return std::tie(time, seq) > std::tie(o.time, o.seq); }
 };
 
@@ -33,6 +33,14 @@ struct Stage {
   std::vector<int> last_backward;                // op index of each chunk's last backward (or W)
   std::vector<double> fwd_arrival, bwd_arrival;  // by chunk * m + micro; < 0: not yet
   std::vector<double> fwd_transfer, bwd_transfer;
+  // Blocking p2p (PlanInput::blocking_p2p), by slot: when the message's
+  // sender posted it (< 0: not yet), from which stage, and whether this
+  // stage has posted its receive (the message goes when both have); and
+  // this stage's own sends not yet through.
+  std::vector<double> fwd_sent, bwd_sent;
+  std::vector<int> fwd_from, bwd_from;
+  std::vector<char> fwd_posted, bwd_posted;
+  int sends_open = 0;
   std::size_t next = 0;
   bool running = false;
   double free_at = 0;
@@ -72,6 +80,11 @@ class Simulation {
   // zb-auto's rule at stage s, now free; true when it started an op.
   bool auto_fire(int s, double now);
   void start(int s, double now, double dur, int index, const ScheduleOp& op, bool weight);
+  // Blocking p2p: stage s, between ops, posts the receives of its next
+  // forward's and next backward's inputs; a message both sides have posted
+  // goes at `now`.
+  void post_receives(int s, double now);
+  void begin_transfer(int to, int key, double now);
 
  public:
   // zb-auto: the input gaps a previous pass measured (per stage, by op).
@@ -86,7 +99,7 @@ class Simulation {
   const PlanInput& in_;
   const Costs& cost_;
   bool record_;
-  bool split_ = false, automatic_ = false;
+  bool split_ = false, automatic_ = false, blocking_ = false;
   comm::Layout shape_;
   int pp_ = 1, v_ = 1, m_ = 1;
   std::vector<Stage> stages_;
@@ -103,6 +116,7 @@ absl::Status Simulation::build() {
   m_ = in_.m();
   split_ = actors::splits_backward(par.schedule);
   automatic_ = par.schedule == actors::ScheduleKind::kZbAuto;
+  blocking_ = in_.blocking_p2p && !automatic_;
   const model::GptConfig sliced = par.sliced_config(in_.model);
   const comm::Layout shape = par.layout();
   shape_ = shape;
@@ -135,8 +149,50 @@ absl::Status Simulation::build() {
     st.bwd_arrival.assign(n, -1);
     st.fwd_transfer.assign(n, 0);
     st.bwd_transfer.assign(n, 0);
+    st.fwd_sent.assign(n, -1);
+    st.bwd_sent.assign(n, -1);
+    st.fwd_from.assign(n, -1);
+    st.bwd_from.assign(n, -1);
+    st.fwd_posted.assign(n, 0);
+    st.bwd_posted.assign(n, 0);
   }
   return absl::OkStatus();
+}
+
+// (Megatron's steady state posts both with its sends:
+// send_forward_recv_backward, and the interleaved schedule's
+// send_forward_backward_recv_forward_backward.)
+void Simulation::post_receives(int s, double now) {
+  Stage& st = stages_[static_cast<std::size_t>(s)];
+  bool fwd_done = false, bwd_done = false;
+  for (std::size_t i = st.next; i < st.ops.size() && !(fwd_done && bwd_done); i++) {
+    const ScheduleOp& op = st.ops[i];
+    if (op.kind == OpKind::kWeight) continue;
+    const bool forward = op.kind == OpKind::kForward;
+    if (forward ? fwd_done : bwd_done) continue;
+    (forward ? fwd_done : bwd_done) = true;
+    const int vs = shape_.virtual_stage(s, op.chunk);
+    if (forward ? vs == 0 : vs == pp_ * v_ - 1) continue;  // no input
+    const std::size_t slot = static_cast<std::size_t>(op.chunk * m_ + op.micro);
+    char& posted = (forward ? st.fwd_posted : st.bwd_posted)[slot];
+    if (posted) continue;
+    posted = 1;
+    if ((forward ? st.fwd_sent : st.bwd_sent)[slot] >= 0) {
+      begin_transfer(s, static_cast<int>(slot) * 2 + (forward ? 0 : 1), now);
+    }
+  }
+}
+
+// The message goes now; it is there, and its sender free of it, a hop later.
+void Simulation::begin_transfer(int to, int key, double now) {
+  Stage& dst = stages_[static_cast<std::size_t>(to)];
+  const std::size_t slot = static_cast<std::size_t>(key / 2);
+  const bool forward = key % 2 == 0;
+  const double hop = (forward ? dst.fwd_transfer : dst.bwd_transfer)[slot];
+  const int from = (forward ? dst.fwd_from : dst.bwd_from)[slot];
+  push(now + hop, Event::Kind::kArrival, to, key);
+  push(now + hop, Event::Kind::kSent, from, key);
+  if (record_) out_.messages.push_back({from, to, !forward, now, now + hop});
 }
 
 void Simulation::start(int s, double now, double dur, int index, const ScheduleOp& op,
@@ -164,7 +220,9 @@ void Simulation::try_fire(int s, double now) {
   if (st.next >= st.ops.size()) return;
   const ScheduleOp& op = st.ops[st.next];
   const ChunkCost& c = *st.chunk[static_cast<std::size_t>(op.chunk)];
+  if (blocking_) post_receives(s, now);
   if (op.kind == OpKind::kWeight) {
+    if (blocking_ && st.sends_open > 0) return;
     start(s, now, c.bwd_w, static_cast<int>(st.next), op, true);
     return;
   }
@@ -178,6 +236,7 @@ void Simulation::try_fire(int s, double now) {
     if (arrived < 0) return;  // fires when it arrives
     transfer = forward ? st.fwd_transfer[slot] : st.bwd_transfer[slot];
   }
+  if (blocking_ && st.sends_open > 0) return;  // fires when they are through
   // The wait beyond the stage's last op that the message's flight caused.
   const double idle = now - st.free_at;
   if (needs_input && idle > 0) st.p2p_exposed += std::min(idle, transfer);
@@ -306,8 +365,18 @@ void Simulation::op_done(int s, double now) {
     Stage& dst = stages_[static_cast<std::size_t>(to)];
     const std::size_t slot = static_cast<std::size_t>(shape_.chunk_of(to_vs) * m_ + op.micro);
     (forward ? dst.fwd_transfer : dst.bwd_transfer)[slot] = hop;
-    push(now + hop, Event::Kind::kArrival, to, static_cast<int>(slot) * 2 + (forward ? 0 : 1));
-    if (record_) out_.messages.push_back({s, to, !forward, now, now + hop});
+    const int key = static_cast<int>(slot) * 2 + (forward ? 0 : 1);
+    if (blocking_) {
+      // Posted now; it goes once the receiver has posted its receive, and
+      // the sender waits for it.
+      (forward ? dst.fwd_sent : dst.bwd_sent)[slot] = now;
+      (forward ? dst.fwd_from : dst.bwd_from)[slot] = s;
+      st.sends_open++;
+      if ((forward ? dst.fwd_posted : dst.bwd_posted)[slot]) begin_transfer(to, key, now);
+    } else {
+      push(now + hop, Event::Kind::kArrival, to, key);
+      if (record_) out_.messages.push_back({s, to, !forward, now, now + hop});
+    }
   }
   // The chunk's last backward (split: last W): each bucket to the DP
   // reduction as it is final.
@@ -331,6 +400,15 @@ absl::StatusOr<SimResult> Simulation::run() {
     queue_.pop();
     if (e.kind == Event::Kind::kOpDone) {
       op_done(e.stage, e.time);
+    } else if (e.kind == Event::Kind::kSent) {
+      // The sender, blocked on it since its op ended, goes on.
+      Stage& st = stages_[static_cast<std::size_t>(e.stage)];
+      st.sends_open--;
+      if (st.sends_open == 0 && !st.running && e.time > st.free_at) {
+        st.p2p_exposed += e.time - st.free_at;
+        st.free_at = e.time;
+      }
+      try_fire(e.stage, e.time);
     } else if (e.kind == Event::Kind::kRecheck) {
       Stage& st = stages_[static_cast<std::size_t>(e.stage)];
       if (st.recheck_op == e.index) st.overdue_op = e.index;

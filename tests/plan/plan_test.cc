@@ -1,7 +1,8 @@
 // The planner: the simulated step against the pipeline schedules' closed
 // forms (Megatron's), the collectives and the chunks' costs against
 // hand-computed formulas, the report against published runs
-// (plan_hardware_test.cc: the cluster files and the GEMM curve).
+// (plan_hardware_test.cc: the cluster files and the GEMM curve;
+// plan_p2p_test.cc: Megatron's point-to-point).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -15,42 +16,11 @@
 #include "launcher/plan/hardware.h"
 #include "launcher/plan/report.h"
 #include "launcher/plan/sim.h"
+#include "tests/plan/fixed_costs.h"
 #include "tests/plan/selene.h"
 
 namespace troupe::launcher::plan {
 namespace {
-
-// Every chunk costs f forward and b backward per layer; messages and the
-// optimizer cost nothing (or `hop` per message).
-class FixedCosts final : public Costs {
- public:
-  FixedCosts(double f, double b, double hop = 0) : f_(f), b_(b), hop_(hop) {}
-  ChunkCost chunk(const model::StageSpec& spec) const override {
-    ChunkCost c;
-    c.fwd = f_ * spec.layers();
-    c.bwd = b_ * spec.layers();
-    return c;
-  }
-  double p2p_seconds(int, int) const override { return hop_; }
-  double dp_reduce_seconds(int, double) const override { return 0; }
-  double dp_gather_seconds(int, double) const override { return 0; }
-  double optimizer_seconds(double) const override { return 0; }
-
- private:
-  double f_, b_, hop_;
-};
-
-PlanInput layout(int L, int pp, int m, actors::ScheduleKind kind, int v = 1) {
-  PlanInput in;
-  in.model = *model::preset("tiny");
-  in.model.L = L;
-  in.parallel.pp = pp;
-  in.parallel.schedule = kind;
-  in.parallel.virtual_stages = v;
-  in.micro_batch = 1;
-  in.global_batch = m;
-  return in;
-}
 
 // Megatron's step times (Narayanan et al. 2021): GPipe and 1F1B take
 // (m + p - 1)(f + b) with f, b a stage's whole forward and backward; the
