@@ -235,13 +235,18 @@ double CostModel::p2p_seconds(int stage_a, int stage_b) const {
   const int per_stage = in_.parallel.dp * in_.parallel.tp, tp = in_.parallel.tp;
   const Link& l = link(stage_a * per_stage, stage_b * per_stage);
   const double bytes = activation_bytes();
-  if (!in_.scatter_gather_p2p || tp == 1) return l.seconds(bytes);
+  if (!in_.p2p_scatter_gather || tp == 1) return l.seconds(bytes);
   // Megatron's scatter/gather (Narayanan et al. 2021, section 4.1): each TP
   // rank sends its 1/tp of the activation, and the receivers all-gather it
-  // inside the node; with sequence parallelism the activation is already
-  // split, and nothing is gathered.
-  if (in_.sequence_parallel) return l.seconds(bytes / tp);
-  return l.seconds(bytes / tp) + half_collective(bytes, tp, link(0, tp - 1));
+  // inside the node (with sequence parallelism the activation is already
+  // split, and nothing is gathered).
+  return l.seconds(bytes / tp) + p2p_gather_seconds();
+}
+
+double CostModel::p2p_gather_seconds() const {
+  const int tp = in_.parallel.tp;
+  if (!in_.p2p_scatter_gather || tp == 1 || in_.sequence_parallel) return 0;
+  return half_collective(activation_bytes(), tp, link(0, tp - 1));
 }
 
 Link CostModel::make_dp_link(int stage) const {

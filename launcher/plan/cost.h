@@ -73,7 +73,7 @@ struct PlanInput {
   // Megatron's scatter/gather of a pipeline message across TP ranks: each
   // sends 1/tp and the receivers all-gather it over NVLink. false: troupe's,
   // where every TP rank sends the whole activation.
-  bool scatter_gather_p2p = false;
+  bool p2p_scatter_gather = false;
 
   int m() const { return parallel.micro_batches(global_batch, micro_batch); }
   int gpus() const { return parallel.world(); }
@@ -101,8 +101,12 @@ class Costs {
  public:
   virtual ~Costs() = default;
   virtual ChunkCost chunk(const model::StageSpec& spec) const = 0;
-  // One activation (or gradient) between the ranks of stages a and b.
+  // One activation (or gradient) between the ranks of stages a and b, and
+  // of that the receivers' own part after the bytes have come (Megatron's
+  // scatter/gather: their all-gather), which a blocking sender does not
+  // wait for.
   virtual double p2p_seconds(int stage_a, int stage_b) const = 0;
+  virtual double p2p_gather_seconds() const { return 0; }
   // Stage `stage`'s DP group's reduction of `bytes` of gradients (as a
   // partition receives and sums them), and the parameters' return.
   virtual double dp_reduce_seconds(int stage, double bytes) const = 0;
@@ -117,6 +121,7 @@ class CostModel final : public Costs {
 
   ChunkCost chunk(const model::StageSpec& spec) const override;
   double p2p_seconds(int stage_a, int stage_b) const override;
+  double p2p_gather_seconds() const override;
   double activation_bytes() const;
   double dp_reduce_seconds(int stage, double bytes) const override;
   double dp_gather_seconds(int stage, double bytes) const override;

@@ -36,7 +36,7 @@ struct PlanFlags {
   bool sequence_parallel = false, json = false, search = false;
   double dropout = 0;
   bool no_overlap_grad_reduce = false;
-  bool blocking_p2p = false, scatter_gather_p2p = false;
+  bool blocking_p2p = false, p2p_scatter_gather = false;
   int top = 10;
   std::string svg;
   // calibrate
@@ -152,12 +152,7 @@ int run_plan(const PlanFlags& f) {
   in.dropout = f.dropout;
   in.overlap_grad_reduce = !f.no_overlap_grad_reduce;
   in.blocking_p2p = f.blocking_p2p;
-  in.scatter_gather_p2p = f.scatter_gather_p2p;
-  if (in.blocking_p2p && *kind == actors::ScheduleKind::kZbAuto) {
-    return command_failed(
-        "plan", absl::InvalidArgumentError("--blocking-p2p: not with --schedule zb-auto (its rule "
-                                           "waits on messages as troupe sends them)"));
-  }
+  in.p2p_scatter_gather = f.p2p_scatter_gather;
   // troupe train's default: flash on the CPU (this-machine), reference on
   // GPUs until the CUDA flash kernel has passed gpu-check.
   const std::string kernel = f.attention_kernel.value_or(
@@ -336,7 +331,7 @@ Command add_plan_command(CLI::App& app) {
                 "Point-to-point as Megatron's and DeepSpeed's pipelines ran it: a message goes "
                 "once its receiver has posted the receive, and its sender waits for it before "
                 "its next op; not troupe's, which sends and goes on");
-  cmd->add_flag("--p2p-scatter-gather", f->scatter_gather_p2p,
+  cmd->add_flag("--p2p-scatter-gather", f->p2p_scatter_gather,
                 "A pipeline message as Megatron sends it: each TP rank sends 1/tp of the "
                 "activation and the receivers all-gather it in their node; not troupe's, where "
                 "every TP rank sends all of it");

@@ -44,6 +44,11 @@ absl::Status check_layout(const PlanInput& in, const Cluster& cluster) {
     }
   }
   if (absl::Status st = c.validate(); !st.ok()) return st;
+  if (in.blocking_p2p && par.schedule == actors::ScheduleKind::kZbAuto) {
+    return absl::InvalidArgumentError(
+        "--blocking-p2p: not with --schedule zb-auto (its rule waits on messages as troupe sends "
+        "them)");
+  }
   // Sizes whose products would overflow the runtime's int arithmetic.
   if (c.L > 100000 || c.C > (1 << 20) || c.T > (1 << 20) || c.V > (1 << 24)) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -216,7 +221,7 @@ nlohmann::json plan_json(const Plan& p) {
           {"dropout", p.in.dropout},
           {"overlap_grad_reduce", p.in.overlap_grad_reduce},
           {"blocking_p2p", p.in.blocking_p2p},
-          {"p2p_scatter_gather", p.in.scatter_gather_p2p},
+          {"p2p_scatter_gather", p.in.p2p_scatter_gather},
           {"precision", precision_name(p.in.precision)},
           {"step_s", p.sim.step_s},
           {"pipeline_s", p.sim.pipeline_s},

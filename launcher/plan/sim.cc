@@ -23,9 +23,12 @@ struct Event {
   long seq = 0;  // ties in time: first scheduled, first handled
   enum class Kind { kOpDone, kArrival, kRecheck, kSent } kind = Kind::kOpDone;
   int stage = 0;
-  int index = 0;  // kArrival: slot in the stage's arrival table (x2, +1 for a gradient)
+  int index = 0;  // kArrival, kSent: the message's key(); kOpDone, kRecheck: an op's index
   bool operator>(const Event& o) const { return std::tie(time, seq) > std::tie(o.time, o.seq); }
 };
+
+// A message into a stage: its slot (chunk x m + micro-batch) and direction.
+int key(std::size_t slot, bool forward) { return static_cast<int>(slot) * 2 + (forward ? 0 : 1); }
 
 struct Stage {
   std::vector<ScheduleOp> ops;
@@ -33,13 +36,12 @@ struct Stage {
   std::vector<int> last_backward;                // op index of each chunk's last backward (or W)
   std::vector<double> fwd_arrival, bwd_arrival;  // by chunk * m + micro; < 0: not yet
   std::vector<double> fwd_transfer, bwd_transfer;
-  // Blocking p2p (PlanInput::blocking_p2p), by slot: when the message's
-  // sender posted it (< 0: not yet), from which stage, and whether this
-  // stage has posted its receive (the message goes when both have); and
-  // this stage's own sends not yet through.
-  std::vector<double> fwd_sent, bwd_sent;
+  // Blocking p2p (PlanInput::blocking_p2p), by slot: whether the message's
+  // sender has posted it, from which stage, and whether this stage has
+  // posted its receive (the message goes when both have); and this stage's
+  // own sends not yet through.
+  std::vector<char> fwd_sent, bwd_sent, fwd_posted, bwd_posted;
   std::vector<int> fwd_from, bwd_from;
-  std::vector<char> fwd_posted, bwd_posted;
   int sends_open = 0;
   std::size_t next = 0;
   bool running = false;
@@ -84,7 +86,12 @@ class Simulation {
   // forward's and next backward's inputs; a message both sides have posted
   // goes at `now`.
   void post_receives(int s, double now);
-  void begin_transfer(int to, int key, double now);
+  // Blocking p2p: stage s, its op done, posts its output's message to
+  // stage `to`; and the message goes (both sides have posted).
+  void post_send(int s, int to, int k, double now);
+  void begin_transfer(int to, int k, double now);
+  // A blocking sender's message is through: it may go on.
+  void sent(int s, double now);
 
  public:
   // zb-auto: the input gaps a previous pass measured (per stage, by op).
@@ -149,8 +156,8 @@ absl::Status Simulation::build() {
     st.bwd_arrival.assign(n, -1);
     st.fwd_transfer.assign(n, 0);
     st.bwd_transfer.assign(n, 0);
-    st.fwd_sent.assign(n, -1);
-    st.bwd_sent.assign(n, -1);
+    st.fwd_sent.assign(n, 0);
+    st.bwd_sent.assign(n, 0);
     st.fwd_from.assign(n, -1);
     st.bwd_from.assign(n, -1);
     st.fwd_posted.assign(n, 0);
@@ -159,40 +166,65 @@ absl::Status Simulation::build() {
   return absl::OkStatus();
 }
 
-// (Megatron's steady state posts both with its sends:
-// send_forward_recv_backward, and the interleaved schedule's
-// send_forward_backward_recv_forward_backward.)
+// Of each model chunk, the next forward's and the next backward's: as
+// non-blocking receives posted ahead would be. (Megatron pairs them with its
+// sends -- send_forward_recv_backward, the interleaved schedule's
+// send_forward_backward_recv_forward_backward -- which posts fewer at a
+// time; one receive of each kind in all deadlocks ZB-V's two chunks.)
 void Simulation::post_receives(int s, double now) {
   Stage& st = stages_[static_cast<std::size_t>(s)];
-  bool fwd_done = false, bwd_done = false;
-  for (std::size_t i = st.next; i < st.ops.size() && !(fwd_done && bwd_done); i++) {
+  std::vector<char> seen(static_cast<std::size_t>(2 * v_), 0);
+  int left = 2 * v_;
+  for (std::size_t i = st.next; i < st.ops.size() && left > 0; i++) {
     const ScheduleOp& op = st.ops[i];
     if (op.kind == OpKind::kWeight) continue;
     const bool forward = op.kind == OpKind::kForward;
-    if (forward ? fwd_done : bwd_done) continue;
-    (forward ? fwd_done : bwd_done) = true;
+    char& first = seen[static_cast<std::size_t>(2 * op.chunk + (forward ? 0 : 1))];
+    if (first) continue;
+    first = 1;
+    left--;
     const int vs = shape_.virtual_stage(s, op.chunk);
     if (forward ? vs == 0 : vs == pp_ * v_ - 1) continue;  // no input
     const std::size_t slot = static_cast<std::size_t>(op.chunk * m_ + op.micro);
     char& posted = (forward ? st.fwd_posted : st.bwd_posted)[slot];
     if (posted) continue;
     posted = 1;
-    if ((forward ? st.fwd_sent : st.bwd_sent)[slot] >= 0) {
-      begin_transfer(s, static_cast<int>(slot) * 2 + (forward ? 0 : 1), now);
-    }
+    if ((forward ? st.fwd_sent : st.bwd_sent)[slot]) begin_transfer(s, key(slot, forward), now);
   }
 }
 
-// The message goes now; it is there, and its sender free of it, a hop later.
-void Simulation::begin_transfer(int to, int key, double now) {
+void Simulation::post_send(int s, int to, int k, double now) {
   Stage& dst = stages_[static_cast<std::size_t>(to)];
-  const std::size_t slot = static_cast<std::size_t>(key / 2);
-  const bool forward = key % 2 == 0;
+  const std::size_t slot = static_cast<std::size_t>(k / 2);
+  const bool forward = k % 2 == 0;
+  (forward ? dst.fwd_sent : dst.bwd_sent)[slot] = 1;
+  (forward ? dst.fwd_from : dst.bwd_from)[slot] = s;
+  stages_[static_cast<std::size_t>(s)].sends_open++;
+  if ((forward ? dst.fwd_posted : dst.bwd_posted)[slot]) begin_transfer(to, k, now);
+}
+
+// The message goes now: it is there a hop later, and its sender free of it
+// when the bytes have come (the receivers' own all-gather is theirs).
+void Simulation::begin_transfer(int to, int k, double now) {
+  Stage& dst = stages_[static_cast<std::size_t>(to)];
+  const std::size_t slot = static_cast<std::size_t>(k / 2);
+  const bool forward = k % 2 == 0;
   const double hop = (forward ? dst.fwd_transfer : dst.bwd_transfer)[slot];
   const int from = (forward ? dst.fwd_from : dst.bwd_from)[slot];
-  push(now + hop, Event::Kind::kArrival, to, key);
-  push(now + hop, Event::Kind::kSent, from, key);
+  push(now + hop, Event::Kind::kArrival, to, k);
+  push(now + hop - cost_.p2p_gather_seconds(), Event::Kind::kSent, from, k);
   if (record_) out_.messages.push_back({from, to, !forward, now, now + hop});
+}
+
+// The time it was held past its op's end counts as exposed point-to-point.
+void Simulation::sent(int s, double now) {
+  Stage& st = stages_[static_cast<std::size_t>(s)];
+  st.sends_open--;
+  if (st.sends_open == 0 && !st.running && now > st.free_at) {
+    st.p2p_exposed += now - st.free_at;
+    st.free_at = now;
+  }
+  try_fire(s, now);
 }
 
 void Simulation::start(int s, double now, double dur, int index, const ScheduleOp& op,
@@ -357,7 +389,8 @@ void Simulation::op_done(int s, double now) {
       }
     }
   }
-  // The output leaves at once: to virtual stage vs + 1 (activation) or vs - 1 (gradient).
+  // The output leaves at once (blocking p2p: is posted): to virtual stage
+  // vs + 1 (activation) or vs - 1 (gradient).
   const int to_vs = forward ? vs + 1 : vs - 1;
   if (op.kind != OpKind::kWeight && to_vs >= 0 && to_vs < pp_ * v_) {
     const int to = shape_.stage_of(to_vs);
@@ -365,16 +398,10 @@ void Simulation::op_done(int s, double now) {
     Stage& dst = stages_[static_cast<std::size_t>(to)];
     const std::size_t slot = static_cast<std::size_t>(shape_.chunk_of(to_vs) * m_ + op.micro);
     (forward ? dst.fwd_transfer : dst.bwd_transfer)[slot] = hop;
-    const int key = static_cast<int>(slot) * 2 + (forward ? 0 : 1);
     if (blocking_) {
-      // Posted now; it goes once the receiver has posted its receive, and
-      // the sender waits for it.
-      (forward ? dst.fwd_sent : dst.bwd_sent)[slot] = now;
-      (forward ? dst.fwd_from : dst.bwd_from)[slot] = s;
-      st.sends_open++;
-      if ((forward ? dst.fwd_posted : dst.bwd_posted)[slot]) begin_transfer(to, key, now);
+      post_send(s, to, key(slot, forward), now);
     } else {
-      push(now + hop, Event::Kind::kArrival, to, key);
+      push(now + hop, Event::Kind::kArrival, to, key(slot, forward));
       if (record_) out_.messages.push_back({s, to, !forward, now, now + hop});
     }
   }
@@ -401,14 +428,7 @@ absl::StatusOr<SimResult> Simulation::run() {
     if (e.kind == Event::Kind::kOpDone) {
       op_done(e.stage, e.time);
     } else if (e.kind == Event::Kind::kSent) {
-      // The sender, blocked on it since its op ended, goes on.
-      Stage& st = stages_[static_cast<std::size_t>(e.stage)];
-      st.sends_open--;
-      if (st.sends_open == 0 && !st.running && e.time > st.free_at) {
-        st.p2p_exposed += e.time - st.free_at;
-        st.free_at = e.time;
-      }
-      try_fire(e.stage, e.time);
+      sent(e.stage, e.time);
     } else if (e.kind == Event::Kind::kRecheck) {
       Stage& st = stages_[static_cast<std::size_t>(e.stage)];
       if (st.recheck_op == e.index) st.overdue_op = e.index;

@@ -3,7 +3,9 @@
 // and TP peer does the same): each stage walks make_schedule's op list; an
 // op fires when the stage is free and its input has arrived (the
 // activation from the previous virtual stage, the gradient from the next),
-// and its output leaves at once as a message that arrives one hop later;
+// and its output leaves at once as a message that arrives one hop later
+// (PlanInput::blocking_p2p: once the receiver has posted the receive, the
+// sender held until then and through the hop);
 // TP collectives are inside the ops' costs. The last backward of each
 // chunk makes its gradient buckets final one after the other (head,
 // layers last first, embedding) and each goes to the DP reduction at once,
@@ -55,7 +57,8 @@ struct SimResult {
   // The communication nobody hid on `exposed_stage`, the stage with the
   // most time not computing (the one that waits most): its TP collectives
   // inside ops, the part of its waits for pipeline messages that was their
-  // flight, and its DP reduction and parameter return past its last op.
+  // flight (blocking p2p: also the time its sends held it past its ops),
+  // and its DP reduction and parameter return past its last op.
   double exposed_comm_s = 0;
   double tp_comm_s = 0, p2p_exposed_s = 0, dp_exposed_s = 0;
   double optimizer_s = 0;  // AdamW and norm on that stage
