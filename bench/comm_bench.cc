@@ -170,6 +170,10 @@ int main(int argc, char** argv) {
   app.add_option("--halving-max-bytes", options.halving_max_bytes,
                  "All-reduce by recursive halving/doubling up to this size (p a power of two)")
       ->capture_default_str();
+  app.add_option("--copies-max-bytes", options.copies_max_bytes,
+                 "A collective up to this size moves its messages by copies through shared "
+                 "memory, not by the single-copy protocol")
+      ->capture_default_str();
   bool inproc = false;
   app.add_flag("--inproc", inproc,
                "All-reduce with every rank a thread of this process (comm/inproc_transport.h), "

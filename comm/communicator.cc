@@ -252,7 +252,7 @@ absl::Status Communicator::exchange(int to, const float* send, std::size_t n, in
       transport_.send(to_global,
                       collective_tag(static_cast<std::uint32_t>(me_global), kind_, op, step,
                                      static_cast<std::uint32_t>(s)),
-                      send + off, cnt * sizeof(float), sends.callback(s), token_);
+                      send + off, cnt * sizeof(float), sends.callback(s), token_, route_);
     }
   }
   // The receives may write `dest` (where bytes land rather than wait to be
@@ -268,7 +268,7 @@ absl::Status Communicator::exchange(int to, const float* send, std::size_t n, in
     transport_.recv_pull(from_global,
                          collective_tag(static_cast<std::uint32_t>(from_global), kind_, op, step,
                                         static_cast<std::uint32_t>(s)),
-                         cnt * sizeof(float), landing, recvs.callback(s), token_);
+                         cnt * sizeof(float), landing, recvs.callback(s), token_, route_);
   }
   const std::size_t piece = std::max<std::size_t>(options_.read_piece_bytes / sizeof(float), 1);
   if (how == Combine::kAdd && piece_.size() < std::min(piece, m)) piece_.resize(std::min(piece, m));
@@ -427,12 +427,12 @@ absl::Status Communicator::direct_all_reduce(float* data, std::size_t n, std::ui
     const int g = ranks_[static_cast<std::size_t>(j)];
     transport_.recv(g, collective_tag(static_cast<std::uint32_t>(g), kind_, op, 0, 0),
                     scratch_.data() + n * static_cast<std::size_t>(j), n * sizeof(float),
-                    done.callback(k++), token_);
+                    done.callback(k++), token_, route_);
   }
   for (int j = 0; j < p; j++) {
     if (j == me_) continue;
     transport_.send(ranks_[static_cast<std::size_t>(j)], collective_tag(me_global, kind_, op, 0, 0),
-                    data, n * sizeof(float), done.callback(k++), token_);
+                    data, n * sizeof(float), done.callback(k++), token_, route_);
   }
   absl::Status st = wait_all(done, [this](const absl::Status& e) { fail(e); });
   if (!st.ok()) return st;
@@ -470,7 +470,7 @@ absl::Status Communicator::chain_broadcast(float* data, std::size_t n, int root,
     transport_.recv(prev_g,
                     collective_tag(static_cast<std::uint32_t>(prev_g), kind_, op, 0,
                                    static_cast<std::uint32_t>(s)),
-                    data + off, cnt * sizeof(float), recvs.callback(s), token_);
+                    data + off, cnt * sizeof(float), recvs.callback(s), token_, route_);
   }
   absl::Status first;
   for (std::size_t s = 0; s < slices; s++) {
@@ -483,7 +483,7 @@ absl::Status Communicator::chain_broadcast(float* data, std::size_t n, int root,
     }
     if (st.ok()) {
       transport_.send(next_g, collective_tag(me_g, kind_, op, 0, static_cast<std::uint32_t>(s)),
-                      data + off, cnt * sizeof(float), sends.callback(s), token_);
+                      data + off, cnt * sizeof(float), sends.callback(s), token_, route_);
     } else {
       sends.callback(s)(st);
     }

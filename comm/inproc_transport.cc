@@ -15,16 +15,17 @@ class InProcTransport final : public Transport {
       : fabric_(std::move(fabric)), rank_(rank) {}
   int rank() const override { return rank_; }
   int size() const override { return fabric_->size(); }
+  // (One process: every route is the same.)
   void send(int peer, Tag tag, const void* data, std::size_t bytes, Callback done,
-            std::shared_ptr<CancelToken> token) override {
+            std::shared_ptr<CancelToken> token, Route /*route*/ = Route::kAny) override {
     fabric_->send(rank_, peer, tag, data, bytes, std::move(done), std::move(token), driving());
   }
   void recv(int peer, Tag tag, void* data, std::size_t bytes, Callback done,
-            std::shared_ptr<CancelToken> token) override {
+            std::shared_ptr<CancelToken> token, Route /*route*/ = Route::kAny) override {
     fabric_->recv(rank_, peer, tag, data, bytes, std::move(done), std::move(token), driving());
   }
   void recv_pull(int peer, Tag tag, std::size_t bytes, void* /*landing*/, ArrivalCallback done,
-                 std::shared_ptr<CancelToken> token) override {
+                 std::shared_ptr<CancelToken> token, Route /*route*/ = Route::kAny) override {
     fabric_->recv_pull(rank_, peer, tag, bytes, std::move(done), std::move(token), driving());
   }
   void fail_peer(int peer, absl::Status why) override {

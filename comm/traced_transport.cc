@@ -45,21 +45,22 @@ Callback TracedTransport::closing(trace::Recorder::Handle h, Callback done) cons
 }
 
 void TracedTransport::send(int peer, Tag tag, const void* data, std::size_t bytes, Callback done,
-                           std::shared_ptr<CancelToken> token) {
+                           std::shared_ptr<CancelToken> token, Route route) {
   inner_->send(peer, tag, data, bytes,
                closing(open(trace::Kind::kSend, peer, tag, bytes), std::move(done)),
-               std::move(token));
+               std::move(token), route);
 }
 
 void TracedTransport::recv(int peer, Tag tag, void* data, std::size_t bytes, Callback done,
-                           std::shared_ptr<CancelToken> token) {
+                           std::shared_ptr<CancelToken> token, Route route) {
   inner_->recv(peer, tag, data, bytes,
                closing(open(trace::Kind::kRecv, peer, tag, bytes), std::move(done)),
-               std::move(token));
+               std::move(token), route);
 }
 
 void TracedTransport::recv_pull(int peer, Tag tag, std::size_t bytes, void* landing,
-                                ArrivalCallback done, std::shared_ptr<CancelToken> token) {
+                                ArrivalCallback done, std::shared_ptr<CancelToken> token,
+                                Route route) {
   const trace::Recorder::Handle h = open(trace::Kind::kRecv, peer, tag, bytes);
   inner_->recv_pull(
       peer, tag, bytes, landing,
@@ -67,7 +68,7 @@ void TracedTransport::recv_pull(int peer, Tag tag, std::size_t bytes, void* land
         rec->close(h, !a.status().ok());
         done(std::move(a));
       },
-      std::move(token));
+      std::move(token), route);
 }
 
 }  // namespace troupe::comm

@@ -31,11 +31,11 @@ class TracedTransport final : public Transport {
   int rank() const override { return inner_->rank(); }
   int size() const override { return inner_->size(); }
   void send(int peer, Tag tag, const void* data, std::size_t bytes, Callback done,
-            std::shared_ptr<CancelToken> token = nullptr) override;
+            std::shared_ptr<CancelToken> token = nullptr, Route route = Route::kAny) override;
   void recv(int peer, Tag tag, void* data, std::size_t bytes, Callback done,
-            std::shared_ptr<CancelToken> token = nullptr) override;
+            std::shared_ptr<CancelToken> token = nullptr, Route route = Route::kAny) override;
   void recv_pull(int peer, Tag tag, std::size_t bytes, void* landing, ArrivalCallback done,
-                 std::shared_ptr<CancelToken> token = nullptr) override;
+                 std::shared_ptr<CancelToken> token = nullptr, Route route = Route::kAny) override;
   bool can_poll() const override { return inner_->can_poll(); }
   bool poll() override { return inner_->poll(); }
   bool wait_for_event(std::chrono::microseconds max) override {

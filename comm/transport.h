@@ -110,6 +110,16 @@ struct CancelToken {
   std::atomic<bool> cancelled{false};
 };
 
+// How a message's bytes may travel between processes of one host, where a
+// transport has a choice (UcxTransport: its single-copy protocol from 64
+// KiB, or copies through shared memory). The sender and the receiver of a
+// message give the same.
+enum class Route {
+  kAny,     // the transport's choice, by size
+  kCopies,  // copies through shared memory: no round trip before the bytes
+            // move, for bytes that stay in cache (a small collective's)
+};
+
 class Transport {
  public:
   virtual ~Transport() = default;
@@ -119,9 +129,9 @@ class Transport {
   // `data` must stay valid until `done` runs. A receive must be for exactly
   // the number of bytes sent (a mismatch completes with InvalidArgument).
   virtual void send(int peer, Tag tag, const void* data, std::size_t bytes, Callback done,
-                    std::shared_ptr<CancelToken> token = nullptr) = 0;
+                    std::shared_ptr<CancelToken> token = nullptr, Route route = Route::kAny) = 0;
   virtual void recv(int peer, Tag tag, void* data, std::size_t bytes, Callback done,
-                    std::shared_ptr<CancelToken> token = nullptr) = 0;
+                    std::shared_ptr<CancelToken> token = nullptr, Route route = Route::kAny) = 0;
 
   // Receives `bytes` from `peer` without copying them yet (see above):
   // `done` runs on a transport thread, under the same rules as a receive's
@@ -130,7 +140,7 @@ class Transport {
   // where they cannot be read in place. This default is a plain receive into
   // `landing`.
   virtual void recv_pull(int peer, Tag tag, std::size_t bytes, void* landing, ArrivalCallback done,
-                         std::shared_ptr<CancelToken> token = nullptr);
+                         std::shared_ptr<CancelToken> token = nullptr, Route route = Route::kAny);
 
   // Caller-driven progress, where a transport offers it (can_poll()):
   // between drive_begin() and drive_end() the calling thread makes the
@@ -188,13 +198,14 @@ class InPlaceSource final : public Arrival::Source {
 };
 
 inline void Transport::recv_pull(int peer, Tag tag, std::size_t bytes, void* landing,
-                                 ArrivalCallback done, std::shared_ptr<CancelToken> token) {
+                                 ArrivalCallback done, std::shared_ptr<CancelToken> token,
+                                 Route route) {
   recv(
       peer, tag, landing, bytes,
       [landing, bytes, done = std::move(done)](absl::Status st) {
         done(Arrival(st, bytes, st.ok() ? std::make_unique<InPlaceSource>(landing) : nullptr));
       },
-      std::move(token));
+      std::move(token), route);
 }
 
 }  // namespace troupe::comm

@@ -38,8 +38,8 @@ struct CopyDescriptor {
 // once dropped, and the sender waited for an acknowledgement that could
 // never come). Whichever comes first reports; the other is ignored.
 void UcxTransport::send(int peer, Tag tag, const void* data, std::size_t bytes, Callback done,
-                        std::shared_ptr<CancelToken> token) {
-  if (!single_copy(peer, bytes)) {
+                        std::shared_ptr<CancelToken> token, Route route) {
+  if (route == Route::kCopies || !single_copy(peer, bytes)) {
     send_ucx(peer, tag, data, bytes, std::move(done), std::move(token));
     return;
   }
@@ -169,9 +169,12 @@ void UcxTransport::pull_single_copy(int peer, Tag tag, std::size_t bytes, Arriva
 }
 
 void UcxTransport::recv_pull(int peer, Tag tag, std::size_t bytes, void* landing,
-                             ArrivalCallback done, std::shared_ptr<CancelToken> token) {
-  if (!single_copy(peer, bytes))
-    return Transport::recv_pull(peer, tag, bytes, landing, std::move(done), std::move(token));
+                             ArrivalCallback done, std::shared_ptr<CancelToken> token,
+                             Route route) {
+  if (route == Route::kCopies || !single_copy(peer, bytes)) {
+    return Transport::recv_pull(peer, tag, bytes, landing, std::move(done), std::move(token),
+                                route);
+  }
   pull_single_copy(peer, tag, bytes, std::move(done), std::move(token));
 }
 
@@ -180,13 +183,13 @@ void UcxTransport::recv_pull(int peer, Tag tag, std::size_t bytes, void* landing
 // read it inside UCX's completion, stalling every other operation for as
 // long as the copy took).
 void UcxTransport::recv(int peer, Tag tag, void* data, std::size_t bytes, Callback done,
-                        std::shared_ptr<CancelToken> token) {
-  if (!single_copy(peer, bytes)) {
-    // A small receive for a message the sender sent by single copy (a size
-    // mismatch) takes its descriptor and fails; the sender, waiting for an
-    // acknowledgement, would wait for ever: tell it (EMSGSIZE). Where the
-    // message was not a descriptor, the stray acknowledgement is never
-    // matched.
+                        std::shared_ptr<CancelToken> token, Route route) {
+  if (route == Route::kCopies || !single_copy(peer, bytes)) {
+    // A receive by copies (small, or Route::kCopies) for a message the
+    // sender sent by single copy (a size mismatch) takes its descriptor and
+    // fails; the sender, waiting for an acknowledgement, would wait for ever:
+    // tell it (EMSGSIZE). Where the message was not a descriptor, the stray
+    // acknowledgement is never matched.
     if (single_copy(peer, kSingleCopyMin)) {
       done = [this, peer, tag, done = std::move(done)](absl::Status st) {
         if (absl::IsInvalidArgument(st)) {

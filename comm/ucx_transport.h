@@ -110,12 +110,14 @@ class UcxTransport final : public Transport {
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
+  // Route::kCopies: UCX's eager copies through shared memory, never the
+  // single-copy protocol.
   void send(int peer, Tag tag, const void* data, std::size_t bytes, Callback done,
-            std::shared_ptr<CancelToken> token) override;
+            std::shared_ptr<CancelToken> token, Route route = Route::kAny) override;
   void recv(int peer, Tag tag, void* data, std::size_t bytes, Callback done,
-            std::shared_ptr<CancelToken> token) override;
+            std::shared_ptr<CancelToken> token, Route route = Route::kAny) override;
   void recv_pull(int peer, Tag tag, std::size_t bytes, void* landing, ArrivalCallback done,
-                 std::shared_ptr<CancelToken> token) override;
+                 std::shared_ptr<CancelToken> token, Route route = Route::kAny) override;
   void fail_peer(int peer, absl::Status why) override;
   bool can_poll() const override { return true; }
   bool poll() override;

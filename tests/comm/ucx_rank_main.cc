@@ -45,17 +45,22 @@ int fail(int rank, const std::string& what) {
 }
 
 int collectives(int rank, int size, troupe::comm::UcxTransport& t) {
-  // Twice: all-reduce by ring, then (p a power of two) by halving/doubling.
+  // Twice: all-reduce by ring with every message of 64 KiB or more by single
+  // copy, then (p a power of two) by halving/doubling with the collectives
+  // up to 4 MiB (all of these) by copies (CommunicatorOptions::copies_max_bytes).
   for (std::size_t halving_max : {std::size_t{0}, ~std::size_t{0}}) {
-    troupe::comm::Communicator c(
-        t,
-        [&] {
-          std::vector<int> r(static_cast<std::size_t>(size));
-          for (int i = 0; i < size; i++) r[static_cast<std::size_t>(i)] = i;
-          return r;
-        }(),
-        troupe::comm::GroupKind::kWorld,
-        {.slice_bytes = 64 << 10, .direct_max_bytes = 4 << 10, .halving_max_bytes = halving_max});
+    troupe::comm::Communicator c(t,
+                                 [&] {
+                                   std::vector<int> r(static_cast<std::size_t>(size));
+                                   for (int i = 0; i < size; i++)
+                                     r[static_cast<std::size_t>(i)] = i;
+                                   return r;
+                                 }(),
+                                 troupe::comm::GroupKind::kWorld,
+                                 {.slice_bytes = 64 << 10,
+                                  .direct_max_bytes = 4 << 10,
+                                  .halving_max_bytes = halving_max,
+                                  .copies_max_bytes = halving_max == 0 ? 0 : std::size_t{4} << 20});
     for (std::size_t n : {0ul, 1ul, 7ul, 1000ul, 100003ul, 600001ul}) {
       std::vector<float> x(n);
       for (std::size_t i = 0; i < n; i++) x[i] = value(rank, i);

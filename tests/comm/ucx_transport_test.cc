@@ -14,6 +14,8 @@
 #include <thread>
 #include <vector>
 
+#include "comm/communicator.h"
+
 namespace troupe::comm {
 namespace {
 
@@ -355,6 +357,69 @@ TEST(UcxOneHost, APeerOnAnotherHostIsRefusedNamingIt) {
   EXPECT_TRUE(absl::IsFailedPrecondition(st)) << st;
   EXPECT_NE(st.message().find("rank 1 is on host elsewhere"), std::string::npos) << st;
   EXPECT_NE(st.message().find("comm::UcxOptions::one_host"), std::string::npos) << st;
+}
+
+// Route::kCopies moves even a large message by copies through shared memory:
+// the bytes arrive, by a plain receive and by a pulled one, and none are
+// read by the single-copy protocol.
+TEST_F(UcxSingleCopy, RouteCopiesTakesNoSingleCopy) {
+  auto p = connected_pair();
+  std::vector<char> a(kBig, 'c'), b(kBig, 0), c(kBig, 0);
+  std::promise<absl::Status> sent[2], received[2];
+  at(p, 1).recv(
+      0, 41, b.data(), kBig, [&](absl::Status st) { received[0].set_value(st); }, nullptr,
+      Route::kCopies);
+  at(p, 1).recv_pull(
+      0, 42, kBig, c.data(),
+      [&](Arrival m) {
+        absl::Status st = m.status();
+        if (st.ok()) st = m.read(0, c.data(), kBig);
+        m.release(st);
+        received[1].set_value(st);
+      },
+      nullptr, Route::kCopies);
+  for (int i = 0; i < 2; i++) {
+    at(p, 0).send(
+        1, 41 + i, a.data(), kBig, [&, i](absl::Status st) { sent[i].set_value(st); }, nullptr,
+        Route::kCopies);
+  }
+  for (int i = 0; i < 2; i++) {
+    auto rf = received[i].get_future(), sf = sent[i].get_future();
+    EXPECT_TRUE(await(rf, std::chrono::seconds(10)).ok()) << i;
+    EXPECT_TRUE(await(sf, std::chrono::seconds(10)).ok()) << i;
+  }
+  EXPECT_EQ(a, b);
+  EXPECT_EQ(a, c);
+  EXPECT_EQ(p.t[1]->single_copy_bytes(), 0u);
+}
+
+// A communicator's collective up to copies_max_bytes goes by copies, a
+// larger one by single copy; both sum right (each member adds 1 + rank).
+TEST_F(UcxSingleCopy, SmallCollectivesGoByCopiesLargeOnesBySingleCopy) {
+  auto p = connected_pair();
+  CommunicatorOptions options;
+  options.copies_max_bytes = 1 << 20;
+  for (const std::size_t n : {std::size_t{1} << 18, std::size_t{1} << 19}) {  // 1 and 2 MiB
+    const std::uint64_t before = p.t[1]->single_copy_bytes();
+    std::vector<float> data[2];
+    std::future<absl::Status> done[2];
+    for (int r = 0; r < 2; r++) {
+      data[r].assign(n, 1.0f + static_cast<float>(r));
+      done[r] = std::async(std::launch::async, [&, r] {
+        Communicator c(*p.t[r], {0, 1}, GroupKind::kData, options);
+        return c.all_reduce_sync(data[r].data(), n);
+      });
+    }
+    for (int r = 0; r < 2; r++) {
+      ASSERT_TRUE(await(done[r], std::chrono::seconds(20)).ok()) << n;
+      EXPECT_EQ(data[r], std::vector<float>(n, 3.0f)) << n;
+    }
+    if (n * sizeof(float) <= options.copies_max_bytes) {
+      EXPECT_EQ(p.t[1]->single_copy_bytes(), before) << n;
+    } else {
+      EXPECT_GT(p.t[1]->single_copy_bytes(), before) << n;
+    }
+  }
 }
 
 }  // namespace
