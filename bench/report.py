@@ -201,7 +201,7 @@ def perftest(test, size, tls=None):
     raise RuntimeError("ucx_perftest printed no result: " + client.stdout[-500:] + client.stderr[-500:])
 
 
-def comm(build, sizes_p2p, sizes_ar, ns, rounds):
+def comm(build, sizes_p2p, sizes_ar, ns, rounds, copies_max=None):
     rows = []
     def emit(row):
         rows.append(row)
@@ -232,8 +232,11 @@ def comm(build, sizes_p2p, sizes_ar, ns, rounds):
             # mpirun binds each rank to a core when there are at most 2 (OpenMPI's
             # default); troupe's ranks get the same, so both run under one policy.
             bind = (lambda r: ["--bind-core", str(r % os.cpu_count())]) if n <= 2 else (lambda r: [])
+            # (--copies-max-bytes 0: every all-reduce by the single-copy protocol, as before it had a route)
+            copies = [] if copies_max is None else ["--copies-max-bytes", str(copies_max)]
             out = run_ranks(lambda r: [f"{bench}/comm_bench", "--rank", str(r), "--size", str(n), "--port", str(port),
-                                       "--mode", "allreduce", "--min-bytes", lo, "--max-bytes", hi] + bind(r), n)
+                                       "--mode", "allreduce", "--min-bytes", lo, "--max-bytes", hi] + bind(r) + copies,
+                            n)
             for line in out.splitlines():
                 emit(dict(json.loads(line), round=rnd))
             if os.path.exists(f"{bench}/comm_mpi"):
@@ -298,6 +301,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--copies-max-bytes", type=int, default=None,
+                    help="comm: troupe's all-reduces up to this size by copies (default: CommunicatorOptions')")
     a = ap.parse_args()
     if a.name == "kernels":
         kernels(a.binary)
@@ -308,7 +313,7 @@ def main():
     elif a.name == "comm":
         kib = 1024
         comm(a.binary, [64 * kib, 1024 * kib, 4096 * kib, 16384 * kib, 65536 * kib],
-             [4 * kib * 4 ** i for i in range(9)], [2, 4], a.rounds)
+             [4 * kib * 4 ** i for i in range(9)], [2, 4], a.rounds, a.copies_max_bytes)
     else:
         train(a.binary, a.rounds, a.threads, a.steps)
 

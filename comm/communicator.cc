@@ -185,6 +185,7 @@ absl::Status Communicator::execute(const Body& run) {
     if (absl::Status root = failure(); !root.ok()) st = root;
   }
   driver_ = nullptr;
+  route_ = Route::kAny;
   next_op_++;
   return st;
 }
@@ -227,13 +228,14 @@ absl::Status Communicator::failure() {
   return aborted_;
 }
 
-// Sends are posted first (the bytes stay put until the peer reads them, where
-// it can), then each received slice is pulled and combined as it comes: read
-// in pieces of options_.read_piece_bytes and added while in cache, read
-// straight into place, or used in place (in-process). The sends are not
-// waited for here: the rings write their buffers again only after the
-// sends of step `written_after` (of an earlier exchange) are done, and
-// every collective waits for all of them before it completes.
+// Sends are posted first (the bytes stay put until the peer reads them,
+// where it can and route_ is not Route::kCopies), then each received slice
+// is pulled and combined as it comes: read in pieces of
+// options_.read_piece_bytes and added while in cache, read straight into
+// place, or used in place (in-process). The sends are not waited for here:
+// the rings write their buffers again only after the sends of step
+// `written_after` (of an earlier exchange) are done, and every collective
+// waits for all of them before it completes.
 absl::Status Communicator::exchange(int to, const float* send, std::size_t n, int from, float* dest,
                                     std::size_t m, Combine how, std::uint32_t op,
                                     std::uint32_t step, int written_after) {

@@ -50,12 +50,11 @@ struct CommunicatorOptions {
   // All-reduce by recursive halving and doubling (log2 p steps each way, p a
   // power of two) up to this size, by ring above it.
   std::size_t halving_max_bytes = std::size_t{1} << 40;
-  // A collective of at most this many bytes a member moves its messages by
-  // copies through shared memory (Route::kCopies), not by the single-copy
+  // An all-reduce of at most this many bytes moves its messages by copies
+  // through shared memory (Route::kCopies), not by the single-copy
   // protocol: its buffers stay in cache, where a copy costs less than the
-  // protocol's round trip (scripts/bench comm, 2 and 4 processes: 256 KiB
-  // to 1 MiB up to 1.6x faster, 4 MiB as fast or faster; from 16 MiB the
-  // single copy is 1.3-4x the copies).
+  // protocol's round trip (docs/ARCHITECTURE.md has the measurements).
+  // Every member must give the same.
   std::size_t copies_max_bytes = 4 << 20;
 };
 
@@ -139,8 +138,9 @@ class Communicator final : public Collectives {
                         std::size_t m, Combine how, std::uint32_t op, std::uint32_t step,
                         int written_after);
   absl::Status wait_sends(std::uint32_t step = ~0u);
-  // The route of the running collective's messages, of n floats (each body
-  // sets it first; the bodies run one at a time).
+  // The route of the running all-reduce's messages, of n floats: set before
+  // its first message; execute() puts Route::kAny back after every
+  // collective (the others keep it: only the all-reduce was measured).
   void set_route(std::size_t n) {
     route_ = n * sizeof(float) <= options_.copies_max_bytes ? Route::kCopies : Route::kAny;
   }
@@ -150,10 +150,10 @@ class Communicator final : public Collectives {
   std::atomic<int> recorder_step_{0};
   std::vector<int> ranks_;
   GroupKind kind_;
-  Route route_ = Route::kAny;
   CommunicatorOptions options_;
   int me_ = -1;
   std::uint32_t next_op_ = 0;  // this and the state below: under run_mu_
+  Route route_ = Route::kAny;
   std::shared_ptr<CancelToken> token_ = std::make_shared<CancelToken>();
   std::vector<float> scratch_;   // received slices that land before they are added
   std::vector<float> piece_;     // one piece read from a peer's memory, added in cache

@@ -63,7 +63,6 @@ Communicator::Body Communicator::all_reduce_body(float* data, std::size_t n) {
 
 Communicator::Body Communicator::reduce_scatter_body(const float* in, float* out, std::size_t n) {
   return [this, in, out, n]() -> absl::Status {
-    set_route(n);
     auto [b, e] = chunk_range(n, size(), me_);
     if (size() == 1) {
       std::copy(in + b, in + e, out);
@@ -82,7 +81,6 @@ Communicator::Body Communicator::reduce_scatter_body(const float* in, float* out
 
 Communicator::Body Communicator::all_gather_body(const float* in, float* out, std::size_t n) {
   return [this, in, out, n]() -> absl::Status {
-    set_route(n);
     auto [b, e] = chunk_range(n, size(), me_);
     std::copy(in, in + (e - b), out + b);
     if (size() == 1) return absl::OkStatus();
@@ -98,7 +96,6 @@ Communicator::Body Communicator::broadcast_body(float* data, std::size_t n, int 
           absl::StrCat("broadcast: root ", root, " of ", size(), " members"));
     }
     if (size() == 1 || n == 0) return absl::OkStatus();
-    set_route(n);
     return chain_broadcast(data, n, root, next_op_);
   };
 }

@@ -41,7 +41,6 @@ Communicator::Body Communicator::reduce_body(const float* in, float* out, std::s
           absl::StrCat("reduce: root ", root, " of ", size(), " members"));
     }
     if (n == 0) return absl::OkStatus();
-    set_route(n);
     return gather_reduce(in, out, n, root, next_op_);
   };
 }

@@ -21,8 +21,9 @@
 // wants them (recv_pull): where the sender's memory is reachable (in-process,
 // or a process of this host), the receiver reads it piece by piece on its
 // own thread, each piece used while it is in cache (a ring adds it), and no
-// thread of the transport copies anything. Elsewhere the bytes land in the
-// receiver's `landing` buffer as a plain receive would put them.
+// thread of the transport copies anything. Elsewhere, and with
+// Route::kCopies, the bytes land in the receiver's `landing` buffer as a
+// plain receive would put them.
 //
 //   transport.recv_pull(peer, tag, n, landing, [&](Arrival a) { ... }, token);
 //   // later, on the receiver's thread:
@@ -113,11 +114,14 @@ struct CancelToken {
 // How a message's bytes may travel between processes of one host, where a
 // transport has a choice (UcxTransport: its single-copy protocol from 64
 // KiB, or copies through shared memory). The sender and the receiver of a
-// message give the same.
+// message must give the same. Where they do not, the receive fails and the
+// send may not: a receive by copies of a single-copy descriptor fails with
+// InvalidArgument and fails the send too (EMSGSIZE); a single-copy receive
+// of copied bytes fails (truncated) while the send completes OK.
 enum class Route {
   kAny,     // the transport's choice, by size
   kCopies,  // copies through shared memory: no round trip before the bytes
-            // move, for bytes that stay in cache (a small collective's)
+            // move, for bytes that stay in cache (a small all-reduce's)
 };
 
 class Transport {

@@ -7,12 +7,13 @@
 // liveness check of the control plane (comm/bootstrap.h for now) calls
 // fail_peer(), which fails every pending operation with that peer.
 //
-// Large messages between processes of one host take a single copy of our
-// own: the sender posts a small descriptor (pid, address, length), the
-// receiver copies with process_vm_readv (CMA) and acknowledges under the
-// same tag with kAckBit. UCX's own CMA transport stays off because a copy
-// from a peer that has just died is fatal inside UCX; ours fails that one
-// receive with an error instead.
+// Large messages between processes of one host (unless both sides give
+// Route::kCopies) take a single copy of our own: the sender posts a small
+// descriptor (pid, address, length), the receiver copies with
+// process_vm_readv (CMA) and acknowledges under the same tag with kAckBit.
+// UCX's own CMA transport stays off because a copy from a peer that has
+// just died is fatal inside UCX; ours fails that one receive with an error
+// instead.
 //
 // Every failure reaches the side that waits: a failed descriptor send fails
 // the send (and gives up its acknowledgement's receive); a failed
@@ -82,7 +83,7 @@ class UcxTransport final : public Transport {
   // exchanged with every peer.
   const std::string& address() const { return address_; }
   // Messages of at least this many bytes to a process on this host go by
-  // the single-copy protocol.
+  // the single-copy protocol (unless Route::kCopies).
   static constexpr std::size_t kSingleCopyMin = 64 << 10;
   // Bytes received so far by the single-copy protocol (0 where the host
   // does not allow it: see single_copy_possible() in ucx_transport.cc).

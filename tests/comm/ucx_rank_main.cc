@@ -46,8 +46,9 @@ int fail(int rank, const std::string& what) {
 
 int collectives(int rank, int size, troupe::comm::UcxTransport& t) {
   // Twice: all-reduce by ring with every message of 64 KiB or more by single
-  // copy, then (p a power of two) by halving/doubling with the collectives
-  // up to 4 MiB (all of these) by copies (CommunicatorOptions::copies_max_bytes).
+  // copy, then (p a power of two) by halving/doubling with the all-reduces
+  // up to 1 MiB by copies and the larger by single copy
+  // (CommunicatorOptions::copies_max_bytes).
   for (std::size_t halving_max : {std::size_t{0}, ~std::size_t{0}}) {
     troupe::comm::Communicator c(t,
                                  [&] {
@@ -60,7 +61,7 @@ int collectives(int rank, int size, troupe::comm::UcxTransport& t) {
                                  {.slice_bytes = 64 << 10,
                                   .direct_max_bytes = 4 << 10,
                                   .halving_max_bytes = halving_max,
-                                  .copies_max_bytes = halving_max == 0 ? 0 : std::size_t{4} << 20});
+                                  .copies_max_bytes = halving_max == 0 ? 0 : std::size_t{1} << 20});
     for (std::size_t n : {0ul, 1ul, 7ul, 1000ul, 100003ul, 600001ul}) {
       std::vector<float> x(n);
       for (std::size_t i = 0; i < n; i++) x[i] = value(rank, i);
@@ -101,7 +102,9 @@ int collectives(int rank, int size, troupe::comm::UcxTransport& t) {
   return 0;
 }
 
-int kill_scenario(int rank, int size, int victim, troupe::comm::Transport& t,
+// All-reduces of `floats` (16 MiB: by single copy; 1 MiB: by copies) until
+// the victim dies.
+int kill_scenario(int rank, int size, int victim, std::size_t floats, troupe::comm::Transport& t,
                   troupe::comm::Bootstrap& b) {
   std::vector<int> ranks(static_cast<std::size_t>(size));
   for (int i = 0; i < size; i++) ranks[static_cast<std::size_t>(i)] = i;
@@ -112,7 +115,7 @@ int kill_scenario(int rank, int size, int victim, troupe::comm::Transport& t,
     t.fail_peer(dead, why);
     if (c.contains(dead)) c.fail(why);
   });
-  std::vector<float> x(4u << 20, 1.0f);
+  std::vector<float> x(floats, 1.0f);
   if (rank == victim) {
     std::thread([rank] {
       std::this_thread::sleep_for(std::chrono::milliseconds(300));
@@ -173,14 +176,16 @@ int main(int argc, char** argv) {
   app.add_option("--size", size)->required();
   app.add_option("--port", port)->required();
   app.add_option("--scenario", scenario)
-      ->check(CLI::IsMember({"collectives", "kill", "kill_reader"}));
+      ->check(CLI::IsMember({"collectives", "kill", "kill_copies", "kill_reader"}));
   app.add_option("--victim", victim);
   CLI11_PARSE(app, argc, argv);
   setvbuf(stdout, nullptr, _IOLBF, 0);
   auto w = troupe::comm::connect_ucx(rank, size, "127.0.0.1", port, absl::Seconds(60));
   if (!w.ok()) return fail(rank, std::string(w.status().message()));
   troupe::comm::UcxTransport& t = *w->transport;
-  int rc = scenario == "kill"          ? kill_scenario(rank, size, victim, t, *w->bootstrap)
+  int rc = scenario == "kill" ? kill_scenario(rank, size, victim, 4u << 20, t, *w->bootstrap)
+           : scenario == "kill_copies"
+               ? kill_scenario(rank, size, victim, 1u << 18, t, *w->bootstrap)
            : scenario == "kill_reader" ? kill_reader_scenario(rank, t, *w->bootstrap)
                                        : collectives(rank, size, t);
   if (scenario != "collectives") {
