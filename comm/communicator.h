@@ -50,11 +50,12 @@ struct CommunicatorOptions {
   // All-reduce by recursive halving and doubling (log2 p steps each way, p a
   // power of two) up to this size, by ring above it.
   std::size_t halving_max_bytes = std::size_t{1} << 40;
-  // An all-reduce of at most this many bytes moves its messages by copies
-  // through shared memory (Route::kCopies), not by the single-copy
-  // protocol: its buffers stay in cache, where a copy costs less than the
-  // protocol's round trip (docs/ARCHITECTURE.md has the measurements).
-  // Every member must give the same.
+  // An all-reduce of two members and at most this many bytes moves its
+  // messages by copies through shared memory (Route::kCopies), not by the
+  // single-copy protocol: its buffers stay in cache, where a copy costs
+  // less than the protocol's round trip (docs/ARCHITECTURE.md has the
+  // measurements; of four members on 2 cores, where copies cost cores the
+  // ranks share, neither route was ahead). Every member must give the same.
   std::size_t copies_max_bytes = 4 << 20;
 };
 
@@ -142,7 +143,8 @@ class Communicator final : public Collectives {
   // its first message; execute() puts Route::kAny back after every
   // collective (the others keep it: only the all-reduce was measured).
   void set_route(std::size_t n) {
-    route_ = n * sizeof(float) <= options_.copies_max_bytes ? Route::kCopies : Route::kAny;
+    route_ = size() <= 2 && n * sizeof(float) <= options_.copies_max_bytes ? Route::kCopies
+                                                                           : Route::kAny;
   }
 
   Transport& transport_;

@@ -46,8 +46,8 @@ int fail(int rank, const std::string& what) {
 
 int collectives(int rank, int size, troupe::comm::UcxTransport& t) {
   // Twice: all-reduce by ring with every message of 64 KiB or more by single
-  // copy, then (p a power of two) by halving/doubling with the all-reduces
-  // up to 1 MiB by copies and the larger by single copy
+  // copy, then (p a power of two) by halving/doubling with, of two ranks, the
+  // all-reduces up to 1 MiB by copies and the larger by single copy
   // (CommunicatorOptions::copies_max_bytes).
   for (std::size_t halving_max : {std::size_t{0}, ~std::size_t{0}}) {
     troupe::comm::Communicator c(t,
@@ -102,8 +102,8 @@ int collectives(int rank, int size, troupe::comm::UcxTransport& t) {
   return 0;
 }
 
-// All-reduces of `floats` (16 MiB: by single copy; 1 MiB: by copies) until
-// the victim dies.
+// All-reduces of `floats` (16 MiB: by single copy; 1 MiB of two ranks: by
+// copies) until the victim dies.
 int kill_scenario(int rank, int size, int victim, std::size_t floats, troupe::comm::Transport& t,
                   troupe::comm::Bootstrap& b) {
   std::vector<int> ranks(static_cast<std::size_t>(size));
