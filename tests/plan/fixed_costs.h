@@ -8,15 +8,17 @@
 
 namespace troupe::launcher::plan {
 
-// Every chunk costs f forward and b backward per layer; messages and the
-// optimizer cost nothing (or `hop` per message).
+// Every chunk costs f forward and b backward per layer (the LM head's
+// chunk `head` times that); messages and the optimizer cost nothing (or
+// `hop` per message).
 class FixedCosts final : public Costs {
  public:
-  FixedCosts(double f, double b, double hop = 0) : f_(f), b_(b), hop_(hop) {}
+  FixedCosts(double f, double b, double hop = 0, double head = 1)
+      : f_(f), b_(b), hop_(hop), head_(head) {}
   ChunkCost chunk(const model::StageSpec& spec) const override {
     ChunkCost c;
-    c.fwd = f_ * spec.layers();
-    c.bwd = b_ * spec.layers();
+    c.fwd = f_ * spec.layers() * (spec.head ? head_ : 1);
+    c.bwd = b_ * spec.layers() * (spec.head ? head_ : 1);
     return c;
   }
   double p2p_seconds(int, int) const override { return hop_; }
@@ -25,7 +27,7 @@ class FixedCosts final : public Costs {
   double optimizer_seconds(double) const override { return 0; }
 
  private:
-  double f_, b_, hop_;
+  double f_, b_, hop_, head_;
 };
 
 inline PlanInput layout(int L, int pp, int m, actors::ScheduleKind kind, int v = 1) {

@@ -43,23 +43,6 @@ TEST(PlanP2p, BlockingSendsWaitForTheirMessages) {
   EXPECT_EQ(went, (std::vector<double>{1.0, 2.25, 4.25, 7.5}));
 }
 
-// FixedCosts with the last stage (the LM head's) twice as slow.
-class SlowLastStage final : public Costs {
- public:
-  ChunkCost chunk(const model::StageSpec& spec) const override {
-    ChunkCost c = FixedCosts(1.0, 2.0).chunk(spec);
-    if (spec.head) {
-      c.fwd *= 2;
-      c.bwd *= 2;
-    }
-    return c;
-  }
-  double p2p_seconds(int, int) const override { return 0.25; }
-  double dp_reduce_seconds(int, double) const override { return 0; }
-  double dp_gather_seconds(int, double) const override { return 0; }
-  double optimizer_seconds(double) const override { return 0; }
-};
-
 // A message waits for its receiver to post the receive. GPipe on pp 2, two
 // micro-batches of a layer a stage, stage 0 F 1 and B 2, stage 1 twice
 // that, a hop 0.25: stage 0's second activation is ready at 2.25 but stage 1, in its
@@ -74,7 +57,7 @@ class SlowLastStage final : public Costs {
 TEST(PlanP2p, AMessageWaitsForItsReceiversReceive) {
   PlanInput in = layout(2, 2, 2, actors::ScheduleKind::kGPipe);
   in.blocking_p2p = true;
-  absl::StatusOr<SimResult> r = simulate(in, SlowLastStage(), true);
+  absl::StatusOr<SimResult> r = simulate(in, FixedCosts(1.0, 2.0, 0.25, /*head=*/2), true);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_NEAR(r->step_s, 16.0, 1e-12);
   std::vector<double> went;
