@@ -358,7 +358,8 @@ def policy():
     # temporaries: the second is refused while the first holds the lock.
     busy = f"{WORK}/policy-busy"
     shutil.rmtree(busy, ignore_errors=True)
-    first = subprocess.Popen([TROUPE, "train", *FLAGS[:-4], "--steps", "100000", "--save", busy],
+    first = subprocess.Popen([TROUPE, "train", *FLAGS[:-4], "--steps", "100000", "--log-interval", "1",
+                              "--save", busy],
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     for line in first.stdout:
         if STEP_LINE.match(line):

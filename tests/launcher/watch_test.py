@@ -3,7 +3,7 @@
 
   watch_test.py TROUPE ATTACH WORKDIR
 
-One launch job (pp2 x dp2, saves every 100 steps); while it runs:
+One launch job (pp2 x dp2, 150 steps, saves every 50); while it runs:
   - two `troupe watch`es attach with the token file launch wrote (RUNDIR/token,
     mode 0600); one is killed (SIGKILL) after a few steps, the other streams to
     the end: its progress lines carry the job's losses (JSONL, 4 decimals), the
@@ -30,7 +30,7 @@ os.environ.setdefault("TROUPE_DEVICE", "cpu")  # the tests pin the device, as ct
 TROUPE, ATTACH, WORK = sys.argv[1], sys.argv[2], sys.argv[3]
 shutil.rmtree(WORK, ignore_errors=True)
 os.makedirs(WORK)
-STEPS = 300
+STEPS = 150
 FLAGS = ["--model", "tiny", "--global-batch-size", "32", "--micro-batch-size", "4", "--pp", "2",
          "--dp", "2", "--steps", str(STEPS), "--threads", "1"]
 
@@ -47,7 +47,7 @@ def jsonl(path):
 
 run_dir = os.path.join(WORK, "run")
 launch = subprocess.Popen([TROUPE, "launch", *FLAGS, "--log-interval", "50", "--run-dir", run_dir,
-                           "--save", os.path.join(WORK, "ckpt"), "--save-interval", "100"],
+                           "--save", os.path.join(WORK, "ckpt"), "--save-interval", "50"],
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 port = None
 banner = []
@@ -120,11 +120,12 @@ by_step = {m["step"]: m for m in metrics}
 # troupe watch: every step after it attached, its loss as the JSONL's.
 if full.returncode != 0:
     fail(f"troupe watch exited {full.returncode}:\n{full_out[-3000:]}")
-first = re.search(r"^troupe watch: 127\.0\.0\.1:\d+: tiny: .*; tp=1 pp=2 dp=2 \(4 ranks\); at step (\d+) of 300$",
+first = re.search(r"^troupe watch: 127\.0\.0\.1:\d+: tiny: .*; tp=1 pp=2 dp=2 \(4 ranks\); "
+                  rf"at step (\d+) of {STEPS}$",
                   full_out, re.M)
 if not first:
     fail("troupe watch's first line:\n" + full_out[:500])
-shown = [(int(a), float(b)) for a, b in re.findall(r"^step +(\d+)/300 \| loss ([\d.]+)", full_out, re.M)]
+shown = [(int(a), float(b)) for a, b in re.findall(rf"^step +(\d+)/{STEPS} \| loss ([\d.]+)", full_out, re.M)]
 start_step = int(first.group(1))
 if [s for s, _ in shown] != list(range(start_step + 1, STEPS + 1)):
     fail(f"troupe watch showed steps {[s for s, _ in shown][:5]}... from step {start_step}")
@@ -132,7 +133,7 @@ for s, loss in shown:
     if f"{by_step[s]['loss']:.4f}" != f"{loss:.4f}":
         fail(f"step {s}: watch shows loss {loss}, the job's is {by_step[s]['loss']}")
 saves = re.findall(r"^saved checkpoint .*/iter_(\d+)", full_out, re.M)
-if [int(s) for s in saves] != [s for s in (100, 200, 300) if s > start_step]:
+if [int(s) for s in saves] != [s for s in (50, 100, 150) if s > start_step]:
     fail(f"troupe watch showed saves {saves}")
 if not full_out.rstrip().endswith(f"troupe watch: the job ended after step {STEPS}"):
     fail("troupe watch's last line:\n" + full_out[-300:])
@@ -141,7 +142,7 @@ if not full_out.rstrip().endswith(f"troupe watch: the job ended after step {STEP
 if attach.returncode != 0:
     fail(f"attach exited {attach.returncode}:\n{attach_out[-2000:]}")
 streamed = [(int(a), float(b)) for a, b in re.findall(r"^step (\d+) loss (\S+)$", attach_out, re.M)]
-a0 = int(re.search(r"at step (\d+) of 300", attach_out).group(1))
+a0 = int(re.search(rf"at step (\d+) of {STEPS}", attach_out).group(1))
 if [s for s, _ in streamed] != list(range(a0 + 1, STEPS + 1)):
     fail(f"attach streamed steps {[s for s, _ in streamed][:5]}... from step {a0}")
 for s, loss in streamed:
