@@ -126,15 +126,12 @@ void Coordinator::begin(int step) {
   const std::int64_t first = batches_.consumed_before(step);
   // The order the actors start the step in: CAF's worker runs the actors
   // this one schedules newest first, and a second worker steals the
-  // oldest. So the shards go last, in reverse rank order (ranks are
+  // oldest. So the shards go in reverse rank order (ranks are
   // stage-major), and the first stage, whose forwards start the step,
-  // begins at once; the partitions,
-  // whose gradients come at the step's end, begin on the other worker.
-  // (In stage order, stage 0 began last: 27 us a stage later at pp 8,
-  // on the step's critical path.)
-  for (const caf::actor& a : setup_->optimizers) {
-    send(a, begin_step_atom::value, step, first, loss_scale_);
-  }
+  // begins at once. (In stage order, stage 0 began last: 27 us a stage
+  // later at pp 8, on the step's critical path.) Each shard begins its
+  // rank's optimizer partitions (ShardActor): between processes, one
+  // control frame a rank, not two.
   for (auto a = setup_->shards.rbegin(); a != setup_->shards.rend(); ++a) {
     send(*a, begin_step_atom::value, step, first, loss_scale_);
   }

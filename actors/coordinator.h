@@ -1,7 +1,7 @@
 // Coordinator: the step loop of a run, as messages.
 //
-// Per step: begin_step to every optimizer partition and shard; collect the
-// loss sum of every micro-batch (from the head chunks) and the squared
+// Per step: begin_step to every shard, which begins its rank's optimizer
+// partitions; collect the loss sum of every micro-batch (from the head chunks) and the squared
 // gradient norm of every rank's partitions; answer the partitions with the
 // learning rate and the clip scale; when every shard has its new parameters,
 // report the step's metrics and begin the next. Metrics are the single-rank

@@ -13,7 +13,7 @@
 //                   (eval_atom, int step, int64 first_sample)   forwards only, validation data
 //                   (waiting_atom) -> WaitReport
 //   OptimizerActor  (begin_step_atom, int step, int64 first_sample, float loss_scale)
-//                       post gradient receives
+//                       from the rank's shard, as it begins the step: post gradient receives
 //                   (update_atom, int step, float lr, float grad_scale, int update)
 //                       update: Adam's 1-based count of updates; 0: skip the step
 //                       (--fp16, gradients not finite), send the parameters unchanged

@@ -89,15 +89,15 @@ void OptimizerActor::begin_step(int step) {
     Sum& sum = sums_[i];
     const Partition& part = *setup_.partitions[i];
     sum.arrived.assign(static_cast<std::size_t>(sum.contributions), 0);
-    const int first = setup_.dp != nullptr ? std::min(dp, sum.contributions) : 0;
+    const int first = pieces_on_device() ? std::min(dp, sum.contributions) : 0;
     sum.posted = sum.enqueued = sum.added = first;
     part.begin_sum(*setup_.stream);
     for (int k = first; k < std::min(first + part.window(), sum.contributions); k++)
       post(static_cast<int>(i), k);
-    pieces += static_cast<int>((setup_.dp != nullptr ? 0 : sum.main.size()) + sum.tied.size()) * dp;
+    pieces += static_cast<int>((pieces_on_device() ? 0 : sum.main.size()) + sum.tied.size()) * dp;
     if (sum.contributions == 0) sums_done_++;
   }
-  phase_ = setup_.dp != nullptr
+  phase_ = pieces_on_device()
                ? absl::StrCat("the gradients of step ", step, " (the shard's reduces and ", pieces,
                               " pieces)")
                : absl::StrCat("the gradients of step ", step, " (", pieces, " pieces)");
@@ -139,7 +139,7 @@ void OptimizerActor::on_recv(int part, int k, const std::string& error) {
 // With dp, not before the stream has waited for the reduces (the sum's
 // first contributions).
 void OptimizerActor::enqueue_adds(int part) {
-  if (setup_.dp != nullptr && !reduced_in_) return;
+  if (pieces_on_device() && !reduced_in_) return;
   Sum& sum = sums_[static_cast<std::size_t>(part)];
   const int dp = setup_.shape.dp;
   const Partition& p = *setup_.partitions[static_cast<std::size_t>(part)];
@@ -159,7 +159,7 @@ void OptimizerActor::enqueue_adds(int part) {
 // The shard's reduces are on its stream: this stream waits for them, then
 // adds what has come of the tied shares; a sum without them is complete.
 void OptimizerActor::on_reduced_on_device() {
-  if (failed_ || setup_.dp == nullptr || reduced_in_) return;
+  if (failed_ || !pieces_on_device() || reduced_in_) return;
   reduced_early_ = -1;
   setup_.stream->wait(*setup_.dp_reduced);
   reduced_in_ = true;
@@ -198,7 +198,7 @@ void OptimizerActor::finish_sum(int part) {
 // Every sum is complete (with dp: and the reduces were waited for).
 void OptimizerActor::maybe_reduced() {
   if (sums_done_ < static_cast<int>(sums_.size())) return;
-  if (setup_.dp != nullptr && !reduced_in_) return;
+  if (pieces_on_device() && !reduced_in_) return;
   send_when_done(*setup_.stream, caf::actor_cast<caf::actor>(this),
                  caf::make_message(reduced_atom::value, step_));
 }
@@ -219,8 +219,8 @@ void OptimizerActor::on_reduced() {
 void OptimizerActor::update(float lr, float grad_scale, int count) {
   if (failed_) return;
   trace_wait(comm::trace::What::kNone);
-  phase_ = setup_.dp != nullptr ? absl::StrCat("AdamW and the DP broadcasts of step ", step_)
-                                : absl::StrCat("AdamW of step ", step_);
+  phase_ = pieces_on_device() ? absl::StrCat("AdamW and the DP broadcasts of step ", step_)
+                              : absl::StrCat("AdamW of step ", step_);
   since_ = std::chrono::steady_clock::now();
   for (std::size_t i = 0; i < setup_.partitions.size(); i++) {
     const Partition* p = setup_.partitions[i];
@@ -228,7 +228,7 @@ void OptimizerActor::update(float lr, float grad_scale, int count) {
                 stream_event(comm::trace::What::kAdam, static_cast<int>(i)),
                 [&] { p->step(*setup_.stream, setup_.adam, lr, count, grad_scale); });
   }
-  if (setup_.dp != nullptr) broadcast_params();
+  if (pieces_on_device()) broadcast_params();
   send_when_done(*setup_.stream, caf::actor_cast<caf::actor>(this),
                  caf::make_message(stepped_atom::value, step_));
 }
@@ -244,6 +244,12 @@ void OptimizerActor::broadcast_params() {
     // (In the compute dtype: bf16 pieces with --bf16, as Megatron's
     // distributed optimizer gathers them.)
     const gpu::Tensor params = part.chunk().params().view(p.range.begin, {p.range.size()});
+    if (setup_.dp_alone) {  // the owner is this rank
+      gpu::ops::copy(
+          s, params,
+          part.compute_on_device().view(p.range.begin - part.range().begin, {p.range.size()}));
+      continue;
+    }
     std::vector<gpu::Tensor> held{params};
     const void* in = nullptr;
     if (p.src_d == setup_.coord.d) {
@@ -261,14 +267,14 @@ void OptimizerActor::broadcast_params() {
 void OptimizerActor::on_stepped() {
   if (failed_) return;
   if (absl::Status st = setup_.stream->status(); !st.ok()) {
-    return fail(absl::StrCat(setup_.dp != nullptr ? "AdamW and the DP broadcasts: " : "AdamW: ",
+    return fail(absl::StrCat(pieces_on_device() ? "AdamW and the DP broadcasts: " : "AdamW: ",
                              st.message()));
   }
   // All-gather as messages: every replica's shard gets the new range.
   auto self = caf::actor_cast<caf::actor>(this);
   for (const ParamPiece& p : setup_.param_pieces) {
     if (p.stage != setup_.coord.s || p.src_d != setup_.coord.d) continue;
-    if (setup_.dp != nullptr && !p.tied_wte) continue;  // broadcast on the device
+    if (pieces_on_device() && !p.tied_wte) continue;  // broadcast on the device
     const Partition& part = *setup_.partitions[static_cast<std::size_t>(p.src_chunk)];
     // (In the compute dtype: bf16 pieces with --bf16.)
     const char* data = part.compute() + part.compute_bytes(p.range.begin - part.range().begin);
@@ -286,7 +292,9 @@ void OptimizerActor::on_stepped() {
   since_ = std::chrono::steady_clock::now();
   // With dp the broadcasts are done: the shard may go ready (a shard ready
   // before would let the run end, or the next step begin, under them).
-  if (setup_.dp != nullptr) send(caf::actor_cast<caf::actor>(shard_), dp_params_atom::value, step_);
+  if (pieces_on_device()) {
+    send(caf::actor_cast<caf::actor>(shard_), dp_params_atom::value, step_);
+  }
 }
 
 void OptimizerActor::on_sent(const std::string& error) {

@@ -27,7 +27,9 @@
 // status is checked (dp_params_atom; a shard ready before would let the
 // run end, or the next step begin, under them). Only the tied wte's
 // shares (contributions k >= dp) and its new values still travel as
-// messages through host memory.
+// messages through host memory. With dp 1 (OptimizerSetup::dp_alone) the
+// pieces take the same way on every device, as copies on the streams: a
+// rank's gradients and parameters are not sent to itself.
 #pragma once
 
 #include <caf/all.hpp>
@@ -67,7 +69,10 @@ struct OptimizerSetup {
   RankTrace* trace = nullptr;  // the rank's recorder (may be null)
   // The DP group's stream collectives where the pieces go device to device
   // (null: as messages), and the rank's events that order them.
+  // `dp_alone`: dp 1, the same without a group (the broadcast of a piece
+  // is its copy into the shard's parameters, on this stream).
   comm::StreamCollectives* dp = nullptr;
+  bool dp_alone = false;
   gpu::Event* dp_reduced = nullptr;  // recorded by the shard
   gpu::Event* dp_params = nullptr;   // recorded here
 };
@@ -76,8 +81,16 @@ class OptimizerActor : public caf::event_based_actor {
  public:
   OptimizerActor(caf::actor_config& cfg, OptimizerSetup setup);
   caf::behavior make_behavior() override;
+  // The messages handled in one go as one gpu::StreamBatch: a run of ops
+  // they enqueue onto the idle stream wakes its thread once.
+  resume_result resume(caf::execution_unit* unit, std::size_t max_throughput) override {
+    gpu::StreamBatch batch;
+    return caf::event_based_actor::resume(unit, max_throughput);
+  }
 
  private:
+  // The ZeRO-1 pieces go device to device (a DP group's collectives, or dp 1).
+  bool pieces_on_device() const { return setup_.dp != nullptr || setup_.dp_alone; }
   // One partition's sum in a step: the pieces of each contribution (the
   // same for every replica; fixed for the run), and how far it has got.
   struct Sum {

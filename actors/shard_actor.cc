@@ -8,6 +8,7 @@
 #include "actors/messages.h"
 #include "actors/optimizer_actor.h"
 #include "actors/rank/stream_bridge.h"
+#include "gpu/ops.h"
 #include "model/loss_scale.h"
 
 namespace troupe::actors {
@@ -83,6 +84,12 @@ caf::behavior ShardActor::make_behavior() {
   if (!setup_error_.empty()) fail(setup_error_);  // every step handler then does nothing
   return {
       [this](begin_step_atom, int step, std::int64_t first_sample, float loss_scale) {
+        // The rank's optimizer begins the step from here, not from the
+        // coordinator: one message to a rank a step, which between
+        // processes is one control frame, not two.
+        if (caf::actor optimizer = caf::actor_cast<caf::actor>(setup_.optimizer)) {
+          send(optimizer, begin_step_atom::value, step, first_sample, loss_scale);
+        }
         loss_scale_ = loss_scale;
         begin(Pass::kTrain, step, first_sample);
       },
@@ -92,7 +99,7 @@ caf::behavior ShardActor::make_behavior() {
       [this](op_done_atom, int op_id) { on_op_done(op_id); },
       [this](params_in_atom, int step) { on_params_in(step); },
       [this](dp_params_atom, int step) {
-        if (failed_ || step != step_ || setup_.dp == nullptr) return;
+        if (failed_ || step != step_ || !pieces_on_device()) return;
         setup_.stream->wait(*setup_.dp_params);  // the next step's ops come after them
         progress_++;
         params_arrived_++;
@@ -393,7 +400,7 @@ void ShardActor::on_bucket(int chunk, int bucket) {
   auto self = caf::actor_cast<caf::actor>(this);
   for (const GradPiece& p : setup_.grad_pieces) {
     if (p.src_stage != setup_.coord.s || p.src_chunk != chunk || p.bucket != bucket) continue;
-    if (setup_.dp != nullptr && !p.tied_wte) continue;  // reduced on the device
+    if (pieces_on_device() && !p.tied_wte) continue;  // reduced on the device
     const int dst = rank_of(p.dst_d, p.dst_stage);
     sends_pending_++;
     setup_.transport->send(dst, tag(MessageKind::kGradSlice, setup_.rank, 0, chunk, bucket),
@@ -417,6 +424,14 @@ bool ShardActor::reduce_bucket(int chunk, int bucket) {
       tied = true;
       continue;
     }
+    if (setup_.dp_alone) {
+      // The sum of one replica, as the messages' (Partition::begin_sum, add).
+      const Partition& part = *setup_.partitions[static_cast<std::size_t>(p.dst_chunk)];
+      const gpu::Tensor sum = part.sum().view(p.range.begin - part.range().begin, {p.range.size()});
+      gpu::ops::fill(*setup_.stream, sum, 0.0f);
+      gpu::ops::axpy(*setup_.stream, sum, 1.0f, grads.view(p.range.begin, {p.range.size()}));
+      continue;
+    }
     std::vector<gpu::Tensor> held{grads};
     float* out = nullptr;
     if (p.dst_d == setup_.coord.d) {
@@ -436,7 +451,7 @@ bool ShardActor::reduce_bucket(int chunk, int bucket) {
 
 void ShardActor::post_param_receives() {
   params_posted_ = true;
-  if (setup_.dp != nullptr) {
+  if (pieces_on_device()) {
     // Every reduce is on the stream, and every op of the step: the
     // optimizer's stream waits for this event before it reads the sums, and
     // its broadcasts overwrite the parameters only after the last op that
@@ -448,7 +463,7 @@ void ShardActor::post_param_receives() {
   int id = 0;
   for (const ParamPiece& p : setup_.param_pieces) {
     if (p.dst_stage != setup_.coord.s) continue;
-    if (setup_.dp != nullptr && !p.tied_wte) continue;  // broadcast on the device
+    if (pieces_on_device() && !p.tied_wte) continue;  // broadcast on the device
     const int src = rank_of(p.src_d, p.stage);
     const gpu::Tensor& params = mirrors_[static_cast<std::size_t>(p.dst_chunk)].params.host();
     const gpu::Tensor piece = params.view(p.range.begin, {p.range.size()});  // compute dtype
@@ -501,7 +516,7 @@ void ShardActor::maybe_ready() {
     bool queued = false;
     for (const ParamPiece& p : setup_.param_pieces) {
       if (p.dst_stage != setup_.coord.s || pass_ != Pass::kTrain) continue;
-      if (setup_.dp != nullptr && !p.tied_wte) continue;  // on the device already
+      if (pieces_on_device() && !p.tied_wte) continue;  // on the device already
       const gpu::HostMirror& m = mirrors_[static_cast<std::size_t>(p.dst_chunk)].params;
       if (!m.separate()) continue;
       m.to_device(*setup_.stream, p.range.begin, p.range.size());

@@ -116,8 +116,11 @@ struct ShardSetup {
   // the DP group's stream collectives (null: as messages), the rank's
   // partitions by chunk (a reduce's root writes into its sum()), the
   // rank's optimizer (weak: the optimizer knows the shard) and the events
-  // that order the two.
+  // that order the two. `dp_alone`: dp 1, the same without a group: a
+  // piece's reduce is its copy into the sum (from zeros, as the messages'
+  // sum is), on this stream.
   comm::StreamCollectives* dp = nullptr;
+  bool dp_alone = false;
   std::vector<const Partition*> partitions;
   caf::actor_addr optimizer;
   gpu::Event* dp_reduced = nullptr;  // recorded here
@@ -131,8 +134,16 @@ class ShardActor : public caf::event_based_actor {
  public:
   ShardActor(caf::actor_config& cfg, ShardSetup setup);
   caf::behavior make_behavior() override;
+  // The messages handled in one go as one gpu::StreamBatch: a run of ops
+  // they enqueue onto the idle stream wakes its thread once.
+  resume_result resume(caf::execution_unit* unit, std::size_t max_throughput) override {
+    gpu::StreamBatch batch;
+    return caf::event_based_actor::resume(unit, max_throughput);
+  }
 
  private:
+  // The ZeRO-1 pieces go device to device (a DP group's collectives, or dp 1).
+  bool pieces_on_device() const { return setup_.dp != nullptr || setup_.dp_alone; }
   enum class Arrival { kNone, kPosted, kArrived };
   enum class Pass { kTrain, kEval };  // eval: the schedule's forwards only, no gradients
   enum class Msg { kActivation, kGradient, kParams };  // what a transport completion is for

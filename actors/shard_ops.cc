@@ -115,7 +115,7 @@ model::GradProgress ShardActor::bucket_progress(int chunk) {
     for (int b = 0; b < static_cast<int>(buckets.size()); b++) {
       const GradBucket& bucket = buckets[static_cast<std::size_t>(b)];
       if (bucket.ready != point) continue;
-      if (setup_.dp != nullptr && !reduce_bucket(c, b)) continue;  // nothing tied in it
+      if (pieces_on_device() && !reduce_bucket(c, b)) continue;  // nothing tied in it
       mirrors_[static_cast<std::size_t>(c)].grads.to_host(*setup_.stream, bucket.range.begin,
                                                           bucket.range.size());
       send_when_done(*setup_.stream, caf::actor_cast<caf::actor>(this),

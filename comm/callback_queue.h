@@ -21,14 +21,16 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "gpu/thread_name.h"
 
 namespace troupe::comm {
 
 class CallbackQueue {
  public:
   using ErrorHandler = std::function<void(const absl::Status&)>;
-  explicit CallbackQueue(ErrorHandler on_error = nullptr)
-      : on_error_(std::move(on_error)), thread_([this] { run(); }) {}
+  // `name`: the thread's (gpu/thread_name.h), a string literal.
+  explicit CallbackQueue(const char* name, ErrorHandler on_error = nullptr)
+      : name_(name), on_error_(std::move(on_error)), thread_([this] { run(); }) {}
   ~CallbackQueue() {
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -56,6 +58,7 @@ class CallbackQueue {
 
  private:
   void run() {
+    gpu::name_this_thread(name_);
     for (;;) {
       std::function<void()> fn;
       {
@@ -93,6 +96,7 @@ class CallbackQueue {
   std::deque<std::function<void()>> queue_;
   bool stop_ = false;
   absl::Status error_;
+  const char* name_;
   ErrorHandler on_error_;
   std::thread thread_;  // last: it runs as soon as it is made
 };

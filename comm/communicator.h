@@ -166,8 +166,9 @@ class Communicator final : public Collectives {
   std::mutex run_mu_;  // held while a collective runs; guards next_op_ to sends_
   std::mutex mu_;
   absl::Status aborted_;
-  int queued_ = 0;        // collectives issued and not finished (guarded by mu_)
-  CallbackQueue worker_;  // last: its thread runs collectives that use the members above
+  int queued_ = 0;  // collectives issued and not finished (guarded by mu_)
+  CallbackQueue worker_{
+      "collective"};  // last: its thread runs collectives that use the members above
 };
 
 // `*bytes` of member `root` to every member of `group`, byte for byte (every

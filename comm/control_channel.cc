@@ -23,6 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "comm/auth.h"
 #include "comm/socket_io.h"
+#include "gpu/thread_name.h"
 
 namespace troupe::comm {
 namespace control_internal {
@@ -328,6 +329,7 @@ bool ControlHub::advance_pending(Conn& c) {
 }
 
 void ControlHub::loop() {
+  gpu::name_this_thread("hub");
   const auto heartbeat = absl::ToChronoNanoseconds(options_.heartbeat);
   const auto dead_after = absl::ToChronoNanoseconds(options_.dead_after);
   while (!stop_) {
@@ -506,6 +508,7 @@ absl::Status ControlLink::send(absl::string_view frame) {
 }
 
 void ControlLink::loop() {
+  gpu::name_this_thread("control");
   const auto heartbeat = absl::ToChronoNanoseconds(options_.heartbeat);
   const auto dead_after = absl::ToChronoNanoseconds(options_.dead_after);
   Conn& c = *conn_;

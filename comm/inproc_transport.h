@@ -96,7 +96,7 @@ class InProcFabric : public std::enable_shared_from_this<InProcFabric> {
   void fail_everything(const absl::Status& why);
   // Runs a waiting peer's completion on this thread (see deliver).
   void run_inline(const std::function<void()>& fn);
-  CallbackQueue callbacks_{[this](const absl::Status& why) { fail_everything(why); }};
+  CallbackQueue callbacks_{"inproc", [this](const absl::Status& why) { fail_everything(why); }};
 };
 
 }  // namespace troupe::comm

@@ -16,6 +16,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "comm/nccl_plan.h"
+#include "gpu/thread_name.h"
 
 namespace troupe::comm {
 namespace {
@@ -39,7 +40,10 @@ class NcclComm final : public NcclCommunicator {
  public:
   NcclComm(ncclComm_t comm, cudaStream_t stream, int rank, int size, int device)
       : comm_(comm), stream_(stream), rank_(rank), size_(size), device_(device) {
-    issuer_ = std::thread([this] { issue_loop(); });
+    issuer_ = std::thread([this] {
+      gpu::name_this_thread("nccl");
+      issue_loop();
+    });
   }
   ~NcclComm() override {
     {

@@ -12,6 +12,7 @@
 
 #include "comm/ucx_internal.h"
 #include "comm/ucx_transport.h"
+#include "gpu/thread_name.h"
 
 namespace troupe::comm {
 
@@ -176,6 +177,7 @@ void UcxTransport::drive_end() {
 constexpr int kQuietPolls = 200;
 
 void UcxTransport::progress_loop() {
+  gpu::name_this_thread("ucx");
   int quiet = 0;
   for (;;) {
     {

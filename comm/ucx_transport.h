@@ -247,7 +247,7 @@ class UcxTransport final : public Transport {
   // Reads of plain single-copy receives (process_vm_readv of a whole
   // message): off the progress thread, which would stall every other
   // operation meanwhile. Declared last: destroyed (drained) first.
-  std::unique_ptr<CallbackQueue> copier_ = std::make_unique<CallbackQueue>();
+  std::unique_ptr<CallbackQueue> copier_ = std::make_unique<CallbackQueue>("ucx-copier");
 };
 
 }  // namespace troupe::comm

@@ -103,6 +103,21 @@ class Stream {
   virtual void fail(absl::Status error) = 0;
 };
 
+// While one lives on a thread, the work this thread enqueues may wait to
+// start until the batch ends: a backend whose streams are host threads (the
+// CPU's) then wakes an idle stream's thread once for a run of enqueues, not
+// once for each (an actor's message handlers, batched over what it handles
+// in one go). A blocking wait on this thread (Stream::synchronize,
+// Event::synchronize) first wakes what it deferred. Batches nest; the
+// outermost one's end wakes. Other backends start work as they enqueue it.
+class StreamBatch {
+ public:
+  StreamBatch();
+  ~StreamBatch();
+  StreamBatch(const StreamBatch&) = delete;
+  StreamBatch& operator=(const StreamBatch&) = delete;
+};
+
 class Device {
  public:
   virtual ~Device() = default;

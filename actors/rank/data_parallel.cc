@@ -1,6 +1,8 @@
-// A rank's data-parallel group on a device the host cannot read: the ZeRO-1
-// pieces device to device (a reduce to each piece's partition, a broadcast
-// from it), through NCCL on CUDA and the Communicator on the opaque device.
+// Where a rank's ZeRO-1 pieces go device to device (a reduce to each piece's
+// partition, a broadcast from it): with dp 1 on every device, as copies on
+// the rank's own streams; with a data-parallel group on a device the host
+// cannot read, through NCCL on CUDA and the Communicator on the opaque
+// device. (A group on the CPU sends them as messages.)
 #include <memory>
 
 #include "actors/rank/connected_collectives.h"
@@ -11,7 +13,16 @@ namespace troupe::actors {
 
 absl::Status RankUnit::make_data_parallel(gpu::Device& dev) {
   const ParallelOptions& par = spec_.parallel;
-  if (par.dp == 1 || dev.host_visible()) return absl::OkStatus();  // the transport reads them
+  if (par.dp == 1) {
+    // On every device: a rank's own pieces are copies on its streams, not
+    // messages to itself (with their host copies, on a GPU), so a step
+    // wakes no thread for them.
+    dp_alone_ = true;
+    dp_reduced_ = dev.make_event();
+    dp_params_ = dev.make_event();
+    return absl::OkStatus();
+  }
+  if (dev.host_visible()) return absl::OkStatus();  // the transport reads them
   const bool cuda = dev.kind() == gpu::DeviceKind::kCuda;
 #ifdef TROUPE_HAVE_NCCL
   if (cuda && !spec_.own_device) return absl::OkStatus();  // replicas sharing a GPU: host memory

@@ -274,12 +274,13 @@ RankUnit::Actors RankUnit::spawn(caf::actor_system& system, const Wiring& wiring
       }
     });
   };
-  if (dp_device_) {  // the ZeRO-1 pieces device to device
+  if (dp_device_ || dp_alone_) {  // the ZeRO-1 pieces device to device
     for (auto& p : partitions_) {
       p->set_pieces_on_device();
       ss.partitions.push_back(p.get());
     }
     ss.dp = os.dp = dp_device_.get();
+    ss.dp_alone = os.dp_alone = dp_alone_;
     ss.dp_reduced = os.dp_reduced = dp_reduced_.get();
     ss.dp_params = os.dp_params = dp_params_.get();
   }
@@ -290,7 +291,7 @@ RankUnit::Actors RankUnit::spawn(caf::actor_system& system, const Wiring& wiring
   ss.optimizer = spawned.optimizer.address();
   spawned.shard = system.spawn<ShardActor>(std::move(ss));
   // (Before any step: the coordinator's first message comes after this.)
-  if (dp_device_) caf::anon_send(spawned.optimizer, shard_atom::value, spawned.shard);
+  if (dp_device_ || dp_alone_) caf::anon_send(spawned.optimizer, shard_atom::value, spawned.shard);
   allocated_bytes_ += stream_->device().allocated_bytes() - before;
   return spawned;
 }

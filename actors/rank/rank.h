@@ -289,6 +289,7 @@ class RankUnit {
   std::unique_ptr<comm::StreamCollectives> dp_device_;
   std::atomic<comm::Collectives*> dp_nccl_{nullptr};
   std::unique_ptr<gpu::Event> dp_reduced_, dp_params_;
+  bool dp_alone_ = false;  // dp 1: the pieces are copies on the streams (no group)
   std::atomic<bool> connect_cancelled_{false};  // fail_pending: connect()'s NCCL init gives up
   std::mutex links_mu_;
   std::vector<comm::Collectives*>

@@ -11,10 +11,37 @@
 
 #include "absl/strings/str_cat.h"
 #include "gpu/kernels.h"
+#include "gpu/thread_name.h"
 
 namespace troupe::gpu {
 
 std::unique_ptr<Kernels> make_cpu_kernels();  // cpu_ops.cc
+
+// ---- StreamBatch ------------------------------------------------------------
+
+namespace {
+
+// This thread's batches, and the workers their enqueues did not wake yet
+// (each stream's condition variable, held through its shared Sync).
+struct DeferredWakes {
+  int depth = 0;
+  std::vector<std::shared_ptr<std::condition_variable>> cvs;
+};
+thread_local DeferredWakes deferred;
+
+void wake_deferred() {
+  std::vector<std::shared_ptr<std::condition_variable>> cvs;
+  cvs.swap(deferred.cvs);
+  for (const auto& cv : cvs) cv->notify_one();
+}
+
+}  // namespace
+
+StreamBatch::StreamBatch() { deferred.depth++; }
+
+StreamBatch::~StreamBatch() {
+  if (--deferred.depth == 0) wake_deferred();
+}
 
 // ---- CpuEvent ---------------------------------------------------------------
 
@@ -24,6 +51,7 @@ bool CpuEvent::query() {
 }
 
 void CpuEvent::synchronize() {
+  wake_deferred();  // (this thread's StreamBatch may hold back the work it waits for)
   State& e = *state_;
   std::unique_lock<std::mutex> lock(e.mu);
   const std::uint64_t target = e.recorded;
@@ -62,7 +90,10 @@ void CpuStream::enqueue(Task task) {
     wake = waiting_ == Waiting::kWork && queue_.empty() && !(task.gate && !task.gate->open);
     queue_.push_back(std::move(task));
   }
-  if (wake) sync_->cv.notify_one();
+  if (!wake) return;
+  if (deferred.depth == 0) return sync_->cv.notify_one();
+  // (A worker waiting for work has an empty queue: the batch meets it once.)
+  deferred.cvs.emplace_back(sync_, &sync_->cv);
 }
 
 namespace {
@@ -123,23 +154,41 @@ void CpuStream::record(Event& event) {
   // condition variable, found by ThreadSanitizer); the task holds the
   // event's State, so the event itself may be gone by then.
   enqueue({nullptr, [e, gen] {
-             std::lock_guard<std::mutex> lock(e->mu);
-             if (e->completed < gen) e->completed = gen;
-             e->cv.notify_all();
+             std::vector<GateOpener> open;
+             {
+               std::lock_guard<std::mutex> lock(e->mu);
+               if (e->completed < gen) e->completed = gen;
+               e->cv.notify_all();
+               auto done = [&](const auto& g) { return g.first <= e->completed; };
+               for (auto& g : e->gates) {
+                 if (done(g)) open.push_back(std::move(g.second));
+               }
+               std::erase_if(e->gates, done);
+             }
+             for (GateOpener& o : open) o(absl::OkStatus());  // (outside the lock)
            }});
 }
 
+// A wait for work that is done already orders nothing: it is not queued,
+// so it wakes no worker (an actor that hears of an event once its stream
+// is past it, and then orders its own stream after it, costs no hand-off).
 void CpuStream::wait(Event& event) {
   std::shared_ptr<CpuEvent::State> e = static_cast<CpuEvent&>(event).state_;
   std::uint64_t target;
   {
     std::lock_guard<std::mutex> lock(e->mu);
     target = e->recorded;
+    if (e->completed >= target) return;
   }
-  enqueue({nullptr, [e, target] {
-             std::unique_lock<std::mutex> lock(e->mu);
-             e->cv.wait(lock, [&] { return e->completed >= target; });
-           }});
+  GateOpener open = gate();  // (not under the event's lock: enqueue takes the stream's)
+  {
+    std::lock_guard<std::mutex> lock(e->mu);
+    if (e->completed < target) {
+      e->gates.emplace_back(target, std::move(open));
+      return;
+    }
+  }
+  open(absl::OkStatus());  // done in between
 }
 
 void CpuStream::host_callback(std::function<void()> fn) { enqueue({nullptr, std::move(fn)}); }
@@ -162,6 +211,7 @@ absl::Status CpuStream::synchronize() {
              done = true;
              done_cv.notify_all();
            }});
+  wake_deferred();
   std::unique_lock<std::mutex> lock(done_mu);
   done_cv.wait(lock, [&] { return done; });
   return status();
@@ -184,6 +234,7 @@ void CpuStream::fail(absl::Status error) {
 }
 
 void CpuStream::run() {
+  name_this_thread("stream");
   // The OpenMP team size is a per-thread setting: every parallel region this
   // worker opens (our kernels, oneDNN's GEMMs) uses `threads_` threads.
   omp_set_num_threads(threads_);

@@ -18,6 +18,8 @@
 #include <memory>
 #include <mutex>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "gpu/device.h"
 
@@ -25,8 +27,11 @@ namespace troupe::gpu {
 
 class CpuDevice;
 
-// The event's counters live in a shared State that the streams' record and
-// wait tasks hold too, so an event may be destroyed while they are queued.
+// The event's counters live in a shared State that the streams' record
+// tasks hold too, so an event may be destroyed while they are queued. A
+// stream's wait for work not done yet is a gate in that stream, which the
+// record task that completes the work opens: the waiting worker is woken
+// once, by the event, not first by the wait's enqueue.
 class CpuEvent final : public Event {
  public:
   bool query() override;
@@ -39,6 +44,8 @@ class CpuEvent final : public Event {
     std::condition_variable cv;
     std::uint64_t recorded = 0;   // generations recorded by streams
     std::uint64_t completed = 0;  // generations whose work is done
+    // Streams' gates, each opened once `completed` reaches its generation.
+    std::vector<std::pair<std::uint64_t, GateOpener>> gates;
   };
   std::shared_ptr<State> state_ = std::make_shared<State>();
 };
@@ -70,7 +77,8 @@ class CpuStream final : public Stream {
 
  private:
   // The queue's lock and the worker's wake-up, shared with the gates'
-  // openers, which may outlive the stream.
+  // openers and with StreamBatch's deferred wake-ups, which may outlive the
+  // stream.
   struct Sync {
     std::mutex mu;
     std::condition_variable cv;

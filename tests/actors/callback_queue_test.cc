@@ -16,7 +16,8 @@ TEST(CallbackQueue, ACallbackThatThrowsIsAnErrorAndTheRestStillRun) {
   std::promise<void> done;
   std::vector<int> ran;
   {
-    CallbackQueue q([&](const absl::Status& st) { told.push_back(std::string(st.message())); });
+    CallbackQueue q("test",
+                    [&](const absl::Status& st) { told.push_back(std::string(st.message())); });
     q.post([&] { ran.push_back(1); });
     q.post([] { throw std::runtime_error("receiver gone"); });
     q.post([] { throw 7; });

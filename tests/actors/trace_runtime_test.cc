@@ -82,7 +82,7 @@ TEST(TraceRuntime, A1F1BRunRecordsEveryOpInOrderAndEveryMessageOnBothSides) {
   const std::vector<RankFile> files = read_dir(dir, pp);
   // (src, dst, tag) -> [sends, receives]
   std::map<std::tuple<int, int, std::string>, std::pair<int, int>> messages;
-  int activations = 0, gradients = 0;
+  int activations = 0, gradients = 0, grad_pieces = 0, param_pieces = 0;
   for (int r = 0; r < pp; r++) {
     const json& h = files[static_cast<std::size_t>(r)].header;
     EXPECT_EQ(h["format"], "troupe-trace");
@@ -118,6 +118,20 @@ TEST(TraceRuntime, A1F1BRunRecordsEveryOpInOrderAndEveryMessageOnBothSides) {
           gradients++;
           EXPECT_EQ(peer, r - 1);
         }
+        // With dp 1 a rank's gradients and parameters stay on its streams
+        // (RankUnit: dp_alone); only the tied wte's travel, between the
+        // head's stage and the embedding's.
+        if (k == "send" && e["msg"] == "grad-piece") {
+          grad_pieces++;
+          EXPECT_EQ(r, pp - 1);
+          EXPECT_EQ(peer, 0);
+        }
+        if (k == "send" && e["msg"] == "param-piece") {
+          param_pieces++;
+          EXPECT_EQ(r, 0);
+          EXPECT_EQ(peer, pp - 1);
+        }
+        EXPECT_NE(peer, r) << "a message to itself: " << e.dump();
       }
       last_end = std::max<std::int64_t>(last_end, e["e"]);
     }
@@ -135,6 +149,8 @@ TEST(TraceRuntime, A1F1BRunRecordsEveryOpInOrderAndEveryMessageOnBothSides) {
   // Every activation goes s -> s+1 and every gradient back, m a step.
   EXPECT_EQ(activations, (pp - 1) * m * steps);
   EXPECT_EQ(gradients, (pp - 1) * m * steps);
+  EXPECT_EQ(grad_pieces, steps);
+  EXPECT_EQ(param_pieces, steps);
   for (const auto& [key, n] : messages) {
     EXPECT_EQ(n.first, 1) << std::get<2>(key);
     EXPECT_EQ(n.second, 1) << std::get<2>(key);

@@ -57,6 +57,64 @@ TEST(CpuStream, WaitOnEventOrdersTwoStreams) {
   EXPECT_TRUE(ready->query());
 }
 
+// A stream's wait for an event not yet complete is a gate the event opens:
+// a stream that fails meanwhile goes on (its control tasks run) instead of
+// holding its thread until the other stream gets there; a wait for an event
+// complete already orders nothing.
+TEST(CpuStream, AWaitForAnEventIsPassedByAStreamThatFails) {
+  auto& dev = gpu::cpu_device();
+  auto producer = dev.make_stream({.threads = 1});
+  auto consumer = dev.make_stream({.threads = 1});
+  auto ready = dev.make_event();
+  gpu::GateOpener hold = producer->gate();
+  producer->record(*ready);
+  consumer->wait(*ready);
+  bool told = false;
+  consumer->host_callback([&] { told = true; });
+  consumer->fail(absl::UnavailableError("peer gone"));
+  EXPECT_EQ(consumer->synchronize().message(), "peer gone");  // (before: a hang)
+  EXPECT_TRUE(told);
+  EXPECT_FALSE(ready->query());
+  hold(absl::OkStatus());
+  ASSERT_TRUE(producer->synchronize().ok());
+  EXPECT_TRUE(ready->query());
+  consumer->wait(*ready);  // complete: nothing to wait for
+  EXPECT_EQ(consumer->synchronize().message(), "peer gone");
+}
+
+// Work enqueued in a gpu::StreamBatch onto an idle stream starts when the
+// batch ends, the outermost of nested ones; a synchronize on the batch's
+// thread, of the stream or of an event, starts it at once (no deadlock).
+TEST(CpuStream, AStreamBatchStartsItsWorkWhenItEnds) {
+  auto& dev = gpu::cpu_device();
+  auto s = dev.make_stream({.threads = 1});
+  ASSERT_TRUE(s->synchronize().ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // its thread asleep
+  std::atomic<int> ran{0};
+  {
+    gpu::StreamBatch outer;
+    {
+      gpu::StreamBatch inner;
+      s->host_callback([&] { ran++; });
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    EXPECT_EQ(ran.load(), 0);  // deferred to the outer batch's end
+  }
+  ASSERT_TRUE(s->synchronize().ok());
+  EXPECT_EQ(ran.load(), 1);
+  {
+    gpu::StreamBatch batch;
+    s->host_callback([&] { ran++; });
+    ASSERT_TRUE(s->synchronize().ok());
+    EXPECT_EQ(ran.load(), 2);
+    auto done = dev.make_event();
+    s->host_callback([&] { ran++; });
+    s->record(*done);
+    done->synchronize();
+    EXPECT_EQ(ran.load(), 3);
+  }
+}
+
 // A waiter may destroy the event the moment it sees it complete: the
 // recording stream must be done with it by then (it once notified the
 // event's condition variable after unlocking, racing with the destruction;
