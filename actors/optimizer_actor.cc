@@ -36,7 +36,7 @@ caf::behavior OptimizerActor::make_behavior() {
         if (step == step_) {
           on_reduced_on_device();
         } else if (step > step_) {
-          reduced_early_ = step;  // the shard got there before the coordinator's begin_step
+          reduced_early_ = step;  // (its shard sends begin_step first: kept for safety)
         }
       },
       [this](added_atom, int step, int part, int k) {
@@ -163,6 +163,18 @@ void OptimizerActor::on_reduced_on_device() {
   reduced_early_ = -1;
   setup_.stream->wait(*setup_.dp_reduced);
   reduced_in_ = true;
+  if (setup_.dp_alone) {  // the one replica's pieces, from the chunk's gradients
+    for (std::size_t i = 0; i < sums_.size(); i++) {
+      const Partition& part = *setup_.partitions[i];
+      for (const GradPiece* g : sums_[i].main) {
+        const gpu::Tensor sum =
+            part.sum().view(g->range.begin - part.range().begin, {g->range.size()});
+        gpu::ops::fill(*setup_.stream, sum, 0.0f);
+        gpu::ops::axpy(*setup_.stream, sum, 1.0f,
+                       part.chunk().grads().view(g->range.begin, {g->range.size()}));
+      }
+    }
+  }
   for (std::size_t i = 0; i < sums_.size(); i++) {
     const Sum& sum = sums_[i];
     if (sum.contributions == 0) continue;  // (counted at begin_step)

@@ -69,8 +69,10 @@ struct OptimizerSetup {
   RankTrace* trace = nullptr;  // the rank's recorder (may be null)
   // The DP group's stream collectives where the pieces go device to device
   // (null: as messages), and the rank's events that order them.
-  // `dp_alone`: dp 1, the same without a group (the broadcast of a piece
-  // is its copy into the shard's parameters, on this stream).
+  // `dp_alone`: dp 1, the same without a group: behind the reduced event
+  // this stream sums the chunk's own gradients into the partitions (from
+  // zeros, as the messages' sum: Partition::begin_sum, add), and the
+  // broadcast of a piece is its copy into the shard's parameters.
   comm::StreamCollectives* dp = nullptr;
   bool dp_alone = false;
   gpu::Event* dp_reduced = nullptr;  // recorded by the shard

@@ -424,14 +424,7 @@ bool ShardActor::reduce_bucket(int chunk, int bucket) {
       tied = true;
       continue;
     }
-    if (setup_.dp_alone) {
-      // The sum of one replica, as the messages' (Partition::begin_sum, add).
-      const Partition& part = *setup_.partitions[static_cast<std::size_t>(p.dst_chunk)];
-      const gpu::Tensor sum = part.sum().view(p.range.begin - part.range().begin, {p.range.size()});
-      gpu::ops::fill(*setup_.stream, sum, 0.0f);
-      gpu::ops::axpy(*setup_.stream, sum, 1.0f, grads.view(p.range.begin, {p.range.size()}));
-      continue;
-    }
+    if (setup_.dp_alone) continue;  // the optimizer's stream sums it, off the backward's
     std::vector<gpu::Tensor> held{grads};
     float* out = nullptr;
     if (p.dst_d == setup_.coord.d) {

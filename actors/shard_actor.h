@@ -116,9 +116,8 @@ struct ShardSetup {
   // the DP group's stream collectives (null: as messages), the rank's
   // partitions by chunk (a reduce's root writes into its sum()), the
   // rank's optimizer (weak: the optimizer knows the shard) and the events
-  // that order the two. `dp_alone`: dp 1, the same without a group: a
-  // piece's reduce is its copy into the sum (from zeros, as the messages'
-  // sum is), on this stream.
+  // that order the two. `dp_alone`: dp 1, the same without a group: the
+  // optimizer's stream, behind the reduced event, sums the pieces itself.
   comm::StreamCollectives* dp = nullptr;
   bool dp_alone = false;
   std::vector<const Partition*> partitions;

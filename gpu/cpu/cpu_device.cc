@@ -130,8 +130,11 @@ class Opener {
 
 }  // namespace
 
-GateOpener CpuStream::gate() {
+GateOpener CpuStream::gate() { return make_gate(false); }
+
+GateOpener CpuStream::make_gate(bool holds_when_failed) {
   auto g = std::make_shared<GateState>();
+  g->holds_when_failed = holds_when_failed;
   auto opener = std::make_shared<Opener<Sync, GateState>>(g, sync_);  // (before: it may throw)
   enqueue(Task(g));
   return [opener](absl::Status st) { opener->open(std::move(st)); };
@@ -180,7 +183,7 @@ void CpuStream::wait(Event& event) {
     target = e->recorded;
     if (e->completed >= target) return;
   }
-  GateOpener open = gate();  // (not under the event's lock: enqueue takes the stream's)
+  GateOpener open = make_gate(true);  // (not under the event's lock: enqueue takes the stream's)
   {
     std::lock_guard<std::mutex> lock(e->mu);
     if (e->completed < target) {
@@ -247,7 +250,7 @@ void CpuStream::run() {
         // ops behind it are skipped) or is being destroyed (they are
         // skipped, the control tasks run, as after an error).
         const bool closed = !queue_.empty() && queue_.front().gate && !queue_.front().gate->open &&
-                            error_.ok() && !stopping_;
+                            (error_.ok() || queue_.front().gate->holds_when_failed) && !stopping_;
         if (!queue_.empty() && !closed) break;
         if (stopping_) return;  // all work done
         waiting_ = closed ? Waiting::kGate : Waiting::kWork;

@@ -31,7 +31,8 @@ class CpuDevice;
 // tasks hold too, so an event may be destroyed while they are queued. A
 // stream's wait for work not done yet is a gate in that stream, which the
 // record task that completes the work opens: the waiting worker is woken
-// once, by the event, not first by the wait's enqueue.
+// once, by the event, not first by the wait's enqueue. (Unlike a receive's
+// gate, a failed stream does not pass it; a destroyed one does.)
 class CpuEvent final : public Event {
  public:
   bool query() override;
@@ -86,6 +87,9 @@ class CpuStream final : public Stream {
   struct GateState {  // under Sync::mu
     bool open = false;
     absl::Status status;
+    // An event's wait: a failed stream still holds there (the work behind
+    // it, its control tasks, may touch what the other stream writes).
+    bool holds_when_failed = false;
   };
   struct Task {
     Task() = default;
@@ -97,6 +101,7 @@ class CpuStream final : public Stream {
   };
   enum class Waiting { kNo, kWork, kGate };  // what the worker sleeps for
   void enqueue(Task task);
+  GateOpener make_gate(bool holds_when_failed);
   void run();
 
   CpuDevice& device_;

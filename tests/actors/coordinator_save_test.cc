@@ -15,14 +15,19 @@
 namespace troupe::actors {
 namespace {
 
-// One rank's optimizer: a norm per step; on save, the file's report first
-// and the copy's 50 ms later (the order the writer thread can produce).
-caf::behavior fake_optimizer(caf::event_based_actor* self, caf::actor coordinator) {
+// One rank's optimizer, begun by its shard: a norm per step, and after the
+// update the shard's word that its parameters are in; on save, the file's
+// report first and the copy's 50 ms later (the order the writer thread can
+// produce).
+caf::behavior fake_optimizer(caf::stateful_actor<caf::actor>* self, caf::actor coordinator) {
   return {
       [=](begin_step_atom, int step, std::int64_t, float) {
+        self->state = caf::actor_cast<caf::actor>(self->current_sender());
         self->send(coordinator, norm_atom::value, step, 0, 1.0);
       },
-      [=](update_atom, int, float, float, int) {},
+      [=](update_atom, int step, float, float, int) {
+        self->send(self->state, dp_params_atom::value, step);
+      },
       [=](save_atom, int step, const std::string&) {
         self->send(coordinator, saved_atom::value, step, 0, std::string("[]"), std::string());
         self->delayed_send(coordinator, std::chrono::milliseconds(50), snapshot_atom::value, step,
@@ -31,12 +36,16 @@ caf::behavior fake_optimizer(caf::event_based_actor* self, caf::actor coordinato
   };
 }
 
-caf::behavior fake_shard(caf::event_based_actor* self, caf::actor coordinator) {
+// One rank's shard: it begins its optimizer (as ShardActor does), reports
+// its loss, and is ready once its parameters are in.
+caf::behavior fake_shard(caf::event_based_actor* self, caf::actor coordinator,
+                         caf::actor optimizer) {
   return {
-      [=](begin_step_atom, int step, std::int64_t, float) {
+      [=](begin_step_atom, int step, std::int64_t first, float scale) {
+        self->send(optimizer, begin_step_atom::value, step, first, scale);
         self->send(coordinator, loss_atom::value, step, 0, 0, 1.0);
-        self->send(coordinator, ready_atom::value, step, 0);
       },
+      [=](dp_params_atom, int step) { self->send(coordinator, ready_atom::value, step, 0); },
   };
 }
 
@@ -61,7 +70,8 @@ TEST(CoordinatorSave, AFileReportedBeforeItsCopyStillCommitsAndTheRunEnds) {
   std::promise<absl::Status> done;
   setup->on_finish = [&done](absl::Status st) { done.set_value(std::move(st)); };
   caf::actor c = system.spawn<Coordinator>(setup);
-  const caf::actor shard = system.spawn(fake_shard, c), optimizer = system.spawn(fake_optimizer, c);
+  const caf::actor optimizer = system.spawn(fake_optimizer, c);
+  const caf::actor shard = system.spawn(fake_shard, c, optimizer);
   setup->shards = {shard};
   setup->optimizers = {optimizer};
   caf::anon_send(c, start_atom::value);
