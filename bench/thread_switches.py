@@ -1,0 +1,105 @@
+#!/usr/bin/python3
+"""The threads' voluntary context switches a training step, by thread name.
+
+  thread_switches.py TROUPE [--pp P] [--command train|launch] [--seconds S]
+
+Runs the zero-cost pipeline of `scripts/bench hop` (4 KiB activations, one
+micro-batch a step, --debug-op-cost 0:0:0) for a long run, reads every
+thread's voluntary_ctxt_switches from /proc twice, S seconds apart, and
+divides by the steps done in between (the lines of --metrics-jsonl). Each
+switch is a thread going to sleep, to be woken by another: the hand-offs
+a step costs, which on 2 cores are most of a stage's share of the step
+(thread names: gpu/thread_name.h; CAF's workers are caf.multiplexer).
+Prints one line per thread name and one JSON line.
+"""
+import argparse
+import collections
+import json
+import os
+import subprocess
+import tempfile
+import time
+
+ap = argparse.ArgumentParser()
+ap.add_argument("troupe")
+ap.add_argument("--pp", type=int, default=8)
+ap.add_argument("--command", choices=["train", "launch"], default="train")
+ap.add_argument("--seconds", type=float, default=2.0)
+args = ap.parse_args()
+work = tempfile.mkdtemp(prefix="troupe-switches-")
+metrics = os.path.join(work, "metrics.jsonl")
+cmd = [args.troupe, args.command, "--model", "tiny", "--layers", "8", "--channels", "8",
+       "--heads", "1", "--seq-len", "128", "--vocab-size", "16",
+       "--make-vocab-size-divisible-by", "1", "--micro-batch-size", "1",
+       "--global-batch-size", "1", "--pp", str(args.pp), "--debug-op-cost", "0:0:0",
+       "--steps", "1000000", "--metrics-jsonl", metrics]
+if args.command == "launch":
+    cmd += ["--run-dir", os.path.join(work, "run")]
+job = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                       start_new_session=True)
+
+
+def processes():
+    """The job's processes: the command and, for launch, its workers."""
+    out = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if int(f.read().rsplit(")", 1)[1].split()[3]) != job.pid and int(pid) != job.pid:
+                    continue  # (field 5: the session; the workers are in the job's)
+        except (OSError, ValueError, IndexError):
+            continue
+        out.append(pid)
+    return out
+
+
+def sample():
+    counts = collections.Counter()
+    for pid in processes():
+        try:
+            tasks = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for t in tasks:
+            try:
+                with open(f"/proc/{pid}/task/{t}/comm") as f:
+                    name = f.read().strip()
+                with open(f"/proc/{pid}/task/{t}/status") as f:
+                    status = f.read()
+            except OSError:
+                continue
+            counts[(pid, t, name)] = int(status.split("voluntary_ctxt_switches:")[1].split()[0])
+    steps = 0
+    if os.path.exists(metrics):
+        with open(metrics) as f:
+            steps = sum(1 for _ in f)
+    return counts, steps
+
+
+try:
+    time.sleep(3.0)  # past the start
+    a, s0 = sample()
+    time.sleep(args.seconds)
+    b, s1 = sample()
+finally:
+    os.killpg(job.pid, 9)
+    job.wait()
+steps = s1 - s0
+if steps <= 0:
+    raise SystemExit("thread_switches: no steps were done (did the run start?)")
+by_name = collections.Counter()
+for key, v in b.items():
+    if key in a:
+        by_name[key[2]] += v - a[key]
+print(f"pp {args.pp} `troupe {args.command}`: {steps} steps in {args.seconds:.1f} s "
+      f"({args.seconds * 1e6 / steps:.0f} us a step with the sampling); switches a step:")
+for name, v in by_name.most_common():
+    if v:
+        print(f"  {name:18s} {v / steps:7.1f}")
+total = sum(by_name.values()) / steps
+print(f"  {'all':18s} {total:7.1f}")
+print(json.dumps({"bench": "thread_switches", "command": args.command, "pp": args.pp,
+                  "steps": steps, "switches_per_step": round(total, 1),
+                  "by_thread": {k: round(v / steps, 1) for k, v in by_name.items() if v}}))
