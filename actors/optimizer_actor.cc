@@ -156,7 +156,8 @@ void OptimizerActor::enqueue_adds(int part) {
   }
 }
 
-// The shard's reduces are on its stream: this stream waits for them, then
+// The shard's reduces are on its stream (with dp 1 there are none: this
+// stream sums the chunk's own gradients): this stream waits for them, then
 // adds what has come of the tied shares; a sum without them is complete.
 void OptimizerActor::on_reduced_on_device() {
   if (failed_ || !pieces_on_device() || reduced_in_) return;

@@ -8,7 +8,6 @@
 #include "actors/messages.h"
 #include "actors/optimizer_actor.h"
 #include "actors/rank/stream_bridge.h"
-#include "gpu/ops.h"
 #include "model/loss_scale.h"
 
 namespace troupe::actors {
