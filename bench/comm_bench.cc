@@ -113,9 +113,9 @@ int allreduce(int rank, int size, troupe::comm::Transport& t, std::size_t min_by
   std::vector<float> x(max_bytes / 4, 1.0f);
   for (std::size_t bytes = min_bytes; bytes <= max_bytes; bytes *= 4) {
     const std::size_t n = bytes / 4;
-    const int iters = fixed_iters > 0
-                          ? fixed_iters
-                          : static_cast<int>(std::clamp<std::size_t>((512u << 20) / bytes, 3, 200));
+    const int iters =
+        fixed_iters > 0 ? fixed_iters
+                        : static_cast<int>(std::clamp<std::size_t>((512u << 20) / bytes, 3, 2000));
     if (!c.all_reduce_sync(x.data(), n).ok()) return 1;  // warm-up
     float one = 0;
     (void)c.all_reduce_sync(&one, 1);  // line up the ranks

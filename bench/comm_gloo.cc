@@ -20,7 +20,7 @@ void run(const char* name, const std::shared_ptr<gloo::Context>& ctx, std::vecto
          std::size_t min_bytes, std::size_t max_bytes) {
   for (std::size_t bytes = min_bytes; bytes <= max_bytes; bytes *= 4) {
     const int n = static_cast<int>(bytes / 4);
-    const int iters = static_cast<int>(std::clamp<std::size_t>((512u << 20) / bytes, 3, 200));
+    const int iters = static_cast<int>(std::clamp<std::size_t>((512u << 20) / bytes, 3, 2000));
     Algo algo(ctx, std::vector<float*>{x.data()}, n);
     algo.run();  // warm-up
     gloo::BarrierAllToOne(ctx).run();

@@ -18,7 +18,7 @@ int main(int argc, char** argv) {
   std::vector<float> x(max_bytes / 4, 1.0f);
   for (std::size_t bytes = min_bytes; bytes <= max_bytes; bytes *= 4) {
     const int n = static_cast<int>(bytes / 4);
-    const int iters = static_cast<int>(std::clamp<std::size_t>((512u << 20) / bytes, 3, 200));
+    const int iters = static_cast<int>(std::clamp<std::size_t>((512u << 20) / bytes, 3, 2000));
     MPI_Allreduce(MPI_IN_PLACE, x.data(), n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
     MPI_Barrier(MPI_COMM_WORLD);
     const double t0 = MPI_Wtime();

@@ -43,6 +43,11 @@ namespace troupe::comm {
 // [begin, end) of member i's part of n elements split over p members.
 std::pair<std::size_t, std::size_t> chunk_range(std::size_t n, int p, int i);
 
+// Where copies through shared memory stop paying on this CPU: 4 MiB on
+// AMD's, 1 MiB on the others (measured on Intel's: at 1.5 to 4 MiB the
+// single copy ran 1.2-1.5x faster; on AMD's copies led up to 4 MiB).
+std::size_t default_copies_max_bytes();
+
 struct CommunicatorOptions {
   std::size_t slice_bytes = 512 << 10;       // pipelining granularity of rings and chains
   std::size_t direct_max_bytes = 32 << 10;   // all-reduce by direct exchange up to this size
@@ -55,8 +60,9 @@ struct CommunicatorOptions {
   // single-copy protocol: its buffers stay in cache, where a copy costs
   // less than the protocol's round trip (docs/ARCHITECTURE.md has the
   // measurements; of four members on 2 cores, where copies cost cores the
-  // ranks share, neither route was ahead). Every member must give the same.
-  std::size_t copies_max_bytes = 4 << 20;
+  // ranks share, neither route was ahead). Every member must give the same
+  // (members of one host have the same CPU: the default is this CPU's).
+  std::size_t copies_max_bytes = default_copies_max_bytes();
 };
 
 class Communicator final : public Collectives {
