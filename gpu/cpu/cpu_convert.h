@@ -45,13 +45,20 @@ struct F16 {
 // Elementwise work in fixed chunks of kChunk elements, in parallel on the
 // calling thread's OpenMP team: f(i0, i1) for each chunk [i0, i1). What an
 // element computes, and the order of per-chunk partial sums, do not depend
-// on the thread count. One chunk runs on the calling thread alone: opening
-// a team wakes its threads, which costs more than a chunk's work (a
-// parameter tensor's AdamW, a LayerNorm's).
+// on the thread count. One chunk runs on the calling thread alone, outside
+// OpenMP: opening a team wakes its threads, which costs more than a chunk's
+// work (a parameter tensor's AdamW, a LayerNorm's), and even a region that
+// its `if` keeps to one thread costs a system call in libgomp (the end of
+// its barrier wakes a futex whether or not anyone waits there: strace -k
+// showed a few dozen a step on an optimizer's stream, from fill and axpy).
 constexpr i64 kChunk = 1 << 14;
 template <typename F>
 void for_chunks(i64 n, F&& f) {
-#pragma omp parallel for schedule(static) if (n > kChunk)
+  if (n <= kChunk) {
+    if (n > 0) f(0, n);
+    return;
+  }
+#pragma omp parallel for schedule(static)
   for (i64 i0 = 0; i0 < n; i0 += kChunk) f(i0, i0 + kChunk < n ? i0 + kChunk : n);
 }
 
