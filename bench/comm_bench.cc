@@ -156,8 +156,9 @@ int main(int argc, char** argv) {
   app.add_option("--max-bytes", max_bytes);
   int bind_core = -1;
   int iters = 0;
-  app.add_option("--iters", iters,
-                 "All-reduces timed at each size (0: 512 MiB worth, 3 to 200; more for a profile)");
+  app.add_option(
+      "--iters", iters,
+      "All-reduces timed at each size (0: 512 MiB worth, 3 to 2000; more for a profile)");
   troupe::comm::CommunicatorOptions options;
   app.add_option("--slice-bytes", options.slice_bytes, "Ring/chain pipelining granularity")
       ->capture_default_str();

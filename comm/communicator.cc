@@ -16,9 +16,9 @@
 namespace troupe::comm {
 
 std::size_t default_copies_max_bytes() {
-  // (scripts/bench comm, 2 processes: AMD EPYC, 4 MiB by copies 6.00 GB/s
-  // against 5.11 by single copy; Intel Xeon, 4.92 against 7.34, and 1 MiB
-  // 6.26 against 6.02. Docs/ARCHITECTURE.md.)
+  // (2 processes: AMD EPYC, `scripts/bench comm`, 4 MiB by copies 6.00
+  // GB/s against 5.11 by single copy; Intel Xeon, bench/comm_bench, 4.92
+  // against 7.34, and 1 MiB 6.26 against 6.02: docs/ARCHITECTURE.md.)
 #if defined(__x86_64__) || defined(__i386__)
   static const bool amd = [] {
     __builtin_cpu_init();

@@ -43,9 +43,12 @@ namespace troupe::comm {
 // [begin, end) of member i's part of n elements split over p members.
 std::pair<std::size_t, std::size_t> chunk_range(std::size_t n, int p, int i);
 
-// Where copies through shared memory stop paying on this CPU: 4 MiB on
-// AMD's, 1 MiB on the others (measured on Intel's: at 1.5 to 4 MiB the
-// single copy ran 1.2-1.5x faster; on AMD's copies led up to 4 MiB).
+// Where copies through shared memory stop paying on this CPU: 4 MiB on an
+// AMD CPU, 1 MiB on any other, non-x86 included. Measured on one 2-core
+// VM of each vendor: on the AMD EPYC copies led up to 4 MiB; on the Intel
+// Xeon the single copy ran 1.2-1.5x faster from 1.5 MiB to 4 MiB. Other
+// CPUs take 1 MiB unmeasured (the smaller, the nearer the single copy the
+// larger sizes take anyway).
 std::size_t default_copies_max_bytes();
 
 struct CommunicatorOptions {
@@ -60,8 +63,9 @@ struct CommunicatorOptions {
   // single-copy protocol: its buffers stay in cache, where a copy costs
   // less than the protocol's round trip (docs/ARCHITECTURE.md has the
   // measurements; of four members on 2 cores, where copies cost cores the
-  // ranks share, neither route was ahead). Every member must give the same
-  // (members of one host have the same CPU: the default is this CPU's).
+  // ranks share, neither route was ahead). The members on one host must
+  // give the same (the route matters only there, and they share a CPU, so
+  // the default agrees).
   std::size_t copies_max_bytes = default_copies_max_bytes();
 };
 
