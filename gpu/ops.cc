@@ -14,20 +14,22 @@ class Check {
   Check(Stream& s, absl::string_view op) : s_(s), op_(op) {}
 
   // `t` must be defined, contiguous, of `dtype` and `want` shape, on s's device.
+  // (The messages are made only on an error: a check runs for every tensor
+  // of every op enqueued, an optimizer step's hundreds included.)
   Check& tensor(absl::string_view name, const Tensor& t, DType dtype, const Shape& want) {
     if (!error_.empty()) return *this;
-    std::string want_s = absl::StrCat(dtype_name(dtype), shape_string(want));
+    auto want_s = [&] { return absl::StrCat(dtype_name(dtype), shape_string(want)); };
     if (!t.defined()) {
-      error_ = absl::StrCat(name, " is undefined, want ", want_s);
+      error_ = absl::StrCat(label(name), " is undefined, want ", want_s());
     } else if (t.dtype != dtype || t.shape != want) {
-      error_ = absl::StrCat(name, " is ", t.describe(), ", want ", want_s);
+      error_ = absl::StrCat(label(name), " is ", t.describe(), ", want ", want_s());
     } else if (!t.is_contiguous()) {
-      error_ = absl::StrCat(name, " is not contiguous");
+      error_ = absl::StrCat(label(name), " is not contiguous");
     } else if (t.device() != &s_.device()) {
-      error_ =
-          absl::StrCat(name, " is on ", t.device()->name(), ", the stream on ", s_.device().name());
+      error_ = absl::StrCat(label(name), " is on ", t.device()->name(), ", the stream on ",
+                            s_.device().name());
     } else if (t.storage->host) {
-      error_ = absl::StrCat(name, " is host memory (ops::copy moves it to the device)");
+      error_ = absl::StrCat(label(name), " is host memory (ops::copy moves it to the device)");
     }
     return *this;
   }
@@ -36,15 +38,15 @@ class Check {
   Check& copyable(absl::string_view name, const Tensor& t) {
     if (!error_.empty()) return *this;
     if (!t.defined()) {
-      error_ = absl::StrCat(name, " is undefined");
+      error_ = absl::StrCat(label(name), " is undefined");
     } else if (!t.is_contiguous()) {
-      error_ = absl::StrCat(name, " is not contiguous");
+      error_ = absl::StrCat(label(name), " is not contiguous");
     } else if (t.device() != &s_.device()) {
-      error_ =
-          absl::StrCat(name, " is on ", t.device()->name(), ", the stream on ", s_.device().name());
+      error_ = absl::StrCat(label(name), " is on ", t.device()->name(), ", the stream on ",
+                            s_.device().name());
     } else if (static_cast<std::size_t>(t.offset) * dtype_size(t.dtype) + t.nbytes() >
                t.storage->bytes) {
-      error_ = absl::StrCat(name, " ", t.describe(), " does not fit its storage");
+      error_ = absl::StrCat(label(name), " ", t.describe(), " does not fit its storage");
     }
     return *this;
   }
@@ -60,9 +62,9 @@ class Check {
   Check& compute(absl::string_view name, const Tensor& t) {
     if (!error_.empty()) return *this;
     if (!t.defined()) {
-      error_ = absl::StrCat(name, " is undefined");
+      error_ = absl::StrCat(label(name), " is undefined");
     } else if (!is_compute_dtype(t.dtype)) {
-      error_ = absl::StrCat(name, " is ", t.describe(), ", want f32, bf16 or f16");
+      error_ = absl::StrCat(label(name), " is ", t.describe(), ", want f32, bf16 or f16");
     }
     return *this;
   }
@@ -70,15 +72,22 @@ class Check {
   Check& rank(absl::string_view name, const Tensor& t, int rank) {
     if (!error_.empty()) return *this;
     if (!t.defined() || t.dim() < rank) {
-      error_ = absl::StrCat(name, " must have ", rank, " dimensions, is ",
+      error_ = absl::StrCat(label(name), " must have ", rank, " dimensions, is ",
                             t.defined() ? t.describe() : std::string("undefined"));
     } else if (t.size(-1) == 0) {
-      error_ = absl::StrCat(name, " has an empty last dimension: ", t.describe());
+      error_ = absl::StrCat(label(name), " has an empty last dimension: ", t.describe());
     }
     return *this;
   }
   Check& that(bool condition, absl::string_view message) {
     if (error_.empty() && !condition) error_ = std::string(message);
+    return *this;
+  }
+
+  // The checks after this one name tensor i of a list ("p" as "p[3]"); -1:
+  // a tensor of its own again.
+  Check& item(int i) {
+    item_ = i;
     return *this;
   }
 
@@ -91,9 +100,14 @@ class Check {
   }
 
  private:
+  std::string label(absl::string_view name) const {
+    return item_ < 0 ? std::string(name) : absl::StrCat(name, "[", item_, "]");
+  }
+
   Stream& s_;
   absl::string_view op_;
   std::string error_;
+  int item_ = -1;
 };
 
 // Rows of a [..., C] tensor, and their shape [...].
@@ -512,17 +526,16 @@ void adamw_many(Stream& s, const std::vector<AdamWTensor>& tensors, const AdamWA
   }
   for (std::size_t i = 0; i < tensors.size(); i++) {
     const AdamWTensor& t = tensors[i];
-    const std::string n = absl::StrCat("[", i, "]");
-    c.f32(absl::StrCat("p", n), t.p, t.p.shape)
-        .f32(absl::StrCat("g", n), t.g, t.p.shape)
-        .f32(absl::StrCat("m", n), t.m, t.p.shape)
-        .f32(absl::StrCat("v", n), t.v, t.p.shape);
+    c.item(static_cast<int>(i))
+        .f32("p", t.p, t.p.shape)
+        .f32("g", t.g, t.p.shape)
+        .f32("m", t.m, t.p.shape)
+        .f32("v", t.v, t.p.shape);
     if (t.compute.defined()) {
-      c.compute(absl::StrCat("compute", n), t.compute)
-          .tensor(absl::StrCat("compute", n), t.compute, copies, t.p.shape);
+      c.compute("compute", t.compute).tensor("compute", t.compute, copies, t.p.shape);
     }
   }
-  c.that(args.step >= 1, "step must be >= 1");
+  c.item(-1).that(args.step >= 1, "step must be >= 1");
   if (c.ok() && !tensors.empty()) s.device().kernels().adamw_many(s, tensors, args);
 }
 
@@ -555,10 +568,9 @@ void convert(Stream& s, const Tensor& out, const Tensor& in) {
 void copy(Stream& s, const Tensor& dst, const Tensor& src) {
   Check c(s, "copy");
   c.copyable("dst", dst).copyable("src", src);
-  if (c.ok()) {
-    c.that(dst.dtype == src.dtype && dst.numel() == src.numel(),
-           absl::StrCat("dst is ", dst.describe(), ", src ", src.describe(),
-                        ": want the same dtype and element count"));
+  if (c.ok() && (dst.dtype != src.dtype || dst.numel() != src.numel())) {
+    c.that(false, absl::StrCat("dst is ", dst.describe(), ", src ", src.describe(),
+                               ": want the same dtype and element count"));
   }
   if (c.ok() && dst.storage == src.storage) {
     const std::int64_t a = dst.offset, b = src.offset, n = dst.numel();
