@@ -241,14 +241,27 @@ void OptimizerActor::update(float lr, float grad_scale, int count) {
                 stream_event(comm::trace::What::kAdam, static_cast<int>(i)),
                 [&] { p->step(*setup_.stream, setup_.adam, lr, count, grad_scale); });
   }
-  if (pieces_on_device()) broadcast_params();
+  if (pieces_on_device()) {
+    broadcast_params();
+    // The step's gradients are read (the sums, and the reduces before
+    // them): the next step's start zeroed them on the shard's stream,
+    // waking it; here, on a stream awake anyway and before the event the
+    // next step's ops wait for, they cost no wake-up. (The shard leaves
+    // them to this: every chunk's, which the partitions are one each of.)
+    if (setup_.chunks.size() != setup_.partitions.size()) {
+      return fail("the rank's chunks, whose gradients the update zeroes, were not given");
+    }
+    for (StageCompute* c : setup_.chunks) c->zero_grad(*setup_.stream);
+    setup_.stream->record(*setup_.dp_params);  // (the shard hears of it once the stream is past it)
+  }
   send_when_done(*setup_.stream, caf::actor_cast<caf::actor>(this),
                  caf::make_message(stepped_atom::value, step_));
 }
 
 // Every piece of this stage from its owner (partition src_d: member src_d
 // of the DP group) into every replica's shard, in the pieces' order (the
-// same on every replica), behind AdamW; then the shard hears of it.
+// same on every replica), behind AdamW (update() then records the params
+// event, and the shard hears of it).
 void OptimizerActor::broadcast_params() {
   gpu::Stream& s = *setup_.stream;
   for (const ParamPiece& p : setup_.param_pieces) {
@@ -274,7 +287,6 @@ void OptimizerActor::broadcast_params() {
                   [dp = setup_.dp, in, out = params.raw(), bytes = params.nbytes(), root = p.src_d](
                       void* native) { return dp->broadcast_on(native, in, out, bytes, root); });
   }
-  s.record(*setup_.dp_params);  // (the shard hears of it once the stream is past it)
 }
 
 void OptimizerActor::on_stepped() {

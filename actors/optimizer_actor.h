@@ -22,14 +22,18 @@
 // step's ops are all on the stream (dp_reduced_atom, behind the rank's
 // reduced event, which this stream then waits for); after AdamW every
 // replica's optimizer broadcasts each piece from its owner into its own
-// shard's parameters, in the pieces' order, on this stream, records the
-// params event, and tells its shard once the stream is past them and its
-// status is checked (dp_params_atom; a shard ready before would let the
-// run end, or the next step begin, under them). Only the tied wte's
-// shares (contributions k >= dp) and its new values still travel as
-// messages through host memory. With dp 1 (OptimizerSetup::dp_alone) the
-// pieces take the same way on every device, as copies on the streams: a
-// rank's gradients and parameters are not sent to itself.
+// shard's parameters, in the pieces' order, on this stream, zeroes its
+// rank's gradients for the next step (they are read), records the params
+// event (which the shard's next step waits for), and tells its shard once
+// the stream is past them and its status is checked (dp_params_atom; a
+// shard ready before would let the run end, or the next step begin, under
+// them). Only the tied wte's shares (contributions k >= dp) and its new
+// values still travel as messages through host memory. With dp 1
+// (OptimizerSetup::dp_alone) the pieces take the same way on every device,
+// as copies on the stream: a rank's gradients and parameters are not sent
+// to itself, and this stream is the shard's compute stream (RankUnit), so
+// the sums follow the step's last op and the next step's first op follows
+// the update in one stream's order, with no event or thread between.
 #pragma once
 
 #include <caf/all.hpp>
@@ -57,6 +61,9 @@ struct OptimizerSetup {
   comm::Layout layout;
   comm::Layout shape;
   std::vector<Partition*> partitions;  // by chunk
+  // By chunk: with the pieces on the device, whose gradients the optimizer
+  // zeroes for the next step once the update has read them.
+  std::vector<StageCompute*> chunks;
   gpu::Stream* stream = nullptr;
   comm::Transport* transport = nullptr;
   model::AdamWConfig adam;

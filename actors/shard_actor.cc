@@ -100,6 +100,7 @@ caf::behavior ShardActor::make_behavior() {
       [this](dp_params_atom, int step) {
         if (failed_ || step != step_ || !pieces_on_device()) return;
         setup_.stream->wait(*setup_.dp_params);  // the next step's ops come after them
+        grads_zeroed_ = true;                    // (the optimizer zeroed them before the event)
         progress_++;
         params_arrived_++;
         maybe_ready();
@@ -195,7 +196,10 @@ void ShardActor::begin(Pass pass, int step, std::int64_t first_sample) {
     targets_[static_cast<std::size_t>(j)].to_device(*setup_.stream);
   }
   if (pass == Pass::kTrain) {
-    for (StageCompute* sc : setup_.chunks) sc->zero_grad(*setup_.stream);
+    if (!grads_zeroed_) {
+      for (StageCompute* sc : setup_.chunks) sc->zero_grad(*setup_.stream);
+    }
+    grads_zeroed_ = false;
   } else {
     params_posted_ = true;  // nothing to receive: the parameters do not change
   }

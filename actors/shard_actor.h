@@ -316,6 +316,9 @@ class ShardActor : public caf::event_based_actor {
   int ops_done_ = 0;
   int sends_pending_ = 0;
   bool params_posted_ = false;
+  // The last step's update zeroed the gradients (the pieces on the device:
+  // OptimizerActor::update, before the params event this stream waits for).
+  bool grads_zeroed_ = false;
   int params_expected_ = 0, params_arrived_ = 0;
   bool failed_ = false;
   std::uint64_t progress_ = 0;  // ops completed and inputs heard of, over the run

@@ -39,7 +39,7 @@ enum class Kind : std::uint8_t {
   kRecv,
   kCollective,  // a collective on the compute stream (TP)
   kPhase,       // a part of a collective (reduce-scatter, all-gather, ...)
-  kOptimizer,   // work on the optimizer stream
+  kOptimizer,   // the optimizer's work on its stream (dp 1: the compute stream)
   kWait,        // an actor waiting for something
   kStep,        // a shard's step: begin_step .. ready
   kWeight,      // a compute op: a backward's weight gradients (W) alone

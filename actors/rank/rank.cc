@@ -126,12 +126,25 @@ absl::StatusOr<std::unique_ptr<RankUnit>> RankUnit::create(
         std::move(transport), u->recorder_.get(), u->trace_step_.get());
   }
   u->stream_ = dev.make_stream({.threads = std::max(1, spec.threads), .tf32 = o.tf32});
+  // With dp 1 the optimizer's work waits for the step's last op anyway (its
+  // sums read the step's gradients) and the next step's first waits for
+  // it: it goes on the compute stream, in its order, which saves a thread a
+  // rank, the event between the two streams and the wake-ups it cost
+  // (docs/ARCHITECTURE.md, the pipeline hop). With a DP group a stream of
+  // its own: on the CPU the partitions add the replicas' pieces as they
+  // come while the backward goes on; with device collectives its
+  // broadcasts overlap whatever the compute stream is given next.
+  if (par.dp == 1) {
+    u->optimizer_stream_ = u->stream_.get();
+  } else {
+    u->own_optimizer_stream_ = dev.make_stream({.threads = 1});
+    u->optimizer_stream_ = u->own_optimizer_stream_.get();
+  }
   model::TensorParallel tensor;
   tensor.slice = {par.tp, u->coord_.t};
   if (par.tp > 1) {
     if (absl::Status st = u->make_tensor_parallel(dev, &tensor); !st.ok()) return st;
   }
-  u->optimizer_stream_ = dev.make_stream({.threads = 1});
   if (absl::Status st = u->make_links(dev); !st.ok()) return st;
   if (absl::Status st = u->make_data_parallel(dev); !st.ok()) return st;
   absl::StatusOr<std::vector<ScheduleOp>> ops =
@@ -254,7 +267,8 @@ RankUnit::Actors RankUnit::spawn(caf::actor_system& system, const Wiring& wiring
   os.layout = par.layout();
   os.shape = shape_;
   for (auto& p : partitions_) os.partitions.push_back(p.get());
-  os.stream = optimizer_stream_.get();
+  for (auto& c : chunks_) os.chunks.push_back(c.get());
+  os.stream = optimizer_stream_;
   os.transport = transport_.get();
   os.adam = o.adam;
   os.grad_pieces = grad_pieces_;

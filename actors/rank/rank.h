@@ -1,9 +1,10 @@
 // One rank (d, s, t) of a run: its model chunks, its ZeRO-1 optimizer
-// partitions, its compute and optimizer streams, its transport and its TP
-// group's collectives, and the two actors that drive them (a ShardActor and
-// an OptimizerActor). Both runtimes are made of these: the in-process
-// trainer (actors/runtime/in_process.h) builds one per rank over the in-process
-// transport; a worker process (actors/runtime/worker.h) builds its own over UCX.
+// partitions, its compute and optimizer streams (one stream with dp 1),
+// its transport and its TP group's collectives, and the two actors that
+// drive them (a ShardActor and an OptimizerActor). Both runtimes are made
+// of these: the in-process trainer (actors/runtime/in_process.h) builds
+// one per rank over the in-process transport; a worker process
+// (actors/runtime/worker.h) builds its own over UCX.
 //
 // The buffers, streams and transport belong to this object and outlive the
 // actors, so a rank ends in a fixed order: fail_pending() (every transport
@@ -306,8 +307,10 @@ class RankUnit {
   std::vector<std::vector<float>> param_values_;
   std::shared_ptr<model::ckpt::Snapshot> snapshot_;  // the last save's copy (reused)
   model::ckpt::BackgroundWrite writer_;              // a save's write (after the streams)
-  // Last, so that they drain before the buffers above go away.
-  std::unique_ptr<gpu::Stream> stream_, optimizer_stream_;
+  // Last, so that they drain before the buffers above go away. The
+  // optimizer's stream is the compute stream with dp 1, else its own.
+  std::unique_ptr<gpu::Stream> stream_, own_optimizer_stream_;
+  gpu::Stream* optimizer_stream_ = nullptr;
   // After the compute stream, which its streams' calls fail and wait for
   // (so they go first).
   std::unique_ptr<PipelineLinks> links_;

@@ -158,8 +158,9 @@ absl::Status RankUnit::connect_group(comm::Communicator* group, ConnectedCollect
   // (over the network; on NVLink and shared memory its kernels wait until
   // the runtime's failure path aborts it): the streams that issue its
   // calls fail, naming it.
-  (*nccl)->on_failure([streams = std::vector<gpu::Stream*>{stream_.get(), optimizer_stream_.get()},
-                       rank = spec_.rank, name](absl::Status why) {
+  std::vector<gpu::Stream*> issuers{stream_.get()};
+  if (optimizer_stream_ != stream_.get()) issuers.push_back(optimizer_stream_);  // (dp 1: one)
+  (*nccl)->on_failure([streams = std::move(issuers), rank = spec_.rank, name](absl::Status why) {
     for (gpu::Stream* s : streams) {
       s->fail(absl::UnavailableError(
           absl::StrCat("collective of the ", name, " (NCCL) on rank ", rank, ": ", why.message())));
