@@ -33,6 +33,16 @@ run:
   wakeup_us         one thread waking another asleep on an eventfd, one way
                     (bench/wakeup_bench.cc; the futex figure on its own line)
 
+What the slope is spent on (`"bench": "hop_cpu"`): the CPU time and the
+context switches a step costs, every thread of every process, at pp 1 and
+8 (a run of 3x the steps less the runs above: the start-up cancels out),
+and what a stage adds (their difference over 7). On a 2-core host a deep
+pipeline of zero-cost ops is bound by the CPU, not by the chain of hops:
+a stage's CPU over the cores, per hop (cpu_bound_hop_us: over 2 x cores),
+is then the hop figure the slope gives (in_process_us, cross_process_us).
+(Across processes the progress threads' yield-polling uses what would be
+idle, so there the CPU is an upper bound.)
+
 The activation is B x T x C fp32 with B = 1 and C = 8 (so the parameters,
 and the optimizer's work, stay negligible): T = 128 gives 4 KiB, T = 32768
 1 MiB. One JSON line per size with the keys above, then the details.
@@ -61,6 +71,7 @@ The other hops on a step's critical path, each on a line of its own
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -91,13 +102,28 @@ def emit(**kw):
     print(json.dumps(kw), flush=True)
 
 
-def median_step_us(cmd, metrics):
+def children_usage():
+    """CPU seconds and context switches of the children waited for so far
+    (a launcher's workers are its children, so theirs count too)."""
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime, ru.ru_nvcsw + ru.ru_nivcsw
+
+
+def run_usage(cmd):
+    """Runs `cmd`; its CPU seconds and context switches, all processes."""
+    before = children_usage()
     r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if r.returncode != 0:
         sys.exit(f"hop_bench: failed: {' '.join(cmd)}\n{r.stdout[-3000:]}")
+    after = children_usage()
+    return after[0] - before[0], after[1] - before[1]
+
+
+def median_step_us(cmd, metrics):
+    usage = run_usage(cmd)
     with open(metrics) as f:
         rows = [json.loads(line) for line in f]
-    return statistics.median(row["step_s"] for row in rows[SKIP:]) * 1e6
+    return statistics.median(row["step_s"] for row in rows[SKIP:]) * 1e6, usage
 
 
 def flags_for(size, pp):
@@ -174,7 +200,8 @@ def direct_hop_us(command, size):
 
 
 def hop_us(command, size):
-    points = []
+    """The slope over pp, halved; and what a stage adds to a step's CPU."""
+    points, usage = [], {}
     for pp in STAGES:
         flags = flags_for(size, pp)
         runs = []
@@ -184,11 +211,44 @@ def hop_us(command, size):
             extra = ["--run-dir", f"{WORK}/{tag}"] if command == "launch" else []
             runs.append(median_step_us([args.troupe, command, *flags, "--metrics-jsonl", metrics,
                                         *extra], metrics))
-        step = statistics.median(runs)
+        step = statistics.median(r[0] for r in runs)
         emit(bench="hop_step", command=command, activation_bytes=size, pp=pp, step_us=step,
-             runs_us=runs)
+             runs_us=[r[0] for r in runs])
         points.append((pp, step))
-    return slope(points) / 2
+        usage[pp] = [r[1] for r in runs]
+    return slope(points) / 2, stage_cpu(command, size, usage)
+
+
+def stage_cpu(command, size, usage):
+    """CPU time and context switches a step costs, every thread of every
+    process, at pp 1 and the deepest pp: the difference of a run of 3x the
+    steps and the median of the runs above (the start-up cancels out), per
+    step. What a stage adds, over the cores, is the slope of a step bound by
+    the CPU: where the hop itself is short, the slope is this."""
+    per_step = {}
+    for pp in (STAGES[0], STAGES[-1]):
+        tag = f"{command}-{size}-pp{pp}-long"
+        extra = ["--run-dir", f"{WORK}/{tag}"] if command == "launch" else []
+        flags = flags_for(size, pp)
+        flags[flags.index("--steps") + 1] = str(3 * args.steps)
+        cpu, switches = run_usage([args.troupe, command, *flags, "--metrics-jsonl",
+                                   f"{WORK}/{tag}.jsonl", *extra])  # (as the runs above)
+        base_cpu = statistics.median(u[0] for u in usage[pp])
+        base_switches = statistics.median(u[1] for u in usage[pp])
+        per_step[pp] = ((cpu - base_cpu) / (2 * args.steps) * 1e6,
+                        (switches - base_switches) / (2 * args.steps))
+        emit(bench="hop_cpu", command=command, activation_bytes=size, pp=pp,
+             cpu_us_per_step=round(per_step[pp][0], 1),
+             switches_per_step=round(per_step[pp][1], 1))
+    deep = STAGES[-1] - STAGES[0]
+    cpu_stage = (per_step[STAGES[-1]][0] - per_step[STAGES[0]][0]) / deep
+    switches_stage = (per_step[STAGES[-1]][1] - per_step[STAGES[0]][1]) / deep
+    cores = len(os.sched_getaffinity(0))
+    bound = cpu_stage / (2 * cores)  # two hops a stage, a step's CPU spread over every core
+    emit(bench="hop_cpu", command=command, activation_bytes=size,
+         cpu_us_per_stage=round(cpu_stage, 1), switches_per_stage=round(switches_stage, 1),
+         cores=cores, cpu_bound_hop_us=round(bound, 1))
+    return cpu_stage, switches_stage, bound
 
 
 def step_events(trace, rank=0):
@@ -259,8 +319,8 @@ wakeup = next(w["one_way_us"] for w in wakeups if w["kind"] == "eventfd")
 if args.only != "paths":
     rows = []
     for size in (int(s) for s in args.sizes.split(",")):
-        in_process = hop_us("train", size)
-        cross_process = hop_us("launch", size)
+        in_process, cpu_in = hop_us("train", size)
+        cross_process, cpu_across = hop_us("launch", size)
         ucx = statistics.median(perftest("tag_lat", size)[0] for _ in range(args.reps))
         direct = {}
         for command in ("train", "launch"):
@@ -274,7 +334,8 @@ if args.only != "paths":
         row = {"hop_bytes": size, "in_process_us": round(in_process, 2),
                "cross_process_us": round(cross_process, 2), "ucx_one_way_us": round(ucx, 2),
                "wakeup_us": round(wakeup, 2)}
-        rows.append(dict(row, direct_in=direct["train"], direct_across=direct["launch"]))
+        rows.append(dict(row, direct_in=direct["train"], direct_across=direct["launch"],
+                         cpu_in=cpu_in, cpu_across=cpu_across))
         print(json.dumps(row), flush=True)
 
     print()
@@ -287,6 +348,15 @@ if args.only != "paths":
         print(f"{r['hop_bytes']:9d} {r['in_process_us']:8.1f}us {r['direct_in']:7.1f}us "
               f"{r['cross_process_us']:8.1f}us {r['direct_across']:7.1f}us "
               f"{r['ucx_one_way_us']:8.1f}us {r['wakeup_us']:6.1f}us {r['direct_across'] - floor:20.1f}us")
+    print()
+    print(f"what a stage adds to a step's CPU (every thread, every process) and its context "
+          f"switches; over {len(os.sched_getaffinity(0))} cores, per hop: the slope's figure "
+          f"where the CPU bounds the step")
+    print(f"{'bytes':>9s} {'in process':>32s} {'across':>32s}")
+    for r in rows:
+        cells = [f"{c:7.1f}us {n:5.1f} sw -> {b:5.1f}us"
+                 for c, n, b in (r["cpu_in"], r["cpu_across"])]
+        print(f"{r['hop_bytes']:9d} {cells[0]:>32s} {cells[1]:>32s}")
 
 if args.only != "hops":
     paths = []
