@@ -132,8 +132,9 @@ absl::StatusOr<std::unique_ptr<RankUnit>> RankUnit::create(
   // rank, the event between the two streams and the wake-ups it cost
   // (docs/ARCHITECTURE.md, the pipeline hop). With a DP group a stream of
   // its own: on the CPU the partitions add the replicas' pieces as they
-  // come while the backward goes on; with device collectives its
-  // broadcasts overlap whatever the compute stream is given next.
+  // come while the backward goes on. (With device collectives it waits for
+  // the step's end as with dp 1, and could be the compute stream too: not
+  // measured on a GPU.)
   if (par.dp == 1) {
     u->optimizer_stream_ = u->stream_.get();
   } else {
