@@ -96,6 +96,7 @@ WORK = tempfile.mkdtemp(prefix="troupe-hop-bench-")
 C = 8
 SKIP = 50
 STAGES = (1, 2, 4, 8)
+CORES = len(os.sched_getaffinity(0))
 
 
 def emit(**kw):
@@ -223,8 +224,8 @@ def stage_cpu(command, size, usage):
     """CPU time and context switches a step costs, every thread of every
     process, at pp 1 and the deepest pp: the difference of a run of 3x the
     steps and the median of the runs above (the start-up cancels out), per
-    step. What a stage adds, over the cores, is the slope of a step bound by
-    the CPU: where the hop itself is short, the slope is this."""
+    step. What a stage adds, over the cores and per hop, is the hop figure a
+    step bound by the CPU would give (the slope follows it on 2 cores)."""
     per_step = {}
     for pp in (STAGES[0], STAGES[-1]):
         tag = f"{command}-{size}-pp{pp}-long"
@@ -243,11 +244,10 @@ def stage_cpu(command, size, usage):
     deep = STAGES[-1] - STAGES[0]
     cpu_stage = (per_step[STAGES[-1]][0] - per_step[STAGES[0]][0]) / deep
     switches_stage = (per_step[STAGES[-1]][1] - per_step[STAGES[0]][1]) / deep
-    cores = len(os.sched_getaffinity(0))
-    bound = cpu_stage / (2 * cores)  # two hops a stage, a step's CPU spread over every core
+    bound = cpu_stage / (2 * CORES)  # two hops a stage, a step's CPU spread over every core
     emit(bench="hop_cpu", command=command, activation_bytes=size,
          cpu_us_per_stage=round(cpu_stage, 1), switches_per_stage=round(switches_stage, 1),
-         cores=cores, cpu_bound_hop_us=round(bound, 1))
+         cores=CORES, cpu_bound_hop_us=round(bound, 1))
     return cpu_stage, switches_stage, bound
 
 
@@ -350,7 +350,7 @@ if args.only != "paths":
               f"{r['ucx_one_way_us']:8.1f}us {r['wakeup_us']:6.1f}us {r['direct_across'] - floor:20.1f}us")
     print()
     print(f"what a stage adds to a step's CPU (every thread, every process) and its context "
-          f"switches; over {len(os.sched_getaffinity(0))} cores, per hop: the slope's figure "
+          f"switches; over {CORES} cores, per hop: the slope's figure "
           f"where the CPU bounds the step")
     print(f"{'bytes':>9s} {'in process':>32s} {'across':>32s}")
     for r in rows:
