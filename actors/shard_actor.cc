@@ -302,7 +302,8 @@ bool ShardActor::post_receive(const ScheduleOp& op, MessageKind kind, int src,
     // The op fires now, behind the gate; the receive's completion opens it
     // (an error fails the stream, and comes here too). A stall report names
     // the peer until it is there; the trace shows the stream's wait at the
-    // gate, from when the stream gets there (if it is not there yet).
+    // gate, from when the stream gets there (if it is not there yet; an
+    // idle stream is there already and is not woken for the mark).
     auto landing = std::make_shared<Landing>();
     if (setup_.trace != nullptr && setup_.trace->recorder != nullptr &&
         setup_.trace->recorder->wants(step_)) {
@@ -314,7 +315,7 @@ bool ShardActor::post_receive(const ScheduleOp& op, MessageKind kind, int src,
       e.peer = src;
       e.micro = op.micro;
       e.chunk = op.chunk;
-      setup_.stream->host_callback(
+      setup_.stream->host_note(
           [landing, recorder = setup_.trace->recorder, e] { landing->wait(*recorder, e); });
     }
     gpu::GateOpener open = setup_.stream->gate();

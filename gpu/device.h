@@ -69,6 +69,12 @@ class Stream {
   // Runs `fn` on a host thread after all earlier work on this stream. `fn`
   // must not block on this stream.
   virtual void host_callback(std::function<void()> fn) = 0;
+  // A host_callback for a note of the moment the stream gets here (a trace
+  // mark), which orders nothing behind it: a stream that would have to be
+  // woken for it (the CPU's, idle with nothing queued: every earlier task
+  // is done, so that moment is now) runs it at once on the caller's thread
+  // instead. `fn` must be safe on any thread, concurrently with later work.
+  virtual void host_note(std::function<void()> fn) { host_callback(std::move(fn)); }
   // Blocks until all enqueued work is done; returns the stream's first error.
   virtual absl::Status synchronize() = 0;
   // A library call that puts device work of its own on this stream (an NCCL

@@ -196,6 +196,20 @@ void CpuStream::wait(Event& event) {
 
 void CpuStream::host_callback(std::function<void()> fn) { enqueue({nullptr, std::move(fn)}); }
 
+// Queued wherever the worker will come to it without a wake-up: it is
+// running a task, or has some queued (or is held at a gate, which is
+// queued). Only a worker asleep on an empty queue would be woken for it.
+void CpuStream::host_note(std::function<void()> fn) {
+  {
+    std::lock_guard<std::mutex> lock(sync_->mu);
+    if (waiting_ != Waiting::kWork || !queue_.empty()) {
+      queue_.push_back({nullptr, std::move(fn)});
+      return;
+    }
+  }
+  fn();
+}
+
 // A control task (it runs after a failure too); the tensors go with it.
 void CpuStream::device_call(const char* name, std::vector<Tensor> held,
                             std::function<absl::Status(void* native_stream)> call) {

@@ -62,6 +62,7 @@ class CpuStream final : public Stream {
   void record(Event& event) override;
   void wait(Event& event) override;
   void host_callback(std::function<void()> fn) override;
+  void host_note(std::function<void()> fn) override;
   absl::Status synchronize() override;
   void device_call(const char* name, std::vector<Tensor> held,
                    std::function<absl::Status(void* native_stream)> call) override;

@@ -200,6 +200,50 @@ TEST(CpuStream, AGateOpenedWithAnErrorFailsTheStream) {
   EXPECT_EQ(x.data<float>()[0], 5.0f);
 }
 
+// A note (Stream::host_note) on a stream with work queued or running, or
+// held at a gate, runs on the stream's thread once the stream gets there; on
+// an idle stream it runs at once, on the caller's thread, as no worker has to
+// wake for it.
+TEST(CpuStream, ANoteWaitsForEarlierWorkAndRunsAtOnceOnAnIdleStream) {
+  auto s = gpu::cpu_device().make_stream({.threads = 1});
+  const std::thread::id caller = std::this_thread::get_id();
+  std::promise<void> go;
+  std::shared_future<void> started = go.get_future().share();
+  std::atomic<bool> noted{false};
+  std::thread::id where;
+  s->host_callback([started] { started.wait(); });  // busy until `go`
+  s->host_note([&] {
+    where = std::this_thread::get_id();
+    noted = true;
+  });
+  EXPECT_FALSE(noted.load());
+  go.set_value();
+  ASSERT_TRUE(s->synchronize().ok());
+  EXPECT_TRUE(noted.load());
+  EXPECT_NE(where, caller);
+
+  gpu::GateOpener open = s->gate();
+  noted = false;
+  s->host_note([&] { noted = true; });
+  std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_FALSE(noted.load());  // held at the gate with the note behind it
+  open(absl::OkStatus());
+  ASSERT_TRUE(s->synchronize().ok());
+  EXPECT_TRUE(noted.load());
+
+  // Idle: once the worker is asleep (it may take a moment after the last
+  // task), the note runs inside host_note.
+  bool inline_once = false;
+  for (int i = 0; i < 200 && !inline_once; i++) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    std::thread::id ran;
+    s->host_note([&ran] { ran = std::this_thread::get_id(); });
+    ASSERT_TRUE(s->synchronize().ok());  // (queued: it has run by now)
+    inline_once = ran == caller;
+  }
+  EXPECT_TRUE(inline_once);
+}
+
 // A gate whose openers are all dropped uncalled (a receive's callback
 // destroyed without being run) opens as Cancelled: nothing waits forever.
 TEST(CpuStream, AGateWhoseOpenerIsDroppedUncalledIsCancelled) {
