@@ -122,6 +122,7 @@ void Partition::step(gpu::Stream& s, const model::AdamWConfig& c, float lr, int 
 void Partition::adam(gpu::Stream& s, const model::AdamWConfig& c, float lr, int update,
                      float grad_scale) const {
   std::vector<gpu::AdamWTensor> tensors;
+  tensors.reserve(chunk_.layout().specs().size());
   for (const model::ParamSpec& spec : chunk_.layout().specs()) {
     const Range r = range_.intersect({spec.offset, spec.offset + spec.numel()});
     if (r.empty()) continue;

@@ -306,6 +306,21 @@ class CpuKernels final : public Kernels {
     });
   }
 
+  // The whole list as one task (the default enqueues one a parameter): an
+  // optimizer step's queueing is one allocation and hand-off, not one a
+  // parameter, in the same order (each tensor's update, then its copy).
+  void adamw_many(Stream& s, const std::vector<AdamWTensor>& tensors, const AdamWArgs& a) override {
+    on(s).enqueue_op("adamw", [tensors, a] {
+      for (const AdamWTensor& t : tensors) {
+        cpu::adamw(f(t.p), f(t.g), f(t.m), f(t.v), t.p.numel(), a.lr, a.beta1, a.beta2, a.eps,
+                   t.weight_decay, a.step, a.grad_scale);
+        if (t.compute.defined()) {
+          cpu::convert(t.compute.raw(), t.compute.dtype, t.p.raw(), t.p.dtype, t.compute.numel());
+        }
+      }
+    });
+  }
+
   void fill(Stream& s, const Tensor& x, float value) override {
     on(s).enqueue_op("fill", [=] { cpu::fill(x.raw(), value, x.dtype, x.numel()); });
   }
