@@ -73,7 +73,8 @@ class Stream {
   // mark), which orders nothing behind it: a stream that would have to be
   // woken for it (the CPU's, idle with nothing queued: every earlier task
   // is done, so that moment is now) runs it at once on the caller's thread
-  // instead. `fn` must be safe on any thread, concurrently with later work.
+  // instead. `fn` must be safe on any thread, concurrently with later work,
+  // and take no lock the caller holds; what it throws fails the stream.
   virtual void host_note(std::function<void()> fn) { host_callback(std::move(fn)); }
   // Blocks until all enqueued work is done; returns the stream's first error.
   virtual absl::Status synchronize() = 0;

@@ -205,7 +205,8 @@ class Kernels {
   // adamw on each tensor, with its own weight decay (args.weight_decay is
   // not used), and the compute copies: one launch for many tensors on CUDA.
   // The default calls adamw per tensor, in order, then convert into its
-  // copy (the CPU backend's, bitwise the same).
+  // copy; the CPU backend does the same loop as one stream task (bitwise
+  // the same).
   virtual void adamw_many(Stream& s, const std::vector<AdamWTensor>& tensors,
                           const AdamWArgs& args);
   // x[:] = value

@@ -207,7 +207,13 @@ void CpuStream::host_note(std::function<void()> fn) {
       return;
     }
   }
-  fn();
+  try {  // (as the worker runs a host callback)
+    fn();
+  } catch (const std::exception& ex) {
+    fail(absl::InternalError(absl::StrCat("host note: ", ex.what())));
+  } catch (...) {
+    fail(absl::InternalError("host note: an exception that is not a std::exception"));
+  }
 }
 
 // A control task (it runs after a failure too); the tensors go with it.

@@ -306,9 +306,9 @@ class CpuKernels final : public Kernels {
     });
   }
 
-  // The whole list as one task (the default enqueues one a parameter): an
-  // optimizer step's queueing is one allocation and hand-off, not one a
-  // parameter, in the same order (each tensor's update, then its copy).
+  // The whole list as one task (the default enqueues one or two a
+  // parameter: its update, and its copy where it has one), in the same
+  // order: an optimizer step's queueing is one task, not dozens.
   void adamw_many(Stream& s, const std::vector<AdamWTensor>& tensors, const AdamWArgs& a) override {
     on(s).enqueue_op("adamw", [tensors, a] {
       for (const AdamWTensor& t : tensors) {

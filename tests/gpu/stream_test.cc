@@ -208,10 +208,10 @@ TEST(CpuStream, ANoteWaitsForEarlierWorkAndRunsAtOnceOnAnIdleStream) {
   auto s = gpu::cpu_device().make_stream({.threads = 1});
   const std::thread::id caller = std::this_thread::get_id();
   std::promise<void> go;
-  std::shared_future<void> started = go.get_future().share();
+  std::shared_future<void> let_go = go.get_future().share();
   std::atomic<bool> noted{false};
   std::thread::id where;
-  s->host_callback([started] { started.wait(); });  // busy until `go`
+  s->host_callback([let_go] { let_go.wait(); });  // busy until `go`
   s->host_note([&] {
     where = std::this_thread::get_id();
     noted = true;
@@ -242,6 +242,18 @@ TEST(CpuStream, ANoteWaitsForEarlierWorkAndRunsAtOnceOnAnIdleStream) {
     inline_once = ran == caller;
   }
   EXPECT_TRUE(inline_once);
+
+  // Work queued whose wake-up a StreamBatch defers (the worker may be
+  // asleep on it): the note waits behind it.
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  std::vector<int> order;
+  {
+    gpu::StreamBatch batch;
+    s->host_callback([&order] { order.push_back(1); });
+    s->host_note([&order] { order.push_back(2); });
+  }
+  ASSERT_TRUE(s->synchronize().ok());
+  EXPECT_EQ(order, (std::vector<int>{1, 2}));
 }
 
 // A gate whose openers are all dropped uncalled (a receive's callback

@@ -18,7 +18,7 @@ if(TROUPE_SANITIZE MATCHES "address")
   # locals they captured, the actor/stream code's likeliest memory error.
   list(APPEND TROUPE_SANITIZER_ENV
     "ASAN_OPTIONS=detect_leaks=1:check_initialization_order=1:strict_init_order=1:detect_stack_use_after_return=1"
-    "LSAN_OPTIONS=suppressions=${_supp}/lsan.supp:print_suppressions=0")
+    "LSAN_OPTIONS=suppressions=${_supp}/lsan.supp")
 endif()
 if(TROUPE_SANITIZE MATCHES "undefined")
   # Recoverable checks (so that suppressions apply), fatal by halt_on_error.
