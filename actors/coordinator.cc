@@ -107,8 +107,7 @@ std::string Coordinator::who(int rank) const {
 
 void Coordinator::begin(int step) {
   if (finished_) return;
-  const model::TrainOptions& o = setup_->options;
-  if (step > o.steps) {
+  if (step > setup_->options.steps) {
     // The run is over once its last checkpoint is committed.
     if (save_.step > 0 || pending_save_ > 0) {
       ending_ = true;
@@ -116,14 +115,7 @@ void Coordinator::begin(int step) {
     }
     return finish(absl::OkStatus());
   }
-  step_ = step;
-  // By steps or samples completed before this one (--fp16: updated ones).
-  lr_ = o.lr_of_step(batches_, step, scaler_->state());
-  loss_scale_ = scaler_->scale();
-  global_batch_ = batches_.global_batch(step);
-  reset_tallies();
-  t0_ = std::chrono::steady_clock::now();
-  const std::int64_t first = batches_.consumed_before(step);
+  open(&now_, step, batches_.global_batch(step));
   // The order the actors start the step in: CAF's worker runs the actors
   // this one schedules newest first, and a second worker steals the
   // oldest. So the shards go in reverse rank order (ranks are
@@ -132,19 +124,36 @@ void Coordinator::begin(int step) {
   // later at pp 8, on the step's critical path.) Each shard begins its
   // rank's optimizer partitions (ShardActor): between processes, one
   // control frame a rank, not two.
+  const std::int64_t first = batches_.consumed_before(step);
   for (auto a = setup_->shards.rbegin(); a != setup_->shards.rend(); ++a) {
-    send(*a, begin_step_atom::value, step, first, loss_scale_);
+    send(*a, begin_step_atom::value, step, first, now_.loss_scale);
   }
 }
 
-// The tallies of a step or an evaluation batch of global_batch_ sequences.
-void Coordinator::reset_tallies() {
-  loss_.assign(static_cast<std::size_t>(global_batch_ / setup_->options.micro_batch), 0.0);
-  norms_.assign(static_cast<std::size_t>(setup_->layout.world()), 0.0);
-  losses_in_ = norms_in_ = ready_in_ = 0;
-  ready_.assign(static_cast<std::size_t>(setup_->layout.world()), false);
-  loss_seen_.assign(loss_.size(), false);
-  norm_seen_.assign(norms_.size(), false);
+// A step's (or an evaluation batch's) figures, as of now: the learning rate
+// by steps or samples completed before it (--fp16: updated ones); no
+// arrivals yet.
+void Coordinator::open(Tally* t, int step, int global_batch) {
+  const model::TrainOptions& o = setup_->options;
+  *t = Tally{};
+  t->step = step;
+  t->lr = o.lr_of_step(batches_, step, scaler_->state());
+  t->loss_scale = scaler_->scale();
+  t->global_batch = global_batch;
+  const auto world = static_cast<std::size_t>(setup_->layout.world());
+  t->loss.assign(static_cast<std::size_t>(t->global_batch / o.micro_batch), 0.0);
+  t->loss_seen.assign(t->loss.size(), false);
+  t->norms.assign(world, 0.0);
+  t->norm_seen.assign(world, false);
+  t->ready.assign(world, false);
+  t->t0 = std::chrono::steady_clock::now();
+}
+
+Coordinator::Tally* Coordinator::tally(int step) {
+  if (finished_) return nullptr;
+  if (step == now_.step) return &now_;
+  if (next_.step != 0 && step == next_.step) return &next_;
+  return nullptr;  // (a step that ended)
 }
 
 // A message from a worker is checked before it is counted: a duplicate or
@@ -152,60 +161,109 @@ void Coordinator::reset_tallies() {
 // wrong) ends the run naming it instead of ending a step early or writing
 // outside the tallies.
 void Coordinator::on_loss(int step, int d, int j, double sum) {
-  if (step != step_ || finished_) return;
+  Tally* t = tally(step);
+  if (t == nullptr) return;
   if (d < 0 || d >= setup_->shape.dp || j < 0 ||
-      j >= global_batch_ / (setup_->options.micro_batch * setup_->shape.dp)) {
+      j >= t->global_batch / (setup_->options.micro_batch * setup_->shape.dp)) {
     return finish(absl::InternalError(absl::StrCat("step ", step, ": a loss for micro-batch ", j,
                                                    " of replica ", d, ", outside the layout")));
   }
   const std::size_t k = static_cast<std::size_t>(j * setup_->shape.dp + d);  // global order
-  if (loss_seen_[k]) {
+  if (t->loss_seen[k]) {
     return finish(absl::InternalError(absl::StrCat("step ", step, ": micro-batch ", j,
                                                    " of replica ", d, " reported its loss twice")));
   }
-  loss_seen_[k] = true;
-  loss_[k] = sum;
-  losses_in_++;
+  t->loss_seen[k] = true;
+  t->loss[k] = sum;
+  t->losses_in++;
 }
 
 void Coordinator::on_norm(int step, int rank, double sq) {
-  if (step != step_ || finished_) return;
-  if (rank < 0 || rank >= setup_->layout.world() || norm_seen_[static_cast<std::size_t>(rank)]) {
+  Tally* t = tally(step);
+  if (t == nullptr) return;
+  if (rank < 0 || rank >= setup_->layout.world() || t->norm_seen[static_cast<std::size_t>(rank)]) {
     return finish(absl::InternalError(absl::StrCat("step ", step, ": a gradient norm from rank ",
                                                    rank, " (twice, or outside the layout)")));
   }
-  norm_seen_[static_cast<std::size_t>(rank)] = true;
-  norms_[static_cast<std::size_t>(rank)] = sq;
-  if (++norms_in_ < setup_->layout.world()) return;
+  t->norm_seen[static_cast<std::size_t>(rank)] = true;
+  t->norms[static_cast<std::size_t>(rank)] = sq;
+  if (++t->norms_in < setup_->layout.world()) return;
+  if (t != &now_) {  // (a rank's ready comes before its next norm)
+    return finish(absl::InternalError(absl::StrCat(
+        "step ", step, ": every gradient norm came before step ", now_.step, " ended")));
+  }
   double total = 0.0;
-  for (double x : norms_) total += x;  // in rank order
+  for (double x : t->norms) total += x;  // in rank order
   // --fp16: not finite skips the step on every rank (update 0).
-  const model::StepDecision d = scaler_->decide(total, setup_->options.clip_grad, global_batch_);
-  grad_norm_ = d.grad_norm;
-  skipped_ = d.skip;
+  const model::StepDecision d = scaler_->decide(total, setup_->options.clip_grad, t->global_batch);
+  t->grad_norm = d.grad_norm;
+  t->skipped = d.skip;
   const int update = d.skip ? 0 : step - scaler_->state().skipped_iters;
-  for (const caf::actor& a : setup_->optimizers) {
-    send(a, update_atom::value, step, lr_, d.grad_scale, update);
+  // The next step with this update, when nothing comes between them; its
+  // figures are the ones begin() would take after the last ready (the
+  // scaler has decided this step).
+  const bool early = begins_next(step);
+  if (early) open(&next_, step + 1, batches_.global_batch(step + 1));
+  const std::int64_t first = batches_.consumed_before(step + 1);
+  // (Newest first on CAF's worker, as in begin(). The optimizer passes the
+  // next begin_step to its shard: between processes, one control frame a
+  // rank, not two.)
+  for (std::size_t r = setup_->optimizers.size(); r-- > 0;) {
+    if (early) {
+      send(setup_->optimizers[r], update_atom::value, step, now_.lr, d.grad_scale, update, first,
+           next_.loss_scale);
+    } else {
+      send(setup_->optimizers[r], update_atom::value, step, now_.lr, d.grad_scale, update);
+    }
   }
 }
 
-void Coordinator::on_ready(int step, int rank) {
-  if (step != step_ || finished_) return;
-  if (rank < 0 || rank >= static_cast<int>(ready_.size()) ||
-      ready_[static_cast<std::size_t>(rank)]) {
-    return finish(absl::InternalError(
-        absl::StrCat("step ", step, ": rank ", rank, " ready (twice, or outside the layout)")));
+// Whether step `step + 1` may begin with step `step`'s update: nothing is
+// due at the boundary. (A stop, exit signal or save asked for after this
+// is taken at the next boundary, after step + 1.)
+bool Coordinator::begins_next(int step) {
+  const model::TrainOptions& o = setup_->options;
+  if (evaluating_ || ending_ || exiting_ || step >= o.steps || eval_due(step) || exit_due(step) ||
+      save_now_) {
+    return false;
   }
-  ready_[static_cast<std::size_t>(rank)] = true;
-  if (++ready_in_ < setup_->layout.world()) return;
-  if (losses_in_ != static_cast<int>(loss_.size())) {
-    return finish(absl::InternalError(absl::StrCat("step ", step, ": ", losses_in_, " of ",
-                                                   loss_.size(), " micro-batch losses arrived")));
+  return setup_->save_dir.empty() ||
+         !model::ckpt::save_due(step, o.steps, setup_->save_interval, /*exiting=*/false);
+}
+
+bool Coordinator::eval_due(int step) const {
+  const model::TrainOptions& o = setup_->options;
+  return setup_->has_valid && o.eval_interval > 0 && step % o.eval_interval == 0;
+}
+
+// An exit asked for by a signal, or by --exit-interval or a host's stop
+// before the last step.
+bool Coordinator::exit_due(int step) const {
+  const bool signal = setup_->exit_requested && setup_->exit_requested();
+  return signal || (step < setup_->options.steps &&
+                    ((setup_->exit_interval > 0 && step % setup_->exit_interval == 0) ||
+                     step >= stop_after_));
+}
+
+void Coordinator::on_ready(int step, int rank) {
+  Tally* t = tally(step);
+  if (t == nullptr) return;
+  if (t != &now_ || rank < 0 || rank >= static_cast<int>(t->ready.size()) ||
+      t->ready[static_cast<std::size_t>(rank)]) {
+    return finish(absl::InternalError(absl::StrCat(
+        "step ", step, ": rank ", rank, " ready (twice, early, or outside the layout)")));
+  }
+  t->ready[static_cast<std::size_t>(rank)] = true;
+  if (++t->ready_in < setup_->layout.world()) return;
+  if (t->losses_in != static_cast<int>(t->loss.size())) {
+    return finish(absl::InternalError(absl::StrCat("step ", step, ": ", t->losses_in, " of ",
+                                                   t->loss.size(), " micro-batch losses arrived")));
   }
   const model::TrainOptions& o = setup_->options;
-  const double tokens = static_cast<double>(global_batch_) * o.model.T;
+  const double tokens = static_cast<double>(t->global_batch) * o.model.T;
   if (evaluating_) {
-    for (double l : loss_) val_total_ += l;  // as the single-rank loop: batches, then micro-batches
+    for (double l : t->loss)
+      val_total_ += l;  // as the single-rank loop: batches, then micro-batches
     if (++eval_batch_ < o.eval_iters) return begin_eval_batch();
     evaluating_ = false;
     evaluations_done_++;
@@ -213,21 +271,26 @@ void Coordinator::on_ready(int step, int rank) {
     return step_done();
   }
   double loss = 0.0;
-  for (double l : loss_) loss += l;
-  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+  for (double l : t->loss) loss += l;
+  // From its begin, or the step before's end if that came later (a step
+  // begun with the one before's update): the steps' times add up to the
+  // run's.
+  const auto end = std::chrono::steady_clock::now();
+  const double secs = std::chrono::duration<double>(end - std::max(t->t0, last_end_)).count();
+  last_end_ = end;
   metrics_ = {.step = step,
-              .global_batch = global_batch_,
+              .global_batch = t->global_batch,
               .consumed_samples = batches_.consumed_before(step + 1),
               .loss = loss / tokens,
-              .grad_norm = grad_norm_,
-              .loss_scale = loss_scale_,
-              .skipped = skipped_,
+              .grad_norm = t->grad_norm,
+              .loss_scale = t->loss_scale,
+              .skipped = t->skipped,
               .skipped_steps = scaler_->state().skipped_iters,
-              .lr = lr_,
+              .lr = t->lr,
               .step_s = secs,
               .tokens_per_s = tokens / secs,
               .val_loss = std::nullopt};
-  if (setup_->has_valid && o.eval_interval > 0 && step % o.eval_interval == 0) {
+  if (eval_due(step)) {
     evaluating_ = true;
     eval_batch_ = 0;
     val_total_ = 0.0;
@@ -239,35 +302,39 @@ void Coordinator::on_ready(int step, int rank) {
 // Evaluation e reads validation samples [e*K*GBS, (e+1)*K*GBS), K = --eval-iters.
 void Coordinator::begin_eval_batch() {
   const model::TrainOptions& o = setup_->options;
-  global_batch_ = o.global_batch;
-  reset_tallies();
+  const int step = now_.step;
+  open(&now_, step, o.global_batch);
   const std::int64_t first =
       (static_cast<std::int64_t>(evaluations_done_) * o.eval_iters + eval_batch_) * o.global_batch;
-  for (const caf::actor& a : setup_->shards) send(a, eval_atom::value, step_, first);
+  for (const caf::actor& a : setup_->shards) send(a, eval_atom::value, step, first);
 }
 
 void Coordinator::step_done() {
   if (setup_->on_step) setup_->on_step(metrics_);
+  if (next_.step != 0) {  // begun with this step's update
+    now_ = std::exchange(next_, Tally{});
+    return;
+  }
   const model::TrainOptions& o = setup_->options;
+  const int step = now_.step;
   const bool signal = setup_->exit_requested && setup_->exit_requested();
   const bool interval =
-      setup_->exit_interval > 0 && step_ % setup_->exit_interval == 0 && step_ < o.steps;
-  const bool stop = step_ >= stop_after_ && step_ < o.steps;
-  exiting_ = signal || interval || stop;
+      setup_->exit_interval > 0 && step % setup_->exit_interval == 0 && step < o.steps;
+  exiting_ = exit_due(step);
   if (exiting_) {
     say(absl::StrCat(signal     ? "exit signal"
                      : interval ? "--exit-interval"
                                 : "stop requested",
-                     ": ending after step ", step_,
+                     ": ending after step ", step,
                      setup_->save_dir.empty() ? "" : " with a checkpoint"));
   }
   const bool save_now = std::exchange(save_now_, false);
   if (!setup_->save_dir.empty() &&
-      (save_now || model::ckpt::save_due(step_, o.steps, setup_->save_interval, exiting_))) {
-    return request_save(step_);
+      (save_now || model::ckpt::save_due(step, o.steps, setup_->save_interval, exiting_))) {
+    return request_save(step);
   }
   if (exiting_) return begin(o.steps + 1);
-  begin(step_ + 1);
+  begin(step + 1);
 }
 
 // A save waits for the one before it: training stops at this step
@@ -430,7 +497,7 @@ void Coordinator::judge_progress(std::uint64_t seen) {
   }
   finish(absl::DeadlineExceededError(
       absl::StrFormat("no progress for %.1f s in step %d%s; waiting:%s", setup_->stall_timeout_s,
-                      step_, writing, stall_report())));
+                      now_.step, writing, stall_report())));
 }
 
 // Who waits for what from whom, which shard never began the step, and the
@@ -438,8 +505,8 @@ void Coordinator::judge_progress(std::uint64_t seen) {
 std::string Coordinator::stall_report() const {
   return analyze_stall({.reports = reports_,
                         .layout = setup_->layout,
-                        .step = step_,
-                        .ready = ready_,
+                        .step = now_.step,
+                        .ready = now_.ready,
                         .hosts = setup_->hosts})
       .text();
 }

@@ -4,7 +4,11 @@
 // partitions; collect the loss sum of every micro-batch (from the head chunks) and the squared
 // gradient norm of every rank's partitions; answer the partitions with the
 // learning rate and the clip scale; when every shard has its new parameters,
-// report the step's metrics and begin the next. Metrics are the single-rank
+// report the step's metrics and begin the next. When nothing is due between
+// a step and the next (an evaluation, a checkpoint, an exit), the next
+// step's begin_step goes out with the update instead, and each shard takes
+// it as it goes ready: no round trip to the coordinator between the steps,
+// and the first stage starts while the others still update. Metrics are the single-rank
 // loop's: loss the token-weighted mean over the global batch, summed in
 // global micro-batch order; grad_norm over every parameter once.
 //
@@ -102,7 +106,6 @@ class Coordinator : public caf::event_based_actor {
   void say(const std::string& line) const {
     if (setup_->log) setup_->log(line);
   }
-  void reset_tallies();
   void finish(absl::Status st);
   void progress() { progress_++; }
   void watch(std::uint64_t seen);
@@ -113,19 +116,35 @@ class Coordinator : public caf::event_based_actor {
 
   std::shared_ptr<CoordinatorSetup> setup_;
   model::BatchSchedule batches_;  // each step's global batch
-  int global_batch_ = 0;          // this step's (or the evaluation's)
-  int step_ = 0;
-  float lr_ = 0;
-  std::vector<double> loss_;                 // by global micro-batch
-  std::vector<bool> loss_seen_, norm_seen_;  // this step's arrivals (duplicates are errors)
-  std::vector<double> norms_;                // by rank
-  int losses_in_ = 0, norms_in_ = 0, ready_in_ = 0;
-  std::vector<bool> ready_;  // by rank: its shard is ready (the stall report's "done")
-  double grad_norm_ = 0;
-  // --fp16's loss scaling, and this step's outcome.
+  // One step's (or evaluation batch's) figures and arrivals; a message is
+  // checked before it is counted (duplicates are errors).
+  struct Tally {
+    int step = 0;  // 0: none
+    int global_batch = 0;
+    float lr = 0;
+    float loss_scale = 1;                    // --fp16's
+    std::vector<double> loss;                // by global micro-batch
+    std::vector<bool> loss_seen, norm_seen;  // by micro-batch, by rank
+    std::vector<double> norms;               // by rank
+    std::vector<bool> ready;                 // by rank: its shard is ready
+    int losses_in = 0, norms_in = 0, ready_in = 0;
+    double grad_norm = 0;
+    bool skipped = false;
+    std::chrono::steady_clock::time_point t0;  // begun
+  };
+  // The step in progress, which every rank's ready ends; and the next one
+  // when it was begun with this one's update (step 0: not begun). Between
+  // the two steps nothing else happens (begins_next()), so a step's loss
+  // and norms may come before the last ready of the one before it.
+  Tally now_, next_;
+  std::chrono::steady_clock::time_point last_end_;  // the last step's end (step_s)
+  Tally* tally(int step);
+  void open(Tally* t, int step, int global_batch);
+  bool begins_next(int step);
+  bool eval_due(int step) const;
+  bool exit_due(int step) const;
+  // --fp16's loss scaling.
   std::unique_ptr<model::LossScaler> scaler_;
-  float loss_scale_ = 1;  // this step's
-  bool skipped_ = false;
   // Evaluation after a step (--eval-interval): batch k of --eval-iters.
   bool evaluating_ = false;
   int eval_batch_ = 0, evaluations_done_ = 0;
@@ -157,7 +176,6 @@ class Coordinator : public caf::event_based_actor {
   std::uint64_t worker_progress_ = 0;
   std::vector<WaitReport> reports_;
   int reports_due_ = 0;
-  std::chrono::steady_clock::time_point t0_;
 };
 
 }  // namespace troupe::actors

@@ -9,7 +9,8 @@
 //
 // Signatures, by receiver (rank = global rank, d/j = replica/micro-batch):
 //   ShardActor      (begin_step_atom, int step, int64 first_sample, float loss_scale)
-//                       from the coordinator (loss_scale: --fp16's, else 1)
+//                       from the coordinator (loss_scale: --fp16's, else 1), or from
+//                       the rank's optimizer during step - 1 (held until it is ready)
 //                   (eval_atom, int step, int64 first_sample)   forwards only, validation data
 //                   (waiting_atom) -> WaitReport
 //   OptimizerActor  (begin_step_atom, int step, int64 first_sample, float loss_scale)
@@ -17,6 +18,10 @@
 //                   (update_atom, int step, float lr, float grad_scale, int update)
 //                       update: Adam's 1-based count of updates; 0: skip the step
 //                       (--fp16, gradients not finite), send the parameters unchanged
+//                   (update_atom, int step, float lr, float grad_scale, int update,
+//                    int64 next_first_sample, float next_loss_scale)
+//                       the same, and step + 1 begins with it: begin_step to the shard
+//                   (shard_atom, caf::actor shard)   once, before any step: whom to begin
 //                   (waiting_atom) -> WaitReport
 //                   (save_atom, int step, std::string tmp_dir)   copy the state, write it behind
 //   Coordinator     (loss_atom, int step, int d, int j, double loss_sum)   head chunk, per
@@ -38,7 +43,6 @@
 //   device
 // Between a rank's shard and optimizer, where the ZeRO-1 pieces go device to
 // device (actors/optimizer_actor.h):
-//   (shard_atom, caf::actor shard)   to the optimizer, once: whom to tell
 //   (dp_reduced_atom, int step)      the step's reduces are on the compute
 //                                    stream, behind the rank's reduced event
 //   (dp_params_atom, int step)       the optimizer's stream is past AdamW

@@ -50,6 +50,16 @@ caf::behavior OptimizerActor::make_behavior() {
       [this](update_atom, int step, float lr, float grad_scale, int count) {
         if (step == step_) update(lr, grad_scale, count);
       },
+      [this](update_atom, int step, float lr, float grad_scale, int count,
+             std::int64_t next_first_sample, float next_loss_scale) {
+        if (step != step_) return;
+        // The next step begins with this update: the shard holds it until
+        // it has this step's new parameters.
+        caf::actor shard = caf::actor_cast<caf::actor>(shard_);
+        if (!shard) return fail("the next step came with the update, and there is no shard");
+        send(shard, begin_step_atom::value, step + 1, next_first_sample, next_loss_scale);
+        update(lr, grad_scale, count);
+      },
       [this](stepped_atom, int step) {
         progress_++;
         if (step == step_) on_stepped();

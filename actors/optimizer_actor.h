@@ -130,7 +130,7 @@ class OptimizerActor : public caf::event_based_actor {
 
   OptimizerSetup setup_;
   std::vector<Sum> sums_;    // by partition (chunk)
-  caf::actor_addr shard_;    // the rank's shard (with dp; weak: no cycle of handles)
+  caf::actor_addr shard_;    // the rank's shard (weak: no cycle of handles)
   bool reduced_in_ = false;  // with dp: the step's reduces are waited for on the stream
   int reduced_early_ = -1;   // a step whose dp_reduced_atom came before its begin_step
   int step_ = 0;

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <stdexcept>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "actors/messages.h"
@@ -83,14 +84,14 @@ caf::behavior ShardActor::make_behavior() {
   if (!setup_error_.empty()) fail(setup_error_);  // every step handler then does nothing
   return {
       [this](begin_step_atom, int step, std::int64_t first_sample, float loss_scale) {
-        // The rank's optimizer begins the step from here, not from the
-        // coordinator: one message to a rank a step, which between
-        // processes is one control frame, not two.
-        if (caf::actor optimizer = caf::actor_cast<caf::actor>(setup_.optimizer)) {
-          send(optimizer, begin_step_atom::value, step, first_sample, loss_scale);
+        if (step_ == 0) return begin_train(step, first_sample, loss_scale);
+        // The step after this one, begun with this one's update: held
+        // until this shard has its new parameters (maybe_ready).
+        if (early_.step != 0 || step != step_ + 1) {
+          return fail(absl::StrCat("begin_step ", step, " came during step ", step_,
+                                   early_.step != 0 ? " with the next one already held" : ""));
         }
-        loss_scale_ = loss_scale;
-        begin(Pass::kTrain, step, first_sample);
+        early_ = {.step = step, .first_sample = first_sample, .loss_scale = loss_scale};
       },
       [this](eval_atom, int step, std::int64_t first_sample) {
         begin(Pass::kEval, step, first_sample);
@@ -121,6 +122,17 @@ caf::behavior ShardActor::make_behavior() {
         advance();
       },
   };
+}
+
+void ShardActor::begin_train(int step, std::int64_t first_sample, float loss_scale) {
+  // The rank's optimizer begins the step from here, not from the
+  // coordinator: one message to a rank a step, which between processes is
+  // one control frame, not two.
+  if (caf::actor optimizer = caf::actor_cast<caf::actor>(setup_.optimizer)) {
+    send(optimizer, begin_step_atom::value, step, first_sample, loss_scale);
+  }
+  loss_scale_ = loss_scale;
+  begin(Pass::kTrain, step, first_sample);
 }
 
 void ShardActor::begin(Pass pass, int step, std::int64_t first_sample) {
@@ -534,6 +546,10 @@ void ShardActor::maybe_ready() {
   if (setup_.trace != nullptr && setup_.trace->recorder != nullptr) {
     setup_.trace->recorder->close(trace_step_);
     trace_step_ = trace::Recorder::kNone;
+  }
+  if (early_.step != 0) {
+    const EarlyBegin next = std::exchange(early_, {});
+    begin_train(next.step, next.first_sample, next.loss_scale);
   }
 }
 

@@ -148,6 +148,8 @@ class ShardActor : public caf::event_based_actor {
   enum class Msg { kActivation, kGradient, kParams };  // what a transport completion is for
 
   void begin(Pass pass, int step, std::int64_t first_sample);
+  // A training step's start: the rank's optimizer, then this shard.
+  void begin_train(int step, std::int64_t first_sample, float loss_scale);
   void advance();
   bool try_fire(const ScheduleOp& op);
   void fire_forward(const ScheduleOp& op, int slot);
@@ -309,6 +311,15 @@ class ShardActor : public caf::event_based_actor {
   bool piece_fits();
 
   int step_ = 0;  // 0: between steps
+  // The next step's begin_step, come while this step is still in progress
+  // (the coordinator begins step k+1 with step k's update when nothing is
+  // due between them): taken as this shard goes ready.
+  struct EarlyBegin {
+    int step = 0;  // 0: none
+    std::int64_t first_sample = 0;
+    float loss_scale = 1;
+  };
+  EarlyBegin early_;
   std::int64_t first_sample_ = 0;
   float loss_scale_ = 1;  // this step's (--fp16)
   std::size_t cursor_ = 0;

@@ -306,7 +306,7 @@ RankUnit::Actors RankUnit::spawn(caf::actor_system& system, const Wiring& wiring
   ss.optimizer = spawned.optimizer.address();
   spawned.shard = system.spawn<ShardActor>(std::move(ss));
   // (Before any step: the coordinator's first message comes after this.)
-  if (dp_device_ || dp_alone_) caf::anon_send(spawned.optimizer, shard_atom::value, spawned.shard);
+  caf::anon_send(spawned.optimizer, shard_atom::value, spawned.shard);
   allocated_bytes_ += stream_->device().allocated_bytes() - before;
   return spawned;
 }

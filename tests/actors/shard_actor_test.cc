@@ -1,5 +1,6 @@
-// A shard actor alone: it says what it waits for when asked, and a failed
-// peer becomes an error to the coordinator naming the stage (no hang).
+// A shard actor alone: it says what it waits for when asked, a failed peer
+// becomes an error to the coordinator naming the stage (no hang), and the
+// next step's begin_step during a step waits for the step's end.
 #include "actors/shard_actor.h"
 
 #include <gtest/gtest.h>
@@ -11,45 +12,58 @@
 namespace troupe::actors {
 namespace {
 
+// Stage 1 of a 2-stage tiny model, alone: its peer (rank 0) is an
+// in-process endpoint nobody drives.
+struct StageOne {
+  model::GptConfig config = *model::preset("tiny");
+  comm::Layout shape{.pp = 2, .dp = 1, .virtual_stages = 1};
+  absl::StatusOr<model::data::Datasets> data;
+  std::unique_ptr<gpu::Stream> stream = gpu::cpu_device().make_stream({.threads = 1});
+  std::shared_ptr<comm::InProcFabric> fabric = std::make_shared<comm::InProcFabric>(2);
+  std::unique_ptr<comm::Transport> transport = fabric->endpoint(1);
+  GptStage stage{config, 2, chunk_spec(config, shape, 1), 2, gpu::cpu_device()};
+
+  StageOne() {
+    model::data::DataOptions options;  // the synthetic phrase corpus
+    options.T = config.T;
+    options.V = config.V;
+    data = model::data::build_datasets(options, 8, 0);
+  }
+
+  caf::actor spawn(caf::actor_system& sys, const caf::actor& coordinator) {
+    ShardSetup ss;
+    ss.rank = 1;
+    ss.coord = {.d = 0, .s = 1, .t = 0};
+    ss.layout = {.tp = 1, .pp = 2, .dp = 1};
+    ss.shape = shape;
+    ss.m = 2;
+    ss.B = 2;
+    ss.T = config.T;
+    ss.global_batch = 4;
+    ss.data = data->train.get();
+    ss.chunks = {&stage};
+    ss.stream = stream.get();
+    ss.transport = transport.get();
+    ss.grad_pieces = grad_pieces(pipeline_chunks(config, shape), shape);
+    ss.param_pieces = param_pieces(pipeline_chunks(config, shape), shape);
+    ss.coordinator = coordinator;
+    return sys.spawn<ShardActor>(ss);
+  }
+};
+
 TEST(ShardActor, ReportsWhatItWaitsForAndFailsWhenItsPeerDies) {
   caf::actor_system_config cfg;
   add_message_types(cfg);
   cfg.set("scheduler.max-threads", 2);
   caf::actor_system sys{cfg};
   caf::scoped_actor coordinator{sys};
-
-  model::GptConfig config = *model::preset("tiny");
-  const comm::Layout shape{.pp = 2, .dp = 1, .virtual_stages = 1};
-  model::data::DataOptions options;  // the synthetic phrase corpus
-  options.T = config.T;
-  options.V = config.V;
-  auto data = model::data::build_datasets(options, 8, 0);
-  ASSERT_TRUE(data.ok()) << data.status();
-  gpu::Device& dev = gpu::cpu_device();
-  auto stream = dev.make_stream({.threads = 1});
-  auto fabric = std::make_shared<comm::InProcFabric>(2);
-  std::unique_ptr<comm::Transport> transport = fabric->endpoint(1);
-  GptStage stage(config, 2, chunk_spec(config, shape, 1), 2, dev);
-  ASSERT_TRUE(stage.gpt().init(1).ok());
-
-  ShardSetup ss;
-  ss.rank = 1;
-  ss.coord = {.d = 0, .s = 1, .t = 0};
-  ss.layout = {.tp = 1, .pp = 2, .dp = 1};
-  ss.shape = shape;
-  ss.m = 2;
-  ss.B = 2;
-  ss.T = config.T;
-  ss.global_batch = 4;
-  ss.data = data->train.get();
-  ss.chunks = {&stage};
-  ss.stream = stream.get();
-  ss.transport = transport.get();
-  ss.grad_pieces = grad_pieces(pipeline_chunks(config, shape), shape);
-  ss.param_pieces = param_pieces(pipeline_chunks(config, shape), shape);
-  ss.coordinator = coordinator;
-  caf::actor shard = sys.spawn<ShardActor>(ss);
+  StageOne one;
+  ASSERT_TRUE(one.data.ok()) << one.data.status();
+  ASSERT_TRUE(one.stage.gpt().init(1).ok());
+  caf::actor shard = one.spawn(sys, coordinator);
   coordinator->monitor(shard);
+  comm::Transport* transport = one.transport.get();
+  gpu::Stream* stream = one.stream.get();
 
   coordinator->send(shard, begin_step_atom::value, 1, std::int64_t{0}, 1.0f);
   coordinator->request(shard, caf::infinite, waiting_atom::value)
@@ -89,6 +103,49 @@ TEST(ShardActor, ReportsWhatItWaitsForAndFailsWhenItsPeerDies) {
   const absl::Status st = stream->synchronize();
   EXPECT_TRUE(absl::IsUnavailable(st)) << st;
   EXPECT_EQ(st.message(), "receiving the activation from rank 0: rank 0 is gone");
+}
+
+// The next step's begin_step, come during a step (the coordinator begins
+// step k+1 with step k's update), is held: the shard stays in its step.
+// Any other begin_step during a step is an error naming both steps.
+TEST(ShardActor, HoldsTheNextStepsBeginDuringAStepAndRefusesAnyOther) {
+  caf::actor_system_config cfg;
+  add_message_types(cfg);
+  cfg.set("scheduler.max-threads", 2);
+  caf::actor_system sys{cfg};
+  caf::scoped_actor coordinator{sys};
+  StageOne one;
+  ASSERT_TRUE(one.data.ok()) << one.data.status();
+  ASSERT_TRUE(one.stage.gpt().init(1).ok());
+  caf::actor shard = one.spawn(sys, coordinator);
+  coordinator->monitor(shard);
+
+  coordinator->send(shard, begin_step_atom::value, 1, std::int64_t{0}, 1.0f);
+  coordinator->send(shard, begin_step_atom::value, 2, std::int64_t{4}, 1.0f);
+  coordinator->request(shard, caf::infinite, waiting_atom::value)
+      .receive(
+          [&](const WaitReport& r) {
+            EXPECT_EQ(r.step, 1);  // still step 1's first forward
+            EXPECT_EQ(r.op_id, 0);
+            EXPECT_EQ(r.waiting, "the activation from rank 0");
+          },
+          [&](const caf::error& e) { FAIL() << sys.render(e); });
+  coordinator->send(shard, begin_step_atom::value, 2, std::int64_t{4}, 1.0f);
+  bool told = false;
+  coordinator->receive(
+      [&](failed_atom, int rank, const std::string& what) {
+        told = true;
+        EXPECT_EQ(rank, 1);
+        EXPECT_NE(what.find("begin_step 2 came during step 1 with the next one already held"),
+                  std::string::npos)
+            << what;
+      },
+      caf::after(std::chrono::seconds(60)) >> [&] { FAIL() << "no failure reported"; });
+  EXPECT_TRUE(told);
+  coordinator->send_exit(shard, caf::exit_reason::user_shutdown);
+  coordinator->receive([](const caf::down_msg&) {});
+  one.transport->fail_peer(0, absl::UnavailableError("the test is over"));
+  (void)one.stream->synchronize();
 }
 
 // A setup whose schedule cannot be made (interleaved with m not a multiple
