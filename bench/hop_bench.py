@@ -50,12 +50,15 @@ and the optimizer's work, stay negligible): T = 128 gives 4 KiB, T = 32768
 The other hops on a step's critical path, each on a line of its own
 (`"bench": "hop_path"`), in one process and between processes:
 
-  step_loop        the coordinator's step loop: from a rank's step end (its
-                   ready message, the last of its step) to its next step's
-                   begin (the coordinator's begin_step), at pp 1, from the
-                   trace; a round trip (two messages and the coordinator's
-                   own work between: the step's metrics and progress line),
-                   halved for the per-hop figure
+  step_loop        the coordinator's step loop: a rank's wait for the clip
+                   factor, from its squared gradient norm sent to the
+                   coordinator to the update back (the optimizer's `clip`
+                   wait in the trace), at pp 1; a round trip, halved for the
+                   per-hop figure. It is the coordinator's one round trip on
+                   a step's path: the next step's begin_step rides on the
+                   update when nothing is due between the steps, and the
+                   shard takes it as it goes ready (its step end to its next
+                   begin, `step_gap` in the details, is then 0)
   tp_all_reduce    a tensor-parallel group's all-reduce of a LayerNorm-sized
                    tensor (4 KiB: C = 1024 fp32, GPT-2 medium's), 2 ranks:
                    threads of one process over the in-process transport (as
@@ -258,9 +261,9 @@ def step_events(trace, rank=0):
 
 
 def step_loop_us(command):
-    """A rank's step end to its next step's begin at pp 1, every step after
-    SKIP of R traced runs (us)."""
-    gaps = []
+    """At pp 1, every step after SKIP of R traced runs: rank 0's wait for the
+    clip factor, and its step end to its next step's begin (us)."""
+    clip, gaps = [], []
     for k in range(args.reps):
         tag = f"{command}-loop-{k}"
         trace = f"{WORK}/{tag}-trace"
@@ -270,9 +273,18 @@ def step_loop_us(command):
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         if r.returncode != 0:
             sys.exit(f"hop_bench: failed: traced {command} at pp 1\n{r.stdout[-3000:]}")
-        steps = step_events(trace)
+        with open(f"{trace}/rank-00000.trace.jsonl") as f:
+            events = [json.loads(line) for line in list(f)[1:]]
+        clip += [(e["e"] - e["b"]) / 1e3 for e in events
+                 if e["k"] == "wait" and e.get("actor") == "optimizer" and e.get("what") == "clip"]
+        steps = {e["step"]: e for e in events if e["k"] == "step"}
         gaps += [(steps[s + 1]["b"] - steps[s]["e"]) / 1e3 for s in sorted(steps) if s + 1 in steps]
-    return gaps
+    if not clip:
+        sys.exit(f"hop_bench: no clip waits in the trace of {command} at pp 1")
+    emit(bench="hop_path_detail", path="step_gap", command=command,
+         median_us=round(statistics.median(gaps), 2),
+         how="rank 0's step end to its next step's begin at pp 1 (median)")
+    return clip
 
 
 def tp_all_reduce_us(inproc):
@@ -363,7 +375,7 @@ if args.only != "hops":
     loops = {c: step_loop_us(c) for c in ("train", "launch")}
     paths.append(path_row("step_loop", statistics.median(loops["train"]) / 2,
                           statistics.median(loops["launch"]) / 2,
-                          "a rank's step end to its next begin at pp 1, halved (median)"))
+                          "a rank's norm to the coordinator's update at pp 1, halved (median)"))
     paths.append(path_row("tp_all_reduce", tp_all_reduce_us(True), tp_all_reduce_us(False),
                           "4 KiB all-reduce of 2 ranks (mean of 5,000, median of runs)"))
     paths.append(path_row("api_event", statistics.median(api_event_us()), None,

@@ -11,6 +11,7 @@
 #include "actors/messages.h"
 #include "actors/rank/rank.h"
 #include "model/checkpoint.h"
+#include "tests/actors/coordinator_fixtures.h"
 
 namespace troupe::actors {
 namespace {
@@ -56,17 +57,9 @@ TEST(CoordinatorSave, AFileReportedBeforeItsCopyStillCommitsAndTheRunEnds) {
   caf::actor_system_config cfg;
   configure_actor_system(cfg);
   caf::actor_system system{cfg};
-  auto setup = std::make_shared<CoordinatorSetup>();
-  setup->options.model = *model::preset("tiny");
-  setup->options.micro_batch = 1;
-  setup->options.global_batch = 1;
-  setup->options.steps = 3;
-  setup->layout = {.tp = 1, .pp = 1, .dp = 1};
-  setup->shape = {1, 1, 1, 1};
-  setup->m = 1;
+  std::shared_ptr<CoordinatorSetup> setup = fixtures::one_rank_setup(3);
   setup->save_dir = dir;
   setup->save_interval = 1;
-  setup->meta.options = setup->options;
   std::promise<absl::Status> done;
   setup->on_finish = [&done](absl::Status st) { done.set_value(std::move(st)); };
   caf::actor c = system.spawn<Coordinator>(setup);

@@ -17,6 +17,7 @@
 #include "actors/messages.h"
 #include "actors/rank/rank.h"
 #include "model/checkpoint.h"
+#include "tests/actors/coordinator_fixtures.h"
 
 namespace troupe::actors {
 namespace {
@@ -38,7 +39,7 @@ struct StepLog {
 // step; on an update that carries the next step, begin_step to the shard
 // first; then the shard's word that its parameters are in.
 caf::behavior scripted_optimizer(caf::stateful_actor<caf::actor>* self, caf::actor coordinator,
-                             StepLog* log) {
+                                 StepLog* log) {
   return {
       [=](shard_atom, caf::actor shard) { self->state = shard; },
       [=](begin_step_atom, int step, std::int64_t, float) {
@@ -69,7 +70,7 @@ struct ScriptedShardState {
 // One rank's shard, as ShardActor: a begin_step during a step is held
 // until the shard is ready.
 caf::behavior scripted_shard(caf::stateful_actor<ScriptedShardState>* self, caf::actor coordinator,
-                         caf::actor optimizer, StepLog* log) {
+                             caf::actor optimizer, StepLog* log) {
   auto start = [=](int step, std::int64_t first) {
     log->add(absl::StrCat("b", step));
     {
@@ -91,7 +92,8 @@ caf::behavior scripted_shard(caf::stateful_actor<ScriptedShardState>* self, caf:
         log->add(absl::StrCat("r", step));
         self->send(coordinator, ready_atom::value, step, 0);
         self->state.step = 0;
-        if (self->state.held != 0) start(std::exchange(self->state.held, 0), self->state.held_first);
+        if (self->state.held != 0)
+          start(std::exchange(self->state.held, 0), self->state.held_first);
       },
   };
 }
@@ -105,20 +107,13 @@ struct StepsRun {
 // A one-rank run of `steps` steps of one sample each; `stop_after` > 0: a
 // host's stop_atom for that step, sent before the run starts.
 StepsRun run_steps(int steps, StepLog* log, const std::string& save_dir = "", int save_interval = 0,
-        int stop_after = 0) {
+                   int stop_after = 0) {
   caf::actor_system_config cfg;
   configure_actor_system(cfg);
   caf::actor_system system{cfg};
-  auto setup = std::make_shared<CoordinatorSetup>();
-  setup->options.model = *model::preset("tiny");
-  setup->options.micro_batch = 1;
-  setup->options.global_batch = 1;
-  setup->options.steps = steps;
-  setup->layout = {.tp = 1, .pp = 1, .dp = 1};
-  setup->shape = {1, 1, 1, 1};
+  std::shared_ptr<CoordinatorSetup> setup = fixtures::one_rank_setup(steps);
   setup->save_dir = save_dir;
   setup->save_interval = save_interval;
-  setup->meta.options = setup->options;
   StepsRun out;
   std::mutex mu;
   setup->on_step = [&](const model::StepMetrics& m) {
@@ -156,9 +151,9 @@ TEST(CoordinatorSteps, AStepBeginsWithTheUpdateBeforeItAndTheShardHoldsIt) {
   EXPECT_EQ(r.steps, (std::vector<int>{1, 2, 3, 4}));
   // Steps 2-4 began with the update before them, during it; the last
   // update carries none.
-  EXPECT_EQ(log.events, (std::vector<std::string>{"b1", "u1+", "b2@1", "r1", "b2", "u2+", "b3@2",
-                                                  "r2", "b3", "u3+", "b4@3", "r3", "b4", "u4",
-                                                  "r4"}));
+  EXPECT_EQ(log.events,
+            (std::vector<std::string>{"b1", "u1+", "b2@1", "r1", "b2", "u2+", "b3@2", "r2", "b3",
+                                      "u3+", "b4@3", "r3", "b4", "u4", "r4"}));
   EXPECT_EQ(log.firsts, (std::vector<std::int64_t>{0, 1, 2, 3}));  // the samples before each
   for (double s : r.step_s) EXPECT_GT(s, 0.0);
 }
@@ -173,9 +168,8 @@ TEST(CoordinatorSteps, ACheckpointOrAStopWaitsForEveryRankAtItsBoundary) {
     ASSERT_TRUE(r.status.ok()) << r.status;
     EXPECT_EQ(r.steps, (std::vector<int>{1, 2, 3, 4}));
     // Step 2 saves: step 3 begins once it is committed, not with the update.
-    EXPECT_EQ(log.events,
-              (std::vector<std::string>{"b1", "u1+", "b2@1", "r1", "b2", "u2", "r2", "b3", "u3+",
-                                        "b4@3", "r3", "b4", "u4", "r4"}));
+    EXPECT_EQ(log.events, (std::vector<std::string>{"b1", "u1+", "b2@1", "r1", "b2", "u2", "r2",
+                                                    "b3", "u3+", "b4@3", "r3", "b4", "u4", "r4"}));
     EXPECT_TRUE(std::filesystem::exists(dir + "/" + model::ckpt::iter_name(2) + "/manifest.json"));
   }
   std::filesystem::remove_all(dir);

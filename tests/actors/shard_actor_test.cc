@@ -12,8 +12,8 @@
 namespace troupe::actors {
 namespace {
 
-// Stage 1 of a 2-stage tiny model, alone: its peer (rank 0) is an
-// in-process endpoint nobody drives.
+// Stage 1 of a 2-stage tiny model, alone, begun by a scripted coordinator
+// (`self`): its peer (rank 0) is an in-process endpoint nobody drives.
 struct StageOne {
   model::GptConfig config = *model::preset("tiny");
   comm::Layout shape{.pp = 2, .dp = 1, .virtual_stages = 1};
@@ -22,15 +22,24 @@ struct StageOne {
   std::shared_ptr<comm::InProcFabric> fabric = std::make_shared<comm::InProcFabric>(2);
   std::unique_ptr<comm::Transport> transport = fabric->endpoint(1);
   GptStage stage{config, 2, chunk_spec(config, shape, 1), 2, gpu::cpu_device()};
+  // (After what the shard uses: the system's end waits for the actor.)
+  caf::actor_system_config cfg;
+  std::unique_ptr<caf::actor_system> sys;
+  std::unique_ptr<caf::scoped_actor> self;
+  caf::actor shard;
+  absl::Status ready;
 
   StageOne() {
     model::data::DataOptions options;  // the synthetic phrase corpus
     options.T = config.T;
     options.V = config.V;
     data = model::data::build_datasets(options, 8, 0);
-  }
-
-  caf::actor spawn(caf::actor_system& sys, const caf::actor& coordinator) {
+    ready = data.ok() ? stage.gpt().init(1) : data.status();
+    if (!ready.ok()) return;
+    add_message_types(cfg);
+    cfg.set("scheduler.max-threads", 2);
+    sys = std::make_unique<caf::actor_system>(cfg);
+    self = std::make_unique<caf::scoped_actor>(*sys);
     ShardSetup ss;
     ss.rank = 1;
     ss.coord = {.d = 0, .s = 1, .t = 0};
@@ -46,22 +55,18 @@ struct StageOne {
     ss.transport = transport.get();
     ss.grad_pieces = grad_pieces(pipeline_chunks(config, shape), shape);
     ss.param_pieces = param_pieces(pipeline_chunks(config, shape), shape);
-    ss.coordinator = coordinator;
-    return sys.spawn<ShardActor>(ss);
+    ss.coordinator = *self;
+    shard = sys->spawn<ShardActor>(ss);
+    (*self)->monitor(shard);
   }
 };
 
 TEST(ShardActor, ReportsWhatItWaitsForAndFailsWhenItsPeerDies) {
-  caf::actor_system_config cfg;
-  add_message_types(cfg);
-  cfg.set("scheduler.max-threads", 2);
-  caf::actor_system sys{cfg};
-  caf::scoped_actor coordinator{sys};
   StageOne one;
-  ASSERT_TRUE(one.data.ok()) << one.data.status();
-  ASSERT_TRUE(one.stage.gpt().init(1).ok());
-  caf::actor shard = one.spawn(sys, coordinator);
-  coordinator->monitor(shard);
+  ASSERT_TRUE(one.ready.ok()) << one.ready;
+  caf::actor_system& sys = *one.sys;
+  caf::scoped_actor& coordinator = *one.self;
+  const caf::actor& shard = one.shard;
   comm::Transport* transport = one.transport.get();
   gpu::Stream* stream = one.stream.get();
 
@@ -109,30 +114,23 @@ TEST(ShardActor, ReportsWhatItWaitsForAndFailsWhenItsPeerDies) {
 // step k+1 with step k's update), is held: the shard stays in its step.
 // Any other begin_step during a step is an error naming both steps.
 TEST(ShardActor, HoldsTheNextStepsBeginDuringAStepAndRefusesAnyOther) {
-  caf::actor_system_config cfg;
-  add_message_types(cfg);
-  cfg.set("scheduler.max-threads", 2);
-  caf::actor_system sys{cfg};
-  caf::scoped_actor coordinator{sys};
   StageOne one;
-  ASSERT_TRUE(one.data.ok()) << one.data.status();
-  ASSERT_TRUE(one.stage.gpt().init(1).ok());
-  caf::actor shard = one.spawn(sys, coordinator);
-  coordinator->monitor(shard);
+  ASSERT_TRUE(one.ready.ok()) << one.ready;
+  caf::scoped_actor& self = *one.self;  // the coordinator
 
-  coordinator->send(shard, begin_step_atom::value, 1, std::int64_t{0}, 1.0f);
-  coordinator->send(shard, begin_step_atom::value, 2, std::int64_t{4}, 1.0f);
-  coordinator->request(shard, caf::infinite, waiting_atom::value)
+  self->send(one.shard, begin_step_atom::value, 1, std::int64_t{0}, 1.0f);
+  self->send(one.shard, begin_step_atom::value, 2, std::int64_t{4}, 1.0f);
+  self->request(one.shard, caf::infinite, waiting_atom::value)
       .receive(
           [&](const WaitReport& r) {
             EXPECT_EQ(r.step, 1);  // still step 1's first forward
             EXPECT_EQ(r.op_id, 0);
             EXPECT_EQ(r.waiting, "the activation from rank 0");
           },
-          [&](const caf::error& e) { FAIL() << sys.render(e); });
-  coordinator->send(shard, begin_step_atom::value, 2, std::int64_t{4}, 1.0f);
+          [&](const caf::error& e) { FAIL() << one.sys->render(e); });
+  self->send(one.shard, begin_step_atom::value, 2, std::int64_t{4}, 1.0f);
   bool told = false;
-  coordinator->receive(
+  self->receive(
       [&](failed_atom, int rank, const std::string& what) {
         told = true;
         EXPECT_EQ(rank, 1);
@@ -142,8 +140,8 @@ TEST(ShardActor, HoldsTheNextStepsBeginDuringAStepAndRefusesAnyOther) {
       },
       caf::after(std::chrono::seconds(60)) >> [&] { FAIL() << "no failure reported"; });
   EXPECT_TRUE(told);
-  coordinator->send_exit(shard, caf::exit_reason::user_shutdown);
-  coordinator->receive([](const caf::down_msg&) {});
+  self->send_exit(one.shard, caf::exit_reason::user_shutdown);
+  self->receive([](const caf::down_msg&) {});
   one.transport->fail_peer(0, absl::UnavailableError("the test is over"));
   (void)one.stream->synchronize();
 }
