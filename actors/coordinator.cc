@@ -205,9 +205,9 @@ void Coordinator::on_norm(int step, int rank, double sq) {
   const bool early = begins_next(step);
   if (early) open(&next_, step + 1, batches_.global_batch(step + 1));
   const std::int64_t first = batches_.consumed_before(step + 1);
-  // (Newest first on CAF's worker, as in begin(). The optimizer passes the
+  // Newest first on CAF's worker, as in begin(). The optimizer passes the
   // next begin_step to its shard: between processes, one control frame a
-  // rank, not two.)
+  // rank, not two.
   for (std::size_t r = setup_->optimizers.size(); r-- > 0;) {
     if (early) {
       send(setup_->optimizers[r], update_atom::value, step, now_.lr, d.grad_scale, update, first,
@@ -221,10 +221,10 @@ void Coordinator::on_norm(int step, int rank, double sq) {
 // Whether step `step + 1` may begin with step `step`'s update: nothing is
 // due at the boundary. (A stop, exit signal or save asked for after this
 // is taken at the next boundary, after step + 1.)
-bool Coordinator::begins_next(int step) {
+bool Coordinator::begins_next(int step) const {
   const model::TrainOptions& o = setup_->options;
-  if (evaluating_ || ending_ || exiting_ || step >= o.steps || eval_due(step) || exit_due(step) ||
-      save_now_) {
+  if (evaluating_ || ending_ || exiting_ || step >= o.steps || eval_due(step) ||
+      !exit_due(step).empty() || save_now_) {
     return false;
   }
   return setup_->save_dir.empty() ||
@@ -238,11 +238,11 @@ bool Coordinator::eval_due(int step) const {
 
 // An exit asked for by a signal, or by --exit-interval or a host's stop
 // before the last step.
-bool Coordinator::exit_due(int step) const {
-  const bool signal = setup_->exit_requested && setup_->exit_requested();
-  return signal || (step < setup_->options.steps &&
-                    ((setup_->exit_interval > 0 && step % setup_->exit_interval == 0) ||
-                     step >= stop_after_));
+std::string Coordinator::exit_due(int step) const {
+  if (setup_->exit_requested && setup_->exit_requested()) return "exit signal";
+  if (step >= setup_->options.steps) return "";
+  if (setup_->exit_interval > 0 && step % setup_->exit_interval == 0) return "--exit-interval";
+  return step >= stop_after_ ? "stop requested" : "";
 }
 
 void Coordinator::on_ready(int step, int rank) {
@@ -317,15 +317,10 @@ void Coordinator::step_done() {
   }
   const model::TrainOptions& o = setup_->options;
   const int step = now_.step;
-  const bool signal = setup_->exit_requested && setup_->exit_requested();
-  const bool interval =
-      setup_->exit_interval > 0 && step % setup_->exit_interval == 0 && step < o.steps;
-  exiting_ = exit_due(step);
+  const std::string why = exit_due(step);
+  exiting_ = !why.empty();
   if (exiting_) {
-    say(absl::StrCat(signal     ? "exit signal"
-                     : interval ? "--exit-interval"
-                                : "stop requested",
-                     ": ending after step ", step,
+    say(absl::StrCat(why, ": ending after step ", step,
                      setup_->save_dir.empty() ? "" : " with a checkpoint"));
   }
   const bool save_now = std::exchange(save_now_, false);

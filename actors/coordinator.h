@@ -8,13 +8,15 @@
 // a step and the next (an evaluation, a checkpoint, an exit), the next
 // step's begin_step goes out with the update instead, and each shard takes
 // it as it goes ready: no round trip to the coordinator between the steps,
-// and the first stage starts while the others still update. Metrics are the single-rank
+// and a rank that is ready starts while others still update. Metrics are the single-rank
 // loop's: loss the token-weighted mean over the global batch, summed in
 // global micro-batch order; grad_norm over every parameter once.
 //
 // A worker that reports a failure or stops ends the run with an error naming
 // it; the run ends after the last step otherwise, or earlier, at a step
-// boundary, when a host asks (stop_atom; save_now_atom saves there).
+// boundary, when a host asks (stop_atom; save_now_atom saves there). A
+// request is taken at the first boundary whose update has not gone out: a
+// step whose update began the next one has that one after it.
 #pragma once
 
 #include <caf/all.hpp>
@@ -140,9 +142,11 @@ class Coordinator : public caf::event_based_actor {
   std::chrono::steady_clock::time_point last_end_;  // the last step's end (step_s)
   Tally* tally(int step);
   void open(Tally* t, int step, int global_batch);
-  bool begins_next(int step);
+  bool begins_next(int step) const;
   bool eval_due(int step) const;
-  bool exit_due(int step) const;
+  // Why the run is to end after `step` ("" if it is not): an exit signal,
+  // --exit-interval, or a host's stop.
+  std::string exit_due(int step) const;
   // --fp16's loss scaling.
   std::unique_ptr<model::LossScaler> scaler_;
   // Evaluation after a step (--eval-interval): batch k of --eval-iters.
@@ -167,7 +171,8 @@ class Coordinator : public caf::event_based_actor {
   Save save_;
   int pending_save_ = 0;
   bool ending_ = false, exiting_ = false;
-  // A host's requests (stop_atom, save_now_atom), taken at the next step boundary.
+  // A host's requests (stop_atom, save_now_atom), taken at the first step
+  // boundary whose update has not gone out (begins_next).
   int stop_after_ = std::numeric_limits<int>::max();
   bool save_now_ = false;
   // The stall watchdog: worker messages so far, and the sum of the workers'

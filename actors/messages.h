@@ -21,7 +21,8 @@
 //                   (update_atom, int step, float lr, float grad_scale, int update,
 //                    int64 next_first_sample, float next_loss_scale)
 //                       the same, and step + 1 begins with it: begin_step to the shard
-//                   (shard_atom, caf::actor shard)   once, before any step: whom to begin
+//                   (shard_atom, caf::actor shard)   once, before any step: the rank's
+//                       shard (the next begin_step; with dp, dp_params_atom)
 //                   (waiting_atom) -> WaitReport
 //                   (save_atom, int step, std::string tmp_dir)   copy the state, write it behind
 //   Coordinator     (loss_atom, int step, int d, int j, double loss_sum)   head chunk, per

@@ -323,6 +323,7 @@ void OptimizerActor::on_stepped() {
           });
     }
   }
+  sends_step_ = step_;
   phase_ = sends_pending_ > 0 ? "the shards to take the new parameters" : "idle";
   since_ = std::chrono::steady_clock::now();
   // With dp the broadcasts are done: the shard may go ready (a shard ready
@@ -335,7 +336,8 @@ void OptimizerActor::on_stepped() {
 void OptimizerActor::on_sent(const std::string& error) {
   if (failed_) return;
   if (!error.empty()) return fail(absl::StrCat("sending parameters: ", error));
-  if (--sends_pending_ == 0) phase_ = "idle";
+  // (The next step may have begun meanwhile: its phase stays.)
+  if (--sends_pending_ == 0 && sends_step_ == step_) phase_ = "idle";
 }
 
 void OptimizerActor::fail(const std::string& what) {

@@ -12,7 +12,11 @@
 //      and post the receives of the next one into its slot; when every
 //      contribution is in, report the squared norm to the coordinator;
 //   3. update (lr, clip scale): AdamW on the owned range, then send the new
-//      parameters to every replica's shard (all-gather as messages).
+//      parameters to every replica's shard (all-gather as messages). An
+//      update that carries the next step passes its begin_step to the
+//      shard first, which holds it until it has its new parameters; the
+//      shard then begins this actor's next step while step k's sends may
+//      still be in flight.
 //
 // On a device the host cannot read (OptimizerSetup::dp), the replicas'
 // pieces go device to device instead: each replica's shard reduces every
@@ -135,6 +139,7 @@ class OptimizerActor : public caf::event_based_actor {
   int reduced_early_ = -1;   // a step whose dp_reduced_atom came before its begin_step
   int step_ = 0;
   int sums_done_ = 0, sends_pending_ = 0;
+  int sends_step_ = 0;  // the step whose parameter sends are pending
   bool failed_ = false;
   std::uint64_t progress_ = 0;  // pieces arrived, reductions and steps done, over the run
   std::string phase_ = "idle";

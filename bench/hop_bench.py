@@ -254,10 +254,13 @@ def stage_cpu(command, size, usage):
     return cpu_stage, switches_stage, bound
 
 
-def step_events(trace, rank=0):
+def trace_events(trace, rank=0):
     with open(f"{trace}/rank-{rank:05d}.trace.jsonl") as f:
-        events = [json.loads(line) for line in list(f)[1:]]
-    return {e["step"]: e for e in events if e["k"] == "step"}
+        return [json.loads(line) for line in list(f)[1:]]
+
+
+def step_events(trace, rank=0):
+    return {e["step"]: e for e in trace_events(trace, rank) if e["k"] == "step"}
 
 
 def step_loop_us(command):
@@ -273,14 +276,12 @@ def step_loop_us(command):
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         if r.returncode != 0:
             sys.exit(f"hop_bench: failed: traced {command} at pp 1\n{r.stdout[-3000:]}")
-        with open(f"{trace}/rank-00000.trace.jsonl") as f:
-            events = [json.loads(line) for line in list(f)[1:]]
-        clip += [(e["e"] - e["b"]) / 1e3 for e in events
+        clip += [(e["e"] - e["b"]) / 1e3 for e in trace_events(trace)
                  if e["k"] == "wait" and e.get("actor") == "optimizer" and e.get("what") == "clip"]
-        steps = {e["step"]: e for e in events if e["k"] == "step"}
+        steps = step_events(trace)
         gaps += [(steps[s + 1]["b"] - steps[s]["e"]) / 1e3 for s in sorted(steps) if s + 1 in steps]
-    if not clip:
-        sys.exit(f"hop_bench: no clip waits in the trace of {command} at pp 1")
+    if not clip or not gaps:
+        sys.exit(f"hop_bench: no clip waits or consecutive steps in the trace of {command} at pp 1")
     emit(bench="hop_path_detail", path="step_gap", command=command,
          median_us=round(statistics.median(gaps), 2),
          how="rank 0's step end to its next step's begin at pp 1 (median)")

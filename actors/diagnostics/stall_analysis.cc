@@ -41,9 +41,12 @@ std::vector<RankState> index_ranks(const StallInput& in) {
                        in.ready[static_cast<std::size_t>(rank)];
     // A shard sets its step to 0 once it has reported ready, so a step
     // other than this one means "not begun" only for a shard not ready; an
-    // optimizer keeps its step after the step.
+    // optimizer keeps its step after the step. A ready rank may have begun
+    // the next step, which came with this one's update (Coordinator): its
+    // actors are then one step on.
     rs.shard_not_begun = rs.shard != nullptr && rs.shard->step != in.step && !ready;
-    rs.optimizer_not_begun = rs.optimizer != nullptr && rs.optimizer->step != in.step;
+    rs.optimizer_not_begun = rs.optimizer != nullptr && rs.optimizer->step != in.step &&
+                             !(ready && rs.optimizer->step == in.step + 1);
     std::vector<std::string> why;
     if (rs.shard == nullptr) why.push_back("its shard did not answer");
     if (rs.shard_not_begun) why.push_back(absl::StrCat("has not begun step ", in.step));

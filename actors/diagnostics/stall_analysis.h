@@ -39,7 +39,9 @@ struct StallInput {
   comm::Layout layout;
   int step = 0;  // the step the coordinator is in (>= 1)
   // By rank: the shard reported ready for this step, so its step 0 means
-  // "done", not "has not begun". Empty: no shard is ready.
+  // "done", not "has not begun", and so does step + 1 for its shard and
+  // optimizer (the next step, begun with this one's update). Empty: no
+  // shard is ready.
   std::vector<bool> ready;
   // By rank; empty: unknown (no host column, no "on host").
   std::vector<std::string> hosts;

@@ -16,7 +16,7 @@
 //   self->receive_while([&] { return !done; })(
 //       [&](troupe::metrics_atom, const std::string&, const troupe::StepMetrics& m) {
 //         if (m.loss < 5.0) self->send(*job, troupe::stop_atom::value);  // after the step in
-//         progress
+//         progress (the next: it began with this one's update)
 //       },
 //       [&](troupe::ended_atom, const std::string&, int steps, const std::string& error) {
 //         done = true;
@@ -27,7 +27,9 @@
 // reply, and a refused save_now is a log_atom event):
 //   (subscribe_atom, caf::actor who) -> JobStatus   who gets the events below from now on
 //   (unsubscribe_atom, caf::actor who)
-//   (stop_atom)                   end after the step in progress (at a step boundary)
+//   (stop_atom)                   end after the step in progress (at a step boundary; a
+//                                 step whose update has begun the next is no longer in
+//                                 progress: then after the next)
 //   (stop_atom, int step)         end after `step` (or the step in progress, if later)
 //   (save_now_atom)               a checkpoint after the step in progress (needs --save)
 //   (status_atom) -> JobStatus    step, layout, throughput, state

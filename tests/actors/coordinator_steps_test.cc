@@ -5,6 +5,7 @@
 // rank's ready as before.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <future>
@@ -35,28 +36,44 @@ struct StepLog {
   }
 };
 
+// A scripted rank: its global rank (= its replica d: these runs are data
+// parallel only), the prefix of its log entries, and how long its
+// optimizer waits before it gives step 1's new parameters to its shard.
+struct Script {
+  int rank = 0;
+  std::string prefix = "";
+  std::chrono::milliseconds step1_delay{0};
+};
+
 // One rank's optimizer, as OptimizerActor: begun by its shard, a norm a
 // step; on an update that carries the next step, begin_step to the shard
 // first; then the shard's word that its parameters are in.
 caf::behavior scripted_optimizer(caf::stateful_actor<caf::actor>* self, caf::actor coordinator,
-                                 StepLog* log) {
+                                 StepLog* log, Script me) {
+  auto params_in = [=](int step) {
+    if (step == 1 && me.step1_delay.count() > 0) {
+      self->delayed_send(self->state, me.step1_delay, dp_params_atom::value, step);
+    } else {
+      self->send(self->state, dp_params_atom::value, step);
+    }
+  };
   return {
       [=](shard_atom, caf::actor shard) { self->state = shard; },
       [=](begin_step_atom, int step, std::int64_t, float) {
-        self->send(coordinator, norm_atom::value, step, 0, 1.0);
+        self->send(coordinator, norm_atom::value, step, me.rank, 1.0);
       },
       [=](update_atom, int step, float, float, int) {
-        log->add(absl::StrCat("u", step));
-        self->send(self->state, dp_params_atom::value, step);
+        log->add(absl::StrCat(me.prefix, "u", step));
+        params_in(step);
       },
       [=](update_atom, int step, float, float, int, std::int64_t first, float scale) {
-        log->add(absl::StrCat("u", step, "+"));
+        log->add(absl::StrCat(me.prefix, "u", step, "+"));
         self->send(self->state, begin_step_atom::value, step + 1, first, scale);
-        self->send(self->state, dp_params_atom::value, step);
+        params_in(step);
       },
       [=](save_atom, int step, const std::string&) {
-        self->send(coordinator, snapshot_atom::value, step, 0, std::string());
-        self->send(coordinator, saved_atom::value, step, 0, std::string("[]"), std::string());
+        self->send(coordinator, snapshot_atom::value, step, me.rank, std::string());
+        self->send(coordinator, saved_atom::value, step, me.rank, std::string("[]"), std::string());
       },
   };
 }
@@ -70,27 +87,27 @@ struct ScriptedShardState {
 // One rank's shard, as ShardActor: a begin_step during a step is held
 // until the shard is ready.
 caf::behavior scripted_shard(caf::stateful_actor<ScriptedShardState>* self, caf::actor coordinator,
-                             caf::actor optimizer, StepLog* log) {
+                             caf::actor optimizer, StepLog* log, Script me) {
   auto start = [=](int step, std::int64_t first) {
-    log->add(absl::StrCat("b", step));
-    {
+    log->add(absl::StrCat(me.prefix, "b", step));
+    if (me.rank == 0) {
       std::lock_guard<std::mutex> lock(log->mu);
       log->firsts.push_back(first);
     }
     self->state.step = step;
     self->send(optimizer, begin_step_atom::value, step, first, 1.0f);
-    self->send(coordinator, loss_atom::value, step, 0, 0, 1.0);
+    self->send(coordinator, loss_atom::value, step, me.rank, 0, 1.0);
   };
   return {
       [=](begin_step_atom, int step, std::int64_t first, float) {
         if (self->state.step == 0) return start(step, first);
-        log->add(absl::StrCat("b", step, "@", self->state.step));
+        log->add(absl::StrCat(me.prefix, "b", step, "@", self->state.step));
         self->state.held = step;
         self->state.held_first = first;
       },
       [=](dp_params_atom, int step) {
-        log->add(absl::StrCat("r", step));
-        self->send(coordinator, ready_atom::value, step, 0);
+        log->add(absl::StrCat(me.prefix, "r", step));
+        self->send(coordinator, ready_atom::value, step, me.rank);
         self->state.step = 0;
         if (self->state.held != 0)
           start(std::exchange(self->state.held, 0), self->state.held_first);
@@ -104,16 +121,28 @@ struct StepsRun {
   std::vector<double> step_s;
 };
 
-// A one-rank run of `steps` steps of one sample each; `stop_after` > 0: a
-// host's stop_atom for that step, sent before the run starts.
-StepsRun run_steps(int steps, StepLog* log, const std::string& save_dir = "", int save_interval = 0,
-                   int stop_after = 0) {
+struct RunOptions {
+  int steps = 4;
+  std::string save_dir = "";  // no checkpoints
+  int save_interval = 0;
+  int stop_after = 0;  // > 0: a host's stop_atom for that step, sent before the start
+  // dp replicas, one rank each; with 2, rank 1 is `second`.
+  int dp = 1;
+  Script second{.rank = 1};
+};
+
+// A run of one-sample micro-batches, one a replica and step, on scripted
+// ranks.
+StepsRun run_steps(const RunOptions& o, StepLog* log) {
   caf::actor_system_config cfg;
   configure_actor_system(cfg);
   caf::actor_system system{cfg};
-  std::shared_ptr<CoordinatorSetup> setup = fixtures::one_rank_setup(steps);
-  setup->save_dir = save_dir;
-  setup->save_interval = save_interval;
+  std::shared_ptr<CoordinatorSetup> setup = fixtures::one_rank_setup(o.steps);
+  setup->options.global_batch = o.dp;
+  setup->layout = {.tp = 1, .pp = 1, .dp = o.dp};
+  setup->shape = setup->layout;
+  setup->save_dir = o.save_dir;
+  setup->save_interval = o.save_interval;
   StepsRun out;
   std::mutex mu;
   setup->on_step = [&](const model::StepMetrics& m) {
@@ -124,12 +153,17 @@ StepsRun run_steps(int steps, StepLog* log, const std::string& save_dir = "", in
   std::promise<absl::Status> done;
   setup->on_finish = [&done](absl::Status st) { done.set_value(std::move(st)); };
   caf::actor c = system.spawn<Coordinator>(setup);
-  const caf::actor optimizer = system.spawn(scripted_optimizer, c, log);
-  const caf::actor shard = system.spawn(scripted_shard, c, optimizer, log);
-  caf::anon_send(optimizer, shard_atom::value, shard);
-  setup->shards = {shard};
-  setup->optimizers = {optimizer};
-  if (stop_after > 0) caf::anon_send(c, stop_atom::value, stop_after);
+  std::vector<caf::actor> actors{c};
+  for (int r = 0; r < o.dp; r++) {
+    const Script me = r == 0 ? Script{.prefix = o.dp > 1 ? "0:" : ""} : o.second;
+    const caf::actor optimizer = system.spawn(scripted_optimizer, c, log, me);
+    const caf::actor shard = system.spawn(scripted_shard, c, optimizer, log, me);
+    caf::anon_send(optimizer, shard_atom::value, shard);
+    setup->shards.push_back(shard);
+    setup->optimizers.push_back(optimizer);
+    actors.insert(actors.end(), {shard, optimizer});
+  }
+  if (o.stop_after > 0) caf::anon_send(c, stop_atom::value, o.stop_after);
   caf::anon_send(c, start_atom::value);
   std::future<absl::Status> f = done.get_future();
   if (f.wait_for(std::chrono::seconds(20)) != std::future_status::ready) {
@@ -137,16 +171,16 @@ StepsRun run_steps(int steps, StepLog* log, const std::string& save_dir = "", in
   } else {
     out.status = f.get();
   }
-  for (const caf::actor& a : {shard, optimizer}) {
-    caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
-  }
+  // (The coordinator too: after a timeout it is still up, and the
+  // system's end would wait for it.)
+  for (const caf::actor& a : actors) caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
   std::lock_guard<std::mutex> lock(mu);
   return out;
 }
 
 TEST(CoordinatorSteps, AStepBeginsWithTheUpdateBeforeItAndTheShardHoldsIt) {
   StepLog log;
-  const StepsRun r = run_steps(4, &log);
+  const StepsRun r = run_steps({.steps = 4}, &log);
   ASSERT_TRUE(r.status.ok()) << r.status;
   EXPECT_EQ(r.steps, (std::vector<int>{1, 2, 3, 4}));
   // Steps 2-4 began with the update before them, during it; the last
@@ -159,12 +193,11 @@ TEST(CoordinatorSteps, AStepBeginsWithTheUpdateBeforeItAndTheShardHoldsIt) {
 }
 
 TEST(CoordinatorSteps, ACheckpointOrAStopWaitsForEveryRankAtItsBoundary) {
-  const std::string dir =
-      (std::filesystem::temp_directory_path() / "troupe_coordinator_steps_test").string();
+  const std::string dir = testing::TempDir() + "/troupe_coordinator_steps_test";
   std::filesystem::remove_all(dir);
   {
     StepLog log;
-    const StepsRun r = run_steps(4, &log, dir, /*save_interval=*/2);
+    const StepsRun r = run_steps({.steps = 4, .save_dir = dir, .save_interval = 2}, &log);
     ASSERT_TRUE(r.status.ok()) << r.status;
     EXPECT_EQ(r.steps, (std::vector<int>{1, 2, 3, 4}));
     // Step 2 saves: step 3 begins once it is committed, not with the update.
@@ -175,11 +208,35 @@ TEST(CoordinatorSteps, ACheckpointOrAStopWaitsForEveryRankAtItsBoundary) {
   std::filesystem::remove_all(dir);
   {
     StepLog log;
-    const StepsRun r = run_steps(5, &log, "", 0, /*stop_after=*/2);
+    const StepsRun r = run_steps({.steps = 5, .stop_after = 2}, &log);
     ASSERT_TRUE(r.status.ok()) << r.status;
     EXPECT_EQ(r.steps, (std::vector<int>{1, 2}));
     EXPECT_EQ(log.events, (std::vector<std::string>{"b1", "u1+", "b2@1", "r1", "b2", "u2", "r2"}));
   }
+}
+
+// Two replicas; rank 1 gets step 1's new parameters 30 ms late, so rank 0,
+// ready, begins step 2 (which came with step 1's update) and its step-2
+// loss and norm reach the coordinator before rank 1's step-1 ready: the
+// coordinator counts them for step 2 and ends step 1 when rank 1 is ready.
+TEST(CoordinatorSteps, ARanksNextStepMayReportBeforeAnotherRankEndsThisOne) {
+  StepLog log;
+  const StepsRun r = run_steps(
+      {.steps = 3,
+       .dp = 2,
+       .second = {.rank = 1, .prefix = "1:", .step1_delay = std::chrono::milliseconds(30)}},
+      &log);
+  ASSERT_TRUE(r.status.ok()) << r.status;
+  EXPECT_EQ(r.steps, (std::vector<int>{1, 2, 3}));
+  ASSERT_EQ(r.step_s.size(), 3u);
+  EXPECT_GE(r.step_s[0], 0.030);  // step 1 waited for rank 1
+  const auto at = [&](const std::string& e) {
+    return std::find(log.events.begin(), log.events.end(), e) - log.events.begin();
+  };
+  ASSERT_LT(at("1:r1"), static_cast<std::ptrdiff_t>(log.events.size()));
+  EXPECT_LT(at("0:b2"), at("1:r1"));  // rank 0 reported step 2 first
+  EXPECT_LT(at("1:r1"), at("1:b2"));
+  EXPECT_LT(at("1:b2"), at("0:u2+"));  // step 2's update waited for rank 1's norm
 }
 
 }  // namespace

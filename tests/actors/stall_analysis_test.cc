@@ -240,6 +240,30 @@ TEST(StallAnalysis, AShardThatIsReadyHasBegun) {
   EXPECT_FALSE(has(a.text(), "has not begun")) << a.text();
 }
 
+// pp=2 dp=1, step 5: rank 0 is ready and has begun step 6, which came with
+// step 5's update (its shard waits for step 6's gradient, its optimizer for
+// step 6's gradients); rank 1 waits for its new parameters and its
+// optimizer is still in AdamW of step 5. Rank 0's actors one step on have
+// begun, not "not begun"; the waits of step 5 end at rank 1.
+TEST(StallAnalysis, AReadyRankInTheNextStepHasBegun) {
+  const comm::Layout pp2{.tp = 1, .pp = 2, .dp = 1};
+  std::vector<WaitReport> r = idle(pp2, 5);
+  shard(r, 0).step = 6;
+  waits_at_op(shard(r, 0), 1, "backward of micro-batch 0 (chunk 0)", "the gradient from rank 1", 1,
+              1.0);
+  optimizer(r, 0).step = 6;
+  optimizer(r, 0).waiting = "the gradients of step 6 (1 pieces)";
+  shard(r, 1).waiting = "the new parameters";
+  shard(r, 1).since_s = 2.0;
+  optimizer(r, 1).waiting = "AdamW of step 5";
+  optimizer(r, 1).since_s = 2.0;
+  const StallAnalysis a = analyze(r, pp2, 5, {true, false});
+  EXPECT_FALSE(has(a.text(), "has not begun")) << a.text();
+  EXPECT_FALSE(has(a.table, "step 6")) << a.table;
+  ASSERT_EQ(a.culprits.size(), 1u) << a.text();
+  EXPECT_EQ(culprit_ranks(a, 0), std::vector<int>{1}) << a.text();
+}
+
 // An actor that did not answer is where the waits on its rank end.
 TEST(StallAnalysis, AShardThatDidNotAnswerIsARootCause) {
   std::vector<WaitReport> r = chain();
