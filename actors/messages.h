@@ -35,6 +35,7 @@
 //                       a rank's checkpoint file is written (records: JSON, model/checkpoint.h)
 //                   (stop_atom, int step)   end after that step (or the one in progress, if later)
 //                   (save_now_atom)         a checkpoint after the step in progress (with --save)
+//                       (a step whose update began the next is no longer in progress)
 // Internal (an actor to itself, from stream and transport callbacks):
 //   (op_done_atom, int op_id), (recheck_atom, int step, int op), (bucket_atom, int step, int
 //   chunk, int bucket),

@@ -7,7 +7,8 @@
 // very end, so the system's destructor waits for the thread, whatever
 // happened to the handle. The thread and the actor share a Control: a
 // killed handle stops the run through it (the coordinator asks it at every
-// step boundary), and the stop a host asked for before the coordinator
+// step boundary, and at an update that could begin the next step), and the
+// stop a host asked for before the coordinator
 // existed reaches the coordinator before its first step.
 #include <algorithm>
 #include <atomic>

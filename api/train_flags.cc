@@ -112,7 +112,7 @@ void add_train_flags(CLI::App* cmd, TrainFlags& f) {
       "With --load: the parameters only; a new run from step 1 with fresh optimizer state");
   cmd->add_flag(
       "--exit-signal-handler", [&ck](std::int64_t) { ck.exit_signal_handler = true; },
-      "On SIGTERM, save a checkpoint after the current step and exit cleanly");
+      "On SIGTERM, save a checkpoint after the step in progress and exit cleanly");
   cmd->add_option("--exit-interval", ck.exit_interval,
                   "End the run (saving, with --save) after a step that is a multiple of this");
   cmd->add_option("--metrics-jsonl", f.metrics_jsonl, "Write one JSON object per step here");

@@ -370,7 +370,7 @@ int run_launch(LaunchFlags& f) {
     }
     if (sig == SIGTERM && ctx.f.train.checkpoint.exit_signal_handler && !ctx.exit_signal.load()) {
       // (Megatron's --exit-signal-handler: SLURM's notice before preemption.)
-      std::printf("troupe launch: SIGTERM: saving after this step, then exiting\n");
+      std::printf("troupe launch: SIGTERM: saving after the step in progress, then exiting\n");
       std::fflush(stdout);
       ctx.exit_signal = true;
       return;

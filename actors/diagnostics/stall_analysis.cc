@@ -59,11 +59,15 @@ std::vector<RankState> index_ranks(const StallInput& in) {
   // A stream that has not finished an op for the whole timeout: the rank is
   // a root cause (the op's inputs had all arrived when it fired), unless a
   // TP or DP peer is one (the op waits inside a TP collective, or in a DP
-  // reduce where the ZeRO-1 pieces go device to device, for it).
+  // reduce where the ZeRO-1 pieces go device to device, for it). Only in
+  // this step: a ready rank's op of the next step holds up nothing here.
   std::vector<bool> computing(static_cast<std::size_t>(world), false);
   for (int rank = 0; rank < world; rank++) {
     const RankState& rs = ranks[static_cast<std::size_t>(rank)];
-    if (rs.shard == nullptr || rs.shard->computing.empty() || rs.shard_not_begun) continue;
+    if (rs.shard == nullptr || rs.shard->computing.empty() || rs.shard_not_begun ||
+        rs.shard->step != in.step) {
+      continue;
+    }
     bool peer_root = false;
     for (const std::vector<int>& group :
          {in.layout.tensor_group(rank), in.layout.data_group(rank)}) {

@@ -84,7 +84,7 @@ struct CheckpointOptions {
   int keep_last = 0;      // older checkpoints than the newest K are removed (0: none)
   std::string load;       // save directory (its newest) or DIR/iter_NNNNNNN; "" none
   bool load_optim = true;
-  bool exit_signal_handler = false;  // SIGTERM: save after this step and end
+  bool exit_signal_handler = false;  // SIGTERM: save after the step in progress and end
   int exit_interval =
       0;  // --exit-interval: save (with --save) and end after a step that is a multiple
 };

@@ -10,6 +10,8 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+
 namespace troupe::actors {
 namespace {
 
@@ -240,6 +242,15 @@ TEST(StallAnalysis, AShardThatIsReadyHasBegun) {
   EXPECT_FALSE(has(a.text(), "has not begun")) << a.text();
 }
 
+// `rank` still in its update of `step`: its shard waits for the new
+// parameters, its optimizer is in AdamW (2 s each).
+void still_updating(std::vector<WaitReport>& r, int rank, int step) {
+  shard(r, rank).waiting = "the new parameters";
+  shard(r, rank).since_s = 2.0;
+  optimizer(r, rank).waiting = absl::StrCat("AdamW of step ", step);
+  optimizer(r, rank).since_s = 2.0;
+}
+
 // pp=2 dp=1, step 5: rank 0 is ready and has begun step 6, which came with
 // step 5's update (its shard waits for step 6's gradient, its optimizer for
 // step 6's gradients); rank 1 waits for its new parameters and its
@@ -253,15 +264,31 @@ TEST(StallAnalysis, AReadyRankInTheNextStepHasBegun) {
               1.0);
   optimizer(r, 0).step = 6;
   optimizer(r, 0).waiting = "the gradients of step 6 (1 pieces)";
-  shard(r, 1).waiting = "the new parameters";
-  shard(r, 1).since_s = 2.0;
-  optimizer(r, 1).waiting = "AdamW of step 5";
-  optimizer(r, 1).since_s = 2.0;
+  still_updating(r, 1, 5);
   const StallAnalysis a = analyze(r, pp2, 5, {true, false});
   EXPECT_FALSE(has(a.text(), "has not begun")) << a.text();
   EXPECT_FALSE(has(a.table, "step 6")) << a.table;
   ASSERT_EQ(a.culprits.size(), 1u) << a.text();
   EXPECT_EQ(culprit_ranks(a, 0), std::vector<int>{1}) << a.text();
+}
+
+// tp=2 pp=1 dp=1, step 5: rank 0 is ready and in step 6, where its forward
+// waits inside the TP all-reduce for rank 1 (its stream has not finished
+// that op); rank 1 is still in step 5, its optimizer in AdamW. An op of the
+// next step holds up nothing in this one: rank 1 is the culprit, not rank
+// 0's stream.
+TEST(StallAnalysis, AReadyRanksOpOfTheNextStepIsNotACulprit) {
+  const comm::Layout tp2{.tp = 2, .pp = 1, .dp = 1};
+  std::vector<WaitReport> r = idle(tp2, 5);
+  shard(r, 0).step = 6;
+  shard(r, 0).computing = "forward of micro-batch 0 (chunk 0)";
+  optimizer(r, 0).step = 6;
+  still_updating(r, 1, 5);
+  const StallAnalysis a = analyze(r, tp2, 5, {true, false});
+  EXPECT_FALSE(has(a.text(), "stream has not finished")) << a.text();
+  for (const Culprit& c : a.culprits) {
+    EXPECT_NE(c.ranks, std::vector<int>{0}) << a.text();
+  }
 }
 
 // An actor that did not answer is where the waits on its rank end.
