@@ -204,7 +204,7 @@ void Coordinator::on_norm(int step, int rank, double sq) {
   // scaler has decided this step).
   const bool early = begins_next(step);
   if (early) open(&next_, step + 1, batches_.global_batch(step + 1));
-  const std::int64_t first = batches_.consumed_before(step + 1);
+  const std::int64_t first = early ? batches_.consumed_before(step + 1) : 0;
   // Newest first on CAF's worker, as in begin(). The optimizer passes the
   // next begin_step to its shard: between processes, one control frame a
   // rank, not two.
@@ -262,8 +262,8 @@ void Coordinator::on_ready(int step, int rank) {
   const model::TrainOptions& o = setup_->options;
   const double tokens = static_cast<double>(t->global_batch) * o.model.T;
   if (evaluating_) {
-    for (double l : t->loss)
-      val_total_ += l;  // as the single-rank loop: batches, then micro-batches
+    // As the single-rank loop: batches, then micro-batches.
+    for (double l : t->loss) val_total_ += l;
     if (++eval_batch_ < o.eval_iters) return begin_eval_batch();
     evaluating_ = false;
     evaluations_done_++;
