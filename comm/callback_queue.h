@@ -56,6 +56,14 @@ class CallbackQueue {
     cv_.notify_one();
   }
 
+  // Returns once every callback posted before the call has run (an owner
+  // about to free what they use waits here first). Not from the queue's
+  // own thread.
+  void drain() {
+    std::unique_lock<std::mutex> lock(mu_);
+    idle_.wait(lock, [&] { return queue_.empty() && !running_; });
+  }
+
  private:
   void run() {
     gpu::name_this_thread(name_);
@@ -67,6 +75,7 @@ class CallbackQueue {
         if (queue_.empty()) return;  // stopping, all delivered
         fn = std::move(queue_.front());
         queue_.pop_front();
+        running_ = true;
       }
       try {
         fn();
@@ -75,6 +84,12 @@ class CallbackQueue {
       } catch (...) {
         record("an exception that is not a std::exception");
       }
+      fn = nullptr;  // (what it holds goes before drain() returns)
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        running_ = false;
+      }
+      idle_.notify_all();
     }
   }
 
@@ -93,8 +108,10 @@ class CallbackQueue {
 
   std::mutex mu_;
   std::condition_variable cv_;
+  std::condition_variable idle_;  // drain(): nothing queued or running
   std::deque<std::function<void()>> queue_;
   bool stop_ = false;
+  bool running_ = false;
   absl::Status error_;
   const char* name_;
   ErrorHandler on_error_;

@@ -31,6 +31,9 @@ class InProcFabric : public std::enable_shared_from_this<InProcFabric> {
  public:
   explicit InProcFabric(int size);
   int size() const { return size_; }
+  // Returns once the completions queued so far have run (before an owner
+  // frees what their callbacks use: a rank's trace recorder).
+  void drain() { callbacks_.drain(); }
   // Rank `rank`'s transport; keeps the fabric alive.
   std::unique_ptr<Transport> endpoint(int rank);
   // (peer, tag) entries of the matching tables, all ranks together: how many

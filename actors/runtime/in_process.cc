@@ -97,6 +97,11 @@ absl::Status InProcessTrainer::connect_ranks() {
 
 InProcessTrainer::~InProcessTrainer() {
   for (auto& r : ranks_) r->drain();
+  // A completion still queued on the fabric's thread (a parameter send's,
+  // which no actor waits for before the run ends) closes its trace event
+  // in its rank's recorder: it runs before the ranks go (seen as a hang,
+  // a freed recorder's mutex, in examples/two_jobs).
+  if (fabric_) fabric_->drain();
 }
 
 absl::Status InProcessTrainer::run(const StepCallback& on_step) {
