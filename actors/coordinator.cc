@@ -5,6 +5,7 @@
 #include <cmath>
 #include <utility>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -92,7 +93,9 @@ caf::behavior Coordinator::make_behavior() {
         on_saved(step, rank, records, error);
       },
       [this](failed_atom, int rank, const std::string& what) {
-        finish(absl::InternalError(absl::StrCat(who(rank), ": ", what)));
+        absl::Status st = absl::InternalError(absl::StrCat(who(rank), ": ", what));
+        st.SetPayload(kRankReportPayload, absl::Cord(absl::StrCat(rank)));
+        finish(std::move(st));
       },
       [this](stop_atom, int step) { stop_after_ = std::min(stop_after_, step); },
       [this](save_now_atom) { save_now_ = true; },

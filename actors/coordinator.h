@@ -38,6 +38,12 @@
 
 namespace troupe::actors {
 
+// The payload on the outcome of a run that a rank's own failure report
+// ended (failed_atom): the report may be second-hand, a peer's death seen
+// as a failed receive or copy, so a process host may still blame the loss
+// it hears of a moment later (CoordinatorHost).
+inline constexpr char kRankReportPayload[] = "troupe/rank-report";
+
 struct CoordinatorSetup {
   model::TrainOptions options;
   comm::Layout layout;

@@ -46,7 +46,7 @@ void FleetWatch::poll() {
       if (!failures_.failed_at) failures_.failed_at = std::chrono::steady_clock::now();
     }
     if (bad && !over_.load()) {
-      coordinator_.cancel(
+      coordinator_.lose(
           absl::UnavailableError(absl::StrCat(coordinator_.who(e.rank), ": ", e.what)));
     }
   }

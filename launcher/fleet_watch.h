@@ -1,7 +1,8 @@
 // The launcher's watch over one start's workers while the job runs: each
 // worker's pid and exit go into launch.json as they come; a worker that
 // fails (exits badly, is killed, or its host is lost) before the end
-// cancels the coordinator's run, naming it; and the failures that caused
+// ends the coordinator's run as a loss, naming it (CoordinatorHost::lose);
+// and the failures that caused
 // the end are kept for the outcome -- not a rank that stopped because the
 // job did (kExitStopped), nor the launcher's own kills at the end.
 //

@@ -3,6 +3,7 @@
 
 #include <cstdio>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "actors/coordinator.h"
@@ -184,7 +185,9 @@ void CoordinatorHost::on_frame(int rank, std::string frame) {
       // It could not get ready (its transport, say): the run ends with why.
       const std::string what = e->content.get_as<std::string>(2);
       lock.unlock();
-      end(absl::InternalError(absl::StrCat(who(rank), ": ", what)));
+      absl::Status st = absl::InternalError(absl::StrCat(who(rank), ": ", what));
+      st.SetPayload(kRankReportPayload, absl::Cord(absl::StrCat(rank)));
+      end(std::move(st));
       return;
     }
     cv_.notify_all();
@@ -206,6 +209,8 @@ void CoordinatorHost::on_frame(int rank, std::string frame) {
 
 void CoordinatorHost::on_lost(int rank, absl::Status why) {
   if (rank >= kWatcherBase) return feed_->remove(rank);
+  const std::string what = why.ok() ? "left before the run ended" : std::string(why.message());
+  const std::string whom = who(rank);
   caf::actor shard, optimizer;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -215,27 +220,51 @@ void CoordinatorHost::on_lost(int rank, absl::Status why) {
       done_++;
       cv_.notify_all();
     }
-    if (outcome_) return;  // the run is over: ranks leave
+    if (outcome_) {  // the run is over: ranks leave (unless it was this loss)
+      blame_locked(absl::UnavailableError(absl::StrCat(whom, ": lost contact: ", what)));
+      return;
+    }
     if (running_) {
       shard = shards_[static_cast<std::size_t>(rank)];
       optimizer = optimizers_[static_cast<std::size_t>(rank)];
     }
   }
-  const std::string what = why.ok() ? "left before the run ended" : std::string(why.message());
-  end(absl::UnavailableError(absl::StrCat(who(rank), ": lost contact: ", what)));
+  end(absl::UnavailableError(absl::StrCat(whom, ": lost contact: ", what)), /*loss=*/true);
   if (shard) caf::anon_send(shard, remote_lost_atom::value, what);
   if (optimizer) caf::anon_send(optimizer, remote_lost_atom::value, what);
 }
 
-void CoordinatorHost::end(absl::Status st) {
+void CoordinatorHost::end(absl::Status st, bool loss) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (outcome_) return;
+  if (outcome_) {
+    if (loss) blame_locked(std::move(st));
+    return;
+  }
   outcome_ = std::move(st);
+  cv_.notify_all();
+}
+
+// A rank that reports a failure may have seen a peer die: a copy from its
+// process fails (ESRCH) as soon as the process is going, while its control
+// link closes once its last thread is gone, and the launcher sees the exit
+// at its next poll. So the loss, heard within the grace, is the cause, and
+// the report what it led to.
+void CoordinatorHost::blame_locked(absl::Status loss) {
+  if (settled_ || !outcome_ || !outcome_->GetPayload(kRankReportPayload)) return;
+  outcome_ = absl::Status(loss.code(),
+                          absl::StrCat(loss.message(), "; before that, ", outcome_->message()));
   cv_.notify_all();
 }
 
 void CoordinatorHost::cancel(absl::Status why) {
   end(std::move(why));
+  std::lock_guard<std::mutex> lock(mu_);
+  aborted_ = true;
+  cv_.notify_all();
+}
+
+void CoordinatorHost::lose(absl::Status why) {
+  end(std::move(why), /*loss=*/true);
   std::lock_guard<std::mutex> lock(mu_);
   aborted_ = true;
   cv_.notify_all();
@@ -298,6 +327,10 @@ absl::Status CoordinatorHost::run(const std::function<void(const model::StepMetr
   {
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait(lock, [&] { return outcome_.has_value(); });
+    // A rank's report waits a moment for the loss that may be its cause.
+    cv_.wait_for(lock, kBlameGrace,
+                 [&] { return aborted_ || !outcome_->GetPayload(kRankReportPayload); });
+    settled_ = true;
     st = *outcome_;
   }
   feed_->publish({.kind = WatchEvent::Kind::kEnd,

@@ -23,6 +23,7 @@
 #pragma once
 
 #include <caf/all.hpp>
+#include <chrono>
 #include <condition_variable>
 #include <functional>
 #include <memory>
@@ -77,6 +78,9 @@ class CoordinatorHost {
   // (if the run had not ended already), without waiting for the ranks'
   // goodbyes.
   void cancel(absl::Status why);
+  // The same for a rank whose process is gone (the launcher saw it exit):
+  // the run's cause, even where a peer's report of what it saw came first.
+  void lose(absl::Status why);
   // Every rank writes its trace now (SIGUSR1 of the launcher), with `reason`.
   void request_traces(const std::string& reason);
   // "rank 3 (d=1 s=1 t=0) on host h2, pid 1234".
@@ -92,7 +96,14 @@ class CoordinatorHost {
   bool on_join(int rank, const std::string& hello);
   void on_frame(int rank, std::string frame);
   void on_lost(int rank, absl::Status why);
-  void end(absl::Status st);  // first one wins
+  // The first one wins, but a rank's loss, heard within kBlameGrace of a
+  // rank's failure report, is named as the cause before it (the report may
+  // be second-hand: a read from the lost rank failed).
+  void end(absl::Status st, bool loss = false);
+  void blame_locked(absl::Status loss);
+  // How long a run that a rank's failure report ended waits for a loss
+  // (the launcher polls its workers every 50 ms).
+  static constexpr std::chrono::milliseconds kBlameGrace{300};
   // Waits (bounded by join_timeout) until `count` of world_ ranks have
   // done `what`, or the run has ended; false if it has ended (then the
   // outcome says why, also when the time ran out).
@@ -119,6 +130,7 @@ class CoordinatorHost {
   bool running_ = false;              // stand-ins exist (frames for the coordinator are delivered)
   bool coordinator_started_ = false;  // (mu_ or the run's thread before it ends)
   std::optional<absl::Status> outcome_;
+  bool settled_ = false;  // the outcome is told to the ranks: no loss replaces it
   caf::actor coordinator_;
   std::vector<caf::actor> shards_, optimizers_;  // stand-ins, by rank
 };

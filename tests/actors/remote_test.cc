@@ -6,12 +6,15 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <bit>
 #include <cmath>
 #include <future>
 #include <limits>
 #include <thread>
 
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "actors/messages.h"
 #include "actors/runtime/coordinator_host.h"
 #include "actors/runtime/watch_feed.h"
@@ -182,6 +185,80 @@ TEST_F(RemoteTest, ARankThatSendsWhatItMayNotIsCutOff) {
   EXPECT_FALSE(st.ok());
   EXPECT_NE(st.message().find("rank 1 (d=0 s=1 t=0) on host h"), absl::string_view::npos) << st;
   EXPECT_NE(st.message().find("a message it may not send"), absl::string_view::npos) << st;
+}
+
+// A rank that reports a failure may have seen a peer die (a copy from it
+// failing with ESRCH): the peer's loss, heard just after, is named first,
+// with the report after it; a report with no loss after it stands alone.
+class BlameTest : public RemoteTest {
+ protected:
+  BlameTest() {
+    o_.options.model = *model::preset("tiny");
+    o_.options.global_batch = o_.options.micro_batch;
+    o_.parallel.pp = 2;
+    o_.listen_host = "127.0.0.1";
+    o_.token = "0123456789abcdef-remote-test";
+    o_.join_timeout = absl::Seconds(30);
+    o_.log = [](const std::string&) {};
+  }
+  // Both ranks join; rank 0 reports `what`; then, with `lose`, rank 1 is gone.
+  absl::Status run(const std::string& what, bool lose) {
+    auto host = CoordinatorHost::listen(o_);
+    EXPECT_TRUE(host.ok()) << host.status();
+    if (!host.ok()) return host.status();
+    auto ran = std::async(std::launch::async, [&] { return (*host)->run(nullptr); });
+    std::vector<std::unique_ptr<comm::ControlLink>> links;
+    std::promise<void> told;  // rank 0 has heard the end (then it leaves)
+    std::atomic<bool> once{false};
+    for (int r = 0; r < 2; r++) {
+      auto on_frame = [&, r](std::string frame) {
+        absl::StatusOr<Envelope> e = decode_envelope(*sys_, frame);
+        if (r == 0 && e.ok() && e->content.match_element<remote_end_atom>(0) &&
+            !once.exchange(true))
+          told.set_value();
+      };
+      auto link = comm::ControlLink::connect(
+          "127.0.0.1", (*host)->port(), r,
+          encode_hello(*sys_,
+                       {.host = "h", .pid = 10 + r, .transport_address = absl::StrCat("x", r)}),
+          {.token = o_.token}, on_frame, [](absl::Status) {});
+      EXPECT_TRUE(link.ok()) << link.status();
+      if (!link.ok()) return link.status();
+      links.push_back(*std::move(link));
+    }
+    EXPECT_TRUE(links[0]
+                    ->send(encode_envelope(
+                        *sys_, {.to = Target::kControl,
+                                .content = caf::make_message(failed_atom::value, 0, what)}))
+                    .ok());
+    if (lose) {  // (after the report has ended the run: as a copy's ESRCH comes first)
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      links[1].reset();
+    }
+    // The ranks leave once told (so the host does not wait its 30 s for them).
+    EXPECT_EQ(told.get_future().wait_for(std::chrono::seconds(20)), std::future_status::ready);
+    links.clear();
+    EXPECT_EQ(ran.wait_for(std::chrono::seconds(20)), std::future_status::ready);
+    return ran.get();
+  }
+  CoordinatorHostOptions o_;
+};
+
+TEST_F(BlameTest, APeersLossHeardAfterItsReportIsTheCause) {
+  const absl::Status st = run("copy from rank 1 failed: No such process", /*lose=*/true);
+  EXPECT_TRUE(absl::IsUnavailable(st)) << st;  // (a loss: a restart may help)
+  EXPECT_TRUE(
+      absl::StartsWith(st.message(), "rank 1 (d=0 s=1 t=0) on host h, pid 11: lost contact"))
+      << st;
+  EXPECT_TRUE(absl::StrContains(st.message(),
+                                "; before that, rank 0 (d=0 s=0 t=0) on host h, pid 10: copy from "
+                                "rank 1 failed: No such process"))
+      << st;
+}
+
+TEST_F(BlameTest, AReportWithNoLossAfterItStands) {
+  const absl::Status st = run("the disk is full", /*lose=*/false);
+  EXPECT_EQ(st.message(), "rank 0 (d=0 s=0 t=0) on host h, pid 10: the disk is full") << st;
 }
 
 }  // namespace
