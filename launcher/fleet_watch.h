@@ -2,9 +2,9 @@
 // worker's pid and exit go into launch.json as they come; a worker that
 // fails (exits badly, is killed, or its host is lost) before the end
 // ends the coordinator's run as a loss, naming it (CoordinatorHost::lose);
-// and the failures that caused
-// the end are kept for the outcome -- not a rank that stopped because the
-// job did (kExitStopped), nor the launcher's own kills at the end.
+// and the failures that caused the end are kept for the outcome -- not a
+// rank that stopped because the job did (kExitStopped), nor the launcher's
+// own kills at the end.
 //
 //   FleetWatch watch(fleet, coordinator, {.job = job, .record = record, ...});
 //   absl::Status st = coordinator.run(...);
