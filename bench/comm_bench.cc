@@ -5,6 +5,13 @@
 //                     bytes / time * 2(n-1)/n
 //   --inproc          the all-reduce among threads of one process instead
 //                     (the in-process transport, as `troupe train`'s TP groups)
+//   --mode chain      a pipeline's hops with nothing around them (as
+//                     bench/comm_mpi.cc's and comm_gloo.cc's `chain`, for
+//                     bench/hop_bench.py): --min-bytes down from rank 0 to
+//                     the last rank and back, a step, --iters steps; a rank
+//                     waits for each receive, and sends as a stage's stream
+//                     does (posted and driven through on this thread below
+//                     64 KiB); prints the median step
 // Rank 0 prints one JSON object per measurement.
 #include <sched.h>
 
@@ -141,6 +148,48 @@ int allreduce(int rank, int size, troupe::comm::Transport& t, std::size_t min_by
   return 0;
 }
 
+int chain(int rank, int size, troupe::comm::Transport& t, std::size_t bytes, int steps) {
+  std::vector<char> act(bytes), grad(bytes);
+  constexpr std::size_t kDriveMaxBytes = 64 << 10;  // (actors/shard_ops.cc's)
+  auto send = [&](int to, troupe::comm::Tag tag, const char* data) {
+    return wait_all(1, [&](int, Callback cb) {
+      troupe::comm::DriveScope scope(bytes < kDriveMaxBytes ? &t : nullptr);
+      t.send(to, tag, data, bytes, cb);
+      if (bytes < kDriveMaxBytes) t.poll();
+    });
+  };
+  auto recv = [&](int from, troupe::comm::Tag tag, char* data) {
+    return wait_all(1, [&](int, Callback cb) { t.recv(from, tag, data, bytes, cb); });
+  };
+  std::vector<double> times(static_cast<std::size_t>(steps));
+  for (int s = 0; s < steps; s++) {
+    // (Tags by step, as the runtime's: a message is never matched to another step's.)
+    const auto fwd = static_cast<troupe::comm::Tag>(2 * s), bwd = fwd + 1;
+    const auto t0 = Clock::now();
+    absl::Status st;
+    if (rank > 0 && st.ok()) st = recv(rank - 1, fwd, act.data());
+    if (rank < size - 1 && st.ok()) st = send(rank + 1, fwd, act.data());
+    if (rank < size - 1 && st.ok()) st = recv(rank + 1, bwd, grad.data());
+    if (rank > 0 && st.ok()) st = send(rank - 1, bwd, grad.data());
+    if (!st.ok()) {
+      std::fprintf(stderr, "rank %d: %s\n", rank, std::string(st.message()).c_str());
+      return 1;
+    }
+    times[static_cast<std::size_t>(s)] = secs(t0);
+  }
+  if (rank == 0) {  // (rank 0's step spans the others')
+    const auto skip = static_cast<std::ptrdiff_t>(std::min(50, steps / 2));
+    std::sort(times.begin() + skip, times.end());
+    const double median = times[static_cast<std::size_t>(skip) + (times.size() - skip) / 2];
+    std::printf(
+        "{\"impl\": \"troupe-ucx\", \"op\": \"chain\", \"n\": %d, \"bytes\": %zu, "
+        "\"step_us\": %.3f}\n",
+        size, bytes, median * 1e6);
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -151,7 +200,7 @@ int main(int argc, char** argv) {
   app.add_option("--rank", rank);
   app.add_option("--size", size);
   app.add_option("--port", port);
-  app.add_option("--mode", mode)->check(CLI::IsMember({"p2p", "allreduce"}));
+  app.add_option("--mode", mode)->check(CLI::IsMember({"p2p", "allreduce", "chain"}));
   app.add_option("--min-bytes", min_bytes);
   app.add_option("--max-bytes", max_bytes);
   int bind_core = -1;
@@ -216,8 +265,9 @@ int main(int argc, char** argv) {
     return 1;
   }
   troupe::comm::Transport& t = *w->transport;
-  const int rc = mode == "p2p"
-                     ? p2p(rank, t, min_bytes, max_bytes)
+  const int rc = mode == "p2p" ? p2p(rank, t, min_bytes, max_bytes)
+                 : mode == "chain"
+                     ? chain(rank, size, t, min_bytes, iters > 0 ? iters : 2000)
                      : allreduce(rank, size, t, min_bytes, max_bytes, options, iters, "troupe-ucx");
   (void)w->bootstrap->finish();
   return rc;

@@ -1,7 +1,10 @@
 // The anchor: Gloo's ring all-reduces (Debian's libgloo, TCP on loopback: Gloo
 // has no shared-memory transport), AllreduceRing and AllreduceRingChunked,
-// same sizes, iteration counts and busbw as bench/comm_bench.cc.
+// same sizes, iteration counts and busbw as bench/comm_bench.cc. With
+// `chain`, a pipeline's hops instead, as bench/comm_mpi.cc's: BYTES down
+// from rank 0 to rank SIZE-1 and back, a step; prints the median step.
 //   comm_gloo RANK SIZE STORE_DIR [min_bytes max_bytes]
+//   comm_gloo RANK SIZE STORE_DIR chain BYTES STEPS
 #include <gloo/allreduce_ring.h>
 #include <gloo/allreduce_ring_chunked.h>
 #include <gloo/barrier_all_to_one.h>
@@ -13,6 +16,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <vector>
 
 template <typename Algo>
@@ -40,16 +44,60 @@ void run(const char* name, const std::shared_ptr<gloo::Context>& ctx, std::vecto
   }
 }
 
+void chain(const std::shared_ptr<gloo::Context>& ctx, std::size_t bytes, int steps) {
+  const int rank = ctx->rank, size = ctx->size;
+  std::vector<char> a(bytes), g(bytes);
+  auto act = ctx->createUnboundBuffer(a.data(), bytes);
+  auto grad = ctx->createUnboundBuffer(g.data(), bytes);
+  std::vector<double> t(static_cast<std::size_t>(steps));
+  gloo::BarrierAllToOne(ctx).run();
+  for (int s = 0; s < steps; s++) {
+    const auto t0 = std::chrono::steady_clock::now();
+    if (rank > 0) {
+      act->recv(rank - 1, 0);
+      act->waitRecv();
+    }
+    if (rank < size - 1) {
+      act->send(rank + 1, 0);
+      act->waitSend();
+      grad->recv(rank + 1, 1);
+      grad->waitRecv();
+    }
+    if (rank > 0) {
+      grad->send(rank - 1, 1);
+      grad->waitSend();
+    }
+    t[static_cast<std::size_t>(s)] =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+  if (rank == 0) {  // (rank 0's step spans the others')
+    const auto skip = static_cast<std::ptrdiff_t>(std::min(50, steps / 2));
+    std::sort(t.begin() + skip, t.end());
+    const double median = t[static_cast<std::size_t>(skip) + (t.size() - skip) / 2];
+    std::printf(
+        "{\"impl\": \"gloo\", \"op\": \"chain\", \"n\": %d, \"bytes\": %zu, "
+        "\"step_us\": %.3f}\n",
+        size, bytes, median * 1e6);
+    std::fflush(stdout);
+  }
+}
+
 int main(int argc, char** argv) {
   if (argc < 4) return 2;
   const int rank = std::atoi(argv[1]), size = std::atoi(argv[2]);
-  const std::size_t min_bytes = argc > 4 ? std::strtoull(argv[4], nullptr, 10) : 4096;
-  const std::size_t max_bytes = argc > 5 ? std::strtoull(argv[5], nullptr, 10) : (256u << 20);
+  const bool chained = argc > 6 && std::strcmp(argv[4], "chain") == 0;
+  const std::size_t min_bytes = argc > 4 && !chained ? std::strtoull(argv[4], nullptr, 10) : 4096;
+  const std::size_t max_bytes =
+      argc > 5 && !chained ? std::strtoull(argv[5], nullptr, 10) : (256u << 20);
   gloo::transport::tcp::attr attr("127.0.0.1");
   auto dev = gloo::transport::tcp::CreateDevice(attr);
   gloo::rendezvous::FileStore store(argv[3]);
   auto ctx = std::make_shared<gloo::rendezvous::Context>(rank, size);
   ctx->connectFullMesh(store, dev);
+  if (chained) {
+    chain(ctx, std::strtoull(argv[5], nullptr, 10), std::atoi(argv[6]));
+    return 0;
+  }
   std::vector<float> x(max_bytes / 4, 1.0f);
   run<gloo::AllreduceRing<float>>("gloo-ring", ctx, x, min_bytes, max_bytes);
   run<gloo::AllreduceRingChunked<float>>("gloo-ring-chunked", ctx, x, min_bytes, max_bytes);

@@ -1,18 +1,60 @@
 // The anchor: OpenMPI's MPI_Allreduce (Debian's openmpi, shared memory on one
-// host), same sizes, iteration counts and busbw as bench/comm_bench.cc.
+// host), same sizes, iteration counts and busbw as bench/comm_bench.cc. With
+// `chain`, a pipeline's hops instead (bench/hop_bench.py): a step passes
+// BYTES from rank 0 down to rank N-1 and back, each rank waiting for its
+// input before it sends on, as a pipeline of ops that cost nothing; prints
+// the median step.
 //   mpirun -np N bench/comm_mpi [min_bytes max_bytes]
+//   mpirun -np N bench/comm_mpi chain BYTES STEPS
 #include <mpi.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <vector>
+
+namespace {
+
+void chain(int rank, int size, std::size_t bytes, int steps) {
+  std::vector<char> act(bytes), grad(bytes);
+  const int n = static_cast<int>(bytes);
+  std::vector<double> t(static_cast<std::size_t>(steps));
+  MPI_Barrier(MPI_COMM_WORLD);
+  for (int s = 0; s < steps; s++) {
+    const double t0 = MPI_Wtime();
+    if (rank > 0) MPI_Recv(act.data(), n, MPI_CHAR, rank - 1, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+    if (rank < size - 1) {
+      MPI_Send(act.data(), n, MPI_CHAR, rank + 1, 0, MPI_COMM_WORLD);
+      MPI_Recv(grad.data(), n, MPI_CHAR, rank + 1, 1, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+    }
+    if (rank > 0) MPI_Send(grad.data(), n, MPI_CHAR, rank - 1, 1, MPI_COMM_WORLD);
+    t[static_cast<std::size_t>(s)] = MPI_Wtime() - t0;
+  }
+  if (rank == 0) {  // (rank 0's step spans the others')
+    const auto skip = static_cast<std::ptrdiff_t>(std::min(50, steps / 2));
+    std::sort(t.begin() + skip, t.end());
+    const double median = t[static_cast<std::size_t>(skip) + (t.size() - skip) / 2];
+    std::printf(
+        "{\"impl\": \"openmpi\", \"op\": \"chain\", \"n\": %d, \"bytes\": %zu, "
+        "\"step_us\": %.3f}\n",
+        size, bytes, median * 1e6);
+    std::fflush(stdout);
+  }
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
   int rank = 0, size = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
+  if (argc > 3 && std::strcmp(argv[1], "chain") == 0) {
+    chain(rank, size, std::strtoull(argv[2], nullptr, 10), std::atoi(argv[3]));
+    MPI_Finalize();
+    return 0;
+  }
   const std::size_t min_bytes = argc > 1 ? std::strtoull(argv[1], nullptr, 10) : 4096;
   const std::size_t max_bytes = argc > 2 ? std::strtoull(argv[2], nullptr, 10) : (256u << 20);
   std::vector<float> x(max_bytes / 4, 1.0f);

@@ -33,6 +33,14 @@ run:
   wakeup_us         one thread waking another asleep on an eventfd, one way
                     (bench/wakeup_bench.cc; the futex figure on its own line)
 
+And anchors (`"bench": "hop_reference"`): the same pipeline with nothing
+but its messages, a process a stage passing the bytes down and back, each
+waiting for its input before it sends on, over troupe's own transport
+alone (bench/comm_bench.cc `--mode chain`), OpenMPI (shared memory, its
+waits polling) and Gloo (TCP, its waits asleep, below 64 KiB only;
+bench/comm_mpi.cc and bench/comm_gloo.cc `chain`), at the same pp, the slope halved; the table
+gives troupe's slope across over each.
+
 What the slope is spent on (`"bench": "hop_cpu"`): the CPU time and the
 context switches a step costs, every thread of every process, at pp 1 and
 8 (a run of 3x the steps less the runs above: the start-up cancels out),
@@ -187,6 +195,93 @@ def traced_hops_us(command, size, pp, segments=None):
                                          ("received_to_gate", recv["e"], gate["e"]),
                                          ("gate_to_op", gate["e"], b["b"])):
                         segments[name].append((t1 - t0) / 1e3)
+    return hops
+
+
+CHAIN_STEPS = 2000
+# Gloo's unbound-buffer messages from 64 KiB stall in this pattern on
+# loopback TCP (a step of 2 processes took 44 ms at 64 KiB and 308 ms at
+# 256 KiB; 1 MiB did not end 100 steps in 20 s): its chain runs below that.
+GLOO_CHAIN_MAX_BYTES = 32 << 10
+
+
+def ranks_within(argvs, seconds):
+    """Runs one process per argv; rank 0's stdout, or RuntimeError if one
+    fails or they are not done within `seconds` (then they are killed)."""
+    procs = [subprocess.Popen(a, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for a in argvs]
+    try:
+        outs = [p.communicate(timeout=seconds) for p in procs]
+    except subprocess.TimeoutExpired:
+        for p in procs:
+            p.kill()
+            p.communicate()
+        raise RuntimeError(f"not done within {seconds} s")
+    for p, (_, err) in zip(procs, outs):
+        if p.returncode != 0:
+            raise RuntimeError(f"rank failed ({p.returncode}): {err[-500:]}")
+    return outs[0][0]
+
+
+def chain_step_us(impl, binary, size, pp):
+    """One run of a bare pipeline of pp processes (bench/comm_mpi.cc,
+    bench/comm_gloo.cc `chain`): its median step, or None where it could not
+    run (said on stderr)."""
+    for attempt in (1, 2):  # (Gloo's TCP pairs now and then drop one at start-up)
+        try:
+            if impl == "troupe-ucx":
+                port = str(free_port())
+                text = ranks_within([[binary, "--rank", str(k), "--size", str(pp), "--port", port,
+                                      "--mode", "chain", "--min-bytes", str(size), "--iters",
+                                      str(CHAIN_STEPS)] for k in range(pp)], 300)
+            elif impl == "openmpi":
+                r = subprocess.run(["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(pp),
+                                    binary, "chain", str(size), str(CHAIN_STEPS)],
+                                   capture_output=True, text=True, timeout=600)
+                if r.returncode != 0:
+                    raise RuntimeError(r.stderr[-500:])
+                text = r.stdout
+            else:
+                store = tempfile.mkdtemp(dir=WORK)
+                text = ranks_within([[binary, str(k), str(pp), store, "chain", str(size),
+                                      str(CHAIN_STEPS)] for k in range(pp)], 120)
+            return next(json.loads(line) for line in text.splitlines()
+                        if line.startswith("{"))["step_us"]
+        except (RuntimeError, StopIteration, subprocess.TimeoutExpired) as e:
+            print(f"hop_bench: {impl} chain, pp {pp}, attempt {attempt}: {e}", file=sys.stderr)
+    return None
+
+
+def reference_hop_us(size):
+    """The same pipeline with nothing but its messages: pp processes pass
+    `size` bytes down and back, each waiting for its input before it sends
+    on, over troupe's own transport (comm/, UCX, as `troupe launch`'s
+    workers), OpenMPI (shared memory, its waits polling) and Gloo (TCP, its
+    waits asleep; below 64 KiB only, GLOO_CHAIN_MAX_BYTES); the slope over the same pp, halved, as troupe's. {impl:
+    us a hop} for those that ran at every pp."""
+    hops = {}
+    for impl, name in (("troupe-ucx", "comm_bench"), ("openmpi", "comm_mpi"),
+                       ("gloo", "comm_gloo")):
+        binary = os.path.join(os.path.dirname(os.path.abspath(args.comm_bench)), name)
+        if not os.path.exists(binary):
+            print(f"hop_bench: no {binary}: no {impl} reference", file=sys.stderr)
+            continue
+        if impl == "gloo" and size > GLOO_CHAIN_MAX_BYTES:
+            continue
+        points = []
+        for pp in STAGES:
+            runs = [chain_step_us(impl, binary, size, pp) for _ in range(args.reps)]
+            runs = [r for r in runs if r is not None]
+            if not runs:
+                break
+            step = statistics.median(runs)
+            emit(bench="hop_reference", impl=impl, activation_bytes=size, pp=pp,
+                 step_us=round(step, 2), runs_us=runs)
+            points.append((pp, step))
+        if len(points) == len(STAGES):
+            hops[impl] = slope(points) / 2
+            emit(bench="hop_reference", impl=impl, activation_bytes=size,
+                 hop_us=round(hops[impl], 2))
     return hops
 
 
@@ -348,7 +443,8 @@ if args.only != "paths":
                "cross_process_us": round(cross_process, 2), "ucx_one_way_us": round(ucx, 2),
                "wakeup_us": round(wakeup, 2)}
         rows.append(dict(row, direct_in=direct["train"], direct_across=direct["launch"],
-                         cpu_in=cpu_in, cpu_across=cpu_across))
+                         cpu_in=cpu_in, cpu_across=cpu_across,
+                         reference=reference_hop_us(size)))
         print(json.dumps(row), flush=True)
 
     print()
@@ -361,6 +457,16 @@ if args.only != "paths":
         print(f"{r['hop_bytes']:9d} {r['in_process_us']:8.1f}us {r['direct_in']:7.1f}us "
               f"{r['cross_process_us']:8.1f}us {r['direct_across']:7.1f}us "
               f"{r['ucx_one_way_us']:8.1f}us {r['wakeup_us']:6.1f}us {r['direct_across'] - floor:20.1f}us")
+    print()
+    print("the same pipeline with nothing but its messages (a process a stage, the bytes down "
+          "and back, no op, no step's control), per hop; troupe's slope across over it")
+    for r in rows:
+        ref = r["reference"]
+        cells = [f"{impl} {ref[impl]:6.1f}us ({r['cross_process_us'] / ref[impl]:.2f}x)"
+                 for impl in ("troupe-ucx", "openmpi", "gloo") if impl in ref]
+        print(f"{r['hop_bytes']:9d}   " + ("   ".join(cells) if cells else "(none ran)"))
+    print("  troupe-ucx: troupe's transport alone (comm/); openmpi: shared memory, its waits "
+          "poll (yielding); gloo: TCP, its waits sleep")
     print()
     print(f"what a stage adds to a step's CPU (every thread, every process) and its context "
           f"switches; over {CORES} cores, per hop: the slope's figure "
