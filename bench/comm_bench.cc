@@ -9,9 +9,9 @@
 //                     bench/comm_mpi.cc's and comm_gloo.cc's `chain`, for
 //                     bench/hop_bench.py): --min-bytes down from rank 0 to
 //                     the last rank and back, a step, --iters steps; a rank
-//                     waits for each receive, and sends as a stage's stream
-//                     does (posted and driven through on this thread below
-//                     64 KiB); prints the median step
+//                     posts its receives first, waits for each, and sends
+//                     as a stage's stream does (posted and driven through
+//                     on this thread below 64 KiB); prints the median step
 // Rank 0 prints one JSON object per measurement.
 #include <sched.h>
 
@@ -151,26 +151,42 @@ int allreduce(int rank, int size, troupe::comm::Transport& t, std::size_t min_by
 int chain(int rank, int size, troupe::comm::Transport& t, std::size_t bytes, int steps) {
   std::vector<char> act(bytes), grad(bytes);
   constexpr std::size_t kDriveMaxBytes = 64 << 10;  // (actors/shard_ops.cc's)
-  auto send = [&](int to, troupe::comm::Tag tag, const char* data) {
-    return wait_all(1, [&](int, Callback cb) {
-      troupe::comm::DriveScope scope(bytes < kDriveMaxBytes ? &t : nullptr);
-      t.send(to, tag, data, bytes, cb);
-      if (bytes < kDriveMaxBytes) t.poll();
-    });
-  };
-  auto recv = [&](int from, troupe::comm::Tag tag, char* data) {
-    return wait_all(1, [&](int, Callback cb) { t.recv(from, tag, data, bytes, cb); });
+  using Pending = std::future<absl::Status>;
+  auto post = [](std::promise<absl::Status>& p) {
+    return [&p](absl::Status st) { p.set_value(std::move(st)); };
   };
   std::vector<double> times(static_cast<std::size_t>(steps));
   for (int s = 0; s < steps; s++) {
     // (Tags by step, as the runtime's: a message is never matched to another step's.)
     const auto fwd = static_cast<troupe::comm::Tag>(2 * s), bwd = fwd + 1;
+    const bool first = rank == 0, last = rank == size - 1;
+    std::promise<absl::Status> got_act, got_grad, sent_act, sent_grad;
     const auto t0 = Clock::now();
+    // The receives first, as a stage posts them when it fires the ops behind them.
+    if (!first) t.recv(rank - 1, fwd, act.data(), bytes, post(got_act));
+    if (!last) t.recv(rank + 1, bwd, grad.data(), bytes, post(got_grad));
+    auto send = [&](int to, troupe::comm::Tag tag, const char* data,
+                    std::promise<absl::Status>& p) {
+      troupe::comm::DriveScope scope(bytes < kDriveMaxBytes ? &t : nullptr);
+      t.send(to, tag, data, bytes, post(p));
+      if (bytes < kDriveMaxBytes) t.poll();
+    };
     absl::Status st;
-    if (rank > 0 && st.ok()) st = recv(rank - 1, fwd, act.data());
-    if (rank < size - 1 && st.ok()) st = send(rank + 1, fwd, act.data());
-    if (rank < size - 1 && st.ok()) st = recv(rank + 1, bwd, grad.data());
-    if (rank > 0 && st.ok()) st = send(rank - 1, bwd, grad.data());
+    std::vector<Pending> sends;
+    if (!first) st = got_act.get_future().get();
+    if (!last && st.ok()) {
+      send(rank + 1, fwd, act.data(), sent_act);
+      sends.push_back(sent_act.get_future());
+      st = got_grad.get_future().get();
+    }
+    if (!first && st.ok()) {
+      send(rank - 1, bwd, grad.data(), sent_grad);
+      sends.push_back(sent_grad.get_future());
+    }
+    for (Pending& f : sends) {  // (before the buffers are used again)
+      absl::Status sst = f.get();
+      if (st.ok()) st = sst;
+    }
     if (!st.ok()) {
       std::fprintf(stderr, "rank %d: %s\n", rank, std::string(st.message()).c_str());
       return 1;

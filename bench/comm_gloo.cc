@@ -53,20 +53,18 @@ void chain(const std::shared_ptr<gloo::Context>& ctx, std::size_t bytes, int ste
   gloo::BarrierAllToOne(ctx).run();
   for (int s = 0; s < steps; s++) {
     const auto t0 = std::chrono::steady_clock::now();
-    if (rank > 0) {
-      act->recv(rank - 1, 0);
-      act->waitRecv();
-    }
+    // The receives first, as a pipeline stage posts them; the sends waited
+    // for at the step's end, before the buffers are used again.
+    if (rank > 0) act->recv(rank - 1, 0);
+    if (rank < size - 1) grad->recv(rank + 1, 1);
+    if (rank > 0) act->waitRecv();
     if (rank < size - 1) {
       act->send(rank + 1, 0);
-      act->waitSend();
-      grad->recv(rank + 1, 1);
       grad->waitRecv();
     }
-    if (rank > 0) {
-      grad->send(rank - 1, 1);
-      grad->waitSend();
-    }
+    if (rank > 0) grad->send(rank - 1, 1);
+    if (rank < size - 1) act->waitSend();
+    if (rank > 0) grad->waitSend();
     t[static_cast<std::size_t>(s)] =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }

@@ -2,7 +2,8 @@
 // host), same sizes, iteration counts and busbw as bench/comm_bench.cc. With
 // `chain`, a pipeline's hops instead (bench/hop_bench.py): a step passes
 // BYTES from rank 0 down to rank N-1 and back, each rank waiting for its
-// input before it sends on, as a pipeline of ops that cost nothing; prints
+// input before it sends on, as a pipeline of ops that cost nothing (the
+// receives posted first, the sends waited for at the step's end); prints
 // the median step.
 //   mpirun -np N bench/comm_mpi [min_bytes max_bytes]
 //   mpirun -np N bench/comm_mpi chain BYTES STEPS
@@ -23,12 +24,20 @@ void chain(int rank, int size, std::size_t bytes, int steps) {
   MPI_Barrier(MPI_COMM_WORLD);
   for (int s = 0; s < steps; s++) {
     const double t0 = MPI_Wtime();
-    if (rank > 0) MPI_Recv(act.data(), n, MPI_CHAR, rank - 1, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+    // The receives first, as a pipeline stage posts them; the sends waited
+    // for at the step's end, before the buffers are used again.
+    MPI_Request got_act = MPI_REQUEST_NULL, got_grad = MPI_REQUEST_NULL;
+    MPI_Request sent[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+    if (rank > 0) MPI_Irecv(act.data(), n, MPI_CHAR, rank - 1, 0, MPI_COMM_WORLD, &got_act);
+    if (rank < size - 1)
+      MPI_Irecv(grad.data(), n, MPI_CHAR, rank + 1, 1, MPI_COMM_WORLD, &got_grad);
+    if (rank > 0) MPI_Wait(&got_act, MPI_STATUS_IGNORE);
     if (rank < size - 1) {
-      MPI_Send(act.data(), n, MPI_CHAR, rank + 1, 0, MPI_COMM_WORLD);
-      MPI_Recv(grad.data(), n, MPI_CHAR, rank + 1, 1, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+      MPI_Isend(act.data(), n, MPI_CHAR, rank + 1, 0, MPI_COMM_WORLD, &sent[0]);
+      MPI_Wait(&got_grad, MPI_STATUS_IGNORE);
     }
-    if (rank > 0) MPI_Send(grad.data(), n, MPI_CHAR, rank - 1, 1, MPI_COMM_WORLD);
+    if (rank > 0) MPI_Isend(grad.data(), n, MPI_CHAR, rank - 1, 1, MPI_COMM_WORLD, &sent[1]);
+    MPI_Waitall(2, sent, MPI_STATUSES_IGNORE);
     t[static_cast<std::size_t>(s)] = MPI_Wtime() - t0;
   }
   if (rank == 0) {  // (rank 0's step spans the others')
