@@ -94,7 +94,9 @@ caf::behavior Coordinator::make_behavior() {
       },
       [this](failed_atom, int rank, const std::string& what) {
         absl::Status st = absl::InternalError(absl::StrCat(who(rank), ": ", what));
-        st.SetPayload(kRankReportPayload, absl::Cord(absl::StrCat(rank)));
+        if (setup_->mark_rank_reports) {
+          st.SetPayload(kRankReportPayload, absl::Cord(absl::StrCat(rank)));
+        }
         finish(std::move(st));
       },
       [this](stop_atom, int step) { stop_after_ = std::min(stop_after_, step); },

@@ -38,10 +38,11 @@
 
 namespace troupe::actors {
 
-// The payload on the outcome of a run that a rank's own failure report
-// ended (failed_atom): the report may be second-hand, a peer's death seen
-// as a failed receive or copy, so a process host may still blame the loss
-// it hears of a moment later (CoordinatorHost).
+// With CoordinatorSetup::mark_rank_reports, the payload (the rank) on the
+// outcome of a run that a rank's own failure report ended (failed_atom):
+// the report may be second-hand, a peer's death seen as a failed receive
+// or copy, so a process host may still blame the loss it hears of a moment
+// later (CoordinatorHost, which takes the payload off again).
 inline constexpr char kRankReportPayload[] = "troupe/rank-report";
 
 struct CoordinatorSetup {
@@ -54,6 +55,7 @@ struct CoordinatorSetup {
   std::vector<caf::actor> optimizers;  // by rank
   std::function<void(const model::StepMetrics&)> on_step;
   std::function<void(absl::Status)> on_finish;  // once, when the run ends
+  bool mark_rank_reports = false;               // kRankReportPayload on a rank's report
   // Every this long the coordinator asks every worker what it waits for and
   // how much work it has done; with no worker message and no work done in
   // that time the run is hung, and it ends with their answers. 0: never.

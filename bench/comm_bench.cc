@@ -150,53 +150,51 @@ int allreduce(int rank, int size, troupe::comm::Transport& t, std::size_t min_by
 
 int chain(int rank, int size, troupe::comm::Transport& t, std::size_t bytes, int steps) {
   std::vector<char> act(bytes), grad(bytes);
-  constexpr std::size_t kDriveMaxBytes = 64 << 10;  // (actors/shard_ops.cc's)
-  using Pending = std::future<absl::Status>;
-  auto post = [](std::promise<absl::Status>& p) {
-    return [&p](absl::Status st) { p.set_value(std::move(st)); };
-  };
+  constexpr std::size_t kDriveMaxBytes = 64 << 10;           // (actors/shard_ops.cc's)
+  using Done = std::shared_ptr<std::promise<absl::Status>>;  // (held by the callback too)
+  auto post = [](const Done& p) { return [p](absl::Status st) { p->set_value(std::move(st)); }; };
+  auto made = [] { return std::make_shared<std::promise<absl::Status>>(); };
   std::vector<double> times(static_cast<std::size_t>(steps));
   for (int s = 0; s < steps; s++) {
     // (Tags by step, as the runtime's: a message is never matched to another step's.)
     const auto fwd = static_cast<troupe::comm::Tag>(2 * s), bwd = fwd + 1;
     const bool first = rank == 0, last = rank == size - 1;
-    std::promise<absl::Status> got_act, got_grad, sent_act, sent_grad;
+    const Done got_act = made(), got_grad = made(), sent_act = made(), sent_grad = made();
     const auto t0 = Clock::now();
     // The receives first, as a stage posts them when it fires the ops behind them.
     if (!first) t.recv(rank - 1, fwd, act.data(), bytes, post(got_act));
     if (!last) t.recv(rank + 1, bwd, grad.data(), bytes, post(got_grad));
-    auto send = [&](int to, troupe::comm::Tag tag, const char* data,
-                    std::promise<absl::Status>& p) {
+    auto send = [&](int to, troupe::comm::Tag tag, const char* data, const Done& p) {
       troupe::comm::DriveScope scope(bytes < kDriveMaxBytes ? &t : nullptr);
       t.send(to, tag, data, bytes, post(p));
       if (bytes < kDriveMaxBytes) t.poll();
     };
     absl::Status st;
-    std::vector<Pending> sends;
-    if (!first) st = got_act.get_future().get();
+    std::vector<std::future<absl::Status>> sends;
+    if (!first) st = got_act->get_future().get();
     if (!last && st.ok()) {
       send(rank + 1, fwd, act.data(), sent_act);
-      sends.push_back(sent_act.get_future());
-      st = got_grad.get_future().get();
+      sends.push_back(sent_act->get_future());
+      st = got_grad->get_future().get();
     }
     if (!first && st.ok()) {
       send(rank - 1, bwd, grad.data(), sent_grad);
-      sends.push_back(sent_grad.get_future());
+      sends.push_back(sent_grad->get_future());
     }
-    for (Pending& f : sends) {  // (before the buffers are used again)
+    for (auto& f : sends) {  // (before the buffers are used again)
       absl::Status sst = f.get();
       if (st.ok()) st = sst;
     }
-    if (!st.ok()) {
+    if (!st.ok()) {  // (a receive still posted may write into `act`: no return)
       std::fprintf(stderr, "rank %d: %s\n", rank, std::string(st.message()).c_str());
-      return 1;
+      std::_Exit(1);
     }
     times[static_cast<std::size_t>(s)] = secs(t0);
   }
   if (rank == 0) {  // (rank 0's step spans the others')
-    const auto skip = static_cast<std::ptrdiff_t>(std::min(50, steps / 2));
-    std::sort(times.begin() + skip, times.end());
-    const double median = times[static_cast<std::size_t>(skip) + (times.size() - skip) / 2];
+    const auto skip = static_cast<std::size_t>(std::min(50, steps / 2));
+    std::sort(times.begin() + static_cast<std::ptrdiff_t>(skip), times.end());
+    const double median = times[skip + (times.size() - skip) / 2];
     std::printf(
         "{\"impl\": \"troupe-ucx\", \"op\": \"chain\", \"n\": %d, \"bytes\": %zu, "
         "\"step_us\": %.3f}\n",
@@ -223,7 +221,8 @@ int main(int argc, char** argv) {
   int iters = 0;
   app.add_option(
       "--iters", iters,
-      "All-reduces timed at each size (0: 512 MiB worth, 3 to 2000; more for a profile)");
+      "All-reduces timed at each size (0: 512 MiB worth, 3 to 2000; more for a profile); "
+      "with --mode chain, steps (0: 2000)");
   troupe::comm::CommunicatorOptions options;
   app.add_option("--slice-bytes", options.slice_bytes, "Ring/chain pipelining granularity")
       ->capture_default_str();

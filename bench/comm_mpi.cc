@@ -41,9 +41,9 @@ void chain(int rank, int size, std::size_t bytes, int steps) {
     t[static_cast<std::size_t>(s)] = MPI_Wtime() - t0;
   }
   if (rank == 0) {  // (rank 0's step spans the others')
-    const auto skip = static_cast<std::ptrdiff_t>(std::min(50, steps / 2));
-    std::sort(t.begin() + skip, t.end());
-    const double median = t[static_cast<std::size_t>(skip) + (t.size() - skip) / 2];
+    const auto skip = static_cast<std::size_t>(std::min(50, steps / 2));
+    std::sort(t.begin() + static_cast<std::ptrdiff_t>(skip), t.end());
+    const double median = t[skip + (t.size() - skip) / 2];
     std::printf(
         "{\"impl\": \"openmpi\", \"op\": \"chain\", \"n\": %d, \"bytes\": %zu, "
         "\"step_us\": %.3f}\n",

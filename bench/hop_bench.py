@@ -83,6 +83,7 @@ import argparse
 import json
 import os
 import resource
+import signal
 import statistics
 import subprocess
 import sys
@@ -199,55 +200,63 @@ def traced_hops_us(command, size, pp, segments=None):
 
 
 CHAIN_STEPS = 2000
+CHAIN_TIMEOUT_S = 120
 # Gloo's unbound-buffer messages from 64 KiB stall in this pattern on
 # loopback TCP (a step of 2 processes took 44 ms at 64 KiB and 308 ms at
 # 256 KiB; 1 MiB did not end 100 steps in 20 s): its chain runs below that.
-GLOO_CHAIN_MAX_BYTES = 32 << 10
+GLOO_CHAIN_LIMIT_BYTES = 64 << 10
 
 
 def ranks_within(argvs, seconds):
-    """Runs one process per argv; rank 0's stdout, or RuntimeError if one
-    fails or they are not done within `seconds` (then they are killed)."""
-    procs = [subprocess.Popen(a, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for a in argvs]
+    """Runs one process per argv (each in a session of its own: a timeout
+    kills all it started); rank 0's stdout, or RuntimeError if one fails or
+    they are not done within `seconds`."""
+    errs = [tempfile.TemporaryFile(mode="w+", dir=WORK) for _ in argvs]
+    procs = [subprocess.Popen(a, stdout=subprocess.PIPE if k == 0 else subprocess.DEVNULL,
+                              stderr=errs[k], text=True, start_new_session=True)
+             for k, a in enumerate(argvs)]
     try:
-        outs = [p.communicate(timeout=seconds) for p in procs]
+        out, _ = procs[0].communicate(timeout=seconds)
+        for p in procs[1:]:
+            p.wait(timeout=seconds)
     except subprocess.TimeoutExpired:
         for p in procs:
-            p.kill()
-            p.communicate()
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            p.wait()
         raise RuntimeError(f"not done within {seconds} s")
-    for p, (_, err) in zip(procs, outs):
+    for p, err in zip(procs, errs):
         if p.returncode != 0:
-            raise RuntimeError(f"rank failed ({p.returncode}): {err[-500:]}")
-    return outs[0][0]
+            err.seek(0)
+            raise RuntimeError(f"rank failed ({p.returncode}): {err.read()[-500:]}")
+    return out
 
 
 def chain_step_us(impl, binary, size, pp):
-    """One run of a bare pipeline of pp processes (bench/comm_mpi.cc,
-    bench/comm_gloo.cc `chain`): its median step, or None where it could not
-    run (said on stderr)."""
+    """One run of a bare pipeline of pp processes (bench/comm_bench.cc
+    `--mode chain`, bench/comm_mpi.cc and comm_gloo.cc `chain`): its median
+    step, or None where it could not run (said on stderr)."""
     for attempt in (1, 2):  # (Gloo's TCP pairs now and then drop one at start-up)
         try:
             if impl == "troupe-ucx":
                 port = str(free_port())
-                text = ranks_within([[binary, "--rank", str(k), "--size", str(pp), "--port", port,
-                                      "--mode", "chain", "--min-bytes", str(size), "--iters",
-                                      str(CHAIN_STEPS)] for k in range(pp)], 300)
+                argvs = [[binary, "--rank", str(k), "--size", str(pp), "--port", port, "--mode",
+                          "chain", "--min-bytes", str(size), "--iters", str(CHAIN_STEPS)]
+                         for k in range(pp)]
             elif impl == "openmpi":
-                r = subprocess.run(["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(pp),
-                                    binary, "chain", str(size), str(CHAIN_STEPS)],
-                                   capture_output=True, text=True, timeout=600)
-                if r.returncode != 0:
-                    raise RuntimeError(r.stderr[-500:])
-                text = r.stdout
+                # (Unbound, as troupe's ranks: mpirun binds 2 ranks to cores by default.)
+                argvs = [["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none",
+                          "-np", str(pp), binary, "chain", str(size), str(CHAIN_STEPS)]]
             else:
                 store = tempfile.mkdtemp(dir=WORK)
-                text = ranks_within([[binary, str(k), str(pp), store, "chain", str(size),
-                                      str(CHAIN_STEPS)] for k in range(pp)], 120)
+                argvs = [[binary, str(k), str(pp), store, "chain", str(size), str(CHAIN_STEPS)]
+                         for k in range(pp)]
+            text = ranks_within(argvs, CHAIN_TIMEOUT_S)
             return next(json.loads(line) for line in text.splitlines()
                         if line.startswith("{"))["step_us"]
-        except (RuntimeError, StopIteration, subprocess.TimeoutExpired) as e:
+        except (RuntimeError, StopIteration, ValueError, KeyError) as e:
             print(f"hop_bench: {impl} chain, pp {pp}, attempt {attempt}: {e}", file=sys.stderr)
     return None
 
@@ -257,8 +266,9 @@ def reference_hop_us(size):
     `size` bytes down and back, each waiting for its input before it sends
     on, over troupe's own transport (comm/, UCX, as `troupe launch`'s
     workers), OpenMPI (shared memory, its waits polling) and Gloo (TCP, its
-    waits asleep; below 64 KiB only, GLOO_CHAIN_MAX_BYTES); the slope over the same pp, halved, as troupe's. {impl:
-    us a hop} for those that ran at every pp."""
+    waits asleep; below GLOO_CHAIN_LIMIT_BYTES only); the slope over the
+    same pp, halved, as troupe's. {impl: us a hop} for those that ran at
+    every pp."""
     hops = {}
     for impl, name in (("troupe-ucx", "comm_bench"), ("openmpi", "comm_mpi"),
                        ("gloo", "comm_gloo")):
@@ -266,7 +276,7 @@ def reference_hop_us(size):
         if not os.path.exists(binary):
             print(f"hop_bench: no {binary}: no {impl} reference", file=sys.stderr)
             continue
-        if impl == "gloo" and size > GLOO_CHAIN_MAX_BYTES:
+        if impl == "gloo" and size >= GLOO_CHAIN_LIMIT_BYTES:
             continue
         points = []
         for pp in STAGES:

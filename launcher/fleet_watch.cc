@@ -47,7 +47,7 @@ void FleetWatch::poll() {
     }
     if (bad && !over_.load()) {
       coordinator_.lose(
-          absl::UnavailableError(absl::StrCat(coordinator_.who(e.rank), ": ", e.what)));
+          e.rank, absl::UnavailableError(absl::StrCat(coordinator_.who(e.rank), ": ", e.what)));
     }
   }
   if (dirty) (void)write_json(args_.record_path, args_.record);

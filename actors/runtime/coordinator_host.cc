@@ -221,7 +221,7 @@ void CoordinatorHost::on_lost(int rank, absl::Status why) {
       cv_.notify_all();
     }
     if (outcome_) {  // the run is over: ranks leave (unless it was this loss)
-      blame_locked(absl::UnavailableError(absl::StrCat(whom, ": lost contact: ", what)));
+      blame_locked(rank, absl::UnavailableError(absl::StrCat(whom, ": lost contact: ", what)));
       return;
     }
     if (running_) {
@@ -229,15 +229,15 @@ void CoordinatorHost::on_lost(int rank, absl::Status why) {
       optimizer = optimizers_[static_cast<std::size_t>(rank)];
     }
   }
-  end(absl::UnavailableError(absl::StrCat(whom, ": lost contact: ", what)), /*loss=*/true);
+  end(absl::UnavailableError(absl::StrCat(whom, ": lost contact: ", what)), rank);
   if (shard) caf::anon_send(shard, remote_lost_atom::value, what);
   if (optimizer) caf::anon_send(optimizer, remote_lost_atom::value, what);
 }
 
-void CoordinatorHost::end(absl::Status st, bool loss) {
+void CoordinatorHost::end(absl::Status st, int lost) {
   std::lock_guard<std::mutex> lock(mu_);
   if (outcome_) {
-    if (loss) blame_locked(std::move(st));
+    if (lost >= 0) blame_locked(lost, std::move(st));
     return;
   }
   outcome_ = std::move(st);
@@ -249,8 +249,12 @@ void CoordinatorHost::end(absl::Status st, bool loss) {
 // link closes once its last thread is gone, and the launcher sees the exit
 // at its next poll. So the loss, heard within the grace, is the cause, and
 // the report what it led to.
-void CoordinatorHost::blame_locked(absl::Status loss) {
-  if (settled_ || !outcome_ || !outcome_->GetPayload(kRankReportPayload)) return;
+void CoordinatorHost::blame_locked(int lost, absl::Status loss) {
+  if (settled_ || !outcome_) return;
+  const auto reporter = outcome_->GetPayload(kRankReportPayload);  // (absl::optional)
+  // (The reporter's own exit after its report -- a rank that could not get
+  // ready exits -- is what the report said.)
+  if (!reporter || *reporter == absl::StrCat(lost)) return;
   outcome_ = absl::Status(loss.code(),
                           absl::StrCat(loss.message(), "; before that, ", outcome_->message()));
   cv_.notify_all();
@@ -263,8 +267,8 @@ void CoordinatorHost::cancel(absl::Status why) {
   cv_.notify_all();
 }
 
-void CoordinatorHost::lose(absl::Status why) {
-  end(std::move(why), /*loss=*/true);
+void CoordinatorHost::lose(int rank, absl::Status why) {
+  end(std::move(why), rank);
   std::lock_guard<std::mutex> lock(mu_);
   aborted_ = true;
   cv_.notify_all();
@@ -328,9 +332,10 @@ absl::Status CoordinatorHost::run(const std::function<void(const model::StepMetr
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait(lock, [&] { return outcome_.has_value(); });
     // A rank's report waits a moment for the loss that may be its cause.
-    cv_.wait_for(lock, kBlameGrace,
+    cv_.wait_for(lock, absl::ToChronoMilliseconds(options_.blame_grace),
                  [&] { return aborted_ || !outcome_->GetPayload(kRankReportPayload); });
     settled_ = true;
+    outcome_->ErasePayload(kRankReportPayload);  // (ToString() would print it)
     st = *outcome_;
   }
   feed_->publish({.kind = WatchEvent::Kind::kEnd,
@@ -382,6 +387,7 @@ absl::Status CoordinatorHost::run_coordinator(
   setup->m = options_.parallel.m(options_.options);
   setup->stall_timeout_s = options_.parallel.stall_timeout_s;
   setup->on_finish = [this](absl::Status st) { end(std::move(st)); };
+  setup->mark_rank_reports = true;
   set_checkpoints(setup.get(), options_.checkpoints, options_.parallel);
   // Everything the user hears reaches the watchers too.
   setup->on_step = [this, on_step](const model::StepMetrics& m) {

@@ -23,7 +23,6 @@
 #pragma once
 
 #include <caf/all.hpp>
-#include <chrono>
 #include <condition_variable>
 #include <functional>
 #include <memory>
@@ -53,6 +52,10 @@ struct CoordinatorHostOptions {
   absl::Duration join_timeout = absl::Seconds(120);
   std::function<void(const std::string&)> log = nullptr;  // refusals, late losses (stderr)
   RunCheckpoints checkpoints = {};  // --save/--load (the ranks load their own parts)
+  // How long a run that a rank's failure report ended waits for another
+  // rank's loss, which may be its cause (CoordinatorHost::end; the
+  // launcher polls its workers every 50 ms).
+  absl::Duration blame_grace = absl::Milliseconds(300);
 };
 
 class CoordinatorHost {
@@ -78,9 +81,10 @@ class CoordinatorHost {
   // (if the run had not ended already), without waiting for the ranks'
   // goodbyes.
   void cancel(absl::Status why);
-  // The same for a rank whose process is gone (the launcher saw it exit):
-  // the run's cause, even where a peer's report of what it saw came first.
-  void lose(absl::Status why);
+  // The same for `rank`, whose process is gone (the launcher saw it exit):
+  // the run's cause, even where another rank's report of what it saw came
+  // first.
+  void lose(int rank, absl::Status why);
   // Every rank writes its trace now (SIGUSR1 of the launcher), with `reason`.
   void request_traces(const std::string& reason);
   // "rank 3 (d=1 s=1 t=0) on host h2, pid 1234".
@@ -96,14 +100,12 @@ class CoordinatorHost {
   bool on_join(int rank, const std::string& hello);
   void on_frame(int rank, std::string frame);
   void on_lost(int rank, absl::Status why);
-  // The first one wins, but a rank's loss, heard within kBlameGrace of a
-  // rank's failure report, is named as the cause before it (the report may
-  // be second-hand: a read from the lost rank failed).
-  void end(absl::Status st, bool loss = false);
-  void blame_locked(absl::Status loss);
-  // How long a run that a rank's failure report ended waits for a loss
-  // (the launcher polls its workers every 50 ms).
-  static constexpr std::chrono::milliseconds kBlameGrace{300};
+  // The first one wins, but the loss of `lost` (a rank), heard within
+  // options_.blame_grace of another rank's failure report, is named as the
+  // cause before it (the report may be second-hand: a read from the lost
+  // rank failed). A rank's own exit after its report does not replace it.
+  void end(absl::Status st, int lost = -1);
+  void blame_locked(int lost, absl::Status loss);
   // Waits (bounded by join_timeout) until `count` of world_ ranks have
   // done `what`, or the run has ended; false if it has ended (then the
   // outcome says why, also when the time ran out).

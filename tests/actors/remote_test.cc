@@ -189,7 +189,8 @@ TEST_F(RemoteTest, ARankThatSendsWhatItMayNotIsCutOff) {
 
 // A rank that reports a failure may have seen a peer die (a copy from it
 // failing with ESRCH): the peer's loss, heard just after, is named first,
-// with the report after it; a report with no loss after it stands alone.
+// with the report after it; a report with no loss after it, or with only
+// the reporter's own, stands alone.
 class BlameTest : public RemoteTest {
  protected:
   BlameTest() {
@@ -201,19 +202,24 @@ class BlameTest : public RemoteTest {
     o_.join_timeout = absl::Seconds(30);
     o_.log = [](const std::string&) {};
   }
-  // Both ranks join; rank 0 reports `what`; then, with `lose`, rank 1 is gone.
-  absl::Status run(const std::string& what, bool lose) {
+  // Both ranks join; rank 0 reports `what`; then rank `lose` (-1: none) is gone.
+  absl::Status run(const std::string& what, int lose) {
     auto host = CoordinatorHost::listen(o_);
     EXPECT_TRUE(host.ok()) << host.status();
     if (!host.ok()) return host.status();
-    auto ran = std::async(std::launch::async, [&] { return (*host)->run(nullptr); });
+    std::promise<void> joined;  // (a rank that joins after the report is refused)
+    auto ran = std::async(std::launch::async, [&] {
+      return (*host)->run(nullptr,
+                          [&](const std::vector<CoordinatorHost::Member>&) { joined.set_value(); });
+    });
     std::vector<std::unique_ptr<comm::ControlLink>> links;
-    std::promise<void> told;  // rank 0 has heard the end (then it leaves)
+    std::promise<void> told;  // a rank still there has heard the end (then they leave)
     std::atomic<bool> once{false};
+    const int listener = lose == 0 ? 1 : 0;
     for (int r = 0; r < 2; r++) {
       auto on_frame = [&, r](std::string frame) {
         absl::StatusOr<Envelope> e = decode_envelope(*sys_, frame);
-        if (r == 0 && e.ok() && e->content.match_element<remote_end_atom>(0) &&
+        if (r == listener && e.ok() && e->content.match_element<remote_end_atom>(0) &&
             !once.exchange(true))
           told.set_value();
       };
@@ -226,14 +232,15 @@ class BlameTest : public RemoteTest {
       if (!link.ok()) return link.status();
       links.push_back(*std::move(link));
     }
+    EXPECT_EQ(joined.get_future().wait_for(std::chrono::seconds(20)), std::future_status::ready);
     EXPECT_TRUE(links[0]
                     ->send(encode_envelope(
                         *sys_, {.to = Target::kControl,
                                 .content = caf::make_message(failed_atom::value, 0, what)}))
                     .ok());
-    if (lose) {  // (after the report has ended the run: as a copy's ESRCH comes first)
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-      links[1].reset();
+    if (lose >= 0) {  // (after the report has ended the run: as a copy's ESRCH comes first)
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      links[static_cast<std::size_t>(lose)].reset();
     }
     // The ranks leave once told (so the host does not wait its 30 s for them).
     EXPECT_EQ(told.get_future().wait_for(std::chrono::seconds(20)), std::future_status::ready);
@@ -245,7 +252,8 @@ class BlameTest : public RemoteTest {
 };
 
 TEST_F(BlameTest, APeersLossHeardAfterItsReportIsTheCause) {
-  const absl::Status st = run("copy from rank 1 failed: No such process", /*lose=*/true);
+  o_.blame_grace = absl::Seconds(10);  // (ends when the loss comes)
+  const absl::Status st = run("copy from rank 1 failed: No such process", /*lose=*/1);
   EXPECT_TRUE(absl::IsUnavailable(st)) << st;  // (a loss: a restart may help)
   EXPECT_TRUE(
       absl::StartsWith(st.message(), "rank 1 (d=0 s=1 t=0) on host h, pid 11: lost contact"))
@@ -257,8 +265,20 @@ TEST_F(BlameTest, APeersLossHeardAfterItsReportIsTheCause) {
 }
 
 TEST_F(BlameTest, AReportWithNoLossAfterItStands) {
-  const absl::Status st = run("the disk is full", /*lose=*/false);
+  const absl::Status st = run("the disk is full", /*lose=*/-1);
   EXPECT_EQ(st.message(), "rank 0 (d=0 s=0 t=0) on host h, pid 10: the disk is full") << st;
+  EXPECT_EQ(st.ToString(), "INTERNAL: " + std::string(st.message()));  // (no payload left)
+}
+
+// A rank that could not get ready reports it and exits: its own loss is
+// what it said (not a loss to restart for).
+TEST_F(BlameTest, TheReportersOwnExitDoesNotReplaceItsReport) {
+  o_.blame_grace = absl::Seconds(1);
+  const absl::Status st = run("connecting its transport: refused", /*lose=*/0);
+  EXPECT_TRUE(absl::IsInternal(st)) << st;
+  EXPECT_EQ(st.message(),
+            "rank 0 (d=0 s=0 t=0) on host h, pid 10: connecting its transport: refused")
+      << st;
 }
 
 }  // namespace
