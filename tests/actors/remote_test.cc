@@ -23,6 +23,19 @@
 namespace troupe::actors {
 namespace {
 
+// A host for a two-stage job of the tiny model on this host.
+CoordinatorHostOptions two_stage_host() {
+  CoordinatorHostOptions o;
+  o.options.model = *model::preset("tiny");
+  o.options.global_batch = o.options.micro_batch;
+  o.parallel.pp = 2;
+  o.listen_host = "127.0.0.1";
+  o.token = "0123456789abcdef-remote-test";
+  o.join_timeout = absl::Seconds(30);
+  o.log = [](const std::string&) {};
+  return o;
+}
+
 class RemoteTest : public ::testing::Test {
  protected:
   RemoteTest() {
@@ -159,14 +172,7 @@ TEST_F(RemoteTest, FramesWithOtherTypesAreRefusedByTheirTypeNames) {
 // coordinator indexed an array with it) is cut off, and the run ends with
 // an error naming it; nothing else happens.
 TEST_F(RemoteTest, ARankThatSendsWhatItMayNotIsCutOff) {
-  CoordinatorHostOptions o;
-  o.options.model = *model::preset("tiny");
-  o.options.global_batch = o.options.micro_batch;
-  o.parallel.pp = 2;
-  o.listen_host = "127.0.0.1";
-  o.token = "0123456789abcdef-remote-test";
-  o.join_timeout = absl::Seconds(30);
-  o.log = [](const std::string&) {};
+  const CoordinatorHostOptions o = two_stage_host();
   auto host = CoordinatorHost::listen(o);
   ASSERT_TRUE(host.ok()) << host.status();
   auto ran = std::async(std::launch::async, [&] { return (*host)->run(nullptr); });
@@ -193,15 +199,6 @@ TEST_F(RemoteTest, ARankThatSendsWhatItMayNotIsCutOff) {
 // the reporter's own, stands alone.
 class BlameTest : public RemoteTest {
  protected:
-  BlameTest() {
-    o_.options.model = *model::preset("tiny");
-    o_.options.global_batch = o_.options.micro_batch;
-    o_.parallel.pp = 2;
-    o_.listen_host = "127.0.0.1";
-    o_.token = "0123456789abcdef-remote-test";
-    o_.join_timeout = absl::Seconds(30);
-    o_.log = [](const std::string&) {};
-  }
   // Both ranks join; rank 0 reports `what`; then rank `lose` (-1: none) is gone.
   absl::Status run(const std::string& what, int lose) {
     auto host = CoordinatorHost::listen(o_);
@@ -248,7 +245,7 @@ class BlameTest : public RemoteTest {
     EXPECT_EQ(ran.wait_for(std::chrono::seconds(20)), std::future_status::ready);
     return ran.get();
   }
-  CoordinatorHostOptions o_;
+  CoordinatorHostOptions o_ = two_stage_host();
 };
 
 TEST_F(BlameTest, APeersLossHeardAfterItsReportIsTheCause) {
