@@ -5,7 +5,6 @@
 #include <cmath>
 #include <utility>
 
-#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -93,11 +92,9 @@ caf::behavior Coordinator::make_behavior() {
         on_saved(step, rank, records, error);
       },
       [this](failed_atom, int rank, const std::string& what) {
-        absl::Status st = absl::InternalError(absl::StrCat(who(rank), ": ", what));
-        if (setup_->mark_rank_reports) {
-          st.SetPayload(kRankReportPayload, absl::Cord(absl::StrCat(rank)));
-        }
-        finish(std::move(st));
+        const std::string message = absl::StrCat(who(rank), ": ", what);
+        finish(setup_->mark_rank_reports ? rank_report(rank, message)
+                                         : absl::InternalError(message));
       },
       [this](stop_atom, int step) { stop_after_ = std::min(stop_after_, step); },
       [this](save_now_atom) { save_now_ = true; },

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/cord.h"
 #include "actors/messages.h"
 #include "actors/partition.h"
 #include "actors/rank/rank.h"
@@ -44,6 +45,14 @@ namespace troupe::actors {
 // or copy, so a process host may still blame the loss it hears of a moment
 // later (CoordinatorHost, which takes the payload off again).
 inline constexpr char kRankReportPayload[] = "troupe/rank-report";
+
+// A rank's report of its failure as a run's outcome (Internal), marked
+// with kRankReportPayload.
+inline absl::Status rank_report(int rank, const std::string& message) {
+  absl::Status st = absl::InternalError(message);
+  st.SetPayload(kRankReportPayload, absl::Cord(std::to_string(rank)));
+  return st;
+}
 
 struct CoordinatorSetup {
   model::TrainOptions options;

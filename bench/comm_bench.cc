@@ -23,8 +23,10 @@
 #include <future>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
+#include "bench/chain_report.h"
 #include "comm/bootstrap.h"
 #include "comm/communicator.h"
 #include "comm/inproc_transport.h"
@@ -191,16 +193,8 @@ int chain(int rank, int size, troupe::comm::Transport& t, std::size_t bytes, int
     }
     times[static_cast<std::size_t>(s)] = secs(t0);
   }
-  if (rank == 0) {  // (rank 0's step spans the others')
-    const auto skip = static_cast<std::size_t>(std::min(50, steps / 2));
-    std::sort(times.begin() + static_cast<std::ptrdiff_t>(skip), times.end());
-    const double median = times[skip + (times.size() - skip) / 2];
-    std::printf(
-        "{\"impl\": \"troupe-ucx\", \"op\": \"chain\", \"n\": %d, \"bytes\": %zu, "
-        "\"step_us\": %.3f}\n",
-        size, bytes, median * 1e6);
-    std::fflush(stdout);
-  }
+  // (rank 0's step spans the others')
+  if (rank == 0) print_chain_step("troupe-ucx", size, bytes, std::move(times));
   return 0;
 }
 

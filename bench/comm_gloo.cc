@@ -17,7 +17,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <utility>
 #include <vector>
+
+#include "chain_report.h"
 
 template <typename Algo>
 void run(const char* name, const std::shared_ptr<gloo::Context>& ctx, std::vector<float>& x,
@@ -68,16 +71,8 @@ void chain(const std::shared_ptr<gloo::Context>& ctx, std::size_t bytes, int ste
     t[static_cast<std::size_t>(s)] =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
-  if (rank == 0) {  // (rank 0's step spans the others')
-    const auto skip = static_cast<std::size_t>(std::min(50, steps / 2));
-    std::sort(t.begin() + static_cast<std::ptrdiff_t>(skip), t.end());
-    const double median = t[skip + (t.size() - skip) / 2];
-    std::printf(
-        "{\"impl\": \"gloo\", \"op\": \"chain\", \"n\": %d, \"bytes\": %zu, "
-        "\"step_us\": %.3f}\n",
-        size, bytes, median * 1e6);
-    std::fflush(stdout);
-  }
+  // (rank 0's step spans the others')
+  if (rank == 0) print_chain_step("gloo", size, bytes, std::move(t));
 }
 
 int main(int argc, char** argv) {

@@ -13,7 +13,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <utility>
 #include <vector>
+
+#include "chain_report.h"
 
 namespace {
 
@@ -40,16 +43,8 @@ void chain(int rank, int size, std::size_t bytes, int steps) {
     MPI_Waitall(2, sent, MPI_STATUSES_IGNORE);
     t[static_cast<std::size_t>(s)] = MPI_Wtime() - t0;
   }
-  if (rank == 0) {  // (rank 0's step spans the others')
-    const auto skip = static_cast<std::size_t>(std::min(50, steps / 2));
-    std::sort(t.begin() + static_cast<std::ptrdiff_t>(skip), t.end());
-    const double median = t[skip + (t.size() - skip) / 2];
-    std::printf(
-        "{\"impl\": \"openmpi\", \"op\": \"chain\", \"n\": %d, \"bytes\": %zu, "
-        "\"step_us\": %.3f}\n",
-        size, bytes, median * 1e6);
-    std::fflush(stdout);
-  }
+  // (rank 0's step spans the others')
+  if (rank == 0) print_chain_step("openmpi", size, bytes, std::move(t));
 }
 
 }  // namespace

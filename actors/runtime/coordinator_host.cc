@@ -185,9 +185,7 @@ void CoordinatorHost::on_frame(int rank, std::string frame) {
       // It could not get ready (its transport, say): the run ends with why.
       const std::string what = e->content.get_as<std::string>(2);
       lock.unlock();
-      absl::Status st = absl::InternalError(absl::StrCat(who(rank), ": ", what));
-      st.SetPayload(kRankReportPayload, absl::Cord(absl::StrCat(rank)));
-      end(std::move(st));
+      end(rank_report(rank, absl::StrCat(who(rank), ": ", what)));
       return;
     }
     cv_.notify_all();
@@ -254,21 +252,18 @@ void CoordinatorHost::blame_locked(int lost, absl::Status loss) {
   const auto reporter = outcome_->GetPayload(kRankReportPayload);  // (absl::optional)
   // (The reporter's own exit after its report -- a rank that could not get
   // ready exits -- is what the report said.)
-  if (!reporter || *reporter == absl::StrCat(lost)) return;
+  if (!reporter || *reporter == std::to_string(lost)) return;
   outcome_ = absl::Status(loss.code(),
                           absl::StrCat(loss.message(), "; before that, ", outcome_->message()));
   cv_.notify_all();
 }
 
-void CoordinatorHost::cancel(absl::Status why) {
-  end(std::move(why));
-  std::lock_guard<std::mutex> lock(mu_);
-  aborted_ = true;
-  cv_.notify_all();
-}
+void CoordinatorHost::cancel(absl::Status why) { abort(std::move(why), -1); }
 
-void CoordinatorHost::lose(int rank, absl::Status why) {
-  end(std::move(why), rank);
+void CoordinatorHost::lose(int rank, absl::Status why) { abort(std::move(why), rank); }
+
+void CoordinatorHost::abort(absl::Status why, int lost) {
+  end(std::move(why), lost);
   std::lock_guard<std::mutex> lock(mu_);
   aborted_ = true;
   cv_.notify_all();
