@@ -14,7 +14,7 @@ inline void print_chain_step(const char* impl, int size, std::size_t bytes,
   std::sort(seconds.begin() + static_cast<std::ptrdiff_t>(skip), seconds.end());
   const double median = seconds[skip + (seconds.size() - skip) / 2];
   std::printf(
-      "{\"impl\": \"%s\", \"op\": \"chain\", \"n\": %d, \"bytes\": %zu, \"step_us\": %.3f}\n",
-      impl, size, bytes, median * 1e6);
+      "{\"impl\": \"%s\", \"op\": \"chain\", \"n\": %d, \"bytes\": %zu, \"step_us\": %.3f}\n", impl,
+      size, bytes, median * 1e6);
   std::fflush(stdout);
 }
