@@ -11,7 +11,10 @@
 // direct exchange for small ones (every rank sums all contributions in rank
 // order), a sliced chain for broadcast, a gather for reduce. The order of every sum is fixed, and
 // each element's sum is computed once and copied to the others, so results
-// are bitwise identical on every rank and on every run.
+// are bitwise identical on every rank and on every run. An all-reduce of
+// three or more processes of one host goes through one shared memory
+// segment instead of messages (comm/shm_all_reduce.h), summing each element
+// in the order its algorithm would: the same bits.
 //
 // Uneven sizes: element range of member i is chunk_range(n, p, i) (the first
 // n % p members get one more). An aborted communicator (a member died)
@@ -33,8 +36,10 @@
 #include <thread>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "comm/callback_queue.h"
 #include "comm/collectives.h"
+#include "comm/shm_all_reduce.h"
 #include "comm/trace.h"
 #include "comm/transport.h"
 
@@ -67,6 +72,11 @@ struct CommunicatorOptions {
   // give the same (the route matters only there, and they share a CPU, so
   // the default agrees).
   std::size_t copies_max_bytes = default_copies_max_bytes();
+  // An all-reduce of three or more members, every one a process of this
+  // host (Transport::shares_memory_with), goes through one shared memory
+  // segment (comm/shm_all_reduce.h), set up at the first: the same sums,
+  // bit for bit, with no transport message but the setup's.
+  bool shared_memory = true;
 };
 
 class Communicator final : public Collectives {
@@ -107,6 +117,8 @@ class Communicator final : public Collectives {
   // called by the liveness check for every group containing that member).
   void fail(absl::Status why) override;
   bool contains(int global_rank) const;
+  // All-reduces done through shared memory so far (tests).
+  std::uint64_t shared_memory_all_reduces() const { return shm_all_reduces_.load(); }
 
   // Records each collective's phases (reduce-scatter, all-gather, direct)
   // in `recorder` (outlives this; set before the first collective), as
@@ -138,6 +150,16 @@ class Communicator final : public Collectives {
   absl::Status ring_all_gather(float* data, std::size_t n, std::uint32_t op, std::uint32_t step0);
   absl::Status direct_all_reduce(float* data, std::size_t n, std::uint32_t op);
   absl::Status chain_broadcast(float* data, std::size_t n, int root, std::uint32_t op);
+  // The all-reduce through shared memory (comm/communicator_shm.cc): whether
+  // this group may take it, its setup at the first (false after a setup
+  // that failed on any member: every member then keeps the transport), and
+  // the all-reduce itself.
+  // How the all-reduce of n floats sums (its algorithm: direct exchange,
+  // halving, ring), whichever way its bytes travel.
+  SumOrder sum_order(std::size_t n) const;
+  bool shm_possible() const;
+  absl::StatusOr<bool> shm_ready(std::uint32_t op);
+  absl::Status shm_all_reduce(float* data, std::size_t n);
   absl::Status gather_reduce(const float* in, float* out, std::size_t n, int root,
                              std::uint32_t op);  // comm/communicator_reduce.cc
   // Sends `n` floats to member `to` and receives `m` from member `from` into
@@ -172,6 +194,10 @@ class Communicator final : public Collectives {
   Transport* driver_ = nullptr;  // the transport, while a collective drives it
   struct StepSends;              // one step's sends
   std::deque<std::unique_ptr<StepSends>> sends_;  // in flight, oldest first
+  enum class Shm { kUntried, kOn, kOff };
+  Shm shm_state_ = Shm::kUntried;
+  std::unique_ptr<ShmAllReduce> shm_;  // set once (also under mu_: fail() aborts it)
+  std::atomic<std::uint64_t> shm_all_reduces_{0};
 
   std::mutex run_mu_;  // held while a collective runs; guards next_op_ to sends_
   std::mutex mu_;

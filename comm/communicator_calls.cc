@@ -32,25 +32,39 @@ absl::Status Communicator::phase(trace::What what, std::uint32_t op, std::size_t
   return st;
 }
 
+SumOrder Communicator::sum_order(std::size_t n) const {
+  if (n * sizeof(float) <= options_.direct_max_bytes) return SumOrder::kMembers;
+  if (std::has_single_bit(static_cast<unsigned>(size())) &&
+      n * sizeof(float) <= options_.halving_max_bytes) {
+    return SumOrder::kHalving;
+  }
+  return SumOrder::kRing;
+}
+
 Communicator::Body Communicator::all_reduce_body(float* data, std::size_t n) {
   return [this, data, n]() -> absl::Status {
     const std::uint32_t op = next_op_;
     if (size() == 1 || n == 0) return absl::OkStatus();
-    set_route(n);
     using trace::What;
-    if (n * sizeof(float) <= options_.direct_max_bytes) {
-      return phase(What::kDirect, op, n, [&] { return direct_all_reduce(data, n, op); });
-    }
-    if (std::has_single_bit(static_cast<unsigned>(size())) &&
-        n * sizeof(float) <= options_.halving_max_bytes) {
-      absl::Status st =
-          phase(What::kReduceScatter, op, n, [&] { return halving_reduce_scatter(data, n, op); });
-      if (!st.ok()) return st;
-      return phase(What::kAllGather, op, n, [&] {
-        return doubling_all_gather(
-            data, n, op,
-            static_cast<std::uint32_t>(std::countr_zero(static_cast<unsigned>(size()))));
-      });
+    absl::StatusOr<bool> shm = shm_ready(op);
+    if (!shm.ok()) return shm.status();
+    if (*shm) return phase(What::kSharedMemory, op, n, [&] { return shm_all_reduce(data, n); });
+    set_route(n);
+    switch (sum_order(n)) {
+      case SumOrder::kMembers:
+        return phase(What::kDirect, op, n, [&] { return direct_all_reduce(data, n, op); });
+      case SumOrder::kHalving: {
+        absl::Status st =
+            phase(What::kReduceScatter, op, n, [&] { return halving_reduce_scatter(data, n, op); });
+        if (!st.ok()) return st;
+        return phase(What::kAllGather, op, n, [&] {
+          return doubling_all_gather(
+              data, n, op,
+              static_cast<std::uint32_t>(std::countr_zero(static_cast<unsigned>(size()))));
+        });
+      }
+      case SumOrder::kRing:
+        break;
     }
     absl::Status st =
         phase(What::kReduceScatter, op, n, [&] { return ring_reduce_scatter(data, n, op); });

@@ -69,6 +69,8 @@ const char* what_name(What w) {
       return "reduce-scatter";
     case What::kDirect:
       return "direct";
+    case What::kSharedMemory:
+      return "shared_memory";
     case What::kBroadcast:
       return "broadcast";
     case What::kTrain:

@@ -64,6 +64,7 @@ enum class What : std::uint8_t {
   kAllGather,
   kReduceScatter,
   kDirect,
+  kSharedMemory,
   kBroadcast,
   // steps
   kTrain,

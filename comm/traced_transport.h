@@ -43,6 +43,7 @@ class TracedTransport final : public Transport {
   }
   void drive_begin() override { inner_->drive_begin(); }
   void drive_end() override { inner_->drive_end(); }
+  bool shares_memory_with(int peer) const override { return inner_->shares_memory_with(peer); }
   void fail_peer(int peer, absl::Status why) override { inner_->fail_peer(peer, std::move(why)); }
   void cancel(const std::shared_ptr<CancelToken>& token, absl::Status why) override {
     inner_->cancel(token, std::move(why));

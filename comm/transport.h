@@ -161,6 +161,11 @@ class Transport {
   virtual void drive_begin() {}
   virtual void drive_end() {}
 
+  // Whether `peer` is another process of this host that maps the same POSIX
+  // shared memory (/dev/shm) as this one: a group of such processes may
+  // all-reduce through one segment (comm/shm_all_reduce.h).
+  virtual bool shares_memory_with(int /*peer*/) const { return false; }
+
   // Marks `peer` failed (fed by a liveness check of the control plane).
   virtual void fail_peer(int peer, absl::Status why) = 0;
   // Completes every pending operation posted with `token` with `why`.

@@ -245,6 +245,7 @@ absl::Status UcxTransport::connect(const std::vector<std::string>& addresses) {
   }
   eps_.assign(static_cast<std::size_t>(size_), nullptr);
   same_host_.assign(static_cast<std::size_t>(size_), false);
+  same_place_.assign(static_cast<std::size_t>(size_), false);
   std::uint16_t my_hlen = 0;
   std::memcpy(&my_hlen, address_.data() + 4, 2);
   const std::string my_host = address_.substr(6, my_hlen);
@@ -258,6 +259,9 @@ absl::Status UcxTransport::connect(const std::vector<std::string>& addresses) {
       return absl::InvalidArgumentError(absl::StrCat("connect: bad address of rank ", r));
     const std::string place = a.substr(6, hlen);
     same_host_[static_cast<std::size_t>(r)] = cma_allowed_ && place == my_host;  // see create()
+    // (Host and pid namespace, whatever either allows of its memory.)
+    same_place_[static_cast<std::size_t>(r)] =
+        place.substr(0, place.rfind(' ')) == my_host.substr(0, my_host.rfind(' '));
     const std::string host = place.substr(0, place.rfind(" pidns="));
     if (one_host_ && host != here) {
       return absl::FailedPreconditionError(absl::StrCat(

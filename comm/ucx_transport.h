@@ -121,6 +121,10 @@ class UcxTransport final : public Transport {
                  std::shared_ptr<CancelToken> token, Route route = Route::kAny) override;
   void fail_peer(int peer, absl::Status why) override;
   bool can_poll() const override { return true; }
+  bool shares_memory_with(int peer) const override {
+    return peer != rank_ && peer >= 0 && static_cast<std::size_t>(peer) < same_place_.size() &&
+           same_place_[static_cast<std::size_t>(peer)];
+  }
   bool poll() override;
   bool wait_for_event(std::chrono::microseconds max) override;
   void drive_begin() override;
@@ -222,7 +226,8 @@ class UcxTransport final : public Transport {
   bool cma_allowed_ = false;  // peers may read our memory (Yama scope <= 1)
   bool one_host_ = false;     // UcxOptions::one_host, UCX_TLS unset
   std::string one_host_because_;
-  std::vector<bool> same_host_;  // per rank: the single-copy protocol applies
+  std::vector<bool> same_host_;   // per rank: the single-copy protocol applies
+  std::vector<bool> same_place_;  // per rank: this host and pid namespace
 
   std::mutex worker_mu_;  // whoever holds it may use the UCX worker
   std::mutex mu_;

@@ -2,12 +2,15 @@
 // bootstrap over TCP, UCX transport, a world communicator, then a scenario.
 //   collectives   every collective at sizes 0, 1, 7, 1000, 100003, 600001, exact
 //                 integer-valued sums (slices of 64 KiB: large enough for the
-//                 single-copy protocol); prints the bytes it received by
-//                 single copy, then "ok"
-//   kill          all-reduces of 16 MiB in a loop; rank --victim kills itself
-//                 mid-operation; every other rank must get an error naming it
-//                 (prints the wall-clock times the driver turns into a
-//                 detection time)
+//                 single-copy protocol), and the all-reduce of values whose
+//                 sums depend on their order the same bits with and without
+//                 shared memory; prints the bytes it received by single copy
+//                 and the all-reduces done through shared memory, then "ok"
+//   kill          all-reduces of 16 MiB in a loop (of 3 or more ranks through
+//                 shared memory); rank --victim kills itself mid-operation;
+//                 every other rank must get an error naming it (prints the
+//                 wall-clock times the driver turns into a detection time)
+//   kill_messages the same with the all-reduce's bytes in transport messages
 //   kill_reader   rank 1 takes a single-copy descriptor from rank 0 and is
 //                 killed before acknowledging; rank 0's send must fail
 #include <signal.h>
@@ -17,7 +20,9 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <future>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -44,7 +49,17 @@ int fail(int rank, const std::string& what) {
   return 1;
 }
 
+// Values whose sums depend on their order (magnitudes 2^-10 to 2^10).
+std::vector<float> unordered_values(int rank, std::size_t n) {
+  std::mt19937 gen(static_cast<unsigned>(rank + 1));
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::vector<float> x(n);
+  for (float& v : x) v = std::ldexp(u(gen), static_cast<int>(gen() % 21) - 10);
+  return x;
+}
+
 int collectives(int rank, int size, troupe::comm::UcxTransport& t) {
+  std::uint64_t through_shared_memory = 0;
   // Twice: all-reduce by ring with every message of 64 KiB or more by single
   // copy, then (p a power of two) by halving/doubling with, of two ranks, the
   // all-reduces up to 1 MiB by copies and the larger by single copy
@@ -62,7 +77,24 @@ int collectives(int rank, int size, troupe::comm::UcxTransport& t) {
                                   .direct_max_bytes = 4 << 10,
                                   .halving_max_bytes = halving_max,
                                   .copies_max_bytes = halving_max == 0 ? 0 : std::size_t{1} << 20});
+    // The same group's all-reduce with its bytes in messages: the reference
+    // for the sums' bits.
+    troupe::comm::Communicator by_messages(
+        t, c.ranks(), troupe::comm::GroupKind::kTest,
+        {.slice_bytes = 64 << 10,
+         .direct_max_bytes = 4 << 10,
+         .halving_max_bytes = halving_max,
+         .copies_max_bytes = halving_max == 0 ? 0 : std::size_t{1} << 20,
+         .shared_memory = false});
     for (std::size_t n : {0ul, 1ul, 7ul, 1000ul, 100003ul, 600001ul}) {
+      std::vector<float> mine = unordered_values(rank, n), theirs = mine;
+      absl::Status sa = c.all_reduce_sync(mine.data(), n),
+                   sb = by_messages.all_reduce_sync(theirs.data(), n);
+      if (!sa.ok() || !sb.ok())
+        return fail(rank, "all_reduce: " + std::string((sa.ok() ? sb : sa).message()));
+      if (n > 0 && std::memcmp(mine.data(), theirs.data(), n * sizeof(float)) != 0) {
+        return fail(rank, "all_reduce of " + std::to_string(n) + ": other bits than by messages");
+      }
       std::vector<float> x(n);
       for (std::size_t i = 0; i < n; i++) x[i] = value(rank, i);
       absl::Status st = c.all_reduce_sync(x.data(), n);
@@ -95,20 +127,25 @@ int collectives(int rank, int size, troupe::comm::UcxTransport& t) {
       for (float v : y)
         if (v != 3.5f) return fail(rank, "broadcast value");
     }
+    if (by_messages.shared_memory_all_reduces() != 0) return fail(rank, "shared memory used");
+    through_shared_memory += c.shared_memory_all_reduces();
   }
   std::printf("rank %d: single-copy bytes %llu\n", rank,
               static_cast<unsigned long long>(t.single_copy_bytes()));
+  std::printf("rank %d: shared-memory all-reduces %llu\n", rank,
+              static_cast<unsigned long long>(through_shared_memory));
   std::printf("rank %d: ok\n", rank);
   return 0;
 }
 
 // All-reduces of `floats` (16 MiB: by single copy; 1 MiB of two ranks: by
 // copies) until the victim dies.
-int kill_scenario(int rank, int size, int victim, std::size_t floats, troupe::comm::Transport& t,
-                  troupe::comm::Bootstrap& b) {
+int kill_scenario(int rank, int size, int victim, std::size_t floats, bool shared_memory,
+                  troupe::comm::Transport& t, troupe::comm::Bootstrap& b) {
   std::vector<int> ranks(static_cast<std::size_t>(size));
   for (int i = 0; i < size; i++) ranks[static_cast<std::size_t>(i)] = i;
-  troupe::comm::Communicator c(t, ranks, troupe::comm::GroupKind::kWorld);
+  troupe::comm::Communicator c(t, ranks, troupe::comm::GroupKind::kWorld,
+                               {.shared_memory = shared_memory});
   b.watch([&](int dead, absl::Status why) {
     std::printf("rank %d: told at %.6f: %s\n", rank, now_s(), std::string(why.message()).c_str());
     std::fflush(stdout);
@@ -127,6 +164,8 @@ int kill_scenario(int rank, int size, int victim, std::size_t floats, troupe::co
   for (int iter = 0; iter < 100000; iter++) {
     absl::Status st = c.all_reduce_sync(x.data(), x.size());
     if (!st.ok()) {
+      std::printf("rank %d: shared-memory all-reduces %llu\n", rank,
+                  static_cast<unsigned long long>(c.shared_memory_all_reduces()));
       std::printf("rank %d: error at %.6f: %s\n", rank, now_s(), std::string(st.message()).c_str());
       std::fflush(stdout);
       // Stay a moment: leaving now would look like a second death to ranks
@@ -176,16 +215,19 @@ int main(int argc, char** argv) {
   app.add_option("--size", size)->required();
   app.add_option("--port", port)->required();
   app.add_option("--scenario", scenario)
-      ->check(CLI::IsMember({"collectives", "kill", "kill_copies", "kill_reader"}));
+      ->check(
+          CLI::IsMember({"collectives", "kill", "kill_messages", "kill_copies", "kill_reader"}));
   app.add_option("--victim", victim);
   CLI11_PARSE(app, argc, argv);
   setvbuf(stdout, nullptr, _IOLBF, 0);
   auto w = troupe::comm::connect_ucx(rank, size, "127.0.0.1", port, absl::Seconds(60));
   if (!w.ok()) return fail(rank, std::string(w.status().message()));
   troupe::comm::UcxTransport& t = *w->transport;
-  int rc = scenario == "kill" ? kill_scenario(rank, size, victim, 4u << 20, t, *w->bootstrap)
+  int rc = scenario == "kill" ? kill_scenario(rank, size, victim, 4u << 20, true, t, *w->bootstrap)
+           : scenario == "kill_messages"
+               ? kill_scenario(rank, size, victim, 4u << 20, false, t, *w->bootstrap)
            : scenario == "kill_copies"
-               ? kill_scenario(rank, size, victim, 1u << 18, t, *w->bootstrap)
+               ? kill_scenario(rank, size, victim, 1u << 18, true, t, *w->bootstrap)
            : scenario == "kill_reader" ? kill_reader_scenario(rank, t, *w->bootstrap)
                                        : collectives(rank, size, t);
   if (scenario != "collectives") {

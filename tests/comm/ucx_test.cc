@@ -109,14 +109,23 @@ bool cross_process_reads_allowed() {
 
 class UcxCollectives : public ::testing::TestWithParam<int> {};
 
+// Of 3 or more processes the all-reduces go through shared memory, and give
+// the bits they give by messages (ucx_rank checks that).
 TEST_P(UcxCollectives, AcrossProcesses) {
   const int n = GetParam();
   auto results = run_ranks(n, "collectives", -1, std::chrono::seconds(240));
+  const std::regex shared("shared-memory all-reduces ([0-9]+)");
   for (int r = 0; r < n; r++) {
-    EXPECT_EQ(results[static_cast<std::size_t>(r)].exit_code, 0)
-        << "rank " << r << ":\n"
-        << results[static_cast<std::size_t>(r)].output;
-    EXPECT_NE(results[static_cast<std::size_t>(r)].output.find("ok"), std::string::npos);
+    const std::string& out = results[static_cast<std::size_t>(r)].output;
+    EXPECT_EQ(results[static_cast<std::size_t>(r)].exit_code, 0) << "rank " << r << ":\n" << out;
+    EXPECT_NE(out.find("ok"), std::string::npos);
+    std::smatch m;
+    ASSERT_TRUE(std::regex_search(out, m, shared)) << out;
+    if (n >= 3) {
+      EXPECT_GT(std::stoull(m[1]), 0u) << "rank " << r << ": none through shared memory";
+    } else {
+      EXPECT_EQ(std::stoull(m[1]), 0u) << "rank " << r;
+    }
   }
 }
 
@@ -145,9 +154,9 @@ INSTANTIATE_TEST_SUITE_P(Processes, UcxCollectives, ::testing::Values(1, 2, 3, 4
 // An all-reduce of n processes; rank n/2 kills itself mid-operation. Every
 // other rank gets an error naming it (with 4, ranks 0 and 1 too: they only
 // wait on live neighbours) within the timeout; the detection time is
-// printed. 4 processes' 16 MiB all-reduces go by single copy, 2 processes'
-// 1 MiB ones by copies through shared memory
-// (CommunicatorOptions::copies_max_bytes).
+// printed. 4 processes' 16 MiB all-reduces go through one shared memory
+// segment (`kill`) or by single copy (`kill_messages`), 2 processes' 1 MiB
+// ones by copies through shared memory (CommunicatorOptions::copies_max_bytes).
 class UcxKilledRank : public ::testing::TestWithParam<std::tuple<const char*, int>> {};
 
 TEST_P(UcxKilledRank, IsAnErrorOnEveryOtherRank) {
@@ -168,6 +177,9 @@ TEST_P(UcxKilledRank, IsAnErrorOnEveryOtherRank) {
     ASSERT_TRUE(std::regex_search(out, m, error)) << "rank " << r << ":\n" << out;
     last_error_at = std::max(last_error_at, std::stod(m[1]));
     EXPECT_NE(m[2].str().find("rank " + std::to_string(victim)), std::string::npos) << m[2];
+    const std::regex shared("shared-memory all-reduces ([0-9]+)");
+    ASSERT_TRUE(std::regex_search(out, m, shared)) << out;
+    EXPECT_EQ(std::stoull(m[1]) > 0, std::string(scenario) == "kill") << "rank " << r;
   }
   const double detection = last_error_at - killed_at;
   std::printf("[ detection ] every survivor had its error %.3f s after the kill\n", detection);
@@ -176,7 +188,8 @@ TEST_P(UcxKilledRank, IsAnErrorOnEveryOtherRank) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Routes, UcxKilledRank,
-                         ::testing::Values(std::tuple{"kill", 4}, std::tuple{"kill_copies", 2}),
+                         ::testing::Values(std::tuple{"kill", 4}, std::tuple{"kill_messages", 4},
+                                           std::tuple{"kill_copies", 2}),
                          [](const auto& info) { return std::string(std::get<0>(info.param)); });
 
 // The receiver of a single-copy message dies between taking the descriptor

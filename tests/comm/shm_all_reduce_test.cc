@@ -1,0 +1,171 @@
+// The shared memory all-reduce (comm/shm_all_reduce.h), its members threads
+// of this process: the same bits as the Communicator's transport
+// algorithms (over the in-process transport, an independent reference) in
+// each of their sum orders, and a failure ends every member's wait.
+#include "comm/shm_all_reduce.h"
+
+#include <gtest/gtest.h>
+
+#include <bit>
+#include <chrono>
+#include <cstring>
+#include <future>
+#include <limits>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "comm/inproc_transport.h"
+
+namespace troupe::comm {
+namespace {
+
+// Values whose sums depend on their order: magnitudes 2^-10 to 2^10.
+std::vector<float> values(int member, std::size_t n) {
+  std::mt19937 gen(static_cast<unsigned>(1000 + member));
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::vector<float> x(n);
+  for (std::size_t i = 0; i < n; i++) x[i] = std::ldexp(u(gen), static_cast<int>(gen() % 21) - 10);
+  return x;
+}
+
+// Every member's result of the Communicator's all-reduce over the
+// in-process transport (direct exchange up to 4 KiB, then halving up to
+// `halving_max` bytes where p is a power of two, else the ring).
+std::vector<std::vector<float>> by_transport(int p, std::size_t n, std::size_t halving_max) {
+  auto fabric = std::make_shared<InProcFabric>(p);
+  std::vector<int> ranks;
+  for (int r = 0; r < p; r++) ranks.push_back(r);
+  std::vector<std::vector<float>> out(static_cast<std::size_t>(p));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < p; r++) {
+    threads.emplace_back([&, r] {
+      std::unique_ptr<Transport> t = fabric->endpoint(r);
+      Communicator c(*t, ranks, GroupKind::kTest,
+                     {.direct_max_bytes = 4096, .halving_max_bytes = halving_max});
+      std::vector<float> x = values(r, n);
+      EXPECT_TRUE(c.all_reduce_sync(x.data(), n).ok());
+      out[static_cast<std::size_t>(r)] = std::move(x);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  return out;
+}
+
+// Every member's result through one segment, `check` given to each.
+std::vector<std::vector<float>> by_segment(int p, std::size_t n, SumOrder order) {
+  absl::StatusOr<std::unique_ptr<ShmAllReduce>> first = ShmAllReduce::create(p);
+  EXPECT_TRUE(first.ok()) << first.status();
+  if (!first.ok()) return {};
+  std::vector<std::unique_ptr<ShmAllReduce>> members;
+  members.push_back(*std::move(first));
+  for (int r = 1; r < p; r++) {
+    absl::StatusOr<std::unique_ptr<ShmAllReduce>> m = ShmAllReduce::open(members[0]->name(), p, r);
+    EXPECT_TRUE(m.ok()) << m.status();
+    if (!m.ok()) return {};
+    members.push_back(*std::move(m));
+  }
+  members[0]->unlink();
+  std::vector<std::vector<float>> out(static_cast<std::size_t>(p));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < p; r++) {
+    threads.emplace_back([&, r] {
+      std::vector<float> x = values(r, n);
+      EXPECT_TRUE(members[static_cast<std::size_t>(r)]
+                      ->all_reduce(x.data(), n, order, [] { return absl::OkStatus(); })
+                      .ok());
+      out[static_cast<std::size_t>(r)] = std::move(x);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  return out;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// 600001 floats: ten pieces, none aligned to a member's chunk.
+TEST(ShmAllReduce, SameBitsAsTheTransportsAlgorithms) {
+  constexpr std::size_t kAlways = std::numeric_limits<std::size_t>::max();
+  for (int p : {3, 4, 8}) {
+    for (std::size_t halving_max : {std::size_t{0}, kAlways}) {
+      if (halving_max == 0 && !std::has_single_bit(static_cast<unsigned>(p))) continue;
+      for (std::size_t n : {1ul, 7ul, 1000ul, 100003ul, 600001ul}) {
+        const SumOrder order = n * sizeof(float) <= 4096 ? SumOrder::kMembers
+                               : std::has_single_bit(static_cast<unsigned>(p)) && halving_max > 0
+                                   ? SumOrder::kHalving
+                                   : SumOrder::kRing;
+        const auto want = by_transport(p, n, halving_max);
+        const auto got = by_segment(p, n, order);
+        ASSERT_EQ(got.size(), static_cast<std::size_t>(p));
+        for (int r = 0; r < p; r++) {
+          EXPECT_TRUE(same_bits(got[static_cast<std::size_t>(r)], want[0]))
+              << "p " << p << ", n " << n << ", halving up to " << halving_max << ": member " << r;
+          EXPECT_TRUE(same_bits(want[static_cast<std::size_t>(r)], want[0]));
+        }
+      }
+    }
+  }
+}
+
+// The case above can fail: another order gives other bits for these values.
+TEST(ShmAllReduce, TheOrdersDifferOnTheseValues) {
+  const std::size_t n = 100003;
+  const auto members = by_segment(4, n, SumOrder::kMembers);
+  EXPECT_FALSE(same_bits(by_segment(4, n, SumOrder::kHalving)[0], members[0]));
+  EXPECT_FALSE(same_bits(by_segment(4, n, SumOrder::kRing)[0], members[0]));
+}
+
+// Member 2 never comes; its abort ends the others' waits with its reason,
+// and a member's failing check does the same for all.
+TEST(ShmAllReduce, AFailureEndsEveryWait) {
+  for (bool by_check : {false, true}) {
+    const int p = 3;
+    absl::StatusOr<std::unique_ptr<ShmAllReduce>> first = ShmAllReduce::create(p);
+    ASSERT_TRUE(first.ok()) << first.status();
+    std::vector<std::unique_ptr<ShmAllReduce>> members;
+    members.push_back(*std::move(first));
+    for (int r = 1; r < p; r++) members.push_back(*ShmAllReduce::open(members[0]->name(), p, r));
+    members[0]->unlink();
+    const auto start = std::chrono::steady_clock::now();
+    std::vector<std::future<absl::Status>> waits;
+    for (int r = 0; r < 2; r++) {
+      waits.push_back(std::async(std::launch::async, [&, r] {
+        std::vector<float> x(1000, 1.0f);
+        return members[static_cast<std::size_t>(r)]->all_reduce(
+            x.data(), x.size(), SumOrder::kMembers, [&, r] {
+              const bool late =
+                  std::chrono::steady_clock::now() - start > std::chrono::milliseconds(20);
+              return by_check && r == 1 && late
+                         ? absl::UnavailableError("rank 2 lost: its link closed")
+                         : absl::OkStatus();
+            });
+      }));
+    }
+    if (!by_check) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      members[2]->abort(absl::UnavailableError("rank 2 lost: its link closed"));
+    }
+    for (auto& w : waits) {
+      ASSERT_EQ(w.wait_for(std::chrono::seconds(10)), std::future_status::ready) << "a hang";
+      const absl::Status st = w.get();
+      EXPECT_TRUE(absl::IsUnavailable(st)) << st;
+      EXPECT_EQ(st.message(), "rank 2 lost: its link closed");
+    }
+  }
+}
+
+TEST(ShmAllReduce, OpeningSomethingElseIsAnError) {
+  absl::StatusOr<std::unique_ptr<ShmAllReduce>> first = ShmAllReduce::create(3);
+  ASSERT_TRUE(first.ok()) << first.status();
+  absl::StatusOr<std::unique_ptr<ShmAllReduce>> wrong = ShmAllReduce::open((*first)->name(), 4, 1);
+  EXPECT_FALSE(wrong.ok());
+  (*first)->unlink();
+  EXPECT_FALSE(ShmAllReduce::open((*first)->name(), 3, 1).ok());  // (its name is gone)
+}
+
+}  // namespace
+}  // namespace troupe::comm
