@@ -75,7 +75,9 @@ struct CommunicatorOptions {
   // An all-reduce of three or more members, every one a process of this
   // host (Transport::shares_memory_with), goes through one shared memory
   // segment (comm/shm_all_reduce.h), set up at the first: the same sums,
-  // bit for bit, with no transport message but the setup's.
+  // bit for bit, with no transport message but the setup's. Like the sizes
+  // above, the same on every member (one without would never join the
+  // setup the others wait in).
   bool shared_memory = true;
 };
 
@@ -119,6 +121,9 @@ class Communicator final : public Collectives {
   bool contains(int global_rank) const;
   // All-reduces done through shared memory so far (tests).
   std::uint64_t shared_memory_all_reduces() const { return shm_all_reduces_.load(); }
+  // Tests: this member cannot make or open the shared memory segment at the
+  // setup (as with a full /dev/shm), so the whole group keeps messages.
+  void fail_shared_memory_for_test() { shm_fault_ = true; }
 
   // Records each collective's phases (reduce-scatter, all-gather, direct)
   // in `recorder` (outlives this; set before the first collective), as
@@ -196,6 +201,7 @@ class Communicator final : public Collectives {
   std::deque<std::unique_ptr<StepSends>> sends_;  // in flight, oldest first
   enum class Shm { kUntried, kOn, kOff };
   Shm shm_state_ = Shm::kUntried;
+  bool shm_fault_ = false;
   std::unique_ptr<ShmAllReduce> shm_;  // set once (also under mu_: fail() aborts it)
   std::atomic<std::uint64_t> shm_all_reduces_{0};
 

@@ -35,6 +35,9 @@ class InProcTransport final : public Transport {
     fabric_->cancel(rank_, token, std::move(why));
   }
 
+  bool shares_memory_with(int peer) const override {
+    return fabric_->shares_memory() && peer != rank_;
+  }
   bool can_poll() const override { return true; }
   bool poll() override {
     std::shared_ptr<Driver> d = driving();

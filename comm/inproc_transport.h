@@ -41,6 +41,12 @@ class InProcFabric : public std::enable_shared_from_this<InProcFabric> {
   // Tags carry step and sequence numbers, so a table that kept emptied
   // entries would grow with every step (a regression).
   std::size_t pending_entries();
+  // Tests: the ranks report one another as sharing memory
+  // (Transport::shares_memory_with), as processes of one host do, so that a
+  // Communicator of three or more takes the shared memory all-reduce with
+  // its members threads of this process. Set before the endpoints are used.
+  void share_memory_for_test() { shares_memory_ = true; }
+  bool shares_memory() const { return shares_memory_; }
 
  private:
   friend class InProcTransport;
@@ -90,6 +96,7 @@ class InProcFabric : public std::enable_shared_from_this<InProcFabric> {
   void fail_where(int rank, Pred pred, const absl::Status& why);
 
   const int size_;
+  bool shares_memory_ = false;
   std::mutex mu_;
   std::vector<std::map<Key, std::vector<Op>>> sends_;  // by destination: unmatched sends
   std::vector<std::map<Key, std::vector<Op>>> recvs_;  // by destination: posted receives

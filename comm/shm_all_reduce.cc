@@ -15,6 +15,7 @@
 #include <climits>
 #include <cstring>
 #include <new>
+#include <random>
 
 #include "absl/strings/str_cat.h"
 #include "comm/add_into.h"
@@ -52,21 +53,26 @@ absl::Status errno_status(const std::string& what) {
 
 }  // namespace
 
-// The segment: this header, each member's arrivals (a Line each), then the
-// members' slots and the result, kSlotFloats each.
+// The segment: this header, each member's arrivals (a Line each) and abort
+// reason, then the members' slots and the result, kSlotFloats each.
 struct ShmAllReduce::Header {
   std::uint64_t magic;
   std::uint32_t members;
   std::uint32_t slot_floats;
   Line gen;       // bumped at every arrival and abort: the futex word
   Line sleepers;  // members asleep on gen
-  Line aborted;   // 0; 1 while the first abort writes its reason; 2 once written
+  Line aborted;   // 0, or 1 + the member whose reason ends every wait
+};
+
+// Written by its member only, before its abort is published (so read whole).
+struct ShmAllReduce::Reason {
   int code;
-  char reason[500];
+  char text[508];
 };
 
 std::size_t ShmAllReduce::header_bytes(int members) {
-  const std::size_t b = sizeof(Header) + sizeof(Line) * static_cast<std::size_t>(members);
+  const std::size_t b =
+      sizeof(Header) + (sizeof(Line) + sizeof(Reason)) * static_cast<std::size_t>(members);
   return (b + 4095) / 4096 * 4096;
 }
 
@@ -86,16 +92,11 @@ ShmAllReduce::ShmAllReduce(std::string name, void* base, std::size_t bytes, int 
 ShmAllReduce::~ShmAllReduce() { ::munmap(base_, bytes_); }
 
 absl::StatusOr<std::unique_ptr<ShmAllReduce>> ShmAllReduce::create(int members) {
-  // A name of this process's; one left by a killed process of the same
-  // pid (its setup never removed it) is passed over.
   static std::atomic<int> made{0};
-  std::string name;
-  int fd = -1;
-  for (int tries = 0; fd < 0 && tries < 16; tries++) {
-    name = absl::StrCat("/troupe-", ::getpid(), "-", made++);
-    fd = ::shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-    if (fd < 0 && errno != EEXIST) break;
-  }
+  std::random_device entropy;
+  const std::uint64_t token = (std::uint64_t{entropy()} << 32) ^ entropy();
+  const std::string name = absl::StrCat("/troupe-", ::getpid(), "-", made++, "-", absl::Hex(token));
+  const int fd = ::shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
   if (fd < 0) return errno_status(absl::StrCat("shm_open ", name));
   const std::size_t bytes = segment_bytes(members);
   // (posix_fallocate returns the error rather than setting errno.)
@@ -112,6 +113,10 @@ absl::StatusOr<std::unique_ptr<ShmAllReduce>> ShmAllReduce::create(int members) 
     return errno_status("mmap");
   }
   auto* h = new (base) Header{};
+  for (int i = 0; i < members; i++) {
+    new (static_cast<char*>(base) + sizeof(Header) + members * sizeof(Line) + i * sizeof(Reason))
+        Reason{};
+  }
   for (int i = 0; i < members; i++)
     new (static_cast<char*>(base) + sizeof(Header) + i * sizeof(Line)) Line{};
   h->members = static_cast<std::uint32_t>(members);
@@ -150,6 +155,11 @@ std::atomic<std::uint32_t>& ShmAllReduce::arrivals(int member) const {
   return reinterpret_cast<Line*>(static_cast<char*>(base_) + sizeof(Header))[member].v;
 }
 
+ShmAllReduce::Reason& ShmAllReduce::reason(int member) const {
+  return reinterpret_cast<Reason*>(static_cast<char*>(base_) + sizeof(Header) +
+                                   static_cast<std::size_t>(members_) * sizeof(Line))[member];
+}
+
 float* ShmAllReduce::slot(int member) const {
   return reinterpret_cast<float*>(static_cast<char*>(base_) + header_bytes(members_)) +
          static_cast<std::size_t>(member) * kSlotFloats;
@@ -158,28 +168,25 @@ float* ShmAllReduce::slot(int member) const {
 float* ShmAllReduce::result() const { return slot(members_); }
 
 void ShmAllReduce::abort(const absl::Status& why) {
-  std::uint32_t idle = 0;
-  if (header_->aborted.v.compare_exchange_strong(idle, 1)) {
-    header_->code = static_cast<int>(why.ok() ? absl::StatusCode::kAborted : why.code());
-    std::snprintf(header_->reason, sizeof header_->reason, "%s",
-                  std::string(why.message()).c_str());
-    header_->aborted.v.store(2);
+  {
+    // This member's reason is written only while no abort is published, and
+    // published after: a reader of it sees it whole.
+    std::lock_guard<std::mutex> lock(abort_mu_);
+    if (header_->aborted.v.load() == 0) {
+      Reason& r = reason(me_);
+      r.code = static_cast<int>(why.ok() ? absl::StatusCode::kAborted : why.code());
+      std::snprintf(r.text, sizeof r.text, "%s", std::string(why.message()).c_str());
+      std::uint32_t none = 0;
+      header_->aborted.v.compare_exchange_strong(none, static_cast<std::uint32_t>(me_) + 1);
+    }
   }
   header_->gen.v.fetch_add(1);
   futex_wake_all(&header_->gen.v);
 }
 
 absl::Status ShmAllReduce::aborted_status() const {
-  // (The first abort writes its reason between 1 and 2; one killed in
-  // between leaves 1.)
-  const auto start = std::chrono::steady_clock::now();
-  while (header_->aborted.v.load() == 1) {
-    if (std::chrono::steady_clock::now() - start > std::chrono::milliseconds(100)) {
-      return absl::AbortedError("shared memory all-reduce: a member failed");
-    }
-    sched_yield();
-  }
-  return absl::Status(static_cast<absl::StatusCode>(header_->code), header_->reason);
+  const Reason& r = reason(static_cast<int>(header_->aborted.v.load()) - 1);
+  return absl::Status(static_cast<absl::StatusCode>(r.code), r.text);
 }
 
 // Arrives (phase_ + 1), then waits for every member's arrival there. A
@@ -192,7 +199,7 @@ absl::Status ShmAllReduce::arrive_and_wait(const Check& check) {
   if (header_->sleepers.v.load() > 0) futex_wake_all(&header_->gen.v);
   auto all_in = [&] {
     for (int j = 0; j < members_; j++) {
-      if (static_cast<std::int32_t>(arrivals(j).load(std::memory_order_acquire) - target) < 0) {
+      if (static_cast<std::int32_t>(arrivals(j).load() - target) < 0) {
         return false;
       }
     }

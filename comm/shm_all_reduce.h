@@ -15,7 +15,8 @@
 // done). Each member's arrivals are a counter in the segment; a member waits
 // by yielding for 50 us, then asleep on a futex in the segment (woken by
 // every arrival while anyone sleeps; 1 ms at most, so a failure the caller's
-// `check` reports is seen within it).
+// `check` reports is seen within it). The caller's thread makes no transport
+// progress meanwhile: the Communicator leaves that to the transport's own.
 //
 // Against the transport's messages (a descriptor, a read of the peer's
 // memory and an acknowledgement each, log2 p or p-1 steps each way) a piece
@@ -24,7 +25,8 @@
 //
 // Each element is summed in the order the transport's algorithm for the same
 // size and group would sum it (`SumOrder`), so the result is bit for bit the
-// Communicator's either way, on every member.
+// Communicator's either way, on every member (a NaN's payload aside: the
+// two operands of an add may come the other way round).
 #pragma once
 
 #include <atomic>
@@ -32,6 +34,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -51,9 +54,11 @@ class ShmAllReduce {
  public:
   static constexpr std::size_t kSlotFloats = std::size_t{64} << 10;  // 256 KiB a slot
 
-  // Member 0: a new segment for `members`, named uniquely on this host
-  // (`name()`), its memory allocated now (a full /dev/shm is an error here,
-  // not a SIGBUS later).
+  // Member 0: a new segment for `members`, named uniquely (`name()`: this
+  // process's id, a count and a random number, so no other segment, not even
+  // one of another /dev/shm that a member might see instead, has it), its
+  // memory allocated now (a full /dev/shm is an error here, not a SIGBUS
+  // later).
   static absl::StatusOr<std::unique_ptr<ShmAllReduce>> create(int members);
   // Member `me` of the others: the segment member 0 made and named.
   static absl::StatusOr<std::unique_ptr<ShmAllReduce>> open(const std::string& name, int members,
@@ -67,14 +72,14 @@ class ShmAllReduce {
   // the memory goes with the last mapping, whoever ends first.
   void unlink();
 
-  // Called while waiting and between pieces: not OK ends the wait (and the
-  // segment, abort) with that status.
+  // Called while waiting: not OK ends the wait (and the segment, abort)
+  // with that status.
   using Check = std::function<absl::Status()>;
   // data[n] = sum over the members of their data[n], summed in `order`.
   // Every member calls it with the same n and order.
   absl::Status all_reduce(float* data, std::size_t n, SumOrder order, const Check& check);
-  // Ends every member's wait, now and later, with `why` (the first abort's;
-  // thread-safe).
+  // Ends every member's wait, now and later, with `why` (the first abort's,
+  // of whichever member; thread-safe).
   void abort(const absl::Status& why);
 
  private:
@@ -82,7 +87,9 @@ class ShmAllReduce {
   ShmAllReduce(std::string name, void* base, std::size_t bytes, int members, int me);
   static std::size_t header_bytes(int members);
   static std::size_t segment_bytes(int members);
+  struct Reason;
   std::atomic<std::uint32_t>& arrivals(int member) const;
+  Reason& reason(int member) const;
   float* slot(int member) const;
   float* result() const;
   absl::Status arrive_and_wait(const Check& check);
@@ -97,6 +104,7 @@ class ShmAllReduce {
   int members_, me_;
   std::uint32_t phase_ = 0;     // this member's arrivals so far
   std::vector<float> scratch_;  // the halving's partial sums of one block
+  std::mutex abort_mu_;         // this process's aborts write this member's reason one at a time
 };
 
 }  // namespace troupe::comm

@@ -9,6 +9,7 @@
 #include <bit>
 #include <chrono>
 #include <cstring>
+#include <functional>
 #include <future>
 #include <limits>
 #include <random>
@@ -31,26 +32,53 @@ std::vector<float> values(int member, std::size_t n) {
   return x;
 }
 
-// Every member's result of the Communicator's all-reduce over the
-// in-process transport (direct exchange up to 4 KiB, then halving up to
-// `halving_max` bytes where p is a power of two, else the ring).
-std::vector<std::vector<float>> by_transport(int p, std::size_t n, std::size_t halving_max) {
-  auto fabric = std::make_shared<InProcFabric>(p);
+// Each member's results of the Communicator's all-reduces of `sizes`, one
+// after the other, over the in-process transport: by messages, or, where
+// the ranks say they share memory, through the segment (direct exchange up
+// to `direct_max` bytes, then halving up to `halving_max` where p is a
+// power of two, else the ring). `prepare` may set a member's communicator
+// up first; `taken` gets each member's count of all-reduces through shared
+// memory.
+struct Group {
+  int p = 3;
+  bool shared = false;
+  std::size_t direct_max = 4096, halving_max = std::numeric_limits<std::size_t>::max();
+  std::function<void(int, Communicator&)> prepare = nullptr;
+};
+
+std::vector<std::vector<std::vector<float>>> all_reduces(
+    const Group& g, const std::vector<std::size_t>& sizes,
+    std::vector<std::uint64_t>* taken = nullptr) {
+  auto fabric = std::make_shared<InProcFabric>(g.p);
+  if (g.shared) fabric->share_memory_for_test();
   std::vector<int> ranks;
-  for (int r = 0; r < p; r++) ranks.push_back(r);
-  std::vector<std::vector<float>> out(static_cast<std::size_t>(p));
+  for (int r = 0; r < g.p; r++) ranks.push_back(r);
+  std::vector<std::vector<std::vector<float>>> out(static_cast<std::size_t>(g.p));
+  if (taken != nullptr) taken->assign(static_cast<std::size_t>(g.p), 0);
   std::vector<std::thread> threads;
-  for (int r = 0; r < p; r++) {
+  for (int r = 0; r < g.p; r++) {
     threads.emplace_back([&, r] {
       std::unique_ptr<Transport> t = fabric->endpoint(r);
       Communicator c(*t, ranks, GroupKind::kTest,
-                     {.direct_max_bytes = 4096, .halving_max_bytes = halving_max});
-      std::vector<float> x = values(r, n);
-      EXPECT_TRUE(c.all_reduce_sync(x.data(), n).ok());
-      out[static_cast<std::size_t>(r)] = std::move(x);
+                     {.direct_max_bytes = g.direct_max, .halving_max_bytes = g.halving_max});
+      if (g.prepare) g.prepare(r, c);
+      for (std::size_t n : sizes) {
+        std::vector<float> x = values(r, n);
+        const absl::Status st = c.all_reduce_sync(x.data(), n);
+        EXPECT_TRUE(st.ok()) << st;
+        out[static_cast<std::size_t>(r)].push_back(std::move(x));
+      }
+      if (taken != nullptr) (*taken)[static_cast<std::size_t>(r)] = c.shared_memory_all_reduces();
     });
   }
   for (std::thread& t : threads) t.join();
+  return out;
+}
+
+std::vector<std::vector<float>> by_transport(int p, std::size_t n, std::size_t halving_max) {
+  auto all = all_reduces({.p = p, .halving_max = halving_max}, {n});
+  std::vector<std::vector<float>> out;
+  for (auto& member : all) out.push_back(std::move(member[0]));
   return out;
 }
 
@@ -119,6 +147,16 @@ TEST(ShmAllReduce, TheOrdersDifferOnTheseValues) {
   EXPECT_FALSE(same_bits(by_segment(4, n, SumOrder::kRing)[0], members[0]));
 }
 
+// Each wait ends within 10 s with the failure (Unavailable, `why`).
+void expect_ended_by(std::vector<std::future<absl::Status>>& waits, const std::string& why) {
+  for (auto& w : waits) {
+    ASSERT_EQ(w.wait_for(std::chrono::seconds(10)), std::future_status::ready) << "a hang";
+    const absl::Status st = w.get();
+    EXPECT_TRUE(absl::IsUnavailable(st)) << st;
+    EXPECT_EQ(st.message(), why);
+  }
+}
+
 // Member 2 never comes; its abort ends the others' waits with its reason,
 // and a member's failing check does the same for all.
 TEST(ShmAllReduce, AFailureEndsEveryWait) {
@@ -149,13 +187,97 @@ TEST(ShmAllReduce, AFailureEndsEveryWait) {
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
       members[2]->abort(absl::UnavailableError("rank 2 lost: its link closed"));
     }
-    for (auto& w : waits) {
-      ASSERT_EQ(w.wait_for(std::chrono::seconds(10)), std::future_status::ready) << "a hang";
-      const absl::Status st = w.get();
-      EXPECT_TRUE(absl::IsUnavailable(st)) << st;
-      EXPECT_EQ(st.message(), "rank 2 lost: its link closed");
+    expect_ended_by(waits, "rank 2 lost: its link closed");
+  }
+}
+
+bool all_same_bits(const std::vector<std::vector<std::vector<float>>>& got,
+                   const std::vector<std::vector<std::vector<float>>>& want) {
+  for (std::size_t r = 0; r < got.size(); r++) {
+    for (std::size_t k = 0; k < got[r].size(); k++) {
+      if (!same_bits(got[r][k], want[0][k])) {
+        ADD_FAILURE() << "member " << r << ", all-reduce " << k;
+        return false;
+      }
     }
   }
+  return got.size() == want.size();
+}
+
+// The Communicator takes the segment for every all-reduce of a group whose
+// ranks share memory, one after the other on the same segment, with the
+// sums of its messages: also with no direct exchange, fewer elements than
+// members, and chunks some members have none of.
+TEST(ShmAllReduce, TheCommunicatorsAllReducesThroughItGiveTheSameBits) {
+  const std::vector<std::size_t> sizes = {1, 2, 5, 1000, 100003, 7, 600001, 3};
+  for (int p : {3, 4}) {
+    for (std::size_t direct_max : {std::size_t{0}, std::size_t{4096}}) {
+      for (std::size_t halving_max : {std::size_t{0}, std::numeric_limits<std::size_t>::max()}) {
+        const Group by_messages{.p = p, .direct_max = direct_max, .halving_max = halving_max};
+        Group shared = by_messages;
+        shared.shared = true;
+        std::vector<std::uint64_t> taken;
+        const auto got = all_reduces(shared, sizes, &taken);
+        EXPECT_TRUE(all_same_bits(got, all_reduces(by_messages, sizes)))
+            << "p " << p << ", direct up to " << direct_max << ", halving up to " << halving_max;
+        for (std::uint64_t k : taken) EXPECT_EQ(k, sizes.size());
+      }
+    }
+  }
+}
+
+// One member cannot make or open the segment (member 0 makes it): the whole
+// group keeps messages, and the sums are right.
+TEST(ShmAllReduce, AMemberWithoutTheSegmentKeepsTheGroupOnMessages) {
+  const std::vector<std::size_t> sizes = {1000, 100003};
+  const auto want = all_reduces({.p = 4}, sizes);
+  for (int without : {0, 2}) {
+    std::vector<std::uint64_t> taken;
+    const auto got = all_reduces({.p = 4,
+                                  .shared = true,
+                                  .prepare =
+                                      [without](int r, Communicator& c) {
+                                        if (r == without) c.fail_shared_memory_for_test();
+                                      }},
+                                 sizes, &taken);
+    EXPECT_TRUE(all_same_bits(got, want)) << "member " << without << " without";
+    for (std::uint64_t k : taken) EXPECT_EQ(k, 0u) << "member " << without << " without";
+  }
+}
+
+// A member's communicator fails (its liveness check lost a peer) while the
+// others wait for it in the segment: their all-reduces end with its cause.
+TEST(ShmAllReduce, AFailedMembersCauseEndsTheOthersAllReduces) {
+  const int p = 3;
+  auto fabric = std::make_shared<InProcFabric>(p);
+  fabric->share_memory_for_test();
+  std::vector<std::unique_ptr<Transport>> ts;
+  std::vector<std::unique_ptr<Communicator>> cs;
+  for (int r = 0; r < p; r++) {
+    ts.push_back(fabric->endpoint(r));
+    cs.push_back(
+        std::make_unique<Communicator>(*ts.back(), std::vector<int>{0, 1, 2}, GroupKind::kTest));
+  }
+  std::vector<std::future<absl::Status>> first;
+  std::vector<std::vector<float>> x(p, std::vector<float>(1000, 1.0f));
+  for (int r = 0; r < p; r++) {
+    first.push_back(std::async(std::launch::async, [&, r] {
+      return cs[static_cast<std::size_t>(r)]->all_reduce_sync(x[static_cast<std::size_t>(r)].data(),
+                                                              1000);
+    }));
+  }
+  for (auto& f : first) ASSERT_TRUE(f.get().ok());
+  ASSERT_EQ(cs[0]->shared_memory_all_reduces(), 1u);
+  std::vector<std::future<absl::Status>> second;
+  for (int r = 0; r < 2; r++) {
+    second.push_back(std::async(std::launch::async, [&, r] {
+      return cs[static_cast<std::size_t>(r)]->all_reduce_sync(x[static_cast<std::size_t>(r)].data(),
+                                                              1000);
+    }));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  cs[2]->fail(absl::UnavailableError("rank 1 lost: its link closed"));
+  expect_ended_by(second, "rank 1 lost: its link closed");
 }
 
 TEST(ShmAllReduce, OpeningSomethingElseIsAnError) {
