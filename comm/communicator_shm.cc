@@ -37,8 +37,9 @@ bool Communicator::shm_possible() const {
 
 // At the group's first all-reduce (collective `op`):
 //   step 0: every other member tells member 0 it is here (so the segment's
-//           name exists only while the setup runs: a member killed in it
-//           leaves no segment behind, as nobody waits for a late one);
+//           name exists only from there to the replies of step 2: a member
+//           0 killed meanwhile leaves it, which the next segment made on
+//           this host removes, ShmAllReduce::create);
 //   step 1: member 0 makes the segment and sends the others its name (empty
 //           where it could not);
 //   step 2: each of them opens it and tells member 0 whether it could;
@@ -139,15 +140,21 @@ absl::StatusOr<bool> Communicator::shm_ready(std::uint32_t op) {
 
 // This thread stops driving the transport meanwhile: the transport's own
 // thread serves the other threads' messages (a pipeline's, a single copy's
-// acknowledgements) while the members wait on one another here.
+// acknowledgements) while the members wait on one another here. (The
+// collective's scope is the only one driving on this thread: execute().)
 absl::Status Communicator::shm_all_reduce(float* data, std::size_t n) {
-  Transport* const driver = std::exchange(driver_, nullptr);
-  if (driver != nullptr) driver->drive_end();
+  struct Undrive {
+    explicit Undrive(Transport*& d) : slot(d), driver(std::exchange(d, nullptr)) {
+      if (driver != nullptr) driver->drive_end();
+    }
+    ~Undrive() {  // (also by an exception: the scope's own drive_end comes after)
+      if (driver != nullptr) driver->drive_begin();
+      slot = driver;
+    }
+    Transport*& slot;
+    Transport* driver;
+  } undrive(driver_);
   absl::Status st = shm_->all_reduce(data, n, sum_order(n), [this] { return failure(); });
-  if (driver != nullptr) {
-    driver->drive_begin();
-    driver_ = driver;
-  }
   if (st.ok()) shm_all_reduces_++;
   return st;
 }

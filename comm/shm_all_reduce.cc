@@ -1,9 +1,12 @@
 #include "comm/shm_all_reduce.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <linux/futex.h>
 #include <sched.h>
+#include <signal.h>
 #include <sys/mman.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -15,7 +18,6 @@
 #include <climits>
 #include <cstring>
 #include <new>
-#include <random>
 
 #include "absl/strings/str_cat.h"
 #include "comm/add_into.h"
@@ -53,8 +55,8 @@ absl::Status errno_status(const std::string& what) {
 
 }  // namespace
 
-// The segment: this header, each member's arrivals (a Line each) and abort
-// reason, then the members' slots and the result, kSlotFloats each.
+// The segment: this header, a Member for each, then the members' slots and
+// the result, kSlotFloats each.
 struct ShmAllReduce::Header {
   std::uint64_t magic;
   std::uint32_t members;
@@ -64,15 +66,20 @@ struct ShmAllReduce::Header {
   Line aborted;   // 0, or 1 + the member whose reason ends every wait
 };
 
-// Written by its member only, before its abort is published (so read whole).
-struct ShmAllReduce::Reason {
-  int code;
-  char text[508];
+// What only member i writes.
+struct alignas(64) ShmAllReduce::Member {
+  std::atomic<std::uint32_t> arrivals{0};
+  // The running all-reduce's size and order: written before its first
+  // arrival, compared by every member past it.
+  std::uint64_t n = 0;
+  std::uint32_t order = 0;
+  // Written before this member's abort is published (so read whole).
+  int code = 0;
+  char reason[500] = {};
 };
 
 std::size_t ShmAllReduce::header_bytes(int members) {
-  const std::size_t b =
-      sizeof(Header) + (sizeof(Line) + sizeof(Reason)) * static_cast<std::size_t>(members);
+  const std::size_t b = sizeof(Header) + sizeof(Member) * static_cast<std::size_t>(members);
   return (b + 4095) / 4096 * 4096;
 }
 
@@ -91,10 +98,26 @@ ShmAllReduce::ShmAllReduce(std::string name, void* base, std::size_t bytes, int 
 
 ShmAllReduce::~ShmAllReduce() { ::munmap(base_, bytes_); }
 
+// Segments of processes that are gone: a member 0 killed during a setup
+// leaves its segment's name (/troupe-PID-...), which nothing else removes.
+void ShmAllReduce::remove_orphans() {
+  DIR* dir = ::opendir("/dev/shm");
+  if (dir == nullptr) return;
+  while (const dirent* e = ::readdir(dir)) {
+    int pid = 0;
+    if (std::sscanf(e->d_name, "troupe-%d-", &pid) != 1 || pid <= 0) continue;
+    if (::kill(pid, 0) != 0 && errno == ESRCH) ::shm_unlink(absl::StrCat("/", e->d_name).c_str());
+  }
+  ::closedir(dir);
+}
+
 absl::StatusOr<std::unique_ptr<ShmAllReduce>> ShmAllReduce::create(int members) {
+  remove_orphans();
   static std::atomic<int> made{0};
-  std::random_device entropy;
-  const std::uint64_t token = (std::uint64_t{entropy()} << 32) ^ entropy();
+  std::uint64_t token = 0;
+  if (::getrandom(&token, sizeof token, 0) != static_cast<ssize_t>(sizeof token)) {
+    return errno_status("getrandom");
+  }
   const std::string name = absl::StrCat("/troupe-", ::getpid(), "-", made++, "-", absl::Hex(token));
   const int fd = ::shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
   if (fd < 0) return errno_status(absl::StrCat("shm_open ", name));
@@ -113,12 +136,7 @@ absl::StatusOr<std::unique_ptr<ShmAllReduce>> ShmAllReduce::create(int members) 
     return errno_status("mmap");
   }
   auto* h = new (base) Header{};
-  for (int i = 0; i < members; i++) {
-    new (static_cast<char*>(base) + sizeof(Header) + members * sizeof(Line) + i * sizeof(Reason))
-        Reason{};
-  }
-  for (int i = 0; i < members; i++)
-    new (static_cast<char*>(base) + sizeof(Header) + i * sizeof(Line)) Line{};
+  for (int i = 0; i < members; i++) new (&reinterpret_cast<Member*>(h + 1)[i]) Member{};
   h->members = static_cast<std::uint32_t>(members);
   h->slot_floats = static_cast<std::uint32_t>(kSlotFloats);
   h->magic = kMagic;  // (the others open it once told its name, over the transport)
@@ -151,13 +169,8 @@ absl::StatusOr<std::unique_ptr<ShmAllReduce>> ShmAllReduce::open(const std::stri
 
 void ShmAllReduce::unlink() { ::shm_unlink(name_.c_str()); }
 
-std::atomic<std::uint32_t>& ShmAllReduce::arrivals(int member) const {
-  return reinterpret_cast<Line*>(static_cast<char*>(base_) + sizeof(Header))[member].v;
-}
-
-ShmAllReduce::Reason& ShmAllReduce::reason(int member) const {
-  return reinterpret_cast<Reason*>(static_cast<char*>(base_) + sizeof(Header) +
-                                   static_cast<std::size_t>(members_) * sizeof(Line))[member];
+ShmAllReduce::Member& ShmAllReduce::member(int i) const {
+  return reinterpret_cast<Member*>(static_cast<char*>(base_) + sizeof(Header))[i];
 }
 
 float* ShmAllReduce::slot(int member) const {
@@ -173,9 +186,9 @@ void ShmAllReduce::abort(const absl::Status& why) {
     // published after: a reader of it sees it whole.
     std::lock_guard<std::mutex> lock(abort_mu_);
     if (header_->aborted.v.load() == 0) {
-      Reason& r = reason(me_);
-      r.code = static_cast<int>(why.ok() ? absl::StatusCode::kAborted : why.code());
-      std::snprintf(r.text, sizeof r.text, "%s", std::string(why.message()).c_str());
+      Member& m = member(me_);
+      m.code = static_cast<int>(why.ok() ? absl::StatusCode::kAborted : why.code());
+      std::snprintf(m.reason, sizeof m.reason, "%s", std::string(why.message()).c_str());
       std::uint32_t none = 0;
       header_->aborted.v.compare_exchange_strong(none, static_cast<std::uint32_t>(me_) + 1);
     }
@@ -185,8 +198,12 @@ void ShmAllReduce::abort(const absl::Status& why) {
 }
 
 absl::Status ShmAllReduce::aborted_status() const {
-  const Reason& r = reason(static_cast<int>(header_->aborted.v.load()) - 1);
-  return absl::Status(static_cast<absl::StatusCode>(r.code), r.text);
+  const std::uint32_t who = header_->aborted.v.load();
+  if (who == 0 || who > static_cast<std::uint32_t>(members_)) {
+    return absl::AbortedError("shared memory all-reduce: a member failed");
+  }
+  const Member& m = member(static_cast<int>(who) - 1);
+  return absl::Status(static_cast<absl::StatusCode>(m.code), m.reason);
 }
 
 // Arrives (phase_ + 1), then waits for every member's arrival there. A
@@ -194,12 +211,12 @@ absl::Status ShmAllReduce::aborted_status() const {
 // each), so the counters compare by difference, past their wrap.
 absl::Status ShmAllReduce::arrive_and_wait(const Check& check) {
   const std::uint32_t target = ++phase_;
-  arrivals(me_).store(target);
+  member(me_).arrivals.store(target);
   header_->gen.v.fetch_add(1);
   if (header_->sleepers.v.load() > 0) futex_wake_all(&header_->gen.v);
   auto all_in = [&] {
     for (int j = 0; j < members_; j++) {
-      if (static_cast<std::int32_t>(arrivals(j).load() - target) < 0) {
+      if (static_cast<std::int32_t>(member(j).arrivals.load() - target) < 0) {
         return false;
       }
     }
@@ -279,10 +296,25 @@ void ShmAllReduce::sum(std::size_t offset, std::size_t b, std::size_t e, std::si
 
 absl::Status ShmAllReduce::all_reduce(float* data, std::size_t n, SumOrder order,
                                       const Check& check) {
+  Member& me = member(me_);
+  me.n = n;
+  me.order = static_cast<std::uint32_t>(order);
   for (std::size_t offset = 0; offset < n; offset += kSlotFloats) {
     const std::size_t len = std::min(kSlotFloats, n - offset);
     std::memcpy(slot(me_), data + offset, len * sizeof(float));  // step 0
     if (absl::Status st = arrive_and_wait(check); !st.ok()) return st;
+    if (offset == 0) {
+      // Every member's call is this one (as the messages' sizes must match).
+      for (int j = 0; j < members_; j++) {
+        if (member(j).n != n || member(j).order != me.order) {
+          absl::Status st = absl::InvalidArgumentError(
+              absl::StrCat("shared memory all-reduce: member ", me_, " reduces ", n,
+                           " floats, member ", j, " ", member(j).n, " (or in another order)"));
+          abort(st);
+          return st;
+        }
+      }
+    }
     auto [b, e] = chunk_range(len, members_, me_);  // step 1
     sum(offset, b, e, n, order);
     if (absl::Status st = arrive_and_wait(check); !st.ok()) return st;

@@ -58,7 +58,8 @@ class ShmAllReduce {
   // process's id, a count and a random number, so no other segment, not even
   // one of another /dev/shm that a member might see instead, has it), its
   // memory allocated now (a full /dev/shm is an error here, not a SIGBUS
-  // later).
+  // later). First removes the names of segments whose maker is gone (one
+  // killed during its setup).
   static absl::StatusOr<std::unique_ptr<ShmAllReduce>> create(int members);
   // Member `me` of the others: the segment member 0 made and named.
   static absl::StatusOr<std::unique_ptr<ShmAllReduce>> open(const std::string& name, int members,
@@ -76,7 +77,8 @@ class ShmAllReduce {
   // with that status.
   using Check = std::function<absl::Status()>;
   // data[n] = sum over the members of their data[n], summed in `order`.
-  // Every member calls it with the same n and order.
+  // Every member calls it with the same n and order (else InvalidArgument,
+  // on every member).
   absl::Status all_reduce(float* data, std::size_t n, SumOrder order, const Check& check);
   // Ends every member's wait, now and later, with `why` (the first abort's,
   // of whichever member; thread-safe).
@@ -84,12 +86,12 @@ class ShmAllReduce {
 
  private:
   struct Header;
+  struct Member;
   ShmAllReduce(std::string name, void* base, std::size_t bytes, int members, int me);
   static std::size_t header_bytes(int members);
   static std::size_t segment_bytes(int members);
-  struct Reason;
-  std::atomic<std::uint32_t>& arrivals(int member) const;
-  Reason& reason(int member) const;
+  static void remove_orphans();
+  Member& member(int i) const;
   float* slot(int member) const;
   float* result() const;
   absl::Status arrive_and_wait(const Check& check);

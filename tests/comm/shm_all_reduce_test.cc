@@ -4,7 +4,11 @@
 // each of their sum orders, and a failure ends every member's wait.
 #include "comm/shm_all_reduce.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <bit>
 #include <chrono>
@@ -46,6 +50,23 @@ struct Group {
   std::function<void(int, Communicator&)> prepare = nullptr;
 };
 
+// Runs body(r) for each member on a thread of its own. A member still
+// running after 60 s is a hang: `unblock` ends every member's wait, and the
+// case fails (rather than waiting for ever).
+void run_members(int p, const std::function<void(int)>& body,
+                 const std::function<void()>& unblock) {
+  std::vector<std::future<void>> members;
+  for (int r = 0; r < p; r++) members.push_back(std::async(std::launch::async, body, r));
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  for (auto& m : members) {
+    if (m.wait_until(deadline) != std::future_status::ready) {
+      ADD_FAILURE() << "a member still waits after 60 s: a hang";
+      unblock();
+      break;
+    }
+  }
+}
+
 std::vector<std::vector<std::vector<float>>> all_reduces(
     const Group& g, const std::vector<std::size_t>& sizes,
     std::vector<std::uint64_t>* taken = nullptr) {
@@ -53,25 +74,32 @@ std::vector<std::vector<std::vector<float>>> all_reduces(
   if (g.shared) fabric->share_memory_for_test();
   std::vector<int> ranks;
   for (int r = 0; r < g.p; r++) ranks.push_back(r);
-  std::vector<std::vector<std::vector<float>>> out(static_cast<std::size_t>(g.p));
-  if (taken != nullptr) taken->assign(static_cast<std::size_t>(g.p), 0);
-  std::vector<std::thread> threads;
+  std::vector<std::unique_ptr<Transport>> ts;
+  std::vector<std::unique_ptr<Communicator>> cs;
   for (int r = 0; r < g.p; r++) {
-    threads.emplace_back([&, r] {
-      std::unique_ptr<Transport> t = fabric->endpoint(r);
-      Communicator c(*t, ranks, GroupKind::kTest,
-                     {.direct_max_bytes = g.direct_max, .halving_max_bytes = g.halving_max});
-      if (g.prepare) g.prepare(r, c);
-      for (std::size_t n : sizes) {
-        std::vector<float> x = values(r, n);
-        const absl::Status st = c.all_reduce_sync(x.data(), n);
-        EXPECT_TRUE(st.ok()) << st;
-        out[static_cast<std::size_t>(r)].push_back(std::move(x));
-      }
-      if (taken != nullptr) (*taken)[static_cast<std::size_t>(r)] = c.shared_memory_all_reduces();
-    });
+    ts.push_back(fabric->endpoint(r));
+    cs.push_back(std::make_unique<Communicator>(
+        *ts.back(), ranks, GroupKind::kTest,
+        CommunicatorOptions{.direct_max_bytes = g.direct_max, .halving_max_bytes = g.halving_max}));
+    if (g.prepare) g.prepare(r, *cs.back());
   }
-  for (std::thread& t : threads) t.join();
+  std::vector<std::vector<std::vector<float>>> out(static_cast<std::size_t>(g.p));
+  run_members(
+      g.p,
+      [&](int r) {
+        for (std::size_t n : sizes) {
+          std::vector<float> x = values(r, n);
+          const absl::Status st = cs[static_cast<std::size_t>(r)]->all_reduce_sync(x.data(), n);
+          EXPECT_TRUE(st.ok()) << st;
+          out[static_cast<std::size_t>(r)].push_back(std::move(x));
+        }
+      },
+      [&] {
+        for (auto& c : cs) c->fail(absl::DeadlineExceededError("the case's deadline"));
+      });
+  if (taken != nullptr) {
+    for (auto& c : cs) taken->push_back(c->shared_memory_all_reduces());
+  }
   return out;
 }
 
@@ -97,17 +125,18 @@ std::vector<std::vector<float>> by_segment(int p, std::size_t n, SumOrder order)
   }
   members[0]->unlink();
   std::vector<std::vector<float>> out(static_cast<std::size_t>(p));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < p; r++) {
-    threads.emplace_back([&, r] {
-      std::vector<float> x = values(r, n);
-      EXPECT_TRUE(members[static_cast<std::size_t>(r)]
-                      ->all_reduce(x.data(), n, order, [] { return absl::OkStatus(); })
-                      .ok());
-      out[static_cast<std::size_t>(r)] = std::move(x);
-    });
-  }
-  for (std::thread& t : threads) t.join();
+  run_members(
+      p,
+      [&](int r) {
+        std::vector<float> x = values(r, n);
+        EXPECT_TRUE(members[static_cast<std::size_t>(r)]
+                        ->all_reduce(x.data(), n, order, [] { return absl::OkStatus(); })
+                        .ok());
+        out[static_cast<std::size_t>(r)] = std::move(x);
+      },
+      [&] {
+        for (auto& m : members) m->abort(absl::DeadlineExceededError("the case's deadline"));
+      });
   return out;
 }
 
@@ -115,8 +144,19 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
+// Where this host has no usable /dev/shm, the Communicator keeps messages
+// (ucx_test); these cases need the segment.
+class SharedMemoryAllReduce : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    absl::StatusOr<std::unique_ptr<ShmAllReduce>> probe = ShmAllReduce::create(2);
+    if (!probe.ok()) GTEST_SKIP() << "no shared memory segment here: " << probe.status();
+    (*probe)->unlink();
+  }
+};
+
 // 600001 floats: ten pieces, none aligned to a member's chunk.
-TEST(ShmAllReduce, SameBitsAsTheTransportsAlgorithms) {
+TEST_F(SharedMemoryAllReduce, SameBitsAsTheTransportsAlgorithms) {
   constexpr std::size_t kAlways = std::numeric_limits<std::size_t>::max();
   for (int p : {3, 4, 8}) {
     for (std::size_t halving_max : {std::size_t{0}, kAlways}) {
@@ -140,17 +180,23 @@ TEST(ShmAllReduce, SameBitsAsTheTransportsAlgorithms) {
 }
 
 // The case above can fail: another order gives other bits for these values.
-TEST(ShmAllReduce, TheOrdersDifferOnTheseValues) {
+TEST_F(SharedMemoryAllReduce, TheOrdersDifferOnTheseValues) {
   const std::size_t n = 100003;
   const auto members = by_segment(4, n, SumOrder::kMembers);
   EXPECT_FALSE(same_bits(by_segment(4, n, SumOrder::kHalving)[0], members[0]));
   EXPECT_FALSE(same_bits(by_segment(4, n, SumOrder::kRing)[0], members[0]));
 }
 
-// Each wait ends within 10 s with the failure (Unavailable, `why`).
-void expect_ended_by(std::vector<std::future<absl::Status>>& waits, const std::string& why) {
+// Each wait ends within 10 s with the failure (Unavailable, `why`). One
+// that does not is a hang: `unblock` ends it, and the case fails.
+void expect_ended_by(std::vector<std::future<absl::Status>>& waits, const std::string& why,
+                     const std::function<void()>& unblock) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
   for (auto& w : waits) {
-    ASSERT_EQ(w.wait_for(std::chrono::seconds(10)), std::future_status::ready) << "a hang";
+    if (w.wait_until(deadline) != std::future_status::ready) {
+      ADD_FAILURE() << "a wait did not end: a hang";
+      unblock();
+    }
     const absl::Status st = w.get();
     EXPECT_TRUE(absl::IsUnavailable(st)) << st;
     EXPECT_EQ(st.message(), why);
@@ -159,7 +205,7 @@ void expect_ended_by(std::vector<std::future<absl::Status>>& waits, const std::s
 
 // Member 2 never comes; its abort ends the others' waits with its reason,
 // and a member's failing check does the same for all.
-TEST(ShmAllReduce, AFailureEndsEveryWait) {
+TEST_F(SharedMemoryAllReduce, AFailureEndsEveryWait) {
   for (bool by_check : {false, true}) {
     const int p = 3;
     absl::StatusOr<std::unique_ptr<ShmAllReduce>> first = ShmAllReduce::create(p);
@@ -187,7 +233,9 @@ TEST(ShmAllReduce, AFailureEndsEveryWait) {
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
       members[2]->abort(absl::UnavailableError("rank 2 lost: its link closed"));
     }
-    expect_ended_by(waits, "rank 2 lost: its link closed");
+    expect_ended_by(waits, "rank 2 lost: its link closed", [&] {
+      for (auto& m : members) m->abort(absl::UnavailableError("rank 2 lost: its link closed"));
+    });
   }
 }
 
@@ -208,7 +256,7 @@ bool all_same_bits(const std::vector<std::vector<std::vector<float>>>& got,
 // ranks share memory, one after the other on the same segment, with the
 // sums of its messages: also with no direct exchange, fewer elements than
 // members, and chunks some members have none of.
-TEST(ShmAllReduce, TheCommunicatorsAllReducesThroughItGiveTheSameBits) {
+TEST_F(SharedMemoryAllReduce, TheCommunicatorsAllReducesThroughItGiveTheSameBits) {
   const std::vector<std::size_t> sizes = {1, 2, 5, 1000, 100003, 7, 600001, 3};
   for (int p : {3, 4}) {
     for (std::size_t direct_max : {std::size_t{0}, std::size_t{4096}}) {
@@ -218,6 +266,7 @@ TEST(ShmAllReduce, TheCommunicatorsAllReducesThroughItGiveTheSameBits) {
         shared.shared = true;
         std::vector<std::uint64_t> taken;
         const auto got = all_reduces(shared, sizes, &taken);
+        ASSERT_EQ(taken.size(), static_cast<std::size_t>(p));
         EXPECT_TRUE(all_same_bits(got, all_reduces(by_messages, sizes)))
             << "p " << p << ", direct up to " << direct_max << ", halving up to " << halving_max;
         for (std::uint64_t k : taken) EXPECT_EQ(k, sizes.size());
@@ -228,7 +277,7 @@ TEST(ShmAllReduce, TheCommunicatorsAllReducesThroughItGiveTheSameBits) {
 
 // One member cannot make or open the segment (member 0 makes it): the whole
 // group keeps messages, and the sums are right.
-TEST(ShmAllReduce, AMemberWithoutTheSegmentKeepsTheGroupOnMessages) {
+TEST_F(SharedMemoryAllReduce, AMemberWithoutTheSegmentKeepsTheGroupOnMessages) {
   const std::vector<std::size_t> sizes = {1000, 100003};
   const auto want = all_reduces({.p = 4}, sizes);
   for (int without : {0, 2}) {
@@ -247,7 +296,7 @@ TEST(ShmAllReduce, AMemberWithoutTheSegmentKeepsTheGroupOnMessages) {
 
 // A member's communicator fails (its liveness check lost a peer) while the
 // others wait for it in the segment: their all-reduces end with its cause.
-TEST(ShmAllReduce, AFailedMembersCauseEndsTheOthersAllReduces) {
+TEST_F(SharedMemoryAllReduce, AFailedMembersCauseEndsTheOthersAllReduces) {
   const int p = 3;
   auto fabric = std::make_shared<InProcFabric>(p);
   fabric->share_memory_for_test();
@@ -258,15 +307,18 @@ TEST(ShmAllReduce, AFailedMembersCauseEndsTheOthersAllReduces) {
     cs.push_back(
         std::make_unique<Communicator>(*ts.back(), std::vector<int>{0, 1, 2}, GroupKind::kTest));
   }
-  std::vector<std::future<absl::Status>> first;
-  std::vector<std::vector<float>> x(p, std::vector<float>(1000, 1.0f));
-  for (int r = 0; r < p; r++) {
-    first.push_back(std::async(std::launch::async, [&, r] {
-      return cs[static_cast<std::size_t>(r)]->all_reduce_sync(x[static_cast<std::size_t>(r)].data(),
-                                                              1000);
-    }));
-  }
-  for (auto& f : first) ASSERT_TRUE(f.get().ok());
+  std::vector<std::vector<float>> x(p, std::vector<float>(1000, 1.0f));  // (outlives the calls)
+  auto unblock = [&] {
+    for (auto& c : cs) c->fail(absl::UnavailableError("rank 1 lost: its link closed"));
+  };
+  run_members(
+      p,
+      [&](int r) {
+        EXPECT_TRUE(cs[static_cast<std::size_t>(r)]
+                        ->all_reduce_sync(x[static_cast<std::size_t>(r)].data(), 1000)
+                        .ok());
+      },
+      unblock);
   ASSERT_EQ(cs[0]->shared_memory_all_reduces(), 1u);
   std::vector<std::future<absl::Status>> second;
   for (int r = 0; r < 2; r++) {
@@ -277,10 +329,56 @@ TEST(ShmAllReduce, AFailedMembersCauseEndsTheOthersAllReduces) {
   }
   std::this_thread::sleep_for(std::chrono::milliseconds(20));
   cs[2]->fail(absl::UnavailableError("rank 1 lost: its link closed"));
-  expect_ended_by(second, "rank 1 lost: its link closed");
+  expect_ended_by(second, "rank 1 lost: its link closed", unblock);
 }
 
-TEST(ShmAllReduce, OpeningSomethingElseIsAnError) {
+// Members calling with different sizes: an error on every member, not a
+// mix of two all-reduces.
+TEST_F(SharedMemoryAllReduce, DifferentSizesAreAnErrorOnEveryMember) {
+  const int p = 3;
+  absl::StatusOr<std::unique_ptr<ShmAllReduce>> first = ShmAllReduce::create(p);
+  ASSERT_TRUE(first.ok()) << first.status();
+  std::vector<std::unique_ptr<ShmAllReduce>> members;
+  members.push_back(*std::move(first));
+  for (int r = 1; r < p; r++) members.push_back(*ShmAllReduce::open(members[0]->name(), p, r));
+  members[0]->unlink();
+  std::vector<absl::Status> got(p);
+  run_members(
+      p,
+      [&](int r) {
+        std::vector<float> x(r == 1 ? 999 : 1000, 1.0f);
+        got[static_cast<std::size_t>(r)] = members[static_cast<std::size_t>(r)]->all_reduce(
+            x.data(), x.size(), SumOrder::kMembers, [] { return absl::OkStatus(); });
+      },
+      [&] {
+        for (auto& m : members) m->abort(absl::DeadlineExceededError("the case's deadline"));
+      });
+  for (const absl::Status& st : got) EXPECT_TRUE(absl::IsInvalidArgument(st)) << st;
+}
+
+// A segment whose maker died during its setup (its name left behind) is
+// removed by the next one made on this host.
+TEST_F(SharedMemoryAllReduce, AGoneMakersSegmentIsRemoved) {
+  const pid_t child = ::fork();
+  if (child == 0) std::_Exit(0);
+  ASSERT_GT(child, 0);
+  ::waitpid(child, nullptr, 0);  // (its pid names no process now)
+  const std::string orphan = "/troupe-" + std::to_string(child) + "-0-test";
+  const int fd = ::shm_open(orphan.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+  ASSERT_GE(fd, 0);
+  ::close(fd);
+  absl::StatusOr<std::unique_ptr<ShmAllReduce>> made = ShmAllReduce::create(3);
+  ASSERT_TRUE(made.ok()) << made.status();
+  (*made)->unlink();
+  const int again = ::shm_open(orphan.c_str(), O_RDONLY, 0);
+  EXPECT_LT(again, 0) << orphan << " is still there";
+  if (again >= 0) {
+    ::close(again);
+    ::shm_unlink(orphan.c_str());
+  }
+}
+
+TEST_F(SharedMemoryAllReduce, OpeningSomethingElseIsAnError) {
   absl::StatusOr<std::unique_ptr<ShmAllReduce>> first = ShmAllReduce::create(3);
   ASSERT_TRUE(first.ok()) << first.status();
   absl::StatusOr<std::unique_ptr<ShmAllReduce>> wrong = ShmAllReduce::open((*first)->name(), 4, 1);
