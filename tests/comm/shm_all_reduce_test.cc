@@ -111,7 +111,9 @@ std::vector<std::vector<float>> by_transport(int p, std::size_t n, std::size_t h
 }
 
 // Every member's result through one segment, `check` given to each.
-std::vector<std::vector<float>> by_segment(int p, std::size_t n, SumOrder order) {
+// A segment of p members (member 0 made it, the others opened it, its name
+// removed); empty where one could not.
+std::vector<std::unique_ptr<ShmAllReduce>> segment_of(int p) {
   absl::StatusOr<std::unique_ptr<ShmAllReduce>> first = ShmAllReduce::create(p);
   EXPECT_TRUE(first.ok()) << first.status();
   if (!first.ok()) return {};
@@ -124,6 +126,12 @@ std::vector<std::vector<float>> by_segment(int p, std::size_t n, SumOrder order)
     members.push_back(*std::move(m));
   }
   members[0]->unlink();
+  return members;
+}
+
+std::vector<std::vector<float>> by_segment(int p, std::size_t n, SumOrder order) {
+  std::vector<std::unique_ptr<ShmAllReduce>> members = segment_of(p);
+  if (members.empty()) return {};
   std::vector<std::vector<float>> out(static_cast<std::size_t>(p));
   run_members(
       p,
@@ -208,12 +216,8 @@ void expect_ended_by(std::vector<std::future<absl::Status>>& waits, const std::s
 TEST_F(SharedMemoryAllReduce, AFailureEndsEveryWait) {
   for (bool by_check : {false, true}) {
     const int p = 3;
-    absl::StatusOr<std::unique_ptr<ShmAllReduce>> first = ShmAllReduce::create(p);
-    ASSERT_TRUE(first.ok()) << first.status();
-    std::vector<std::unique_ptr<ShmAllReduce>> members;
-    members.push_back(*std::move(first));
-    for (int r = 1; r < p; r++) members.push_back(*ShmAllReduce::open(members[0]->name(), p, r));
-    members[0]->unlink();
+    std::vector<std::unique_ptr<ShmAllReduce>> members = segment_of(p);
+    ASSERT_EQ(members.size(), static_cast<std::size_t>(p));
     const auto start = std::chrono::steady_clock::now();
     std::vector<std::future<absl::Status>> waits;
     for (int r = 0; r < 2; r++) {
@@ -336,12 +340,8 @@ TEST_F(SharedMemoryAllReduce, AFailedMembersCauseEndsTheOthersAllReduces) {
 // mix of two all-reduces.
 TEST_F(SharedMemoryAllReduce, DifferentSizesAreAnErrorOnEveryMember) {
   const int p = 3;
-  absl::StatusOr<std::unique_ptr<ShmAllReduce>> first = ShmAllReduce::create(p);
-  ASSERT_TRUE(first.ok()) << first.status();
-  std::vector<std::unique_ptr<ShmAllReduce>> members;
-  members.push_back(*std::move(first));
-  for (int r = 1; r < p; r++) members.push_back(*ShmAllReduce::open(members[0]->name(), p, r));
-  members[0]->unlink();
+  std::vector<std::unique_ptr<ShmAllReduce>> members = segment_of(p);
+  ASSERT_EQ(members.size(), static_cast<std::size_t>(p));
   std::vector<absl::Status> got(p);
   run_members(
       p,
