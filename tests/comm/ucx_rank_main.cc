@@ -138,40 +138,43 @@ int collectives(int rank, int size, troupe::comm::UcxTransport& t) {
   return 0;
 }
 
-// All-reduces of `floats` (16 MiB: by single copy; 1 MiB of two ranks: by
-// copies) until the victim dies.
+// All-reduces of `floats` (16 MiB: through shared memory or by single copy;
+// 1 MiB of two ranks: by copies) until the victim dies, 300 ms after its
+// first (so the group's way is set up: a sanitizer's slow start would
+// otherwise kill it in the setup).
 int kill_scenario(int rank, int size, int victim, std::size_t floats, bool shared_memory,
                   troupe::comm::Transport& t, troupe::comm::Bootstrap& b) {
   std::vector<int> ranks(static_cast<std::size_t>(size));
   for (int i = 0; i < size; i++) ranks[static_cast<std::size_t>(i)] = i;
-  troupe::comm::Communicator c(t, ranks, troupe::comm::GroupKind::kWorld,
-                               {.shared_memory = shared_memory});
-  b.watch([&](int dead, absl::Status why) {
+  // Never destroyed: the watch may call it until the process's _Exit.
+  auto* c = new troupe::comm::Communicator(t, ranks, troupe::comm::GroupKind::kWorld,
+                                           {.shared_memory = shared_memory});
+  b.watch([&t, c, rank](int dead, absl::Status why) {
     std::printf("rank %d: told at %.6f: %s\n", rank, now_s(), std::string(why.message()).c_str());
     std::fflush(stdout);
     t.fail_peer(dead, why);
-    if (c.contains(dead)) c.fail(why);
+    if (c->contains(dead)) c->fail(why);
   });
   std::vector<float> x(floats, 1.0f);
-  if (rank == victim) {
-    std::thread([rank] {
-      std::this_thread::sleep_for(std::chrono::milliseconds(300));
-      std::printf("rank %d: killing myself at %.6f\n", rank, now_s());
-      std::fflush(stdout);
-      ::raise(SIGKILL);
-    }).detach();
-  }
   for (int iter = 0; iter < 100000; iter++) {
-    absl::Status st = c.all_reduce_sync(x.data(), x.size());
+    absl::Status st = c->all_reduce_sync(x.data(), x.size());
     if (!st.ok()) {
       std::printf("rank %d: shared-memory all-reduces %llu\n", rank,
-                  static_cast<unsigned long long>(c.shared_memory_all_reduces()));
+                  static_cast<unsigned long long>(c->shared_memory_all_reduces()));
       std::printf("rank %d: error at %.6f: %s\n", rank, now_s(), std::string(st.message()).c_str());
       std::fflush(stdout);
       // Stay a moment: leaving now would look like a second death to ranks
       // that have not yet had their error.
       std::this_thread::sleep_for(std::chrono::seconds(2));
       return st.message().find("rank " + std::to_string(victim)) != std::string_view::npos ? 0 : 1;
+    }
+    if (rank == victim && iter == 0) {
+      std::thread([rank] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(300));
+        std::printf("rank %d: killing myself at %.6f\n", rank, now_s());
+        std::fflush(stdout);
+        ::raise(SIGKILL);
+      }).detach();
     }
   }
   return fail(rank, "no error although a rank died");
