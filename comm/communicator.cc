@@ -76,7 +76,7 @@ void Communicator::fail(absl::Status why) {
     std::lock_guard<std::mutex> lock(mu_);
     if (!aborted_.ok()) return;
     aborted_ = why;
-    if (shm_ != nullptr) shm_->abort(why);  // the other members' waits end too
+    if (shm_ != nullptr) shm_->fail_all(why);  // the other members' waits end too
   }
   transport_.cancel(token_, std::move(why));
 }

@@ -61,7 +61,7 @@ absl::StatusOr<bool> Communicator::shm_ready(std::uint32_t op) {
   auto fail_all = [this](const absl::Status& e) { fail(e); };
   std::unique_ptr<ShmAllReduce> segment;
   auto fails = [&](const absl::Status& st) {
-    if (segment != nullptr) segment->abort(st);
+    if (segment != nullptr) segment->fail_all(st);
     return st;
   };
   char all = 0;
@@ -132,7 +132,7 @@ absl::StatusOr<bool> Communicator::shm_ready(std::uint32_t op) {
     return false;
   }
   std::lock_guard<std::mutex> lock(mu_);
-  if (!aborted_.ok()) segment->abort(aborted_);  // (failed meanwhile: fail() found no segment)
+  if (!aborted_.ok()) segment->fail_all(aborted_);  // (failed meanwhile: fail() found no segment)
   shm_ = std::move(segment);
   shm_state_ = Shm::kOn;
   return true;

@@ -180,7 +180,7 @@ float* ShmAllReduce::slot(int member) const {
 
 float* ShmAllReduce::result() const { return slot(members_); }
 
-void ShmAllReduce::abort(const absl::Status& why) {
+void ShmAllReduce::fail_all(const absl::Status& why) {
   {
     // This member's reason is written only while no abort is published, and
     // published after: a reader of it sees it whole.
@@ -227,7 +227,7 @@ absl::Status ShmAllReduce::arrive_and_wait(const Check& check) {
     if (all_in()) return absl::OkStatus();
     if (header_->aborted.v.load() != 0) return aborted_status();
     if (absl::Status st = check(); !st.ok()) {
-      abort(st);
+      fail_all(st);
       return st;
     }
     if (std::chrono::steady_clock::now() - start < kSpin) {
@@ -310,7 +310,7 @@ absl::Status ShmAllReduce::all_reduce(float* data, std::size_t n, SumOrder order
           absl::Status st = absl::InvalidArgumentError(
               absl::StrCat("shared memory all-reduce: member ", me_, " reduces ", n,
                            " floats, member ", j, " ", member(j).n, " (or in another order)"));
-          abort(st);
+          fail_all(st);
           return st;
         }
       }

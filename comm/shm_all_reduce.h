@@ -73,7 +73,7 @@ class ShmAllReduce {
   // the memory goes with the last mapping, whoever ends first.
   void unlink();
 
-  // Called while waiting: not OK ends the wait (and the segment, abort)
+  // Called while waiting: not OK ends the wait (and the segment, fail_all)
   // with that status.
   using Check = std::function<absl::Status()>;
   // data[n] = sum over the members of their data[n], summed in `order`.
@@ -82,7 +82,7 @@ class ShmAllReduce {
   absl::Status all_reduce(float* data, std::size_t n, SumOrder order, const Check& check);
   // Ends every member's wait, now and later, with `why` (the first abort's,
   // of whichever member; thread-safe).
-  void abort(const absl::Status& why);
+  void fail_all(const absl::Status& why);
 
  private:
   struct Header;

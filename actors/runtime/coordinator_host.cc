@@ -258,11 +258,11 @@ void CoordinatorHost::blame_locked(int lost, absl::Status loss) {
   cv_.notify_all();
 }
 
-void CoordinatorHost::cancel(absl::Status why) { abort(std::move(why), -1); }
+void CoordinatorHost::cancel(absl::Status why) { end_run(std::move(why), -1); }
 
-void CoordinatorHost::lose(int rank, absl::Status why) { abort(std::move(why), rank); }
+void CoordinatorHost::lose(int rank, absl::Status why) { end_run(std::move(why), rank); }
 
-void CoordinatorHost::abort(absl::Status why, int lost) {
+void CoordinatorHost::end_run(absl::Status why, int lost) {
   end(std::move(why), lost);
   std::lock_guard<std::mutex> lock(mu_);
   aborted_ = true;

@@ -106,7 +106,7 @@ class CoordinatorHost {
   // rank failed). A rank's own exit after its report does not replace it.
   void end(absl::Status st, int lost = -1);
   void blame_locked(int lost, absl::Status loss);
-  void abort(absl::Status why, int lost);  // cancel() and lose()
+  void end_run(absl::Status why, int lost);  // cancel() and lose()
   // Waits (bounded by join_timeout) until `count` of world_ ranks have
   // done `what`, or the run has ended; false if it has ended (then the
   // outcome says why, also when the time ran out).

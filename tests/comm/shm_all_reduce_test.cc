@@ -143,7 +143,7 @@ std::vector<std::vector<float>> by_segment(int p, std::size_t n, SumOrder order)
         out[static_cast<std::size_t>(r)] = std::move(x);
       },
       [&] {
-        for (auto& m : members) m->abort(absl::DeadlineExceededError("the case's deadline"));
+        for (auto& m : members) m->fail_all(absl::DeadlineExceededError("the case's deadline"));
       });
   return out;
 }
@@ -235,10 +235,10 @@ TEST_F(SharedMemoryAllReduce, AFailureEndsEveryWait) {
     }
     if (!by_check) {
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
-      members[2]->abort(absl::UnavailableError("rank 2 lost: its link closed"));
+      members[2]->fail_all(absl::UnavailableError("rank 2 lost: its link closed"));
     }
     expect_ended_by(waits, "rank 2 lost: its link closed", [&] {
-      for (auto& m : members) m->abort(absl::UnavailableError("rank 2 lost: its link closed"));
+      for (auto& m : members) m->fail_all(absl::UnavailableError("rank 2 lost: its link closed"));
     });
   }
 }
@@ -351,7 +351,7 @@ TEST_F(SharedMemoryAllReduce, DifferentSizesAreAnErrorOnEveryMember) {
             x.data(), x.size(), SumOrder::kMembers, [] { return absl::OkStatus(); });
       },
       [&] {
-        for (auto& m : members) m->abort(absl::DeadlineExceededError("the case's deadline"));
+        for (auto& m : members) m->fail_all(absl::DeadlineExceededError("the case's deadline"));
       });
   for (const absl::Status& st : got) EXPECT_TRUE(absl::IsInvalidArgument(st)) << st;
 }
