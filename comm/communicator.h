@@ -155,13 +155,13 @@ class Communicator final : public Collectives {
   absl::Status ring_all_gather(float* data, std::size_t n, std::uint32_t op, std::uint32_t step0);
   absl::Status direct_all_reduce(float* data, std::size_t n, std::uint32_t op);
   absl::Status chain_broadcast(float* data, std::size_t n, int root, std::uint32_t op);
+  // How the all-reduce of n floats sums (its algorithm: direct exchange,
+  // halving, ring), whichever way its bytes travel.
+  SumOrder sum_order(std::size_t n) const;
   // The all-reduce through shared memory (comm/communicator_shm.cc): whether
   // this group may take it, its setup at the first (false after a setup
   // that failed on any member: every member then keeps the transport), and
   // the all-reduce itself.
-  // How the all-reduce of n floats sums (its algorithm: direct exchange,
-  // halving, ring), whichever way its bytes travel.
-  SumOrder sum_order(std::size_t n) const;
   bool shm_possible() const;
   absl::StatusOr<bool> shm_ready(std::uint32_t op);
   absl::Status shm_all_reduce(float* data, std::size_t n);
@@ -202,7 +202,7 @@ class Communicator final : public Collectives {
   enum class Shm { kUntried, kOn, kOff };
   Shm shm_state_ = Shm::kUntried;
   bool shm_fault_ = false;
-  std::unique_ptr<ShmAllReduce> shm_;  // set once (also under mu_: fail() aborts it)
+  std::unique_ptr<ShmAllReduce> shm_;  // set once (also under mu_: fail() fails it)
   std::atomic<std::uint64_t> shm_all_reduces_{0};
 
   std::mutex run_mu_;  // held while a collective runs; guards next_op_ to sends_

@@ -47,7 +47,7 @@ bool Communicator::shm_possible() const {
 //           or never will) and tells each whether all could.
 // All take the segment, or all keep the transport, for good. An error here
 // is a transport's (a member lost): the all-reduce fails with it, and a
-// segment in hand is aborted with it (a member told to take it may wait
+// segment in hand is failed with it (a member told to take it may wait
 // there already).
 absl::StatusOr<bool> Communicator::shm_ready(std::uint32_t op) {
   if (shm_state_ == Shm::kUntried && !shm_possible()) shm_state_ = Shm::kOff;
@@ -58,7 +58,7 @@ absl::StatusOr<bool> Communicator::shm_ready(std::uint32_t op) {
                           kind_, op, step, 0);
   };
   auto rank_of = [&](int member) { return ranks_[static_cast<std::size_t>(member)]; };
-  auto fail_all = [this](const absl::Status& e) { fail(e); };
+  auto fail_group = [this](const absl::Status& e) { fail(e); };
   std::unique_ptr<ShmAllReduce> segment;
   auto fails = [&](const absl::Status& st) {
     if (segment != nullptr) segment->fail_all(st);
@@ -72,7 +72,7 @@ absl::StatusOr<bool> Communicator::shm_ready(std::uint32_t op) {
       transport_.recv(rank_of(j), tag(j, kHereStep), &here[static_cast<std::size_t>(j)], 1,
                       arrived.callback(static_cast<std::size_t>(j - 1)), token_);
     }
-    if (absl::Status st = wait_all(arrived, fail_all); !st.ok()) return st;
+    if (absl::Status st = wait_all(arrived, fail_group); !st.ok()) return st;
     std::array<char, kNameBytes> name{};
     absl::StatusOr<std::unique_ptr<ShmAllReduce>> made =
         shm_fault_ ? absl::UnavailableError("a fault for a test") : ShmAllReduce::create(p);
@@ -89,8 +89,8 @@ absl::StatusOr<bool> Communicator::shm_ready(std::uint32_t op) {
       transport_.recv(rank_of(j), tag(j, kOpenedStep), &opened[static_cast<std::size_t>(j)], 1,
                       heard.callback(k), token_);
     }
-    absl::Status st = wait_all(named, fail_all);
-    if (absl::Status h = wait_all(heard, fail_all); st.ok()) st = h;
+    absl::Status st = wait_all(named, fail_group);
+    if (absl::Status h = wait_all(heard, fail_group); st.ok()) st = h;
     if (segment != nullptr) segment->unlink();
     if (!st.ok()) return fails(st);
     all = segment != nullptr &&
@@ -100,7 +100,7 @@ absl::StatusOr<bool> Communicator::shm_ready(std::uint32_t op) {
       transport_.send(rank_of(j), tag(0, kVerdictStep), &all, 1,
                       told.callback(static_cast<std::size_t>(j - 1)), token_);
     }
-    if (absl::Status t = wait_all(told, fail_all); !t.ok()) return fails(t);
+    if (absl::Status t = wait_all(told, fail_group); !t.ok()) return fails(t);
   } else {
     const char here = 1;
     std::array<char, kNameBytes> name{};
@@ -108,8 +108,8 @@ absl::StatusOr<bool> Communicator::shm_ready(std::uint32_t op) {
     transport_.send(rank_of(0), tag(me_, kHereStep), &here, 1, said_here.callback(0), token_);
     transport_.recv(rank_of(0), tag(0, kNameStep), name.data(), kNameBytes, named.callback(0),
                     token_);
-    absl::Status st = wait_all(said_here, fail_all);
-    if (absl::Status n = wait_all(named, fail_all); st.ok()) st = n;
+    absl::Status st = wait_all(said_here, fail_group);
+    if (absl::Status n = wait_all(named, fail_group); st.ok()) st = n;
     if (!st.ok()) return st;
     char opened = 0;
     if (name[0] != 0 && !shm_fault_) {
@@ -123,8 +123,8 @@ absl::StatusOr<bool> Communicator::shm_ready(std::uint32_t op) {
     Completions said(1, driver_), told(1, driver_);
     transport_.send(rank_of(0), tag(me_, kOpenedStep), &opened, 1, said.callback(0), token_);
     transport_.recv(rank_of(0), tag(0, kVerdictStep), &all, 1, told.callback(0), token_);
-    st = wait_all(said, fail_all);
-    if (absl::Status t = wait_all(told, fail_all); st.ok()) st = t;
+    st = wait_all(said, fail_group);
+    if (absl::Status t = wait_all(told, fail_group); st.ok()) st = t;
     if (!st.ok()) return fails(st);
   }
   if (all == 0) {
