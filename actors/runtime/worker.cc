@@ -309,6 +309,11 @@ absl::Status run_worker(const WorkerOptions& o) {
 
   caf::actor_system_config cfg;
   configure_actor_system(cfg);
+  // One rank's actors, which only react to messages: one CAF worker. With
+  // two, CAF hands each message from another thread (a stream's callback,
+  // the transport's, the control link's) to the next worker in turn, so a
+  // burst of them woke both (scripts/bench switches --command launch).
+  cfg.set("scheduler.max-threads", 1);
   caf::actor_system system{cfg};
   LinkState state;
   TraceDumps dumps;  // before the link: its thread may start one until it stops
