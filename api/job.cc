@@ -350,17 +350,23 @@ class JobActor : public caf::event_based_actor {
   std::thread thread_;
 };
 
-}  // namespace
-
-void add_message_types(caf::actor_system_config& cfg) {
-  actors::add_message_types(cfg);
+void add_api_message_types(caf::actor_system_config& cfg) {
   cfg.add_message_type<StepMetrics>("troupe::StepMetrics");
   cfg.add_message_type<JobStatus>("troupe::JobStatus");
 }
 
+}  // namespace
+
+void add_message_types(caf::actor_system_config& cfg) {
+  actors::add_message_types(cfg);
+  add_api_message_types(cfg);
+}
+
+// The runtime's types and troupe's own scheduler (its workers and their
+// sleep), then the API's types.
 void configure_actor_system(caf::actor_system_config& cfg) {
-  add_message_types(cfg);
-  cfg.set("work-stealing.moderate-poll-attempts", 0);  // (actors::configure_actor_system's)
+  actors::configure_actor_system(cfg);
+  add_api_message_types(cfg);
 }
 
 absl::StatusOr<caf::actor> spawn_job(caf::actor_system& system, JobConfig config,

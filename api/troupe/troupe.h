@@ -129,8 +129,11 @@ void add_message_types(caf::actor_system_config& cfg);
 // waking every 50 us for 25 ms to look (CAF's default). A job's actors run
 // on the host's workers, so with the default each hop of the job's messages
 // that found the worker napping waited up to 50 us, and the naps took a
-// share of the cores. Leaves the number of workers to the host; a setting
-// the host makes after this call wins.
+// share of the cores. Two workers, as troupe's programs run (CAF's default
+// is at least 4; it hands each message from another thread, such as a
+// stream's callback, to the next worker in turn, so more workers meant more
+// of them woken: `scripts/bench hop`'s api_event). A setting the host makes
+// after this call wins.
 void configure_actor_system(caf::actor_system_config& cfg);
 
 // Checks `config` (InvalidArgument naming the option), then spawns the job
