@@ -68,9 +68,13 @@ def sample():
                     name = f.read().strip()
                 with open(f"/proc/{pid}/task/{t}/status") as f:
                     status = f.read()
-            except OSError:
+                with open(f"/proc/{pid}/task/{t}/schedstat") as f:
+                    run_ns = int(f.read().split()[0])  # time on a CPU
+            except (OSError, ValueError, IndexError):
                 continue
-            counts[(pid, t, name)] = int(status.split("voluntary_ctxt_switches:")[1].split()[0])
+            counts[(pid, t, name)] = (
+                int(status.split("\nvoluntary_ctxt_switches:")[1].split()[0]),
+                int(status.split("nonvoluntary_ctxt_switches:")[1].split()[0]), run_ns)
     steps = 0
     if os.path.exists(metrics):
         with open(metrics) as f:
@@ -89,17 +93,26 @@ finally:
 steps = s1 - s0
 if steps <= 0:
     raise SystemExit("thread_switches: no steps were done (did the run start?)")
-by_name = collections.Counter()
+# By thread name: voluntary switches (a thread asleep, woken by another),
+# involuntary ones (preempted, or a yield that let another run) and the
+# time on a CPU (schedstat), each a step.
+vol, invol, cpu = collections.Counter(), collections.Counter(), collections.Counter()
 for key, v in b.items():
     if key in a:
-        by_name[key[2]] += v - a[key]
+        vol[key[2]] += v[0] - a[key][0]
+        invol[key[2]] += v[1] - a[key][1]
+        cpu[key[2]] += (v[2] - a[key][2]) / 1e3
 print(f"pp {args.pp} `troupe {args.command}`: {steps} steps in {args.seconds:.1f} s "
-      f"({args.seconds * 1e6 / steps:.0f} us a step with the sampling); switches a step:")
-for name, v in by_name.most_common():
-    if v:
-        print(f"  {name:18s} {v / steps:7.1f}")
-total = sum(by_name.values()) / steps
-print(f"  {'all':18s} {total:7.1f}")
+      f"({args.seconds * 1e6 / steps:.0f} us a step with the sampling); a step:")
+print(f"  {'thread':18s} {'switches':>8s} {'preempted':>9s} {'CPU us':>8s}")
+for name, v in vol.most_common():
+    if v or cpu[name]:
+        print(f"  {name:18s} {v / steps:8.1f} {invol[name] / steps:9.1f} {cpu[name] / steps:8.1f}")
+total = sum(vol.values()) / steps
+print(f"  {'all':18s} {total:8.1f} {sum(invol.values()) / steps:9.1f} "
+      f"{sum(cpu.values()) / steps:8.1f}")
 print(json.dumps({"bench": "thread_switches", "command": args.command, "pp": args.pp,
                   "steps": steps, "switches_per_step": round(total, 1),
-                  "by_thread": {k: round(v / steps, 1) for k, v in by_name.items() if v}}))
+                  "by_thread": {k: round(v / steps, 1) for k, v in vol.items() if v},
+                  "preempted_by_thread": {k: round(v / steps, 1) for k, v in invol.items() if v},
+                  "cpu_us_by_thread": {k: round(v / steps, 1) for k, v in cpu.items() if v}}))
