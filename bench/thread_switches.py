@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""The threads' voluntary context switches a training step, by thread name.
+"""The threads' context switches and CPU time a training step, by thread name.
 
   thread_switches.py TROUPE [--pp P] [--command train|launch] [--seconds S]
 
@@ -10,6 +10,9 @@ divides by the steps done in between (the lines of --metrics-jsonl). Each
 switch is a thread going to sleep, to be woken by another: the hand-offs
 a step costs, which on 2 cores are most of a stage's share of the step
 (thread names: gpu/thread_name.h; CAF's workers are caf.multiplexer).
+Beside them, each thread's involuntary switches (preempted, or a yield
+that let another thread run: the UCX progress thread's quiet phase) and
+its time on a CPU (/proc's schedstat; 0 where the kernel has none).
 Prints one line per thread name and one JSON line.
 """
 import argparse
@@ -68,13 +71,16 @@ def sample():
                     name = f.read().strip()
                 with open(f"/proc/{pid}/task/{t}/status") as f:
                     status = f.read()
+                switches = (int(status.split("\nvoluntary_ctxt_switches:")[1].split()[0]),
+                            int(status.split("\nnonvoluntary_ctxt_switches:")[1].split()[0]))
+            except (OSError, ValueError, IndexError):
+                continue  # (the thread ended in between)
+            try:
                 with open(f"/proc/{pid}/task/{t}/schedstat") as f:
                     run_ns = int(f.read().split()[0])  # time on a CPU
             except (OSError, ValueError, IndexError):
-                continue
-            counts[(pid, t, name)] = (
-                int(status.split("\nvoluntary_ctxt_switches:")[1].split()[0]),
-                int(status.split("nonvoluntary_ctxt_switches:")[1].split()[0]), run_ns)
+                run_ns = 0  # (a kernel without schedstats)
+            counts[(pid, t, name)] = (*switches, run_ns)
     steps = 0
     if os.path.exists(metrics):
         with open(metrics) as f:
@@ -113,6 +119,8 @@ print(f"  {'all':18s} {total:8.1f} {sum(invol.values()) / steps:9.1f} "
       f"{sum(cpu.values()) / steps:8.1f}")
 print(json.dumps({"bench": "thread_switches", "command": args.command, "pp": args.pp,
                   "steps": steps, "switches_per_step": round(total, 1),
+                  "preempted_per_step": round(sum(invol.values()) / steps, 1),
+                  "cpu_us_per_step": round(sum(cpu.values()) / steps, 1),
                   "by_thread": {k: round(v / steps, 1) for k, v in vol.items() if v},
                   "preempted_by_thread": {k: round(v / steps, 1) for k, v in invol.items() if v},
                   "cpu_us_by_thread": {k: round(v / steps, 1) for k, v in cpu.items() if v}}))

@@ -462,13 +462,21 @@ std::vector<model::ckpt::Piece> checkpoint_pieces(const std::vector<CheckpointCh
 
 void configure_actor_system(caf::actor_system_config& cfg) {
   add_message_types(cfg);
-  // Actors only react to messages; compute runs on the ranks' streams.
-  cfg.set("scheduler.max-threads", 2);
+  // (What the program set already, from its code, a file or its command
+  // line, stays: an embedding host's own choice.)
+  auto set = [&](const char* name, std::size_t value) {
+    if (caf::get_if(&caf::content(cfg), name) == nullptr) cfg.set(name, value);
+  };
+  // Actors only react to messages; compute runs on the ranks' streams. Two
+  // workers, not CAF's default of at least four: a message sent with no
+  // execution unit (anon_send: every stream's and transport's callback)
+  // goes to the next worker in turn and wakes it (docs/ARCHITECTURE.md).
+  set("scheduler.max-threads", 2);
   // An idle worker goes straight from its short busy poll to a condition
   // variable that a new message wakes, instead of polling every 50 us for
   // 25 ms: a pipeline hop crosses two actors, and each such nap was on the
   // critical path (scripts/bench pipeline).
-  cfg.set("work-stealing.moderate-poll-attempts", 0);
+  set("work-stealing.moderate-poll-attempts", 0);
 }
 
 void stop_actors(caf::actor_system& system, const std::vector<caf::actor>& actors) {

@@ -129,11 +129,15 @@ void add_message_types(caf::actor_system_config& cfg);
 // waking every 50 us for 25 ms to look (CAF's default). A job's actors run
 // on the host's workers, so with the default each hop of the job's messages
 // that found the worker napping waited up to 50 us, and the naps took a
-// share of the cores. Two workers, as troupe's programs run (CAF's default
-// is at least 4; it hands each message from another thread, such as a
-// stream's callback, to the next worker in turn, so more workers meant more
-// of them woken: `scripts/bench hop`'s api_event). A setting the host makes
-// after this call wins.
+// share of the cores. And two workers, as `troupe train` runs (CAF's
+// default is at least four; a message sent with no execution unit, as
+// anon_send sends the job's own messages and its events, goes to the next
+// worker in turn and wakes it, so more workers meant more of them woken:
+// `scripts/bench hop`'s api_event). Fewer workers than the default also
+// means fewer for the host's own actors: a host that needs more, or whose
+// handlers block, sets its own number. Each setting is made only where
+// `cfg` has none yet: a setting the host made before this call, or makes
+// after it, wins.
 void configure_actor_system(caf::actor_system_config& cfg);
 
 // Checks `config` (InvalidArgument naming the option), then spawns the job

@@ -351,6 +351,30 @@ TEST(Job, TwoJobsMayNotShareASaveDirectory) {
   EXPECT_TRUE(third.ok()) << third.status();
 }
 
+// troupe's scheduler settings where the host has none, the host's own
+// where it has (made before the call, or after it).
+TEST(ConfigureActorSystem, SetsTwoSleepingWorkersUnlessTheHostChoseOtherwise) {
+  auto setting = [](const caf::actor_system_config& cfg, const char* name) {
+    return caf::get_or(cfg, name, std::size_t{12345});
+  };
+  caf::actor_system_config fresh;
+  configure_actor_system(fresh);
+  EXPECT_EQ(setting(fresh, "scheduler.max-threads"), 2u);
+  EXPECT_EQ(setting(fresh, "work-stealing.moderate-poll-attempts"), 0u);
+
+  caf::actor_system_config before;
+  before.set("scheduler.max-threads", std::size_t{6});
+  configure_actor_system(before);
+  EXPECT_EQ(setting(before, "scheduler.max-threads"), 6u);
+  EXPECT_EQ(setting(before, "work-stealing.moderate-poll-attempts"), 0u);
+
+  caf::actor_system_config after;
+  configure_actor_system(after);
+  after.set("work-stealing.moderate-poll-attempts", std::size_t{500});
+  EXPECT_EQ(setting(after, "work-stealing.moderate-poll-attempts"), 500u);
+  EXPECT_EQ(setting(after, "scheduler.max-threads"), 2u);
+}
+
 TEST(JobConfig, FromFlagsRefusesTheCommandLinesOwnAndNamesBadFlags) {
   for (const char* flag : {"--print-config", "--exit-signal-handler"}) {
     absl::StatusOr<JobConfig> c = JobConfig::from_flags({"--model", "tiny", flag});
