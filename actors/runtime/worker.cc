@@ -9,6 +9,7 @@
 #include <future>
 #include <mutex>
 #include <optional>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -282,6 +283,26 @@ absl::Status connect_unit(RankUnit& unit, LinkState& state) {
   return result.get();
 }
 
+namespace {
+
+// One rank's actors, which only react to messages: one CAF worker. With
+// two, CAF hands each message sent with no execution unit (anon_send: a
+// stream's callback, the transport's, the control link's) to the next
+// worker in turn, so a burst of them woke both (scripts/bench switches
+// --command launch). Two where a user's NCCL_RUNTIME_CONNECT other than 0
+// makes a collective's first call wait for the peers on the actor's
+// worker: each of the rank's two actors (shard, optimizer) then needs one
+// of its own.
+int caf_workers(const RankSpec& spec) {
+  const char* connect = std::getenv("NCCL_RUNTIME_CONNECT");
+  const bool may_wait = connect != nullptr && std::string_view(connect) != "0" &&
+                        spec.parallel.device != nullptr &&
+                        spec.parallel.device->kind() == gpu::DeviceKind::kCuda;
+  return may_wait ? 2 : 1;
+}
+
+}  // namespace
+
 absl::Status run_worker(const WorkerOptions& o) {
   auto log = o.log ? o.log : [](const std::string& m) {
     std::fprintf(stderr, "troupe worker: %s\n", m.c_str());
@@ -296,6 +317,7 @@ absl::Status run_worker(const WorkerOptions& o) {
     // a value the user gave stands.
     ::setenv("NCCL_RUNTIME_CONNECT", "0", /*overwrite=*/0);
   }
+
   absl::StatusOr<std::unique_ptr<comm::UcxTransport>> ucx = comm::UcxTransport::create(
       o.spec.rank, world, {.one_host = !o.one_host.empty(), .because = o.one_host});
   if (!ucx.ok()) return ucx.status();
@@ -309,11 +331,7 @@ absl::Status run_worker(const WorkerOptions& o) {
 
   caf::actor_system_config cfg;
   configure_actor_system(cfg);
-  // One rank's actors, which only react to messages: one CAF worker. With
-  // two, CAF hands each message from another thread (a stream's callback,
-  // the transport's, the control link's) to the next worker in turn, so a
-  // burst of them woke both (scripts/bench switches --command launch).
-  cfg.set("scheduler.max-threads", 1);
+  cfg.set("scheduler.max-threads", caf_workers(spec));
   caf::actor_system system{cfg};
   LinkState state;
   TraceDumps dumps;  // before the link: its thread may start one until it stops
