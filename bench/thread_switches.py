@@ -13,7 +13,7 @@ a step costs, which on 2 cores are most of a stage's share of the step
 Beside them, each thread's involuntary switches (preempted, or a yield
 that let another thread run: the UCX progress thread's quiet phase) and
 its time on a CPU (/proc's schedstat; 0 where the kernel has none).
-Prints one line per thread name and one JSON line.
+Prints a header, one line per thread name and one JSON line.
 """
 import argparse
 import collections
@@ -58,8 +58,11 @@ def processes():
     return out
 
 
+HAS_SCHEDSTAT = os.path.exists("/proc/self/schedstat")
+
+
 def sample():
-    counts = collections.Counter()
+    counts = {}
     for pid in processes():
         try:
             tasks = os.listdir(f"/proc/{pid}/task")
@@ -75,11 +78,13 @@ def sample():
                             int(status.split("\nnonvoluntary_ctxt_switches:")[1].split()[0]))
             except (OSError, ValueError, IndexError):
                 continue  # (the thread ended in between)
-            try:
-                with open(f"/proc/{pid}/task/{t}/schedstat") as f:
-                    run_ns = int(f.read().split()[0])  # time on a CPU
-            except (OSError, ValueError, IndexError):
-                run_ns = 0  # (a kernel without schedstats)
+            run_ns = 0  # (a kernel without schedstats)
+            if HAS_SCHEDSTAT:
+                try:
+                    with open(f"/proc/{pid}/task/{t}/schedstat") as f:
+                        run_ns = int(f.read().split()[0])  # time on a CPU
+                except (OSError, ValueError, IndexError):
+                    continue  # (the thread ended in between)
             counts[(pid, t, name)] = (*switches, run_ns)
     steps = 0
     if os.path.exists(metrics):

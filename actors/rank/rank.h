@@ -336,8 +336,8 @@ std::vector<model::ckpt::Piece> checkpoint_pieces(const std::vector<CheckpointCh
                                                   const comm::Coord& coord, int dp);
 
 // The actor system settings troupe's runtimes use (and the message types),
-// each unless `cfg` has it already. (A worker process then sets one
-// scheduler worker: actors/runtime/worker.cc.)
+// each unless `cfg` has it already. (A worker process then sets its own
+// number of scheduler workers: actors/runtime/worker.h.)
 void configure_actor_system(caf::actor_system_config& cfg);
 // Stops `actors` (user_shutdown) and waits until every one has exited.
 void stop_actors(caf::actor_system& system, const std::vector<caf::actor>& actors);

@@ -283,33 +283,21 @@ absl::Status connect_unit(RankUnit& unit, LinkState& state) {
   return result.get();
 }
 
-namespace {
-
-// One rank's actors, which only react to messages: one CAF worker. With
-// two, CAF hands each message sent with no execution unit (anon_send: a
-// stream's callback, the transport's, the control link's) to the next
-// worker in turn, so a burst of them woke both (scripts/bench switches
-// --command launch). Two where a user's NCCL_RUNTIME_CONNECT other than 0
-// makes a collective's first call wait for the peers on the actor's
-// worker: each of the rank's two actors (shard, optimizer) then needs one
-// of its own.
-int caf_workers(const RankSpec& spec) {
-  const char* connect = std::getenv("NCCL_RUNTIME_CONNECT");
-  const bool may_wait = connect != nullptr && std::string_view(connect) != "0" &&
-                        spec.parallel.device != nullptr &&
-                        spec.parallel.device->kind() == gpu::DeviceKind::kCuda;
+int worker_caf_threads(bool uses_nccl, const char* nccl_runtime_connect) {
+  const bool may_wait =
+      uses_nccl && nccl_runtime_connect != nullptr && std::string_view(nccl_runtime_connect) != "0";
   return may_wait ? 2 : 1;
 }
-
-}  // namespace
 
 absl::Status run_worker(const WorkerOptions& o) {
   auto log = o.log ? o.log : [](const std::string& m) {
     std::fprintf(stderr, "troupe worker: %s\n", m.c_str());
   };
   const int world = o.spec.parallel.world();
-  if ((o.spec.parallel.tp > 1 || o.spec.parallel.dp > 1) && o.spec.parallel.device != nullptr &&
-      o.spec.parallel.device->kind() == gpu::DeviceKind::kCuda) {
+  const bool uses_nccl = (o.spec.parallel.tp > 1 || o.spec.parallel.dp > 1) &&
+                         o.spec.parallel.device != nullptr &&
+                         o.spec.parallel.device->kind() == gpu::DeviceKind::kCuda;
+  if (uses_nccl) {
     // TP and DP through NCCL (RankUnit::connect): every connection they use
     // made in its init, not at a collective's first call, which would wait
     // there for the peers on the actor's thread. Set before this process
@@ -317,6 +305,7 @@ absl::Status run_worker(const WorkerOptions& o) {
     // a value the user gave stands.
     ::setenv("NCCL_RUNTIME_CONNECT", "0", /*overwrite=*/0);
   }
+  const int caf_threads = worker_caf_threads(uses_nccl, std::getenv("NCCL_RUNTIME_CONNECT"));
 
   absl::StatusOr<std::unique_ptr<comm::UcxTransport>> ucx = comm::UcxTransport::create(
       o.spec.rank, world, {.one_host = !o.one_host.empty(), .because = o.one_host});
@@ -331,7 +320,7 @@ absl::Status run_worker(const WorkerOptions& o) {
 
   caf::actor_system_config cfg;
   configure_actor_system(cfg);
-  cfg.set("scheduler.max-threads", caf_workers(spec));
+  cfg.set("scheduler.max-threads", caf_threads);
   caf::actor_system system{cfg};
   LinkState state;
   TraceDumps dumps;  // before the link: its thread may start one until it stops

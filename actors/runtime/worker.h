@@ -67,6 +67,18 @@ struct WorkerOptions {
 
 absl::Status run_worker(const WorkerOptions& options);
 
+// The CAF workers a worker process runs. One: the rank's actors only react
+// to messages, and with two CAF handed each message sent with no execution
+// unit (anon_send: a stream's callback, the transport's, the control
+// link's) to the next worker in turn, so a burst of them woke both
+// (docs/ARCHITECTURE.md, "How many CAF workers"). Two where the rank's TP
+// or DP collectives go through NCCL and NCCL_RUNTIME_CONNECT (the user's)
+// is other than 0: a collective's first call then waits for the peers on
+// its actor's worker, and the shard's and the optimizer's collectives each
+// need a worker (one waiting may be what another rank's other is waiting
+// for), as the process ran before it went to one.
+int worker_caf_threads(bool uses_nccl, const char* nccl_runtime_connect);
+
 // The end of a run with save_weights: replica 0's ranks send their slices
 // to rank 0, which writes the file. Every rank of the job calls it.
 absl::Status gather_and_save_weights(RankUnit& unit, const RankSpec& spec, const std::string& path);

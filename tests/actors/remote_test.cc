@@ -18,6 +18,7 @@
 #include "actors/messages.h"
 #include "actors/runtime/coordinator_host.h"
 #include "actors/runtime/watch_feed.h"
+#include "actors/runtime/worker.h"
 #include "comm/control_channel.h"
 
 namespace troupe::actors {
@@ -276,6 +277,18 @@ TEST_F(BlameTest, TheReportersOwnExitDoesNotReplaceItsReport) {
   EXPECT_EQ(st.message(),
             "rank 0 (d=0 s=0 t=0) on host h, pid 10: connecting its transport: refused")
       << st;
+}
+
+// A worker process runs one CAF worker, and two only where its NCCL
+// collectives would connect at their first call (the user's
+// NCCL_RUNTIME_CONNECT other than 0): one of them waiting there must not
+// hold the rank's other actor.
+TEST(WorkerCafThreads, OneUnlessAnNcclCollectiveMayWaitOnItsActor) {
+  EXPECT_EQ(worker_caf_threads(/*uses_nccl=*/false, nullptr), 1);
+  EXPECT_EQ(worker_caf_threads(false, "1"), 1);  // (no NCCL: a CPU run, or pp only)
+  EXPECT_EQ(worker_caf_threads(true, "0"), 1);   // troupe's default
+  EXPECT_EQ(worker_caf_threads(true, "1"), 2);
+  EXPECT_EQ(worker_caf_threads(true, "yes"), 2);  // (NCCL takes a bad value as its default, on)
 }
 
 }  // namespace
