@@ -173,8 +173,15 @@ void UcxTransport::drive_end() {
   if (wake) cv_.notify_all();
 }
 
-// Polls without an event before the progress thread sleeps on the event fd.
-constexpr int kQuietPolls = 200;
+// Polls without an event before the progress thread sleeps on the event fd,
+// each followed by a yield. 800 since 2026-12-07 (a worker process on one
+// CAF worker): six alternating invocations of bench/hop_bench.py --only
+// hops --sizes 4096 on a 2-core Intel Xeon put the slope across at 54.4-66.1
+// us (median 59.3) against 60.0-68.9 (66.6) with 200, lower in 5 of the 6
+// pairs; 50 gave 59.9-71.8 and 2000 57.5-72.8 (three each). cpu-small pp 2
+// through troupe launch stayed at 1.002x the in-process run (0.995 with
+// 200).
+constexpr int kQuietPolls = 800;
 
 void UcxTransport::progress_loop() {
   gpu::name_this_thread("ucx");
