@@ -12,16 +12,19 @@
 //   eventfd, futex
 //            half a ping-pong, the threads where the kernel puts them. It
 //            often puts them on one CPU (each wakes the other, then
-//            sleeps), a switch between threads: `same_cpu_share` says what
-//            share of the round trips found both on one CPU
+//            sleeps), a switch between threads: `same_cpu_share` is the
+//            share of round trips whose echo woke on the CPU that the
+//            first thread then woke on (a sched_getcpu() each, inside the
+//            timed loop)
 //   eventfd_idle_cpu, futex_idle_cpu
 //            the waiter pinned to one CPU, the waker to another; the waker
 //            spins a gap between wake-ups (its CPU stays awake, the
 //            waiter's goes idle; a little less than the gap, as the waiter
 //            returns to its sleep), then stamps CLOCK_MONOTONIC and wakes;
 //            the waiter stamps the clock as it returns: one-way, each
-//            wake-up timed on its own. A line for each gap of --idle-gaps-us:
-//            a CPU just gone idle (10 us) and one idle as between steps (200)
+//            wake-up timed on its own. A line for each gap of --idle-gaps-us
+//            (at least 5 us, so that the waiter is asleep): a CPU idle 10
+//            us, and one idle 200 us, as between steps
 //
 // On a virtual machine an idle vCPU halts: its wake-up is an interrupt the
 // host must deliver and a vCPU it must run again, unless the guest polls
@@ -255,7 +258,7 @@ int main(int argc, char** argv) {
                  "How long its CPU is idle before each, a line for each (comma-separated)")
       ->delimiter(',')
       ->capture_default_str()
-      ->check(CLI::Range(1, 1000000));
+      ->check(CLI::Range(5, 1000000));
   CLI11_PARSE(app, argc, argv);
   for (const Sleep how : {Sleep::kEventfd, Sleep::kFutex}) {
     std::vector<double> us;
