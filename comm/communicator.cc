@@ -18,20 +18,6 @@
 
 namespace troupe::comm {
 
-std::size_t default_copies_max_bytes() {
-  // (2 processes: AMD EPYC, `scripts/bench comm`, 4 MiB by copies 6.00
-  // GB/s against 5.11 by single copy; Intel Xeon, bench/comm_bench, 4.92
-  // against 7.34, and 1 MiB 6.26 against 6.02: docs/ARCHITECTURE.md.)
-#if defined(__x86_64__) || defined(__i386__)
-  static const bool amd = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_is("amd") != 0;
-  }();
-  if (amd) return std::size_t{4} << 20;
-#endif
-  return std::size_t{1} << 20;
-}
-
 std::pair<std::size_t, std::size_t> chunk_range(std::size_t n, int p, int i) {
   const std::size_t P = static_cast<std::size_t>(p), I = static_cast<std::size_t>(i);
   const std::size_t base = n / P, extra = n % P;

@@ -48,14 +48,6 @@ namespace troupe::comm {
 // [begin, end) of member i's part of n elements split over p members.
 std::pair<std::size_t, std::size_t> chunk_range(std::size_t n, int p, int i);
 
-// Where copies through shared memory stop paying on this CPU: 4 MiB on an
-// AMD CPU, 1 MiB on any other, non-x86 included. Measured on one 2-core
-// VM of each vendor: on the AMD EPYC copies led up to 4 MiB; on the Intel
-// Xeon the single copy ran 1.2-1.5x faster from 1.5 MiB to 4 MiB. Other
-// CPUs take 1 MiB unmeasured (the smaller, the nearer the single copy the
-// larger sizes take anyway).
-std::size_t default_copies_max_bytes();
-
 struct CommunicatorOptions {
   std::size_t slice_bytes = 512 << 10;       // pipelining granularity of rings and chains
   std::size_t direct_max_bytes = 32 << 10;   // all-reduce by direct exchange up to this size
@@ -68,10 +60,11 @@ struct CommunicatorOptions {
   // single-copy protocol: its buffers stay in cache, where a copy costs
   // less than the protocol's round trip (docs/ARCHITECTURE.md has the
   // measurements; of four members on 2 cores, where copies cost cores the
-  // ranks share, neither route was ahead). The members on one host must
-  // give the same (the route matters only there, and they share a CPU, so
-  // the default agrees).
-  std::size_t copies_max_bytes = default_copies_max_bytes();
+  // ranks share, neither route was ahead). 1 MiB on every CPU: on a 2-core
+  // Intel Xeon and a 2-core AMD EPYC (Zen 4) alike, copies led up to 1 MiB
+  // and the single copy from 1.5 MiB. The members on one host must give the
+  // same (the route matters only there).
+  std::size_t copies_max_bytes = std::size_t{1} << 20;
   // An all-reduce of three or more members, every one a process of this
   // host (Transport::shares_memory_with), goes through one shared memory
   // segment (comm/shm_all_reduce.h), set up at the first: the same sums,
