@@ -233,10 +233,6 @@ int main(int argc, char** argv) {
                  "A collective up to this size moves its messages by copies through shared "
                  "memory, not by the single-copy protocol")
       ->capture_default_str();
-  app.add_option("--two-member-shm-min-bytes", options.two_member_shm_min_bytes,
-                 "An all-reduce of two processes of this host from this size goes through a "
-                 "shared memory segment")
-      ->capture_default_str();
   bool inproc = false;
   app.add_flag("--inproc", inproc,
                "All-reduce with every rank a thread of this process (comm/inproc_transport.h), "

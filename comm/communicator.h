@@ -12,8 +12,8 @@
 // order), a sliced chain for broadcast, a gather for reduce. The order of every sum is fixed, and
 // each element's sum is computed once and copied to the others, so results
 // are bitwise identical on every rank and on every run. An all-reduce of
-// three or more processes of one host (of two, a large one) goes through
-// one shared memory segment instead of messages (comm/shm_all_reduce.h), summing each element
+// three or more processes of one host goes through one shared memory
+// segment instead of messages (comm/shm_all_reduce.h), summing each element
 // in the order its algorithm would: the same bits.
 //
 // Uneven sizes: element range of member i is chunk_range(n, p, i) (the first
@@ -72,11 +72,6 @@ struct CommunicatorOptions {
   // above, the same on every member (one without would never join the
   // setup the others wait in).
   bool shared_memory = true;
-  // Of two such members, an all-reduce of at least this many bytes (the
-  // segment set up at the first of them): 1.4-1.5x the single copy's bus
-  // bandwidth from 16 MiB on a 2-core AMD EPYC, and about 0.65x at 1-4 MiB,
-  // where the copies and the single copy keep it (docs/ARCHITECTURE.md).
-  std::size_t two_member_shm_min_bytes = std::size_t{16} << 20;
 };
 
 class Communicator final : public Collectives {

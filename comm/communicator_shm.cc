@@ -22,11 +22,11 @@ constexpr std::size_t kNameBytes = 80;  // the segment's name, NUL-padded; empty
 
 }  // namespace
 
-// Two or more members (two only from options_.two_member_shm_min_bytes:
-// all_reduce_body), each a process of this host. Every member decides the same: the members'
+// Three or more members (two keep Route::kCopies, which measured as fast),
+// each a process of this host. Every member decides the same: the members'
 // places are all equal exactly when each member's equals all the others'.
 bool Communicator::shm_possible() const {
-  if (!options_.shared_memory || size() < 2) return false;
+  if (!options_.shared_memory || size() < 3) return false;
   for (int j = 0; j < size(); j++) {
     if (j != me_ && !transport_.shares_memory_with(ranks_[static_cast<std::size_t>(j)])) {
       return false;

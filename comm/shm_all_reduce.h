@@ -1,8 +1,7 @@
 // An all-reduce among processes of one host through one POSIX shared memory
 // segment (as DeepSpeed's and oneCCL's CPU all-reduce within a node), which
 // the Communicator takes for three or more members that all share this
-// host's memory, and for two from CommunicatorOptions::two_member_shm_min_bytes
-// (CommunicatorOptions::shared_memory).
+// host's memory (CommunicatorOptions::shared_memory).
 //
 // The buffer goes piece by piece, a slot's worth at a time (256 KiB):
 //   step 0: every member copies its piece into its own slot;

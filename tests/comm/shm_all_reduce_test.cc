@@ -40,15 +40,13 @@ std::vector<float> values(int member, std::size_t n) {
 // after the other, over the in-process transport: by messages, or, where
 // the ranks say they share memory, through the segment (direct exchange up
 // to `direct_max` bytes, then halving up to `halving_max` where p is a
-// power of two, else the ring; of two members, through the segment from
-// `two_member_min` bytes). `prepare` may set a member's communicator
+// power of two, else the ring). `prepare` may set a member's communicator
 // up first; `taken` gets each member's count of all-reduces through shared
 // memory.
 struct Group {
   int p = 3;
   bool shared = false;
   std::size_t direct_max = 4096, halving_max = std::numeric_limits<std::size_t>::max();
-  std::size_t two_member_min = CommunicatorOptions{}.two_member_shm_min_bytes;
   std::function<void(int, Communicator&)> prepare = nullptr;
 };
 
@@ -82,9 +80,7 @@ std::vector<std::vector<std::vector<float>>> all_reduces(
     ts.push_back(fabric->endpoint(r));
     cs.push_back(std::make_unique<Communicator>(
         *ts.back(), ranks, GroupKind::kTest,
-        CommunicatorOptions{.direct_max_bytes = g.direct_max,
-                            .halving_max_bytes = g.halving_max,
-                            .two_member_shm_min_bytes = g.two_member_min}));
+        CommunicatorOptions{.direct_max_bytes = g.direct_max, .halving_max_bytes = g.halving_max}));
     if (g.prepare) g.prepare(r, *cs.back());
   }
   std::vector<std::vector<std::vector<float>>> out(static_cast<std::size_t>(g.p));
@@ -281,21 +277,6 @@ TEST_F(SharedMemoryAllReduce, TheCommunicatorsAllReducesThroughItGiveTheSameBits
       }
     }
   }
-}
-
-// Two members take the segment from two_member_shm_min_bytes (here 1 MiB)
-// on, set up at the first such all-reduce; the smaller ones, before and
-// after it, go by messages; the bits are the messages' throughout.
-TEST_F(SharedMemoryAllReduce, TwoMembersTakeItFromTheirLeastSize) {
-  const std::vector<std::size_t> sizes = {1000, 100003, 262144, 7, 600001, 262143};
-  const Group by_messages{.p = 2, .two_member_min = std::size_t{1} << 20};
-  Group shared = by_messages;
-  shared.shared = true;
-  std::vector<std::uint64_t> taken;
-  const auto got = all_reduces(shared, sizes, &taken);
-  EXPECT_TRUE(all_same_bits(got, all_reduces(by_messages, sizes)));
-  ASSERT_EQ(taken.size(), 2u);
-  for (std::uint64_t k : taken) EXPECT_EQ(k, 2u);  // 262144 and 600001 floats
 }
 
 // One member cannot make or open the segment (member 0 makes it): the whole

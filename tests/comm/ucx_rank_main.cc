@@ -61,24 +61,22 @@ std::vector<float> unordered_values(int rank, std::size_t n) {
 int collectives(int rank, int size, troupe::comm::UcxTransport& t) {
   std::uint64_t through_shared_memory = 0;
   // Twice: all-reduce by ring with every message of 64 KiB or more by single
-  // copy (of two ranks, from 1 MiB through the shared memory segment:
-  // CommunicatorOptions::two_member_shm_min_bytes), then (p a power of two)
-  // by halving/doubling with, of two ranks, the all-reduces up to 1 MiB by
-  // copies and the larger by single copy (CommunicatorOptions::copies_max_bytes).
+  // copy, then (p a power of two) by halving/doubling with, of two ranks, the
+  // all-reduces up to 1 MiB by copies and the larger by single copy
+  // (CommunicatorOptions::copies_max_bytes).
   for (std::size_t halving_max : {std::size_t{0}, ~std::size_t{0}}) {
-    troupe::comm::Communicator c(
-        t,
-        [&] {
-          std::vector<int> r(static_cast<std::size_t>(size));
-          for (int i = 0; i < size; i++) r[static_cast<std::size_t>(i)] = i;
-          return r;
-        }(),
-        troupe::comm::GroupKind::kWorld,
-        {.slice_bytes = 64 << 10,
-         .direct_max_bytes = 4 << 10,
-         .halving_max_bytes = halving_max,
-         .copies_max_bytes = halving_max == 0 ? 0 : std::size_t{1} << 20,
-         .two_member_shm_min_bytes = halving_max == 0 ? std::size_t{1} << 20 : ~std::size_t{0}});
+    troupe::comm::Communicator c(t,
+                                 [&] {
+                                   std::vector<int> r(static_cast<std::size_t>(size));
+                                   for (int i = 0; i < size; i++)
+                                     r[static_cast<std::size_t>(i)] = i;
+                                   return r;
+                                 }(),
+                                 troupe::comm::GroupKind::kWorld,
+                                 {.slice_bytes = 64 << 10,
+                                  .direct_max_bytes = 4 << 10,
+                                  .halving_max_bytes = halving_max,
+                                  .copies_max_bytes = halving_max == 0 ? 0 : std::size_t{1} << 20});
     // The same group's all-reduce with its bytes in messages: the reference
     // for the sums' bits.
     troupe::comm::Communicator by_messages(
