@@ -167,6 +167,15 @@ absl::StatusOr<sockaddr_in> resolve(const std::string& host, int port) {
   return addr;
 }
 
+// The hub's local socket: one per job (the token's tag) and hub (its port)
+// on a host, so a link that finds it has found its own hub.
+std::string local_socket_name(const std::string& token, int port) {
+  return absl::StrCat("troupe-", token_tag(token, "troupe control local socket"), "-", port);
+}
+
+// fds of the hub's poll: the wake pipe, the TCP listener, the local one.
+constexpr std::size_t kListeners = 3;
+
 void default_log(ControlOptions& o) {
   if (!o.log) o.log = [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); };
 }
@@ -204,6 +213,14 @@ absl::StatusOr<std::unique_ptr<ControlHub>> ControlHub::listen(const std::string
   socklen_t len = sizeof bound;
   ::getsockname(hub->listen_fd_, reinterpret_cast<sockaddr*>(&bound), &len);
   hub->port_ = ntohs(bound.sin_port);
+  if (hub->options_.local_socket) {
+    // (Without it, as where the name is taken, links here use TCP.)
+    const std::string name = local_socket_name(hub->options_.token, hub->port_);
+    if (auto local = listen_local(name); local.ok()) {
+      hub->local_fd_ = *local;
+      hub->local_name_ = name;
+    }
+  }
   if (::pipe2(hub->wake_, O_CLOEXEC | O_NONBLOCK) != 0)
     return absl::InternalError("control channel: pipe failed");
   hub->thread_ = std::thread([h = hub.get()] { h->loop(); });
@@ -222,7 +239,8 @@ ControlHub::~ControlHub() {
   for (auto& [rank, c] : ranks) (void)c->send(Kind::kBye, "", after(absl::Milliseconds(200)));
   ranks.clear();
   pending_.clear();
-  if (listen_fd_ >= 0) ::close(listen_fd_);
+  for (int fd : {listen_fd_, local_fd_})
+    if (fd >= 0) ::close(fd);
   for (int fd : wake_)
     if (fd >= 0) ::close(fd);
 }
@@ -346,41 +364,44 @@ void ControlHub::loop() {
       }
     }
     for (auto& [rank, why] : dropped) lose(rank, why);
-    std::vector<pollfd> fds{{wake_[0], POLLIN, 0}, {listen_fd_, POLLIN, 0}};
+    std::vector<pollfd> fds{{wake_[0], POLLIN, 0}, {listen_fd_, POLLIN, 0}, {local_fd_, POLLIN, 0}};
     for (auto& [fd, c] : pending_) fds.push_back({fd, POLLIN, 0});
     for (auto& c : open) fds.push_back({c->fd, POLLIN, 0});
     if (::poll(fds.data(), fds.size(), 100) < 0 && errno != EINTR) return;
     if (fds[0].revents) drain(wake_[0]);
     if (stop_) return;
-    // New connections: the challenge goes out at once.
-    for (int i = 0; i < 64 && (fds[1].revents & POLLIN); i++) {
-      const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-      if (fd < 0) break;
-      if (pending_.size() >=
-          control_internal::kMaxPending) {  // a flood of connections: refuse the excess
-        ::close(fd);
-        refused_++;
-        continue;
+    // New connections, TCP's and the local socket's: the challenge goes out
+    // at once.
+    for (std::size_t l = 1; l < kListeners; l++) {
+      for (int i = 0; i < 64 && (fds[l].revents & POLLIN); i++) {
+        const int fd = ::accept4(fds[l].fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+        if (fd < 0) break;
+        if (pending_.size() >=
+            control_internal::kMaxPending) {  // a flood of connections: refuse the excess
+          ::close(fd);
+          refused_++;
+          continue;
+        }
+        int one = 1;
+        if (fds[l].fd == listen_fd_) ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        auto c = std::make_shared<Conn>();
+        c->fd = fd;
+        c->state = Conn::State::kAnswer;
+        c->until = after(options_.handshake);
+        auto nonce = send_challenge(fd, after(absl::Seconds(1)));
+        if (!nonce.ok()) {
+          refused_++;
+          continue;  // ~Conn closes it
+        }
+        c->nonce = *nonce;
+        pending_[fd] = std::move(c);
       }
-      int one = 1;
-      ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-      auto c = std::make_shared<Conn>();
-      c->fd = fd;
-      c->state = Conn::State::kAnswer;
-      c->until = after(options_.handshake);
-      auto nonce = send_challenge(fd, after(absl::Seconds(1)));
-      if (!nonce.ok()) {
-        refused_++;
-        continue;  // ~Conn closes it
-      }
-      c->nonce = *nonce;
-      pending_[fd] = std::move(c);
     }
     // Handshakes: the pending that were there before this turn's accepts
     // are the first in fds (pending_ is ordered by fd, so take them by fd).
-    std::size_t k = 2;
+    std::size_t k = kListeners;
     std::vector<int> leaving;  // joined (moved to ranks_) or refused (closed with their Conn)
-    for (; k < fds.size() && k - 2 < fds.size() - 2 - open.size(); k++) {
+    for (; k < fds.size() && k - kListeners < fds.size() - kListeners - open.size(); k++) {
       auto it = pending_.find(fds[k].fd);
       if (it == pending_.end()) continue;
       Conn& c = *it->second;
@@ -451,14 +472,22 @@ absl::StatusOr<std::unique_ptr<ControlLink>> ControlLink::connect(
   // a wrong token is told the same way): a few attempts, backing off,
   // within the deadline, before the failure is final.
   std::unique_ptr<ControlLink> link;
+  // The hub's local socket first: there only where the hub is on this host.
+  bool local = options.local_socket;
   for (int attempt = 0;; attempt++) {
-    auto connected = connect_within(&*addr, deadline);
+    absl::StatusOr<int> connected = absl::NotFoundError("");
+    if (local) connected = connect_local(local_socket_name(options.token, port));
+    if (!connected.ok()) {
+      local = false;
+      connected = connect_within(&*addr, deadline);
+    }
     if (!connected.ok()) {
       return absl::DeadlineExceededError(absl::StrCat("control channel: ", options.peer_name, " ",
                                                       rank, " cannot reach ", host, ":", port, ": ",
                                                       connected.status().message()));
     }
     link.reset(new ControlLink());
+    link->local_ = local;
     link->conn_ = std::make_shared<Conn>();
     link->conn_->fd = *connected;
     link->conn_->rank = rank;

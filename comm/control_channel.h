@@ -11,6 +11,9 @@
 // authenticates the connection, not each frame (no per-frame MAC): an
 // attacker who can inject into the TCP stream could inject frames.
 //
+// A process on the hub's host reaches it through a local socket instead of
+// loopback TCP (ControlOptions::local_socket), with the same handshake.
+//
 // Liveness: each end sends a heartbeat every `heartbeat`; an end that hears
 // nothing (no frame, no heartbeat) from the other for `dead_after` drops the
 // connection with DeadlineExceeded -- a hung process or a cut link, told
@@ -49,6 +52,12 @@ struct ControlOptions {
   absl::Duration handshake = absl::Seconds(5);            // to prove the token and say hello
   std::function<void(const std::string&)> log = nullptr;  // refusals (default: stderr)
   std::string peer_name = "rank";  // what the hub's messages call a peer ("agent 1 sent nothing")
+  // The hub also listens on a local socket named by the token and its port
+  // (comm/socket_io.h: reached from this host only), and a link tries it
+  // before TCP: a process on the hub's host then sends its frames without
+  // loopback TCP, whose write runs the receiver's side of the stack too
+  // (docs/RUNTIME_COST.md). Off on either end: TCP.
+  bool local_socket = true;
 };
 
 namespace control_internal {
@@ -82,6 +91,8 @@ class ControlHub {
                                                             Handlers handlers);
   ~ControlHub();  // closes every connection; no handler runs after it returns
   int port() const { return port_; }
+  // The local socket's name (comm/socket_io.h), "" where there is none.
+  const std::string& local_name() const { return local_name_; }
   // Any thread. Unavailable if `rank` is not connected (or is lost while
   // the frame is written: the write is bounded by dead_after).
   absl::Status send(int rank, absl::string_view frame);
@@ -97,7 +108,8 @@ class ControlHub {
 
   ControlOptions options_;
   Handlers handlers_;
-  int listen_fd_ = -1, port_ = 0;
+  int listen_fd_ = -1, local_fd_ = -1, port_ = 0;  // TCP's listener; the local socket's (or -1)
+  std::string local_name_;
   int wake_[2] = {-1, -1};
   std::atomic<bool> stop_{false};
   std::atomic<int> refused_{0};
@@ -120,11 +132,14 @@ class ControlLink {
                                                               OnFrame on_frame, OnLost on_lost);
   ~ControlLink();                              // says goodbye; no callback runs after it returns
   absl::Status send(absl::string_view frame);  // any thread
+  // Whether it reached the hub through its local socket (else TCP).
+  bool local() const { return local_; }
 
  private:
   ControlLink() = default;
   void loop();
 
+  bool local_ = false;
   ControlOptions options_;
   OnFrame on_frame_;
   OnLost on_lost_;

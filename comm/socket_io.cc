@@ -7,12 +7,15 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cstddef>
 #include <cstring>
 #include <thread>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 
@@ -91,7 +94,60 @@ absl::StatusOr<int> connect_within(const void* addr, SteadyTime deadline) {
   }
 }
 
+namespace {
+
+// (An abstract name: a NUL, then the name, no terminator counted.)
+absl::StatusOr<std::pair<sockaddr_un, socklen_t>> abstract_address(const std::string& name) {
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  if (name.empty() || name.size() + 1 > sizeof a.sun_path)
+    return absl::InvalidArgumentError(
+        absl::StrCat("a local socket name of ", name.size(), " bytes"));
+  std::memcpy(a.sun_path + 1, name.data(), name.size());
+  return std::make_pair(a,
+                        static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size()));
+}
+
+}  // namespace
+
+absl::StatusOr<int> listen_local(const std::string& name) {
+  auto addr = abstract_address(name);
+  if (!addr.ok()) return addr.status();
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0) return absl::ResourceExhaustedError(absl::StrCat("socket: ", std::strerror(errno)));
+  if (::bind(fd, reinterpret_cast<const sockaddr*>(&addr->first), addr->second) != 0 ||
+      ::listen(fd, 128) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return absl::UnavailableError(absl::StrCat("local socket ", name, ": ", std::strerror(err)));
+  }
+  return fd;
+}
+
+absl::StatusOr<int> connect_local(const std::string& name) {
+  auto addr = abstract_address(name);
+  if (!addr.ok()) return addr.status();
+  // Non-blocking: a listener whose backlog is full answers EAGAIN at once
+  // instead of keeping the caller waiting with no deadline.
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0) return absl::ResourceExhaustedError(absl::StrCat("socket: ", std::strerror(errno)));
+  if (::connect(fd, reinterpret_cast<const sockaddr*>(&addr->first), addr->second) != 0) {
+    const int err = errno;
+    ::close(fd);
+    if (err == ECONNREFUSED || err == ENOENT)
+      return absl::NotFoundError(absl::StrCat("no local socket ", name));
+    return absl::UnavailableError(absl::StrCat("local socket ", name, ": ", std::strerror(err)));
+  }
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+  return fd;
+}
+
 std::string peer_name(int fd) {
+  sockaddr_storage any{};
+  socklen_t any_len = sizeof any;
+  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&any), &any_len) == 0 &&
+      any.ss_family == AF_UNIX)
+    return "a local socket";
   sockaddr_in a{};
   socklen_t len = sizeof a;
   char ip[INET_ADDRSTRLEN] = "?";

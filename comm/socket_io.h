@@ -1,6 +1,7 @@
-// Reads and writes of whole buffers on a TCP socket, each bounded by a
-// deadline: what the bootstrap, the job-token handshake and the control
-// channel are built on, so that no peer can stall a reader for ever.
+// Reads and writes of whole buffers on a stream socket (TCP, or a local
+// one), each bounded by a deadline: what the bootstrap, the job-token
+// handshake and the control channel are built on, so that no peer can
+// stall a reader for ever.
 //
 //   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
 //   RETURN_IF_ERROR(comm::write_full(fd, &header, sizeof header, deadline));
@@ -30,7 +31,15 @@ absl::Status read_full(int fd, void* p, std::size_t n, SteadyTime deadline);
 // TCP_NODELAY), or DeadlineExceeded with the last error. A blackholed host
 // costs the deadline, not the kernel's two minutes of SYN retries.
 absl::StatusOr<int> connect_within(const void* addr, SteadyTime deadline);
-// "ip:port" of the other end, for messages.
+// A stream socket in the abstract Unix namespace (Linux: no file; gone
+// with the socket; seen by every process of this network namespace, so of
+// this host, and by no other): listening (non-blocking, CLOEXEC), or
+// connected (blocking, CLOEXEC). connect_local does not wait: NotFound
+// where nobody listens under `name` here, Unavailable where the listener's
+// backlog is full.
+absl::StatusOr<int> listen_local(const std::string& name);
+absl::StatusOr<int> connect_local(const std::string& name);
+// "ip:port" of the other end, or "a local socket", for messages.
 std::string peer_name(int fd);
 
 }  // namespace troupe::comm

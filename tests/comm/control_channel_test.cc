@@ -1,6 +1,7 @@
-// The control channel: frames both ways after the token handshake; a wrong
-// token, junk, an absurd length or silence is refused or cut off while the
-// hub goes on; heartbeats tell a hung peer from a live one.
+// The control channel: frames both ways after the token handshake (through
+// the hub's local socket, and through TCP); a wrong token, junk, an absurd
+// length or silence is refused or cut off while the hub goes on; heartbeats
+// tell a hung peer from a live one.
 #include "comm/control_channel.h"
 
 #include <arpa/inet.h>
@@ -18,6 +19,7 @@
 #include <thread>
 
 #include "comm/auth.h"
+#include "comm/socket_io.h"
 
 namespace troupe::comm {
 namespace {
@@ -100,18 +102,27 @@ std::string hello_frame(std::int32_t rank) {
   return frame(3, 4, body);
 }
 
-TEST(ControlChannel, FramesBothWaysAndAGoodbye) {
+// Through the hub's local socket (links on its host take it) and through
+// TCP (both ends told not to).
+class ControlChannelBothWays : public ::testing::TestWithParam<bool> {};
+
+TEST_P(ControlChannelBothWays, FramesBothWaysAndAGoodbye) {
+  const bool local = GetParam();
   Heard heard;
-  auto h = hub(heard);
+  auto h = hub(heard, {.local_socket = local});
+  EXPECT_EQ(h->local_name().empty(), !local);
   std::mutex mu;
   std::map<int, std::string> got;
   std::vector<std::unique_ptr<ControlLink>> links;
   for (int r = 0; r < 3; r++) {
-    links.push_back(link(h->port(), r, [&, r](std::string f) {
-      std::lock_guard<std::mutex> l(mu);
-      got[r] = f;
-    }));
+    links.push_back(link(h->port(), r,
+                         [&, r](std::string f) {
+                           std::lock_guard<std::mutex> l(mu);
+                           got[r] = f;
+                         },
+                         nullptr, kToken, {.local_socket = local}));
     ASSERT_NE(links.back(), nullptr);
+    EXPECT_EQ(links.back()->local(), local);
   }
   ASSERT_TRUE(heard.wait([&] { return heard.hellos.size() == 3; }));
   EXPECT_EQ(heard.hellos[2], "hello from 2");
@@ -138,6 +149,45 @@ TEST(ControlChannel, FramesBothWaysAndAGoodbye) {
   ASSERT_TRUE(heard.wait([&] { return heard.lost.count(1); }));
   EXPECT_TRUE(heard.lost[1].ok()) << heard.lost[1];
   EXPECT_TRUE(absl::IsUnavailable(h->send(1, "x")));
+}
+
+INSTANTIATE_TEST_SUITE_P(LocalSocketOrTcp, ControlChannelBothWays, ::testing::Bool(),
+                         [](const auto& p) { return p.param ? "Local" : "Tcp"; });
+
+// A link tries the hub's local socket first and takes TCP where the hub has
+// none (as on another host); the local socket refuses junk as TCP does, and
+// another job's token names another socket.
+TEST(ControlChannel, ALinkTakesTheLocalSocketWhereTheHubHasOneElseTcp) {
+  Heard heard;
+  auto tcp_only = hub(heard, {.local_socket = false});
+  auto l = link(tcp_only->port(), 0);
+  ASSERT_NE(l, nullptr);
+  EXPECT_FALSE(l->local());
+  ASSERT_TRUE(l->send("over tcp").ok());
+  ASSERT_TRUE(heard.wait([&] { return heard.frames[0].size() == 1; }));
+
+  Heard heard2;
+  auto h = hub(heard2);
+  ASSERT_FALSE(h->local_name().empty());
+  auto junk = connect_local(h->local_name());
+  ASSERT_TRUE(junk.ok()) << junk.status();
+  const std::string noise(512, '\x5a');
+  (void)!::send(*junk, noise.data(), noise.size(), MSG_NOSIGNAL);
+  auto good = link(h->port(), 1);
+  ASSERT_NE(good, nullptr);
+  EXPECT_TRUE(good->local());
+  ASSERT_TRUE(good->send("over the local socket").ok());
+  ASSERT_TRUE(heard2.wait([&] { return heard2.frames[1].size() == 1; }));
+  for (int i = 0; i < 300 && h->refused_connections() < 1; i++)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_EQ(h->refused_connections(), 1);  // the junk
+  // Another job's hub on the same port would have another socket.
+  Heard heard3;
+  auto other = hub(heard3, {.token = "another job's token, just as long"});
+  ASSERT_FALSE(other->local_name().empty());
+  EXPECT_NE(other->local_name().substr(0, other->local_name().rfind('-')),
+            h->local_name().substr(0, h->local_name().rfind('-')));
+  ::close(*junk);
 }
 
 TEST(ControlChannel, WrongTokenJunkAndAbsurdLengthsAreRefusedWhileTheHubGoesOn) {
