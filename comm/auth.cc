@@ -51,14 +51,6 @@ bool equal(const Mac& a, const Mac& b) { return CRYPTO_memcmp(a.data(), b.data()
 
 }  // namespace
 
-std::string token_tag(const std::string& token, absl::string_view label) {
-  Mac mac{};
-  unsigned int len = 0;
-  HMAC(EVP_sha256(), token.data(), static_cast<int>(token.size()),
-       reinterpret_cast<const unsigned char*>(label.data()), label.size(), mac.data(), &len);
-  return absl::BytesToHexString(absl::string_view(reinterpret_cast<const char*>(mac.data()), 12));
-}
-
 absl::StatusOr<std::string> new_job_token() {
   Nonce n;
   if (absl::Status st = random_nonce(&n); !st.ok()) return st;

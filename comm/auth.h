@@ -18,7 +18,6 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "absl/strings/string_view.h"
 #include "comm/socket_io.h"
 
 namespace troupe::comm {
@@ -27,9 +26,6 @@ namespace troupe::comm {
 absl::StatusOr<std::string> new_job_token();
 // A token read from the environment or a file must be at least this long.
 constexpr std::size_t kMinTokenLength = 16;
-// A public name the job's processes all derive from `token`, telling
-// nothing of it: HMAC(token, label), its first 12 bytes as 24 hex digits.
-std::string token_tag(const std::string& token, absl::string_view label);
 
 // The listening side of the handshake on a fresh connection: OK when the
 // peer proved `token` (and has heard our proof); PermissionDenied when it

@@ -167,14 +167,9 @@ absl::StatusOr<sockaddr_in> resolve(const std::string& host, int port) {
   return addr;
 }
 
-// The hub's local socket: one per job (the token's tag) and hub (its port)
-// on a host, so a link that finds it has found its own hub.
-std::string local_socket_name(const std::string& token, int port) {
-  return absl::StrCat("troupe-", token_tag(token, "troupe control local socket"), "-", port);
-}
-
-// fds of the hub's poll: the wake pipe, the TCP listener, the local one.
-constexpr std::size_t kListeners = 3;
+// fds at the front of the hub's poll: the wake pipe, the TCP listener, the
+// local one (-1 where there is none: poll skips it).
+constexpr std::size_t kFixedFds = 3;
 
 void default_log(ControlOptions& o) {
   if (!o.log) o.log = [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); };
@@ -214,11 +209,17 @@ absl::StatusOr<std::unique_ptr<ControlHub>> ControlHub::listen(const std::string
   ::getsockname(hub->listen_fd_, reinterpret_cast<sockaddr*>(&bound), &len);
   hub->port_ = ntohs(bound.sin_port);
   if (hub->options_.local_socket) {
-    // (Without it, as where the name is taken, links here use TCP.)
-    const std::string name = local_socket_name(hub->options_.token, hub->port_);
-    if (auto local = listen_local(name); local.ok()) {
+    // A random name, which no one can take first and which says nothing of
+    // the job; without it (a failure logged) the links use TCP.
+    absl::StatusOr<std::string> name = new_job_token();
+    absl::StatusOr<int> local = absl::UnavailableError("no name");
+    if (name.ok()) local = listen_local(absl::StrCat("troupe-", name->substr(0, 32)));
+    if (local.ok()) {
       hub->local_fd_ = *local;
-      hub->local_name_ = name;
+      hub->local_name_ = absl::StrCat("troupe-", name->substr(0, 32));
+    } else {
+      hub->options_.log(absl::StrCat("troupe control: no local socket (links use TCP): ",
+                                     local.status().message()));
     }
   }
   if (::pipe2(hub->wake_, O_CLOEXEC | O_NONBLOCK) != 0)
@@ -346,6 +347,37 @@ bool ControlHub::advance_pending(Conn& c) {
   return true;
 }
 
+// New connections on the listeners that have them (TCP's, the local
+// socket's): the challenge goes out at once.
+void ControlHub::accept_new(bool on_tcp, bool on_local) {
+  for (const int listener : {on_tcp ? listen_fd_ : -1, on_local ? local_fd_ : -1}) {
+    if (listener < 0) continue;
+    for (int i = 0; i < 64; i++) {
+      const int fd = ::accept4(listener, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+      if (fd < 0) break;
+      if (pending_.size() >=
+          control_internal::kMaxPending) {  // a flood of connections: refuse the excess
+        ::close(fd);
+        refused_++;
+        continue;
+      }
+      int one = 1;
+      if (listener == listen_fd_) ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+      auto c = std::make_shared<Conn>();
+      c->fd = fd;
+      c->state = Conn::State::kAnswer;
+      c->until = after(options_.handshake);
+      auto nonce = send_challenge(fd, after(absl::Seconds(1)));
+      if (!nonce.ok()) {
+        refused_++;
+        continue;  // ~Conn closes it
+      }
+      c->nonce = *nonce;
+      pending_[fd] = std::move(c);
+    }
+  }
+}
+
 void ControlHub::loop() {
   gpu::name_this_thread("hub");
   const auto heartbeat = absl::ToChronoNanoseconds(options_.heartbeat);
@@ -370,38 +402,12 @@ void ControlHub::loop() {
     if (::poll(fds.data(), fds.size(), 100) < 0 && errno != EINTR) return;
     if (fds[0].revents) drain(wake_[0]);
     if (stop_) return;
-    // New connections, TCP's and the local socket's: the challenge goes out
-    // at once.
-    for (std::size_t l = 1; l < kListeners; l++) {
-      for (int i = 0; i < 64 && (fds[l].revents & POLLIN); i++) {
-        const int fd = ::accept4(fds[l].fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-        if (fd < 0) break;
-        if (pending_.size() >=
-            control_internal::kMaxPending) {  // a flood of connections: refuse the excess
-          ::close(fd);
-          refused_++;
-          continue;
-        }
-        int one = 1;
-        if (fds[l].fd == listen_fd_) ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-        auto c = std::make_shared<Conn>();
-        c->fd = fd;
-        c->state = Conn::State::kAnswer;
-        c->until = after(options_.handshake);
-        auto nonce = send_challenge(fd, after(absl::Seconds(1)));
-        if (!nonce.ok()) {
-          refused_++;
-          continue;  // ~Conn closes it
-        }
-        c->nonce = *nonce;
-        pending_[fd] = std::move(c);
-      }
-    }
+    accept_new(fds[1].revents & POLLIN, fds[2].revents & POLLIN);
     // Handshakes: the pending that were there before this turn's accepts
     // are the first in fds (pending_ is ordered by fd, so take them by fd).
-    std::size_t k = kListeners;
+    std::size_t k = kFixedFds;
     std::vector<int> leaving;  // joined (moved to ranks_) or refused (closed with their Conn)
-    for (; k < fds.size() && k - kListeners < fds.size() - kListeners - open.size(); k++) {
+    for (; k < fds.size() && k - kFixedFds < fds.size() - kFixedFds - open.size(); k++) {
       auto it = pending_.find(fds[k].fd);
       if (it == pending_.end()) continue;
       Conn& c = *it->second;
@@ -472,22 +478,33 @@ absl::StatusOr<std::unique_ptr<ControlLink>> ControlLink::connect(
   // a wrong token is told the same way): a few attempts, backing off,
   // within the deadline, before the failure is final.
   std::unique_ptr<ControlLink> link;
-  // The hub's local socket first: there only where the hub is on this host.
-  bool local = options.local_socket;
+  // The hub's local socket first, where we were told its name; any failure
+  // there (not listening, a full backlog, a handshake that fails or is not
+  // done within 2 s: a hub on this host answers in microseconds) and TCP.
+  bool local = options.local_socket && !options.local_name.empty();
   for (int attempt = 0;; attempt++) {
-    absl::StatusOr<int> connected = absl::NotFoundError("");
-    if (local) connected = connect_local(local_socket_name(options.token, port));
-    if (!connected.ok()) {
+    if (local) {
+      absl::StatusOr<int> fd = connect_local(options.local_name);
+      if (fd.ok()) {
+        link.reset(new ControlLink());
+        link->local_ = true;
+        link->conn_ = std::make_shared<Conn>();
+        link->conn_->fd = *fd;
+        link->conn_->rank = rank;
+        if (prove_token(*fd, options.token, std::min(deadline, after(absl::Seconds(2)))).ok())
+          break;
+        link->conn_->close();
+        link.reset();
+      }
       local = false;
-      connected = connect_within(&*addr, deadline);
     }
+    auto connected = connect_within(&*addr, deadline);
     if (!connected.ok()) {
       return absl::DeadlineExceededError(absl::StrCat("control channel: ", options.peer_name, " ",
                                                       rank, " cannot reach ", host, ":", port, ": ",
                                                       connected.status().message()));
     }
     link.reset(new ControlLink());
-    link->local_ = local;
     link->conn_ = std::make_shared<Conn>();
     link->conn_->fd = *connected;
     link->conn_->rank = rank;

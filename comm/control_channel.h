@@ -11,8 +11,10 @@
 // authenticates the connection, not each frame (no per-frame MAC): an
 // attacker who can inject into the TCP stream could inject frames.
 //
-// A process on the hub's host reaches it through a local socket instead of
-// loopback TCP (ControlOptions::local_socket), with the same handshake.
+// A process on the hub's host can reach it through the hub's local socket
+// instead of loopback TCP, with the same handshake: told its name
+// (ControlHub::local_name) by whoever started it there (`troupe launch`).
+// A link that cannot use it takes TCP.
 //
 // Liveness: each end sends a heartbeat every `heartbeat`; an end that hears
 // nothing (no frame, no heartbeat) from the other for `dead_after` drops the
@@ -52,12 +54,13 @@ struct ControlOptions {
   absl::Duration handshake = absl::Seconds(5);            // to prove the token and say hello
   std::function<void(const std::string&)> log = nullptr;  // refusals (default: stderr)
   std::string peer_name = "rank";  // what the hub's messages call a peer ("agent 1 sent nothing")
-  // The hub also listens on a local socket named by the token and its port
-  // (comm/socket_io.h: reached from this host only), and a link tries it
-  // before TCP: a process on the hub's host then sends its frames without
-  // loopback TCP, whose write runs the receiver's side of the stack too
-  // (docs/RUNTIME_COST.md). Off on either end: TCP.
+  // Hub: also listen on a local socket (comm/socket_io.h), under a random
+  // name (ControlHub::local_name). Link: that name, where the hub is on
+  // this host; tried before TCP, and TCP where it fails (not there, a full
+  // backlog, no handshake within 2 s). A frame's write over loopback TCP
+  // runs the receiver's side of the stack too (docs/RUNTIME_COST.md).
   bool local_socket = true;
+  std::string local_name = {};
 };
 
 namespace control_internal {
@@ -91,7 +94,8 @@ class ControlHub {
                                                             Handlers handlers);
   ~ControlHub();  // closes every connection; no handler runs after it returns
   int port() const { return port_; }
-  // The local socket's name (comm/socket_io.h), "" where there is none.
+  // The local socket's name, "" where there is none: for the links of
+  // processes on this host (ControlOptions::local_name).
   const std::string& local_name() const { return local_name_; }
   // Any thread. Unavailable if `rank` is not connected (or is lost while
   // the frame is written: the write is bounded by dead_after).
@@ -103,6 +107,7 @@ class ControlHub {
  private:
   ControlHub() = default;
   void loop();
+  void accept_new(bool on_tcp, bool on_local);
   bool advance_pending(control_internal::Conn& c);  // false: refuse it
   void lose(int rank, absl::Status why);
 

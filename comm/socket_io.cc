@@ -146,8 +146,13 @@ std::string peer_name(int fd) {
   sockaddr_storage any{};
   socklen_t any_len = sizeof any;
   if (::getsockname(fd, reinterpret_cast<sockaddr*>(&any), &any_len) == 0 &&
-      any.ss_family == AF_UNIX)
-    return "a local socket";
+      any.ss_family == AF_UNIX) {
+    ucred who{};
+    socklen_t who_len = sizeof who;
+    if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &who, &who_len) == 0)
+      return absl::StrCat("pid ", who.pid, " (uid ", who.uid, ") on the local socket");
+    return "the local socket";
+  }
   sockaddr_in a{};
   socklen_t len = sizeof a;
   char ip[INET_ADDRSTRLEN] = "?";

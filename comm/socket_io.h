@@ -31,15 +31,17 @@ absl::Status read_full(int fd, void* p, std::size_t n, SteadyTime deadline);
 // TCP_NODELAY), or DeadlineExceeded with the last error. A blackholed host
 // costs the deadline, not the kernel's two minutes of SYN retries.
 absl::StatusOr<int> connect_within(const void* addr, SteadyTime deadline);
-// A stream socket in the abstract Unix namespace (Linux: no file; gone
-// with the socket; seen by every process of this network namespace, so of
-// this host, and by no other): listening (non-blocking, CLOEXEC), or
+// A stream socket in the abstract Unix namespace (Linux: no file, no
+// permissions, gone with the socket; seen by the processes of this network
+// namespace and no other, so not from another host or a container with a
+// network of its own): listening (non-blocking, CLOEXEC), or
 // connected (blocking, CLOEXEC). connect_local does not wait: NotFound
 // where nobody listens under `name` here, Unavailable where the listener's
 // backlog is full.
 absl::StatusOr<int> listen_local(const std::string& name);
 absl::StatusOr<int> connect_local(const std::string& name);
-// "ip:port" of the other end, or "a local socket", for messages.
+// "ip:port" of the other end, or its pid and uid on a local socket, for
+// messages.
 std::string peer_name(int fd);
 
 }  // namespace troupe::comm

@@ -191,12 +191,15 @@ Outcome run_attempt(LaunchContext& ctx, const AttemptPlan& plan) {
   }
   std::printf("  %5s  %-9s  %-20s  %5s  %7s  %s\n", "rank", "(d,s,t)", "host", "local", "threads",
               "device");
-  WorkerLaunches workers = worker_launches({.f = f,
-                                            .plan = plan,
-                                            .options = o,
-                                            .run_dir = ctx.run_dir,
-                                            .master = master,
-                                            .port = coordinator.port()});
+  WorkerLaunches workers =
+      worker_launches({.f = f,
+                       .plan = plan,
+                       .options = o,
+                       .run_dir = ctx.run_dir,
+                       .master = master,
+                       .port = coordinator.port(),
+                       // (every worker on this host)
+                       .local_socket = job.local ? coordinator.local_name() : ""});
   const std::vector<WorkerLaunch>& launches = workers.launches;
   std::fflush(stdout);
 

@@ -90,6 +90,10 @@ WorkerLaunches worker_launches(const WorkerLaunchArgs& a) {
           absl::StrCat(f.join_timeout_s)}) {
       w.argv.push_back(arg);
     }
+    if (!a.local_socket.empty()) {
+      w.argv.push_back("--control-socket");
+      w.argv.push_back(a.local_socket);
+    }
     if (o.threads <= 0) {
       w.argv.push_back("--threads");
       w.argv.push_back(std::to_string(threads));

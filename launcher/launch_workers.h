@@ -32,6 +32,7 @@ struct WorkerLaunchArgs {
   const std::string& run_dir;
   const std::string& master;  // the coordinator's address and port
   int port = 0;
+  std::string local_socket = {};  // its control channel's local socket, for workers on its host
 };
 
 struct WorkerLaunches {

@@ -43,6 +43,7 @@ struct WorkerFlags {
   std::string master_addr;
   int master_port = 0;
   std::string token_file;
+  std::string control_socket;
   double join_timeout_s = 120;
 };
 
@@ -191,6 +192,7 @@ int run(WorkerFlags& f) {
       .master_addr = host ? "127.0.0.1" : f.master_addr,
       .master_port = host ? host->port() : f.master_port,
       .token = *token,
+      .control = {.local_name = host ? host->local_name() : f.control_socket},
       .join_timeout = join,
       .save_weights = f.train.save_weights,
       .log = nullptr,
@@ -230,6 +232,9 @@ Command add_worker_command(CLI::App& app) {
                   "Where the coordinator listens (default: MASTER_ADDR, or SLURM's first host)");
   cmd->add_option("--master-port", flags->master_port, "The coordinator's port (default 29500)");
   cmd->add_option("--token-file", flags->token_file, "A file whose first line is the job token");
+  cmd->add_option("--control-socket", flags->control_socket,
+                  "The coordinator's local socket, where it runs on this host (troupe launch "
+                  "passes it; without it, or where it fails, TCP)");
   cmd->add_option("--join-timeout", flags->join_timeout_s,
                   "Seconds to wait for the whole job to assemble")
       ->capture_default_str();

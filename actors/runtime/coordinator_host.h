@@ -63,6 +63,9 @@ class CoordinatorHost {
   static absl::StatusOr<std::unique_ptr<CoordinatorHost>> listen(CoordinatorHostOptions options);
   ~CoordinatorHost();
   int port() const { return hub_->port(); }
+  // The control channel's local socket (comm/control_channel.h), for the
+  // workers started on this host: `troupe worker --control-socket`.
+  const std::string& local_name() const { return hub_->local_name(); }
   int refused_connections() const { return hub_->refused_connections(); }
 
   struct Member {

@@ -7,6 +7,7 @@
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -102,15 +103,15 @@ std::string hello_frame(std::int32_t rank) {
   return frame(3, 4, body);
 }
 
-// Through the hub's local socket (links on its host take it) and through
-// TCP (both ends told not to).
+// Through the hub's local socket (a link told its name) and through TCP (a
+// link not told it, as on another host: the hub listens on both).
 class ControlChannelBothWays : public ::testing::TestWithParam<bool> {};
 
 TEST_P(ControlChannelBothWays, FramesBothWaysAndAGoodbye) {
   const bool local = GetParam();
   Heard heard;
-  auto h = hub(heard, {.local_socket = local});
-  EXPECT_EQ(h->local_name().empty(), !local);
+  auto h = hub(heard);
+  ASSERT_FALSE(h->local_name().empty());
   std::mutex mu;
   std::map<int, std::string> got;
   std::vector<std::unique_ptr<ControlLink>> links;
@@ -120,7 +121,7 @@ TEST_P(ControlChannelBothWays, FramesBothWaysAndAGoodbye) {
                            std::lock_guard<std::mutex> l(mu);
                            got[r] = f;
                          },
-                         nullptr, kToken, {.local_socket = local}));
+                         nullptr, kToken, {.local_name = local ? h->local_name() : ""}));
     ASSERT_NE(links.back(), nullptr);
     EXPECT_EQ(links.back()->local(), local);
   }
@@ -154,40 +155,83 @@ TEST_P(ControlChannelBothWays, FramesBothWaysAndAGoodbye) {
 INSTANTIATE_TEST_SUITE_P(LocalSocketOrTcp, ControlChannelBothWays, ::testing::Bool(),
                          [](const auto& p) { return p.param ? "Local" : "Tcp"; });
 
-// A link tries the hub's local socket first and takes TCP where the hub has
-// none (as on another host); the local socket refuses junk as TCP does, and
-// another job's token names another socket.
-TEST(ControlChannel, ALinkTakesTheLocalSocketWhereTheHubHasOneElseTcp) {
+// A link takes TCP wherever the local socket fails it: no hub listening
+// under the name, or a listener that does not prove itself (it answers the
+// handshake no better than a closed connection). The local socket refuses
+// junk and a wrong token as TCP does; every hub's name is its own.
+TEST(ControlChannel, ALinkTakesTcpWhereTheLocalSocketFailsIt) {
   Heard heard;
-  auto tcp_only = hub(heard, {.local_socket = false});
-  auto l = link(tcp_only->port(), 0);
-  ASSERT_NE(l, nullptr);
-  EXPECT_FALSE(l->local());
-  ASSERT_TRUE(l->send("over tcp").ok());
-  ASSERT_TRUE(heard.wait([&] { return heard.frames[0].size() == 1; }));
+  auto h = hub(heard);
+  auto nobody = link(h->port(), 0, nullptr, nullptr, kToken,
+                     {.local_name = "troupe-test-nobody-listens-" + std::to_string(::getpid())});
+  ASSERT_NE(nobody, nullptr);
+  EXPECT_FALSE(nobody->local());
 
-  Heard heard2;
-  auto h = hub(heard2);
-  ASSERT_FALSE(h->local_name().empty());
+  const std::string squat = "troupe-test-squatter-" + std::to_string(::getpid());
+  auto squatter = listen_local(squat);
+  ASSERT_TRUE(squatter.ok()) << squatter.status();
+  std::thread closer([fd = *squatter] {  // accepts one connection and closes it
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 10000) == 1) ::close(::accept(fd, nullptr, nullptr));
+  });
+  const auto t0 = std::chrono::steady_clock::now();
+  auto squatted = link(h->port(), 1, nullptr, nullptr, kToken, {.local_name = squat});
+  closer.join();
+  ::close(*squatter);
+  ASSERT_NE(squatted, nullptr);
+  EXPECT_FALSE(squatted->local());
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2));
+  for (const auto& l : {nobody.get(), squatted.get()}) ASSERT_TRUE(l->send("over tcp").ok());
+  ASSERT_TRUE(
+      heard.wait([&] { return heard.frames[0].size() == 1 && heard.frames[1].size() == 1; }));
+
   auto junk = connect_local(h->local_name());
   ASSERT_TRUE(junk.ok()) << junk.status();
   const std::string noise(512, '\x5a');
   (void)!::send(*junk, noise.data(), noise.size(), MSG_NOSIGNAL);
-  auto good = link(h->port(), 1);
+  auto wrong = connect_local(h->local_name());
+  ASSERT_TRUE(wrong.ok()) << wrong.status();
+  EXPECT_TRUE(absl::IsPermissionDenied(
+      prove_token(*wrong, "not this job's token at all",
+                  std::chrono::steady_clock::now() + std::chrono::seconds(5))));
+  for (int i = 0; i < 300 && h->refused_connections() < 2; i++)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_EQ(h->refused_connections(), 2);
+  auto good = link(h->port(), 2, nullptr, nullptr, kToken, {.local_name = h->local_name()});
   ASSERT_NE(good, nullptr);
   EXPECT_TRUE(good->local());
-  ASSERT_TRUE(good->send("over the local socket").ok());
-  ASSERT_TRUE(heard2.wait([&] { return heard2.frames[1].size() == 1; }));
-  for (int i = 0; i < 300 && h->refused_connections() < 1; i++)
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  EXPECT_EQ(h->refused_connections(), 1);  // the junk
-  // Another job's hub on the same port would have another socket.
-  Heard heard3;
-  auto other = hub(heard3, {.token = "another job's token, just as long"});
-  ASSERT_FALSE(other->local_name().empty());
-  EXPECT_NE(other->local_name().substr(0, other->local_name().rfind('-')),
-            h->local_name().substr(0, h->local_name().rfind('-')));
   ::close(*junk);
+  ::close(*wrong);
+
+  Heard heard2;
+  auto other = hub(heard2);
+  EXPECT_NE(other->local_name(), h->local_name());
+  EXPECT_TRUE(hub(heard2, {.local_socket = false})->local_name().empty());
+}
+
+// connect_local answers at once where the listener's backlog is full (a
+// hub that stopped accepting): the link then takes TCP, whose connect has a
+// deadline.
+TEST(ControlChannel, ConnectLocalNeverWaits) {
+  const std::string name = "troupe-test-full-" + std::to_string(::getpid());
+  auto listener = listen_local(name);  // never accepts
+  ASSERT_TRUE(listener.ok()) << listener.status();
+  std::vector<int> queued;
+  absl::Status last;
+  for (int i = 0; i < 1000 && last.ok(); i++) {
+    const auto t0 = std::chrono::steady_clock::now();
+    absl::StatusOr<int> fd = connect_local(name);
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(500));
+    if (fd.ok()) {
+      queued.push_back(*fd);
+    } else {
+      last = fd.status();
+    }
+  }
+  EXPECT_TRUE(absl::IsUnavailable(last)) << last << " after " << queued.size();
+  for (int fd : queued) ::close(fd);
+  ::close(*listener);
+  EXPECT_TRUE(absl::IsNotFound(connect_local(name).status()));
 }
 
 TEST(ControlChannel, WrongTokenJunkAndAbsurdLengthsAreRefusedWhileTheHubGoesOn) {
