@@ -8,13 +8,13 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
-#include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <array>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -153,20 +153,6 @@ using control_internal::Kind;
 
 Clock::time_point after(absl::Duration d) { return Clock::now() + absl::ToChronoNanoseconds(d); }
 
-absl::StatusOr<sockaddr_in> resolve(const std::string& host, int port) {
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<std::uint16_t>(port));
-  if (::inet_pton(AF_INET, host.c_str(), &addr.sin_addr) == 1) return addr;
-  addrinfo hints{}, *res = nullptr;
-  hints.ai_family = AF_INET;
-  if (::getaddrinfo(host.c_str(), nullptr, &hints, &res) != 0 || res == nullptr)
-    return absl::InvalidArgumentError(absl::StrCat("control channel: unknown host ", host));
-  addr.sin_addr = reinterpret_cast<sockaddr_in*>(res->ai_addr)->sin_addr;
-  ::freeaddrinfo(res);
-  return addr;
-}
-
 // fds at the front of the hub's poll: the wake pipe, the TCP listener, the
 // local one (-1 where there is none: poll skips it).
 constexpr std::size_t kFixedFds = 3;
@@ -194,7 +180,7 @@ absl::StatusOr<std::unique_ptr<ControlHub>> ControlHub::listen(const std::string
   default_log(options);
   hub->options_ = std::move(options);
   hub->handlers_ = std::move(handlers);
-  auto addr = resolve(host, port);
+  auto addr = resolve_ipv4(host, port, "control channel");
   if (!addr.ok()) return addr.status();
   hub->listen_fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   int one = 1;
@@ -211,12 +197,12 @@ absl::StatusOr<std::unique_ptr<ControlHub>> ControlHub::listen(const std::string
   if (hub->options_.local_socket) {
     // A random name, which no one can take first and which says nothing of
     // the job; without it (a failure logged) the links use TCP.
-    absl::StatusOr<std::string> name = new_job_token();
-    absl::StatusOr<int> local = absl::UnavailableError("no name");
-    if (name.ok()) local = listen_local(absl::StrCat("troupe-", name->substr(0, 32)));
+    absl::StatusOr<std::string> random = new_job_token();
+    const std::string name = random.ok() ? absl::StrCat("troupe-", random->substr(0, 32)) : "";
+    absl::StatusOr<int> local = random.ok() ? listen_local(name) : random.status();
     if (local.ok()) {
       hub->local_fd_ = *local;
-      hub->local_name_ = absl::StrCat("troupe-", name->substr(0, 32));
+      hub->local_name_ = name;
     } else {
       hub->options_.log(absl::StrCat("troupe control: no local socket (links use TCP): ",
                                      local.status().message()));
@@ -396,7 +382,9 @@ void ControlHub::loop() {
       }
     }
     for (auto& [rank, why] : dropped) lose(rank, why);
-    std::vector<pollfd> fds{{wake_[0], POLLIN, 0}, {listen_fd_, POLLIN, 0}, {local_fd_, POLLIN, 0}};
+    const std::array<pollfd, kFixedFds> fixed{
+        {{wake_[0], POLLIN, 0}, {listen_fd_, POLLIN, 0}, {local_fd_, POLLIN, 0}}};
+    std::vector<pollfd> fds(fixed.begin(), fixed.end());
     for (auto& [fd, c] : pending_) fds.push_back({fd, POLLIN, 0});
     for (auto& c : open) fds.push_back({c->fd, POLLIN, 0});
     if (::poll(fds.data(), fds.size(), 100) < 0 && errno != EINTR) return;
@@ -407,7 +395,7 @@ void ControlHub::loop() {
     // are the first in fds (pending_ is ordered by fd, so take them by fd).
     std::size_t k = kFixedFds;
     std::vector<int> leaving;  // joined (moved to ranks_) or refused (closed with their Conn)
-    for (; k < fds.size() && k - kFixedFds < fds.size() - kFixedFds - open.size(); k++) {
+    for (; k < fds.size() - open.size(); k++) {
       auto it = pending_.find(fds[k].fd);
       if (it == pending_.end()) continue;
       Conn& c = *it->second;
@@ -470,7 +458,7 @@ absl::StatusOr<std::unique_ptr<ControlLink>> ControlLink::connect(
     return absl::InvalidArgumentError("control channel: a job token is required");
   if (hello.size() + 4 > control_internal::kMaxHello)
     return absl::InvalidArgumentError("control channel: the hello is too long");
-  auto addr = resolve(host, port);
+  auto addr = resolve_ipv4(host, port, "control channel");
   if (!addr.ok()) return addr.status();
   default_log(options);
   const auto deadline = after(options.handshake);
@@ -478,45 +466,50 @@ absl::StatusOr<std::unique_ptr<ControlLink>> ControlLink::connect(
   // a wrong token is told the same way): a few attempts, backing off,
   // within the deadline, before the failure is final.
   std::unique_ptr<ControlLink> link;
-  // The hub's local socket first, where we were told its name; any failure
-  // there (not listening, a full backlog, a handshake that fails or is not
-  // done within 2 s: a hub on this host answers in microseconds) and TCP.
-  bool local = options.local_socket && !options.local_name.empty();
-  for (int attempt = 0;; attempt++) {
-    if (local) {
-      absl::StatusOr<int> fd = connect_local(options.local_name);
-      if (fd.ok()) {
-        link.reset(new ControlLink());
-        link->local_ = true;
-        link->conn_ = std::make_shared<Conn>();
-        link->conn_->fd = *fd;
-        link->conn_->rank = rank;
-        if (prove_token(*fd, options.token, std::min(deadline, after(absl::Seconds(2)))).ok())
-          break;
-        link->conn_->close();
-        link.reset();
-      }
-      local = false;
+  auto take = [&](int fd, bool local) {  // a connection that proved the token or not
+    link.reset(new ControlLink());
+    link->local_ = local;
+    link->conn_ = std::make_shared<Conn>();
+    link->conn_->fd = fd;
+    link->conn_->rank = rank;
+  };
+  auto drop = [&] {
+    link->conn_->close();  // (no goodbye on a connection that never opened)
+    link.reset();
+  };
+  // The hub's local socket first, where we were told its name. Any failure
+  // there (nobody listening, a full backlog, a token exchange that fails or
+  // takes 2 s: a hub on this host answers in microseconds) is logged, and
+  // TCP follows.
+  if (options.local_socket && !options.local_name.empty()) {
+    absl::StatusOr<int> fd = connect_local(options.local_name);
+    absl::Status st = fd.status();
+    if (fd.ok()) {
+      take(*fd, true);
+      st = prove_token(*fd, options.token, std::min(deadline, after(absl::Seconds(2))));
+      if (!st.ok()) drop();
     }
+    if (!st.ok())
+      options.log(absl::StrCat("troupe control: ", options.peer_name, " ", rank,
+                               ": the local socket ", options.local_name, ": ", st.message(),
+                               "; TCP instead"));
+  }
+  for (int attempt = 0; link == nullptr; attempt++) {
     auto connected = connect_within(&*addr, deadline);
     if (!connected.ok()) {
       return absl::DeadlineExceededError(absl::StrCat("control channel: ", options.peer_name, " ",
                                                       rank, " cannot reach ", host, ":", port, ": ",
                                                       connected.status().message()));
     }
-    link.reset(new ControlLink());
-    link->conn_ = std::make_shared<Conn>();
-    link->conn_->fd = *connected;
-    link->conn_->rank = rank;
+    take(*connected, false);
     absl::Status st = prove_token(*connected, options.token, deadline);
     if (st.ok()) break;
+    drop();
     const auto pause = std::chrono::milliseconds(200 << std::min(attempt, 3));
     if (attempt >= 4 || Clock::now() + pause >= deadline) {
       return absl::Status(st.code(), absl::StrCat("control channel: ", options.peer_name, " ", rank,
                                                   " at ", host, ":", port, ": ", st.message()));
     }
-    link->conn_->close();  // (no goodbye on a connection that never opened)
-    link.reset();
     std::this_thread::sleep_for(pause);
   }
   const int fd = link->conn_->fd;
@@ -524,13 +517,18 @@ absl::StatusOr<std::unique_ptr<ControlLink>> ControlLink::connect(
   const std::int32_t r = rank;
   std::memcpy(payload.data(), &r, 4);
   payload += hello;
-  if (absl::Status st = link->conn_->send(Kind::kHello, payload, deadline); !st.ok()) return st;
+  if (absl::Status st = link->conn_->send(Kind::kHello, payload, deadline); !st.ok()) {
+    drop();
+    return st;
+  }
   ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
   link->options_ = std::move(options);
   link->on_frame_ = std::move(on_frame);
   link->on_lost_ = std::move(on_lost);
-  if (::pipe2(link->wake_, O_CLOEXEC | O_NONBLOCK) != 0)
+  if (::pipe2(link->wake_, O_CLOEXEC | O_NONBLOCK) != 0) {
+    drop();
     return absl::InternalError("control channel: pipe failed");
+  }
   link->thread_ = std::thread([l = link.get()] { l->loop(); });
   return link;
 }

@@ -1,7 +1,8 @@
-// troupe's control channel: TCP connections between the process that hosts
-// the coordinator (the hub) and every worker process (a link each), carrying
-// length-prefixed frames of at most kMaxFrame bytes. The actors layer puts
-// one serialized CAF message in each frame; tensors never travel here.
+// troupe's control channel: TCP (or local socket) connections between the
+// process that hosts the coordinator (the hub) and every worker process (a
+// link each), carrying length-prefixed frames of at most kMaxFrame bytes.
+// The actors layer puts one serialized CAF message in each frame (the
+// launcher and its agents, JSON); tensors never travel here.
 //
 // Every connection proves the job token first (comm/auth.h, the hub proves
 // it back) and then says a hello (its rank and a payload); a connection
@@ -55,10 +56,12 @@ struct ControlOptions {
   std::function<void(const std::string&)> log = nullptr;  // refusals (default: stderr)
   std::string peer_name = "rank";  // what the hub's messages call a peer ("agent 1 sent nothing")
   // Hub: also listen on a local socket (comm/socket_io.h), under a random
-  // name (ControlHub::local_name). Link: that name, where the hub is on
-  // this host; tried before TCP, and TCP where it fails (not there, a full
-  // backlog, no handshake within 2 s). A frame's write over loopback TCP
-  // runs the receiver's side of the stack too (docs/RUNTIME_COST.md).
+  // name (ControlHub::local_name; "" where that failed, logged). Link: that
+  // name, given where the hub is on this host; tried before TCP, and TCP
+  // where it fails (nobody there, a full backlog, a token exchange that
+  // fails or takes 2 s; logged). False on a link: TCP only. A frame's write
+  // over loopback TCP runs the receiver's side of the stack too
+  // (docs/RUNTIME_COST.md).
   bool local_socket = true;
   std::string local_name = {};
 };

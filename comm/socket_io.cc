@@ -3,6 +3,7 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -63,6 +64,20 @@ absl::Status read_full(int fd, void* p, std::size_t n, SteadyTime deadline) {
     n -= static_cast<std::size_t>(r);
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<sockaddr_in> resolve_ipv4(const std::string& host, int port, absl::string_view who) {
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<std::uint16_t>(port));
+  if (::inet_pton(AF_INET, host.c_str(), &addr.sin_addr) == 1) return addr;
+  addrinfo hints{}, *res = nullptr;
+  hints.ai_family = AF_INET;
+  if (::getaddrinfo(host.c_str(), nullptr, &hints, &res) != 0 || res == nullptr)
+    return absl::InvalidArgumentError(absl::StrCat(who, ": unknown host ", host));
+  addr.sin_addr = reinterpret_cast<sockaddr_in*>(res->ai_addr)->sin_addr;
+  ::freeaddrinfo(res);
+  return addr;
 }
 
 absl::StatusOr<int> connect_within(const void* addr, SteadyTime deadline) {

@@ -7,12 +7,15 @@
 //   RETURN_IF_ERROR(comm::write_full(fd, &header, sizeof header, deadline));
 #pragma once
 
+#include <netinet/in.h>
+
 #include <chrono>
 #include <cstddef>
 #include <string>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace troupe::comm {
 
@@ -26,6 +29,9 @@ absl::Status wait_fd(int fd, short events, SteadyTime deadline);
 // All `n` bytes, or DeadlineExceeded / Unavailable ("the connection closed").
 absl::Status write_full(int fd, const void* p, std::size_t n, SteadyTime deadline);
 absl::Status read_full(int fd, void* p, std::size_t n, SteadyTime deadline);
+// host (an IPv4 address or a name) and port as a sockaddr_in;
+// InvalidArgument "WHO: unknown host H" where it has none.
+absl::StatusOr<sockaddr_in> resolve_ipv4(const std::string& host, int port, absl::string_view who);
 // A TCP connection to `addr` (a sockaddr_in), made within `deadline`,
 // retrying while nobody listens yet: the fd (blocking, CLOEXEC,
 // TCP_NODELAY), or DeadlineExceeded with the last error. A blackholed host

@@ -95,8 +95,10 @@ class AgentFleet final : public Fleet {
         .on_join = [this](int index, const std::string&) { return joined(index); },
         .on_frame = [this](int index, std::string frame) { on_frame(index, frame); },
         .on_lost = [this](int index, absl::Status why) { on_lost(index, why); }};
-    auto hub = comm::ControlHub::listen("0.0.0.0", 0, {.token = o_.token, .peer_name = "agent"},
-                                        std::move(h));
+    // (Agents run on other hosts: no local socket.)
+    auto hub = comm::ControlHub::listen(
+        "0.0.0.0", 0, {.token = o_.token, .peer_name = "agent", .local_socket = false},
+        std::move(h));
     if (!hub.ok()) return hub.status();
     hub_ = *std::move(hub);
     for (std::size_t i = 0; i < o_.hosts.size(); i++) {

@@ -154,6 +154,7 @@ Outcome run_attempt(LaunchContext& ctx, const AttemptPlan& plan) {
        .listen_host = job.local ? "127.0.0.1" : "0.0.0.0",
        .port = f.master_port,
        .token = ctx.token,
+       .control = {.local_socket = job.local},  // (its workers on this host are told its name)
        .join_timeout = absl::Seconds(f.join_timeout_s),
        .checkpoints = {.flags = train.checkpoint,
                        .loaded = load,

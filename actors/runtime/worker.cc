@@ -348,6 +348,8 @@ absl::Status run_worker(const WorkerOptions& o) {
     return absl::UnavailableError(absl::StrCat("cannot join the coordinator at ", o.master_addr,
                                                ":", o.master_port, ": ", link.status().message()));
   }
+  log(absl::StrCat("rank ", o.spec.rank, ": the control channel ",
+                   (*link)->local() ? "through the coordinator's local socket" : "over TCP"));
   FrameSink sink = [l = link->get()](std::string frame) { return l->send(frame); };
   const ClockSync clock = probe_clock(system, sink, state, o.spec.rank);
   const TraceOptions& trace = o.spec.trace;

@@ -198,6 +198,17 @@ def launch_and_compare(flags, extra, relative=False):
     if r.returncode != 0:
         fail(f"troupe launch exited {r.returncode}")
     compare(want_m, got_m, want_w, got_w)
+    # A job on this host: its workers reach the coordinator through its local
+    # socket; on "hosts" (agents): over TCP.
+    run_dir = out[0] if not relative else f"{WORK}/{out[0]}"
+    want = "over TCP" if "--hosts" in extra else "through the coordinator's local socket"
+    logs = [n for n in sorted(os.listdir(run_dir)) if n.startswith("rank-") and n.endswith(".log")]
+    if not logs:
+        fail(f"no rank logs in {run_dir}")
+    for name in logs:
+        with open(f"{run_dir}/{name}", errors="replace") as f:
+            if f"the control channel {want}" not in f.read():
+                fail(f"{name}: no 'the control channel {want}'")
 
 
 def engine_and_compare(flags, engine):
