@@ -246,9 +246,12 @@ TEST(ControlChannel, ConnectLocalNeverWaits) {
   // (Were a connect to wait, this closes the listener after 5 s: the waiter
   // then hears NotFound, not Unavailable.)
   std::promise<void> done;
+  bool closed = false;
   std::thread watchdog([&, fd = *listener] {
-    if (done.get_future().wait_for(std::chrono::seconds(5)) != std::future_status::ready)
-      ::shutdown(fd, SHUT_RDWR);
+    if (done.get_future().wait_for(std::chrono::seconds(5)) != std::future_status::ready) {
+      ::close(fd);
+      closed = true;
+    }
   });
   std::vector<int> queued;
   absl::Status last;
@@ -264,7 +267,7 @@ TEST(ControlChannel, ConnectLocalNeverWaits) {
   watchdog.join();
   EXPECT_TRUE(absl::IsUnavailable(last)) << last << " after " << queued.size();
   for (int fd : queued) ::close(fd);
-  ::close(*listener);
+  if (!closed) ::close(*listener);
   EXPECT_TRUE(absl::IsNotFound(connect_local(name).status()));
 }
 
