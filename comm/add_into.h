@@ -13,4 +13,9 @@ namespace troupe::comm {
 // is the same bits whatever the vector width.
 void add_into(float* __restrict acc, const float* __restrict in, std::size_t n);
 
+// acc[i] = in[i] + acc[i], and copy[i] the same: the two-member shared memory
+// all-reduce's one pass (comm/shm_all_reduce.h).
+void add_into_and_copy(float* __restrict acc, float* __restrict copy, const float* __restrict in,
+                       std::size_t n);
+
 }  // namespace troupe::comm

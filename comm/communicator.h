@@ -72,6 +72,16 @@ struct CommunicatorOptions {
   // above, the same on every member (one without would never join the
   // setup the others wait in).
   bool shared_memory = true;
+  // Two such members take the segment too (with `shared_memory`), for an
+  // all-reduce of this size or more: the messages' single copy pins the
+  // peer's pages at every call, and their copies route costs a round trip a
+  // slice. On the 2-core AMD EPYC (bench/comm_bench, 2 processes bound to a
+  // core each, alternating, 20,000 all-reduces a size) the segment led from
+  // 16 KiB: 3.6-4.1 GB/s against 3.0-3.3 at 64 KiB, 7.3-7.7 against 4.1-5.1
+  // at 128 KiB, 14-19 against 6-10 from 256 KiB to 4 MiB. Below 64 KiB the
+  // small all-reduces (a TP group's, where latency is what counts) keep the
+  // messages they were measured with.
+  std::size_t shared_memory_pair_min_bytes = std::size_t{64} << 10;
 };
 
 class Communicator final : public Collectives {

@@ -22,11 +22,12 @@ constexpr std::size_t kNameBytes = 80;  // the segment's name, NUL-padded; empty
 
 }  // namespace
 
-// Three or more members (two keep Route::kCopies, which measured as fast),
-// each a process of this host. Every member decides the same: the members'
-// places are all equal exactly when each member's equals all the others'.
+// Two or more members, each a process of this host (two only for an
+// all-reduce of shared_memory_pair_min_bytes or more: all_reduce_body). Every
+// member decides the same: the members' places are all equal exactly when
+// each member's equals all the others'.
 bool Communicator::shm_possible() const {
-  if (!options_.shared_memory || size() < 3) return false;
+  if (!options_.shared_memory || size() < 2) return false;
   for (int j = 0; j < size(); j++) {
     if (j != me_ && !transport_.shares_memory_with(ranks_[static_cast<std::size_t>(j)])) {
       return false;

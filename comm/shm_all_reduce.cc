@@ -56,7 +56,8 @@ absl::Status errno_status(const std::string& what) {
 }  // namespace
 
 // The segment: this header, a Member for each, then the members' slots and
-// the result, kSlotFloats each.
+// the result, kSlotFloats each; of two members, their slots alone, each
+// kPairSlots pieces of kSlotFloats.
 struct ShmAllReduce::Header {
   std::uint64_t magic;
   std::uint32_t members;
@@ -83,9 +84,13 @@ std::size_t ShmAllReduce::header_bytes(int members) {
   return (b + 4095) / 4096 * 4096;
 }
 
+std::size_t ShmAllReduce::slot_floats(int members) {
+  return members == 2 ? kPairSlots * kSlotFloats : kSlotFloats;
+}
+
 std::size_t ShmAllReduce::segment_bytes(int members) {
-  return header_bytes(members) +
-         (static_cast<std::size_t>(members) + 1) * kSlotFloats * sizeof(float);
+  const std::size_t slots = static_cast<std::size_t>(members) + (members == 2 ? 0 : 1);
+  return header_bytes(members) + slots * slot_floats(members) * sizeof(float);
 }
 
 ShmAllReduce::ShmAllReduce(std::string name, void* base, std::size_t bytes, int members, int me)
@@ -138,7 +143,7 @@ absl::StatusOr<std::unique_ptr<ShmAllReduce>> ShmAllReduce::create(int members) 
   auto* h = new (base) Header{};
   for (int i = 0; i < members; i++) new (&reinterpret_cast<Member*>(h + 1)[i]) Member{};
   h->members = static_cast<std::uint32_t>(members);
-  h->slot_floats = static_cast<std::uint32_t>(kSlotFloats);
+  h->slot_floats = static_cast<std::uint32_t>(slot_floats(members));
   h->magic = kMagic;  // (the others open it once told its name, over the transport)
   return std::unique_ptr<ShmAllReduce>(new ShmAllReduce(name, base, bytes, members, 0));
 }
@@ -159,7 +164,7 @@ absl::StatusOr<std::unique_ptr<ShmAllReduce>> ShmAllReduce::open(const std::stri
   if (base == MAP_FAILED) return errno_status("mmap");
   const auto* h = static_cast<const Header*>(base);
   if (h->magic != kMagic || h->members != static_cast<std::uint32_t>(members) ||
-      h->slot_floats != kSlotFloats) {
+      h->slot_floats != slot_floats(members)) {
     ::munmap(base, bytes);
     return absl::InternalError(
         absl::StrCat("shared memory all-reduce: ", name, " is not a segment for ", members));
@@ -175,7 +180,7 @@ ShmAllReduce::Member& ShmAllReduce::member(int i) const {
 
 float* ShmAllReduce::slot(int member) const {
   return reinterpret_cast<float*>(static_cast<char*>(base_) + header_bytes(members_)) +
-         static_cast<std::size_t>(member) * kSlotFloats;
+         static_cast<std::size_t>(member) * slot_floats(members_);
 }
 
 float* ShmAllReduce::result() const { return slot(members_); }
@@ -294,31 +299,72 @@ void ShmAllReduce::sum(std::size_t offset, std::size_t b, std::size_t e, std::si
   }
 }
 
+// Past the first arrival of a call: every member's call is this one (as the
+// messages' sizes must match).
+absl::Status ShmAllReduce::same_call(std::size_t n) {
+  const Member& me = member(me_);
+  for (int j = 0; j < members_; j++) {
+    if (member(j).n != n || member(j).order != me.order) {
+      absl::Status st = absl::InvalidArgumentError(
+          absl::StrCat("shared memory all-reduce: member ", me_, " reduces ", n, " floats, member ",
+                       j, " ", member(j).n, " (or in another order)"));
+      fail_all(st);
+      return st;
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ShmAllReduce::all_reduce(float* data, std::size_t n, SumOrder order,
                                       const Check& check) {
   Member& me = member(me_);
   me.n = n;
   me.order = static_cast<std::uint32_t>(order);
+  if (members_ == 2) return pair_all_reduce(data, n, check);
   for (std::size_t offset = 0; offset < n; offset += kSlotFloats) {
     const std::size_t len = std::min(kSlotFloats, n - offset);
     std::memcpy(slot(me_), data + offset, len * sizeof(float));  // step 0
     if (absl::Status st = arrive_and_wait(check); !st.ok()) return st;
     if (offset == 0) {
-      // Every member's call is this one (as the messages' sizes must match).
-      for (int j = 0; j < members_; j++) {
-        if (member(j).n != n || member(j).order != me.order) {
-          absl::Status st = absl::InvalidArgumentError(
-              absl::StrCat("shared memory all-reduce: member ", me_, " reduces ", n,
-                           " floats, member ", j, " ", member(j).n, " (or in another order)"));
-          fail_all(st);
-          return st;
-        }
-      }
+      if (absl::Status st = same_call(n); !st.ok()) return st;
     }
     auto [b, e] = chunk_range(len, members_, me_);  // step 1
     sum(offset, b, e, n, order);
     if (absl::Status st = arrive_and_wait(check); !st.ok()) return st;
     std::memcpy(data + offset, result(), len * sizeof(float));  // step 2
+  }
+  return absl::OkStatus();
+}
+
+// Two members (the header's comment): member m sums chunk_range(len, 2, m)
+// of each piece. A member's slot holds the other's half of the piece as it
+// gives it (step 0) and its own half's sums (step 1), in the next of its
+// kPairSlots places, in turn: a place's lines are written again only after
+// kPairSlots - 1 other pieces, by when the other's core no longer holds them
+// (written again at once, every piece ran at a quarter of the speed). Two
+// arrivals a piece and none at the end: the other reads the given half
+// before the second arrival, which this member passes before it writes that
+// half again, and copies the sums out before its next first arrival, which
+// this member passes before it writes sums again. Both members go through
+// the places alike (the same pieces, calls of the same size).
+absl::Status ShmAllReduce::pair_all_reduce(float* data, std::size_t n, const Check& check) {
+  const int other = 1 - me_;
+  for (std::size_t offset = 0; offset < n; offset += kSlotFloats) {
+    const std::size_t len = std::min(kSlotFloats, n - offset);
+    const auto [sum_b, sum_e] = chunk_range(len, 2, me_);      // summed here
+    const auto [give_b, give_e] = chunk_range(len, 2, other);  // given to the other
+    const std::size_t place = (pieces_++ % kPairSlots) * kSlotFloats;
+    float* piece = data + offset;
+    float* mine = slot(me_) + place;
+    const float* theirs = slot(other) + place;
+    std::memcpy(mine + give_b, piece + give_b, (give_e - give_b) * sizeof(float));  // step 0
+    if (absl::Status st = arrive_and_wait(check); !st.ok()) return st;
+    if (offset == 0) {
+      if (absl::Status st = same_call(n); !st.ok()) return st;
+    }
+    add_into_and_copy(piece + sum_b, mine + sum_b, theirs + sum_b, sum_e - sum_b);  // step 1
+    if (absl::Status st = arrive_and_wait(check); !st.ok()) return st;
+    std::memcpy(piece + give_b, theirs + give_b, (give_e - give_b) * sizeof(float));  // step 2
   }
   return absl::OkStatus();
 }

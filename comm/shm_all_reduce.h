@@ -1,7 +1,8 @@
 // An all-reduce among processes of one host through one POSIX shared memory
 // segment (as DeepSpeed's and oneCCL's CPU all-reduce within a node), which
-// the Communicator takes for three or more members that all share this
-// host's memory (CommunicatorOptions::shared_memory).
+// the Communicator takes for members that all share this host's memory:
+// three or more at any size, two from a size up (CommunicatorOptions::
+// shared_memory, shared_memory_pair_min_bytes).
 //
 // The buffer goes piece by piece, a slot's worth at a time (256 KiB):
 //   step 0: every member copies its piece into its own slot;
@@ -12,7 +13,18 @@
 //   step 2: every member copies the result out.
 // A member writes its slot again only past the second barrier (every sum is
 // done), and the result only past the next piece's first (every copy out is
-// done). Each member's arrivals are a counter in the segment; a member waits
+// done). Two members go the same way with one pass less: each sums half of
+// the piece (member m chunk_range(piece, 2, m)), so
+//   step 0: each copies the half the other sums into its own slot;
+//   barrier;
+//   step 1: each adds the other's copy of its half into its buffer, writing
+//           the sums into its own slot as well (one pass);
+//   barrier;
+//   step 2: each copies the other's half's sums out of the other's slot.
+// Their slots are 8 pieces long, and the pieces take the places in turn: the
+// lines a piece writes were last touched 7 pieces before (written again at
+// once, as three or more members do, two members moved a quarter as much).
+// Each member's arrivals are a counter in the segment; a member waits
 // by yielding for 50 us, then asleep on a futex in the segment (woken by
 // every arrival while anyone sleeps; 1 ms at most, so a failure the caller's
 // `check` reports is seen within it). The caller's thread makes no transport
@@ -21,12 +33,15 @@
 // Against the transport's messages (a descriptor, a read of the peer's
 // memory and an acknowledgement each, log2 p or p-1 steps each way) a piece
 // costs two copies and no system call but the waits' (`scripts/bench comm`:
-// 4 processes on 2 cores, docs/ARCHITECTURE.md).
+// 4 processes on 2 cores, docs/ARCHITECTURE.md). Of two members, the
+// messages' single copy (process_vm_readv) pins the peer's pages one by one
+// in the kernel at every call, which cost as much as the copy itself.
 //
 // Each element is summed in the order the transport's algorithm for the same
 // size and group would sum it (`SumOrder`), so the result is bit for bit the
 // Communicator's either way, on every member (a NaN's payload aside: the
-// two operands of an add may come the other way round).
+// two operands of an add may come the other way round; of two members every
+// order is the same sum).
 #pragma once
 
 #include <atomic>
@@ -53,6 +68,7 @@ enum class SumOrder {
 class ShmAllReduce {
  public:
   static constexpr std::size_t kSlotFloats = std::size_t{64} << 10;  // 256 KiB a slot
+  static constexpr std::size_t kPairSlots = 8;  // two members: each slot 8 pieces' places (2 MiB)
 
   // Member 0: a new segment for `members`, named uniquely (`name()`: this
   // process's id, a count and a random number, so no other segment, not even
@@ -89,12 +105,15 @@ class ShmAllReduce {
   struct Member;
   ShmAllReduce(std::string name, void* base, std::size_t bytes, int members, int me);
   static std::size_t header_bytes(int members);
+  static std::size_t slot_floats(int members);
   static std::size_t segment_bytes(int members);
   static void remove_orphans();
   Member& member(int i) const;
   float* slot(int member) const;
   float* result() const;
   absl::Status arrive_and_wait(const Check& check);
+  absl::Status same_call(std::size_t n);
+  absl::Status pair_all_reduce(float* data, std::size_t n, const Check& check);
   absl::Status aborted_status() const;
   // result[b, e) of the piece at `offset` of an n-float buffer.
   void sum(std::size_t offset, std::size_t b, std::size_t e, std::size_t n, SumOrder order);
@@ -105,6 +124,7 @@ class ShmAllReduce {
   Header* header_;
   int members_, me_;
   std::uint32_t phase_ = 0;     // this member's arrivals so far
+  std::uint64_t pieces_ = 0;    // two members: the pieces summed so far
   std::vector<float> scratch_;  // the halving's partial sums of one block
   std::mutex abort_mu_;         // this process's aborts write this member's reason one at a time
 };

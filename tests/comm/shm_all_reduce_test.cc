@@ -163,10 +163,11 @@ class SharedMemoryAllReduce : public ::testing::Test {
   }
 };
 
-// 600001 floats: ten pieces, none aligned to a member's chunk.
+// 600001 floats: ten pieces, none aligned to a member's chunk (of two
+// members, more pieces than a slot's places).
 TEST_F(SharedMemoryAllReduce, SameBitsAsTheTransportsAlgorithms) {
   constexpr std::size_t kAlways = std::numeric_limits<std::size_t>::max();
-  for (int p : {3, 4, 8}) {
+  for (int p : {2, 3, 4, 8}) {
     for (std::size_t halving_max : {std::size_t{0}, kAlways}) {
       if (halving_max == 0 && !std::has_single_bit(static_cast<unsigned>(p))) continue;
       for (std::size_t n : {1ul, 7ul, 1000ul, 100003ul, 600001ul}) {
@@ -211,36 +212,39 @@ void expect_ended_by(std::vector<std::future<absl::Status>>& waits, const std::s
   }
 }
 
-// Member 2 never comes; its abort ends the others' waits with its reason,
-// and a member's failing check does the same for all.
+// The last member never comes; its abort ends the others' waits with its
+// reason, and a member's failing check does the same for all.
 TEST_F(SharedMemoryAllReduce, AFailureEndsEveryWait) {
-  for (bool by_check : {false, true}) {
-    const int p = 3;
-    std::vector<std::unique_ptr<ShmAllReduce>> members = segment_of(p);
-    ASSERT_EQ(members.size(), static_cast<std::size_t>(p));
-    const auto start = std::chrono::steady_clock::now();
-    std::vector<std::future<absl::Status>> waits;
-    for (int r = 0; r < 2; r++) {
-      waits.push_back(std::async(std::launch::async, [&, r] {
-        std::vector<float> x(1000, 1.0f);
-        return members[static_cast<std::size_t>(r)]->all_reduce(
-            x.data(), x.size(), SumOrder::kMembers, [&, r] {
-              const bool late =
-                  std::chrono::steady_clock::now() - start > std::chrono::milliseconds(20);
-              return by_check && r == 1 && late
-                         ? absl::UnavailableError("rank 2 lost: its link closed")
-                         : absl::OkStatus();
-            });
-      }));
+  for (int p : {2, 3})
+    for (bool by_check : {false, true}) {
+      std::vector<std::unique_ptr<ShmAllReduce>> members = segment_of(p);
+      ASSERT_EQ(members.size(), static_cast<std::size_t>(p));
+      const auto start = std::chrono::steady_clock::now();
+      std::vector<std::future<absl::Status>> waits;
+      for (int r = 0; r < p - 1; r++) {
+        waits.push_back(std::async(std::launch::async, [&, r] {
+          std::vector<float> x(1000, 1.0f);
+          return members[static_cast<std::size_t>(r)]->all_reduce(
+              x.data(), x.size(), SumOrder::kMembers, [&, r] {
+                const bool late =
+                    std::chrono::steady_clock::now() - start > std::chrono::milliseconds(20);
+                return by_check && r == p - 2 && late
+                           ? absl::UnavailableError("the last rank lost: its link closed")
+                           : absl::OkStatus();
+              });
+        }));
+      }
+      if (!by_check) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        members[static_cast<std::size_t>(p - 1)]->fail_all(
+            absl::UnavailableError("the last rank lost: its link closed"));
+      }
+      expect_ended_by(waits, "the last rank lost: its link closed", [&] {
+        for (auto& m : members) {
+          m->fail_all(absl::UnavailableError("the last rank lost: its link closed"));
+        }
+      });
     }
-    if (!by_check) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-      members[2]->fail_all(absl::UnavailableError("rank 2 lost: its link closed"));
-    }
-    expect_ended_by(waits, "rank 2 lost: its link closed", [&] {
-      for (auto& m : members) m->fail_all(absl::UnavailableError("rank 2 lost: its link closed"));
-    });
-  }
 }
 
 bool all_same_bits(const std::vector<std::vector<std::vector<float>>>& got,
@@ -257,12 +261,17 @@ bool all_same_bits(const std::vector<std::vector<std::vector<float>>>& got,
 }
 
 // The Communicator takes the segment for every all-reduce of a group whose
-// ranks share memory, one after the other on the same segment, with the
-// sums of its messages: also with no direct exchange, fewer elements than
-// members, and chunks some members have none of.
+// ranks share memory (of two, for those of shared_memory_pair_min_bytes or
+// more, the others by messages between them), one after the other on the
+// same segment, with the sums of its messages: also with no direct
+// exchange, fewer elements than members, and chunks some members have none
+// of.
 TEST_F(SharedMemoryAllReduce, TheCommunicatorsAllReducesThroughItGiveTheSameBits) {
   const std::vector<std::size_t> sizes = {1, 2, 5, 1000, 100003, 7, 600001, 3};
-  for (int p : {3, 4}) {
+  const std::size_t pair_min = CommunicatorOptions{}.shared_memory_pair_min_bytes;
+  ASSERT_LT(1000 * sizeof(float), pair_min);
+  ASSERT_GE(100003 * sizeof(float), pair_min);
+  for (int p : {2, 3, 4}) {
     for (std::size_t direct_max : {std::size_t{0}, std::size_t{4096}}) {
       for (std::size_t halving_max : {std::size_t{0}, std::numeric_limits<std::size_t>::max()}) {
         const Group by_messages{.p = p, .direct_max = direct_max, .halving_max = halving_max};
@@ -273,7 +282,7 @@ TEST_F(SharedMemoryAllReduce, TheCommunicatorsAllReducesThroughItGiveTheSameBits
         ASSERT_EQ(taken.size(), static_cast<std::size_t>(p));
         EXPECT_TRUE(all_same_bits(got, all_reduces(by_messages, sizes)))
             << "p " << p << ", direct up to " << direct_max << ", halving up to " << halving_max;
-        for (std::uint64_t k : taken) EXPECT_EQ(k, sizes.size());
+        for (std::uint64_t k : taken) EXPECT_EQ(k, p == 2 ? 2u : sizes.size());
       }
     }
   }
@@ -339,21 +348,62 @@ TEST_F(SharedMemoryAllReduce, AFailedMembersCauseEndsTheOthersAllReduces) {
 // Members calling with different sizes: an error on every member, not a
 // mix of two all-reduces.
 TEST_F(SharedMemoryAllReduce, DifferentSizesAreAnErrorOnEveryMember) {
-  const int p = 3;
-  std::vector<std::unique_ptr<ShmAllReduce>> members = segment_of(p);
-  ASSERT_EQ(members.size(), static_cast<std::size_t>(p));
-  std::vector<absl::Status> got(p);
+  for (int p : {2, 3}) {
+    std::vector<std::unique_ptr<ShmAllReduce>> members = segment_of(p);
+    ASSERT_EQ(members.size(), static_cast<std::size_t>(p));
+    std::vector<absl::Status> got(p);
+    run_members(
+        p,
+        [&](int r) {
+          std::vector<float> x(r == 1 ? 999 : 1000, 1.0f);
+          got[static_cast<std::size_t>(r)] = members[static_cast<std::size_t>(r)]->all_reduce(
+              x.data(), x.size(), SumOrder::kMembers, [] { return absl::OkStatus(); });
+        },
+        [&] {
+          for (auto& m : members) m->fail_all(absl::DeadlineExceededError("the case's deadline"));
+        });
+    for (const absl::Status& st : got) EXPECT_TRUE(absl::IsInvalidArgument(st)) << st;
+  }
+}
+
+// Two members, all-reduce after all-reduce of new values on one segment:
+// 120 pieces, their slots' places taken fifteen times over, each sum the
+// float sum of the two members' values (of two, in either order).
+TEST_F(SharedMemoryAllReduce, APairsSumsStayRightRoundTheirPlaces) {
+  std::vector<std::unique_ptr<ShmAllReduce>> members = segment_of(2);
+  ASSERT_EQ(members.size(), 2u);
+  const std::size_t n = 3 * ShmAllReduce::kSlotFloats + 12345;  // 4 pieces, the last part full
+  constexpr int kCalls = 30;
+  std::vector<std::vector<float>> got(2 * kCalls);
   run_members(
-      p,
+      2,
       [&](int r) {
-        std::vector<float> x(r == 1 ? 999 : 1000, 1.0f);
-        got[static_cast<std::size_t>(r)] = members[static_cast<std::size_t>(r)]->all_reduce(
-            x.data(), x.size(), SumOrder::kMembers, [] { return absl::OkStatus(); });
+        for (int k = 0; k < kCalls; k++) {
+          std::vector<float> x = values(r + 2 * k, n);
+          const absl::Status st = members[static_cast<std::size_t>(r)]->all_reduce(
+              x.data(), n, SumOrder::kMembers, [] { return absl::OkStatus(); });
+          EXPECT_TRUE(st.ok()) << st;
+          got[static_cast<std::size_t>(2 * k + r)] = std::move(x);
+        }
       },
       [&] {
         for (auto& m : members) m->fail_all(absl::DeadlineExceededError("the case's deadline"));
       });
-  for (const absl::Status& st : got) EXPECT_TRUE(absl::IsInvalidArgument(st)) << st;
+  int wrong = 0;
+  for (int k = 0; k < kCalls; k++) {
+    const std::vector<float> a = values(2 * k, n), b = values(2 * k + 1, n);
+    for (int r = 0; r < 2; r++) {
+      const std::vector<float>& x = got[static_cast<std::size_t>(2 * k + r)];
+      ASSERT_EQ(x.size(), n);
+      for (std::size_t i = 0; i < n; i++) {
+        if (x[i] != a[i] + b[i] && wrong++ < 5) {
+          ADD_FAILURE() << "call " << k << ", member " << r << ", element " << i << ": " << x[i]
+                        << ", not " << a[i] + b[i];
+        }
+      }
+    }
+  }
+  EXPECT_EQ(wrong, 0);
 }
 
 // A segment whose maker died during its setup (its name left behind) is

@@ -63,7 +63,10 @@ int collectives(int rank, int size, troupe::comm::UcxTransport& t) {
   // Twice: all-reduce by ring with every message of 64 KiB or more by single
   // copy, then (p a power of two) by halving/doubling with, of two ranks, the
   // all-reduces up to 1 MiB by copies and the larger by single copy
-  // (CommunicatorOptions::copies_max_bytes).
+  // (CommunicatorOptions::copies_max_bytes). Where the ranks share this
+  // host's memory, those of 3 or more ranks, and of 2 those of 64 KiB or
+  // more, go through a shared memory segment instead (`c`; `by_messages`
+  // never does).
   for (std::size_t halving_max : {std::size_t{0}, ~std::size_t{0}}) {
     troupe::comm::Communicator c(t,
                                  [&] {
@@ -139,9 +142,9 @@ int collectives(int rank, int size, troupe::comm::UcxTransport& t) {
 }
 
 // All-reduces of `floats` (16 MiB: through shared memory or by single copy;
-// 1 MiB of two ranks: by copies) until the victim dies, 300 ms after its
-// first (so the group's way is set up: a sanitizer's slow start would
-// otherwise kill it in the setup).
+// of two ranks 48 KiB by copies, 4 MiB through shared memory) until the
+// victim dies, 300 ms after its first (so the group's way is set up: a
+// sanitizer's slow start would otherwise kill it in the setup).
 int kill_scenario(int rank, int size, int victim, std::size_t floats, bool shared_memory,
                   troupe::comm::Transport& t, troupe::comm::Bootstrap& b) {
   std::vector<int> ranks(static_cast<std::size_t>(size));
@@ -218,8 +221,8 @@ int main(int argc, char** argv) {
   app.add_option("--size", size)->required();
   app.add_option("--port", port)->required();
   app.add_option("--scenario", scenario)
-      ->check(
-          CLI::IsMember({"collectives", "kill", "kill_messages", "kill_copies", "kill_reader"}));
+      ->check(CLI::IsMember(
+          {"collectives", "kill", "kill_messages", "kill_copies", "kill_pair", "kill_reader"}));
   app.add_option("--victim", victim);
   CLI11_PARSE(app, argc, argv);
   setvbuf(stdout, nullptr, _IOLBF, 0);
@@ -230,7 +233,9 @@ int main(int argc, char** argv) {
            : scenario == "kill_messages"
                ? kill_scenario(rank, size, victim, 4u << 20, false, t, *w->bootstrap)
            : scenario == "kill_copies"
-               ? kill_scenario(rank, size, victim, 1u << 18, true, t, *w->bootstrap)
+               ? kill_scenario(rank, size, victim, 12u << 10, true, t, *w->bootstrap)
+           : scenario == "kill_pair"
+               ? kill_scenario(rank, size, victim, 1u << 20, true, t, *w->bootstrap)
            : scenario == "kill_reader" ? kill_reader_scenario(rank, t, *w->bootstrap)
                                        : collectives(rank, size, t);
   if (scenario != "collectives") {

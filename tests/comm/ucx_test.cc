@@ -109,7 +109,7 @@ bool cross_process_reads_allowed() {
 }
 
 // Whether this host lets a process make a POSIX shared memory segment (what
-// the all-reduce of 3 or more processes takes where it can).
+// the all-reduce of processes of one host takes where it can).
 bool shared_memory_usable() {
   const std::string name = "/troupe-test-" + std::to_string(::getpid());
   const int fd = ::shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
@@ -121,8 +121,9 @@ bool shared_memory_usable() {
 
 class UcxCollectives : public ::testing::TestWithParam<int> {};
 
-// Of 3 or more processes the all-reduces go through shared memory, and give
-// the bits they give by messages (ucx_rank checks that).
+// Of 3 or more processes the all-reduces go through shared memory, of 2 those
+// of 64 KiB or more, and give the bits they give by messages (ucx_rank
+// checks that).
 TEST_P(UcxCollectives, AcrossProcesses) {
   const int n = GetParam();
   auto results = run_ranks(n, "collectives", -1, std::chrono::seconds(240));
@@ -133,7 +134,7 @@ TEST_P(UcxCollectives, AcrossProcesses) {
     EXPECT_NE(out.find("ok"), std::string::npos);
     std::smatch m;
     ASSERT_TRUE(std::regex_search(out, m, shared)) << out;
-    if (n >= 3 && shared_memory_usable()) {
+    if (n >= 2 && shared_memory_usable()) {
       EXPECT_GT(std::stoull(m[1]), 0u) << "rank " << r << ": none through shared memory";
     } else {
       EXPECT_EQ(std::stoull(m[1]), 0u) << "rank " << r;
@@ -167,8 +168,10 @@ INSTANTIATE_TEST_SUITE_P(Processes, UcxCollectives, ::testing::Values(1, 2, 3, 4
 // other rank gets an error naming it (with 4, ranks 0 and 1 too: they only
 // wait on live neighbours) within the timeout; the detection time is
 // printed. 4 processes' 16 MiB all-reduces go through one shared memory
-// segment (`kill`) or by single copy (`kill_messages`), 2 processes' 1 MiB
-// ones by copies through shared memory (CommunicatorOptions::copies_max_bytes).
+// segment (`kill`) or by single copy (`kill_messages`); 2 processes' 48 KiB
+// ones by copies through shared memory (`kill_copies`,
+// CommunicatorOptions::copies_max_bytes) and their 4 MiB ones through a
+// segment (`kill_pair`, shared_memory_pair_min_bytes).
 class UcxKilledRank : public ::testing::TestWithParam<std::tuple<const char*, int>> {};
 
 TEST_P(UcxKilledRank, IsAnErrorOnEveryOtherRank) {
@@ -191,8 +194,8 @@ TEST_P(UcxKilledRank, IsAnErrorOnEveryOtherRank) {
     EXPECT_NE(m[2].str().find("rank " + std::to_string(victim)), std::string::npos) << m[2];
     const std::regex shared("shared-memory all-reduces ([0-9]+)");
     ASSERT_TRUE(std::regex_search(out, m, shared)) << out;
-    EXPECT_EQ(std::stoull(m[1]) > 0, std::string(scenario) == "kill" && shared_memory_usable())
-        << "rank " << r;
+    const bool segment = std::string(scenario) == "kill" || std::string(scenario) == "kill_pair";
+    EXPECT_EQ(std::stoull(m[1]) > 0, segment && shared_memory_usable()) << "rank " << r;
   }
   const double detection = last_error_at - killed_at;
   std::printf("[ detection ] every survivor had its error %.3f s after the kill\n", detection);
@@ -202,7 +205,8 @@ TEST_P(UcxKilledRank, IsAnErrorOnEveryOtherRank) {
 
 INSTANTIATE_TEST_SUITE_P(Routes, UcxKilledRank,
                          ::testing::Values(std::tuple{"kill", 4}, std::tuple{"kill_messages", 4},
-                                           std::tuple{"kill_copies", 2}),
+                                           std::tuple{"kill_copies", 2},
+                                           std::tuple{"kill_pair", 2}),
                          [](const auto& info) { return std::string(std::get<0>(info.param)); });
 
 // The receiver of a single-copy message dies between taking the descriptor

@@ -405,11 +405,13 @@ TEST_F(UcxSingleCopy, RouteCopiesTakesNoSingleCopy) {
 
 // A communicator's all-reduce up to copies_max_bytes goes by copies, a
 // larger one by single copy, on both members; both sum right (each member
-// adds 1 + rank).
+// adds 1 + rank). (By messages: both sizes would go through a shared memory
+// segment, CommunicatorOptions::shared_memory_pair_min_bytes.)
 TEST_F(UcxSingleCopy, SmallCollectivesGoByCopiesLargeOnesBySingleCopy) {
   auto p = connected_pair();
   CommunicatorOptions options;
   options.copies_max_bytes = 1 << 20;
+  options.shared_memory = false;
   for (const std::size_t n : {std::size_t{1} << 18, std::size_t{1} << 19}) {  // 1 and 2 MiB
     const std::uint64_t before[2] = {p.t[0]->single_copy_bytes(), p.t[1]->single_copy_bytes()};
     std::vector<float> data[2];
