@@ -233,10 +233,6 @@ int main(int argc, char** argv) {
                  "A collective up to this size moves its messages by copies through shared "
                  "memory, not by the single-copy protocol")
       ->capture_default_str();
-  app.add_option("--shared-memory-pair-min-bytes", options.shared_memory_pair_min_bytes,
-                 "Two members of one host all-reduce through a shared memory segment from this "
-                 "size")
-      ->capture_default_str();
   app.add_flag("!--no-shared-memory", options.shared_memory,
                "Every all-reduce by the transport's messages");
   bool inproc = false;

@@ -12,9 +12,9 @@
 // order), a sliced chain for broadcast, a gather for reduce. The order of every sum is fixed, and
 // each element's sum is computed once and copied to the others, so results
 // are bitwise identical on every rank and on every run. An all-reduce of
-// three or more processes of one host goes through one shared memory
-// segment instead of messages (comm/shm_all_reduce.h), summing each element
-// in the order its algorithm would: the same bits.
+// processes of one host goes through one shared memory segment instead of
+// messages (comm/shm_all_reduce.h), summing each element in the order its
+// algorithm would: the same bits.
 //
 // Uneven sizes: element range of member i is chunk_range(n, p, i) (the first
 // n % p members get one more). An aborted communicator (a member died)
@@ -65,23 +65,20 @@ struct CommunicatorOptions {
   // and the single copy from 1.5 MiB. The members on one host must give the
   // same (the route matters only there).
   std::size_t copies_max_bytes = std::size_t{1} << 20;
-  // An all-reduce of three or more members, every one a process of this
-  // host (Transport::shares_memory_with), goes through one shared memory
-  // segment (comm/shm_all_reduce.h), set up at the first: the same sums,
-  // bit for bit, with no transport message but the setup's. Like the sizes
-  // above, the same on every member (one without would never join the
-  // setup the others wait in).
+  // An all-reduce of two or more members, every one a process of this host
+  // (Transport::shares_memory_with), goes through one shared memory segment
+  // (comm/shm_all_reduce.h), set up at the first: the same sums, bit for
+  // bit, with no transport message but the setup's. Like the sizes above,
+  // the same on every member (one without would never join the setup the
+  // others wait in). Every all-reduce of such a group takes it, whatever
+  // its size, so members that call with different sizes meet in the
+  // segment and fail there (InvalidArgument on all), as messages of
+  // different sizes do. Two members' segment beat their messages at every
+  // size measured on the 2-core AMD EPYC (bench/comm_bench, 2 processes
+  // bound to a core each, alternating): 4 KiB 1.8-2.2 against 2.5-2.9 us,
+  // 16 KiB 3.7-5.0 against 6.2-6.4 us, 1 KiB alike (docs/RUNTIME_COST.md
+  // has the larger sizes).
   bool shared_memory = true;
-  // Two such members take the segment too (with `shared_memory`), for an
-  // all-reduce of this size or more: the messages' single copy pins the
-  // peer's pages at every call, and their copies route costs a round trip a
-  // slice. On the 2-core AMD EPYC (bench/comm_bench, 2 processes bound to a
-  // core each, alternating, 20,000 all-reduces a size) the segment led from
-  // 16 KiB: 3.6-4.1 GB/s against 3.0-3.3 at 64 KiB, 7.3-7.7 against 4.1-5.1
-  // at 128 KiB, 14-19 against 6-10 from 256 KiB to 4 MiB. Below 64 KiB the
-  // small all-reduces (a TP group's, where latency is what counts) keep the
-  // messages they were measured with.
-  std::size_t shared_memory_pair_min_bytes = std::size_t{64} << 10;
 };
 
 class Communicator final : public Collectives {

@@ -46,11 +46,9 @@ Communicator::Body Communicator::all_reduce_body(float* data, std::size_t n) {
     const std::uint32_t op = next_op_;
     if (size() == 1 || n == 0) return absl::OkStatus();
     using trace::What;
-    if (size() > 2 || n * sizeof(float) >= options_.shared_memory_pair_min_bytes) {
-      absl::StatusOr<bool> shm = shm_ready(op);
-      if (!shm.ok()) return shm.status();
-      if (*shm) return phase(What::kSharedMemory, op, n, [&] { return shm_all_reduce(data, n); });
-    }
+    absl::StatusOr<bool> shm = shm_ready(op);
+    if (!shm.ok()) return shm.status();
+    if (*shm) return phase(What::kSharedMemory, op, n, [&] { return shm_all_reduce(data, n); });
     set_route(n);
     switch (sum_order(n)) {
       case SumOrder::kMembers:

@@ -22,10 +22,9 @@ constexpr std::size_t kNameBytes = 80;  // the segment's name, NUL-padded; empty
 
 }  // namespace
 
-// Two or more members, each a process of this host (two only for an
-// all-reduce of shared_memory_pair_min_bytes or more: all_reduce_body). Every
-// member decides the same: the members' places are all equal exactly when
-// each member's equals all the others'.
+// Two or more members, each a process of this host. Every member decides the
+// same: the members' places are all equal exactly when each member's equals
+// all the others'.
 bool Communicator::shm_possible() const {
   if (!options_.shared_memory || size() < 2) return false;
   for (int j = 0; j < size(); j++) {

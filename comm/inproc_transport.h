@@ -43,7 +43,7 @@ class InProcFabric : public std::enable_shared_from_this<InProcFabric> {
   std::size_t pending_entries();
   // Tests: the ranks report one another as sharing memory
   // (Transport::shares_memory_with), as processes of one host do, so that a
-  // Communicator of three or more takes the shared memory all-reduce with
+  // Communicator of two or more takes the shared memory all-reduce with
   // its members threads of this process. Set before the endpoints are used.
   void share_memory_for_test() { shares_memory_ = true; }
   bool shares_memory() const { return shares_memory_; }

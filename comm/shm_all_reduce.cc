@@ -317,6 +317,8 @@ absl::Status ShmAllReduce::same_call(std::size_t n) {
 
 absl::Status ShmAllReduce::all_reduce(float* data, std::size_t n, SumOrder order,
                                       const Check& check) {
+  // (A failed segment stays failed: its members' counts may differ by one.)
+  if (header_->aborted.v.load() != 0) return aborted_status();
   Member& me = member(me_);
   me.n = n;
   me.order = static_cast<std::uint32_t>(order);
@@ -339,14 +341,16 @@ absl::Status ShmAllReduce::all_reduce(float* data, std::size_t n, SumOrder order
 // Two members (the header's comment): member m sums chunk_range(len, 2, m)
 // of each piece. A member's slot holds the other's half of the piece as it
 // gives it (step 0) and its own half's sums (step 1), in the next of its
-// kPairSlots places, in turn: a place's lines are written again only after
-// kPairSlots - 1 other pieces, by when the other's core no longer holds them
+// kPairSlots places, in turn: a place's lines are written again only
+// kPairSlots pieces later, by when the other's core no longer holds them
 // (written again at once, every piece ran at a quarter of the speed). Two
-// arrivals a piece and none at the end: the other reads the given half
-// before the second arrival, which this member passes before it writes that
-// half again, and copies the sums out before its next first arrival, which
-// this member passes before it writes sums again. Both members go through
-// the places alike (the same pieces, calls of the same size).
+// arrivals a piece and none at the end: a place's halves are read by the
+// other before its second arrival of that piece (the given half) and before
+// its first arrival of the next piece (the sums); this member writes the
+// place again at the piece kPairSlots >= 2 later, past both arrivals of the
+// piece before that, which wait for the other's.
+// Both members go through the places alike (the same pieces: calls of one
+// size, checked at each call's first arrival).
 absl::Status ShmAllReduce::pair_all_reduce(float* data, std::size_t n, const Check& check) {
   const int other = 1 - me_;
   for (std::size_t offset = 0; offset < n; offset += kSlotFloats) {

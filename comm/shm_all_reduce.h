@@ -1,8 +1,7 @@
 // An all-reduce among processes of one host through one POSIX shared memory
 // segment (as DeepSpeed's and oneCCL's CPU all-reduce within a node), which
-// the Communicator takes for members that all share this host's memory:
-// three or more at any size, two from a size up (CommunicatorOptions::
-// shared_memory, shared_memory_pair_min_bytes).
+// the Communicator takes for two or more members that all share this host's
+// memory (CommunicatorOptions::shared_memory).
 //
 // The buffer goes piece by piece, a slot's worth at a time (256 KiB):
 //   step 0: every member copies its piece into its own slot;
@@ -21,9 +20,10 @@
 //           the sums into its own slot as well (one pass);
 //   barrier;
 //   step 2: each copies the other's half's sums out of the other's slot.
-// Their slots are 8 pieces long, and the pieces take the places in turn: the
-// lines a piece writes were last touched 7 pieces before (written again at
-// once, as three or more members do, two members moved a quarter as much).
+// Their slots are 8 pieces long (a segment of 4 MiB), and the pieces take
+// the places in turn: a place is written again 8 pieces later, by when the
+// other core no longer holds its lines (rewritten at every piece, as three
+// or more members do, two members moved a quarter as much).
 // Each member's arrivals are a counter in the segment; a member waits
 // by yielding for 50 us, then asleep on a futex in the segment (woken by
 // every arrival while anyone sleeps; 1 ms at most, so a failure the caller's
@@ -68,7 +68,11 @@ enum class SumOrder {
 class ShmAllReduce {
  public:
   static constexpr std::size_t kSlotFloats = std::size_t{64} << 10;  // 256 KiB a slot
-  static constexpr std::size_t kPairSlots = 8;  // two members: each slot 8 pieces' places (2 MiB)
+  // Two members: each slot 8 pieces' places (2 MiB). At least 2: with one,
+  // a short last piece's step 0 would write what the other may still copy
+  // out of the piece before (its sums' range, there a longer one).
+  static constexpr std::size_t kPairSlots = 8;
+  static_assert(kPairSlots >= 2);
 
   // Member 0: a new segment for `members`, named uniquely (`name()`: this
   // process's id, a count and a random number, so no other segment, not even
@@ -110,7 +114,7 @@ class ShmAllReduce {
   static void remove_orphans();
   Member& member(int i) const;
   float* slot(int member) const;
-  float* result() const;
+  float* result() const;  // (three or more members: two have none)
   absl::Status arrive_and_wait(const Check& check);
   absl::Status same_call(std::size_t n);
   absl::Status pair_all_reduce(float* data, std::size_t n, const Check& check);

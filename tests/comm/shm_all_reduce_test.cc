@@ -261,16 +261,11 @@ bool all_same_bits(const std::vector<std::vector<std::vector<float>>>& got,
 }
 
 // The Communicator takes the segment for every all-reduce of a group whose
-// ranks share memory (of two, for those of shared_memory_pair_min_bytes or
-// more, the others by messages between them), one after the other on the
-// same segment, with the sums of its messages: also with no direct
-// exchange, fewer elements than members, and chunks some members have none
-// of.
+// ranks share memory, one after the other on the same segment, with the
+// sums of its messages: also with no direct exchange, fewer elements than
+// members, and chunks some members have none of.
 TEST_F(SharedMemoryAllReduce, TheCommunicatorsAllReducesThroughItGiveTheSameBits) {
   const std::vector<std::size_t> sizes = {1, 2, 5, 1000, 100003, 7, 600001, 3};
-  const std::size_t pair_min = CommunicatorOptions{}.shared_memory_pair_min_bytes;
-  ASSERT_LT(1000 * sizeof(float), pair_min);
-  ASSERT_GE(100003 * sizeof(float), pair_min);
   for (int p : {2, 3, 4}) {
     for (std::size_t direct_max : {std::size_t{0}, std::size_t{4096}}) {
       for (std::size_t halving_max : {std::size_t{0}, std::numeric_limits<std::size_t>::max()}) {
@@ -282,7 +277,7 @@ TEST_F(SharedMemoryAllReduce, TheCommunicatorsAllReducesThroughItGiveTheSameBits
         ASSERT_EQ(taken.size(), static_cast<std::size_t>(p));
         EXPECT_TRUE(all_same_bits(got, all_reduces(by_messages, sizes)))
             << "p " << p << ", direct up to " << direct_max << ", halving up to " << halving_max;
-        for (std::uint64_t k : taken) EXPECT_EQ(k, p == 2 ? 2u : sizes.size());
+        for (std::uint64_t k : taken) EXPECT_EQ(k, sizes.size());
       }
     }
   }
@@ -292,17 +287,17 @@ TEST_F(SharedMemoryAllReduce, TheCommunicatorsAllReducesThroughItGiveTheSameBits
 // group keeps messages, and the sums are right.
 TEST_F(SharedMemoryAllReduce, AMemberWithoutTheSegmentKeepsTheGroupOnMessages) {
   const std::vector<std::size_t> sizes = {1000, 100003};
-  const auto want = all_reduces({.p = 4}, sizes);
-  for (int without : {0, 2}) {
+  for (auto [p, without] : {std::pair{4, 0}, std::pair{4, 2}, std::pair{2, 0}, std::pair{2, 1}}) {
+    const auto want = all_reduces({.p = p}, sizes);
     std::vector<std::uint64_t> taken;
-    const auto got = all_reduces({.p = 4,
+    const auto got = all_reduces({.p = p,
                                   .shared = true,
                                   .prepare =
                                       [without](int r, Communicator& c) {
                                         if (r == without) c.fail_shared_memory_for_test();
                                       }},
                                  sizes, &taken);
-    EXPECT_TRUE(all_same_bits(got, want)) << "member " << without << " without";
+    EXPECT_TRUE(all_same_bits(got, want)) << "p " << p << ", member " << without << " without";
     for (std::uint64_t k : taken) EXPECT_EQ(k, 0u) << "member " << without << " without";
   }
 }
@@ -343,6 +338,47 @@ TEST_F(SharedMemoryAllReduce, AFailedMembersCauseEndsTheOthersAllReduces) {
   std::this_thread::sleep_for(std::chrono::milliseconds(20));
   cs[2]->fail(absl::UnavailableError("rank 1 lost: its link closed"));
   expect_ended_by(second, "rank 1 lost: its link closed", unblock);
+}
+
+// Through the Communicator, members calling with different sizes, one of
+// them small: an error on every member, not a wait for ever (as when two
+// members took the segment only from a size up, and one came by messages),
+// with the segment still to set up and with it set up.
+TEST_F(SharedMemoryAllReduce, TheCommunicatorsMembersCallingWithDifferentSizesAllFail) {
+  for (int p : {2, 3}) {
+    for (bool set_up_first : {false, true}) {
+      auto fabric = std::make_shared<InProcFabric>(p);
+      fabric->share_memory_for_test();
+      std::vector<int> ranks;
+      for (int r = 0; r < p; r++) ranks.push_back(r);
+      std::vector<std::unique_ptr<Transport>> ts;
+      std::vector<std::unique_ptr<Communicator>> cs;
+      for (int r = 0; r < p; r++) {
+        ts.push_back(fabric->endpoint(r));
+        cs.push_back(std::make_unique<Communicator>(*ts.back(), ranks, GroupKind::kTest));
+      }
+      std::vector<absl::Status> got(static_cast<std::size_t>(p));
+      run_members(
+          p,
+          [&](int r) {
+            if (set_up_first) {
+              std::vector<float> x(100003, 1.0f);
+              EXPECT_TRUE(
+                  cs[static_cast<std::size_t>(r)]->all_reduce_sync(x.data(), x.size()).ok());
+            }
+            std::vector<float> x(r == p - 1 ? 1000 : 100003, 1.0f);
+            got[static_cast<std::size_t>(r)] =
+                cs[static_cast<std::size_t>(r)]->all_reduce_sync(x.data(), x.size());
+          },
+          [&] {
+            for (auto& c : cs) c->fail(absl::DeadlineExceededError("the case's deadline"));
+          });
+      for (const absl::Status& st : got) {
+        EXPECT_TRUE(absl::IsInvalidArgument(st)) << "p " << p << ": " << st;
+      }
+      EXPECT_EQ(cs[0]->shared_memory_all_reduces(), set_up_first ? 1u : 0u);
+    }
+  }
 }
 
 // Members calling with different sizes: an error on every member, not a

@@ -11,6 +11,9 @@
 //                 every other rank must get an error naming it (prints the
 //                 wall-clock times the driver turns into a detection time)
 //   kill_messages the same with the all-reduce's bytes in transport messages
+//   kill_copies   2 ranks, all-reduces of 1 MiB by copies through UCX's
+//                 shared memory (no segment)
+//   kill_pair     2 ranks, all-reduces of 4 MiB through the segment
 //   kill_reader   rank 1 takes a single-copy descriptor from rank 0 and is
 //                 killed before acknowledging; rank 0's send must fail
 #include <signal.h>
@@ -64,9 +67,8 @@ int collectives(int rank, int size, troupe::comm::UcxTransport& t) {
   // copy, then (p a power of two) by halving/doubling with, of two ranks, the
   // all-reduces up to 1 MiB by copies and the larger by single copy
   // (CommunicatorOptions::copies_max_bytes). Where the ranks share this
-  // host's memory, those of 3 or more ranks, and of 2 those of 64 KiB or
-  // more, go through a shared memory segment instead (`c`; `by_messages`
-  // never does).
+  // host's memory, `c`'s all-reduces go through a shared memory segment
+  // instead (`by_messages`' never do).
   for (std::size_t halving_max : {std::size_t{0}, ~std::size_t{0}}) {
     troupe::comm::Communicator c(t,
                                  [&] {
@@ -142,7 +144,7 @@ int collectives(int rank, int size, troupe::comm::UcxTransport& t) {
 }
 
 // All-reduces of `floats` (16 MiB: through shared memory or by single copy;
-// of two ranks 48 KiB by copies, 4 MiB through shared memory) until the
+// of two ranks 1 MiB by copies, 4 MiB through shared memory) until the
 // victim dies, 300 ms after its first (so the group's way is set up: a
 // sanitizer's slow start would otherwise kill it in the setup).
 int kill_scenario(int rank, int size, int victim, std::size_t floats, bool shared_memory,
@@ -233,7 +235,7 @@ int main(int argc, char** argv) {
            : scenario == "kill_messages"
                ? kill_scenario(rank, size, victim, 4u << 20, false, t, *w->bootstrap)
            : scenario == "kill_copies"
-               ? kill_scenario(rank, size, victim, 12u << 10, true, t, *w->bootstrap)
+               ? kill_scenario(rank, size, victim, 1u << 18, false, t, *w->bootstrap)
            : scenario == "kill_pair"
                ? kill_scenario(rank, size, victim, 1u << 20, true, t, *w->bootstrap)
            : scenario == "kill_reader" ? kill_reader_scenario(rank, t, *w->bootstrap)

@@ -405,8 +405,8 @@ TEST_F(UcxSingleCopy, RouteCopiesTakesNoSingleCopy) {
 
 // A communicator's all-reduce up to copies_max_bytes goes by copies, a
 // larger one by single copy, on both members; both sum right (each member
-// adds 1 + rank). (By messages: both sizes would go through a shared memory
-// segment, CommunicatorOptions::shared_memory_pair_min_bytes.)
+// adds 1 + rank). (By messages: with `shared_memory`, two processes of one
+// host all-reduce through a segment.)
 TEST_F(UcxSingleCopy, SmallCollectivesGoByCopiesLargeOnesBySingleCopy) {
   auto p = connected_pair();
   CommunicatorOptions options;
