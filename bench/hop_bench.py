@@ -77,8 +77,10 @@ The other hops on a step's critical path, each on a line of its own
   tp_all_reduce    a tensor-parallel group's all-reduce of a LayerNorm-sized
                    tensor (4 KiB: C = 1024 fp32, GPT-2 medium's), 2 ranks:
                    threads of one process over the in-process transport (as
-                   `troupe train --tp 2`), processes over UCX (as `troupe
-                   launch`); bench/comm_bench.cc, the mean of 5,000
+                   `troupe train --tp 2`), processes of this host (as
+                   `troupe launch`; through the shared memory segment since
+                   f6e534d, before by UCX messages); bench/comm_bench.cc,
+                   the mean of 5,000
   api_event        the embedding API's metrics event (troupe/troupe.h): from
                    the rank's step end to a subscriber's handler in the host
                    program (bench/event_bench.cc; in one process only: a

@@ -232,8 +232,10 @@ def comm(build, sizes_p2p, sizes_ar, ns, rounds, copies_max=None):
             # mpirun binds each rank to a core when there are at most 2 (OpenMPI's
             # default); troupe's ranks get the same, so both run under one policy.
             bind = (lambda r: ["--bind-core", str(r % os.cpu_count())]) if n <= 2 else (lambda r: [])
-            # (--copies-max-bytes 0: every all-reduce by the single-copy protocol, as before it had a route)
-            copies = [] if copies_max is None else ["--copies-max-bytes", str(copies_max)]
+            # (--copies-max-bytes 0: every all-reduce by the single-copy protocol, as before it had a route;
+            # given, the all-reduces go by messages, not through the shared memory segment that
+            # processes of one host take otherwise)
+            copies = [] if copies_max is None else ["--copies-max-bytes", str(copies_max), "--no-shared-memory"]
             out = run_ranks(lambda r: [f"{bench}/comm_bench", "--rank", str(r), "--size", str(n), "--port", str(port),
                                        "--mode", "allreduce", "--min-bytes", lo, "--max-bytes", hi] + bind(r) + copies,
                             n)
@@ -302,7 +304,8 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--copies-max-bytes", type=int, default=None,
-                    help="comm: troupe's all-reduces up to this size by copies (default: CommunicatorOptions')")
+                    help="comm: troupe's all-reduces by messages, up to this size by copies "
+                         "(default: through the shared memory segment, CommunicatorOptions')")
     a = ap.parse_args()
     if a.name == "kernels":
         kernels(a.binary)

@@ -63,7 +63,8 @@ struct CommunicatorOptions {
   // ranks share, neither route was ahead). 1 MiB on every CPU: on a 2-core
   // Intel Xeon and a 2-core AMD EPYC (Zen 4) alike, copies led up to 1 MiB
   // and the single copy from 1.5 MiB. The members on one host must give the
-  // same (the route matters only there).
+  // same (the route matters only there, and there only without the shared
+  // memory segment below: `shared_memory` false, or a segment not made).
   std::size_t copies_max_bytes = std::size_t{1} << 20;
   // An all-reduce of two or more members, every one a process of this host
   // (Transport::shares_memory_with), goes through one shared memory segment
@@ -73,11 +74,12 @@ struct CommunicatorOptions {
   // others wait in). Every all-reduce of such a group takes it, whatever
   // its size, so members that call with different sizes meet in the
   // segment and fail there (InvalidArgument on all), as messages of
-  // different sizes do. Two members' segment beat their messages at every
-  // size measured on the 2-core AMD EPYC (bench/comm_bench, 2 processes
-  // bound to a core each, alternating): 4 KiB 1.8-2.2 against 2.5-2.9 us,
-  // 16 KiB 3.7-5.0 against 6.2-6.4 us, 1 KiB alike (docs/RUNTIME_COST.md
-  // has the larger sizes).
+  // different sizes do. Two members' segment against their messages on the
+  // 2-core AMD EPYC (bench/comm_bench, 2 processes bound to a core each,
+  // two alternating sweeps of 1 to 16 KiB, 2,000 all-reduces a size): 4 KiB
+  // 1.8-2.2 against 2.5-2.9 us, 16 KiB 3.7-5.0 against 6.2-6.4; 1 KiB, a
+  // sweep's first size (a process's first ~100 ms ran slow whichever the
+  // way), 31.8-44.8 against 40.7-45.3 (docs/RUNTIME_COST.md has the rest).
   bool shared_memory = true;
 };
 
@@ -164,7 +166,7 @@ class Communicator final : public Collectives {
   // the all-reduce itself.
   bool shm_possible() const;
   absl::StatusOr<bool> shm_ready(std::uint32_t op);
-  absl::Status shm_all_reduce(float* data, std::size_t n);
+  absl::Status shm_all_reduce(float* data, std::size_t n, std::uint32_t op);
   absl::Status gather_reduce(const float* in, float* out, std::size_t n, int root,
                              std::uint32_t op);  // comm/communicator_reduce.cc
   // Sends `n` floats to member `to` and receives `m` from member `from` into

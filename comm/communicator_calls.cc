@@ -48,7 +48,7 @@ Communicator::Body Communicator::all_reduce_body(float* data, std::size_t n) {
     using trace::What;
     absl::StatusOr<bool> shm = shm_ready(op);
     if (!shm.ok()) return shm.status();
-    if (*shm) return phase(What::kSharedMemory, op, n, [&] { return shm_all_reduce(data, n); });
+    if (*shm) return phase(What::kSharedMemory, op, n, [&] { return shm_all_reduce(data, n, op); });
     set_route(n);
     switch (sum_order(n)) {
       case SumOrder::kMembers:

@@ -142,7 +142,7 @@ absl::StatusOr<bool> Communicator::shm_ready(std::uint32_t op) {
 // thread serves the other threads' messages (a pipeline's, a single copy's
 // acknowledgements) while the members wait on one another here. (The
 // collective's scope is the only one driving on this thread: execute().)
-absl::Status Communicator::shm_all_reduce(float* data, std::size_t n) {
+absl::Status Communicator::shm_all_reduce(float* data, std::size_t n, std::uint32_t op) {
   struct Undrive {
     explicit Undrive(Transport*& d) : slot(d), driver(std::exchange(d, nullptr)) {
       if (driver != nullptr) driver->drive_end();
@@ -154,7 +154,7 @@ absl::Status Communicator::shm_all_reduce(float* data, std::size_t n) {
     Transport*& slot;
     Transport* driver;
   } undrive(driver_);
-  absl::Status st = shm_->all_reduce(data, n, sum_order(n), [this] { return failure(); });
+  absl::Status st = shm_->all_reduce(data, n, sum_order(n), op, [this] { return failure(); });
   if (st.ok()) shm_all_reduces_++;
   return st;
 }

@@ -70,10 +70,12 @@ struct ShmAllReduce::Header {
 // What only member i writes.
 struct alignas(64) ShmAllReduce::Member {
   std::atomic<std::uint32_t> arrivals{0};
-  // The running all-reduce's size and order: written before its first
-  // arrival, compared by every member past it.
+  // The running all-reduce's size, order and place among the group's
+  // collectives: written before its first arrival, compared by every member
+  // past it.
   std::uint64_t n = 0;
   std::uint32_t order = 0;
+  std::uint32_t call = 0;
   // Written before this member's abort is published (so read whole).
   int code = 0;
   char reason[500] = {};
@@ -304,10 +306,12 @@ void ShmAllReduce::sum(std::size_t offset, std::size_t b, std::size_t e, std::si
 absl::Status ShmAllReduce::same_call(std::size_t n) {
   const Member& me = member(me_);
   for (int j = 0; j < members_; j++) {
-    if (member(j).n != n || member(j).order != me.order) {
+    const Member& them = member(j);
+    if (them.n != n || them.order != me.order || them.call != me.call) {
       absl::Status st = absl::InvalidArgumentError(
-          absl::StrCat("shared memory all-reduce: member ", me_, " reduces ", n, " floats, member ",
-                       j, " ", member(j).n, " (or in another order)"));
+          absl::StrCat("shared memory all-reduce: member ", me_, " reduces ", n,
+                       " floats as collective ", me.call, ", member ", j, " ", them.n,
+                       " as collective ", them.call, " (or in another order)"));
       fail_all(st);
       return st;
     }
@@ -316,12 +320,14 @@ absl::Status ShmAllReduce::same_call(std::size_t n) {
 }
 
 absl::Status ShmAllReduce::all_reduce(float* data, std::size_t n, SumOrder order,
-                                      const Check& check) {
-  // (A failed segment stays failed: its members' counts may differ by one.)
+                                      std::uint32_t call, const Check& check) {
+  // (A failed segment stays failed: its members' arrivals, and a pair's
+  // pieces, may differ by one.)
   if (header_->aborted.v.load() != 0) return aborted_status();
   Member& me = member(me_);
   me.n = n;
   me.order = static_cast<std::uint32_t>(order);
+  me.call = call;
   if (members_ == 2) return pair_all_reduce(data, n, check);
   for (std::size_t offset = 0; offset < n; offset += kSlotFloats) {
     const std::size_t len = std::min(kSlotFloats, n - offset);

@@ -89,6 +89,8 @@ class ShmAllReduce {
   ShmAllReduce& operator=(const ShmAllReduce&) = delete;
 
   const std::string& name() const { return name_; }
+  // The /dev/shm a segment of `members` takes (tests: whether it fits).
+  static std::size_t segment_bytes(int members);
   // Removes the name (member 0, once every member has the segment mapped):
   // the memory goes with the last mapping, whoever ends first.
   void unlink();
@@ -97,9 +99,12 @@ class ShmAllReduce {
   // with that status.
   using Check = std::function<absl::Status()>;
   // data[n] = sum over the members of their data[n], summed in `order`.
-  // Every member calls it with the same n and order (else InvalidArgument,
-  // on every member).
-  absl::Status all_reduce(float* data, std::size_t n, SumOrder order, const Check& check);
+  // Every member calls it with the same n, order and `call` (the group's
+  // collective it is, the Communicator's op: so a member that skipped one,
+  // as an all-reduce of 0 floats, is caught too), else InvalidArgument on
+  // every member.
+  absl::Status all_reduce(float* data, std::size_t n, SumOrder order, std::uint32_t call,
+                          const Check& check);
   // Ends every member's wait, now and later, with `why` (the first abort's,
   // of whichever member; thread-safe).
   void fail_all(const absl::Status& why);
@@ -110,7 +115,6 @@ class ShmAllReduce {
   ShmAllReduce(std::string name, void* base, std::size_t bytes, int members, int me);
   static std::size_t header_bytes(int members);
   static std::size_t slot_floats(int members);
-  static std::size_t segment_bytes(int members);
   static void remove_orphans();
   Member& member(int i) const;
   float* slot(int member) const;

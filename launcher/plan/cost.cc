@@ -43,10 +43,12 @@ double CostModel::all_reduce(double bytes, int p, int nodes, const Link& l) cons
   if (p <= 1) return 0;
   const double frac = static_cast<double>(p - 1) / p;
   if (cluster_.calibrated) {
-    // troupe's Communicator (its default options): direct exchange for
-    // small buffers (each rank sends its buffer to every other and sums
-    // them all), else recursive halving-doubling (p a power of two) or a
-    // ring; the sums by this rank.
+    // troupe's Communicator (its default options) by messages: direct
+    // exchange for small buffers (each rank sends its buffer to every other
+    // and sums them all), else recursive halving-doubling (p a power of two)
+    // or a ring; the sums by this rank. (Not modelled: the shared memory
+    // segment that ranks all of one host's processes take instead, faster:
+    // comm/shm_all_reduce.h.)
     const comm::CommunicatorOptions o;
     if (bytes <= static_cast<double>(o.direct_max_bytes)) {
       return (p - 1) * l.seconds(bytes) + add_seconds((p - 1) * bytes);

@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <bit>
 #include <chrono>
 #include <cstring>
@@ -18,6 +19,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -138,7 +140,7 @@ std::vector<std::vector<float>> by_segment(int p, std::size_t n, SumOrder order)
       [&](int r) {
         std::vector<float> x = values(r, n);
         EXPECT_TRUE(members[static_cast<std::size_t>(r)]
-                        ->all_reduce(x.data(), n, order, [] { return absl::OkStatus(); })
+                        ->all_reduce(x.data(), n, order, 0, [] { return absl::OkStatus(); })
                         .ok());
         out[static_cast<std::size_t>(r)] = std::move(x);
       },
@@ -225,7 +227,7 @@ TEST_F(SharedMemoryAllReduce, AFailureEndsEveryWait) {
         waits.push_back(std::async(std::launch::async, [&, r] {
           std::vector<float> x(1000, 1.0f);
           return members[static_cast<std::size_t>(r)]->all_reduce(
-              x.data(), x.size(), SumOrder::kMembers, [&, r] {
+              x.data(), x.size(), SumOrder::kMembers, 0, [&, r] {
                 const bool late =
                     std::chrono::steady_clock::now() - start > std::chrono::milliseconds(20);
                 return by_check && r == p - 2 && late
@@ -375,10 +377,48 @@ TEST_F(SharedMemoryAllReduce, TheCommunicatorsMembersCallingWithDifferentSizesAl
           });
       for (const absl::Status& st : got) {
         EXPECT_TRUE(absl::IsInvalidArgument(st)) << "p " << p << ": " << st;
+        EXPECT_NE(st.message().find("shared memory all-reduce"), std::string_view::npos) << st;
       }
       EXPECT_EQ(cs[0]->shared_memory_all_reduces(), set_up_first ? 1u : 0u);
     }
   }
+}
+
+// A member whose all-reduce has nothing to sum (0 floats) skips the segment;
+// its next all-reduce, of the size the others' current one has, is another
+// collective of the group: an error on both, not two calls summed together
+// (and the other's next all-reduce waiting for ever).
+TEST_F(SharedMemoryAllReduce, AMemberThatSkippedAnAllReduceIsCaught) {
+  auto fabric = std::make_shared<InProcFabric>(2);
+  fabric->share_memory_for_test();
+  std::vector<std::unique_ptr<Transport>> ts;
+  std::vector<std::unique_ptr<Communicator>> cs;
+  for (int r = 0; r < 2; r++) {
+    ts.push_back(fabric->endpoint(r));
+    cs.push_back(
+        std::make_unique<Communicator>(*ts.back(), std::vector<int>{0, 1}, GroupKind::kTest));
+  }
+  std::vector<std::vector<absl::Status>> got(2);
+  run_members(
+      2,
+      [&](int r) {
+        // Member 0: 1000, 0, 1000 floats; member 1: 1000, 1000, 1000.
+        for (std::size_t n :
+             {std::size_t{1000}, r == 0 ? std::size_t{0} : std::size_t{1000}, std::size_t{1000}}) {
+          std::vector<float> x(std::max<std::size_t>(n, 1), 1.0f);
+          got[static_cast<std::size_t>(r)].push_back(
+              cs[static_cast<std::size_t>(r)]->all_reduce_sync(x.data(), n));
+        }
+      },
+      [&] {
+        for (auto& c : cs) c->fail(absl::DeadlineExceededError("the case's deadline"));
+      });
+  ASSERT_EQ(got[0].size(), 3u);
+  ASSERT_EQ(got[1].size(), 3u);
+  EXPECT_TRUE(got[0][0].ok() && got[0][1].ok() && got[1][0].ok()) << got[0][0] << got[1][0];
+  EXPECT_TRUE(absl::IsInvalidArgument(got[0][2])) << got[0][2];  // its 3rd met member 1's 2nd
+  EXPECT_TRUE(absl::IsInvalidArgument(got[1][1])) << got[1][1];
+  EXPECT_FALSE(got[1][2].ok());  // (the group failed)
 }
 
 // Members calling with different sizes: an error on every member, not a
@@ -387,18 +427,23 @@ TEST_F(SharedMemoryAllReduce, DifferentSizesAreAnErrorOnEveryMember) {
   for (int p : {2, 3}) {
     std::vector<std::unique_ptr<ShmAllReduce>> members = segment_of(p);
     ASSERT_EQ(members.size(), static_cast<std::size_t>(p));
-    std::vector<absl::Status> got(p);
+    std::vector<absl::Status> got(p), again(p);
     run_members(
         p,
         [&](int r) {
           std::vector<float> x(r == 1 ? 999 : 1000, 1.0f);
           got[static_cast<std::size_t>(r)] = members[static_cast<std::size_t>(r)]->all_reduce(
-              x.data(), x.size(), SumOrder::kMembers, [] { return absl::OkStatus(); });
+              x.data(), x.size(), SumOrder::kMembers, 0, [] { return absl::OkStatus(); });
+          // The segment failed for good: the next call, of one size, fails at once.
+          std::vector<float> y(1000, 1.0f);
+          again[static_cast<std::size_t>(r)] = members[static_cast<std::size_t>(r)]->all_reduce(
+              y.data(), y.size(), SumOrder::kMembers, 1, [] { return absl::OkStatus(); });
         },
         [&] {
           for (auto& m : members) m->fail_all(absl::DeadlineExceededError("the case's deadline"));
         });
     for (const absl::Status& st : got) EXPECT_TRUE(absl::IsInvalidArgument(st)) << st;
+    for (const absl::Status& st : again) EXPECT_TRUE(absl::IsInvalidArgument(st)) << st;
   }
 }
 
@@ -417,7 +462,8 @@ TEST_F(SharedMemoryAllReduce, APairsSumsStayRightRoundTheirPlaces) {
         for (int k = 0; k < kCalls; k++) {
           std::vector<float> x = values(r + 2 * k, n);
           const absl::Status st = members[static_cast<std::size_t>(r)]->all_reduce(
-              x.data(), n, SumOrder::kMembers, [] { return absl::OkStatus(); });
+              x.data(), n, SumOrder::kMembers, static_cast<std::uint32_t>(k),
+              [] { return absl::OkStatus(); });
           EXPECT_TRUE(st.ok()) << st;
           got[static_cast<std::size_t>(2 * k + r)] = std::move(x);
         }

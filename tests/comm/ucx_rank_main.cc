@@ -6,7 +6,7 @@
 //                 sums depend on their order the same bits with and without
 //                 shared memory; prints the bytes it received by single copy
 //                 and the all-reduces done through shared memory, then "ok"
-//   kill          all-reduces of 16 MiB in a loop (of 3 or more ranks through
+//   kill          all-reduces of 16 MiB in a loop (of 2 or more ranks through
 //                 shared memory); rank --victim kills itself mid-operation;
 //                 every other rank must get an error naming it (prints the
 //                 wall-clock times the driver turns into a detection time)

@@ -18,6 +18,7 @@
 #include <tuple>
 #include <vector>
 
+#include "comm/shm_all_reduce.h"
 #include "tests/free_port.h"
 
 extern char** environ;
@@ -110,12 +111,12 @@ bool cross_process_reads_allowed() {
 
 // Whether this host lets a process make a POSIX shared memory segment (what
 // the all-reduce of processes of one host takes where it can).
-bool shared_memory_usable() {
+bool shared_memory_usable(int members) {
   const std::string name = "/troupe-test-" + std::to_string(::getpid());
   const int fd = ::shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
   if (fd < 0) return false;
-  // (A pair's segment is the largest these tests make: ShmAllReduce.)
-  const bool room = ::posix_fallocate(fd, 0, 5 << 20) == 0;
+  const auto bytes = static_cast<off_t>(troupe::comm::ShmAllReduce::segment_bytes(members));
+  const bool room = ::posix_fallocate(fd, 0, bytes) == 0;
   ::close(fd);
   ::shm_unlink(name.c_str());
   return room;
@@ -135,8 +136,9 @@ TEST_P(UcxCollectives, AcrossProcesses) {
     EXPECT_NE(out.find("ok"), std::string::npos);
     std::smatch m;
     ASSERT_TRUE(std::regex_search(out, m, shared)) << out;
-    if (n >= 2 && shared_memory_usable()) {
-      EXPECT_GT(std::stoull(m[1]), 0u) << "rank " << r << ": none through shared memory";
+    if (n >= 2 && shared_memory_usable(n)) {
+      // Every all-reduce of `c` with something to sum: 5 sizes, 2 a size, 2 passes.
+      EXPECT_EQ(std::stoull(m[1]), 20u) << "rank " << r << ": not all through shared memory";
     } else {
       EXPECT_EQ(std::stoull(m[1]), 0u) << "rank " << r;
     }
@@ -196,7 +198,7 @@ TEST_P(UcxKilledRank, IsAnErrorOnEveryOtherRank) {
     const std::regex shared("shared-memory all-reduces ([0-9]+)");
     ASSERT_TRUE(std::regex_search(out, m, shared)) << out;
     const bool segment = std::string(scenario) == "kill" || std::string(scenario) == "kill_pair";
-    EXPECT_EQ(std::stoull(m[1]) > 0, segment && shared_memory_usable()) << "rank " << r;
+    EXPECT_EQ(std::stoull(m[1]) > 0, segment && shared_memory_usable(n)) << "rank " << r;
   }
   const double detection = last_error_at - killed_at;
   std::printf("[ detection ] every survivor had its error %.3f s after the kill\n", detection);

@@ -405,7 +405,7 @@ TEST_F(UcxSingleCopy, RouteCopiesTakesNoSingleCopy) {
 
 // A communicator's all-reduce up to copies_max_bytes goes by copies, a
 // larger one by single copy, on both members; both sum right (each member
-// adds 1 + rank). (By messages: with `shared_memory`, two processes of one
+// adds 1 + rank). (By messages: with `shared_memory`, two transports of one
 // host all-reduce through a segment.)
 TEST_F(UcxSingleCopy, SmallCollectivesGoByCopiesLargeOnesBySingleCopy) {
   auto p = connected_pair();
