@@ -304,19 +304,32 @@ TEST_F(SharedMemoryAllReduce, AMemberWithoutTheSegmentKeepsTheGroupOnMessages) {
   }
 }
 
+// p Communicators of default options over an in-process fabric whose ranks
+// say they share memory (so they take the segment).
+struct SharedGroupOf {
+  std::shared_ptr<InProcFabric> fabric;
+  std::vector<std::unique_ptr<Transport>> ts;
+  std::vector<std::unique_ptr<Communicator>> cs;
+};
+
+SharedGroupOf shared_group_of(int p) {
+  SharedGroupOf g{std::make_shared<InProcFabric>(p), {}, {}};
+  g.fabric->share_memory_for_test();
+  std::vector<int> ranks;
+  for (int r = 0; r < p; r++) ranks.push_back(r);
+  for (int r = 0; r < p; r++) {
+    g.ts.push_back(g.fabric->endpoint(r));
+    g.cs.push_back(std::make_unique<Communicator>(*g.ts.back(), ranks, GroupKind::kTest));
+  }
+  return g;
+}
+
 // A member's communicator fails (its liveness check lost a peer) while the
 // others wait for it in the segment: their all-reduces end with its cause.
 TEST_F(SharedMemoryAllReduce, AFailedMembersCauseEndsTheOthersAllReduces) {
   const int p = 3;
-  auto fabric = std::make_shared<InProcFabric>(p);
-  fabric->share_memory_for_test();
-  std::vector<std::unique_ptr<Transport>> ts;
-  std::vector<std::unique_ptr<Communicator>> cs;
-  for (int r = 0; r < p; r++) {
-    ts.push_back(fabric->endpoint(r));
-    cs.push_back(
-        std::make_unique<Communicator>(*ts.back(), std::vector<int>{0, 1, 2}, GroupKind::kTest));
-  }
+  SharedGroupOf group = shared_group_of(p);
+  auto& cs = group.cs;
   std::vector<std::vector<float>> x(p, std::vector<float>(1000, 1.0f));  // (outlives the calls)
   auto unblock = [&] {
     for (auto& c : cs) c->fail(absl::UnavailableError("rank 1 lost: its link closed"));
@@ -349,16 +362,8 @@ TEST_F(SharedMemoryAllReduce, AFailedMembersCauseEndsTheOthersAllReduces) {
 TEST_F(SharedMemoryAllReduce, TheCommunicatorsMembersCallingWithDifferentSizesAllFail) {
   for (int p : {2, 3}) {
     for (bool set_up_first : {false, true}) {
-      auto fabric = std::make_shared<InProcFabric>(p);
-      fabric->share_memory_for_test();
-      std::vector<int> ranks;
-      for (int r = 0; r < p; r++) ranks.push_back(r);
-      std::vector<std::unique_ptr<Transport>> ts;
-      std::vector<std::unique_ptr<Communicator>> cs;
-      for (int r = 0; r < p; r++) {
-        ts.push_back(fabric->endpoint(r));
-        cs.push_back(std::make_unique<Communicator>(*ts.back(), ranks, GroupKind::kTest));
-      }
+      SharedGroupOf group = shared_group_of(p);
+      auto& cs = group.cs;
       std::vector<absl::Status> got(static_cast<std::size_t>(p));
       run_members(
           p,
@@ -389,15 +394,8 @@ TEST_F(SharedMemoryAllReduce, TheCommunicatorsMembersCallingWithDifferentSizesAl
 // collective of the group: an error on both, not two calls summed together
 // (and the other's next all-reduce waiting for ever).
 TEST_F(SharedMemoryAllReduce, AMemberThatSkippedAnAllReduceIsCaught) {
-  auto fabric = std::make_shared<InProcFabric>(2);
-  fabric->share_memory_for_test();
-  std::vector<std::unique_ptr<Transport>> ts;
-  std::vector<std::unique_ptr<Communicator>> cs;
-  for (int r = 0; r < 2; r++) {
-    ts.push_back(fabric->endpoint(r));
-    cs.push_back(
-        std::make_unique<Communicator>(*ts.back(), std::vector<int>{0, 1}, GroupKind::kTest));
-  }
+  SharedGroupOf group = shared_group_of(2);
+  auto& cs = group.cs;
   std::vector<std::vector<absl::Status>> got(2);
   run_members(
       2,
@@ -453,7 +451,7 @@ TEST_F(SharedMemoryAllReduce, DifferentSizesAreAnErrorOnEveryMember) {
 TEST_F(SharedMemoryAllReduce, APairsSumsStayRightRoundTheirPlaces) {
   std::vector<std::unique_ptr<ShmAllReduce>> members = segment_of(2);
   ASSERT_EQ(members.size(), 2u);
-  const std::size_t n = 3 * ShmAllReduce::kSlotFloats + 12345;  // 4 pieces, the last part full
+  const std::size_t n = 3 * ShmAllReduce::kSlotFloats + 12345;  // 4 pieces, the last partly full
   constexpr int kCalls = 30;
   std::vector<std::vector<float>> got(2 * kCalls);
   run_members(
