@@ -489,6 +489,10 @@ Command add_launch_command(CLI::App& app) {
   cmd->add_flag("--elastic", f->elastic,
                 "A restart uses the hosts still reachable, with the largest --dp that fits "
                 "(the checkpoint is resharded on load)");
+  cmd->add_flag("--bind-cores", f->bind_cores,
+                "Each worker on its share of its host's CPUs, by local rank: a block each, or "
+                "one each in turn where workers outnumber them (as deepspeed "
+                "--bind_cores_to_rank, mpirun --bind-to core)");
   return [f] { return run_launch(*f); };
 }
 

@@ -54,8 +54,9 @@ struct LaunchFlags {
   std::string run_dir;
   std::string token_file;
   double join_timeout_s = 120;
-  int max_restarts = 0;  // --max-restarts: a failed job starts again from its newest checkpoint
-  bool elastic = false;  // --elastic: ... on the hosts still reachable, with the dp that fits
+  int max_restarts = 0;     // --max-restarts: a failed job starts again from its newest checkpoint
+  bool elastic = false;     // --elastic: ... on the hosts still reachable, with the dp that fits
+  bool bind_cores = false;  // --bind-cores: each worker on its share of its host's CPUs
 };
 
 std::string self_exe();

@@ -29,6 +29,7 @@ std::vector<std::string> worker_flags(const LaunchFlags& f, const AttemptPlan& p
   out.insert(out.end(), {"--flight-dir", flight_dir(f, plan.index)});
   if (!plan.load.empty()) out.insert(out.end(), {"--load", plan.load});
   if (!plan.load.empty() && !plan.load_optim) out.push_back("--no-load-optim");
+  if (f.bind_cores) out.push_back("--bind-cores");
   return out;
 }
 

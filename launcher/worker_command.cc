@@ -29,6 +29,7 @@
 #include "api/train_flags.h"
 #include "comm/auth.h"
 #include "launcher/commands.h"
+#include "launcher/cpu_binding.h"
 #include "launcher/exit_codes.h"
 #include "launcher/launch_support.h"
 #include "launcher/trace_signal.h"
@@ -45,6 +46,7 @@ struct WorkerFlags {
   std::string token_file;
   std::string control_socket;
   double join_timeout_s = 120;
+  bool bind_cores = false;  // --bind-cores: this worker on its share of the host's CPUs
 };
 
 // The job token: stdin (from the launcher), --token-file, TROUPE_JOB_TOKEN.
@@ -78,6 +80,35 @@ absl::StatusOr<std::string> read_token(const std::string& token_file) {
 // How many workers share this host, as the engine says (1 if it does not).
 int local_workers() { return local_world_from_env(::getenv); }
 
+// --bind-cores: this process, every thread it has and will start, on its
+// local rank's share of the CPUs it may use (launcher/cpu_binding.h).
+absl::Status bind_cores(int rank) {
+  absl::StatusOr<std::optional<int>> local_rank = local_rank_from_env(::getenv);
+  if (!local_rank.ok()) return local_rank.status();
+  if (!local_rank->has_value()) {
+    return absl::InvalidArgumentError(
+        "--bind-cores: no LOCAL_RANK, OMPI_COMM_WORLD_LOCAL_RANK or SLURM_LOCALID says which of "
+        "this host's workers this is");
+  }
+  const int local = **local_rank, workers = local_workers();
+  if (local >= workers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--bind-cores: local rank ", local, " of ", workers,
+                     " workers on this host (LOCAL_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_SIZE or "
+                     "SLURM's tasks per node)"));
+  }
+  absl::StatusOr<std::vector<int>> allowed = allowed_cpus();
+  if (!allowed.ok()) return allowed.status();
+  if (allowed->empty()) return absl::InternalError("--bind-cores: this process may use no CPU");
+  const std::vector<int> mine = cpu_share(*allowed, local, workers);
+  if (absl::Status st = bind_process(mine); !st.ok()) {
+    return absl::Status(st.code(), absl::StrCat("--bind-cores: ", st.message()));
+  }
+  std::fprintf(stderr, "troupe worker: rank %d bound to CPU %s (local rank %d of %d on CPU %s)\n",
+               rank, cpu_list(mine).c_str(), local, workers, cpu_list(*allowed).c_str());
+  return absl::OkStatus();
+}
+
 int run(WorkerFlags& f) {
   auto fail = [](const absl::Status& st, int code = 1) {
     std::fprintf(stderr, "troupe worker: error: %s\n", std::string(st.message()).c_str());
@@ -110,6 +141,10 @@ int run(WorkerFlags& f) {
     engine = true;
     std::fprintf(stderr, "troupe worker: rank %d of %d (from %s), coordinator at %s:%d\n", f.rank,
                  f.world, (*where)->engine.c_str(), f.master_addr.c_str(), f.master_port);
+  }
+  // (Before this process starts a thread: the device's, the actors'.)
+  if (f.bind_cores) {
+    if (absl::Status st = bind_cores(f.rank); !st.ok()) return fail(st);
   }
   if (f.world != par.world()) {
     return fail(absl::InvalidArgumentError(absl::StrCat("the job has ", f.world, " ranks but --tp ",
@@ -238,6 +273,9 @@ Command add_worker_command(CLI::App& app) {
   cmd->add_option("--join-timeout", flags->join_timeout_s,
                   "Seconds to wait for the whole job to assemble")
       ->capture_default_str();
+  cmd->add_flag("--bind-cores", flags->bind_cores,
+                "Run on this worker's share of the CPUs it may use, by its local rank: a block "
+                "each, or one each in turn where workers outnumber them");
   return [flags] { return run(*flags); };
 }
 

@@ -171,6 +171,14 @@ int local_world_from_env(const GetEnv& getenv) {
   return 1;
 }
 
+absl::StatusOr<std::optional<int>> local_rank_from_env(const GetEnv& getenv) {
+  for (const char* v : {"LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID"}) {
+    absl::StatusOr<std::optional<int>> n = int_var(getenv, v);
+    if (!n.ok() || n->has_value()) return n;
+  }
+  return std::optional<int>();
+}
+
 std::string world_on_this_host(const GetEnv& getenv, int world) {
   int n = 0;
   auto said = [](const char* v, const char* s, bool yes) {

@@ -49,6 +49,12 @@ absl::StatusOr<std::optional<WorldPosition>> world_from_env(const GetEnv& getenv
 // says nonsense).
 int local_world_from_env(const GetEnv& getenv);
 
+// This worker's place among those of its host, as the engine says:
+// LOCAL_RANK (torchrun, troupe launch), OMPI_COMM_WORLD_LOCAL_RANK or
+// SLURM_LOCALID, the first that is set; nullopt where none is, an error
+// naming the variable where it is not a number.
+absl::StatusOr<std::optional<int>> local_rank_from_env(const GetEnv& getenv);
+
 // What says all `world` workers of the job run on this host, as
 // "VARIABLE=value": LOCAL_WORLD_SIZE or OMPI_COMM_WORLD_LOCAL_SIZE equal to
 // `world` (the first of them that is set decides), else

@@ -15,6 +15,11 @@ Cases:
                         norms within 1e-4 relative (other sum orders; no
                         TF32), learning rates equal; exit 77 (skipped) with
                         fewer GPUs
+  bind_cores FLAGS...   equivalence with `launch --bind-cores`: each rank's log
+                        says it is bound to its local rank's share of the
+                        CPUs this test may use (launcher/cpu_binding.h's
+                        rule: a block each, or one each in turn where the
+                        workers outnumber the CPUs), every local rank once
   agents FLAGS...       the same through one agent per (pretend) host, started
                         by an --rsh template
   torchrun FLAGS...     workers started with torchrun's variables (RANK,
@@ -53,6 +58,7 @@ Each prints what it measured (detection times) for the note.
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import socket
@@ -61,61 +67,10 @@ import sys
 import time
 os.environ.setdefault("TROUPE_DEVICE", "cpu")  # the tests pin the device, as ctest does
 
-TROUPE, WORK = sys.argv[1], sys.argv[2]
-os.makedirs(WORK, exist_ok=True)
+from launch_compare import (TROUPE, WORK, compare, compare_close, fail, reference,  # noqa: E402
+                            remove, run, tag_of)
 SMALL = ["--model", "tiny", "--global-batch-size", "8", "--micro-batch-size", "2"]
 LONG = SMALL + ["--pp", "2", "--dp", "2", "--steps", "100000", "--log-interval", "1"]
-
-
-def fail(msg):
-    print("FAIL:", msg)
-    sys.exit(1)
-
-
-def run(args, **kw):
-    return subprocess.run(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          timeout=kw.pop("timeout", 240), **kw)
-
-
-def read_metrics(path):
-    try:
-        with open(path) as f:
-            return [json.loads(line) for line in f if line.strip()]
-    except OSError as e:
-        fail(f"{path}: {e}")
-
-
-def compare(want_path, got_path, want_weights=None, got_weights=None):
-    want, got = read_metrics(want_path), read_metrics(got_path)
-    if len(want) != len(got) or not want:
-        fail(f"{len(want)} steps in one-process run, {len(got)} in the distributed run")
-    for a, b in zip(want, got):
-        for k in ("loss", "grad_norm", "lr", "val_loss", "global_batch_size", "consumed_samples"):
-            if a.get(k) != b.get(k):  # the JSONL has 17 digits: the doubles exactly
-                fail(f"step {a['step']}: {k} {a[k]!r} in one process, {b[k]!r} across processes")
-    if want_weights:
-        with open(want_weights, "rb") as f1, open(got_weights, "rb") as f2:
-            if f1.read() != f2.read():
-                fail(f"{got_weights} differs from {want_weights}")
-    print(f"OK: {len(want)} steps bitwise equal" + (", weights byte for byte" if want_weights else ""))
-
-
-def compare_close(want_path, got_path, tolerance):
-    want, got = read_metrics(want_path), read_metrics(got_path)
-    if len(want) != len(got) or not want:
-        fail(f"{len(want)} steps in one-process run, {len(got)} in the distributed run")
-    worst = 0.0
-    for a, b in zip(want, got):
-        for k in ("lr", "global_batch_size", "consumed_samples"):
-            if a.get(k) != b.get(k):
-                fail(f"step {a['step']}: {k} {a[k]!r} on the CPU, {b[k]!r} on the GPUs")
-        for k in ("loss", "grad_norm"):
-            rel = abs(a[k] - b[k]) / max(abs(a[k]), 1e-30)
-            worst = max(worst, rel)
-            if rel > tolerance:
-                fail(f"step {a['step']}: {k} {a[k]!r} on the CPU, {b[k]!r} on the GPUs "
-                     f"({rel:.2e} relative, more than {tolerance})")
-    print(f"OK: {len(want)} steps within {tolerance} of the CPU (at most {worst:.2e} relative)")
 
 
 def gpu_count():
@@ -147,31 +102,6 @@ def on_gpus(need, flags):
     if r.returncode != 0:
         fail(f"troupe launch exited {r.returncode}")
     compare_close(want_m, got_m, 1e-4)
-
-
-def remove(*paths):
-    """No output of an earlier run may stand in for this run's."""
-    for p in paths:
-        if os.path.exists(p):
-            os.remove(p)
-
-
-def reference(flags, tag):
-    m, w = f"{WORK}/{tag}-train.jsonl", f"{WORK}/{tag}-train.safetensors"
-    remove(m, w)
-    if "--device" in flags:  # the reference is the CPU's
-        at = flags.index("--device")
-        flags = flags[:at] + flags[at + 2:]
-    flags = [a for a in flags if not a.startswith("--device=")] + ["--device", "cpu"]
-    r = run([TROUPE, "train", *flags, "--metrics-jsonl", m, "--save-weights", w])
-    if r.returncode != 0:
-        fail("troupe train: " + r.stdout)
-    return m, w
-
-
-def tag_of(flags):
-    words = "-".join(os.path.basename(a.strip("-")) for a in flags)
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in words)[:80]
 
 
 def free_port():
@@ -209,6 +139,44 @@ def launch_and_compare(flags, extra, relative=False):
         with open(f"{run_dir}/{name}", errors="replace") as f:
             if f"the control channel {want}" not in f.read():
                 fail(f"{name}: no 'the control channel {want}'")
+    return run_dir
+
+
+def cpu_list(cpus):
+    """[0, 1, 2, 5] -> "0-2,5"."""
+    out, i = [], 0
+    while i < len(cpus):
+        j = i
+        while j + 1 < len(cpus) and cpus[j + 1] == cpus[j] + 1:
+            j += 1
+        out.append(str(cpus[i]) if i == j else f"{cpus[i]}-{cpus[j]}")
+        i = j + 1
+    return ",".join(out)
+
+
+def bind_cores(flags):
+    run_dir = launch_and_compare(flags, ["--bind-cores"])
+    allowed = sorted(os.sched_getaffinity(0))
+    seen = {}
+    for name in sorted(os.listdir(run_dir)):
+        if not (name.startswith("rank-") and name.endswith(".log")):
+            continue
+        rank = int(name[5:10])
+        with open(f"{run_dir}/{name}", errors="replace") as f:
+            text = f.read()
+        m = re.search(r"rank (\d+) bound to CPU (\S+) \(local rank (\d+) of (\d+) on CPU (\S+)\)", text)
+        if not m or int(m.group(1)) != rank:
+            fail(f"{name}: no 'rank {rank} bound to CPU ...' line")
+        local, workers = int(m.group(3)), int(m.group(4))
+        c = len(allowed)
+        want = [allowed[local % c]] if workers > c else allowed[local * c // workers:(local + 1) * c // workers]
+        if m.group(2) != cpu_list(want) or m.group(5) != cpu_list(allowed):
+            fail(f"{name}: '{m.group(0)}'; local rank {local} of {workers} on CPU "
+                 f"{cpu_list(allowed)} takes CPU {cpu_list(want)}")
+        seen[local] = workers
+    if sorted(seen) != list(range(len(seen))) or set(seen.values()) != {len(seen)}:
+        fail(f"local ranks {seen} are not 0..{len(seen) - 1} of {len(seen)}")
+    print(f"OK: {len(seen)} workers bound to their shares of CPU {cpu_list(allowed)}")
 
 
 def engine_and_compare(flags, engine):
@@ -560,6 +528,8 @@ def intruders(agents):
 case, args = sys.argv[3], sys.argv[4:]
 if case == "equivalence":
     launch_and_compare(args, [])
+elif case == "bind_cores":
+    bind_cores(args)
 elif case == "gpus":
     on_gpus(int(args[0]), args[1:])
 elif case == "agents":

@@ -105,6 +105,23 @@ TEST(LocalWorld, EachEnginesVariable) {
   EXPECT_EQ(local_world_from_env(env({{"LOCAL_WORLD_SIZE", "x"}})), 1);
 }
 
+TEST(LocalRank, EachEnginesVariableTheMostSpecificFirst) {
+  auto rank = [](std::map<std::string, std::string> vars) {
+    absl::StatusOr<std::optional<int>> r = local_rank_from_env(env(std::move(vars)));
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() && r->has_value() ? **r : -1;
+  };
+  EXPECT_EQ(rank({}), -1);
+  EXPECT_EQ(rank({{"LOCAL_RANK", "3"}}), 3);
+  EXPECT_EQ(rank({{"OMPI_COMM_WORLD_LOCAL_RANK", "2"}}), 2);
+  EXPECT_EQ(rank({{"SLURM_LOCALID", "1"}}), 1);
+  // (torchrun inside a SLURM allocation: torchrun's.)
+  EXPECT_EQ(rank({{"LOCAL_RANK", "0"}, {"SLURM_LOCALID", "5"}}), 0);
+  absl::StatusOr<std::optional<int>> bad = local_rank_from_env(env({{"LOCAL_RANK", "x"}}));
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("LOCAL_RANK=x"), std::string::npos) << bad.status();
+}
+
 // The UCX transport drops TCP only where the engine says every worker is
 // on this host; silence or nonsense keeps it.
 TEST(LocalWorld, TheWholeWorldOnThisHostOnlyWhereTheEngineSaysSo) {

@@ -1,0 +1,105 @@
+// --bind-cores' shares (launcher/cpu_binding.h: a block each, or one CPU
+// each in turn where workers outnumber the CPUs), and that binding a
+// process binds the threads it already has.
+#include "launcher/cpu_binding.h"
+
+#include <gtest/gtest.h>
+#include <sched.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <set>
+#include <thread>
+
+namespace troupe::launcher {
+namespace {
+
+std::vector<int> iota(int n, int first = 0) {
+  std::vector<int> v;
+  for (int i = 0; i < n; i++) v.push_back(first + i);
+  return v;
+}
+
+TEST(CpuShare, NoMoreWorkersThanCpusTakeBlocksThatCoverEveryCpuOnce) {
+  EXPECT_EQ(cpu_share(iota(2), 0, 2), std::vector<int>({0}));
+  EXPECT_EQ(cpu_share(iota(2), 1, 2), std::vector<int>({1}));
+  EXPECT_EQ(cpu_share(iota(8), 1, 4), std::vector<int>({2, 3}));
+  // 16 CPUs for 3: 5, 5 and 6.
+  EXPECT_EQ(cpu_share(iota(16), 0, 3), iota(5));
+  EXPECT_EQ(cpu_share(iota(16), 1, 3), iota(5, 5));
+  EXPECT_EQ(cpu_share(iota(16), 2, 3), iota(6, 10));
+  // The set's own numbers (a taskset or cgroup's), not 0..C-1.
+  EXPECT_EQ(cpu_share({4, 5, 8, 9}, 1, 2), std::vector<int>({8, 9}));
+  for (int c = 1; c <= 12; c++) {
+    for (int l = 1; l <= c; l++) {
+      std::multiset<int> all;
+      for (int i = 0; i < l; i++) {
+        const std::vector<int> share = cpu_share(iota(c), i, l);
+        EXPECT_FALSE(share.empty()) << c << " CPUs, worker " << i << " of " << l;
+        all.insert(share.begin(), share.end());
+      }
+      const std::vector<int> every = iota(c);
+      EXPECT_EQ(all, std::multiset<int>(every.begin(), every.end())) << c << " / " << l;
+    }
+  }
+}
+
+TEST(CpuShare, MoreWorkersThanCpusTakeOneEachInTurn) {
+  // (Neighbouring ranks, a pipeline's adjacent stages, on different CPUs.)
+  for (int i = 0; i < 8; i++) EXPECT_EQ(cpu_share(iota(2), i, 8), std::vector<int>({i % 2}));
+  EXPECT_EQ(cpu_share({3, 7, 11}, 4, 6), std::vector<int>({7}));
+}
+
+TEST(CpuList, RangesAndSingles) {
+  EXPECT_EQ(cpu_list({}), "");
+  EXPECT_EQ(cpu_list({0}), "0");
+  EXPECT_EQ(cpu_list({0, 1}), "0-1");
+  EXPECT_EQ(cpu_list({0, 1, 2, 3, 8, 10, 11}), "0-3,8,10-11");
+}
+
+TEST(AllowedCpus, AreThisProcesssAffinity) {
+  absl::StatusOr<std::vector<int>> cpus = allowed_cpus();
+  ASSERT_TRUE(cpus.ok()) << cpus.status();
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  ASSERT_EQ(::sched_getaffinity(0, sizeof set, &set), 0);
+  std::vector<int> want;
+  for (int cpu = 0; cpu < CPU_SETSIZE; cpu++) {
+    if (CPU_ISSET(cpu, &set)) want.push_back(cpu);
+  }
+  EXPECT_EQ(*cpus, want);
+}
+
+// In a child process (the test's own stays as it was): a thread started
+// before the binding runs on the bound CPU after it, as does the caller.
+TEST(BindProcess, BindsTheThreadsAlreadyThere) {
+  absl::StatusOr<std::vector<int>> cpus = allowed_cpus();
+  ASSERT_TRUE(cpus.ok() && !cpus->empty());
+  const int target = cpus->back();
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    std::atomic<int> stage{0};
+    std::vector<int> seen;
+    std::thread early([&] {
+      while (stage.load() == 0) std::this_thread::yield();
+      absl::StatusOr<std::vector<int>> mine = allowed_cpus();
+      if (mine.ok()) seen = *mine;
+      stage.store(2);
+    });
+    const bool bound = bind_process({target}).ok();
+    stage.store(1);
+    early.join();
+    absl::StatusOr<std::vector<int>> caller = allowed_cpus();
+    const bool ok = bound && seen == std::vector<int>({target}) && caller.ok() &&
+                    *caller == std::vector<int>({target});
+    ::_exit(ok ? 0 : 1);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status;
+}
+
+}  // namespace
+}  // namespace troupe::launcher
