@@ -13,7 +13,10 @@ the slope of the step time over pp, halved, is one hop. Measured
   in_process_us     `troupe train --pp P`: the ranks as actors in one process
   cross_process_us  `troupe launch --pp P`: a worker process a stage, over UCX
 
-at pp 1, 2, 4 and 8, each point the median step of R runs' medians. The
+at pp 1, 2, 4 and 8, each point the median step of R runs' medians; and
+across processes once more with `troupe launch --bind-cores` (each worker
+process on its share of the CPUs: on 2 cores one each, in turn by rank;
+launcher/cpu_binding.h), on a line of its own (`"bench": "hop_bound"`). The
 slope holds everything a stage adds to a step, not only its hops: its
 part of the step's start, its gradient buckets, its optimizer partition
 and the parameters' way back, which on a 2-core host are serialised with
@@ -106,7 +109,6 @@ import argparse
 import json
 import os
 import resource
-import signal
 import statistics
 import subprocess
 import sys
@@ -115,6 +117,7 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from report import free_port, perftest, run_ranks, slope  # noqa: E402
+from hop_chains import GLOO_CHAIN_LIMIT_BYTES, chain_step_us  # noqa: E402
 
 ap = argparse.ArgumentParser()
 ap.add_argument("troupe")
@@ -162,6 +165,21 @@ def median_step_us(cmd, metrics):
     return statistics.median(row["step_s"] for row in rows[SKIP:]) * 1e6, usage
 
 
+# The ways a pipeline runs: "train" (the ranks as actors of one process),
+# "launch" (a worker process a rank, as `troupe launch` starts them by
+# default) and "launch-bound" (the same with --bind-cores: each worker on
+# its share of the CPUs, here one of the 2 each, in turn by rank).
+def troupe_argv(command):
+    return [args.troupe, "train" if command == "train" else "launch"]
+
+
+def launch_flags(command, tag):
+    """What a `troupe launch` run adds: its run directory, and --bind-cores."""
+    if command == "train":
+        return []
+    return ["--run-dir", f"{WORK}/{tag}"] + (["--bind-cores"] if command == "launch-bound" else [])
+
+
 def flags_for(size, pp):
     T = size // (4 * C)
     return ["--model", "tiny", "--layers", "8", "--channels", str(C), "--heads", "1",
@@ -184,8 +202,8 @@ def traced_hops_us(command, size, pp, segments=None):
     gate to the op's start (the receiving stream thread's wake-up)."""
     tag = f"{command}-{size}-traced"
     trace = f"{WORK}/{tag}-trace"
-    extra = ["--run-dir", f"{WORK}/{tag}"] if command == "launch" else []
-    r = subprocess.run([args.troupe, command, *flags_for(size, pp), "--trace", trace,
+    extra = launch_flags(command, tag)
+    r = subprocess.run([*troupe_argv(command), *flags_for(size, pp), "--trace", trace,
                         "--trace-steps", f"{SKIP}:{args.steps}", *extra],
                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if r.returncode != 0:
@@ -222,68 +240,6 @@ def traced_hops_us(command, size, pp, segments=None):
     return hops
 
 
-CHAIN_STEPS = 2000
-CHAIN_TIMEOUT_S = 120
-# Gloo's unbound-buffer messages from 64 KiB stall in this pattern on
-# loopback TCP (a step of 2 processes took 44 ms at 64 KiB and 308 ms at
-# 256 KiB; 1 MiB did not end 100 steps in 20 s): its chain runs below that.
-GLOO_CHAIN_LIMIT_BYTES = 64 << 10
-
-
-def ranks_within(argvs, seconds):
-    """Runs one process per argv (each in a session of its own: a timeout
-    kills all it started); rank 0's stdout, or RuntimeError if one fails or
-    they are not done within `seconds`."""
-    errs = [tempfile.TemporaryFile(mode="w+", dir=WORK) for _ in argvs]
-    procs = [subprocess.Popen(a, stdout=subprocess.PIPE if k == 0 else subprocess.DEVNULL,
-                              stderr=errs[k], text=True, start_new_session=True)
-             for k, a in enumerate(argvs)]
-    try:
-        out, _ = procs[0].communicate(timeout=seconds)
-        for p in procs[1:]:
-            p.wait(timeout=seconds)
-    except subprocess.TimeoutExpired:
-        for p in procs:
-            try:
-                os.killpg(p.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            p.wait()
-        raise RuntimeError(f"not done within {seconds} s")
-    for p, err in zip(procs, errs):
-        if p.returncode != 0:
-            err.seek(0)
-            raise RuntimeError(f"rank failed ({p.returncode}): {err.read()[-500:]}")
-    return out
-
-
-def chain_step_us(impl, binary, size, pp):
-    """One run of a bare pipeline of pp processes (bench/comm_bench.cc
-    `--mode chain`, bench/comm_mpi.cc and comm_gloo.cc `chain`): its median
-    step, or None where it could not run (said on stderr)."""
-    for attempt in (1, 2):  # (Gloo's TCP pairs now and then drop one at start-up)
-        try:
-            if impl == "troupe-ucx":
-                port = str(free_port())
-                argvs = [[binary, "--rank", str(k), "--size", str(pp), "--port", port, "--mode",
-                          "chain", "--min-bytes", str(size), "--iters", str(CHAIN_STEPS)]
-                         for k in range(pp)]
-            elif impl == "openmpi":
-                # (Unbound, as troupe's ranks: mpirun binds 2 ranks to cores by default.)
-                argvs = [["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none",
-                          "-np", str(pp), binary, "chain", str(size), str(CHAIN_STEPS)]]
-            else:
-                store = tempfile.mkdtemp(dir=WORK)
-                argvs = [[binary, str(k), str(pp), store, "chain", str(size), str(CHAIN_STEPS)]
-                         for k in range(pp)]
-            text = ranks_within(argvs, CHAIN_TIMEOUT_S)
-            return next(json.loads(line) for line in text.splitlines()
-                        if line.startswith("{"))["step_us"]
-        except (RuntimeError, StopIteration, ValueError, KeyError) as e:
-            print(f"hop_bench: {impl} chain, pp {pp}, attempt {attempt}: {e}", file=sys.stderr)
-    return None
-
-
 def reference_hop_us(size):
     """The same pipeline with nothing but its messages: pp processes pass
     `size` bytes down and back, each waiting for its input before it sends
@@ -303,7 +259,7 @@ def reference_hop_us(size):
             continue
         points = []
         for pp in STAGES:
-            runs = [chain_step_us(impl, binary, size, pp) for _ in range(args.reps)]
+            runs = [chain_step_us(impl, binary, size, pp, WORK) for _ in range(args.reps)]
             runs = [r for r in runs if r is not None]
             if not runs:
                 break
@@ -340,8 +296,8 @@ def hop_us(command, size):
         for k in range(args.reps):
             tag = f"{command}-{size}-pp{pp}-{k}"
             metrics = f"{WORK}/{tag}.jsonl"
-            extra = ["--run-dir", f"{WORK}/{tag}"] if command == "launch" else []
-            runs.append(median_step_us([args.troupe, command, *flags, "--metrics-jsonl", metrics,
+            extra = launch_flags(command, tag)
+            runs.append(median_step_us([*troupe_argv(command), *flags, "--metrics-jsonl", metrics,
                                         *extra], metrics))
         step = statistics.median(r[0] for r in runs)
         emit(bench="hop_step", command=command, activation_bytes=size, pp=pp, step_us=step,
@@ -360,10 +316,10 @@ def stage_cpu(command, size, usage):
     per_step = {}
     for pp in (STAGES[0], STAGES[-1]):
         tag = f"{command}-{size}-pp{pp}-long"
-        extra = ["--run-dir", f"{WORK}/{tag}"] if command == "launch" else []
+        extra = launch_flags(command, tag)
         flags = flags_for(size, pp)
         flags[flags.index("--steps") + 1] = str(3 * args.steps)
-        cpu, switches = run_usage([args.troupe, command, *flags, "--metrics-jsonl",
+        cpu, switches = run_usage([*troupe_argv(command), *flags, "--metrics-jsonl",
                                    f"{WORK}/{tag}.jsonl", *extra])  # (as the runs above)
         base_cpu = statistics.median(u[0] for u in usage[pp])
         base_switches = statistics.median(u[1] for u in usage[pp])
@@ -398,8 +354,8 @@ def step_loop_us(command):
     for k in range(args.reps):
         tag = f"{command}-loop-{k}"
         trace = f"{WORK}/{tag}-trace"
-        extra = ["--run-dir", f"{WORK}/{tag}"] if command == "launch" else []
-        r = subprocess.run([args.troupe, command, *flags_for(4096, 1), "--trace", trace,
+        extra = launch_flags(command, tag)
+        r = subprocess.run([*troupe_argv(command), *flags_for(4096, 1), "--trace", trace,
                             "--trace-steps", f"{SKIP}:{args.steps}", *extra],
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         if r.returncode != 0:
@@ -466,9 +422,10 @@ if args.only != "paths":
     for size in (int(s) for s in args.sizes.split(",")):
         in_process, cpu_in = hop_us("train", size)
         cross_process, cpu_across = hop_us("launch", size)
+        bound, cpu_bound = hop_us("launch-bound", size)
         ucx = statistics.median(perftest("tag_lat", size)[0] for _ in range(args.reps))
         direct = {}
-        for command in ("train", "launch"):
+        for command in ("train", "launch", "launch-bound"):
             median, deciles = direct_hop_us(command, size)
             direct[command] = median
             emit(bench="hop_direct", command=command, activation_bytes=size, pp=STAGES[-1],
@@ -476,11 +433,15 @@ if args.only != "paths":
         emit(bench="hop_direct", activation_bytes=size,
              direct_in_process_us=round(direct["train"], 2),
              direct_cross_process_us=round(direct["launch"], 2))
+        emit(bench="hop_bound", activation_bytes=size, slope_us=round(bound, 2),
+             traced_us=round(direct["launch-bound"], 2),
+             how="across processes, `troupe launch --bind-cores`")
         row = {"hop_bytes": size, "in_process_us": round(in_process, 2),
                "cross_process_us": round(cross_process, 2), "ucx_one_way_us": round(ucx, 2),
                "wakeup_us": round(wakeup, 2)}
         rows.append(dict(row, direct_in=direct["train"], direct_across=direct["launch"],
-                         cpu_in=cpu_in, cpu_across=cpu_across,
+                         cpu_in=cpu_in, cpu_across=cpu_across, bound=bound,
+                         direct_bound=direct["launch-bound"], cpu_bound=cpu_bound,
                          reference=reference_hop_us(size)))
         print(json.dumps(row), flush=True)
 
@@ -494,6 +455,9 @@ if args.only != "paths":
         print(f"{r['hop_bytes']:9d} {r['in_process_us']:8.1f}us {r['direct_in']:7.1f}us "
               f"{r['cross_process_us']:8.1f}us {r['direct_across']:7.1f}us "
               f"{r['ucx_one_way_us']:8.1f}us {r['wakeup_us']:6.1f}us {r['direct_across'] - floor:20.1f}us")
+    for r in rows:
+        print(f"{r['hop_bytes']:9d} across, each worker process on one of the {CORES} CPUs in turn "
+              f"(--bind-cores): slope {r['bound']:.1f}us, traced {r['direct_bound']:.1f}us")
     print()
     print("the same pipeline with nothing but its messages (a process a stage, the bytes down "
           "and back, no op, no step's control), per hop; troupe's slope across over it")
@@ -508,11 +472,11 @@ if args.only != "paths":
     print(f"what a stage adds to a step's CPU (every thread, every process) and its context "
           f"switches; over {CORES} cores, per hop: the slope's figure "
           f"where the CPU bounds the step")
-    print(f"{'bytes':>9s} {'in process':>32s} {'across':>32s}")
+    print(f"{'bytes':>9s} {'in process':>32s} {'across':>32s} {'across, --bind-cores':>32s}")
     for r in rows:
         cells = [f"{c:7.1f}us {n:5.1f} sw -> {b:5.1f}us"
-                 for c, n, b in (r["cpu_in"], r["cpu_across"])]
-        print(f"{r['hop_bytes']:9d} {cells[0]:>32s} {cells[1]:>32s}")
+                 for c, n, b in (r["cpu_in"], r["cpu_across"], r["cpu_bound"])]
+        print(f"{r['hop_bytes']:9d} {cells[0]:>32s} {cells[1]:>32s} {cells[2]:>32s}")
 
 if args.only != "hops":
     paths = []
@@ -547,6 +511,10 @@ if args.only != "paths":
         targets.append(("hop across (slope)", r["cross_process_us"], 60, r["cpu_across"][2],
                         "the CPU a stage adds to a step, over the cores (with yield-polling)"))
         targets.append(("hop across (traced)", r["direct_across"], 60,
+                        r["ucx_one_way_us"] + r["wakeup_us"], "UCX one-way + one wake-up"))
+        targets.append(("hop across, bound (slope)", r["bound"], 60, r["cpu_bound"][2],
+                        "the same, with --bind-cores"))
+        targets.append(("hop across, bound (traced)", r["direct_bound"], 60,
                         r["ucx_one_way_us"] + r["wakeup_us"], "UCX one-way + one wake-up"))
 if args.only != "hops":
     for path, inp, cross in paths:
