@@ -15,7 +15,7 @@ the slope of the step time over pp, halved, is one hop. Measured
 
 at pp 1, 2, 4 and 8, each point the median step of R runs' medians; and
 across processes once more with `troupe launch --bind-cores` (each worker
-process on its share of the CPUs: on 2 cores one each, in turn by rank;
+process on its share of the CPUs: from pp 2 on 2 cores one each, in turn;
 launcher/cpu_binding.h), on a line of its own (`"bench": "hop_bound"`). The
 slope holds everything a stage adds to a step, not only its hops: its
 part of the step's start, its gradient buckets, its optimizer partition
@@ -168,7 +168,8 @@ def median_step_us(cmd, metrics):
 # The ways a pipeline runs: "train" (the ranks as actors of one process),
 # "launch" (a worker process a rank, as `troupe launch` starts them by
 # default) and "launch-bound" (the same with --bind-cores: each worker on
-# its share of the CPUs, here one of the 2 each, in turn by rank).
+# its share of the CPUs: at pp 1 all of them, from pp 2 on a 2-core host one
+# each, in turn by rank).
 def troupe_argv(command):
     return [args.troupe, "train" if command == "train" else "launch"]
 
@@ -456,7 +457,7 @@ if args.only != "paths":
               f"{r['cross_process_us']:8.1f}us {r['direct_across']:7.1f}us "
               f"{r['ucx_one_way_us']:8.1f}us {r['wakeup_us']:6.1f}us {r['direct_across'] - floor:20.1f}us")
     for r in rows:
-        print(f"{r['hop_bytes']:9d} across, each worker process on one of the {CORES} CPUs in turn "
+        print(f"{r['hop_bytes']:9d} across, each worker process on its share of the {CORES} CPUs "
               f"(--bind-cores): slope {r['bound']:.1f}us, traced {r['direct_bound']:.1f}us")
     print()
     print("the same pipeline with nothing but its messages (a process a stage, the bytes down "
@@ -546,4 +547,4 @@ for name, got, limit, floor, why in targets:
         below += " (below the limit)"
     elif floor is not None and got < floor:
         below += " (above the measure: not a floor here)"
-    print(f"{name:>24s} {got:7.1f}us < {limit:3d}us {met:>8s}{below}")
+    print(f"{name:>26s} {got:7.1f}us < {limit:3d}us {met:>8s}{below}")

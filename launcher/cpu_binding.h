@@ -1,16 +1,21 @@
 // `--bind-cores` (troupe launch, troupe worker): each worker process of a
 // host runs on a share of the CPUs it may use, as `deepspeed
-// --bind_cores_to_rank`, `mpirun --bind-to core` and `srun --cpu-bind` do.
-// The share of local rank i of L workers, of the C CPUs this process may
-// run on (sched_getaffinity: a cgroup's or taskset's set, in the kernel's
-// numbering, hardware threads each):
-//   L <= C: a block, CPUs [i*C/L, (i+1)*C/L) of the set in order;
-//   L >  C: one CPU, the (i mod C)th, so that neighbouring ranks (a
-//           pipeline's adjacent stages) go to different CPUs.
-// A bound process's threads (its CAF worker, stream, transport and control
-// threads) share its CPUs' caches and wake each other without waking
-// another CPU; on a 2-core VM at pp 8, 8 workers bound in turn made a
-// zero-cost step about a fifth shorter (docs/RUNTIME_COST.md).
+// --bind_cores_to_rank` and `srun --cpu-bind=cores` do. The share of local
+// rank i of L workers, of the C CPUs this process may run on
+// (sched_getaffinity: a cgroup's or taskset's set; a CPU is a hardware
+// thread), the CPUs ordered by package, then core, so that a core's
+// hardware threads are neighbours:
+//   L <= C: a block, the CPUs [i*C/L, (i+1)*C/L) of that order (whole cores
+//           where C/L is a multiple of the threads a core);
+//   L >  C: one CPU, the (i mod C)th in the order that takes each core's
+//           first hardware thread before any core's second, so that local
+//           ranks next to each other go to different cores (in Megatron's
+//           rank order, t fastest, then d, then s: at tp 1 and dp 1 a
+//           pipeline's neighbouring stages).
+// A process bound to one CPU hands off between its threads (its CAF
+// worker, stream, UCX progress and control threads) without waking
+// another CPU: on a 2-core VM at pp 8 a zero-cost step's slope across
+// processes fell by about a fifth (docs/RUNTIME_COST.md).
 #pragma once
 
 #include <string>
@@ -18,20 +23,38 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace troupe::launcher {
 
-// The share above; `allowed` sorted, not empty; 0 <= local_rank < local_world.
-std::vector<int> cpu_share(const std::vector<int>& allowed, int local_rank, int local_world);
+struct Cpu {
+  int id = 0;       // the kernel's number
+  int package = 0;  // /sys/devices/system/cpu/cpuN/topology/physical_package_id
+  int core = 0;     // .../core_id (within the package)
+};
+
+// The share above, as the kernel's numbers, sorted; `allowed` not empty;
+// 0 <= local_rank < local_world.
+std::vector<int> cpu_share(std::vector<Cpu> allowed, int local_rank, int local_world);
 
 // The CPUs this process may run on, sorted.
 absl::StatusOr<std::vector<int>> allowed_cpus();
+// Their packages and cores from sysfs (where it has none: one package, a
+// core a CPU).
+std::vector<Cpu> cpu_topology(const std::vector<int>& ids);
+// The CPUs the host lets this process's cgroup use (its cpuset's effective
+// CPUs, cgroup v2 or v1), else the online ones: what an engine's binding
+// narrows. Empty where none can be read.
+std::vector<int> host_cpus();
 
-// Binds every thread of this process (each task of /proc/self/task) to
-// `cpus`; threads started later inherit it.
+// Binds every thread of this process to `cpus`: this one, then each task
+// of /proc/self/task until a pass finds none new (a thread started by one
+// not yet bound). Threads started later inherit it.
 absl::Status bind_process(const std::vector<int>& cpus);
 
-// "0-3,8,10-11".
+// "0-3,8,10-11", and back (InvalidArgument naming the text if it is not a
+// list).
 std::string cpu_list(const std::vector<int>& cpus);
+absl::StatusOr<std::vector<int>> parse_cpu_list(absl::string_view text);
 
 }  // namespace troupe::launcher

@@ -76,10 +76,13 @@ WorkerLaunches worker_launches(const WorkerLaunchArgs& a) {
   for (const Placement& p : job.placement) {
     const comm::Coord c = layout.coord(p.rank);
     const int local = per_host[p.host];
+    // (With --bind-cores and no --threads, each worker takes a thread a CPU
+    // of its share, which it reads on its host: the table says "share".)
+    const bool by_share = f.bind_cores && o.threads <= 0;
     const int threads = o.threads > 0 ? o.threads : std::max(1, cores / local);
-    std::printf("  %5d  (%d,%d,%d)%*s  %-20s  %5d  %7d  %s\n", p.rank, c.d, c.s, c.t,
+    std::printf("  %5d  (%d,%d,%d)%*s  %-20s  %5d  %7s  %s\n", p.rank, c.d, c.s, c.t,
                 static_cast<int>(9 - absl::StrFormat("(%d,%d,%d)", c.d, c.s, c.t).size()), "",
-                p.host.c_str(), p.local_rank, threads,
+                p.host.c_str(), p.local_rank, by_share ? "share" : absl::StrCat(threads).c_str(),
                 device_column(f.train.device, p.local_rank).c_str());
     WorkerLaunch w{.rank = p.rank, .host = p.host};
     w.argv = {self_exe(), "worker"};
@@ -95,7 +98,7 @@ WorkerLaunches worker_launches(const WorkerLaunchArgs& a) {
       w.argv.push_back("--control-socket");
       w.argv.push_back(a.local_socket);
     }
-    if (o.threads <= 0) {
+    if (o.threads <= 0 && !by_share) {
       w.argv.push_back("--threads");
       w.argv.push_back(std::to_string(threads));
     }

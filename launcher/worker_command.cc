@@ -81,32 +81,39 @@ absl::StatusOr<std::string> read_token(const std::string& token_file) {
 int local_workers() { return local_world_from_env(::getenv); }
 
 // --bind-cores: this process, every thread it has and will start, on its
-// local rank's share of the CPUs it may use (launcher/cpu_binding.h).
-absl::Status bind_cores(int rank) {
-  absl::StatusOr<std::optional<int>> local_rank = local_rank_from_env(::getenv);
-  if (!local_rank.ok()) return local_rank.status();
-  if (!local_rank->has_value()) {
+// local rank's share of the CPUs it may use (launcher/cpu_binding.h); the
+// share. Under an engine (`engine`) that bound each task to CPUs of its own
+// already (srun's --cpu-bind, mpirun's --bind-to), its share would be a
+// part of that task's: an error naming the way out.
+absl::StatusOr<std::vector<int>> bind_cores(int rank, bool engine) {
+  absl::StatusOr<std::optional<LocalPosition>> local = local_position_from_env(::getenv);
+  if (!local.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--bind-cores: ", local.status().message()));
+  }
+  if (!local->has_value()) {
     return absl::InvalidArgumentError(
         "--bind-cores: no LOCAL_RANK, OMPI_COMM_WORLD_LOCAL_RANK or SLURM_LOCALID says which of "
         "this host's workers this is");
   }
-  const int local = **local_rank, workers = local_workers();
-  if (local >= workers) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--bind-cores: local rank ", local, " of ", workers,
-                     " workers on this host (LOCAL_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_SIZE or "
-                     "SLURM's tasks per node)"));
-  }
   absl::StatusOr<std::vector<int>> allowed = allowed_cpus();
   if (!allowed.ok()) return allowed.status();
   if (allowed->empty()) return absl::InternalError("--bind-cores: this process may use no CPU");
-  const std::vector<int> mine = cpu_share(*allowed, local, workers);
+  if (const std::vector<int> host = host_cpus();
+      engine && !host.empty() && allowed->size() < host.size()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--bind-cores: this process may use CPU ", cpu_list(*allowed), " of the ", cpu_list(host),
+        " this host gives its cgroup: its engine bound it already (each task "
+        "to its own CPUs, which --bind-cores would split among the host's workers); start it "
+        "with srun --cpu-bind=none or mpirun --bind-to none, or leave out --bind-cores"));
+  }
+  const LocalPosition& l = **local;
+  const std::vector<int> mine = cpu_share(cpu_topology(*allowed), l.rank, l.workers);
   if (absl::Status st = bind_process(mine); !st.ok()) {
     return absl::Status(st.code(), absl::StrCat("--bind-cores: ", st.message()));
   }
   std::fprintf(stderr, "troupe worker: rank %d bound to CPU %s (local rank %d of %d on CPU %s)\n",
-               rank, cpu_list(mine).c_str(), local, workers, cpu_list(*allowed).c_str());
-  return absl::OkStatus();
+               rank, cpu_list(mine).c_str(), l.rank, l.workers, cpu_list(*allowed).c_str());
+  return mine;
 }
 
 int run(WorkerFlags& f) {
@@ -142,9 +149,13 @@ int run(WorkerFlags& f) {
     std::fprintf(stderr, "troupe worker: rank %d of %d (from %s), coordinator at %s:%d\n", f.rank,
                  f.world, (*where)->engine.c_str(), f.master_addr.c_str(), f.master_port);
   }
-  // (Before this process starts a thread: the device's, the actors'.)
+  // (Before the actors, the transport and the streams start their threads;
+  // any there are already, as a CUDA driver's, are bound too.)
+  std::vector<int> share;
   if (f.bind_cores) {
-    if (absl::Status st = bind_cores(f.rank); !st.ok()) return fail(st);
+    absl::StatusOr<std::vector<int>> bound = bind_cores(f.rank, engine);
+    if (!bound.ok()) return fail(bound.status());
+    share = *std::move(bound);
   }
   if (f.world != par.world()) {
     return fail(absl::InvalidArgumentError(absl::StrCat("the job has ", f.world, " ranks but --tp ",
@@ -219,7 +230,10 @@ int run(WorkerFlags& f) {
       .spec = {.options = o,
                .parallel = par,
                .rank = f.rank,
-               .threads = o.threads > 0 ? o.threads : std::max(1, cores / local_workers()),
+               // (Bound: a thread a CPU of its share.)
+               .threads = o.threads > 0    ? o.threads
+                          : !share.empty() ? static_cast<int>(share.size())
+                                           : std::max(1, cores / local_workers()),
                .factory = stage_factory(f.train),
                .load = load,
                .load_optimizer = ck.load_optim,

@@ -148,17 +148,14 @@ int tasks_on_node(absl::string_view list, int node) {
 
 }  // namespace
 
-int local_world_from_env(const GetEnv& getenv) {
-  auto positive = [](const char* v, int* out) {
-    return v != nullptr && absl::SimpleAtoi(v, out) && *out > 0;
-  };
-  int n = 0;
-  for (const char* v : {"LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"}) {
-    if (positive(getenv(v), &n)) return n;
-  }
-  // SLURM: the step's own list (an srun step inherits the job's
-  // SLURM_NTASKS_PER_NODE even where it runs fewer tasks a node).
-  int node = 0;
+namespace {
+
+// This node's tasks as SLURM says: its entry (by SLURM_NODEID) of the
+// step's own list (an srun step inherits the job's SLURM_NTASKS_PER_NODE
+// even where it runs fewer tasks a node), of the job's, or
+// SLURM_NTASKS_PER_NODE; 0 where none says.
+int slurm_tasks_here(const GetEnv& getenv) {
+  int node = 0, n = 0;
   if (const char* id = getenv("SLURM_NODEID");
       id != nullptr && absl::SimpleAtoi(id, &node) && node >= 0) {
     for (const char* v : {"SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"}) {
@@ -167,16 +164,60 @@ int local_world_from_env(const GetEnv& getenv) {
       }
     }
   }
-  if (positive(getenv("SLURM_NTASKS_PER_NODE"), &n)) return n;
-  return 1;
+  const char* v = getenv("SLURM_NTASKS_PER_NODE");
+  return v != nullptr && absl::SimpleAtoi(v, &n) && n > 0 ? n : 0;
 }
 
-absl::StatusOr<std::optional<int>> local_rank_from_env(const GetEnv& getenv) {
-  for (const char* v : {"LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID"}) {
-    absl::StatusOr<std::optional<int>> n = int_var(getenv, v);
-    if (!n.ok() || n->has_value()) return n;
+}  // namespace
+
+int local_world_from_env(const GetEnv& getenv) {
+  int n = 0;
+  for (const char* v : {"LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"}) {
+    if (const char* value = getenv(v); value != nullptr && absl::SimpleAtoi(value, &n) && n > 0) {
+      return n;
+    }
   }
-  return std::optional<int>();
+  n = slurm_tasks_here(getenv);
+  return n > 0 ? n : 1;
+}
+
+absl::StatusOr<std::optional<LocalPosition>> local_position_from_env(const GetEnv& getenv) {
+  struct Engine {
+    const char *rank, *count;
+  };
+  for (const Engine e : {Engine{"LOCAL_RANK", "LOCAL_WORLD_SIZE"},
+                         Engine{"OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"},
+                         Engine{"SLURM_LOCALID", nullptr}}) {
+    absl::StatusOr<std::optional<int>> rank = int_var(getenv, e.rank);
+    if (!rank.ok()) return rank.status();
+    if (!rank->has_value()) continue;
+    LocalPosition p;
+    p.rank = **rank;
+    if (e.count != nullptr) {
+      absl::StatusOr<std::optional<int>> count = int_var(getenv, e.count);
+      if (!count.ok()) return count.status();
+      if (!count->has_value() || **count == 0) {
+        return absl::InvalidArgumentError(absl::StrCat(e.rank, " is set but ", e.count, " is ",
+                                                       count->has_value() ? "0" : "not set"));
+      }
+      p.workers = **count;
+      p.from = absl::StrCat(e.rank, " and ", e.count);
+    } else {
+      p.workers = slurm_tasks_here(getenv);
+      if (p.workers == 0) {
+        return absl::InvalidArgumentError(
+            "SLURM_LOCALID is set but not this node's tasks (SLURM_NODEID with "
+            "SLURM_STEP_TASKS_PER_NODE or SLURM_TASKS_PER_NODE, or SLURM_NTASKS_PER_NODE)");
+      }
+      p.from = "SLURM_LOCALID and SLURM's tasks per node";
+    }
+    if (p.rank >= p.workers) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("local rank ", p.rank, " of ", p.workers, " workers (", p.from, ")"));
+    }
+    return std::optional<LocalPosition>(p);
+  }
+  return std::optional<LocalPosition>();
 }
 
 std::string world_on_this_host(const GetEnv& getenv, int world) {

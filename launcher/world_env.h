@@ -49,11 +49,18 @@ absl::StatusOr<std::optional<WorldPosition>> world_from_env(const GetEnv& getenv
 // says nonsense).
 int local_world_from_env(const GetEnv& getenv);
 
-// This worker's place among those of its host, as the engine says:
-// LOCAL_RANK (torchrun, troupe launch), OMPI_COMM_WORLD_LOCAL_RANK or
-// SLURM_LOCALID, the first that is set; nullopt where none is, an error
-// naming the variable where it is not a number.
-absl::StatusOr<std::optional<int>> local_rank_from_env(const GetEnv& getenv);
+// This worker's place among its host's workers, and how many they are,
+// from one engine's variables: LOCAL_RANK and LOCAL_WORLD_SIZE (torchrun,
+// troupe launch), OMPI_COMM_WORLD_LOCAL_RANK and _LOCAL_SIZE, or
+// SLURM_LOCALID and this node's tasks (as local_world_from_env reads them);
+// the first engine whose rank is set. nullopt where none is; an error naming
+// the variables where the rank is set and its count is not, either is not a
+// number, or the rank is not below the count.
+struct LocalPosition {
+  int rank = 0, workers = 1;
+  std::string from;  // the variables, for messages
+};
+absl::StatusOr<std::optional<LocalPosition>> local_position_from_env(const GetEnv& getenv);
 
 // What says all `world` workers of the job run on this host, as
 // "VARIABLE=value": LOCAL_WORLD_SIZE or OMPI_COMM_WORLD_LOCAL_SIZE equal to

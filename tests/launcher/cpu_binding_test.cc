@@ -1,6 +1,7 @@
 // --bind-cores' shares (launcher/cpu_binding.h: a block each, or one CPU
-// each in turn where workers outnumber the CPUs), and that binding a
-// process binds the threads it already has.
+// each in turn where workers outnumber the CPUs, a core's hardware threads
+// together), CPU lists, and that binding a process binds the threads it
+// already has.
 #include "launcher/cpu_binding.h"
 
 #include <gtest/gtest.h>
@@ -8,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <set>
 #include <thread>
@@ -21,21 +23,40 @@ std::vector<int> iota(int n, int first = 0) {
   return v;
 }
 
+// CPUs 0..n-1, a core each (a VM's vCPUs; sysfs' fallback).
+std::vector<Cpu> flat(const std::vector<int>& ids) {
+  std::vector<Cpu> out;
+  for (int id : ids) out.push_back({.id = id, .package = 0, .core = id});
+  return out;
+}
+
+// `packages` x `cores` cores of 2 hardware threads, numbered as Linux does
+// on x86: every core's first thread, then every core's second (CPU n and
+// n + packages*cores share a core).
+std::vector<Cpu> hyperthreaded(int packages, int cores) {
+  std::vector<Cpu> out;
+  const int n = packages * cores;
+  for (int id = 0; id < 2 * n; id++) {
+    out.push_back({.id = id, .package = (id % n) / cores, .core = id % cores});
+  }
+  return out;
+}
+
 TEST(CpuShare, NoMoreWorkersThanCpusTakeBlocksThatCoverEveryCpuOnce) {
-  EXPECT_EQ(cpu_share(iota(2), 0, 2), std::vector<int>({0}));
-  EXPECT_EQ(cpu_share(iota(2), 1, 2), std::vector<int>({1}));
-  EXPECT_EQ(cpu_share(iota(8), 1, 4), std::vector<int>({2, 3}));
+  EXPECT_EQ(cpu_share(flat(iota(2)), 0, 2), std::vector<int>({0}));
+  EXPECT_EQ(cpu_share(flat(iota(2)), 1, 2), std::vector<int>({1}));
+  EXPECT_EQ(cpu_share(flat(iota(8)), 1, 4), std::vector<int>({2, 3}));
   // 16 CPUs for 3: 5, 5 and 6.
-  EXPECT_EQ(cpu_share(iota(16), 0, 3), iota(5));
-  EXPECT_EQ(cpu_share(iota(16), 1, 3), iota(5, 5));
-  EXPECT_EQ(cpu_share(iota(16), 2, 3), iota(6, 10));
+  EXPECT_EQ(cpu_share(flat(iota(16)), 0, 3), iota(5));
+  EXPECT_EQ(cpu_share(flat(iota(16)), 1, 3), iota(5, 5));
+  EXPECT_EQ(cpu_share(flat(iota(16)), 2, 3), iota(6, 10));
   // The set's own numbers (a taskset or cgroup's), not 0..C-1.
-  EXPECT_EQ(cpu_share({4, 5, 8, 9}, 1, 2), std::vector<int>({8, 9}));
+  EXPECT_EQ(cpu_share(flat({4, 5, 8, 9}), 1, 2), std::vector<int>({8, 9}));
   for (int c = 1; c <= 12; c++) {
     for (int l = 1; l <= c; l++) {
       std::multiset<int> all;
       for (int i = 0; i < l; i++) {
-        const std::vector<int> share = cpu_share(iota(c), i, l);
+        const std::vector<int> share = cpu_share(flat(iota(c)), i, l);
         EXPECT_FALSE(share.empty()) << c << " CPUs, worker " << i << " of " << l;
         all.insert(share.begin(), share.end());
       }
@@ -47,8 +68,28 @@ TEST(CpuShare, NoMoreWorkersThanCpusTakeBlocksThatCoverEveryCpuOnce) {
 
 TEST(CpuShare, MoreWorkersThanCpusTakeOneEachInTurn) {
   // (Neighbouring ranks, a pipeline's adjacent stages, on different CPUs.)
-  for (int i = 0; i < 8; i++) EXPECT_EQ(cpu_share(iota(2), i, 8), std::vector<int>({i % 2}));
-  EXPECT_EQ(cpu_share({3, 7, 11}, 4, 6), std::vector<int>({7}));
+  for (int i = 0; i < 8; i++) EXPECT_EQ(cpu_share(flat(iota(2)), i, 8), std::vector<int>({i % 2}));
+  EXPECT_EQ(cpu_share(flat({3, 7, 11}), 4, 6), std::vector<int>({7}));
+}
+
+TEST(CpuShare, ACoresHardwareThreadsGoTogetherAndOneEachGoesCoreByCore) {
+  // 4 cores, CPU n and n+4 on one: two workers take two whole cores each,
+  // not every core's first or second thread.
+  EXPECT_EQ(cpu_share(hyperthreaded(1, 4), 0, 2), std::vector<int>({0, 1, 4, 5}));
+  EXPECT_EQ(cpu_share(hyperthreaded(1, 4), 1, 2), std::vector<int>({2, 3, 6, 7}));
+  EXPECT_EQ(cpu_share(hyperthreaded(1, 4), 3, 4), std::vector<int>({3, 7}));
+  // Two packages of 2 cores (CPU 0-1 package 0, 2-3 package 1, siblings
+  // +4): two workers, a package each.
+  EXPECT_EQ(cpu_share(hyperthreaded(2, 2), 0, 2), std::vector<int>({0, 1, 4, 5}));
+  EXPECT_EQ(cpu_share(hyperthreaded(2, 2), 1, 2), std::vector<int>({2, 3, 6, 7}));
+  // More workers than CPUs: every core's first thread, then the seconds.
+  for (int i = 0; i < 16; i++) {
+    EXPECT_EQ(cpu_share(hyperthreaded(1, 4), i, 16), std::vector<int>({i % 8}));
+  }
+  // (The order given does not matter.)
+  std::vector<Cpu> shuffled = hyperthreaded(1, 4);
+  std::reverse(shuffled.begin(), shuffled.end());
+  EXPECT_EQ(cpu_share(shuffled, 0, 2), std::vector<int>({0, 1, 4, 5}));
 }
 
 TEST(CpuList, RangesAndSingles) {
@@ -56,6 +97,29 @@ TEST(CpuList, RangesAndSingles) {
   EXPECT_EQ(cpu_list({0}), "0");
   EXPECT_EQ(cpu_list({0, 1}), "0-1");
   EXPECT_EQ(cpu_list({0, 1, 2, 3, 8, 10, 11}), "0-3,8,10-11");
+  absl::StatusOr<std::vector<int>> back = parse_cpu_list("0-3,8,10-11\n");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(*back, std::vector<int>({0, 1, 2, 3, 8, 10, 11}));
+  EXPECT_EQ(parse_cpu_list("").value(), std::vector<int>());
+  for (const char* bad : {"x", "3-1", "1-", "-1", "0-2,a"}) {
+    absl::StatusOr<std::vector<int>> got = parse_cpu_list(bad);
+    EXPECT_FALSE(got.ok()) << bad;
+    if (!got.ok()) {
+      EXPECT_NE(got.status().message().find(bad), std::string::npos);
+    }
+  }
+}
+
+TEST(CpuTopology, ThisHostsCpusEachOnce) {
+  absl::StatusOr<std::vector<int>> cpus = allowed_cpus();
+  ASSERT_TRUE(cpus.ok()) << cpus.status();
+  const std::vector<Cpu> topo = cpu_topology(*cpus);
+  ASSERT_EQ(topo.size(), cpus->size());
+  for (std::size_t i = 0; i < topo.size(); i++) EXPECT_EQ(topo[i].id, (*cpus)[i]);
+  // The host's CPUs hold this process's.
+  const std::vector<int> host = host_cpus();
+  ASSERT_FALSE(host.empty());
+  for (int cpu : *cpus) EXPECT_TRUE(std::binary_search(host.begin(), host.end(), cpu)) << cpu;
 }
 
 TEST(AllowedCpus, AreThisProcesssAffinity) {
@@ -76,6 +140,7 @@ TEST(AllowedCpus, AreThisProcesssAffinity) {
 TEST(BindProcess, BindsTheThreadsAlreadyThere) {
   absl::StatusOr<std::vector<int>> cpus = allowed_cpus();
   ASSERT_TRUE(cpus.ok() && !cpus->empty());
+  if (cpus->size() < 2) GTEST_SKIP() << "one CPU: binding to it would change nothing";
   const int target = cpus->back();
   const pid_t child = ::fork();
   ASSERT_GE(child, 0);

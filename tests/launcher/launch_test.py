@@ -67,10 +67,9 @@ import sys
 import time
 os.environ.setdefault("TROUPE_DEVICE", "cpu")  # the tests pin the device, as ctest does
 
-from launch_compare import (TROUPE, WORK, compare, compare_close, fail, reference,  # noqa: E402
-                            remove, run, tag_of)
-SMALL = ["--model", "tiny", "--global-batch-size", "8", "--micro-batch-size", "2"]
-LONG = SMALL + ["--pp", "2", "--dp", "2", "--steps", "100000", "--log-interval", "1"]
+from launch_common import (SMALL, TROUPE, WORK, check_gone, compare, compare_close,  # noqa: E402
+                           fail, finish, fresh, pids_of, reference, remove, run, start_long,
+                           tag_of)
 
 
 def gpu_count():
@@ -154,10 +153,34 @@ def cpu_list(cpus):
     return ",".join(out)
 
 
-def bind_cores(flags):
-    run_dir = launch_and_compare(flags, ["--bind-cores"])
+def share_of(allowed, local, workers):
+    """launcher/cpu_binding.h's rule: the CPUs by package, then core (sysfs'
+    topology), a block each; or, more workers than CPUs, one each in turn,
+    every core's first hardware thread before any core's second."""
+    def topo(cpu, name, otherwise):
+        try:
+            with open(f"/sys/devices/system/cpu/cpu{cpu}/topology/{name}") as f:
+                return int(f.read())
+        except (OSError, ValueError):
+            return otherwise
+    cpus = sorted((topo(c, "physical_package_id", 0), topo(c, "core_id", c), c) for c in allowed)
+    c = len(cpus)
+    if workers > c:
+        nth = {}
+        spread = []
+        for package, core, cpu in cpus:
+            nth[(package, core)] = nth.get((package, core), -1) + 1
+            spread.append((nth[(package, core)], package, core, cpu))
+        return [sorted(spread)[local % c][3]]
+    return sorted(cpu for _, _, cpu in cpus[local * c // workers:(local + 1) * c // workers])
+
+
+def bound_cpus(run_dir):
+    """{rank: its share, as its log says} for every rank log of run_dir,
+    each share checked against the rule for its local rank, every local
+    rank once."""
     allowed = sorted(os.sched_getaffinity(0))
-    seen = {}
+    shares, seen = {}, {}
     for name in sorted(os.listdir(run_dir)):
         if not (name.startswith("rank-") and name.endswith(".log")):
             continue
@@ -168,15 +191,38 @@ def bind_cores(flags):
         if not m or int(m.group(1)) != rank:
             fail(f"{name}: no 'rank {rank} bound to CPU ...' line")
         local, workers = int(m.group(3)), int(m.group(4))
-        c = len(allowed)
-        want = [allowed[local % c]] if workers > c else allowed[local * c // workers:(local + 1) * c // workers]
+        want = share_of(allowed, local, workers)
         if m.group(2) != cpu_list(want) or m.group(5) != cpu_list(allowed):
             fail(f"{name}: '{m.group(0)}'; local rank {local} of {workers} on CPU "
                  f"{cpu_list(allowed)} takes CPU {cpu_list(want)}")
-        seen[local] = workers
-    if sorted(seen) != list(range(len(seen))) or set(seen.values()) != {len(seen)}:
+        shares[rank], seen[local] = m.group(2), workers
+    if not seen or sorted(seen) != list(range(len(seen))) or set(seen.values()) != {len(seen)}:
         fail(f"local ranks {seen} are not 0..{len(seen) - 1} of {len(seen)}")
-    print(f"OK: {len(seen)} workers bound to their shares of CPU {cpu_list(allowed)}")
+    return shares
+
+
+def bind_cores(flags):
+    """--bind-cores: bitwise the one-process run, each rank's log names the
+    share the rule gives it, and mid-run every thread of every worker of a
+    longer job (the actors', the transport's, the streams') runs there."""
+    shares = bound_cpus(launch_and_compare(flags, ["--bind-cores"]))
+    run_dir = f"{WORK}/bind-cores-long"
+    p, pids, seen = start_long(run_dir, ["--bind-cores"])
+    live = bound_cpus(run_dir)
+    threads = 0
+    try:
+        for rank, pid in enumerate(pids):
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                with open(f"/proc/{pid}/task/{tid}/status") as f:
+                    got = re.search(r"Cpus_allowed_list:\s*(\S+)", f.read()).group(1)
+                if got != live[rank]:
+                    fail(f"rank {rank}'s thread {tid} may run on CPU {got}, not its share {live[rank]}")
+                threads += 1
+    finally:
+        p.send_signal(signal.SIGINT)
+    finish(p, seen, time.time(), 10, "SIGINT")
+    print(f"OK: {len(shares)} workers bound to their shares; mid-run, {threads} threads of "
+          f"{len(pids)} workers each on its worker's share")
 
 
 def engine_and_compare(flags, engine):
@@ -289,75 +335,6 @@ def mixed_devices():
         if missing:
             fail(f"rank {rank}'s output lacks {missing}")
     print(f"OK: both ranks stopped in {time.time() - start:.1f} s, naming the devices")
-
-
-def pids_of(run_dir, timeout=60):
-    """Every rank's pid from launch.json, once all are there."""
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        try:
-            with open(f"{run_dir}/launch.json") as f:
-                ranks = json.load(f)["ranks"]
-            if all(r["pid"] for r in ranks):
-                return [r["pid"] for r in ranks]
-        except (OSError, ValueError, KeyError):
-            pass
-        time.sleep(0.05)
-    fail(f"{run_dir}/launch.json never had every pid")
-
-
-def alive(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ")[1][0] != "Z"
-    except OSError:
-        return False
-
-
-def fresh(run_dir):
-    """A run directory of this test run only (not a previous run's launch.json)."""
-    shutil.rmtree(run_dir, ignore_errors=True)
-    return run_dir
-
-
-def start_long(run_dir, extra=()):
-    fresh(run_dir)
-    p = subprocess.Popen([TROUPE, "launch", *extra, *LONG, "--run-dir", run_dir],
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    pids = pids_of(run_dir)
-    # Mid-run: wait for a few steps.
-    seen = ""
-    while "step " not in seen or seen.count("\n") < 15:
-        line = p.stdout.readline()
-        if not line:
-            fail("the launcher ended before training:\n" + seen)
-        seen += line
-    return p, pids, seen
-
-
-def finish(p, seen, start, limit, what):
-    try:
-        out, _ = p.communicate(timeout=limit + 30)
-    except subprocess.TimeoutExpired:
-        p.kill()
-        fail(f"the launcher did not exit after {what}")
-    took = time.time() - start
-    out = seen + out
-    print(out[-3000:])
-    print(f"MEASURED: {what}: the launcher exited {p.returncode} after {took:.2f} s")
-    if took > limit:
-        fail(f"took {took:.2f} s (limit {limit} s)")
-    return out
-
-
-def check_gone(pids, extra=()):
-    deadline = time.time() + 5
-    while time.time() < deadline and any(alive(x) for x in list(pids) + list(extra)):
-        time.sleep(0.05)
-    left = [x for x in list(pids) + list(extra) if alive(x)]
-    if left:
-        fail(f"processes of the job still running: {left}")
-    print(f"OK: none of the job's {len(pids) + len(extra)} processes is left")
 
 
 def check_stopped(run_dir, ranks, culprit):
@@ -526,41 +503,46 @@ def intruders(agents):
 
 
 case, args = sys.argv[3], sys.argv[4:]
-if case == "equivalence":
-    launch_and_compare(args, [])
-elif case == "bind_cores":
-    bind_cores(args)
-elif case == "gpus":
-    on_gpus(int(args[0]), args[1:])
-elif case == "agents":
-    world = 1
-    for k in ("--tp", "--pp", "--dp"):
-        if k in args:
-            world *= int(args[args.index(k) + 1])
-    # The agents start in / with an environment of their own (as ssh would
-    # start them): the workers must still run in the launcher's directory.
-    launch_and_compare(args, ["--hosts", "hostA,hostB", "--rsh",
-                              "env -i -C / PATH=/usr/bin:/bin 'TROUPE_HOST={host}'",
-                              "--nproc-per-node", str((world + 1) // 2)], relative=True)
-elif case in ("torchrun", "mpirun"):
-    engine_and_compare(args, case)
-elif case == "kill_worker":
-    kill_worker(args)
-elif case == "stop_worker":
-    stop_worker()
-elif case == "kill_agent":
-    kill_agent()
-elif case == "kill_launcher":
-    kill_launcher(args == ["agents"])
-elif case == "interrupt":
-    interrupt(args[0])
-elif case == "stall":
-    stall()
-elif case == "default_device":
-    default_device(args == ["ON"])
-elif case == "mixed_devices":
-    mixed_devices()
-elif case == "intruders":
-    intruders(args == ["agents"])
-else:
-    fail(f"unknown case {case}")
+# (An exception is a failure ctest must see: its pass is an "OK: " line,
+# which a case may print before a later check.)
+try:
+    if case == "equivalence":
+        launch_and_compare(args, [])
+    elif case == "bind_cores":
+        bind_cores(args)
+    elif case == "gpus":
+        on_gpus(int(args[0]), args[1:])
+    elif case == "agents":
+        world = 1
+        for k in ("--tp", "--pp", "--dp"):
+            if k in args:
+                world *= int(args[args.index(k) + 1])
+        # The agents start in / with an environment of their own (as ssh would
+        # start them): the workers must still run in the launcher's directory.
+        launch_and_compare(args, ["--hosts", "hostA,hostB", "--rsh",
+                                  "env -i -C / PATH=/usr/bin:/bin 'TROUPE_HOST={host}'",
+                                  "--nproc-per-node", str((world + 1) // 2)], relative=True)
+    elif case in ("torchrun", "mpirun"):
+        engine_and_compare(args, case)
+    elif case == "kill_worker":
+        kill_worker(args)
+    elif case == "stop_worker":
+        stop_worker()
+    elif case == "kill_agent":
+        kill_agent()
+    elif case == "kill_launcher":
+        kill_launcher(args == ["agents"])
+    elif case == "interrupt":
+        interrupt(args[0])
+    elif case == "stall":
+        stall()
+    elif case == "default_device":
+        default_device(args == ["ON"])
+    elif case == "mixed_devices":
+        mixed_devices()
+    elif case == "intruders":
+        intruders(args == ["agents"])
+    else:
+        fail(f"unknown case {case}")
+except Exception as e:  # noqa: BLE001
+    fail(f"{type(e).__name__}: {e}")

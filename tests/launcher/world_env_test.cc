@@ -105,21 +105,47 @@ TEST(LocalWorld, EachEnginesVariable) {
   EXPECT_EQ(local_world_from_env(env({{"LOCAL_WORLD_SIZE", "x"}})), 1);
 }
 
-TEST(LocalRank, EachEnginesVariableTheMostSpecificFirst) {
-  auto rank = [](std::map<std::string, std::string> vars) {
-    absl::StatusOr<std::optional<int>> r = local_rank_from_env(env(std::move(vars)));
-    EXPECT_TRUE(r.ok()) << r.status();
-    return r.ok() && r->has_value() ? **r : -1;
+TEST(LocalPosition, RankAndCountFromOneEngineTheMostSpecificFirst) {
+  auto where = [](std::map<std::string, std::string> vars) {
+    absl::StatusOr<std::optional<LocalPosition>> p = local_position_from_env(env(std::move(vars)));
+    EXPECT_TRUE(p.ok()) << p.status();
+    return p.ok() && p->has_value() ? std::make_pair((*p)->rank, (*p)->workers)
+                                    : std::make_pair(-1, -1);
   };
-  EXPECT_EQ(rank({}), -1);
-  EXPECT_EQ(rank({{"LOCAL_RANK", "3"}}), 3);
-  EXPECT_EQ(rank({{"OMPI_COMM_WORLD_LOCAL_RANK", "2"}}), 2);
-  EXPECT_EQ(rank({{"SLURM_LOCALID", "1"}}), 1);
-  // (torchrun inside a SLURM allocation: torchrun's.)
-  EXPECT_EQ(rank({{"LOCAL_RANK", "0"}, {"SLURM_LOCALID", "5"}}), 0);
-  absl::StatusOr<std::optional<int>> bad = local_rank_from_env(env({{"LOCAL_RANK", "x"}}));
-  ASSERT_FALSE(bad.ok());
-  EXPECT_NE(bad.status().message().find("LOCAL_RANK=x"), std::string::npos) << bad.status();
+  EXPECT_EQ(where({}), std::make_pair(-1, -1));
+  EXPECT_EQ(where({{"LOCAL_RANK", "3"}, {"LOCAL_WORLD_SIZE", "4"}}), std::make_pair(3, 4));
+  EXPECT_EQ(where({{"OMPI_COMM_WORLD_LOCAL_RANK", "2"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "3"}}),
+            std::make_pair(2, 3));
+  EXPECT_EQ(where({{"SLURM_LOCALID", "1"}, {"SLURM_NODEID", "1"}, {"SLURM_TASKS_PER_NODE", "4,2"}}),
+            std::make_pair(1, 2));
+  // (torchrun inside a SLURM allocation: torchrun's pair, not SLURM's count.)
+  EXPECT_EQ(where({{"LOCAL_RANK", "0"},
+                   {"LOCAL_WORLD_SIZE", "2"},
+                   {"SLURM_LOCALID", "5"},
+                   {"SLURM_NTASKS_PER_NODE", "8"}}),
+            std::make_pair(0, 2));
+}
+
+TEST(LocalPosition, ARankWithoutItsEnginesCountOrOutsideItIsAnErrorNamingThem) {
+  auto error = [](std::map<std::string, std::string> vars) {
+    absl::StatusOr<std::optional<LocalPosition>> p = local_position_from_env(env(std::move(vars)));
+    EXPECT_FALSE(p.ok());
+    return p.ok() ? std::string() : std::string(p.status().message());
+  };
+  // (LOCAL_RANK with SLURM's count would pair two engines' numbers.)
+  EXPECT_EQ(error({{"LOCAL_RANK", "1"}, {"SLURM_NTASKS_PER_NODE", "4"}}),
+            "LOCAL_RANK is set but LOCAL_WORLD_SIZE is not set");
+  EXPECT_EQ(error({{"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "0"}}),
+            "LOCAL_RANK is set but LOCAL_WORLD_SIZE is 0");
+  EXPECT_EQ(error({{"LOCAL_RANK", "x"}, {"LOCAL_WORLD_SIZE", "2"}}),
+            "LOCAL_RANK=x: not a non-negative integer");
+  EXPECT_EQ(error({{"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "y"}}),
+            "LOCAL_WORLD_SIZE=y: not a non-negative integer");
+  EXPECT_EQ(
+      error({{"OMPI_COMM_WORLD_LOCAL_RANK", "3"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "3"}}),
+      "local rank 3 of 3 workers (OMPI_COMM_WORLD_LOCAL_RANK and OMPI_COMM_WORLD_LOCAL_SIZE)");
+  EXPECT_NE(error({{"SLURM_LOCALID", "0"}}).find("SLURM_LOCALID is set but not this node's tasks"),
+            std::string::npos);
 }
 
 // The UCX transport drops TCP only where the engine says every worker is

@@ -1,15 +1,19 @@
 """What tests/launcher/launch_test.py's cases share: running troupe, the
-one-process reference run, and the bitwise (or, on GPUs, close)
-comparison of a distributed run's metrics and weights with it. Takes
-TROUPE and WORK from the test's command line (launch_test.py TROUPE
-WORKDIR CASE ...)."""
+one-process reference run, the bitwise (or, on GPUs, close) comparison of
+a distributed run's metrics and weights with it, and a long job mid-run
+with its processes. Takes TROUPE and WORK from the test's command line
+(launch_test.py TROUPE WORKDIR CASE ...)."""
 import json
 import os
+import shutil
 import subprocess
 import sys
+import time
 
 TROUPE, WORK = sys.argv[1], sys.argv[2]
 os.makedirs(WORK, exist_ok=True)
+SMALL = ["--model", "tiny", "--global-batch-size", "8", "--micro-batch-size", "2"]
+LONG = SMALL + ["--pp", "2", "--dp", "2", "--steps", "100000", "--log-interval", "1"]
 
 
 def fail(msg):
@@ -86,3 +90,72 @@ def reference(flags, tag):
 def tag_of(flags):
     words = "-".join(os.path.basename(a.strip("-")) for a in flags)
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in words)[:80]
+
+
+def pids_of(run_dir, timeout=60):
+    """Every rank's pid from launch.json, once all are there."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            with open(f"{run_dir}/launch.json") as f:
+                ranks = json.load(f)["ranks"]
+            if all(r["pid"] for r in ranks):
+                return [r["pid"] for r in ranks]
+        except (OSError, ValueError, KeyError):
+            pass
+        time.sleep(0.05)
+    fail(f"{run_dir}/launch.json never had every pid")
+
+
+def alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ")[1][0] != "Z"
+    except OSError:
+        return False
+
+
+def fresh(run_dir):
+    """A run directory of this test run only (not a previous run's launch.json)."""
+    shutil.rmtree(run_dir, ignore_errors=True)
+    return run_dir
+
+
+def start_long(run_dir, extra=()):
+    fresh(run_dir)
+    p = subprocess.Popen([TROUPE, "launch", *extra, *LONG, "--run-dir", run_dir],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    pids = pids_of(run_dir)
+    # Mid-run: wait for a few steps.
+    seen = ""
+    while "step " not in seen or seen.count("\n") < 15:
+        line = p.stdout.readline()
+        if not line:
+            fail("the launcher ended before training:\n" + seen)
+        seen += line
+    return p, pids, seen
+
+
+def finish(p, seen, start, limit, what):
+    try:
+        out, _ = p.communicate(timeout=limit + 30)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        fail(f"the launcher did not exit after {what}")
+    took = time.time() - start
+    out = seen + out
+    print(out[-3000:])
+    print(f"MEASURED: {what}: the launcher exited {p.returncode} after {took:.2f} s")
+    if took > limit:
+        fail(f"took {took:.2f} s (limit {limit} s)")
+    return out
+
+
+def check_gone(pids, extra=()):
+    deadline = time.time() + 5
+    while time.time() < deadline and any(alive(x) for x in list(pids) + list(extra)):
+        time.sleep(0.05)
+    left = [x for x in list(pids) + list(extra) if alive(x)]
+    if left:
+        fail(f"processes of the job still running: {left}")
+    print(f"OK: none of the job's {len(pids) + len(extra)} processes is left")
