@@ -59,10 +59,12 @@ std::string cgroup_file(absl::string_view hierarchy, const std::string& mount,
     const bool v1 = !hierarchy.empty() && std::find(controllers.begin(), controllers.end(),
                                                     hierarchy) != controllers.end();
     if (!v2 && !v1) continue;
-    for (std::string dir = f[2];; dir = dir.substr(0, dir.rfind('/'))) {
+    for (std::string dir = f[2];;) {
       const std::string path = absl::StrCat(mount, dir == "/" ? "" : dir, "/", name);
       if (!first_line(path).empty()) return path;
-      if (dir.empty() || dir == "/") break;
+      const std::size_t up = dir.rfind('/');
+      if (up == std::string::npos || dir == "/") break;
+      dir = dir.substr(0, up);
     }
   }
   return "";
@@ -124,11 +126,10 @@ std::vector<Cpu> cpu_topology(const std::vector<int>& ids) {
   return out;
 }
 
-std::vector<int> host_cpus() {
+std::vector<int> cgroup_cpus() {
   for (const std::string& path :
        {cgroup_file("", "/sys/fs/cgroup", "cpuset.cpus.effective"),
-        cgroup_file("cpuset", "/sys/fs/cgroup/cpuset", "cpuset.effective_cpus"),
-        std::string("/sys/devices/system/cpu/online")}) {
+        cgroup_file("cpuset", "/sys/fs/cgroup/cpuset", "cpuset.effective_cpus")}) {
     if (path.empty()) continue;
     absl::StatusOr<std::vector<int>> cpus = parse_cpu_list(first_line(path));
     if (cpus.ok() && !cpus->empty()) return *cpus;

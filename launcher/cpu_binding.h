@@ -14,8 +14,10 @@
 //           pipeline's neighbouring stages).
 // A process bound to one CPU hands off between its threads (its CAF
 // worker, stream, UCX progress and control threads) without waking
-// another CPU: on a 2-core VM at pp 8 a zero-cost step's slope across
-// processes fell by about a fifth (docs/RUNTIME_COST.md).
+// another CPU: on a 2-core VM the slope over pp 1-8 of a zero-cost step
+// across processes fell from 83.6 to 65.6 us a hop in a run that toggled
+// the binding, by 14% (medians) over eight alternating comparisons
+// (docs/RUNTIME_COST.md).
 #pragma once
 
 #include <string>
@@ -42,10 +44,11 @@ absl::StatusOr<std::vector<int>> allowed_cpus();
 // Their packages and cores from sysfs (where it has none: one package, a
 // core a CPU).
 std::vector<Cpu> cpu_topology(const std::vector<int>& ids);
-// The CPUs the host lets this process's cgroup use (its cpuset's effective
-// CPUs, cgroup v2 or v1), else the online ones: what an engine's binding
-// narrows. Empty where none can be read.
-std::vector<int> host_cpus();
+// The CPUs this process's cgroup may use (its cpuset's effective CPUs,
+// cgroup v2 at /sys/fs/cgroup or v1 at /sys/fs/cgroup/cpuset, from its
+// cgroup's directory up): what an engine's binding of each task narrows.
+// Empty where none can be read there.
+std::vector<int> cgroup_cpus();
 
 // Binds every thread of this process to `cpus`: this one, then each task
 // of /proc/self/task until a pass finds none new (a thread started by one

@@ -82,9 +82,11 @@ int local_workers() { return local_world_from_env(::getenv); }
 
 // --bind-cores: this process, every thread it has and will start, on its
 // local rank's share of the CPUs it may use (launcher/cpu_binding.h); the
-// share. Under an engine (`engine`) that bound each task to CPUs of its own
-// already (srun's --cpu-bind, mpirun's --bind-to), its share would be a
-// part of that task's: an error naming the way out.
+// share. A process that may use fewer CPUs than its cgroup, under an engine
+// (`engine`), was perhaps bound by it already (srun's --cpu-bind, mpirun's
+// --bind-to), each task to CPUs of its own: its share is then a part of
+// that task's, which a warning says (a taskset or numactl over the whole
+// job narrows every task alike, and the share is right).
 absl::StatusOr<std::vector<int>> bind_cores(int rank, bool engine) {
   absl::StatusOr<std::optional<LocalPosition>> local = local_position_from_env(::getenv);
   if (!local.ok()) {
@@ -96,15 +98,19 @@ absl::StatusOr<std::vector<int>> bind_cores(int rank, bool engine) {
         "this host's workers this is");
   }
   absl::StatusOr<std::vector<int>> allowed = allowed_cpus();
-  if (!allowed.ok()) return allowed.status();
+  if (!allowed.ok()) {
+    return absl::Status(allowed.status().code(),
+                        absl::StrCat("--bind-cores: ", allowed.status().message()));
+  }
   if (allowed->empty()) return absl::InternalError("--bind-cores: this process may use no CPU");
-  if (const std::vector<int> host = host_cpus();
-      engine && !host.empty() && allowed->size() < host.size()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "--bind-cores: this process may use CPU ", cpu_list(*allowed), " of the ", cpu_list(host),
-        " this host gives its cgroup: its engine bound it already (each task "
-        "to its own CPUs, which --bind-cores would split among the host's workers); start it "
-        "with srun --cpu-bind=none or mpirun --bind-to none, or leave out --bind-cores"));
+  if (const std::vector<int> cgroup = cgroup_cpus();
+      engine && !cgroup.empty() && allowed->size() < cgroup.size()) {
+    std::fprintf(stderr,
+                 "troupe worker: warning: --bind-cores: this process may use CPU %s of its "
+                 "cgroup's %s: if srun or mpirun bound each task to CPUs of its own, each "
+                 "worker takes a part of its task's (start them with srun --cpu-bind=none or "
+                 "mpirun --bind-to none)\n",
+                 cpu_list(*allowed).c_str(), cpu_list(cgroup).c_str());
   }
   const LocalPosition& l = **local;
   const std::vector<int> mine = cpu_share(cpu_topology(*allowed), l.rank, l.workers);

@@ -208,19 +208,23 @@ def bind_cores(flags):
     shares = bound_cpus(launch_and_compare(flags, ["--bind-cores"]))
     run_dir = f"{WORK}/bind-cores-long"
     p, pids, seen = start_long(run_dir, ["--bind-cores"])
-    live = bound_cpus(run_dir)
     threads = 0
     try:
+        live = bound_cpus(run_dir)
         for rank, pid in enumerate(pids):
             for tid in os.listdir(f"/proc/{pid}/task"):
-                with open(f"/proc/{pid}/task/{tid}/status") as f:
-                    got = re.search(r"Cpus_allowed_list:\s*(\S+)", f.read()).group(1)
+                try:
+                    with open(f"/proc/{pid}/task/{tid}/status") as f:
+                        got = re.search(r"Cpus_allowed_list:\s*(\S+)", f.read()).group(1)
+                except FileNotFoundError:  # (a thread that ended meanwhile)
+                    continue
                 if got != live[rank]:
                     fail(f"rank {rank}'s thread {tid} may run on CPU {got}, not its share {live[rank]}")
                 threads += 1
     finally:
         p.send_signal(signal.SIGINT)
     finish(p, seen, time.time(), 10, "SIGINT")
+    check_gone(pids)
     print(f"OK: {len(shares)} workers bound to their shares; mid-run, {threads} threads of "
           f"{len(pids)} workers each on its worker's share")
 
