@@ -15,9 +15,8 @@
 // A process bound to one CPU hands off between its threads (its CAF
 // worker, stream, UCX progress and control threads) without waking
 // another CPU: on a 2-core VM the slope over pp 1-8 of a zero-cost step
-// across processes fell from 83.6 to 65.6 us a hop in a run that toggled
-// the binding, by 14% (medians) over eight alternating comparisons
-// (docs/RUNTIME_COST.md).
+// across processes fell by 19-21 us a hop (to 56.4-73.2) in runs that
+// toggled the binding (`scripts/bench bind`; docs/RUNTIME_COST.md).
 #pragma once
 
 #include <string>
