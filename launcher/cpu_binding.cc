@@ -10,7 +10,6 @@
 #include <map>
 #include <memory>
 #include <set>
-#include <sstream>
 #include <tuple>
 
 #include "absl/strings/numbers.h"
