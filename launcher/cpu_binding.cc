@@ -7,11 +7,13 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <set>
 #include <tuple>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -42,31 +44,6 @@ std::string first_line(const std::string& path) {
 int int_file(const std::string& path, int otherwise) {
   int n = 0;
   return absl::SimpleAtoi(absl::StripAsciiWhitespace(first_line(path)), &n) ? n : otherwise;
-}
-
-// A cgroup hierarchy's file for this process: /proc/self/cgroup's line of
-// the hierarchy (`0::` for v2, `N:cpuset:` for v1's cpuset), then the file
-// in that cgroup's directory or the nearest parent that has it.
-std::string cgroup_file(absl::string_view hierarchy, const std::string& mount,
-                        const std::string& name) {
-  std::ifstream in("/proc/self/cgroup");
-  for (std::string line; std::getline(in, line);) {
-    std::vector<std::string> f = absl::StrSplit(line, absl::MaxSplits(':', 2));
-    if (f.size() != 3) continue;
-    const bool v2 = hierarchy.empty() && f[0] == "0" && f[1].empty();
-    const std::vector<absl::string_view> controllers = absl::StrSplit(f[1], ',');
-    const bool v1 = !hierarchy.empty() && std::find(controllers.begin(), controllers.end(),
-                                                    hierarchy) != controllers.end();
-    if (!v2 && !v1) continue;
-    for (std::string dir = f[2];;) {
-      const std::string path = absl::StrCat(mount, dir == "/" ? "" : dir, "/", name);
-      if (!first_line(path).empty()) return path;
-      const std::size_t up = dir.rfind('/');
-      if (up == std::string::npos || dir == "/") break;
-      dir = dir.substr(0, up);
-    }
-  }
-  return "";
 }
 
 }  // namespace
@@ -125,13 +102,104 @@ std::vector<Cpu> cpu_topology(const std::vector<int>& ids) {
   return out;
 }
 
+namespace {
+
+// A field of /proc/self/mountinfo, its octal escapes (\040 for a space)
+// undone.
+std::string unescape_mount_field(absl::string_view field) {
+  std::string out;
+  for (std::size_t i = 0; i < field.size(); i++) {
+    if (field[i] == '\\' && i + 3 < field.size() && field[i + 1] >= '0' && field[i + 1] <= '3' &&
+        field[i + 2] >= '0' && field[i + 2] <= '7' && field[i + 3] >= '0' && field[i + 3] <= '7') {
+      out.push_back(static_cast<char>((field[i + 1] - '0') * 64 + (field[i + 2] - '0') * 8 +
+                                      (field[i + 3] - '0')));
+      i += 3;
+    } else {
+      out.push_back(field[i]);
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<CgroupDir> cgroup_cpuset_dirs(absl::string_view mountinfo,
+                                          absl::string_view proc_cgroup) {
+  // This process's cgroup in each hierarchy: "0::/path" (v2),
+  // "N:cpuset[,...]:/path" (v1's cpuset).
+  std::string v2_path, v1_path;
+  bool has_v2 = false, has_v1 = false;
+  for (absl::string_view line : absl::StrSplit(proc_cgroup, '\n', absl::SkipEmpty())) {
+    std::vector<absl::string_view> f = absl::StrSplit(line, absl::MaxSplits(':', 2));
+    if (f.size() != 3) continue;
+    const std::vector<absl::string_view> controllers = absl::StrSplit(f[1], ',');
+    if (f[0] == "0" && f[1].empty()) {
+      v2_path = std::string(f[2]);
+      has_v2 = true;
+    } else if (std::find(controllers.begin(), controllers.end(), "cpuset") != controllers.end()) {
+      v1_path = std::string(f[2]);
+      has_v1 = true;
+    }
+  }
+  // Each mount of those hierarchies: "ID PARENT MAJ:MIN ROOT MOUNTPOINT
+  // OPTIONS [OPTIONAL...] - FSTYPE SOURCE SUPEROPTIONS". A mount shows the
+  // hierarchy from ROOT down; a cgroup outside it is not in that mount.
+  std::vector<CgroupDir> v2, v1;
+  for (absl::string_view line : absl::StrSplit(mountinfo, '\n', absl::SkipEmpty())) {
+    const std::vector<absl::string_view> f = absl::StrSplit(line, ' ', absl::SkipEmpty());
+    const auto dash = std::find(f.begin(), f.end(), "-");
+    if (f.size() < 5 || dash - f.begin() < 5 || f.end() - dash < 4) continue;
+    const absl::string_view fstype = dash[1];
+    const bool is_v2 = fstype == "cgroup2" && has_v2;
+    bool is_v1 = false;
+    if (fstype == "cgroup" && has_v1) {
+      const std::vector<absl::string_view> opts = absl::StrSplit(dash[3], ',');
+      is_v1 = std::find(opts.begin(), opts.end(), "cpuset") != opts.end();
+    }
+    if (!is_v2 && !is_v1) continue;
+    const std::string root = unescape_mount_field(f[3]), mount = unescape_mount_field(f[4]);
+    const std::string& path = is_v2 ? v2_path : v1_path;
+    std::string below;  // the cgroup's path under the mount's root
+    if (absl::StrContains(path, "/..")) {
+      continue;  // outside this process's cgroup namespace: not in any mount
+    } else if (root == "/") {
+      below = path == "/" ? "" : path;
+    } else if (path == root) {
+      below = "";
+    } else if (absl::StartsWith(path, root + "/")) {
+      below = path.substr(root.size());
+    } else {
+      continue;
+    }
+    (is_v2 ? v2 : v1)
+        .push_back({.mount = mount,
+                    .dir = mount + below,
+                    .file = is_v2 ? "cpuset.cpus.effective" : "cpuset.effective_cpus"});
+  }
+  v2.insert(v2.end(), v1.begin(), v1.end());
+  return v2;
+}
+
 std::vector<int> cgroup_cpus() {
-  for (const std::string& path :
-       {cgroup_file("", "/sys/fs/cgroup", "cpuset.cpus.effective"),
-        cgroup_file("cpuset", "/sys/fs/cgroup/cpuset", "cpuset.effective_cpus")}) {
-    if (path.empty()) continue;
-    absl::StatusOr<std::vector<int>> cpus = parse_cpu_list(first_line(path));
-    if (cpus.ok() && !cpus->empty()) return *cpus;
+  std::string mountinfo, proc_cgroup;
+  {
+    std::ifstream a("/proc/self/mountinfo"), b("/proc/self/cgroup");
+    mountinfo.assign(std::istreambuf_iterator<char>(a), std::istreambuf_iterator<char>());
+    proc_cgroup.assign(std::istreambuf_iterator<char>(b), std::istreambuf_iterator<char>());
+  }
+  for (const CgroupDir& d : cgroup_cpuset_dirs(mountinfo, proc_cgroup)) {
+    // The cgroup's own file, or the nearest parent's that has one (up to
+    // the mount: a v2 cgroup without the cpuset controller has none).
+    for (std::string dir = d.dir;;) {
+      const std::string line = first_line(absl::StrCat(dir, "/", d.file));
+      if (!line.empty()) {
+        absl::StatusOr<std::vector<int>> cpus = parse_cpu_list(line);
+        if (cpus.ok() && !cpus->empty()) return *cpus;
+      }
+      const std::size_t up = dir.rfind('/');
+      if (dir.size() <= d.mount.size() || up == std::string::npos || up < d.mount.size()) break;
+      dir = dir.substr(0, up);
+    }
   }
   return {};
 }

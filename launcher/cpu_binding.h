@@ -43,11 +43,24 @@ absl::StatusOr<std::vector<int>> allowed_cpus();
 // Their packages and cores from sysfs (where it has none: one package, a
 // core a CPU).
 std::vector<Cpu> cpu_topology(const std::vector<int>& ids);
-// The CPUs this process's cgroup may use (its cpuset's effective CPUs,
-// cgroup v2 at /sys/fs/cgroup or v1 at /sys/fs/cgroup/cpuset, from its
-// cgroup's directory up): what an engine's binding of each task narrows.
-// Empty where none can be read there.
+// The CPUs this process's cgroup may use (its cpuset's effective CPUs, in
+// its cgroup's directory or the nearest parent's, wherever
+// /proc/self/mountinfo has the hierarchy mounted; v2 first, then v1's
+// cpuset): what an engine's binding of each task narrows. Empty where none
+// can be read.
 std::vector<int> cgroup_cpus();
+
+// Where to look, from the texts of /proc/self/mountinfo and
+// /proc/self/cgroup: for each mount of the cgroup v2 hierarchy, then of
+// v1's cpuset, that shows this process's cgroup, its directory there and
+// the file that holds the effective CPUs.
+struct CgroupDir {
+  std::string mount;  // the mount point: the walk up stops there
+  std::string dir;    // this process's cgroup under it
+  std::string file;   // cpuset.cpus.effective (v2), cpuset.effective_cpus (v1)
+};
+std::vector<CgroupDir> cgroup_cpuset_dirs(absl::string_view mountinfo,
+                                          absl::string_view proc_cgroup);
 
 // Binds every thread of this process to `cpus`: this one, then each task
 // of /proc/self/task until a pass finds none new (a thread started by one

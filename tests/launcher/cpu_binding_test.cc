@@ -14,6 +14,8 @@
 #include <set>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
+
 namespace troupe::launcher {
 namespace {
 
@@ -108,6 +110,61 @@ TEST(CpuList, RangesAndSingles) {
       EXPECT_NE(got.status().message().find(bad), std::string::npos);
     }
   }
+}
+
+// /proc/self/mountinfo's lines as the kernel writes them (proc(5)).
+std::string mount_line(const std::string& root, const std::string& point, const std::string& fstype,
+                       const std::string& super) {
+  return absl::StrCat("31 23 0:28 ", root, " ", point, " rw,relatime shared:9 - ", fstype, " ",
+                      fstype, " ", super, "\n");
+}
+
+std::vector<std::string> dirs_of(const std::vector<CgroupDir>& got) {
+  std::vector<std::string> out;
+  for (const CgroupDir& d : got) out.push_back(absl::StrCat(d.mount, " ", d.dir, " ", d.file));
+  return out;
+}
+
+TEST(CgroupCpusetDirs, V2WhereverMounted) {
+  const std::string cgroup = "0::/user.slice/job.scope\n";
+  EXPECT_EQ(dirs_of(cgroup_cpuset_dirs(mount_line("/", "/sys/fs/cgroup", "cgroup2", "rw"), cgroup)),
+            std::vector<std::string>({"/sys/fs/cgroup /sys/fs/cgroup/user.slice/job.scope "
+                                      "cpuset.cpus.effective"}));
+  // Elsewhere (a hybrid host's /sys/fs/cgroup/unified), and a mount point
+  // with a space, which mountinfo writes as \040.
+  EXPECT_EQ(dirs_of(cgroup_cpuset_dirs(
+                mount_line("/", "/mnt/my\\040cg", "cgroup2", "rw,nsdelegate"), cgroup)),
+            std::vector<std::string>(
+                {"/mnt/my cg /mnt/my cg/user.slice/job.scope cpuset.cpus.effective"}));
+  // The root cgroup.
+  EXPECT_EQ(
+      dirs_of(cgroup_cpuset_dirs(mount_line("/", "/sys/fs/cgroup", "cgroup2", "rw"), "0::/\n")),
+      std::vector<std::string>({"/sys/fs/cgroup /sys/fs/cgroup cpuset.cpus.effective"}));
+}
+
+TEST(CgroupCpusetDirs, V1CpusetAndMountRoots) {
+  const std::string cgroup = "12:cpu,cpuacct:/docker/abc\n4:cpuset:/docker/abc\n0::/docker/abc\n";
+  const std::string mounts =
+      mount_line("/", "/sys/fs/cgroup/cpu,cpuacct", "cgroup", "rw,cpu,cpuacct") +
+      mount_line("/docker/abc", "/sys/fs/cgroup/cpuset", "cgroup", "rw,cpuset") +
+      mount_line("/", "/sys/fs/cgroup/unified", "cgroup2", "rw") +
+      mount_line("/other", "/mnt/elsewhere", "cgroup", "rw,cpuset") +  // not this cgroup's
+      mount_line("/", "/", "ext4", "rw,cpuset");
+  // v2 first; a mount whose root is the cgroup shows it at its mount point.
+  EXPECT_EQ(dirs_of(cgroup_cpuset_dirs(mounts, cgroup)),
+            std::vector<std::string>(
+                {"/sys/fs/cgroup/unified /sys/fs/cgroup/unified/docker/abc cpuset.cpus.effective",
+                 "/sys/fs/cgroup/cpuset /sys/fs/cgroup/cpuset cpuset.effective_cpus"}));
+  // A cgroup below the mount's root: its path under it.
+  EXPECT_EQ(dirs_of(cgroup_cpuset_dirs(mount_line("/docker", "/cg", "cgroup", "rw,cpuset"),
+                                       "4:cpuset:/docker/abc/t\n")),
+            std::vector<std::string>({"/cg /cg/abc/t cpuset.effective_cpus"}));
+  // No line for a hierarchy, or nothing mounted: nowhere to look.
+  EXPECT_TRUE(cgroup_cpuset_dirs(mounts, "12:cpu,cpuacct:/docker/abc\n").empty());
+  EXPECT_TRUE(cgroup_cpuset_dirs("", cgroup).empty());
+  // A cgroup outside the process's cgroup namespace ("/../x"): not shown.
+  EXPECT_TRUE(cgroup_cpuset_dirs(mounts, "4:cpuset:/../x\n0::/../x\n").empty());
+  EXPECT_TRUE(cgroup_cpuset_dirs("garbage\n- -\n", cgroup).empty());
 }
 
 TEST(CpuTopology, ThisHostsCpusEachOnce) {
