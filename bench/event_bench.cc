@@ -8,7 +8,12 @@
 // and reports the difference: the rank's last message to the coordinator,
 // then the coordinator's event to the subscriber.
 //
-//   event_bench --trace DIR [--steps N]
+// With --subscriber actor the subscriber is an event-based actor of the same
+// system instead, as a host that reacts to events without a thread of its
+// own would write it: the coordinator's send puts it on the CAF worker that
+// runs the coordinator (CAF's exec_later), so no thread is woken for it.
+//
+//   event_bench --trace DIR [--steps N] [--subscriber blocking|actor]
 #include <time.h>
 
 #include <CLI/CLI.hpp>
@@ -37,6 +42,11 @@ int main(int argc, char** argv) {
   app.add_option("--steps", steps)->check(CLI::Range(1, 100000));
   std::string op_cost = "0:0:0";
   app.add_option("--op-cost", op_cost, "--debug-op-cost of the job's ops (ms)")
+      ->capture_default_str();
+  std::string subscriber = "blocking";
+  app.add_option("--subscriber", subscriber,
+                 "blocking: a scoped actor in main's thread; actor: an event-based actor")
+      ->check(CLI::IsMember({"blocking", "actor"}))
       ->capture_default_str();
   bool caf_defaults = false;
   app.add_flag("--caf-defaults", caf_defaults,
@@ -80,26 +90,46 @@ int main(int argc, char** argv) {
     return 1;
   }
   caf::scoped_actor self{sys};
-  absl::StatusOr<caf::actor> job = troupe::spawn_job(sys, *std::move(config), self);
+  std::vector<std::int64_t> received(static_cast<std::size_t>(steps) + 1, 0);
+  auto on_metrics = [&received, steps](const troupe::StepMetrics& m) {
+    const std::int64_t now = monotonic_ns();  // first: nothing else in the measure
+    if (m.step >= 1 && m.step <= steps) received[static_cast<std::size_t>(m.step)] = now;
+  };
+  caf::actor target = self;
+  if (subscriber == "actor") {
+    // Records the events itself and hands main the job's end; main reads
+    // `received` after that message (CAF's mailbox orders the two).
+    target = sys.spawn([on_metrics, main = caf::actor(self)](caf::event_based_actor* a) {
+      return caf::behavior{[on_metrics](troupe::metrics_atom, const std::string&,
+                                        const troupe::StepMetrics& m) { on_metrics(m); },
+                           [](troupe::log_atom, const std::string&, const std::string&) {},
+                           [](troupe::stall_atom, const std::string&, const std::string&) {},
+                           [a, main](troupe::failure_atom f, const std::string& name,
+                                     const std::string& why) { a->send(main, f, name, why); },
+                           [a, main](troupe::ended_atom e, const std::string& name, int code,
+                                     const std::string& why) {
+                             a->send(main, e, name, code, why);
+                             a->quit();
+                           }};
+    });
+  }
+  absl::StatusOr<caf::actor> job = troupe::spawn_job(sys, *std::move(config), target);
   if (!job.ok()) {
     std::fprintf(stderr, "event_bench: %s\n", std::string(job.status().message()).c_str());
     return 1;
   }
-  std::vector<std::int64_t> received(static_cast<std::size_t>(steps) + 1, 0);
   bool done = false;
   std::string error;
-  self->receive_while([&] { return !done; })(
-      [&](troupe::metrics_atom, const std::string&, const troupe::StepMetrics& m) {
-        const std::int64_t now = monotonic_ns();  // first: nothing else in the measure
-        if (m.step >= 1 && m.step <= steps) received[static_cast<std::size_t>(m.step)] = now;
-      },
-      [&](troupe::log_atom, const std::string&, const std::string&) {},
-      [&](troupe::stall_atom, const std::string&, const std::string&) {},
-      [&](troupe::failure_atom, const std::string&, const std::string& why) { error = why; },
-      [&](troupe::ended_atom, const std::string&, int, const std::string& why) {
-        if (error.empty()) error = why;
-        done = true;
-      });
+  self->receive_while([&] {
+    return !done;
+  })([&](troupe::metrics_atom, const std::string&, const troupe::StepMetrics& m) { on_metrics(m); },
+     [&](troupe::log_atom, const std::string&, const std::string&) {},
+     [&](troupe::stall_atom, const std::string&, const std::string&) {},
+     [&](troupe::failure_atom, const std::string&, const std::string& why) { error = why; },
+     [&](troupe::ended_atom, const std::string&, int, const std::string& why) {
+       if (error.empty()) error = why;
+       done = true;
+     });
   if (!error.empty()) {
     std::fprintf(stderr, "event_bench: the job failed: %s\n", error.c_str());
     return 1;

@@ -88,8 +88,11 @@ The other hops on a step's critical path, each on a line of its own
                    the rank's step end to a subscriber's handler in the host
                    program (bench/event_bench.cc; in one process only: a
                    `troupe watch` feed is not on a step's path), the host's
-                   actor system made with troupe::configure_actor_system;
-                   and with CAF's default scheduler (api_event_caf_defaults)
+                   actor system made with troupe::configure_actor_system,
+                   the subscriber a scoped actor asleep in main's receive;
+                   with an event-based actor of that system instead
+                   (api_event_actor: no thread of the host's to wake); and
+                   with CAF's default scheduler (api_event_caf_defaults)
 
 Last, each target of the issue (4 KiB: under 20 us in one process, 60
 across) against this run's median (`"bench": "hop_target"`), beside what
@@ -490,6 +493,9 @@ if args.only != "hops":
     paths.append(path_row("api_event", statistics.median(api_event_us()), None,
                           "the rank's step end to the subscriber's handler (median), "
                           "the host's system made with troupe::configure_actor_system"))
+    paths.append(path_row("api_event_actor",
+                          statistics.median(api_event_us("--subscriber", "actor")), None,
+                          "the same to an event-based subscriber, an actor of that system"))
     paths.append(path_row("api_event_caf_defaults",
                           statistics.median(api_event_us("--caf-defaults")), None,
                           "the same, the host's system with CAF's default scheduler"))
@@ -535,6 +541,10 @@ if args.only != "hops":
                 targets.append(("API event", inp, 20, wakeup_idle_cpu,
                                 "the subscriber's wake-up on another, idle CPU "
                                 "(futex, 10th percentile)"))
+        elif path == "api_event_actor":
+            # No thread of the host's is woken: what is left is troupe's, the
+            # next step's stream woken first on the coordinator's CAF worker.
+            targets.append(("API event, to an actor", inp, 20, None, ""))
 print()
 print("targets (4 KiB; medians of this run), and what bounds each, measured here")
 for name, got, limit, floor, why in targets:

@@ -2,6 +2,7 @@
 """The threads' context switches and CPU time a training step, by thread name.
 
   thread_switches.py TROUPE [--pp P] [--command train|launch] [--seconds S]
+                     [--bind-cores]
 
 Runs the zero-cost pipeline of `scripts/bench hop` (4 KiB activations, one
 micro-batch a step, --debug-op-cost 0:0:0) for a long run, reads every
@@ -13,7 +14,9 @@ a step costs, which on 2 cores are most of a stage's share of the step
 Beside them, each thread's involuntary switches (preempted, or a yield
 that let another thread run: the UCX progress thread's quiet phase) and
 its time on a CPU (/proc's schedstat; 0 where the kernel has none).
-Prints a header, one line per thread name and one JSON line.
+With --command launch --bind-cores, each worker process runs on its share
+of the CPUs (launcher/cpu_binding.h). Prints a header, one line per thread
+name and one JSON line.
 """
 import argparse
 import collections
@@ -28,6 +31,8 @@ ap.add_argument("troupe")
 ap.add_argument("--pp", type=int, default=8)
 ap.add_argument("--command", choices=["train", "launch"], default="train")
 ap.add_argument("--seconds", type=float, default=2.0)
+ap.add_argument("--bind-cores", action="store_true",
+                help="launch only: each worker bound to its share of the CPUs")
 args = ap.parse_args()
 work = tempfile.mkdtemp(prefix="troupe-switches-")
 metrics = os.path.join(work, "metrics.jsonl")
@@ -37,7 +42,9 @@ cmd = [args.troupe, args.command, "--model", "tiny", "--layers", "8", "--channel
        "--global-batch-size", "1", "--pp", str(args.pp), "--debug-op-cost", "0:0:0",
        "--steps", "1000000", "--metrics-jsonl", metrics]
 if args.command == "launch":
-    cmd += ["--run-dir", os.path.join(work, "run")]
+    cmd += ["--run-dir", os.path.join(work, "run")] + (["--bind-cores"] if args.bind_cores else [])
+elif args.bind_cores:
+    ap.error("--bind-cores needs --command launch")
 job = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                        start_new_session=True)
 
@@ -113,7 +120,8 @@ for key, v in b.items():
         vol[key[2]] += v[0] - a[key][0]
         invol[key[2]] += v[1] - a[key][1]
         cpu[key[2]] += (v[2] - a[key][2]) / 1e3
-print(f"pp {args.pp} `troupe {args.command}`: {steps} steps in {args.seconds:.1f} s "
+bound = " --bind-cores" if args.bind_cores else ""
+print(f"pp {args.pp} `troupe {args.command}{bound}`: {steps} steps in {args.seconds:.1f} s "
       f"({args.seconds * 1e6 / steps:.0f} us a step with the sampling); a step:")
 print(f"  {'thread':18s} {'switches':>8s} {'preempted':>9s} {'CPU us':>8s}")
 for name, v in vol.most_common():
@@ -123,6 +131,7 @@ total = sum(vol.values()) / steps
 print(f"  {'all':18s} {total:8.1f} {sum(invol.values()) / steps:9.1f} "
       f"{sum(cpu.values()) / steps:8.1f}")
 print(json.dumps({"bench": "thread_switches", "command": args.command, "pp": args.pp,
+                  "bind_cores": args.bind_cores,
                   "steps": steps, "switches_per_step": round(total, 1),
                   "preempted_per_step": round(sum(invol.values()) / steps, 1),
                   "cpu_us_per_step": round(sum(cpu.values()) / steps, 1),
