@@ -10,8 +10,9 @@
 //
 // With --subscriber actor the subscriber is an event-based actor of the same
 // system instead, as a host that reacts to events without a thread of its
-// own would write it: the coordinator's send puts it on the CAF worker that
-// runs the coordinator (CAF's exec_later), so no thread is woken for it.
+// own would write it: no thread of the host's is woken for an event, which
+// (sent with no execution unit, as every event is) puts the actor on the
+// next CAF worker's queue in turn, polling or asleep.
 //
 //   event_bench --trace DIR [--steps N] [--subscriber blocking|actor]
 #include <time.h>

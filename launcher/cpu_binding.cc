@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <map>
 #include <memory>
@@ -141,57 +142,74 @@ std::vector<CgroupDir> cgroup_cpuset_dirs(absl::string_view mountinfo,
       has_v1 = true;
     }
   }
-  // Each mount of those hierarchies: "ID PARENT MAJ:MIN ROOT MOUNTPOINT
-  // OPTIONS [OPTIONAL...] - FSTYPE SOURCE SUPEROPTIONS". A mount shows the
-  // hierarchy from ROOT down; a cgroup outside it is not in that mount.
-  std::vector<CgroupDir> v2, v1;
+  // Every mount: "ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTIONS [OPTIONAL...] -
+  // FSTYPE SOURCE SUPEROPTIONS", one space between fields (SOURCE may be
+  // empty), in the order they were mounted.
+  struct Mount {
+    std::string root, point;
+    absl::string_view fstype, super;
+  };
+  std::vector<Mount> mounts;
   for (absl::string_view line : absl::StrSplit(mountinfo, '\n', absl::SkipEmpty())) {
-    const std::vector<absl::string_view> f = absl::StrSplit(line, ' ', absl::SkipEmpty());
+    const std::vector<absl::string_view> f = absl::StrSplit(line, ' ');
     const auto dash = std::find(f.begin(), f.end(), "-");
-    if (f.size() < 5 || dash - f.begin() < 5 || f.end() - dash < 4) continue;
-    const absl::string_view fstype = dash[1];
-    const bool is_v2 = fstype == "cgroup2" && has_v2;
+    if (dash - f.begin() < 6 || f.end() - dash < 4) continue;
+    mounts.push_back({.root = unescape_mount_field(f[3]),
+                      .point = unescape_mount_field(f[4]),
+                      .fstype = dash[1],
+                      .super = dash[3]});
+  }
+  // A mount on the same point or one above it, mounted later, hides it.
+  auto hidden = [&](std::size_t i) {
+    const std::string& point = mounts[i].point;
+    for (std::size_t j = i + 1; j < mounts.size(); j++) {
+      const std::string& over = mounts[j].point;
+      if (over == point || over == "/" || absl::StartsWith(point, over + "/")) return true;
+    }
+    return false;
+  };
+  // A mount shows its hierarchy from ROOT down: a cgroup outside it is not
+  // in that mount, nor is one outside this process's cgroup namespace
+  // ("/.." first, as the kernel writes it).
+  std::vector<CgroupDir> v2, v1;
+  for (std::size_t i = 0; i < mounts.size(); i++) {
+    const Mount& m = mounts[i];
+    const bool is_v2 = m.fstype == "cgroup2" && has_v2;
     bool is_v1 = false;
-    if (fstype == "cgroup" && has_v1) {
-      const std::vector<absl::string_view> opts = absl::StrSplit(dash[3], ',');
+    if (m.fstype == "cgroup" && has_v1) {
+      const std::vector<absl::string_view> opts = absl::StrSplit(m.super, ',');
       is_v1 = std::find(opts.begin(), opts.end(), "cpuset") != opts.end();
     }
-    if (!is_v2 && !is_v1) continue;
-    const std::string root = unescape_mount_field(f[3]), mount = unescape_mount_field(f[4]);
+    if ((!is_v2 && !is_v1) || hidden(i)) continue;
     const std::string& path = is_v2 ? v2_path : v1_path;
     std::string below;  // the cgroup's path under the mount's root
-    if (absl::StrContains(path, "/..")) {
-      continue;  // outside this process's cgroup namespace: not in any mount
-    } else if (root == "/") {
+    if (path == "/.." || absl::StartsWith(path, "/../")) {
+      continue;
+    } else if (m.root == "/") {
       below = path == "/" ? "" : path;
-    } else if (path == root) {
+    } else if (path == m.root) {
       below = "";
-    } else if (absl::StartsWith(path, root + "/")) {
-      below = path.substr(root.size());
+    } else if (absl::StartsWith(path, m.root + "/")) {
+      below = path.substr(m.root.size());
     } else {
       continue;
     }
     (is_v2 ? v2 : v1)
-        .push_back({.mount = mount,
-                    .dir = mount + below,
+        .push_back({.mount = m.point,
+                    .dir = m.point + below,
                     .file = is_v2 ? "cpuset.cpus.effective" : "cpuset.effective_cpus"});
   }
   v2.insert(v2.end(), v1.begin(), v1.end());
   return v2;
 }
 
-std::vector<int> cgroup_cpus() {
-  std::string mountinfo, proc_cgroup;
-  {
-    std::ifstream a("/proc/self/mountinfo"), b("/proc/self/cgroup");
-    mountinfo.assign(std::istreambuf_iterator<char>(a), std::istreambuf_iterator<char>());
-    proc_cgroup.assign(std::istreambuf_iterator<char>(b), std::istreambuf_iterator<char>());
-  }
+std::vector<int> cgroup_cpus(absl::string_view mountinfo, absl::string_view proc_cgroup,
+                             const std::function<std::string(const std::string&)>& read_line) {
   for (const CgroupDir& d : cgroup_cpuset_dirs(mountinfo, proc_cgroup)) {
     // The cgroup's own file, or the nearest parent's that has one (up to
     // the mount: a v2 cgroup without the cpuset controller has none).
     for (std::string dir = d.dir;;) {
-      const std::string line = first_line(absl::StrCat(dir, "/", d.file));
+      const std::string line = read_line(absl::StrCat(dir, "/", d.file));
       if (!line.empty()) {
         absl::StatusOr<std::vector<int>> cpus = parse_cpu_list(line);
         if (cpus.ok() && !cpus->empty()) return *cpus;
@@ -202,6 +220,16 @@ std::vector<int> cgroup_cpus() {
     }
   }
   return {};
+}
+
+std::vector<int> cgroup_cpus() {
+  std::string mountinfo, proc_cgroup;
+  {
+    std::ifstream a("/proc/self/mountinfo"), b("/proc/self/cgroup");
+    mountinfo.assign(std::istreambuf_iterator<char>(a), std::istreambuf_iterator<char>());
+    proc_cgroup.assign(std::istreambuf_iterator<char>(b), std::istreambuf_iterator<char>());
+  }
+  return cgroup_cpus(mountinfo, proc_cgroup, first_line);
 }
 
 absl::Status bind_process(const std::vector<int>& cpus) {

@@ -19,6 +19,7 @@
 // toggled the binding (`scripts/bench bind`; docs/RUNTIME_COST.md).
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -53,7 +54,8 @@ std::vector<int> cgroup_cpus();
 // Where to look, from the texts of /proc/self/mountinfo and
 // /proc/self/cgroup: for each mount of the cgroup v2 hierarchy, then of
 // v1's cpuset, that shows this process's cgroup, its directory there and
-// the file that holds the effective CPUs.
+// the file that holds the effective CPUs. A mount hidden by a later one
+// (on its point or above) is left out.
 struct CgroupDir {
   std::string mount;  // the mount point: the walk up stops there
   std::string dir;    // this process's cgroup under it
@@ -61,6 +63,10 @@ struct CgroupDir {
 };
 std::vector<CgroupDir> cgroup_cpuset_dirs(absl::string_view mountinfo,
                                           absl::string_view proc_cgroup);
+// cgroup_cpus() from those texts, `read_line` giving a file's first line
+// ("" where it cannot be read).
+std::vector<int> cgroup_cpus(absl::string_view mountinfo, absl::string_view proc_cgroup,
+                             const std::function<std::string(const std::string&)>& read_line);
 
 // Binds every thread of this process to `cpus`: this one, then each task
 // of /proc/self/task until a pass finds none new (a thread started by one

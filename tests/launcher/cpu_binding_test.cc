@@ -11,7 +11,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <map>
 #include <set>
+#include <string>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -112,11 +114,13 @@ TEST(CpuList, RangesAndSingles) {
   }
 }
 
-// /proc/self/mountinfo's lines as the kernel writes them (proc(5)).
+// /proc/self/mountinfo's lines as the kernel writes them (proc(5)), with
+// `optional` fields (none, one or more) before the separator.
 std::string mount_line(const std::string& root, const std::string& point, const std::string& fstype,
-                       const std::string& super) {
-  return absl::StrCat("31 23 0:28 ", root, " ", point, " rw,relatime shared:9 - ", fstype, " ",
-                      fstype, " ", super, "\n");
+                       const std::string& super, const std::string& optional = "shared:9",
+                       const std::string& source = "cgroup") {
+  return absl::StrCat("31 23 0:28 ", root, " ", point, " rw,relatime", optional.empty() ? "" : " ",
+                      optional, " - ", fstype, " ", source, " ", super, "\n");
 }
 
 std::vector<std::string> dirs_of(const std::vector<CgroupDir>& got) {
@@ -127,44 +131,112 @@ std::vector<std::string> dirs_of(const std::vector<CgroupDir>& got) {
 
 TEST(CgroupCpusetDirs, V2WhereverMounted) {
   const std::string cgroup = "0::/user.slice/job.scope\n";
+  const std::vector<std::string> at_sys = {
+      "/sys/fs/cgroup /sys/fs/cgroup/user.slice/job.scope cpuset.cpus.effective"};
   EXPECT_EQ(dirs_of(cgroup_cpuset_dirs(mount_line("/", "/sys/fs/cgroup", "cgroup2", "rw"), cgroup)),
-            std::vector<std::string>({"/sys/fs/cgroup /sys/fs/cgroup/user.slice/job.scope "
-                                      "cpuset.cpus.effective"}));
+            at_sys);
+  // No optional field, two of them, an empty source.
+  EXPECT_EQ(
+      dirs_of(cgroup_cpuset_dirs(mount_line("/", "/sys/fs/cgroup", "cgroup2", "rw", ""), cgroup)),
+      at_sys);
+  EXPECT_EQ(dirs_of(cgroup_cpuset_dirs(
+                mount_line("/", "/sys/fs/cgroup", "cgroup2", "rw", "shared:9 master:3"), cgroup)),
+            at_sys);
+  EXPECT_EQ(dirs_of(cgroup_cpuset_dirs(
+                mount_line("/", "/sys/fs/cgroup", "cgroup2", "rw", "shared:9", ""), cgroup)),
+            at_sys);
   // Elsewhere (a hybrid host's /sys/fs/cgroup/unified), and a mount point
   // with a space, which mountinfo writes as \040.
   EXPECT_EQ(dirs_of(cgroup_cpuset_dirs(
                 mount_line("/", "/mnt/my\\040cg", "cgroup2", "rw,nsdelegate"), cgroup)),
             std::vector<std::string>(
                 {"/mnt/my cg /mnt/my cg/user.slice/job.scope cpuset.cpus.effective"}));
-  // The root cgroup.
+  // A mount whose root is a cgroup above this one, its name escaped too.
+  EXPECT_EQ(dirs_of(cgroup_cpuset_dirs(mount_line("/user\\040x.slice", "/cg", "cgroup2", "rw"),
+                                       "0::/user x.slice/a\n")),
+            std::vector<std::string>({"/cg /cg/a cpuset.cpus.effective"}));
+  // The root cgroup; a name that only begins with "..".
   EXPECT_EQ(
       dirs_of(cgroup_cpuset_dirs(mount_line("/", "/sys/fs/cgroup", "cgroup2", "rw"), "0::/\n")),
       std::vector<std::string>({"/sys/fs/cgroup /sys/fs/cgroup cpuset.cpus.effective"}));
+  EXPECT_EQ(
+      dirs_of(
+          cgroup_cpuset_dirs(mount_line("/", "/sys/fs/cgroup", "cgroup2", "rw"), "0::/a/..b\n")),
+      std::vector<std::string>({"/sys/fs/cgroup /sys/fs/cgroup/a/..b cpuset.cpus.effective"}));
 }
 
 TEST(CgroupCpusetDirs, V1CpusetAndMountRoots) {
   const std::string cgroup = "12:cpu,cpuacct:/docker/abc\n4:cpuset:/docker/abc\n0::/docker/abc\n";
   const std::string mounts =
+      mount_line("/", "/", "ext4", "rw,cpuset", "shared:1", "/dev/vda1") +
       mount_line("/", "/sys/fs/cgroup/cpu,cpuacct", "cgroup", "rw,cpu,cpuacct") +
       mount_line("/docker/abc", "/sys/fs/cgroup/cpuset", "cgroup", "rw,cpuset") +
       mount_line("/", "/sys/fs/cgroup/unified", "cgroup2", "rw") +
-      mount_line("/other", "/mnt/elsewhere", "cgroup", "rw,cpuset") +  // not this cgroup's
-      mount_line("/", "/", "ext4", "rw,cpuset");
+      mount_line("/other", "/mnt/elsewhere", "cgroup", "rw,cpuset");  // not this cgroup's
   // v2 first; a mount whose root is the cgroup shows it at its mount point.
   EXPECT_EQ(dirs_of(cgroup_cpuset_dirs(mounts, cgroup)),
             std::vector<std::string>(
                 {"/sys/fs/cgroup/unified /sys/fs/cgroup/unified/docker/abc cpuset.cpus.effective",
                  "/sys/fs/cgroup/cpuset /sys/fs/cgroup/cpuset cpuset.effective_cpus"}));
-  // A cgroup below the mount's root: its path under it.
-  EXPECT_EQ(dirs_of(cgroup_cpuset_dirs(mount_line("/docker", "/cg", "cgroup", "rw,cpuset"),
-                                       "4:cpuset:/docker/abc/t\n")),
+  // A cgroup below the mount's root: its path under it. Co-mounted with
+  // another controller.
+  EXPECT_EQ(dirs_of(cgroup_cpuset_dirs(mount_line("/docker", "/cg", "cgroup", "rw,cpu,cpuset"),
+                                       "3:cpu,cpuset:/docker/abc/t\n")),
             std::vector<std::string>({"/cg /cg/abc/t cpuset.effective_cpus"}));
-  // No line for a hierarchy, or nothing mounted: nowhere to look.
+  // No line for a hierarchy, nothing mounted, or a cgroup outside the
+  // process's cgroup namespace ("/../x"): nowhere to look.
   EXPECT_TRUE(cgroup_cpuset_dirs(mounts, "12:cpu,cpuacct:/docker/abc\n").empty());
   EXPECT_TRUE(cgroup_cpuset_dirs("", cgroup).empty());
-  // A cgroup outside the process's cgroup namespace ("/../x"): not shown.
-  EXPECT_TRUE(cgroup_cpuset_dirs(mounts, "4:cpuset:/../x\n0::/../x\n").empty());
   EXPECT_TRUE(cgroup_cpuset_dirs("garbage\n- -\n", cgroup).empty());
+  EXPECT_TRUE(cgroup_cpuset_dirs(mounts, "4:cpuset:/../x\n0::/../x\n").empty());
+}
+
+TEST(CgroupCpusetDirs, HiddenMountsLeftOut) {
+  // Mounted over at the same point, or over a directory above it: the
+  // later mount is what the path reaches.
+  const std::string cgroup = "0::/lxc/c1/x\n";
+  EXPECT_EQ(dirs_of(cgroup_cpuset_dirs(mount_line("/", "/sys/fs/cgroup", "cgroup2", "rw") +
+                                           mount_line("/lxc/c1", "/sys/fs/cgroup", "cgroup2", "rw"),
+                                       cgroup)),
+            std::vector<std::string>({"/sys/fs/cgroup /sys/fs/cgroup/x cpuset.cpus.effective"}));
+  EXPECT_TRUE(cgroup_cpuset_dirs(mount_line("/", "/sys/fs/cgroup/unified", "cgroup2", "rw") +
+                                     mount_line("/", "/sys/fs/cgroup", "tmpfs", "rw", "", "tmpfs"),
+                                 cgroup)
+                  .empty());
+  // A later mount below it hides nothing of it.
+  EXPECT_EQ(dirs_of(cgroup_cpuset_dirs(mount_line("/", "/cg", "cgroup2", "rw") +
+                                           mount_line("/", "/cg/sub", "tmpfs", "rw", "", "tmpfs"),
+                                       cgroup)),
+            std::vector<std::string>({"/cg /cg/lxc/c1/x cpuset.cpus.effective"}));
+}
+
+TEST(CgroupCpus, NearestCgroupWithTheFileUpToTheMount) {
+  const std::string mounts = mount_line("/", "/cg", "cgroup2", "rw") +
+                             mount_line("/", "/v1/cpuset", "cgroup", "rw,cpuset");
+  const std::string cgroup = "0::/a/b/c\n4:cpuset:/a\n";
+  std::map<std::string, std::string> files;
+  std::vector<std::string> read;
+  auto reader = [&](const std::string& path) {
+    read.push_back(path);
+    auto it = files.find(path);
+    return it == files.end() ? std::string() : it->second;
+  };
+  // The cgroup's own file first; its parents' where it has none.
+  files = {{"/cg/a/b/c/cpuset.cpus.effective", "1-2"}, {"/cg/a/cpuset.cpus.effective", "0-3"}};
+  EXPECT_EQ(cgroup_cpus(mounts, cgroup, reader), std::vector<int>({1, 2}));
+  files.erase("/cg/a/b/c/cpuset.cpus.effective");
+  EXPECT_EQ(cgroup_cpus(mounts, cgroup, reader), std::vector<int>({0, 1, 2, 3}));
+  // Never above the mount point; then v1's cpuset.
+  files = {{"/cpuset.cpus.effective", "0"}, {"/v1/cpuset/a/cpuset.effective_cpus", "3"}};
+  read.clear();
+  EXPECT_EQ(cgroup_cpus(mounts, cgroup, reader), std::vector<int>({3}));
+  EXPECT_EQ(read, std::vector<std::string>(
+                      {"/cg/a/b/c/cpuset.cpus.effective", "/cg/a/b/cpuset.cpus.effective",
+                       "/cg/a/cpuset.cpus.effective", "/cg/cpuset.cpus.effective",
+                       "/v1/cpuset/a/cpuset.effective_cpus"}));
+  // An empty or unreadable list is none.
+  files = {{"/cg/a/b/c/cpuset.cpus.effective", "x"}};
+  EXPECT_TRUE(cgroup_cpus(mounts, cgroup, reader).empty());
 }
 
 TEST(CpuTopology, ThisHostsCpusEachOnce) {
