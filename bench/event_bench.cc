@@ -12,7 +12,7 @@
 // system instead, as a host that reacts to events without a thread of its
 // own would write it: no thread of the host's is woken for an event, which
 // (sent with no execution unit, as every event is) puts the actor on the
-// next CAF worker's queue in turn, polling or asleep.
+// next CAF worker's queue in turn, busy, polling or asleep.
 //
 //   event_bench --trace DIR [--steps N] [--subscriber blocking|actor]
 #include <time.h>

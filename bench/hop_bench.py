@@ -542,8 +542,8 @@ if args.only != "hops":
                                 "the subscriber's wake-up on another, idle CPU "
                                 "(futex, 10th percentile)"))
         elif path == "api_event_actor":
-            # No thread of the host's is woken, only a CAF worker (in turn,
-            # polling or asleep); not split further here.
+            # No thread of the host's is woken, only a CAF worker (in turn:
+            # busy, polling or asleep); not split further here.
             targets.append(("API event, to an actor", inp, 20, None, ""))
 print()
 print("targets (4 KiB; medians of this run), and what bounds each, measured here")

@@ -2,6 +2,8 @@
 
 #include <dirent.h>
 #include <sched.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -124,8 +126,36 @@ std::string unescape_mount_field(absl::string_view field) {
 
 }  // namespace
 
-std::vector<CgroupDir> cgroup_cpuset_dirs(absl::string_view mountinfo,
-                                          absl::string_view proc_cgroup) {
+namespace {
+
+// A line of /proc/self/mountinfo: "ID PARENT MAJ:MIN ROOT MOUNTPOINT
+// OPTIONS [OPTIONAL...] - FSTYPE SOURCE SUPEROPTIONS", one space between
+// fields (SOURCE may be empty).
+struct Mount {
+  std::string device, root, point;
+  absl::string_view fstype, super;
+};
+
+std::vector<Mount> parse_mountinfo(absl::string_view mountinfo) {
+  std::vector<Mount> out;
+  for (absl::string_view line : absl::StrSplit(mountinfo, '\n', absl::SkipEmpty())) {
+    const std::vector<absl::string_view> f = absl::StrSplit(line, ' ');
+    const auto dash = std::find(f.begin(), f.end(), "-");
+    if (dash - f.begin() < 6 || f.end() - dash < 4) continue;
+    out.push_back({.device = std::string(f[2]),
+                   .root = unescape_mount_field(f[3]),
+                   .point = unescape_mount_field(f[4]),
+                   .fstype = dash[1],
+                   .super = dash[3]});
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<CgroupDir> cgroup_cpuset_dirs(
+    absl::string_view mountinfo, absl::string_view proc_cgroup,
+    const std::function<std::string(const std::string&)>& device_of) {
   // This process's cgroup in each hierarchy: "0::/path" (v2),
   // "N:cpuset[,...]:/path" (v1's cpuset).
   std::string v2_path, v1_path;
@@ -142,45 +172,20 @@ std::vector<CgroupDir> cgroup_cpuset_dirs(absl::string_view mountinfo,
       has_v1 = true;
     }
   }
-  // Every mount: "ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTIONS [OPTIONAL...] -
-  // FSTYPE SOURCE SUPEROPTIONS", one space between fields (SOURCE may be
-  // empty), in the order they were mounted.
-  struct Mount {
-    std::string root, point;
-    absl::string_view fstype, super;
-  };
-  std::vector<Mount> mounts;
-  for (absl::string_view line : absl::StrSplit(mountinfo, '\n', absl::SkipEmpty())) {
-    const std::vector<absl::string_view> f = absl::StrSplit(line, ' ');
-    const auto dash = std::find(f.begin(), f.end(), "-");
-    if (dash - f.begin() < 6 || f.end() - dash < 4) continue;
-    mounts.push_back({.root = unescape_mount_field(f[3]),
-                      .point = unescape_mount_field(f[4]),
-                      .fstype = dash[1],
-                      .super = dash[3]});
-  }
-  // A mount on the same point or one above it, mounted later, hides it.
-  auto hidden = [&](std::size_t i) {
-    const std::string& point = mounts[i].point;
-    for (std::size_t j = i + 1; j < mounts.size(); j++) {
-      const std::string& over = mounts[j].point;
-      if (over == point || over == "/" || absl::StartsWith(point, over + "/")) return true;
-    }
-    return false;
-  };
   // A mount shows its hierarchy from ROOT down: a cgroup outside it is not
   // in that mount, nor is one outside this process's cgroup namespace
-  // ("/.." first, as the kernel writes it).
+  // ("/.." first, as the kernel writes it). A mount that another hides
+  // (mounted over it or over a directory above it) is not what its path
+  // reaches: the device there is not the line's.
   std::vector<CgroupDir> v2, v1;
-  for (std::size_t i = 0; i < mounts.size(); i++) {
-    const Mount& m = mounts[i];
+  for (const Mount& m : parse_mountinfo(mountinfo)) {
     const bool is_v2 = m.fstype == "cgroup2" && has_v2;
     bool is_v1 = false;
     if (m.fstype == "cgroup" && has_v1) {
       const std::vector<absl::string_view> opts = absl::StrSplit(m.super, ',');
       is_v1 = std::find(opts.begin(), opts.end(), "cpuset") != opts.end();
     }
-    if ((!is_v2 && !is_v1) || hidden(i)) continue;
+    if (!is_v2 && !is_v1) continue;
     const std::string& path = is_v2 ? v2_path : v1_path;
     std::string below;  // the cgroup's path under the mount's root
     if (path == "/.." || absl::StartsWith(path, "/../")) {
@@ -194,6 +199,7 @@ std::vector<CgroupDir> cgroup_cpuset_dirs(absl::string_view mountinfo,
     } else {
       continue;
     }
+    if (device_of(m.point) != m.device) continue;
     (is_v2 ? v2 : v1)
         .push_back({.mount = m.point,
                     .dir = m.point + below,
@@ -204,8 +210,9 @@ std::vector<CgroupDir> cgroup_cpuset_dirs(absl::string_view mountinfo,
 }
 
 std::vector<int> cgroup_cpus(absl::string_view mountinfo, absl::string_view proc_cgroup,
+                             const std::function<std::string(const std::string&)>& device_of,
                              const std::function<std::string(const std::string&)>& read_line) {
-  for (const CgroupDir& d : cgroup_cpuset_dirs(mountinfo, proc_cgroup)) {
+  for (const CgroupDir& d : cgroup_cpuset_dirs(mountinfo, proc_cgroup, device_of)) {
     // The cgroup's own file, or the nearest parent's that has one (up to
     // the mount: a v2 cgroup without the cpuset controller has none).
     for (std::string dir = d.dir;;) {
@@ -222,6 +229,12 @@ std::vector<int> cgroup_cpus(absl::string_view mountinfo, absl::string_view proc
   return {};
 }
 
+std::string device_of(const std::string& path) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) return "";
+  return absl::StrCat(major(st.st_dev), ":", minor(st.st_dev));
+}
+
 std::vector<int> cgroup_cpus() {
   std::string mountinfo, proc_cgroup;
   {
@@ -229,7 +242,7 @@ std::vector<int> cgroup_cpus() {
     mountinfo.assign(std::istreambuf_iterator<char>(a), std::istreambuf_iterator<char>());
     proc_cgroup.assign(std::istreambuf_iterator<char>(b), std::istreambuf_iterator<char>());
   }
-  return cgroup_cpus(mountinfo, proc_cgroup, first_line);
+  return cgroup_cpus(mountinfo, proc_cgroup, device_of, first_line);
 }
 
 absl::Status bind_process(const std::vector<int>& cpus) {

@@ -54,19 +54,24 @@ std::vector<int> cgroup_cpus();
 // Where to look, from the texts of /proc/self/mountinfo and
 // /proc/self/cgroup: for each mount of the cgroup v2 hierarchy, then of
 // v1's cpuset, that shows this process's cgroup, its directory there and
-// the file that holds the effective CPUs. A mount hidden by a later one
-// (on its point or above) is left out.
+// the file that holds the effective CPUs. A mount that another hides is
+// left out: `device_of` (a path's device as mountinfo writes it, "MAJ:MIN";
+// "" where it cannot be read) differs there from the mount's line.
 struct CgroupDir {
   std::string mount;  // the mount point: the walk up stops there
   std::string dir;    // this process's cgroup under it
   std::string file;   // cpuset.cpus.effective (v2), cpuset.effective_cpus (v1)
 };
-std::vector<CgroupDir> cgroup_cpuset_dirs(absl::string_view mountinfo,
-                                          absl::string_view proc_cgroup);
+std::vector<CgroupDir> cgroup_cpuset_dirs(
+    absl::string_view mountinfo, absl::string_view proc_cgroup,
+    const std::function<std::string(const std::string&)>& device_of);
 // cgroup_cpus() from those texts, `read_line` giving a file's first line
 // ("" where it cannot be read).
 std::vector<int> cgroup_cpus(absl::string_view mountinfo, absl::string_view proc_cgroup,
+                             const std::function<std::string(const std::string&)>& device_of,
                              const std::function<std::string(const std::string&)>& read_line);
+// A path's device, "MAJ:MIN" (stat), "" where it cannot be read.
+std::string device_of(const std::string& path);
 
 // Binds every thread of this process to `cpus`: this one, then each task
 // of /proc/self/task until a pass finds none new (a thread started by one

@@ -11,12 +11,14 @@
 
 #include <algorithm>
 #include <atomic>
+#include <fstream>
 #include <map>
 #include <set>
 #include <string>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 
 namespace troupe::launcher {
 namespace {
@@ -118,10 +120,14 @@ TEST(CpuList, RangesAndSingles) {
 // `optional` fields (none, one or more) before the separator.
 std::string mount_line(const std::string& root, const std::string& point, const std::string& fstype,
                        const std::string& super, const std::string& optional = "shared:9",
-                       const std::string& source = "cgroup") {
-  return absl::StrCat("31 23 0:28 ", root, " ", point, " rw,relatime", optional.empty() ? "" : " ",
-                      optional, " - ", fstype, " ", source, " ", super, "\n");
+                       const std::string& source = "cgroup", const std::string& device = "0:28") {
+  return absl::StrCat("31 23 ", device, " ", root, " ", point, " rw,relatime",
+                      optional.empty() ? "" : " ", optional, " - ", fstype, " ", source, " ", super,
+                      "\n");
 }
+
+// Every mount point on the device the lines give (nothing mounted over).
+std::string same_device(const std::string&) { return "0:28"; }
 
 std::vector<std::string> dirs_of(const std::vector<CgroupDir>& got) {
   std::vector<std::string> out;
@@ -129,85 +135,98 @@ std::vector<std::string> dirs_of(const std::vector<CgroupDir>& got) {
   return out;
 }
 
+std::vector<std::string> dirs(const std::string& mountinfo, const std::string& cgroup) {
+  return dirs_of(cgroup_cpuset_dirs(mountinfo, cgroup, same_device));
+}
+
 TEST(CgroupCpusetDirs, V2WhereverMounted) {
   const std::string cgroup = "0::/user.slice/job.scope\n";
   const std::vector<std::string> at_sys = {
       "/sys/fs/cgroup /sys/fs/cgroup/user.slice/job.scope cpuset.cpus.effective"};
-  EXPECT_EQ(dirs_of(cgroup_cpuset_dirs(mount_line("/", "/sys/fs/cgroup", "cgroup2", "rw"), cgroup)),
-            at_sys);
+  EXPECT_EQ(dirs(mount_line("/", "/sys/fs/cgroup", "cgroup2", "rw"), cgroup), at_sys);
   // No optional field, two of them, an empty source.
-  EXPECT_EQ(
-      dirs_of(cgroup_cpuset_dirs(mount_line("/", "/sys/fs/cgroup", "cgroup2", "rw", ""), cgroup)),
-      at_sys);
-  EXPECT_EQ(dirs_of(cgroup_cpuset_dirs(
-                mount_line("/", "/sys/fs/cgroup", "cgroup2", "rw", "shared:9 master:3"), cgroup)),
+  EXPECT_EQ(dirs(mount_line("/", "/sys/fs/cgroup", "cgroup2", "rw", ""), cgroup), at_sys);
+  EXPECT_EQ(dirs(mount_line("/", "/sys/fs/cgroup", "cgroup2", "rw", "shared:9 master:3"), cgroup),
             at_sys);
-  EXPECT_EQ(dirs_of(cgroup_cpuset_dirs(
-                mount_line("/", "/sys/fs/cgroup", "cgroup2", "rw", "shared:9", ""), cgroup)),
+  EXPECT_EQ(dirs(mount_line("/", "/sys/fs/cgroup", "cgroup2", "rw", "shared:9", ""), cgroup),
             at_sys);
   // Elsewhere (a hybrid host's /sys/fs/cgroup/unified), and a mount point
   // with a space, which mountinfo writes as \040.
-  EXPECT_EQ(dirs_of(cgroup_cpuset_dirs(
-                mount_line("/", "/mnt/my\\040cg", "cgroup2", "rw,nsdelegate"), cgroup)),
+  EXPECT_EQ(dirs(mount_line("/", "/mnt/my\\040cg", "cgroup2", "rw,nsdelegate"), cgroup),
             std::vector<std::string>(
                 {"/mnt/my cg /mnt/my cg/user.slice/job.scope cpuset.cpus.effective"}));
   // A mount whose root is a cgroup above this one, its name escaped too.
-  EXPECT_EQ(dirs_of(cgroup_cpuset_dirs(mount_line("/user\\040x.slice", "/cg", "cgroup2", "rw"),
-                                       "0::/user x.slice/a\n")),
+  EXPECT_EQ(dirs(mount_line("/user\\040x.slice", "/cg", "cgroup2", "rw"), "0::/user x.slice/a\n"),
             std::vector<std::string>({"/cg /cg/a cpuset.cpus.effective"}));
-  // The root cgroup; a name that only begins with "..".
+  // The root cgroup; names that only begin with "..".
+  EXPECT_EQ(dirs(mount_line("/", "/sys/fs/cgroup", "cgroup2", "rw"), "0::/\n"),
+            std::vector<std::string>({"/sys/fs/cgroup /sys/fs/cgroup cpuset.cpus.effective"}));
   EXPECT_EQ(
-      dirs_of(cgroup_cpuset_dirs(mount_line("/", "/sys/fs/cgroup", "cgroup2", "rw"), "0::/\n")),
-      std::vector<std::string>({"/sys/fs/cgroup /sys/fs/cgroup cpuset.cpus.effective"}));
-  EXPECT_EQ(
-      dirs_of(
-          cgroup_cpuset_dirs(mount_line("/", "/sys/fs/cgroup", "cgroup2", "rw"), "0::/a/..b\n")),
+      dirs(mount_line("/", "/sys/fs/cgroup", "cgroup2", "rw"), "0::/a/..b\n"),
       std::vector<std::string>({"/sys/fs/cgroup /sys/fs/cgroup/a/..b cpuset.cpus.effective"}));
+  EXPECT_EQ(dirs(mount_line("/", "/sys/fs/cgroup", "cgroup2", "rw"), "0::/..b\n"),
+            std::vector<std::string>({"/sys/fs/cgroup /sys/fs/cgroup/..b cpuset.cpus.effective"}));
 }
 
 TEST(CgroupCpusetDirs, V1CpusetAndMountRoots) {
   const std::string cgroup = "12:cpu,cpuacct:/docker/abc\n4:cpuset:/docker/abc\n0::/docker/abc\n";
   const std::string mounts =
-      mount_line("/", "/", "ext4", "rw,cpuset", "shared:1", "/dev/vda1") +
       mount_line("/", "/sys/fs/cgroup/cpu,cpuacct", "cgroup", "rw,cpu,cpuacct") +
       mount_line("/docker/abc", "/sys/fs/cgroup/cpuset", "cgroup", "rw,cpuset") +
       mount_line("/", "/sys/fs/cgroup/unified", "cgroup2", "rw") +
-      mount_line("/other", "/mnt/elsewhere", "cgroup", "rw,cpuset");  // not this cgroup's
+      mount_line("/other", "/mnt/elsewhere", "cgroup", "rw,cpuset") +  // not this cgroup's
+      mount_line("/", "/", "ext4", "rw,cpuset", "shared:1", "/dev/vda1");
   // v2 first; a mount whose root is the cgroup shows it at its mount point.
-  EXPECT_EQ(dirs_of(cgroup_cpuset_dirs(mounts, cgroup)),
+  EXPECT_EQ(dirs(mounts, cgroup),
             std::vector<std::string>(
                 {"/sys/fs/cgroup/unified /sys/fs/cgroup/unified/docker/abc cpuset.cpus.effective",
                  "/sys/fs/cgroup/cpuset /sys/fs/cgroup/cpuset cpuset.effective_cpus"}));
   // A cgroup below the mount's root: its path under it. Co-mounted with
   // another controller.
-  EXPECT_EQ(dirs_of(cgroup_cpuset_dirs(mount_line("/docker", "/cg", "cgroup", "rw,cpu,cpuset"),
-                                       "3:cpu,cpuset:/docker/abc/t\n")),
-            std::vector<std::string>({"/cg /cg/abc/t cpuset.effective_cpus"}));
+  EXPECT_EQ(
+      dirs(mount_line("/docker", "/cg", "cgroup", "rw,cpu,cpuset"), "3:cpu,cpuset:/docker/abc/t\n"),
+      std::vector<std::string>({"/cg /cg/abc/t cpuset.effective_cpus"}));
   // No line for a hierarchy, nothing mounted, or a cgroup outside the
   // process's cgroup namespace ("/../x"): nowhere to look.
-  EXPECT_TRUE(cgroup_cpuset_dirs(mounts, "12:cpu,cpuacct:/docker/abc\n").empty());
-  EXPECT_TRUE(cgroup_cpuset_dirs("", cgroup).empty());
-  EXPECT_TRUE(cgroup_cpuset_dirs("garbage\n- -\n", cgroup).empty());
-  EXPECT_TRUE(cgroup_cpuset_dirs(mounts, "4:cpuset:/../x\n0::/../x\n").empty());
+  EXPECT_TRUE(dirs(mounts, "12:cpu,cpuacct:/docker/abc\n").empty());
+  EXPECT_TRUE(dirs("", cgroup).empty());
+  EXPECT_TRUE(dirs("garbage\n- -\n", cgroup).empty());
+  EXPECT_TRUE(dirs(mounts, "4:cpuset:/../x\n0::/../x\n").empty());
 }
 
-TEST(CgroupCpusetDirs, HiddenMountsLeftOut) {
-  // Mounted over at the same point, or over a directory above it: the
-  // later mount is what the path reaches.
-  const std::string cgroup = "0::/lxc/c1/x\n";
-  EXPECT_EQ(dirs_of(cgroup_cpuset_dirs(mount_line("/", "/sys/fs/cgroup", "cgroup2", "rw") +
-                                           mount_line("/lxc/c1", "/sys/fs/cgroup", "cgroup2", "rw"),
-                                       cgroup)),
+TEST(CgroupCpusetDirs, MountsHiddenByOthersLeftOut) {
+  // What a mount point's path reaches is the device there: mountinfo's
+  // order is not the stacking (a RHEL host's "/" comes after its cgroup
+  // mounts, moved there from the initramfs).
+  const std::string rhel =
+      mount_line("/", "/sys/fs/cgroup", "tmpfs", "rw", "", "tmpfs", "0:24") +
+      mount_line("/", "/sys/fs/cgroup/cpuset", "cgroup", "rw,cpuset", "shared:5", "cgroup",
+                 "0:31") +
+      mount_line("/", "/", "xfs", "rw", "shared:1", "/dev/mapper/cl-root", "253:0");
+  const std::map<std::string, std::string> on = {
+      {"/", "253:0"}, {"/sys/fs/cgroup", "0:24"}, {"/sys/fs/cgroup/cpuset", "0:31"}};
+  auto device = [&](const std::map<std::string, std::string>& at) {
+    return [&at](const std::string& path) {
+      auto it = at.find(path);
+      return it == at.end() ? std::string() : it->second;
+    };
+  };
+  EXPECT_EQ(dirs_of(cgroup_cpuset_dirs(rhel, "4:cpuset:/slurm/job1\n", device(on))),
+            std::vector<std::string>({"/sys/fs/cgroup/cpuset /sys/fs/cgroup/cpuset/slurm/job1 "
+                                      "cpuset.effective_cpus"}));
+  // Two mounts at one point: the one on top (its device there) counts.
+  const std::string two =
+      mount_line("/", "/sys/fs/cgroup", "cgroup2", "rw", "", "cgroup2", "0:26") +
+      mount_line("/lxc/c1", "/sys/fs/cgroup", "cgroup2", "rw", "", "cgroup2", "0:40");
+  const std::map<std::string, std::string> top_second = {{"/sys/fs/cgroup", "0:40"}};
+  const std::map<std::string, std::string> top_first = {{"/sys/fs/cgroup", "0:26"}};
+  EXPECT_EQ(dirs_of(cgroup_cpuset_dirs(two, "0::/lxc/c1/x\n", device(top_second))),
             std::vector<std::string>({"/sys/fs/cgroup /sys/fs/cgroup/x cpuset.cpus.effective"}));
-  EXPECT_TRUE(cgroup_cpuset_dirs(mount_line("/", "/sys/fs/cgroup/unified", "cgroup2", "rw") +
-                                     mount_line("/", "/sys/fs/cgroup", "tmpfs", "rw", "", "tmpfs"),
-                                 cgroup)
-                  .empty());
-  // A later mount below it hides nothing of it.
-  EXPECT_EQ(dirs_of(cgroup_cpuset_dirs(mount_line("/", "/cg", "cgroup2", "rw") +
-                                           mount_line("/", "/cg/sub", "tmpfs", "rw", "", "tmpfs"),
-                                       cgroup)),
-            std::vector<std::string>({"/cg /cg/lxc/c1/x cpuset.cpus.effective"}));
+  EXPECT_EQ(
+      dirs_of(cgroup_cpuset_dirs(two, "0::/lxc/c1/x\n", device(top_first))),
+      std::vector<std::string>({"/sys/fs/cgroup /sys/fs/cgroup/lxc/c1/x cpuset.cpus.effective"}));
+  // A mount point that cannot be reached (mounted over above it).
+  EXPECT_TRUE(cgroup_cpuset_dirs(two, "0::/lxc/c1/x\n", device({})).empty());
 }
 
 TEST(CgroupCpus, NearestCgroupWithTheFileUpToTheMount) {
@@ -223,20 +242,34 @@ TEST(CgroupCpus, NearestCgroupWithTheFileUpToTheMount) {
   };
   // The cgroup's own file first; its parents' where it has none.
   files = {{"/cg/a/b/c/cpuset.cpus.effective", "1-2"}, {"/cg/a/cpuset.cpus.effective", "0-3"}};
-  EXPECT_EQ(cgroup_cpus(mounts, cgroup, reader), std::vector<int>({1, 2}));
+  EXPECT_EQ(cgroup_cpus(mounts, cgroup, same_device, reader), std::vector<int>({1, 2}));
   files.erase("/cg/a/b/c/cpuset.cpus.effective");
-  EXPECT_EQ(cgroup_cpus(mounts, cgroup, reader), std::vector<int>({0, 1, 2, 3}));
+  EXPECT_EQ(cgroup_cpus(mounts, cgroup, same_device, reader), std::vector<int>({0, 1, 2, 3}));
   // Never above the mount point; then v1's cpuset.
   files = {{"/cpuset.cpus.effective", "0"}, {"/v1/cpuset/a/cpuset.effective_cpus", "3"}};
   read.clear();
-  EXPECT_EQ(cgroup_cpus(mounts, cgroup, reader), std::vector<int>({3}));
+  EXPECT_EQ(cgroup_cpus(mounts, cgroup, same_device, reader), std::vector<int>({3}));
   EXPECT_EQ(read, std::vector<std::string>(
                       {"/cg/a/b/c/cpuset.cpus.effective", "/cg/a/b/cpuset.cpus.effective",
                        "/cg/a/cpuset.cpus.effective", "/cg/cpuset.cpus.effective",
                        "/v1/cpuset/a/cpuset.effective_cpus"}));
-  // An empty or unreadable list is none.
+  // A list that does not parse is none.
   files = {{"/cg/a/b/c/cpuset.cpus.effective", "x"}};
-  EXPECT_TRUE(cgroup_cpus(mounts, cgroup, reader).empty());
+  EXPECT_TRUE(cgroup_cpus(mounts, cgroup, same_device, reader).empty());
+}
+
+TEST(CgroupCpus, DeviceOfIsMountinfosDevice) {
+  // /proc's device as stat gives it is the one mountinfo's /proc line gives
+  // (proc, a device of its own, unlike a btrfs root's subvolumes).
+  std::ifstream in("/proc/self/mountinfo");
+  std::string proc_device;
+  for (std::string line; std::getline(in, line);) {
+    const std::vector<std::string> f = absl::StrSplit(line, ' ');
+    if (f.size() > 4 && f[4] == "/proc") proc_device = f[2];  // the last one is on top
+  }
+  ASSERT_FALSE(proc_device.empty());
+  EXPECT_EQ(device_of("/proc"), proc_device);
+  EXPECT_EQ(device_of("/no/such/path/here"), "");
 }
 
 TEST(CpuTopology, ThisHostsCpusEachOnce) {
