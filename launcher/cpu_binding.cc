@@ -15,6 +15,7 @@
 #include <memory>
 #include <set>
 #include <tuple>
+#include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -124,10 +125,6 @@ std::string unescape_mount_field(absl::string_view field) {
   return out;
 }
 
-}  // namespace
-
-namespace {
-
 // A line of /proc/self/mountinfo: "ID PARENT MAJ:MIN ROOT MOUNTPOINT
 // OPTIONS [OPTIONAL...] - FSTYPE SOURCE SUPEROPTIONS", one space between
 // fields (SOURCE may be empty).
@@ -176,8 +173,14 @@ std::vector<CgroupDir> cgroup_cpuset_dirs(
   // in that mount, nor is one outside this process's cgroup namespace
   // ("/.." first, as the kernel writes it). A mount that another hides
   // (mounted over it or over a directory above it) is not what its path
-  // reaches: the device there is not the line's.
+  // reaches: the device there is not the line's. Two mounts of one
+  // hierarchy (one device) on one point: the later line, the one mounted
+  // on top unless propagation put it beneath.
   std::vector<CgroupDir> v2, v1;
+  auto add = [](std::vector<CgroupDir>& to, CgroupDir d) {
+    std::erase_if(to, [&](const CgroupDir& o) { return o.mount == d.mount; });
+    to.push_back(std::move(d));
+  };
   for (const Mount& m : parse_mountinfo(mountinfo)) {
     const bool is_v2 = m.fstype == "cgroup2" && has_v2;
     bool is_v1 = false;
@@ -200,10 +203,9 @@ std::vector<CgroupDir> cgroup_cpuset_dirs(
       continue;
     }
     if (device_of(m.point) != m.device) continue;
-    (is_v2 ? v2 : v1)
-        .push_back({.mount = m.point,
-                    .dir = m.point + below,
-                    .file = is_v2 ? "cpuset.cpus.effective" : "cpuset.effective_cpus"});
+    add(is_v2 ? v2 : v1, {.mount = m.point,
+                          .dir = m.point + below,
+                          .file = is_v2 ? "cpuset.cpus.effective" : "cpuset.effective_cpus"});
   }
   v2.insert(v2.end(), v1.begin(), v1.end());
   return v2;

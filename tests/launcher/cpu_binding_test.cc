@@ -214,17 +214,16 @@ TEST(CgroupCpusetDirs, MountsHiddenByOthersLeftOut) {
   EXPECT_EQ(dirs_of(cgroup_cpuset_dirs(rhel, "4:cpuset:/slurm/job1\n", device(on))),
             std::vector<std::string>({"/sys/fs/cgroup/cpuset /sys/fs/cgroup/cpuset/slurm/job1 "
                                       "cpuset.effective_cpus"}));
-  // Two mounts at one point: the one on top (its device there) counts.
+  // Two mounts of the cgroup2 hierarchy (one device) at one point: the
+  // later, on top. A cgroup mount with another device on top of it: none.
   const std::string two =
       mount_line("/", "/sys/fs/cgroup", "cgroup2", "rw", "", "cgroup2", "0:26") +
-      mount_line("/lxc/c1", "/sys/fs/cgroup", "cgroup2", "rw", "", "cgroup2", "0:40");
-  const std::map<std::string, std::string> top_second = {{"/sys/fs/cgroup", "0:40"}};
-  const std::map<std::string, std::string> top_first = {{"/sys/fs/cgroup", "0:26"}};
-  EXPECT_EQ(dirs_of(cgroup_cpuset_dirs(two, "0::/lxc/c1/x\n", device(top_second))),
+      mount_line("/lxc/c1", "/sys/fs/cgroup", "cgroup2", "rw", "", "cgroup2", "0:26");
+  const std::map<std::string, std::string> cgroup2_on_top = {{"/sys/fs/cgroup", "0:26"}};
+  const std::map<std::string, std::string> tmpfs_on_top = {{"/sys/fs/cgroup", "0:24"}};
+  EXPECT_EQ(dirs_of(cgroup_cpuset_dirs(two, "0::/lxc/c1/x\n", device(cgroup2_on_top))),
             std::vector<std::string>({"/sys/fs/cgroup /sys/fs/cgroup/x cpuset.cpus.effective"}));
-  EXPECT_EQ(
-      dirs_of(cgroup_cpuset_dirs(two, "0::/lxc/c1/x\n", device(top_first))),
-      std::vector<std::string>({"/sys/fs/cgroup /sys/fs/cgroup/lxc/c1/x cpuset.cpus.effective"}));
+  EXPECT_TRUE(cgroup_cpuset_dirs(two, "0::/lxc/c1/x\n", device(tmpfs_on_top)).empty());
   // A mount point that cannot be reached (mounted over above it).
   EXPECT_TRUE(cgroup_cpuset_dirs(two, "0::/lxc/c1/x\n", device({})).empty());
 }
